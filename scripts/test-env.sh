@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Installs what the integration tests need on a Debian bookworm machine:
+#   - etcd (Debian package etcd-server)
+#   - kube-apiserver, kube-scheduler and kubectl v1.20.2, built from Debian's
+#     `kubernetes` source package (DESIGN §8).
+# Idempotent: binaries are cached in $AUTONODES_K8S_BIN (default
+# /var/cache/autonodes/k8s-1.20.2/bin); a cached build is reused.
+# Prints the bin directory on its last line.
+set -euo pipefail
+
+BIN_DIR="${AUTONODES_K8S_BIN:-/var/cache/autonodes/k8s-1.20.2/bin}"
+WORK_DIR="${AUTONODES_K8S_WORK:-/var/cache/autonodes/k8s-build}"
+WANT=(kube-apiserver kube-scheduler kubectl)
+
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+
+log() { echo "test-env: $*" >&2; }
+
+apt_updated=0
+apt_update_once() {
+  if [ "$apt_updated" = 0 ]; then
+    $SUDO apt-get update -qq >&2
+    apt_updated=1
+  fi
+}
+
+need_pkgs() {
+  local missing=()
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ "${#missing[@]}" -gt 0 ]; then
+    apt_update_once
+    log "installing ${missing[*]}"
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+  fi
+}
+
+# 1. etcd from Debian.
+need_pkgs etcd-server
+# The package may start a system etcd on the default ports; tests use their
+# own ports and data dirs, but stop the service so it does not hold 2379.
+if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet etcd 2>/dev/null; then
+  $SUDO systemctl stop etcd || true
+  $SUDO systemctl disable etcd >/dev/null 2>&1 || true
+fi
+pkill -x etcd 2>/dev/null && log "stopped a stray etcd" || true
+
+# 2. Kubernetes binaries, built once.
+have_all=1
+for b in "${WANT[@]}"; do [ -x "$BIN_DIR/$b" ] || have_all=0; done
+if [ "$have_all" = 1 ]; then
+  log "cached binaries in $BIN_DIR"
+  echo "$BIN_DIR"
+  exit 0
+fi
+
+need_pkgs golang-go golang-github-modern-go-reflect2-dev dpkg-dev build-essential rsync
+
+# A deb-src entry for bookworm, taken from the machine's own apt sources.
+SRC_LIST=/etc/apt/sources.list.d/autonodes-src.sources
+if ! grep -rqs "deb-src" /etc/apt/sources.list /etc/apt/sources.list.d/ ; then
+  uri=""
+  if [ -f /etc/apt/sources.list.d/debian.sources ]; then
+    uri=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources)
+  fi
+  if [ -z "$uri" ] && [ -f /etc/apt/sources.list ]; then
+    uri=$(awk '$1=="deb" && $0 ~ /bookworm/ {for(i=2;i<=NF;i++) if ($i ~ /^(https?|file|mirror)/) {print $i; exit}}' /etc/apt/sources.list)
+  fi
+  [ -n "$uri" ] || { log "no Debian archive URI found in the apt sources"; exit 1; }
+  log "adding deb-src for bookworm from the configured archive"
+  printf 'Types: deb-src\nURIs: %s\nSuites: bookworm\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' "$uri" \
+    | $SUDO tee "$SRC_LIST" >/dev/null
+  apt_updated=0
+fi
+apt_update_once
+
+$SUDO mkdir -p "$WORK_DIR" "$BIN_DIR"
+$SUDO chown "$(id -u):$(id -g)" "$WORK_DIR" "$BIN_DIR"
+cd "$WORK_DIR"
+SRC=$(find . -maxdepth 1 -type d -name 'kubernetes-1.20*' | head -n1)
+if [ -z "$SRC" ]; then
+  log "fetching Debian's kubernetes source package"
+  apt-get source -qq --download-only kubernetes >&2
+  dpkg-source --no-check -x kubernetes_*.dsc >&2
+  SRC=$(find . -maxdepth 1 -type d -name 'kubernetes-1.20*' | head -n1)
+fi
+SRC=$(cd "$SRC" && pwd)
+log "source tree $SRC"
+
+# The vendored reflect2 1.0.1 panics under Go >= 1.18; use Debian's 1.0.2.
+R2_SYS=/usr/share/gocode/src/github.com/modern-go/reflect2
+R2_VEN="$SRC/vendor/github.com/modern-go/reflect2"
+if ! grep -q "1.0.2" "$SRC/.autonodes-reflect2" 2>/dev/null; then
+  rm -rf "$R2_VEN"
+  mkdir -p "$R2_VEN"
+  rsync -a "$R2_SYS/" "$R2_VEN/"
+  echo 1.0.2 > "$SRC/.autonodes-reflect2"
+fi
+
+# GOPATH layout as debian/rules sets it up: the tree at k8s.io/kubernetes.
+GOPATH_DIR="$WORK_DIR/gopath"
+mkdir -p "$GOPATH_DIR/src/k8s.io"
+ln -sfn "$SRC" "$GOPATH_DIR/src/k8s.io/kubernetes"
+
+log "building ${WANT[*]} (several minutes on 2 cores)"
+(
+  cd "$GOPATH_DIR/src/k8s.io/kubernetes"
+  export GOPATH="$GOPATH_DIR" GO111MODULE=off GOFLAGS=-mod=vendor GOCACHE="$WORK_DIR/gocache"
+  export KUBE_GIT_VERSION=v1.20.2 KUBE_GIT_TREE_STATE=clean KUBE_GIT_MAJOR=1 KUBE_GIT_MINOR=20
+  unset GOFLAGS
+  for b in "${WANT[@]}"; do
+    make WHAT="cmd/$b" >&2
+  done
+)
+for b in "${WANT[@]}"; do
+  f=$(find "$SRC/_output" -type f -name "$b" -perm -u+x | head -n1)
+  [ -n "$f" ] || { log "build produced no $b"; exit 1; }
+  install -m 0755 "$f" "$BIN_DIR/$b"
+done
+log "built into $BIN_DIR"
+echo "$BIN_DIR"

@@ -1,0 +1,37 @@
+//! Command-line interface of the `autonodes` binary.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+/// KubeVirt virtual machines as worker nodes for tenant clusters.
+#[derive(Debug, Parser)]
+#[command(name = "autonodes", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands of `autonodes`.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Write the CustomResourceDefinitions, one YAML file per CRD.
+    Crdgen {
+        /// Directory to write into.
+        #[arg(long, default_value = "crds")]
+        out: PathBuf,
+    },
+}
+
+/// Runs the parsed command line.
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Crdgen { out } => {
+            for path in crate::crdgen::write_all(&out)? {
+                println!("wrote {}", path.display());
+            }
+            Ok(())
+        }
+    }
+}

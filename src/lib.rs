@@ -1,0 +1,14 @@
+//! autonodes: KubeVirt virtual machines as worker nodes for tenant clusters.
+//!
+//! The crate is split the way the design reads:
+//! - pure core, no I/O: [`api`] (the CRD types), [`template`] (VirtualMachine composition),
+//!   [`scheduling`] (properties, requirements, cost, capacity, type choice),
+//!   [`userdata`] (cloud-init rendering);
+//! - [`crdgen`] writes `crds/`;
+//! - [`testenv`] starts real etcd and kube-apiserver processes (tests and `autonodes dev`).
+#![forbid(unsafe_code)]
+
+pub mod api;
+pub mod cli;
+pub mod crdgen;
+pub mod testenv;

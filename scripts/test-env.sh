@@ -38,7 +38,7 @@ need_pkgs() {
 }
 
 # 1. etcd from Debian.
-need_pkgs etcd-server
+need_pkgs etcd-server openssl
 # The package may start a system etcd on the default ports; tests use their
 # own ports and data dirs, but stop the service so it does not hold 2379.
 if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet etcd 2>/dev/null; then

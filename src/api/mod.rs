@@ -50,3 +50,73 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         NodeType::crd(),
     ]
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn example(name: &str) -> String {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("examples")
+            .join(name);
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+
+    #[test]
+    fn every_vcluster_reference_example_deserializes_into_a_node_provider() {
+        for file in [
+            "nodeprovider-minimal.yaml",
+            "nodeprovider-advanced.yaml",
+            "nodeprovider-types.yaml",
+        ] {
+            let p: NodeProvider = serde_yaml::from_str(&example(file))
+                .unwrap_or_else(|e| panic!("{file} does not deserialize: {e}"));
+            assert_eq!(p.spec.kube_virt.cluster_ref.cluster, "test-kubevirt-1");
+            assert!(
+                !p.spec.kube_virt.node_types.is_empty(),
+                "{file} has node types"
+            );
+        }
+    }
+
+    #[test]
+    fn integer_and_string_quantities_both_deserialize() {
+        let p: NodeProvider =
+            serde_yaml::from_str(&example("nodeprovider-advanced.yaml")).expect("advanced example");
+        let high = &p.spec.kube_virt.node_types[1];
+        assert_eq!(high.resources["cpu"].0, "4");
+        assert_eq!(high.resources["memory"].0, "16Gi");
+        assert!(high.merge_virtual_machine_template.is_some());
+    }
+
+    #[test]
+    fn not_exists_is_accepted_as_a_requirement_operator() {
+        let r: Requirement =
+            serde_json::from_str(r#"{"key":"gpu","operator":"NotExists"}"#).expect("parses");
+        assert_eq!(r.operator, Operator::NotExists);
+        assert!(r.values.is_empty());
+    }
+
+    #[test]
+    fn an_unknown_requirement_operator_is_rejected() {
+        let r = serde_json::from_str::<Requirement>(r#"{"key":"a","operator":"Matches"}"#);
+        assert!(r.is_err());
+    }
+
+    #[test]
+    fn node_pool_crd_declares_the_scale_subresource_on_replicas_and_selector() {
+        let crd = serde_json::to_value(NodePool::crd()).expect("serializes");
+        let scale = &crd["spec"]["versions"][0]["subresources"]["scale"];
+        assert_eq!(scale["specReplicasPath"], ".spec.replicas");
+        assert_eq!(scale["statusReplicasPath"], ".status.replicas");
+        assert_eq!(scale["labelSelectorPath"], ".status.selector");
+        for crd in crds() {
+            let v = serde_json::to_value(&crd).expect("serializes");
+            assert!(
+                v["spec"]["versions"][0]["subresources"]["status"].is_object(),
+                "{:?} lacks the status subresource",
+                crd.metadata.name
+            );
+        }
+    }
+}

@@ -10,6 +10,8 @@ use super::common::*;
 
 /// A request for one node, for one tenant cluster. autonodes picks the cheapest NodeType
 /// that fits, creates the KubeVirt VirtualMachine and reports when its Node is Ready.
+// clippy takes the repeated `type_ = ...` of printcolumn(...) for duplicated attributes.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(
     group = "autonodes.io",

@@ -13,6 +13,8 @@ use super::common::*;
 /// A pool of nodes for one tenant cluster: a claim template plus either a static
 /// `replicas` count (driven by `kubectl scale`, HPA or KEDA through the scale subresource)
 /// or `limits` for demand-driven growth from the tenant's unschedulable pods.
+// clippy takes the repeated `type_ = ...` of printcolumn(...) for duplicated attributes.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(
     group = "autonodes.io",

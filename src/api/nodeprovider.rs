@@ -13,6 +13,8 @@ use super::common::*;
 /// A source of KubeVirt virtual machines for tenant nodes: the host cluster, the base
 /// VirtualMachine template and the node types (sizes, template changes, capacity, cost)
 /// it offers. autonodes keeps one NodeType named `<provider>.<type>` per entry.
+// clippy takes the repeated `type_ = ...` of printcolumn(...) for duplicated attributes.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(
     group = "autonodes.io",

@@ -13,6 +13,8 @@ use super::common::*;
 /// One kind of node (size, template, capacity, cost) that a NodeProvider offers. Generated
 /// from each provider entry as `<provider>.<type>` (owned by the provider, labelled
 /// `autonodes.io/provider`), or created directly with `spec.providerRef`.
+// clippy takes the repeated `type_ = ...` of printcolumn(...) for duplicated attributes.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(
     group = "autonodes.io",

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The one test command: installs the test environment (etcd, kube-apiserver,
+# kube-scheduler, kubectl; cached after the first run), then checks formatting and
+# lints, runs every test, and fails if any etcd or kube-apiserver outlived the tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+AUTONODES_K8S_BIN="$(bash scripts/test-env.sh | tail -n 1)"
+export AUTONODES_K8S_BIN
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --all-targets --locked -- -D warnings
+echo "== cargo test"
+cargo test --all-targets --locked --no-fail-fast 2>&1 | tee target/test-output.txt
+status=${PIPESTATUS[0]}
+passed=$(grep -Eo 'test result: [a-zA-Z]+\. [0-9]+ passed' target/test-output.txt | awk '{s+=$4} END {print s+0}')
+failed=$(grep -Eo '[0-9]+ failed' target/test-output.txt | awk '{s+=$1} END {print s+0}')
+
+echo "== leftover processes"
+leftover=$(pgrep -a -x 'etcd|kube-apiserver|kube-scheduler' || true)
+if [ -n "$leftover" ]; then
+  echo "processes outlived the tests:"; echo "$leftover"
+  status=1
+else
+  echo "none"
+fi
+echo "tests: ${passed} passed, ${failed} failed"
+exit "$status"

@@ -11,4 +11,6 @@
 pub mod api;
 pub mod cli;
 pub mod crdgen;
+pub mod resources;
+pub mod template;
 pub mod testenv;

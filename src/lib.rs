@@ -12,5 +12,6 @@ pub mod api;
 pub mod cli;
 pub mod crdgen;
 pub mod resources;
+pub mod scheduling;
 pub mod template;
 pub mod testenv;

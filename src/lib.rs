@@ -15,3 +15,4 @@ pub mod resources;
 pub mod scheduling;
 pub mod template;
 pub mod testenv;
+pub mod userdata;

@@ -1,0 +1,1017 @@
+//! Cloud-init user data for a node (DESIGN §5). Pure code, no I/O.
+//!
+//! The user data is a `#cloud-config` rendered from a handlebars template in `templates/`
+//! (strict mode, no HTML escaping; the templates are compiled into the binary). It writes
+//! `/etc/kubernetes/kubeadm-join.yaml`, a kubeadm `JoinConfiguration` (`kubeadm.k8s.io/v1beta3`),
+//! and runs the join. The user's own cloud-config (property `autonodes.io/user-data`) is
+//! merged in, its `runcmd` entries first; SSH keys come from `autonodes.io/ssh-keys`.
+//!
+//! Every value reaches the document through the `yaml` helper ([`to_flow_yaml`]), which
+//! writes it as a double-quoted YAML scalar (or a flow collection of such), escaping every
+//! character YAML does not allow raw. So labels, taints or user values with quotes,
+//! colons, newlines or any unicode cannot break the document.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::OnceLock;
+
+use handlebars::{
+    Context, Handlebars, Helper, HelperResult, Output, RenderContext, RenderErrorReason,
+};
+use k8s_openapi::api::core::v1::Taint;
+use serde::Serialize;
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+
+/// Where the JoinConfiguration is written on the node.
+pub const JOIN_CONFIG_PATH: &str = "/etc/kubernetes/kubeadm-join.yaml";
+
+/// Largest user data autonodes writes, in bytes (64 KiB). KubeVirt's 2048-byte limit
+/// applies only to inline `userData`; a Secret-backed `cloudInitNoCloud.secretRef` is not
+/// counted by KubeVirt and is bounded by the 1 MiB Secret limit. 64 KiB keeps the Secret
+/// small while leaving ample room for a user's cloud-config.
+pub const USER_DATA_MAX_BYTES: usize = 64 * 1024;
+
+/// Bootstrap token `autonodes render` shows when it has no tenant cluster to mint one in.
+pub const PLACEHOLDER_TOKEN: &str = "abcdef.0123456789abcdef";
+/// CA certificate hash `autonodes render` shows when it has no tenant kubeconfig.
+pub const PLACEHOLDER_CA_HASH: &str =
+    "sha256:0000000000000000000000000000000000000000000000000000000000000000";
+/// API server endpoint `autonodes render` shows when it has no tenant kubeconfig.
+pub const PLACEHOLDER_ENDPOINT: &str = "tenant-api-server.invalid:443";
+
+const KUBEADM_TEMPLATE: &str = include_str!("../templates/kubeadm.hbs");
+const VCLUSTER_TEMPLATE: &str = include_str!("../templates/vcluster.hbs");
+
+/// Why user data cannot be rendered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UserDataError {
+    /// The user's cloud-config (property `autonodes.io/user-data`) is unusable.
+    #[error("property autonodes.io/user-data: {0}")]
+    InvalidUserCloudConfig(String),
+    /// A join parameter is malformed.
+    #[error("join parameters: {field}: {message}")]
+    InvalidJoinParams {
+        /// The parameter.
+        field: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+    /// A kubelet argument autonodes sets itself was given.
+    #[error("kubeletArgs.{0} is set by autonodes and cannot be given")]
+    ReservedKubeletArg(String),
+    /// Property `autonodes.io/user-data-template` names no built-in template.
+    #[error("property autonodes.io/user-data-template: unknown template {0:?} (expected kubeadm or vcluster)")]
+    UnknownTemplate(String),
+    /// The rendered user data exceeds [`USER_DATA_MAX_BYTES`].
+    #[error("user data is {size} bytes, more than the {max}-byte limit; shorten autonodes.io/user-data or autonodes.io/ssh-keys")]
+    TooLarge {
+        /// Size of the rendered user data.
+        size: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The template engine failed (a bug in a built-in template).
+    #[error("user data template {template}: {message}")]
+    Template {
+        /// The template name.
+        template: &'static str,
+        /// The engine's message.
+        message: String,
+    },
+}
+
+/// A tenant CA certificate from which no hash can be computed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CaHashError {
+    /// No `CERTIFICATE` PEM block.
+    #[error("no PEM CERTIFICATE block found")]
+    NoCertificate,
+    /// The PEM or the certificate inside does not parse.
+    #[error("invalid CA certificate: {0}")]
+    Invalid(String),
+}
+
+/// The kubeadm discovery hash of a CA certificate: `sha256:` and the hex SHA-256 of the DER
+/// SubjectPublicKeyInfo of the first `CERTIFICATE` in `pem` (what `kubeadm join
+/// --discovery-token-ca-cert-hash` expects).
+pub fn ca_cert_hash(pem: &[u8]) -> Result<String, CaHashError> {
+    for block in x509_parser::pem::Pem::iter_from_buffer(pem) {
+        let block = block.map_err(|e| CaHashError::Invalid(e.to_string()))?;
+        if block.label != "CERTIFICATE" {
+            continue;
+        }
+        let cert = block
+            .parse_x509()
+            .map_err(|e| CaHashError::Invalid(e.to_string()))?;
+        let digest = Sha256::digest(cert.tbs_certificate.subject_pki.raw);
+        let mut out = String::with_capacity(7 + 64);
+        out.push_str("sha256:");
+        for b in digest {
+            let _ = write!(out, "{b:02x}");
+        }
+        return Ok(out);
+    }
+    Err(CaHashError::NoCertificate)
+}
+
+/// A kubeadm bootstrap token, `[a-z0-9]{6}.[a-z0-9]{16}`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct BootstrapToken {
+    id: String,
+    secret: String,
+}
+
+impl std::fmt::Debug for BootstrapToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "BootstrapToken({}.****)", self.id)
+    }
+}
+
+const TOKEN_ALPHABET: &[u8; 36] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+
+impl BootstrapToken {
+    /// Parses `id.secret`, checking the format.
+    pub fn parse(token: &str) -> Option<Self> {
+        let (id, secret) = token.split_once('.')?;
+        let ok = |s: &str, n: usize| {
+            s.len() == n
+                && s.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        };
+        (ok(id, 6) && ok(secret, 16)).then(|| Self {
+            id: id.to_string(),
+            secret: secret.to_string(),
+        })
+    }
+
+    /// Makes a token from a source of random bytes (e.g. the OS random generator). Bytes
+    /// that would bias the alphabet are skipped, so every character is uniform.
+    pub fn from_random(mut next_byte: impl FnMut() -> u8) -> Self {
+        let mut pick = |n: usize| -> String {
+            let mut s = String::with_capacity(n);
+            while s.len() < n {
+                let b = next_byte();
+                // 252 = 7 × 36: reject the 4 values that would favour the first letters.
+                if b < 252 {
+                    s.push(char::from(TOKEN_ALPHABET[usize::from(b % 36)]));
+                }
+            }
+            s
+        };
+        let id = pick(6);
+        let secret = pick(16);
+        Self { id, secret }
+    }
+
+    /// The public token ID.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The token secret.
+    pub fn secret(&self) -> &str {
+        &self.secret
+    }
+
+    /// The full token, `id.secret`.
+    pub fn token(&self) -> String {
+        format!("{}.{}", self.id, self.secret)
+    }
+
+    /// Name of the token's Secret in `kube-system` of the tenant, `bootstrap-token-<id>`.
+    pub fn secret_name(&self) -> String {
+        format!("bootstrap-token-{}", self.id)
+    }
+}
+
+/// How a node finds and authenticates to the tenant API server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JoinParams {
+    /// `host:port` of the tenant API server (an IPv6 host in brackets).
+    pub api_server_endpoint: String,
+    /// Bootstrap token `id.secret`.
+    pub token: String,
+    /// CA public key hashes (`sha256:<hex>`), at least one.
+    pub ca_cert_hashes: Vec<String>,
+}
+
+impl JoinParams {
+    /// Placeholder parameters, for showing what a node would get without a tenant cluster.
+    pub fn placeholder() -> Self {
+        Self {
+            api_server_endpoint: PLACEHOLDER_ENDPOINT.to_string(),
+            token: PLACEHOLDER_TOKEN.to_string(),
+            ca_cert_hashes: vec![PLACEHOLDER_CA_HASH.to_string()],
+        }
+    }
+
+    /// Checks the formats: endpoint `host:port` of safe characters, token
+    /// `[a-z0-9]{6}.[a-z0-9]{16}`, hashes `sha256:` + 64 hex digits.
+    pub fn validate(&self) -> Result<(), UserDataError> {
+        let bad = |field, message: String| UserDataError::InvalidJoinParams { field, message };
+        let ep = &self.api_server_endpoint;
+        let (host, port) = ep
+            .rsplit_once(':')
+            .ok_or_else(|| bad("apiServerEndpoint", format!("{ep:?} is not host:port")))?;
+        let host_ok = !host.is_empty()
+            && host.bytes().all(|b| {
+                b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'[' | b']' | b':')
+            });
+        let port_ok = port.parse::<u16>().is_ok_and(|p| p > 0);
+        if !host_ok || !port_ok {
+            return Err(bad("apiServerEndpoint", format!("{ep:?} is not host:port")));
+        }
+        if BootstrapToken::parse(&self.token).is_none() {
+            return Err(bad(
+                "token",
+                "not a bootstrap token of the form [a-z0-9]{6}.[a-z0-9]{16}".to_string(),
+            ));
+        }
+        if self.ca_cert_hashes.is_empty() {
+            return Err(bad(
+                "caCertHashes",
+                "at least one hash is needed".to_string(),
+            ));
+        }
+        for h in &self.ca_cert_hashes {
+            let hex = h.strip_prefix("sha256:").unwrap_or("");
+            if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(bad(
+                    "caCertHashes",
+                    format!("{h:?} is not sha256:<64 hex digits>"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The built-in user data templates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum JoinTemplate {
+    /// `kubeadm join --config` with the written JoinConfiguration (the default).
+    #[default]
+    Kubeadm,
+    /// vCluster's node join script, fetched from the tenant's `/node/join`.
+    Vcluster,
+}
+
+impl JoinTemplate {
+    /// The template named by property `autonodes.io/user-data-template` (absent: kubeadm).
+    pub fn from_property(value: Option<&str>) -> Result<Self, UserDataError> {
+        match value.map(str::trim) {
+            None | Some("") | Some("kubeadm") => Ok(Self::Kubeadm),
+            Some("vcluster") => Ok(Self::Vcluster),
+            Some(other) => Err(UserDataError::UnknownTemplate(other.to_string())),
+        }
+    }
+
+    /// The template's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Kubeadm => "kubeadm",
+            Self::Vcluster => "vcluster",
+        }
+    }
+}
+
+/// Everything the user data of one node depends on.
+#[derive(Debug, Clone, Copy)]
+pub struct UserDataInput<'a> {
+    /// Which built-in template.
+    pub template: JoinTemplate,
+    /// Node name (= VM name); the provider ID is `kubevirt://<node_name>`.
+    pub node_name: &'a str,
+    /// Endpoint, token and CA hashes.
+    pub join: &'a JoinParams,
+    /// Labels the kubelet registers with (`--node-labels`).
+    pub node_labels: &'a BTreeMap<String, String>,
+    /// Taints the node registers with (including startup and registration taints).
+    pub taints: &'a [Taint],
+    /// Extra kubelet arguments (`provider-id` and `node-labels` are reserved).
+    pub kubelet_args: &'a BTreeMap<String, String>,
+    /// The user's cloud-config (property `autonodes.io/user-data`).
+    pub user_cloud_config: Option<&'a str>,
+    /// SSH public keys (property `autonodes.io/ssh-keys`, see [`parse_ssh_keys`]).
+    pub ssh_keys: &'a [String],
+}
+
+/// SSH keys from the `autonodes.io/ssh-keys` property: one per line; blank lines and
+/// lines starting with `#` are skipped.
+pub fn parse_ssh_keys(value: &str) -> Vec<String> {
+    value
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The provider ID of a node: `kubevirt://<vm>`.
+pub fn provider_id(vm_name: &str) -> String {
+    format!("kubevirt://{vm_name}")
+}
+
+#[derive(Serialize)]
+struct TemplateData<'a> {
+    node_name: &'a str,
+    api_server_endpoint: &'a str,
+    token: &'a str,
+    ca_cert_hashes: &'a [String],
+    kubelet_extra_args: BTreeMap<String, String>,
+    taints: Vec<Value>,
+    ssh_authorized_keys: Vec<String>,
+    user_extra: Map<String, Value>,
+    user_write_files: Vec<Value>,
+    user_runcmd: Vec<Value>,
+    join_config_path: &'static str,
+    vcluster_join_command: String,
+}
+
+/// The user's cloud-config split into what autonodes merges and the rest.
+#[derive(Debug, Default)]
+struct UserCloudConfig {
+    extra: Map<String, Value>,
+    write_files: Vec<Value>,
+    runcmd: Vec<Value>,
+    ssh_authorized_keys: Vec<String>,
+}
+
+fn parse_user_cloud_config(text: &str) -> Result<UserCloudConfig, UserDataError> {
+    let invalid = |m: String| UserDataError::InvalidUserCloudConfig(m);
+    let trimmed = text.trim_start();
+    if trimmed.is_empty() {
+        return Ok(UserCloudConfig::default());
+    }
+    if !trimmed.starts_with("#cloud-config") {
+        return Err(invalid(
+            "must be a cloud-config (a YAML mapping starting with #cloud-config)".to_string(),
+        ));
+    }
+    let yaml: serde_yaml::Value =
+        serde_yaml::from_str(text).map_err(|e| invalid(format!("not valid YAML: {e}")))?;
+    let json: Value =
+        serde_json::to_value(&yaml).map_err(|e| invalid(format!("unsupported YAML: {e}")))?;
+    let mut map = match json {
+        Value::Object(m) => m,
+        Value::Null => Map::new(),
+        _ => return Err(invalid("must be a YAML mapping".to_string())),
+    };
+    let mut list = |key: &str| -> Result<Vec<Value>, UserDataError> {
+        match map.remove(key) {
+            None | Some(Value::Null) => Ok(Vec::new()),
+            Some(Value::Array(a)) => Ok(a),
+            Some(_) => Err(invalid(format!("{key} must be a list"))),
+        }
+    };
+    let write_files = list("write_files")?;
+    let runcmd = list("runcmd")?;
+    let ssh_authorized_keys = list("ssh_authorized_keys")?
+        .into_iter()
+        .map(|v| match v {
+            Value::String(s) => Ok(s),
+            _ => Err(invalid(
+                "ssh_authorized_keys entries must be strings".to_string(),
+            )),
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(UserCloudConfig {
+        extra: map,
+        write_files,
+        runcmd,
+        ssh_authorized_keys,
+    })
+}
+
+/// Writes `s` as a double-quoted YAML scalar, escaping `"`, `\`, control characters,
+/// DEL and the C1 range, the unicode line separators, the BOM and non-characters — all
+/// that YAML (1.1 and 1.2) does not accept raw or would read as a line break.
+pub fn yaml_string(s: &str, out: &mut String) {
+    out.reserve(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            c if (c as u32) < 0x20
+                || ('\u{7f}'..='\u{9f}').contains(&c)
+                || matches!(
+                    c,
+                    '\u{2028}' | '\u{2029}' | '\u{feff}' | '\u{fffe}' | '\u{ffff}'
+                ) =>
+            {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// Writes a JSON value as single-line YAML flow: strings double-quoted (see
+/// [`yaml_string`]), numbers, booleans and null as is, lists `[..]`, maps `{..}`.
+/// The result is valid YAML wherever a value may stand.
+pub fn to_flow_yaml(v: &Value) -> String {
+    let mut out = String::new();
+    write_flow(v, &mut out);
+    out
+}
+
+fn write_flow(v: &Value, out: &mut String) {
+    match v {
+        Value::Null => out.push_str("null"),
+        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Value::Number(n) => {
+            let _ = write!(out, "{n}");
+        }
+        Value::String(s) => yaml_string(s, out),
+        Value::Array(a) => {
+            out.push('[');
+            for (i, item) in a.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                write_flow(item, out);
+            }
+            out.push(']');
+        }
+        Value::Object(m) => {
+            out.push('{');
+            for (i, (k, item)) in m.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                yaml_string(k, out);
+                out.push_str(": ");
+                write_flow(item, out);
+            }
+            out.push('}');
+        }
+    }
+}
+
+fn yaml_helper(
+    h: &Helper<'_>,
+    _: &Handlebars<'_>,
+    _: &Context,
+    _: &mut RenderContext<'_, '_>,
+    out: &mut dyn Output,
+) -> HelperResult {
+    let param = h
+        .param(0)
+        .ok_or(RenderErrorReason::ParamNotFoundForIndex("yaml", 0))?;
+    out.write(&to_flow_yaml(param.value()))?;
+    Ok(())
+}
+
+fn registry() -> Result<&'static Handlebars<'static>, UserDataError> {
+    static REGISTRY: OnceLock<Result<Handlebars<'static>, String>> = OnceLock::new();
+    REGISTRY
+        .get_or_init(|| {
+            let mut hb = Handlebars::new();
+            hb.set_strict_mode(true);
+            hb.register_escape_fn(handlebars::no_escape);
+            hb.register_helper("yaml", Box::new(yaml_helper));
+            for (name, text) in [
+                ("kubeadm", KUBEADM_TEMPLATE),
+                ("vcluster", VCLUSTER_TEMPLATE),
+            ] {
+                hb.register_template_string(name, text)
+                    .map_err(|e| format!("{name}: {e}"))?;
+            }
+            Ok(hb)
+        })
+        .as_ref()
+        .map_err(|message| UserDataError::Template {
+            template: "registry",
+            message: message.clone(),
+        })
+}
+
+/// Renders the user data of a node. The result is a `#cloud-config` document of at most
+/// [`USER_DATA_MAX_BYTES`] bytes.
+pub fn render_user_data(input: &UserDataInput<'_>) -> Result<String, UserDataError> {
+    input.join.validate()?;
+    let mut kubelet_extra_args = BTreeMap::new();
+    for (k, v) in input.kubelet_args {
+        let name = k.trim_start_matches('-');
+        if name == "provider-id" || name == "node-labels" {
+            return Err(UserDataError::ReservedKubeletArg(name.to_string()));
+        }
+        kubelet_extra_args.insert(name.to_string(), v.clone());
+    }
+    kubelet_extra_args.insert("provider-id".to_string(), provider_id(input.node_name));
+    if !input.node_labels.is_empty() {
+        let mut labels = String::new();
+        for (i, (k, v)) in input.node_labels.iter().enumerate() {
+            if i > 0 {
+                labels.push(',');
+            }
+            let _ = write!(labels, "{k}={v}");
+        }
+        kubelet_extra_args.insert("node-labels".to_string(), labels);
+    }
+    let user = match input.user_cloud_config {
+        Some(text) => parse_user_cloud_config(text)?,
+        None => UserCloudConfig::default(),
+    };
+    let mut ssh_authorized_keys = user.ssh_authorized_keys;
+    ssh_authorized_keys.extend(input.ssh_keys.iter().cloned());
+    let taints = input
+        .taints
+        .iter()
+        .map(|t| {
+            let mut m = Map::new();
+            m.insert("key".into(), Value::String(t.key.clone()));
+            if let Some(v) = t.value.as_ref().filter(|v| !v.is_empty()) {
+                m.insert("value".into(), Value::String(v.clone()));
+            }
+            m.insert("effect".into(), Value::String(t.effect.clone()));
+            Value::Object(m)
+        })
+        .collect();
+    let data = TemplateData {
+        node_name: input.node_name,
+        api_server_endpoint: &input.join.api_server_endpoint,
+        token: &input.join.token,
+        ca_cert_hashes: &input.join.ca_cert_hashes,
+        kubelet_extra_args,
+        taints,
+        ssh_authorized_keys,
+        user_extra: user.extra,
+        user_write_files: user.write_files,
+        user_runcmd: user.runcmd,
+        join_config_path: JOIN_CONFIG_PATH,
+        // Endpoint and token are validated to [A-Za-z0-9.:\[\]-], safe inside the quotes.
+        vcluster_join_command: format!(
+            "curl -fsSLk \"https://{}/node/join?token={}\" | sh -",
+            input.join.api_server_endpoint, input.join.token
+        ),
+    };
+    let name = input.template.name();
+    let text = registry()?
+        .render(name, &data)
+        .map_err(|e| UserDataError::Template {
+            template: name,
+            message: e.to_string(),
+        })?;
+    if text.len() > USER_DATA_MAX_BYTES {
+        return Err(UserDataError::TooLarge {
+            size: text.len(),
+            max: USER_DATA_MAX_BYTES,
+        });
+    }
+    Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// An EC test CA; its hash was computed with kubeadm's documented pipeline:
+    /// `openssl x509 -pubkey -noout | openssl pkey -pubin -outform der | sha256sum`.
+    const TEST_CA: &str = "-----BEGIN CERTIFICATE-----
+MIIBkDCCATWgAwIBAgIUV4rPR2BloFMuSqpw9E22xEUO48gwCgYIKoZIzj0EAwIw
+HDEaMBgGA1UEAwwRYXV0b25vZGVzLXRlc3QtY2EwIBcNMjYxMTIyMTYyMjI2WhgP
+MjEyNjEwMjkxNjIyMjZaMBwxGjAYBgNVBAMMEWF1dG9ub2Rlcy10ZXN0LWNhMFkw
+EwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEoc1K8HRxSUqNnCxLK+m5DMT4qNpduhoX
+7UzK99rdUMtiMhzG7Sqc8QVJheMB9+eAQa1pME5Mixia44nomD9tK6NTMFEwHQYD
+VR0OBBYEFEhD5xdU5035d4rB2OeDLv8o6fA+MB8GA1UdIwQYMBaAFEhD5xdU5035
+d4rB2OeDLv8o6fA+MA8GA1UdEwEB/wQFMAMBAf8wCgYIKoZIzj0EAwIDSQAwRgIh
+ALSCkSTyQaInuL6DucynDnEnDn3BmFrDIP2T88gG8jFaAiEAs2mkVzuGZG/sIDbD
+1jC/wDJJUBTNuNopMyIHQHg2qcQ=
+-----END CERTIFICATE-----
+";
+    const TEST_CA_HASH: &str =
+        "sha256:2917f5ab7ab656c6c2585c6a715cfb777c242f7a357a5ba18a4c21849d401d6a";
+
+    fn join() -> JoinParams {
+        JoinParams {
+            api_server_endpoint: "10.0.0.1:6443".into(),
+            token: "abcdef.0123456789abcdef".into(),
+            ca_cert_hashes: vec![TEST_CA_HASH.into()],
+        }
+    }
+
+    fn taint(key: &str, value: Option<&str>, effect: &str) -> Taint {
+        Taint {
+            key: key.into(),
+            value: value.map(str::to_string),
+            effect: effect.into(),
+            time_added: None,
+        }
+    }
+
+    struct Fixture {
+        join: JoinParams,
+        labels: BTreeMap<String, String>,
+        taints: Vec<Taint>,
+        args: BTreeMap<String, String>,
+        keys: Vec<String>,
+    }
+
+    impl Fixture {
+        fn new() -> Self {
+            Self {
+                join: join(),
+                labels: BTreeMap::from([
+                    (
+                        "autonodes.io/node-type".to_string(),
+                        "high-memory-node".to_string(),
+                    ),
+                    ("workload".to_string(), "memory-intensive".to_string()),
+                ]),
+                taints: vec![
+                    taint("workload", Some("high-memory"), "NoSchedule"),
+                    taint("autonodes.io/unregistered", None, "NoExecute"),
+                ],
+                args: BTreeMap::from([("max-pods".to_string(), "50".to_string())]),
+                keys: vec![],
+            }
+        }
+
+        fn input<'a>(&'a self, user: Option<&'a str>) -> UserDataInput<'a> {
+            UserDataInput {
+                template: JoinTemplate::Kubeadm,
+                node_name: "tenant-node-1",
+                join: &self.join,
+                node_labels: &self.labels,
+                taints: &self.taints,
+                kubelet_args: &self.args,
+                user_cloud_config: user,
+                ssh_keys: &self.keys,
+            }
+        }
+    }
+
+    /// Parses user data as cloud-init would (YAML) and the join config inside it.
+    fn parse(user_data: &str) -> (Value, Value) {
+        assert!(user_data.starts_with("#cloud-config\n"), "{user_data}");
+        let doc: Value = serde_yaml::from_str(user_data)
+            .unwrap_or_else(|e| panic!("user data is not YAML: {e}\n{user_data}"));
+        let files = doc["write_files"].as_array().expect("write_files");
+        let file = files
+            .iter()
+            .find(|f| f["path"] == JOIN_CONFIG_PATH)
+            .expect("join config written");
+        let content = file["content"].as_str().expect("content");
+        let join: Value = serde_yaml::from_str(content)
+            .unwrap_or_else(|e| panic!("join config is not YAML: {e}\n{content}"));
+        (doc, join)
+    }
+
+    #[test]
+    fn ca_hash_is_sha256_of_the_certificate_public_key_info() {
+        assert_eq!(
+            ca_cert_hash(TEST_CA.as_bytes()),
+            Ok(TEST_CA_HASH.to_string())
+        );
+        // Other PEM blocks before the certificate are skipped.
+        let with_key =
+            format!("-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n{TEST_CA}");
+        assert_eq!(
+            ca_cert_hash(with_key.as_bytes()),
+            Ok(TEST_CA_HASH.to_string())
+        );
+    }
+
+    #[test]
+    fn ca_hash_of_something_that_is_not_a_certificate_is_an_error() {
+        assert_eq!(ca_cert_hash(b"hello"), Err(CaHashError::NoCertificate));
+        let garbage = "-----BEGIN CERTIFICATE-----\naGVsbG8=\n-----END CERTIFICATE-----\n";
+        assert!(matches!(
+            ca_cert_hash(garbage.as_bytes()),
+            Err(CaHashError::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn kubeadm_user_data_writes_a_join_configuration_and_runs_the_join() {
+        let f = Fixture::new();
+        let ud = render_user_data(&f.input(None)).expect("renders");
+        let (doc, join) = parse(&ud);
+        assert_eq!(join["apiVersion"], "kubeadm.k8s.io/v1beta3");
+        assert_eq!(join["kind"], "JoinConfiguration");
+        let bt = &join["discovery"]["bootstrapToken"];
+        assert_eq!(bt["apiServerEndpoint"], "10.0.0.1:6443");
+        assert_eq!(bt["token"], "abcdef.0123456789abcdef");
+        assert_eq!(bt["caCertHashes"], json!([TEST_CA_HASH]));
+        let reg = &join["nodeRegistration"];
+        assert_eq!(reg["name"], "tenant-node-1");
+        assert_eq!(
+            reg["kubeletExtraArgs"],
+            json!({
+                "max-pods": "50",
+                "node-labels": "autonodes.io/node-type=high-memory-node,workload=memory-intensive",
+                "provider-id": "kubevirt://tenant-node-1",
+            })
+        );
+        assert_eq!(
+            reg["taints"],
+            json!([
+                {"key": "workload", "value": "high-memory", "effect": "NoSchedule"},
+                {"key": "autonodes.io/unregistered", "effect": "NoExecute"},
+            ])
+        );
+        assert_eq!(
+            doc["runcmd"],
+            json!([[
+                "kubeadm",
+                "join",
+                "--config",
+                "/etc/kubernetes/kubeadm-join.yaml"
+            ]])
+        );
+        assert_eq!(doc["write_files"][0]["permissions"], "0600");
+        assert!(doc.get("ssh_authorized_keys").is_none());
+    }
+
+    #[test]
+    fn the_users_runcmd_runs_before_the_join_and_other_keys_are_kept() {
+        let user = "#cloud-config\npackages: [htop]\nruncmd:\n  - echo first\n  - [touch, /tmp/x]\nwrite_files:\n  - path: /etc/motd\n    content: hi\nssh_authorized_keys: [ssh-ed25519 AAAA user]\n";
+        let mut f2 = Fixture::new();
+        f2.keys = parse_ssh_keys("ssh-ed25519 BBBB ops\n\n# comment\n");
+        let ud = render_user_data(&f2.input(Some(user))).expect("renders");
+        let (doc, _) = parse(&ud);
+        assert_eq!(
+            doc["runcmd"],
+            json!([
+                "echo first",
+                ["touch", "/tmp/x"],
+                [
+                    "kubeadm",
+                    "join",
+                    "--config",
+                    "/etc/kubernetes/kubeadm-join.yaml"
+                ]
+            ])
+        );
+        assert_eq!(doc["packages"], json!(["htop"]));
+        assert_eq!(
+            doc["write_files"][0],
+            json!({"path": "/etc/motd", "content": "hi"})
+        );
+        assert_eq!(doc["write_files"][1]["path"], JOIN_CONFIG_PATH);
+        assert_eq!(
+            doc["ssh_authorized_keys"],
+            json!(["ssh-ed25519 AAAA user", "ssh-ed25519 BBBB ops"])
+        );
+    }
+
+    #[test]
+    fn a_user_data_that_is_not_a_cloud_config_mapping_is_an_error() {
+        let f = Fixture::new();
+        for (bad, why) in [
+            ("#!/bin/sh\necho hi\n", "must be a cloud-config"),
+            ("#cloud-config\n- a\n- b\n", "must be a YAML mapping"),
+            ("#cloud-config\nruncmd: echo\n", "runcmd must be a list"),
+            ("#cloud-config\nfoo: [unclosed\n", "not valid YAML"),
+        ] {
+            let e = render_user_data(&f.input(Some(bad))).expect_err(bad);
+            assert!(
+                e.to_string()
+                    .starts_with("property autonodes.io/user-data:"),
+                "{e}"
+            );
+            assert!(e.to_string().contains(why), "{bad}: {e}");
+        }
+        // Empty user data is no user data.
+        assert!(render_user_data(&f.input(Some("  \n"))).is_ok());
+    }
+
+    #[test]
+    fn hostile_labels_taints_and_user_values_cannot_break_the_yaml() {
+        let nasty = [
+            "quote\"s and 'single'",
+            "colon: space",
+            "# not a comment",
+            "- dash",
+            "new\nline",
+            "back\\slash",
+            "tab\there",
+            "{{handlebars}}",
+            "&anchor *alias !tag |pipe >fold %percent @at `tick",
+            "unicode ünïcødé 日本語 🚀",
+            "nel\u{85}ls\u{2028}ps\u{2029}",
+            "ctrl\u{1}\u{7f}\u{9b}bom\u{feff}",
+            "  leading and trailing  ",
+            "",
+            "null",
+            "true",
+            "0x1F",
+            "...",
+            "---",
+        ];
+        for s in nasty {
+            let mut f = Fixture::new();
+            f.taints = vec![taint(s, Some(s), "NoSchedule")];
+            f.args = BTreeMap::from([(format!("x{s}"), s.to_string())]);
+            f.keys = vec![s.to_string()];
+            f.labels = BTreeMap::from([("k".to_string(), s.to_string())]);
+            let user = format!(
+                "#cloud-config\nruncmd:\n  - {}\nbootcmd: [{}]\n",
+                to_flow_yaml(&json!(s)),
+                to_flow_yaml(&json!(s))
+            );
+            let ud = render_user_data(&f.input(Some(&user))).expect("renders");
+            let (doc, join) = parse(&ud);
+            assert_eq!(
+                join["nodeRegistration"]["taints"][0]["key"],
+                json!(s),
+                "{s:?}"
+            );
+            assert_eq!(
+                join["nodeRegistration"]["kubeletExtraArgs"][format!("x{s}")],
+                json!(s)
+            );
+            assert_eq!(
+                join["nodeRegistration"]["kubeletExtraArgs"]["node-labels"],
+                json!(format!("k={s}"))
+            );
+            assert_eq!(doc["runcmd"][0], json!(s), "{s:?}");
+            assert_eq!(doc["bootcmd"], json!([s]));
+            assert_eq!(doc["ssh_authorized_keys"], json!([s]));
+        }
+    }
+
+    #[test]
+    fn flow_yaml_escapes_what_yaml_does_not_allow_raw() {
+        let mut out = String::new();
+        yaml_string("a\"b\\c\n\u{85}\u{2028}\u{7f}é", &mut out);
+        assert_eq!(out, "\"a\\\"b\\\\c\\n\\u0085\\u2028\\u007fé\"");
+        assert_eq!(
+            to_flow_yaml(&json!({"a": [1, true, null, "x"]})),
+            "{\"a\": [1, true, null, \"x\"]}"
+        );
+    }
+
+    #[test]
+    fn vcluster_template_runs_the_vcluster_join_script_after_the_users_commands() {
+        let f = Fixture::new();
+        let mut input = f.input(Some("#cloud-config\nruncmd: [echo pre]\n"));
+        input.template = JoinTemplate::Vcluster;
+        let ud = render_user_data(&input).expect("renders");
+        let (doc, join) = parse(&ud);
+        assert_eq!(join["nodeRegistration"]["name"], "tenant-node-1");
+        let runcmd = doc["runcmd"].as_array().expect("list");
+        assert_eq!(runcmd[0], "echo pre");
+        assert_eq!(
+            runcmd.last(),
+            Some(&json!(["sh", "-c",
+                "curl -fsSLk \"https://10.0.0.1:6443/node/join?token=abcdef.0123456789abcdef\" | sh -"]))
+        );
+        // Both templates write the same JoinConfiguration.
+        let (_, kubeadm_join) = parse(&render_user_data(&f.input(None)).expect("renders"));
+        assert_eq!(join, kubeadm_join);
+    }
+
+    #[test]
+    fn templates_are_chosen_by_property_and_unknown_names_are_errors() {
+        assert_eq!(JoinTemplate::from_property(None), Ok(JoinTemplate::Kubeadm));
+        assert_eq!(
+            JoinTemplate::from_property(Some("vcluster")),
+            Ok(JoinTemplate::Vcluster)
+        );
+        let e = JoinTemplate::from_property(Some("k3s")).expect_err("unknown");
+        assert!(e.to_string().contains("\"k3s\""), "{e}");
+    }
+
+    #[test]
+    fn oversized_user_data_is_a_clear_error() {
+        let f = Fixture::new();
+        let big = format!(
+            "#cloud-config\nruncmd:\n  - echo {}\n",
+            "x".repeat(USER_DATA_MAX_BYTES)
+        );
+        let e = render_user_data(&f.input(Some(&big))).expect_err("too large");
+        assert!(
+            matches!(
+                e,
+                UserDataError::TooLarge {
+                    max: USER_DATA_MAX_BYTES,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("65536-byte limit"), "{e}");
+    }
+
+    #[test]
+    fn join_params_are_validated() {
+        let f = Fixture::new();
+        for (field, change) in [
+            (
+                "apiServerEndpoint",
+                JoinParams {
+                    api_server_endpoint: "host".into(),
+                    ..join()
+                },
+            ),
+            (
+                "apiServerEndpoint",
+                JoinParams {
+                    api_server_endpoint: "h\"; rm -rf /:1".into(),
+                    ..join()
+                },
+            ),
+            (
+                "apiServerEndpoint",
+                JoinParams {
+                    api_server_endpoint: "host:99999".into(),
+                    ..join()
+                },
+            ),
+            (
+                "token",
+                JoinParams {
+                    token: "ABCDEF.0123456789abcdef".into(),
+                    ..join()
+                },
+            ),
+            (
+                "token",
+                JoinParams {
+                    token: "abcdef0123456789abcdef".into(),
+                    ..join()
+                },
+            ),
+            (
+                "caCertHashes",
+                JoinParams {
+                    ca_cert_hashes: vec![],
+                    ..join()
+                },
+            ),
+            (
+                "caCertHashes",
+                JoinParams {
+                    ca_cert_hashes: vec!["md5:00".into()],
+                    ..join()
+                },
+            ),
+        ] {
+            let mut input = f.input(None);
+            input.join = &change;
+            let e = render_user_data(&input).expect_err(field);
+            assert!(
+                e.to_string()
+                    .starts_with(&format!("join parameters: {field}:")),
+                "{e}"
+            );
+        }
+        assert!(JoinParams {
+            api_server_endpoint: "[fd00::1]:6443".into(),
+            ..join()
+        }
+        .validate()
+        .is_ok());
+        assert!(JoinParams::placeholder().validate().is_ok());
+    }
+
+    #[test]
+    fn provider_id_and_node_labels_cannot_be_given_as_kubelet_args() {
+        let mut f = Fixture::new();
+        f.args = BTreeMap::from([("--provider-id".to_string(), "x".to_string())]);
+        assert_eq!(
+            render_user_data(&f.input(None)),
+            Err(UserDataError::ReservedKubeletArg("provider-id".into()))
+        );
+    }
+
+    #[test]
+    fn bootstrap_tokens_have_the_kubeadm_format() {
+        let mut bytes = (0u8..=255).cycle();
+        let t = BootstrapToken::from_random(|| bytes.next().unwrap_or(0));
+        assert!(BootstrapToken::parse(&t.token()).is_some(), "{}", t.token());
+        assert_eq!(t.id().len(), 6);
+        assert_eq!(t.secret().len(), 16);
+        assert_eq!(t.secret_name(), format!("bootstrap-token-{}", t.id()));
+        assert!(
+            !format!("{t:?}").contains(t.secret()),
+            "Debug hides the secret"
+        );
+        // Biased bytes are rejected: only 252..=255 would never be used.
+        let mut high = [255u8, 254, 253, 252, 0].into_iter().cycle();
+        let t = BootstrapToken::from_random(|| high.next().unwrap_or(0));
+        assert_eq!(t.token(), "aaaaaa.aaaaaaaaaaaaaaaa");
+        assert!(BootstrapToken::parse("abcdef.0123456789abcde").is_none());
+        assert!(BootstrapToken::parse(PLACEHOLDER_TOKEN).is_some());
+    }
+
+    #[test]
+    fn ssh_keys_property_is_one_key_per_line() {
+        assert_eq!(
+            parse_ssh_keys(" ssh-ed25519 AAAA a \n\n# off\nssh-rsa BBBB b"),
+            vec![
+                "ssh-ed25519 AAAA a".to_string(),
+                "ssh-rsa BBBB b".to_string()
+            ]
+        );
+    }
+}

@@ -22,6 +22,8 @@ pub enum Command {
         #[arg(long, default_value = "crds")]
         out: PathBuf,
     },
+    /// Print the NodeType, Secret and VirtualMachine a claim would get, touching no cluster.
+    Render(crate::render::RenderArgs),
 }
 
 /// Runs the parsed command line.
@@ -33,5 +35,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Render(args) => crate::render::run(args),
     }
 }

@@ -11,6 +11,7 @@
 pub mod api;
 pub mod cli;
 pub mod crdgen;
+pub mod render;
 pub mod resources;
 pub mod scheduling;
 pub mod template;

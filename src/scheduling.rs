@@ -165,6 +165,15 @@ pub enum TypeProblem {
         /// What is wrong.
         source: ResourceError,
     },
+    /// The provider exists but cannot be used (host unreachable, invalid templates,
+    /// being deleted).
+    #[error("node type {node_type}: {message}")]
+    ProviderNotReady {
+        /// The node type.
+        node_type: String,
+        /// Why the provider cannot be used.
+        message: String,
+    },
     /// A taint of the type is invalid.
     #[error("node type {node_type}: spec.taints: {message}")]
     Taints {
@@ -180,6 +189,7 @@ impl TypeProblem {
     pub fn reason(&self) -> &'static str {
         match self {
             TypeProblem::ProviderNotFound { .. } => "ProviderNotFound",
+            TypeProblem::ProviderNotReady { .. } => "ProviderNotReady",
             TypeProblem::Template(TemplateError::MemoryNotFound { .. }) => "MemoryNotFound",
             TypeProblem::Template(_) => "InvalidTemplate",
             TypeProblem::Resources { .. } => "InvalidResources",

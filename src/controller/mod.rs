@@ -1,0 +1,360 @@
+//! The controllers: the only code that writes to clusters.
+//!
+//! - [`provider`]: NodeProvider → host reachability, template validation, one NodeType per entry.
+//! - [`nodetype`]: NodeType → effective resources, cost, capacity, phase.
+//! - [`nodeclaim`]: NodeClaim → scheduling, host Secret + VM, tenant token, readiness, cleanup.
+//! - [`remote`]: watches on host (VM, VMI) and tenant (Node) clusters that wake claims.
+//!
+//! Each reconcile reads, validates, builds (pure code in `template`, `scheduling`,
+//! `userdata`), applies, and writes status with server-side apply.
+
+pub mod nodeclaim;
+pub mod nodetype;
+pub mod provider;
+pub mod remote;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::channel::mpsc;
+use futures::StreamExt;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{watcher, Controller};
+use kube::{Client, Resource, ResourceExt};
+use serde::Serialize;
+use tokio::sync::Mutex;
+
+use crate::api::{NodeClaim, NodeProvider, NodeType};
+use crate::clients::{ClientError, ClusterClients};
+use crate::metrics::Metrics;
+
+/// Field manager of every write autonodes makes.
+pub const FIELD_MANAGER: &str = "autonodes";
+
+/// Settings of the controllers (from `autonodes run` flags).
+#[derive(Clone, Debug)]
+pub struct ControllerConfig {
+    /// Namespace holding host-cluster kubeconfig Secrets (and the leader Lease).
+    pub namespace: String,
+    /// How long a VM may take to run before its claim fails.
+    pub launch_timeout: Duration,
+    /// How long a running VM's Node may take to join before its claim fails.
+    pub registration_timeout: Duration,
+    /// How long draining a Node may take before it is deleted anyway.
+    pub drain_timeout: Duration,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        ControllerConfig {
+            namespace: "autonodes-system".into(),
+            launch_timeout: Duration::from_secs(600),
+            registration_timeout: Duration::from_secs(900),
+            drain_timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+/// Errors a reconcile returns (transient: the object is retried with backoff). Bad input
+/// never ends up here: it becomes a status condition and an Event instead.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A call to the management cluster failed.
+    #[error("{context}: {source}")]
+    Kube {
+        /// What was being done.
+        context: String,
+        /// The API error.
+        source: kube::Error,
+    },
+    /// A call to a remote cluster failed.
+    #[error("{cluster}: {context}: {source}")]
+    Remote {
+        /// The cluster.
+        cluster: String,
+        /// What was being done.
+        context: String,
+        /// The API error.
+        source: kube::Error,
+    },
+    /// A remote client could not be built.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    /// The finalizer helper failed.
+    #[error("finalizer: {0}")]
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
+    /// An object lacks a field the API server always sets.
+    #[error("{0} lacks {1}")]
+    Missing(String, &'static str),
+    /// Rendering failed for a reason that is not the user's input.
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl Error {
+    /// A management-cluster error with context.
+    pub fn kube(context: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+        let context = context.into();
+        move |source| Error::Kube { context, source }
+    }
+
+    /// A short label for metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Kube { .. } => "kube",
+            Error::Remote { .. } => "remote",
+            Error::Client(_) => "client",
+            Error::Finalizer(_) => "finalizer",
+            Error::Missing(..) => "missing",
+            Error::Internal(_) => "internal",
+        }
+    }
+}
+
+/// Shared state of the controllers.
+pub struct Context {
+    /// Management-cluster client.
+    pub client: Client,
+    /// Remote cluster clients.
+    pub clients: Arc<ClusterClients>,
+    /// Settings.
+    pub config: ControllerConfig,
+    /// Event recorder (events.k8s.io/v1).
+    pub recorder: Recorder,
+    /// All NodeClaims (the claim controller's reflector).
+    pub claims: Store<NodeClaim>,
+    /// All NodeTypes.
+    pub types: Store<NodeType>,
+    /// All NodeProviders.
+    pub providers: Store<NodeProvider>,
+    /// Serializes scheduling decisions so capacity is never exceeded.
+    pub scheduling: Mutex<nodeclaim::Reservations>,
+    /// Wakes claims (remote changes, freed capacity).
+    pub wake_claims: mpsc::UnboundedSender<ObjectRef<NodeClaim>>,
+    /// Wakes node types (capacity changes).
+    pub wake_types: mpsc::UnboundedSender<ObjectRef<NodeType>>,
+    /// Prometheus metrics.
+    pub metrics: Arc<Metrics>,
+}
+
+impl Context {
+    /// Records an Event about `obj`; failures to record are logged, never fatal.
+    pub async fn event<K>(
+        &self,
+        obj: &K,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) where
+        K: Resource<DynamicType = ()>,
+    {
+        let ev = KubeEvent {
+            type_,
+            reason: reason.into(),
+            note: Some(truncate(&note, 1000)),
+            action: action.into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, &obj.object_ref(&())).await {
+            tracing::warn!(object = %obj.object_ref(&()).name.unwrap_or_default(), error = %e, "recording an event failed");
+        }
+    }
+
+    /// Wakes every claim that is not scheduled yet (capacity or types changed).
+    pub fn wake_pending_claims(&self) {
+        for claim in self.claims.state() {
+            let scheduled = claim
+                .status
+                .as_ref()
+                .and_then(|s| s.type_ref.as_ref())
+                .is_some();
+            if !scheduled && claim.meta().deletion_timestamp.is_none() {
+                let _ = self
+                    .wake_claims
+                    .unbounded_send(ObjectRef::from_obj(&*claim));
+            }
+        }
+    }
+}
+
+/// Cuts `s` to at most `max` bytes on a character boundary.
+pub fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
+/// The current time.
+pub fn now() -> Timestamp {
+    Timestamp::now()
+}
+
+/// Writes `status` of `obj` with server-side apply on the status subresource.
+pub async fn apply_status<K, S>(api: &Api<K>, obj: &K, status: &S) -> Result<(), Error>
+where
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    S: Serialize,
+{
+    let name = obj.name_any();
+    let patch = serde_json::json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "status": status,
+    });
+    api.patch_status(
+        &name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map_err(Error::kube(format!(
+        "writing status of {} {name}",
+        K::kind(&())
+    )))?;
+    Ok(())
+}
+
+/// The watcher configuration of every controller.
+fn watch_config() -> watcher::Config {
+    watcher::Config::default().any_semantic()
+}
+
+/// Runs the three controllers until `shutdown` resolves.
+pub async fn run(
+    client: Client,
+    config: ControllerConfig,
+    metrics: Arc<Metrics>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,
+    ready: Arc<std::sync::atomic::AtomicBool>,
+) -> anyhow::Result<()> {
+    let claims_api: Api<NodeClaim> = Api::all(client.clone());
+    let types_api: Api<NodeType> = Api::all(client.clone());
+    let providers_api: Api<NodeProvider> = Api::all(client.clone());
+
+    let claim_ctrl = Controller::new(claims_api.clone(), watch_config());
+    let type_ctrl = Controller::new(types_api.clone(), watch_config());
+    let provider_ctrl = Controller::new(providers_api.clone(), watch_config());
+
+    let (wake_claims, claim_wakeups) = mpsc::unbounded();
+    let (wake_types, type_wakeups) = mpsc::unbounded();
+    let clients = Arc::new(ClusterClients::new(
+        client.clone(),
+        config.namespace.clone(),
+    ));
+    clients.set_on_connect(remote::watch_hook(wake_claims.clone(), metrics.clone()));
+
+    let reporter = Reporter {
+        controller: "autonodes".into(),
+        instance: std::env::var("POD_NAME").ok(),
+    };
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        clients,
+        config,
+        recorder: Recorder::new(client.clone(), reporter),
+        claims: claim_ctrl.store(),
+        types: type_ctrl.store(),
+        providers: provider_ctrl.store(),
+        scheduling: Mutex::new(nodeclaim::Reservations::default()),
+        wake_claims,
+        wake_types,
+        metrics,
+    });
+
+    // Readiness: every store has its first full list.
+    {
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            let _ = ctx.claims.wait_until_ready().await;
+            let _ = ctx.types.wait_until_ready().await;
+            let _ = ctx.providers.wait_until_ready().await;
+            ready.store(true, std::sync::atomic::Ordering::SeqCst);
+            tracing::info!("caches synced; controllers ready");
+        });
+    }
+
+    let types_store = ctx.types.clone();
+    let claims_for_types = ctx.claims.clone();
+    let claims = claim_ctrl
+        .watches(types_api.clone(), watch_config(), move |_t: NodeType| {
+            // A changed type may let pending claims schedule.
+            claims_for_types
+                .state()
+                .into_iter()
+                .filter(|c| {
+                    c.status
+                        .as_ref()
+                        .and_then(|s| s.type_ref.as_ref())
+                        .is_none()
+                })
+                .map(|c| ObjectRef::from_obj(&*c))
+                .collect::<Vec<_>>()
+        })
+        .reconcile_on(claim_wakeups)
+        .graceful_shutdown_on(shutdown.clone())
+        .run(nodeclaim::reconcile, nodeclaim::error_policy, ctx.clone())
+        .for_each(|_| async {});
+
+    let types = type_ctrl
+        .watches(claims_api, watch_config(), move |c: NodeClaim| {
+            c.status
+                .and_then(|s| s.type_ref)
+                .map(|t| ObjectRef::<NodeType>::new(&t))
+        })
+        .watches(
+            providers_api.clone(),
+            watch_config(),
+            move |p: NodeProvider| {
+                let name = p.name_any();
+                types_store
+                    .state()
+                    .into_iter()
+                    .filter(|t| t.spec.provider_ref == name)
+                    .map(|t| ObjectRef::from_obj(&*t))
+                    .collect::<Vec<_>>()
+            },
+        )
+        .reconcile_on(type_wakeups)
+        .graceful_shutdown_on(shutdown.clone())
+        .run(nodetype::reconcile, nodetype::error_policy, ctx.clone())
+        .for_each(|_| async {});
+
+    let types_of_claims = ctx.types.clone();
+    let providers = provider_ctrl
+        .owns(types_api, watch_config())
+        .watches(
+            claims_api_all(&client),
+            watch_config(),
+            move |c: NodeClaim| {
+                // A claim going away may unblock a provider's deletion or a type's removal.
+                c.status
+                    .and_then(|s| s.type_ref)
+                    .and_then(|t| types_of_claims.get(&ObjectRef::new(&t)))
+                    .map(|t| ObjectRef::<NodeProvider>::new(&t.spec.provider_ref))
+            },
+        )
+        .graceful_shutdown_on(shutdown)
+        .run(provider::reconcile, provider::error_policy, ctx.clone())
+        .for_each(|_| async {});
+
+    tokio::join!(claims, types, providers);
+    Ok(())
+}
+
+fn claims_api_all(client: &Client) -> Api<NodeClaim> {
+    Api::all(client.clone())
+}
+
+/// Requeue delay after a transient error.
+pub fn error_requeue() -> kube::runtime::controller::Action {
+    kube::runtime::controller::Action::requeue(Duration::from_secs(5))
+}

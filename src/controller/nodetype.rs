@@ -1,0 +1,169 @@
+//! NodeType controller: effective resources, cost, capacity and phase of each node type.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kube::api::Api;
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
+use kube::ResourceExt;
+
+use super::nodeclaim::claimed_counts;
+use super::{apply_status, now, Context, Error};
+use crate::api::{NodeProvider, NodeType, NodeTypePhase, ProviderPhase};
+use crate::conditions::{self, status_of};
+use crate::scheduling::{self, ProviderContext, TypeProblem};
+
+/// Condition: the type can take claims.
+pub const READY: &str = "Ready";
+
+/// The provider of a type, if it exists.
+pub fn provider_of(ctx: &Context, t: &NodeType) -> Option<Arc<NodeProvider>> {
+    ctx.providers.get(&ObjectRef::new(&t.spec.provider_ref))
+}
+
+/// Why a type cannot take claims, if it cannot: (reason, message).
+pub fn unusable(t: &NodeType, provider: Option<&NodeProvider>) -> Option<(&'static str, String)> {
+    let name = t.name_any();
+    let Some(p) = provider else {
+        return Some((
+            "ProviderNotFound",
+            format!(
+                "NodeProvider {} of node type {name} does not exist",
+                t.spec.provider_ref
+            ),
+        ));
+    };
+    if p.metadata.deletion_timestamp.is_some() {
+        return Some((
+            "ProviderDeleting",
+            format!("NodeProvider {} is being deleted", p.name_any()),
+        ));
+    }
+    match p.status.as_ref().and_then(|s| s.phase) {
+        Some(ProviderPhase::Available) => None,
+        _ => {
+            let why = p
+                .status
+                .as_ref()
+                .and_then(|s| conditions::get(&s.conditions, super::provider::READY))
+                .map(|c| format!("{}: {}", c.reason, c.message))
+                .unwrap_or_else(|| "not checked yet".into());
+            Some((
+                "ProviderNotReady",
+                format!("NodeProvider {} is not ready ({why})", p.name_any()),
+            ))
+        }
+    }
+}
+
+/// Reconciles one NodeType.
+pub async fn reconcile(t: Arc<NodeType>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = Instant::now();
+    let result = apply(&t, &ctx).await;
+    ctx.metrics.observe_reconcile("nodetype", started, &result);
+    result
+}
+
+/// Logs the error; the type is retried with backoff.
+pub fn error_policy(t: Arc<NodeType>, error: &Error, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(nodetype = %t.name_any(), %error, "reconciling NodeType failed");
+    super::error_requeue()
+}
+
+async fn apply(t: &NodeType, ctx: &Context) -> Result<Action, Error> {
+    if t.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let name = t.name_any();
+    let provider = provider_of(ctx, t);
+    let pctx = provider.as_deref().map(ProviderContext::from_provider);
+    let mut prepared = scheduling::prepare_type(&name, &t.spec, pctx.as_ref());
+    if prepared.problem.is_none() {
+        if let Some((_, message)) = unusable(t, provider.as_deref()) {
+            prepared.problem = Some(TypeProblem::ProviderNotReady {
+                node_type: name.clone(),
+                message,
+            });
+        }
+    }
+    let claimed = {
+        let r = ctx.scheduling.lock().await;
+        claimed_counts(ctx, &r).get(&name).copied().unwrap_or(0)
+    };
+    let old = t.status.clone().unwrap_or_default();
+    let mut status = prepared.status(claimed);
+    status.observed_generation = t.metadata.generation;
+    status.conditions = old.conditions.clone();
+    let phase = prepared.phase(claimed);
+    let (reason, message) = match (&prepared.problem, phase) {
+        (Some(p), _) => (p.reason(), p.to_string()),
+        (None, NodeTypePhase::Exhausted) => (
+            "Exhausted",
+            format!(
+                "all {} node(s) of {name} are claimed",
+                t.spec.max_capacity.unwrap_or_default()
+            ),
+        ),
+        (None, _) => (
+            "Available",
+            "claims can be scheduled to this type".to_string(),
+        ),
+    };
+    let ok = prepared.problem.is_none();
+    conditions::set(
+        &mut status.conditions,
+        READY,
+        status_of(ok),
+        reason,
+        message.clone(),
+        t.metadata.generation,
+        now(),
+    );
+
+    let provider_name = t.spec.provider_ref.clone();
+    let m = &ctx.metrics;
+    let capacity = status.capacity.clone().unwrap_or_default();
+    for (state, value) in [
+        ("total", capacity.total),
+        ("claimed", Some(capacity.claimed)),
+        ("available", capacity.available),
+    ] {
+        match value {
+            Some(v) => m
+                .nodetype_capacity
+                .with_label_values(&[&name, &provider_name, state])
+                .set(v),
+            None => {
+                let _ = m
+                    .nodetype_capacity
+                    .remove_label_values(&[&name, &provider_name, state]);
+            }
+        }
+    }
+    if let Some(cost) = status.cost {
+        m.nodetype_cost
+            .with_label_values(&[&name, &provider_name])
+            .set(cost);
+    }
+
+    if status != old {
+        let reason_changed =
+            conditions::get(&old.conditions, READY).is_none_or(|c| c.reason != reason);
+        if !ok && reason_changed {
+            tracing::warn!(nodetype = %name, %reason, %message, "node type unusable");
+            ctx.event(
+                t,
+                kube::runtime::events::EventType::Warning,
+                reason,
+                "Evaluate",
+                message,
+            )
+            .await;
+        }
+        apply_status(&Api::<NodeType>::all(ctx.client.clone()), t, &status).await?;
+        // Pending claims may now fit (or learn why they cannot).
+        ctx.wake_pending_claims();
+    }
+    Ok(Action::requeue(Duration::from_secs(300)))
+}

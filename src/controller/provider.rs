@@ -1,0 +1,402 @@
+//! NodeProvider controller: checks the host cluster, validates every node type's template,
+//! and keeps one NodeType `<provider>.<type>` per `spec.kubeVirt.nodeTypes[]` entry.
+//!
+//! Deleting a provider whose node types still have live claims waits (finalizer, condition
+//! `Ready=False` reason `InUse`) until those claims are gone; then its NodeTypes are deleted.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::runtime::finalizer::{finalizer, Event as Finalizer};
+use kube::runtime::reflector::ObjectRef;
+use kube::ResourceExt;
+
+use super::{apply_status, now, Context, Error, FIELD_MANAGER};
+use crate::api::{
+    NodeProvider, NodeProviderStatus, NodeType, ProviderPhase, FINALIZER, LABEL_MANAGED_BY,
+    LABEL_PROVIDER, MANAGED_BY,
+};
+use crate::clients::REMOTE_TIMEOUT;
+use crate::conditions::{self, status_of, FALSE, TRUE};
+use crate::kubevirt;
+use crate::scheduling::{self, ProviderContext};
+
+/// Condition: the host cluster answers and serves KubeVirt.
+pub const HOST_REACHABLE: &str = "HostReachable";
+/// Condition: every node type's template composes.
+pub const TEMPLATES_VALID: &str = "TemplatesValid";
+/// Condition: the provider can be used.
+pub const READY: &str = "Ready";
+
+/// Checks that every node type of the provider composes and has discoverable resources.
+/// Returns one message per broken type (empty when all are valid).
+pub fn validate_templates(p: &NodeProvider) -> Vec<String> {
+    let ctx = ProviderContext::from_provider(p);
+    let mut errors = Vec::new();
+    let mut seen = BTreeSet::new();
+    for entry in &p.spec.kube_virt.node_types {
+        if !seen.insert(entry.name.as_str()) {
+            errors.push(format!("node type {} is listed twice", entry.name));
+        }
+    }
+    for nt in scheduling::node_types_from_provider(p) {
+        let prepared = scheduling::prepare_type(&nt.name_any(), &nt.spec, Some(&ctx));
+        if let Some(problem) = prepared.problem {
+            errors.push(problem.to_string());
+        }
+    }
+    errors
+}
+
+/// Reconciles one NodeProvider.
+pub async fn reconcile(p: Arc<NodeProvider>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = Instant::now();
+    let api: Api<NodeProvider> = Api::all(ctx.client.clone());
+    let result = finalizer(&api, FINALIZER, p, |event| async {
+        match event {
+            Finalizer::Apply(p) => apply(&p, &ctx).await,
+            Finalizer::Cleanup(p) => cleanup(&p, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)));
+    ctx.metrics
+        .observe_reconcile("nodeprovider", started, &result);
+    result
+}
+
+/// Logs the error; the provider is retried with backoff.
+pub fn error_policy(p: Arc<NodeProvider>, error: &Error, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(provider = %p.name_any(), %error, "reconciling NodeProvider failed");
+    super::error_requeue()
+}
+
+async fn host_check(p: &NodeProvider, ctx: &Context) -> (bool, &'static str, String) {
+    let cluster = &p.spec.kube_virt.cluster_ref.cluster;
+    let namespace = &p.spec.kube_virt.cluster_ref.namespace;
+    let remote = match ctx.clients.host(cluster).await {
+        Ok(r) => r,
+        Err(e) => return (false, e.reason(), e.to_string()),
+    };
+    let vms: Api<DynamicObject> = Api::namespaced_with(
+        remote.client.clone(),
+        namespace,
+        &kubevirt::virtual_machine(),
+    );
+    let listed = tokio::time::timeout(
+        REMOTE_TIMEOUT,
+        vms.list_metadata(&ListParams::default().limit(1)),
+    )
+    .await;
+    match listed {
+        Err(_) => (
+            false,
+            "HostUnreachable",
+            format!(
+                "host cluster {cluster} did not answer within {}s",
+                REMOTE_TIMEOUT.as_secs()
+            ),
+        ),
+        Ok(result) => {
+            ctx.metrics.remote_request(cluster, &result);
+            match result {
+                Ok(_) => (
+                    true,
+                    "HostReachable",
+                    format!("host cluster {cluster} serves KubeVirt VirtualMachines"),
+                ),
+                Err(kube::Error::Api(s)) if s.code == 404 => (
+                    false,
+                    "KubeVirtNotInstalled",
+                    format!(
+                        "host cluster {cluster} does not serve kubevirt.io/v1 VirtualMachines: {}",
+                        s.message
+                    ),
+                ),
+                Err(kube::Error::Api(s)) if s.code == 401 || s.code == 403 => (
+                    false,
+                    "HostForbidden",
+                    format!(
+                        "host cluster {cluster} refused to list VirtualMachines in {namespace}: {}",
+                        s.message
+                    ),
+                ),
+                Err(e) => {
+                    ctx.clients.forget(&remote.key).await;
+                    (
+                        false,
+                        "HostUnreachable",
+                        format!("host cluster {cluster}: {e}"),
+                    )
+                }
+            }
+        }
+    }
+}
+
+async fn apply(p: &NodeProvider, ctx: &Context) -> Result<Action, Error> {
+    let name = p.name_any();
+    let (reachable, host_reason, host_message) = host_check(p, ctx).await;
+    let template_errors = validate_templates(p);
+    let synced = sync_node_types(p, ctx).await?;
+
+    let old = p.status.clone().unwrap_or_default();
+    let mut status = old.clone();
+    let gen = p.metadata.generation;
+    let t = now();
+    conditions::set(
+        &mut status.conditions,
+        HOST_REACHABLE,
+        status_of(reachable),
+        host_reason,
+        host_message.clone(),
+        gen,
+        t,
+    );
+    let templates_ok = template_errors.is_empty();
+    let (tr, tm) = if templates_ok {
+        (
+            "TemplatesValid",
+            format!(
+                "{} node type template(s) compose",
+                p.spec.kube_virt.node_types.len()
+            ),
+        )
+    } else {
+        ("InvalidTemplate", template_errors.join("; "))
+    };
+    conditions::set(
+        &mut status.conditions,
+        TEMPLATES_VALID,
+        status_of(templates_ok),
+        tr,
+        tm.clone(),
+        gen,
+        t,
+    );
+    let ready = reachable && templates_ok;
+    let (rr, rm) = if ready {
+        (
+            "Ready".to_string(),
+            "host reachable and templates valid".to_string(),
+        )
+    } else if !reachable {
+        (host_reason.to_string(), host_message.clone())
+    } else {
+        ("InvalidTemplate".to_string(), tm.clone())
+    };
+    let rm = match &synced.kept_in_use {
+        kept if kept.is_empty() => rm,
+        kept => format!(
+            "{rm}; node types removed from the spec but still in use: {}",
+            kept.join(", ")
+        ),
+    };
+    conditions::set(
+        &mut status.conditions,
+        READY,
+        status_of(ready),
+        &rr,
+        rm,
+        gen,
+        t,
+    );
+    status.phase = Some(if ready {
+        ProviderPhase::Available
+    } else {
+        ProviderPhase::Failed
+    });
+    status.observed_generation = gen;
+    status.node_types = Some(synced.count);
+
+    emit_transitions(p, ctx, &old, &status).await;
+    if status != old {
+        apply_status(&Api::<NodeProvider>::all(ctx.client.clone()), p, &status).await?;
+    }
+    tracing::debug!(provider = %name, ready, "reconciled NodeProvider");
+    Ok(if ready {
+        Action::requeue(Duration::from_secs(300))
+    } else {
+        Action::requeue(Duration::from_secs(30))
+    })
+}
+
+async fn emit_transitions(
+    p: &NodeProvider,
+    ctx: &Context,
+    old: &NodeProviderStatus,
+    new: &NodeProviderStatus,
+) {
+    for type_ in [HOST_REACHABLE, TEMPLATES_VALID, READY] {
+        let (Some(c), before) = (
+            conditions::get(&new.conditions, type_),
+            conditions::get(&old.conditions, type_),
+        ) else {
+            continue;
+        };
+        let changed = before.is_none_or(|b| b.status != c.status || b.reason != c.reason);
+        if changed {
+            let kind = if c.status == TRUE {
+                EventType::Normal
+            } else {
+                EventType::Warning
+            };
+            if c.status == FALSE {
+                tracing::warn!(provider = %p.name_any(), condition = type_, reason = %c.reason, message = %c.message, "provider condition false");
+            }
+            ctx.event(p, kind, &c.reason, type_, c.message.clone())
+                .await;
+        }
+    }
+}
+
+/// What syncing the NodeTypes did.
+struct Synced {
+    /// NodeTypes the provider now has.
+    count: i64,
+    /// NodeTypes removed from the spec that live claims still use (kept until they are gone).
+    kept_in_use: Vec<String>,
+}
+
+/// Names of NodeTypes that live (not Failed, not gone) claims are scheduled to.
+pub fn types_in_use(ctx: &Context) -> BTreeMap<String, Vec<String>> {
+    let mut used: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for c in ctx.claims.state() {
+        if let Some(t) = c.status.as_ref().and_then(|s| s.type_ref.clone()) {
+            used.entry(t).or_default().push(format!(
+                "{}/{}",
+                c.namespace().unwrap_or_default(),
+                c.name_any()
+            ));
+        }
+    }
+    used
+}
+
+async fn sync_node_types(p: &NodeProvider, ctx: &Context) -> Result<Synced, Error> {
+    let provider = p.name_any();
+    let api: Api<NodeType> = Api::all(ctx.client.clone());
+    let mut wanted = BTreeSet::new();
+    for mut desired in scheduling::node_types_from_provider(p) {
+        let name = desired.name_any();
+        wanted.insert(name.clone());
+        desired
+            .labels_mut()
+            .insert(LABEL_MANAGED_BY.into(), MANAGED_BY.into());
+        let unchanged = ctx.types.get(&ObjectRef::new(&name)).is_some_and(|cur| {
+            cur.spec == desired.spec
+                && cur.metadata.owner_references == desired.metadata.owner_references
+                && desired
+                    .labels()
+                    .iter()
+                    .all(|(k, v)| cur.labels().get(k) == Some(v))
+        });
+        if unchanged {
+            continue;
+        }
+        let mut body =
+            serde_json::to_value(&desired).map_err(|e| Error::Internal(e.to_string()))?;
+        if let Some(obj) = body.as_object_mut() {
+            obj.insert("apiVersion".into(), "autonodes.io/v1alpha1".into());
+            obj.insert("kind".into(), "NodeType".into());
+            obj.remove("status");
+        }
+        api.patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await
+        .map_err(Error::kube(format!("applying NodeType {name}")))?;
+    }
+
+    let in_use = types_in_use(ctx);
+    let mut kept_in_use = Vec::new();
+    let existing = api
+        .list_metadata(&ListParams::default().labels(&format!("{LABEL_PROVIDER}={provider}")))
+        .await
+        .map_err(Error::kube(format!("listing NodeTypes of {provider}")))?;
+    for t in existing.items {
+        let name = t.name_any();
+        if wanted.contains(&name) {
+            continue;
+        }
+        if in_use.contains_key(&name) {
+            kept_in_use.push(name);
+            continue;
+        }
+        delete_node_type(&api, &name).await?;
+        tracing::info!(provider = %provider, nodetype = %name, "deleted NodeType removed from the provider");
+    }
+    Ok(Synced {
+        count: (wanted.len() + kept_in_use.len()) as i64,
+        kept_in_use,
+    })
+}
+
+async fn delete_node_type(api: &Api<NodeType>, name: &str) -> Result<(), Error> {
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(Error::kube(format!("deleting NodeType {name}"))(e)),
+    }
+}
+
+async fn cleanup(p: &NodeProvider, ctx: &Context) -> Result<Action, Error> {
+    let provider = p.name_any();
+    let prefix = format!("{provider}.");
+    let in_use: Vec<String> = types_in_use(ctx)
+        .into_iter()
+        .filter(|(t, _)| {
+            t.starts_with(&prefix)
+                || ctx
+                    .types
+                    .get(&ObjectRef::new(t))
+                    .is_some_and(|nt| nt.spec.provider_ref == provider)
+        })
+        .flat_map(|(_, claims)| claims)
+        .collect();
+    if !in_use.is_empty() {
+        let message = format!(
+            "deletion waits until no claim uses this provider's node types; live claims: {}",
+            in_use.join(", ")
+        );
+        let mut status = p.status.clone().unwrap_or_default();
+        let changed = conditions::set(
+            &mut status.conditions,
+            READY,
+            FALSE,
+            "InUse",
+            message.clone(),
+            p.metadata.generation,
+            now(),
+        );
+        if changed {
+            ctx.event(p, EventType::Warning, "InUse", "Delete", message)
+                .await;
+            apply_status(&Api::<NodeProvider>::all(ctx.client.clone()), p, &status).await?;
+        }
+        return Ok(Action::requeue(Duration::from_secs(10)));
+    }
+    let api: Api<NodeType> = Api::all(ctx.client.clone());
+    let existing = api
+        .list_metadata(&ListParams::default().labels(&format!("{LABEL_PROVIDER}={provider}")))
+        .await
+        .map_err(Error::kube(format!("listing NodeTypes of {provider}")))?;
+    for t in existing.items {
+        delete_node_type(&api, &t.name_any()).await?;
+    }
+    ctx.event(
+        p,
+        EventType::Normal,
+        "Deleted",
+        "Delete",
+        format!("deleted the node types of {provider}"),
+    )
+    .await;
+    Ok(Action::await_change())
+}

@@ -1,0 +1,87 @@
+//! Watches on remote clusters: VirtualMachines and VirtualMachineInstances on host clusters,
+//! Nodes on tenant clusters. Every change wakes the NodeClaim named by the object's labels,
+//! so a claim moves on within seconds instead of at its next resync.
+
+use std::sync::Arc;
+
+use futures::channel::mpsc::UnboundedSender;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, DynamicObject};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::ResourceExt;
+use tokio::task::JoinHandle;
+
+use crate::api::{
+    NodeClaim, LABEL_MANAGED_BY, LABEL_NODECLAIM, LABEL_NODECLAIM_NAMESPACE, MANAGED_BY,
+};
+use crate::clients::{ClusterKey, OnConnect, Remote};
+use crate::kubevirt;
+use crate::metrics::Metrics;
+
+/// The claim an object belongs to, from its `autonodes.io/nodeclaim{,-namespace}` labels.
+pub fn claim_of(
+    labels: &std::collections::BTreeMap<String, String>,
+) -> Option<ObjectRef<NodeClaim>> {
+    let name = labels.get(LABEL_NODECLAIM)?;
+    let ns = labels.get(LABEL_NODECLAIM_NAMESPACE)?;
+    Some(ObjectRef::new(name).within(ns))
+}
+
+/// The hook that starts watches for each newly connected remote cluster.
+pub fn watch_hook(wake: UnboundedSender<ObjectRef<NodeClaim>>, metrics: Arc<Metrics>) -> OnConnect {
+    Arc::new(move |remote: &Remote| -> Vec<JoinHandle<()>> {
+        let _ = &metrics;
+        match &remote.key {
+            ClusterKey::Host(_) => {
+                let selector = format!("{LABEL_MANAGED_BY}={MANAGED_BY}");
+                let vms: Api<DynamicObject> =
+                    Api::all_with(remote.client.clone(), &kubevirt::virtual_machine());
+                let vmis: Api<DynamicObject> =
+                    Api::all_with(remote.client.clone(), &kubevirt::virtual_machine_instance());
+                vec![
+                    spawn_watch(remote.key.to_string(), vms, selector.clone(), wake.clone()),
+                    spawn_watch(remote.key.to_string(), vmis, selector, wake.clone()),
+                ]
+            }
+            ClusterKey::Tenant { .. } => {
+                let nodes: Api<Node> = Api::all(remote.client.clone());
+                vec![spawn_watch(
+                    remote.key.to_string(),
+                    nodes,
+                    LABEL_NODECLAIM.to_string(),
+                    wake.clone(),
+                )]
+            }
+        }
+    })
+}
+
+fn spawn_watch<K>(
+    cluster: String,
+    api: Api<K>,
+    selector: String,
+    wake: UnboundedSender<ObjectRef<NodeClaim>>,
+) -> JoinHandle<()>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+{
+    tokio::spawn(async move {
+        let config = watcher::Config::default().labels(&selector);
+        let mut stream = watcher(api, config)
+            .default_backoff()
+            .touched_objects()
+            .boxed();
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(obj) => {
+                    if let Some(claim) = claim_of(obj.labels()) {
+                        let _ = wake.unbounded_send(claim);
+                    }
+                }
+                Err(e) => tracing::debug!(%cluster, error = %e, "remote watch error (retrying)"),
+            }
+        }
+    })
+}

@@ -947,6 +947,7 @@ pub fn compose_vm(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
     use serde_json::json;
 
     fn q(s: &str) -> Quantity {
@@ -1015,6 +1016,93 @@ spec:
             name: "tenant-claim-1",
             namespace: "vcluster-platform",
             labels,
+        }
+    }
+
+    /// Arbitrary JSON, with keys drawn from KubeVirt's merge-key paths so keyed lists are hit.
+    fn arb_json() -> impl proptest::strategy::Strategy<Value = Value> {
+        let key = prop_oneof![
+            Just("spec".to_string()),
+            Just("template".to_string()),
+            Just("domain".to_string()),
+            Just("devices".to_string()),
+            Just("disks".to_string()),
+            Just("volumes".to_string()),
+            Just("networks".to_string()),
+            Just("dataVolumeTemplates".to_string()),
+            Just("metadata".to_string()),
+            Just("name".to_string()),
+            Just("$patch".to_string()),
+            "[a-z]{1,3}",
+        ];
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            prop_oneof![Just("delete"), Just("replace"), Just("merge"), Just("a")]
+                .prop_map(Value::from),
+            "\\PC{0,4}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(5, 64, 6, move |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
+                proptest::collection::btree_map(key.clone(), inner, 0..5)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config::with_cases(2000))]
+
+        #[test]
+        fn merging_arbitrary_json_never_panics(base in arb_json(), patch in arb_json()) {
+            let _ = strategic_merge(&base, &patch);
+            // The whole composition must not panic either.
+            let r = ResourceList::new();
+            let _ = compose_type_template(&TypeTemplateInput {
+                node_type: "p.t", base: Some(&base), merge: Some(&patch), replacement: None, resources: &r,
+            });
+            let l = labels();
+            let _ = finalize_vm(&patch, &id(&l), "p.t");
+            let _ = effective_resources("p.t", &r, &base);
+        }
+
+        #[test]
+        fn merging_arbitrary_elements_into_keyed_lists_never_panics(
+            items in proptest::collection::vec(
+                proptest::prop_oneof![
+                    arb_json(),
+                    (proptest::prop_oneof![proptest::strategy::Just("containerdisk"), proptest::strategy::Just("default"), proptest::strategy::Just("x")], arb_json())
+                        .prop_map(|(n, v)| json!({"name": n, "metadata": {"name": n}, "v": v})),
+                    proptest::prop_oneof![proptest::strategy::Just("containerdisk"), proptest::strategy::Just("x")]
+                        .prop_map(|n| json!({"name": n, "$patch": "delete"})),
+                ],
+                0..6,
+            )
+        ) {
+            let base = advanced_base();
+            let list = Value::Array(items);
+            for patch in [
+                json!({"spec": {"template": {"spec": {"volumes": list.clone(), "networks": list.clone()}}}}),
+                json!({"spec": {"dataVolumeTemplates": list.clone()}}),
+                json!({"spec": {"template": {"spec": {"domain": {"devices": {"disks": list.clone(), "interfaces": list.clone()}}}}}}),
+            ] {
+                if let Ok(merged) = strategic_merge(&base, &patch) {
+                    let l = labels();
+                    let _ = finalize_vm(&merged, &id(&l), "p.t");
+                    let _ = effective_resources("p.t", &ResourceList::new(), &merged);
+                }
+            }
+        }
+
+        #[test]
+        fn merging_a_template_with_an_empty_patch_is_the_identity(base in arb_json()) {
+            let template = json!({"spec": base});
+            proptest::prop_assert_eq!(strategic_merge(&template, &json!({})).ok(), Some(template.clone()));
+            if base.is_object() {
+                proptest::prop_assert_eq!(strategic_merge(&base, &json!({})).ok(), Some(base.clone()));
+            }
         }
     }
 

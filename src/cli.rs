@@ -24,6 +24,14 @@ pub enum Command {
     },
     /// Print the NodeType, Secret and VirtualMachine a claim would get, touching no cluster.
     Render(crate::render::RenderArgs),
+    /// Run the controller.
+    Run(crate::run::RunArgs),
+    /// Start a local playground: management, host and tenant clusters, the controller and
+    /// the KubeVirt simulator, until Ctrl-C.
+    Dev(crate::dev::DevArgs),
+    /// Play KubeVirt, CDI and the guests for autonodes VirtualMachines on a host cluster
+    /// (a kwok-like playground; see the simulator module docs).
+    Simulate(crate::simulator::SimulateArgs),
 }
 
 /// Runs the parsed command line.
@@ -36,5 +44,15 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Render(args) => crate::render::run(args),
+        Command::Run(args) => runtime()?.block_on(crate::run::run(args)),
+        Command::Dev(args) => runtime()?.block_on(crate::dev::run(args)),
+        Command::Simulate(args) => runtime()?.block_on(crate::simulator::run_cli(args)),
     }
+}
+
+/// The async runtime of the long-running subcommands.
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
 }

@@ -10,10 +10,19 @@
 
 pub mod api;
 pub mod cli;
+pub mod clients;
+pub mod conditions;
+pub mod controller;
 pub mod crdgen;
+pub mod dev;
+pub mod kubevirt;
+pub mod metrics;
 pub mod render;
 pub mod resources;
+pub mod run;
 pub mod scheduling;
+pub mod server;
+pub mod simulator;
 pub mod template;
 pub mod testenv;
 pub mod userdata;

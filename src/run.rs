@@ -64,15 +64,20 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(d.into())
 }
 
-/// Sets up logging (text or JSON, level from RUST_LOG, default info).
-pub fn init_tracing(format: LogFormat) {
+/// Sets up logging (text or JSON, level from RUST_LOG, default `default_filter`).
+pub fn init_tracing_with(format: LogFormat, default_filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     let builder = tracing_subscriber::fmt().with_env_filter(filter);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
+}
+
+/// Sets up logging (text or JSON, level from RUST_LOG, default info).
+pub fn init_tracing(format: LogFormat) {
+    init_tracing_with(format, "info");
 }
 
 /// A management-cluster client from a kubeconfig path, else the environment.

@@ -94,3 +94,5 @@ pub fn pid_alive(pid: u32) -> bool {
         Err(_) => false,
     }
 }
+
+pub mod world;

@@ -1,0 +1,665 @@
+//! The guest side of the simulator: cloud-init, `kubeadm join` and the kubelet.
+//!
+//! The guest reads its user data, validates the join the way kubeadm and the kubelet would,
+//! and then registers its Node with the tenant's *admin* client: the simulator does not run
+//! the TLS bootstrap (CSR, approval, client certificate), so the admin client stands in for
+//! the kubelet's credentials after it. That the bootstrap token authenticates is checked
+//! separately, with a request to the tenant's `/api` using only that token.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use base64::Engine;
+use k8s_openapi::api::core::v1::{Node, Secret};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::{Client, Config, ResourceExt};
+use serde_json::{json, Value};
+
+use super::guest::{self, JoinPlan};
+use super::reconcile::{guest_address, publish};
+use super::{
+    Ctx, SimError, Tenant, GAVE_UP_PREFIX, JOIN_ERROR_ANNOTATION, NODE_ANNOTATION,
+    TENANT_ANNOTATION,
+};
+
+/// The group kubeadm binds for node bootstrap (CSR creation and auto-approval).
+const NODE_BOOTSTRAP_GROUP: &str = "system:bootstrappers:kubeadm:default-node-token";
+/// The taint the node lifecycle controller keeps on a Node that is not Ready.
+const NOT_READY_TAINT: &str = "node.kubernetes.io/not-ready";
+/// How long one request to a tenant may take.
+const TENANT_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A tenant with what the guest compares against.
+pub(crate) struct TenantEntry {
+    pub(crate) tenant: Tenant,
+    endpoint: Option<(String, u16)>,
+    ca_hashes: Result<Vec<String>, String>,
+}
+
+impl TenantEntry {
+    pub(crate) fn new(tenant: Tenant) -> Self {
+        let endpoint = guest::endpoint_of_url(&tenant.url);
+        if endpoint.is_none() {
+            tracing::warn!(url = %tenant.url, "tenant URL is not https://host:port; no guest can join it");
+        }
+        let ca_hashes = guest::ca_cert_hashes(&tenant.ca_pem).map_err(|e| e.0);
+        TenantEntry {
+            tenant,
+            endpoint,
+            ca_hashes,
+        }
+    }
+
+    fn endpoint_string(&self) -> String {
+        match &self.endpoint {
+            Some((host, port)) => format!("{host}:{port}"),
+            None => self.tenant.url.clone(),
+        }
+    }
+}
+
+/// Why a join attempt failed.
+#[derive(Debug)]
+struct JoinError {
+    reason: String,
+    /// kubeadm/kubelet would keep trying (until the discovery timeout).
+    retryable: bool,
+}
+
+fn retry(reason: impl Into<String>) -> JoinError {
+    JoinError {
+        reason: reason.into(),
+        retryable: true,
+    }
+}
+
+fn fatal(reason: impl Into<String>) -> JoinError {
+    JoinError {
+        reason: reason.into(),
+        retryable: false,
+    }
+}
+
+fn annotation<'a>(obj: &'a DynamicObject, key: &str) -> Option<&'a str> {
+    obj.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .map(String::as_str)
+}
+
+/// When the VMI turned Running (its creation time if not recorded).
+fn running_since(vmi: &DynamicObject) -> Option<Timestamp> {
+    vmi.data
+        .pointer("/status/phaseTransitionTimestamps")
+        .and_then(Value::as_array)
+        .and_then(|h| {
+            h.iter()
+                .rev()
+                .find(|t| t.get("phase").and_then(Value::as_str) == Some("Running"))
+        })
+        .and_then(|t| t.get("phaseTransitionTimestamp").and_then(Value::as_str))
+        .and_then(|t| t.parse().ok())
+        .or_else(|| vmi.metadata.creation_timestamp.as_ref().map(|t| t.0))
+}
+
+async fn annotate_vmi(
+    ctx: &Ctx,
+    vmi: &DynamicObject,
+    ns: &str,
+    annotations: Value,
+) -> Result<(), SimError> {
+    let patch = json!({"metadata": {"annotations": annotations}});
+    ctx.api(&ctx.vmi, ns)
+        .patch(
+            &vmi.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .map_err(SimError::kube(format!(
+            "annotating VMI {ns}/{}",
+            vmi.name_any()
+        )))?;
+    Ok(())
+}
+
+/// Plays the guest of a Running VMI: join once, then keep the Node Ready.
+pub(crate) async fn guest(
+    ctx: &Ctx,
+    vm: &DynamicObject,
+    vmi: &DynamicObject,
+    ns: &str,
+) -> Result<Action, SimError> {
+    let vm_key = format!("{ns}/{}", vm.name_any());
+    if let Some(node) = annotation(vmi, NODE_ANNOTATION) {
+        // Joined already: the kubelet keeps posting Ready. (A real kubelet would also
+        // re-register a deleted Node; the simulator lets a deleted Node stay deleted.)
+        let endpoint = annotation(vmi, TENANT_ANNOTATION).unwrap_or_default();
+        if let Some(entry) = ctx.tenants.iter().find(|t| t.endpoint_string() == endpoint) {
+            if let Err(e) = keep_ready(&entry.tenant.client, node).await {
+                tracing::warn!(vm = %vm_key, node, error = %e, "keeping the Node Ready failed");
+                return Ok(Action::requeue(ctx.opts.join_retry_interval));
+            }
+        }
+        return Ok(Action::requeue(ctx.opts.resync_interval));
+    }
+    let previous = annotation(vmi, JOIN_ERROR_ANNOTATION);
+    if previous.is_some_and(|p| p.starts_with(GAVE_UP_PREFIX)) {
+        return Ok(Action::await_change());
+    }
+    let mut timeout = guest::DEFAULT_DISCOVERY_TIMEOUT;
+    let outcome = join(ctx, vm, vmi, ns, &mut timeout).await;
+    match outcome {
+        Ok((node, endpoint)) => {
+            annotate_vmi(
+                ctx,
+                vmi,
+                ns,
+                json!({
+                    NODE_ANNOTATION: node,
+                    TENANT_ANNOTATION: endpoint,
+                    JOIN_ERROR_ANNOTATION: null,
+                }),
+            )
+            .await?;
+            tracing::info!(vm = %vm_key, node = %node, tenant = %endpoint, "guest joined the tenant");
+            publish(
+                ctx,
+                vm,
+                EventType::Normal,
+                "NodeRegistered",
+                &format!("the guest joined {endpoint} as Node {node} (simulated)"),
+            )
+            .await;
+            Ok(Action::requeue(ctx.opts.resync_interval))
+        }
+        Err(e) => {
+            let deadline_passed = running_since(vmi).is_some_and(|since| {
+                Timestamp::now()
+                    .duration_since(since)
+                    .try_into()
+                    .is_ok_and(|elapsed: Duration| elapsed >= timeout)
+            });
+            let give_up = !e.retryable || deadline_passed;
+            let message = if give_up {
+                format!("{GAVE_UP_PREFIX}{}", e.reason)
+            } else {
+                e.reason.clone()
+            };
+            if previous != Some(message.as_str()) {
+                tracing::warn!(vm = %vm_key, reason = %message, "the guest did not join");
+                annotate_vmi(ctx, vmi, ns, json!({ JOIN_ERROR_ANNOTATION: message })).await?;
+                publish(ctx, vm, EventType::Warning, "JoinFailed", &message).await;
+            }
+            if give_up {
+                Ok(Action::await_change())
+            } else {
+                Ok(Action::requeue(ctx.opts.join_retry_interval))
+            }
+        }
+    }
+}
+
+/// Reads the user data the VM's cloud-init volume points at.
+async fn user_data(ctx: &Ctx, vm: &DynamicObject, ns: &str) -> Result<String, JoinError> {
+    let volumes = vm
+        .data
+        .pointer("/spec/template/spec/volumes")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let source = volumes
+        .iter()
+        .find(|v| v.get("name").and_then(Value::as_str) == Some("cloudinitdisk"))
+        .into_iter()
+        .chain(volumes.iter())
+        .find_map(|v| {
+            v.get("cloudInitNoCloud")
+                .or_else(|| v.get("cloudInitConfigDrive"))
+                .cloned()
+        })
+        .ok_or_else(|| {
+            fatal("the VM has no cloudInitNoCloud volume: the guest gets no user data")
+        })?;
+    if let Some(name) = source.pointer("/secretRef/name").and_then(Value::as_str) {
+        let secrets: Api<Secret> = Api::namespaced(ctx.host.clone(), ns);
+        let secret = secrets
+            .get_opt(name)
+            .await
+            .map_err(|e| retry(format!("reading user-data Secret {ns}/{name}: {e}")))?
+            .ok_or_else(|| retry(format!("user-data Secret {ns}/{name} not found")))?;
+        let data = secret.data.unwrap_or_default();
+        let bytes = data
+            .get("userdata")
+            .or_else(|| data.get("userData"))
+            .ok_or_else(|| fatal(format!("user-data Secret {ns}/{name} has no key userdata")))?;
+        return String::from_utf8(bytes.0.clone()).map_err(|_| {
+            fatal(format!(
+                "user-data Secret {ns}/{name}: userdata is not UTF-8"
+            ))
+        });
+    }
+    if let Some(text) = source.get("userData").and_then(Value::as_str) {
+        return Ok(text.to_string());
+    }
+    if let Some(b64) = source.get("userDataBase64").and_then(Value::as_str) {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(b64.trim())
+            .map_err(|e| fatal(format!("userDataBase64: {e}")))?;
+        return String::from_utf8(bytes).map_err(|_| fatal("userDataBase64 is not UTF-8"));
+    }
+    Err(fatal(
+        "the cloudInitNoCloud volume has no secretRef, userData or userDataBase64 (a misspelt userDataSecretRef is pruned by the API server)",
+    ))
+}
+
+/// One join attempt; on success the Node name and the tenant's `host:port`.
+async fn join(
+    ctx: &Ctx,
+    vm: &DynamicObject,
+    vmi: &DynamicObject,
+    ns: &str,
+    timeout: &mut Duration,
+) -> Result<(String, String), JoinError> {
+    let text = user_data(ctx, vm, ns).await?;
+    let plan = guest::parse_user_data(&text).map_err(|e| fatal(e.0))?;
+    *timeout = plan.discovery_timeout;
+    for w in &plan.warnings {
+        tracing::warn!(vm = %format!("{ns}/{}", vm.name_any()), "kubeadm: {w}");
+    }
+    let wanted = guest::split_host_port(&plan.api_server_endpoint);
+    let entry = ctx
+        .tenants
+        .iter()
+        .find(|t| t.endpoint.is_some() && t.endpoint == wanted)
+        .ok_or_else(|| {
+            retry(format!(
+                "no tenant API server at {} (known: {})",
+                plan.api_server_endpoint,
+                ctx.tenants
+                    .iter()
+                    .map(TenantEntry::endpoint_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        })?;
+    if !plan.unsafe_skip_ca_verification {
+        let hashes = entry
+            .ca_hashes
+            .as_ref()
+            .map_err(|e| fatal(format!("the tenant's CA bundle is unusable: {e}")))?;
+        if !plan
+            .ca_cert_hashes
+            .iter()
+            .any(|pin| guest::pin_matches(pin, hashes))
+        {
+            return Err(fatal(format!(
+                "cluster CA found in cluster-info is invalid: none of the public keys {:?} are pinned by caCertHashes {:?}",
+                hashes, plan.ca_cert_hashes
+            )));
+        }
+    }
+    check_tokens(entry, &plan).await?;
+    let hostname = vm
+        .data
+        .pointer("/spec/template/spec/hostname")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .unwrap_or_else(|| vm.name_any());
+    let node_name = plan.node_name.clone().unwrap_or(hostname);
+    register_node(&entry.tenant, vm, vmi, &plan, &node_name).await?;
+    Ok((node_name, entry.endpoint_string()))
+}
+
+/// A client that authenticates with nothing but `token`.
+async fn token_client(tenant: &Tenant, token: &str) -> Result<Client, String> {
+    let ca = base64::engine::general_purpose::STANDARD.encode(&tenant.ca_pem);
+    let kc: Kubeconfig = serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "tenant", "cluster": {"server": tenant.url, "certificate-authority-data": ca}}],
+        "users": [{"name": "bootstrap", "user": {"token": token}}],
+        "contexts": [{"name": "bootstrap", "context": {"cluster": "tenant", "user": "bootstrap"}}],
+        "current-context": "bootstrap",
+    }))
+    .map_err(|e| e.to_string())?;
+    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    Client::try_from(config).map_err(|e| e.to_string())
+}
+
+/// The tokens work as kubeadm needs them: the TLS-bootstrap token authenticates against the
+/// tenant (`GET /api` answers 200, not 401), and the token Secrets carry the signing usage
+/// (discovery) and the kubeadm node-bootstrap group (CSR creation).
+async fn check_tokens(entry: &TenantEntry, plan: &JoinPlan) -> Result<(), JoinError> {
+    let client = token_client(&entry.tenant, &plan.tls_bootstrap_token)
+        .await
+        .map_err(|e| retry(format!("building a client with the bootstrap token: {e}")))?;
+    let request = http::Request::get("/api")
+        .body(Vec::new())
+        .map_err(|e| fatal(e.to_string()))?;
+    match tokio::time::timeout(TENANT_TIMEOUT, client.request_text(request)).await {
+        Err(_) => return Err(retry("the tenant API server did not answer within 15s")),
+        Ok(Ok(_)) => {}
+        Ok(Err(kube::Error::Api(s))) if s.code == 401 => {
+            return Err(retry(format!(
+                "the bootstrap token was rejected by the tenant (401 Unauthorized: {}): wrong, expired or missing token",
+                s.message
+            )))
+        }
+        Ok(Err(e)) => return Err(retry(format!("GET /api with the bootstrap token: {e}"))),
+    }
+    let secrets: Api<Secret> = Api::namespaced(entry.tenant.client.clone(), "kube-system");
+    let read = |token: &str| {
+        let id = token.split('.').next().unwrap_or_default().to_string();
+        let secrets = secrets.clone();
+        async move {
+            let name = format!("bootstrap-token-{id}");
+            let secret = secrets
+                .get_opt(&name)
+                .await
+                .map_err(|e| retry(format!("reading kube-system/{name}: {e}")))?
+                .ok_or_else(|| retry(format!("kube-system/{name} not found")))?;
+            let data: BTreeMap<String, String> = secret
+                .data
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
+                .collect();
+            Ok::<_, JoinError>((name, data))
+        }
+    };
+    let (name, data) = read(&plan.discovery_token).await?;
+    if data.get("usage-bootstrap-signing").map(String::as_str) != Some("true") {
+        return Err(retry(format!(
+            "{name} lacks usage-bootstrap-signing: \"true\", so cluster-info is never signed for it and discovery cannot finish"
+        )));
+    }
+    let (name, data) = read(&plan.tls_bootstrap_token).await?;
+    let groups = data.get("auth-extra-groups").cloned().unwrap_or_default();
+    if !groups.split(',').any(|g| g.trim() == NODE_BOOTSTRAP_GROUP) {
+        return Err(retry(format!(
+            "{name} lacks auth-extra-groups {NODE_BOOTSTRAP_GROUP}: the kubelet may not create its certificate signing request"
+        )));
+    }
+    Ok(())
+}
+
+/// The Node's capacity: the VM's resource requests, with cpu/memory falling back to the
+/// CPU topology and guest memory, plus `pods: 110`.
+pub(crate) fn capacity(vm: &DynamicObject) -> BTreeMap<String, String> {
+    let domain = vm
+        .data
+        .pointer("/spec/template/spec/domain")
+        .cloned()
+        .unwrap_or(Value::Null);
+    let quantity = |v: &Value| match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    };
+    let mut out: BTreeMap<String, String> = domain
+        .pointer("/resources/requests")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| quantity(v).map(|q| (k.clone(), q)))
+                .collect()
+        })
+        .unwrap_or_default();
+    if !out.contains_key("cpu") {
+        let n = |f: &str| {
+            domain
+                .pointer(&format!("/cpu/{f}"))
+                .and_then(Value::as_u64)
+                .unwrap_or(1)
+        };
+        out.insert(
+            "cpu".into(),
+            (n("cores") * n("sockets") * n("threads")).to_string(),
+        );
+    }
+    if !out.contains_key("memory") {
+        if let Some(guest) = domain.pointer("/memory/guest").and_then(quantity) {
+            out.insert("memory".into(), guest);
+        }
+    }
+    out.insert("pods".into(), "110".into());
+    out
+}
+
+async fn register_node(
+    tenant: &Tenant,
+    vm: &DynamicObject,
+    vmi: &DynamicObject,
+    plan: &JoinPlan,
+    node_name: &str,
+) -> Result<(), JoinError> {
+    let nodes: Api<Node> = Api::all(tenant.client.clone());
+    let arch = vm
+        .data
+        .pointer("/spec/template/spec/architecture")
+        .and_then(Value::as_str)
+        .unwrap_or("amd64");
+    let mut labels = BTreeMap::from([
+        ("kubernetes.io/hostname".to_string(), node_name.to_string()),
+        ("kubernetes.io/os".to_string(), "linux".to_string()),
+        ("kubernetes.io/arch".to_string(), arch.to_string()),
+    ]);
+    labels.extend(plan.node_labels.clone());
+    let node: Node = serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": node_name, "labels": labels},
+        "spec": {"providerID": plan.provider_id, "taints": plan.taints},
+    }))
+    .map_err(|e| fatal(format!("building the Node: {e}")))?;
+    match tokio::time::timeout(TENANT_TIMEOUT, nodes.create(&PostParams::default(), &node)).await {
+        Err(_) => return Err(retry("creating the Node timed out")),
+        Ok(Ok(_)) => {}
+        Ok(Err(kube::Error::Api(s))) if s.is_already_exists() => {
+            let existing = nodes
+                .get(node_name)
+                .await
+                .map_err(|e| retry(format!("reading Node {node_name}: {e}")))?;
+            let theirs = existing.spec.and_then(|s| s.provider_id);
+            if theirs.is_some() && theirs != plan.provider_id {
+                return Err(fatal(format!(
+                    "Node {node_name} exists with providerID {theirs:?}, not {:?}: another machine has this name",
+                    plan.provider_id
+                )));
+            }
+        }
+        Ok(Err(kube::Error::Api(s))) if s.is_invalid() => {
+            return Err(fatal(format!(
+                "the tenant rejected Node {node_name}: {}",
+                s.message
+            )))
+        }
+        Ok(Err(e)) => return Err(retry(format!("creating Node {node_name}: {e}"))),
+    }
+    let version = tenant
+        .client
+        .apiserver_version()
+        .await
+        .map(|v| v.git_version)
+        .map_err(|e| retry(format!("reading the tenant's version: {e}")))?;
+    let (ip, _) = guest_address(&vm.uid().unwrap_or_default());
+    let ip = vmi
+        .data
+        .pointer("/status/interfaces/0/ipAddress")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .unwrap_or(ip);
+    let capacity = capacity(vm);
+    let now = Timestamp::now().to_string();
+    let machine_id = vm.uid().unwrap_or_default().replace('-', "");
+    let status = json!({
+        "status": {
+            "capacity": capacity,
+            "allocatable": capacity,
+            "addresses": [
+                {"type": "InternalIP", "address": ip},
+                {"type": "Hostname", "address": node_name},
+            ],
+            "nodeInfo": {
+                "architecture": arch,
+                "bootID": vmi.uid().unwrap_or_default(),
+                "containerRuntimeVersion": "containerd://1.7.24",
+                "kernelVersion": "6.1.0-simulated",
+                "kubeProxyVersion": version,
+                "kubeletVersion": version,
+                "machineID": machine_id,
+                "operatingSystem": "linux",
+                "osImage": "autonodes simulated guest",
+                "systemUUID": vmi.uid().unwrap_or_default(),
+            },
+            "conditions": node_conditions("True", &now),
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+        }
+    });
+    nodes
+        .patch_status(node_name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .map_err(|e| retry(format!("updating the status of Node {node_name}: {e}")))?;
+    remove_not_ready_taint(&nodes, node_name)
+        .await
+        .map_err(|e| {
+            retry(format!(
+                "removing the not-ready taint of Node {node_name}: {e}"
+            ))
+        })?;
+    Ok(())
+}
+
+fn node_conditions(ready: &str, now: &str) -> Value {
+    let (reason, message) = match ready {
+        "True" => ("KubeletReady", "kubelet is posting ready status"),
+        _ => ("NodeStatusUnknown", "Kubelet stopped posting node status."),
+    };
+    let pressure = |type_: &str, ok_reason: &str| {
+        let (status, reason) = if ready == "True" {
+            ("False", ok_reason)
+        } else {
+            ("Unknown", "NodeStatusUnknown")
+        };
+        json!({
+            "type": type_, "status": status, "reason": reason,
+            "lastHeartbeatTime": now, "lastTransitionTime": now,
+        })
+    };
+    json!([
+        pressure("MemoryPressure", "KubeletHasSufficientMemory"),
+        pressure("DiskPressure", "KubeletHasNoDiskPressure"),
+        pressure("PIDPressure", "KubeletHasSufficientPID"),
+        {
+            "type": "Ready", "status": ready, "reason": reason, "message": message,
+            "lastHeartbeatTime": now, "lastTransitionTime": now,
+        }
+    ])
+}
+
+/// Removes `node.kubernetes.io/not-ready` (the API server adds it on creation and no
+/// node-lifecycle controller runs to take it off); leaves every other taint alone.
+async fn remove_not_ready_taint(nodes: &Api<Node>, name: &str) -> Result<(), kube::Error> {
+    for _ in 0..5 {
+        let mut node = nodes.get(name).await?;
+        let Some(spec) = node.spec.as_mut() else {
+            return Ok(());
+        };
+        let Some(taints) = spec.taints.as_mut() else {
+            return Ok(());
+        };
+        let before = taints.len();
+        taints.retain(|t| t.key != NOT_READY_TAINT);
+        if taints.len() == before {
+            return Ok(());
+        }
+        match nodes.replace(name, &PostParams::default(), &node).await {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(s)) if s.is_conflict() => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn ready_status(node: &Node) -> Option<String> {
+    node.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| c.status.clone())
+}
+
+/// The kubelet is running: the Node (if it still exists) is Ready and has no not-ready taint.
+async fn keep_ready(client: &Client, name: &str) -> Result<(), kube::Error> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let Some(node) = nodes.get_opt(name).await? else {
+        return Ok(());
+    };
+    if ready_status(&node).as_deref() != Some("True") {
+        let now = Timestamp::now().to_string();
+        let patch = json!({"status": {"conditions": node_conditions("True", &now)}});
+        nodes
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+    }
+    remove_not_ready_taint(&nodes, name).await
+}
+
+/// The guest stops: its Node, if it joined one that still exists, turns `Ready=Unknown`.
+pub(crate) async fn stop_guest(ctx: &Ctx, vmi: &DynamicObject) {
+    let (Some(node), Some(endpoint)) = (
+        annotation(vmi, NODE_ANNOTATION),
+        annotation(vmi, TENANT_ANNOTATION),
+    ) else {
+        return;
+    };
+    let Some(entry) = ctx.tenants.iter().find(|t| t.endpoint_string() == endpoint) else {
+        return;
+    };
+    let nodes: Api<Node> = Api::all(entry.tenant.client.clone());
+    let now = Timestamp::now().to_string();
+    let patch = json!({"status": {"conditions": node_conditions("Unknown", &now)}});
+    match nodes
+        .patch_status(node, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => tracing::info!(node, "guest stopped: Node marked NotReady"),
+        Err(kube::Error::Api(s)) if s.is_not_found() => {}
+        Err(e) => tracing::warn!(node, error = %e, "marking the Node NotReady failed"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capacity_comes_from_requests_or_the_cpu_topology() {
+        let vm: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+            "metadata": {"name": "x"},
+            "spec": {"template": {"spec": {"domain": {
+                "cpu": {"cores": 2, "sockets": 2},
+                "memory": {"guest": "3Gi"},
+                "resources": {"requests": {"nvidia.com/gpu": 1}},
+            }}}}
+        }))
+        .expect("valid");
+        let cap = capacity(&vm);
+        assert_eq!(cap["cpu"], "4");
+        assert_eq!(cap["memory"], "3Gi");
+        assert_eq!(cap["nvidia.com/gpu"], "1");
+        assert_eq!(cap["pods"], "110");
+    }
+}

@@ -730,6 +730,8 @@ nodeRegistration:
         let pem = std::fs::read(&crt).expect("read");
         let hashes = ca_cert_hashes(&pem).expect("hash");
         assert_eq!(hashes, [format!("sha256:{expected}")]);
+        // autonodes' own implementation (x509-parser) agrees with this one (a DER walk).
+        assert_eq!(crate::userdata::ca_cert_hash(&pem).as_ref(), Ok(&hashes[0]));
         assert!(pin_matches(
             &format!("SHA256:{}", expected.to_uppercase()),
             &hashes

@@ -278,6 +278,7 @@ fn benches(c: &mut Criterion) {
                 "tenant-bench-1-abcdef",
                 &join,
             )
+            .expect("renders")
         })
     });
     g.bench_function("type choice, 50 types", |b| {

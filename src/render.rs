@@ -340,7 +340,7 @@ fn parse_object<T: serde::de::DeserializeOwned>(
         None => anyhow::bail!("{source}: kind is not set, expected {kind}"),
     }
     match value.get("apiVersion").and_then(serde_yaml::Value::as_str) {
-        Some(v) if v == "autonodes.io/v1alpha1" => {}
+        Some("autonodes.io/v1alpha1") => {}
         other => anyhow::bail!(
             "{source}: apiVersion is {}, expected autonodes.io/v1alpha1",
             other.unwrap_or("not set")

@@ -218,7 +218,7 @@ fn lookup<'v>(value: &'v Value, key_path: &[&str]) -> Option<&'v Value> {
     key_path.iter().try_fold(value, |v, k| v.get(k))
 }
 
-fn directive<'v>(obj: &'v Map<String, Value>) -> Option<&'v Value> {
+fn directive(obj: &Map<String, Value>) -> Option<&Value> {
     obj.get(PATCH_DIRECTIVE)
 }
 

@@ -927,3 +927,50 @@ async fn restarting_the_simulator_creates_nothing_twice() {
     );
     sim.stop().await;
 }
+
+#[tokio::test]
+async fn the_simulate_command_plays_kubevirt_until_it_is_interrupted() {
+    let c = Clusters::start().await;
+    let host = c.env.apiserver("host").expect("host");
+    let tenant = c.tenant_server();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_autonodes"))
+        .arg("simulate")
+        .arg("--host-kubeconfig")
+        .arg(&host.kubeconfig_path)
+        .arg("--tenant-kubeconfig")
+        .arg(&tenant.kubeconfig_path)
+        .args(["--mode", "never-join", "--namespace", NS])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("autonodes simulate starts");
+    let mut child = KillOnDrop(child);
+    c.write_vm("cli", &user_data("cli", &c.endpoint(), TOKEN, &c.ca_hash()))
+        .await;
+    let vmi = c.wait_vmi_running("cli").await;
+    assert!(vmi.data["status"]["interfaces"][0]["ipAddress"]
+        .as_str()
+        .is_some_and(|ip| ip.starts_with("10.")));
+    let status = std::process::Command::new("kill")
+        .args(["-INT", &child.0.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success());
+    let exited = eventually("autonodes simulate to exit", WAIT, || {
+        let done = child.0.try_wait().expect("wait");
+        async move { done }
+    })
+    .await;
+    assert!(exited.success(), "exit status {exited}");
+    assert!(c.nodes().get_opt("cli").await.expect("read").is_none());
+}
+
+/// A child process that is killed if the test ends early.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

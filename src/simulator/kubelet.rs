@@ -524,10 +524,8 @@ async fn register_node(
             "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
         }
     });
-    nodes
-        .patch_status(node_name, &PatchParams::default(), &Patch::Merge(&status))
-        .await
-        .map_err(|e| retry(format!("updating the status of Node {node_name}: {e}")))?;
+    // The taint goes first, so whoever sees Ready=True also sees it gone (the
+    // `autonodes.io/unregistered` NoExecute taint still keeps pods away meanwhile).
     remove_not_ready_taint(&nodes, node_name)
         .await
         .map_err(|e| {
@@ -535,6 +533,10 @@ async fn register_node(
                 "removing the not-ready taint of Node {node_name}: {e}"
             ))
         })?;
+    nodes
+        .patch_status(node_name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .map_err(|e| retry(format!("updating the status of Node {node_name}: {e}")))?;
     Ok(())
 }
 
@@ -606,6 +608,7 @@ async fn keep_ready(client: &Client, name: &str) -> Result<(), kube::Error> {
     let Some(node) = nodes.get_opt(name).await? else {
         return Ok(());
     };
+    remove_not_ready_taint(&nodes, name).await?;
     if ready_status(&node).as_deref() != Some("True") {
         let now = Timestamp::now().to_string();
         let patch = json!({"status": {"conditions": node_conditions("True", &now)}});
@@ -613,7 +616,7 @@ async fn keep_ready(client: &Client, name: &str) -> Result<(), kube::Error> {
             .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
     }
-    remove_not_ready_taint(&nodes, name).await
+    Ok(())
 }
 
 /// The guest stops: its Node, if it joined one that still exists, turns `Ready=Unknown`.

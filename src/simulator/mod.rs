@@ -183,7 +183,7 @@ impl Default for SimOptions {
             mode: SimMode::Normal,
             namespace: None,
             host_node_name: "kubevirt-host-0".to_string(),
-            join_retry_interval: Duration::from_secs(3),
+            join_retry_interval: Duration::from_secs(1),
             resync_interval: Duration::from_secs(120),
             sweep_interval: Duration::from_secs(10),
         }

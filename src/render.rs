@@ -398,7 +398,9 @@ pub fn render_documents(
         claim.metadata.uid.as_deref().unwrap_or_default(),
     );
     let vm_name = template::vm_name_for_claim(namespace, name, uid);
-    let rendered = plan_node(&catalogue, &claim, None, &BTreeMap::new(), &vm_name, join)?;
+    // Flattened: the message already carries the cause, so no repeated "Caused by".
+    let rendered = plan_node(&catalogue, &claim, None, &BTreeMap::new(), &vm_name, join)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
 
     let prepared = catalogue
         .get(&rendered.node_type)

@@ -154,6 +154,20 @@ pub fn virtual_machine_crd() -> CustomResourceDefinition {
                 "volumeSnapshotStatuses",
                 array("Snapshot support per volume.", preserve("A status.")),
             ),
+            ("restoreInProgress", string("The restore in progress.")),
+            ("snapshotInProgress", string("The snapshot in progress.")),
+            (
+                "volumeRequests",
+                array("Hotplug requests.", preserve("A request.")),
+            ),
+            ("volumeUpdateState", preserve("Volume update state.")),
+            ("instancetypeRef", preserve("The instancetype in use.")),
+            ("preferenceRef", preserve("The preference in use.")),
+            ("memoryDumpRequest", preserve("A memory dump request.")),
+            (
+                "changedBlockTracking",
+                preserve("Changed block tracking state."),
+            ),
         ],
     );
     crd(CrdParts {
@@ -365,6 +379,7 @@ fn data_volume_template() -> Schema {
                 "spec",
                 preserve("DataVolumeSpec: source, storage or pvc (not checked here)."),
             ),
+            ("status", preserve("DataVolume status.")),
         ],
     )
     .required(&["spec"])
@@ -463,6 +478,18 @@ fn vmi_spec(description: &str) -> Schema {
                 "topologySpreadConstraints",
                 array("Topology spread.", preserve("A constraint.")),
             ),
+            (
+                "serviceAccountName",
+                string("Service account of the launcher pod."),
+            ),
+            (
+                "resourceClaims",
+                array("Dynamic resource claims.", preserve("A claim.")),
+            ),
+            (
+                "utilityVolumes",
+                array("Utility volumes.", preserve("A volume.")),
+            ),
         ],
     )
     .required(&["domain"])
@@ -499,6 +526,7 @@ fn domain() -> Schema {
             ("guest", quantity("Memory visible inside the guest.")),
             ("maxGuest", quantity("Maximum guest memory for hotplug.")),
             ("hugepages", preserve("Hugepages backing the guest memory.")),
+            ("reservedOverhead", preserve("Reserved memory overhead.")),
         ],
     );
     let resources = object(
@@ -536,6 +564,15 @@ fn domain() -> Schema {
             ("clock", preserve("Guest clock.")),
             ("chassis", preserve("Chassis information.")),
             ("ioThreadsPolicy", string("IO threads policy.")),
+            ("ioThreads", preserve("IO threads.")),
+            (
+                "launchSecurity",
+                preserve("Confidential computing (SEV, SNP, TDX)."),
+            ),
+            (
+                "rebootPolicy",
+                string("Reboot or Terminate on guest reboot."),
+            ),
             ("devices", devices()),
         ],
     )
@@ -556,7 +593,7 @@ fn devices() -> Schema {
         "A disk of the guest; `name` is the volume it shows.",
         [
             ("name", string("The volume this disk shows.")),
-            ("bootOrder", int32("Boot order (lower first).")),
+            ("bootOrder", integer("Boot order (lower first).")),
             ("serial", string("Serial number.")),
             (
                 "disk",
@@ -574,6 +611,7 @@ fn devices() -> Schema {
             ("errorPolicy", string("What happens on IO errors.")),
             ("tag", string("Device role tag.")),
             ("blockSize", preserve("Block size.")),
+            ("changedBlockTracking", boolean("Changed block tracking.")),
         ],
     )
     .required(&["name"]);
@@ -591,12 +629,17 @@ fn devices() -> Schema {
             ("macvtap", empty_object("macvtap.")),
             ("binding", preserve("A network binding plugin.")),
             ("ports", array("Ports to forward.", preserve("A port."))),
-            ("bootOrder", int32("Boot order.")),
+            ("bootOrder", integer("Boot order.")),
             ("pciAddress", string("PCI address.")),
             ("dhcpOptions", preserve("DHCP options.")),
             ("tag", string("Device role tag.")),
             ("state", string("Desired link state.")),
-            ("acpiIndex", int32("ACPI index.")),
+            ("acpiIndex", integer("ACPI index.")),
+            ("passtBinding", empty_object("passt binding.")),
+            (
+                "portRanges",
+                array("Port ranges to forward.", preserve("A range.")),
+            ),
         ],
     )
     .required(&["name"]);
@@ -644,6 +687,14 @@ fn devices() -> Schema {
                 boolean("Virtio transitional devices."),
             ),
             ("disableHotplug", boolean("Disable device hotplug.")),
+            ("clientPassthrough", preserve("USB client passthrough.")),
+            ("downwardMetrics", empty_object("Downward metrics device.")),
+            ("logSerialConsole", boolean("Log the serial console.")),
+            (
+                "panicDevices",
+                array("Panic devices.", preserve("A panic device.")),
+            ),
+            ("sound", preserve("A sound device.")),
         ],
     )
 }
@@ -682,6 +733,16 @@ fn network() -> Schema {
                     ],
                 )
                 .required(&["networkName"]),
+            ),
+            (
+                "resourceClaim",
+                object(
+                    "A network from a dynamic resource claim.",
+                    [
+                        ("claimName", string("Claim name.")),
+                        ("requestName", string("Request name.")),
+                    ],
+                ),
             ),
         ],
     )
@@ -800,6 +861,10 @@ fn volume() -> Schema {
             ("downwardMetrics", empty_object("Downward metrics.")),
             ("sysprep", preserve("Sysprep data.")),
             ("memoryDump", preserve("A memory dump target.")),
+            (
+                "containerPath",
+                preserve("A path of the launcher container."),
+            ),
         ],
     )
     .required(&["name"])
@@ -844,6 +909,10 @@ fn string(description: &str) -> Schema {
 
 fn boolean(description: &str) -> Schema {
     Schema(typed("boolean", description))
+}
+
+fn integer(description: &str) -> Schema {
+    Schema(typed("integer", description))
 }
 
 fn int32(description: &str) -> Schema {

@@ -253,7 +253,7 @@ pub struct ApiServer {
     pub port: u16,
     /// Path of the admin kubeconfig.
     pub kubeconfig_path: PathBuf,
-    /// PEM of the certificates that sign the serving certificate (the cluster CA).
+    /// PEM of the cluster CA (the certificate that signed the serving certificate).
     pub ca_pem: Vec<u8>,
     /// The bearer token of the `admin` user (group `system:masters`).
     pub admin_token: String,
@@ -464,14 +464,18 @@ impl TestEnv {
             secs: READY_TIMEOUT.as_secs(),
             log_tail: p.log_tail(30),
         };
-        // The API server writes its self-signed serving certificate (leaf + CA) first.
+        // The API server writes its self-signed serving certificate first: the serving
+        // certificate followed by the CA that signed it. Kubeconfigs carry only the CA, as
+        // on a real cluster.
         let crt = cert_dir.join("apiserver.crt");
         let ca_pem = loop {
             process.check_running()?;
-            if let Ok(pem) = fs::read(&crt) {
-                if pem.ends_with(b"-----END CERTIFICATE-----\n") && pem.len() > 100 {
-                    break pem;
-                }
+            if let Some(ca) = fs::read_to_string(&crt)
+                .ok()
+                .as_deref()
+                .and_then(last_certificate)
+            {
+                break ca.into_bytes();
             }
             if started.elapsed() > READY_TIMEOUT {
                 return Err(timeout(&process));
@@ -558,6 +562,15 @@ fn http_get(path: &str) -> Result<http::Request<Vec<u8>>, String> {
     http::Request::get(path)
         .body(Vec::new())
         .map_err(|e| e.to_string())
+}
+
+/// The last complete `CERTIFICATE` PEM block of a bundle (the CA of a leaf + CA chain).
+fn last_certificate(pem: &str) -> Option<String> {
+    const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
+    const END: &str = "-----END CERTIFICATE-----";
+    let start = pem.rfind(BEGIN)?;
+    let end = pem[start..].find(END)? + start + END.len();
+    Some(format!("{}\n", &pem[start..end]))
 }
 
 /// Writes a 2048-bit RSA private key (PEM) with `openssl`.

@@ -160,3 +160,204 @@ async fn reference_provider_claims_for_standard_and_high_memory_nodes_turn_avail
     assert_eq!((cap.total, cap.available), (Some(5), Some(4)));
     world.shutdown().await;
 }
+
+/// A provider on the playground's host with one small type of the given capacity.
+fn small_provider(name: &str, max_capacity: u32) -> String {
+    format!(
+        r#"
+apiVersion: autonodes.io/v1alpha1
+kind: NodeProvider
+metadata:
+  name: {name}
+spec:
+  kubeVirt:
+    clusterRef:
+      cluster: test-kubevirt-1
+      namespace: vcluster-platform
+    virtualMachineTemplate:
+      spec:
+        template:
+          spec:
+            domain:
+              devices:
+                disks:
+                  - name: root
+                    disk:
+                      bus: virtio
+              resources:
+                requests:
+                  cpu: "1"
+                  memory: 1Gi
+            volumes:
+              - name: root
+                containerDisk:
+                  image: quay.io/containerdisks/ubuntu:22.04
+    nodeTypes:
+      - name: tiny
+        maxCapacity: {max_capacity}
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_without_requirements_gets_the_cheapest_type() {
+    let world = World::start(WorldOptions::default()).await;
+    world
+        .create_claim(serde_json::json!({"metadata": {"name": "any"}, "spec": {}}))
+        .await;
+    let c = world.wait_phase("any", "Available", AVAILABLE).await;
+    let s = c.status.expect("status");
+    assert_eq!(
+        s.type_ref.as_deref(),
+        Some("kubevirt-provider-advanced.standard-node"),
+        "28 beats 72"
+    );
+    assert_eq!(s.cost, Some(28));
+    world.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_type_keeps_a_claim_pending_until_another_claim_is_deleted() {
+    let world = World::start(WorldOptions {
+        provider: small_provider("small", 1),
+        ..Default::default()
+    })
+    .await;
+    world
+        .create_claim(serde_json::json!({"metadata": {"name": "first"}, "spec": {}}))
+        .await;
+    world.wait_phase("first", "Available", AVAILABLE).await;
+    world
+        .create_claim(serde_json::json!({"metadata": {"name": "second"}, "spec": {}}))
+        .await;
+    let pending = world
+        .wait_claim("second", "Scheduled=False", AVAILABLE, |c| {
+            condition(c, "Scheduled").is_some_and(|x| x.0 == "False")
+        })
+        .await;
+    let (_, reason, message) = condition(&pending, "Scheduled").expect("condition");
+    assert_eq!(reason, "InsufficientCapacity");
+    assert!(message.contains("small.tiny (1/1 claimed)"), "{message}");
+    let t = world
+        .wait_node_type("small.tiny", "Exhausted", |t| {
+            t.status
+                .as_ref()
+                .and_then(|s| s.phase)
+                .map(|p| format!("{p:?}"))
+                == Some("Exhausted".into())
+        })
+        .await;
+    assert_eq!(
+        t.status.and_then(|s| s.capacity).and_then(|c| c.available),
+        Some(0)
+    );
+
+    world.delete_claim("first").await;
+    world.wait_claim_gone("first", AVAILABLE).await;
+    let second = world.wait_phase("second", "Available", AVAILABLE).await;
+    assert_eq!(
+        second.status.and_then(|s| s.type_ref).as_deref(),
+        Some("small.tiny")
+    );
+    assert_eq!(world.vms().await.len(), 1);
+    world.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_claim_leaves_no_vm_secret_token_data_volume_or_node_behind() {
+    let world = World::start(WorldOptions::default()).await;
+    world.claim_type("doomed", "standard-node").await;
+    world.claim_type("kept", "standard-node").await;
+    let doomed = world.wait_phase("doomed", "Available", AVAILABLE).await;
+    world.wait_phase("kept", "Available", AVAILABLE).await;
+    assert_eq!(world.vms().await.len(), 2);
+    assert_eq!(world.data_volumes().await.len(), 2);
+    let vm = doomed.status.and_then(|s| s.vm_name).expect("vm name");
+
+    world.delete_claim("doomed").await;
+    world.wait_claim_gone("doomed", AVAILABLE).await;
+    let vms: Vec<String> = world
+        .vms()
+        .await
+        .into_iter()
+        .filter_map(|v| v.metadata.name)
+        .collect();
+    assert!(!vms.contains(&vm), "VM {vm} left behind: {vms:?}");
+    assert_eq!(vms.len(), 1, "the other claim's VM stays");
+    let secrets: Vec<String> = world
+        .host_secrets()
+        .await
+        .into_iter()
+        .filter_map(|s| s.metadata.name)
+        .collect();
+    assert_eq!(secrets.len(), 1, "{secrets:?}");
+    assert!(!secrets.contains(&format!("{vm}-userdata")));
+    assert!(world.tokens().await.is_empty());
+    let nodes: Vec<String> = world
+        .nodes()
+        .await
+        .into_iter()
+        .filter_map(|n| n.metadata.name)
+        .collect();
+    assert!(!nodes.contains(&vm), "Node {vm} left behind: {nodes:?}");
+    assert_eq!(nodes.len(), 1);
+    common::eventually(
+        "the DataVolume of the deleted VM to go",
+        Duration::from_secs(30),
+        || async { (world.data_volumes().await.len() == 1).then_some(()) },
+    )
+    .await;
+    let events = world.events_for(NS, "doomed").await;
+    assert!(
+        events.iter().any(|e| e.starts_with("NodeDeleted")),
+        "{events:?}"
+    );
+    world.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_claims_at_once_never_exceed_a_max_capacity_of_ten() {
+    let world = World::start(WorldOptions {
+        provider: small_provider("small", 10),
+        ..Default::default()
+    })
+    .await;
+    let creates = (0..50).map(|i| {
+        world.create_claim(serde_json::json!({"metadata": {"name": format!("c-{i}")}, "spec": {}}))
+    });
+    futures::future::join_all(creates).await;
+    // Claims created before the provider is ready wait with NoMatchingNodeType; once it
+    // is, exactly ten get scheduled and the other forty wait for capacity.
+    let scheduled =
+        |c: &autonodes::api::NodeClaim| condition(c, "Scheduled").is_some_and(|x| x.0 == "True");
+    let waiting = |c: &autonodes::api::NodeClaim| {
+        condition(c, "Scheduled").is_some_and(|x| x.0 == "False" && x.1 == "InsufficientCapacity")
+    };
+    let claims = common::eventually(
+        "10 scheduled and 40 waiting for capacity",
+        Duration::from_secs(120),
+        || async {
+            let list = world.claims().list(&Default::default()).await.ok()?;
+            let s = list.items.iter().filter(|c| scheduled(c)).count();
+            let w = list.items.iter().filter(|c| waiting(c)).count();
+            assert!(
+                s <= 10,
+                "{s} claims scheduled to a type with maxCapacity 10"
+            );
+            (s == 10 && w == 40).then_some(list.items)
+        },
+    )
+    .await;
+    assert_eq!(claims.len(), 50);
+    common::eventually("ten VMs", Duration::from_secs(60), || async {
+        (world.vms().await.len() == 10).then_some(())
+    })
+    .await;
+    // Still ten a little later: nothing schedules beyond capacity on later reconciles.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(world.vms().await.len(), 10);
+    let t = world.node_type("small.tiny").await;
+    let cap = t.status.and_then(|s| s.capacity).expect("capacity");
+    assert!(cap.claimed <= 10, "claimed {}", cap.claimed);
+    world.shutdown().await;
+}

@@ -20,7 +20,7 @@ use futures::channel::mpsc;
 use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::events::{EventType, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{watcher, Controller};
 use kube::{Client, Resource, ResourceExt};
@@ -86,6 +86,13 @@ pub enum Error {
     /// The finalizer helper failed.
     #[error("finalizer: {0}")]
     Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
+    /// The object changed since it was read; the reconcile runs again on the new version.
+    #[error("{0} changed while it was reconciled")]
+    Conflict(String),
+    /// A cleanup is still waiting (for a VM to go, a Node to drain, claims to end). The
+    /// finalizer stays; the object is looked at again shortly.
+    #[error("waiting: {0}")]
+    Waiting(String),
     /// An object lacks a field the API server always sets.
     #[error("{0} lacks {1}")]
     Missing(String, &'static str),
@@ -108,6 +115,8 @@ impl Error {
             Error::Remote { .. } => "remote",
             Error::Client(_) => "client",
             Error::Finalizer(_) => "finalizer",
+            Error::Conflict(_) => "conflict",
+            Error::Waiting(_) => "waiting",
             Error::Missing(..) => "missing",
             Error::Internal(_) => "internal",
         }
@@ -122,8 +131,8 @@ pub struct Context {
     pub clients: Arc<ClusterClients>,
     /// Settings.
     pub config: ControllerConfig,
-    /// Event recorder (events.k8s.io/v1).
-    pub recorder: Recorder,
+    /// Who records Events (events.k8s.io/v1).
+    pub reporter: Reporter,
     /// All NodeClaims (the claim controller's reflector).
     pub claims: Store<NodeClaim>,
     /// All NodeTypes.
@@ -141,7 +150,9 @@ pub struct Context {
 }
 
 impl Context {
-    /// Records an Event about `obj`; failures to record are logged, never fatal.
+    /// Records an Event (events.k8s.io/v1) about `obj`; failures to record are logged,
+    /// never fatal. Events about cluster-scoped objects go to `kube-system`, the namespace
+    /// every API server version accepts for them.
     pub async fn event<K>(
         &self,
         obj: &K,
@@ -152,20 +163,53 @@ impl Context {
     ) where
         K: Resource<DynamicType = ()>,
     {
-        let ev = KubeEvent {
-            type_,
-            reason: reason.into(),
+        let regarding = obj.object_ref(&());
+        let namespace = regarding
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "kube-system".into());
+        let now = now();
+        let name = format!(
+            "{}.{:x}",
+            regarding.name.as_deref().unwrap_or("autonodes"),
+            now.as_nanosecond()
+        );
+        let event = k8s_openapi::api::events::v1::Event {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name),
+                namespace: Some(namespace.clone()),
+                ..Default::default()
+            },
+            action: Some(truncate(action, 128)),
+            reason: Some(truncate(reason, 128)),
             note: Some(truncate(&note, 1000)),
-            action: action.into(),
-            secondary: None,
+            type_: Some(match type_ {
+                EventType::Normal => "Normal".into(),
+                EventType::Warning => "Warning".into(),
+            }),
+            event_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                now,
+            )),
+            regarding: Some(regarding.clone()),
+            reporting_controller: Some(self.reporter.controller.clone()),
+            reporting_instance: Some(
+                self.reporter
+                    .instance
+                    .clone()
+                    .unwrap_or_else(|| self.reporter.controller.clone()),
+            ),
+            ..Default::default()
         };
-        if let Err(e) = self.recorder.publish(&ev, &obj.object_ref(&())).await {
-            tracing::warn!(object = %obj.object_ref(&()).name.unwrap_or_default(), error = %e, "recording an event failed");
+        let api: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(self.client.clone(), &namespace);
+        if let Err(e) = api.create(&kube::api::PostParams::default(), &event).await {
+            tracing::warn!(object = %regarding.name.unwrap_or_default(), error = %e, "recording an event failed");
         }
     }
 
     /// Wakes every claim that is not scheduled yet (capacity or types changed).
     pub fn wake_pending_claims(&self) {
+        let mut woken = 0;
         for claim in self.claims.state() {
             let scheduled = claim
                 .status
@@ -176,8 +220,10 @@ impl Context {
                 let _ = self
                     .wake_claims
                     .unbounded_send(ObjectRef::from_obj(&*claim));
+                woken += 1;
             }
         }
+        tracing::debug!(woken, "woke pending claims");
     }
 }
 
@@ -205,9 +251,13 @@ where
     S: Serialize,
 {
     let name = obj.name_any();
+    // The object's resourceVersion makes the write conditional: a reconcile that worked on
+    // a stale copy (the cache lags behind our own writes) gets a conflict instead of
+    // overwriting newer status, and runs again on the current object.
     let patch = serde_json::json!({
         "apiVersion": K::api_version(&()),
         "kind": K::kind(&()),
+        "metadata": {"resourceVersion": obj.resource_version()},
         "status": status,
     });
     api.patch_status(
@@ -260,7 +310,7 @@ pub async fn run(
         client: client.clone(),
         clients,
         config,
-        recorder: Recorder::new(client.clone(), reporter),
+        reporter,
         claims: claim_ctrl.store(),
         types: type_ctrl.store(),
         providers: provider_ctrl.store(),
@@ -302,7 +352,7 @@ pub async fn run(
         .reconcile_on(claim_wakeups)
         .graceful_shutdown_on(shutdown.clone())
         .run(nodeclaim::reconcile, nodeclaim::error_policy, ctx.clone())
-        .for_each(|_| async {});
+        .for_each(log_run_error);
 
     let types = type_ctrl
         .watches(claims_api, watch_config(), move |c: NodeClaim| {
@@ -326,7 +376,7 @@ pub async fn run(
         .reconcile_on(type_wakeups)
         .graceful_shutdown_on(shutdown.clone())
         .run(nodetype::reconcile, nodetype::error_policy, ctx.clone())
-        .for_each(|_| async {});
+        .for_each(log_run_error);
 
     let types_of_claims = ctx.types.clone();
     let providers = provider_ctrl
@@ -344,17 +394,57 @@ pub async fn run(
         )
         .graceful_shutdown_on(shutdown)
         .run(provider::reconcile, provider::error_policy, ctx.clone())
-        .for_each(|_| async {});
+        .for_each(log_run_error);
 
     tokio::join!(claims, types, providers);
     Ok(())
+}
+
+/// Logs what the controller runtime reports besides reconcile results (queue errors,
+/// objects missing from the cache).
+async fn log_run_error<K: Resource, E: std::fmt::Debug, Q: std::fmt::Debug>(
+    result: Result<
+        (ObjectRef<K>, kube::runtime::controller::Action),
+        kube::runtime::controller::Error<E, Q>,
+    >,
+) where
+    K::DynamicType: std::fmt::Debug,
+{
+    if let Err(e) = result {
+        tracing::debug!(error = ?e, "controller runtime");
+    }
 }
 
 fn claims_api_all(client: &Client) -> Api<NodeClaim> {
     Api::all(client.clone())
 }
 
-/// Requeue delay after a transient error.
-pub fn error_requeue() -> kube::runtime::controller::Action {
-    kube::runtime::controller::Action::requeue(Duration::from_secs(5))
+impl Error {
+    /// True for a write conflict (stale read) or a cleanup that is waiting, wrapped or
+    /// not: expected states, retried soon and not logged as failures.
+    pub fn is_conflict(&self) -> bool {
+        use kube::runtime::finalizer::Error as F;
+        let expected = |e: &Error| matches!(e, Error::Conflict(_) | Error::Waiting(_));
+        match self {
+            Error::Finalizer(f) => match f.as_ref() {
+                F::ApplyFailed(e) | F::CleanupFailed(e) => expected(e),
+                // The finalizer is added and removed with a JSON patch that tests the
+                // object's version: a changed object fails the test (422) or conflicts (409).
+                F::AddFinalizer(kube::Error::Api(s)) | F::RemoveFinalizer(kube::Error::Api(s)) => {
+                    s.code == 409 || s.code == 422
+                }
+                _ => false,
+            },
+            e => expected(e),
+        }
+    }
+}
+
+/// Requeue delay after an error: at once for a conflict (stale cache), else with a pause.
+pub fn error_requeue(error: &Error) -> kube::runtime::controller::Action {
+    if error.is_conflict() {
+        kube::runtime::controller::Action::requeue(Duration::from_millis(1000))
+    } else {
+        kube::runtime::controller::Action::requeue(Duration::from_secs(5))
+    }
 }

@@ -83,13 +83,17 @@ pub async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Actio
 
 /// Logs the error; the claim is retried with backoff.
 pub fn error_policy(claim: Arc<NodeClaim>, error: &Error, _ctx: Arc<Context>) -> Action {
+    if error.is_conflict() {
+        tracing::debug!(%error, "stale read; reconciling again");
+        return super::error_requeue(error);
+    }
     tracing::warn!(
         nodeclaim = %claim.name_any(),
         namespace = %claim.namespace().unwrap_or_default(),
         %error,
         "reconciling NodeClaim failed"
     );
-    super::error_requeue()
+    super::error_requeue(error)
 }
 
 fn uid(claim: &NodeClaim) -> Result<String, Error> {
@@ -405,6 +409,13 @@ async fn schedule(claim: &NodeClaim, ctx: &Context) -> Result<Option<Scheduled>,
     let _ = ctx.types.wait_until_ready().await;
     let _ = ctx.providers.wait_until_ready().await;
     let mut reservations = ctx.scheduling.lock().await;
+    if reservations.scheduled.contains_key(&uid) {
+        // This process scheduled the claim already; the cache has not caught up yet.
+        return Err(Error::Conflict(format!(
+            "NodeClaim {} (cache behind)",
+            claim.name_any()
+        )));
+    }
     let catalogue = catalogue(ctx);
     let claimed = claimed_counts(ctx, &reservations);
     let chosen = match scheduling::choose(&catalogue, &request, &claimed) {
@@ -1236,7 +1247,10 @@ enum Removal {
     Waiting(String),
 }
 
-/// Deletes the claim's Node (with `drain`), VM, Secret, DataVolumes and tokens.
+/// Removes everything the claim has in other clusters, in this order: drain the Node
+/// (with `drain`), delete the VM and wait until it is gone, then delete the Node (deleting
+/// it earlier would let a still-running kubelet register it again), the user-data Secret,
+/// the DataVolumes and the bootstrap tokens.
 async fn remove_remote_objects(
     claim: &NodeClaim,
     ctx: &Context,
@@ -1248,60 +1262,38 @@ async fn remove_remote_objects(
     };
     let uid = uid(claim)?;
     let ns = claim.namespace().unwrap_or_default();
+    let provider_id = format!("kubevirt://{vm_name}");
+    let node_name = status.node_name.clone().unwrap_or_else(|| vm_name.clone());
 
-    // Tenant: drain and delete the Node, delete tokens. A vCluster whose kubeconfig Secret
-    // is gone has been deleted with its nodes: nothing is left there to clean.
-    match ctx
+    // The tenant. A vCluster whose kubeconfig Secret is gone has been deleted with its
+    // nodes: nothing is left there to clean.
+    let tenant = match ctx
         .clients
         .tenant(&ns, &claim.spec.v_cluster_ref.name)
         .await
     {
-        Ok(tenant) => {
-            let nodes: Api<Node> = Api::all(tenant.client.clone());
-            let node_name = status.node_name.clone().unwrap_or_else(|| vm_name.clone());
-            if let Some(node) =
-                get_opt(ctx, &tenant, &nodes, &node_name, "reading the Node").await?
-            {
-                let ours = node.spec.as_ref().and_then(|s| s.provider_id.clone())
-                    == Some(format!("kubevirt://{vm_name}"));
-                if ours {
-                    if drain {
-                        if let Some(waiting) = drain_node(claim, ctx, &tenant, &node).await? {
-                            return Ok(Removal::Waiting(waiting));
-                        }
-                    }
-                    match remote_call(
-                        ctx,
-                        &tenant,
-                        "deleting the Node",
-                        nodes.delete(&node_name, &DeleteParams::default()),
-                    )
-                    .await
-                    {
-                        Ok(_) => {
-                            ctx.event(
-                                claim,
-                                EventType::Normal,
-                                "NodeDeleted",
-                                "Delete",
-                                format!("deleted Node {node_name} from the tenant"),
-                            )
-                            .await
-                        }
-                        Err(e) if not_found(&e) => {}
-                        Err(e) => return Err(e),
-                    }
-                }
-            }
-            delete_tokens(ctx, &tenant, &uid).await?;
-        }
+        Ok(t) => Some(t),
         Err(ClientError::SecretNotFound { .. }) => {
             tracing::info!(nodeclaim = %claim.name_any(), "tenant kubeconfig Secret is gone; skipping tenant cleanup");
+            None
         }
         Err(e) => return Err(e.into()),
+    };
+    let our_node = |n: &Node| {
+        n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(provider_id.as_str())
+    };
+    if let (Some(tenant), true) = (&tenant, drain) {
+        let nodes: Api<Node> = Api::all(tenant.client.clone());
+        if let Some(node) = get_opt(ctx, tenant, &nodes, &node_name, "reading the Node").await? {
+            if our_node(&node) {
+                if let Some(waiting) = drain_node(claim, ctx, tenant, &node).await? {
+                    return Ok(Removal::Waiting(waiting));
+                }
+            }
+        }
     }
 
-    // Host: delete the VM and wait until it is gone, then its Secret and DataVolumes.
+    // The host: delete the VM and wait until it is gone, then its Secret and DataVolumes.
     let host_cluster = status.host_cluster.clone().unwrap_or_default();
     let vm_ns = status.vm_namespace.clone().unwrap_or_default();
     let host = ctx.clients.host(&host_cluster).await?;
@@ -1313,7 +1305,7 @@ async fn remove_remote_objects(
                 ctx,
                 &host,
                 "deleting the VirtualMachine",
-                vms.delete(&vm_name, &DeleteParams::foreground()),
+                vms.delete(&vm_name, &DeleteParams::background()),
             )
             .await
             {
@@ -1387,6 +1379,37 @@ async fn remove_remote_objects(
         // A host without CDI has no DataVolumes to delete.
         Err(e) if not_found(&e) => {}
         Err(e) => return Err(e),
+    }
+
+    // The tenant again: the Node (its VM is gone, nothing re-registers it) and the tokens.
+    if let Some(tenant) = &tenant {
+        let nodes: Api<Node> = Api::all(tenant.client.clone());
+        if let Some(node) = get_opt(ctx, tenant, &nodes, &node_name, "reading the Node").await? {
+            if our_node(&node) {
+                match remote_call(
+                    ctx,
+                    tenant,
+                    "deleting the Node",
+                    nodes.delete(&node_name, &DeleteParams::default()),
+                )
+                .await
+                {
+                    Ok(_) => {
+                        ctx.event(
+                            claim,
+                            EventType::Normal,
+                            "NodeDeleted",
+                            "Delete",
+                            format!("deleted Node {node_name} from the tenant"),
+                        )
+                        .await
+                    }
+                    Err(e) if not_found(&e) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        delete_tokens(ctx, tenant, &uid).await?;
     }
     Ok(Removal::Done)
 }
@@ -1509,9 +1532,10 @@ async fn cleanup(claim: &NodeClaim, ctx: &Context) -> Result<Action, Error> {
     match result {
         Ok(Removal::Done) => {}
         Ok(Removal::Waiting(why)) => {
-            w.set(READY, false, "Terminating", why);
+            w.set(READY, false, "Terminating", why.clone());
             w.write().await?;
-            return Ok(Action::requeue(Duration::from_secs(2)));
+            // An error keeps the finalizer (Ok would release it).
+            return Err(Error::Waiting(why));
         }
         Err(e) => {
             let reason = match &e {

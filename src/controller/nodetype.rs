@@ -67,8 +67,12 @@ pub async fn reconcile(t: Arc<NodeType>, ctx: Arc<Context>) -> Result<Action, Er
 
 /// Logs the error; the type is retried with backoff.
 pub fn error_policy(t: Arc<NodeType>, error: &Error, _ctx: Arc<Context>) -> Action {
+    if error.is_conflict() {
+        tracing::debug!(%error, "stale read; reconciling again");
+        return super::error_requeue(error);
+    }
     tracing::warn!(nodetype = %t.name_any(), %error, "reconciling NodeType failed");
-    super::error_requeue()
+    super::error_requeue(error)
 }
 
 async fn apply(t: &NodeType, ctx: &Context) -> Result<Action, Error> {

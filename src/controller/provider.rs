@@ -71,8 +71,12 @@ pub async fn reconcile(p: Arc<NodeProvider>, ctx: Arc<Context>) -> Result<Action
 
 /// Logs the error; the provider is retried with backoff.
 pub fn error_policy(p: Arc<NodeProvider>, error: &Error, _ctx: Arc<Context>) -> Action {
+    if error.is_conflict() {
+        tracing::debug!(%error, "stale read; reconciling again");
+        return super::error_requeue(error);
+    }
     tracing::warn!(provider = %p.name_any(), %error, "reconciling NodeProvider failed");
-    super::error_requeue()
+    super::error_requeue(error)
 }
 
 async fn host_check(p: &NodeProvider, ctx: &Context) -> (bool, &'static str, String) {
@@ -376,11 +380,12 @@ async fn cleanup(p: &NodeProvider, ctx: &Context) -> Result<Action, Error> {
             now(),
         );
         if changed {
-            ctx.event(p, EventType::Warning, "InUse", "Delete", message)
+            ctx.event(p, EventType::Warning, "InUse", "Delete", message.clone())
                 .await;
             apply_status(&Api::<NodeProvider>::all(ctx.client.clone()), p, &status).await?;
         }
-        return Ok(Action::requeue(Duration::from_secs(10)));
+        // An error keeps the finalizer (Ok would release it).
+        return Err(Error::Waiting(message));
     }
     let api: Api<NodeType> = Api::all(ctx.client.clone());
     let existing = api

@@ -92,6 +92,13 @@ impl World {
 
     /// Starts and wires the clusters only (no controller, no simulator).
     pub async fn start_clusters(opts: &WorldOptions) -> World {
+        let _ = tracing_subscriber::fmt()
+            .with_test_writer()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| "warn,kube_client::client::builder=off".into()),
+            )
+            .try_init();
         let env = super::start(&["mgmt", "host", "tenant"]).await;
         let playground = wire(env, &opts.provider, NS, "tenant")
             .await

@@ -1,0 +1,56 @@
+//! Keeps the object gauges (`autonodes_nodeclaims*`, `autonodes_nodetype_*`) true to the
+//! stores between reconciles: a deleted claim or node type leaves no series behind.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use kube::ResourceExt;
+use prometheus::core::Collector;
+
+use super::Context;
+
+/// How often the gauges are swept.
+pub const SWEEP_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Recomputes the claim gauges and drops node-type series of types that are gone.
+pub fn sweep(ctx: &Context) {
+    super::nodeclaim::refresh_claim_gauges(ctx);
+    let live: HashSet<String> = ctx
+        .types
+        .state()
+        .iter()
+        .filter(|t| t.metadata.deletion_timestamp.is_none())
+        .map(|t| t.name_any())
+        .collect();
+    let m = &ctx.metrics;
+    for vec in [&m.nodetype_capacity, &m.nodetype_cost] {
+        for family in vec.collect() {
+            for metric in family.get_metric() {
+                let labels: std::collections::HashMap<&str, &str> = metric
+                    .get_label()
+                    .iter()
+                    .map(|l| (l.name(), l.value()))
+                    .collect();
+                let gone = metric
+                    .get_label()
+                    .iter()
+                    .find(|l| l.name() == "nodetype")
+                    .is_some_and(|l| !live.contains(l.value()));
+                if gone {
+                    let _ = vec.remove(&labels);
+                }
+            }
+        }
+    }
+}
+
+/// Sweeps every [`SWEEP_INTERVAL`] until `stop` resolves.
+pub async fn run(ctx: std::sync::Arc<Context>, stop: impl std::future::Future<Output = ()>) {
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = tokio::time::sleep(SWEEP_INTERVAL) => sweep(&ctx),
+        }
+    }
+}

@@ -60,7 +60,12 @@ fn provider_condition(p: &NodeProvider, type_: &str) -> Option<(String, String, 
         .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
-async fn wait_provider(world: &World, name: &str, what: &str, pred: impl Fn(&NodeProvider) -> bool) -> NodeProvider {
+async fn wait_provider(
+    world: &World,
+    name: &str,
+    what: &str,
+    pred: impl Fn(&NodeProvider) -> bool,
+) -> NodeProvider {
     let api: Api<NodeProvider> = Api::all(world.mgmt.clone());
     let mut last = None;
     let start = std::time::Instant::now();
@@ -89,21 +94,41 @@ async fn a_vm_that_never_boots_fails_its_claim_by_launch_timeout_and_is_removed(
     world.claim_type("stuck", "standard-node").await;
     let failed = world.wait_phase("stuck", "Failed", WAIT).await;
     let (status, reason, message) = condition(&failed, "Ready").expect("Ready condition");
-    assert_eq!((status.as_str(), reason.as_str()), ("False", "LaunchTimeout"), "{message}");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "LaunchTimeout"),
+        "{message}"
+    );
     assert!(message.contains("did not run within 6s"), "{message}");
     common::eventually("the failed claim's VM and Secret to go", WAIT, || async {
-        (world.vms().await.is_empty() && world.host_secrets().await.is_empty() && world.tokens().await.is_empty()).then_some(())
+        (world.vms().await.is_empty()
+            && world.host_secrets().await.is_empty()
+            && world.tokens().await.is_empty())
+        .then_some(())
     })
     .await;
     let events = world.events_for(NS, "stuck").await;
-    assert!(events.iter().any(|e| e.starts_with("LaunchTimeout")), "{events:?}");
+    assert!(
+        events.iter().any(|e| e.starts_with("LaunchTimeout")),
+        "{events:?}"
+    );
     // A failed claim no longer holds capacity.
     let t = world
-        .wait_node_type("kubevirt-provider-advanced.standard-node", "capacity freed", |t| {
-            t.status.as_ref().and_then(|s| s.capacity.as_ref()).is_some_and(|c| c.claimed == 0)
-        })
+        .wait_node_type(
+            "kubevirt-provider-advanced.standard-node",
+            "capacity freed",
+            |t| {
+                t.status
+                    .as_ref()
+                    .and_then(|s| s.capacity.as_ref())
+                    .is_some_and(|c| c.claimed == 0)
+            },
+        )
         .await;
-    assert_eq!(t.status.and_then(|s| s.capacity).and_then(|c| c.available), Some(10));
+    assert_eq!(
+        t.status.and_then(|s| s.capacity).and_then(|c| c.available),
+        Some(10)
+    );
     world.shutdown().await;
 }
 
@@ -117,13 +142,23 @@ async fn a_vm_that_never_joins_fails_its_claim_by_registration_timeout_and_is_re
     .await;
     world.claim_type("lonely", "standard-node").await;
     let joining = world.wait_phase("lonely", "Joining", WAIT).await;
-    assert_eq!(condition(&joining, "Provisioned").map(|c| c.0), Some("True".into()));
+    assert_eq!(
+        condition(&joining, "Provisioned").map(|c| c.0),
+        Some("True".into())
+    );
     let failed = world.wait_phase("lonely", "Failed", WAIT).await;
     let (_, reason, message) = condition(&failed, "Ready").expect("Ready condition");
     assert_eq!(reason, "RegistrationTimeout", "{message}");
-    common::eventually("the failed claim's VM, Secret and token to go", WAIT, || async {
-        (world.vms().await.is_empty() && world.host_secrets().await.is_empty() && world.tokens().await.is_empty()).then_some(())
-    })
+    common::eventually(
+        "the failed claim's VM, Secret and token to go",
+        WAIT,
+        || async {
+            (world.vms().await.is_empty()
+                && world.host_secrets().await.is_empty()
+                && world.tokens().await.is_empty())
+            .then_some(())
+        },
+    )
     .await;
     assert!(world.nodes().await.is_empty());
     world.shutdown().await;
@@ -133,17 +168,40 @@ async fn a_vm_that_never_joins_fails_its_claim_by_registration_timeout_and_is_re
 async fn bad_host_clusters_and_templates_give_conditions_and_events_while_good_claims_are_served() {
     let world = World::start(WorldOptions::default()).await;
     let mgmt = world.mgmt.clone();
-    put_kubeconfig_secret(&mgmt, SERVICE_NAMESPACE, "malformed", "kubeconfig", "this: is: not a kubeconfig [")
-        .await
-        .expect("secret");
+    put_kubeconfig_secret(
+        &mgmt,
+        SERVICE_NAMESPACE,
+        "malformed",
+        "kubeconfig",
+        "this: is: not a kubeconfig [",
+    )
+    .await
+    .expect("secret");
     let closed = autonodes::testenv::free_port().expect("port");
-    let unreachable = autonodes::testenv::admin_kubeconfig("gone", &format!("https://127.0.0.1:{closed}"), &world.playground.host().expect("host").ca_pem, "token");
-    put_kubeconfig_secret(&mgmt, SERVICE_NAMESPACE, "unreachable", "kubeconfig", &unreachable)
-        .await
-        .expect("secret");
-    world.apply_provider(&provider("no-secret", "no-such-cluster", "")).await;
-    world.apply_provider(&provider("bad-kubeconfig", "malformed", "")).await;
-    world.apply_provider(&provider("no-answer", "unreachable", "")).await;
+    let unreachable = autonodes::testenv::admin_kubeconfig(
+        "gone",
+        &format!("https://127.0.0.1:{closed}"),
+        &world.playground.host().expect("host").ca_pem,
+        "token",
+    );
+    put_kubeconfig_secret(
+        &mgmt,
+        SERVICE_NAMESPACE,
+        "unreachable",
+        "kubeconfig",
+        &unreachable,
+    )
+    .await
+    .expect("secret");
+    world
+        .apply_provider(&provider("no-secret", "no-such-cluster", ""))
+        .await;
+    world
+        .apply_provider(&provider("bad-kubeconfig", "malformed", ""))
+        .await;
+    world
+        .apply_provider(&provider("no-answer", "unreachable", ""))
+        .await;
     world
         .apply_provider(&provider(
             "both-templates",
@@ -166,9 +224,19 @@ async fn bad_host_clusters_and_templates_give_conditions_and_events_while_good_c
         })
         .await;
         let (_, _, message) = provider_condition(&p, cond).expect("condition");
-        let text = if name == "no-answer" { "unreachable" } else { text };
+        let text = if name == "no-answer" {
+            "unreachable"
+        } else {
+            text
+        };
         assert!(message.contains(text), "{name}: {message}");
-        assert_eq!(p.status.as_ref().and_then(|s| s.phase).map(|ph| format!("{ph:?}")), Some("Failed".into()));
+        assert_eq!(
+            p.status
+                .as_ref()
+                .and_then(|s| s.phase)
+                .map(|ph| format!("{ph:?}")),
+            Some("Failed".into())
+        );
         let ready = provider_condition(&p, "Ready").expect("Ready");
         assert_eq!((ready.0.as_str(), ready.1.as_str()), ("False", reason));
         let events = common::eventually(&format!("an Event for {name}"), WAIT, || async {
@@ -180,19 +248,34 @@ async fn bad_host_clusters_and_templates_give_conditions_and_events_while_good_c
     }
     // Their node types are Failed with the reason; a claim pinned to one says why.
     let t = world
-        .wait_node_type("both-templates.small", "Failed", |t| t.status.as_ref().and_then(|s| s.phase).map(|p| format!("{p:?}")) == Some("Failed".into()))
+        .wait_node_type("both-templates.small", "Failed", |t| {
+            t.status
+                .as_ref()
+                .and_then(|s| s.phase)
+                .map(|p| format!("{p:?}"))
+                == Some("Failed".into())
+        })
         .await;
-    let ready = t.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready").cloned()).expect("Ready");
+    let ready = t
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready").cloned())
+        .expect("Ready");
     assert_eq!(ready.reason, "InvalidTemplate");
     world
         .create_claim(serde_json::json!({"metadata": {"name": "pinned"}, "spec": {"typeRef": "no-secret.small"}}))
         .await;
     let pinned = world
-        .wait_claim("pinned", "Scheduled=False", WAIT, |c| condition(c, "Scheduled").is_some_and(|x| x.0 == "False"))
+        .wait_claim("pinned", "Scheduled=False", WAIT, |c| {
+            condition(c, "Scheduled").is_some_and(|x| x.0 == "False")
+        })
         .await;
     let (_, reason, message) = condition(&pinned, "Scheduled").expect("Scheduled");
     assert_eq!(reason, "NoMatchingNodeType");
-    assert!(message.contains("no-secret.small") && message.contains("not ready"), "{message}");
+    assert!(
+        message.contains("no-secret.small") && message.contains("not ready"),
+        "{message}"
+    );
 
     world.wait_phase("good", "Available", WAIT).await;
     world.shutdown().await;
@@ -213,30 +296,55 @@ async fn bad_claims_give_conditions_and_events_while_good_claims_are_served() {
     world.claim_type("good", "high-memory-node").await;
 
     let c = world
-        .wait_claim("unknown-type", "Scheduled=False", WAIT, |c| condition(c, "Scheduled").is_some_and(|x| x.0 == "False"))
+        .wait_claim("unknown-type", "Scheduled=False", WAIT, |c| {
+            condition(c, "Scheduled").is_some_and(|x| x.0 == "False")
+        })
         .await;
     let (_, reason, message) = condition(&c, "Scheduled").expect("Scheduled");
     assert_eq!(reason, "NoMatchingNodeType");
-    assert!(message.contains("kubevirt-provider-advanced.huge-node does not exist"), "{message}");
+    assert!(
+        message.contains("kubevirt-provider-advanced.huge-node does not exist"),
+        "{message}"
+    );
 
     let c = world
-        .wait_claim("no-tenant", "Scheduled=False", WAIT, |c| condition(c, "Scheduled").is_some_and(|x| x.0 == "False"))
+        .wait_claim("no-tenant", "Scheduled=False", WAIT, |c| {
+            condition(c, "Scheduled").is_some_and(|x| x.0 == "False")
+        })
         .await;
     let (_, reason, message) = condition(&c, "Scheduled").expect("Scheduled");
     assert_eq!(reason, "KubeconfigSecretNotFound");
     assert!(message.contains("tenant/vc-missing"), "{message}");
-    assert_eq!(c.status.as_ref().and_then(|s| s.phase).map(|p| format!("{p:?}")), Some("Pending".into()));
+    assert_eq!(
+        c.status
+            .as_ref()
+            .and_then(|s| s.phase)
+            .map(|p| format!("{p:?}")),
+        Some("Pending".into())
+    );
 
     let c = world
-        .wait_claim("bad-gt", "Scheduled=False", WAIT, |c| condition(c, "Scheduled").is_some_and(|x| x.0 == "False"))
+        .wait_claim("bad-gt", "Scheduled=False", WAIT, |c| {
+            condition(c, "Scheduled").is_some_and(|x| x.0 == "False")
+        })
         .await;
     let (_, reason, message) = condition(&c, "Scheduled").expect("Scheduled");
     assert_eq!(reason, "InvalidRequest");
-    assert!(message.contains("spec.requirements[0]") && message.contains("many"), "{message}");
+    assert!(
+        message.contains("spec.requirements[0]") && message.contains("many"),
+        "{message}"
+    );
 
-    for (name, reason) in [("unknown-type", "NoMatchingNodeType"), ("no-tenant", "KubeconfigSecretNotFound"), ("bad-gt", "InvalidRequest")] {
+    for (name, reason) in [
+        ("unknown-type", "NoMatchingNodeType"),
+        ("no-tenant", "KubeconfigSecretNotFound"),
+        ("bad-gt", "InvalidRequest"),
+    ] {
         let events = world.events_for(NS, name).await;
-        assert!(events.iter().any(|e| e.starts_with(reason)), "{name}: {events:?}");
+        assert!(
+            events.iter().any(|e| e.starts_with(reason)),
+            "{name}: {events:?}"
+        );
     }
     world.wait_phase("good", "Available", WAIT).await;
     // None of the bad claims made anything remote.
@@ -263,17 +371,34 @@ async fn deleting_a_provider_with_live_claims_waits_for_them_and_orphans_nothing
     // The claim keeps its node while the provider waits.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(world.vms().await.len(), 1);
-    assert_eq!(world.wait_phase("live", "Available", WAIT).await.metadata.name.as_deref(), Some("live"));
+    assert_eq!(
+        world
+            .wait_phase("live", "Available", WAIT)
+            .await
+            .metadata
+            .name
+            .as_deref(),
+        Some("live")
+    );
 
     world.delete_claim("live").await;
     world.wait_claim_gone("live", WAIT).await;
     common::eventually("the provider to be gone", WAIT, || async {
-        matches!(providers.get_opt("kubevirt-provider-advanced").await, Ok(None)).then_some(())
+        matches!(
+            providers.get_opt("kubevirt-provider-advanced").await,
+            Ok(None)
+        )
+        .then_some(())
     })
     .await;
     let types: Api<autonodes::api::NodeType> = Api::all(world.mgmt.clone());
     common::eventually("its node types to be gone", WAIT, || async {
-        types.list(&Default::default()).await.ok().filter(|l| l.items.is_empty()).map(|_| ())
+        types
+            .list(&Default::default())
+            .await
+            .ok()
+            .filter(|l| l.items.is_empty())
+            .map(|_| ())
     })
     .await;
     assert!(world.vms().await.is_empty());

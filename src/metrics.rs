@@ -28,6 +28,9 @@ pub struct Metrics {
     pub nodeclaim_duration: HistogramVec,
     /// `autonodes_cluster_requests_total{cluster,code}`.
     pub cluster_requests: IntCounterVec,
+    /// `autonodes_nodepool_replicas{nodepool,state}`: desired and ready claims per pool
+    /// (`nodepool` is `<namespace>/<name>`).
+    pub nodepool_replicas: IntGaugeVec,
 }
 
 fn register<T: prometheus::core::Collector + Clone + 'static>(
@@ -86,6 +89,10 @@ impl Metrics {
             cluster_requests: register(r, IntCounterVec::new(
                 Opts::new("cluster_requests_total", "Requests autonodes made to host and tenant clusters, by cluster and HTTP status code (or `error`)."),
                 &["cluster", "code"],
+            ))?,
+            nodepool_replicas: register(r, IntGaugeVec::new(
+                Opts::new("nodepool_replicas", "Claims of a node pool: desired (spec.replicas, or live claims of a dynamic pool) and ready (Available)."),
+                &["nodepool", "state"],
             ))?,
             registry,
         })

@@ -538,6 +538,36 @@ impl TestEnv {
         self.servers.values()
     }
 
+    /// Starts `kube-scheduler` against the API server `name` with its admin kubeconfig
+    /// (`--leader-elect=false --port=0 --secure-port=0`, DESIGN §8), so pending pods are
+    /// really bound to nodes. The process is killed when the returned handle is dropped.
+    pub fn start_scheduler(&self, name: &str) -> Result<ManagedProcess, TestEnvError> {
+        let server = self
+            .apiserver(name)
+            .ok_or_else(|| TestEnvError::Kubeconfig {
+                name: name.to_string(),
+                message: "no API server of that name".into(),
+            })?;
+        let args = vec![
+            format!("--kubeconfig={}", server.kubeconfig_path.display()),
+            "--leader-elect=false".to_string(),
+            "--port=0".to_string(),
+            "--secure-port=0".to_string(),
+            "--v=1".to_string(),
+        ];
+        let log = server.dir.join("kube-scheduler.log");
+        let mut process = ManagedProcess::spawn(
+            &format!("kube-scheduler {name}"),
+            &self.bins.kube_scheduler,
+            &args,
+            &log,
+        )?;
+        // It has no port to probe: it is up once it stayed alive for a moment.
+        std::thread::sleep(Duration::from_millis(300));
+        process.check_running()?;
+        Ok(process)
+    }
+
     /// Process ids of every process the environment runs (etcd first).
     pub fn pids(&self) -> Vec<u32> {
         self.etcd

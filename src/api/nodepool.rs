@@ -173,7 +173,10 @@ pub struct NodePoolStatus {
     /// Sum of the cost of the pool's claims.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost: Option<i64>,
-    /// Conditions, among them `LimitReached` when demand is blocked by `limits`.
+    /// Dynamic pools: unschedulable pods in the tenant that the pool's nodes would accept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_pods: Option<i32>,
+    /// Conditions `Ready` and `LimitReached` (True when demand is blocked by `limits`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "crate::api::schema::conditions")]
     pub conditions: Conditions,

@@ -3,12 +3,14 @@
 //! - [`provider`]: NodeProvider → host reachability, template validation, one NodeType per entry.
 //! - [`nodetype`]: NodeType → effective resources, cost, capacity, phase.
 //! - [`nodeclaim`]: NodeClaim → scheduling, host Secret + VM, tenant token, readiness, cleanup.
+//! - [`nodepool`]: NodePool → claims kept alive, scaled by `replicas` or by pending pods.
 //! - [`remote`]: watches on host (VM, VMI) and tenant (Node) clusters that wake claims.
 //!
 //! Each reconcile reads, validates, builds (pure code in `template`, `scheduling`,
 //! `userdata`), applies, and writes status with server-side apply.
 
 pub mod nodeclaim;
+pub mod nodepool;
 pub mod nodetype;
 pub mod provider;
 pub mod remote;
@@ -378,6 +380,8 @@ pub async fn run(
         .run(nodetype::reconcile, nodetype::error_policy, ctx.clone())
         .for_each(log_run_error);
 
+    let pools = nodepool::run(ctx.clone(), shutdown.clone());
+
     let types_of_claims = ctx.types.clone();
     let providers = provider_ctrl
         .owns(types_api, watch_config())
@@ -396,7 +400,7 @@ pub async fn run(
         .run(provider::reconcile, provider::error_policy, ctx.clone())
         .for_each(log_run_error);
 
-    tokio::join!(claims, types, providers);
+    tokio::join!(claims, types, providers, pools);
     Ok(())
 }
 

@@ -9,6 +9,7 @@
 //! Each reconcile reads, validates, builds (pure code in `template`, `scheduling`,
 //! `userdata`), applies, and writes status with server-side apply.
 
+pub mod gauges;
 pub mod nodeclaim;
 pub mod nodepool;
 pub mod nodetype;
@@ -149,9 +150,21 @@ pub struct Context {
     pub wake_types: mpsc::UnboundedSender<ObjectRef<NodeType>>,
     /// Prometheus metrics.
     pub metrics: Arc<Metrics>,
+    /// True once the claim, type and provider stores hold their first full list.
+    pub synced: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Context {
+    /// Waits until the claim, type and provider stores hold their first full list.
+    ///
+    /// Use this rather than `Store::wait_until_ready`: kube-runtime's readiness future keeps
+    /// a single waker, so of several tasks waiting on one store only the last one to poll
+    /// is woken and the others hang.
+    pub async fn wait_synced(&self) {
+        let mut rx = self.synced.clone();
+        let _ = rx.wait_for(|s| *s).await;
+    }
+
     /// Records an Event (events.k8s.io/v1) about `obj`; failures to record are logged,
     /// never fatal. Events about cluster-scoped objects go to `kube-system`, the namespace
     /// every API server version accepts for them.
@@ -280,6 +293,33 @@ fn watch_config() -> watcher::Config {
     watcher::Config::default().any_semantic()
 }
 
+/// A controller for `api` like `Controller::new`, whose store reports its first full list
+/// on `synced`. Nothing else waits on the store's own readiness future, which wakes only
+/// the last of several waiters (the controller's runner waits on it too).
+fn controller_for<K>(api: Api<K>, synced: tokio::sync::watch::Sender<bool>) -> Controller<K>
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    use futures::TryStreamExt;
+    use kube::runtime::WatchStreamExt;
+    let writer = kube::runtime::reflector::store::Writer::<K>::default();
+    let reader = writer.as_reader();
+    let stream = kube::runtime::reflector(writer, watcher(api, watch_config()))
+        .inspect_ok(move |event| {
+            if matches!(event, watcher::Event::InitDone) {
+                let _ = synced.send(true);
+            }
+        })
+        .applied_objects();
+    Controller::for_stream(stream, reader)
+}
+
 /// Runs the three controllers until `shutdown` resolves.
 pub async fn run(
     client: Client,
@@ -292,9 +332,12 @@ pub async fn run(
     let types_api: Api<NodeType> = Api::all(client.clone());
     let providers_api: Api<NodeProvider> = Api::all(client.clone());
 
-    let claim_ctrl = Controller::new(claims_api.clone(), watch_config());
-    let type_ctrl = Controller::new(types_api.clone(), watch_config());
-    let provider_ctrl = Controller::new(providers_api.clone(), watch_config());
+    let (claims_synced, mut claims_synced_rx) = tokio::sync::watch::channel(false);
+    let (types_synced, mut types_synced_rx) = tokio::sync::watch::channel(false);
+    let (providers_synced, mut providers_synced_rx) = tokio::sync::watch::channel(false);
+    let claim_ctrl = controller_for(claims_api.clone(), claims_synced);
+    let type_ctrl = controller_for(types_api.clone(), types_synced);
+    let provider_ctrl = controller_for(providers_api.clone(), providers_synced);
 
     let (wake_claims, claim_wakeups) = mpsc::unbounded();
     let (wake_types, type_wakeups) = mpsc::unbounded();
@@ -304,6 +347,7 @@ pub async fn run(
     ));
     clients.set_on_connect(remote::watch_hook(wake_claims.clone(), metrics.clone()));
 
+    let (synced_tx, synced_rx) = tokio::sync::watch::channel(false);
     let reporter = Reporter {
         controller: "autonodes".into(),
         instance: std::env::var("POD_NAME").ok(),
@@ -320,19 +364,22 @@ pub async fn run(
         wake_claims,
         wake_types,
         metrics,
+        synced: synced_rx,
     });
 
-    // Readiness: every store has its first full list.
+    // Readiness: every store has its first full list (see `controller_for`).
     {
-        let ctx = ctx.clone();
         tokio::spawn(async move {
-            let _ = ctx.claims.wait_until_ready().await;
-            let _ = ctx.types.wait_until_ready().await;
-            let _ = ctx.providers.wait_until_ready().await;
+            let _ = claims_synced_rx.wait_for(|s| *s).await;
+            let _ = types_synced_rx.wait_for(|s| *s).await;
+            let _ = providers_synced_rx.wait_for(|s| *s).await;
+            let _ = synced_tx.send(true);
             ready.store(true, std::sync::atomic::Ordering::SeqCst);
             tracing::info!("caches synced; controllers ready");
         });
     }
+
+    tokio::spawn(gauges::run(ctx.clone(), shutdown.clone()));
 
     let types_store = ctx.types.clone();
     let claims_for_types = ctx.claims.clone();

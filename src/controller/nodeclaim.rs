@@ -222,6 +222,13 @@ impl<'a> StatusWriter<'a> {
         if self.new == self.old {
             return Ok(self.new);
         }
+        let api: Api<NodeClaim> = Api::namespaced(
+            self.ctx.client.clone(),
+            &self.claim.namespace().unwrap_or_default(),
+        );
+        apply_status(&api, self.claim, &self.new).await?;
+        // Events and stage durations only once the write succeeded: a reconcile that worked
+        // on a stale copy gets a conflict above and must not report the change a second time.
         for c in &self.new.conditions {
             let before = conditions::get(&self.old.conditions, &c.type_);
             if before.is_some_and(|b| b.status == c.status && b.reason == c.reason) {
@@ -247,11 +254,6 @@ impl<'a> StatusWriter<'a> {
                 .await;
         }
         self.observe_stages();
-        let api: Api<NodeClaim> = Api::namespaced(
-            self.ctx.client.clone(),
-            &self.claim.namespace().unwrap_or_default(),
-        );
-        apply_status(&api, self.claim, &self.new).await?;
         self.refresh_claim_gauges();
         Ok(self.new)
     }
@@ -405,9 +407,7 @@ async fn schedule(claim: &NodeClaim, ctx: &Context) -> Result<Option<Scheduled>,
         }
     };
     // One decision at a time, on complete caches, so maxCapacity holds under concurrency.
-    let _ = ctx.claims.wait_until_ready().await;
-    let _ = ctx.types.wait_until_ready().await;
-    let _ = ctx.providers.wait_until_ready().await;
+    ctx.wait_synced().await;
     let mut reservations = ctx.scheduling.lock().await;
     if reservations.scheduled.contains_key(&uid) {
         // This process scheduled the claim already; the cache has not caught up yet.
@@ -555,7 +555,7 @@ async fn provision(
     // 1. Host objects: the Secret first, then the VM (both only created, never rewritten).
     let vm = match get_opt(ctx, &host, &vms, &vm_name, "reading the VirtualMachine").await {
         Ok(vm) => vm,
-        Err(e) => return unreachable_host(claim, ctx, w, e).await,
+        Err(e) => return remote_failure(claim, w, e, Side::Host).await,
     };
     let vm = match vm {
         Some(vm) => vm,
@@ -581,12 +581,12 @@ async fn provision(
             .await
             {
                 Ok(s) => s,
-                Err(e) => return unreachable_host(claim, ctx, w, e).await,
+                Err(e) => return remote_failure(claim, w, e, Side::Host).await,
             };
             let join = if secret.is_none() {
                 let token = match ensure_token(claim, ctx, tenant).await {
                     Ok(token) => token,
-                    Err(e) => return unreachable_tenant(claim, ctx, w, e).await,
+                    Err(e) => return remote_failure(claim, w, e, Side::Tenant).await,
                 };
                 match join_params(tenant, &token) {
                     Ok(j) => j,
@@ -621,7 +621,7 @@ async fn provision(
                     Ok(_) => {}
                     Err(e) if matches!(&e, Error::Remote { source: kube::Error::Api(s), .. } if s.code == 409) =>
                         {}
-                    Err(e) => return unreachable_host(claim, ctx, w, e).await,
+                    Err(e) => return remote_failure(claim, w, e, Side::Host).await,
                 }
             }
             let vm_obj: DynamicObject = serde_json::from_value(rendered.vm)
@@ -653,7 +653,7 @@ async fn provision(
                     match get_opt(ctx, &host, &vms, &vm_name, "reading the VirtualMachine").await {
                         Ok(Some(vm)) => vm,
                         Ok(None) => return Ok(Action::requeue(Duration::from_secs(1))),
-                        Err(e) => return unreachable_host(claim, ctx, w, e).await,
+                        Err(e) => return remote_failure(claim, w, e, Side::Host).await,
                     }
                 }
                 Err(e) => {
@@ -677,12 +677,12 @@ async fn provision(
                             return Ok(Action::requeue(Duration::from_secs(60)));
                         }
                     }
-                    return unreachable_host(claim, ctx, w, e).await;
+                    return remote_failure(claim, w, e, Side::Host).await;
                 }
             };
             // The Secret belongs to the VM from now on.
             if let Err(e) = own_secret(ctx, &host, &secrets, &secret_name, &vm).await {
-                return unreachable_host(claim, ctx, w, e).await;
+                return remote_failure(claim, w, e, Side::Host).await;
             }
             vm
         }
@@ -699,7 +699,7 @@ async fn provision(
     .await
     {
         Ok(v) => v,
-        Err(e) => return unreachable_host(claim, ctx, w, e).await,
+        Err(e) => return remote_failure(claim, w, e, Side::Host).await,
     };
     let running =
         kubevirt::vm_ready(&vm) || vmi.as_ref().and_then(kubevirt::vmi_phase) == Some("Running");
@@ -757,7 +757,7 @@ async fn provision(
     let nodes: Api<Node> = Api::all(tenant.client.clone());
     let node = match get_opt(ctx, tenant, &nodes, &vm_name, "reading the Node").await {
         Ok(n) => n,
-        Err(e) => return unreachable_tenant(claim, ctx, w, e).await,
+        Err(e) => return remote_failure(claim, w, e, Side::Tenant).await,
     };
     let provider_id = format!("kubevirt://{vm_name}");
     let node = node.filter(|n| {
@@ -795,7 +795,7 @@ async fn provision(
     let node_name = node.name_any();
     w.new.node_name = Some(node_name.clone());
     if let Err(e) = sync_node(claim, ctx, tenant, t, &node).await {
-        return unreachable_tenant(claim, ctx, w, e).await;
+        return remote_failure(claim, w, e, Side::Tenant).await;
     }
     if !conditions::is_true(&w.new.conditions, JOINED) {
         w.set(
@@ -806,7 +806,7 @@ async fn provision(
         );
         // The token has done its job.
         if let Err(e) = delete_tokens(ctx, tenant, &uid(claim)?).await {
-            return unreachable_tenant(claim, ctx, w, e).await;
+            return remote_failure(claim, w, e, Side::Tenant).await;
         }
     }
 
@@ -814,7 +814,7 @@ async fn provision(
     let node = match get_opt(ctx, tenant, &nodes, &node_name, "reading the Node").await {
         Ok(Some(n)) => n,
         Ok(None) => return Ok(Action::requeue(Duration::from_secs(1))),
-        Err(e) => return unreachable_tenant(claim, ctx, w, e).await,
+        Err(e) => return remote_failure(claim, w, e, Side::Tenant).await,
     };
     let ready = node_ready(&node);
     let startup_left: Vec<String> = startup_taints(claim)
@@ -1176,38 +1176,39 @@ async fn own_secret(
     }
 }
 
-async fn unreachable_host(
-    claim: &NodeClaim,
-    _ctx: &Context,
-    mut w: StatusWriter<'_>,
-    e: Error,
-) -> Result<Action, Error> {
-    let stage = if conditions::is_true(&w.new.conditions, PROVISIONED) {
-        READY
-    } else {
-        PROVISIONED
-    };
-    w.set(stage, false, "HostUnreachable", e.to_string());
-    tracing::warn!(nodeclaim = %claim.name_any(), error = %e, "host cluster call failed");
-    w.write().await?;
-    Ok(Action::requeue(Duration::from_secs(10)))
+/// Which cluster a failed remote call went to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Host,
+    Tenant,
 }
 
-async fn unreachable_tenant(
+/// Records a failed host or tenant call on the condition of the stage the claim is in
+/// (reason `{Host,Tenant}Forbidden` for 401/403, else `{Host,Tenant}Unreachable`) and
+/// retries later.
+async fn remote_failure(
     claim: &NodeClaim,
-    _ctx: &Context,
     mut w: StatusWriter<'_>,
     e: Error,
+    side: Side,
 ) -> Result<Action, Error> {
-    let stage = if conditions::is_true(&w.new.conditions, JOINED) {
-        READY
-    } else if conditions::is_true(&w.new.conditions, PROVISIONED) {
-        JOINED
-    } else {
-        PROVISIONED
+    let c = &w.new.conditions;
+    let stage = match side {
+        Side::Host if conditions::is_true(c, PROVISIONED) => READY,
+        Side::Host => PROVISIONED,
+        Side::Tenant if conditions::is_true(c, JOINED) => READY,
+        Side::Tenant if conditions::is_true(c, PROVISIONED) => JOINED,
+        Side::Tenant => PROVISIONED,
     };
-    w.set(stage, false, "TenantUnreachable", e.to_string());
-    tracing::warn!(nodeclaim = %claim.name_any(), error = %e, "tenant cluster call failed");
+    let forbidden = matches!(&e, Error::Remote { source: kube::Error::Api(s), .. } if s.code == 401 || s.code == 403);
+    let reason = match (side, forbidden) {
+        (Side::Host, true) => "HostForbidden",
+        (Side::Host, false) => "HostUnreachable",
+        (Side::Tenant, true) => "TenantForbidden",
+        (Side::Tenant, false) => "TenantUnreachable",
+    };
+    w.set(stage, false, reason, e.to_string());
+    tracing::warn!(nodeclaim = %claim.name_any(), %reason, error = %e, "remote cluster call failed");
     w.write().await?;
     Ok(Action::requeue(Duration::from_secs(10)))
 }

@@ -813,6 +813,7 @@ async fn reconcile_pool(pool: &NodePool, pctx: &PoolContext) -> Result<Action, E
         // The garbage collector removes the owned claims; their finalizers drain the nodes.
         return Ok(Action::await_change());
     }
+    ctx.wait_synced().await;
     let ns = pool.namespace().unwrap_or_default();
     let name = pool.name_any();
     let uid = pool

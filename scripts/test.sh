@@ -7,6 +7,9 @@ cd "$(dirname "$0")/.."
 
 AUTONODES_K8S_BIN="$(bash scripts/test-env.sh | tail -n 1)"
 export AUTONODES_K8S_BIN
+# Helm v4's library for the chart tests (a venv under target/; quick once installed).
+AUTONODES_HELM_PYTHON="$(bash scripts/helm-env.sh | tail -n 1)"
+export AUTONODES_HELM_PYTHON
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

@@ -16,6 +16,7 @@ pub mod controller;
 pub mod crdgen;
 pub mod dev;
 pub mod kubevirt;
+pub mod leader;
 pub mod metrics;
 pub mod render;
 pub mod resources;

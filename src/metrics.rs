@@ -31,6 +31,9 @@ pub struct Metrics {
     /// `autonodes_nodepool_replicas{nodepool,state}`: desired and ready claims per pool
     /// (`nodepool` is `<namespace>/<name>`).
     pub nodepool_replicas: IntGaugeVec,
+    /// `autonodes_leader`: 1 while this replica holds the leader Lease (and runs the
+    /// controllers), else 0.
+    pub leader: prometheus::IntGauge,
 }
 
 fn register<T: prometheus::core::Collector + Clone + 'static>(
@@ -89,6 +92,10 @@ impl Metrics {
             cluster_requests: register(r, IntCounterVec::new(
                 Opts::new("cluster_requests_total", "Requests autonodes made to host and tenant clusters, by cluster and HTTP status code (or `error`)."),
                 &["cluster", "code"],
+            ))?,
+            leader: register(r, prometheus::IntGauge::new(
+                "leader",
+                "1 while this replica holds the leader Lease and runs the controllers, else 0.",
             ))?,
             nodepool_replicas: register(r, IntGaugeVec::new(
                 Opts::new("nodepool_replicas", "Claims of a node pool: desired (spec.replicas, or live claims of a dynamic pool) and ready (Available)."),

@@ -12,6 +12,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 
 use crate::controller::{self, ControllerConfig};
+use crate::leader::{LeaderConfig, LeaderElector};
 use crate::metrics::Metrics;
 use crate::server::{self, ServerState};
 
@@ -48,6 +49,22 @@ pub struct RunArgs {
     /// Log format.
     #[arg(long, env = "AUTONODES_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
+    /// Elect a leader among replicas on a coordination.k8s.io/v1 Lease in --namespace; only
+    /// the leader runs the controllers (`--leader-elect` or `--leader-elect=true|false`).
+    #[arg(long, env = "AUTONODES_LEADER_ELECT", default_value_t = false, num_args = 0..=1,
+          default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+    /// Name of the leader-election Lease.
+    #[arg(
+        long,
+        env = "AUTONODES_LEADER_ELECTION_LEASE_NAME",
+        default_value = "autonodes"
+    )]
+    pub leader_election_lease_name: String,
+    /// How long the Lease holds after its last renewal; a follower takes over once it
+    /// expires. The renew deadline (2/3) and retry period (2/15) derive from it.
+    #[arg(long, env = "AUTONODES_LEADER_ELECTION_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    pub leader_election_lease_duration: Duration,
 }
 
 /// Parses `90s`, `10m`, `1h30m`, `500ms` or plain seconds.
@@ -130,16 +147,64 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         registration_timeout: args.registration_timeout,
         drain_timeout: args.drain_timeout,
     };
-    run_with(client, config, args.metrics_addr, shutdown_signal()).await
+    let leader = args.leader_elect.then(|| {
+        LeaderConfig::new(
+            &args.namespace,
+            &args.leader_election_lease_name,
+            args.leader_election_lease_duration,
+        )
+    });
+    let options = RunOptions {
+        metrics_addr: args.metrics_addr,
+        leader,
+        bound: None,
+    };
+    run_with_options(client, config, options, shutdown_signal()).await
 }
 
-/// Runs the controller with a given client until `shutdown` resolves (used by `dev` too).
+/// How [`run_with_options`] serves and whether it elects a leader.
+#[derive(Debug)]
+pub struct RunOptions {
+    /// Address of the /metrics, /healthz and /readyz server (port 0 picks a free port).
+    pub metrics_addr: SocketAddr,
+    /// Leader election; `None` runs the controllers at once.
+    pub leader: Option<LeaderConfig>,
+    /// Receives the address the server bound (useful with port 0).
+    pub bound: Option<tokio::sync::oneshot::Sender<SocketAddr>>,
+}
+
+/// Runs the controller with a given client until `shutdown` resolves (used by `dev` too),
+/// without leader election.
 pub async fn run_with(
     client: Client,
     config: ControllerConfig,
     metrics_addr: SocketAddr,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let options = RunOptions {
+        metrics_addr,
+        leader: None,
+        bound: None,
+    };
+    run_with_options(client, config, options, shutdown).await
+}
+
+/// Runs the controller until `shutdown` resolves: serves /metrics, /healthz and /readyz,
+/// waits for the leader Lease when `options.leader` is set, then runs the controllers.
+///
+/// Shutdown stops taking new work, lets the reconciles in flight finish, then releases the
+/// Lease so a follower takes over at once. A leader that loses its Lease stops its
+/// controllers and returns an error (the process exits non-zero and restarts as a follower).
+///
+/// `/readyz`: a follower is ready once it has read the Lease (a healthy standby, so rolling
+/// updates and PodDisruptionBudgets count it); the leader is ready once its watches synced.
+pub async fn run_with_options(
+    client: Client,
+    config: ControllerConfig,
+    options: RunOptions,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let metrics_addr = options.metrics_addr;
     let metrics = Arc::new(Metrics::new().context("registering metrics")?);
     let ready = Arc::new(AtomicBool::new(false));
     let alive = Arc::new(AtomicBool::new(true));
@@ -162,7 +227,11 @@ pub async fn run_with(
     let listener = tokio::net::TcpListener::bind(metrics_addr)
         .await
         .with_context(|| format!("binding the metrics server to {metrics_addr}"))?;
-    tracing::info!(addr = %listener.local_addr().unwrap_or(metrics_addr), "serving /metrics, /healthz, /readyz");
+    let bound = listener.local_addr().unwrap_or(metrics_addr);
+    tracing::info!(addr = %bound, "serving /metrics, /healthz, /readyz");
+    if let Some(tx) = options.bound {
+        let _ = tx.send(bound);
+    }
     let http = tokio::spawn({
         let stop = stopped();
         async move {
@@ -172,16 +241,118 @@ pub async fn run_with(
         }
     });
     tracing::info!(namespace = %config.namespace, "autonodes controller starting");
-    let shared = {
-        use futures::FutureExt;
-        let stop: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + Sync>> =
-            Box::pin(stopped());
-        stop.shared()
+    let result = match options.leader {
+        None => {
+            let shared = shared_stop(stopped());
+            let run = controller::run(client, config, metrics, shared, ready);
+            bounded_by_grace(run, stopped()).await
+        }
+        Some(leader) => lead_then_run(client, config, leader, metrics, ready, stopped).await,
     };
-    let result = controller::run(client, config, metrics, shared, ready).await;
     alive.store(false, Ordering::SeqCst);
     let _ = http.await;
     tracing::info!("autonodes controller stopped");
+    result
+}
+
+/// How long the reconciles in flight get to finish after shutdown began. Less than the
+/// chart's terminationGracePeriodSeconds (30), so the Lease is still released in time.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
+
+/// Runs `run`; once `stop` resolved, waits at most [`SHUTDOWN_GRACE`] for it to finish (a
+/// controller whose watches never synced cannot drain on its own).
+async fn bounded_by_grace(
+    run: impl std::future::Future<Output = anyhow::Result<()>>,
+    stop: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    tokio::pin!(run);
+    tokio::select! {
+        result = &mut run => return result,
+        _ = stop => {},
+    }
+    match tokio::time::timeout(SHUTDOWN_GRACE, run).await {
+        Ok(result) => result,
+        Err(_) => {
+            tracing::warn!(
+                grace = ?SHUTDOWN_GRACE,
+                "the controllers did not stop within the shutdown grace; stopping anyway"
+            );
+            Ok(())
+        }
+    }
+}
+
+type SharedStop =
+    futures::future::Shared<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + Sync>>>;
+
+fn shared_stop(f: impl std::future::Future<Output = ()> + Send + Sync + 'static) -> SharedStop {
+    use futures::FutureExt;
+    let stop: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + Sync>> = Box::pin(f);
+    stop.shared()
+}
+
+/// Waits for the Lease, runs the controllers while holding it, releases it on shutdown.
+async fn lead_then_run<S, F>(
+    client: Client,
+    config: ControllerConfig,
+    leader: LeaderConfig,
+    metrics: Arc<Metrics>,
+    ready: Arc<AtomicBool>,
+    stopped: S,
+) -> anyhow::Result<()>
+where
+    S: Fn() -> F,
+    F: std::future::Future<Output = ()> + Send + Sync + 'static,
+{
+    let mut elector = LeaderElector::new(client.clone(), leader);
+    tracing::info!(
+        lease = %format!("{}/{}", elector.config().namespace, elector.config().lease_name),
+        identity = %elector.config().identity,
+        "leader election: waiting for the Lease"
+    );
+    metrics.leader.set(0);
+    let follower_ready = ready.clone();
+    let acquired = elector
+        .acquire(stopped(), || follower_ready.store(true, Ordering::SeqCst))
+        .await;
+    if !acquired {
+        return Ok(());
+    }
+    // The leader is ready again once its own watches synced.
+    ready.store(false, Ordering::SeqCst);
+    metrics.leader.set(1);
+
+    let (lost_tx, mut lost_rx) = tokio::sync::watch::channel(false);
+    let (done_tx, mut done_rx) = tokio::sync::watch::channel(false);
+    let holder = tokio::spawn(async move {
+        let held = elector
+            .hold(async move {
+                let _ = done_rx.wait_for(|v| *v).await;
+            })
+            .await;
+        if let Err(e) = &held {
+            tracing::error!(error = %e, "stopping the controllers: this replica is no longer the leader");
+            let _ = lost_tx.send(true);
+        }
+        (elector, held)
+    });
+    let stop = stopped();
+    let controllers_stop = shared_stop(async move {
+        tokio::select! {
+            _ = stop => {},
+            _ = lost_rx.wait_for(|v| *v) => {},
+        }
+    });
+    let stopping = controllers_stop.clone();
+    let run = controller::run(client, config, metrics.clone(), controllers_stop, ready);
+    let result = bounded_by_grace(run, stopping).await;
+    let _ = done_tx.send(true);
+    metrics.leader.set(0);
+    let (mut elector, held) = holder.await.context("the Lease renewal task panicked")?;
+    held.context("leader election")?;
+    if let Err(e) = elector.release().await {
+        tracing::warn!(error = %e, "releasing the leader Lease failed; it expires by itself");
+    }
     result
 }
 

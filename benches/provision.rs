@@ -10,43 +10,18 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::world::{condition, World, WorldOptions};
+use common::world::{condition, provider_yaml, World, WorldOptions};
 
 const CLAIMS: usize = 200;
 
 fn provider() -> String {
-    r#"
-apiVersion: autonodes.io/v1alpha1
-kind: NodeProvider
-metadata:
-  name: bench
-spec:
-  kubeVirt:
-    clusterRef:
-      cluster: test-kubevirt-1
-      namespace: vcluster-platform
-    virtualMachineTemplate:
-      spec:
-        template:
-          spec:
-            domain:
-              devices:
-                disks:
-                  - name: root
-                    disk:
-                      bus: virtio
-              resources:
-                requests:
-                  cpu: "1"
-                  memory: 1Gi
-            volumes:
-              - name: root
-                containerDisk:
-                  image: quay.io/containerdisks/ubuntu:22.04
-    nodeTypes:
-      - name: small
-"#
-    .to_string()
+    provider_yaml(
+        "bench",
+        "test-kubevirt-1",
+        "1",
+        "1Gi",
+        "      - name: small",
+    )
 }
 
 fn seconds_between(

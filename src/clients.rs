@@ -130,19 +130,10 @@ impl fmt::Debug for Remote {
 }
 
 impl Remote {
-    /// The API server endpoint as `host:port`, as kubeadm's `apiServerEndpoint` wants it.
-    pub fn endpoint(&self) -> String {
-        let rest = self
-            .server
-            .strip_prefix("https://")
-            .or_else(|| self.server.strip_prefix("http://"))
-            .unwrap_or(&self.server);
-        let host_port = rest.split('/').next().unwrap_or(rest);
-        if host_port.contains(':') && !host_port.ends_with(']') {
-            host_port.to_string()
-        } else {
-            format!("{host_port}:443")
-        }
+    /// The API server endpoint as `host:port`, as kubeadm's `apiServerEndpoint` wants it
+    /// (see [`endpoint_of`]).
+    pub fn endpoint(&self) -> Result<String, String> {
+        endpoint_of(&self.server)
     }
 }
 
@@ -333,7 +324,7 @@ impl ClusterClients {
 
 /// Builds a client from a kubeconfig; the error text never contains credentials.
 async fn build_remote(key: ClusterKey, kubeconfig: Kubeconfig) -> Result<Remote, String> {
-    let (server, ca_pem) = server_and_ca(&kubeconfig)?;
+    let (server, ca_pem) = server_and_ca(&kubeconfig, None)?;
     let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .map_err(|e| format!("cannot load it: {}", redact(&e.to_string())))?;
@@ -347,13 +338,18 @@ async fn build_remote(key: ClusterKey, kubeconfig: Kubeconfig) -> Result<Remote,
     })
 }
 
-/// The server URL and CA PEM of the kubeconfig's current context.
-pub fn server_and_ca(kc: &Kubeconfig) -> Result<(String, Option<Vec<u8>>), String> {
+/// The server URL and CA PEM of a kubeconfig's current context. The CA comes from
+/// `certificate-authority-data`, or, when `base_dir` is given (a kubeconfig file), from the
+/// `certificate-authority` file relative to it; kubeconfigs in Secrets cannot name files.
+pub fn server_and_ca(
+    kc: &Kubeconfig,
+    base_dir: Option<&std::path::Path>,
+) -> Result<(String, Option<Vec<u8>>), String> {
     let context_name = kc
         .current_context
         .clone()
         .or_else(|| kc.contexts.first().map(|c| c.name.clone()))
-        .ok_or("it has no context")?;
+        .ok_or("it has no current-context and no contexts")?;
     let context = kc
         .contexts
         .iter()
@@ -370,16 +366,47 @@ pub fn server_and_ca(kc: &Kubeconfig) -> Result<(String, Option<Vec<u8>>), Strin
         .server
         .clone()
         .filter(|s| !s.is_empty())
-        .ok_or("its cluster has no server")?;
-    let ca = match &cluster.certificate_authority_data {
-        Some(data) => Some(
+        .ok_or_else(|| format!("clusters[{}].cluster.server is not set", context.cluster))?;
+    let ca = match (
+        &cluster.certificate_authority_data,
+        &cluster.certificate_authority,
+        base_dir,
+    ) {
+        (Some(data), _, _) => Some(
             base64::engine::general_purpose::STANDARD
                 .decode(data.trim())
-                .map_err(|_| "certificate-authority-data is not base64")?,
+                .map_err(|_| {
+                    format!(
+                        "clusters[{}].cluster.certificate-authority-data is not base64",
+                        context.cluster
+                    )
+                })?,
         ),
-        None => None,
+        (None, Some(file), Some(dir)) => {
+            let file = dir.join(file);
+            Some(std::fs::read(&file).map_err(|e| format!("reading {}: {e}", file.display()))?)
+        }
+        _ => None,
     };
     Ok((server, ca))
+}
+
+/// The `host:port` of an API server URL, as kubeadm's `apiServerEndpoint` wants it: port
+/// 443 when the URL has none, an IPv6 host in brackets.
+pub fn endpoint_of(server: &str) -> Result<String, String> {
+    let uri: http::Uri = server
+        .parse()
+        .map_err(|_| format!("server {server:?} is not a URL"))?;
+    let host = uri
+        .host()
+        .ok_or_else(|| format!("server {server:?} has no host"))?;
+    let port = uri.port_u16().unwrap_or(443);
+    let host = if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]")
+    } else {
+        host.to_string()
+    };
+    Ok(format!("{host}:{port}"))
 }
 
 /// Drops anything after a colon that looks like a token from an error text.
@@ -403,26 +430,23 @@ mod tests {
 
     #[test]
     fn server_and_ca_come_from_the_current_context() {
-        let (server, ca) = server_and_ca(&kubeconfig("https://10.1.2.3:6443")).expect("ok");
+        let (server, ca) = server_and_ca(&kubeconfig("https://10.1.2.3:6443"), None).expect("ok");
         assert_eq!(server, "https://10.1.2.3:6443");
         assert_eq!(ca.as_deref(), Some(&b"hello"[..]));
     }
 
-    #[tokio::test]
-    async fn endpoint_keeps_the_port_or_defaults_to_443() {
-        let remote = |server: &str| Remote {
-            key: ClusterKey::Host("h".into()),
-            client: Client::try_from(Config::new("https://127.0.0.1:1".parse().expect("uri")))
-                .expect("client"),
-            server: server.into(),
-            ca_pem: None,
-        };
+    #[test]
+    fn endpoint_keeps_the_port_or_defaults_to_443() {
         assert_eq!(
-            remote("https://127.0.0.1:6443").endpoint(),
-            "127.0.0.1:6443"
+            endpoint_of("https://127.0.0.1:6443").as_deref(),
+            Ok("127.0.0.1:6443")
         );
-        assert_eq!(remote("https://api.example/").endpoint(), "api.example:443");
-        assert_eq!(remote("https://[::1]").endpoint(), "[::1]:443");
+        assert_eq!(
+            endpoint_of("https://api.example/").as_deref(),
+            Ok("api.example:443")
+        );
+        assert_eq!(endpoint_of("https://[::1]").as_deref(), Ok("[::1]:443"));
+        assert!(endpoint_of("not a url").is_err());
     }
 
     #[test]
@@ -431,7 +455,7 @@ mod tests {
             "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {}\ncontexts:\n- name: x\n  context:\n    cluster: c\ncurrent-context: x\n",
         )
         .expect("parses");
-        let err = server_and_ca(&kc).expect_err("no server");
-        assert!(err.contains("no server"), "{err}");
+        let err = server_and_ca(&kc, None).expect_err("no server");
+        assert!(err.contains("server is not set"), "{err}");
     }
 }

@@ -467,73 +467,18 @@ pub fn join_params_from_kubeconfig(path: &Path) -> anyhow::Result<JoinParams> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {source}"))?;
     let kc: kube::config::Kubeconfig =
         serde_yaml::from_str(&text).with_context(|| format!("{source}: not a kubeconfig"))?;
-    let context_name = kc
-        .current_context
-        .clone()
-        .or_else(|| kc.contexts.first().map(|c| c.name.clone()))
-        .with_context(|| format!("{source}: no current-context and no contexts"))?;
-    let context = kc
-        .contexts
-        .iter()
-        .find(|c| c.name == context_name)
-        .and_then(|c| c.context.as_ref())
-        .with_context(|| format!("{source}: context {context_name} not found"))?;
-    let cluster = kc
-        .clusters
-        .iter()
-        .find(|c| c.name == context.cluster)
-        .and_then(|c| c.cluster.as_ref())
-        .with_context(|| format!("{source}: cluster {} not found", context.cluster))?;
-    let server = cluster.server.as_deref().with_context(|| {
-        format!(
-            "{source}: clusters[{}].cluster.server is not set",
-            context.cluster
-        )
+    let (server, ca) =
+        crate::clients::server_and_ca(&kc, Some(path.parent().unwrap_or(Path::new("."))))
+            .map_err(|e| anyhow::anyhow!("{source}: {e}"))?;
+    let ca = ca.with_context(|| {
+        format!("{source}: the cluster has neither certificate-authority-data nor certificate-authority")
     })?;
-    let uri: http::Uri = server.parse().with_context(|| {
-        format!(
-            "{source}: clusters[{}].cluster.server {server:?} is not a URL",
-            context.cluster
-        )
-    })?;
-    let host = uri.host().with_context(|| {
-        format!(
-            "{source}: clusters[{}].cluster.server {server:?} has no host",
-            context.cluster
-        )
-    })?;
-    let port = uri.port_u16().unwrap_or(443);
-    let ca_pem: Vec<u8> = if let Some(data) = &cluster.certificate_authority_data {
-        serde_json::from_value::<ByteString>(Value::String(data.trim().to_string()))
-            .with_context(|| {
-                format!(
-                    "{source}: clusters[{}].cluster.certificate-authority-data is not base64",
-                    context.cluster
-                )
-            })?
-            .0
-    } else if let Some(file) = &cluster.certificate_authority {
-        let file = path.parent().unwrap_or(Path::new(".")).join(file);
-        std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?
-    } else {
-        anyhow::bail!(
-            "{source}: clusters[{}].cluster has neither certificate-authority-data nor certificate-authority",
-            context.cluster
-        );
-    };
-    let hash = userdata::ca_cert_hash(&ca_pem).map_err(|e| {
-        anyhow::anyhow!(
-            "{source}: clusters[{}].cluster certificate authority: {e}",
-            context.cluster
-        )
-    })?;
-    let host = if host.contains(':') && !host.starts_with('[') {
-        format!("[{host}]")
-    } else {
-        host.to_string()
-    };
+    let hash = userdata::ca_cert_hash(&ca)
+        .map_err(|e| anyhow::anyhow!("{source}: the cluster's certificate authority: {e}"))?;
+    let endpoint =
+        crate::clients::endpoint_of(&server).map_err(|e| anyhow::anyhow!("{source}: {e}"))?;
     Ok(JoinParams {
-        api_server_endpoint: format!("{host}:{port}"),
+        api_server_endpoint: endpoint,
         token: userdata::PLACEHOLDER_TOKEN.to_string(),
         ca_cert_hashes: vec![hash],
     })

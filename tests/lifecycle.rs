@@ -15,39 +15,12 @@ const WAIT: Duration = Duration::from_secs(90);
 
 /// A provider whose VMs go to `cluster`, with one small type (optionally broken).
 fn provider(name: &str, cluster: &str, extra_type_fields: &str) -> String {
-    format!(
-        r#"
-apiVersion: autonodes.io/v1alpha1
-kind: NodeProvider
-metadata:
-  name: {name}
-spec:
-  kubeVirt:
-    clusterRef:
-      cluster: {cluster}
-      namespace: vcluster-platform
-    virtualMachineTemplate:
-      spec:
-        template:
-          spec:
-            domain:
-              devices:
-                disks:
-                  - name: root
-                    disk:
-                      bus: virtio
-              resources:
-                requests:
-                  cpu: "1"
-                  memory: 1Gi
-            volumes:
-              - name: root
-                containerDisk:
-                  image: quay.io/containerdisks/ubuntu:22.04
-    nodeTypes:
-      - name: small
-{extra_type_fields}
-"#
+    provider_yaml(
+        name,
+        cluster,
+        "1",
+        "1Gi",
+        &format!("      - name: small\n{extra_type_fields}"),
     )
 }
 

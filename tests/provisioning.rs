@@ -163,39 +163,12 @@ async fn reference_provider_claims_for_standard_and_high_memory_nodes_turn_avail
 
 /// A provider on the playground's host with one small type of the given capacity.
 fn small_provider(name: &str, max_capacity: u32) -> String {
-    format!(
-        r#"
-apiVersion: autonodes.io/v1alpha1
-kind: NodeProvider
-metadata:
-  name: {name}
-spec:
-  kubeVirt:
-    clusterRef:
-      cluster: test-kubevirt-1
-      namespace: vcluster-platform
-    virtualMachineTemplate:
-      spec:
-        template:
-          spec:
-            domain:
-              devices:
-                disks:
-                  - name: root
-                    disk:
-                      bus: virtio
-              resources:
-                requests:
-                  cpu: "1"
-                  memory: 1Gi
-            volumes:
-              - name: root
-                containerDisk:
-                  image: quay.io/containerdisks/ubuntu:22.04
-    nodeTypes:
-      - name: tiny
-        maxCapacity: {max_capacity}
-"#
+    provider_yaml(
+        name,
+        "test-kubevirt-1",
+        "1",
+        "1Gi",
+        &format!("      - name: tiny\n        maxCapacity: {max_capacity}"),
     )
 }
 

@@ -84,7 +84,7 @@ impl Clusters {
         Api::namespaced_with(
             self.host.clone(),
             NS,
-            &simulator::virtual_machine_resource(),
+            &autonodes::kubevirt::virtual_machine(),
         )
     }
 
@@ -92,12 +92,12 @@ impl Clusters {
         Api::namespaced_with(
             self.host.clone(),
             NS,
-            &simulator::virtual_machine_instance_resource(),
+            &autonodes::kubevirt::virtual_machine_instance(),
         )
     }
 
     fn dvs(&self) -> Api<DynamicObject> {
-        Api::namespaced_with(self.host.clone(), NS, &simulator::data_volume_resource())
+        Api::namespaced_with(self.host.clone(), NS, &autonodes::kubevirt::data_volume())
     }
 
     fn nodes(&self) -> Api<Node> {
@@ -380,7 +380,7 @@ async fn a_misspelt_user_data_secret_ref_is_pruned_while_secret_ref_survives() {
     let api: Api<DynamicObject> = Api::namespaced_with(
         host.clone(),
         "default",
-        &simulator::virtual_machine_resource(),
+        &autonodes::kubevirt::virtual_machine(),
     );
     let mut vm = vm_object("typo");
     let volumes = vm
@@ -487,7 +487,7 @@ async fn a_vm_built_like_the_advanced_example_round_trips_unchanged() {
     let api: Api<DynamicObject> = Api::namespaced_with(
         host.clone(),
         "default",
-        &simulator::virtual_machine_resource(),
+        &autonodes::kubevirt::virtual_machine(),
     );
     let stored = api
         .create(&PostParams::default(), &vm)

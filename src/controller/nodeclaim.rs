@@ -969,8 +969,14 @@ fn join_params(
             format!("the CA of the {}: {e}", tenant.key),
         )
     })?;
+    let endpoint = tenant.endpoint().map_err(|e| {
+        (
+            "InvalidKubeconfig",
+            format!("the kubeconfig of the {}: {e}", tenant.key),
+        )
+    })?;
     Ok(JoinParams {
-        api_server_endpoint: tenant.endpoint(),
+        api_server_endpoint: endpoint,
         token: token.token(),
         ca_cert_hashes: vec![hash],
     })

@@ -23,7 +23,6 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     JSONSchemaPropsOrBool, JSON,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
 
 /// The run strategies KubeVirt documents for `spec.runStrategy`.
@@ -49,30 +48,6 @@ pub const VMI_PHASES: [&str; 7] = [
 
 /// The Kubernetes quantity pattern KubeVirt puts on int-or-string quantities.
 const QUANTITY_PATTERN: &str = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$";
-
-/// `kubevirt.io/v1` VirtualMachine.
-pub fn virtual_machine_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("kubevirt.io", "v1", "VirtualMachine"),
-        "virtualmachines",
-    )
-}
-
-/// `kubevirt.io/v1` VirtualMachineInstance.
-pub fn virtual_machine_instance_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("kubevirt.io", "v1", "VirtualMachineInstance"),
-        "virtualmachineinstances",
-    )
-}
-
-/// `cdi.kubevirt.io/v1beta1` DataVolume.
-pub fn data_volume_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("cdi.kubevirt.io", "v1beta1", "DataVolume"),
-        "datavolumes",
-    )
-}
 
 /// The three CRDs a host cluster needs for autonodes: `virtualmachines.kubevirt.io`,
 /// `virtualmachineinstances.kubevirt.io` and `datavolumes.cdi.kubevirt.io`.

@@ -45,8 +45,7 @@ use kube::runtime::{watcher, Controller};
 use kube::{Client, Config};
 
 pub use crds::{
-    data_volume_crd, data_volume_resource, kubevirt_crds, virtual_machine_crd,
-    virtual_machine_instance_crd, virtual_machine_instance_resource, virtual_machine_resource,
+    data_volume_crd, kubevirt_crds, virtual_machine_crd, virtual_machine_instance_crd,
     RUN_STRATEGIES, VMI_PHASES,
 };
 
@@ -404,9 +403,9 @@ pub async fn run(
             },
         ),
         tenants: tenants.into_iter().map(kubelet::TenantEntry::new).collect(),
-        vm: virtual_machine_resource(),
-        vmi: virtual_machine_instance_resource(),
-        dv: data_volume_resource(),
+        vm: crate::kubevirt::virtual_machine(),
+        vmi: crate::kubevirt::virtual_machine_instance(),
+        dv: crate::kubevirt::data_volume(),
         host,
         opts,
     });

@@ -62,6 +62,51 @@ fn stopper() -> (
     })
 }
 
+/// A NodeProvider whose VMs go to `cluster` (the playground's host is `test-kubevirt-1`),
+/// with a containerDisk base template asking `cpu` and `memory`, and the given
+/// `spec.kubeVirt.nodeTypes` entries (YAML list items indented by six spaces).
+pub fn provider_yaml(
+    name: &str,
+    cluster: &str,
+    cpu: &str,
+    memory: &str,
+    node_types: &str,
+) -> String {
+    format!(
+        r#"
+apiVersion: autonodes.io/v1alpha1
+kind: NodeProvider
+metadata:
+  name: {name}
+spec:
+  kubeVirt:
+    clusterRef:
+      cluster: {cluster}
+      namespace: vcluster-platform
+    virtualMachineTemplate:
+      spec:
+        template:
+          spec:
+            domain:
+              devices:
+                disks:
+                  - name: root
+                    disk:
+                      bus: virtio
+              resources:
+                requests:
+                  cpu: "{cpu}"
+                  memory: {memory}
+            volumes:
+              - name: root
+                containerDisk:
+                  image: quay.io/containerdisks/ubuntu:22.04
+    nodeTypes:
+{node_types}
+"#
+    )
+}
+
 /// The tenant namespace of the claims.
 pub const NS: &str = "tenant";
 

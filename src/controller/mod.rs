@@ -345,7 +345,7 @@ pub async fn run(
         client.clone(),
         config.namespace.clone(),
     ));
-    clients.set_on_connect(remote::watch_hook(wake_claims.clone(), metrics.clone()));
+    clients.set_on_connect(remote::watch_hook(wake_claims.clone()));
 
     let (synced_tx, synced_rx) = tokio::sync::watch::channel(false);
     let reporter = Reporter {

@@ -18,7 +18,6 @@ use crate::api::{
 };
 use crate::clients::{ClusterKey, OnConnect, Remote};
 use crate::kubevirt;
-use crate::metrics::Metrics;
 
 /// The claim an object belongs to, from its `autonodes.io/nodeclaim{,-namespace}` labels.
 pub fn claim_of(
@@ -30,9 +29,8 @@ pub fn claim_of(
 }
 
 /// The hook that starts watches for each newly connected remote cluster.
-pub fn watch_hook(wake: UnboundedSender<ObjectRef<NodeClaim>>, metrics: Arc<Metrics>) -> OnConnect {
+pub fn watch_hook(wake: UnboundedSender<ObjectRef<NodeClaim>>) -> OnConnect {
     Arc::new(move |remote: &Remote| -> Vec<JoinHandle<()>> {
-        let _ = &metrics;
         match &remote.key {
             ClusterKey::Host(_) => {
                 let selector = format!("{LABEL_MANAGED_BY}={MANAGED_BY}");

@@ -184,28 +184,24 @@ async fn a_follower_takes_over_a_killed_leader_within_the_lease_duration_and_fin
         world.claim_type(c, "standard-node").await;
     }
     // Mid-flight: every claim has its VM name and at least one VM exists, none has joined.
-    eventually(
-        "the claims to be in flight",
-        Duration::from_secs(60),
-        || async {
-            let mut named = 0;
-            for c in claims {
-                if world
-                    .claims()
-                    .get(c)
-                    .await
-                    .ok()?
-                    .status
-                    .and_then(|s| s.vm_name)
-                    .is_some()
-                {
-                    named += 1;
-                }
-            }
-            (named == claims.len() && !world.vms().await.is_empty()).then_some(())
-        },
-    )
-    .await;
+    let start = Instant::now();
+    loop {
+        let mut named = 0;
+        for c in claims {
+            let status = world.claims().get(c).await.ok().and_then(|c| c.status);
+            named += usize::from(status.and_then(|s| s.vm_name).is_some());
+        }
+        if named == claims.len() && !world.vms().await.is_empty() {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "the claims never got in flight; leader log:\n{}\nfollower log:\n{}",
+            leader.log_text(),
+            follower.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let mut phases = Vec::new();
     for c in claims {
         let claim = world.claims().get(c).await.expect("claim");

@@ -5,7 +5,6 @@
 //! `cargo bench --bench provision` (under `cargo test` it only says it was skipped).
 
 #[path = "../tests/common/mod.rs"]
-#[allow(dead_code)]
 mod common;
 
 use std::time::{Duration, Instant};

@@ -46,6 +46,20 @@ pub enum ClusterKey {
     },
 }
 
+impl ClusterKey {
+    /// The value of the `cluster` label in metrics: `host/<name>` or
+    /// `tenant/<namespace>/<vcluster>`.
+    pub fn metric_label(&self) -> String {
+        match self {
+            ClusterKey::Host(name) => format!("host/{name}"),
+            ClusterKey::Tenant {
+                namespace,
+                vcluster,
+            } => format!("tenant/{namespace}/{vcluster}"),
+        }
+    }
+}
+
 impl fmt::Display for ClusterKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

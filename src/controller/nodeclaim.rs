@@ -490,7 +490,8 @@ async fn remote_call<T>(
             format!("no answer within {}s", REMOTE_TIMEOUT.as_secs()).into(),
         )),
     };
-    ctx.metrics.remote_request(&remote.key.to_string(), &result);
+    ctx.metrics
+        .remote_request(&remote.key.metric_label(), &result);
     result.map_err(remote_err(remote, what))
 }
 
@@ -1198,6 +1199,11 @@ async fn remote_failure(
     e: Error,
     side: Side,
 ) -> Result<Action, Error> {
+    if matches!(&e, Error::Remote { source: kube::Error::Api(s), .. } if s.code == 409) {
+        // A remote object changed under us (e.g. the kubelet updated the Node): not a
+        // failure of the cluster; look again at once.
+        return Err(Error::Conflict(e.to_string()));
+    }
     let c = &w.new.conditions;
     let stage = match side {
         Side::Host if conditions::is_true(c, PROVISIONED) => READY,

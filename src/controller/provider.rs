@@ -106,7 +106,8 @@ async fn host_check(p: &NodeProvider, ctx: &Context) -> (bool, &'static str, Str
             ),
         ),
         Ok(result) => {
-            ctx.metrics.remote_request(cluster, &result);
+            ctx.metrics
+                .remote_request(&remote.key.metric_label(), &result);
             match result {
                 Ok(_) => (
                     true,

@@ -105,6 +105,30 @@ impl Metrics {
         })
     }
 
+    /// Every metric's descriptor (name without the `autonodes_` prefix, help, labels), also
+    /// of metrics that have no sample yet; for checks of dashboards and alerts.
+    pub fn descs(&self) -> Vec<prometheus::core::Desc> {
+        use prometheus::core::Collector;
+        let collectors: [&dyn Collector; 12] = [
+            &self.reconcile_total,
+            &self.reconcile_duration,
+            &self.nodetype_capacity,
+            &self.nodetype_cost,
+            &self.nodeclaims,
+            &self.nodeclaims_cost,
+            &self.nodeclaims_created,
+            &self.nodeclaims_terminated,
+            &self.nodeclaim_duration,
+            &self.cluster_requests,
+            &self.nodepool_replicas,
+            &self.leader,
+        ];
+        collectors
+            .iter()
+            .flat_map(|c| c.desc().into_iter().cloned())
+            .collect()
+    }
+
     /// The metrics in Prometheus text format.
     pub fn encode(&self) -> String {
         TextEncoder::new()

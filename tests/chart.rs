@@ -61,19 +61,7 @@ fn chart_crds_are_identical_to_the_generated_crds() {
 /// The names of every metric family the controller registers (histograms with their
 /// `_bucket`, `_sum` and `_count` series).
 fn exported_metric_names() -> BTreeSet<String> {
-    let m = autonodes::metrics::Metrics::new().expect("metrics");
-    let mut descs = Vec::new();
-    descs.extend(m.reconcile_total.desc().into_iter().cloned());
-    descs.extend(m.reconcile_duration.desc().into_iter().cloned());
-    descs.extend(m.nodetype_capacity.desc().into_iter().cloned());
-    descs.extend(m.nodetype_cost.desc().into_iter().cloned());
-    descs.extend(m.nodeclaims.desc().into_iter().cloned());
-    descs.extend(m.nodeclaims_cost.desc().into_iter().cloned());
-    descs.extend(m.nodeclaims_created.desc().into_iter().cloned());
-    descs.extend(m.nodeclaims_terminated.desc().into_iter().cloned());
-    descs.extend(m.nodeclaim_duration.desc().into_iter().cloned());
-    descs.extend(m.cluster_requests.desc().into_iter().cloned());
-    descs.extend(m.leader.desc().into_iter().cloned());
+    let descs = autonodes::metrics::Metrics::new().expect("metrics").descs();
     let mut names = BTreeSet::new();
     for d in descs {
         let name = format!("autonodes_{}", d.fq_name);

@@ -17,7 +17,6 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ListParams};
 use opscommon::{documents, helm_chart, render_chart};
-use prometheus::core::Collector;
 use serde_json::json;
 
 const AVAILABLE: Duration = Duration::from_secs(90);

@@ -152,6 +152,8 @@ async fn apply(t: &NodeType, ctx: &Context) -> Result<Action, Error> {
     }
 
     if status != old {
+        apply_status(&Api::<NodeType>::all(ctx.client.clone()), t, &status).await?;
+        // Events only after the write succeeded (a stale reconcile gets a conflict above).
         let reason_changed =
             conditions::get(&old.conditions, READY).is_none_or(|c| c.reason != reason);
         if !ok && reason_changed {
@@ -165,7 +167,6 @@ async fn apply(t: &NodeType, ctx: &Context) -> Result<Action, Error> {
             )
             .await;
         }
-        apply_status(&Api::<NodeType>::all(ctx.client.clone()), t, &status).await?;
         // Pending claims may now fit (or learn why they cannot).
         ctx.wake_pending_claims();
     }

@@ -218,9 +218,11 @@ async fn apply(p: &NodeProvider, ctx: &Context) -> Result<Action, Error> {
     status.observed_generation = gen;
     status.node_types = Some(synced.count);
 
-    emit_transitions(p, ctx, &old, &status).await;
     if status != old {
         apply_status(&Api::<NodeProvider>::all(ctx.client.clone()), p, &status).await?;
+        // Only after the write succeeded: a reconcile on a stale copy gets a conflict above
+        // and must not report the same transition a second time.
+        emit_transitions(p, ctx, &old, &status).await;
     }
     tracing::debug!(provider = %name, ready, "reconciled NodeProvider");
     Ok(if ready {
@@ -381,9 +383,9 @@ async fn cleanup(p: &NodeProvider, ctx: &Context) -> Result<Action, Error> {
             now(),
         );
         if changed {
+            apply_status(&Api::<NodeProvider>::all(ctx.client.clone()), p, &status).await?;
             ctx.event(p, EventType::Warning, "InUse", "Delete", message.clone())
                 .await;
-            apply_status(&Api::<NodeProvider>::all(ctx.client.clone()), p, &status).await?;
         }
         // An error keeps the finalizer (Ok would release it).
         return Err(Error::Waiting(message));

@@ -16,10 +16,14 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --all-targets --locked -- -D warnings
 echo "== cargo test"
+# A failing test must not end the script here: the leftover check and the totals follow.
+set +e
 cargo test --all-targets --locked --no-fail-fast 2>&1 | tee target/test-output.txt
 status=${PIPESTATUS[0]}
-passed=$(grep -Eo 'test result: [a-zA-Z]+\. [0-9]+ passed' target/test-output.txt | awk '{s+=$4} END {print s+0}')
-failed=$(grep -Eo '[0-9]+ failed' target/test-output.txt | awk '{s+=$1} END {print s+0}')
+set -e
+results=$(grep -Eo 'test result: [a-zA-Z]+\. [0-9]+ passed; [0-9]+ failed' target/test-output.txt || true)
+passed=$(echo "$results" | awk '{s+=$4} END {print s+0}')
+failed=$(echo "$results" | awk '{s+=$6} END {print s+0}')
 
 echo "== leftover processes"
 leftover=$(pgrep -a -x 'etcd|kube-apiserver|kube-scheduler' || true)

@@ -3,6 +3,7 @@
 //! Pure data types. Nothing here does I/O; the CRD YAML in `crds/` is generated
 //! from these types by `autonodes crdgen`.
 
+pub mod capi;
 pub mod common;
 pub mod nodeclaim;
 pub mod nodepool;
@@ -41,13 +42,17 @@ pub const LABEL_NODEPOOL: &str = "autonodes.io/nodepool";
 /// Finalizer that holds a NodeClaim until its remote objects are gone.
 pub const FINALIZER: &str = "autonodes.io/cleanup";
 
-/// Every CustomResourceDefinition of the `autonodes.io` group, in a stable order.
+/// Every CustomResourceDefinition of the `autonodes.io` group, then the Cluster-API-shaped
+/// mirrors of `capi.autonodes.io`, in a stable order.
 pub fn crds() -> Vec<CustomResourceDefinition> {
     vec![
         NodeClaim::crd(),
         NodePool::crd(),
         NodeProvider::crd(),
         NodeType::crd(),
+        capi::MachinePool::crd(),
+        capi::Machine::crd(),
+        capi::MachineSet::crd(),
     ]
 }
 

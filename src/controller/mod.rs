@@ -4,11 +4,13 @@
 //! - [`nodetype`]: NodeType → effective resources, cost, capacity, phase.
 //! - [`nodeclaim`]: NodeClaim → scheduling, host Secret + VM, tenant token, readiness, cleanup.
 //! - [`nodepool`]: NodePool → claims kept alive, scaled by `replicas` or by pending pods.
+//! - [`capi`]: NodePool with `spec.autoscaling` → `capi.autonodes.io` MachinePool + Machines.
 //! - [`remote`]: watches on host (VM, VMI) and tenant (Node) clusters that wake claims.
 //!
 //! Each reconcile reads, validates, builds (pure code in `template`, `scheduling`,
 //! `userdata`), applies, and writes status with server-side apply.
 
+pub mod capi;
 pub mod gauges;
 pub mod nodeclaim;
 pub mod nodepool;
@@ -428,6 +430,7 @@ pub async fn run(
         .for_each(log_run_error);
 
     let pools = nodepool::run(ctx.clone(), shutdown.clone());
+    let machine_pools = capi::run(ctx.clone(), shutdown.clone());
 
     let types_of_claims = ctx.types.clone();
     let providers = provider_ctrl
@@ -447,7 +450,7 @@ pub async fn run(
         .run(provider::reconcile, provider::error_policy, ctx.clone())
         .for_each(log_run_error);
 
-    tokio::join!(claims, types, providers, pools);
+    tokio::join!(claims, types, providers, pools, machine_pools);
     Ok(())
 }
 

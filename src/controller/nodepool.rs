@@ -54,6 +54,9 @@ use crate::scheduling::{self, Catalogue, ClaimRequest, PreparedType};
 pub const LABEL_TEMPLATE_HASH: &str = "autonodes.io/nodepool-template-hash";
 /// Annotation on a replacement claim: the claim it replaces (rolling update, expiry).
 pub const ANNOTATION_REPLACES: &str = "autonodes.io/replaces";
+/// Annotation on a claim: remove this claim first when the pool scales down. The
+/// `capi.autonodes.io` mirror sets it from the Machine's `capi.autonodes.io/delete-machine`.
+pub const ANNOTATION_DELETE_FIRST: &str = "autonodes.io/delete-first";
 /// Annotation on a dynamic pool's claim: since when its node runs no non-DaemonSet pod.
 pub const ANNOTATION_EMPTY_SINCE: &str = "autonodes.io/empty-since";
 /// Pool condition: demand is blocked by `spec.limits`.
@@ -164,6 +167,8 @@ pub struct ClaimView {
     pub outdated: bool,
     /// The claim this one replaces (annotation [`ANNOTATION_REPLACES`]).
     pub replaces: Option<String>,
+    /// Marked to go first on scale-down (annotation [`ANNOTATION_DELETE_FIRST`]).
+    pub delete_first: bool,
 }
 
 /// Why the planner deletes a claim.
@@ -204,8 +209,8 @@ pub struct Plan {
 }
 
 /// Plans the claims of a pool: Failed claims go; `desired` (static pools) is met by
-/// creating claims or by deleting the least valuable ones (not Available first, then
-/// outdated, then newest), never more Available ones draining than `budget`; outdated
+/// creating claims or by deleting the least valuable ones (those marked
+/// [`ANNOTATION_DELETE_FIRST`] first, then not Available, then outdated, then newest), never more Available ones draining than `budget`; outdated
 /// claims are rolled by surge, at most `budget` replacements in flight, each old claim
 /// deleted only once its replacement is Available.
 pub fn plan_claims(claims: &[ClaimView], desired: Option<usize>, budget: usize) -> Plan {
@@ -239,7 +244,14 @@ pub fn plan_claims(claims: &[ClaimView], desired: Option<usize>, budget: usize) 
     if let Some(desired) = desired {
         if slots > desired {
             let mut order = counted.clone();
-            order.sort_by_key(|c| (c.available, !c.outdated, Reverse(c.created_ms)));
+            order.sort_by_key(|c| {
+                (
+                    !c.delete_first,
+                    c.available,
+                    !c.outdated,
+                    Reverse(c.created_ms),
+                )
+            });
             for c in order {
                 if slots <= desired {
                     break;
@@ -951,6 +963,7 @@ fn claim_views(claims: &[NodeClaim], hash: &str, expire: Option<Duration>) -> Ve
                 outdated: c.labels().get(LABEL_TEMPLATE_HASH).map(String::as_str) != Some(hash)
                     || expired,
                 replaces: c.annotations().get(ANNOTATION_REPLACES).cloned(),
+                delete_first: c.annotations().contains_key(ANNOTATION_DELETE_FIRST),
             }
         })
         .collect()
@@ -1823,6 +1836,7 @@ mod tests {
             has_node: available,
             outdated: false,
             replaces: None,
+            delete_first: false,
         }
     }
 
@@ -1849,6 +1863,36 @@ mod tests {
         assert_eq!(deleted(&plan), vec!["booting", "new"]);
         let plan = plan_claims(&claims, Some(0), 2);
         assert_eq!(deleted(&plan), vec!["booting", "new", "mid"]);
+    }
+
+    #[test]
+    fn scale_down_removes_the_claim_marked_delete_first_even_when_it_is_the_oldest_available_one() {
+        let mut marked = view("old", 1, true);
+        marked.delete_first = true;
+        let claims = vec![
+            marked,
+            view("new", 3, true),
+            view("booting", 2, false),
+            view("mid", 2, true),
+        ];
+        let plan = plan_claims(&claims, Some(3), 1);
+        assert_eq!(
+            plan.delete,
+            vec![("old".to_string(), DeleteReason::ScaleDown)]
+        );
+        assert!(plan.create.is_empty());
+        // Unmarked, the same scale-down takes the claim that is not Available.
+        let unmarked: Vec<ClaimView> = claims
+            .into_iter()
+            .map(|mut c| {
+                c.delete_first = false;
+                c
+            })
+            .collect();
+        assert_eq!(
+            deleted(&plan_claims(&unmarked, Some(3), 1)),
+            vec!["booting"]
+        );
     }
 
     #[test]

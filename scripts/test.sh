@@ -26,7 +26,8 @@ passed=$(echo "$results" | awk '{s+=$4} END {print s+0}')
 failed=$(echo "$results" | awk '{s+=$6} END {print s+0}')
 
 echo "== leftover processes"
-leftover=$(pgrep -a -x 'etcd|kube-apiserver|kube-scheduler' || true)
+# pgrep matches no name longer than 15 characters in one pattern, so one call per name.
+leftover=$(for p in etcd kube-apiserver kube-scheduler; do pgrep -a -x "$p" || true; done)
 if [ -n "$leftover" ]; then
   echo "processes outlived the tests:"; echo "$leftover"
   status=1

@@ -331,12 +331,22 @@ async fn the_autoscaler_scales_a_pool_up_from_zero_by_put_and_removes_exactly_th
                "autoscaling": {"minReplicas": 0, "maxReplicas": 4}}),
     )
     .await;
-    let mp = until("the MachinePool with its size annotations", || async {
-        match machine_pools(&world).get_opt("workers").await {
-            Ok(Some(mp)) if mp.annotations().contains_key(ANNOTATION_MAX_SIZE) => Ok(mp),
-            other => Err(format!("{other:?}")),
-        }
-    })
+    // The size annotations come with the pool; the scale-from-zero ones once its node type
+    // has been evaluated (the provider may still be checking its host at that moment).
+    let mp = until(
+        "the MachinePool with its size and capacity annotations",
+        || async {
+            match machine_pools(&world).get_opt("workers").await {
+                Ok(Some(mp))
+                    if mp.annotations().contains_key(ANNOTATION_MAX_SIZE)
+                        && mp.annotations().contains_key(CAPACITY_CPU) =>
+                {
+                    Ok(mp)
+                }
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
     .await;
     assert_eq!(
         node_groups(std::slice::from_ref(&mp)),

@@ -77,32 +77,12 @@ fn scheduler(world: &World) -> ManagedProcess {
         .expect("kube-scheduler started")
 }
 
-fn pools(world: &World) -> Api<NodePool> {
-    Api::namespaced(world.mgmt.clone(), NS)
-}
-
 fn machine_pools(world: &World) -> Api<MachinePool> {
     Api::namespaced(world.mgmt.clone(), NS)
 }
 
 fn machines(world: &World) -> Api<Machine> {
     Api::namespaced(world.mgmt.clone(), NS)
-}
-
-async fn create_pool(world: &World, name: &str, spec: serde_json::Value) -> NodePool {
-    let mut spec = spec;
-    spec["vClusterRef"] = json!({"name": "tenant"});
-    let pool: NodePool = serde_json::from_value(json!({
-        "apiVersion": "autonodes.io/v1alpha1",
-        "kind": "NodePool",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": spec,
-    }))
-    .expect("valid NodePool");
-    pools(world)
-        .create(&PostParams::default(), &pool)
-        .await
-        .expect("pool created")
 }
 
 fn kubectl(world: &World, args: &[&str]) -> String {
@@ -322,9 +302,7 @@ async fn the_autoscaler_scales_a_pool_up_from_zero_by_put_and_removes_exactly_th
     }
     let (cache, informer_tasks) = informers(&world, &version).await;
 
-    create_pool(
-        &world,
-        "workers",
+    world.create_pool("workers",
         json!({"providerRef": "pools", "replicas": 0,
                "requirements": [{"key": "autonodes.io/node-type", "operator": "In", "values": ["small"]}],
                "labels": {"team": "blue"},
@@ -379,7 +357,8 @@ async fn the_autoscaler_scales_a_pool_up_from_zero_by_put_and_removes_exactly_th
     let np = until(
         "the NodePool to take the MachinePool's replicas",
         || async {
-            let p = pools(&world)
+            let p = world
+                .pools()
                 .get("workers")
                 .await
                 .map_err(|e| e.to_string())?;
@@ -672,7 +651,8 @@ async fn the_autoscaler_scales_a_pool_up_from_zero_by_put_and_removes_exactly_th
     .await;
     assert_eq!(mp.spec.replicas, Some(1));
     assert_eq!(
-        pools(&world)
+        world
+            .pools()
             .get("workers")
             .await
             .expect("pool")
@@ -729,7 +709,8 @@ async fn the_autoscaler_scales_a_pool_up_from_zero_by_put_and_removes_exactly_th
     transcript.push_str(&snapshot(&world, "after kubectl scale npool --replicas=0"));
 
     // Without spec.autoscaling the mirror goes.
-    pools(&world)
+    world
+        .pools()
         .patch(
             "workers",
             &PatchParams::default(),
@@ -755,9 +736,7 @@ async fn the_autoscaler_scales_a_pool_up_from_zero_by_put_and_removes_exactly_th
 async fn scale_from_zero_annotations_equal_the_node_type_capacity_less_kube_reserved_with_its_labels_and_taints(
 ) {
     let world = world().await;
-    create_pool(
-        &world,
-        "ci",
+    world.create_pool("ci",
         json!({"providerRef": "pools", "replicas": 0,
                "requirements": [{"key": "autonodes.io/node-type", "operator": "In", "values": ["small"]}],
                "labels": {"team": "blue"},
@@ -838,7 +817,8 @@ async fn scale_from_zero_annotations_equal_the_node_type_capacity_less_kube_rese
     assert_eq!(node_groups(&[mp]), Ok(vec!["ci".to_string()]));
 
     // A pool choosing the large type gets the large type's capacity.
-    pools(&world)
+    world
+        .pools()
         .patch(
             "ci",
             &PatchParams::default(),
@@ -879,7 +859,7 @@ async fn wait_condition(world: &World, name: &str, status: &str, reason: &str) -
     until(
         &format!("{name}: Autoscaling={status} {reason}"),
         || async {
-            let p = pools(world).get(name).await.map_err(|e| e.to_string())?;
+            let p = world.pools().get(name).await.map_err(|e| e.to_string())?;
             match autoscaling_condition(&p) {
                 Some((s, r, m)) if s == status && r == reason => Ok(m),
                 other => Err(format!("{other:?}")),
@@ -892,20 +872,20 @@ async fn wait_condition(world: &World, name: &str, status: &str, reason: &str) -
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_autoscaling_bounds_are_refused_with_a_condition_and_never_hide_the_other_groups() {
     let world = world().await;
-    create_pool(
-        &world,
-        "good",
-        json!({"providerRef": "pools", "replicas": 0,
+    world
+        .create_pool(
+            "good",
+            json!({"providerRef": "pools", "replicas": 0,
                "autoscaling": {"minReplicas": 0, "maxReplicas": 2}}),
-    )
-    .await;
-    create_pool(
-        &world,
-        "bad",
-        json!({"providerRef": "pools", "replicas": 0,
+        )
+        .await;
+    world
+        .create_pool(
+            "bad",
+            json!({"providerRef": "pools", "replicas": 0,
                "autoscaling": {"minReplicas": 3, "maxReplicas": 2}}),
-    )
-    .await;
+        )
+        .await;
     let message = wait_condition(&world, "bad", "False", REASON_INVALID_BOUNDS).await;
     println!("bad (min 3, max 2): Autoscaling=False {REASON_INVALID_BOUNDS}: {message}");
     assert!(message.contains("below minReplicas 3"), "{message}");
@@ -949,7 +929,8 @@ async fn bad_autoscaling_bounds_are_refused_with_a_condition_and_never_hide_the_
     );
 
     // max == min: the provider would ignore the group; refused the same way.
-    pools(&world)
+    world
+        .pools()
         .patch(
             "bad",
             &PatchParams::default(),
@@ -958,7 +939,7 @@ async fn bad_autoscaling_bounds_are_refused_with_a_condition_and_never_hide_the_
         .await
         .expect("patched");
     let message = until("the equal-bounds message", || async {
-        let p = pools(&world).get("bad").await.map_err(|e| e.to_string())?;
+        let p = world.pools().get("bad").await.map_err(|e| e.to_string())?;
         match autoscaling_condition(&p) {
             Some((s, r, m))
                 if s == "False" && r == REASON_INVALID_BOUNDS && m.contains("at least 1") =>
@@ -972,7 +953,8 @@ async fn bad_autoscaling_bounds_are_refused_with_a_condition_and_never_hide_the_
     println!("bad (min 2, max 2): Autoscaling=False {REASON_INVALID_BOUNDS}: {message}");
 
     // Negative bounds never get past the API server's schema.
-    let err = pools(&world)
+    let err = world
+        .pools()
         .patch(
             "bad",
             &PatchParams::default(),
@@ -989,7 +971,8 @@ async fn bad_autoscaling_bounds_are_refused_with_a_condition_and_never_hide_the_
     }
 
     // Fixed bounds: annotations appear, the condition turns True.
-    pools(&world)
+    world
+        .pools()
         .patch(
             "bad",
             &PatchParams::default(),
@@ -1020,7 +1003,8 @@ async fn bad_autoscaling_bounds_are_refused_with_a_condition_and_never_hide_the_
     println!("{}", snapshot(&world, "both pools valid"));
 
     // Deleting the NodePool removes its MachinePool (no garbage collector needed).
-    pools(&world)
+    world
+        .pools()
         .delete("good", &Default::default())
         .await
         .expect("deleted");
@@ -1032,7 +1016,8 @@ async fn bad_autoscaling_bounds_are_refused_with_a_condition_and_never_hide_the_
     })
     .await;
     // A pool without replicas cannot be driven by the autoscaler.
-    pools(&world)
+    world
+        .pools()
         .patch(
             "bad",
             &PatchParams::default(),

@@ -23,73 +23,22 @@ const WAIT: Duration = Duration::from_secs(150);
 
 /// A provider on the playground's host with two types: `small` (4 CPU, 8Gi, the cheapest)
 /// and `large` (8 CPU, 32Gi).
-const PROVIDER: &str = r#"
-apiVersion: autonodes.io/v1alpha1
-kind: NodeProvider
-metadata:
-  name: pools
-spec:
-  kubeVirt:
-    clusterRef:
-      cluster: test-kubevirt-1
-      namespace: vcluster-platform
-    virtualMachineTemplate:
-      spec:
-        template:
-          spec:
-            domain:
-              devices:
-                disks:
-                  - name: root
-                    disk:
-                      bus: virtio
-              resources:
-                requests:
-                  cpu: "4"
-                  memory: 8Gi
-            volumes:
-              - name: root
-                containerDisk:
-                  image: quay.io/containerdisks/ubuntu:22.04
-    nodeTypes:
-      - name: small
-        resources:
-          cpu: 4
-          memory: 8Gi
-      - name: large
-        resources:
-          cpu: 8
-          memory: 32Gi
-"#;
+fn provider() -> String {
+    provider_yaml(
+        "pools",
+        "test-kubevirt-1",
+        "4",
+        "8Gi",
+        "      - name: small\n        resources:\n          cpu: 4\n          memory: 8Gi\n      - name: large\n        resources:\n          cpu: 8\n          memory: 32Gi",
+    )
+}
 
 async fn world() -> World {
     World::start(WorldOptions {
-        provider: PROVIDER.to_string(),
+        provider: provider(),
         ..WorldOptions::default()
     })
     .await
-}
-
-fn pools(world: &World) -> Api<NodePool> {
-    Api::namespaced(world.mgmt.clone(), NS)
-}
-
-async fn create_pool(world: &World, name: &str, spec: serde_json::Value) -> NodePool {
-    let mut spec = spec;
-    if spec["vClusterRef"].is_null() {
-        spec["vClusterRef"] = json!({"name": "tenant"});
-    }
-    let pool: NodePool = serde_json::from_value(json!({
-        "apiVersion": "autonodes.io/v1alpha1",
-        "kind": "NodePool",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": spec,
-    }))
-    .expect("valid NodePool");
-    pools(world)
-        .create(&PostParams::default(), &pool)
-        .await
-        .expect("pool created")
 }
 
 async fn pool_claims(world: &World, pool: &str) -> Vec<NodeClaim> {
@@ -143,7 +92,7 @@ async fn wait_pool(
     what: &str,
     pred: impl Fn(&NodePool) -> bool,
 ) -> NodePool {
-    let api = pools(world);
+    let api = world.pools();
     let start = Instant::now();
     let mut last = None;
     loop {
@@ -185,7 +134,7 @@ async fn wait_settled(world: &World, pool: &str, n: usize) -> usize {
             })
             .count();
         most_draining = most_draining.max(draining);
-        let p = pools(world).get(pool).await.expect("pool");
+        let p = world.pools().get(pool).await.expect("pool");
         let s = p.status.clone().unwrap_or_default();
         let settled = claims.len() == n
             && claims.iter().all(available)
@@ -218,9 +167,7 @@ async fn wait_settled(world: &World, pool: &str, n: usize) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_static_pool_follows_kubectl_scale_from_0_to_5_to_2_to_0_without_leaking_objects() {
     let world = world().await;
-    create_pool(
-        &world,
-        "workers",
+    world.create_pool("workers",
         json!({"providerRef": "pools", "replicas": 0,
                "requirements": [{"key": "autonodes.io/node-type", "operator": "In", "values": ["small"]}],
                "labels": {"team": "blue"}}),
@@ -293,30 +240,27 @@ async fn a_static_pool_follows_kubectl_scale_from_0_to_5_to_2_to_0_without_leaki
 async fn a_failed_claim_is_replaced_and_bad_pools_get_conditions_while_others_keep_working() {
     let world = world().await;
     // Bad input first: an unknown provider and an unreachable tenant.
-    create_pool(
-        &world,
-        "ghost",
-        json!({"providerRef": "nope", "replicas": 2}),
-    )
-    .await;
-    create_pool(
-        &world,
-        "lost",
-        json!({"vClusterRef": {"name": "missing"}, "limits": {"nodes": 3}}),
-    )
-    .await;
-    create_pool(
-        &world,
-        "lost-static",
-        json!({"vClusterRef": {"name": "missing"}, "replicas": 1}),
-    )
-    .await;
-    let pool = create_pool(
-        &world,
-        "steady",
-        json!({"providerRef": "pools", "replicas": 2, "labels": {"team": "green"}}),
-    )
-    .await;
+    world
+        .create_pool("ghost", json!({"providerRef": "nope", "replicas": 2}))
+        .await;
+    world
+        .create_pool(
+            "lost",
+            json!({"vClusterRef": {"name": "missing"}, "limits": {"nodes": 3}}),
+        )
+        .await;
+    world
+        .create_pool(
+            "lost-static",
+            json!({"vClusterRef": {"name": "missing"}, "replicas": 1}),
+        )
+        .await;
+    let pool = world
+        .create_pool(
+            "steady",
+            json!({"providerRef": "pools", "replicas": 2, "labels": {"team": "green"}}),
+        )
+        .await;
     wait_settled(&world, "steady", 2).await;
     let ghost = wait_pool(&world, "ghost", "ProviderNotFound", |p| {
         pool_condition(p, "Ready").is_some_and(|c| c.1 == "ProviderNotFound")
@@ -392,13 +336,13 @@ async fn a_failed_claim_is_replaced_and_bad_pools_get_conditions_while_others_ke
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_template_change_rolls_the_claims_one_at_a_time_without_dropping_below_the_floor() {
     let world = world().await;
-    create_pool(
-        &world,
-        "rolling",
-        json!({"providerRef": "pools", "replicas": 3, "labels": {"release": "v1"},
+    world
+        .create_pool(
+            "rolling",
+            json!({"providerRef": "pools", "replicas": 3, "labels": {"release": "v1"},
                "disruption": {"budget": 1}}),
-    )
-    .await;
+        )
+        .await;
     wait_settled(&world, "rolling", 3).await;
     let before: BTreeSet<String> = pool_claims(&world, "rolling")
         .await
@@ -406,7 +350,8 @@ async fn a_template_change_rolls_the_claims_one_at_a_time_without_dropping_below
         .map(|c| c.name_any())
         .collect();
     let started = Instant::now();
-    pools(&world)
+    world
+        .pools()
         .patch(
             "rolling",
             &PatchParams::default(),
@@ -534,13 +479,13 @@ async fn a_dynamic_pool_packs_twelve_pending_one_cpu_pods_onto_three_nodes_and_r
 ) {
     let world = world().await;
     let _scheduler = scheduler(&world);
-    create_pool(
-        &world,
-        "burst",
-        json!({"providerRef": "pools", "limits": {"nodes": 10, "cpu": "64"},
+    world
+        .create_pool(
+            "burst",
+            json!({"providerRef": "pools", "limits": {"nodes": 10, "cpu": "64"},
                "disruption": {"consolidateAfter": "5s"}}),
-    )
-    .await;
+        )
+        .await;
     let created = Instant::now();
     create_pods(&world, (0..12).map(|i| pod(&format!("app-{i:02}"), None))).await;
 
@@ -665,12 +610,12 @@ async fn a_dynamic_pool_packs_twelve_pending_one_cpu_pods_onto_three_nodes_and_r
 async fn a_dynamic_pool_honours_node_selectors_and_its_limits() {
     let world = world().await;
     let _scheduler = scheduler(&world);
-    create_pool(
-        &world,
-        "capped",
-        json!({"providerRef": "pools", "limits": {"nodes": 2}, "labels": {"pool": "capped"}}),
-    )
-    .await;
+    world
+        .create_pool(
+            "capped",
+            json!({"providerRef": "pools", "limits": {"nodes": 2}, "labels": {"pool": "capped"}}),
+        )
+        .await;
     // Two pods that only a large node takes.
     create_pods(
         &world,

@@ -239,6 +239,33 @@ impl World {
         Api::namespaced(self.mgmt.clone(), NS)
     }
 
+    /// The NodePool API of the tenant namespace.
+    pub fn pools(&self) -> Api<autonodes::api::NodePool> {
+        Api::namespaced(self.mgmt.clone(), NS)
+    }
+
+    /// Creates a NodePool in [`NS`] from its spec (`vClusterRef` defaults to the tenant).
+    pub async fn create_pool(
+        &self,
+        name: &str,
+        mut spec: serde_json::Value,
+    ) -> autonodes::api::NodePool {
+        if spec["vClusterRef"].is_null() {
+            spec["vClusterRef"] = serde_json::json!({"name": "tenant"});
+        }
+        let pool: autonodes::api::NodePool = serde_json::from_value(serde_json::json!({
+            "apiVersion": "autonodes.io/v1alpha1",
+            "kind": "NodePool",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": spec,
+        }))
+        .expect("valid NodePool");
+        self.pools()
+            .create(&PostParams::default(), &pool)
+            .await
+            .expect("pool created")
+    }
+
     /// Creates a claim from JSON (`metadata.namespace` defaults to [`NS`]).
     pub async fn create_claim(&self, mut body: serde_json::Value) -> NodeClaim {
         body["apiVersion"] = "autonodes.io/v1alpha1".into();

@@ -25,12 +25,7 @@ fn provider(name: &str, cluster: &str, extra_type_fields: &str) -> String {
 }
 
 fn provider_condition(p: &NodeProvider, type_: &str) -> Option<(String, String, String)> {
-    p.status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|c| c.type_ == type_)
-        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+    find_condition(&p.status.as_ref()?.conditions, type_)
 }
 
 async fn wait_provider(

@@ -78,12 +78,7 @@ fn kubectl(world: &World, args: &[&str]) -> String {
 }
 
 fn pool_condition(p: &NodePool, type_: &str) -> Option<(String, String, String)> {
-    p.status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|c| c.type_ == type_)
-        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+    find_condition(&p.status.as_ref()?.conditions, type_)
 }
 
 async fn wait_pool(

@@ -471,14 +471,20 @@ pub fn managed() -> ListParams {
     ListParams::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"))
 }
 
-/// The condition `type_` of a claim as `(status, reason, message)`.
-pub fn condition(c: &NodeClaim, type_: &str) -> Option<(String, String, String)> {
-    c.status
-        .as_ref()?
-        .conditions
+/// The condition `type_` in a list of conditions, as `(status, reason, message)`.
+pub fn find_condition(
+    conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    type_: &str,
+) -> Option<(String, String, String)> {
+    conditions
         .iter()
         .find(|x| x.type_ == type_)
         .map(|x| (x.status.clone(), x.reason.clone(), x.message.clone()))
+}
+
+/// The condition `type_` of a claim as `(status, reason, message)`.
+pub fn condition(c: &NodeClaim, type_: &str) -> Option<(String, String, String)> {
+    find_condition(&c.status.as_ref()?.conditions, type_)
 }
 
 /// An object reference to a NodeType, for readability in tests.

@@ -6,6 +6,11 @@
 //!   namespace, or the management cluster itself for `local`;
 //! - tenant clusters: the Secret `vc-<vcluster>` (key `config`) in the claim's namespace.
 //!
+//! Their bytes are untrusted: they go through [`crate::kubeconfig::check`] and only what it
+//! accepts becomes a client (built field by field here, never by kube's kubeconfig loader,
+//! which would run `exec` plugins, read files and follow proxies). A refused Secret is a
+//! [`ClientError::InvalidKubeconfig`] naming the field, logged once per Secret version.
+//!
 //! A client is rebuilt when the Secret's `resourceVersion` changes. Whoever needs to react
 //! to a new client (e.g. to start watches on the remote cluster) registers a [`OnConnect`]
 //! hook; the tasks it returns are aborted when the client is replaced or dropped.
@@ -18,10 +23,12 @@ use std::time::Duration;
 use base64::Engine;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
-use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::config::{AuthInfo, Kubeconfig};
 use kube::{Client, Config};
 use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
+
+use crate::kubeconfig::{self, CheckedKubeconfig, KubeconfigPolicy};
 
 /// The name that makes a provider's VMs go to the management cluster itself.
 pub const LOCAL_CLUSTER: &str = "local";
@@ -172,17 +179,27 @@ impl Drop for Cached {
 pub struct ClusterClients {
     mgmt: Client,
     service_namespace: String,
+    policy: KubeconfigPolicy,
     cache: Mutex<HashMap<ClusterKey, Cached>>,
+    /// The Secret version last refused per cluster, so a refusal is logged once.
+    refused: Mutex<HashMap<ClusterKey, String>>,
     on_connect: std::sync::RwLock<Option<OnConnect>>,
 }
 
 impl ClusterClients {
-    /// A cache reading host kubeconfigs from `service_namespace` on the management cluster.
-    pub fn new(mgmt: Client, service_namespace: impl Into<String>) -> Self {
+    /// A cache reading host kubeconfigs from `service_namespace` on the management cluster
+    /// and accepting kubeconfig Secrets under `policy`.
+    pub fn new(
+        mgmt: Client,
+        service_namespace: impl Into<String>,
+        policy: KubeconfigPolicy,
+    ) -> Self {
         ClusterClients {
             mgmt,
             service_namespace: service_namespace.into(),
+            policy,
             cache: Mutex::new(HashMap::new()),
+            refused: Mutex::new(HashMap::new()),
             on_connect: std::sync::RwLock::new(None),
         }
     }
@@ -276,29 +293,55 @@ impl ClusterClients {
             }
         };
         let rv = secret.metadata.resource_version.clone().unwrap_or_default();
+        if let Some(remote) = self.cached_if_current(&key, &rv).await {
+            return Ok(remote);
+        }
         let invalid = |reason: String| ClientError::InvalidKubeconfig {
             cluster: key.clone(),
             namespace: namespace.into(),
             name: name.into(),
             reason,
         };
-        let bytes = secret
-            .data
-            .as_ref()
-            .and_then(|d| d.get(data_key))
-            .map(|b| b.0.clone())
-            .ok_or_else(|| invalid(format!("the Secret has no key `{data_key}`")))?;
-        let text = String::from_utf8(bytes)
-            .map_err(|_| invalid(format!("key `{data_key}` is not UTF-8 text")))?;
-        let kubeconfig = Kubeconfig::from_yaml(&text)
-            .map_err(|e| invalid(format!("key `{data_key}` is not a kubeconfig: {e}")))?;
-        let build_key = key.clone();
-        let cached = self.cached_if_current(&key, &rv).await;
-        if let Some(remote) = cached {
-            return Ok(remote);
-        }
-        let remote = build_remote(build_key, kubeconfig).await.map_err(invalid)?;
+        let Some(bytes) = secret.data.as_ref().and_then(|d| d.get(data_key)) else {
+            self.refuse(&key, &rv, namespace, name, data_key, "is missing")
+                .await;
+            return Err(invalid(format!("the Secret has no key `{data_key}`")));
+        };
+        let checked = match kubeconfig::check(&bytes.0, &self.policy) {
+            Ok(c) => c,
+            Err(refusal) => {
+                self.refuse(&key, &rv, namespace, name, &refusal.field, &refusal.problem)
+                    .await;
+                return Err(invalid(refusal.to_string()));
+            }
+        };
+        let remote = build_remote(key.clone(), &checked).map_err(invalid)?;
         self.cached_or_build(key, Some(rv), || Ok(remote)).await
+    }
+
+    /// Drops the cached client of a cluster whose Secret was refused and logs the refusal
+    /// once per Secret version: the Secret and the field, never the value.
+    async fn refuse(
+        &self,
+        key: &ClusterKey,
+        rv: &str,
+        namespace: &str,
+        name: &str,
+        field: &str,
+        problem: &str,
+    ) {
+        self.cache.lock().await.remove(key);
+        let mut refused = self.refused.lock().await;
+        if refused.get(key).map(String::as_str) != Some(rv) {
+            tracing::warn!(
+                cluster = %key,
+                secret = %format!("{namespace}/{name}"),
+                %field,
+                %problem,
+                "kubeconfig Secret refused"
+            );
+            refused.insert(key.clone(), rv.to_string());
+        }
     }
 
     async fn cached_if_current(&self, key: &ClusterKey, rv: &str) -> Option<Arc<Remote>> {
@@ -336,25 +379,106 @@ impl ClusterClients {
     }
 }
 
-/// Builds a client from a kubeconfig; the error text never contains credentials.
-async fn build_remote(key: ClusterKey, kubeconfig: Kubeconfig) -> Result<Remote, String> {
-    let (server, ca_pem) = server_and_ca(&kubeconfig, None)?;
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .map_err(|e| format!("cannot load it: {}", redact(&e.to_string())))?;
+/// Builds a client from a checked kubeconfig, field by field: the server, the inline CA,
+/// the inline token or client certificate. No file is read, no command run, no proxy used.
+fn build_remote(key: ClusterKey, kc: &CheckedKubeconfig) -> Result<Remote, String> {
+    let config = client_config(kc)?;
     let client = Client::try_from(config)
         .map_err(|e| format!("cannot build a client: {}", redact(&e.to_string())))?;
     Ok(Remote {
         key,
         client,
-        server,
-        ca_pem,
+        server: kc.server.clone(),
+        ca_pem: kc.ca_pem.clone(),
     })
 }
 
-/// The server URL and CA PEM of a kubeconfig's current context. The CA comes from
-/// `certificate-authority-data`, or, when `base_dir` is given (a kubeconfig file), from the
-/// `certificate-authority` file relative to it; kubeconfigs in Secrets cannot name files.
+/// The kube client configuration of a checked kubeconfig.
+pub fn client_config(kc: &CheckedKubeconfig) -> Result<Config, String> {
+    let url: http::Uri = kc
+        .server
+        .parse()
+        .map_err(|_| "the server is not a URL".to_string())?;
+    let mut config = Config::new(url);
+    config.root_cert = (!kc.ca_der.is_empty()).then(|| kc.ca_der.clone());
+    config.accept_invalid_certs = kc.insecure_skip_tls_verify;
+    config.tls_server_name = kc.tls_server_name.clone();
+    config.proxy_url = None;
+    config.read_timeout = None;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    config.auth_info = AuthInfo {
+        token: kc.token.clone().map(secrecy::SecretString::from),
+        client_certificate_data: kc
+            .client_identity
+            .as_ref()
+            .map(|id| b64.encode(&id.certificate_pem)),
+        client_key_data: kc
+            .client_identity
+            .as_ref()
+            .map(|id| secrecy::SecretString::from(b64.encode(&id.key_pem))),
+        ..AuthInfo::default()
+    };
+    Ok(config)
+}
+
+/// The most of a remote server's text that goes into a condition or Event.
+const MAX_REMOTE_TEXT: usize = 300;
+
+/// What a failed remote call shows in conditions, Events and logs: the HTTP status and,
+/// when the server answered with a Kubernetes `Status`, its reason and (bounded)
+/// `message`; for failures before an answer, the local error. Never a response body that
+/// is not a `Status`, never a header, never text a decoder quoted from the response.
+pub fn remote_error_text(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) if s.reason == "Failed to parse error data" => {
+            format!("HTTP {} (the answer was not a Kubernetes Status)", s.code)
+        }
+        kube::Error::Api(s) => {
+            let message = status_message(s);
+            if s.reason.is_empty() {
+                format!("HTTP {}: {message}", s.code)
+            } else {
+                format!("HTTP {} {}: {message}", s.code, bounded(&s.reason, 64))
+            }
+        }
+        kube::Error::SerdeError(de) => format!(
+            "the answer could not be decoded (line {}, column {})",
+            de.line(),
+            de.column()
+        ),
+        kube::Error::FromUtf8(_) => "the answer was not UTF-8".to_string(),
+        other => bounded(&redact(&other.to_string()), MAX_REMOTE_TEXT),
+    }
+}
+
+/// The `message` of a Kubernetes `Status` a remote server sent, bounded and on one line
+/// (empty when the answer was not a `Status`).
+pub fn status_message(s: &kube::core::Status) -> String {
+    if s.reason == "Failed to parse error data" {
+        return String::new();
+    }
+    bounded(&s.message, MAX_REMOTE_TEXT)
+}
+
+/// `text` on one line, at most `max` characters (an ellipsis marks a cut).
+fn bounded(text: &str, max: usize) -> String {
+    let one_line: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if one_line.chars().count() <= max {
+        return one_line;
+    }
+    let mut cut: String = one_line.chars().take(max).collect();
+    cut.push('…');
+    cut
+}
+
+/// The server URL and CA PEM of the current context of a kubeconfig *file the operator
+/// names* (`autonodes render --tenant-kubeconfig`). The CA comes from
+/// `certificate-authority-data`, or, when `base_dir` is given, from the
+/// `certificate-authority` file relative to it. Never used for kubeconfig Secrets: those go
+/// through [`crate::kubeconfig::check`].
 pub fn server_and_ca(
     kc: &Kubeconfig,
     base_dir: Option<&std::path::Path>,
@@ -423,7 +547,8 @@ pub fn endpoint_of(server: &str) -> Result<String, String> {
     Ok(format!("{host}:{port}"))
 }
 
-/// Drops anything after a colon that looks like a token from an error text.
+/// Replaces every word longer than 40 characters (a token or key could be one) by
+/// `<redacted>`.
 fn redact(text: &str) -> String {
     text.split_whitespace()
         .map(|w| if w.len() > 40 { "<redacted>" } else { w })
@@ -461,6 +586,74 @@ mod tests {
         );
         assert_eq!(endpoint_of("https://[::1]").as_deref(), Ok("[::1]:443"));
         assert!(endpoint_of("not a url").is_err());
+    }
+
+    #[test]
+    fn remote_errors_show_the_status_but_never_a_body_that_is_not_a_status() {
+        let body = kube::core::Status::failure(
+            "<html>Authorization: Bearer s3cr3t-token-echoed</html>",
+            "Failed to parse error data",
+        )
+        .with_code(502);
+        let text = remote_error_text(&kube::Error::Api(body.boxed()));
+        assert_eq!(text, "HTTP 502 (the answer was not a Kubernetes Status)");
+
+        let status = kube::core::Status::failure(
+            "nodes is forbidden: User \"x\" cannot list resource \"nodes\"\nsecond line",
+            "Forbidden",
+        )
+        .with_code(403);
+        let text = remote_error_text(&kube::Error::Api(status.boxed()));
+        assert!(
+            text.starts_with("HTTP 403 Forbidden: nodes is forbidden"),
+            "{text}"
+        );
+        assert!(!text.contains('\n'), "{text}");
+
+        let long = kube::core::Status::failure(&"x".repeat(5000), "BadRequest").with_code(400);
+        let text = remote_error_text(&kube::Error::Api(long.boxed()));
+        assert!(text.chars().count() < 400, "{}", text.len());
+
+        let de = serde_json::from_str::<u32>("\"s3cr3t-token-echoed\"").expect_err("not a number");
+        let text = remote_error_text(&kube::Error::SerdeError(de));
+        assert!(!text.contains("s3cr3t"), "{text}");
+    }
+
+    #[test]
+    fn a_client_config_carries_only_what_the_checked_kubeconfig_holds() {
+        let ca = include_str!("kubeconfig/testdata/ca.pem");
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let text = format!(
+            "clusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:6443\n    certificate-authority-data: {}\nusers:\n- name: u\n  user:\n    token: abc\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n",
+            b64.encode(ca)
+        );
+        let checked = crate::kubeconfig::check(text.as_bytes(), &KubeconfigPolicy::default())
+            .expect("accepted");
+        let config = client_config(&checked).expect("config");
+        assert_eq!(config.cluster_url.to_string(), "https://127.0.0.1:6443/");
+        assert_eq!(config.root_cert.as_ref().map(Vec::len), Some(1));
+        assert!(!config.accept_invalid_certs);
+        assert!(config.proxy_url.is_none());
+        assert!(config.auth_info.token_file.is_none());
+        assert!(config.auth_info.exec.is_none());
+        assert!(config.auth_info.auth_provider.is_none());
+        assert!(config.auth_info.impersonate.is_none());
+        assert!(config.root_cert_file.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_vcluster_shaped_client_certificate_kubeconfig_builds_a_client() {
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let text = format!(
+            "clusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:6443\n    certificate-authority-data: {}\nusers:\n- name: u\n  user:\n    client-certificate-data: {}\n    client-key-data: {}\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n",
+            b64.encode(include_str!("kubeconfig/testdata/ca.pem")),
+            b64.encode(include_str!("kubeconfig/testdata/client.pem")),
+            b64.encode(include_str!("kubeconfig/testdata/client.key")),
+        );
+        let checked = crate::kubeconfig::check(text.as_bytes(), &KubeconfigPolicy::default())
+            .expect("accepted");
+        let remote = build_remote(ClusterKey::Host("c".into()), &checked);
+        assert!(remote.is_ok(), "{:?}", remote.err());
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! The crate is split the way the design reads:
 //! - pure core, no I/O: [`api`] (the CRD types), [`template`] (VirtualMachine composition),
 //!   [`scheduling`] (properties, requirements, cost, capacity, type choice),
-//!   [`userdata`] (cloud-init rendering);
+//!   [`userdata`] (cloud-init rendering), [`kubeconfig`] (the check of kubeconfig Secrets);
 //! - [`crdgen`] writes `crds/`;
 //! - [`testenv`] starts real etcd and kube-apiserver processes (tests and `autonodes dev`).
 #![forbid(unsafe_code)]
@@ -15,6 +15,7 @@ pub mod conditions;
 pub mod controller;
 pub mod crdgen;
 pub mod dev;
+pub mod kubeconfig;
 pub mod kubevirt;
 pub mod leader;
 pub mod metrics;

@@ -65,6 +65,12 @@ pub struct RunArgs {
     /// expires. The renew deadline (2/3) and retry period (2/15) derive from it.
     #[arg(long, env = "AUTONODES_LEADER_ELECTION_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
     pub leader_election_lease_duration: Duration,
+    /// Accept `insecure-skip-tls-verify: true` in host and tenant kubeconfig Secrets (off:
+    /// such a Secret is refused with reason `InvalidKubeconfig`). Whoever can write those
+    /// Secrets could then point autonodes at a server that is not what it claims.
+    #[arg(long, env = "AUTONODES_ALLOW_INSECURE_SKIP_TLS_VERIFY", default_value_t = false, num_args = 0..=1,
+          default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub allow_insecure_skip_tls_verify: bool,
 }
 
 /// Parses `90s`, `10m`, `1h30m`, `500ms` or plain seconds.
@@ -146,6 +152,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         launch_timeout: args.launch_timeout,
         registration_timeout: args.registration_timeout,
         drain_timeout: args.drain_timeout,
+        kubeconfig_policy: crate::kubeconfig::KubeconfigPolicy {
+            allow_insecure_skip_tls_verify: args.allow_insecure_skip_tls_verify,
+        },
     };
     let leader = args.leader_elect.then(|| {
         LeaderConfig::new(

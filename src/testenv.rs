@@ -261,6 +261,11 @@ pub struct ApiServer {
     pub dir: PathBuf,
     /// Path of the `--token-auth-file`.
     pub token_file: PathBuf,
+    /// PEM of a client certificate of user `admin` in group `system:masters`, signed by the
+    /// server's `--client-ca-file` (as in the kubeconfig a vCluster exports).
+    pub admin_client_cert_pem: Vec<u8>,
+    /// PEM of the private key of [`ApiServer::admin_client_cert_pem`].
+    pub admin_client_key_pem: Vec<u8>,
     process: ManagedProcess,
 }
 
@@ -271,6 +276,16 @@ impl ApiServer {
             name: self.name.clone(),
             message: e.to_string(),
         })
+    }
+
+    /// A client certificate and key (PEM) for `user` in `groups`, signed by this server's
+    /// client CA: an identity with only the permissions RBAC gives it.
+    pub fn client_certificate(
+        &self,
+        user: &str,
+        groups: &[&str],
+    ) -> Result<(Vec<u8>, Vec<u8>), TestEnvError> {
+        sign_client_certificate(&self.dir.join("certs"), user, groups)
     }
 
     /// The admin kubeconfig as YAML text.
@@ -426,6 +441,7 @@ impl TestEnv {
             .map_err(io_err(format!("creating {}", cert_dir.display())))?;
         let sa_key = dir.join("sa.key");
         generate_rsa_key(&sa_key)?;
+        let client_ca = generate_client_ca(&cert_dir)?;
         let admin_token = uuid::Uuid::new_v4().simple().to_string();
         let token_file = dir.join("tokens.csv");
         fs::write(
@@ -441,6 +457,7 @@ impl TestEnv {
             "--bind-address=127.0.0.1".to_string(),
             format!("--cert-dir={}", cert_dir.display()),
             format!("--token-auth-file={}", token_file.display()),
+            format!("--client-ca-file={}", client_ca.ca_path.display()),
             "--enable-bootstrap-token-auth".to_string(),
             "--authorization-mode=Node,RBAC".to_string(),
             format!("--service-account-key-file={}", sa_key.display()),
@@ -496,6 +513,8 @@ impl TestEnv {
             admin_token,
             dir,
             token_file,
+            admin_client_cert_pem: client_ca.admin_cert_pem,
+            admin_client_key_pem: client_ca.admin_key_pem,
             process,
         };
         let client = server.client().await?;
@@ -622,6 +641,125 @@ fn generate_rsa_key(path: &Path) -> Result<(), TestEnvError> {
         });
     }
     Ok(())
+}
+
+/// A client CA and an admin client certificate it signed.
+struct ClientCa {
+    ca_path: PathBuf,
+    admin_cert_pem: Vec<u8>,
+    admin_key_pem: Vec<u8>,
+}
+
+/// Writes a client CA (`client-ca.crt`, `client-ca.key`) into `dir` and an `admin` client
+/// certificate in group `system:masters` signed by it, with openssl (EC P-256, quick).
+fn generate_client_ca(dir: &Path) -> Result<ClientCa, TestEnvError> {
+    let ca_key = dir.join("client-ca.key").to_string_lossy().into_owned();
+    let ca_crt = dir.join("client-ca.crt").to_string_lossy().into_owned();
+    let mut args = vec!["req", "-x509"];
+    args.extend(EC_KEY_ARGS);
+    args.extend(["-keyout", &ca_key, "-out", &ca_crt, "-days", "3650"]);
+    args.extend(["-subj", "/CN=autonodes-test-client-ca"]);
+    run_openssl(&args)?;
+    let (admin_cert_pem, admin_key_pem) =
+        sign_client_certificate(dir, "admin", &["system:masters"])?;
+    Ok(ClientCa {
+        ca_path: PathBuf::from(ca_crt),
+        admin_cert_pem,
+        admin_key_pem,
+    })
+}
+
+const EC_KEY_ARGS: [&str; 5] = [
+    "-newkey",
+    "ec",
+    "-pkeyopt",
+    "ec_paramgen_curve:P-256",
+    "-nodes",
+];
+
+/// A key and an X.509 v3 client certificate for `user` in `groups`, signed by the client CA
+/// in `dir` (as kubeadm and vCluster issue them; rustls refuses v1 certificates). Returns
+/// the certificate and key PEM.
+fn sign_client_certificate(
+    dir: &Path,
+    user: &str,
+    groups: &[&str],
+) -> Result<(Vec<u8>, Vec<u8>), TestEnvError> {
+    let p = |f: &str| dir.join(f).to_string_lossy().into_owned();
+    let file_safe: String = user
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    let (key, csr, crt, ext) = (
+        p(&format!("{file_safe}-client.key")),
+        p(&format!("{file_safe}-client.csr")),
+        p(&format!("{file_safe}-client.crt")),
+        p(&format!("{file_safe}-client.ext")),
+    );
+    let subject: String = std::iter::once(format!("/CN={user}"))
+        .chain(groups.iter().map(|g| format!("/O={g}")))
+        .collect();
+    let mut args = vec!["req"];
+    args.extend(EC_KEY_ARGS);
+    args.extend(["-keyout", &key, "-out", &csr, "-subj", &subject]);
+    run_openssl(&args)?;
+    fs::write(
+        &ext,
+        "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth\n",
+    )
+    .map_err(io_err(format!("writing {ext}")))?;
+    let (ca_crt, ca_key, serial) = (p("client-ca.crt"), p("client-ca.key"), p("client-ca.srl"));
+    let mut args = vec![
+        "x509", "-req", "-in", &csr, "-CA", &ca_crt, "-CAkey", &ca_key,
+    ];
+    args.extend([
+        "-CAcreateserial",
+        "-CAserial",
+        &serial,
+        "-out",
+        &crt,
+        "-days",
+        "3650",
+    ]);
+    args.extend(["-extfile", &ext]);
+    run_openssl(&args)?;
+    let read = |f: &str| fs::read(f).map_err(io_err(format!("reading {f}")));
+    Ok((read(&crt)?, read(&key)?))
+}
+
+fn run_openssl(args: &[&str]) -> Result<(), TestEnvError> {
+    let out = Command::new("openssl")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .map_err(io_err(format!("running openssl {}", args.join(" "))))?;
+    if !out.status.success() {
+        return Err(TestEnvError::Io {
+            context: format!("openssl {}", args.first().copied().unwrap_or_default()),
+            source: std::io::Error::other(String::from_utf8_lossy(&out.stderr).into_owned()),
+        });
+    }
+    Ok(())
+}
+
+/// A kubeconfig authenticating with a client certificate, shaped like the one a vCluster
+/// exports (`certificate-authority-data`, `client-certificate-data`, `client-key-data`).
+pub fn client_cert_kubeconfig(
+    name: &str,
+    url: &str,
+    ca_pem: &[u8],
+    cert_pem: &[u8],
+    key_pem: &[u8],
+) -> String {
+    let b64 = |d: &[u8]| base64::engine::general_purpose::STANDARD.encode(d);
+    format!(
+        "apiVersion: v1\nclusters:\n- cluster:\n    certificate-authority-data: {}\n    server: {url}\n  name: {name}\ncontexts:\n- context:\n    cluster: {name}\n    user: {name}\n  name: {name}\ncurrent-context: {name}\nkind: Config\npreferences: {{}}\nusers:\n- name: {name}\n  user:\n    client-certificate-data: {}\n    client-key-data: {}\n",
+        b64(ca_pem),
+        b64(cert_pem),
+        b64(key_pem)
+    )
 }
 
 /// An admin kubeconfig (bearer token) for an API server.

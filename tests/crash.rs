@@ -81,19 +81,14 @@ async fn restrict_host(world: &World, may_create_vms: bool) {
         .patch(HOST_USER, &pp, &Patch::Apply(&binding))
         .await
         .expect("binding applied");
-    // The host kubeconfig Secret now impersonates the restricted user.
-    let admin = world
-        .playground
-        .host()
-        .expect("host")
-        .kubeconfig_yaml()
-        .expect("kubeconfig");
-    let restricted = admin.replacen(
-        "    token: ",
-        &format!("    as: {HOST_USER}\n    token: "),
-        1,
-    );
-    assert_ne!(admin, restricted, "impersonation added");
+    // The host kubeconfig Secret now authenticates as the restricted user (a client
+    // certificate signed by the host's client CA).
+    let host = world.playground.host().expect("host");
+    let (cert, key) = host
+        .client_certificate(HOST_USER, &[])
+        .expect("client certificate");
+    let restricted =
+        autonodes::testenv::client_cert_kubeconfig("host", &host.url, &host.ca_pem, &cert, &key);
     put_kubeconfig_secret(
         &world.mgmt,
         SERVICE_NAMESPACE,

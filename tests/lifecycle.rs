@@ -24,33 +24,6 @@ fn provider(name: &str, cluster: &str, extra_type_fields: &str) -> String {
     )
 }
 
-fn provider_condition(p: &NodeProvider, type_: &str) -> Option<(String, String, String)> {
-    find_condition(&p.status.as_ref()?.conditions, type_)
-}
-
-async fn wait_provider(
-    world: &World,
-    name: &str,
-    what: &str,
-    pred: impl Fn(&NodeProvider) -> bool,
-) -> NodeProvider {
-    let api: Api<NodeProvider> = Api::all(world.mgmt.clone());
-    let mut last = None;
-    let start = std::time::Instant::now();
-    loop {
-        if let Ok(Some(p)) = api.get_opt(name).await {
-            if pred(&p) {
-                return p;
-            }
-            last = p.status;
-        }
-        if start.elapsed() > WAIT {
-            panic!("provider {name}: timed out waiting for {what}; last status {last:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_vm_that_never_boots_fails_its_claim_by_launch_timeout_and_is_removed() {
     let world = World::start(WorldOptions {
@@ -182,15 +155,16 @@ async fn bad_host_clusters_and_templates_give_conditions_and_events_while_good_c
 
     let cases = [
         ("no-secret", "HostReachable", "KubeconfigSecretNotFound", "autonodes-system/no-such-cluster"),
-        ("bad-kubeconfig", "HostReachable", "InvalidKubeconfig", "not a kubeconfig"),
+        ("bad-kubeconfig", "HostReachable", "InvalidKubeconfig", "is not YAML"),
         ("no-answer", "HostReachable", "HostUnreachable", "test-kubevirt-1"),
         ("both-templates", "TemplatesValid", "InvalidTemplate", "node type both-templates.small: mergeVirtualMachineTemplate and virtualMachineTemplate are mutually exclusive"),
     ];
     for (name, cond, reason, text) in cases {
-        let p = wait_provider(&world, name, &format!("{cond}={reason}"), |p| {
-            provider_condition(p, cond).is_some_and(|c| c.0 == "False" && c.1 == reason)
-        })
-        .await;
+        let p = world
+            .wait_provider(name, &format!("{cond}={reason}"), |p| {
+                provider_condition(p, cond).is_some_and(|c| c.0 == "False" && c.1 == reason)
+            })
+            .await;
         let (_, _, message) = provider_condition(&p, cond).expect("condition");
         let text = if name == "no-answer" {
             "unreachable"
@@ -330,10 +304,11 @@ async fn deleting_a_provider_with_live_claims_waits_for_them_and_orphans_nothing
         .delete("kubevirt-provider-advanced", &DeleteParams::default())
         .await
         .expect("delete accepted");
-    let p = wait_provider(&world, "kubevirt-provider-advanced", "InUse", |p| {
-        provider_condition(p, "Ready").is_some_and(|c| c.1 == "InUse")
-    })
-    .await;
+    let p = world
+        .wait_provider("kubevirt-provider-advanced", "InUse", |p| {
+            provider_condition(p, "Ready").is_some_and(|c| c.1 == "InUse")
+        })
+        .await;
     let (_, _, message) = provider_condition(&p, "Ready").expect("Ready");
     assert!(message.contains("tenant/live"), "{message}");
     // The claim keeps its node while the provider waits.

@@ -10,7 +10,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use autonodes::api::{NodeClaim, NodeClaimPhase, NodePool, LABEL_NODEPOOL};
+use autonodes::api::{NodeClaim, NodeClaimPhase, LABEL_NODEPOOL};
 use autonodes::controller::nodepool::LABEL_TEMPLATE_HASH;
 use autonodes::testenv::ManagedProcess;
 use common::world::*;
@@ -77,36 +77,6 @@ fn kubectl(world: &World, args: &[&str]) -> String {
     )
 }
 
-fn pool_condition(p: &NodePool, type_: &str) -> Option<(String, String, String)> {
-    find_condition(&p.status.as_ref()?.conditions, type_)
-}
-
-async fn wait_pool(
-    world: &World,
-    name: &str,
-    what: &str,
-    pred: impl Fn(&NodePool) -> bool,
-) -> NodePool {
-    let api = world.pools();
-    let start = Instant::now();
-    let mut last = None;
-    loop {
-        if let Ok(p) = api.get(name).await {
-            if pred(&p) {
-                return p;
-            }
-            last = p.status;
-        }
-        if start.elapsed() > WAIT {
-            panic!(
-                "pool {name}: timed out waiting for {what}; last status: {}",
-                serde_json::to_string_pretty(&last).unwrap_or_default()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
 /// Waits until the pool has exactly `n` claims, all Available, `n` Ready tenant Nodes, and
 /// as many VMs and user-data Secrets on the host, and no bootstrap token left. Returns the
 /// most claims seen Terminating with a node at once while waiting.
@@ -168,11 +138,12 @@ async fn a_static_pool_follows_kubectl_scale_from_0_to_5_to_2_to_0_without_leaki
                "labels": {"team": "blue"}}),
     )
     .await;
-    wait_pool(&world, "workers", "selector", |p| {
-        p.status.as_ref().and_then(|s| s.selector.as_deref())
-            == Some("autonodes.io/nodepool=workers")
-    })
-    .await;
+    world
+        .wait_pool("workers", "selector", |p| {
+            p.status.as_ref().and_then(|s| s.selector.as_deref())
+                == Some("autonodes.io/nodepool=workers")
+        })
+        .await;
     let step = |title: &str, world: &World| {
         let out = kubectl(world, &["get", "npool,nclaim", "-n", NS]);
         format!("$ kubectl get npool,nclaim -n {NS}   # {title}\n{out}\n")
@@ -257,20 +228,23 @@ async fn a_failed_claim_is_replaced_and_bad_pools_get_conditions_while_others_ke
         )
         .await;
     wait_settled(&world, "steady", 2).await;
-    let ghost = wait_pool(&world, "ghost", "ProviderNotFound", |p| {
-        pool_condition(p, "Ready").is_some_and(|c| c.1 == "ProviderNotFound")
-    })
-    .await;
+    let ghost = world
+        .wait_pool("ghost", "ProviderNotFound", |p| {
+            pool_condition(p, "Ready").is_some_and(|c| c.1 == "ProviderNotFound")
+        })
+        .await;
     assert_eq!(ghost.status.expect("status").replicas, 0);
     assert!(pool_claims(&world, "ghost").await.is_empty());
-    wait_pool(&world, "lost", "KubeconfigSecretNotFound", |p| {
-        pool_condition(p, "Ready").is_some_and(|c| c.1 == "KubeconfigSecretNotFound")
-    })
-    .await;
-    wait_pool(&world, "lost-static", "KubeconfigSecretNotFound", |p| {
-        pool_condition(p, "Ready").is_some_and(|c| c.1 == "KubeconfigSecretNotFound")
-    })
-    .await;
+    world
+        .wait_pool("lost", "KubeconfigSecretNotFound", |p| {
+            pool_condition(p, "Ready").is_some_and(|c| c.1 == "KubeconfigSecretNotFound")
+        })
+        .await;
+    world
+        .wait_pool("lost-static", "KubeconfigSecretNotFound", |p| {
+            pool_condition(p, "Ready").is_some_and(|c| c.1 == "KubeconfigSecretNotFound")
+        })
+        .await;
     assert!(pool_claims(&world, "lost-static").await.is_empty());
     let events = world.events_for(NS, "lost").await;
     assert!(
@@ -549,12 +523,13 @@ async fn a_dynamic_pool_packs_twelve_pending_one_cpu_pods_onto_three_nodes_and_r
         .filter_map(ready_since)
         .max()
         .expect("ready times");
-    let p = wait_pool(&world, "burst", "status", |p| {
-        p.status
-            .as_ref()
-            .is_some_and(|s| s.ready_replicas == 3 && s.replicas == 3)
-    })
-    .await;
+    let p = world
+        .wait_pool("burst", "status", |p| {
+            p.status
+                .as_ref()
+                .is_some_and(|s| s.ready_replicas == 3 && s.replicas == 3)
+        })
+        .await;
     let s = p.status.clone().expect("status");
     assert_eq!(s.cost, Some(3 * 56));
     let r = s.resources.expect("resources");
@@ -646,10 +621,11 @@ async fn a_dynamic_pool_honours_node_selectors_and_its_limits() {
     // Twelve more 1-CPU pods: 6 fit the large node's free room; the rest need one small
     // node (4 pods) and would need another, which the limit of 2 nodes forbids.
     create_pods(&world, (0..12).map(|i| pod(&format!("app-{i:02}"), None))).await;
-    let p = wait_pool(&world, "capped", "LimitReached", |p| {
-        pool_condition(p, "LimitReached").is_some_and(|c| c.0 == "True")
-    })
-    .await;
+    let p = world
+        .wait_pool("capped", "LimitReached", |p| {
+            pool_condition(p, "LimitReached").is_some_and(|c| c.0 == "True")
+        })
+        .await;
     let (_, reason, message) = pool_condition(&p, "LimitReached").expect("condition");
     assert_eq!(reason, "LimitReached");
     assert!(message.contains("nodes 2"), "{message}");

@@ -33,7 +33,8 @@ use serde::Serialize;
 use tokio::sync::Mutex;
 
 use crate::api::{NodeClaim, NodeProvider, NodeType};
-use crate::clients::{ClientError, ClusterClients};
+use crate::clients::{remote_error_text, ClientError, ClusterClients};
+use crate::kubeconfig::KubeconfigPolicy;
 use crate::metrics::Metrics;
 
 /// Field manager of every write autonodes makes.
@@ -50,6 +51,8 @@ pub struct ControllerConfig {
     pub registration_timeout: Duration,
     /// How long draining a Node may take before it is deleted anyway.
     pub drain_timeout: Duration,
+    /// What kubeconfig Secrets may contain beyond the defaults.
+    pub kubeconfig_policy: KubeconfigPolicy,
 }
 
 impl Default for ControllerConfig {
@@ -59,6 +62,7 @@ impl Default for ControllerConfig {
             launch_timeout: Duration::from_secs(600),
             registration_timeout: Duration::from_secs(900),
             drain_timeout: Duration::from_secs(120),
+            kubeconfig_policy: KubeconfigPolicy::default(),
         }
     }
 }
@@ -76,7 +80,7 @@ pub enum Error {
         source: kube::Error,
     },
     /// A call to a remote cluster failed.
-    #[error("{cluster}: {context}: {source}")]
+    #[error("{cluster}: {context}: {}", remote_error_text(.source))]
     Remote {
         /// The cluster.
         cluster: String,
@@ -346,6 +350,7 @@ pub async fn run(
     let clients = Arc::new(ClusterClients::new(
         client.clone(),
         config.namespace.clone(),
+        config.kubeconfig_policy,
     ));
     clients.set_on_connect(remote::watch_hook(wake_claims.clone()));
 

@@ -30,7 +30,7 @@ use crate::api::{
     NodeClaim, NodeClaimPhase, NodeClaimStatus, FINALIZER, LABEL_MANAGED_BY, LABEL_NODECLAIM,
     LABEL_NODECLAIM_NAMESPACE, LABEL_NODECLAIM_UID, MANAGED_BY,
 };
-use crate::clients::{ClientError, Remote, REMOTE_TIMEOUT};
+use crate::clients::{status_message, ClientError, Remote, REMOTE_TIMEOUT};
 use crate::conditions::{self, status_of, TRUE};
 use crate::kubevirt;
 use crate::render::{self, RenderError, RenderedNode};
@@ -671,7 +671,7 @@ async fn provision(
                                 "VirtualMachineRejected",
                                 format!(
                                     "{host_cluster} rejected the VirtualMachine: {}",
-                                    s.message
+                                    status_message(s)
                                 ),
                             );
                             w.write().await?;

@@ -45,7 +45,7 @@ use crate::api::{
     NodeClaim, NodeClaimPhase, NodeClaimSpec, NodePool, NodePoolLimits, NodePoolResources,
     NodePoolSpec, NodePoolStatus, ResourceList, LABEL_NODEPOOL,
 };
-use crate::clients::{ClusterKey, Remote, REMOTE_TIMEOUT};
+use crate::clients::{remote_error_text, ClusterKey, Remote, REMOTE_TIMEOUT};
 use crate::conditions::{self, status_of, TRUE};
 use crate::resources::{self, ResourceAmounts, CPU, MEMORY};
 use crate::scheduling::{self, Catalogue, ClaimRequest, PreparedType};
@@ -1126,7 +1126,7 @@ async fn tenant_call<T>(
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err((
             "TenantUnreachable".into(),
-            format!("{}: {context}: {e}", remote.key),
+            format!("{}: {context}: {}", remote.key, remote_error_text(&e)),
         )),
         Err(_) => Err((
             "TenantUnreachable".into(),

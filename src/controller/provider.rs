@@ -20,7 +20,7 @@ use crate::api::{
     NodeProvider, NodeProviderStatus, NodeType, ProviderPhase, FINALIZER, LABEL_MANAGED_BY,
     LABEL_PROVIDER, MANAGED_BY,
 };
-use crate::clients::REMOTE_TIMEOUT;
+use crate::clients::{remote_error_text, REMOTE_TIMEOUT};
 use crate::conditions::{self, status_of, FALSE, TRUE};
 use crate::kubevirt;
 use crate::scheduling::{self, ProviderContext};
@@ -114,20 +114,20 @@ async fn host_check(p: &NodeProvider, ctx: &Context) -> (bool, &'static str, Str
                     "HostReachable",
                     format!("host cluster {cluster} serves KubeVirt VirtualMachines"),
                 ),
-                Err(kube::Error::Api(s)) if s.code == 404 => (
+                Err(e) if matches!(&e, kube::Error::Api(s) if s.code == 404) => (
                     false,
                     "KubeVirtNotInstalled",
                     format!(
                         "host cluster {cluster} does not serve kubevirt.io/v1 VirtualMachines: {}",
-                        s.message
+                        remote_error_text(&e)
                     ),
                 ),
-                Err(kube::Error::Api(s)) if s.code == 401 || s.code == 403 => (
+                Err(e) if matches!(&e, kube::Error::Api(s) if s.code == 401 || s.code == 403) => (
                     false,
                     "HostForbidden",
                     format!(
                         "host cluster {cluster} refused to list VirtualMachines in {namespace}: {}",
-                        s.message
+                        remote_error_text(&e)
                     ),
                 ),
                 Err(e) => {
@@ -135,7 +135,7 @@ async fn host_check(p: &NodeProvider, ctx: &Context) -> (bool, &'static str, Str
                     (
                         false,
                         "HostUnreachable",
-                        format!("host cluster {cluster}: {e}"),
+                        format!("host cluster {cluster}: {}", remote_error_text(&e)),
                     )
                 }
             }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use autonodes::api::{NodeClaim, NodeProvider, NodeType, LABEL_MANAGED_BY, MANAGED_BY};
+use autonodes::api::{NodeClaim, NodePool, NodeProvider, NodeType, LABEL_MANAGED_BY, MANAGED_BY};
 use autonodes::controller::ControllerConfig;
 use autonodes::dev::{wire, Playground, SERVICE_NAMESPACE};
 use autonodes::simulator::{SimMode, SimOptions, Tenant};
@@ -171,6 +171,7 @@ impl World {
             launch_timeout: opts.launch_timeout,
             registration_timeout: opts.registration_timeout,
             drain_timeout: Duration::from_secs(20),
+            ..Default::default()
         };
         World {
             playground,
@@ -315,6 +316,26 @@ impl World {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    /// Waits until the NodeProvider `name` satisfies `pred` (up to [`OBJECT_WAIT`]).
+    pub async fn wait_provider(
+        &self,
+        name: &str,
+        what: &str,
+        pred: impl Fn(&NodeProvider) -> bool,
+    ) -> NodeProvider {
+        wait_object(Api::all(self.mgmt.clone()), name, what, pred).await
+    }
+
+    /// Waits until the NodePool `name` in [`NS`] satisfies `pred` (up to [`OBJECT_WAIT`]).
+    pub async fn wait_pool(
+        &self,
+        name: &str,
+        what: &str,
+        pred: impl Fn(&NodePool) -> bool,
+    ) -> NodePool {
+        wait_object(self.pools(), name, what, pred).await
     }
 
     /// Waits until the claim's phase is `phase`.
@@ -464,6 +485,50 @@ impl World {
         self.stop_controller().await;
         self.stop_simulator().await;
     }
+}
+
+/// How long [`World::wait_provider`] and [`World::wait_pool`] wait.
+pub const OBJECT_WAIT: Duration = Duration::from_secs(150);
+
+/// Polls `name` until `pred` holds; on timeout fails with the last status seen.
+async fn wait_object<K>(api: Api<K>, name: &str, what: &str, pred: impl Fn(&K) -> bool) -> K
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug,
+{
+    let kind = K::kind(&()).to_string();
+    let start = std::time::Instant::now();
+    let mut last = serde_json::Value::Null;
+    loop {
+        if let Ok(Some(o)) = api.get_opt(name).await {
+            if pred(&o) {
+                return o;
+            }
+            last = serde_json::to_value(&o)
+                .map(|v| v["status"].clone())
+                .unwrap_or_default();
+        }
+        if start.elapsed() > OBJECT_WAIT {
+            panic!(
+                "{kind} {name}: timed out after {OBJECT_WAIT:?} waiting for {what}; last status: {}",
+                serde_json::to_string_pretty(&last).unwrap_or_default()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The condition `type_` of a NodeProvider as `(status, reason, message)`.
+pub fn provider_condition(p: &NodeProvider, type_: &str) -> Option<(String, String, String)> {
+    find_condition(&p.status.as_ref()?.conditions, type_)
+}
+
+/// The condition `type_` of a NodePool as `(status, reason, message)`.
+pub fn pool_condition(p: &NodePool, type_: &str) -> Option<(String, String, String)> {
+    find_condition(&p.status.as_ref()?.conditions, type_)
 }
 
 /// Objects labelled `app.kubernetes.io/managed-by=autonodes`.

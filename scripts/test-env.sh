@@ -37,15 +37,19 @@ need_pkgs() {
   fi
 }
 
-# 1. etcd from Debian.
+# 1. etcd from Debian. The tests start their own etcd on free ports with their own data
+# directories, so an etcd the machine already runs is left alone. Only when this script
+# installs the package, and the package's own service started with it, is that service
+# stopped again (it is ours: nobody else asked for it).
+etcd_was_installed=0
+dpkg-query -W -f='${Status}' etcd-server 2>/dev/null | grep -q "install ok installed" && etcd_was_installed=1
 need_pkgs etcd-server openssl
-# The package may start a system etcd on the default ports; tests use their
-# own ports and data dirs, but stop the service so it does not hold 2379.
-if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet etcd 2>/dev/null; then
+if [ "$etcd_was_installed" = 0 ] && command -v systemctl >/dev/null 2>&1 \
+   && systemctl is-active --quiet etcd 2>/dev/null; then
+  log "stopping the etcd service the package just started (the tests run their own)"
   $SUDO systemctl stop etcd || true
   $SUDO systemctl disable etcd >/dev/null 2>&1 || true
 fi
-pkill -x etcd 2>/dev/null && log "stopped a stray etcd" || true
 
 # 2. Kubernetes binaries, built once.
 have_all=1

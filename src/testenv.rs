@@ -152,6 +152,31 @@ pub struct ManagedProcess {
     log: PathBuf,
 }
 
+/// The environment variable naming a directory where every started process is recorded
+/// (`<pid>` holding `<start time> <name>`), so `scripts/test.sh` can tell whether a process
+/// *the tests started* outlived them, without looking at anybody else's processes.
+pub const PIDS_DIR_ENV: &str = "AUTONODES_TEST_PIDS";
+
+/// Records a process the tests started in [`PIDS_DIR_ENV`], when set (best effort).
+pub fn record_pid(pid: u32, name: &str) {
+    let Some(dir) = std::env::var_os(PIDS_DIR_ENV) else {
+        return;
+    };
+    // Field 22 of /proc/<pid>/stat: the start time, which tells a reused pid apart.
+    let start = fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(19).map(str::to_string))
+        });
+    if let Some(start) = start {
+        let _ = fs::write(
+            Path::new(&dir).join(pid.to_string()),
+            format!("{start} {name}\n"),
+        );
+    }
+}
+
 impl ManagedProcess {
     /// Starts `program args…` with stdout and stderr appended to `log`.
     pub fn spawn(
@@ -179,6 +204,7 @@ impl ManagedProcess {
         let child = cmd
             .spawn()
             .map_err(io_err(format!("starting {name} ({})", program.display())))?;
+        record_pid(child.id(), name);
         Ok(ManagedProcess {
             name: name.to_string(),
             child: Some(child),

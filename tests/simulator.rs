@@ -944,6 +944,7 @@ async fn the_simulate_command_plays_kubevirt_until_it_is_interrupted() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("autonodes simulate starts");
+    autonodes::testenv::record_pid(child.id(), "autonodes simulate");
     let mut child = KillOnDrop(child);
     c.write_vm("cli", &user_data("cli", &c.endpoint(), TOKEN, &c.ca_hash()))
         .await;

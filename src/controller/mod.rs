@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use futures::channel::mpsc;
 use futures::StreamExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{EventType, Reporter};
@@ -84,6 +85,8 @@ pub enum Error {
     Remote {
         /// The cluster.
         cluster: String,
+        /// True for a host cluster, false for a tenant.
+        on_host: bool,
         /// What was being done.
         context: String,
         /// The API error.
@@ -102,6 +105,16 @@ pub enum Error {
     /// finalizer stays; the object is looked at again shortly.
     #[error("waiting: {0}")]
     Waiting(String),
+    /// A cleanup step failed (a cluster unreachable, a 403, a kubeconfig Secret missing or
+    /// refused). The finalizer stays — what the step guards may still exist — and the
+    /// cleanup is retried with backoff ([`cleanup_backoff`]).
+    #[error("cleanup blocked ({reason}): {message}")]
+    CleanupBlocked {
+        /// The condition reason.
+        reason: &'static str,
+        /// What failed.
+        message: String,
+    },
     /// An object lacks a field the API server always sets.
     #[error("{0} lacks {1}")]
     Missing(String, &'static str),
@@ -126,6 +139,7 @@ impl Error {
             Error::Finalizer(_) => "finalizer",
             Error::Conflict(_) => "conflict",
             Error::Waiting(_) => "waiting",
+            Error::CleanupBlocked { .. } => "cleanup_blocked",
             Error::Missing(..) => "missing",
             Error::Internal(_) => "internal",
         }
@@ -287,10 +301,11 @@ where
         &Patch::Apply(&patch),
     )
     .await
-    .map_err(Error::kube(format!(
-        "writing status of {} {name}",
-        K::kind(&())
-    )))?;
+    .map_err(|e| match e {
+        // Expected: the cache was behind our own last write. Not a failure.
+        kube::Error::Api(s) if s.code == 409 => Error::Conflict(format!("{} {name}", K::kind(&()))),
+        e => Error::kube(format!("writing status of {} {name}", K::kind(&())))(e),
+    })?;
     Ok(())
 }
 
@@ -479,6 +494,18 @@ fn claims_api_all(client: &Client) -> Api<NodeClaim> {
 }
 
 impl Error {
+    /// The error a reconcile returned, unwrapped from the finalizer helper's error.
+    pub fn inner(&self) -> &Error {
+        use kube::runtime::finalizer::Error as F;
+        match self {
+            Error::Finalizer(f) => match f.as_ref() {
+                F::ApplyFailed(e) | F::CleanupFailed(e) => e,
+                _ => self,
+            },
+            e => e,
+        }
+    }
+
     /// True for a write conflict (stale read) or a cleanup that is waiting, wrapped or
     /// not: expected states, retried soon and not logged as failures.
     pub fn is_conflict(&self) -> bool {
@@ -499,11 +526,26 @@ impl Error {
     }
 }
 
-/// Requeue delay after an error: at once for a conflict (stale cache), else with a pause.
+/// How soon a blocked cleanup is tried again: 5 s at first, then a tenth of the time the
+/// object has been waiting for deletion, at most 60 s — quick after a blip, and no storm
+/// of retries against a cluster that stays away.
+pub fn cleanup_backoff(deletion_requested: Option<&Time>) -> Duration {
+    let waited = deletion_requested
+        .map(|t| {
+            let secs = Timestamp::now().as_second() - t.0.as_second();
+            Duration::from_secs(u64::try_from(secs).unwrap_or(0))
+        })
+        .unwrap_or_default();
+    (waited / 10).clamp(Duration::from_secs(5), Duration::from_secs(60))
+}
+
+/// Requeue delay after an error: at once for a conflict (a stale cache catches up within
+/// milliseconds), soon for a cleanup that waits, else with a pause.
 pub fn error_requeue(error: &Error) -> kube::runtime::controller::Action {
-    if error.is_conflict() {
-        kube::runtime::controller::Action::requeue(Duration::from_millis(1000))
-    } else {
-        kube::runtime::controller::Action::requeue(Duration::from_secs(5))
+    use kube::runtime::controller::Action;
+    match error.inner() {
+        Error::Conflict(_) => Action::requeue(Duration::from_millis(200)),
+        _ if error.is_conflict() => Action::requeue(Duration::from_millis(1000)),
+        _ => Action::requeue(Duration::from_secs(5)),
     }
 }

@@ -30,7 +30,7 @@ use crate::api::{
     NodeClaim, NodeClaimPhase, NodeClaimStatus, FINALIZER, LABEL_MANAGED_BY, LABEL_NODECLAIM,
     LABEL_NODECLAIM_NAMESPACE, LABEL_NODECLAIM_UID, MANAGED_BY,
 };
-use crate::clients::{status_message, ClientError, Remote, REMOTE_TIMEOUT};
+use crate::clients::{status_message, ClientError, ClusterKey, Remote, REMOTE_TIMEOUT};
 use crate::conditions::{self, status_of, TRUE};
 use crate::kubevirt;
 use crate::render::{self, RenderError, RenderedNode};
@@ -83,6 +83,12 @@ pub async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Actio
 
 /// Logs the error; the claim is retried with backoff.
 pub fn error_policy(claim: Arc<NodeClaim>, error: &Error, _ctx: Arc<Context>) -> Action {
+    if let Error::CleanupBlocked { .. } = error.inner() {
+        // Already reported by the condition, an Event and a log line.
+        let delay = super::cleanup_backoff(claim.metadata.deletion_timestamp.as_ref());
+        tracing::debug!(nodeclaim = %claim.name_any(), ?delay, "cleanup blocked; retrying");
+        return Action::requeue(delay);
+    }
     if error.is_conflict() {
         tracing::debug!(%error, "stale read; reconciling again");
         return super::error_requeue(error);
@@ -375,8 +381,12 @@ async fn schedule(claim: &NodeClaim, ctx: &Context) -> Result<Option<Scheduled>,
     let status = claim.status.clone().unwrap_or_default();
     if let Some(type_ref) = status.type_ref.clone() {
         let catalogue = catalogue(ctx);
+        // A claim whose VM already runs keeps it when its type turns unusable (its provider
+        // not ready or being deleted, its template changed): nothing is created from the
+        // type any more, and the claim goes on watching its VM and Node.
+        let provisioned = conditions::is_true(&status.conditions, PROVISIONED);
         return match catalogue.get(&type_ref).filter(|t| t.name == type_ref) {
-            Some(t) if t.problem.is_none() => Ok(Some(Scheduled {
+            Some(t) if t.problem.is_none() || provisioned => Ok(Some(Scheduled {
                 node_type: t.clone(),
                 status,
             })),
@@ -472,6 +482,7 @@ fn remote_err(
     let context = context.into();
     move |source| Error::Remote {
         cluster: remote.key.to_string(),
+        on_host: matches!(remote.key, ClusterKey::Host(_)),
         context,
         source,
     }
@@ -493,6 +504,11 @@ async fn remote_call<T>(
     ctx.metrics
         .remote_request(&remote.key.metric_label(), &result);
     result.map_err(remote_err(remote, what))
+}
+
+/// A 401 or 403 from a cluster.
+fn forbidden(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 401 || s.code == 403)
 }
 
 fn not_found(e: &Error) -> bool {
@@ -1553,7 +1569,14 @@ async fn cleanup(claim: &NodeClaim, ctx: &Context) -> Result<Action, Error> {
         Err(e) => {
             let reason = match &e {
                 Error::Client(c) => c.reason(),
-                Error::Remote { .. } => "ClusterUnreachable",
+                Error::Remote {
+                    on_host: true,
+                    source,
+                    ..
+                } if forbidden(source) => "HostForbidden",
+                Error::Remote { on_host: true, .. } => "HostUnreachable",
+                Error::Remote { source, .. } if forbidden(source) => "TenantForbidden",
+                Error::Remote { .. } => "TenantUnreachable",
                 _ => "CleanupFailed",
             };
             w.set(
@@ -1562,9 +1585,14 @@ async fn cleanup(claim: &NodeClaim, ctx: &Context) -> Result<Action, Error> {
                 reason,
                 format!("cannot remove the claim's objects yet: {e}"),
             );
-            tracing::warn!(nodeclaim = %claim.name_any(), error = %e, "cleanup blocked");
+            tracing::warn!(nodeclaim = %claim.name_any(), namespace = %claim.namespace().unwrap_or_default(), %reason, error = %e, "cleanup blocked; the finalizer stays");
             w.write().await?;
-            return Ok(Action::requeue(Duration::from_secs(10)));
+            // An error keeps the finalizer: kube-runtime's finalizer helper releases it on
+            // Ok, and the VM, Secret or token this step guards may still exist.
+            return Err(Error::CleanupBlocked {
+                reason,
+                message: e.to_string(),
+            });
         }
     }
     let uid = uid(claim)?;

@@ -81,6 +81,11 @@ async fn apply(t: &NodeType, ctx: &Context) -> Result<Action, Error> {
     }
     let name = t.name_any();
     let provider = provider_of(ctx, t);
+    if unusable(t, provider.as_deref()).is_none() {
+        // This reconcile runs on the type as the type cache holds it now, the cache claims
+        // schedule from: pending claims may fit it (see provider::wake_dependents).
+        ctx.wake_pending_claims();
+    }
     let pctx = provider.as_deref().map(ProviderContext::from_provider);
     let mut prepared = scheduling::prepare_type(&name, &t.spec, pctx.as_ref());
     if prepared.problem.is_none() {

@@ -143,8 +143,25 @@ async fn host_check(p: &NodeProvider, ctx: &Context) -> (bool, &'static str, Str
     }
 }
 
+/// Wakes this provider's NodeTypes and the pending claims. Called with the provider as the
+/// provider cache holds it *now*: whoever wakes reads the same cache, so nobody looks at a
+/// provider status older than the one that woke them (a wake-up from another watch could
+/// arrive before this cache caught up, and the claim would wait for its next resync).
+fn wake_dependents(p: &NodeProvider, ctx: &Context) {
+    let name = p.name_any();
+    for t in ctx.types.state() {
+        if t.spec.provider_ref == name {
+            let _ = ctx.wake_types.unbounded_send(ObjectRef::from_obj(&*t));
+        }
+    }
+    ctx.wake_pending_claims();
+}
+
 async fn apply(p: &NodeProvider, ctx: &Context) -> Result<Action, Error> {
     let name = p.name_any();
+    if p.status.as_ref().and_then(|s| s.phase) == Some(ProviderPhase::Available) {
+        wake_dependents(p, ctx);
+    }
     let (reachable, host_reason, host_message) = host_check(p, ctx).await;
     let template_errors = validate_templates(p);
     let synced = sync_node_types(p, ctx).await?;

@@ -199,6 +199,7 @@ pub fn spawn_controller(dir: &Path, name: &str, args: &[&str]) -> Proc {
         .stderr(file)
         .spawn()
         .expect("autonodes run starts");
+    autonodes::testenv::record_pid(child.id(), "autonodes run");
     Proc {
         child,
         log,

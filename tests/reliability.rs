@@ -1,0 +1,94 @@
+//! Reliability on real API servers: a cleanup that cannot finish keeps its finalizer (and
+//! with it the claim) until everything the claim created is gone.
+mod common;
+
+use std::time::Duration;
+
+use autonodes::dev::{put_kubeconfig_secret, SERVICE_NAMESPACE};
+use common::world::*;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DeleteParams};
+
+const WAIT: Duration = Duration::from_secs(120);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cleanup_that_cannot_reach_the_host_keeps_the_claim_until_its_vm_is_gone() {
+    let world = World::start(WorldOptions::default()).await;
+    for name in ["keep-a", "keep-b"] {
+        world.claim_type(name, "standard-node").await;
+    }
+    for name in ["keep-a", "keep-b"] {
+        world.wait_phase(name, "Available", WAIT).await;
+    }
+    assert_eq!(world.vms().await.len(), 2);
+
+    // The host's kubeconfig Secret goes away, then the claims are deleted.
+    let host_secrets: Api<Secret> = Api::namespaced(world.mgmt.clone(), SERVICE_NAMESPACE);
+    host_secrets
+        .delete("test-kubevirt-1", &DeleteParams::default())
+        .await
+        .expect("host kubeconfig Secret deleted");
+    for name in ["keep-a", "keep-b"] {
+        world.delete_claim(name).await;
+    }
+    for name in ["keep-a", "keep-b"] {
+        let c = world
+            .wait_claim(name, "Ready=False/KubeconfigSecretNotFound", WAIT, |c| {
+                condition(c, "Ready").is_some_and(|x| x.1 == "KubeconfigSecretNotFound")
+            })
+            .await;
+        assert!(c.metadata.deletion_timestamp.is_some());
+        assert_eq!(
+            c.status.and_then(|s| s.phase).map(|p| format!("{p:?}")),
+            Some("Terminating".into())
+        );
+        common::eventually(&format!("an Event for {name}"), WAIT, || async {
+            let e = world.events_for(NS, name).await;
+            e.iter()
+                .any(|e| e.starts_with("KubeconfigSecretNotFound"))
+                .then_some(())
+        })
+        .await;
+    }
+    // The first retries come after 5 s; the old code released the finalizer on the first
+    // failed attempt. After several attempts the claims and their VMs are all still there.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    for name in ["keep-a", "keep-b"] {
+        let c = world
+            .claims()
+            .get_opt(name)
+            .await
+            .expect("read claim")
+            .unwrap_or_else(|| panic!("claim {name} was released while its VM still exists"));
+        assert_eq!(
+            condition(&c, "Ready").map(|x| x.1),
+            Some("KubeconfigSecretNotFound".into())
+        );
+    }
+    assert_eq!(world.vms().await.len(), 2, "the VMs are still there");
+    assert_eq!(world.host_secrets().await.len(), 2);
+
+    // The Secret comes back: the cleanup finishes and nothing is left.
+    let host = world.playground.host().expect("host");
+    put_kubeconfig_secret(
+        &world.mgmt,
+        SERVICE_NAMESPACE,
+        "test-kubevirt-1",
+        "kubeconfig",
+        &host.kubeconfig_yaml().expect("kubeconfig"),
+    )
+    .await
+    .expect("host kubeconfig Secret restored");
+    for name in ["keep-a", "keep-b"] {
+        world.wait_claim_gone(name, WAIT).await;
+    }
+    common::eventually("no VM, Secret, token or Node left", WAIT, || async {
+        (world.vms().await.is_empty()
+            && world.host_secrets().await.is_empty()
+            && world.tokens().await.is_empty()
+            && world.nodes().await.is_empty())
+        .then_some(())
+    })
+    .await;
+    world.shutdown().await;
+}

@@ -11,8 +11,45 @@ pub const FALSE: &str = "False";
 /// Condition status `Unknown`.
 pub const UNKNOWN: &str = "Unknown";
 
+/// The longest condition message written, in bytes (the API allows 32768; a longer one
+/// would make the whole status write fail). Longer messages are cut with `…`.
+pub const MAX_MESSAGE_BYTES: usize = 4096;
+
+/// `message` cut to at most [`MAX_MESSAGE_BYTES`] on a character boundary, `…` marking a cut.
+pub fn bounded_message(message: String) -> String {
+    if message.len() <= MAX_MESSAGE_BYTES {
+        return message;
+    }
+    let mut end = MAX_MESSAGE_BYTES - '…'.len_utf8();
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &message[..end])
+}
+
+/// "`n` of `total` `what` invalid: " and the first few problems, so a message stays short
+/// however many entries are broken (each entry's own status says the rest).
+pub fn summarize(problems: &[String], total: usize, what: &str) -> String {
+    const SHOWN: usize = 3;
+    let shown = problems
+        .iter()
+        .take(SHOWN)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join("; ");
+    if problems.len() <= SHOWN {
+        return shown;
+    }
+    format!(
+        "{} of {total} {what} invalid: {shown}; and {} more",
+        problems.len(),
+        problems.len() - SHOWN
+    )
+}
+
 /// Sets the condition `type_` in `conditions`. `lastTransitionTime` becomes `now` only when
-/// the condition is new or its status changes. Returns true when anything changed.
+/// the condition is new or its status changes. The message is bounded
+/// ([`bounded_message`]). Returns true when anything changed.
 pub fn set(
     conditions: &mut Vec<Condition>,
     type_: &str,
@@ -22,7 +59,7 @@ pub fn set(
     generation: Option<i64>,
     now: Timestamp,
 ) -> bool {
-    let message = message.into();
+    let message = bounded_message(message.into());
     match conditions.iter_mut().find(|c| c.type_ == type_) {
         Some(c) => {
             let changed = c.status != status
@@ -81,6 +118,43 @@ pub fn status_of(ok: bool) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_message_is_cut_on_a_character_boundary_with_an_ellipsis() {
+        let long = "é".repeat(5000);
+        let cut = bounded_message(long);
+        assert!(cut.len() <= MAX_MESSAGE_BYTES, "{}", cut.len());
+        assert!(cut.ends_with('…'));
+        let short = "fine".to_string();
+        assert_eq!(bounded_message(short.clone()), short);
+        let mut cs = Vec::new();
+        set(
+            &mut cs,
+            "Ready",
+            FALSE,
+            "Bad",
+            "x".repeat(100_000),
+            None,
+            at(1),
+        );
+        assert!(cs[0].message.len() <= MAX_MESSAGE_BYTES);
+    }
+
+    #[test]
+    fn many_problems_are_summarised_with_the_first_three() {
+        let problems: Vec<String> = (0..500)
+            .map(|i| format!("node type t{i}: broken"))
+            .collect();
+        let s = summarize(&problems, 500, "node types");
+        assert!(
+            s.starts_with("500 of 500 node types invalid: node type t0: broken; node type t1: broken; node type t2: broken; and 497 more"),
+            "{s}"
+        );
+        assert_eq!(
+            summarize(&problems[..2], 9, "node types"),
+            "node type t0: broken; node type t1: broken"
+        );
+    }
 
     fn at(secs: i64) -> Timestamp {
         Timestamp::from_second(secs).expect("valid timestamp")

@@ -92,3 +92,60 @@ async fn a_cleanup_that_cannot_reach_the_host_keeps_the_claim_until_its_vm_is_go
     .await;
     world.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_with_500_invalid_node_types_gets_a_short_status_and_others_are_served() {
+    let world = World::start(WorldOptions::default()).await;
+    // 500 broken entries: their messages together are far beyond the 32 KiB the API
+    // allows in one condition message.
+    let entries: String = (0..500)
+        .map(|i| {
+            format!(
+                "      - name: broken-node-type-with-a-long-name-{i:03}\n        mergeVirtualMachineTemplate: {{metadata: {{labels: {{a: b}}}}}}\n        virtualMachineTemplate: {{spec: {{template: {{spec: {{domain: {{memory: {{guest: 1Gi}}}}}}}}}}}}\n"
+            )
+        })
+        .collect();
+    world
+        .apply_provider(&provider_yaml(
+            "many-broken",
+            "test-kubevirt-1",
+            "1",
+            "1Gi",
+            &entries,
+        ))
+        .await;
+    world.claim_type("good", "standard-node").await;
+    let p = world
+        .wait_provider("many-broken", "TemplatesValid=False", |p| {
+            provider_condition(p, "TemplatesValid").is_some_and(|c| c.0 == "False")
+        })
+        .await;
+    let (_, reason, message) = provider_condition(&p, "TemplatesValid").expect("condition");
+    assert_eq!(reason, "InvalidTemplate");
+    assert!(
+        message.starts_with("500 of 500 node types invalid: node type many-broken.broken-node-type-with-a-long-name-000: "),
+        "{message}"
+    );
+    assert!(message.ends_with("and 497 more"), "{message}");
+    assert!(message.len() < 1024, "{}", message.len());
+    let ready = provider_condition(&p, "Ready").expect("Ready");
+    assert_eq!(ready.1, "InvalidTemplate");
+    // Each type says what is wrong with it.
+    let t = world
+        .wait_node_type(
+            "many-broken.broken-node-type-with-a-long-name-499",
+            "Failed",
+            |t| {
+                t.status
+                    .as_ref()
+                    .and_then(|s| s.phase)
+                    .map(|p| format!("{p:?}"))
+                    == Some("Failed".into())
+            },
+        )
+        .await;
+    let why = find_condition(&t.status.expect("status").conditions, "Ready").expect("Ready");
+    assert_eq!(why.1, "InvalidTemplate");
+    world.wait_phase("good", "Available", WAIT).await;
+    world.shutdown().await;
+}

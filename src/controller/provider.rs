@@ -189,7 +189,14 @@ async fn apply(p: &NodeProvider, ctx: &Context) -> Result<Action, Error> {
             ),
         )
     } else {
-        ("InvalidTemplate", template_errors.join("; "))
+        (
+            "InvalidTemplate",
+            conditions::summarize(
+                &template_errors,
+                p.spec.kube_virt.node_types.len(),
+                "node types",
+            ),
+        )
     };
     conditions::set(
         &mut status.conditions,

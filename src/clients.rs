@@ -315,7 +315,15 @@ impl ClusterClients {
                 return Err(invalid(refusal.to_string()));
             }
         };
-        let remote = build_remote(key.clone(), &checked).map_err(invalid)?;
+        let remote = match build_remote(key.clone(), &checked) {
+            Ok(r) => r,
+            Err(why) => {
+                // E.g. a client certificate TLS cannot use (X.509 v1, an unknown key type).
+                self.refuse(&key, &rv, namespace, name, "the kubeconfig", &why)
+                    .await;
+                return Err(invalid(why));
+            }
+        };
         self.cached_or_build(key, Some(rv), || Ok(remote)).await
     }
 

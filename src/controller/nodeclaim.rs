@@ -1228,8 +1228,8 @@ async fn remote_failure(
         Side::Tenant if conditions::is_true(c, PROVISIONED) => JOINED,
         Side::Tenant => PROVISIONED,
     };
-    let forbidden = matches!(&e, Error::Remote { source: kube::Error::Api(s), .. } if s.code == 401 || s.code == 403);
-    let reason = match (side, forbidden) {
+    let refused = matches!(&e, Error::Remote { source, .. } if forbidden(source));
+    let reason = match (side, refused) {
         (Side::Host, true) => "HostForbidden",
         (Side::Host, false) => "HostUnreachable",
         (Side::Tenant, true) => "TenantForbidden",

@@ -506,6 +506,18 @@ impl Error {
         }
     }
 
+    /// True when removing the finalizer found the object deleted already (a reconcile that
+    /// ran on a cached copy from before the finalizer was released).
+    pub fn is_gone(&self) -> bool {
+        use kube::runtime::finalizer::Error as F;
+        match self {
+            Error::Finalizer(f) => {
+                matches!(f.as_ref(), F::RemoveFinalizer(kube::Error::Api(s)) if s.code == 404)
+            }
+            _ => false,
+        }
+    }
+
     /// True for a write conflict (stale read) or a cleanup that is waiting, wrapped or
     /// not: expected states, retried soon and not logged as failures.
     pub fn is_conflict(&self) -> bool {

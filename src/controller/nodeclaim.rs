@@ -77,6 +77,12 @@ pub async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Actio
     })
     .await
     .map_err(|e| Error::Finalizer(Box::new(e)));
+    // A reconcile that ran on a cached copy older than the release of the finalizer finds
+    // the claim gone when it removes the finalizer again: nothing is left to do.
+    let result = match result {
+        Err(e) if e.is_gone() => Ok(Action::await_change()),
+        r => r,
+    };
     ctx.metrics.observe_reconcile("nodeclaim", started, &result);
     result
 }
@@ -1555,6 +1561,14 @@ async fn drain_node(
 }
 
 async fn cleanup(claim: &NodeClaim, ctx: &Context) -> Result<Action, Error> {
+    if let Some(uid) = claim.uid() {
+        if ctx.scheduling.lock().await.released.contains(&uid) {
+            // Cleaned up already; this run saw a cached copy from before the finalizer was
+            // released (a remote watch woke the claim meanwhile). Counting or deleting again
+            // would be wrong; Ok lets the finalizer helper release the finalizer if it holds.
+            return Ok(Action::await_change());
+        }
+    }
     let mut w = StatusWriter::new(claim, ctx);
     w.new.phase = Some(NodeClaimPhase::Terminating);
     let result = remove_remote_objects(claim, ctx, true).await;

@@ -37,13 +37,13 @@ pub fn summarize(problems: &[String], total: usize, what: &str) -> String {
         .cloned()
         .collect::<Vec<_>>()
         .join("; ");
-    if problems.len() <= SHOWN {
-        return shown;
+    let n = problems.len();
+    if n <= SHOWN {
+        return format!("{n} of {total} {what} invalid: {shown}");
     }
     format!(
-        "{} of {total} {what} invalid: {shown}; and {} more",
-        problems.len(),
-        problems.len() - SHOWN
+        "{n} of {total} {what} invalid: {shown}; and {} more",
+        n - SHOWN
     )
 }
 
@@ -152,7 +152,7 @@ mod tests {
         );
         assert_eq!(
             summarize(&problems[..2], 9, "node types"),
-            "node type t0: broken; node type t1: broken"
+            "2 of 9 node types invalid: node type t0: broken; node type t1: broken"
         );
     }
 

@@ -332,6 +332,9 @@ fn fill_prepared(
         replacement: spec.virtual_machine_template.as_ref(),
         resources: &spec.resources,
     })?;
+    // What rendering a claim's VM (or KubeVirt's admission) would refuse is found here, so
+    // the type is Failed and never chosen rather than failing every claim sent to it.
+    template::check_vm_template(&composed.template, &t.name)?;
     t.resources = template::effective_resources(&t.name, &spec.resources, &composed.template)?;
     t.amounts =
         ResourceAmounts::from_list(&t.resources).map_err(|source| TypeProblem::Resources {
@@ -1627,6 +1630,32 @@ mod tests {
         let e = choose(&cat, &request(&claim()), &BTreeMap::new()).expect_err("failed");
         assert!(e.message.contains("mutually exclusive"), "{}", e.message);
         assert!(e.message.contains("p.both"), "{}", e.message);
+    }
+
+    #[test]
+    fn a_template_kubevirt_would_refuse_fails_its_type_and_claims_go_to_a_valid_sibling() {
+        let mut both = spec(&[("cpu", "1"), ("memory", "1Gi")]);
+        both.merge_virtual_machine_template =
+            Some(json!({"spec": {"running": true, "runStrategy": "Always"}}));
+        let both = prepare_type("p.cheap-but-broken", &both, Some(&ctx()));
+        assert_eq!(both.phase(0), NodeTypePhase::Failed);
+        assert_eq!(
+            both.problem.as_ref().map(TypeProblem::reason),
+            Some("InvalidTemplate")
+        );
+        assert!(both
+            .problem
+            .as_ref()
+            .is_some_and(|p| p.to_string().contains("runStrategy")));
+        // A data volume whose name cannot fit beside the longest VM name fails too.
+        let mut long_dv = spec(&[]);
+        long_dv.merge_virtual_machine_template = Some(json!({"spec": {"dataVolumeTemplates": [
+            {"metadata": {"name": "d".repeat(200)}}]}}));
+        let long_dv = prepare_type("p.long-dv", &long_dv, Some(&ctx()));
+        assert_eq!(long_dv.phase(0), NodeTypePhase::Failed);
+        let cat = Catalogue::new(vec![both, long_dv, prepared("valid", &[("cpu", "8")])]);
+        let chosen = choose(&cat, &request(&claim()), &BTreeMap::new()).expect("a valid type");
+        assert_eq!(chosen.name, "p.valid");
     }
 
     #[test]

@@ -934,6 +934,20 @@ pub fn finalize_vm(
     Ok(Value::Object(vm))
 }
 
+/// Runs the checks of step 4 (and those KubeVirt's admission makes on what it forces, such
+/// as `running` together with `runStrategy`) on a type's template, with the longest VM name
+/// a claim can get, so a template no claim could use is found when the type is evaluated.
+pub fn check_vm_template(template: &Value, node_type: &str) -> Result<(), TemplateError> {
+    let longest = "n".repeat(MAX_DNS_LABEL);
+    let labels = managed_labels("check", "check", "check");
+    let id = VmIdentity {
+        name: &longest,
+        namespace: "check",
+        labels: &labels,
+    };
+    finalize_vm(template, &id, node_type).map(|_| ())
+}
+
 /// The whole composition (steps 1–4) for one node type and one VM.
 pub fn compose_vm(
     input: &TypeTemplateInput<'_>,

@@ -143,21 +143,39 @@ async fn bad_host_clusters_and_templates_give_conditions_and_events_while_good_c
     world
         .apply_provider(&provider("no-answer", "unreachable", ""))
         .await;
+    // One provider, three types: two broken ones (the cheaper) fail themselves, not the
+    // valid sibling, and a claim for the provider goes to the valid one.
     world
-        .apply_provider(&provider(
-            "both-templates",
+        .apply_provider(&provider_yaml(
+            "mixed",
             "test-kubevirt-1",
-            "        mergeVirtualMachineTemplate: {metadata: {labels: {a: b}}}\n        virtualMachineTemplate: {spec: {template: {spec: {domain: {memory: {guest: 1Gi}}}}}}",
+            "1",
+            "1Gi",
+            "      - name: both-templates\n        mergeVirtualMachineTemplate: {metadata: {labels: {a: b}}}\n        virtualMachineTemplate: {spec: {template: {spec: {domain: {memory: {guest: 1Gi}}}}}}\n      - name: run-twice\n        mergeVirtualMachineTemplate: {spec: {running: true, runStrategy: Always}}\n      - name: fine\n        resources: {cpu: \"2\", memory: 2Gi}\n",
         ))
         .await;
     // A claim for a good type goes on regardless.
     world.claim_type("good", "standard-node").await;
 
     let cases = [
-        ("no-secret", "HostReachable", "KubeconfigSecretNotFound", "autonodes-system/no-such-cluster"),
-        ("bad-kubeconfig", "HostReachable", "InvalidKubeconfig", "is not YAML"),
-        ("no-answer", "HostReachable", "HostUnreachable", "test-kubevirt-1"),
-        ("both-templates", "TemplatesValid", "InvalidTemplate", "node type both-templates.small: mergeVirtualMachineTemplate and virtualMachineTemplate are mutually exclusive"),
+        (
+            "no-secret",
+            "HostReachable",
+            "KubeconfigSecretNotFound",
+            "autonodes-system/no-such-cluster",
+        ),
+        (
+            "bad-kubeconfig",
+            "HostReachable",
+            "InvalidKubeconfig",
+            "is not YAML",
+        ),
+        (
+            "no-answer",
+            "HostReachable",
+            "HostUnreachable",
+            "test-kubevirt-1",
+        ),
     ];
     for (name, cond, reason, text) in cases {
         let p = world
@@ -188,22 +206,69 @@ async fn bad_host_clusters_and_templates_give_conditions_and_events_while_good_c
         .await;
         assert!(!events.is_empty());
     }
-    // Their node types are Failed with the reason; a claim pinned to one says why.
-    let t = world
-        .wait_node_type("both-templates.small", "Failed", |t| {
-            t.status
-                .as_ref()
-                .and_then(|s| s.phase)
-                .map(|p| format!("{p:?}"))
-                == Some("Failed".into())
+    // The provider with broken types stays Ready and says which types are broken.
+    let p = world
+        .wait_provider("mixed", "TemplatesValid=False", |p| {
+            provider_condition(p, "TemplatesValid")
+                .is_some_and(|c| c.0 == "False" && c.1 == "InvalidTemplate")
         })
         .await;
-    let ready = t
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready").cloned())
-        .expect("Ready");
-    assert_eq!(ready.reason, "InvalidTemplate");
+    let (_, _, message) = provider_condition(&p, "TemplatesValid").expect("TemplatesValid");
+    assert!(
+        message.starts_with("2 of 3 node types invalid: "),
+        "{message}"
+    );
+    assert!(
+        message.contains("node type mixed.both-templates: mergeVirtualMachineTemplate and virtualMachineTemplate are mutually exclusive")
+            && message.contains("mixed.run-twice")
+            && message.contains("runStrategy"),
+        "{message}"
+    );
+    let p = world
+        .wait_provider("mixed", "Ready=True", |p| {
+            provider_condition(p, "Ready").is_some_and(|c| c.0 == "True")
+        })
+        .await;
+    assert_eq!(
+        p.status
+            .as_ref()
+            .and_then(|s| s.phase)
+            .map(|ph| format!("{ph:?}")),
+        Some("Available".into())
+    );
+    // The broken types are Failed with the reason; the sibling is Available.
+    for (name, phase, reason) in [
+        ("mixed.both-templates", "Failed", "InvalidTemplate"),
+        ("mixed.run-twice", "Failed", "InvalidTemplate"),
+        ("mixed.fine", "Available", "Available"),
+    ] {
+        let t = world
+            .wait_node_type(name, phase, |t| {
+                t.status
+                    .as_ref()
+                    .and_then(|s| s.phase)
+                    .map(|p| format!("{p:?}"))
+                    == Some(phase.into())
+            })
+            .await;
+        let ready = t
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready").cloned())
+            .expect("Ready");
+        assert_eq!(ready.reason, reason, "{name}: {}", ready.message);
+    }
+    world
+        .create_claim(
+            serde_json::json!({"metadata": {"name": "to-mixed"}, "spec": {"providerRef": "mixed"}}),
+        )
+        .await;
+    let placed = world.wait_phase("to-mixed", "Available", WAIT).await;
+    assert_eq!(
+        placed.status.and_then(|s| s.type_ref).as_deref(),
+        Some("mixed.fine")
+    );
+    // A claim pinned to a type of a provider whose host is broken says why.
     world
         .create_claim(serde_json::json!({"metadata": {"name": "pinned"}, "spec": {"typeRef": "no-secret.small"}}))
         .await;

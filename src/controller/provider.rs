@@ -207,16 +207,21 @@ async fn apply(p: &NodeProvider, ctx: &Context) -> Result<Action, Error> {
         gen,
         t,
     );
-    let ready = reachable && templates_ok;
-    let (rr, rm) = if ready {
+    // A broken node type fails itself (its NodeType is Failed and never chosen), never
+    // its siblings: the provider is ready when its host is.
+    let ready = reachable;
+    let (rr, rm) = if !ready {
+        (host_reason.to_string(), host_message.clone())
+    } else if templates_ok {
         (
             "Ready".to_string(),
             "host reachable and templates valid".to_string(),
         )
-    } else if !reachable {
-        (host_reason.to_string(), host_message.clone())
     } else {
-        ("InvalidTemplate".to_string(), tm.clone())
+        (
+            "Ready".to_string(),
+            format!("host reachable; the other node types are served ({tm})"),
+        )
     };
     let rm = match &synced.kept_in_use {
         kept if kept.is_empty() => rm,

@@ -3,7 +3,8 @@
 //! The crate is split the way the design reads:
 //! - pure core, no I/O: [`api`] (the CRD types), [`template`] (VirtualMachine composition),
 //!   [`scheduling`] (properties, requirements, cost, capacity, type choice),
-//!   [`userdata`] (cloud-init rendering), [`kubeconfig`] (the check of kubeconfig Secrets);
+//!   [`userdata`] (cloud-init rendering), [`kubeconfig`] (the check of kubeconfig Secrets),
+//!   [`names`] (names and label values derived from user names, made to fit);
 //! - [`crdgen`] writes `crds/`;
 //! - [`testenv`] starts real etcd and kube-apiserver processes (tests and `autonodes dev`).
 #![forbid(unsafe_code)]
@@ -19,6 +20,7 @@ pub mod kubeconfig;
 pub mod kubevirt;
 pub mod leader;
 pub mod metrics;
+pub mod names;
 pub mod render;
 pub mod resources;
 pub mod run;

@@ -208,11 +208,17 @@ pub fn render_node(
     }
 
     let properties = scheduling::node_properties(t, pool, &claim.spec);
-    let labels = scheduling::node_labels(&properties, pool.map(|p| &p.labels), &claim.spec.labels)
-        .map_err(|source| RenderError::Labels {
-            claim: id(),
-            source,
-        })?;
+    let identity = template::node_identity_labels(name, namespace, uid);
+    let labels = scheduling::node_labels(
+        &properties,
+        pool.map(|p| &p.labels),
+        &claim.spec.labels,
+        &identity,
+    )
+    .map_err(|source| RenderError::Labels {
+        claim: id(),
+        source,
+    })?;
     let taints =
         scheduling::node_taints(t, pool, &claim.spec).map_err(|source| RenderError::Taints {
             claim: id(),

@@ -15,7 +15,8 @@ use serde_json::Value;
 
 use crate::api::{
     NodeClaim, NodeClaimSpec, NodePoolSpec, NodeProvider, NodeType, NodeTypeCapacity,
-    NodeTypePhase, NodeTypeSpec, Operator, Properties, Requirement, ResourceList, LABEL_PROVIDER,
+    NodeTypePhase, NodeTypeSpec, Operator, Properties, Requirement, ResourceList, LABEL_NODECLAIM,
+    LABEL_NODECLAIM_NAMESPACE, LABEL_NODECLAIM_UID, LABEL_NODEPOOL, LABEL_PROVIDER,
 };
 use crate::resources::{self, ResourceAmounts, ResourceError};
 use crate::template::{self, TemplateError, TypeTemplateInput};
@@ -915,16 +916,6 @@ pub fn node_properties(
     p
 }
 
-fn is_label_name(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b[0].is_ascii_alphanumeric()
-        && b[b.len() - 1].is_ascii_alphanumeric()
-        && b.iter()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
-}
-
 fn is_dns_subdomain(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 253
@@ -943,14 +934,14 @@ fn is_dns_subdomain(s: &str) -> bool {
 /// name of at most 63 characters of `[A-Za-z0-9-_.]` starting and ending alphanumeric.
 pub fn is_valid_label_key(key: &str) -> bool {
     match key.split_once('/') {
-        Some((prefix, name)) => is_dns_subdomain(prefix) && is_label_name(name),
-        None => is_label_name(key),
+        Some((prefix, name)) => is_dns_subdomain(prefix) && crate::names::is_label_value(name),
+        None => crate::names::is_label_value(key),
     }
 }
 
 /// Whether `value` is a valid label value (empty, or like a label name).
 pub fn is_valid_label_value(value: &str) -> bool {
-    value.is_empty() || is_label_name(value)
+    value.is_empty() || crate::names::is_label_value(value)
 }
 
 /// Whether a kubelet accepts `key` in `--node-labels`. Keys in the `kubernetes.io` or
@@ -980,6 +971,40 @@ pub fn kubelet_may_set_label(key: &str) -> bool {
         || ALLOWED.contains(&key)
         || under(namespace, "kubelet.kubernetes.io")
         || under(namespace, "node.kubernetes.io")
+}
+
+/// Why a pool or claim may not set the node label `key`, if it may not: labels the
+/// kubelet, the node controller or autonodes itself own. Of `node.kubernetes.io/*`, only
+/// `exclude-from-external-load-balancers` and `exclude-disruption` (meant for
+/// administrators) may be set.
+pub fn reserved_label(key: &str) -> Option<&'static str> {
+    const USER_NODE_LABELS: &[&str] = &[
+        "node.kubernetes.io/exclude-from-external-load-balancers",
+        "node.kubernetes.io/exclude-disruption",
+    ];
+    let (namespace, _) = key.split_once('/').unwrap_or(("", key));
+    let under = |domain: &str| namespace == domain || namespace.ends_with(&format!(".{domain}"));
+    match key {
+        "kubernetes.io/hostname" => Some("the kubelet sets it to the node's name"),
+        PROP_OS | PROP_ARCH => {
+            Some("the kubelet sets it; choose it with the property of the same name")
+        }
+        PROP_INSTANCE_TYPE | PROP_NODE_TYPE | PROP_NODE_TYPE_ALIAS | PROP_PROVIDER => {
+            Some("autonodes sets it from the node type")
+        }
+        LABEL_NODECLAIM | LABEL_NODECLAIM_NAMESPACE | LABEL_NODECLAIM_UID | LABEL_NODEPOOL => {
+            Some("autonodes sets it to name the node's claim")
+        }
+        k if USER_NODE_LABELS.contains(&k) => None,
+        _ if namespace == "beta.kubernetes.io" => Some("the kubelet sets it"),
+        _ if under("node.kubernetes.io") => Some("the kubelet or the node controller owns it"),
+        _ if namespace == "topology.kubernetes.io"
+            || namespace == "failure-domain.beta.kubernetes.io" =>
+        {
+            Some("it describes the host; set it as a property of the provider or node type")
+        }
+        _ => None,
+    }
 }
 
 /// A node label that cannot be used.
@@ -1017,12 +1042,14 @@ impl NodeLabels {
 
 /// The labels of a node: every property that is a valid label (key and value) and not a
 /// configuration property ([`CONFIG_PROPERTIES`]), then the pool's `labels`, then the
-/// claim's `labels`. Invalid pool or claim labels are errors naming the field; properties
-/// that are not valid labels are simply not labels.
+/// claim's `labels`, then `identity` (the labels naming the node's claim). Invalid or
+/// reserved ([`reserved_label`]) pool or claim labels are errors naming the field;
+/// properties that are not valid labels are simply not labels.
 pub fn node_labels(
     properties: &Properties,
     pool_labels: Option<&BTreeMap<String, String>>,
     claim_labels: &BTreeMap<String, String>,
+    identity: &BTreeMap<String, String>,
 ) -> Result<NodeLabels, LabelError> {
     let mut all: BTreeMap<String, String> = properties
         .iter()
@@ -1050,9 +1077,13 @@ pub fn node_labels(
             if !is_valid_label_value(v) {
                 return Err(error("not a valid label value"));
             }
+            if let Some(why) = reserved_label(k) {
+                return Err(error(why));
+            }
             all.insert(k.clone(), v.clone());
         }
     }
+    all.extend(identity.iter().map(|(k, v)| (k.clone(), v.clone())));
     let (join, after_join) = all.into_iter().partition(|(k, _)| kubelet_may_set_label(k));
     Ok(NodeLabels { join, after_join })
 }
@@ -1776,6 +1807,7 @@ mod tests {
             &props,
             None,
             &BTreeMap::from([("team".to_string(), "a".to_string())]),
+            &BTreeMap::new(),
         )
         .expect("valid");
         assert_eq!(
@@ -1793,11 +1825,53 @@ mod tests {
     }
 
     #[test]
+    fn labels_the_kubelet_the_node_controller_or_autonodes_own_are_refused() {
+        for key in [
+            "kubernetes.io/hostname",
+            "kubernetes.io/arch",
+            "beta.kubernetes.io/instance-type",
+            "node.kubernetes.io/instance-type",
+            "node.kubernetes.io/windows-build",
+            "topology.kubernetes.io/zone",
+            "autonodes.io/node-type",
+            "autonodes.io/nodeclaim",
+        ] {
+            let e = node_labels(
+                &Properties::new(),
+                None,
+                &BTreeMap::from([(key.to_string(), "evil".to_string())]),
+                &BTreeMap::new(),
+            )
+            .expect_err(key);
+            assert_eq!(e.field, "spec.labels");
+            assert_eq!(e.key, key);
+        }
+        for key in [
+            "node.kubernetes.io/exclude-from-external-load-balancers",
+            "node-role.kubernetes.io/worker",
+            "team",
+            "example.com/tier",
+        ] {
+            assert_eq!(reserved_label(key), None, "{key}");
+        }
+        // autonodes' own identity labels come last and are not refused.
+        let labels = node_labels(
+            &Properties::new(),
+            None,
+            &BTreeMap::new(),
+            &BTreeMap::from([("autonodes.io/nodeclaim".to_string(), "c".to_string())]),
+        )
+        .expect("identity");
+        assert_eq!(labels.join["autonodes.io/nodeclaim"], "c");
+    }
+
+    #[test]
     fn invalid_claim_labels_are_errors_naming_the_field() {
         let e = node_labels(
             &Properties::new(),
             None,
             &BTreeMap::from([("bad key".to_string(), "v".to_string())]),
+            &BTreeMap::new(),
         )
         .expect_err("invalid");
         assert_eq!(
@@ -1808,6 +1882,7 @@ mod tests {
             &Properties::new(),
             None,
             &BTreeMap::from([("k".to_string(), "a,b".to_string())]),
+            &BTreeMap::new(),
         )
         .expect_err("invalid");
         assert!(e.to_string().contains("not a valid label value"));

@@ -665,7 +665,8 @@ pub struct VmIdentity<'a> {
 }
 
 /// The labels every object autonodes creates carries: managed-by and the claim's
-/// name, namespace and UID.
+/// name (shortened with a hash when longer than a label value may be, see
+/// [`crate::names::label_value`]), namespace and UID.
 pub fn managed_labels(
     claim_name: &str,
     claim_namespace: &str,
@@ -673,13 +674,29 @@ pub fn managed_labels(
 ) -> BTreeMap<String, String> {
     BTreeMap::from([
         (LABEL_MANAGED_BY.to_string(), MANAGED_BY.to_string()),
-        (LABEL_NODECLAIM.to_string(), claim_name.to_string()),
+        (
+            LABEL_NODECLAIM.to_string(),
+            crate::names::label_value(claim_name),
+        ),
         (
             LABEL_NODECLAIM_NAMESPACE.to_string(),
             claim_namespace.to_string(),
         ),
         (LABEL_NODECLAIM_UID.to_string(), claim_uid.to_string()),
     ])
+}
+
+/// The labels naming a node's claim, which the kubelet registers the Node with (so tenant
+/// Node events find the claim): its name (shortened with a hash when longer than a label
+/// value may be), namespace and UID.
+pub fn node_identity_labels(
+    claim_name: &str,
+    claim_namespace: &str,
+    claim_uid: &str,
+) -> BTreeMap<String, String> {
+    let mut labels = managed_labels(claim_name, claim_namespace, claim_uid);
+    labels.remove(LABEL_MANAGED_BY);
+    labels
 }
 
 /// Name of the Secret that holds a VM's user data.
@@ -720,7 +737,7 @@ pub fn vm_name_for_claim(claim_namespace: &str, claim_name: &str, claim_uid: &st
             name.push(c);
         }
     }
-    let digest = fnv1a(&[claim_namespace, claim_name, claim_uid]);
+    let digest = crate::names::fnv1a(&[claim_namespace, claim_name, claim_uid]);
     let suffix = format!("{:06x}", digest & 0xff_ffff);
     let prefix: String = name.chars().take(MAX_DNS_LABEL - 7).collect();
     let prefix = prefix.trim_end_matches('-');
@@ -729,17 +746,6 @@ pub fn vm_name_for_claim(claim_namespace: &str, claim_name: &str, claim_uid: &st
     } else {
         format!("{prefix}-{suffix}")
     }
-}
-
-fn fnv1a(parts: &[&str]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for part in parts {
-        for b in part.bytes().chain(std::iter::once(0)) {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-    h
 }
 
 fn is_cloud_init_volume(v: &Value) -> bool {

@@ -150,3 +150,81 @@ async fn a_provider_with_500_invalid_node_types_gets_a_short_status_and_others_a
     world.wait_phase("good", "Available", WAIT).await;
     world.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_with_a_253_character_name_turns_available_and_kubelet_owned_labels_are_refused() {
+    let world = World::start(WorldOptions::default()).await;
+    // The longest name a claim may have: every label value and Event name derived from it
+    // must be shortened to fit.
+    let long = format!("{}-{}", "long".repeat(60), "x".repeat(12));
+    assert_eq!(long.len(), 253);
+    world.claim_type(&long, "standard-node").await;
+    world
+        .create_claim(
+            serde_json::json!({"metadata": {"name": "evil-label"}, "spec": {
+            "typeRef": "kubevirt-provider-advanced.standard-node",
+            "labels": {"kubernetes.io/hostname": "evil"}}}),
+        )
+        .await;
+
+    let c = world.wait_phase(&long, "Available", WAIT).await;
+    let node = c
+        .status
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .expect("node name");
+    let labels = world
+        .nodes()
+        .await
+        .into_iter()
+        .find(|n| n.metadata.name.as_deref() == Some(node.as_str()))
+        .and_then(|n| n.metadata.labels)
+        .expect("the claim's Node");
+    let value = &labels["autonodes.io/nodeclaim"];
+    assert!(
+        value.len() <= 63 && value.starts_with("longlong"),
+        "{value}"
+    );
+    assert_eq!(
+        labels["autonodes.io/nodeclaim-uid"],
+        c.metadata.uid.clone().expect("uid")
+    );
+    let events = world.events_for(NS, &long).await;
+    assert!(
+        events.iter().any(|e| e.starts_with("NodeReady")),
+        "{events:?}"
+    );
+
+    // A label the kubelet owns is refused with a condition and an Event; no Node is made.
+    let evil = world
+        .wait_claim("evil-label", "Scheduled=False/InvalidLabels", WAIT, |c| {
+            condition(c, "Scheduled").is_some_and(|x| x.0 == "False" && x.1 == "InvalidLabels")
+        })
+        .await;
+    assert_eq!(evil.status.as_ref().and_then(|s| s.type_ref.clone()), None);
+    let (_, _, message) = condition(&evil, "Scheduled").expect("Scheduled");
+    assert!(
+        message.contains("kubernetes.io/hostname") && message.contains("kubelet"),
+        "{message}"
+    );
+    let events = world.events_for(NS, "evil-label").await;
+    assert!(
+        events.iter().any(|e| e.starts_with("InvalidLabels")),
+        "{events:?}"
+    );
+    assert!(world.nodes().await.iter().all(|n| n
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get("kubernetes.io/hostname"))
+        != Some(&"evil".to_string())));
+
+    // Deleting the long-named claim leaves nothing behind.
+    world.delete_claim(&long).await;
+    world.wait_claim_gone(&long, WAIT).await;
+    common::eventually("the long-named claim's objects to go", WAIT, || async {
+        (world.vms().await.is_empty() && world.host_secrets().await.is_empty()).then_some(())
+    })
+    .await;
+    world.shutdown().await;
+}

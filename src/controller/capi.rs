@@ -47,6 +47,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::names::label_value;
 use futures::channel::mpsc;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{ObjectReference, Taint};
@@ -69,6 +70,17 @@ use crate::conditions::{self, status_of};
 use crate::controller::nodepool::{self, ANNOTATION_DELETE_FIRST, MAX_PODS_PER_NODE};
 use crate::resources::{self, ResourceAmounts};
 use crate::scheduling::{self, ClaimRequest, PreparedType};
+
+/// The name of the controlling owner of kind `kind` (owner references hold full names;
+/// labels may hold shortened ones).
+fn owner_named<K: Resource>(obj: &K, kind: &str) -> Option<String> {
+    obj.meta()
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.kind == kind && o.controller == Some(true))
+        .map(|o| o.name.clone())
+}
 
 /// Field manager of the mirror's writes (distinct from the other controllers', so
 /// server-side apply never drops what they own).
@@ -198,7 +210,9 @@ pub fn capacity_annotations(
         out.insert(CAPACITY_GPU_TYPE.to_string(), name.to_string());
     }
     let properties = scheduling::node_properties(t, None, template);
-    if let Ok(labels) = scheduling::node_labels(&properties, None, &template.labels) {
+    if let Ok(labels) =
+        scheduling::node_labels(&properties, None, &template.labels, &BTreeMap::new())
+    {
         let text: Vec<String> = labels
             .all()
             .iter()
@@ -390,18 +404,14 @@ pub async fn run(
         })
         .watches_stream(m_stream, |m: Machine| {
             let ns = m.namespace().unwrap_or_default();
-            m.labels()
-                .get(LABEL_POOL_NAME)
-                .map(|p| ObjectRef::new(p).within(&ns))
+            owner_named(&m, "MachinePool").map(|p| ObjectRef::new(&p).within(&ns))
         })
         .watches(
             Api::<NodeClaim>::all(client.clone()),
             super::watch_config(),
             |c: NodeClaim| {
                 let ns = c.namespace().unwrap_or_default();
-                c.labels()
-                    .get(LABEL_NODEPOOL)
-                    .map(|p| ObjectRef::new(p).within(&ns))
+                owner_named(&c, "NodePool").map(|p| ObjectRef::new(&p).within(&ns))
             },
         )
         .watches(
@@ -499,12 +509,12 @@ async fn reconcile_pool(pool: &NodePool, cctx: &CapiContext) -> Result<Action, E
         .await
         .map_err(Error::kube(format!("reading MachinePool {ns}/{name}")))?;
     let machines: Vec<Machine> = m_api
-        .list(&ListParams::default().labels(&format!("{LABEL_POOL_NAME}={name}")))
+        .list(&ListParams::default().labels(&format!("{LABEL_POOL_NAME}={}", label_value(&name))))
         .await
         .map_err(Error::kube(format!("listing Machines of {ns}/{name}")))?
         .items;
     let claims: Vec<NodeClaim> = claims_api
-        .list(&ListParams::default().labels(&format!("{LABEL_NODEPOOL}={name}")))
+        .list(&ListParams::default().labels(&format!("{LABEL_NODEPOOL}={}", label_value(&name))))
         .await
         .map_err(Error::kube(format!("listing NodeClaims of {ns}/{name}")))?
         .items
@@ -706,8 +716,8 @@ fn desired_machine_pool(
     annotations.extend(scale_from_zero(&cctx.ctx, pool));
     let labels = BTreeMap::from([
         (LABEL_MANAGED_BY.to_string(), MANAGED_BY.to_string()),
-        (LABEL_NODEPOOL.to_string(), name.clone()),
-        (LABEL_CLUSTER_NAME.to_string(), cluster.clone()),
+        (LABEL_NODEPOOL.to_string(), label_value(&name)),
+        (LABEL_CLUSTER_NAME.to_string(), label_value(&cluster)),
     ]);
     let mut mp = MachinePool::new(
         &name,
@@ -717,8 +727,8 @@ fn desired_machine_pool(
             template: MachineTemplateSpec {
                 metadata: MachineTemplateMetadata {
                     labels: BTreeMap::from([
-                        (LABEL_POOL_NAME.to_string(), name.clone()),
-                        (LABEL_CLUSTER_NAME.to_string(), cluster.clone()),
+                        (LABEL_POOL_NAME.to_string(), label_value(&name)),
+                        (LABEL_CLUSTER_NAME.to_string(), label_value(&cluster)),
                     ]),
                     annotations: BTreeMap::new(),
                 },
@@ -838,7 +848,7 @@ fn machine_pool_status(mp: &MachinePool, claims: &[NodeClaim], desired: i32) -> 
         ready_replicas: ready,
         available_replicas: ready,
         unavailable_replicas: (live - ready).max(0),
-        selector: Some(format!("{LABEL_POOL_NAME}={}", mp.name_any())),
+        selector: Some(format!("{LABEL_POOL_NAME}={}", label_value(&mp.name_any()))),
         phase: Some(phase.to_string()),
         node_refs,
         conditions: conditions_list,
@@ -887,10 +897,10 @@ async fn sync_machines(
         };
         let labels = BTreeMap::from([
             (LABEL_MANAGED_BY.to_string(), MANAGED_BY.to_string()),
-            (LABEL_POOL_NAME.to_string(), pool_name.clone()),
-            (LABEL_CLUSTER_NAME.to_string(), cluster.clone()),
-            (LABEL_NODEPOOL.to_string(), pool_name.clone()),
-            (LABEL_NODECLAIM.to_string(), name.clone()),
+            (LABEL_POOL_NAME.to_string(), label_value(&pool_name)),
+            (LABEL_CLUSTER_NAME.to_string(), label_value(&cluster)),
+            (LABEL_NODEPOOL.to_string(), label_value(&pool_name)),
+            (LABEL_NODECLAIM.to_string(), label_value(&name)),
         ]);
         let owner = OwnerReference {
             api_version: MachinePool::api_version(&()).into_owned(),
@@ -964,7 +974,7 @@ async fn remove_mirror(cctx: &CapiContext, ns: &str, name: &str) -> Result<(), E
         .is_some();
     let has_machines = cctx.machines.state().iter().any(|m| {
         m.namespace().as_deref() == Some(ns)
-            && m.labels().get(LABEL_POOL_NAME).map(String::as_str) == Some(name)
+            && m.labels().get(LABEL_POOL_NAME) == Some(&label_value(name))
     });
     if !has_pool && !has_machines {
         return Ok(());
@@ -973,7 +983,7 @@ async fn remove_mirror(cctx: &CapiContext, ns: &str, name: &str) -> Result<(), E
     let claims_api: Api<NodeClaim> = Api::namespaced(cctx.ctx.client.clone(), ns);
     for c in cctx.ctx.claims.state().iter().filter(|c| {
         c.namespace().as_deref() == Some(ns)
-            && c.labels().get(LABEL_NODEPOOL).map(String::as_str) == Some(name)
+            && c.labels().get(LABEL_NODEPOOL) == Some(&label_value(name))
             && c.annotations().contains_key(ANNOTATION_DELETE_FIRST)
     }) {
         let patch = json!({"metadata": {"annotations": {ANNOTATION_DELETE_FIRST: null}}});
@@ -1003,7 +1013,7 @@ async fn delete_mirror(ctx: &Context, ns: &str, name: &str) -> Result<(), Error>
     let m_api: Api<Machine> = Api::namespaced(ctx.client.clone(), ns);
     let mp_api: Api<MachinePool> = Api::namespaced(ctx.client.clone(), ns);
     let machines = m_api
-        .list(&ListParams::default().labels(&format!("{LABEL_POOL_NAME}={name}")))
+        .list(&ListParams::default().labels(&format!("{LABEL_POOL_NAME}={}", label_value(name))))
         .await
         .map_err(Error::kube(format!("listing Machines of {ns}/{name}")))?
         .items;

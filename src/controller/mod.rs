@@ -204,10 +204,9 @@ impl Context {
             .clone()
             .unwrap_or_else(|| "kube-system".into());
         let now = now();
-        let name = format!(
-            "{}.{:x}",
+        let name = crate::names::event_name(
             regarding.name.as_deref().unwrap_or("autonodes"),
-            now.as_nanosecond()
+            now.as_nanosecond(),
         );
         let event = k8s_openapi::api::events::v1::Event {
             metadata: kube::api::ObjectMeta {
@@ -367,7 +366,7 @@ pub async fn run(
         config.namespace.clone(),
         config.kubeconfig_policy,
     ));
-    clients.set_on_connect(remote::watch_hook(wake_claims.clone()));
+    clients.set_on_connect(remote::watch_hook(wake_claims.clone(), claim_ctrl.store()));
 
     let (synced_tx, synced_rx) = tokio::sync::watch::channel(false);
     let reporter = Reporter {

@@ -27,8 +27,8 @@ use serde_json::json;
 
 use super::{apply_status, now, Context, Error};
 use crate::api::{
-    NodeClaim, NodeClaimPhase, NodeClaimStatus, FINALIZER, LABEL_MANAGED_BY, LABEL_NODECLAIM,
-    LABEL_NODECLAIM_NAMESPACE, LABEL_NODECLAIM_UID, MANAGED_BY,
+    NodeClaim, NodeClaimPhase, NodeClaimStatus, FINALIZER, LABEL_MANAGED_BY, LABEL_NODECLAIM_UID,
+    MANAGED_BY,
 };
 use crate::clients::{status_message, ClientError, ClusterKey, Remote, REMOTE_TIMEOUT};
 use crate::conditions::{self, status_of, TRUE};
@@ -422,6 +422,19 @@ async fn schedule(claim: &NodeClaim, ctx: &Context) -> Result<Option<Scheduled>,
             return Ok(None);
         }
     };
+    // Labels no node could carry (invalid, or owned by the kubelet or autonodes) keep the
+    // claim from being scheduled at all.
+    if let Err(e) = scheduling::node_labels(
+        &Default::default(),
+        None,
+        &claim.spec.labels,
+        &BTreeMap::new(),
+    ) {
+        let mut w = StatusWriter::new(claim, ctx);
+        w.set(SCHEDULED, false, "InvalidLabels", e.to_string());
+        w.write().await?;
+        return Ok(None);
+    }
     // One decision at a time, on complete caches, so maxCapacity holds under concurrency.
     ctx.wait_synced().await;
     let mut reservations = ctx.scheduling.lock().await;
@@ -912,7 +925,7 @@ async fn sync_node(
     node: &Node,
 ) -> Result<(), Error> {
     let properties = scheduling::node_properties(t, None, &claim.spec);
-    let labels = scheduling::node_labels(&properties, None, &claim.spec.labels)
+    let labels = scheduling::node_labels(&properties, None, &claim.spec.labels, &BTreeMap::new())
         .map_err(|e| Error::Internal(e.to_string()))?;
     let current = node.labels();
     let missing: BTreeMap<&String, &String> = labels
@@ -1005,8 +1018,8 @@ fn join_params(
     })
 }
 
-/// Renders the claim's Secret and VM for its type, with the claim's identity labels on the
-/// Node (so tenant Node events find the claim).
+/// Renders the claim's Secret and VM for its type (the Node gets the claim's identity
+/// labels, so tenant Node events find the claim).
 fn render_for(
     claim: &NodeClaim,
     t: &PreparedType,
@@ -1016,16 +1029,7 @@ fn render_for(
 ) -> Result<RenderedNode, RenderError> {
     let mut t = t.clone();
     t.vm_namespace = vm_ns.to_string();
-    let mut claim = claim.clone();
-    claim
-        .spec
-        .labels
-        .insert(LABEL_NODECLAIM.into(), claim.name_any());
-    claim.spec.labels.insert(
-        LABEL_NODECLAIM_NAMESPACE.into(),
-        claim.namespace().unwrap_or_default(),
-    );
-    render::render_node(&t, &claim, None, vm_name, join)
+    render::render_node(&t, claim, None, vm_name, join)
 }
 
 /// The condition reason for a render error.

@@ -112,12 +112,12 @@ pub fn claim_name(pool: &str) -> String {
         .take(5)
         .map(|b| ALPHABET[usize::from(*b) % ALPHABET.len()] as char)
         .collect();
-    format!("{pool}-{suffix}")
+    crate::names::child_name(pool, &format!("-{suffix}"))
 }
 
 /// The label selector of a pool's claims (`status.selector`, for the scale subresource).
 pub fn selector(pool: &str) -> String {
-    format!("{LABEL_NODEPOOL}={pool}")
+    format!("{LABEL_NODEPOOL}={}", crate::names::label_value(pool))
 }
 
 /// The effective disruption budget (`disruption.budget`, default 1, at least 1).
@@ -983,7 +983,12 @@ fn template_problem(pool: &NodePool, ctx: &Context) -> Option<(String, String)> 
     if let Err(e) = ClaimRequest::new(&template, None) {
         return Some(("InvalidTemplate".into(), e.to_string()));
     }
-    if let Err(e) = scheduling::node_labels(&Default::default(), None, &template.labels) {
+    if let Err(e) = scheduling::node_labels(
+        &Default::default(),
+        None,
+        &template.labels,
+        &BTreeMap::new(),
+    ) {
         return Some(("InvalidTemplate".into(), e.to_string()));
     }
     None
@@ -1022,7 +1027,10 @@ async fn create_claim(
                 name: Some(claim_name(&pool_name)),
                 namespace: Some(ns.clone()),
                 labels: Some(BTreeMap::from([
-                    (LABEL_NODEPOOL.to_string(), pool_name.clone()),
+                    (
+                        LABEL_NODEPOOL.to_string(),
+                        crate::names::label_value(&pool_name),
+                    ),
                     (LABEL_TEMPLATE_HASH.to_string(), hash.to_string()),
                 ])),
                 annotations: annotations.clone(),
@@ -1221,6 +1229,7 @@ fn shape_of(t: &PreparedType, spec: &NodeClaimSpec) -> Option<NodeShape> {
         &scheduling::node_properties(t, None, spec),
         None,
         &spec.labels,
+        &BTreeMap::new(),
     )
     .ok()?
     .all();

@@ -4,7 +4,8 @@
 //! - pure core, no I/O: [`api`] (the CRD types), [`template`] (VirtualMachine composition),
 //!   [`scheduling`] (properties, requirements, cost, capacity, type choice),
 //!   [`userdata`] (cloud-init rendering), [`kubeconfig`] (the check of kubeconfig Secrets),
-//!   [`names`] (names and label values derived from user names, made to fit);
+//!   [`names`] (names and label values derived from user names, made to fit),
+//!   [`orphans`] (which objects belong to no claim any more);
 //! - [`crdgen`] writes `crds/`;
 //! - [`testenv`] starts real etcd and kube-apiserver processes (tests and `autonodes dev`).
 #![forbid(unsafe_code)]
@@ -21,6 +22,7 @@ pub mod kubevirt;
 pub mod leader;
 pub mod metrics;
 pub mod names;
+pub mod orphans;
 pub mod render;
 pub mod resources;
 pub mod run;

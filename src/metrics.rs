@@ -31,6 +31,8 @@ pub struct Metrics {
     /// `autonodes_nodepool_replicas{nodepool,state}`: desired and ready claims per pool
     /// (`nodepool` is `<namespace>/<name>`).
     pub nodepool_replicas: IntGaugeVec,
+    /// `autonodes_orphans_removed_total{kind}`: objects the orphan sweep removed.
+    pub orphans_removed: IntCounterVec,
     /// `autonodes_leader`: 1 while this replica holds the leader Lease (and runs the
     /// controllers), else 0.
     pub leader: prometheus::IntGauge,
@@ -101,6 +103,10 @@ impl Metrics {
                 Opts::new("nodepool_replicas", "Claims of a node pool: desired (spec.replicas, or live claims of a dynamic pool) and ready (Available)."),
                 &["nodepool", "state"],
             ))?,
+            orphans_removed: register(r, IntCounterVec::new(
+                Opts::new("orphans_removed_total", "Objects autonodes made whose NodeClaim no longer exists, removed by the orphan sweep, by kind (VirtualMachine, Secret, DataVolume, BootstrapToken)."),
+                &["kind"],
+            ))?,
             registry,
         })
     }
@@ -109,7 +115,7 @@ impl Metrics {
     /// of metrics that have no sample yet; for checks of dashboards and alerts.
     pub fn descs(&self) -> Vec<prometheus::core::Desc> {
         use prometheus::core::Collector;
-        let collectors: [&dyn Collector; 12] = [
+        let collectors: [&dyn Collector; 13] = [
             &self.reconcile_total,
             &self.reconcile_duration,
             &self.nodetype_capacity,
@@ -122,6 +128,7 @@ impl Metrics {
             &self.cluster_requests,
             &self.nodepool_replicas,
             &self.leader,
+            &self.orphans_removed,
         ];
         collectors
             .iter()

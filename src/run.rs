@@ -43,6 +43,10 @@ pub struct RunArgs {
     /// How long draining a Node may take before it is deleted anyway.
     #[arg(long, env = "AUTONODES_DRAIN_TIMEOUT", default_value = "2m", value_parser = parse_duration)]
     pub drain_timeout: Duration,
+    /// How often to look for (and remove) VMs, Secrets, DataVolumes and tokens whose claim
+    /// no longer exists.
+    #[arg(long, env = "AUTONODES_ORPHAN_SWEEP_INTERVAL", default_value = "5m", value_parser = parse_duration)]
+    pub orphan_sweep_interval: Duration,
     /// Address of the /metrics, /healthz and /readyz server.
     #[arg(long, env = "AUTONODES_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     pub metrics_addr: SocketAddr,
@@ -152,6 +156,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         launch_timeout: args.launch_timeout,
         registration_timeout: args.registration_timeout,
         drain_timeout: args.drain_timeout,
+        orphan_sweep_interval: args.orphan_sweep_interval,
         kubeconfig_policy: crate::kubeconfig::KubeconfigPolicy {
             allow_insecure_skip_tls_verify: args.allow_insecure_skip_tls_verify,
         },

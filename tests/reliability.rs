@@ -7,7 +7,7 @@ use std::time::Duration;
 use autonodes::dev::{put_kubeconfig_secret, SERVICE_NAMESPACE};
 use common::world::*;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, DeleteParams};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 
 const WAIT: Duration = Duration::from_secs(120);
 
@@ -226,5 +226,138 @@ async fn a_claim_with_a_253_character_name_turns_available_and_kubelet_owned_lab
         (world.vms().await.is_empty() && world.host_secrets().await.is_empty()).then_some(())
     })
     .await;
+    world.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_orphan_sweep_removes_what_a_vanished_claim_left_and_keeps_what_live_claims_use() {
+    let mut world = World::start(WorldOptions {
+        orphan_sweep_interval: Duration::from_secs(2),
+        ..Default::default()
+    })
+    .await;
+    for name in ["kept", "leaked"] {
+        world.claim_type(name, "standard-node").await;
+    }
+    let mut leaked_uid = String::new();
+    for name in ["kept", "leaked"] {
+        let c = world.wait_phase(name, "Available", WAIT).await;
+        if name == "leaked" {
+            leaked_uid = c.metadata.uid.expect("uid");
+        }
+    }
+    // The controller is stopped and the claim's finalizer removed by hand: the claim goes,
+    // its VM and user-data Secret stay (as after a cleanup someone cut short).
+    world.stop_controller().await;
+    world
+        .claims()
+        .patch(
+            "leaked",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .expect("finalizer removed");
+    world.delete_claim("leaked").await;
+    world.wait_claim_gone("leaked", WAIT).await;
+    assert_eq!(world.vms().await.len(), 2);
+    // A DataVolume and a bootstrap token of the vanished claim, and a managed Secret of no
+    // claim at all (never touched: autonodes did not make it for a claim).
+    let labels = serde_json::json!({
+        "app.kubernetes.io/managed-by": "autonodes",
+        "autonodes.io/nodeclaim-uid": leaked_uid,
+    });
+    let dvs: Api<DynamicObject> = Api::namespaced_with(
+        world.host.clone(),
+        "vcluster-platform",
+        &autonodes::kubevirt::data_volume(),
+    );
+    dvs.create(
+        &PostParams::default(),
+        &serde_json::from_value(serde_json::json!({
+            "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+            "metadata": {"name": "leaked-root", "labels": labels},
+            "spec": {"source": {"blank": {}}, "pvc": {"accessModes": ["ReadWriteOnce"],
+                     "resources": {"requests": {"storage": "1Gi"}}}}}))
+        .expect("DataVolume"),
+    )
+    .await
+    .expect("DataVolume created");
+    let tenant_secrets: Api<Secret> = Api::namespaced(world.tenant.clone(), "kube-system");
+    tenant_secrets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "bootstrap-token-abcdef", "labels": labels},
+                "type": "bootstrap.kubernetes.io/token",
+                "stringData": {"token-id": "abcdef", "token-secret": "0123456789abcdef"}}))
+            .expect("token"),
+        )
+        .await
+        .expect("token created");
+    let host_secrets: Api<Secret> = Api::namespaced(world.host.clone(), "vcluster-platform");
+    host_secrets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "not-a-claims",
+                             "labels": {"app.kubernetes.io/managed-by": "autonodes"}}}))
+            .expect("secret"),
+        )
+        .await
+        .expect("secret created");
+
+    world.start_controller();
+    let leaked = |labels: Option<&std::collections::BTreeMap<String, String>>| {
+        labels.and_then(|l| l.get("autonodes.io/nodeclaim-uid")) == Some(&leaked_uid)
+    };
+    common::eventually("the vanished claim's objects to go", WAIT, || async {
+        let vms = world.vms().await;
+        let secrets = world.host_secrets().await;
+        let dvs = world.data_volumes().await;
+        let tokens = world.tokens().await;
+        (vms.len() == 1
+            && !vms.iter().any(|v| leaked(v.metadata.labels.as_ref()))
+            && !secrets.iter().any(|s| leaked(s.metadata.labels.as_ref()))
+            && !dvs.iter().any(|d| leaked(d.metadata.labels.as_ref()))
+            && !tokens.iter().any(|t| leaked(t.metadata.labels.as_ref())))
+        .then_some(())
+    })
+    .await;
+    // What the live claim uses, and what belongs to no claim, stays.
+    let kept = world.wait_phase("kept", "Available", WAIT).await;
+    let vm = world.vms().await.pop().expect("the kept claim's VM");
+    assert_eq!(
+        vm.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("autonodes.io/nodeclaim-uid")),
+        kept.metadata.uid.as_ref()
+    );
+    assert!(host_secrets
+        .get_opt("not-a-claims")
+        .await
+        .expect("get")
+        .is_some());
+    // Each removal is an Event: on the provider for host objects, on the tenant's
+    // kubeconfig Secret for tokens.
+    let provider_events = world
+        .events_for("kube-system", "kubevirt-provider-advanced")
+        .await;
+    for kind in ["VirtualMachine", "Secret", "DataVolume"] {
+        assert!(
+            provider_events.iter().any(
+                |e| e.starts_with(&format!("OrphanRemoved: removed {kind} vcluster-platform/"))
+            ),
+            "{kind}: {provider_events:?}"
+        );
+    }
+    let tenant_events = world.events_for(NS, "vc-tenant").await;
+    assert!(
+        tenant_events.iter().any(|e| e.starts_with(
+            "OrphanRemoved: removed BootstrapToken kube-system/bootstrap-token-abcdef"
+        )),
+        "{tenant_events:?}"
+    );
     world.shutdown().await;
 }

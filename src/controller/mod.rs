@@ -17,6 +17,7 @@ pub mod nodepool;
 pub mod nodetype;
 pub mod provider;
 pub mod remote;
+pub mod sweep;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -54,6 +55,8 @@ pub struct ControllerConfig {
     pub drain_timeout: Duration,
     /// What kubeconfig Secrets may contain beyond the defaults.
     pub kubeconfig_policy: KubeconfigPolicy,
+    /// How often the orphan sweep looks for objects whose claim is gone.
+    pub orphan_sweep_interval: Duration,
 }
 
 impl Default for ControllerConfig {
@@ -64,6 +67,7 @@ impl Default for ControllerConfig {
             registration_timeout: Duration::from_secs(900),
             drain_timeout: Duration::from_secs(120),
             kubeconfig_policy: KubeconfigPolicy::default(),
+            orphan_sweep_interval: Duration::from_secs(300),
         }
     }
 }
@@ -401,6 +405,11 @@ pub async fn run(
     }
 
     tokio::spawn(gauges::run(ctx.clone(), shutdown.clone()));
+    tokio::spawn(sweep::run(
+        ctx.clone(),
+        ctx.config.orphan_sweep_interval,
+        shutdown.clone(),
+    ));
 
     let types_store = ctx.types.clone();
     let claims_for_types = ctx.claims.clone();

@@ -508,7 +508,7 @@ fn remote_err(
 }
 
 /// Runs a remote call with a timeout, counting it in `autonodes_cluster_requests_total`.
-async fn remote_call<T>(
+pub(super) async fn remote_call<T>(
     ctx: &Context,
     remote: &Remote,
     what: &str,
@@ -530,7 +530,7 @@ fn forbidden(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 401 || s.code == 403)
 }
 
-fn not_found(e: &Error) -> bool {
+pub(super) fn not_found(e: &Error) -> bool {
     matches!(e, Error::Remote { source: kube::Error::Api(s), .. } if s.code == 404)
 }
 

@@ -24,6 +24,8 @@ pub struct WorldOptions {
     pub launch_timeout: Duration,
     /// The controller's registration timeout.
     pub registration_timeout: Duration,
+    /// How often the controller's orphan sweep runs.
+    pub orphan_sweep_interval: Duration,
 }
 
 impl Default for WorldOptions {
@@ -36,6 +38,7 @@ impl Default for WorldOptions {
             mode: SimMode::Normal,
             launch_timeout: Duration::from_secs(120),
             registration_timeout: Duration::from_secs(120),
+            orphan_sweep_interval: Duration::from_secs(300),
         }
     }
 }
@@ -171,6 +174,7 @@ impl World {
             launch_timeout: opts.launch_timeout,
             registration_timeout: opts.registration_timeout,
             drain_timeout: Duration::from_secs(20),
+            orphan_sweep_interval: opts.orphan_sweep_interval,
             ..Default::default()
         };
         World {

@@ -1,0 +1,315 @@
+//! The orphan sweep: every `--orphan-sweep-interval` (and once the caches have synced after
+//! start), list what autonodes made on every known host and tenant cluster
+//! (`app.kubernetes.io/managed-by=autonodes`), then the NodeClaims, and delete the
+//! VirtualMachines, user-data Secrets, DataVolumes and bootstrap tokens whose claim no
+//! longer exists (`crate::orphans` picks them). Each removal is an Event, a log line and
+//! `autonodes_orphans_removed_total{kind}`. A cluster that cannot be read is skipped until
+//! the next sweep; nothing is deleted without a fresh list of the claims.
+
+use std::collections::{BTreeSet, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, ObjectMeta, PartialObjectMeta};
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
+
+use super::nodeclaim::{not_found, remote_call, TOKEN_NAMESPACE};
+use super::Context;
+use crate::api::{NodeClaim, LABEL_MANAGED_BY, MANAGED_BY};
+use crate::clients::{ClientError, Remote};
+use crate::kubevirt;
+use crate::orphans::{orphans, Cluster, Found, OrphanKind};
+
+/// Runs the sweep until `stop` resolves: first once the caches have synced, then every
+/// `interval`.
+pub async fn run(
+    ctx: Arc<Context>,
+    interval: Duration,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    tokio::pin!(stop);
+    tokio::select! {
+        _ = &mut stop => return,
+        _ = ctx.wait_synced() => {}
+    }
+    let mut tenants = BTreeSet::new();
+    loop {
+        let removed = sweep(&ctx, &mut tenants).await;
+        tracing::debug!(removed, "orphan sweep done");
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
+    }
+}
+
+/// The host clusters and namespaces, and the tenants, the sweep looks at: those of every
+/// provider and claim in the caches, and the tenants of earlier sweeps (a tenant whose last
+/// claim went may still hold a leaked token).
+fn targets(ctx: &Context, tenants: &mut BTreeSet<(String, String)>) -> BTreeSet<(String, String)> {
+    let mut hosts = BTreeSet::new();
+    for p in ctx.providers.state() {
+        let r = &p.spec.kube_virt.cluster_ref;
+        hosts.insert((r.cluster.clone(), r.namespace.clone()));
+    }
+    for c in ctx.claims.state() {
+        if let Some(s) = &c.status {
+            if let (Some(h), Some(ns)) = (&s.host_cluster, &s.vm_namespace) {
+                hosts.insert((h.clone(), ns.clone()));
+            }
+        }
+        tenants.insert((
+            c.namespace().unwrap_or_default(),
+            c.spec.v_cluster_ref.name.clone(),
+        ));
+    }
+    hosts
+}
+
+/// One sweep; returns how many objects it removed.
+pub async fn sweep(ctx: &Context, tenants: &mut BTreeSet<(String, String)>) -> usize {
+    let hosts = targets(ctx, tenants);
+    let managed = ListParams::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"));
+    let mut found = Vec::new();
+    let mut remotes = Vec::new();
+    for (host, ns) in &hosts {
+        let remote = match ctx.clients.host(host).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!(host = %host, error = %e, "orphan sweep skips a host");
+                continue;
+            }
+        };
+        let cluster = Cluster::Host(host.clone());
+        for (kind, api) in [
+            (
+                OrphanKind::VirtualMachine,
+                Api::<DynamicObject>::namespaced_with(
+                    remote.client.clone(),
+                    ns,
+                    &kubevirt::virtual_machine(),
+                ),
+            ),
+            (
+                OrphanKind::DataVolume,
+                Api::namespaced_with(remote.client.clone(), ns, &kubevirt::data_volume()),
+            ),
+        ] {
+            match remote_call(
+                ctx,
+                &remote,
+                "listing for the orphan sweep",
+                api.list_metadata(&managed),
+            )
+            .await
+            {
+                Ok(list) => found.extend(list.items.iter().map(|o| found_of(&cluster, kind, o))),
+                // A host without CDI has no DataVolumes.
+                Err(e) if not_found(&e) => {}
+                Err(e) => tracing::debug!(host = %host, error = %e, "orphan sweep cannot list"),
+            }
+        }
+        let secrets: Api<Secret> = Api::namespaced(remote.client.clone(), ns);
+        match remote_call(
+            ctx,
+            &remote,
+            "listing for the orphan sweep",
+            secrets.list_metadata(&managed),
+        )
+        .await
+        {
+            Ok(list) => found.extend(
+                list.items
+                    .iter()
+                    .map(|o| found_of(&cluster, OrphanKind::UserDataSecret, o)),
+            ),
+            Err(e) => tracing::debug!(host = %host, error = %e, "orphan sweep cannot list"),
+        }
+        remotes.push((cluster, remote));
+    }
+    let mut gone_tenants = Vec::new();
+    for (ns, vcluster) in tenants.iter() {
+        let remote = match ctx.clients.tenant(ns, vcluster).await {
+            Ok(r) => r,
+            Err(ClientError::SecretNotFound { .. }) => {
+                // The vCluster was deleted with its nodes and tokens.
+                gone_tenants.push((ns.clone(), vcluster.clone()));
+                continue;
+            }
+            Err(e) => {
+                tracing::debug!(namespace = %ns, vcluster = %vcluster, error = %e, "orphan sweep skips a tenant");
+                continue;
+            }
+        };
+        let cluster = Cluster::Tenant {
+            namespace: ns.clone(),
+            vcluster: vcluster.clone(),
+        };
+        let secrets: Api<Secret> = Api::namespaced(remote.client.clone(), TOKEN_NAMESPACE);
+        match remote_call(
+            ctx,
+            &remote,
+            "listing for the orphan sweep",
+            secrets.list_metadata(&managed),
+        )
+        .await
+        {
+            Ok(list) => found.extend(
+                list.items
+                    .iter()
+                    .map(|o| found_of(&cluster, OrphanKind::BootstrapToken, o)),
+            ),
+            Err(e) => {
+                tracing::debug!(namespace = %ns, vcluster = %vcluster, error = %e, "orphan sweep cannot list")
+            }
+        }
+        remotes.push((cluster, remote));
+    }
+    for t in gone_tenants {
+        tenants.remove(&t);
+    }
+    if found.is_empty() {
+        return 0;
+    }
+
+    // The claims, listed after the objects: an object exists only once its claim does.
+    let live: HashSet<String> = match Api::<NodeClaim>::all(ctx.client.clone())
+        .list_metadata(&ListParams::default())
+        .await
+    {
+        Ok(list) => list
+            .items
+            .into_iter()
+            .filter_map(|c| c.metadata.uid)
+            .collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "orphan sweep cannot list NodeClaims; nothing removed");
+            return 0;
+        }
+    };
+    let mut removed = 0;
+    for o in orphans(&found, &live) {
+        let Some((_, remote)) = remotes.iter().find(|(c, _)| *c == o.cluster) else {
+            continue;
+        };
+        if remove(ctx, remote, o).await {
+            removed += 1;
+        }
+    }
+    removed
+}
+
+fn found_of(cluster: &Cluster, kind: OrphanKind, o: &PartialObjectMeta<impl Resource>) -> Found {
+    Found {
+        cluster: cluster.clone(),
+        kind,
+        namespace: o.namespace().unwrap_or_default(),
+        name: o.name_any(),
+        labels: o.labels().clone(),
+    }
+}
+
+/// Deletes one orphan; true when it was deleted (or was gone already).
+async fn remove(ctx: &Context, remote: &Remote, o: &Found) -> bool {
+    let dp = DeleteParams::background();
+    let result = match o.kind {
+        OrphanKind::VirtualMachine => {
+            let api: Api<DynamicObject> = Api::namespaced_with(
+                remote.client.clone(),
+                &o.namespace,
+                &kubevirt::virtual_machine(),
+            );
+            remote_call(
+                ctx,
+                remote,
+                "deleting an orphaned VirtualMachine",
+                api.delete(&o.name, &dp),
+            )
+            .await
+            .map(|_| ())
+        }
+        OrphanKind::DataVolume => {
+            let api: Api<DynamicObject> = Api::namespaced_with(
+                remote.client.clone(),
+                &o.namespace,
+                &kubevirt::data_volume(),
+            );
+            remote_call(
+                ctx,
+                remote,
+                "deleting an orphaned DataVolume",
+                api.delete(&o.name, &dp),
+            )
+            .await
+            .map(|_| ())
+        }
+        OrphanKind::UserDataSecret | OrphanKind::BootstrapToken => {
+            let api: Api<Secret> = Api::namespaced(remote.client.clone(), &o.namespace);
+            remote_call(
+                ctx,
+                remote,
+                "deleting an orphaned Secret",
+                api.delete(&o.name, &dp),
+            )
+            .await
+            .map(|_| ())
+        }
+    };
+    match result {
+        Ok(()) => {}
+        Err(e) if not_found(&e) => return true,
+        Err(e) => {
+            tracing::warn!(cluster = %remote.key, kind = o.kind.label(), namespace = %o.namespace, name = %o.name, error = %e, "cannot remove an orphan; retrying at the next sweep");
+            return false;
+        }
+    }
+    ctx.metrics
+        .orphans_removed
+        .with_label_values(&[o.kind.label()])
+        .inc();
+    let note = format!(
+        "removed {} {}/{} on {}: its NodeClaim no longer exists",
+        o.kind.label(),
+        o.namespace,
+        o.name,
+        remote.key
+    );
+    tracing::info!(cluster = %remote.key, kind = o.kind.label(), namespace = %o.namespace, name = %o.name, "orphan removed");
+    match &o.cluster {
+        Cluster::Host(host) => {
+            // About every provider whose VMs go to that host and namespace.
+            for p in ctx.providers.state().iter().filter(|p| {
+                let r = &p.spec.kube_virt.cluster_ref;
+                &r.cluster == host && r.namespace == o.namespace
+            }) {
+                ctx.event(
+                    &**p,
+                    EventType::Warning,
+                    "OrphanRemoved",
+                    "Sweep",
+                    note.clone(),
+                )
+                .await;
+            }
+        }
+        Cluster::Tenant {
+            namespace,
+            vcluster,
+        } => {
+            // About the tenant's kubeconfig Secret, the one object naming the tenant.
+            let secret = Secret {
+                metadata: ObjectMeta {
+                    name: Some(format!("vc-{vcluster}")),
+                    namespace: Some(namespace.clone()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            ctx.event(&secret, EventType::Warning, "OrphanRemoved", "Sweep", note)
+                .await;
+        }
+    }
+    true
+}

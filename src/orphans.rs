@@ -1,0 +1,135 @@
+//! Which objects autonodes created belong to no claim any more (pure: no I/O). The orphan
+//! sweep (`controller::sweep`) lists what carries `app.kubernetes.io/managed-by=autonodes`
+//! on host and tenant clusters, then the claims, and removes what [`orphans`] picks.
+
+use std::collections::{BTreeMap, HashSet};
+
+use crate::api::{LABEL_MANAGED_BY, LABEL_NODECLAIM_UID, MANAGED_BY};
+
+/// Kinds of objects the sweep removes (the `kind` label of
+/// `autonodes_orphans_removed_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum OrphanKind {
+    /// A KubeVirt VirtualMachine on a host cluster.
+    VirtualMachine,
+    /// A user-data Secret on a host cluster.
+    UserDataSecret,
+    /// A CDI DataVolume on a host cluster.
+    DataVolume,
+    /// A bootstrap-token Secret on a tenant cluster.
+    BootstrapToken,
+}
+
+impl OrphanKind {
+    /// The metric label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            OrphanKind::VirtualMachine => "VirtualMachine",
+            OrphanKind::UserDataSecret => "Secret",
+            OrphanKind::DataVolume => "DataVolume",
+            OrphanKind::BootstrapToken => "BootstrapToken",
+        }
+    }
+}
+
+/// A cluster the sweep looks at.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Cluster {
+    /// A host cluster, by its `clusterRef.cluster` name.
+    Host(String),
+    /// A tenant cluster: the claims' namespace and the vCluster's name.
+    Tenant {
+        /// Namespace of the claims and of the `vc-<name>` Secret.
+        namespace: String,
+        /// The vCluster's name.
+        vcluster: String,
+    },
+}
+
+/// One object found on a remote cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Found {
+    /// Where it is.
+    pub cluster: Cluster,
+    /// What it is.
+    pub kind: OrphanKind,
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// Its labels.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// The objects that autonodes made (managed-by label) for a claim (claim-UID label) whose
+/// UID is not in `live_claims`. `live_claims` must be listed after `found`: an object can
+/// only exist once its claim does, so a claim missing from a later list is gone. Objects
+/// without the claim-UID label are never picked (autonodes did not make them for a claim).
+pub fn orphans<'a>(found: &'a [Found], live_claims: &HashSet<String>) -> Vec<&'a Found> {
+    found
+        .iter()
+        .filter(|f| f.labels.get(LABEL_MANAGED_BY).map(String::as_str) == Some(MANAGED_BY))
+        .filter(|f| {
+            f.labels
+                .get(LABEL_NODECLAIM_UID)
+                .is_some_and(|uid| !uid.is_empty() && !live_claims.contains(uid))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn found(kind: OrphanKind, name: &str, labels: &[(&str, &str)]) -> Found {
+        Found {
+            cluster: Cluster::Host("h".into()),
+            kind,
+            namespace: "vms".into(),
+            name: name.into(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn only_managed_objects_of_vanished_claims_are_orphans() {
+        let m = (LABEL_MANAGED_BY, MANAGED_BY);
+        let objects = [
+            found(
+                OrphanKind::VirtualMachine,
+                "live",
+                &[m, (LABEL_NODECLAIM_UID, "u1")],
+            ),
+            found(
+                OrphanKind::VirtualMachine,
+                "gone",
+                &[m, (LABEL_NODECLAIM_UID, "u2")],
+            ),
+            found(
+                OrphanKind::UserDataSecret,
+                "gone-userdata",
+                &[m, (LABEL_NODECLAIM_UID, "u2")],
+            ),
+            found(
+                OrphanKind::VirtualMachine,
+                "someone-elses",
+                &[(LABEL_NODECLAIM_UID, "u3")],
+            ),
+            found(OrphanKind::BootstrapToken, "no-uid", &[m]),
+            found(
+                OrphanKind::BootstrapToken,
+                "empty-uid",
+                &[m, (LABEL_NODECLAIM_UID, "")],
+            ),
+        ];
+        let live = HashSet::from(["u1".to_string()]);
+        let names: Vec<&str> = orphans(&objects, &live)
+            .iter()
+            .map(|f| f.name.as_str())
+            .collect();
+        assert_eq!(names, ["gone", "gone-userdata"]);
+    }
+}

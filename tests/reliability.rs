@@ -361,3 +361,65 @@ async fn the_orphan_sweep_removes_what_a_vanished_claim_left_and_keeps_what_live
     );
     world.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_that_never_consolidates_is_served_and_durations_no_controller_could_read_are_refused(
+) {
+    let world = World::start(WorldOptions::default()).await;
+    // `Never`, as Karpenter and vCluster write it, is read and the pool is reconciled.
+    world
+        .create_pool(
+            "keep-empty",
+            serde_json::json!({"providerRef": "kubevirt-provider-advanced", "replicas": 1,
+                "disruption": {"consolidateAfter": "Never", "expireAfter": "Never"}}),
+        )
+        .await;
+    let pool = world
+        .wait_pool("keep-empty", "status.selector", |p| {
+            p.status
+                .as_ref()
+                .and_then(|s| s.selector.as_deref())
+                .is_some()
+        })
+        .await;
+    assert_eq!(
+        pool.spec
+            .disruption
+            .and_then(|d| d.consolidate_after)
+            .map(|d| d.to_string()),
+        Some("Never".to_string())
+    );
+    // The API server itself refuses what the controller could not read (the CRD's pattern
+    // is at least as strict as the parser), so no such object is ever stored.
+    for bad in ["5 minutes", "-5m", "99999999999999999999h", "never"] {
+        let body = serde_json::json!({
+            "apiVersion": "autonodes.io/v1alpha1", "kind": "NodePool",
+            "metadata": {"name": "bad-duration", "namespace": NS},
+            "spec": {"providerRef": "kubevirt-provider-advanced", "vClusterRef": {"name": "tenant"},
+                     "disruption": {"consolidateAfter": bad}}});
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            world.mgmt.clone(),
+            NS,
+            &kube::discovery::ApiResource::erase::<autonodes::api::NodePool>(&()),
+        );
+        let err = api
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(body).expect("object"),
+            )
+            .await
+            .expect_err(bad);
+        match err {
+            kube::Error::Api(s) => {
+                assert_eq!(s.code, 422, "{bad}: {s:?}");
+                assert!(
+                    s.message.contains("consolidateAfter"),
+                    "{bad}: {}",
+                    s.message
+                );
+            }
+            e => panic!("{bad}: {e}"),
+        }
+    }
+    world.shutdown().await;
+}

@@ -110,3 +110,179 @@ pub struct Overhead {
     #[schemars(schema_with = "crate::api::schema::resource_list")]
     pub kube_reserved: ResourceList,
 }
+
+/// Pattern of a [`DurationOrNever`]: `Never`, or a Go duration without a sign (`30s`,
+/// `1h30m`, `1.5h`, `0`). Every string it admits parses; the CRD schema uses it, so the API
+/// server refuses what the controller could not read.
+pub const DURATION_OR_NEVER_PATTERN: &str =
+    r"^(Never|0|(([0-9]{1,9}(\.[0-9]{0,9})?|\.[0-9]{1,9})(ns|us|µs|ms|s|m|h))+)$";
+
+/// Longest [`DurationOrNever`] the schema admits (with at most 9 digits before the point,
+/// the sum of its parts stays far below the longest `Duration`).
+pub const DURATION_OR_NEVER_MAX_LENGTH: usize = 64;
+
+/// A Go duration (`30s`, `5m`, `1h30m`) or `Never`, as Karpenter and vCluster write
+/// `consolidateAfter` and `expireAfter`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DurationOrNever {
+    /// Never (the behaviour is off).
+    Never,
+    /// After this long.
+    After(std::time::Duration),
+}
+
+impl DurationOrNever {
+    /// The duration, or `None` for `Never`.
+    pub fn after(self) -> Option<std::time::Duration> {
+        match self {
+            DurationOrNever::Never => None,
+            DurationOrNever::After(d) => Some(d),
+        }
+    }
+}
+
+impl std::str::FromStr for DurationOrNever {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "Never" {
+            return Ok(DurationOrNever::Never);
+        }
+        parse_go_duration(s)
+            .map(DurationOrNever::After)
+            .map_err(|why| format!("{s:?} is neither Never nor a Go duration such as 30s: {why}"))
+    }
+}
+
+/// A Go duration without a sign: `0`, or numbers (decimals allowed) each followed by a
+/// unit (`ns`, `us`, `µs`, `μs`, `ms`, `s`, `m`, `h`). Never panics: a value too large for a
+/// `Duration` is an error.
+fn parse_go_duration(s: &str) -> Result<std::time::Duration, &'static str> {
+    if s == "0" {
+        return Ok(std::time::Duration::ZERO);
+    }
+    if s.is_empty() {
+        return Err("it is empty");
+    }
+    let mut rest = s;
+    let mut seconds = 0f64;
+    while !rest.is_empty() {
+        let number_end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or("a number has no unit")?;
+        let (number, after) = rest.split_at(number_end);
+        if number.is_empty() || number == "." {
+            return Err("a unit has no number");
+        }
+        let value: f64 = number.parse().map_err(|_| "a number is malformed")?;
+        let unit_end = after
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(after.len());
+        let (unit, next) = after.split_at(unit_end);
+        let scale = match unit {
+            "ns" => 1e-9,
+            "us" | "\u{00b5}s" | "\u{03bc}s" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return Err("a unit is not one of ns, us, ms, s, m, h"),
+        };
+        seconds += value * scale;
+        rest = next;
+    }
+    std::time::Duration::try_from_secs_f64(seconds).map_err(|_| "it is too long")
+}
+
+impl std::fmt::Display for DurationOrNever {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DurationOrNever::Never => f.write_str("Never"),
+            DurationOrNever::After(d) => kube::core::Duration::from(*d).fmt(f),
+        }
+    }
+}
+
+impl Serialize for DurationOrNever {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for DurationOrNever {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl JsonSchema for DurationOrNever {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "DurationOrNever".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "string",
+            "pattern": DURATION_OR_NEVER_PATTERN,
+            "maxLength": DURATION_OR_NEVER_MAX_LENGTH,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn never_and_go_durations_read_and_write_back() {
+        for (text, value) in [
+            ("Never", DurationOrNever::Never),
+            (
+                "30s",
+                DurationOrNever::After(std::time::Duration::from_secs(30)),
+            ),
+            (
+                "1h30m",
+                DurationOrNever::After(std::time::Duration::from_secs(5400)),
+            ),
+        ] {
+            let parsed: DurationOrNever =
+                serde_json::from_value(serde_json::json!(text)).expect(text);
+            assert_eq!(parsed, value);
+            let again: DurationOrNever =
+                serde_json::from_value(serde_json::to_value(parsed).expect("writes"))
+                    .expect("reads back");
+            assert_eq!(again, value);
+        }
+        for bad in [
+            "never",
+            "-5m",
+            "5",
+            "5 minutes",
+            "",
+            "1e400h",
+            "99999999999999999999999h",
+            "5d",
+        ] {
+            assert!(bad.parse::<DurationOrNever>().is_err(), "{bad}");
+        }
+    }
+
+    proptest! {
+        /// The schema is at least as strict as the parser: whatever the pattern admits
+        /// (so the API server stores) the controller reads.
+        #[test]
+        fn everything_the_schema_pattern_admits_parses(
+            s in DURATION_OR_NEVER_PATTERN.trim_start_matches('^').trim_end_matches('$')
+        ) {
+            prop_assume!(s.chars().count() <= DURATION_OR_NEVER_MAX_LENGTH);
+            prop_assert!(s.parse::<DurationOrNever>().is_ok(), "{s:?}");
+        }
+    }
+}

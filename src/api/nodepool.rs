@@ -2,8 +2,8 @@
 
 use std::collections::BTreeMap;
 
+use super::common::DurationOrNever;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kube::core::Duration;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -109,12 +109,14 @@ pub struct NodePoolLimits {
 #[serde(rename_all = "camelCase")]
 pub struct Disruption {
     /// Remove a node that has run no non-DaemonSet pod for this long (dynamic pools;
-    /// default `30s`). A Go duration such as `30s`, `5m` or `1h`.
+    /// default `30s`). A Go duration such as `30s`, `5m` or `1h`, or `Never` (empty nodes
+    /// stay).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub consolidate_after: Option<Duration>,
-    /// Replace nodes older than this. A Go duration such as `720h`. Absent: never.
+    pub consolidate_after: Option<DurationOrNever>,
+    /// Replace nodes older than this. A Go duration such as `720h`, or `Never`. Absent:
+    /// never.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub expire_after: Option<Duration>,
+    pub expire_after: Option<DurationOrNever>,
     /// How many nodes may be drained at once (scale-down, roll-out, expiry). Default 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]

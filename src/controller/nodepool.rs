@@ -42,8 +42,8 @@ use tokio::sync::Mutex;
 
 use super::{apply_status, now, Context, Error};
 use crate::api::{
-    NodeClaim, NodeClaimPhase, NodeClaimSpec, NodePool, NodePoolLimits, NodePoolResources,
-    NodePoolSpec, NodePoolStatus, ResourceList, LABEL_NODEPOOL,
+    DurationOrNever, NodeClaim, NodeClaimPhase, NodeClaimSpec, NodePool, NodePoolLimits,
+    NodePoolResources, NodePoolSpec, NodePoolStatus, ResourceList, LABEL_NODEPOOL,
 };
 use crate::clients::{remote_error_text, ClusterKey, Remote, REMOTE_TIMEOUT};
 use crate::conditions::{self, status_of, TRUE};
@@ -128,12 +128,12 @@ pub fn budget(pool: &NodePoolSpec) -> usize {
         .map_or(DEFAULT_BUDGET, |b| usize::try_from(b).unwrap_or(1).max(1))
 }
 
-/// The effective `disruption.consolidateAfter` (default 30s).
-pub fn consolidate_after(pool: &NodePoolSpec) -> Duration {
+/// The effective `disruption.consolidateAfter` (default 30s; `None` for `Never`).
+pub fn consolidate_after(pool: &NodePoolSpec) -> Option<Duration> {
     pool.disruption
         .as_ref()
         .and_then(|d| d.consolidate_after)
-        .map_or(DEFAULT_CONSOLIDATE_AFTER, Duration::from)
+        .map_or(Some(DEFAULT_CONSOLIDATE_AFTER), DurationOrNever::after)
 }
 
 /// `disruption.expireAfter`, if set.
@@ -141,7 +141,7 @@ pub fn expire_after(pool: &NodePoolSpec) -> Option<Duration> {
     pool.disruption
         .as_ref()
         .and_then(|d| d.expire_after)
-        .map(Duration::from)
+        .and_then(DurationOrNever::after)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1482,7 +1482,9 @@ async fn dynamic(
     }
 
     // Consolidation: this pool's Available claims whose node runs no non-DaemonSet pod.
-    let after = consolidate_after(&pool.spec);
+    // `consolidateAfter: Never`: empty nodes stay.
+    let consolidate = consolidate_after(&pool.spec);
+    let after = consolidate.unwrap_or(Duration::MAX);
     let draining = mine
         .iter()
         .filter(|c| {
@@ -1501,6 +1503,7 @@ async fn dynamic(
     for c in mine
         .iter()
         .filter(|c| is_live(c) && !deleted_now.contains(&c.name_any()))
+        .filter(|_| consolidate.is_some())
     {
         let s = c.status.clone().unwrap_or_default();
         if s.phase != Some(NodeClaimPhase::Available) {

@@ -6,14 +6,14 @@
 //! `autonodes_orphans_removed_total{kind}`. A cluster that cannot be read is skipped until
 //! the next sweep; nothing is deleted without a fresh list of the claims.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, ObjectMeta, PartialObjectMeta};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, ObjectMeta};
 use kube::runtime::events::EventType;
-use kube::{Resource, ResourceExt};
+use kube::ResourceExt;
 
 use super::nodeclaim::{not_found, remote_call, TOKEN_NAMESPACE};
 use super::Context;
@@ -45,19 +45,25 @@ pub async fn run(
     }
 }
 
-/// The host clusters and namespaces, and the tenants, the sweep looks at: those of every
-/// provider and claim in the caches, and the tenants of earlier sweeps (a tenant whose last
-/// claim went may still hold a leaked token).
-fn targets(ctx: &Context, tenants: &mut BTreeSet<(String, String)>) -> BTreeSet<(String, String)> {
-    let mut hosts = BTreeSet::new();
+/// The host clusters (each with the namespaces to look in), and the tenants, the sweep
+/// looks at: those of every provider and claim in the caches, and the tenants of earlier
+/// sweeps (a tenant whose last claim went may still hold a leaked token).
+fn targets(
+    ctx: &Context,
+    tenants: &mut BTreeSet<(String, String)>,
+) -> BTreeMap<String, BTreeSet<String>> {
+    let mut hosts: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for p in ctx.providers.state() {
         let r = &p.spec.kube_virt.cluster_ref;
-        hosts.insert((r.cluster.clone(), r.namespace.clone()));
+        hosts
+            .entry(r.cluster.clone())
+            .or_default()
+            .insert(r.namespace.clone());
     }
     for c in ctx.claims.state() {
         if let Some(s) = &c.status {
             if let (Some(h), Some(ns)) = (&s.host_cluster, &s.vm_namespace) {
-                hosts.insert((h.clone(), ns.clone()));
+                hosts.entry(h.clone()).or_default().insert(ns.clone());
             }
         }
         tenants.insert((
@@ -68,13 +74,61 @@ fn targets(ctx: &Context, tenants: &mut BTreeSet<(String, String)>) -> BTreeSet<
     hosts
 }
 
+/// The API of one kind of object the sweep removes, in `namespace` of `remote`.
+fn api_for(remote: &Remote, kind: OrphanKind, namespace: &str) -> Api<DynamicObject> {
+    let resource = match kind {
+        OrphanKind::VirtualMachine => kubevirt::virtual_machine(),
+        OrphanKind::DataVolume => kubevirt::data_volume(),
+        OrphanKind::UserDataSecret | OrphanKind::BootstrapToken => {
+            ApiResource::erase::<Secret>(&())
+        }
+    };
+    Api::namespaced_with(remote.client.clone(), namespace, &resource)
+}
+
+/// Adds the managed objects of `kinds` in `namespace` of `remote` to `found`. A kind the
+/// cluster does not serve (a host without CDI has no DataVolumes) is skipped; a list that
+/// fails is logged and tried again at the next sweep.
+async fn list_into(
+    ctx: &Context,
+    remote: &Remote,
+    cluster: &Cluster,
+    namespace: &str,
+    kinds: &[OrphanKind],
+    found: &mut Vec<Found>,
+) {
+    let managed = ListParams::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"));
+    for &kind in kinds {
+        let api = api_for(remote, kind, namespace);
+        match remote_call(
+            ctx,
+            remote,
+            "listing for the orphan sweep",
+            api.list_metadata(&managed),
+        )
+        .await
+        {
+            Ok(list) => found.extend(list.items.iter().map(|o| Found {
+                cluster: cluster.clone(),
+                kind,
+                namespace: o.namespace().unwrap_or_default(),
+                name: o.name_any(),
+                labels: o.labels().clone(),
+            })),
+            Err(e) if not_found(&e) => {}
+            Err(e) => {
+                tracing::debug!(cluster = %remote.key, kind = kind.label(), error = %e, "orphan sweep cannot list")
+            }
+        }
+    }
+}
+
 /// One sweep; returns how many objects it removed.
 pub async fn sweep(ctx: &Context, tenants: &mut BTreeSet<(String, String)>) -> usize {
     let hosts = targets(ctx, tenants);
-    let managed = ListParams::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"));
     let mut found = Vec::new();
     let mut remotes = Vec::new();
-    for (host, ns) in &hosts {
+    for (host, namespaces) in &hosts {
         let remote = match ctx.clients.host(host).await {
             Ok(r) => r,
             Err(e) => {
@@ -83,49 +137,20 @@ pub async fn sweep(ctx: &Context, tenants: &mut BTreeSet<(String, String)>) -> u
             }
         };
         let cluster = Cluster::Host(host.clone());
-        for (kind, api) in [
-            (
-                OrphanKind::VirtualMachine,
-                Api::<DynamicObject>::namespaced_with(
-                    remote.client.clone(),
-                    ns,
-                    &kubevirt::virtual_machine(),
-                ),
-            ),
-            (
-                OrphanKind::DataVolume,
-                Api::namespaced_with(remote.client.clone(), ns, &kubevirt::data_volume()),
-            ),
-        ] {
-            match remote_call(
+        for ns in namespaces {
+            list_into(
                 ctx,
                 &remote,
-                "listing for the orphan sweep",
-                api.list_metadata(&managed),
+                &cluster,
+                ns,
+                &[
+                    OrphanKind::VirtualMachine,
+                    OrphanKind::DataVolume,
+                    OrphanKind::UserDataSecret,
+                ],
+                &mut found,
             )
-            .await
-            {
-                Ok(list) => found.extend(list.items.iter().map(|o| found_of(&cluster, kind, o))),
-                // A host without CDI has no DataVolumes.
-                Err(e) if not_found(&e) => {}
-                Err(e) => tracing::debug!(host = %host, error = %e, "orphan sweep cannot list"),
-            }
-        }
-        let secrets: Api<Secret> = Api::namespaced(remote.client.clone(), ns);
-        match remote_call(
-            ctx,
-            &remote,
-            "listing for the orphan sweep",
-            secrets.list_metadata(&managed),
-        )
-        .await
-        {
-            Ok(list) => found.extend(
-                list.items
-                    .iter()
-                    .map(|o| found_of(&cluster, OrphanKind::UserDataSecret, o)),
-            ),
-            Err(e) => tracing::debug!(host = %host, error = %e, "orphan sweep cannot list"),
+            .await;
         }
         remotes.push((cluster, remote));
     }
@@ -147,24 +172,15 @@ pub async fn sweep(ctx: &Context, tenants: &mut BTreeSet<(String, String)>) -> u
             namespace: ns.clone(),
             vcluster: vcluster.clone(),
         };
-        let secrets: Api<Secret> = Api::namespaced(remote.client.clone(), TOKEN_NAMESPACE);
-        match remote_call(
+        list_into(
             ctx,
             &remote,
-            "listing for the orphan sweep",
-            secrets.list_metadata(&managed),
+            &cluster,
+            TOKEN_NAMESPACE,
+            &[OrphanKind::BootstrapToken],
+            &mut found,
         )
-        .await
-        {
-            Ok(list) => found.extend(
-                list.items
-                    .iter()
-                    .map(|o| found_of(&cluster, OrphanKind::BootstrapToken, o)),
-            ),
-            Err(e) => {
-                tracing::debug!(namespace = %ns, vcluster = %vcluster, error = %e, "orphan sweep cannot list")
-            }
-        }
+        .await;
         remotes.push((cluster, remote));
     }
     for t in gone_tenants {
@@ -201,62 +217,17 @@ pub async fn sweep(ctx: &Context, tenants: &mut BTreeSet<(String, String)>) -> u
     removed
 }
 
-fn found_of(cluster: &Cluster, kind: OrphanKind, o: &PartialObjectMeta<impl Resource>) -> Found {
-    Found {
-        cluster: cluster.clone(),
-        kind,
-        namespace: o.namespace().unwrap_or_default(),
-        name: o.name_any(),
-        labels: o.labels().clone(),
-    }
-}
-
 /// Deletes one orphan; true when it was deleted (or was gone already).
 async fn remove(ctx: &Context, remote: &Remote, o: &Found) -> bool {
-    let dp = DeleteParams::background();
-    let result = match o.kind {
-        OrphanKind::VirtualMachine => {
-            let api: Api<DynamicObject> = Api::namespaced_with(
-                remote.client.clone(),
-                &o.namespace,
-                &kubevirt::virtual_machine(),
-            );
-            remote_call(
-                ctx,
-                remote,
-                "deleting an orphaned VirtualMachine",
-                api.delete(&o.name, &dp),
-            )
-            .await
-            .map(|_| ())
-        }
-        OrphanKind::DataVolume => {
-            let api: Api<DynamicObject> = Api::namespaced_with(
-                remote.client.clone(),
-                &o.namespace,
-                &kubevirt::data_volume(),
-            );
-            remote_call(
-                ctx,
-                remote,
-                "deleting an orphaned DataVolume",
-                api.delete(&o.name, &dp),
-            )
-            .await
-            .map(|_| ())
-        }
-        OrphanKind::UserDataSecret | OrphanKind::BootstrapToken => {
-            let api: Api<Secret> = Api::namespaced(remote.client.clone(), &o.namespace);
-            remote_call(
-                ctx,
-                remote,
-                "deleting an orphaned Secret",
-                api.delete(&o.name, &dp),
-            )
-            .await
-            .map(|_| ())
-        }
-    };
+    let api = api_for(remote, o.kind, &o.namespace);
+    let result = remote_call(
+        ctx,
+        remote,
+        &format!("deleting an orphaned {}", o.kind.label()),
+        api.delete(&o.name, &DeleteParams::background()),
+    )
+    .await
+    .map(|_| ());
     match result {
         Ok(()) => {}
         Err(e) if not_found(&e) => return true,

@@ -423,3 +423,176 @@ async fn a_pool_that_never_consolidates_is_served_and_durations_no_controller_co
     }
     world.shutdown().await;
 }
+
+/// The CRD of `K` with every `pattern` and `enum` removed: what an older or hand-edited CRD
+/// lets through that the controller's types cannot read.
+fn loose_crd<K: kube::CustomResourceExt>() -> serde_json::Value {
+    fn strip(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(m) => {
+                m.remove("pattern");
+                m.remove("enum");
+                m.values_mut().for_each(strip);
+            }
+            serde_json::Value::Array(a) => a.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    let mut crd = serde_json::to_value(K::crd()).expect("crd");
+    strip(&mut crd["spec"]);
+    crd
+}
+
+/// Polls the object until its `Ready` condition has reason `InvalidSpec`; returns the
+/// condition's message.
+async fn wait_invalid_spec(api: &Api<DynamicObject>, name: &str) -> String {
+    let start = std::time::Instant::now();
+    loop {
+        let o = api.get(name).await.expect("object");
+        let found = o.data["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == "Ready" && c["reason"] == "InvalidSpec")
+            .map(|c| c["message"].as_str().unwrap_or_default().to_string());
+        if let Some(m) = found {
+            return m;
+        }
+        assert!(
+            start.elapsed() < OBJECT_WAIT,
+            "{name}: no InvalidSpec condition; status: {}",
+            o.data["status"]
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_the_controller_cannot_decode_gets_invalid_spec_and_every_other_object_is_served()
+{
+    use autonodes::api::{NodeClaim, NodePool};
+    let world = World::start(WorldOptions::default()).await;
+    // CRDs without patterns or enums, as an outdated installation might have.
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        Api::all(world.mgmt.clone());
+    for crd in [loose_crd::<NodeClaim>(), loose_crd::<NodePool>()] {
+        let name = crd["metadata"]["name"].as_str().expect("name").to_string();
+        crds.patch(
+            &name,
+            &PatchParams::apply("reliability-test").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .expect("loose CRD applied");
+    }
+    let claims_api: Api<DynamicObject> = Api::namespaced_with(
+        world.mgmt.clone(),
+        NS,
+        &kube::discovery::ApiResource::erase::<NodeClaim>(&()),
+    );
+    let pools_api: Api<DynamicObject> = Api::namespaced_with(
+        world.mgmt.clone(),
+        NS,
+        &kube::discovery::ApiResource::erase::<NodePool>(&()),
+    );
+    let create = |api: Api<DynamicObject>, body: serde_json::Value| async move {
+        // The API server may take a moment to serve the loosened schema.
+        let start = std::time::Instant::now();
+        loop {
+            match api
+                .create(
+                    &PostParams::default(),
+                    &serde_json::from_value(body.clone()).expect("object"),
+                )
+                .await
+            {
+                Ok(_) => return,
+                Err(e) if start.elapsed() < Duration::from_secs(30) => {
+                    eprintln!("retrying create: {e}");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(e) => panic!("create: {e}"),
+            }
+        }
+    };
+    create(
+        claims_api.clone(),
+        serde_json::json!({"apiVersion": "autonodes.io/v1alpha1", "kind": "NodeClaim",
+            "metadata": {"name": "bad-claim", "namespace": NS},
+            "spec": {"vClusterRef": {"name": "tenant"},
+                     "requirements": [{"key": "autonodes.io/node-type", "operator": "Maybe", "values": ["x"]}]}}),
+    )
+    .await;
+    create(
+        pools_api.clone(),
+        serde_json::json!({"apiVersion": "autonodes.io/v1alpha1", "kind": "NodePool",
+            "metadata": {"name": "bad-pool", "namespace": NS},
+            "spec": {"providerRef": "kubevirt-provider-advanced", "vClusterRef": {"name": "tenant"},
+                     "replicas": 1, "disruption": {"consolidateAfter": "soon"}}}),
+    )
+    .await;
+
+    // Each gets a condition naming the field, and a Warning Event.
+    let claim_msg = wait_invalid_spec(&claims_api, "bad-claim").await;
+    assert!(claim_msg.contains("spec.requirements"), "{claim_msg}");
+    let pool_msg = wait_invalid_spec(&pools_api, "bad-pool").await;
+    assert!(
+        pool_msg.contains("spec.disruption.consolidateAfter"),
+        "{pool_msg}"
+    );
+    for name in ["bad-claim", "bad-pool"] {
+        let events = world.events_for(NS, name).await;
+        assert!(
+            events
+                .iter()
+                .any(|e| e.starts_with("InvalidSpec: cannot be read")),
+            "{name}: {events:?}"
+        );
+    }
+
+    // Everything else is served: a new claim becomes Available, a new pool gets its node.
+    world.claim_type("good-claim", "standard-node").await;
+    world
+        .wait_phase("good-claim", "Available", Duration::from_secs(120))
+        .await;
+    world
+        .create_pool(
+            "good-pool",
+            serde_json::json!({"providerRef": "kubevirt-provider-advanced", "replicas": 1}),
+        )
+        .await;
+    world
+        .wait_pool("good-pool", "a ready node", |p| {
+            p.status.as_ref().is_some_and(|s| s.ready_replicas == 1)
+        })
+        .await;
+
+    // Fixed, the pool is served like any other, its condition written anew.
+    pools_api
+        .patch(
+            "bad-pool",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"disruption": {"consolidateAfter": "30s"}}})),
+        )
+        .await
+        .expect("pool fixed");
+    world
+        .wait_pool("bad-pool", "served after the fix", |p| {
+            p.status.as_ref().is_some_and(|s| {
+                s.selector.is_some() && s.conditions.iter().all(|c| c.reason != "InvalidSpec")
+            })
+        })
+        .await;
+    // No claim was ever made for the undecodable pool while it was undecodable, and the
+    // bad claim got no VM.
+    let vms = world.vms().await;
+    assert!(
+        vms.iter()
+            .all(|v| !kube::ResourceExt::name_any(v).contains("bad-claim")),
+        "{:?}",
+        vms.iter()
+            .map(kube::ResourceExt::name_any)
+            .collect::<Vec<_>>()
+    );
+    world.shutdown().await;
+}

@@ -60,6 +60,7 @@ use kube::runtime::{watcher, Controller, WatchStreamExt};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
+use super::lenient::{self, Lenient};
 use super::{Context, Error};
 use crate::api::capi::*;
 use crate::api::{
@@ -349,35 +350,22 @@ pub async fn run(
     let pool_writer = reflector::store::Writer::<NodePool>::default();
     let pools = pool_writer.as_reader();
     let deleted_tx = sweep_tx.clone();
-    let pool_stream = reflector::reflector(
-        pool_writer,
-        watcher(Api::<NodePool>::all(client.clone()), super::watch_config()),
-    )
-    .inspect_ok(move |event| {
-        if let watcher::Event::Delete(p) = event {
-            let _ = deleted_tx.unbounded_send(p.namespace().unwrap_or_default());
-        }
-    })
-    .applied_objects();
+    // NodePools are reported by the pool controller's watch; MachinePools here.
+    let pool_stream = lenient::reflect(&client, pool_writer, None)
+        .inspect_ok(move |event| {
+            if let watcher::Event::Delete(p) = event {
+                let _ = deleted_tx.unbounded_send(p.namespace().unwrap_or_default());
+            }
+        })
+        .applied_objects();
 
     let mp_writer = reflector::store::Writer::<MachinePool>::default();
     let machine_pools = mp_writer.as_reader();
-    let mp_stream = reflector::reflector(
-        mp_writer,
-        watcher(
-            Api::<MachinePool>::all(client.clone()),
-            super::watch_config(),
-        )
-        .default_backoff(),
-    )
-    .touched_objects();
+    let mp_stream =
+        lenient::reflect(&client, mp_writer, Some(ctx.reports.clone())).touched_objects();
     let m_writer = reflector::store::Writer::<Machine>::default();
     let machines = m_writer.as_reader();
-    let m_stream = reflector::reflector(
-        m_writer,
-        watcher(Api::<Machine>::all(client.clone()), super::watch_config()).default_backoff(),
-    )
-    .touched_objects();
+    let m_stream = lenient::reflect(&client, m_writer, None).touched_objects();
 
     let cctx = Arc::new(CapiContext {
         ctx,
@@ -407,17 +395,17 @@ pub async fn run(
             owner_named(&m, "MachinePool").map(|p| ObjectRef::new(&p).within(&ns))
         })
         .watches(
-            Api::<NodeClaim>::all(client.clone()),
+            lenient::api_all::<NodeClaim>(&client),
             super::watch_config(),
-            |c: NodeClaim| {
+            |c: Lenient<NodeClaim>| {
                 let ns = c.namespace().unwrap_or_default();
                 owner_named(&c, "NodePool").map(|p| ObjectRef::new(&p).within(&ns))
             },
         )
         .watches(
-            Api::<NodeType>::all(client),
+            lenient::api_all::<NodeType>(&client),
             super::watch_config(),
-            move |_t: NodeType| autoscaled(),
+            move |_t: Lenient<NodeType>| autoscaled(),
         )
         .with_config(RunConfig::default().debounce(Duration::from_millis(200)))
         .graceful_shutdown_on(shutdown)
@@ -502,29 +490,32 @@ async fn reconcile_pool(pool: &NodePool, cctx: &CapiContext) -> Result<Action, E
     // Read the MachinePool before the Machines: the autoscaler marks a Machine before it
     // lowers the replicas, so a lowered value read here comes with its mark below.
     let mp_api: Api<MachinePool> = Api::namespaced(ctx.client.clone(), &ns);
-    let m_api: Api<Machine> = Api::namespaced(ctx.client.clone(), &ns);
     let claims_api: Api<NodeClaim> = Api::namespaced(ctx.client.clone(), &ns);
     let existing = mp_api
         .get_opt(&name)
         .await
         .map_err(Error::kube(format!("reading MachinePool {ns}/{name}")))?;
-    let machines: Vec<Machine> = m_api
-        .list(&ListParams::default().labels(&format!("{LABEL_POOL_NAME}={}", label_value(&name))))
-        .await
-        .map_err(Error::kube(format!("listing Machines of {ns}/{name}")))?
-        .items;
-    let claims: Vec<NodeClaim> = claims_api
-        .list(&ListParams::default().labels(&format!("{LABEL_NODEPOOL}={}", label_value(&name))))
-        .await
-        .map_err(Error::kube(format!("listing NodeClaims of {ns}/{name}")))?
-        .items
-        .into_iter()
-        .filter(|c| {
-            c.owner_references()
-                .iter()
-                .any(|o| o.kind == "NodePool" && o.uid == uid)
-        })
-        .collect();
+    let machines: Vec<Machine> = lenient::list(
+        &ctx.client,
+        &ns,
+        &ListParams::default().labels(&format!("{LABEL_POOL_NAME}={}", label_value(&name))),
+    )
+    .await
+    .map_err(Error::kube(format!("listing Machines of {ns}/{name}")))?;
+    let claims: Vec<NodeClaim> = lenient::list::<NodeClaim>(
+        &ctx.client,
+        &ns,
+        &ListParams::default().labels(&format!("{LABEL_NODEPOOL}={}", label_value(&name))),
+    )
+    .await
+    .map_err(Error::kube(format!("listing NodeClaims of {ns}/{name}")))?
+    .into_iter()
+    .filter(|c| {
+        c.owner_references()
+            .iter()
+            .any(|o| o.kind == "NodePool" && o.uid == uid)
+    })
+    .collect();
 
     // 1. The autoscaler's choice of node, onto the claims, before any replica change.
     for claim in &claims {
@@ -1012,11 +1003,13 @@ async fn remove_mirror(cctx: &CapiContext, ns: &str, name: &str) -> Result<(), E
 async fn delete_mirror(ctx: &Context, ns: &str, name: &str) -> Result<(), Error> {
     let m_api: Api<Machine> = Api::namespaced(ctx.client.clone(), ns);
     let mp_api: Api<MachinePool> = Api::namespaced(ctx.client.clone(), ns);
-    let machines = m_api
-        .list(&ListParams::default().labels(&format!("{LABEL_POOL_NAME}={}", label_value(name))))
-        .await
-        .map_err(Error::kube(format!("listing Machines of {ns}/{name}")))?
-        .items;
+    let machines: Vec<Machine> = lenient::list(
+        &ctx.client,
+        ns,
+        &ListParams::default().labels(&format!("{LABEL_POOL_NAME}={}", label_value(name))),
+    )
+    .await
+    .map_err(Error::kube(format!("listing Machines of {ns}/{name}")))?;
     for m in machines {
         match m_api
             .delete(&m.name_any(), &DeleteParams::background())
@@ -1073,11 +1066,11 @@ async fn sweep_loop(cctx: Arc<CapiContext>, mut rx: mpsc::UnboundedReceiver<Stri
 }
 
 async fn sweep_namespace(ctx: &Context, ns: &str) -> Result<(), Error> {
-    let pools: Api<NodePool> = Api::namespaced(ctx.client.clone(), ns);
+    // Listed by metadata: an undecodable mirror is still a mirror.
     let mp_api: Api<MachinePool> = Api::namespaced(ctx.client.clone(), ns);
     let m_api: Api<Machine> = Api::namespaced(ctx.client.clone(), ns);
     let mut names: BTreeSet<String> = mp_api
-        .list(&ListParams::default())
+        .list_metadata(&ListParams::default())
         .await
         .map_err(Error::kube(format!("listing MachinePools in {ns}")))?
         .items
@@ -1086,7 +1079,7 @@ async fn sweep_namespace(ctx: &Context, ns: &str) -> Result<(), Error> {
         .collect();
     names.extend(
         m_api
-            .list(&ListParams::default())
+            .list_metadata(&ListParams::default())
             .await
             .map_err(Error::kube(format!("listing Machines in {ns}")))?
             .items
@@ -1094,10 +1087,15 @@ async fn sweep_namespace(ctx: &Context, ns: &str) -> Result<(), Error> {
             .filter_map(|m| m.labels().get(LABEL_POOL_NAME).cloned()),
     );
     for name in names {
-        let pool = pools
-            .get_opt(&name)
+        let pool = match lenient::get::<NodePool>(&ctx.client, ns, &name)
             .await
-            .map_err(Error::kube(format!("reading NodePool {ns}/{name}")))?;
+            .map_err(Error::kube(format!("reading NodePool {ns}/{name}")))?
+        {
+            // Its own watch reports it; its mirror stays until it can be read.
+            Some(Lenient::Invalid(_)) => continue,
+            Some(Lenient::Valid(p)) => Some(p),
+            None => None,
+        };
         let mirrored = pool.is_some_and(|p| {
             p.metadata.deletion_timestamp.is_none()
                 && p.spec.autoscaling.is_some()

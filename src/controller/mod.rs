@@ -12,6 +12,7 @@
 
 pub mod capi;
 pub mod gauges;
+pub mod lenient;
 pub mod nodeclaim;
 pub mod nodepool;
 pub mod nodetype;
@@ -176,6 +177,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// True once the claim, type and provider stores hold their first full list.
     pub synced: tokio::sync::watch::Receiver<bool>,
+    /// Where watches send objects they cannot decode ([`lenient::report`]).
+    pub reports: lenient::Reports,
 }
 
 impl Context {
@@ -202,7 +205,19 @@ impl Context {
     ) where
         K: Resource<DynamicType = ()>,
     {
-        let regarding = obj.object_ref(&());
+        self.event_about(obj.object_ref(&()), type_, reason, action, note)
+            .await;
+    }
+
+    /// Records an Event about the object `regarding` refers to (see [`Context::event`]).
+    pub async fn event_about(
+        &self,
+        regarding: k8s_openapi::api::core::v1::ObjectReference,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
         let namespace = regarding
             .namespace
             .clone()
@@ -320,7 +335,13 @@ fn watch_config() -> watcher::Config {
 /// A controller for `api` like `Controller::new`, whose store reports its first full list
 /// on `synced`. Nothing else waits on the store's own readiness future, which wakes only
 /// the last of several waiters (the controller's runner waits on it too).
-fn controller_for<K>(api: Api<K>, synced: tokio::sync::watch::Sender<bool>) -> Controller<K>
+///
+/// Objects that do not decode are reported to `reports` and left out ([`lenient`]).
+pub(super) fn controller_for<K>(
+    client: &Client,
+    reports: &lenient::Reports,
+    synced: tokio::sync::watch::Sender<bool>,
+) -> Controller<K>
 where
     K: Resource<DynamicType = ()>
         + Clone
@@ -334,7 +355,7 @@ where
     use kube::runtime::WatchStreamExt;
     let writer = kube::runtime::reflector::store::Writer::<K>::default();
     let reader = writer.as_reader();
-    let stream = kube::runtime::reflector(writer, watcher(api, watch_config()))
+    let stream = lenient::reflect(client, writer, Some(reports.clone()))
         .inspect_ok(move |event| {
             if matches!(event, watcher::Event::InitDone) {
                 let _ = synced.send(true);
@@ -352,16 +373,19 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,
     ready: Arc<std::sync::atomic::AtomicBool>,
 ) -> anyhow::Result<()> {
-    let claims_api: Api<NodeClaim> = Api::all(client.clone());
-    let types_api: Api<NodeType> = Api::all(client.clone());
-    let providers_api: Api<NodeProvider> = Api::all(client.clone());
+    // Secondary watches decode each object on their own too; an undecodable one wakes
+    // nothing (the primary watch of its kind reports it).
+    let claims_api = lenient::api_all::<NodeClaim>(&client);
+    let types_api = lenient::api_all::<NodeType>(&client);
+    let providers_api = lenient::api_all::<NodeProvider>(&client);
 
     let (claims_synced, mut claims_synced_rx) = tokio::sync::watch::channel(false);
     let (types_synced, mut types_synced_rx) = tokio::sync::watch::channel(false);
     let (providers_synced, mut providers_synced_rx) = tokio::sync::watch::channel(false);
-    let claim_ctrl = controller_for(claims_api.clone(), claims_synced);
-    let type_ctrl = controller_for(types_api.clone(), types_synced);
-    let provider_ctrl = controller_for(providers_api.clone(), providers_synced);
+    let (reports, reported) = mpsc::unbounded();
+    let claim_ctrl = controller_for::<NodeClaim>(&client, &reports, claims_synced);
+    let type_ctrl = controller_for::<NodeType>(&client, &reports, types_synced);
+    let provider_ctrl = controller_for::<NodeProvider>(&client, &reports, providers_synced);
 
     let (wake_claims, claim_wakeups) = mpsc::unbounded();
     let (wake_types, type_wakeups) = mpsc::unbounded();
@@ -390,7 +414,9 @@ pub async fn run(
         wake_types,
         metrics,
         synced: synced_rx,
+        reports,
     });
+    tokio::spawn(lenient::report(ctx.clone(), reported));
 
     // Readiness: every store has its first full list (see `controller_for`).
     {
@@ -414,35 +440,40 @@ pub async fn run(
     let types_store = ctx.types.clone();
     let claims_for_types = ctx.claims.clone();
     let claims = claim_ctrl
-        .watches(types_api.clone(), watch_config(), move |_t: NodeType| {
-            // A changed type may let pending claims schedule.
-            claims_for_types
-                .state()
-                .into_iter()
-                .filter(|c| {
-                    c.status
-                        .as_ref()
-                        .and_then(|s| s.type_ref.as_ref())
-                        .is_none()
-                })
-                .map(|c| ObjectRef::from_obj(&*c))
-                .collect::<Vec<_>>()
-        })
+        .watches(
+            types_api.clone(),
+            watch_config(),
+            move |_t: lenient::Lenient<NodeType>| {
+                // A changed type may let pending claims schedule.
+                claims_for_types
+                    .state()
+                    .into_iter()
+                    .filter(|c| {
+                        c.status
+                            .as_ref()
+                            .and_then(|s| s.type_ref.as_ref())
+                            .is_none()
+                    })
+                    .map(|c| ObjectRef::from_obj(&*c))
+                    .collect::<Vec<_>>()
+            },
+        )
         .reconcile_on(claim_wakeups)
         .graceful_shutdown_on(shutdown.clone())
         .run(nodeclaim::reconcile, nodeclaim::error_policy, ctx.clone())
         .for_each(log_run_error);
 
     let types = type_ctrl
-        .watches(claims_api, watch_config(), move |c: NodeClaim| {
-            c.status
+        .watches(claims_api.clone(), watch_config(), move |c| {
+            c.valid()?
+                .status
                 .and_then(|s| s.type_ref)
                 .map(|t| ObjectRef::<NodeType>::new(&t))
         })
         .watches(
             providers_api.clone(),
             watch_config(),
-            move |p: NodeProvider| {
+            move |p: lenient::Lenient<NodeProvider>| {
                 let name = p.name_any();
                 types_store
                     .state()
@@ -463,17 +494,14 @@ pub async fn run(
     let types_of_claims = ctx.types.clone();
     let providers = provider_ctrl
         .owns(types_api, watch_config())
-        .watches(
-            claims_api_all(&client),
-            watch_config(),
-            move |c: NodeClaim| {
-                // A claim going away may unblock a provider's deletion or a type's removal.
-                c.status
-                    .and_then(|s| s.type_ref)
-                    .and_then(|t| types_of_claims.get(&ObjectRef::new(&t)))
-                    .map(|t| ObjectRef::<NodeProvider>::new(&t.spec.provider_ref))
-            },
-        )
+        .watches(claims_api, watch_config(), move |c| {
+            // A claim going away may unblock a provider's deletion or a type's removal.
+            c.valid()?
+                .status
+                .and_then(|s| s.type_ref)
+                .and_then(|t| types_of_claims.get(&ObjectRef::new(&t)))
+                .map(|t| ObjectRef::<NodeProvider>::new(&t.spec.provider_ref))
+        })
         .graceful_shutdown_on(shutdown)
         .run(provider::reconcile, provider::error_policy, ctx.clone())
         .for_each(log_run_error);
@@ -495,10 +523,6 @@ async fn log_run_error<K: Resource, E: std::fmt::Debug, Q: std::fmt::Debug>(
     if let Err(e) = result {
         tracing::debug!(error = ?e, "controller runtime");
     }
-}
-
-fn claims_api_all(client: &Client) -> Api<NodeClaim> {
-    Api::all(client.clone())
 }
 
 impl Error {

@@ -34,7 +34,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, P
 use kube::runtime::controller::{Action, Config as RunConfig};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::{watcher, Controller};
+use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -752,9 +752,11 @@ pub async fn run(
     ctx: Arc<Context>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,
 ) {
-    let pools_api: Api<NodePool> = Api::all(ctx.client.clone());
-    let claims_api: Api<NodeClaim> = Api::all(ctx.client.clone());
-    let controller = Controller::new(pools_api, super::watch_config());
+    let claims_api = super::lenient::api_all::<NodeClaim>(&ctx.client);
+    // Nobody waits for this store's first list (the claim, type and provider stores gate
+    // readiness), so its sync signal has no receiver.
+    let (synced, _) = tokio::sync::watch::channel(false);
+    let controller = super::controller_for::<NodePool>(&ctx.client, &ctx.reports, synced);
     let (wake, wakeups) = mpsc::unbounded();
     let pctx = Arc::new(PoolContext {
         ctx,
@@ -831,12 +833,10 @@ async fn reconcile_pool(pool: &NodePool, pctx: &PoolContext) -> Result<Action, E
     let uid = pool
         .uid()
         .ok_or_else(|| Error::Missing(format!("NodePool {name}"), "metadata.uid"))?;
-    let claims_api: Api<NodeClaim> = Api::namespaced(ctx.client.clone(), &ns);
-    let all_claims = claims_api
-        .list(&ListParams::default())
+    // A claim that cannot be decoded is reported by its watch and left out here.
+    let all_claims: Vec<NodeClaim> = super::lenient::list(&ctx.client, &ns, &ListParams::default())
         .await
-        .map_err(Error::kube(format!("listing NodeClaims in {ns}")))?
-        .items;
+        .map_err(Error::kube(format!("listing NodeClaims in {ns}")))?;
     let (mine, others): (Vec<NodeClaim>, Vec<NodeClaim>) =
         all_claims.into_iter().partition(|c| owned_by(c, &uid));
 

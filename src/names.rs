@@ -36,6 +36,52 @@ pub fn is_label_value(s: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
 }
 
+/// Whether `s` is a DNS-1123 label: at most 63 characters of `[a-z0-9-]`, starting and
+/// ending with a letter or digit (a namespace, a node type entry's name).
+pub fn is_dns_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= MAX_LABEL_VALUE
+        && is_lower_alnum(b[0])
+        && is_lower_alnum(b[b.len() - 1])
+        && b.iter().all(|c| is_lower_alnum(*c) || *c == b'-')
+}
+
+/// Whether `s` is a DNS-1123 subdomain of at most `max` characters: DNS labels (of any
+/// length) joined by dots (an object name).
+pub fn is_dns_subdomain(s: &str, max: usize) -> bool {
+    !s.is_empty()
+        && s.len() <= max
+        && s.split('.').all(|part| {
+            let b = part.as_bytes();
+            !b.is_empty()
+                && is_lower_alnum(b[0])
+                && is_lower_alnum(b[b.len() - 1])
+                && b.iter().all(|c| is_lower_alnum(*c) || *c == b'-')
+        })
+}
+
+/// Whether `s` is a qualified name as label and taint keys are (`name` or `prefix/name`:
+/// the prefix a DNS subdomain, the name a non-empty label value), at most
+/// [`MAX_QUALIFIED_NAME`] characters in all — shorter than Kubernetes allows (a 253-character
+/// prefix and a 63-character name) so that a schema pattern can say it.
+pub fn is_qualified_name(s: &str) -> bool {
+    if s.len() > MAX_QUALIFIED_NAME {
+        return false;
+    }
+    match s.split_once('/') {
+        Some((prefix, name)) => is_dns_subdomain(prefix, MAX_NAME) && is_label_value(name),
+        None => is_label_value(s),
+    }
+}
+
+/// Longest qualified name (label or taint key) autonodes accepts.
+pub const MAX_QUALIFIED_NAME: usize = 253;
+
+fn is_lower_alnum(c: u8) -> bool {
+    c.is_ascii_lowercase() || c.is_ascii_digit()
+}
+
 /// `s` cut to `max - 11` characters of `[A-Za-z0-9._-]` (others become `-`), ending in a
 /// letter or digit, then `-` and 10 hex digits of the hash of the whole of `s`.
 fn shortened(s: &str, max: usize) -> String {
@@ -92,6 +138,35 @@ pub fn event_name(object: &str, nanos: i128) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn names_and_keys_are_checked_as_the_api_server_checks_them() {
+        assert!(is_dns_label("tenant-1"));
+        assert!(!is_dns_label("Tenant") && !is_dns_label("-a") && !is_dns_label(&"a".repeat(64)));
+        assert!(is_dns_subdomain("vc.example-1.io", 253));
+        assert!(!is_dns_subdomain("a..b", 253) && !is_dns_subdomain("a_b", 253));
+        assert!(!is_dns_subdomain(&"a".repeat(251), 250));
+        for ok in [
+            "role",
+            "example.com/role",
+            "a/B_c.d-e",
+            "node-role.kubernetes.io/worker",
+        ] {
+            assert!(is_qualified_name(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "/a",
+            "a/",
+            "a/b/c",
+            "Example.com/a",
+            "a/-b",
+            &format!("a/{}", "b".repeat(64)),
+        ] {
+            assert!(!is_qualified_name(bad), "{bad}");
+        }
+        assert!(!is_qualified_name(&format!("{}/a", "b".repeat(252))));
+    }
+
     use super::*;
     use proptest::prelude::*;
 

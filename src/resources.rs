@@ -58,8 +58,13 @@ fn err(input: &str, reason: &'static str) -> QuantityError {
     }
 }
 
+/// Largest magnitude of a quantity in milli-units: Kubernetes caps quantities at 2^63-1.
+pub const MAX_QUANTITY_MILLIS: i128 = i64::MAX as i128 * 1000;
+
 /// Parses a Kubernetes quantity (`4`, `500m`, `16Gi`, `1.5`, `2e3`, `1k`) into milli-units,
-/// rounding anything finer than a milli-unit up (away from zero).
+/// rounding anything finer than a milli-unit up (away from zero) and capping the magnitude
+/// at 2^63-1 units, as Kubernetes does. Every string the CRDs' quantity pattern admits
+/// parses; only malformed text is an error.
 pub fn parse_quantity(input: &str) -> Result<i128, QuantityError> {
     let s = input.trim();
     if s.is_empty() {
@@ -108,46 +113,60 @@ pub fn parse_quantity(input: &str) -> Result<i128, QuantityError> {
             if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
                 return Err(err(input, "exponent is not an integer"));
             }
-            if digits.len() > 4 {
-                return Err(err(input, "exponent out of range"));
-            }
-            let value: i64 = exp
-                .parse()
-                .map_err(|_| err(input, "exponent out of range"))?;
-            (0, value)
+            // Any exponent beyond ±10^6 caps or rounds the same way as 10^6 does.
+            let digits = digits.trim_start_matches('0');
+            let magnitude: i64 = if digits.len() > 6 {
+                1_000_000
+            } else {
+                digits.parse().unwrap_or(0)
+            };
+            (
+                0,
+                if exp.starts_with('-') {
+                    -magnitude
+                } else {
+                    magnitude
+                },
+            )
         }
         _ => return Err(err(input, "unknown suffix")),
     };
-    // Mantissa = all digits as one integer; the decimal point shifts the exponent.
-    let digits: String = int_digits
-        .chars()
-        .chain(frac_digits.chars())
-        .skip_while(|c| *c == '0')
-        .collect();
-    let digits = digits.trim_end_matches('0');
-    let trailing_zeros = int_digits
-        .chars()
-        .chain(frac_digits.chars())
-        .skip_while(|c| *c == '0')
-        .count() as i64
-        - digits.len() as i64;
-    if digits.is_empty() {
+    let all_digits = || int_digits.chars().chain(frac_digits.chars());
+    // Significant digits (leading zeros dropped); trailing zeros move into the exponent.
+    let significant: String = all_digits().skip_while(|c| *c == '0').collect();
+    let kept = significant.trim_end_matches('0');
+    if kept.is_empty() {
         return Ok(0);
     }
-    if digits.len() > 36 {
-        return Err(err(input, "too many significant digits"));
+    let mut exponent: i64 =
+        pow10 + 3 - frac_digits.len() as i64 + (significant.len() - kept.len()) as i64;
+    // More digits than an i128 holds: keep the first 36, the rest only round up.
+    let (kept, dropped_nonzero) = if kept.len() > 36 {
+        exponent += (kept.len() - 36) as i64;
+        (&kept[..36], true)
+    } else {
+        (kept, false)
+    };
+    let capped = || {
+        if negative {
+            -MAX_QUANTITY_MILLIS
+        } else {
+            MAX_QUANTITY_MILLIS
+        }
+    };
+    let mut mantissa: i128 = kept.parse().map_err(|_| err(input, "not a number"))?;
+    if dropped_nonzero {
+        mantissa += 1;
     }
-    let mut mantissa: i128 = digits
-        .parse()
-        .map_err(|_| err(input, "too many significant digits"))?;
-    let mut exponent: i64 = pow10 + 3 - frac_digits.len() as i64 + trailing_zeros;
-    mantissa = mantissa
-        .checked_mul(1i128 << pow2)
-        .ok_or_else(|| err(input, "too large"))?;
+    mantissa = match mantissa.checked_mul(1i128 << pow2) {
+        Some(m) => m,
+        None => return Ok(capped()),
+    };
     while exponent > 0 {
-        mantissa = mantissa
-            .checked_mul(10)
-            .ok_or_else(|| err(input, "too large"))?;
+        if mantissa > MAX_QUANTITY_MILLIS {
+            return Ok(capped());
+        }
+        mantissa *= 10;
         exponent -= 1;
     }
     if exponent < 0 {
@@ -164,10 +183,7 @@ pub fn parse_quantity(input: &str) -> Result<i128, QuantityError> {
             mantissa += 1;
         }
     }
-    // Kubernetes caps quantities at 2^63-1 in magnitude.
-    if mantissa > i64::MAX as i128 * 1000 {
-        return Err(err(input, "too large"));
-    }
+    let mantissa = mantissa.min(MAX_QUANTITY_MILLIS);
     Ok(if negative { -mantissa } else { mantissa })
 }
 
@@ -407,10 +423,28 @@ mod tests {
     }
 
     #[test]
-    fn huge_quantities_are_rejected_instead_of_overflowing() {
-        assert!(parse_quantity("99999999999999999999999999999999999999999").is_err());
-        assert!(parse_quantity("1e9999").is_err());
-        assert!(parse_quantity("10000000Ei").is_err());
+    fn huge_quantities_are_capped_at_2_to_the_63_units_as_kubernetes_caps_them() {
+        for huge in [
+            "99999999999999999999999999999999999999999",
+            "1e9999",
+            "1e99999999999999999999",
+            "10000000Ei",
+            "9223372036854775808",
+        ] {
+            assert_eq!(parse_quantity(huge), Ok(MAX_QUANTITY_MILLIS), "{huge}");
+        }
+        assert_eq!(parse_quantity("-1e9999"), Ok(-MAX_QUANTITY_MILLIS));
+        assert_eq!(
+            parse_quantity("9223372036854775807"),
+            Ok(MAX_QUANTITY_MILLIS)
+        );
+        // Vanishingly small values round up to one milli-unit; zero stays zero.
+        assert_eq!(parse_quantity("1e-99999999999"), Ok(1));
+        assert_eq!(parse_quantity("0e99999"), Ok(0));
+        assert_eq!(
+            parse_quantity("0.000000000000000000000000000000000000000001"),
+            Ok(1)
+        );
     }
 
     #[test]

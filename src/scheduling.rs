@@ -916,27 +916,10 @@ pub fn node_properties(
     p
 }
 
-fn is_dns_subdomain(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 253
-        && s.split('.').all(|part| {
-            !part.is_empty()
-                && part.len() <= 63
-                && part
-                    .bytes()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
-                && !part.starts_with('-')
-                && !part.ends_with('-')
-        })
-}
-
 /// Whether `key` is a valid label key: an optional DNS subdomain prefix and `/`, then a
 /// name of at most 63 characters of `[A-Za-z0-9-_.]` starting and ending alphanumeric.
 pub fn is_valid_label_key(key: &str) -> bool {
-    match key.split_once('/') {
-        Some((prefix, name)) => is_dns_subdomain(prefix) && crate::names::is_label_value(name),
-        None => crate::names::is_label_value(key),
-    }
+    crate::names::is_qualified_name(key)
 }
 
 /// Whether `value` is a valid label value (empty, or like a label name).

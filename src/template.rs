@@ -466,10 +466,27 @@ pub fn take_taints(template: &mut Value, node_type: &str) -> Result<Vec<Taint>, 
     Ok(taints)
 }
 
-/// Checks that a taint has a key and one of the three effects Kubernetes knows.
+/// Checks a taint as the API server checks a Node's: its key a qualified name, its value
+/// a label value (or empty), its effect one of the three Kubernetes knows. The CRDs' taint
+/// schema (`api::schema::taints`) admits exactly these.
 pub fn check_taint(t: &Taint) -> Result<(), String> {
     if t.key.is_empty() {
         return Err("a taint has an empty key".to_string());
+    }
+    if !crate::names::is_qualified_name(&t.key) {
+        return Err(format!(
+            "taint key {:?} is not a qualified name (`example.com/name`)",
+            t.key.chars().take(80).collect::<String>()
+        ));
+    }
+    if let Some(v) = t.value.as_deref().filter(|v| !v.is_empty()) {
+        if !crate::names::is_label_value(v) {
+            return Err(format!(
+                "taint {}: value {:?} is not a label value",
+                t.key,
+                v.chars().take(80).collect::<String>()
+            ));
+        }
     }
     match t.effect.as_str() {
         "NoSchedule" | "PreferNoSchedule" | "NoExecute" => Ok(()),

@@ -421,6 +421,60 @@ async fn a_pool_that_never_consolidates_is_served_and_durations_no_controller_co
             e => panic!("{bad}: {e}"),
         }
     }
+    // Likewise for the other fields the controller parses (see `src/api/schema_walk.rs`).
+    let claims: Api<DynamicObject> = Api::namespaced_with(
+        world.mgmt.clone(),
+        NS,
+        &kube::discovery::ApiResource::erase::<autonodes::api::NodeClaim>(&()),
+    );
+    for (field, spec) in [
+        (
+            "effect",
+            serde_json::json!({"taints": [{"key": "a", "effect": "Sometimes"}]}),
+        ),
+        (
+            "key",
+            serde_json::json!({"taints": [{"key": "a/b/c", "effect": "NoSchedule"}]}),
+        ),
+        (
+            "labels",
+            serde_json::json!({"labels": {"team": "not a label value"}}),
+        ),
+        (
+            "key",
+            serde_json::json!({"requirements": [{"key": "bad key", "operator": "Exists"}]}),
+        ),
+        (
+            "desiredCapacity",
+            serde_json::json!({"desiredCapacity": {"cpu": "1e1.5"}}),
+        ),
+        (
+            "name",
+            serde_json::json!({"vClusterRef": {"name": "Tenant_1"}}),
+        ),
+    ] {
+        let mut spec = spec;
+        if spec["vClusterRef"].is_null() {
+            spec["vClusterRef"] = serde_json::json!({"name": "tenant"});
+        }
+        let body = serde_json::json!({
+            "apiVersion": "autonodes.io/v1alpha1", "kind": "NodeClaim",
+            "metadata": {"name": "bad-field", "namespace": NS}, "spec": spec});
+        let err = claims
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(body).expect("object"),
+            )
+            .await
+            .expect_err(field);
+        match err {
+            kube::Error::Api(s) => {
+                assert_eq!(s.code, 422, "{spec}: {s:?}");
+                assert!(s.message.contains(field), "{spec}: {}", s.message);
+            }
+            e => panic!("{spec}: {e}"),
+        }
+    }
     world.shutdown().await;
 }
 

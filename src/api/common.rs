@@ -58,7 +58,7 @@ impl Operator {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 pub struct Requirement {
     /// The property key, e.g. `autonodes.io/node-type` or `topology.kubernetes.io/zone`.
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = 253), regex(pattern = crate::api::schema::QUALIFIED_NAME_PATTERN))]
     pub key: String,
     /// How the property is compared with `values`: In, NotIn, Exists, DoesNotExist
     /// (or its synonym NotExists), Gt, Lt.
@@ -74,10 +74,10 @@ pub struct Requirement {
 pub struct ClusterRef {
     /// The host cluster: `local` for the management cluster itself, otherwise the name of a
     /// Secret in the autonodes service namespace whose key `kubeconfig` reaches the host cluster.
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = 253), regex(pattern = crate::api::schema::DNS_SUBDOMAIN_PATTERN))]
     pub cluster: String,
     /// The namespace on the host cluster where VirtualMachines and their Secrets are created.
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = 63), regex(pattern = crate::api::schema::DNS_LABEL_PATTERN))]
     pub namespace: String,
 }
 
@@ -86,7 +86,7 @@ pub struct ClusterRef {
 pub struct VClusterRef {
     /// Name of the vCluster. Its kubeconfig is read from the Secret `vc-<name>` (key `config`)
     /// in the namespace of the claim, as vCluster exports it.
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = 250), regex(pattern = crate::api::schema::DNS_SUBDOMAIN_PATTERN))]
     pub name: String,
 }
 
@@ -95,6 +95,7 @@ pub struct VClusterRef {
 pub struct TypeMetadata {
     /// Labels copied onto the NodeType object.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "crate::api::schema::label_map")]
     pub labels: BTreeMap<String, String>,
     /// Annotations copied onto the NodeType object.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]

@@ -10,6 +10,8 @@ pub mod nodepool;
 pub mod nodeprovider;
 pub mod nodetype;
 pub mod schema;
+#[cfg(test)]
+mod schema_walk;
 
 pub use common::*;
 pub use nodeclaim::*;

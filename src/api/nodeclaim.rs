@@ -41,9 +41,11 @@ use super::common::*;
 pub struct NodeClaimSpec {
     /// Only consider node types of this NodeProvider. Optional when `typeRef` is set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253), regex(pattern = crate::api::schema::DNS_SUBDOMAIN_PATTERN))]
     pub provider_ref: Option<String>,
     /// Pin the claim to this NodeType (by its full name, `<provider>.<type>`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253), regex(pattern = crate::api::schema::DNS_SUBDOMAIN_PATTERN))]
     pub type_ref: Option<String>,
     /// Requirements every candidate node type's properties must meet.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -60,13 +62,16 @@ pub struct NodeClaimSpec {
     pub properties: Properties,
     /// Taints the node keeps.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "crate::api::schema::taints")]
     pub taints: Taints,
     /// Taints the node registers with and that something else (e.g. a CNI or a device
     /// plugin) removes when the node is ready; the claim is Ready only once they are gone.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "crate::api::schema::taints")]
     pub startup_taints: Taints,
     /// Labels put on the node.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "crate::api::schema::label_map")]
     pub labels: BTreeMap<String, String>,
     /// Extra kubelet arguments (`name: value`, without the leading dashes).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]

@@ -52,6 +52,7 @@ pub struct NodePoolSpec {
     pub v_cluster_ref: VClusterRef,
     /// Only use node types of this NodeProvider.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253), regex(pattern = crate::api::schema::DNS_SUBDOMAIN_PATTERN))]
     pub provider_ref: Option<String>,
     /// Requirements every node type of the pool must meet.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -61,12 +62,15 @@ pub struct NodePoolSpec {
     pub properties: Properties,
     /// Taints every node of the pool keeps.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "crate::api::schema::taints")]
     pub taints: Taints,
     /// Taints the pool's nodes register with, removed by something else once ready.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "crate::api::schema::taints")]
     pub startup_taints: Taints,
     /// Labels put on every node of the pool.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "crate::api::schema::label_map")]
     pub labels: BTreeMap<String, String>,
     /// Extra kubelet arguments for the pool's nodes.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -98,9 +102,11 @@ pub struct NodePoolLimits {
     pub nodes: Option<i64>,
     /// Most CPU over all nodes of the pool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::api::schema::quantity")]
     pub cpu: Option<Quantity>,
     /// Most memory over all nodes of the pool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::api::schema::quantity")]
     pub memory: Option<Quantity>,
 }
 

@@ -80,7 +80,7 @@ pub struct ProviderNodeType {
     /// `<provider>.<name>`. A DNS-1123 label.
     #[schemars(
         length(min = 1, max = 63),
-        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+        regex(pattern = crate::api::schema::DNS_LABEL_PATTERN)
     )]
     pub name: String,
     /// Human-friendly name shown in UIs.
@@ -108,6 +108,7 @@ pub struct ProviderNodeType {
     pub properties: Properties,
     /// Taints every node of this type gets.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "crate::api::schema::taints")]
     pub taints: Taints,
     /// Labels and annotations copied onto the generated NodeType object.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -47,7 +47,7 @@ use super::common::*;
 #[serde(rename_all = "camelCase")]
 pub struct NodeTypeSpec {
     /// Name of the NodeProvider that offers this type.
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = 253), regex(pattern = crate::api::schema::DNS_SUBDOMAIN_PATTERN))]
     pub provider_ref: String,
     /// Human-friendly name shown in UIs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -74,6 +74,7 @@ pub struct NodeTypeSpec {
     pub properties: Properties,
     /// Taints every node of this type gets.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "crate::api::schema::taints")]
     pub taints: Taints,
     /// A partial VirtualMachine merged over the provider's base template.
     /// Mutually exclusive with `virtualMachineTemplate`.

@@ -3,6 +3,64 @@
 
 use schemars::{json_schema, Schema, SchemaGenerator};
 
+/// A Kubernetes quantity (`4`, `500m`, `16Gi`, `2e3`); everything it admits parses
+/// (`resources::parse_quantity`, which caps the magnitude as Kubernetes does). Stricter
+/// than the pattern Kubernetes publishes: an exponent is an integer, as Kubernetes parses it.
+pub const QUANTITY_PATTERN: &str =
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?[0-9]+))?$";
+/// A label value (empty allowed), at most 63 characters (`names::is_label_value`).
+pub const LABEL_VALUE_PATTERN: &str = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$";
+/// A DNS-1123 label (`names::is_dns_label`), with `maxLength` 63.
+pub const DNS_LABEL_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
+/// A DNS-1123 subdomain (`names::is_dns_subdomain`), with a `maxLength`.
+pub const DNS_SUBDOMAIN_PATTERN: &str =
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
+/// A label or taint key (`names::is_qualified_name`), with `maxLength` 253.
+pub const QUALIFIED_NAME_PATTERN: &str = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]$";
+/// The taint effects Kubernetes knows.
+pub const TAINT_EFFECTS: [&str; 3] = ["NoSchedule", "PreferNoSchedule", "NoExecute"];
+
+/// A quantity written as an integer or a string.
+pub fn quantity(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "description": "A Kubernetes quantity, e.g. 4, 500m or 16Gi.",
+        "x-kubernetes-int-or-string": true,
+        "pattern": QUANTITY_PATTERN
+    })
+}
+
+/// Node labels: values are label values (keys are checked when the node is built).
+pub fn label_map(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "object",
+        "description": "Labels: keys are qualified names (`example.com/role`), values at most 63 characters of letters, digits, `-`, `_` and `.`.",
+        "additionalProperties": {"type": "string", "maxLength": 63, "pattern": LABEL_VALUE_PATTERN}
+    })
+}
+
+/// Node taints, each as in a Node's `spec.taints`, with the key, value and effect the API
+/// server of the tenant would accept.
+pub fn taints(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "array",
+        "description": "Taints, as in a Kubernetes Node's spec.taints.",
+        "items": {
+            "type": "object",
+            "required": ["key", "effect"],
+            "properties": {
+                "key": {"type": "string", "description": "The taint key (a qualified name).",
+                        "minLength": 1, "maxLength": 253, "pattern": QUALIFIED_NAME_PATTERN},
+                "value": {"type": "string", "description": "The taint value (a label value).",
+                          "maxLength": 63, "pattern": LABEL_VALUE_PATTERN},
+                "effect": {"type": "string", "description": "NoSchedule, PreferNoSchedule or NoExecute.",
+                           "enum": TAINT_EFFECTS},
+                "timeAdded": {"type": "string", "format": "date-time",
+                              "description": "When a NoExecute taint was added (set by the node controller)."}
+            }
+        }
+    })
+}
+
 /// `metav1.Condition` list, as a list-map keyed by `type` (as upstream APIs declare it).
 pub fn conditions(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
@@ -62,7 +120,7 @@ pub fn resource_list(_: &mut SchemaGenerator) -> Schema {
         "description": "Resources by name (cpu, memory, or an extended resource such as nvidia.com/gpu); values are Kubernetes quantities, e.g. 4 or 16Gi.",
         "additionalProperties": {
             "x-kubernetes-int-or-string": true,
-            "pattern": "^(\\+|-)?(([0-9]+(\\.[0-9]*)?)|(\\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\\+|-)?(([0-9]+(\\.[0-9]*)?)|(\\.[0-9]+))))?$"
+            "pattern": QUANTITY_PATTERN
         }
     })
 }

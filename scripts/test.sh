@@ -26,6 +26,7 @@ mkdir -p "$AUTONODES_TEST_PIDS"
 export AUTONODES_TEST_PIDS
 
 echo "== cargo test"
+rm -f target/chaos-report.txt
 # A failing test must not end the script here: the leftover check and the totals follow.
 set +e
 cargo test --all-targets --locked --no-fail-fast 2>&1 | tee target/test-output.txt
@@ -34,6 +35,11 @@ set -e
 results=$(grep -Eo 'test result: [a-zA-Z]+\. [0-9]+ passed; [0-9]+ failed' target/test-output.txt || true)
 passed=$(echo "$results" | awk '{s+=$4} END {print s+0}')
 failed=$(echo "$results" | awk '{s+=$6} END {print s+0}')
+
+if [ -f target/chaos-report.txt ]; then
+  echo "== chaos report (tests/chaos.rs)"
+  cat target/chaos-report.txt
+fi
 
 echo "== leftover processes"
 # A recorded pid counts only while its start time is still the recorded one (pids are reused).

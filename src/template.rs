@@ -721,17 +721,6 @@ pub fn user_data_secret_name(vm_name: &str) -> String {
     format!("{vm_name}-userdata")
 }
 
-/// Whether `s` is a DNS-1123 label: 1–63 characters of `[a-z0-9-]`, starting and ending
-/// with a letter or digit.
-pub fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= MAX_DNS_LABEL
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
 /// A VM name for a claim: `<namespace>-<name>` lowered to `[a-z0-9-]` and cut so that,
 /// with a `-` and 6 hex digits derived from namespace, name and UID, it is a DNS-1123 label
 /// of at most 63 characters without dots. The suffix keeps claims apart whose names would
@@ -791,7 +780,7 @@ pub fn finalize_vm(
         field: field.to_string(),
         message,
     };
-    if !is_dns_label(id.name) {
+    if !crate::names::is_dns_label(id.name) {
         return Err(bad_name(
             "metadata.name",
             format!(
@@ -1657,7 +1646,7 @@ spec:
         assert_eq!(plain.len(), "tenant-high-memory-1-".len() + 6);
         assert_eq!(plain, vm_name_for_claim("tenant", "high-memory-1", "u"));
         let dotted = vm_name_for_claim("team.a", "Node_1", "u");
-        assert!(is_dns_label(&dotted), "{dotted}");
+        assert!(crate::names::is_dns_label(&dotted), "{dotted}");
         assert!(!dotted.contains('.'));
         assert_ne!(
             vm_name_for_claim("team-a", "node-1", "u"),
@@ -1670,9 +1659,11 @@ spec:
             "a recreated claim gets a new VM name"
         );
         let long = vm_name_for_claim(&"n".repeat(63), &"c".repeat(63), "uid");
-        assert!(is_dns_label(&long), "{long}");
+        assert!(crate::names::is_dns_label(&long), "{long}");
         assert_eq!(long.len(), 63);
-        assert!(is_dns_label(&vm_name_for_claim("---", "...", "u")));
+        assert!(crate::names::is_dns_label(&vm_name_for_claim(
+            "---", "...", "u"
+        )));
     }
 
     #[test]

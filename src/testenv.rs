@@ -293,6 +293,9 @@ pub struct ApiServer {
     /// PEM of the private key of [`ApiServer::admin_client_cert_pem`].
     pub admin_client_key_pem: Vec<u8>,
     process: ManagedProcess,
+    program: PathBuf,
+    args: Vec<String>,
+    starts: u32,
 }
 
 impl ApiServer {
@@ -347,6 +350,66 @@ impl ApiServer {
     /// Stops the API server (the cluster becomes unreachable; etcd keeps its data).
     pub fn stop(&mut self) {
         self.process.kill();
+    }
+
+    /// Starts the API server again after [`ApiServer::stop`]: same port, certificates and
+    /// data (etcd kept them), a new log file; returns once it is ready.
+    pub async fn restart(&mut self) -> Result<(), TestEnvError> {
+        self.process.kill();
+        self.starts += 1;
+        let log = self.dir.join(format!("kube-apiserver-{}.log", self.starts));
+        self.process = ManagedProcess::spawn(
+            &format!("kube-apiserver {}", self.name),
+            &self.program,
+            &self.args,
+            &log,
+        )?;
+        let client = self.client().await?;
+        wait_ready(&self.name, &client, &mut self.process, Instant::now()).await
+    }
+
+    /// Resident and peak resident memory of the API server process, in bytes (Linux).
+    pub fn memory(&self) -> Option<(u64, u64)> {
+        let status = fs::read_to_string(format!("/proc/{}/status", self.pid()?)).ok()?;
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                .map(|kb| kb * 1024)
+        };
+        Some((field("VmRSS:")?, field("VmHWM:")?))
+    }
+}
+
+/// Waits until the API server answers `/readyz` with `ok`.
+async fn wait_ready(
+    name: &str,
+    client: &Client,
+    process: &mut ManagedProcess,
+    started: Instant,
+) -> Result<(), TestEnvError> {
+    loop {
+        process.check_running()?;
+        let ready = client
+            .request_text(
+                http_get("/readyz").map_err(|message| TestEnvError::Kubeconfig {
+                    name: name.to_string(),
+                    message,
+                })?,
+            )
+            .await;
+        if matches!(ready.as_deref(), Ok("ok")) {
+            return Ok(());
+        }
+        if started.elapsed() > READY_TIMEOUT {
+            return Err(TestEnvError::Timeout {
+                name: format!("kube-apiserver {name}"),
+                secs: READY_TIMEOUT.as_secs(),
+                log_tail: process.log_tail(30),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -542,26 +605,13 @@ impl TestEnv {
             admin_client_cert_pem: client_ca.admin_cert_pem,
             admin_client_key_pem: client_ca.admin_key_pem,
             process,
+            program: self.bins.kube_apiserver.clone(),
+            args,
+            starts: 1,
         };
+        let mut server = server;
         let client = server.client().await?;
-        loop {
-            // Re-borrow mutably only to check liveness.
-            let ready = client
-                .request_text(
-                    http_get("/readyz").map_err(|message| TestEnvError::Kubeconfig {
-                        name: name.to_string(),
-                        message,
-                    })?,
-                )
-                .await;
-            if matches!(ready.as_deref(), Ok("ok")) {
-                break;
-            }
-            if started.elapsed() > READY_TIMEOUT {
-                return Err(timeout(&server.process));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_ready(name, &client, &mut server.process, started).await?;
         self.servers.insert(name.to_string(), server);
         self.servers
             .get(name)

@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use autonodes::dev::{put_kubeconfig_secret, SERVICE_NAMESPACE};
@@ -18,33 +17,8 @@ const WAIT: Duration = Duration::from_secs(90);
 /// The user the controller acts as on the host cluster in these tests.
 const HOST_USER: &str = "autonodes-host";
 
-/// Starts `autonodes run` as its own process against the management cluster.
 fn spawn_controller(world: &World, n: u32) -> ManagedProcess {
-    let mgmt = world.playground.mgmt().expect("mgmt");
-    let log: PathBuf = world.playground.env.dir.join(format!("controller-{n}.log"));
-    let args: Vec<String> = [
-        "run",
-        "--kubeconfig",
-        common::path_str(&mgmt.kubeconfig_path),
-        "--namespace",
-        SERVICE_NAMESPACE,
-        "--metrics-addr",
-        "127.0.0.1:0",
-        "--launch-timeout",
-        "5m",
-        "--registration-timeout",
-        "5m",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    ManagedProcess::spawn(
-        &format!("autonodes-{n}"),
-        std::path::Path::new(env!("CARGO_BIN_EXE_autonodes")),
-        &args,
-        &log,
-    )
-    .expect("controller process starts")
+    world.spawn_controller_process(n, env!("CARGO_BIN_EXE_autonodes"))
 }
 
 /// Lets the controller act on the host only as [`HOST_USER`], whose role allows creating

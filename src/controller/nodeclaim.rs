@@ -1366,7 +1366,29 @@ async fn remove_remote_objects(
         )));
     }
     let secrets: Api<Secret> = Api::namespaced(host.client.clone(), &vm_ns);
-    let selector = ListParams::default().labels(&uid_selector(&uid));
+    // The user-data Secret by its name (no list), then any other the claim's UID labels.
+    // The lists are served from the API server's watch cache: deleting 1,000 claims must
+    // not read every Secret of the namespace from etcd 1,000 times. The Secret was created
+    // before the VM, which is gone by now, so the cache has seen it; anything it still
+    // missed is the orphan sweep's.
+    match remote_call(
+        ctx,
+        &host,
+        "deleting the user-data Secret",
+        secrets.delete(
+            &template::user_data_secret_name(&vm_name),
+            &DeleteParams::default(),
+        ),
+    )
+    .await
+    {
+        Ok(_) => {}
+        Err(e) if not_found(&e) => {}
+        Err(e) => return Err(e),
+    }
+    let selector = ListParams::default()
+        .labels(&uid_selector(&uid))
+        .match_any();
     for s in remote_call(
         ctx,
         &host,

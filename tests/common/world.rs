@@ -202,6 +202,40 @@ impl World {
         self.controller = Some(Running { stop, task });
     }
 
+    /// Starts `autonodes run` (the binary at `exe`) as its own process against the
+    /// management cluster, logging to `controller-<n>.log` in the environment's directory.
+    pub fn spawn_controller_process(
+        &self,
+        n: u32,
+        exe: &str,
+    ) -> autonodes::testenv::ManagedProcess {
+        let mgmt = self.playground.mgmt().expect("mgmt");
+        let log = self.playground.env.dir.join(format!("controller-{n}.log"));
+        let args: Vec<String> = [
+            "run",
+            "--kubeconfig",
+            super::path_str(&mgmt.kubeconfig_path),
+            "--namespace",
+            SERVICE_NAMESPACE,
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--launch-timeout",
+            "5m",
+            "--registration-timeout",
+            "5m",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        autonodes::testenv::ManagedProcess::spawn(
+            &format!("autonodes-{n}"),
+            std::path::Path::new(exe),
+            &args,
+            &log,
+        )
+        .expect("controller process starts")
+    }
+
     /// Stops the in-process controller (graceful).
     pub async fn stop_controller(&mut self) {
         if let Some(r) = self.controller.take() {

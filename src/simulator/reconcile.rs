@@ -624,15 +624,17 @@ fn vm_owners(
 /// gone, as the garbage collector would.
 async fn sweep(ctx: &Ctx) -> Result<(), SimError> {
     // Dependents first, owners second: an owner created after the first list cannot own a
-    // dependent in it, so nothing alive is mistaken for an orphan.
+    // dependent in it, so nothing alive is mistaken for an orphan. The dependents come from
+    // the API server's watch cache (an older view is only safer), the owners from etcd:
+    // this runs every few seconds and must not read thousands of objects from etcd each time.
     let vmis = ctx
         .api_scope(&ctx.vmi)
-        .list(&ListParams::default())
+        .list(&ListParams::default().match_any())
         .await
         .map_err(SimError::kube("listing VMIs"))?;
     let dvs = ctx
         .api_scope(&ctx.dv)
-        .list(&ListParams::default())
+        .list(&ListParams::default().match_any())
         .await
         .map_err(SimError::kube("listing DataVolumes"))?;
     let secret_api: Api<Secret> = match &ctx.opts.namespace {
@@ -640,7 +642,7 @@ async fn sweep(ctx: &Ctx) -> Result<(), SimError> {
         None => Api::all(ctx.host.clone()),
     };
     let secrets = secret_api
-        .list(&ListParams::default().labels(MANAGED_SELECTOR))
+        .list(&ListParams::default().labels(MANAGED_SELECTOR).match_any())
         .await
         .map_err(SimError::kube("listing autonodes Secrets"))?;
     let live: HashSet<String> = ctx

@@ -149,7 +149,7 @@ fn claim_with_user_data_ssh_keys_labels_and_startup_taints_matches_golden() {
     team: "payments"
   taints:
     - key: dedicated
-      value: "pay:ments \"quoted\""
+      value: "payments.v2_x-1"
       effect: NoSchedule
   startupTaints:
     - key: example.com/cni-not-ready

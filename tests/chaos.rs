@@ -182,7 +182,8 @@ impl Chaos {
     /// tenant; returns (leaked, duplicated): objects whose claim is gone, and claims with
     /// more than one VM or Secret or live token.
     async fn audit(&mut self, what: &str) -> (usize, usize) {
-        let live: BTreeSet<String> = self.claims().await.iter().filter_map(|c| c.uid()).collect();
+        let claims = self.claims().await;
+        let live: BTreeSet<String> = claims.iter().filter_map(|c| c.uid()).collect();
         let mut per_claim: BTreeMap<(String, &str), usize> = BTreeMap::new();
         let mut leaked = 0;
         let uid_of = |labels: &BTreeMap<String, String>| labels.get(LABEL_NODECLAIM_UID).cloned();
@@ -202,9 +203,7 @@ impl Chaos {
         }
         let duplicated = per_claim.values().filter(|n| **n > 1).count();
         // Nodes: one per live claim at most, none for a claim that is gone.
-        let claim_nodes: BTreeSet<String> = self
-            .claims()
-            .await
+        let claim_nodes: BTreeSet<String> = claims
             .iter()
             .filter_map(|c| c.status.as_ref().and_then(|s| s.node_name.clone()))
             .collect();

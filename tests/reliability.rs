@@ -391,42 +391,17 @@ async fn a_pool_that_never_consolidates_is_served_and_durations_no_controller_co
     );
     // The API server itself refuses what the controller could not read (the CRD's pattern
     // is at least as strict as the parser), so no such object is ever stored.
+    let pools = untyped::<autonodes::api::NodePool>(&world);
     for bad in ["5 minutes", "-5m", "99999999999999999999h", "never"] {
         let body = serde_json::json!({
             "apiVersion": "autonodes.io/v1alpha1", "kind": "NodePool",
             "metadata": {"name": "bad-duration", "namespace": NS},
             "spec": {"providerRef": "kubevirt-provider-advanced", "vClusterRef": {"name": "tenant"},
                      "disruption": {"consolidateAfter": bad}}});
-        let api: Api<DynamicObject> = Api::namespaced_with(
-            world.mgmt.clone(),
-            NS,
-            &kube::discovery::ApiResource::erase::<autonodes::api::NodePool>(&()),
-        );
-        let err = api
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(body).expect("object"),
-            )
-            .await
-            .expect_err(bad);
-        match err {
-            kube::Error::Api(s) => {
-                assert_eq!(s.code, 422, "{bad}: {s:?}");
-                assert!(
-                    s.message.contains("consolidateAfter"),
-                    "{bad}: {}",
-                    s.message
-                );
-            }
-            e => panic!("{bad}: {e}"),
-        }
+        assert_refused(&pools, body, "consolidateAfter").await;
     }
     // Likewise for the other fields the controller parses (see `src/api/schema_walk.rs`).
-    let claims: Api<DynamicObject> = Api::namespaced_with(
-        world.mgmt.clone(),
-        NS,
-        &kube::discovery::ApiResource::erase::<autonodes::api::NodeClaim>(&()),
-    );
+    let claims = untyped::<autonodes::api::NodeClaim>(&world);
     for (field, spec) in [
         (
             "effect",
@@ -460,22 +435,37 @@ async fn a_pool_that_never_consolidates_is_served_and_durations_no_controller_co
         let body = serde_json::json!({
             "apiVersion": "autonodes.io/v1alpha1", "kind": "NodeClaim",
             "metadata": {"name": "bad-field", "namespace": NS}, "spec": spec});
-        let err = claims
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(body).expect("object"),
-            )
-            .await
-            .expect_err(field);
-        match err {
-            kube::Error::Api(s) => {
-                assert_eq!(s.code, 422, "{spec}: {s:?}");
-                assert!(s.message.contains(field), "{spec}: {}", s.message);
-            }
-            e => panic!("{spec}: {e}"),
-        }
+        assert_refused(&claims, body, field).await;
     }
     world.shutdown().await;
+}
+
+/// The API of kind `K` in [`NS`], untyped: for objects the Rust type would not accept.
+fn untyped<K: kube::Resource<DynamicType = ()>>(world: &World) -> Api<DynamicObject> {
+    Api::namespaced_with(
+        world.mgmt.clone(),
+        NS,
+        &kube::discovery::ApiResource::erase::<K>(&()),
+    )
+}
+
+/// Asserts that the API server refuses to create `body` with a 422 whose message names
+/// `field`.
+async fn assert_refused(api: &Api<DynamicObject>, body: serde_json::Value, field: &str) {
+    let err = api
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(body.clone()).expect("object"),
+        )
+        .await
+        .expect_err(field);
+    match err {
+        kube::Error::Api(s) => {
+            assert_eq!(s.code, 422, "{body}: {s:?}");
+            assert!(s.message.contains(field), "{body}: {}", s.message);
+        }
+        e => panic!("{body}: {e}"),
+    }
 }
 
 /// The CRD of `K` with every `pattern` and `enum` removed: what an older or hand-edited CRD
@@ -539,16 +529,8 @@ async fn an_object_the_controller_cannot_decode_gets_invalid_spec_and_every_othe
         .await
         .expect("loose CRD applied");
     }
-    let claims_api: Api<DynamicObject> = Api::namespaced_with(
-        world.mgmt.clone(),
-        NS,
-        &kube::discovery::ApiResource::erase::<NodeClaim>(&()),
-    );
-    let pools_api: Api<DynamicObject> = Api::namespaced_with(
-        world.mgmt.clone(),
-        NS,
-        &kube::discovery::ApiResource::erase::<NodePool>(&()),
-    );
+    let claims_api = untyped::<NodeClaim>(&world);
+    let pools_api = untyped::<NodePool>(&world);
     let create = |api: Api<DynamicObject>, body: serde_json::Value| async move {
         // The API server may take a moment to serve the loosened schema.
         let start = std::time::Instant::now();

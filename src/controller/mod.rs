@@ -332,15 +332,15 @@ fn watch_config() -> watcher::Config {
     watcher::Config::default().any_semantic()
 }
 
-/// A controller for `api` like `Controller::new`, whose store reports its first full list
-/// on `synced`. Nothing else waits on the store's own readiness future, which wakes only
+/// A controller for every `K` like `Controller::new`, whose store reports its first full
+/// list on `synced` (when given). Nothing else waits on the store's own readiness future, which wakes only
 /// the last of several waiters (the controller's runner waits on it too).
 ///
 /// Objects that do not decode are reported to `reports` and left out ([`lenient`]).
 pub(super) fn controller_for<K>(
     client: &Client,
     reports: &lenient::Reports,
-    synced: tokio::sync::watch::Sender<bool>,
+    synced: Option<tokio::sync::watch::Sender<bool>>,
 ) -> Controller<K>
 where
     K: Resource<DynamicType = ()>
@@ -357,7 +357,7 @@ where
     let reader = writer.as_reader();
     let stream = lenient::reflect(client, writer, Some(reports.clone()))
         .inspect_ok(move |event| {
-            if matches!(event, watcher::Event::InitDone) {
+            if let (watcher::Event::InitDone, Some(synced)) = (event, &synced) {
                 let _ = synced.send(true);
             }
         })
@@ -383,9 +383,9 @@ pub async fn run(
     let (types_synced, mut types_synced_rx) = tokio::sync::watch::channel(false);
     let (providers_synced, mut providers_synced_rx) = tokio::sync::watch::channel(false);
     let (reports, reported) = mpsc::unbounded();
-    let claim_ctrl = controller_for::<NodeClaim>(&client, &reports, claims_synced);
-    let type_ctrl = controller_for::<NodeType>(&client, &reports, types_synced);
-    let provider_ctrl = controller_for::<NodeProvider>(&client, &reports, providers_synced);
+    let claim_ctrl = controller_for::<NodeClaim>(&client, &reports, Some(claims_synced));
+    let type_ctrl = controller_for::<NodeType>(&client, &reports, Some(types_synced));
+    let provider_ctrl = controller_for::<NodeProvider>(&client, &reports, Some(providers_synced));
 
     let (wake_claims, claim_wakeups) = mpsc::unbounded();
     let (wake_types, type_wakeups) = mpsc::unbounded();

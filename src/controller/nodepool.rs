@@ -753,10 +753,9 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,
 ) {
     let claims_api = super::lenient::api_all::<NodeClaim>(&ctx.client);
-    // Nobody waits for this store's first list (the claim, type and provider stores gate
-    // readiness), so its sync signal has no receiver.
-    let (synced, _) = tokio::sync::watch::channel(false);
-    let controller = super::controller_for::<NodePool>(&ctx.client, &ctx.reports, synced);
+    // Nobody waits for this store's first list: the claim, type and provider stores gate
+    // readiness.
+    let controller = super::controller_for::<NodePool>(&ctx.client, &ctx.reports, None);
     let (wake, wakeups) = mpsc::unbounded();
     let pctx = Arc::new(PoolContext {
         ctx,

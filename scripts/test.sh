@@ -18,8 +18,8 @@ export AUTONODES_HELM_PYTHON
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
-cargo clippy --all-targets --locked -- -D warnings
-# Every process the tests start is recorded here (pid and start time; src/testenv.rs).
+cargo clippy --workspace --all-targets --locked -- -D warnings
+# Every process the tests start is recorded here (pid and start time; crates/autonodes-testenv/src/testenv.rs).
 AUTONODES_TEST_PIDS="$(pwd)/target/test-pids"
 rm -rf "$AUTONODES_TEST_PIDS"
 mkdir -p "$AUTONODES_TEST_PIDS"
@@ -29,7 +29,7 @@ echo "== cargo test"
 rm -f target/chaos-report.txt
 # A failing test must not end the script here: the leftover check and the totals follow.
 set +e
-cargo test --all-targets --locked --no-fail-fast 2>&1 | tee target/test-output.txt
+cargo test --workspace --all-targets --locked --no-fail-fast 2>&1 | tee target/test-output.txt
 status=${PIPESTATUS[0]}
 set -e
 results=$(grep -Eo 'test result: [a-zA-Z]+\. [0-9]+ passed; [0-9]+ failed' target/test-output.txt || true)

@@ -1,0 +1,289 @@
+//! Types shared by several autonodes resources.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Taint;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Resources by name (`cpu`, `memory`, `nvidia.com/gpu`, ...).
+pub type ResourceList = BTreeMap<String, Quantity>;
+
+/// Free-form string properties (`key: value`) used for scheduling and node labels.
+pub type Properties = BTreeMap<String, String>;
+
+/// Node taints, as in a Kubernetes Node's `spec.taints`.
+pub type Taints = Vec<Taint>;
+
+/// Conditions as `metav1.Condition`s.
+pub type Conditions = Vec<Condition>;
+
+/// How a requirement compares a property of a node type with its values.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+pub enum Operator {
+    /// The property is set and its value is one of `values`.
+    In,
+    /// The property is unset, or its value is none of `values`.
+    NotIn,
+    /// The property is set (any value).
+    Exists,
+    /// The property is not set.
+    DoesNotExist,
+    /// Synonym of `DoesNotExist`, as vCluster Platform spells it.
+    NotExists,
+    /// The property is an integer greater than the single integer in `values`.
+    Gt,
+    /// The property is an integer less than the single integer in `values`.
+    Lt,
+}
+
+impl Operator {
+    /// The operator's name as written in YAML.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operator::In => "In",
+            Operator::NotIn => "NotIn",
+            Operator::Exists => "Exists",
+            Operator::DoesNotExist => "DoesNotExist",
+            Operator::NotExists => "NotExists",
+            Operator::Gt => "Gt",
+            Operator::Lt => "Lt",
+        }
+    }
+}
+
+/// One scheduling requirement on the properties of a node type.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+pub struct Requirement {
+    /// The property key, e.g. `autonodes.io/node-type` or `topology.kubernetes.io/zone`.
+    #[schemars(length(min = 1, max = 253), regex(pattern = crate::schema::QUALIFIED_NAME_PATTERN))]
+    pub key: String,
+    /// How the property is compared with `values`: In, NotIn, Exists, DoesNotExist
+    /// (or its synonym NotExists), Gt, Lt.
+    pub operator: Operator,
+    /// Values to compare with. In and NotIn take one or more; Gt and Lt exactly one
+    /// integer; Exists and DoesNotExist none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub values: Vec<String>,
+}
+
+/// Where a provider's virtual machines run: a KubeVirt host cluster and a namespace in it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+pub struct ClusterRef {
+    /// The host cluster: `local` for the management cluster itself, otherwise the name of a
+    /// Secret in the autonodes service namespace whose key `kubeconfig` reaches the host cluster.
+    #[schemars(length(min = 1, max = 253), regex(pattern = crate::schema::DNS_SUBDOMAIN_PATTERN))]
+    pub cluster: String,
+    /// The namespace on the host cluster where VirtualMachines and their Secrets are created.
+    #[schemars(length(min = 1, max = 63), regex(pattern = crate::schema::DNS_LABEL_PATTERN))]
+    pub namespace: String,
+}
+
+/// The tenant cluster (vCluster) a node joins.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+pub struct VClusterRef {
+    /// Name of the vCluster. Its kubeconfig is read from the Secret `vc-<name>` (key `config`)
+    /// in the namespace of the claim, as vCluster exports it.
+    #[schemars(length(min = 1, max = 250), regex(pattern = crate::schema::DNS_SUBDOMAIN_PATTERN))]
+    pub name: String,
+}
+
+/// Labels and annotations copied onto the NodeType generated from a provider entry.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct TypeMetadata {
+    /// Labels copied onto the NodeType object.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "crate::schema::label_map")]
+    pub labels: BTreeMap<String, String>,
+    /// Annotations copied onto the NodeType object.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// Resources the kubelet reserves on a node of this type.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Overhead {
+    /// Resources reserved for Kubernetes system daemons (the kubelet's `kubeReserved`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "crate::schema::resource_list")]
+    pub kube_reserved: ResourceList,
+}
+
+/// Pattern of a [`DurationOrNever`]: `Never`, or a Go duration without a sign (`30s`,
+/// `1h30m`, `1.5h`, `0`). Every string it admits parses; the CRD schema uses it, so the API
+/// server refuses what the controller could not read.
+pub const DURATION_OR_NEVER_PATTERN: &str =
+    r"^(Never|0|(([0-9]{1,9}(\.[0-9]{0,9})?|\.[0-9]{1,9})(ns|us|µs|ms|s|m|h))+)$";
+
+/// Longest [`DurationOrNever`] the schema admits (with at most 9 digits before the point,
+/// the sum of its parts stays far below the longest `Duration`).
+pub const DURATION_OR_NEVER_MAX_LENGTH: usize = 64;
+
+/// A Go duration (`30s`, `5m`, `1h30m`) or `Never`, as Karpenter and vCluster write
+/// `consolidateAfter` and `expireAfter`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DurationOrNever {
+    /// Never (the behaviour is off).
+    Never,
+    /// After this long.
+    After(std::time::Duration),
+}
+
+impl DurationOrNever {
+    /// The duration, or `None` for `Never`.
+    pub fn after(self) -> Option<std::time::Duration> {
+        match self {
+            DurationOrNever::Never => None,
+            DurationOrNever::After(d) => Some(d),
+        }
+    }
+}
+
+impl std::str::FromStr for DurationOrNever {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "Never" {
+            return Ok(DurationOrNever::Never);
+        }
+        parse_go_duration(s)
+            .map(DurationOrNever::After)
+            .map_err(|why| format!("{s:?} is neither Never nor a Go duration such as 30s: {why}"))
+    }
+}
+
+/// A Go duration without a sign: `0`, or numbers (decimals allowed) each followed by a
+/// unit (`ns`, `us`, `µs`, `μs`, `ms`, `s`, `m`, `h`). Never panics: a value too large for a
+/// `Duration` is an error.
+fn parse_go_duration(s: &str) -> Result<std::time::Duration, &'static str> {
+    if s == "0" {
+        return Ok(std::time::Duration::ZERO);
+    }
+    if s.is_empty() {
+        return Err("it is empty");
+    }
+    let mut rest = s;
+    let mut seconds = 0f64;
+    while !rest.is_empty() {
+        let number_end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or("a number has no unit")?;
+        let (number, after) = rest.split_at(number_end);
+        if number.is_empty() || number == "." {
+            return Err("a unit has no number");
+        }
+        let value: f64 = number.parse().map_err(|_| "a number is malformed")?;
+        let unit_end = after
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(after.len());
+        let (unit, next) = after.split_at(unit_end);
+        let scale = match unit {
+            "ns" => 1e-9,
+            "us" | "\u{00b5}s" | "\u{03bc}s" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return Err("a unit is not one of ns, us, ms, s, m, h"),
+        };
+        seconds += value * scale;
+        rest = next;
+    }
+    std::time::Duration::try_from_secs_f64(seconds).map_err(|_| "it is too long")
+}
+
+impl std::fmt::Display for DurationOrNever {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DurationOrNever::Never => f.write_str("Never"),
+            DurationOrNever::After(d) => kube_core::Duration::from(*d).fmt(f),
+        }
+    }
+}
+
+impl Serialize for DurationOrNever {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for DurationOrNever {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl JsonSchema for DurationOrNever {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "DurationOrNever".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "string",
+            "pattern": DURATION_OR_NEVER_PATTERN,
+            "maxLength": DURATION_OR_NEVER_MAX_LENGTH,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn never_and_go_durations_read_and_write_back() {
+        for (text, value) in [
+            ("Never", DurationOrNever::Never),
+            (
+                "30s",
+                DurationOrNever::After(std::time::Duration::from_secs(30)),
+            ),
+            (
+                "1h30m",
+                DurationOrNever::After(std::time::Duration::from_secs(5400)),
+            ),
+        ] {
+            let parsed: DurationOrNever =
+                serde_json::from_value(serde_json::json!(text)).expect(text);
+            assert_eq!(parsed, value);
+            let again: DurationOrNever =
+                serde_json::from_value(serde_json::to_value(parsed).expect("writes"))
+                    .expect("reads back");
+            assert_eq!(again, value);
+        }
+        for bad in [
+            "never",
+            "-5m",
+            "5",
+            "5 minutes",
+            "",
+            "1e400h",
+            "99999999999999999999999h",
+            "5d",
+        ] {
+            assert!(bad.parse::<DurationOrNever>().is_err(), "{bad}");
+        }
+    }
+
+    proptest! {
+        /// The schema is at least as strict as the parser: whatever the pattern admits
+        /// (so the API server stores) the controller reads.
+        #[test]
+        fn everything_the_schema_pattern_admits_parses(
+            s in DURATION_OR_NEVER_PATTERN.trim_start_matches('^').trim_end_matches('$')
+        ) {
+            prop_assume!(s.chars().count() <= DURATION_OR_NEVER_MAX_LENGTH);
+            prop_assert!(s.parse::<DurationOrNever>().is_ok(), "{s:?}");
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! The autonodes API: `autonodes.io/v1alpha1` custom resources (DESIGN §2).
+//!
+//! Pure data types built on `kube-core` (the types half of kube, no client). The CRD YAML
+//! in `crds/` is generated from these types by [`crdgen`] (`autonodes crdgen`). Also here:
+//! [`conditions`] (condition bookkeeping) and [`kubevirt`] (the KubeVirt kinds autonodes
+//! reads and writes).
+
+#![forbid(unsafe_code)]
+
+pub mod capi;
+pub mod common;
+pub mod conditions;
+pub mod crdgen;
+pub mod kubevirt;
+pub mod nodeclaim;
+pub mod nodepool;
+pub mod nodeprovider;
+pub mod nodetype;
+pub mod schema;
+
+pub use common::*;
+pub use nodeclaim::*;
+pub use nodepool::*;
+pub use nodeprovider::*;
+pub use nodetype::*;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube_core::CustomResourceExt;
+
+/// The API group of every autonodes resource.
+pub const GROUP: &str = "autonodes.io";
+/// The API version served and stored.
+pub const VERSION: &str = "v1alpha1";
+
+/// Label put on every object autonodes creates, in any cluster.
+pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// Value of [`LABEL_MANAGED_BY`].
+pub const MANAGED_BY: &str = "autonodes";
+/// Label naming the NodeProvider a NodeType belongs to.
+pub const LABEL_PROVIDER: &str = "autonodes.io/provider";
+/// Label naming the NodeClaim an object was created for.
+pub const LABEL_NODECLAIM: &str = "autonodes.io/nodeclaim";
+/// Label naming the namespace of the NodeClaim an object was created for.
+pub const LABEL_NODECLAIM_NAMESPACE: &str = "autonodes.io/nodeclaim-namespace";
+/// Label holding the UID of the NodeClaim an object was created for.
+pub const LABEL_NODECLAIM_UID: &str = "autonodes.io/nodeclaim-uid";
+/// Label naming the NodePool a NodeClaim belongs to.
+pub const LABEL_NODEPOOL: &str = "autonodes.io/nodepool";
+/// Key of the host kubeconfig in its Secret.
+pub const HOST_KUBECONFIG_KEY: &str = "kubeconfig";
+/// Key of the tenant kubeconfig in the `vc-<name>` Secret.
+pub const TENANT_KUBECONFIG_KEY: &str = "config";
+/// Finalizer that holds a NodeClaim until its remote objects are gone.
+pub const FINALIZER: &str = "autonodes.io/cleanup";
+
+/// Every CustomResourceDefinition of the `autonodes.io` group, then the Cluster-API-shaped
+/// mirrors of `capi.autonodes.io`, in a stable order.
+pub fn crds() -> Vec<CustomResourceDefinition> {
+    vec![
+        NodeClaim::crd(),
+        NodePool::crd(),
+        NodeProvider::crd(),
+        NodeType::crd(),
+        capi::MachinePool::crd(),
+        capi::Machine::crd(),
+        capi::MachineSet::crd(),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn example(name: &str) -> String {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../examples")
+            .join(name);
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+
+    #[test]
+    fn every_vcluster_reference_example_deserializes_into_a_node_provider() {
+        for file in [
+            "nodeprovider-minimal.yaml",
+            "nodeprovider-advanced.yaml",
+            "nodeprovider-types.yaml",
+        ] {
+            let p: NodeProvider = serde_yaml::from_str(&example(file))
+                .unwrap_or_else(|e| panic!("{file} does not deserialize: {e}"));
+            assert_eq!(p.spec.kube_virt.cluster_ref.cluster, "test-kubevirt-1");
+            assert!(
+                !p.spec.kube_virt.node_types.is_empty(),
+                "{file} has node types"
+            );
+        }
+    }
+
+    #[test]
+    fn integer_and_string_quantities_both_deserialize() {
+        let p: NodeProvider =
+            serde_yaml::from_str(&example("nodeprovider-advanced.yaml")).expect("advanced example");
+        let high = &p.spec.kube_virt.node_types[1];
+        assert_eq!(high.resources["cpu"].0, "4");
+        assert_eq!(high.resources["memory"].0, "16Gi");
+        assert!(high.merge_virtual_machine_template.is_some());
+    }
+
+    #[test]
+    fn not_exists_is_accepted_as_a_requirement_operator() {
+        let r: Requirement =
+            serde_json::from_str(r#"{"key":"gpu","operator":"NotExists"}"#).expect("parses");
+        assert_eq!(r.operator, Operator::NotExists);
+        assert!(r.values.is_empty());
+    }
+
+    #[test]
+    fn an_unknown_requirement_operator_is_rejected() {
+        let r = serde_json::from_str::<Requirement>(r#"{"key":"a","operator":"Matches"}"#);
+        assert!(r.is_err());
+    }
+
+    #[test]
+    fn node_pool_crd_declares_the_scale_subresource_on_replicas_and_selector() {
+        let crd = serde_json::to_value(NodePool::crd()).expect("serializes");
+        let scale = &crd["spec"]["versions"][0]["subresources"]["scale"];
+        assert_eq!(scale["specReplicasPath"], ".spec.replicas");
+        assert_eq!(scale["statusReplicasPath"], ".status.replicas");
+        assert_eq!(scale["labelSelectorPath"], ".status.selector");
+        for crd in crds() {
+            let v = serde_json::to_value(&crd).expect("serializes");
+            assert!(
+                v["spec"]["versions"][0]["subresources"]["status"].is_object(),
+                "{:?} lacks the status subresource",
+                crd.metadata.name
+            );
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! `NodeClaim`: one node for one tenant cluster.
+
+use std::collections::BTreeMap;
+
+use kube_derive::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::common::*;
+
+/// A request for one node, for one tenant cluster. autonodes picks the cheapest NodeType
+/// that fits, creates the KubeVirt VirtualMachine and reports when its Node is Ready.
+// clippy takes the repeated `type_ = ...` of printcolumn(...) for duplicated attributes.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    crates(kube_core = "::kube_core"),
+    group = "autonodes.io",
+    version = "v1alpha1",
+    kind = "NodeClaim",
+    plural = "nodeclaims",
+    shortname = "nclaim",
+    category = "autonodes",
+    namespaced,
+    status = "NodeClaimStatus",
+    doc = "A request for one KubeVirt node for one tenant cluster.",
+    printcolumn(name = "PHASE", type_ = "string", json_path = ".status.phase"),
+    printcolumn(
+        name = "VCLUSTER",
+        type_ = "string",
+        json_path = ".spec.vClusterRef.name"
+    ),
+    printcolumn(name = "NODETYPE", type_ = "string", json_path = ".status.typeRef"),
+    printcolumn(name = "NODE", type_ = "string", json_path = ".status.nodeName"),
+    printcolumn(
+        name = "AGE",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeClaimSpec {
+    /// Only consider node types of this NodeProvider. Optional when `typeRef` is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253), regex(pattern = crate::schema::DNS_SUBDOMAIN_PATTERN))]
+    pub provider_ref: Option<String>,
+    /// Pin the claim to this NodeType (by its full name, `<provider>.<type>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253), regex(pattern = crate::schema::DNS_SUBDOMAIN_PATTERN))]
+    pub type_ref: Option<String>,
+    /// Requirements every candidate node type's properties must meet.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub requirements: Vec<Requirement>,
+    /// Resources the node must have at least (cpu, memory, extended resources).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "crate::schema::resource_list")]
+    pub desired_capacity: ResourceList,
+    /// The tenant cluster the node joins.
+    #[serde(rename = "vClusterRef")]
+    pub v_cluster_ref: VClusterRef,
+    /// Properties with the highest precedence (over provider, type and pool).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub properties: Properties,
+    /// Taints the node keeps.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "crate::schema::taints")]
+    pub taints: Taints,
+    /// Taints the node registers with and that something else (e.g. a CNI or a device
+    /// plugin) removes when the node is ready; the claim is Ready only once they are gone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "crate::schema::taints")]
+    pub startup_taints: Taints,
+    /// Labels put on the node.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "crate::schema::label_map")]
+    pub labels: BTreeMap<String, String>,
+    /// Extra kubelet arguments (`name: value`, without the leading dashes).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "crate::schema::string_map")]
+    pub kubelet_args: BTreeMap<String, String>,
+    /// Kubernetes version of the node, e.g. `v1.33.4`; defaults to the tenant's version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes_version: Option<String>,
+}
+
+/// Lifecycle phase of a NodeClaim: the first readiness condition that is not True.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum NodeClaimPhase {
+    /// Not yet scheduled to a node type.
+    Pending,
+    /// Scheduled; the VirtualMachine is being created or booting.
+    Provisioning,
+    /// The VM runs; waiting for its Node to join and become Ready.
+    Joining,
+    /// The Node is Ready.
+    Available,
+    /// Gave up (timeout or permanent error); see conditions.
+    Failed,
+    /// Being deleted: draining the Node, deleting the VM and its Secrets.
+    Terminating,
+}
+
+/// Observed state of a NodeClaim.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeClaimStatus {
+    /// Pending, Provisioning, Joining, Available, Failed or Terminating.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<NodeClaimPhase>,
+    /// The `.metadata.generation` this status was computed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// The NodeType the claim was scheduled to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub type_ref: Option<String>,
+    /// Cost of the chosen NodeType.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<i64>,
+    /// The host cluster the VirtualMachine runs on (`clusterRef.cluster` of the provider).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_cluster: Option<String>,
+    /// Namespace of the VirtualMachine on the host cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vm_namespace: Option<String>,
+    /// Name of the VirtualMachine; fixed before anything is created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vm_name: Option<String>,
+    /// The node's provider ID, `kubevirt://<vm>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "providerID")]
+    pub provider_id: Option<String>,
+    /// Name of the Node in the tenant cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
+    /// Conditions `Scheduled`, `Provisioned`, `Joined` and `Ready`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "crate::schema::conditions")]
+    pub conditions: Conditions,
+}

@@ -1,0 +1,147 @@
+//! `NodeType`: one kind of node a provider offers, with its resources, cost and capacity.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::NodeSelectorRequirement;
+use kube_derive::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::common::*;
+
+/// One kind of node (size, template, capacity, cost) that a NodeProvider offers. Generated
+/// from each provider entry as `<provider>.<type>` (owned by the provider, labelled
+/// `autonodes.io/provider`), or created directly with `spec.providerRef`.
+// clippy takes the repeated `type_ = ...` of printcolumn(...) for duplicated attributes.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    crates(kube_core = "::kube_core"),
+    group = "autonodes.io",
+    version = "v1alpha1",
+    kind = "NodeType",
+    plural = "nodetypes",
+    shortname = "ntype",
+    category = "autonodes",
+    status = "NodeTypeStatus",
+    doc = "One kind of node a NodeProvider offers: resources, template changes, capacity and cost.",
+    printcolumn(
+        name = "AVAILABLE",
+        type_ = "integer",
+        json_path = ".status.capacity.available"
+    ),
+    printcolumn(
+        name = "TOTAL",
+        type_ = "integer",
+        json_path = ".status.capacity.total"
+    ),
+    printcolumn(name = "PROVIDER", type_ = "string", json_path = ".spec.providerRef"),
+    printcolumn(name = "COST", type_ = "integer", json_path = ".status.cost"),
+    printcolumn(name = "PHASE", type_ = "string", json_path = ".status.phase"),
+    printcolumn(
+        name = "AGE",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeTypeSpec {
+    /// Name of the NodeProvider that offers this type.
+    #[schemars(length(min = 1, max = 253), regex(pattern = crate::schema::DNS_SUBDOMAIN_PATTERN))]
+    pub provider_ref: String,
+    /// Human-friendly name shown in UIs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub display_name: Option<String>,
+    /// CPU, memory and extended resources of a node of this type. When absent they are
+    /// discovered from the template.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "crate::schema::resource_list")]
+    pub resources: ResourceList,
+    /// Resources reserved on the node for Kubernetes itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overhead: Option<Overhead>,
+    /// Cost of one node; when absent it is computed from the resources
+    /// (10 per CPU + 2 per GiB of memory + 10000 per unit of any other resource).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub cost: Option<i64>,
+    /// How many nodes of this type may exist at once. Absent means unlimited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub max_capacity: Option<i64>,
+    /// Properties of this type, over the provider's.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub properties: Properties,
+    /// Taints every node of this type gets.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "crate::schema::taints")]
+    pub taints: Taints,
+    /// A partial VirtualMachine merged over the provider's base template.
+    /// Mutually exclusive with `virtualMachineTemplate`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::vm_template")]
+    pub merge_virtual_machine_template: Option<Value>,
+    /// A full VirtualMachine template replacing the provider's base template.
+    /// Mutually exclusive with `mergeVirtualMachineTemplate`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::vm_template")]
+    pub virtual_machine_template: Option<Value>,
+}
+
+/// Lifecycle phase of a NodeType.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum NodeTypePhase {
+    /// Not yet evaluated.
+    Pending,
+    /// Claims can be scheduled to this type.
+    Available,
+    /// Every unit of `maxCapacity` is claimed.
+    Exhausted,
+    /// The type cannot be used (invalid template, undiscoverable resources, missing provider).
+    Failed,
+}
+
+/// Capacity of a NodeType.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeTypeCapacity {
+    /// `maxCapacity`; absent when unlimited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total: Option<i64>,
+    /// Claims scheduled to this type that are not yet gone.
+    #[serde(default)]
+    pub claimed: i64,
+    /// `total - claimed`; absent when unlimited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub available: Option<i64>,
+}
+
+/// Observed state of a NodeType.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeTypeStatus {
+    /// Pending, Available, Exhausted or Failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<NodeTypePhase>,
+    /// The `.metadata.generation` this status was computed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Effective cost of one node: `spec.cost`, else computed from the resources.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<i64>,
+    /// Capacity: total, claimed and available.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<NodeTypeCapacity>,
+    /// Effective resources: from the spec, else discovered from the template.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "crate::schema::resource_list")]
+    pub resources: ResourceList,
+    /// The type's merged properties, as node selector requirements (`key In [value]`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub requirements: Vec<NodeSelectorRequirement>,
+    /// Conditions, among them `Ready` with the reason when the type cannot be used.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "crate::schema::conditions")]
+    pub conditions: Conditions,
+}

@@ -1,0 +1,24 @@
+//! The pure core of autonodes: every decision that needs no cluster. No Kubernetes client,
+//! no async runtime, no I/O (`tests/no_io.rs` checks the dependency tree).
+//!
+//! - [`resources`]: quantities and resource lists;
+//! - [`names`]: names and label values derived from user names, made to fit;
+//! - [`scheduling`]: properties, requirements, cost, capacity, the choice of a node type;
+//! - [`template`]: VirtualMachine composition;
+//! - [`userdata`]: cloud-init rendering;
+//! - [`kubeconfig`]: the check of kubeconfig Secrets;
+//! - [`orphans`]: which objects belong to no claim any more.
+#![forbid(unsafe_code)]
+
+use autonodes_api as api;
+
+pub mod kubeconfig;
+pub mod names;
+pub mod orphans;
+pub mod resources;
+pub mod scheduling;
+pub mod template;
+pub mod userdata;
+
+#[cfg(test)]
+mod schema_walk;

@@ -1,0 +1,17 @@
+//! Everything the tests and the playground run beside the controller, never part of its
+//! image:
+//! - [`testenv`]: real etcd, kube-apiserver and kube-scheduler processes, each recorded so
+//!   the test command can check that none outlives the tests;
+//! - [`simulator`]: KubeVirt, CDI and the guests' kubelets, played on a host cluster
+//!   (`autonodes-dev simulate`), and our KubeVirt test CRDs;
+//! - [`playground`]: management, host and tenant clusters wired like a real installation.
+#![forbid(unsafe_code)]
+
+use autonodes_api as api;
+use autonodes_api::kubevirt;
+#[cfg(test)]
+use autonodes_core::userdata;
+
+pub mod playground;
+pub mod simulator;
+pub mod testenv;

@@ -1,0 +1,895 @@
+//! Real Kubernetes control planes on loopback: one `etcd` and any number of named
+//! `kube-apiserver` processes sharing it (each under its own `--etcd-prefix`).
+//!
+//! Used by the integration tests and by `autonodes-dev dev`. Every process is started with
+//! its output in a log file under the environment's directory and is killed when the
+//! [`TestEnv`] (or the [`ApiServer`]) is dropped — also while a panicking test unwinds.
+//! Where `setpriv` is available the processes also get `PDEATHSIG=KILL`, so they die with
+//! the thread that started them even if the test process is killed outright.
+//!
+//! The binaries come from `scripts/test-env.sh`: `etcd` from Debian's `etcd-server`, and
+//! `kube-apiserver`, `kube-scheduler`, `kubectl` v1.20.2 built from Debian's source package
+//! into `$AUTONODES_K8S_BIN` (default [`DEFAULT_K8S_BIN`]).
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+
+/// Where `scripts/test-env.sh` puts the Kubernetes binaries unless `AUTONODES_K8S_BIN` says otherwise.
+pub const DEFAULT_K8S_BIN: &str = "/var/cache/autonodes/k8s-1.20.2/bin";
+
+/// How long a process may take to become ready.
+const READY_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Errors of the test environment.
+#[derive(Debug, thiserror::Error)]
+pub enum TestEnvError {
+    /// A binary is missing.
+    #[error("{name} not found at {path}: run scripts/test-env.sh first")]
+    MissingBinary {
+        /// The binary.
+        name: String,
+        /// Where it was looked for.
+        path: PathBuf,
+    },
+    /// A file-system operation failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// A process exited before it was ready.
+    #[error("{name} exited before it was ready ({status}); last log lines:\n{log_tail}")]
+    Exited {
+        /// The process.
+        name: String,
+        /// Its exit status.
+        status: String,
+        /// The end of its log.
+        log_tail: String,
+    },
+    /// A process did not become ready in time.
+    #[error("{name} not ready after {secs}s; last log lines:\n{log_tail}")]
+    Timeout {
+        /// The process.
+        name: String,
+        /// Seconds waited.
+        secs: u64,
+        /// The end of its log.
+        log_tail: String,
+    },
+    /// An API server with this name exists already.
+    #[error("an API server named {0} exists already")]
+    Duplicate(String),
+    /// Talking to an API server failed.
+    #[error("{context}: {source}")]
+    Kube {
+        /// What was being done.
+        context: String,
+        /// The underlying error.
+        source: kube::Error,
+    },
+    /// A kubeconfig could not be built or loaded.
+    #[error("kubeconfig for {name}: {message}")]
+    Kubeconfig {
+        /// The API server.
+        name: String,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+fn io_err(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> TestEnvError {
+    let context = context.into();
+    move |source| TestEnvError::Io { context, source }
+}
+
+/// Paths of the binaries the environment runs.
+#[derive(Clone, Debug)]
+pub struct Binaries {
+    /// `etcd`.
+    pub etcd: PathBuf,
+    /// `kube-apiserver`.
+    pub kube_apiserver: PathBuf,
+    /// `kube-scheduler`.
+    pub kube_scheduler: PathBuf,
+    /// `kubectl`.
+    pub kubectl: PathBuf,
+}
+
+impl Binaries {
+    /// Finds the binaries: `$AUTONODES_K8S_BIN` (else [`DEFAULT_K8S_BIN`]) for the Kubernetes
+    /// ones, `$AUTONODES_ETCD` (else `/usr/bin/etcd`) for etcd.
+    pub fn locate() -> Result<Self, TestEnvError> {
+        let bin = std::env::var_os("AUTONODES_K8S_BIN")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_K8S_BIN));
+        let etcd = std::env::var_os("AUTONODES_ETCD")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/usr/bin/etcd"));
+        let found = Binaries {
+            etcd,
+            kube_apiserver: bin.join("kube-apiserver"),
+            kube_scheduler: bin.join("kube-scheduler"),
+            kubectl: bin.join("kubectl"),
+        };
+        for path in [
+            &found.etcd,
+            &found.kube_apiserver,
+            &found.kube_scheduler,
+            &found.kubectl,
+        ] {
+            if !path.is_file() {
+                return Err(TestEnvError::MissingBinary {
+                    name: path
+                        .file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_default(),
+                    path: path.clone(),
+                });
+            }
+        }
+        Ok(found)
+    }
+}
+
+/// One child process, killed and reaped when dropped.
+#[derive(Debug)]
+pub struct ManagedProcess {
+    name: String,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+/// The environment variable naming a directory where every started process is recorded
+/// (`<pid>` holding `<start time> <name>`), so `scripts/test.sh` can tell whether a process
+/// *the tests started* outlived them, without looking at anybody else's processes.
+pub const PIDS_DIR_ENV: &str = "AUTONODES_TEST_PIDS";
+
+/// Records a process the tests started in [`PIDS_DIR_ENV`], when set (best effort).
+pub fn record_pid(pid: u32, name: &str) {
+    let Some(dir) = std::env::var_os(PIDS_DIR_ENV) else {
+        return;
+    };
+    // Field 22 of /proc/<pid>/stat: the start time, which tells a reused pid apart.
+    let start = fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(19).map(str::to_string))
+        });
+    if let Some(start) = start {
+        let _ = fs::write(
+            Path::new(&dir).join(pid.to_string()),
+            format!("{start} {name}\n"),
+        );
+    }
+}
+
+impl ManagedProcess {
+    /// Starts `program args…` with stdout and stderr appended to `log`.
+    pub fn spawn(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        log: &Path,
+    ) -> Result<Self, TestEnvError> {
+        let out = fs::File::create(log).map_err(io_err(format!("creating {}", log.display())))?;
+        let err = out
+            .try_clone()
+            .map_err(io_err(format!("opening {}", log.display())))?;
+        let setpriv = Path::new("/usr/bin/setpriv");
+        let mut cmd = if setpriv.is_file() {
+            let mut c = Command::new(setpriv);
+            c.arg("--pdeathsig").arg("KILL").arg("--").arg(program);
+            c
+        } else {
+            Command::new(program)
+        };
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(err));
+        let child = cmd
+            .spawn()
+            .map_err(io_err(format!("starting {name} ({})", program.display())))?;
+        record_pid(child.id(), name);
+        Ok(ManagedProcess {
+            name: name.to_string(),
+            child: Some(child),
+            log: log.to_path_buf(),
+        })
+    }
+
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// The log file of the process.
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
+    /// The last `lines` lines of the process's log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = fs::read_to_string(&self.log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// Fails if the process has exited.
+    pub fn check_running(&mut self) -> Result<(), TestEnvError> {
+        if let Some(child) = self.child.as_mut() {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(TestEnvError::Exited {
+                    name: self.name.clone(),
+                    status: status.to_string(),
+                    log_tail: self.log_tail(30),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Kills the process (SIGKILL) and waits for it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for ManagedProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A free TCP port on 127.0.0.1 (bound once and released).
+pub fn free_port() -> Result<u16, TestEnvError> {
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(io_err("binding a free port"))?;
+    let port = listener
+        .local_addr()
+        .map_err(io_err("reading a bound port"))?
+        .port();
+    Ok(port)
+}
+
+/// One running kube-apiserver with an admin kubeconfig.
+#[derive(Debug)]
+pub struct ApiServer {
+    /// Its name in the environment (also the kubeconfig's cluster and context name).
+    pub name: String,
+    /// `https://127.0.0.1:<port>`.
+    pub url: String,
+    /// The secure port.
+    pub port: u16,
+    /// Path of the admin kubeconfig.
+    pub kubeconfig_path: PathBuf,
+    /// PEM of the cluster CA (the certificate that signed the serving certificate).
+    pub ca_pem: Vec<u8>,
+    /// The bearer token of the `admin` user (group `system:masters`).
+    pub admin_token: String,
+    /// Directory with its certificates, keys and log.
+    pub dir: PathBuf,
+    /// Path of the `--token-auth-file`.
+    pub token_file: PathBuf,
+    /// PEM of a client certificate of user `admin` in group `system:masters`, signed by the
+    /// server's `--client-ca-file` (as in the kubeconfig a vCluster exports).
+    pub admin_client_cert_pem: Vec<u8>,
+    /// PEM of the private key of [`ApiServer::admin_client_cert_pem`].
+    pub admin_client_key_pem: Vec<u8>,
+    process: ManagedProcess,
+    program: PathBuf,
+    args: Vec<String>,
+    starts: u32,
+}
+
+impl ApiServer {
+    /// The admin kubeconfig.
+    pub fn kubeconfig(&self) -> Result<Kubeconfig, TestEnvError> {
+        Kubeconfig::read_from(&self.kubeconfig_path).map_err(|e| TestEnvError::Kubeconfig {
+            name: self.name.clone(),
+            message: e.to_string(),
+        })
+    }
+
+    /// A client certificate and key (PEM) for `user` in `groups`, signed by this server's
+    /// client CA: an identity with only the permissions RBAC gives it.
+    pub fn client_certificate(
+        &self,
+        user: &str,
+        groups: &[&str],
+    ) -> Result<(Vec<u8>, Vec<u8>), TestEnvError> {
+        sign_client_certificate(&self.dir.join("certs"), user, groups)
+    }
+
+    /// The admin kubeconfig as YAML text.
+    pub fn kubeconfig_yaml(&self) -> Result<String, TestEnvError> {
+        fs::read_to_string(&self.kubeconfig_path).map_err(io_err(format!(
+            "reading {}",
+            self.kubeconfig_path.display()
+        )))
+    }
+
+    /// A client with admin rights.
+    pub async fn client(&self) -> Result<Client, TestEnvError> {
+        client_from_kubeconfig(&self.name, self.kubeconfig()?).await
+    }
+
+    /// A `kubectl` command pointed at this API server (binary from [`Binaries`]).
+    pub fn kubectl(&self, bins: &Binaries) -> Command {
+        let mut cmd = Command::new(&bins.kubectl);
+        cmd.arg("--kubeconfig").arg(&self.kubeconfig_path);
+        cmd
+    }
+
+    /// The process id of the API server.
+    pub fn pid(&self) -> Option<u32> {
+        self.process.pid()
+    }
+
+    /// The API server's log file.
+    pub fn log_path(&self) -> &Path {
+        self.process.log_path()
+    }
+
+    /// Stops the API server (the cluster becomes unreachable; etcd keeps its data).
+    pub fn stop(&mut self) {
+        self.process.kill();
+    }
+
+    /// Starts the API server again after [`ApiServer::stop`]: same port, certificates and
+    /// data (etcd kept them), a new log file; returns once it is ready.
+    pub async fn restart(&mut self) -> Result<(), TestEnvError> {
+        self.process.kill();
+        self.starts += 1;
+        let log = self.dir.join(format!("kube-apiserver-{}.log", self.starts));
+        self.process = ManagedProcess::spawn(
+            &format!("kube-apiserver {}", self.name),
+            &self.program,
+            &self.args,
+            &log,
+        )?;
+        let client = self.client().await?;
+        wait_ready(&self.name, &client, &mut self.process, Instant::now()).await
+    }
+
+    /// Resident and peak resident memory of the API server process, in bytes (Linux).
+    pub fn memory(&self) -> Option<(u64, u64)> {
+        let status = fs::read_to_string(format!("/proc/{}/status", self.pid()?)).ok()?;
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                .map(|kb| kb * 1024)
+        };
+        Some((field("VmRSS:")?, field("VmHWM:")?))
+    }
+}
+
+/// Waits until the API server answers `/readyz` with `ok`.
+async fn wait_ready(
+    name: &str,
+    client: &Client,
+    process: &mut ManagedProcess,
+    started: Instant,
+) -> Result<(), TestEnvError> {
+    loop {
+        process.check_running()?;
+        let ready = client
+            .request_text(
+                http_get("/readyz").map_err(|message| TestEnvError::Kubeconfig {
+                    name: name.to_string(),
+                    message,
+                })?,
+            )
+            .await;
+        if matches!(ready.as_deref(), Ok("ok")) {
+            return Ok(());
+        }
+        if started.elapsed() > READY_TIMEOUT {
+            return Err(TestEnvError::Timeout {
+                name: format!("kube-apiserver {name}"),
+                secs: READY_TIMEOUT.as_secs(),
+                log_tail: process.log_tail(30),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Builds a client from a kubeconfig.
+pub async fn client_from_kubeconfig(name: &str, kc: Kubeconfig) -> Result<Client, TestEnvError> {
+    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| TestEnvError::Kubeconfig {
+            name: name.to_string(),
+            message: e.to_string(),
+        })?;
+    Client::try_from(config).map_err(|source| TestEnvError::Kube {
+        context: format!("building a client for {name}"),
+        source,
+    })
+}
+
+/// The environment: one etcd and named API servers.
+#[derive(Debug)]
+pub struct TestEnv {
+    /// The binaries in use.
+    pub bins: Binaries,
+    /// The environment's directory (logs, certificates, kubeconfigs, etcd data).
+    pub dir: PathBuf,
+    /// etcd's client URL.
+    pub etcd_url: String,
+    servers: BTreeMap<String, ApiServer>,
+    // Field order matters for Drop: API servers stop before etcd, the directory goes last.
+    etcd: ManagedProcess,
+    _tempdir: Option<tempfile::TempDir>,
+}
+
+impl TestEnv {
+    /// Starts etcd and one API server per name in a fresh temporary directory (removed on
+    /// drop unless `AUTONODES_KEEP_ENV` is set).
+    pub async fn start(names: &[&str]) -> Result<Self, TestEnvError> {
+        let tempdir = tempfile::Builder::new()
+            .prefix("autonodes-env-")
+            .tempdir()
+            .map_err(io_err("creating a temporary directory"))?;
+        let dir = tempdir.path().to_path_buf();
+        let keep = std::env::var_os("AUTONODES_KEEP_ENV").is_some();
+        let holder = if keep {
+            let _ = tempdir.keep();
+            None
+        } else {
+            Some(tempdir)
+        };
+        let mut env = Self::start_etcd(dir, holder)?;
+        for name in names {
+            env.add_apiserver(name).await?;
+        }
+        Ok(env)
+    }
+
+    /// Starts etcd and API servers in `dir`, which is kept afterwards (for `autonodes-dev dev`).
+    pub async fn start_in(dir: &Path, names: &[&str]) -> Result<Self, TestEnvError> {
+        fs::create_dir_all(dir).map_err(io_err(format!("creating {}", dir.display())))?;
+        let dir = fs::canonicalize(dir).map_err(io_err(format!("resolving {}", dir.display())))?;
+        let mut env = Self::start_etcd(dir, None)?;
+        for name in names {
+            env.add_apiserver(name).await?;
+        }
+        Ok(env)
+    }
+
+    fn start_etcd(dir: PathBuf, tempdir: Option<tempfile::TempDir>) -> Result<Self, TestEnvError> {
+        let bins = Binaries::locate()?;
+        let client_port = free_port()?;
+        let peer_port = free_port()?;
+        let data = dir.join("etcd-data");
+        let etcd_url = format!("http://127.0.0.1:{client_port}");
+        let peer_url = format!("http://127.0.0.1:{peer_port}");
+        let args = vec![
+            "--name=autonodes".to_string(),
+            format!("--data-dir={}", data.display()),
+            format!("--listen-client-urls={etcd_url}"),
+            format!("--advertise-client-urls={etcd_url}"),
+            format!("--listen-peer-urls={peer_url}"),
+            format!("--initial-advertise-peer-urls={peer_url}"),
+            format!("--initial-cluster=autonodes={peer_url}"),
+            "--log-level=warn".to_string(),
+        ];
+        let mut etcd = ManagedProcess::spawn("etcd", &bins.etcd, &args, &dir.join("etcd.log"))?;
+        let started = Instant::now();
+        loop {
+            etcd.check_running()?;
+            if TcpStream::connect(("127.0.0.1", client_port)).is_ok() {
+                break;
+            }
+            if started.elapsed() > READY_TIMEOUT {
+                return Err(TestEnvError::Timeout {
+                    name: "etcd".into(),
+                    secs: READY_TIMEOUT.as_secs(),
+                    log_tail: etcd.log_tail(30),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(TestEnv {
+            bins,
+            dir,
+            etcd_url,
+            servers: BTreeMap::new(),
+            etcd,
+            _tempdir: tempdir,
+        })
+    }
+
+    /// Starts another API server named `name` (a DNS label) and waits until it is ready.
+    pub async fn add_apiserver(&mut self, name: &str) -> Result<&ApiServer, TestEnvError> {
+        if self.servers.contains_key(name) {
+            return Err(TestEnvError::Duplicate(name.to_string()));
+        }
+        let dir = self.dir.join(name);
+        let cert_dir = dir.join("certs");
+        fs::create_dir_all(&cert_dir)
+            .map_err(io_err(format!("creating {}", cert_dir.display())))?;
+        let sa_key = dir.join("sa.key");
+        generate_rsa_key(&sa_key)?;
+        let client_ca = generate_client_ca(&cert_dir)?;
+        let admin_token = uuid::Uuid::new_v4().simple().to_string();
+        let token_file = dir.join("tokens.csv");
+        fs::write(
+            &token_file,
+            format!("{admin_token},admin,admin-uid,\"system:masters\"\n"),
+        )
+        .map_err(io_err(format!("writing {}", token_file.display())))?;
+        let port = free_port()?;
+        let args = vec![
+            format!("--etcd-servers={}", self.etcd_url),
+            format!("--etcd-prefix=/{name}"),
+            format!("--secure-port={port}"),
+            "--bind-address=127.0.0.1".to_string(),
+            format!("--cert-dir={}", cert_dir.display()),
+            format!("--token-auth-file={}", token_file.display()),
+            format!("--client-ca-file={}", client_ca.ca_path.display()),
+            "--enable-bootstrap-token-auth".to_string(),
+            "--authorization-mode=Node,RBAC".to_string(),
+            format!("--service-account-key-file={}", sa_key.display()),
+            format!("--service-account-signing-key-file={}", sa_key.display()),
+            "--service-account-issuer=https://kubernetes.default.svc".to_string(),
+            "--service-cluster-ip-range=10.0.0.0/24".to_string(),
+            "--disable-admission-plugins=ServiceAccount".to_string(),
+            "--profiling=false".to_string(),
+            "--v=1".to_string(),
+        ];
+        let log = dir.join("kube-apiserver.log");
+        let mut process = ManagedProcess::spawn(
+            &format!("kube-apiserver {name}"),
+            &self.bins.kube_apiserver,
+            &args,
+            &log,
+        )?;
+        let started = Instant::now();
+        let timeout = |p: &ManagedProcess| TestEnvError::Timeout {
+            name: format!("kube-apiserver {name}"),
+            secs: READY_TIMEOUT.as_secs(),
+            log_tail: p.log_tail(30),
+        };
+        // The API server writes its self-signed serving certificate first: the serving
+        // certificate followed by the CA that signed it. Kubeconfigs carry only the CA, as
+        // on a real cluster.
+        let crt = cert_dir.join("apiserver.crt");
+        let ca_pem = loop {
+            process.check_running()?;
+            if let Some(ca) = fs::read_to_string(&crt)
+                .ok()
+                .as_deref()
+                .and_then(last_certificate)
+            {
+                break ca.into_bytes();
+            }
+            if started.elapsed() > READY_TIMEOUT {
+                return Err(timeout(&process));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let url = format!("https://127.0.0.1:{port}");
+        let kubeconfig_path = dir.join("kubeconfig");
+        let kubeconfig = admin_kubeconfig(name, &url, &ca_pem, &admin_token);
+        fs::write(&kubeconfig_path, &kubeconfig)
+            .map_err(io_err(format!("writing {}", kubeconfig_path.display())))?;
+        let server = ApiServer {
+            name: name.to_string(),
+            url,
+            port,
+            kubeconfig_path,
+            ca_pem,
+            admin_token,
+            dir,
+            token_file,
+            admin_client_cert_pem: client_ca.admin_cert_pem,
+            admin_client_key_pem: client_ca.admin_key_pem,
+            process,
+            program: self.bins.kube_apiserver.clone(),
+            args,
+            starts: 1,
+        };
+        let mut server = server;
+        let client = server.client().await?;
+        wait_ready(name, &client, &mut server.process, started).await?;
+        self.servers.insert(name.to_string(), server);
+        self.servers
+            .get(name)
+            .ok_or_else(|| TestEnvError::Duplicate(name.to_string()))
+    }
+
+    /// The API server named `name`.
+    pub fn apiserver(&self, name: &str) -> Option<&ApiServer> {
+        self.servers.get(name)
+    }
+
+    /// The API server named `name`, mutably (e.g. to stop it).
+    pub fn apiserver_mut(&mut self, name: &str) -> Option<&mut ApiServer> {
+        self.servers.get_mut(name)
+    }
+
+    /// Every API server, by name.
+    pub fn apiservers(&self) -> impl Iterator<Item = &ApiServer> {
+        self.servers.values()
+    }
+
+    /// Starts `kube-scheduler` against the API server `name` with its admin kubeconfig
+    /// (`--leader-elect=false --port=0 --secure-port=0`, DESIGN §8), so pending pods are
+    /// really bound to nodes. The process is killed when the returned handle is dropped.
+    pub fn start_scheduler(&self, name: &str) -> Result<ManagedProcess, TestEnvError> {
+        let server = self
+            .apiserver(name)
+            .ok_or_else(|| TestEnvError::Kubeconfig {
+                name: name.to_string(),
+                message: "no API server of that name".into(),
+            })?;
+        let args = vec![
+            format!("--kubeconfig={}", server.kubeconfig_path.display()),
+            "--leader-elect=false".to_string(),
+            "--port=0".to_string(),
+            "--secure-port=0".to_string(),
+            "--v=1".to_string(),
+        ];
+        let log = server.dir.join("kube-scheduler.log");
+        let mut process = ManagedProcess::spawn(
+            &format!("kube-scheduler {name}"),
+            &self.bins.kube_scheduler,
+            &args,
+            &log,
+        )?;
+        // It has no port to probe: it is up once it stayed alive for a moment.
+        std::thread::sleep(Duration::from_millis(300));
+        process.check_running()?;
+        Ok(process)
+    }
+
+    /// Process ids of every process the environment runs (etcd first).
+    pub fn pids(&self) -> Vec<u32> {
+        self.etcd
+            .pid()
+            .into_iter()
+            .chain(self.servers.values().filter_map(ApiServer::pid))
+            .collect()
+    }
+}
+
+impl Drop for TestEnv {
+    fn drop(&mut self) {
+        // API servers first, then etcd (declared after `servers`), then the directory.
+        for server in self.servers.values_mut() {
+            server.stop();
+        }
+        self.etcd.kill();
+    }
+}
+
+fn http_get(path: &str) -> Result<http::Request<Vec<u8>>, String> {
+    http::Request::get(path)
+        .body(Vec::new())
+        .map_err(|e| e.to_string())
+}
+
+/// The last complete `CERTIFICATE` PEM block of a bundle (the CA of a leaf + CA chain).
+fn last_certificate(pem: &str) -> Option<String> {
+    const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
+    const END: &str = "-----END CERTIFICATE-----";
+    let start = pem.rfind(BEGIN)?;
+    let end = pem[start..].find(END)? + start + END.len();
+    Some(format!("{}\n", &pem[start..end]))
+}
+
+/// Writes a 2048-bit RSA private key (PEM) with `openssl`.
+fn generate_rsa_key(path: &Path) -> Result<(), TestEnvError> {
+    let out = Command::new("openssl")
+        .arg("genrsa")
+        .arg("-out")
+        .arg(path)
+        .arg("2048")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .map_err(io_err("running openssl genrsa"))?;
+    if !out.status.success() {
+        return Err(TestEnvError::Io {
+            context: "openssl genrsa".into(),
+            source: std::io::Error::other(String::from_utf8_lossy(&out.stderr).into_owned()),
+        });
+    }
+    Ok(())
+}
+
+/// A client CA and an admin client certificate it signed.
+struct ClientCa {
+    ca_path: PathBuf,
+    admin_cert_pem: Vec<u8>,
+    admin_key_pem: Vec<u8>,
+}
+
+/// Writes a client CA (`client-ca.crt`, `client-ca.key`) into `dir` and an `admin` client
+/// certificate in group `system:masters` signed by it, with openssl (EC P-256, quick).
+fn generate_client_ca(dir: &Path) -> Result<ClientCa, TestEnvError> {
+    let ca_key = dir.join("client-ca.key").to_string_lossy().into_owned();
+    let ca_crt = dir.join("client-ca.crt").to_string_lossy().into_owned();
+    let mut args = vec!["req", "-x509"];
+    args.extend(EC_KEY_ARGS);
+    args.extend(["-keyout", &ca_key, "-out", &ca_crt, "-days", "3650"]);
+    args.extend(["-subj", "/CN=autonodes-test-client-ca"]);
+    run_openssl(&args)?;
+    let (admin_cert_pem, admin_key_pem) =
+        sign_client_certificate(dir, "admin", &["system:masters"])?;
+    Ok(ClientCa {
+        ca_path: PathBuf::from(ca_crt),
+        admin_cert_pem,
+        admin_key_pem,
+    })
+}
+
+const EC_KEY_ARGS: [&str; 5] = [
+    "-newkey",
+    "ec",
+    "-pkeyopt",
+    "ec_paramgen_curve:P-256",
+    "-nodes",
+];
+
+/// A key and an X.509 v3 client certificate for `user` in `groups`, signed by the client CA
+/// in `dir` (as kubeadm and vCluster issue them; rustls refuses v1 certificates). Returns
+/// the certificate and key PEM.
+fn sign_client_certificate(
+    dir: &Path,
+    user: &str,
+    groups: &[&str],
+) -> Result<(Vec<u8>, Vec<u8>), TestEnvError> {
+    let p = |f: &str| dir.join(f).to_string_lossy().into_owned();
+    let file_safe: String = user
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    let (key, csr, crt, ext) = (
+        p(&format!("{file_safe}-client.key")),
+        p(&format!("{file_safe}-client.csr")),
+        p(&format!("{file_safe}-client.crt")),
+        p(&format!("{file_safe}-client.ext")),
+    );
+    let subject: String = std::iter::once(format!("/CN={user}"))
+        .chain(groups.iter().map(|g| format!("/O={g}")))
+        .collect();
+    let mut args = vec!["req"];
+    args.extend(EC_KEY_ARGS);
+    args.extend(["-keyout", &key, "-out", &csr, "-subj", &subject]);
+    run_openssl(&args)?;
+    fs::write(
+        &ext,
+        "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth\n",
+    )
+    .map_err(io_err(format!("writing {ext}")))?;
+    let (ca_crt, ca_key, serial) = (p("client-ca.crt"), p("client-ca.key"), p("client-ca.srl"));
+    let mut args = vec![
+        "x509", "-req", "-in", &csr, "-CA", &ca_crt, "-CAkey", &ca_key,
+    ];
+    args.extend([
+        "-CAcreateserial",
+        "-CAserial",
+        &serial,
+        "-out",
+        &crt,
+        "-days",
+        "3650",
+    ]);
+    args.extend(["-extfile", &ext]);
+    run_openssl(&args)?;
+    let read = |f: &str| fs::read(f).map_err(io_err(format!("reading {f}")));
+    Ok((read(&crt)?, read(&key)?))
+}
+
+fn run_openssl(args: &[&str]) -> Result<(), TestEnvError> {
+    let out = Command::new("openssl")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .map_err(io_err(format!("running openssl {}", args.join(" "))))?;
+    if !out.status.success() {
+        return Err(TestEnvError::Io {
+            context: format!("openssl {}", args.first().copied().unwrap_or_default()),
+            source: std::io::Error::other(String::from_utf8_lossy(&out.stderr).into_owned()),
+        });
+    }
+    Ok(())
+}
+
+/// A kubeconfig authenticating with a client certificate, shaped like the one a vCluster
+/// exports (`certificate-authority-data`, `client-certificate-data`, `client-key-data`).
+pub fn client_cert_kubeconfig(
+    name: &str,
+    url: &str,
+    ca_pem: &[u8],
+    cert_pem: &[u8],
+    key_pem: &[u8],
+) -> String {
+    let b64 = |d: &[u8]| base64::engine::general_purpose::STANDARD.encode(d);
+    format!(
+        "apiVersion: v1\nclusters:\n- cluster:\n    certificate-authority-data: {}\n    server: {url}\n  name: {name}\ncontexts:\n- context:\n    cluster: {name}\n    user: {name}\n  name: {name}\ncurrent-context: {name}\nkind: Config\npreferences: {{}}\nusers:\n- name: {name}\n  user:\n    client-certificate-data: {}\n    client-key-data: {}\n",
+        b64(ca_pem),
+        b64(cert_pem),
+        b64(key_pem)
+    )
+}
+
+/// An admin kubeconfig (bearer token) for an API server.
+pub fn admin_kubeconfig(name: &str, url: &str, ca_pem: &[u8], token: &str) -> String {
+    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: {name}\n  cluster:\n    server: {url}\n    certificate-authority-data: {ca}\nusers:\n- name: {name}-admin\n  user:\n    token: {token}\ncontexts:\n- name: {name}\n  context:\n    cluster: {name}\n    user: {name}-admin\ncurrent-context: {name}\n"
+    )
+}
+
+/// Applies CRDs with server-side apply and waits until each is Established.
+pub async fn install_crds(
+    client: &Client,
+    crds: &[CustomResourceDefinition],
+) -> Result<(), TestEnvError> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let params = PatchParams::apply("autonodes").force();
+    for crd in crds {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        api.patch(&name, &params, &Patch::Apply(crd))
+            .await
+            .map_err(|source| TestEnvError::Kube {
+                context: format!("applying CRD {name}"),
+                source,
+            })?;
+    }
+    let started = Instant::now();
+    for crd in crds {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        loop {
+            let current = api.get(&name).await.map_err(|source| TestEnvError::Kube {
+                context: format!("reading CRD {name}"),
+                source,
+            })?;
+            let established = current
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| {
+                    cs.iter()
+                        .any(|c| c.type_ == "Established" && c.status == "True")
+                });
+            if established {
+                break;
+            }
+            if started.elapsed() > READY_TIMEOUT {
+                return Err(TestEnvError::Timeout {
+                    name: format!("CRD {name}"),
+                    secs: READY_TIMEOUT.as_secs(),
+                    log_tail: String::new(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,885 @@
+//! Throughput against real API servers, measured in one run on the same clusters (one etcd,
+//! management, host and tenant kube-apiservers), printed, never asserted:
+//!
+//! (a) the **Secret write bound**: 2,000 creates of 2 KiB Secrets, 32 in flight;
+//! (b) the **replay bound**: the same clusters taking N claims' minimal call set from a
+//!     plain client, 32 claims in flight — the claim, its finalizer, 3 status writes,
+//!     4 Events, the user-data Secret, the VM, the bootstrap token, the simulator's VMI, VM
+//!     status and Node, the Node's labels and the token's deletion;
+//! (c) the **product**: N claims created at once with the real `autonodes run` binary and
+//!     the KubeVirt simulator booting VMs at once: time until all are Available, claims/s,
+//!     requests per claim (the API servers' `apiserver_request_total`, and the controller's
+//!     own `autonodes_kube_requests_total`), API-server + etcd CPU per claim,
+//!     creation → Ready percentiles, the controller's peak RSS and CPU, then deleting them
+//!     all at once: time and peak API-server memory.
+//!
+//! The last line is `product claims/s ÷ replay claims/s` at the largest N.
+//!
+//! `cargo bench --bench throughput`; `AUTONODES_BENCH_CLAIMS=200,1000,10000` sets the sizes
+//! (default `200,1000`). Under `cargo test` it only says it was skipped.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{Read, Write};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use autonodes::api::NodeClaim;
+use autonodes_testenv::simulator::SimMode;
+use autonodes_testenv::testenv::ManagedProcess;
+use common::world::{condition, provider_yaml, World, WorldOptions, NS};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Namespace, Node, Secret};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use kube::Client;
+
+/// Requests in flight in the bounds (a) and (b).
+const IN_FLIGHT: usize = 32;
+/// Secrets created for the Secret write bound.
+const SECRETS: usize = 2_000;
+/// Namespace of the replayed claims (management) and their VMs and Secrets (host).
+const REPLAY_NS: &str = "replay";
+/// Clock ticks per second of `/proc/<pid>/stat` (USER_HZ, 100 on Linux).
+const TICKS: f64 = 100.0;
+
+fn provider() -> String {
+    provider_yaml(
+        "bench",
+        "test-kubevirt-1",
+        "1",
+        "1Gi",
+        "      - name: small",
+    )
+}
+
+// ---------------------------------------------------------------------------------------
+// Measuring: process CPU and memory, request counters.
+
+/// CPU seconds (user + system) a process used so far.
+fn cpu_seconds(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let rest = stat.rsplit_once(')')?.1;
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            // After the command: state is field 3; utime and stime are fields 14 and 15.
+            let utime: f64 = fields.get(11)?.parse().ok()?;
+            let stime: f64 = fields.get(12)?.parse().ok()?;
+            Some((utime + stime) / TICKS)
+        })
+        .unwrap_or(0.0)
+}
+
+/// A `/proc/<pid>/status` field in bytes (`VmRSS:`, `VmHWM:`).
+fn memory(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix(field))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map(|kb| kb * 1024)
+        .unwrap_or(0)
+}
+
+fn mb(bytes: u64) -> f64 {
+    bytes as f64 / 1024.0 / 1024.0
+}
+
+/// Parses `name{a="x",b="y"} value` lines of a Prometheus text exposition.
+fn samples(text: &str, name: &str) -> Vec<(BTreeMap<String, String>, f64)> {
+    let prefix = format!("{name}{{");
+    text.lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix(&prefix)?;
+            let (labels, value) = rest.rsplit_once("} ")?;
+            let value: f64 = value.trim().parse().ok()?;
+            let mut map = BTreeMap::new();
+            for pair in labels.split("\",") {
+                let (k, v) = pair.split_once("=\"")?;
+                map.insert(k.to_string(), v.trim_end_matches('"').to_string());
+            }
+            Some((map, value))
+        })
+        .collect()
+}
+
+/// Request counts keyed by (cluster, VERB, resource[/subresource], code).
+type Requests = BTreeMap<(String, String, String, String), f64>;
+
+/// The API servers' `apiserver_request_total`, by cluster.
+async fn server_requests(world: &World) -> Requests {
+    let mut out = Requests::new();
+    for (cluster, client) in [
+        ("management", &world.mgmt),
+        ("host", &world.host),
+        ("tenant", &world.tenant),
+    ] {
+        let req = http::Request::get("/metrics")
+            .body(Vec::new())
+            .expect("request");
+        let text = client.request_text(req).await.unwrap_or_default();
+        for (labels, value) in samples(&text, "apiserver_request_total") {
+            let get = |k: &str| labels.get(k).cloned().unwrap_or_default();
+            let resource = match get("subresource").as_str() {
+                "" => get("resource"),
+                sub => format!("{}/{sub}", get("resource")),
+            };
+            *out.entry((cluster.into(), get("verb"), resource, get("code")))
+                .or_default() += value;
+        }
+    }
+    out
+}
+
+/// A plain HTTP GET of the controller's metrics server; the body when it answered 200.
+fn http_get(addr: &str, path: &str) -> Option<String> {
+    let mut stream = std::net::TcpStream::connect(addr).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    head.lines()
+        .next()?
+        .contains(" 200 ")
+        .then(|| body.to_string())
+}
+
+/// The controller's `autonodes_kube_requests_total` (verbs upper-cased like the servers').
+fn controller_requests(addr: &str) -> Requests {
+    let text = http_get(addr, "/metrics").unwrap_or_default();
+    let mut out = Requests::new();
+    for (labels, value) in samples(&text, "autonodes_kube_requests_total") {
+        let get = |k: &str| labels.get(k).cloned().unwrap_or_default();
+        *out.entry((
+            get("cluster"),
+            get("verb").to_uppercase(),
+            get("resource"),
+            get("code"),
+        ))
+        .or_default() += value;
+    }
+    out
+}
+
+fn diff(after: &Requests, before: &Requests) -> Requests {
+    after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
+        .filter(|(_, v)| *v > 0.0)
+        .collect()
+}
+
+fn is_write(verb: &str) -> bool {
+    matches!(
+        verb,
+        "POST" | "PUT" | "PATCH" | "APPLY" | "DELETE" | "DELETECOLLECTION" | "CREATE" | "UPDATE"
+    )
+}
+
+fn is_read(verb: &str) -> bool {
+    matches!(verb, "GET" | "LIST")
+}
+
+/// Totals of a request diff: (writes, reads, lists, watches, events, conflicts).
+fn totals(r: &Requests) -> (f64, f64, f64, f64, f64, f64) {
+    let mut t = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
+    for ((_, verb, resource, code), n) in r {
+        if is_write(verb) {
+            t.0 += n;
+            if resource == "events" {
+                t.4 += n;
+            }
+        }
+        if is_read(verb) {
+            t.1 += n;
+        }
+        if verb == "LIST" {
+            t.2 += n;
+        }
+        if verb == "WATCH" {
+            t.3 += n;
+        }
+        if code == "409" {
+            t.5 += n;
+        }
+    }
+    t
+}
+
+/// "verb resource n/claim" for the largest entries of a diff.
+fn breakdown(r: &Requests, per: f64) -> String {
+    let mut by: BTreeMap<(String, String, String), f64> = BTreeMap::new();
+    for ((cluster, verb, resource, _), n) in r {
+        *by.entry((cluster.clone(), verb.clone(), resource.clone()))
+            .or_default() += n;
+    }
+    let mut rows: Vec<_> = by.into_iter().collect();
+    rows.sort_by(|a, b| b.1.total_cmp(&a.1));
+    rows.iter()
+        .filter(|(_, n)| n / per >= 0.05)
+        .map(|((cluster, verb, resource), n)| {
+            format!(
+                "      {:<10} {:<16} {:<28} {:>7.2}",
+                cluster,
+                verb,
+                resource,
+                n / per
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// CPU seconds of etcd and every API server.
+fn server_cpu(world: &World) -> f64 {
+    world
+        .playground
+        .env
+        .pids()
+        .into_iter()
+        .map(cpu_seconds)
+        .sum()
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+// ---------------------------------------------------------------------------------------
+// (a) The Secret write bound.
+
+async fn secret_bound(world: &World) -> f64 {
+    ensure_namespace(&world.host, "bound").await;
+    let api: Api<Secret> = Api::namespaced(world.host.clone(), "bound");
+    let payload = "x".repeat(2048);
+    let started = Instant::now();
+    futures::stream::iter(0..SECRETS)
+        .map(|i| {
+            let api = api.clone();
+            let payload = payload.clone();
+            async move {
+                let s: Secret = serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": format!("bound-{i:05}"), "labels": {"bench": "bound"}},
+                    "stringData": {"data": payload},
+                }))
+                .expect("secret");
+                api.create(&PostParams::default(), &s)
+                    .await
+                    .expect("secret created");
+            }
+        })
+        .buffer_unordered(IN_FLIGHT)
+        .collect::<Vec<_>>()
+        .await;
+    let rate = SECRETS as f64 / started.elapsed().as_secs_f64();
+    api.delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await
+        .expect("secrets deleted");
+    rate
+}
+
+async fn ensure_namespace(client: &Client, name: &str) {
+    let ns: Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).expect("ns");
+    let _ = Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await;
+}
+
+// ---------------------------------------------------------------------------------------
+// (b) The replay bound.
+
+/// A VirtualMachine of the size the product writes (containerDisk, cloud-init Secret).
+fn replay_vm(name: &str) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachine",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "app.kubernetes.io/managed-by": "autonodes-replay",
+                "autonodes.io/nodeclaim": name,
+                "autonodes.io/nodeclaim-namespace": REPLAY_NS,
+                "autonodes.io/nodeclaim-uid": "00000000-0000-0000-0000-000000000000",
+                "autonodes.io/node-type": "bench.small",
+                "autonodes.io/provider": "bench",
+            },
+        },
+        "spec": {
+            "runStrategy": "Always",
+            "template": {
+                "metadata": {"labels": {"autonodes.io/nodeclaim": name, "kubevirt.io/domain": name}},
+                "spec": {
+                    "domain": {
+                        "cpu": {"cores": 1},
+                        "devices": {
+                            "disks": [
+                                {"name": "root", "disk": {"bus": "virtio"}},
+                                {"name": "cloudinit", "disk": {"bus": "virtio"}},
+                            ],
+                            "interfaces": [{"name": "default", "masquerade": {}}],
+                        },
+                        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
+                    },
+                    "networks": [{"name": "default", "pod": {}}],
+                    "terminationGracePeriodSeconds": 30,
+                    "volumes": [
+                        {"name": "root", "containerDisk": {"image": "quay.io/containerdisks/ubuntu:22.04"}},
+                        {"name": "cloudinit", "cloudInitNoCloud": {"secretRef": {"name": format!("{name}-userdata")}}},
+                    ],
+                },
+            },
+        },
+    })
+}
+
+fn status_patch(phase: &str) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "autonodes.io/v1alpha1",
+        "kind": "NodeClaim",
+        "status": {
+            "phase": phase,
+            "conditions": [{
+                "type": "Ready",
+                "status": if phase == "Available" { "True" } else { "False" },
+                "reason": phase,
+                "message": format!("replayed {phase}"),
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+            }],
+        },
+    })
+}
+
+fn event(name: &str, reason: &str, i: usize) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        "metadata": {"name": format!("{name}.{i}"), "namespace": REPLAY_NS},
+        "eventTime": "2026-01-01T00:00:00.000000Z",
+        "reportingController": "autonodes.io/replay",
+        "reportingInstance": "replay",
+        "action": "Reconcile",
+        "reason": reason,
+        "note": format!("replayed {reason}"),
+        "type": "Normal",
+        "regarding": {"apiVersion": "autonodes.io/v1alpha1", "kind": "NodeClaim", "namespace": REPLAY_NS, "name": name},
+    })
+}
+
+/// One claim's minimal call set, in order.
+async fn replay_claim(world: &World, i: usize) {
+    let name = format!("r-{i:05}");
+    let pp = PostParams::default();
+    let claims: Api<DynamicObject> = Api::namespaced_with(
+        world.mgmt.clone(),
+        REPLAY_NS,
+        &kube::api::ApiResource::erase::<NodeClaim>(&()),
+    );
+    let events: Api<DynamicObject> = Api::namespaced_with(
+        world.mgmt.clone(),
+        REPLAY_NS,
+        &kube::api::ApiResource::erase::<k8s_openapi::api::events::v1::Event>(&()),
+    );
+    let host_secrets: Api<Secret> = Api::namespaced(world.host.clone(), REPLAY_NS);
+    let tokens: Api<Secret> = Api::namespaced(world.tenant.clone(), "kube-system");
+    let vms: Api<DynamicObject> = Api::namespaced_with(
+        world.host.clone(),
+        REPLAY_NS,
+        &autonodes::kubevirt::virtual_machine(),
+    );
+    let vmis: Api<DynamicObject> = Api::namespaced_with(
+        world.host.clone(),
+        REPLAY_NS,
+        &autonodes::kubevirt::virtual_machine_instance(),
+    );
+    let nodes: Api<Node> = Api::all(world.tenant.clone());
+    let apply = PatchParams::apply("autonodes-replay").force();
+    let dynamic =
+        |v: serde_json::Value| -> DynamicObject { serde_json::from_value(v).expect("object") };
+    let ev = |reason: &str, n: usize| dynamic(event(&name, reason, n));
+
+    claims
+        .create(
+            &pp,
+            &dynamic(serde_json::json!({
+                "apiVersion": "autonodes.io/v1alpha1", "kind": "NodeClaim",
+                "metadata": {"name": name, "labels": {"bench": "replay"}},
+                "spec": {"vClusterRef": {"name": "tenant"}},
+            })),
+        )
+        .await
+        .expect("claim");
+    // The finalizer's write (a label here, so the replayed claims delete without a controller).
+    claims
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {"replay": "finalized"}}})),
+        )
+        .await
+        .expect("finalizer patch");
+    claims
+        .patch_status(&name, &apply, &Patch::Apply(status_patch("Pending")))
+        .await
+        .expect("status 1");
+    events
+        .create(&pp, &ev("Scheduled", 1))
+        .await
+        .expect("event 1");
+    let userdata: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": format!("{name}-userdata"), "labels": {"bench": "replay"}},
+        "stringData": {"userdata": "#cloud-config\n".to_string() + &"x".repeat(2000)},
+    }))
+    .expect("user data");
+    host_secrets
+        .create(&pp, &userdata)
+        .await
+        .expect("user data");
+    let token_id = format!("{:06x}", i % 0xff_ffff);
+    let token: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": format!("bootstrap-token-{token_id}"), "labels": {"bench": "replay"}},
+        "type": "bootstrap.kubernetes.io/token",
+        "stringData": {
+            "token-id": token_id, "token-secret": "0123456789abcdef",
+            "usage-bootstrap-authentication": "true", "usage-bootstrap-signing": "true",
+            "auth-extra-groups": "system:bootstrappers:kubeadm:default-node-token",
+            "expiration": "2099-01-01T00:00:00Z",
+        },
+    }))
+    .expect("token");
+    tokens.create(&pp, &token).await.expect("token");
+    vms.create(&pp, &dynamic(replay_vm(&name)))
+        .await
+        .expect("vm");
+    claims
+        .patch_status(&name, &apply, &Patch::Apply(status_patch("Provisioning")))
+        .await
+        .expect("status 2");
+    events
+        .create(&pp, &ev("Launched", 2))
+        .await
+        .expect("event 2");
+    // The simulator: the VMI, the VM's status, the Node.
+    vmis.create(
+        &pp,
+        &dynamic(serde_json::json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"name": name, "labels": {"bench": "replay"}},
+            "spec": replay_vm(&name)["spec"]["template"]["spec"].clone(),
+            "status": {"phase": "Running", "nodeName": "kubevirt-host-0",
+                       "interfaces": [{"name": "default", "ipAddress": "10.0.0.1"}]},
+        })),
+    )
+    .await
+    .expect("vmi");
+    vms.patch_status(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"status": {"ready": true, "printableStatus": "Running"}})),
+    )
+    .await
+    .expect("vm status");
+    let node: Node = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "labels": {"bench": "replay", "kubernetes.io/hostname": name}},
+        "spec": {"providerID": format!("kubevirt://{name}")},
+    }))
+    .expect("node");
+    nodes.create(&pp, &node).await.expect("node");
+    // The controller: the Node's labels, the token's deletion, Ready.
+    nodes
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {
+                "autonodes.io/nodeclaim": name, "autonodes.io/node-type": "bench.small"}}})),
+        )
+        .await
+        .expect("node labels");
+    tokens
+        .delete(
+            &format!("bootstrap-token-{token_id}"),
+            &DeleteParams::default(),
+        )
+        .await
+        .expect("token deleted");
+    claims
+        .patch_status(&name, &apply, &Patch::Apply(status_patch("Available")))
+        .await
+        .expect("status 3");
+    events.create(&pp, &ev("Joined", 3)).await.expect("event 3");
+    events
+        .create(&pp, &ev("Available", 4))
+        .await
+        .expect("event 4");
+}
+
+async fn replay_bound(world: &World, n: usize) -> f64 {
+    ensure_namespace(&world.mgmt, REPLAY_NS).await;
+    ensure_namespace(&world.host, REPLAY_NS).await;
+    let started = Instant::now();
+    futures::stream::iter(0..n)
+        .map(|i| replay_claim(world, i))
+        .buffer_unordered(IN_FLIGHT)
+        .collect::<Vec<_>>()
+        .await;
+    let rate = n as f64 / started.elapsed().as_secs_f64();
+    // Leave nothing for the product's run to trip over.
+    let dp = DeleteParams::default();
+    let all = ListParams::default();
+    let bench = ListParams::default().labels("bench=replay");
+    let claims: Api<DynamicObject> = Api::namespaced_with(
+        world.mgmt.clone(),
+        REPLAY_NS,
+        &kube::api::ApiResource::erase::<NodeClaim>(&()),
+    );
+    let _ = claims.delete_collection(&dp, &all).await;
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(world.mgmt.clone(), REPLAY_NS);
+    let _ = events.delete_collection(&dp, &all).await;
+    for api in [
+        Api::<DynamicObject>::namespaced_with(
+            world.host.clone(),
+            REPLAY_NS,
+            &autonodes::kubevirt::virtual_machine(),
+        ),
+        Api::<DynamicObject>::namespaced_with(
+            world.host.clone(),
+            REPLAY_NS,
+            &autonodes::kubevirt::virtual_machine_instance(),
+        ),
+    ] {
+        let _ = api.delete_collection(&dp, &all).await;
+    }
+    let _ = Api::<Secret>::namespaced(world.host.clone(), REPLAY_NS)
+        .delete_collection(&dp, &all)
+        .await;
+    let _ = Api::<Node>::all(world.tenant.clone())
+        .delete_collection(&dp, &bench)
+        .await;
+    rate
+}
+
+// ---------------------------------------------------------------------------------------
+// (c) The product.
+
+#[derive(Default)]
+struct Seen {
+    ready: HashMap<String, Instant>,
+    gone: HashMap<String, Instant>,
+}
+
+/// Watches the claims of [`NS`], noting when each turned Ready and when it was gone.
+fn watch_claims(world: &World) -> (Arc<Mutex<Seen>>, tokio::task::JoinHandle<()>) {
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let api: Api<NodeClaim> = Api::namespaced(world.mgmt.clone(), NS);
+    let task = tokio::spawn({
+        let seen = seen.clone();
+        async move {
+            let mut stream = watcher(api, watcher::Config::default()).boxed();
+            while let Ok(Some(event)) = stream.try_next().await {
+                let now = Instant::now();
+                let mut seen = seen.lock().expect("lock");
+                match event {
+                    watcher::Event::Apply(c) | watcher::Event::InitApply(c) => {
+                        let name = c.metadata.name.clone().unwrap_or_default();
+                        if condition(&c, "Ready").is_some_and(|r| r.0 == "True") {
+                            seen.ready.entry(name).or_insert(now);
+                        }
+                    }
+                    watcher::Event::Delete(c) => {
+                        let name = c.metadata.name.clone().unwrap_or_default();
+                        seen.gone.entry(name).or_insert(now);
+                    }
+                    _ => {}
+                }
+            }
+        }
+    });
+    (seen, task)
+}
+
+struct Controller {
+    process: ManagedProcess,
+    addr: String,
+}
+
+impl Controller {
+    async fn start(world: &World, n: u32) -> Controller {
+        let port = autonodes_testenv::testenv::free_port().expect("free port");
+        let addr = format!("127.0.0.1:{port}");
+        let process = world.spawn_controller_process_on(n, env!("CARGO_BIN_EXE_autonodes"), &addr);
+        let c = Controller { process, addr };
+        common::eventually("the controller ready", Duration::from_secs(120), || async {
+            let addr = c.addr.clone();
+            tokio::task::spawn_blocking(move || http_get(&addr, "/readyz"))
+                .await
+                .ok()
+                .flatten()
+        })
+        .await;
+        c
+    }
+
+    fn pid(&self) -> u32 {
+        self.process.pid().expect("controller running")
+    }
+
+    async fn requests(&self) -> Requests {
+        let addr = self.addr.clone();
+        tokio::task::spawn_blocking(move || controller_requests(&addr))
+            .await
+            .unwrap_or_default()
+    }
+}
+
+/// Creation → Ready of single claims on idle clusters, one after the other.
+async fn single_claim_latency(world: &World, seen: &Arc<Mutex<Seen>>, runs: usize) -> Vec<f64> {
+    let mut out = Vec::new();
+    for i in 0..runs {
+        let name = format!("single-{i}");
+        let started = Instant::now();
+        world
+            .create_claim(serde_json::json!({"metadata": {"name": name}, "spec": {}}))
+            .await;
+        let ready = common::eventually("a single claim Ready", Duration::from_secs(120), || {
+            let seen = seen.clone();
+            let name = name.clone();
+            async move { seen.lock().expect("lock").ready.get(&name).copied() }
+        })
+        .await;
+        out.push(ready.duration_since(started).as_secs_f64());
+        world.delete_claim(&name).await;
+        world.wait_claim_gone(&name, Duration::from_secs(120)).await;
+    }
+    out.sort_by(f64::total_cmp);
+    out
+}
+
+struct ProductRun {
+    claims_per_s: f64,
+}
+
+async fn product_run(
+    world: &World,
+    seen: &Arc<Mutex<Seen>>,
+    run: u32,
+    n: usize,
+    replay: f64,
+) -> ProductRun {
+    let controller = Controller::start(world, run).await;
+    let singles = if run == 1 {
+        Some(single_claim_latency(world, seen, 5).await)
+    } else {
+        None
+    };
+    let prefix = format!("p{run}");
+    let server_before = server_requests(world).await;
+    let controller_before = controller.requests().await;
+    let cpu_before = server_cpu(world);
+    let ctl_cpu_before = cpu_seconds(controller.pid());
+    let bench_cpu_before = cpu_seconds(std::process::id());
+
+    let started = Instant::now();
+    let mut created: HashMap<String, Instant> = HashMap::new();
+    let creates = (0..n).map(|i| {
+        let name = format!("{prefix}-{i:05}");
+        let at = Instant::now();
+        let fut = world.create_claim(serde_json::json!({"metadata": {"name": name}, "spec": {}}));
+        created.insert(name, at);
+        fut
+    });
+    futures::stream::iter(creates)
+        .buffer_unordered(256)
+        .collect::<Vec<_>>()
+        .await;
+    let all_ready = |seen: &Seen| {
+        created
+            .keys()
+            .filter(|k| seen.ready.contains_key(*k))
+            .count()
+    };
+    let limit = Duration::from_secs(300 + n as u64);
+    loop {
+        let ready = all_ready(&seen.lock().expect("lock"));
+        if ready == n {
+            break;
+        }
+        if started.elapsed() > limit {
+            panic!("only {ready} of {n} claims Ready after {limit:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let took = started.elapsed().as_secs_f64();
+    let server_after = server_requests(world).await;
+    let controller_after = controller.requests().await;
+    let server_cpu_used = server_cpu(world) - cpu_before;
+    let ctl_cpu = cpu_seconds(controller.pid()) - ctl_cpu_before;
+    let bench_cpu = cpu_seconds(std::process::id()) - bench_cpu_before;
+    let ctl_peak = memory(controller.pid(), "VmHWM:");
+    let mut to_ready: Vec<f64> = {
+        let seen = seen.lock().expect("lock");
+        created
+            .iter()
+            .filter_map(|(k, at)| Some(seen.ready.get(k)?.duration_since(*at).as_secs_f64()))
+            .collect()
+    };
+    to_ready.sort_by(f64::total_cmp);
+
+    // Deleting them all at once.
+    let del_started = Instant::now();
+    let del_cpu_before = server_cpu(world);
+    world
+        .claims()
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await
+        .expect("claims deleted");
+    let mut peak_server_rss = 0u64;
+    loop {
+        for pid in world.playground.env.pids() {
+            peak_server_rss = peak_server_rss.max(memory(pid, "VmRSS:"));
+        }
+        let gone = {
+            let seen = seen.lock().expect("lock");
+            created
+                .keys()
+                .filter(|k| seen.gone.contains_key(*k))
+                .count()
+        };
+        if gone == n && world.vms().await.is_empty() {
+            break;
+        }
+        if del_started.elapsed() > limit {
+            panic!("only {gone} of {n} claims gone after {limit:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let deleted_in = del_started.elapsed().as_secs_f64();
+    let del_cpu = server_cpu(world) - del_cpu_before;
+
+    let per = n as f64;
+    let server = diff(&server_after, &server_before);
+    let ctl = diff(&controller_after, &controller_before);
+    let (sw, sr, sl, swa, se, sc) = totals(&server);
+    let (cw, cr, cl, cwa, ce, cc) = totals(&ctl);
+    let rate = per / took;
+    println!();
+    println!("(c) product, N = {n} claims created at once (controller process #{run})");
+    if let Some(s) = singles {
+        println!(
+            "    single claim on idle clusters, creation → Ready: p50 {:.2}s  max {:.2}s ({} runs)",
+            percentile(&s, 0.5),
+            percentile(&s, 1.0),
+            s.len()
+        );
+    }
+    println!("    time until all Available:      {took:.1}s  ({rate:.1} claims/s)");
+    println!(
+        "    creation → Ready:              p50 {:.2}s  p90 {:.2}s  max {:.2}s",
+        percentile(&to_ready, 0.5),
+        percentile(&to_ready, 0.9),
+        percentile(&to_ready, 1.0)
+    );
+    println!(
+        "    API servers, per claim:        {:.1} writes ({:.1} Events), {:.1} reads ({:.1} LISTs), {:.2} watches, {:.2} conflicts (409)",
+        sw / per, se / per, sr / per, sl / per, swa / per, sc / per
+    );
+    println!(
+        "    controller, per claim:         {:.1} writes ({:.1} Events), {:.1} reads ({:.1} LISTs), {:.2} watches, {:.2} conflicts (409)",
+        cw / per, ce / per, cr / per, cl / per, cwa / per, cc / per
+    );
+    println!(
+        "    API-server + etcd CPU:         {:.0} ms per claim ({server_cpu_used:.1}s)",
+        server_cpu_used * 1000.0 / per
+    );
+    println!(
+        "    controller:                    peak RSS {:.0} MB, CPU {ctl_cpu:.1}s ({:.1} ms per claim)",
+        mb(ctl_peak),
+        ctl_cpu * 1000.0 / per
+    );
+    println!(
+        "    simulator and bench process:   CPU {bench_cpu:.1}s ({:.0} % of the servers')",
+        100.0 * bench_cpu / server_cpu_used.max(0.001)
+    );
+    println!(
+        "    deleting all:                  {deleted_in:.1}s ({:.1} claims/s, {:.0} % of the creation rate), peak API-server RSS {:.0} MB, server CPU {del_cpu:.1}s",
+        per / deleted_in,
+        100.0 * (per / deleted_in) / rate,
+        mb(peak_server_rss)
+    );
+    println!("    requests per claim at the API servers (cluster, verb, resource):");
+    println!("{}", breakdown(&server, per));
+    if !ctl.is_empty() {
+        println!("    of them the controller's:");
+        println!("{}", breakdown(&ctl, per));
+    }
+    println!(
+        "    product ÷ replay bound:        {:.2}",
+        rate / replay.max(f64::MIN_POSITIVE)
+    );
+    drop(controller);
+    ProductRun { claims_per_s: rate }
+}
+
+fn sizes() -> Vec<usize> {
+    std::env::var("AUTONODES_BENCH_CLAIMS")
+        .unwrap_or_else(|_| "200,1000".into())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect()
+}
+
+fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("throughput bench skipped (run it with `cargo bench --bench throughput`)");
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let mut world = World::start_clusters(&WorldOptions {
+            provider: provider(),
+            ..Default::default()
+        })
+        .await;
+        let sizes = sizes();
+        println!("throughput on real API servers (one etcd; management, host and tenant kube-apiservers), 2 cores");
+        let secrets = secret_bound(&world).await;
+        println!();
+        println!("(a) Secret write bound:            {secrets:.0} creates/s (2 KiB, {IN_FLIGHT} in flight, {SECRETS})");
+        let mut replays = Vec::new();
+        for &n in &sizes {
+            let r = replay_bound(&world, n).await;
+            println!(
+                "(b) replay bound, N = {n}:{}{r:.1} claims/s ({:.0} Secret-creates' worth per claim)",
+                " ".repeat(10usize.saturating_sub(n.to_string().len())),
+                secrets / r
+            );
+            replays.push(r);
+        }
+        world.start_simulator(SimMode::Normal).await;
+        let (seen, watch) = watch_claims(&world);
+        let mut last = None;
+        for (i, (&n, &replay)) in sizes.iter().zip(&replays).enumerate() {
+            let run = product_run(&world, &seen, i as u32 + 1, n, replay).await;
+            last = Some((n, run.claims_per_s / replay));
+        }
+        watch.abort();
+        world.shutdown().await;
+        if let Some((n, ratio)) = last {
+            println!();
+            println!("product claims/s ÷ replay claims/s (N = {n}): {ratio:.2}");
+        }
+    });
+}

@@ -1,0 +1,50 @@
+//! Command-line interface of the `autonodes` binary.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+/// KubeVirt virtual machines as worker nodes for tenant clusters.
+#[derive(Debug, Parser)]
+#[command(name = "autonodes", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands of `autonodes`.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Write the CustomResourceDefinitions, one YAML file per CRD.
+    Crdgen {
+        /// Directory to write into.
+        #[arg(long, default_value = "crds")]
+        out: PathBuf,
+    },
+    /// Print the NodeType, Secret and VirtualMachine a claim would get, touching no cluster.
+    Render(crate::render::RenderArgs),
+    /// Run the controller.
+    Run(crate::run::RunArgs),
+}
+
+/// Runs the parsed command line.
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Crdgen { out } => {
+            for path in crate::crdgen::write_all(&out)? {
+                println!("wrote {}", path.display());
+            }
+            Ok(())
+        }
+        Command::Render(args) => crate::render::run(args),
+        Command::Run(args) => runtime()?.block_on(crate::run::run(args)),
+    }
+}
+
+/// The async runtime of the long-running subcommands.
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
+}

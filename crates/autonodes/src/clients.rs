@@ -1,0 +1,680 @@
+//! Clients for the remote clusters autonodes talks to, built from kubeconfig Secrets and
+//! cached until the Secret changes.
+//!
+//! Secrets are read from exactly two places (DESIGN §1):
+//! - host clusters: the Secret `<clusterRef.cluster>` (key `kubeconfig`) in the service
+//!   namespace, or the management cluster itself for `local`;
+//! - tenant clusters: the Secret `vc-<vcluster>` (key `config`) in the claim's namespace.
+//!
+//! Their bytes are untrusted: they go through [`crate::kubeconfig::check`] and only what it
+//! accepts becomes a client (built field by field here, never by kube's kubeconfig loader,
+//! which would run `exec` plugins, read files and follow proxies). A refused Secret is a
+//! [`ClientError::InvalidKubeconfig`] naming the field, logged once per Secret version.
+//!
+//! A client is rebuilt when the Secret's `resourceVersion` changes. Whoever needs to react
+//! to a new client (e.g. to start watches on the remote cluster) registers a [`OnConnect`]
+//! hook; the tasks it returns are aborted when the client is replaced or dropped.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
+use kube::config::{AuthInfo, Kubeconfig};
+use kube::{Client, Config};
+use tokio::sync::Mutex;
+use tokio::task::JoinHandle;
+
+use crate::kubeconfig::{self, CheckedKubeconfig, KubeconfigPolicy};
+use crate::request_metrics::{ClusterKind, CountRequests};
+
+/// The name that makes a provider's VMs go to the management cluster itself.
+pub const LOCAL_CLUSTER: &str = "local";
+pub use crate::api::{HOST_KUBECONFIG_KEY, TENANT_KUBECONFIG_KEY};
+/// How long a remote API call may take before the cluster counts as unreachable.
+pub const REMOTE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Which cluster a client reaches.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ClusterKey {
+    /// A KubeVirt host cluster, by its `clusterRef.cluster` name (`local` included).
+    Host(String),
+    /// A tenant cluster, by the claim's namespace and the vCluster's name.
+    Tenant {
+        /// Namespace of the claims (and of the `vc-<name>` Secret).
+        namespace: String,
+        /// Name of the vCluster.
+        vcluster: String,
+    },
+}
+
+impl ClusterKey {
+    /// The value of the `cluster` label in metrics: `host/<name>` or
+    /// `tenant/<namespace>/<vcluster>`.
+    pub fn metric_label(&self) -> String {
+        match self {
+            ClusterKey::Host(name) => format!("host/{name}"),
+            ClusterKey::Tenant {
+                namespace,
+                vcluster,
+            } => format!("tenant/{namespace}/{vcluster}"),
+        }
+    }
+}
+
+impl fmt::Display for ClusterKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClusterKey::Host(name) => write!(f, "host cluster {name}"),
+            ClusterKey::Tenant {
+                namespace,
+                vcluster,
+            } => write!(f, "tenant cluster {namespace}/{vcluster}"),
+        }
+    }
+}
+
+/// Why a client for a remote cluster could not be had.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The kubeconfig Secret does not exist.
+    #[error("Secret {namespace}/{name} with the kubeconfig of the {cluster} does not exist")]
+    SecretNotFound {
+        /// The cluster.
+        cluster: ClusterKey,
+        /// Namespace of the Secret.
+        namespace: String,
+        /// Name of the Secret.
+        name: String,
+    },
+    /// The Secret lacks the key, or its kubeconfig cannot be used.
+    #[error("Secret {namespace}/{name} holds no usable kubeconfig for the {cluster}: {reason}")]
+    InvalidKubeconfig {
+        /// The cluster.
+        cluster: ClusterKey,
+        /// Namespace of the Secret.
+        namespace: String,
+        /// Name of the Secret.
+        name: String,
+        /// What is wrong (never the Secret's content).
+        reason: String,
+    },
+    /// Reading the Secret failed.
+    #[error("reading Secret {namespace}/{name}: {source}")]
+    ReadSecret {
+        /// Namespace of the Secret.
+        namespace: String,
+        /// Name of the Secret.
+        name: String,
+        /// The API error.
+        source: kube::Error,
+    },
+}
+
+impl ClientError {
+    /// The condition reason for this error.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ClientError::SecretNotFound { .. } => "KubeconfigSecretNotFound",
+            ClientError::InvalidKubeconfig { .. } => "InvalidKubeconfig",
+            ClientError::ReadSecret { .. } => "KubeconfigSecretUnreadable",
+        }
+    }
+}
+
+/// A client for one remote cluster, with what autonodes needs to know about it.
+#[derive(Clone)]
+pub struct Remote {
+    /// Which cluster this is.
+    pub key: ClusterKey,
+    /// The client.
+    pub client: Client,
+    /// The API server URL from the kubeconfig (`https://host:port`).
+    pub server: String,
+    /// PEM of the cluster's CA certificate(s) from the kubeconfig, when it has them.
+    pub ca_pem: Option<Vec<u8>>,
+}
+
+impl fmt::Debug for Remote {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never print credentials: only the cluster and its URL.
+        f.debug_struct("Remote")
+            .field("key", &self.key)
+            .field("server", &self.server)
+            .finish()
+    }
+}
+
+impl Remote {
+    /// The API server endpoint as `host:port`, as kubeadm's `apiServerEndpoint` wants it
+    /// (see [`endpoint_of`]).
+    pub fn endpoint(&self) -> Result<String, String> {
+        endpoint_of(&self.server)
+    }
+}
+
+/// Called with every newly built remote client; returns tasks that live as long as the client.
+pub type OnConnect = Arc<dyn Fn(&Remote) -> Vec<JoinHandle<()>> + Send + Sync>;
+
+struct Cached {
+    resource_version: String,
+    remote: Arc<Remote>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Cached {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// Builds and caches clients for host and tenant clusters.
+pub struct ClusterClients {
+    mgmt: Client,
+    service_namespace: String,
+    policy: KubeconfigPolicy,
+    cache: Mutex<HashMap<ClusterKey, Cached>>,
+    /// The Secret version last refused per cluster, so a refusal is logged once.
+    refused: Mutex<HashMap<ClusterKey, String>>,
+    on_connect: std::sync::RwLock<Option<OnConnect>>,
+}
+
+impl ClusterClients {
+    /// A cache reading host kubeconfigs from `service_namespace` on the management cluster
+    /// and accepting kubeconfig Secrets under `policy`.
+    pub fn new(
+        mgmt: Client,
+        service_namespace: impl Into<String>,
+        policy: KubeconfigPolicy,
+    ) -> Self {
+        ClusterClients {
+            mgmt,
+            service_namespace: service_namespace.into(),
+            policy,
+            cache: Mutex::new(HashMap::new()),
+            refused: Mutex::new(HashMap::new()),
+            on_connect: std::sync::RwLock::new(None),
+        }
+    }
+
+    /// Registers the hook run for every new client (replacing any earlier hook).
+    pub fn set_on_connect(&self, hook: OnConnect) {
+        if let Ok(mut slot) = self.on_connect.write() {
+            *slot = Some(hook);
+        }
+    }
+
+    /// The namespace holding host-cluster kubeconfig Secrets.
+    pub fn service_namespace(&self) -> &str {
+        &self.service_namespace
+    }
+
+    /// The client of a host cluster (`clusterRef.cluster`).
+    pub async fn host(&self, cluster: &str) -> Result<Arc<Remote>, ClientError> {
+        let key = ClusterKey::Host(cluster.to_string());
+        if cluster == LOCAL_CLUSTER {
+            return self
+                .cached_or_build(key, None, || {
+                    Ok(Remote {
+                        key: ClusterKey::Host(LOCAL_CLUSTER.into()),
+                        client: self.mgmt.clone(),
+                        server: String::new(),
+                        ca_pem: None,
+                    })
+                })
+                .await;
+        }
+        let (ns, name) = (self.service_namespace.clone(), cluster.to_string());
+        self.load_from_secret(key, &ns, &name, HOST_KUBECONFIG_KEY)
+            .await
+    }
+
+    /// The client of the tenant cluster `vcluster` whose claims live in `namespace`.
+    pub async fn tenant(
+        &self,
+        namespace: &str,
+        vcluster: &str,
+    ) -> Result<Arc<Remote>, ClientError> {
+        let key = ClusterKey::Tenant {
+            namespace: namespace.to_string(),
+            vcluster: vcluster.to_string(),
+        };
+        let name = format!("vc-{vcluster}");
+        self.load_from_secret(key, namespace, &name, TENANT_KUBECONFIG_KEY)
+            .await
+    }
+
+    /// Clients currently cached (for watches and sweeps).
+    pub async fn cached(&self) -> Vec<Arc<Remote>> {
+        self.cache
+            .lock()
+            .await
+            .values()
+            .map(|c| c.remote.clone())
+            .collect()
+    }
+
+    /// Forgets a cached client (e.g. after it turned out unreachable), stopping its tasks.
+    pub async fn forget(&self, key: &ClusterKey) {
+        self.cache.lock().await.remove(key);
+    }
+
+    async fn load_from_secret(
+        &self,
+        key: ClusterKey,
+        namespace: &str,
+        name: &str,
+        data_key: &str,
+    ) -> Result<Arc<Remote>, ClientError> {
+        let secrets: Api<Secret> = Api::namespaced(self.mgmt.clone(), namespace);
+        let secret = match secrets.get_opt(name).await {
+            Ok(Some(s)) => s,
+            Ok(None) => {
+                self.cache.lock().await.remove(&key);
+                return Err(ClientError::SecretNotFound {
+                    cluster: key,
+                    namespace: namespace.into(),
+                    name: name.into(),
+                });
+            }
+            Err(source) => {
+                return Err(ClientError::ReadSecret {
+                    namespace: namespace.into(),
+                    name: name.into(),
+                    source,
+                })
+            }
+        };
+        let rv = secret.metadata.resource_version.clone().unwrap_or_default();
+        if let Some(remote) = self.cached_if_current(&key, &rv).await {
+            return Ok(remote);
+        }
+        let invalid = |reason: String| ClientError::InvalidKubeconfig {
+            cluster: key.clone(),
+            namespace: namespace.into(),
+            name: name.into(),
+            reason,
+        };
+        let Some(bytes) = secret.data.as_ref().and_then(|d| d.get(data_key)) else {
+            self.refuse(&key, &rv, namespace, name, data_key, "is missing")
+                .await;
+            return Err(invalid(format!("the Secret has no key `{data_key}`")));
+        };
+        let checked = match kubeconfig::check(&bytes.0, &self.policy) {
+            Ok(c) => c,
+            Err(refusal) => {
+                self.refuse(&key, &rv, namespace, name, &refusal.field, &refusal.problem)
+                    .await;
+                return Err(invalid(refusal.to_string()));
+            }
+        };
+        let remote = match build_remote(key.clone(), &checked) {
+            Ok(r) => r,
+            Err(why) => {
+                // E.g. a client certificate TLS cannot use (X.509 v1, an unknown key type).
+                self.refuse(&key, &rv, namespace, name, "the kubeconfig", &why)
+                    .await;
+                return Err(invalid(why));
+            }
+        };
+        self.cached_or_build(key, Some(rv), || Ok(remote)).await
+    }
+
+    /// Drops the cached client of a cluster whose Secret was refused and logs the refusal
+    /// once per Secret version: the Secret and the field, never the value.
+    async fn refuse(
+        &self,
+        key: &ClusterKey,
+        rv: &str,
+        namespace: &str,
+        name: &str,
+        field: &str,
+        problem: &str,
+    ) {
+        self.cache.lock().await.remove(key);
+        let mut refused = self.refused.lock().await;
+        if refused.get(key).map(String::as_str) != Some(rv) {
+            tracing::warn!(
+                cluster = %key,
+                secret = %format!("{namespace}/{name}"),
+                %field,
+                %problem,
+                "kubeconfig Secret refused"
+            );
+            refused.insert(key.clone(), rv.to_string());
+        }
+    }
+
+    async fn cached_if_current(&self, key: &ClusterKey, rv: &str) -> Option<Arc<Remote>> {
+        let cache = self.cache.lock().await;
+        cache
+            .get(key)
+            .filter(|c| c.resource_version == rv)
+            .map(|c| c.remote.clone())
+    }
+
+    async fn cached_or_build(
+        &self,
+        key: ClusterKey,
+        rv: Option<String>,
+        build: impl FnOnce() -> Result<Remote, ClientError>,
+    ) -> Result<Arc<Remote>, ClientError> {
+        let rv = rv.unwrap_or_default();
+        let mut cache = self.cache.lock().await;
+        if let Some(c) = cache.get(&key).filter(|c| c.resource_version == rv) {
+            return Ok(c.remote.clone());
+        }
+        let remote = Arc::new(build()?);
+        let hook = self.on_connect.read().ok().and_then(|h| h.clone());
+        let tasks = hook.map(|h| h(&remote)).unwrap_or_default();
+        tracing::info!(cluster = %key, server = %remote.server, "connected to remote cluster");
+        cache.insert(
+            key,
+            Cached {
+                resource_version: rv,
+                remote: remote.clone(),
+                tasks,
+            },
+        );
+        Ok(remote)
+    }
+}
+
+/// Builds a client from a checked kubeconfig, field by field: the server, the inline CA,
+/// the inline token or client certificate. No file is read, no command run, no proxy used.
+fn build_remote(key: ClusterKey, kc: &CheckedKubeconfig) -> Result<Remote, String> {
+    let config = client_config(kc)?;
+    let kind = match &key {
+        ClusterKey::Host(_) => ClusterKind::Host,
+        ClusterKey::Tenant { .. } => ClusterKind::Tenant,
+    };
+    let client = kube::client::ClientBuilder::try_from(config)
+        .map_err(|e| format!("cannot build a client: {}", redact(&e.to_string())))?
+        .with_layer(&CountRequests(kind))
+        .build();
+    Ok(Remote {
+        key,
+        client,
+        server: kc.server.clone(),
+        ca_pem: kc.ca_pem.clone(),
+    })
+}
+
+/// The kube client configuration of a checked kubeconfig.
+pub fn client_config(kc: &CheckedKubeconfig) -> Result<Config, String> {
+    let url: http::Uri = kc
+        .server
+        .parse()
+        .map_err(|_| "the server is not a URL".to_string())?;
+    let mut config = Config::new(url);
+    config.root_cert = (!kc.ca_der.is_empty()).then(|| kc.ca_der.clone());
+    config.accept_invalid_certs = kc.insecure_skip_tls_verify;
+    config.tls_server_name = kc.tls_server_name.clone();
+    config.proxy_url = None;
+    config.read_timeout = None;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    config.auth_info = AuthInfo {
+        token: kc.token.clone().map(secrecy::SecretString::from),
+        client_certificate_data: kc
+            .client_identity
+            .as_ref()
+            .map(|id| b64.encode(&id.certificate_pem)),
+        client_key_data: kc
+            .client_identity
+            .as_ref()
+            .map(|id| secrecy::SecretString::from(b64.encode(&id.key_pem))),
+        ..AuthInfo::default()
+    };
+    Ok(config)
+}
+
+/// The most of a remote server's text that goes into a condition or Event.
+const MAX_REMOTE_TEXT: usize = 300;
+
+/// What a failed remote call shows in conditions, Events and logs: the HTTP status and,
+/// when the server answered with a Kubernetes `Status`, its reason and (bounded)
+/// `message`; for failures before an answer, the local error. Never a response body that
+/// is not a `Status`, never a header, never text a decoder quoted from the response.
+pub fn remote_error_text(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) if s.reason == "Failed to parse error data" => {
+            format!("HTTP {} (the answer was not a Kubernetes Status)", s.code)
+        }
+        kube::Error::Api(s) => {
+            let message = status_message(s);
+            if s.reason.is_empty() {
+                format!("HTTP {}: {message}", s.code)
+            } else {
+                format!("HTTP {} {}: {message}", s.code, bounded(&s.reason, 64))
+            }
+        }
+        kube::Error::SerdeError(de) => format!(
+            "the answer could not be decoded (line {}, column {})",
+            de.line(),
+            de.column()
+        ),
+        kube::Error::FromUtf8(_) => "the answer was not UTF-8".to_string(),
+        other => bounded(&redact(&other.to_string()), MAX_REMOTE_TEXT),
+    }
+}
+
+/// The `message` of a Kubernetes `Status` a remote server sent, bounded and on one line
+/// (empty when the answer was not a `Status`).
+pub fn status_message(s: &kube::core::Status) -> String {
+    if s.reason == "Failed to parse error data" {
+        return String::new();
+    }
+    bounded(&s.message, MAX_REMOTE_TEXT)
+}
+
+/// `text` on one line, at most `max` characters (an ellipsis marks a cut).
+fn bounded(text: &str, max: usize) -> String {
+    let one_line: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if one_line.chars().count() <= max {
+        return one_line;
+    }
+    let mut cut: String = one_line.chars().take(max).collect();
+    cut.push('…');
+    cut
+}
+
+/// The server URL and CA PEM of the current context of a kubeconfig *file the operator
+/// names* (`autonodes render --tenant-kubeconfig`). The CA comes from
+/// `certificate-authority-data`, or, when `base_dir` is given, from the
+/// `certificate-authority` file relative to it. Never used for kubeconfig Secrets: those go
+/// through [`crate::kubeconfig::check`].
+pub fn server_and_ca(
+    kc: &Kubeconfig,
+    base_dir: Option<&std::path::Path>,
+) -> Result<(String, Option<Vec<u8>>), String> {
+    let context_name = kc
+        .current_context
+        .clone()
+        .or_else(|| kc.contexts.first().map(|c| c.name.clone()))
+        .ok_or("it has no current-context and no contexts")?;
+    let context = kc
+        .contexts
+        .iter()
+        .find(|c| c.name == context_name)
+        .and_then(|c| c.context.as_ref())
+        .ok_or_else(|| format!("context `{context_name}` is missing"))?;
+    let cluster = kc
+        .clusters
+        .iter()
+        .find(|c| c.name == context.cluster)
+        .and_then(|c| c.cluster.as_ref())
+        .ok_or_else(|| format!("cluster `{}` is missing", context.cluster))?;
+    let server = cluster
+        .server
+        .clone()
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| format!("clusters[{}].cluster.server is not set", context.cluster))?;
+    let ca = match (
+        &cluster.certificate_authority_data,
+        &cluster.certificate_authority,
+        base_dir,
+    ) {
+        (Some(data), _, _) => Some(
+            base64::engine::general_purpose::STANDARD
+                .decode(data.trim())
+                .map_err(|_| {
+                    format!(
+                        "clusters[{}].cluster.certificate-authority-data is not base64",
+                        context.cluster
+                    )
+                })?,
+        ),
+        (None, Some(file), Some(dir)) => {
+            let file = dir.join(file);
+            Some(std::fs::read(&file).map_err(|e| format!("reading {}: {e}", file.display()))?)
+        }
+        _ => None,
+    };
+    Ok((server, ca))
+}
+
+/// The `host:port` of an API server URL, as kubeadm's `apiServerEndpoint` wants it: port
+/// 443 when the URL has none, an IPv6 host in brackets.
+pub fn endpoint_of(server: &str) -> Result<String, String> {
+    let uri: http::Uri = server
+        .parse()
+        .map_err(|_| format!("server {server:?} is not a URL"))?;
+    let host = uri
+        .host()
+        .ok_or_else(|| format!("server {server:?} has no host"))?;
+    let port = uri.port_u16().unwrap_or(443);
+    let host = if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]")
+    } else {
+        host.to_string()
+    };
+    Ok(format!("{host}:{port}"))
+}
+
+/// Replaces every word longer than 40 characters (a token or key could be one) by
+/// `<redacted>`.
+fn redact(text: &str) -> String {
+    text.split_whitespace()
+        .map(|w| if w.len() > 40 { "<redacted>" } else { w })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kubeconfig(server: &str) -> Kubeconfig {
+        Kubeconfig::from_yaml(&format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {server}\n    certificate-authority-data: aGVsbG8=\nusers:\n- name: u\n  user:\n    token: abc\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n"
+        ))
+        .expect("valid kubeconfig")
+    }
+
+    #[test]
+    fn server_and_ca_come_from_the_current_context() {
+        let (server, ca) = server_and_ca(&kubeconfig("https://10.1.2.3:6443"), None).expect("ok");
+        assert_eq!(server, "https://10.1.2.3:6443");
+        assert_eq!(ca.as_deref(), Some(&b"hello"[..]));
+    }
+
+    #[test]
+    fn endpoint_keeps_the_port_or_defaults_to_443() {
+        assert_eq!(
+            endpoint_of("https://127.0.0.1:6443").as_deref(),
+            Ok("127.0.0.1:6443")
+        );
+        assert_eq!(
+            endpoint_of("https://api.example/").as_deref(),
+            Ok("api.example:443")
+        );
+        assert_eq!(endpoint_of("https://[::1]").as_deref(), Ok("[::1]:443"));
+        assert!(endpoint_of("not a url").is_err());
+    }
+
+    #[test]
+    fn remote_errors_show_the_status_but_never_a_body_that_is_not_a_status() {
+        let body = kube::core::Status::failure(
+            "<html>Authorization: Bearer s3cr3t-token-echoed</html>",
+            "Failed to parse error data",
+        )
+        .with_code(502);
+        let text = remote_error_text(&kube::Error::Api(body.boxed()));
+        assert_eq!(text, "HTTP 502 (the answer was not a Kubernetes Status)");
+
+        let status = kube::core::Status::failure(
+            "nodes is forbidden: User \"x\" cannot list resource \"nodes\"\nsecond line",
+            "Forbidden",
+        )
+        .with_code(403);
+        let text = remote_error_text(&kube::Error::Api(status.boxed()));
+        assert!(
+            text.starts_with("HTTP 403 Forbidden: nodes is forbidden"),
+            "{text}"
+        );
+        assert!(!text.contains('\n'), "{text}");
+
+        let long = kube::core::Status::failure(&"x".repeat(5000), "BadRequest").with_code(400);
+        let text = remote_error_text(&kube::Error::Api(long.boxed()));
+        assert!(text.chars().count() < 400, "{}", text.len());
+
+        let de = serde_json::from_str::<u32>("\"s3cr3t-token-echoed\"").expect_err("not a number");
+        let text = remote_error_text(&kube::Error::SerdeError(de));
+        assert!(!text.contains("s3cr3t"), "{text}");
+    }
+
+    #[test]
+    fn a_client_config_carries_only_what_the_checked_kubeconfig_holds() {
+        let ca = include_str!("../../autonodes-core/src/kubeconfig/testdata/ca.pem");
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let text = format!(
+            "clusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:6443\n    certificate-authority-data: {}\nusers:\n- name: u\n  user:\n    token: abc\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n",
+            b64.encode(ca)
+        );
+        let checked = crate::kubeconfig::check(text.as_bytes(), &KubeconfigPolicy::default())
+            .expect("accepted");
+        let config = client_config(&checked).expect("config");
+        assert_eq!(config.cluster_url.to_string(), "https://127.0.0.1:6443/");
+        assert_eq!(config.root_cert.as_ref().map(Vec::len), Some(1));
+        assert!(!config.accept_invalid_certs);
+        assert!(config.proxy_url.is_none());
+        assert!(config.auth_info.token_file.is_none());
+        assert!(config.auth_info.exec.is_none());
+        assert!(config.auth_info.auth_provider.is_none());
+        assert!(config.auth_info.impersonate.is_none());
+        assert!(config.root_cert_file.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_vcluster_shaped_client_certificate_kubeconfig_builds_a_client() {
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let text = format!(
+            "clusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:6443\n    certificate-authority-data: {}\nusers:\n- name: u\n  user:\n    client-certificate-data: {}\n    client-key-data: {}\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n",
+            b64.encode(include_str!("../../autonodes-core/src/kubeconfig/testdata/ca.pem")),
+            b64.encode(include_str!("../../autonodes-core/src/kubeconfig/testdata/client.pem")),
+            b64.encode(include_str!("../../autonodes-core/src/kubeconfig/testdata/client.key")),
+        );
+        let checked = crate::kubeconfig::check(text.as_bytes(), &KubeconfigPolicy::default())
+            .expect("accepted");
+        let remote = build_remote(ClusterKey::Host("c".into()), &checked);
+        assert!(remote.is_ok(), "{:?}", remote.err());
+    }
+
+    #[test]
+    fn a_kubeconfig_without_server_is_rejected_with_a_reason() {
+        let kc = Kubeconfig::from_yaml(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {}\ncontexts:\n- name: x\n  context:\n    cluster: c\ncurrent-context: x\n",
+        )
+        .expect("parses");
+        let err = server_and_ca(&kc, None).expect_err("no server");
+        assert!(err.contains("server is not set"), "{err}");
+    }
+}

@@ -1,0 +1,208 @@
+//! Prometheus metrics, prefixed `autonodes_`.
+
+use prometheus::{
+    HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+/// Every metric autonodes exports.
+pub struct Metrics {
+    /// The registry the metrics live in.
+    pub registry: Registry,
+    /// `autonodes_reconcile_total{controller,result}`.
+    pub reconcile_total: IntCounterVec,
+    /// `autonodes_reconcile_duration_seconds{controller}`.
+    pub reconcile_duration: HistogramVec,
+    /// `autonodes_nodetype_capacity{nodetype,provider,state}`.
+    pub nodetype_capacity: IntGaugeVec,
+    /// `autonodes_nodetype_cost{nodetype,provider}`.
+    pub nodetype_cost: IntGaugeVec,
+    /// `autonodes_nodeclaims{phase,nodetype,provider}`.
+    pub nodeclaims: IntGaugeVec,
+    /// `autonodes_nodeclaims_cost{vcluster,provider}`.
+    pub nodeclaims_cost: IntGaugeVec,
+    /// `autonodes_nodeclaims_created_total`.
+    pub nodeclaims_created: IntCounterVec,
+    /// `autonodes_nodeclaims_terminated_total{reason}`.
+    pub nodeclaims_terminated: IntCounterVec,
+    /// `autonodes_nodeclaim_duration_seconds{stage}`, measured from claim creation.
+    pub nodeclaim_duration: HistogramVec,
+    /// `autonodes_cluster_requests_total{cluster,code}`.
+    pub cluster_requests: IntCounterVec,
+    /// `autonodes_nodepool_replicas{nodepool,state}`: desired and ready claims per pool
+    /// (`nodepool` is `<namespace>/<name>`).
+    pub nodepool_replicas: IntGaugeVec,
+    /// `autonodes_orphans_removed_total{kind}`: objects the orphan sweep removed.
+    pub orphans_removed: IntCounterVec,
+    /// `autonodes_kube_requests_total{cluster,verb,resource,code}`: every request of the
+    /// controller's clients ([`crate::request_metrics`]).
+    pub kube_requests: IntCounterVec,
+    /// `autonodes_leader`: 1 while this replica holds the leader Lease (and runs the
+    /// controllers), else 0.
+    pub leader: prometheus::IntGauge,
+}
+
+fn register<T: prometheus::core::Collector + Clone + 'static>(
+    registry: &Registry,
+    metric: prometheus::Result<T>,
+) -> prometheus::Result<T> {
+    let metric = metric?;
+    registry.register(Box::new(metric.clone()))?;
+    Ok(metric)
+}
+
+impl Metrics {
+    /// Creates and registers every metric.
+    pub fn new() -> prometheus::Result<Self> {
+        let registry = Registry::new_custom(Some("autonodes".into()), None)?;
+        let r = &registry;
+        Ok(Metrics {
+            reconcile_total: register(r, IntCounterVec::new(
+                Opts::new("reconcile_total", "Reconciles by controller and result (ok, error)."),
+                &["controller", "result"],
+            ))?,
+            reconcile_duration: register(r, HistogramVec::new(
+                HistogramOpts::new("reconcile_duration_seconds", "Time one reconcile takes, by controller.")
+                    .buckets(vec![0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]),
+                &["controller"],
+            ))?,
+            nodetype_capacity: register(r, IntGaugeVec::new(
+                Opts::new("nodetype_capacity", "Node type capacity: total, claimed and available nodes (total and available absent when unlimited)."),
+                &["nodetype", "provider", "state"],
+            ))?,
+            nodetype_cost: register(r, IntGaugeVec::new(
+                Opts::new("nodetype_cost", "Effective cost of one node of the type."),
+                &["nodetype", "provider"],
+            ))?,
+            nodeclaims: register(r, IntGaugeVec::new(
+                Opts::new("nodeclaims", "Node claims by phase, node type and provider."),
+                &["phase", "nodetype", "provider"],
+            ))?,
+            nodeclaims_cost: register(r, IntGaugeVec::new(
+                Opts::new("nodeclaims_cost", "Sum of the cost of live node claims, by tenant cluster and provider."),
+                &["vcluster", "provider"],
+            ))?,
+            nodeclaims_created: register(r, IntCounterVec::new(
+                Opts::new("nodeclaims_created_total", "Node claims whose VirtualMachine autonodes created."),
+                &[],
+            ))?,
+            nodeclaims_terminated: register(r, IntCounterVec::new(
+                Opts::new("nodeclaims_terminated_total", "Node claims whose remote objects were removed, by reason (deleted, failed)."),
+                &["reason"],
+            ))?,
+            nodeclaim_duration: register(r, HistogramVec::new(
+                HistogramOpts::new("nodeclaim_duration_seconds", "Time from claim creation until a stage (scheduled, provisioned, joined, ready) was reached.")
+                    .buckets(vec![0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0]),
+                &["stage"],
+            ))?,
+            cluster_requests: register(r, IntCounterVec::new(
+                Opts::new("cluster_requests_total", "Requests autonodes made to host and tenant clusters, by cluster and HTTP status code (or `error`)."),
+                &["cluster", "code"],
+            ))?,
+            leader: register(r, prometheus::IntGauge::new(
+                "leader",
+                "1 while this replica holds the leader Lease and runs the controllers, else 0.",
+            ))?,
+            nodepool_replicas: register(r, IntGaugeVec::new(
+                Opts::new("nodepool_replicas", "Claims of a node pool: desired (spec.replicas, or live claims of a dynamic pool) and ready (Available)."),
+                &["nodepool", "state"],
+            ))?,
+            orphans_removed: register(r, IntCounterVec::new(
+                Opts::new("orphans_removed_total", "Objects autonodes made whose NodeClaim no longer exists, removed by the orphan sweep, by kind (VirtualMachine, Secret, DataVolume, BootstrapToken)."),
+                &["kind"],
+            ))?,
+            kube_requests: register(r, Ok(crate::request_metrics::KUBE_REQUESTS.clone()))?,
+            registry,
+        })
+    }
+
+    /// Every metric's descriptor (name without the `autonodes_` prefix, help, labels), also
+    /// of metrics that have no sample yet; for checks of dashboards and alerts.
+    pub fn descs(&self) -> Vec<prometheus::core::Desc> {
+        use prometheus::core::Collector;
+        let collectors: [&dyn Collector; 14] = [
+            &self.reconcile_total,
+            &self.reconcile_duration,
+            &self.nodetype_capacity,
+            &self.nodetype_cost,
+            &self.nodeclaims,
+            &self.nodeclaims_cost,
+            &self.nodeclaims_created,
+            &self.nodeclaims_terminated,
+            &self.nodeclaim_duration,
+            &self.cluster_requests,
+            &self.nodepool_replicas,
+            &self.leader,
+            &self.orphans_removed,
+            &self.kube_requests,
+        ];
+        collectors
+            .iter()
+            .flat_map(|c| c.desc().into_iter().cloned())
+            .collect()
+    }
+
+    /// The metrics in Prometheus text format.
+    pub fn encode(&self) -> String {
+        TextEncoder::new()
+            .encode_to_string(&self.registry.gather())
+            .unwrap_or_else(|e| format!("# encoding metrics failed: {e}\n"))
+    }
+
+    /// Counts one reconcile and its duration.
+    pub fn observe_reconcile<T, E>(
+        &self,
+        controller: &str,
+        started: std::time::Instant,
+        result: &Result<T, E>,
+    ) {
+        let outcome = if result.is_ok() { "ok" } else { "error" };
+        self.reconcile_total
+            .with_label_values(&[controller, outcome])
+            .inc();
+        self.reconcile_duration
+            .with_label_values(&[controller])
+            .observe(started.elapsed().as_secs_f64());
+    }
+
+    /// Counts a request to a remote cluster with its outcome.
+    pub fn remote_request<T>(&self, cluster: &str, result: &Result<T, kube::Error>) {
+        let code = match result {
+            Ok(_) => "200".to_string(),
+            Err(kube::Error::Api(s)) => s.code.to_string(),
+            Err(_) => "error".to_string(),
+        };
+        self.cluster_requests
+            .with_label_values(&[cluster, &code])
+            .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_metric_is_prefixed_and_has_help_text() {
+        let m = Metrics::new().expect("metrics register");
+        m.reconcile_total
+            .with_label_values(&["nodeclaim", "ok"])
+            .inc();
+        m.nodeclaims_created.with_label_values::<&str>(&[]).inc();
+        let text = m.encode();
+        assert!(
+            text.contains("autonodes_reconcile_total{controller=\"nodeclaim\",result=\"ok\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# HELP autonodes_nodeclaims_created_total "),
+            "{text}"
+        );
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            assert!(line.starts_with("autonodes_"), "unprefixed metric: {line}");
+            assert!(
+                !line.contains("instance=") && !line.contains("job="),
+                "reserved label in {line}"
+            );
+        }
+    }
+}

@@ -1,0 +1,807 @@
+//! What a claim gets, computed without touching any cluster: the chosen node type, the
+//! user-data Secret and the VirtualMachine (DESIGN §3–§5), and the `autonodes render`
+//! command that prints them.
+//!
+//! The core is pure: [`plan_node`] (choose a type, then render) and [`render_node`] (render
+//! for a type already chosen, e.g. the claim's `status.typeRef`). The controller calls them
+//! with the NodeTypes it lists, prepared with [`crate::scheduling::prepare_type`], and the
+//! join parameters of the tenant (endpoint, a freshly minted bootstrap token, the CA hash).
+//! Only [`run`] does I/O: it reads the files named on the command line and prints.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::ByteString;
+use serde_json::Value;
+
+use crate::api::{NodeClaim, NodePoolSpec, NodeProvider};
+use crate::scheduling::{
+    self, Catalogue, ClaimRequest, LabelError, NoFit, NodeLabels, NodeTaints, PreparedType,
+    RequestError, TaintError, TypeProblem, PROP_SSH_KEYS, PROP_USER_DATA, PROP_USER_DATA_TEMPLATE,
+};
+use crate::template::{self, TemplateError, VmIdentity, USER_DATA_KEY};
+use crate::userdata::{self, JoinParams, JoinTemplate, UserDataError, UserDataInput};
+
+/// Everything autonodes writes for one claim, and what it sets on the Node afterwards.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RenderedNode {
+    /// The chosen NodeType (`<provider>.<type>`).
+    pub node_type: String,
+    /// Its effective cost (for the claim's `status.cost`).
+    pub cost: i64,
+    /// The host cluster (`clusterRef.cluster` of the provider).
+    pub host_cluster: String,
+    /// Namespace of the VM and Secret on the host cluster.
+    pub vm_namespace: String,
+    /// Name of the VM, and of the tenant Node.
+    pub vm_name: String,
+    /// `kubevirt://<vm>`.
+    pub provider_id: String,
+    /// The Secret `<vm>-userdata` with the user data under key `userdata` (`data`, as
+    /// written to the API server). Create it before the VM.
+    pub secret: Secret,
+    /// The complete `kubevirt.io/v1` VirtualMachine.
+    pub vm: Value,
+    /// The user data (the Secret's content), as text.
+    pub user_data: String,
+    /// Node labels: `join` ones are in the join configuration, `after_join` ones must be
+    /// set on the Node by autonodes once it has joined.
+    pub labels: NodeLabels,
+    /// Node taints: the ones kept and the startup taints (the join configuration holds both
+    /// plus the registration taint).
+    pub taints: NodeTaints,
+}
+
+/// Why a claim cannot be planned or rendered. Every message names the claim (and the
+/// field or node type at fault).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RenderError {
+    /// The claim lacks a field autonodes needs.
+    #[error("NodeClaim {claim}: {field} is not set")]
+    MissingField {
+        /// The claim, `namespace/name`.
+        claim: String,
+        /// The missing field.
+        field: &'static str,
+    },
+    /// A requirement or the desired capacity is malformed.
+    #[error("NodeClaim {claim}: {source}")]
+    Request {
+        /// The claim.
+        claim: String,
+        /// What is wrong.
+        source: RequestError,
+    },
+    /// No node type fits, or none has capacity.
+    #[error("NodeClaim {claim}: {source}")]
+    NoFit {
+        /// The claim.
+        claim: String,
+        /// Reason and message for the `Scheduled=False` condition.
+        source: NoFit,
+    },
+    /// The node type to render cannot be used.
+    #[error("NodeClaim {claim}: {source}")]
+    TypeUnusable {
+        /// The claim.
+        claim: String,
+        /// The type's problem.
+        source: TypeProblem,
+    },
+    /// A label of the claim or its pool is invalid.
+    #[error("NodeClaim {claim}: {source}")]
+    Labels {
+        /// The claim.
+        claim: String,
+        /// The invalid label.
+        source: LabelError,
+    },
+    /// A taint of the claim or its pool is invalid.
+    #[error("NodeClaim {claim}: {source}")]
+    Taints {
+        /// The claim.
+        claim: String,
+        /// The invalid taint.
+        source: TaintError,
+    },
+    /// The VirtualMachine cannot be composed.
+    #[error("NodeClaim {claim}: {source}")]
+    Template {
+        /// The claim.
+        claim: String,
+        /// What is wrong (naming the node type).
+        source: TemplateError,
+    },
+    /// The user data cannot be rendered.
+    #[error("NodeClaim {claim}: {source}")]
+    UserData {
+        /// The claim.
+        claim: String,
+        /// What is wrong.
+        source: UserDataError,
+    },
+}
+
+impl RenderError {
+    /// For [`RenderError::NoFit`]: the `Scheduled=False` reason
+    /// (`NoMatchingNodeType` or `InsufficientCapacity`).
+    pub fn no_fit_reason(&self) -> Option<&'static str> {
+        match self {
+            RenderError::NoFit { source, .. } => Some(source.reason),
+            _ => None,
+        }
+    }
+}
+
+fn claim_id(claim: &NodeClaim) -> String {
+    format!(
+        "{}/{}",
+        claim
+            .metadata
+            .namespace
+            .as_deref()
+            .unwrap_or("<no namespace>"),
+        claim.metadata.name.as_deref().unwrap_or("<no name>")
+    )
+}
+
+/// Chooses the node type for a claim ([`scheduling::choose`]) and renders what it gets
+/// ([`render_node`]). `claimed` counts the claims per NodeType ([`scheduling::count_claimed`]);
+/// `pool` is the claim's NodePool spec when it has one.
+pub fn plan_node(
+    catalogue: &Catalogue,
+    claim: &NodeClaim,
+    pool: Option<&NodePoolSpec>,
+    claimed: &BTreeMap<String, i64>,
+    vm_name: &str,
+    join: &JoinParams,
+) -> Result<RenderedNode, RenderError> {
+    let id = || claim_id(claim);
+    let request = ClaimRequest::new(&claim.spec, pool).map_err(|source| RenderError::Request {
+        claim: id(),
+        source,
+    })?;
+    let chosen =
+        scheduling::choose(catalogue, &request, claimed).map_err(|source| RenderError::NoFit {
+            claim: id(),
+            source,
+        })?;
+    render_node(chosen, claim, pool, vm_name, join)
+}
+
+/// Renders the Secret and VirtualMachine of a claim for a given node type: node
+/// properties and labels, taints, the user data (template chosen by property
+/// `autonodes.io/user-data-template`), and the VM (forced fields for `vm_name` in the type's
+/// VM namespace). The claim needs `metadata.name`, `metadata.namespace` and `metadata.uid`.
+pub fn render_node(
+    t: &PreparedType,
+    claim: &NodeClaim,
+    pool: Option<&NodePoolSpec>,
+    vm_name: &str,
+    join: &JoinParams,
+) -> Result<RenderedNode, RenderError> {
+    let id = || claim_id(claim);
+    let missing = |field| RenderError::MissingField { claim: id(), field };
+    let name = claim
+        .metadata
+        .name
+        .as_deref()
+        .ok_or_else(|| missing("metadata.name"))?;
+    let namespace = claim
+        .metadata
+        .namespace
+        .as_deref()
+        .ok_or_else(|| missing("metadata.namespace"))?;
+    let uid = claim
+        .metadata
+        .uid
+        .as_deref()
+        .ok_or_else(|| missing("metadata.uid"))?;
+    if let Some(problem) = &t.problem {
+        return Err(RenderError::TypeUnusable {
+            claim: id(),
+            source: problem.clone(),
+        });
+    }
+
+    let properties = scheduling::node_properties(t, pool, &claim.spec);
+    let identity = template::node_identity_labels(name, namespace, uid);
+    let labels = scheduling::node_labels(
+        &properties,
+        pool.map(|p| &p.labels),
+        &claim.spec.labels,
+        &identity,
+    )
+    .map_err(|source| RenderError::Labels {
+        claim: id(),
+        source,
+    })?;
+    let taints =
+        scheduling::node_taints(t, pool, &claim.spec).map_err(|source| RenderError::Taints {
+            claim: id(),
+            source,
+        })?;
+    let user_data_error = |source| RenderError::UserData {
+        claim: id(),
+        source,
+    };
+    let template =
+        JoinTemplate::from_property(properties.get(PROP_USER_DATA_TEMPLATE).map(String::as_str))
+            .map_err(user_data_error)?;
+    let ssh_keys = properties
+        .get(PROP_SSH_KEYS)
+        .map(|v| userdata::parse_ssh_keys(v))
+        .unwrap_or_default();
+    let registration_taints = taints.registration();
+    let kubelet_args = scheduling::kubelet_args(pool, &claim.spec);
+    let user_data = userdata::render_user_data(&UserDataInput {
+        template,
+        node_name: vm_name,
+        join,
+        node_labels: &labels.join,
+        taints: &registration_taints,
+        kubelet_args: &kubelet_args,
+        user_cloud_config: properties.get(PROP_USER_DATA).map(String::as_str),
+        ssh_keys: &ssh_keys,
+    })
+    .map_err(user_data_error)?;
+
+    let managed = template::managed_labels(name, namespace, uid);
+    let vm = template::finalize_vm(
+        &t.template,
+        &VmIdentity {
+            name: vm_name,
+            namespace: &t.vm_namespace,
+            labels: &managed,
+        },
+        &t.name,
+    )
+    .map_err(|source| RenderError::Template {
+        claim: id(),
+        source,
+    })?;
+
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(template::user_data_secret_name(vm_name)),
+            namespace: Some(t.vm_namespace.clone()),
+            labels: Some(managed),
+            ..ObjectMeta::default()
+        },
+        type_: Some("Opaque".to_string()),
+        data: Some(BTreeMap::from([(
+            USER_DATA_KEY.to_string(),
+            ByteString(user_data.clone().into_bytes()),
+        )])),
+        ..Secret::default()
+    };
+
+    Ok(RenderedNode {
+        node_type: t.name.clone(),
+        cost: t.cost,
+        host_cluster: t.host_cluster.clone(),
+        vm_namespace: t.vm_namespace.clone(),
+        vm_name: vm_name.to_string(),
+        provider_id: userdata::provider_id(vm_name),
+        secret,
+        vm,
+        user_data,
+        labels,
+        taints,
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// `autonodes render`
+// ---------------------------------------------------------------------------------------
+
+/// Output format of `autonodes render`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum OutputFormat {
+    /// YAML documents separated by `---`.
+    #[default]
+    Yaml,
+    /// A JSON `v1` `List`.
+    Json,
+}
+
+/// Arguments of `autonodes render`: print the NodeType, Secret and VirtualMachine a claim
+/// would get, without touching any cluster.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RenderArgs {
+    /// NodeProvider YAML file.
+    #[arg(long, value_name = "P.yaml")]
+    pub provider: PathBuf,
+    /// NodeClaim YAML file.
+    #[arg(long, value_name = "C.yaml")]
+    pub claim: PathBuf,
+    /// Pin the node type (short or full name) instead of letting the claim choose.
+    #[arg(long = "node-type", value_name = "T")]
+    pub node_type: Option<String>,
+    /// Kubeconfig of the tenant cluster: its API server endpoint and CA hash are used
+    /// (the bootstrap token stays a placeholder; a real one is minted at provisioning).
+    #[arg(long = "tenant-kubeconfig", value_name = "K")]
+    pub tenant_kubeconfig: Option<PathBuf>,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Yaml)]
+    pub output: OutputFormat,
+}
+
+/// UID given to a claim file without `metadata.uid`.
+pub const PLACEHOLDER_UID: &str = "00000000-0000-0000-0000-000000000000";
+
+fn parse_object<T: serde::de::DeserializeOwned>(
+    text: &str,
+    source: &str,
+    kind: &str,
+) -> anyhow::Result<T> {
+    let value: serde_yaml::Value =
+        serde_yaml::from_str(text).with_context(|| format!("{source}: not a YAML document"))?;
+    match value.get("kind").and_then(serde_yaml::Value::as_str) {
+        Some(k) if k == kind => {}
+        Some(k) => anyhow::bail!("{source}: kind is {k}, expected {kind}"),
+        None => anyhow::bail!("{source}: kind is not set, expected {kind}"),
+    }
+    match value.get("apiVersion").and_then(serde_yaml::Value::as_str) {
+        Some("autonodes.io/v1alpha1") => {}
+        other => anyhow::bail!(
+            "{source}: apiVersion is {}, expected autonodes.io/v1alpha1",
+            other.unwrap_or("not set")
+        ),
+    }
+    // From the text, not the value, so errors carry the field path and line.
+    serde_yaml::from_str(text).map_err(|e| anyhow::anyhow!("{source}: {kind}: {e}"))
+}
+
+/// Renders the documents `autonodes render` prints — the chosen NodeType (with its
+/// computed status), the Secret (user data under `stringData`, readable) and the
+/// VirtualMachine — from the text of a NodeProvider and a NodeClaim. `node_type` pins a
+/// type; `provider_name`/`claim_name` say where the texts came from, for error messages.
+pub fn render_documents(
+    provider_text: &str,
+    provider_source: &str,
+    claim_text: &str,
+    claim_source: &str,
+    node_type: Option<&str>,
+    join: &JoinParams,
+) -> anyhow::Result<Vec<Value>> {
+    let provider: NodeProvider = parse_object(provider_text, provider_source, "NodeProvider")?;
+    let provider_name = provider
+        .metadata
+        .name
+        .clone()
+        .with_context(|| format!("{provider_source}: NodeProvider metadata.name is not set"))?;
+    let mut claim: NodeClaim = parse_object(claim_text, claim_source, "NodeClaim")?;
+    if claim.metadata.name.is_none() {
+        anyhow::bail!("{claim_source}: NodeClaim metadata.name is not set");
+    }
+    claim
+        .metadata
+        .namespace
+        .get_or_insert_with(|| "default".to_string());
+    claim
+        .metadata
+        .uid
+        .get_or_insert_with(|| PLACEHOLDER_UID.to_string());
+    if let Some(t) = node_type {
+        claim.spec.type_ref = Some(t.to_string());
+    }
+    if let Some(p) = &claim.spec.provider_ref {
+        if *p != provider_name {
+            anyhow::bail!(
+                "{claim_source}: NodeClaim spec.providerRef is {p}, but the provider file defines {provider_name}"
+            );
+        }
+    }
+
+    let catalogue = Catalogue::from_provider(&provider);
+    let (name, namespace, uid) = (
+        claim.metadata.name.as_deref().unwrap_or_default(),
+        claim.metadata.namespace.as_deref().unwrap_or_default(),
+        claim.metadata.uid.as_deref().unwrap_or_default(),
+    );
+    let vm_name = template::vm_name_for_claim(namespace, name, uid);
+    // Flattened: the message already carries the cause, so no repeated "Caused by".
+    let rendered = plan_node(&catalogue, &claim, None, &BTreeMap::new(), &vm_name, join)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+
+    let prepared = catalogue
+        .get(&rendered.node_type)
+        .with_context(|| format!("node type {} vanished", rendered.node_type))?;
+    let mut node_type_obj = scheduling::node_types_from_provider(&provider)
+        .into_iter()
+        .find(|nt| nt.metadata.name.as_deref() == Some(rendered.node_type.as_str()))
+        .with_context(|| format!("node type {} vanished", rendered.node_type))?;
+    node_type_obj.status = Some(prepared.status(0));
+
+    let mut secret = rendered.secret.clone();
+    secret.data = None;
+    secret.string_data = Some(BTreeMap::from([(
+        USER_DATA_KEY.to_string(),
+        rendered.user_data.clone(),
+    )]));
+
+    let mut node_type_value = serde_json::to_value(&node_type_obj)?;
+    if let Some(obj) = node_type_value.as_object_mut() {
+        // apiVersion/kind first, as kubectl prints them.
+        let mut ordered = serde_json::Map::new();
+        ordered.insert(
+            "apiVersion".into(),
+            Value::String("autonodes.io/v1alpha1".into()),
+        );
+        ordered.insert("kind".into(), Value::String("NodeType".into()));
+        for (k, v) in std::mem::take(obj) {
+            ordered.entry(k).or_insert(v);
+        }
+        *obj = ordered;
+    }
+    let mut secret_value = serde_json::to_value(&secret)?;
+    if let Some(obj) = secret_value.as_object_mut() {
+        obj.insert("apiVersion".into(), Value::String("v1".into()));
+        obj.insert("kind".into(), Value::String("Secret".into()));
+    }
+    Ok(vec![node_type_value, secret_value, rendered.vm])
+}
+
+/// Formats rendered documents: YAML documents separated by `---`, or a JSON `v1` `List`.
+pub fn format_documents(docs: &[Value], format: OutputFormat) -> anyhow::Result<String> {
+    match format {
+        OutputFormat::Yaml => {
+            let mut out = String::new();
+            for doc in docs {
+                out.push_str("---\n");
+                out.push_str(&serde_yaml::to_string(doc)?);
+            }
+            Ok(out)
+        }
+        OutputFormat::Json => {
+            let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": docs});
+            Ok(serde_json::to_string_pretty(&list)? + "\n")
+        }
+    }
+}
+
+/// The join parameters from a tenant kubeconfig: the API server of the current context's
+/// cluster (`host:port`, port 443 when absent) and the hash of its CA
+/// (`certificate-authority-data`, or the `certificate-authority` file). The bootstrap token
+/// is the placeholder.
+pub fn join_params_from_kubeconfig(path: &Path) -> anyhow::Result<JoinParams> {
+    let source = path.display().to_string();
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {source}"))?;
+    let kc: kube::config::Kubeconfig =
+        serde_yaml::from_str(&text).with_context(|| format!("{source}: not a kubeconfig"))?;
+    let (server, ca) =
+        crate::clients::server_and_ca(&kc, Some(path.parent().unwrap_or(Path::new("."))))
+            .map_err(|e| anyhow::anyhow!("{source}: {e}"))?;
+    let ca = ca.with_context(|| {
+        format!("{source}: the cluster has neither certificate-authority-data nor certificate-authority")
+    })?;
+    let hash = userdata::ca_cert_hash(&ca)
+        .map_err(|e| anyhow::anyhow!("{source}: the cluster's certificate authority: {e}"))?;
+    let endpoint =
+        crate::clients::endpoint_of(&server).map_err(|e| anyhow::anyhow!("{source}: {e}"))?;
+    Ok(JoinParams {
+        api_server_endpoint: endpoint,
+        token: userdata::PLACEHOLDER_TOKEN.to_string(),
+        ca_cert_hashes: vec![hash],
+    })
+}
+
+/// Runs `autonodes render`: reads the files, renders, prints to stdout.
+pub fn run(args: RenderArgs) -> anyhow::Result<()> {
+    let read =
+        |p: &Path| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()));
+    let provider_text = read(&args.provider)?;
+    let claim_text = read(&args.claim)?;
+    let join = match &args.tenant_kubeconfig {
+        Some(k) => join_params_from_kubeconfig(k)?,
+        None => JoinParams::placeholder(),
+    };
+    let docs = render_documents(
+        &provider_text,
+        &args.provider.display().to_string(),
+        &claim_text,
+        &args.claim.display().to_string(),
+        args.node_type.as_deref(),
+        &join,
+    )?;
+    print!("{}", format_documents(&docs, args.output)?);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{NodeClaimSpec, VClusterRef};
+    use serde_json::json;
+
+    fn example(file: &str) -> String {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../examples")
+            .join(file);
+        std::fs::read_to_string(path).expect("example exists")
+    }
+
+    fn claim_yaml(requirements: &str) -> String {
+        format!(
+            "apiVersion: autonodes.io/v1alpha1\nkind: NodeClaim\nmetadata:\n  name: c1\n  namespace: tenant\n  uid: \"1111\"\nspec:\n  vClusterRef:\n    name: tenant\n{requirements}"
+        )
+    }
+
+    fn render(provider: &str, claim: &str, pin: Option<&str>) -> anyhow::Result<Vec<Value>> {
+        render_documents(
+            &example(provider),
+            provider,
+            claim,
+            "claim.yaml",
+            pin,
+            &JoinParams::placeholder(),
+        )
+    }
+
+    fn join_config(secret: &Value) -> Value {
+        let ud = secret["stringData"]["userdata"]
+            .as_str()
+            .expect("user data");
+        let doc: Value = serde_yaml::from_str(ud).expect("user data is YAML");
+        let content = doc["write_files"]
+            .as_array()
+            .and_then(|f| f.iter().find(|f| f["path"] == userdata::JOIN_CONFIG_PATH))
+            .and_then(|f| f["content"].as_str())
+            .expect("join config");
+        serde_yaml::from_str(content).expect("join config is YAML")
+    }
+
+    #[test]
+    fn high_memory_claim_gets_4_cpu_16gi_both_labels_the_taint_and_the_base_devices() {
+        let docs = render(
+            "nodeprovider-advanced.yaml",
+            &example("nodeclaim.yaml"),
+            None,
+        )
+        .expect("renders");
+        let [nt, secret, vm] = docs.as_slice() else {
+            panic!("three documents");
+        };
+        assert_eq!(
+            nt["metadata"]["name"],
+            "kubevirt-provider-advanced.high-memory-node"
+        );
+        assert_eq!(nt["status"]["cost"], 72);
+        assert_eq!(
+            nt["status"]["capacity"],
+            json!({"total": 5, "claimed": 0, "available": 5})
+        );
+        assert_eq!(vm["metadata"]["labels"]["provider"], "kubevirt");
+        assert_eq!(vm["metadata"]["labels"]["workload"], "memory-intensive");
+        let vmi = &vm["spec"]["template"]["spec"];
+        assert_eq!(
+            vmi["domain"]["resources"]["requests"],
+            json!({"cpu": "4", "memory": "16Gi"})
+        );
+        assert!(vmi.get("taints").is_none());
+        let disks: Vec<&str> = vmi["domain"]["devices"]["disks"]
+            .as_array()
+            .expect("disks")
+            .iter()
+            .filter_map(|d| d["name"].as_str())
+            .collect();
+        assert_eq!(disks, vec!["containerdisk", "cloudinitdisk"]);
+        assert_eq!(
+            vmi["domain"]["devices"]["interfaces"],
+            json!([{"name": "default", "masquerade": {}}])
+        );
+        assert_eq!(vmi["networks"], json!([{"name": "default", "pod": {}}]));
+        let join = join_config(secret);
+        assert_eq!(
+            join["nodeRegistration"]["taints"],
+            json!([
+                {"key": "workload", "value": "high-memory", "effect": "NoSchedule"},
+                {"key": "autonodes.io/unregistered", "effect": "NoExecute"}
+            ])
+        );
+        let vm_name = vm["metadata"]["name"].as_str().expect("name");
+        assert_eq!(secret["metadata"]["name"], format!("{vm_name}-userdata"));
+        assert_eq!(secret["metadata"]["namespace"], "vcluster-platform");
+        assert_eq!(
+            vmi["volumes"][1]["cloudInitNoCloud"]["secretRef"]["name"],
+            format!("{vm_name}-userdata")
+        );
+    }
+
+    #[test]
+    fn without_requirements_the_cheapest_type_is_chosen() {
+        let docs = render("nodeprovider-advanced.yaml", &claim_yaml(""), None).expect("renders");
+        assert_eq!(
+            docs[0]["metadata"]["name"],
+            "kubevirt-provider-advanced.standard-node"
+        );
+        assert_eq!(docs[0]["status"]["cost"], 28);
+    }
+
+    #[test]
+    fn node_type_flag_pins_the_type_by_short_name() {
+        let docs = render(
+            "nodeprovider-types.yaml",
+            &claim_yaml(""),
+            Some("different-vm-with-different-template-2"),
+        )
+        .expect("renders");
+        let vm = &docs[2];
+        assert_eq!(vm["metadata"]["labels"]["foo"], "baz");
+        assert_eq!(
+            vm["spec"]["template"]["spec"]["volumes"][0]["containerDisk"]["image"],
+            "quay.io/containerdisks/fedora:40"
+        );
+    }
+
+    #[test]
+    fn a_claim_nothing_fits_is_an_error_naming_the_claim_and_the_reason() {
+        let claim = claim_yaml(
+            "  requirements:\n    - key: autonodes.io/node-type\n      operator: In\n      values: [gpu-node]\n",
+        );
+        let e = render("nodeprovider-advanced.yaml", &claim, None).expect_err("no fit");
+        let msg = format!("{e:#}");
+        assert!(
+            msg.starts_with("NodeClaim tenant/c1: NoMatchingNodeType: none of 2 node type(s) fits"),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("requirement `autonodes.io/node-type In [gpu-node]` not met"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn malformed_files_are_errors_naming_the_file_object_and_field() {
+        let claim = claim_yaml("  desiredCapacity:\n    cpu: [1]\n");
+        let e = render("nodeprovider-advanced.yaml", &claim, None).expect_err("bad");
+        assert_eq!(
+            format!("{e:#}"),
+            "claim.yaml: NodeClaim: spec.desiredCapacity.cpu: invalid type: sequence, expected Quantity at line 11 column 10"
+        );
+        let e = render_documents(
+            "kind: Service\n",
+            "p.yaml",
+            &claim_yaml(""),
+            "c.yaml",
+            None,
+            &JoinParams::placeholder(),
+        )
+        .expect_err("wrong kind");
+        assert_eq!(
+            e.to_string(),
+            "p.yaml: kind is Service, expected NodeProvider"
+        );
+        let claim = claim_yaml(
+            "  requirements:\n    - key: cores\n      operator: Gt\n      values: [many]\n",
+        );
+        let e = render("nodeprovider-advanced.yaml", &claim, None).expect_err("bad requirement");
+        assert_eq!(
+            e.to_string(),
+            "NodeClaim tenant/c1: spec.requirements[0]: requirement on cores: Gt needs an integer value, got \"many\""
+        );
+    }
+
+    #[test]
+    fn render_node_needs_the_claim_identity() {
+        let provider: NodeProvider =
+            serde_yaml::from_str(&example("nodeprovider-minimal.yaml")).expect("parses");
+        let cat = Catalogue::from_provider(&provider);
+        let mut claim = NodeClaim::new(
+            "c",
+            NodeClaimSpec {
+                provider_ref: None,
+                type_ref: None,
+                requirements: vec![],
+                desired_capacity: Default::default(),
+                v_cluster_ref: VClusterRef { name: "t".into() },
+                properties: Default::default(),
+                taints: vec![],
+                startup_taints: vec![],
+                labels: Default::default(),
+                kubelet_args: Default::default(),
+                kubernetes_version: None,
+            },
+        );
+        claim.metadata.namespace = Some("ns".into());
+        let t = &cat.types()[0];
+        let e = render_node(t, &claim, None, "vm", &JoinParams::placeholder()).expect_err("no uid");
+        assert_eq!(e.to_string(), "NodeClaim ns/c: metadata.uid is not set");
+        claim.metadata.uid = Some("u".into());
+        let r = render_node(t, &claim, None, "vm", &JoinParams::placeholder()).expect("renders");
+        assert_eq!(r.provider_id, "kubevirt://vm");
+        assert_eq!(r.vm_namespace, "vcluster-platform");
+        assert_eq!(r.host_cluster, "test-kubevirt-1");
+        assert_eq!(r.cost, 14);
+        let data = r
+            .secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get("userdata"))
+            .expect("data");
+        assert_eq!(data.0, r.user_data.as_bytes());
+    }
+
+    #[test]
+    fn restricted_labels_are_returned_for_after_join_and_kept_out_of_the_join_config() {
+        let claim =
+            claim_yaml("  labels:\n    node-role.kubernetes.io/worker: \"\"\n    team: a\n");
+        let provider: NodeProvider =
+            serde_yaml::from_str(&example("nodeprovider-minimal.yaml")).expect("parses");
+        let claim: NodeClaim = serde_yaml::from_str(&claim).expect("parses");
+        let r = plan_node(
+            &Catalogue::from_provider(&provider),
+            &claim,
+            None,
+            &BTreeMap::new(),
+            "vm",
+            &JoinParams::placeholder(),
+        )
+        .expect("renders");
+        assert_eq!(
+            r.labels.after_join,
+            BTreeMap::from([("node-role.kubernetes.io/worker".to_string(), String::new())])
+        );
+        assert_eq!(r.labels.join.get("team").map(String::as_str), Some("a"));
+        assert!(!r.user_data.contains("node-role.kubernetes.io"));
+        assert!(r.user_data.contains("team=a"));
+    }
+
+    #[test]
+    fn json_output_is_a_v1_list_and_yaml_output_separates_documents() {
+        let docs = render("nodeprovider-minimal.yaml", &claim_yaml(""), None).expect("renders");
+        let json: Value =
+            serde_json::from_str(&format_documents(&docs, OutputFormat::Json).expect("json"))
+                .expect("valid JSON");
+        assert_eq!(json["kind"], "List");
+        assert_eq!(json["items"].as_array().map(Vec::len), Some(3));
+        let yaml = format_documents(&docs, OutputFormat::Yaml).expect("yaml");
+        assert_eq!(yaml.matches("---\n").count(), 3);
+        assert_eq!(json["items"][1]["kind"], "Secret");
+    }
+
+    #[test]
+    fn a_tenant_kubeconfig_gives_the_real_endpoint_and_ca_hash() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ca = "-----BEGIN CERTIFICATE-----
+MIIBkDCCATWgAwIBAgIUV4rPR2BloFMuSqpw9E22xEUO48gwCgYIKoZIzj0EAwIw
+HDEaMBgGA1UEAwwRYXV0b25vZGVzLXRlc3QtY2EwIBcNMjYxMTIyMTYyMjI2WhgP
+MjEyNjEwMjkxNjIyMjZaMBwxGjAYBgNVBAMMEWF1dG9ub2Rlcy10ZXN0LWNhMFkw
+EwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEoc1K8HRxSUqNnCxLK+m5DMT4qNpduhoX
+7UzK99rdUMtiMhzG7Sqc8QVJheMB9+eAQa1pME5Mixia44nomD9tK6NTMFEwHQYD
+VR0OBBYEFEhD5xdU5035d4rB2OeDLv8o6fA+MB8GA1UdIwQYMBaAFEhD5xdU5035
+d4rB2OeDLv8o6fA+MA8GA1UdEwEB/wQFMAMBAf8wCgYIKoZIzj0EAwIDSQAwRgIh
+ALSCkSTyQaInuL6DucynDnEnDn3BmFrDIP2T88gG8jFaAiEAs2mkVzuGZG/sIDbD
+1jC/wDJJUBTNuNopMyIHQHg2qcQ=
+-----END CERTIFICATE-----
+";
+        let b64 = serde_json::to_value(ByteString(ca.as_bytes().to_vec())).expect("encodes");
+        let kc = format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: t\ncontexts:\n- name: t\n  context: {{cluster: t, user: u}}\nclusters:\n- name: t\n  cluster:\n    server: https://10.1.2.3:8443\n    certificate-authority-data: {}\nusers:\n- name: u\n  user: {{token: x}}\n",
+            b64.as_str().expect("string")
+        );
+        let path = dir.path().join("kubeconfig");
+        std::fs::write(&path, kc).expect("writes");
+        let join = join_params_from_kubeconfig(&path).expect("reads");
+        assert_eq!(join.api_server_endpoint, "10.1.2.3:8443");
+        assert_eq!(
+            join.ca_cert_hashes,
+            vec![
+                "sha256:2917f5ab7ab656c6c2585c6a715cfb777c242f7a357a5ba18a4c21849d401d6a"
+                    .to_string()
+            ]
+        );
+        assert_eq!(join.token, userdata::PLACEHOLDER_TOKEN);
+        std::fs::write(
+            &path,
+            "apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\n",
+        )
+        .expect("writes");
+        let e = join_params_from_kubeconfig(&path).expect_err("empty");
+        assert!(e.to_string().contains("no current-context"), "{e}");
+    }
+}

@@ -1,0 +1,389 @@
+//! `autonodes run`: the controller process.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Args, ValueEnum};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+
+use crate::controller::{self, ControllerConfig};
+use crate::leader::{LeaderConfig, LeaderElector};
+use crate::metrics::Metrics;
+use crate::request_metrics::{ClusterKind, CountRequests};
+use crate::server::{self, ServerState};
+
+/// Log output format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line (for log collectors).
+    Json,
+}
+
+/// Flags of `autonodes run`.
+#[derive(Clone, Debug, Args)]
+pub struct RunArgs {
+    /// Kubeconfig of the management cluster (default: in-cluster config, else $KUBECONFIG).
+    #[arg(long, env = "AUTONODES_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Namespace of autonodes: host-cluster kubeconfig Secrets live here.
+    #[arg(long, env = "AUTONODES_NAMESPACE", default_value = "autonodes-system")]
+    pub namespace: String,
+    /// How long a VM may take to run before its claim fails (e.g. 10m, 90s).
+    #[arg(long, env = "AUTONODES_LAUNCH_TIMEOUT", default_value = "10m", value_parser = parse_duration)]
+    pub launch_timeout: Duration,
+    /// How long a running VM's Node may take to join before its claim fails.
+    #[arg(long, env = "AUTONODES_REGISTRATION_TIMEOUT", default_value = "15m", value_parser = parse_duration)]
+    pub registration_timeout: Duration,
+    /// How long draining a Node may take before it is deleted anyway.
+    #[arg(long, env = "AUTONODES_DRAIN_TIMEOUT", default_value = "2m", value_parser = parse_duration)]
+    pub drain_timeout: Duration,
+    /// How often to look for (and remove) VMs, Secrets, DataVolumes and tokens whose claim
+    /// no longer exists.
+    #[arg(long, env = "AUTONODES_ORPHAN_SWEEP_INTERVAL", default_value = "5m", value_parser = parse_duration)]
+    pub orphan_sweep_interval: Duration,
+    /// Address of the /metrics, /healthz and /readyz server.
+    #[arg(long, env = "AUTONODES_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    pub metrics_addr: SocketAddr,
+    /// Log format.
+    #[arg(long, env = "AUTONODES_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+    /// Elect a leader among replicas on a coordination.k8s.io/v1 Lease in --namespace; only
+    /// the leader runs the controllers (`--leader-elect` or `--leader-elect=true|false`).
+    #[arg(long, env = "AUTONODES_LEADER_ELECT", default_value_t = false, num_args = 0..=1,
+          default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+    /// Name of the leader-election Lease.
+    #[arg(
+        long,
+        env = "AUTONODES_LEADER_ELECTION_LEASE_NAME",
+        default_value = "autonodes"
+    )]
+    pub leader_election_lease_name: String,
+    /// How long the Lease holds after its last renewal; a follower takes over once it
+    /// expires. The renew deadline (2/3) and retry period (2/15) derive from it.
+    #[arg(long, env = "AUTONODES_LEADER_ELECTION_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    pub leader_election_lease_duration: Duration,
+    /// Accept `insecure-skip-tls-verify: true` in host and tenant kubeconfig Secrets (off:
+    /// such a Secret is refused with reason `InvalidKubeconfig`). Whoever can write those
+    /// Secrets could then point autonodes at a server that is not what it claims.
+    #[arg(long, env = "AUTONODES_ALLOW_INSECURE_SKIP_TLS_VERIFY", default_value_t = false, num_args = 0..=1,
+          default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub allow_insecure_skip_tls_verify: bool,
+}
+
+/// Parses `90s`, `10m`, `1h30m`, `500ms` or plain seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    if let Ok(secs) = s.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
+    }
+    if s.trim_start().starts_with('-') {
+        return Err(format!("`{s}` must not be negative"));
+    }
+    let d: kube::core::Duration = s
+        .parse()
+        .map_err(|e| format!("`{s}` is not a duration such as 90s, 10m or 1h: {e}"))?;
+    Ok(d.into())
+}
+
+/// Sets up logging (text or JSON, level from RUST_LOG, default `default_filter`).
+pub fn init_tracing_with(format: LogFormat, default_filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+/// Sets up logging (text or JSON, level from RUST_LOG, default info).
+pub fn init_tracing(format: LogFormat) {
+    init_tracing_with(format, "info");
+}
+
+/// A management-cluster client from a kubeconfig path, else the environment.
+pub async fn management_client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("loading kubeconfig {}", path.display()))?
+        }
+        None => Config::infer()
+            .await
+            .context("no --kubeconfig, no in-cluster config and no usable $KUBECONFIG")?,
+    };
+    Ok(kube::client::ClientBuilder::try_from(config)
+        .context("building the management-cluster client")?
+        .with_layer(&CountRequests(ClusterKind::Management))
+        .build())
+}
+
+/// Resolves when SIGTERM or Ctrl-C arrives.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    tracing::info!("shutdown signal received; finishing reconciles in flight");
+}
+
+/// Runs the controller until SIGTERM or Ctrl-C.
+pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    init_tracing(args.log_format);
+    let client = management_client(args.kubeconfig.as_ref()).await?;
+    let config = ControllerConfig {
+        namespace: args.namespace.clone(),
+        launch_timeout: args.launch_timeout,
+        registration_timeout: args.registration_timeout,
+        drain_timeout: args.drain_timeout,
+        orphan_sweep_interval: args.orphan_sweep_interval,
+        kubeconfig_policy: crate::kubeconfig::KubeconfigPolicy {
+            allow_insecure_skip_tls_verify: args.allow_insecure_skip_tls_verify,
+        },
+    };
+    let leader = args.leader_elect.then(|| {
+        LeaderConfig::new(
+            &args.namespace,
+            &args.leader_election_lease_name,
+            args.leader_election_lease_duration,
+        )
+    });
+    let options = RunOptions {
+        metrics_addr: args.metrics_addr,
+        leader,
+        bound: None,
+    };
+    run_with_options(client, config, options, shutdown_signal()).await
+}
+
+/// How [`run_with_options`] serves and whether it elects a leader.
+#[derive(Debug)]
+pub struct RunOptions {
+    /// Address of the /metrics, /healthz and /readyz server (port 0 picks a free port).
+    pub metrics_addr: SocketAddr,
+    /// Leader election; `None` runs the controllers at once.
+    pub leader: Option<LeaderConfig>,
+    /// Receives the address the server bound (useful with port 0).
+    pub bound: Option<tokio::sync::oneshot::Sender<SocketAddr>>,
+}
+
+/// Runs the controller with a given client until `shutdown` resolves (used by `dev` too),
+/// without leader election.
+pub async fn run_with(
+    client: Client,
+    config: ControllerConfig,
+    metrics_addr: SocketAddr,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let options = RunOptions {
+        metrics_addr,
+        leader: None,
+        bound: None,
+    };
+    run_with_options(client, config, options, shutdown).await
+}
+
+/// Runs the controller until `shutdown` resolves: serves /metrics, /healthz and /readyz,
+/// waits for the leader Lease when `options.leader` is set, then runs the controllers.
+///
+/// Shutdown stops taking new work, lets the reconciles in flight finish, then releases the
+/// Lease so a follower takes over at once. A leader that loses its Lease stops its
+/// controllers and returns an error (the process exits non-zero and restarts as a follower).
+///
+/// `/readyz`: a follower is ready once it has read the Lease (a healthy standby, so rolling
+/// updates and PodDisruptionBudgets count it); the leader is ready once its watches synced.
+pub async fn run_with_options(
+    client: Client,
+    config: ControllerConfig,
+    options: RunOptions,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let metrics_addr = options.metrics_addr;
+    let metrics = Arc::new(Metrics::new().context("registering metrics")?);
+    let ready = Arc::new(AtomicBool::new(false));
+    let alive = Arc::new(AtomicBool::new(true));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|v| *v).await;
+        }
+    };
+    let state = ServerState {
+        metrics: metrics.clone(),
+        ready: ready.clone(),
+        alive: alive.clone(),
+    };
+    let listener = tokio::net::TcpListener::bind(metrics_addr)
+        .await
+        .with_context(|| format!("binding the metrics server to {metrics_addr}"))?;
+    let bound = listener.local_addr().unwrap_or(metrics_addr);
+    tracing::info!(addr = %bound, "serving /metrics, /healthz, /readyz");
+    if let Some(tx) = options.bound {
+        let _ = tx.send(bound);
+    }
+    let http = tokio::spawn({
+        let stop = stopped();
+        async move {
+            axum::serve(listener, server::router(state))
+                .with_graceful_shutdown(stop)
+                .await
+        }
+    });
+    tracing::info!(namespace = %config.namespace, "autonodes controller starting");
+    let result = match options.leader {
+        None => {
+            let shared = shared_stop(stopped());
+            let run = controller::run(client, config, metrics, shared, ready);
+            bounded_by_grace(run, stopped()).await
+        }
+        Some(leader) => lead_then_run(client, config, leader, metrics, ready, stopped).await,
+    };
+    alive.store(false, Ordering::SeqCst);
+    let _ = http.await;
+    tracing::info!("autonodes controller stopped");
+    result
+}
+
+/// How long the reconciles in flight get to finish after shutdown began. Less than the
+/// chart's terminationGracePeriodSeconds (30), so the Lease is still released in time.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
+
+/// Runs `run`; once `stop` resolved, waits at most [`SHUTDOWN_GRACE`] for it to finish (a
+/// controller whose watches never synced cannot drain on its own).
+async fn bounded_by_grace(
+    run: impl std::future::Future<Output = anyhow::Result<()>>,
+    stop: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    tokio::pin!(run);
+    tokio::select! {
+        result = &mut run => return result,
+        _ = stop => {},
+    }
+    match tokio::time::timeout(SHUTDOWN_GRACE, run).await {
+        Ok(result) => result,
+        Err(_) => {
+            tracing::warn!(
+                grace = ?SHUTDOWN_GRACE,
+                "the controllers did not stop within the shutdown grace; stopping anyway"
+            );
+            Ok(())
+        }
+    }
+}
+
+type SharedStop =
+    futures::future::Shared<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + Sync>>>;
+
+fn shared_stop(f: impl std::future::Future<Output = ()> + Send + Sync + 'static) -> SharedStop {
+    use futures::FutureExt;
+    let stop: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + Sync>> = Box::pin(f);
+    stop.shared()
+}
+
+/// Waits for the Lease, runs the controllers while holding it, releases it on shutdown.
+async fn lead_then_run<S, F>(
+    client: Client,
+    config: ControllerConfig,
+    leader: LeaderConfig,
+    metrics: Arc<Metrics>,
+    ready: Arc<AtomicBool>,
+    stopped: S,
+) -> anyhow::Result<()>
+where
+    S: Fn() -> F,
+    F: std::future::Future<Output = ()> + Send + Sync + 'static,
+{
+    let mut elector = LeaderElector::new(client.clone(), leader);
+    tracing::info!(
+        lease = %format!("{}/{}", elector.config().namespace, elector.config().lease_name),
+        identity = %elector.config().identity,
+        "leader election: waiting for the Lease"
+    );
+    metrics.leader.set(0);
+    let follower_ready = ready.clone();
+    let acquired = elector
+        .acquire(stopped(), || follower_ready.store(true, Ordering::SeqCst))
+        .await;
+    if !acquired {
+        return Ok(());
+    }
+    // The leader is ready again once its own watches synced.
+    ready.store(false, Ordering::SeqCst);
+    metrics.leader.set(1);
+
+    let (lost_tx, mut lost_rx) = tokio::sync::watch::channel(false);
+    let (done_tx, mut done_rx) = tokio::sync::watch::channel(false);
+    let holder = tokio::spawn(async move {
+        let held = elector
+            .hold(async move {
+                let _ = done_rx.wait_for(|v| *v).await;
+            })
+            .await;
+        if let Err(e) = &held {
+            tracing::error!(error = %e, "stopping the controllers: this replica is no longer the leader");
+            let _ = lost_tx.send(true);
+        }
+        (elector, held)
+    });
+    let stop = stopped();
+    let controllers_stop = shared_stop(async move {
+        tokio::select! {
+            _ = stop => {},
+            _ = lost_rx.wait_for(|v| *v) => {},
+        }
+    });
+    let stopping = controllers_stop.clone();
+    let run = controller::run(client, config, metrics.clone(), controllers_stop, ready);
+    let result = bounded_by_grace(run, stopping).await;
+    let _ = done_tx.send(true);
+    metrics.leader.set(0);
+    let (mut elector, held) = holder.await.context("the Lease renewal task panicked")?;
+    held.context("leader election")?;
+    if let Err(e) = elector.release().await {
+        tracing::warn!(error = %e, "releasing the leader Lease failed; it expires by itself");
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_in_go_syntax_and_plain_seconds() {
+        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("45"), Ok(Duration::from_secs(45)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert!(parse_duration("soon").is_err());
+    }
+}

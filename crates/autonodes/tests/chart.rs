@@ -1,0 +1,429 @@
+//! The Helm chart `charts/autonodes` (issue 6): rendered with Helm v4's library (PyPI
+//! helm-python-sdk), linted, applied to a real API server with a server-side dry run, its
+//! RBAC proven sufficient by a controller that runs with nothing else, its CRDs identical to
+//! `crds/`, and its Grafana dashboard querying only metrics the controller exports.
+
+mod common;
+mod opscommon;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use autonodes::leader::LeaderConfig;
+use autonodes::run::{run_with_options, RunOptions};
+use common::world::*;
+use common::{kubectl, kubectl_ok, path_str, repo};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, ListParams};
+use opscommon::{documents, helm_chart, render_chart};
+use serde_json::json;
+
+const AVAILABLE: Duration = Duration::from_secs(90);
+
+/// Values for a v1.20 API server: it serves PodDisruptionBudgets as policy/v1beta1 only.
+fn values_for_1_20(extra: serde_json::Value) -> serde_json::Value {
+    let mut v = json!({"podDisruptionBudget": {"apiVersion": "policy/v1beta1"}});
+    if let (Some(base), Some(more)) = (v.as_object_mut(), extra.as_object()) {
+        for (k, x) in more {
+            base.insert(k.clone(), x.clone());
+        }
+    }
+    v
+}
+
+#[test]
+fn chart_crds_are_identical_to_the_generated_crds() {
+    let generated = repo().join("crds");
+    let chart = repo().join("charts/autonodes/crds");
+    let names = |dir: &std::path::Path| -> BTreeSet<String> {
+        std::fs::read_dir(dir)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect()
+    };
+    assert_eq!(
+        names(&generated),
+        names(&chart),
+        "charts/autonodes/crds must hold exactly the files of crds/ (cp crds/*.yaml charts/autonodes/crds/)"
+    );
+    for name in names(&generated) {
+        let a = std::fs::read(generated.join(&name)).expect("read");
+        let b = std::fs::read(chart.join(&name)).expect("read");
+        assert!(
+            a == b,
+            "charts/autonodes/crds/{name} differs from crds/{name}: run `cp crds/*.yaml charts/autonodes/crds/`"
+        );
+    }
+}
+
+/// The names of every metric family the controller registers (histograms with their
+/// `_bucket`, `_sum` and `_count` series).
+fn exported_metric_names() -> BTreeSet<String> {
+    let descs = autonodes::metrics::Metrics::new().expect("metrics").descs();
+    let mut names = BTreeSet::new();
+    for d in descs {
+        let name = format!("autonodes_{}", d.fq_name);
+        for suffix in ["_bucket", "_sum", "_count"] {
+            names.insert(format!("{name}{suffix}"));
+        }
+        names.insert(name);
+    }
+    names
+}
+
+#[test]
+fn every_dashboard_panel_query_names_a_metric_the_controller_exports() {
+    let path = repo().join("charts/autonodes/dashboards/autonodes.json");
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("dashboard readable"))
+            .expect("the dashboard is JSON");
+    let exported = exported_metric_names();
+    let mut queries = 0;
+    let mut used = BTreeSet::new();
+    let panels = dashboard["panels"].as_array().expect("panels");
+    for panel in panels {
+        if panel["type"] == "row" {
+            continue;
+        }
+        let title = panel["title"].as_str().unwrap_or("?");
+        let targets = panel["targets"]
+            .as_array()
+            .expect("every panel has targets");
+        assert!(!targets.is_empty(), "panel {title} has no query");
+        for t in targets {
+            let expr = t["expr"].as_str().expect("expr");
+            queries += 1;
+            let names: Vec<&str> = expr
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|w| w.starts_with("autonodes_"))
+                .collect();
+            assert!(
+                !names.is_empty(),
+                "panel {title}: query names no autonodes metric: {expr}"
+            );
+            for n in names {
+                assert!(
+                    exported.contains(n),
+                    "panel {title}: {n} is not exported ({expr})"
+                );
+                used.insert(n.to_string());
+            }
+        }
+    }
+    // What the dashboard must show (issue 6).
+    for want in [
+        "autonodes_nodetype_capacity",
+        "autonodes_nodeclaims",
+        "autonodes_nodeclaim_duration_seconds_bucket",
+        "autonodes_nodeclaims_cost",
+        "autonodes_reconcile_total",
+        "autonodes_leader",
+    ] {
+        assert!(used.contains(want), "the dashboard has no panel on {want}");
+    }
+    for q in [0.5, 0.9, 0.99] {
+        let needle = format!("histogram_quantile({q}, sum by (le, stage) (rate(autonodes_nodeclaim_duration_seconds_bucket");
+        assert!(
+            panels
+                .iter()
+                .any(|p| p["targets"].to_string().contains(&needle)),
+            "no p{} provisioning-time query per stage",
+            q * 100.0
+        );
+    }
+    println!(
+        "{} panels, {queries} queries, metrics used: {used:?}",
+        panels.len()
+    );
+}
+
+#[test]
+fn every_rbac_rule_of_the_chart_has_a_comment() {
+    let text = std::fs::read_to_string(repo().join("charts/autonodes/templates/rbac.yaml"))
+        .expect("rbac.yaml");
+    let lines: Vec<&str> = text.lines().collect();
+    let mut rules = 0;
+    for (i, line) in lines.iter().enumerate() {
+        if line.trim_start().starts_with("- apiGroups:") {
+            rules += 1;
+            let above = lines[..i]
+                .iter()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .expect("a line above");
+            assert!(
+                above.trim_start().starts_with('#'),
+                "rule without a comment: {line} (line {})",
+                i + 1
+            );
+        }
+    }
+    assert!(rules >= 8, "expected the chart's rules, found {rules}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chart_lints_renders_and_passes_a_server_side_dry_run_on_the_api_server() {
+    let lint = helm_chart("lint", &json!({}));
+    println!(
+        "== helm lint (strict)\n{}",
+        String::from_utf8_lossy(&lint.stdout)
+    );
+    assert!(
+        lint.status.success(),
+        "helm lint failed: {}{}",
+        String::from_utf8_lossy(&lint.stdout),
+        String::from_utf8_lossy(&lint.stderr)
+    );
+
+    let env = common::start(&["mgmt"]).await;
+    let mgmt = env.apiserver("mgmt").expect("mgmt");
+    for ns in ["autonodes-system", "tenant-a", "tenant-b"] {
+        kubectl_ok(&env, mgmt, &["create", "namespace", ns]);
+    }
+    let crds = repo().join("charts/autonodes/crds");
+    let out = kubectl_ok(
+        &env,
+        mgmt,
+        &["apply", "--dry-run=server", "-f", path_str(&crds)],
+    );
+    println!("== kubectl apply --dry-run=server -f charts/autonodes/crds\n{out}");
+
+    let variants = [
+        ("defaults", values_for_1_20(json!({}))),
+        (
+            "dashboard ConfigMap, tenant namespaces, no leader election",
+            values_for_1_20(json!({
+                "dashboard": {"enabled": true},
+                "rbac": {"tenantNamespaces": ["tenant-a", "tenant-b"]},
+                "leaderElection": {"enabled": false},
+                "replicaCount": 1,
+                "podDisruptionBudget": {"enabled": false}
+            })),
+        ),
+    ];
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (name, values) in &variants {
+        let rendered = render_chart(values);
+        let docs = documents(&rendered);
+        let kinds: Vec<String> = docs
+            .iter()
+            .map(|d| {
+                format!(
+                    "{}/{}",
+                    d["kind"].as_str().unwrap_or("?"),
+                    d["metadata"]["name"].as_str().unwrap_or("?")
+                )
+            })
+            .collect();
+        println!(
+            "== helm render ({name}): {} objects: {}",
+            docs.len(),
+            kinds.join(", ")
+        );
+        let file = dir.path().join("rendered.yaml");
+        std::fs::write(&file, &rendered).expect("write");
+        let out = kubectl(
+            &env,
+            mgmt,
+            &["apply", "--dry-run=server", "-f", path_str(&file)],
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        println!("== kubectl apply --dry-run=server ({name})\n{stdout}");
+        assert!(
+            out.status.success(),
+            "server-side dry run failed: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            stdout.lines().count(),
+            docs.len(),
+            "every object passes the dry run"
+        );
+    }
+
+    // What the defaults promise.
+    let docs = documents(&render_chart(&values_for_1_20(json!({}))));
+    let find = |kind: &str| {
+        docs.iter()
+            .find(|d| d["kind"] == kind)
+            .unwrap_or_else(|| panic!("no {kind} rendered"))
+            .clone()
+    };
+    let deploy = find("Deployment");
+    assert_eq!(deploy["spec"]["replicas"], 2);
+    let pod = &deploy["spec"]["template"]["spec"];
+    let c = &pod["containers"][0];
+    let args: Vec<&str> = c["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .filter_map(|a| a.as_str())
+        .collect();
+    for want in [
+        "run",
+        "--leader-elect=true",
+        "--namespace=autonodes-system",
+        "--log-format=json",
+        "--leader-election-lease-duration=15s",
+    ] {
+        assert!(args.contains(&want), "{want} missing from {args:?}");
+    }
+    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert!(c["resources"]["requests"].is_object() && c["resources"]["limits"].is_object());
+    let sc = &c["securityContext"];
+    assert_eq!(sc["readOnlyRootFilesystem"], true);
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(sc["runAsNonRoot"], true);
+    assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
+    assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault");
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(find("PodDisruptionBudget")["spec"]["minAvailable"], 1);
+    assert_eq!(find("Service")["spec"]["ports"][0]["targetPort"], "metrics");
+    find("ServiceAccount");
+    let sm = documents(&render_chart(&json!({"serviceMonitor": {"enabled": true}})));
+    let sm = sm
+        .iter()
+        .find(|d| d["kind"] == "ServiceMonitor")
+        .expect("ServiceMonitor when enabled");
+    assert_eq!(sm["spec"]["endpoints"][0]["port"], "metrics");
+    let cm = documents(&render_chart(&json!({"dashboard": {"enabled": true}})));
+    let cm = cm
+        .iter()
+        .find(|d| d["kind"] == "ConfigMap")
+        .expect("dashboard ConfigMap when enabled");
+    assert_eq!(cm["metadata"]["labels"]["grafana_dashboard"], "1");
+    let embedded: serde_json::Value = serde_json::from_str(
+        cm["data"]["autonodes.json"]
+            .as_str()
+            .expect("dashboard data"),
+    )
+    .expect("embedded JSON");
+    assert_eq!(embedded["uid"], "autonodes");
+}
+
+/// A kubeconfig for `server` that authenticates as admin but impersonates `user`.
+fn impersonating_kubeconfig(server: &autonodes_testenv::testenv::ApiServer, user: &str) -> String {
+    use base64::Engine as _;
+    let ca = base64::engine::general_purpose::STANDARD.encode(&server.ca_pem);
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: mgmt\n  cluster:\n    server: {}\n    certificate-authority-data: {ca}\nusers:\n- name: sa\n  user:\n    token: {}\n    as: {user}\ncontexts:\n- name: mgmt\n  context:\n    cluster: mgmt\n    user: sa\ncurrent-context: mgmt\n",
+        server.url, server.admin_token
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_with_only_the_charts_rbac_provisions_a_claim_and_cleans_it_up() {
+    let opts = WorldOptions::default();
+    let mut world = World::start_clusters(&opts).await;
+    let env = &world.playground.env;
+    let mgmt = world.playground.mgmt().expect("mgmt");
+
+    // The chart's ServiceAccount and RBAC, for real.
+    let rendered = render_chart(&values_for_1_20(json!({})));
+    let rbac: Vec<serde_json::Value> = documents(&rendered)
+        .into_iter()
+        .filter(|d| {
+            matches!(
+                d["kind"].as_str(),
+                Some(
+                    "ServiceAccount"
+                        | "ClusterRole"
+                        | "ClusterRoleBinding"
+                        | "Role"
+                        | "RoleBinding"
+                )
+            )
+        })
+        .collect();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("rbac.json");
+    std::fs::write(
+        &file,
+        json!({"apiVersion": "v1", "kind": "List", "items": rbac}).to_string(),
+    )
+    .expect("write");
+    println!(
+        "{}",
+        kubectl_ok(env, mgmt, &["apply", "-f", path_str(&file)])
+    );
+
+    let user = "system:serviceaccount:autonodes-system:autonodes";
+    let kc_path = dir.path().join("sa.kubeconfig");
+    std::fs::write(&kc_path, impersonating_kubeconfig(mgmt, user)).expect("write kubeconfig");
+    let client = autonodes::run::management_client(Some(&kc_path))
+        .await
+        .expect("client");
+
+    // It really is the ServiceAccount: what the chart does not grant is refused.
+    let denied = Api::<Secret>::namespaced(client.clone(), "kube-system")
+        .list(&ListParams::default())
+        .await;
+    assert!(
+        matches!(&denied, Err(kube::Error::Api(s)) if s.code == 403),
+        "listing Secrets must be forbidden: {denied:?}"
+    );
+    let can_i = kubectl_ok(env, mgmt, &["auth", "can-i", "--list", "--as", user]);
+    println!("== kubectl auth can-i --list --as {user}\n{can_i}");
+
+    world.start_simulator(opts.mode).await;
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let config = world.config.clone();
+    let task = tokio::spawn(async move {
+        let options = RunOptions {
+            metrics_addr: "127.0.0.1:0".parse().expect("address"),
+            leader: Some(LeaderConfig::new(
+                "autonodes-system",
+                "autonodes",
+                Duration::from_secs(15),
+            )),
+            bound: None,
+        };
+        run_with_options(client, config, options, async move {
+            let _ = stop_rx.wait_for(|v| *v).await;
+        })
+        .await
+    });
+
+    world.claim_type("rbac-only", "standard-node").await;
+    let claim = world.wait_phase("rbac-only", "Available", AVAILABLE).await;
+    println!(
+        "claim rbac-only is {:?} on {:?} with only the chart's RBAC",
+        claim.status.as_ref().and_then(|s| s.phase),
+        claim.status.as_ref().and_then(|s| s.node_name.clone())
+    );
+    let lease = Api::<Lease>::namespaced(world.mgmt.clone(), "autonodes-system")
+        .get("autonodes")
+        .await
+        .expect("the Lease exists");
+    assert!(
+        lease.spec.and_then(|s| s.holder_identity).is_some(),
+        "the controller holds the Lease"
+    );
+    assert!(
+        !world.events_for(NS, "rbac-only").await.is_empty(),
+        "events were recorded"
+    );
+
+    world.delete_claim("rbac-only").await;
+    world.wait_claim_gone("rbac-only", AVAILABLE).await;
+    assert!(world.vms().await.is_empty(), "the VM is gone");
+
+    let _ = stop_tx.send(true);
+    let result = tokio::time::timeout(autonodes::run::SHUTDOWN_GRACE * 2, task)
+        .await
+        .expect("the controller stops")
+        .expect("no panic");
+    assert!(result.is_ok(), "{result:?}");
+    let lease = Api::<Lease>::namespaced(world.mgmt.clone(), "autonodes-system")
+        .get("autonodes")
+        .await
+        .expect("the Lease exists");
+    assert_eq!(
+        lease.spec.and_then(|s| s.holder_identity),
+        None,
+        "released on shutdown"
+    );
+    world.shutdown().await;
+}

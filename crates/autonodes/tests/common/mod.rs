@@ -1,0 +1,102 @@
+//! Helpers shared by the integration tests: real API servers from `autonodes_testenv::testenv`.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use autonodes_testenv::testenv::{ApiServer, TestEnv};
+
+/// The repository root (the workspace; this crate lives in `crates/autonodes`).
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
+
+/// Starts etcd and the named API servers; fails the test with the reason if it cannot.
+pub async fn start(names: &[&str]) -> TestEnv {
+    match TestEnv::start(names).await {
+        Ok(env) => env,
+        Err(e) => panic!("starting the test environment: {e}"),
+    }
+}
+
+/// Runs kubectl against `server` and returns its output, whatever the exit code.
+pub fn kubectl(env: &TestEnv, server: &ApiServer, args: &[&str]) -> Output {
+    server
+        .kubectl(&env.bins)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running kubectl {args:?}: {e}"))
+}
+
+/// Runs kubectl and returns stdout; fails the test when kubectl fails.
+pub fn kubectl_ok(env: &TestEnv, server: &ApiServer, args: &[&str]) -> String {
+    let out = kubectl(env, server, args);
+    assert!(
+        out.status.success(),
+        "kubectl {args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Applies every CRD in `crds/` with kubectl and waits until they are Established.
+pub fn apply_crds_dir(env: &TestEnv, server: &ApiServer) {
+    let dir = repo().join("crds");
+    kubectl_ok(env, server, &["apply", "-f", path_str(&dir)]);
+    kubectl_ok(
+        env,
+        server,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/nodeclaims.autonodes.io",
+            "crd/nodepools.autonodes.io",
+            "crd/nodeproviders.autonodes.io",
+            "crd/nodetypes.autonodes.io",
+        ],
+    );
+}
+
+/// A path as &str (test paths are UTF-8).
+pub fn path_str(p: &Path) -> &str {
+    p.to_str()
+        .unwrap_or_else(|| panic!("non-UTF-8 path {}", p.display()))
+}
+
+/// Retries `f` until it returns Some or `timeout` passes.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        if start.elapsed() > timeout {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// True while a process with this pid exists (and is not a zombie).
+pub fn pid_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+            .unwrap_or(false),
+        Err(_) => false,
+    }
+}
+
+pub mod world;

@@ -1,0 +1,417 @@
+//! The paths that are not the happy one, on real API servers: timeouts, bad input, provider
+//! deletion with live claims, and a controller killed mid-provisioning.
+
+mod common;
+
+use std::time::Duration;
+
+use autonodes::api::NodeProvider;
+use autonodes_testenv::playground::{put_kubeconfig_secret, SERVICE_NAMESPACE};
+use autonodes_testenv::simulator::SimMode;
+use common::world::*;
+use kube::api::{Api, DeleteParams};
+
+const WAIT: Duration = Duration::from_secs(90);
+
+/// A provider whose VMs go to `cluster`, with one small type (optionally broken).
+fn provider(name: &str, cluster: &str, extra_type_fields: &str) -> String {
+    provider_yaml(
+        name,
+        cluster,
+        "1",
+        "1Gi",
+        &format!("      - name: small\n{extra_type_fields}"),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vm_that_never_boots_fails_its_claim_by_launch_timeout_and_is_removed() {
+    let world = World::start(WorldOptions {
+        mode: SimMode::NeverBoot,
+        launch_timeout: Duration::from_secs(6),
+        ..Default::default()
+    })
+    .await;
+    world.claim_type("stuck", "standard-node").await;
+    let failed = world.wait_phase("stuck", "Failed", WAIT).await;
+    let (status, reason, message) = condition(&failed, "Ready").expect("Ready condition");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "LaunchTimeout"),
+        "{message}"
+    );
+    assert!(message.contains("did not run within 6s"), "{message}");
+    common::eventually("the failed claim's VM and Secret to go", WAIT, || async {
+        (world.vms().await.is_empty()
+            && world.host_secrets().await.is_empty()
+            && world.tokens().await.is_empty())
+        .then_some(())
+    })
+    .await;
+    let events = world.events_for(NS, "stuck").await;
+    assert!(
+        events.iter().any(|e| e.starts_with("LaunchTimeout")),
+        "{events:?}"
+    );
+    // A failed claim no longer holds capacity.
+    let t = world
+        .wait_node_type(
+            "kubevirt-provider-advanced.standard-node",
+            "capacity freed",
+            |t| {
+                t.status
+                    .as_ref()
+                    .and_then(|s| s.capacity.as_ref())
+                    .is_some_and(|c| c.claimed == 0)
+            },
+        )
+        .await;
+    assert_eq!(
+        t.status.and_then(|s| s.capacity).and_then(|c| c.available),
+        Some(10)
+    );
+    world.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vm_that_never_joins_fails_its_claim_by_registration_timeout_and_is_removed() {
+    let world = World::start(WorldOptions {
+        mode: SimMode::NeverJoin,
+        registration_timeout: Duration::from_secs(6),
+        ..Default::default()
+    })
+    .await;
+    world.claim_type("lonely", "standard-node").await;
+    let joining = world.wait_phase("lonely", "Joining", WAIT).await;
+    assert_eq!(
+        condition(&joining, "Provisioned").map(|c| c.0),
+        Some("True".into())
+    );
+    let failed = world.wait_phase("lonely", "Failed", WAIT).await;
+    let (_, reason, message) = condition(&failed, "Ready").expect("Ready condition");
+    assert_eq!(reason, "RegistrationTimeout", "{message}");
+    common::eventually(
+        "the failed claim's VM, Secret and token to go",
+        WAIT,
+        || async {
+            (world.vms().await.is_empty()
+                && world.host_secrets().await.is_empty()
+                && world.tokens().await.is_empty())
+            .then_some(())
+        },
+    )
+    .await;
+    assert!(world.nodes().await.is_empty());
+    world.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_host_clusters_and_templates_give_conditions_and_events_while_good_claims_are_served() {
+    let world = World::start(WorldOptions::default()).await;
+    let mgmt = world.mgmt.clone();
+    put_kubeconfig_secret(
+        &mgmt,
+        SERVICE_NAMESPACE,
+        "malformed",
+        "kubeconfig",
+        "this: is: not a kubeconfig [",
+    )
+    .await
+    .expect("secret");
+    let closed = autonodes_testenv::testenv::free_port().expect("port");
+    let unreachable = autonodes_testenv::testenv::admin_kubeconfig(
+        "gone",
+        &format!("https://127.0.0.1:{closed}"),
+        &world.playground.host().expect("host").ca_pem,
+        "token",
+    );
+    put_kubeconfig_secret(
+        &mgmt,
+        SERVICE_NAMESPACE,
+        "unreachable",
+        "kubeconfig",
+        &unreachable,
+    )
+    .await
+    .expect("secret");
+    world
+        .apply_provider(&provider("no-secret", "no-such-cluster", ""))
+        .await;
+    world
+        .apply_provider(&provider("bad-kubeconfig", "malformed", ""))
+        .await;
+    world
+        .apply_provider(&provider("no-answer", "unreachable", ""))
+        .await;
+    // One provider, three types: two broken ones (the cheaper) fail themselves, not the
+    // valid sibling, and a claim for the provider goes to the valid one.
+    world
+        .apply_provider(&provider_yaml(
+            "mixed",
+            "test-kubevirt-1",
+            "1",
+            "1Gi",
+            "      - name: both-templates\n        mergeVirtualMachineTemplate: {metadata: {labels: {a: b}}}\n        virtualMachineTemplate: {spec: {template: {spec: {domain: {memory: {guest: 1Gi}}}}}}\n      - name: run-twice\n        mergeVirtualMachineTemplate: {spec: {running: true, runStrategy: Always}}\n      - name: fine\n        resources: {cpu: \"2\", memory: 2Gi}\n",
+        ))
+        .await;
+    // A claim for a good type goes on regardless.
+    world.claim_type("good", "standard-node").await;
+
+    let cases = [
+        (
+            "no-secret",
+            "HostReachable",
+            "KubeconfigSecretNotFound",
+            "autonodes-system/no-such-cluster",
+        ),
+        (
+            "bad-kubeconfig",
+            "HostReachable",
+            "InvalidKubeconfig",
+            "is not YAML",
+        ),
+        (
+            "no-answer",
+            "HostReachable",
+            "HostUnreachable",
+            "test-kubevirt-1",
+        ),
+    ];
+    for (name, cond, reason, text) in cases {
+        let p = world
+            .wait_provider(name, &format!("{cond}={reason}"), |p| {
+                provider_condition(p, cond).is_some_and(|c| c.0 == "False" && c.1 == reason)
+            })
+            .await;
+        let (_, _, message) = provider_condition(&p, cond).expect("condition");
+        let text = if name == "no-answer" {
+            "unreachable"
+        } else {
+            text
+        };
+        assert!(message.contains(text), "{name}: {message}");
+        assert_eq!(
+            p.status
+                .as_ref()
+                .and_then(|s| s.phase)
+                .map(|ph| format!("{ph:?}")),
+            Some("Failed".into())
+        );
+        let ready = provider_condition(&p, "Ready").expect("Ready");
+        assert_eq!((ready.0.as_str(), ready.1.as_str()), ("False", reason));
+        let events = common::eventually(&format!("an Event for {name}"), WAIT, || async {
+            let e = world.events_for("kube-system", name).await;
+            e.iter().any(|e| e.starts_with(reason)).then_some(e)
+        })
+        .await;
+        assert!(!events.is_empty());
+    }
+    // The provider with broken types stays Ready and says which types are broken.
+    let p = world
+        .wait_provider("mixed", "TemplatesValid=False", |p| {
+            provider_condition(p, "TemplatesValid")
+                .is_some_and(|c| c.0 == "False" && c.1 == "InvalidTemplate")
+        })
+        .await;
+    let (_, _, message) = provider_condition(&p, "TemplatesValid").expect("TemplatesValid");
+    assert!(
+        message.starts_with("2 of 3 node types invalid: "),
+        "{message}"
+    );
+    assert!(
+        message.contains("node type mixed.both-templates: mergeVirtualMachineTemplate and virtualMachineTemplate are mutually exclusive")
+            && message.contains("mixed.run-twice")
+            && message.contains("runStrategy"),
+        "{message}"
+    );
+    let p = world
+        .wait_provider("mixed", "Ready=True", |p| {
+            provider_condition(p, "Ready").is_some_and(|c| c.0 == "True")
+        })
+        .await;
+    assert_eq!(
+        p.status
+            .as_ref()
+            .and_then(|s| s.phase)
+            .map(|ph| format!("{ph:?}")),
+        Some("Available".into())
+    );
+    // The broken types are Failed with the reason; the sibling is Available.
+    for (name, phase, reason) in [
+        ("mixed.both-templates", "Failed", "InvalidTemplate"),
+        ("mixed.run-twice", "Failed", "InvalidTemplate"),
+        ("mixed.fine", "Available", "Available"),
+    ] {
+        let t = world
+            .wait_node_type(name, phase, |t| {
+                t.status
+                    .as_ref()
+                    .and_then(|s| s.phase)
+                    .map(|p| format!("{p:?}"))
+                    == Some(phase.into())
+            })
+            .await;
+        let ready = t
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready").cloned())
+            .expect("Ready");
+        assert_eq!(ready.reason, reason, "{name}: {}", ready.message);
+    }
+    world
+        .create_claim(
+            serde_json::json!({"metadata": {"name": "to-mixed"}, "spec": {"providerRef": "mixed"}}),
+        )
+        .await;
+    let placed = world.wait_phase("to-mixed", "Available", WAIT).await;
+    assert_eq!(
+        placed.status.and_then(|s| s.type_ref).as_deref(),
+        Some("mixed.fine")
+    );
+    // A claim pinned to a type of a provider whose host is broken says why.
+    world
+        .create_claim(serde_json::json!({"metadata": {"name": "pinned"}, "spec": {"typeRef": "no-secret.small"}}))
+        .await;
+    let pinned = world
+        .wait_claim("pinned", "Scheduled=False", WAIT, |c| {
+            condition(c, "Scheduled").is_some_and(|x| x.0 == "False")
+        })
+        .await;
+    let (_, reason, message) = condition(&pinned, "Scheduled").expect("Scheduled");
+    assert_eq!(reason, "NoMatchingNodeType");
+    assert!(
+        message.contains("no-secret.small") && message.contains("not ready"),
+        "{message}"
+    );
+
+    world.wait_phase("good", "Available", WAIT).await;
+    world.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_claims_give_conditions_and_events_while_good_claims_are_served() {
+    let world = World::start(WorldOptions::default()).await;
+    world
+        .create_claim(serde_json::json!({"metadata": {"name": "unknown-type"}, "spec": {"typeRef": "kubevirt-provider-advanced.huge-node"}}))
+        .await;
+    world
+        .create_claim(serde_json::json!({"metadata": {"name": "no-tenant"}, "spec": {"vClusterRef": {"name": "missing"}}}))
+        .await;
+    world
+        .create_claim(serde_json::json!({"metadata": {"name": "bad-gt"}, "spec": {"requirements": [{"key": "cores", "operator": "Gt", "values": ["many"]}]}}))
+        .await;
+    world.claim_type("good", "high-memory-node").await;
+
+    let c = world
+        .wait_claim("unknown-type", "Scheduled=False", WAIT, |c| {
+            condition(c, "Scheduled").is_some_and(|x| x.0 == "False")
+        })
+        .await;
+    let (_, reason, message) = condition(&c, "Scheduled").expect("Scheduled");
+    assert_eq!(reason, "NoMatchingNodeType");
+    assert!(
+        message.contains("kubevirt-provider-advanced.huge-node does not exist"),
+        "{message}"
+    );
+
+    let c = world
+        .wait_claim("no-tenant", "Scheduled=False", WAIT, |c| {
+            condition(c, "Scheduled").is_some_and(|x| x.0 == "False")
+        })
+        .await;
+    let (_, reason, message) = condition(&c, "Scheduled").expect("Scheduled");
+    assert_eq!(reason, "KubeconfigSecretNotFound");
+    assert!(message.contains("tenant/vc-missing"), "{message}");
+    assert_eq!(
+        c.status
+            .as_ref()
+            .and_then(|s| s.phase)
+            .map(|p| format!("{p:?}")),
+        Some("Pending".into())
+    );
+
+    let c = world
+        .wait_claim("bad-gt", "Scheduled=False", WAIT, |c| {
+            condition(c, "Scheduled").is_some_and(|x| x.0 == "False")
+        })
+        .await;
+    let (_, reason, message) = condition(&c, "Scheduled").expect("Scheduled");
+    assert_eq!(reason, "InvalidRequest");
+    assert!(
+        message.contains("spec.requirements[0]") && message.contains("many"),
+        "{message}"
+    );
+
+    for (name, reason) in [
+        ("unknown-type", "NoMatchingNodeType"),
+        ("no-tenant", "KubeconfigSecretNotFound"),
+        ("bad-gt", "InvalidRequest"),
+    ] {
+        let events = world.events_for(NS, name).await;
+        assert!(
+            events.iter().any(|e| e.starts_with(reason)),
+            "{name}: {events:?}"
+        );
+    }
+    world.wait_phase("good", "Available", WAIT).await;
+    // None of the bad claims made anything remote.
+    assert_eq!(world.vms().await.len(), 1);
+    world.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_provider_with_live_claims_waits_for_them_and_orphans_nothing() {
+    let world = World::start(WorldOptions::default()).await;
+    world.claim_type("live", "standard-node").await;
+    world.wait_phase("live", "Available", WAIT).await;
+    let providers: Api<NodeProvider> = Api::all(world.mgmt.clone());
+    providers
+        .delete("kubevirt-provider-advanced", &DeleteParams::default())
+        .await
+        .expect("delete accepted");
+    let p = world
+        .wait_provider("kubevirt-provider-advanced", "InUse", |p| {
+            provider_condition(p, "Ready").is_some_and(|c| c.1 == "InUse")
+        })
+        .await;
+    let (_, _, message) = provider_condition(&p, "Ready").expect("Ready");
+    assert!(message.contains("tenant/live"), "{message}");
+    // The claim keeps its node while the provider waits.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(world.vms().await.len(), 1);
+    assert_eq!(
+        world
+            .wait_phase("live", "Available", WAIT)
+            .await
+            .metadata
+            .name
+            .as_deref(),
+        Some("live")
+    );
+
+    world.delete_claim("live").await;
+    world.wait_claim_gone("live", WAIT).await;
+    common::eventually("the provider to be gone", WAIT, || async {
+        matches!(
+            providers.get_opt("kubevirt-provider-advanced").await,
+            Ok(None)
+        )
+        .then_some(())
+    })
+    .await;
+    let types: Api<autonodes::api::NodeType> = Api::all(world.mgmt.clone());
+    common::eventually("its node types to be gone", WAIT, || async {
+        types
+            .list(&Default::default())
+            .await
+            .ok()
+            .filter(|l| l.items.is_empty())
+            .map(|_| ())
+    })
+    .await;
+    assert!(world.vms().await.is_empty());
+    assert!(world.host_secrets().await.is_empty());
+    assert!(world.nodes().await.is_empty());
+    assert!(world.tokens().await.is_empty());
+    world.shutdown().await;
+}

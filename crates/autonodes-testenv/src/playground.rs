@@ -16,7 +16,8 @@ use crate::testenv::{install_crds, ApiServer, TestEnv};
 /// The service namespace autonodes uses in the playground.
 pub const SERVICE_NAMESPACE: &str = "autonodes-system";
 
-async fn ensure_namespace(client: &Client, name: &str) -> anyhow::Result<()> {
+/// Creates namespace `name` unless it exists (server-side apply).
+pub async fn ensure_namespace(client: &Client, name: &str) -> anyhow::Result<()> {
     let api: Api<Namespace> = Api::all(client.clone());
     let ns = Namespace {
         metadata: ObjectMeta {

@@ -370,16 +370,21 @@ impl ApiServer {
 
     /// Resident and peak resident memory of the API server process, in bytes (Linux).
     pub fn memory(&self) -> Option<(u64, u64)> {
-        let status = fs::read_to_string(format!("/proc/{}/status", self.pid()?)).ok()?;
-        let field = |name: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-                .map(|kb| kb * 1024)
-        };
-        Some((field("VmRSS:")?, field("VmHWM:")?))
+        process_memory(self.pid()?)
     }
+}
+
+/// Resident and peak resident memory (`VmRSS`, `VmHWM`) of process `pid`, in bytes (Linux).
+pub fn process_memory(pid: u32) -> Option<(u64, u64)> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map(|kb| kb * 1024)
+    };
+    Some((field("VmRSS:")?, field("VmHWM:")?))
 }
 
 /// Waits until the API server answers `/readyz` with `ok`.

@@ -20,21 +20,24 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "../tests/opscommon/mod.rs"]
+mod opscommon;
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::{Read, Write};
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use autonodes::api::NodeClaim;
+use autonodes_testenv::playground::ensure_namespace;
 use autonodes_testenv::simulator::SimMode;
-use autonodes_testenv::testenv::ManagedProcess;
+use autonodes_testenv::testenv::{process_memory, ManagedProcess};
 use common::world::{condition, provider_yaml, World, WorldOptions, NS};
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{Namespace, Node, Secret};
+use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
-use kube::Client;
+use opscommon::http_get;
 
 /// Requests in flight in the bounds (a) and (b).
 const IN_FLIGHT: usize = 32;
@@ -71,19 +74,6 @@ fn cpu_seconds(pid: u32) -> f64 {
             Some((utime + stime) / TICKS)
         })
         .unwrap_or(0.0)
-}
-
-/// A `/proc/<pid>/status` field in bytes (`VmRSS:`, `VmHWM:`).
-fn memory(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix(field))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        })
-        .map(|kb| kb * 1024)
-        .unwrap_or(0)
 }
 
 fn mb(bytes: u64) -> f64 {
@@ -136,23 +126,12 @@ async fn server_requests(world: &World) -> Requests {
     out
 }
 
-/// A plain HTTP GET of the controller's metrics server; the body when it answered 200.
-fn http_get(addr: &str, path: &str) -> Option<String> {
-    let mut stream = std::net::TcpStream::connect(addr).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
-    let mut text = String::new();
-    stream.read_to_string(&mut text).ok()?;
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    head.lines()
-        .next()?
-        .contains(" 200 ")
-        .then(|| body.to_string())
-}
-
 /// The controller's `autonodes_kube_requests_total` (verbs upper-cased like the servers').
-fn controller_requests(addr: &str) -> Requests {
-    let text = http_get(addr, "/metrics").unwrap_or_default();
+async fn controller_requests(addr: SocketAddr) -> Requests {
+    let text = match http_get(addr, "/metrics").await {
+        Ok((200, body)) => body,
+        _ => String::new(),
+    };
     let mut out = Requests::new();
     for (labels, value) in samples(&text, "autonodes_kube_requests_total") {
         let get = |k: &str| labels.get(k).cloned().unwrap_or_default();
@@ -186,30 +165,58 @@ fn is_read(verb: &str) -> bool {
     matches!(verb, "GET" | "LIST")
 }
 
-/// Totals of a request diff: (writes, reads, lists, watches, events, conflicts).
-fn totals(r: &Requests) -> (f64, f64, f64, f64, f64, f64) {
-    let mut t = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
-    for ((_, verb, resource, code), n) in r {
-        if is_write(verb) {
-            t.0 += n;
-            if resource == "events" {
-                t.4 += n;
+/// Per-claim totals of a request diff.
+struct Totals {
+    writes: f64,
+    reads: f64,
+    lists: f64,
+    watches: f64,
+    events: f64,
+    conflicts: f64,
+}
+
+impl Totals {
+    /// The totals of `r`, divided by `per` (the number of claims).
+    fn per_claim(r: &Requests, per: f64) -> Totals {
+        let mut t = Totals {
+            writes: 0.0,
+            reads: 0.0,
+            lists: 0.0,
+            watches: 0.0,
+            events: 0.0,
+            conflicts: 0.0,
+        };
+        for ((_, verb, resource, code), n) in r {
+            let n = n / per;
+            if is_write(verb) {
+                t.writes += n;
+                if resource == "events" {
+                    t.events += n;
+                }
+            }
+            if is_read(verb) {
+                t.reads += n;
+            }
+            if verb == "LIST" {
+                t.lists += n;
+            }
+            if verb == "WATCH" {
+                t.watches += n;
+            }
+            if code == "409" {
+                t.conflicts += n;
             }
         }
-        if is_read(verb) {
-            t.1 += n;
-        }
-        if verb == "LIST" {
-            t.2 += n;
-        }
-        if verb == "WATCH" {
-            t.3 += n;
-        }
-        if code == "409" {
-            t.5 += n;
-        }
+        t
     }
-    t
+
+    /// "w writes (e Events), r reads (l LISTs), w watches, c conflicts (409)".
+    fn line(&self) -> String {
+        format!(
+            "{:.1} writes ({:.1} Events), {:.1} reads ({:.1} LISTs), {:.2} watches, {:.2} conflicts (409)",
+            self.writes, self.events, self.reads, self.lists, self.watches, self.conflicts
+        )
+    }
 }
 
 /// "verb resource n/claim" for the largest entries of a diff.
@@ -258,7 +265,9 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 // (a) The Secret write bound.
 
 async fn secret_bound(world: &World) -> f64 {
-    ensure_namespace(&world.host, "bound").await;
+    ensure_namespace(&world.host, "bound")
+        .await
+        .expect("namespace bound");
     let api: Api<Secret> = Api::namespaced(world.host.clone(), "bound");
     let payload = "x".repeat(2048);
     let started = Instant::now();
@@ -285,14 +294,6 @@ async fn secret_bound(world: &World) -> f64 {
         .await
         .expect("secrets deleted");
     rate
-}
-
-async fn ensure_namespace(client: &Client, name: &str) {
-    let ns: Namespace =
-        serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).expect("ns");
-    let _ = Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -523,8 +524,11 @@ async fn replay_claim(world: &World, i: usize) {
 }
 
 async fn replay_bound(world: &World, n: usize) -> f64 {
-    ensure_namespace(&world.mgmt, REPLAY_NS).await;
-    ensure_namespace(&world.host, REPLAY_NS).await;
+    for client in [&world.mgmt, &world.host] {
+        ensure_namespace(client, REPLAY_NS)
+            .await
+            .expect("replay namespace");
+    }
     let started = Instant::now();
     futures::stream::iter(0..n)
         .map(|i| replay_claim(world, i))
@@ -609,24 +613,25 @@ fn watch_claims(world: &World) -> (Arc<Mutex<Seen>>, tokio::task::JoinHandle<()>
 
 struct Controller {
     process: ManagedProcess,
-    addr: String,
+    addr: SocketAddr,
 }
 
 impl Controller {
     async fn start(world: &World, n: u32) -> Controller {
         let port = autonodes_testenv::testenv::free_port().expect("free port");
-        let addr = format!("127.0.0.1:{port}");
-        let process = world.spawn_controller_process_on(n, env!("CARGO_BIN_EXE_autonodes"), &addr);
-        let c = Controller { process, addr };
-        common::eventually("the controller ready", Duration::from_secs(120), || async {
-            let addr = c.addr.clone();
-            tokio::task::spawn_blocking(move || http_get(&addr, "/readyz"))
-                .await
-                .ok()
-                .flatten()
-        })
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let process = world.spawn_controller_process_on(
+            n,
+            env!("CARGO_BIN_EXE_autonodes"),
+            &addr.to_string(),
+        );
+        common::eventually(
+            "the controller ready",
+            Duration::from_secs(120),
+            || async move { matches!(http_get(addr, "/readyz").await, Ok((200, _))).then_some(()) },
+        )
         .await;
-        c
+        Controller { process, addr }
     }
 
     fn pid(&self) -> u32 {
@@ -634,10 +639,7 @@ impl Controller {
     }
 
     async fn requests(&self) -> Requests {
-        let addr = self.addr.clone();
-        tokio::task::spawn_blocking(move || controller_requests(&addr))
-            .await
-            .unwrap_or_default()
+        controller_requests(self.addr).await
     }
 }
 
@@ -724,7 +726,7 @@ async fn product_run(
     let server_cpu_used = server_cpu(world) - cpu_before;
     let ctl_cpu = cpu_seconds(controller.pid()) - ctl_cpu_before;
     let bench_cpu = cpu_seconds(std::process::id()) - bench_cpu_before;
-    let ctl_peak = memory(controller.pid(), "VmHWM:");
+    let ctl_peak = process_memory(controller.pid()).map_or(0, |(_, peak)| peak);
     let mut to_ready: Vec<f64> = {
         let seen = seen.lock().expect("lock");
         created
@@ -745,7 +747,7 @@ async fn product_run(
     let mut peak_server_rss = 0u64;
     loop {
         for pid in world.playground.env.pids() {
-            peak_server_rss = peak_server_rss.max(memory(pid, "VmRSS:"));
+            peak_server_rss = peak_server_rss.max(process_memory(pid).map_or(0, |(rss, _)| rss));
         }
         let gone = {
             let seen = seen.lock().expect("lock");
@@ -768,8 +770,6 @@ async fn product_run(
     let per = n as f64;
     let server = diff(&server_after, &server_before);
     let ctl = diff(&controller_after, &controller_before);
-    let (sw, sr, sl, swa, se, sc) = totals(&server);
-    let (cw, cr, cl, cwa, ce, cc) = totals(&ctl);
     let rate = per / took;
     println!();
     println!("(c) product, N = {n} claims created at once (controller process #{run})");
@@ -789,12 +789,12 @@ async fn product_run(
         percentile(&to_ready, 1.0)
     );
     println!(
-        "    API servers, per claim:        {:.1} writes ({:.1} Events), {:.1} reads ({:.1} LISTs), {:.2} watches, {:.2} conflicts (409)",
-        sw / per, se / per, sr / per, sl / per, swa / per, sc / per
+        "    API servers, per claim:        {}",
+        Totals::per_claim(&server, per).line()
     );
     println!(
-        "    controller, per claim:         {:.1} writes ({:.1} Events), {:.1} reads ({:.1} LISTs), {:.2} watches, {:.2} conflicts (409)",
-        cw / per, ce / per, cr / per, cl / per, cwa / per, cc / per
+        "    controller, per claim:         {}",
+        Totals::per_claim(&ctl, per).line()
     );
     println!(
         "    API-server + etcd CPU:         {:.0} ms per claim ({server_cpu_used:.1}s)",

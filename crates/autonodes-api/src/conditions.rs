@@ -15,6 +15,23 @@ pub const UNKNOWN: &str = "Unknown";
 /// would make the whole status write fail). Longer messages are cut with `…`.
 pub const MAX_MESSAGE_BYTES: usize = 4096;
 
+/// NodeClaim condition reasons that mean "on its way", not "something is wrong". A claim
+/// records them in its status but no Event: a healthy claim's history holds Normal Events
+/// only. A change from one of them to another (or of their message) is written together
+/// with the next real change, not on its own.
+pub const CLAIM_PROGRESS_REASONS: &[&str] = &[
+    "Creating",
+    "Booting",
+    "WaitingForNode",
+    "NodeNotReady",
+    "Terminating",
+];
+
+/// True for a reason in [`CLAIM_PROGRESS_REASONS`].
+pub fn is_progress(reason: &str) -> bool {
+    CLAIM_PROGRESS_REASONS.contains(&reason)
+}
+
 /// `message` cut to at most [`MAX_MESSAGE_BYTES`] on a character boundary, `…` marking a cut.
 pub fn bounded_message(message: String) -> String {
     if message.len() <= MAX_MESSAGE_BYTES {

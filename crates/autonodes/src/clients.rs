@@ -11,9 +11,13 @@
 //! which would run `exec` plugins, read files and follow proxies). A refused Secret is a
 //! [`ClientError::InvalidKubeconfig`] naming the field, logged once per Secret version.
 //!
-//! A client is rebuilt when the Secret's `resourceVersion` changes. Whoever needs to react
-//! to a new client (e.g. to start watches on the remote cluster) registers a [`OnConnect`]
-//! hook; the tasks it returns are aborted when the client is replaced or dropped.
+//! A client is rebuilt when the Secret's `resourceVersion` changes. The Secret is read at
+//! most once per [`SECRET_RECHECK`] per cluster (one reader at a time; the others use the
+//! cached client), not once per reconcile: RBAC grants only `get` on it, so there is no
+//! watch, and a changed or deleted Secret takes effect within that interval. Whoever needs
+//! to react to a new client (the watch caches of the remote cluster) registers a
+//! [`OnConnect`] hook; the tasks it returns are aborted when the client is replaced or
+//! dropped, and the caches it returns travel with the client ([`Remote::cache`]).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -36,6 +40,8 @@ pub const LOCAL_CLUSTER: &str = "local";
 pub use crate::api::{HOST_KUBECONFIG_KEY, TENANT_KUBECONFIG_KEY};
 /// How long a remote API call may take before the cluster counts as unreachable.
 pub const REMOTE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a kubeconfig Secret read stays good before the next use reads it again.
+pub const SECRET_RECHECK: Duration = Duration::from_secs(5);
 
 /// Which cluster a client reaches.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -136,6 +142,38 @@ pub struct Remote {
     pub server: String,
     /// PEM of the cluster's CA certificate(s) from the kubeconfig, when it has them.
     pub ca_pem: Option<Vec<u8>>,
+    /// The watch caches of this cluster (empty until the [`OnConnect`] hook filled them).
+    pub cache: RemoteCache,
+}
+
+/// The watch caches a remote client carries (see `controller::remote`).
+#[derive(Clone, Default)]
+pub enum RemoteCache {
+    /// No caches: every read goes to the API server.
+    #[default]
+    None,
+    /// A host cluster's VirtualMachines and VirtualMachineInstances.
+    Host(Arc<crate::controller::remote::HostCache>),
+    /// A tenant cluster's Nodes and bootstrap tokens.
+    Tenant(Arc<crate::controller::remote::TenantCache>),
+}
+
+impl Remote {
+    /// The host caches, if this is a host client with caches.
+    pub fn host_cache(&self) -> Option<&crate::controller::remote::HostCache> {
+        match &self.cache {
+            RemoteCache::Host(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// The tenant caches, if this is a tenant client with caches.
+    pub fn tenant_cache(&self) -> Option<&crate::controller::remote::TenantCache> {
+        match &self.cache {
+            RemoteCache::Tenant(c) => Some(c),
+            _ => None,
+        }
+    }
 }
 
 impl fmt::Debug for Remote {
@@ -156,11 +194,21 @@ impl Remote {
     }
 }
 
-/// Called with every newly built remote client; returns tasks that live as long as the client.
-pub type OnConnect = Arc<dyn Fn(&Remote) -> Vec<JoinHandle<()>> + Send + Sync>;
+/// What an [`OnConnect`] hook started for a new client.
+pub struct Connected {
+    /// Tasks that live as long as the client.
+    pub tasks: Vec<JoinHandle<()>>,
+    /// The caches those tasks fill, handed out with the client.
+    pub cache: RemoteCache,
+}
+
+/// Called with every newly built remote client.
+pub type OnConnect = Arc<dyn Fn(&Remote) -> Connected + Send + Sync>;
 
 struct Cached {
     resource_version: String,
+    /// When the Secret was last read (`None` for the management cluster itself).
+    checked: Option<std::time::Instant>,
     remote: Arc<Remote>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -181,6 +229,8 @@ pub struct ClusterClients {
     cache: Mutex<HashMap<ClusterKey, Cached>>,
     /// The Secret version last refused per cluster, so a refusal is logged once.
     refused: Mutex<HashMap<ClusterKey, String>>,
+    /// One lock per cluster, held while its Secret is read.
+    readers: Mutex<HashMap<ClusterKey, Arc<Mutex<()>>>>,
     on_connect: std::sync::RwLock<Option<OnConnect>>,
 }
 
@@ -198,6 +248,7 @@ impl ClusterClients {
             policy,
             cache: Mutex::new(HashMap::new()),
             refused: Mutex::new(HashMap::new()),
+            readers: Mutex::new(HashMap::new()),
             on_connect: std::sync::RwLock::new(None),
         }
     }
@@ -225,6 +276,7 @@ impl ClusterClients {
                         client: self.mgmt.clone(),
                         server: String::new(),
                         ca_pem: None,
+                        cache: RemoteCache::None,
                     })
                 })
                 .await;
@@ -271,6 +323,18 @@ impl ClusterClients {
         name: &str,
         data_key: &str,
     ) -> Result<Arc<Remote>, ClientError> {
+        if let Some(remote) = self.recently_checked(&key).await {
+            return Ok(remote);
+        }
+        // One reader per cluster: the others wait for it and take its client.
+        let reader = {
+            let mut readers = self.readers.lock().await;
+            readers.entry(key.clone()).or_default().clone()
+        };
+        let _reading = reader.lock().await;
+        if let Some(remote) = self.recently_checked(&key).await {
+            return Ok(remote);
+        }
         let secrets: Api<Secret> = Api::namespaced(self.mgmt.clone(), namespace);
         let secret = match secrets.get_opt(name).await {
             Ok(Some(s)) => s,
@@ -325,6 +389,15 @@ impl ClusterClients {
         self.cached_or_build(key, Some(rv), || Ok(remote)).await
     }
 
+    /// The cached client of a cluster whose Secret was read less than [`SECRET_RECHECK`] ago.
+    async fn recently_checked(&self, key: &ClusterKey) -> Option<Arc<Remote>> {
+        let cache = self.cache.lock().await;
+        cache
+            .get(key)
+            .filter(|c| c.checked.is_some_and(|t| t.elapsed() < SECRET_RECHECK))
+            .map(|c| c.remote.clone())
+    }
+
     /// Drops the cached client of a cluster whose Secret was refused and logs the refusal
     /// once per Secret version: the Secret and the field, never the value.
     async fn refuse(
@@ -350,12 +423,12 @@ impl ClusterClients {
         }
     }
 
+    /// The cached client if it was built from Secret version `rv` (now checked again).
     async fn cached_if_current(&self, key: &ClusterKey, rv: &str) -> Option<Arc<Remote>> {
-        let cache = self.cache.lock().await;
-        cache
-            .get(key)
-            .filter(|c| c.resource_version == rv)
-            .map(|c| c.remote.clone())
+        let mut cache = self.cache.lock().await;
+        let c = cache.get_mut(key).filter(|c| c.resource_version == rv)?;
+        c.checked = Some(std::time::Instant::now());
+        Some(c.remote.clone())
     }
 
     async fn cached_or_build(
@@ -364,19 +437,29 @@ impl ClusterClients {
         rv: Option<String>,
         build: impl FnOnce() -> Result<Remote, ClientError>,
     ) -> Result<Arc<Remote>, ClientError> {
+        let checked = rv.as_ref().map(|_| std::time::Instant::now());
         let rv = rv.unwrap_or_default();
         let mut cache = self.cache.lock().await;
         if let Some(c) = cache.get(&key).filter(|c| c.resource_version == rv) {
             return Ok(c.remote.clone());
         }
-        let remote = Arc::new(build()?);
+        let mut remote = build()?;
         let hook = self.on_connect.read().ok().and_then(|h| h.clone());
-        let tasks = hook.map(|h| h(&remote)).unwrap_or_default();
+        let tasks = match hook {
+            Some(h) => {
+                let connected = h(&remote);
+                remote.cache = connected.cache;
+                connected.tasks
+            }
+            None => Vec::new(),
+        };
+        let remote = Arc::new(remote);
         tracing::info!(cluster = %key, server = %remote.server, "connected to remote cluster");
         cache.insert(
             key,
             Cached {
                 resource_version: rv,
+                checked,
                 remote: remote.clone(),
                 tasks,
             },
@@ -402,6 +485,7 @@ fn build_remote(key: ClusterKey, kc: &CheckedKubeconfig) -> Result<Remote, Strin
         client,
         server: kc.server.clone(),
         ca_pem: kc.ca_pem.clone(),
+        cache: RemoteCache::None,
     })
 }
 

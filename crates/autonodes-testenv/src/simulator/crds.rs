@@ -157,6 +157,7 @@ pub fn virtual_machine_crd() -> CustomResourceDefinition {
         spec,
         spec_required: true,
         status,
+        status_subresource: true,
         columns: vec![
             column("Age", "date", ".metadata.creationTimestamp", None),
             column(
@@ -255,6 +256,7 @@ pub fn virtual_machine_instance_crd() -> CustomResourceDefinition {
         spec: vmi_spec("VirtualMachineInstanceSpec: the guest's hardware, network and disks."),
         spec_required: true,
         status,
+        status_subresource: false,
         columns: vec![
             column("Age", "date", ".metadata.creationTimestamp", None),
             column("Phase", "string", ".status.phase", None),
@@ -300,6 +302,7 @@ pub fn data_volume_crd() -> CustomResourceDefinition {
         spec: preserve("DataVolumeSpec: source, storage or pvc (not checked here)."),
         spec_required: true,
         status,
+        status_subresource: true,
         columns: vec![
             column(
                 "Phase",
@@ -1003,6 +1006,9 @@ struct CrdParts {
     spec: Schema,
     spec_required: bool,
     status: Schema,
+    /// Whether `status` is a subresource (KubeVirt's VMI CRD has none: its status is
+    /// written with the object).
+    status_subresource: bool,
     columns: Vec<CustomResourceColumnDefinition>,
 }
 
@@ -1056,10 +1062,12 @@ fn crd(parts: CrdParts) -> CustomResourceDefinition {
                 schema: Some(CustomResourceValidation {
                     open_api_v3_schema: Some(root.0),
                 }),
-                subresources: Some(CustomResourceSubresources {
-                    status: Some(CustomResourceSubresourceStatus(json!({}))),
-                    scale: None,
-                }),
+                subresources: parts
+                    .status_subresource
+                    .then(|| CustomResourceSubresources {
+                        status: Some(CustomResourceSubresourceStatus(json!({}))),
+                        scale: None,
+                    }),
                 additional_printer_columns: Some(parts.columns),
                 ..Default::default()
             }],
@@ -1150,11 +1158,17 @@ mod tests {
             crds[0].spec.names.short_names.as_deref(),
             Some(&["vm".to_string(), "vms".to_string()][..])
         );
-        for crd in &crds {
-            assert!(crd.spec.versions[0]
-                .subresources
-                .as_ref()
-                .is_some_and(|s| s.status.is_some()));
-        }
+        // As in KubeVirt's and CDI's CRDs: VirtualMachine and DataVolume have a status
+        // subresource, VirtualMachineInstance has none (its status is written with it).
+        let has_status: Vec<bool> = crds
+            .iter()
+            .map(|c| {
+                c.spec.versions[0]
+                    .subresources
+                    .as_ref()
+                    .is_some_and(|s| s.status.is_some())
+            })
+            .collect();
+        assert_eq!(has_status, [true, false, true]);
     }
 }

@@ -222,18 +222,27 @@ async fn set_finalizers(
     ns: &str,
     finalizers: Vec<String>,
 ) -> Result<(), SimError> {
-    // resourceVersion in a merge patch makes it an optimistic-concurrency update.
-    let patch = json!({
-        "metadata": {
-            "finalizers": finalizers,
-            "resourceVersion": vm.resource_version(),
-        }
-    });
+    // A JSON patch that tests the finalizers it replaces: concurrent on the finalizers, as
+    // a resourceVersion would be, without conflicting with every status write.
+    let current = vm.finalizers().to_vec();
+    let ops = if current.is_empty() {
+        json!([
+            {"op": "test", "path": "/metadata/uid", "value": vm.uid()},
+            {"op": "add", "path": "/metadata/finalizers", "value": finalizers},
+        ])
+    } else {
+        json!([
+            {"op": "test", "path": "/metadata/finalizers", "value": current},
+            {"op": "replace", "path": "/metadata/finalizers", "value": finalizers},
+        ])
+    };
+    let patch: json_patch::Patch = serde_json::from_value(ops)
+        .map_err(|e| SimError::Invalid(format!("finalizer patch: {e}")))?;
     ctx.api(&ctx.vm, ns)
         .patch(
             &vm.name_any(),
             &PatchParams::default(),
-            &Patch::Merge(&patch),
+            &Patch::Json::<()>(patch),
         )
         .await
         .map_err(SimError::kube(format!(
@@ -430,7 +439,7 @@ async fn ensure_scheduling(
         }
     });
     ctx.api(&ctx.vmi, ns)
-        .patch_status(
+        .patch(
             &vmi.name_any(),
             &PatchParams::default(),
             &Patch::Merge(&patch),
@@ -488,7 +497,7 @@ async fn boot(
         }
     });
     ctx.api(&ctx.vmi, ns)
-        .patch_status(
+        .patch(
             &vmi.name_any(),
             &PatchParams::default(),
             &Patch::Merge(&patch),
@@ -544,12 +553,25 @@ async fn teardown(vm: &DynamicObject, ns: &str, ctx: &Ctx) -> Result<Action, Sim
             delete_vmi(ctx, &vmi, ns).await?;
         }
     }
+    // The VM's own DataVolumes, by the names its templates give (no list of the namespace).
     let dvs = ctx.api(&ctx.dv, ns);
-    for dv in dvs
-        .list(&ListParams::default())
-        .await
-        .map_err(SimError::kube(format!("listing DataVolumes in {ns}")))?
-    {
+    let names: Vec<String> = vm
+        .data
+        .pointer("/spec/dataVolumeTemplates")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t.pointer("/metadata/name").and_then(Value::as_str))
+        .map(str::to_string)
+        .collect();
+    for name in names {
+        let Some(dv) = dvs
+            .get_opt(&name)
+            .await
+            .map_err(SimError::kube(format!("reading DataVolume {ns}/{name}")))?
+        else {
+            continue;
+        };
         if owned_by(&dv, &uid) {
             ignore_not_found(
                 dvs.delete(&dv.name_any(), &delete_params_for(dv.uid()))

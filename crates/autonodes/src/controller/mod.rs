@@ -167,8 +167,11 @@ pub struct Context {
     pub types: Store<NodeType>,
     /// All NodeProviders.
     pub providers: Store<NodeProvider>,
-    /// Serializes scheduling decisions so capacity is never exceeded.
+    /// Serializes scheduling decisions so capacity is never exceeded (held only while a
+    /// decision is made in memory, never across an API call).
     pub scheduling: Mutex<nodeclaim::Reservations>,
+    /// Claims as this process last wrote them, until the store catches up ([`Context::fresher`]).
+    pub written: std::sync::Mutex<std::collections::HashMap<String, Written<NodeClaim>>>,
     /// Wakes claims (remote changes, freed capacity).
     pub wake_claims: mpsc::UnboundedSender<ObjectRef<NodeClaim>>,
     /// Wakes node types (capacity changes).
@@ -181,7 +184,61 @@ pub struct Context {
     pub reports: lenient::Reports,
 }
 
+/// An object as a status write returned it, and the version that write replaced.
+pub struct Written<K> {
+    /// The `resourceVersion` the write was conditional on.
+    pub replaced: String,
+    /// The object the API server returned.
+    pub object: Arc<K>,
+}
+
 impl Context {
+    /// The newer of `claim` (from the store) and the claim as this process last wrote it.
+    ///
+    /// The store lags behind our own writes by a watch event; a reconcile that ran on the
+    /// store's copy would write on a stale version and get a conflict. While the store
+    /// still shows the version a write replaced, the written object is the current one.
+    pub fn fresher(&self, claim: Arc<NodeClaim>) -> Arc<NodeClaim> {
+        let (Some(uid), Some(rv)) = (claim.uid(), claim.resource_version()) else {
+            return claim;
+        };
+        let Ok(mut written) = self.written.lock() else {
+            return claim;
+        };
+        match written.get(&uid) {
+            Some(w) if w.replaced == rv => w.object.clone(),
+            Some(_) => {
+                written.remove(&uid);
+                claim
+            }
+            None => claim,
+        }
+    }
+
+    /// Remembers a claim as a status write returned it (see [`Context::fresher`]).
+    pub fn remember_written(&self, replaced: Option<String>, object: NodeClaim) -> Arc<NodeClaim> {
+        let object = Arc::new(object);
+        if let (Some(uid), Some(replaced), Ok(mut written)) =
+            (object.uid(), replaced, self.written.lock())
+        {
+            written.insert(
+                uid,
+                Written {
+                    replaced,
+                    object: object.clone(),
+                },
+            );
+        }
+        object
+    }
+
+    /// Forgets what [`Context::remember_written`] kept of a claim (its cleanup finished).
+    pub fn forget_written(&self, uid: &str) {
+        if let Ok(mut written) = self.written.lock() {
+            written.remove(uid);
+        }
+    }
+
     /// Waits until the claim, type and provider stores hold their first full list.
     ///
     /// Use this rather than `Store::wait_until_ready`: kube-runtime's readiness future keeps
@@ -297,8 +354,9 @@ pub fn now() -> Timestamp {
     Timestamp::now()
 }
 
-/// Writes `status` of `obj` with server-side apply on the status subresource.
-pub async fn apply_status<K, S>(api: &Api<K>, obj: &K, status: &S) -> Result<(), Error>
+/// Writes `status` of `obj` with server-side apply on the status subresource; returns the
+/// object as written.
+pub async fn apply_status<K, S>(api: &Api<K>, obj: &K, status: &S) -> Result<K, Error>
 where
     K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
     S: Serialize,
@@ -323,8 +381,7 @@ where
         // Expected: the cache was behind our own last write. Not a failure.
         kube::Error::Api(s) if s.code == 409 => Error::Conflict(format!("{} {name}", K::kind(&()))),
         e => Error::kube(format!("writing status of {} {name}", K::kind(&())))(e),
-    })?;
-    Ok(())
+    })
 }
 
 /// The watcher configuration of every controller.
@@ -410,6 +467,7 @@ pub async fn run(
         types: type_ctrl.store(),
         providers: provider_ctrl.store(),
         scheduling: Mutex::new(nodeclaim::Reservations::default()),
+        written: Default::default(),
         wake_claims,
         wake_types,
         metrics,
@@ -584,11 +642,13 @@ pub fn cleanup_backoff(deletion_requested: Option<&Time>) -> Duration {
 }
 
 /// Requeue delay after an error: at once for a conflict (a stale cache catches up within
-/// milliseconds), soon for a cleanup that waits, else with a pause.
+/// milliseconds), after a few seconds for a cleanup that waits (the watch on what it waits
+/// for — a VM going, a Node draining — usually wakes it sooner), else with a pause.
 pub fn error_requeue(error: &Error) -> kube::runtime::controller::Action {
     use kube::runtime::controller::Action;
     match error.inner() {
         Error::Conflict(_) => Action::requeue(Duration::from_millis(200)),
+        Error::Waiting(_) => Action::requeue(Duration::from_secs(3)),
         _ if error.is_conflict() => Action::requeue(Duration::from_millis(1000)),
         _ => Action::requeue(Duration::from_secs(5)),
     }

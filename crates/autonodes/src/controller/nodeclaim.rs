@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Pod, Secret, Taint};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::ByteString;
 use kube::api::{
     Api, DeleteParams, DynamicObject, EvictParams, ListParams, Patch, PatchParams, PostParams,
@@ -67,6 +67,7 @@ pub struct Reservations {
 /// Reconciles one NodeClaim.
 pub async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Action, Error> {
     let started = Instant::now();
+    let claim = ctx.fresher(claim);
     let ns = claim.namespace().unwrap_or_default();
     let api: Api<NodeClaim> = Api::namespaced(ctx.client.clone(), &ns);
     let result = finalizer(&api, FINALIZER, claim, |event| async {
@@ -193,6 +194,7 @@ fn set_phase(status: &mut NodeClaimStatus) {
     });
 }
 
+/// Collects the changes of one reconcile to a claim's status and writes them at once.
 struct StatusWriter<'a> {
     claim: &'a NodeClaim,
     ctx: &'a Context,
@@ -223,51 +225,90 @@ impl<'a> StatusWriter<'a> {
         );
     }
 
-    /// Writes the status if it changed, with Events and logs for condition changes.
-    async fn write(mut self) -> Result<NodeClaimStatus, Error> {
+    /// True when the new status differs from the old one by more than progress detail (a
+    /// condition that stays not-True and goes from one progress reason or message to another).
+    fn worth_writing(&self) -> bool {
+        let mut compared = self.new.clone();
+        for c in compared.conditions.iter_mut() {
+            if let Some(before) = conditions::get(&self.old.conditions, &c.type_) {
+                if c.status != TRUE
+                    && before.status == c.status
+                    && conditions::is_progress(&before.reason)
+                    && conditions::is_progress(&c.reason)
+                {
+                    *c = before.clone();
+                }
+            }
+        }
+        compared != self.old
+    }
+
+    /// Writes the status if it changed by more than progress detail (one conditional
+    /// server-side apply), then records Events and stage durations for what changed.
+    /// Returns the claim as it now is.
+    async fn write(mut self) -> Result<Arc<NodeClaim>, Error> {
         if self.new.phase != Some(NodeClaimPhase::Failed)
             && self.new.phase != Some(NodeClaimPhase::Terminating)
         {
             set_phase(&mut self.new);
         }
         self.new.observed_generation = self.claim.metadata.generation;
-        if self.new == self.old {
-            return Ok(self.new);
+        if !self.worth_writing() {
+            return Ok(Arc::new(self.claim.clone()));
         }
         let api: Api<NodeClaim> = Api::namespaced(
             self.ctx.client.clone(),
             &self.claim.namespace().unwrap_or_default(),
         );
-        apply_status(&api, self.claim, &self.new).await?;
+        let written = apply_status(&api, self.claim, &self.new).await?;
+        let written = self
+            .ctx
+            .remember_written(self.claim.resource_version(), written);
         // Events and stage durations only once the write succeeded: a reconcile that worked
         // on a stale copy gets a conflict above and must not report the change a second time.
+        self.record_events().await;
+        self.observe_stages();
+        Ok(written)
+    }
+
+    /// One Event per condition that changed: Normal when it turned True (Joined is left to
+    /// Ready's Event when both turned True at once), Warning when it turned to a problem;
+    /// progress reasons get none.
+    async fn record_events(&self) {
+        let became_true = |type_: &str| {
+            conditions::is_true(&self.new.conditions, type_)
+                && !conditions::is_true(&self.old.conditions, type_)
+        };
         for c in &self.new.conditions {
             let before = conditions::get(&self.old.conditions, &c.type_);
             if before.is_some_and(|b| b.status == c.status && b.reason == c.reason) {
                 continue;
             }
             let type_ = if c.status == TRUE {
+                if c.type_ == JOINED && became_true(READY) {
+                    continue;
+                }
                 EventType::Normal
+            } else if conditions::is_progress(&c.reason) {
+                tracing::debug!(
+                    nodeclaim = %self.claim.name_any(),
+                    condition = %c.type_, reason = %c.reason, message = %c.message,
+                    "claim in progress"
+                );
+                continue;
             } else {
-                EventType::Warning
-            };
-            if c.status != TRUE {
                 tracing::info!(
                     nodeclaim = %self.claim.name_any(),
                     namespace = %self.claim.namespace().unwrap_or_default(),
                     condition = %c.type_, reason = %c.reason, message = %c.message,
                     "claim condition not true"
                 );
-            }
-            // `Ready=False/Waiting...` style progress is not an error: only record it once
-            // per reason, which the comparison above already ensures.
+                EventType::Warning
+            };
             self.ctx
                 .event(self.claim, type_, &c.reason, &c.type_, c.message.clone())
                 .await;
         }
-        self.observe_stages();
-        self.refresh_claim_gauges();
-        Ok(self.new)
     }
 
     fn observe_stages(&self) {
@@ -291,10 +332,6 @@ impl<'a> StatusWriter<'a> {
                     .observe(secs.max(0.0));
             }
         }
-    }
-
-    fn refresh_claim_gauges(&self) {
-        refresh_claim_gauges(self.ctx);
     }
 }
 
@@ -371,15 +408,15 @@ async fn apply(claim: &NodeClaim, ctx: &Context) -> Result<Action, Error> {
     let Some(scheduled) = schedule(claim, ctx).await? else {
         return Ok(Action::requeue(Duration::from_secs(60)));
     };
-    provision(claim, ctx, &scheduled, &tenant).await
+    provision(&scheduled.claim, ctx, &scheduled.node_type, &tenant).await
 }
 
 /// The outcome of scheduling: the chosen type, prepared.
 pub struct Scheduled {
     /// The chosen type.
     pub node_type: PreparedType,
-    /// The claim's status after scheduling.
-    pub status: NodeClaimStatus,
+    /// The claim after scheduling (as written, when scheduling wrote it).
+    pub claim: Arc<NodeClaim>,
 }
 
 /// Chooses a type for the claim (or returns the one already chosen).
@@ -394,7 +431,7 @@ async fn schedule(claim: &NodeClaim, ctx: &Context) -> Result<Option<Scheduled>,
         return match catalogue.get(&type_ref).filter(|t| t.name == type_ref) {
             Some(t) if t.problem.is_none() || provisioned => Ok(Some(Scheduled {
                 node_type: t.clone(),
-                status,
+                claim: Arc::new(claim.clone()),
             })),
             found => {
                 // Already scheduled, but the type is gone or unusable: wait, keep capacity.
@@ -436,21 +473,29 @@ async fn schedule(claim: &NodeClaim, ctx: &Context) -> Result<Option<Scheduled>,
         return Ok(None);
     }
     // One decision at a time, on complete caches, so maxCapacity holds under concurrency.
+    // The decision is reserved in memory before the lock is released; the status write
+    // happens outside it and gives the reservation back if it fails.
     ctx.wait_synced().await;
-    let mut reservations = ctx.scheduling.lock().await;
-    if reservations.scheduled.contains_key(&uid) {
-        // This process scheduled the claim already; the cache has not caught up yet.
-        return Err(Error::Conflict(format!(
-            "NodeClaim {} (cache behind)",
-            claim.name_any()
-        )));
-    }
-    let catalogue = catalogue(ctx);
-    let claimed = claimed_counts(ctx, &reservations);
-    let chosen = match scheduling::choose(&catalogue, &request, &claimed) {
-        Ok(t) => t.clone(),
+    let decision = {
+        let mut reservations = ctx.scheduling.lock().await;
+        if reservations.scheduled.contains_key(&uid) {
+            // This process scheduled the claim already; the cache has not caught up yet.
+            return Err(Error::Conflict(format!(
+                "NodeClaim {} (cache behind)",
+                claim.name_any()
+            )));
+        }
+        let catalogue = catalogue(ctx);
+        let claimed = claimed_counts(ctx, &reservations);
+        let decision = scheduling::choose(&catalogue, &request, &claimed).cloned();
+        if let Ok(t) = &decision {
+            reservations.scheduled.insert(uid.clone(), t.name.clone());
+        }
+        decision
+    };
+    let chosen = match decision {
+        Ok(t) => t,
         Err(nofit) => {
-            drop(reservations);
             let mut w = StatusWriter::new(claim, ctx);
             w.set(SCHEDULED, false, nofit.reason, nofit.message);
             w.write().await?;
@@ -484,13 +529,17 @@ async fn schedule(claim: &NodeClaim, ctx: &Context) -> Result<Option<Scheduled>,
         "Creating",
         "creating the VirtualMachine",
     );
-    let status = w.write().await?;
-    reservations.scheduled.insert(uid, chosen.name.clone());
-    drop(reservations);
+    let written = match w.write().await {
+        Ok(c) => c,
+        Err(e) => {
+            ctx.scheduling.lock().await.scheduled.remove(&uid);
+            return Err(e);
+        }
+    };
     let _ = ctx.wake_types.unbounded_send(ObjectRef::new(&chosen.name));
     Ok(Some(Scheduled {
         node_type: chosen,
-        status,
+        claim: written,
     }))
 }
 
@@ -547,15 +596,33 @@ where
     remote_call(ctx, remote, what, api.get_opt(name)).await
 }
 
+/// An object from a remote watch cache when the cache is live (`cached` is `Some`), else
+/// from the API server.
+async fn read<K>(
+    ctx: &Context,
+    remote: &Remote,
+    cached: Option<Option<Arc<K>>>,
+    api: &Api<K>,
+    name: &str,
+    what: &str,
+) -> Result<Option<Arc<K>>, Error>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match cached {
+        Some(found) => Ok(found),
+        None => Ok(get_opt(ctx, remote, api, name, what).await?.map(Arc::new)),
+    }
+}
+
 /// A claim in the provisioning stages: host objects, token, readiness ladder, timeouts.
 async fn provision(
     claim: &NodeClaim,
     ctx: &Context,
-    s: &Scheduled,
+    t: &PreparedType,
     tenant: &Remote,
 ) -> Result<Action, Error> {
-    let status = &s.status;
-    let t = &s.node_type;
+    let status = claim.status.clone().unwrap_or_default();
     let vm_name = status
         .vm_name
         .clone()
@@ -589,7 +656,19 @@ async fn provision(
     let secret_name = template::user_data_secret_name(&vm_name);
 
     // 1. Host objects: the Secret first, then the VM (both only created, never rewritten).
-    let vm = match get_opt(ctx, &host, &vms, &vm_name, "reading the VirtualMachine").await {
+    let cached_vm = host
+        .host_cache()
+        .and_then(|c| c.vms.get(Some(&vm_ns), &vm_name));
+    let vm = match read(
+        ctx,
+        &host,
+        cached_vm,
+        &vms,
+        &vm_name,
+        "reading the VirtualMachine",
+    )
+    .await
+    {
         Ok(vm) => vm,
         Err(e) => return remote_failure(claim, w, e, Side::Host).await,
     };
@@ -671,23 +750,17 @@ async fn provision(
             .await;
             let vm = match created {
                 Ok(vm) => {
+                    let vm = Arc::new(vm);
                     ctx.metrics
                         .nodeclaims_created
                         .with_label_values::<&str>(&[])
                         .inc();
-                    ctx.event(
-                        claim,
-                        EventType::Normal,
-                        "VirtualMachineCreated",
-                        "Provision",
-                        format!("created VirtualMachine {vm_ns}/{vm_name} on {host_cluster}"),
-                    )
-                    .await;
+                    tracing::info!(nodeclaim = %claim.name_any(), vm = %format!("{vm_ns}/{vm_name}"), cluster = %host_cluster, "created VirtualMachine");
                     vm
                 }
                 Err(e) if matches!(&e, Error::Remote { source: kube::Error::Api(s), .. } if s.code == 409) => {
                     match get_opt(ctx, &host, &vms, &vm_name, "reading the VirtualMachine").await {
-                        Ok(Some(vm)) => vm,
+                        Ok(Some(vm)) => Arc::new(vm),
                         Ok(None) => return Ok(Action::requeue(Duration::from_secs(1))),
                         Err(e) => return remote_failure(claim, w, e, Side::Host).await,
                     }
@@ -716,18 +789,18 @@ async fn provision(
                     return remote_failure(claim, w, e, Side::Host).await;
                 }
             };
-            // The Secret belongs to the VM from now on.
-            if let Err(e) = own_secret(ctx, &host, &secrets, &secret_name, &vm).await {
-                return remote_failure(claim, w, e, Side::Host).await;
-            }
             vm
         }
     };
 
     // 2. Provisioned: the VM runs.
-    let vmi = match get_opt(
+    let cached_vmi = host
+        .host_cache()
+        .and_then(|c| c.vmis.get(Some(&vm_ns), &vm_name));
+    let vmi = match read(
         ctx,
         &host,
+        cached_vmi,
         &vmis,
         &vm_name,
         "reading the VirtualMachineInstance",
@@ -738,7 +811,7 @@ async fn provision(
         Err(e) => return remote_failure(claim, w, e, Side::Host).await,
     };
     let running =
-        kubevirt::vm_ready(&vm) || vmi.as_ref().and_then(kubevirt::vmi_phase) == Some("Running");
+        kubevirt::vm_ready(&vm) || vmi.as_deref().and_then(kubevirt::vmi_phase) == Some("Running");
     if !running {
         let since = conditions::true_since(&status.conditions, SCHEDULED).unwrap_or_else(now);
         let waited = elapsed_since(since);
@@ -756,7 +829,7 @@ async fn provision(
             .await;
         }
         let phase = vmi
-            .as_ref()
+            .as_deref()
             .and_then(kubevirt::vmi_phase)
             .unwrap_or("none yet")
             .to_string();
@@ -777,7 +850,7 @@ async fn provision(
     }
     if !conditions::is_true(&w.new.conditions, PROVISIONED) {
         let ip = vmi
-            .as_ref()
+            .as_deref()
             .and_then(kubevirt::vmi_ip)
             .map(|ip| format!(" at {ip}"))
             .unwrap_or_default();
@@ -791,7 +864,19 @@ async fn provision(
 
     // 3. Joined: a Node with our provider ID.
     let nodes: Api<Node> = Api::all(tenant.client.clone());
-    let node = match get_opt(ctx, tenant, &nodes, &vm_name, "reading the Node").await {
+    let cached_node = tenant
+        .tenant_cache()
+        .and_then(|c| c.nodes.get(None, &vm_name));
+    let node = match read(
+        ctx,
+        tenant,
+        cached_node,
+        &nodes,
+        &vm_name,
+        "reading the Node",
+    )
+    .await
+    {
         Ok(n) => n,
         Err(e) => return remote_failure(claim, w, e, Side::Tenant).await,
     };
@@ -830,9 +915,11 @@ async fn provision(
     };
     let node_name = node.name_any();
     w.new.node_name = Some(node_name.clone());
-    if let Err(e) = sync_node(claim, ctx, tenant, t, &node).await {
-        return remote_failure(claim, w, e, Side::Tenant).await;
-    }
+    let node = match sync_node(claim, ctx, tenant, t, &node).await {
+        Ok(Some(patched)) => Arc::new(patched),
+        Ok(None) => node,
+        Err(e) => return remote_failure(claim, w, e, Side::Tenant).await,
+    };
     if !conditions::is_true(&w.new.conditions, JOINED) {
         w.set(
             JOINED,
@@ -847,11 +934,6 @@ async fn provision(
     }
 
     // 4. Ready: the Node is Ready and no startup taint is left.
-    let node = match get_opt(ctx, tenant, &nodes, &node_name, "reading the Node").await {
-        Ok(Some(n)) => n,
-        Ok(None) => return Ok(Action::requeue(Duration::from_secs(1))),
-        Err(e) => return remote_failure(claim, w, e, Side::Tenant).await,
-    };
     let ready = node_ready(&node);
     let startup_left: Vec<String> = startup_taints(claim)
         .iter()
@@ -916,14 +998,15 @@ fn startup_taints(claim: &NodeClaim) -> Vec<Taint> {
     claim.spec.startup_taints.clone()
 }
 
-/// Sets the labels the kubelet could not, and removes the registration taint.
+/// Sets the labels the kubelet could not, and removes the registration taint. Returns the
+/// Node as patched, or None when it needed nothing.
 async fn sync_node(
     claim: &NodeClaim,
     ctx: &Context,
     tenant: &Remote,
     t: &PreparedType,
     node: &Node,
-) -> Result<(), Error> {
+) -> Result<Option<Node>, Error> {
     let properties = scheduling::node_properties(t, None, &claim.spec);
     let labels = scheduling::node_labels(&properties, None, &claim.spec.labels, &BTreeMap::new())
         .map_err(|e| Error::Internal(e.to_string()))?;
@@ -936,44 +1019,61 @@ async fn sync_node(
     let taints = node_taints(node);
     let has_registration = taints.iter().any(|t| t.key == REGISTRATION_TAINT_KEY);
     if missing.is_empty() && !has_registration {
-        return Ok(());
+        return Ok(None);
     }
     let kept: Vec<&Taint> = taints
         .iter()
         .filter(|t| t.key != REGISTRATION_TAINT_KEY)
         .collect();
-    let mut patch = json!({"metadata": {"labels": missing}});
-    if has_registration {
-        // Optimistic concurrency: taints are a list, replace them only on the version read.
-        patch["metadata"]["resourceVersion"] = json!(node.metadata.resource_version);
-        patch["spec"] = json!({"taints": kept});
+    // A JSON patch: labels are added one by one; the taints are replaced only if they are
+    // still the ones read (a `test` op), so the kubelet's status heartbeats, which change
+    // the Node's resourceVersion, do not make the patch conflict.
+    let mut ops: Vec<serde_json::Value> = Vec::new();
+    if current.is_empty() && !missing.is_empty() {
+        ops.push(json!({"op": "add", "path": "/metadata/labels", "value": {}}));
     }
+    for (k, v) in &missing {
+        ops.push(json!({"op": "add", "path": format!("/metadata/labels/{}", json_pointer_escape(k)), "value": v}));
+    }
+    if has_registration {
+        ops.push(json!({"op": "test", "path": "/spec/taints", "value": taints}));
+        if kept.is_empty() {
+            ops.push(json!({"op": "remove", "path": "/spec/taints"}));
+        } else {
+            ops.push(json!({"op": "replace", "path": "/spec/taints", "value": kept}));
+        }
+    }
+    let patch: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(ops))
+        .map_err(|e| Error::Internal(format!("building the Node patch: {e}")))?;
     let nodes: Api<Node> = Api::all(tenant.client.clone());
-    remote_call(
+    let patched = remote_call(
         ctx,
         tenant,
         "updating the Node's labels and taints",
         nodes.patch(
             &node.name_any(),
             &PatchParams::default(),
-            &Patch::Merge(&patch),
+            &Patch::Json::<()>(patch),
         ),
     )
-    .await?;
-    if has_registration {
-        ctx.event(
-            claim,
-            EventType::Normal,
-            "NodeRegistered",
-            "Join",
-            format!(
-                "removed {REGISTRATION_TAINT_KEY} from Node {}",
-                node.name_any()
-            ),
-        )
-        .await;
+    .await;
+    match patched {
+        Ok(n) => Ok(Some(n)),
+        // The taints changed since they were read (`test` failed): look again.
+        Err(Error::Remote {
+            source: kube::Error::Api(s),
+            ..
+        }) if s.code == 422 && has_registration => Err(Error::Conflict(format!(
+            "Node {} (taints changed)",
+            node.name_any()
+        ))),
+        Err(e) => Err(e),
     }
-    Ok(())
+}
+
+/// A JSON pointer segment for `key` (`~` → `~0`, `/` → `~1`).
+fn json_pointer_escape(key: &str) -> String {
+    key.replace('~', "~0").replace('/', "~1")
 }
 
 /// A fresh random bootstrap token.
@@ -1066,16 +1166,10 @@ async fn ensure_token(
 ) -> Result<BootstrapToken, Error> {
     let uid = uid(claim)?;
     let secrets: Api<Secret> = Api::namespaced(tenant.client.clone(), TOKEN_NAMESPACE);
-    let existing = remote_call(
-        ctx,
-        tenant,
-        "listing bootstrap tokens",
-        secrets.list(&ListParams::default().labels(&uid_selector(&uid))),
-    )
-    .await?;
+    let existing = tokens_of(ctx, tenant, &uid).await?;
     let min_left = now().as_second() + 60;
     let mut found = None;
-    for s in existing.items {
+    for s in existing {
         let expires = secret_text(&s, "expiration")
             .and_then(|e| e.parse::<k8s_openapi::jiff::Timestamp>().ok())
             .map(|t| t.as_second())
@@ -1149,17 +1243,29 @@ async fn ensure_token(
     Ok(token)
 }
 
-async fn delete_tokens(ctx: &Context, tenant: &Remote, uid: &str) -> Result<usize, Error> {
+/// The claim's bootstrap-token Secrets: from the tenant's token cache when it is live, else
+/// listed by the claim's UID label.
+async fn tokens_of(ctx: &Context, tenant: &Remote, uid: &str) -> Result<Vec<Arc<Secret>>, Error> {
+    let ours = |s: &Secret| s.labels().get(LABEL_NODECLAIM_UID).map(String::as_str) == Some(uid);
+    if let Some(found) = tenant.tenant_cache().and_then(|c| c.tokens.filter(ours)) {
+        return Ok(found);
+    }
     let secrets: Api<Secret> = Api::namespaced(tenant.client.clone(), TOKEN_NAMESPACE);
-    let existing = remote_call(
+    let listed = remote_call(
         ctx,
         tenant,
         "listing bootstrap tokens",
-        secrets.list_metadata(&ListParams::default().labels(&uid_selector(uid))),
+        secrets.list(&ListParams::default().labels(&uid_selector(uid))),
     )
     .await?;
-    let n = existing.items.len();
-    for s in existing.items {
+    Ok(listed.items.into_iter().map(Arc::new).collect())
+}
+
+async fn delete_tokens(ctx: &Context, tenant: &Remote, uid: &str) -> Result<usize, Error> {
+    let secrets: Api<Secret> = Api::namespaced(tenant.client.clone(), TOKEN_NAMESPACE);
+    let existing = tokens_of(ctx, tenant, uid).await?;
+    let n = existing.len();
+    for s in existing {
         match remote_call(
             ctx,
             tenant,
@@ -1174,39 +1280,6 @@ async fn delete_tokens(ctx: &Context, tenant: &Remote, uid: &str) -> Result<usiz
         }
     }
     Ok(n)
-}
-
-async fn own_secret(
-    ctx: &Context,
-    host: &Remote,
-    secrets: &Api<Secret>,
-    name: &str,
-    vm: &DynamicObject,
-) -> Result<(), Error> {
-    let Some(vm_uid) = vm.metadata.uid.clone() else {
-        return Ok(());
-    };
-    let owner = OwnerReference {
-        api_version: "kubevirt.io/v1".into(),
-        kind: "VirtualMachine".into(),
-        name: vm.name_any(),
-        uid: vm_uid,
-        controller: Some(false),
-        block_owner_deletion: None,
-    };
-    let patch = json!({"metadata": {"ownerReferences": [owner]}});
-    match remote_call(
-        ctx,
-        host,
-        "setting the user-data Secret's owner",
-        secrets.patch(name, &PatchParams::default(), &Patch::Merge(&patch)),
-    )
-    .await
-    {
-        Ok(_) => Ok(()),
-        Err(e) if not_found(&e) => Ok(()),
-        Err(e) => Err(e),
-    }
 }
 
 /// Which cluster a failed remote call went to.
@@ -1323,7 +1396,12 @@ async fn remove_remote_objects(
     };
     if let (Some(tenant), true) = (&tenant, drain) {
         let nodes: Api<Node> = Api::all(tenant.client.clone());
-        if let Some(node) = get_opt(ctx, tenant, &nodes, &node_name, "reading the Node").await? {
+        let cached = tenant
+            .tenant_cache()
+            .and_then(|c| c.nodes.get(None, &node_name));
+        if let Some(node) =
+            read(ctx, tenant, cached, &nodes, &node_name, "reading the Node").await?
+        {
             if our_node(&node) {
                 if let Some(waiting) = drain_node(claim, ctx, tenant, &node).await? {
                     return Ok(Removal::Waiting(waiting));
@@ -1338,7 +1416,19 @@ async fn remove_remote_objects(
     let host = ctx.clients.host(&host_cluster).await?;
     let vms: Api<DynamicObject> =
         Api::namespaced_with(host.client.clone(), &vm_ns, &kubevirt::virtual_machine());
-    if let Some(vm) = get_opt(ctx, &host, &vms, &vm_name, "reading the VirtualMachine").await? {
+    let cached = host
+        .host_cache()
+        .and_then(|c| c.vms.get(Some(&vm_ns), &vm_name));
+    if let Some(vm) = read(
+        ctx,
+        &host,
+        cached,
+        &vms,
+        &vm_name,
+        "reading the VirtualMachine",
+    )
+    .await?
+    {
         if vm.metadata.deletion_timestamp.is_none() {
             match remote_call(
                 ctx,
@@ -1445,7 +1535,12 @@ async fn remove_remote_objects(
     // The tenant again: the Node (its VM is gone, nothing re-registers it) and the tokens.
     if let Some(tenant) = &tenant {
         let nodes: Api<Node> = Api::all(tenant.client.clone());
-        if let Some(node) = get_opt(ctx, tenant, &nodes, &node_name, "reading the Node").await? {
+        let cached = tenant
+            .tenant_cache()
+            .and_then(|c| c.nodes.get(None, &node_name));
+        if let Some(node) =
+            read(ctx, tenant, cached, &nodes, &node_name, "reading the Node").await?
+        {
             if our_node(&node) {
                 match remote_call(
                     ctx,
@@ -1639,11 +1734,14 @@ async fn cleanup(claim: &NodeClaim, ctx: &Context) -> Result<Action, Error> {
     {
         let mut r = ctx.scheduling.lock().await;
         r.scheduled.remove(&uid);
-        r.released.insert(uid);
-        // Forget releases whose claims the store no longer holds.
-        let live: HashSet<String> = ctx.claims.state().iter().filter_map(|c| c.uid()).collect();
-        r.released.retain(|u| live.contains(u));
+        r.released.insert(uid.clone());
+        // Now and then, forget releases whose claims the store no longer holds.
+        if r.released.len() % 256 == 0 {
+            let live: HashSet<String> = ctx.claims.state().iter().filter_map(|c| c.uid()).collect();
+            r.released.retain(|u| live.contains(u));
+        }
     }
+    ctx.forget_written(&uid);
     if claim.status.as_ref().and_then(|s| s.phase) != Some(NodeClaimPhase::Failed) {
         ctx.metrics
             .nodeclaims_terminated

@@ -1796,7 +1796,10 @@ async fn write_status(
     }
     let api: Api<NodePool> =
         Api::namespaced(ctx.client.clone(), &pool.namespace().unwrap_or_default());
-    apply_status(&api, pool, &new).await.map_err(conflict_or)
+    apply_status(&api, pool, &new)
+        .await
+        .map(|_| ())
+        .map_err(conflict_or)
 }
 
 fn set_gauges(pctx: &PoolContext, pool: &NodePool, status: &NodePoolStatus) {

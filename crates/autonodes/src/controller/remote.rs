@@ -1,24 +1,39 @@
-//! Watches on remote clusters: VirtualMachines and VirtualMachineInstances on host clusters,
-//! Nodes on tenant clusters. Every change wakes the NodeClaim named by the object's labels,
-//! so a claim moves on within seconds instead of at its next resync.
+//! Watch caches of remote clusters: VirtualMachines and VirtualMachineInstances on host
+//! clusters, Nodes and bootstrap-token Secrets on tenant clusters.
+//!
+//! One watch per kind and cluster (labelled objects only) fills a store the claim
+//! controller reads instead of sending a GET or LIST per reconcile; every change also wakes
+//! the NodeClaim named by the object's labels, after the store holds the change, so a claim
+//! moves on within seconds and sees what woke it.
+//!
+//! A store answers only while its watch is live (its first full list arrived and no error
+//! since): otherwise [`Watched::get`] says so and the caller asks the API server, which also
+//! turns a cluster that went away into a `…Unreachable` condition as before. Objects are
+//! kept trimmed to what the controller reads (no `managedFields`, no VM spec, no Node
+//! images), so the caches stay small with thousands of claims.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use futures::channel::mpsc::UnboundedSender;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, DynamicObject};
+use k8s_openapi::api::core::v1::{Node, Secret};
+use kube::api::{Api, ApiResource, DynamicObject};
+use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
-use kube::ResourceExt;
+use kube::{Resource, ResourceExt};
 use tokio::task::JoinHandle;
 
 use crate::api::{
     NodeClaim, LABEL_MANAGED_BY, LABEL_NODECLAIM, LABEL_NODECLAIM_NAMESPACE, LABEL_NODECLAIM_UID,
     MANAGED_BY,
 };
-use crate::clients::{ClusterKey, OnConnect, Remote};
+use crate::clients::{ClusterKey, Connected, OnConnect, Remote, RemoteCache};
 use crate::kubevirt;
+
+/// Namespace of bootstrap-token Secrets in a tenant.
+pub const TOKEN_NAMESPACE: &str = "kube-system";
 
 /// The claim an object belongs to, from its `autonodes.io/nodeclaim{,-namespace}` labels;
 /// when the name label is a shortened one (a claim name longer than a label value may be),
@@ -39,75 +54,254 @@ pub fn claim_of(
         .map(|c| ObjectRef::from_obj(&*c))
 }
 
-/// The hook that starts watches for each newly connected remote cluster.
+/// A store filled by one watch, and whether that watch is live.
+pub struct Watched<K: kube::runtime::reflector::Lookup + Clone + 'static>
+where
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    store: Store<K>,
+    dyntype: K::DynamicType,
+    live: Arc<AtomicBool>,
+}
+
+impl<K> Watched<K>
+where
+    K: kube::runtime::reflector::Lookup + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    /// The object `namespace/name` as the watch last saw it: `Some(None)` when the live
+    /// watch has no such object, `None` when the watch is not live (ask the API server).
+    pub fn get(&self, namespace: Option<&str>, name: &str) -> Option<Option<Arc<K>>> {
+        if !self.is_live() {
+            return None;
+        }
+        let mut key = ObjectRef::new_with(name, self.dyntype.clone());
+        if let Some(ns) = namespace {
+            key = key.within(ns);
+        }
+        Some(self.store.get(&key))
+    }
+
+    /// The objects that match `keep`, or `None` when the watch is not live.
+    pub fn filter(&self, keep: impl Fn(&K) -> bool) -> Option<Vec<Arc<K>>> {
+        self.is_live()
+            .then(|| self.store.state_filter(|o: &K| keep(o)))
+    }
+
+    /// True once the watch listed everything and has seen no error since.
+    pub fn is_live(&self) -> bool {
+        self.live.load(Ordering::Acquire)
+    }
+}
+
+/// Watch caches of a host cluster.
+pub struct HostCache {
+    /// VirtualMachines labelled `managed-by=autonodes` (metadata and status only).
+    pub vms: Watched<DynamicObject>,
+    /// Their VirtualMachineInstances (metadata and status only).
+    pub vmis: Watched<DynamicObject>,
+}
+
+/// Watch caches of a tenant cluster.
+pub struct TenantCache {
+    /// Nodes carrying a claim label (metadata, spec, conditions and addresses).
+    pub nodes: Watched<Node>,
+    /// autonodes' bootstrap-token Secrets in `kube-system`.
+    pub tokens: Watched<Secret>,
+}
+
+/// The hook that starts the watch caches of each newly connected remote cluster.
 pub fn watch_hook(
     wake: UnboundedSender<ObjectRef<NodeClaim>>,
     claims: Store<NodeClaim>,
 ) -> OnConnect {
-    Arc::new(move |remote: &Remote| -> Vec<JoinHandle<()>> {
+    Arc::new(move |remote: &Remote| -> Connected {
+        let cluster = remote.key.to_string();
+        let managed = format!("{LABEL_MANAGED_BY}={MANAGED_BY}");
+        let waker = Waker {
+            wake: wake.clone(),
+            claims: claims.clone(),
+        };
         match &remote.key {
             ClusterKey::Host(_) => {
-                let selector = format!("{LABEL_MANAGED_BY}={MANAGED_BY}");
-                let vms: Api<DynamicObject> =
-                    Api::all_with(remote.client.clone(), &kubevirt::virtual_machine());
-                let vmis: Api<DynamicObject> =
-                    Api::all_with(remote.client.clone(), &kubevirt::virtual_machine_instance());
-                vec![
-                    spawn_watch(
-                        remote.key.to_string(),
-                        vms,
-                        selector.clone(),
-                        wake.clone(),
-                        claims.clone(),
-                    ),
-                    spawn_watch(
-                        remote.key.to_string(),
-                        vmis,
-                        selector,
-                        wake.clone(),
-                        claims.clone(),
-                    ),
-                ]
+                let vm = kubevirt::virtual_machine();
+                let vmi = kubevirt::virtual_machine_instance();
+                let (vms, vm_task) = spawn_dynamic(
+                    &cluster,
+                    Api::all_with(remote.client.clone(), &vm),
+                    vm,
+                    &managed,
+                    waker.clone(),
+                );
+                let (vmis, vmi_task) = spawn_dynamic(
+                    &cluster,
+                    Api::all_with(remote.client.clone(), &vmi),
+                    vmi,
+                    &managed,
+                    waker,
+                );
+                Connected {
+                    tasks: vec![vm_task, vmi_task],
+                    cache: RemoteCache::Host(Arc::new(HostCache { vms, vmis })),
+                }
             }
             ClusterKey::Tenant { .. } => {
-                let nodes: Api<Node> = Api::all(remote.client.clone());
-                vec![spawn_watch(
-                    remote.key.to_string(),
-                    nodes,
-                    LABEL_NODECLAIM.to_string(),
-                    wake.clone(),
-                    claims.clone(),
-                )]
+                let (nodes, node_task) = spawn_typed(
+                    &cluster,
+                    Api::<Node>::all(remote.client.clone()),
+                    LABEL_NODECLAIM,
+                    waker.clone(),
+                    trim_node,
+                );
+                let (tokens, token_task) = spawn_typed(
+                    &cluster,
+                    Api::<Secret>::namespaced(remote.client.clone(), TOKEN_NAMESPACE),
+                    &managed,
+                    waker,
+                    trim_meta,
+                );
+                Connected {
+                    tasks: vec![node_task, token_task],
+                    cache: RemoteCache::Tenant(Arc::new(TenantCache { nodes, tokens })),
+                }
             }
         }
     })
 }
 
-fn spawn_watch<K>(
+/// Wakes the claim an object belongs to.
+#[derive(Clone)]
+struct Waker {
+    wake: UnboundedSender<ObjectRef<NodeClaim>>,
+    claims: Store<NodeClaim>,
+}
+
+impl Waker {
+    fn wake(&self, labels: &std::collections::BTreeMap<String, String>) {
+        if let Some(claim) = claim_of(labels, &self.claims) {
+            let _ = self.wake.unbounded_send(claim);
+        }
+    }
+}
+
+fn spawn_dynamic(
+    cluster: &str,
+    api: Api<DynamicObject>,
+    ar: ApiResource,
+    selector: &str,
+    waker: Waker,
+) -> (Watched<DynamicObject>, JoinHandle<()>) {
+    let writer = Writer::<DynamicObject>::new(ar.clone());
+    let watched = Watched {
+        store: writer.as_reader(),
+        dyntype: ar,
+        live: Arc::new(AtomicBool::new(false)),
+    };
+    let task = spawn_reflector(
+        cluster.to_string(),
+        api,
+        selector.to_string(),
+        writer,
+        watched.live.clone(),
+        waker,
+        trim_kubevirt,
+    );
+    (watched, task)
+}
+
+fn spawn_typed<K>(
+    cluster: &str,
+    api: Api<K>,
+    selector: &str,
+    waker: Waker,
+    trim: fn(&mut K),
+) -> (Watched<K>, JoinHandle<()>)
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let writer = Writer::<K>::default();
+    let watched = Watched {
+        store: writer.as_reader(),
+        dyntype: (),
+        live: Arc::new(AtomicBool::new(false)),
+    };
+    let task = spawn_reflector(
+        cluster.to_string(),
+        api,
+        selector.to_string(),
+        writer,
+        watched.live.clone(),
+        waker,
+        trim,
+    );
+    (watched, task)
+}
+
+fn spawn_reflector<K>(
     cluster: String,
     api: Api<K>,
     selector: String,
-    wake: UnboundedSender<ObjectRef<NodeClaim>>,
-    claims: Store<NodeClaim>,
+    writer: Writer<K>,
+    live: Arc<AtomicBool>,
+    waker: Waker,
+    trim: fn(&mut K),
 ) -> JoinHandle<()>
 where
-    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
 {
     tokio::spawn(async move {
-        let config = watcher::Config::default().labels(&selector);
+        let config = watcher::Config::default().labels(&selector).any_semantic();
         let mut stream = watcher(api, config)
             .default_backoff()
-            .touched_objects()
+            .modify(trim)
+            .reflect(writer)
             .boxed();
         while let Some(item) = stream.next().await {
             match item {
-                Ok(obj) => {
-                    if let Some(claim) = claim_of(obj.labels(), &claims) {
-                        let _ = wake.unbounded_send(claim);
-                    }
+                Ok(watcher::Event::InitDone) => live.store(true, Ordering::Release),
+                Ok(watcher::Event::Apply(obj) | watcher::Event::Delete(obj)) => {
+                    waker.wake(obj.labels())
                 }
-                Err(e) => tracing::debug!(%cluster, error = %e, "remote watch error (retrying)"),
+                Ok(watcher::Event::InitApply(obj)) => waker.wake(obj.labels()),
+                Ok(watcher::Event::Init) => {}
+                Err(e) => {
+                    live.store(false, Ordering::Release);
+                    tracing::debug!(%cluster, error = %e, "remote watch error (retrying)");
+                }
             }
         }
     })
+}
+
+/// Keeps metadata and status of a KubeVirt object.
+fn trim_kubevirt(obj: &mut DynamicObject) {
+    trim_meta(obj);
+    let status = obj
+        .data
+        .get_mut("status")
+        .map(std::mem::take)
+        .unwrap_or_default();
+    obj.data = serde_json::json!({ "status": status });
+}
+
+/// Drops the images and volume lists of a Node (large, never read).
+fn trim_node(node: &mut Node) {
+    trim_meta(node);
+    if let Some(s) = node.status.as_mut() {
+        s.images = None;
+        s.volumes_attached = None;
+        s.volumes_in_use = None;
+    }
+}
+
+/// Drops `managedFields`.
+fn trim_meta<K: Resource>(obj: &mut K) {
+    obj.meta_mut().managed_fields = None;
 }

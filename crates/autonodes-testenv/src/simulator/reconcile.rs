@@ -27,8 +27,9 @@ fn ignore_not_found<T>(r: Result<T, kube::Error>) -> Result<(), kube::Error> {
     }
 }
 
+/// A write on a stale copy: a 409, or a JSON patch whose `test` op failed (422).
 fn is_conflict(e: &SimError) -> bool {
-    matches!(e, SimError::Kube { source: kube::Error::Api(s), .. } if s.is_conflict())
+    matches!(e, SimError::Kube { source: kube::Error::Api(s), .. } if s.is_conflict() || s.code == 422)
 }
 
 /// Reconciles one VirtualMachine (called by the controller).
@@ -238,17 +239,20 @@ async fn set_finalizers(
     };
     let patch: json_patch::Patch = serde_json::from_value(ops)
         .map_err(|e| SimError::Invalid(format!("finalizer patch: {e}")))?;
-    ctx.api(&ctx.vm, ns)
-        .patch(
-            &vm.name_any(),
-            &PatchParams::default(),
-            &Patch::Json::<()>(patch),
-        )
-        .await
-        .map_err(SimError::kube(format!(
-            "updating the finalizers of VM {ns}/{}",
-            vm.name_any()
-        )))?;
+    // Gone already: a reconcile on a copy from before the last finalizer was released.
+    ignore_not_found(
+        ctx.api(&ctx.vm, ns)
+            .patch(
+                &vm.name_any(),
+                &PatchParams::default(),
+                &Patch::Json::<()>(patch),
+            )
+            .await,
+    )
+    .map_err(SimError::kube(format!(
+        "updating the finalizers of VM {ns}/{}",
+        vm.name_any()
+    )))?;
     Ok(())
 }
 

@@ -4,6 +4,8 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
+use crate::reasons::ClaimReason;
+
 /// Condition status `True`.
 pub const TRUE: &str = "True";
 /// Condition status `False`.
@@ -15,21 +17,9 @@ pub const UNKNOWN: &str = "Unknown";
 /// would make the whole status write fail). Longer messages are cut with `…`.
 pub const MAX_MESSAGE_BYTES: usize = 4096;
 
-/// NodeClaim condition reasons that mean "on its way", not "something is wrong". A claim
-/// records them in its status but no Event: a healthy claim's history holds Normal Events
-/// only. A change from one of them to another (or of their message) is written together
-/// with the next real change, not on its own.
-pub const CLAIM_PROGRESS_REASONS: &[&str] = &[
-    "Creating",
-    "Booting",
-    "WaitingForNode",
-    "NodeNotReady",
-    "Terminating",
-];
-
-/// True for a reason in [`CLAIM_PROGRESS_REASONS`].
+/// True for a NodeClaim reason that means "on its way" ([`ClaimReason::is_progress`]).
 pub fn is_progress(reason: &str) -> bool {
-    CLAIM_PROGRESS_REASONS.contains(&reason)
+    ClaimReason::parse(reason).is_some_and(ClaimReason::is_progress)
 }
 
 /// `message` cut to at most [`MAX_MESSAGE_BYTES`] on a character boundary, `…` marking a cut.
@@ -69,13 +59,14 @@ pub fn summarize(problems: &[String], total: usize, what: &str) -> String {
 /// ([`bounded_message`]). Returns true when anything changed.
 pub fn set(
     conditions: &mut Vec<Condition>,
-    type_: &str,
+    type_: impl AsRef<str>,
     status: &str,
-    reason: &str,
+    reason: impl AsRef<str>,
     message: impl Into<String>,
     generation: Option<i64>,
     now: Timestamp,
 ) -> bool {
+    let (type_, reason) = (type_.as_ref(), reason.as_ref());
     let message = bounded_message(message.into());
     match conditions.iter_mut().find(|c| c.type_ == type_) {
         Some(c) => {
@@ -107,17 +98,18 @@ pub fn set(
 }
 
 /// The condition `type_`, if present.
-pub fn get<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
+pub fn get(conditions: &[Condition], type_: impl AsRef<str>) -> Option<&Condition> {
+    let type_ = type_.as_ref();
     conditions.iter().find(|c| c.type_ == type_)
 }
 
 /// True when the condition `type_` is present with status `True`.
-pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
+pub fn is_true(conditions: &[Condition], type_: impl AsRef<str>) -> bool {
     get(conditions, type_).is_some_and(|c| c.status == TRUE)
 }
 
 /// When the condition `type_` last became `True`, if it is True.
-pub fn true_since(conditions: &[Condition], type_: &str) -> Option<Timestamp> {
+pub fn true_since(conditions: &[Condition], type_: impl AsRef<str>) -> Option<Timestamp> {
     get(conditions, type_)
         .filter(|c| c.status == TRUE)
         .map(|c| c.last_transition_time.0)

@@ -2,7 +2,8 @@
 //!
 //! Pure data types built on `kube-core` (the types half of kube, no client). The CRD YAML
 //! in `crds/` is generated from these types by [`crdgen`] (`autonodes crdgen`). Also here:
-//! [`conditions`] (condition bookkeeping) and [`kubevirt`] (the KubeVirt kinds autonodes
+//! [`conditions`] (condition bookkeeping), [`reasons`] (condition types and reasons as
+//! types) and [`kubevirt`] (the KubeVirt kinds autonodes
 //! reads and writes).
 
 #![forbid(unsafe_code)]
@@ -16,6 +17,7 @@ pub mod nodeclaim;
 pub mod nodepool;
 pub mod nodeprovider;
 pub mod nodetype;
+pub mod reasons;
 pub mod schema;
 
 pub use common::*;

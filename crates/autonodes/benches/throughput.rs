@@ -670,6 +670,28 @@ struct ProductRun {
     claims_per_s: f64,
 }
 
+/// How many Events the claims named `<prefix>-…` got, by type and reason.
+async fn events_by_reason(world: &World, prefix: &str) -> BTreeMap<String, usize> {
+    let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(world.mgmt.clone(), NS);
+    let mut counts = BTreeMap::new();
+    let listed = api
+        .list(&ListParams::default())
+        .await
+        .expect("events listed");
+    for e in listed.items {
+        let regarding = e.regarding.and_then(|r| r.name).unwrap_or_default();
+        if regarding.starts_with(&format!("{prefix}-")) {
+            let key = format!(
+                "{}/{}",
+                e.type_.unwrap_or_default(),
+                e.reason.unwrap_or_default()
+            );
+            *counts.entry(key).or_default() += 1;
+        }
+    }
+    counts
+}
+
 async fn product_run(
     world: &World,
     seen: &Arc<Mutex<Seen>>,
@@ -735,6 +757,7 @@ async fn product_run(
             .collect()
     };
     to_ready.sort_by(f64::total_cmp);
+    let events = events_by_reason(world, &prefix).await;
 
     // Deleting them all at once.
     let del_started = Instant::now();
@@ -814,6 +837,14 @@ async fn product_run(
         per / deleted_in,
         100.0 * (per / deleted_in) / rate,
         mb(peak_server_rss)
+    );
+    println!(
+        "    Events per claim by reason:    {}",
+        events
+            .iter()
+            .map(|(reason, count)| format!("{reason} {:.2}", *count as f64 / per))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     println!("    requests per claim at the API servers (cluster, verb, resource):");
     println!("{}", breakdown(&server, per));

@@ -19,6 +19,7 @@
 //! [`OnConnect`] hook; the tasks it returns are aborted when the client is replaced or
 //! dropped, and the caches it returns travel with the client ([`Remote::cache`]).
 
+use crate::api::reasons::ClusterReason;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
@@ -122,11 +123,11 @@ pub enum ClientError {
 
 impl ClientError {
     /// The condition reason for this error.
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> ClusterReason {
         match self {
-            ClientError::SecretNotFound { .. } => "KubeconfigSecretNotFound",
-            ClientError::InvalidKubeconfig { .. } => "InvalidKubeconfig",
-            ClientError::ReadSecret { .. } => "KubeconfigSecretUnreadable",
+            ClientError::SecretNotFound { .. } => ClusterReason::KubeconfigSecretNotFound,
+            ClientError::InvalidKubeconfig { .. } => ClusterReason::InvalidKubeconfig,
+            ClientError::ReadSecret { .. } => ClusterReason::KubeconfigSecretUnreadable,
         }
     }
 }

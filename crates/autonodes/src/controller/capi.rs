@@ -49,18 +49,19 @@ use std::time::{Duration, Instant};
 
 use crate::names::label_value;
 use futures::channel::mpsc;
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ObjectReference, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as RunConfig};
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{watcher, Controller, WatchStreamExt};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::Controller;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::lenient::{self, Lenient};
+use super::reflectors::Touched;
 use super::{Context, Error};
 use crate::api::capi::*;
 use crate::api::{
@@ -342,36 +343,24 @@ pub struct CapiContext {
 /// a sweep removes the mirrors of NodePools that are gone.
 pub async fn run(
     ctx: Arc<Context>,
+    reflectors: &super::Reflectors,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,
 ) {
-    let client = ctx.client.clone();
     let (sweep_tx, sweep_rx) = mpsc::unbounded::<String>();
-
-    let pool_writer = reflector::store::Writer::<NodePool>::default();
-    let pools = pool_writer.as_reader();
+    let pools = reflectors.pools.store();
     let deleted_tx = sweep_tx.clone();
-    // NodePools are reported by the pool controller's watch; MachinePools here.
-    let pool_stream = lenient::reflect(&client, pool_writer, None)
-        .inspect_ok(move |event| {
-            if let watcher::Event::Delete(p) = event {
-                let _ = deleted_tx.unbounded_send(p.namespace().unwrap_or_default());
-            }
-        })
-        .applied_objects();
-
-    let mp_writer = reflector::store::Writer::<MachinePool>::default();
-    let machine_pools = mp_writer.as_reader();
-    let mp_stream =
-        lenient::reflect(&client, mp_writer, Some(ctx.reports.clone())).touched_objects();
-    let m_writer = reflector::store::Writer::<Machine>::default();
-    let machines = m_writer.as_reader();
-    let m_stream = lenient::reflect(&client, m_writer, None).touched_objects();
+    let deleted_pools = reflectors.pools.touched().filter_map(move |t| {
+        if let Touched::Deleted(p) = t {
+            let _ = deleted_tx.unbounded_send(p.namespace().unwrap_or_default());
+        }
+        futures::future::ready(None::<Arc<NodePool>>)
+    });
 
     let cctx = Arc::new(CapiContext {
         ctx,
         pools: pools.clone(),
-        machine_pools,
-        machines,
+        machine_pools: reflectors.machine_pools.store(),
+        machines: reflectors.machines.store(),
     });
     let sweeper = tokio::spawn(sweep_loop(cctx.clone(), sweep_rx));
 
@@ -386,32 +375,36 @@ pub async fn run(
                 .collect::<Vec<_>>()
         }
     };
-    Controller::for_stream(pool_stream, pools)
-        .watches_stream(mp_stream, |mp: MachinePool| {
+    // The pool store is the trigger of the NodePool controller too, and kube-runtime's
+    // readiness future wakes only one of several waiters: start once it has listed.
+    reflectors.pools.wait_synced().await;
+    Controller::for_shared_stream(
+        futures::stream::select(reflectors.pools.applied(), deleted_pools),
+        pools,
+    )
+    .watches_shared_stream(
+        reflectors.machine_pools.touched_objects(),
+        |mp: Arc<MachinePool>| {
             Some(ObjectRef::new(&mp.name_any()).within(&mp.namespace().unwrap_or_default()))
-        })
-        .watches_stream(m_stream, |m: Machine| {
-            let ns = m.namespace().unwrap_or_default();
-            owner_named(&m, "MachinePool").map(|p| ObjectRef::new(&p).within(&ns))
-        })
-        .watches(
-            lenient::api_all::<NodeClaim>(&client),
-            super::watch_config(),
-            |c: Lenient<NodeClaim>| {
-                let ns = c.namespace().unwrap_or_default();
-                owner_named(&c, "NodePool").map(|p| ObjectRef::new(&p).within(&ns))
-            },
-        )
-        .watches(
-            lenient::api_all::<NodeType>(&client),
-            super::watch_config(),
-            move |_t: Lenient<NodeType>| autoscaled(),
-        )
-        .with_config(RunConfig::default().debounce(Duration::from_millis(200)))
-        .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, cctx)
-        .for_each(super::log_run_error)
-        .await;
+        },
+    )
+    .watches_shared_stream(reflectors.machines.touched_objects(), |m: Arc<Machine>| {
+        let ns = m.namespace().unwrap_or_default();
+        owner_named(&*m, "MachinePool").map(|p| ObjectRef::new(&p).within(&ns))
+    })
+    .watches_shared_stream(reflectors.claims.touched_objects(), |c: Arc<NodeClaim>| {
+        let ns = c.namespace().unwrap_or_default();
+        owner_named(&*c, "NodePool").map(|p| ObjectRef::new(&p).within(&ns))
+    })
+    .watches_shared_stream(
+        reflectors.types.touched_objects(),
+        move |_t: Arc<NodeType>| autoscaled(),
+    )
+    .with_config(RunConfig::default().debounce(Duration::from_millis(200)))
+    .graceful_shutdown_on(shutdown)
+    .run(reconcile, error_policy, cctx)
+    .for_each(super::log_run_error)
+    .await;
     drop(sweep_tx);
     sweeper.abort();
 }

@@ -14,7 +14,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::NamespaceResourceScope;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, Resource};
@@ -170,37 +169,32 @@ where
         .await
 }
 
-/// A watch of every `K` that fills `writer` with the objects that decode, sends the others
-/// to `reports` (when given) and removes their last decodable copy from the cache. Its
-/// events are those of a typed watch.
-pub fn reflect<K>(
+/// A watch of every `K` as typed events, for one [`Writer`](kube::runtime::reflector::store::Writer)
+/// whose store `cache` reads: objects that do not decode are sent to `reports` (when given)
+/// and left out, and their last decodable copy in `cache` gets a `Delete` first (a stale
+/// copy must not be acted on). Retries with backoff after errors.
+pub fn events<K>(
     client: &Client,
-    mut writer: Writer<K>,
+    cache: Store<K>,
     reports: Option<Reports>,
 ) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send
 where
     K: Resource<DynamicType = ()> + DeserializeOwned + Clone + std::fmt::Debug + Send + Sync,
     K: 'static,
 {
-    let reader = writer.as_reader();
     let resource = ApiResource::erase::<K>(&());
     watcher(api_all::<K>(client), super::watch_config())
         .default_backoff()
         .map_ok(move |event| {
-            let (event, stale, invalid) = split(event, &reader);
-            if let Some(stale) = stale {
-                writer.apply_watcher_event(&watcher::Event::Delete(stale));
-            }
+            let (event, stale, invalid) = split(event, &cache);
             if let (Some(object), Some(reports)) = (invalid, reports.as_ref()) {
                 let _ = reports.unbounded_send(Report {
                     resource: resource.clone(),
                     object,
                 });
             }
-            if let Some(event) = &event {
-                writer.apply_watcher_event(event);
-            }
-            futures::stream::iter(event.map(Ok))
+            let stale = stale.map(watcher::Event::Delete);
+            futures::stream::iter(stale.into_iter().chain(event).map(Ok))
         })
         .try_flatten()
 }
@@ -359,7 +353,7 @@ mod tests {
 
     #[test]
     fn an_undecodable_update_drops_the_cached_copy_and_a_relist_leaves_it_out() {
-        let mut writer = Writer::<NodePool>::default();
+        let mut writer = kube::runtime::reflector::store::Writer::<NodePool>::default();
         let reader = writer.as_reader();
         let good: NodePool = serde_json::from_value(pool("30s")).unwrap();
         writer.apply_watcher_event(&watcher::Event::Apply(good));

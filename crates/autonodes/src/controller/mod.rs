@@ -10,6 +10,7 @@
 //! Each reconcile reads, validates, builds (pure code in `template`, `scheduling`,
 //! `userdata`), applies, and writes status with server-side apply.
 
+pub mod calls;
 pub mod capi;
 pub mod gauges;
 pub mod lenient;
@@ -17,6 +18,7 @@ pub mod nodeclaim;
 pub mod nodepool;
 pub mod nodetype;
 pub mod provider;
+pub mod reflectors;
 pub mod remote;
 pub mod sweep;
 
@@ -28,6 +30,7 @@ use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Config as RunConfig;
 use kube::runtime::events::{EventType, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{watcher, Controller};
@@ -35,10 +38,12 @@ use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use tokio::sync::Mutex;
 
-use crate::api::{NodeClaim, NodeProvider, NodeType};
+use crate::api::capi::{Machine, MachinePool};
+use crate::api::{NodeClaim, NodePool, NodeProvider, NodeType};
 use crate::clients::{remote_error_text, ClientError, ClusterClients};
 use crate::kubeconfig::KubeconfigPolicy;
 use crate::metrics::Metrics;
+use reflectors::Reflector;
 
 /// Field manager of every write autonodes makes.
 pub const FIELD_MANAGER: &str = "autonodes";
@@ -172,6 +177,8 @@ pub struct Context {
     pub scheduling: Mutex<nodeclaim::Reservations>,
     /// Claims as this process last wrote them, until the store catches up ([`Context::fresher`]).
     pub written: std::sync::Mutex<std::collections::HashMap<String, Written<NodeClaim>>>,
+    /// When this process last wrote each claim's status, by UID.
+    pub status_writes: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
     /// Wakes claims (remote changes, freed capacity).
     pub wake_claims: mpsc::UnboundedSender<ObjectRef<NodeClaim>>,
     /// Wakes node types (capacity changes).
@@ -216,8 +223,16 @@ impl Context {
     }
 
     /// Remembers a claim as a status write returned it (see [`Context::fresher`]).
-    pub fn remember_written(&self, replaced: Option<String>, object: NodeClaim) -> Arc<NodeClaim> {
+    pub fn remember_written(
+        &self,
+        replaced: Option<String>,
+        mut object: NodeClaim,
+    ) -> Arc<NodeClaim> {
+        object.metadata.managed_fields = None;
         let object = Arc::new(object);
+        if let (Some(uid), Ok(mut writes)) = (object.uid(), self.status_writes.lock()) {
+            writes.insert(uid, std::time::Instant::now());
+        }
         if let (Some(uid), Some(replaced), Ok(mut written)) =
             (object.uid(), replaced, self.written.lock())
         {
@@ -237,6 +252,14 @@ impl Context {
         if let Ok(mut written) = self.written.lock() {
             written.remove(uid);
         }
+        if let Ok(mut writes) = self.status_writes.lock() {
+            writes.remove(uid);
+        }
+    }
+
+    /// When this process last wrote the status of the claim with `uid`.
+    pub fn last_status_write(&self, uid: &str) -> Option<std::time::Instant> {
+        self.status_writes.lock().ok()?.get(uid).copied()
     }
 
     /// Waits until the claim, type and provider stores hold their first full list.
@@ -389,40 +412,54 @@ fn watch_config() -> watcher::Config {
     watcher::Config::default().any_semantic()
 }
 
-/// A controller for every `K` like `Controller::new`, whose store reports its first full
-/// list on `synced` (when given). Nothing else waits on the store's own readiness future, which wakes only
-/// the last of several waiters (the controller's runner waits on it too).
-///
-/// Objects that do not decode are reported to `reports` and left out ([`lenient`]).
-pub(super) fn controller_for<K>(
-    client: &Client,
-    reports: &lenient::Reports,
-    synced: Option<tokio::sync::watch::Sender<bool>>,
-) -> Controller<K>
-where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-{
-    use futures::TryStreamExt;
-    use kube::runtime::WatchStreamExt;
-    let writer = kube::runtime::reflector::store::Writer::<K>::default();
-    let reader = writer.as_reader();
-    let stream = lenient::reflect(client, writer, Some(reports.clone()))
-        .inspect_ok(move |event| {
-            if let (watcher::Event::InitDone, Some(synced)) = (event, &synced) {
-                let _ = synced.send(true);
-            }
-        })
-        .applied_objects();
-    Controller::for_stream(stream, reader)
+/// The one watch and store of each of autonodes' kinds ([`reflectors`]).
+pub struct Reflectors {
+    /// NodeClaims.
+    pub claims: Reflector<NodeClaim>,
+    /// NodeTypes.
+    pub types: Reflector<NodeType>,
+    /// NodeProviders.
+    pub providers: Reflector<NodeProvider>,
+    /// NodePools.
+    pub pools: Reflector<NodePool>,
+    /// `capi.autonodes.io` MachinePools.
+    pub machine_pools: Reflector<MachinePool>,
+    /// `capi.autonodes.io` Machines.
+    pub machines: Reflector<Machine>,
 }
 
-/// Runs the three controllers until `shutdown` resolves.
+impl Reflectors {
+    fn new() -> Self {
+        Reflectors {
+            claims: Reflector::new(),
+            types: Reflector::new(),
+            providers: Reflector::new(),
+            pools: Reflector::new(),
+            machine_pools: Reflector::new(),
+            machines: Reflector::new(),
+        }
+    }
+
+    /// Runs every watch. Undecodable objects are reported (a Machine is only ever written
+    /// by autonodes and gets no condition).
+    async fn run(&self, client: Client, reports: lenient::Reports) {
+        tokio::join!(
+            self.claims.run(client.clone(), Some(reports.clone())),
+            self.types.run(client.clone(), Some(reports.clone())),
+            self.providers.run(client.clone(), Some(reports.clone())),
+            self.pools.run(client.clone(), Some(reports.clone())),
+            self.machine_pools.run(client.clone(), Some(reports)),
+            self.machines.run(client, None),
+        );
+    }
+}
+
+/// How many claims are reconciled at once. Each reconcile mostly waits on API servers; a
+/// bound keeps a burst of thousands of new claims from opening thousands of requests at
+/// once (which slows every one of them) and bounds the memory they hold.
+const CLAIM_CONCURRENCY: u16 = 64;
+
+/// Runs the controllers until `shutdown` resolves.
 pub async fn run(
     client: Client,
     config: ControllerConfig,
@@ -430,19 +467,9 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,
     ready: Arc<std::sync::atomic::AtomicBool>,
 ) -> anyhow::Result<()> {
-    // Secondary watches decode each object on their own too; an undecodable one wakes
-    // nothing (the primary watch of its kind reports it).
-    let claims_api = lenient::api_all::<NodeClaim>(&client);
-    let types_api = lenient::api_all::<NodeType>(&client);
-    let providers_api = lenient::api_all::<NodeProvider>(&client);
-
-    let (claims_synced, mut claims_synced_rx) = tokio::sync::watch::channel(false);
-    let (types_synced, mut types_synced_rx) = tokio::sync::watch::channel(false);
-    let (providers_synced, mut providers_synced_rx) = tokio::sync::watch::channel(false);
+    let reflectors = Arc::new(Reflectors::new());
+    let r = &reflectors;
     let (reports, reported) = mpsc::unbounded();
-    let claim_ctrl = controller_for::<NodeClaim>(&client, &reports, Some(claims_synced));
-    let type_ctrl = controller_for::<NodeType>(&client, &reports, Some(types_synced));
-    let provider_ctrl = controller_for::<NodeProvider>(&client, &reports, Some(providers_synced));
 
     let (wake_claims, claim_wakeups) = mpsc::unbounded();
     let (wake_types, type_wakeups) = mpsc::unbounded();
@@ -451,7 +478,7 @@ pub async fn run(
         config.namespace.clone(),
         config.kubeconfig_policy,
     ));
-    clients.set_on_connect(remote::watch_hook(wake_claims.clone(), claim_ctrl.store()));
+    clients.set_on_connect(remote::watch_hook(wake_claims.clone(), r.claims.store()));
 
     let (synced_tx, synced_rx) = tokio::sync::watch::channel(false);
     let reporter = Reporter {
@@ -463,25 +490,32 @@ pub async fn run(
         clients,
         config,
         reporter,
-        claims: claim_ctrl.store(),
-        types: type_ctrl.store(),
-        providers: provider_ctrl.store(),
+        claims: r.claims.store(),
+        types: r.types.store(),
+        providers: r.providers.store(),
         scheduling: Mutex::new(nodeclaim::Reservations::default()),
         written: Default::default(),
+        status_writes: Default::default(),
         wake_claims,
         wake_types,
         metrics,
         synced: synced_rx,
-        reports,
+        reports: reports.clone(),
     });
     tokio::spawn(lenient::report(ctx.clone(), reported));
-
-    // Readiness: every store has its first full list (see `controller_for`).
     {
+        let reflectors = reflectors.clone();
+        let client = client.clone();
+        tokio::spawn(async move { reflectors.run(client, reports).await });
+    }
+
+    // Readiness: the claim, type and provider stores hold their first full list.
+    {
+        let reflectors = reflectors.clone();
         tokio::spawn(async move {
-            let _ = claims_synced_rx.wait_for(|s| *s).await;
-            let _ = types_synced_rx.wait_for(|s| *s).await;
-            let _ = providers_synced_rx.wait_for(|s| *s).await;
+            reflectors.claims.wait_synced().await;
+            reflectors.types.wait_synced().await;
+            reflectors.providers.wait_synced().await;
             let _ = synced_tx.send(true);
             ready.store(true, std::sync::atomic::Ordering::SeqCst);
             tracing::info!("caches synced; controllers ready");
@@ -495,43 +529,54 @@ pub async fn run(
         shutdown.clone(),
     ));
 
-    let types_store = ctx.types.clone();
     let claims_for_types = ctx.claims.clone();
-    let claims = claim_ctrl
-        .watches(
-            types_api.clone(),
-            watch_config(),
-            move |_t: lenient::Lenient<NodeType>| {
-                // A changed type may let pending claims schedule.
-                claims_for_types
-                    .state()
-                    .into_iter()
-                    .filter(|c| {
-                        c.status
-                            .as_ref()
-                            .and_then(|s| s.type_ref.as_ref())
-                            .is_none()
-                    })
-                    .map(|c| ObjectRef::from_obj(&*c))
-                    .collect::<Vec<_>>()
-            },
-        )
+    let type_states = std::sync::Mutex::new(std::collections::HashMap::new());
+    let claims = Controller::for_shared_stream(r.claims.applied(), r.claims.store())
+        .watches_shared_stream(r.types.touched_objects(), move |t: Arc<NodeType>| {
+            // A type that appeared, went, or changed its spec or phase may let pending
+            // claims schedule; its claimed count changing (every scheduling decision) may
+            // not: that would wake every pending claim once per claim scheduled.
+            let state = (
+                t.metadata.generation,
+                t.metadata.deletion_timestamp.is_some(),
+                t.status.as_ref().and_then(|s| s.phase),
+            );
+            let changed = type_states
+                .lock()
+                .map(|mut m| m.insert(t.name_any(), state) != Some(state))
+                .unwrap_or(true);
+            if !changed {
+                return Vec::new();
+            }
+            claims_for_types
+                .state()
+                .into_iter()
+                .filter(|c| {
+                    c.status
+                        .as_ref()
+                        .and_then(|s| s.type_ref.as_ref())
+                        .is_none()
+                })
+                .map(|c| ObjectRef::from_obj(&*c))
+                .collect::<Vec<_>>()
+        })
         .reconcile_on(claim_wakeups)
+        .with_config(RunConfig::default().concurrency(CLAIM_CONCURRENCY))
         .graceful_shutdown_on(shutdown.clone())
         .run(nodeclaim::reconcile, nodeclaim::error_policy, ctx.clone())
         .for_each(log_run_error);
 
-    let types = type_ctrl
-        .watches(claims_api.clone(), watch_config(), move |c| {
-            c.valid()?
-                .status
-                .and_then(|s| s.type_ref)
-                .map(|t| ObjectRef::<NodeType>::new(&t))
+    let types_store = ctx.types.clone();
+    let types = Controller::for_shared_stream(r.types.applied(), r.types.store())
+        .watches_shared_stream(r.claims.touched_objects(), move |c: Arc<NodeClaim>| {
+            c.status
+                .as_ref()
+                .and_then(|s| s.type_ref.as_ref())
+                .map(|t| ObjectRef::<NodeType>::new(t))
         })
-        .watches(
-            providers_api.clone(),
-            watch_config(),
-            move |p: lenient::Lenient<NodeProvider>| {
+        .watches_shared_stream(
+            r.providers.touched_objects(),
+            move |p: Arc<NodeProvider>| {
                 let name = p.name_any();
                 types_store
                     .state()
@@ -546,18 +591,18 @@ pub async fn run(
         .run(nodetype::reconcile, nodetype::error_policy, ctx.clone())
         .for_each(log_run_error);
 
-    let pools = nodepool::run(ctx.clone(), shutdown.clone());
-    let machine_pools = capi::run(ctx.clone(), shutdown.clone());
+    let pools = nodepool::run(ctx.clone(), r, shutdown.clone());
+    let machine_pools = capi::run(ctx.clone(), r, shutdown.clone());
 
     let types_of_claims = ctx.types.clone();
-    let providers = provider_ctrl
-        .owns(types_api, watch_config())
-        .watches(claims_api, watch_config(), move |c| {
+    let providers = Controller::for_shared_stream(r.providers.applied(), r.providers.store())
+        .owns_shared_stream(r.types.touched_objects())
+        .watches_shared_stream(r.claims.touched_objects(), move |c: Arc<NodeClaim>| {
             // A claim going away may unblock a provider's deletion or a type's removal.
-            c.valid()?
-                .status
-                .and_then(|s| s.type_ref)
-                .and_then(|t| types_of_claims.get(&ObjectRef::new(&t)))
+            c.status
+                .as_ref()
+                .and_then(|s| s.type_ref.as_ref())
+                .and_then(|t| types_of_claims.get(&ObjectRef::new(t)))
                 .map(|t| ObjectRef::<NodeProvider>::new(&t.spec.provider_ref))
         })
         .graceful_shutdown_on(shutdown)
@@ -594,6 +639,11 @@ impl Error {
             },
             e => e,
         }
+    }
+
+    /// True for a 409 from a host or tenant cluster (the object exists, or changed).
+    pub fn is_remote_conflict(&self) -> bool {
+        matches!(self, Error::Remote { source: kube::Error::Api(s), .. } if s.code == 409)
     }
 
     /// True when removing the finalizer found the object deleted already (a reconcile that

@@ -34,7 +34,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, P
 use kube::runtime::controller::{Action, Config as RunConfig};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
+use kube::runtime::{watcher, Controller};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -750,22 +750,19 @@ impl Drop for TenantWatch {
 /// change wakes its pool) and is woken by the tenant pod and node watches of dynamic pools.
 pub async fn run(
     ctx: Arc<Context>,
+    reflectors: &super::Reflectors,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,
 ) {
-    let claims_api = super::lenient::api_all::<NodeClaim>(&ctx.client);
-    // Nobody waits for this store's first list: the claim, type and provider stores gate
-    // readiness.
-    let controller = super::controller_for::<NodePool>(&ctx.client, &ctx.reports, None);
     let (wake, wakeups) = mpsc::unbounded();
     let pctx = Arc::new(PoolContext {
         ctx,
-        pools: controller.store(),
+        pools: reflectors.pools.store(),
         wake,
         watches: Mutex::new(HashMap::new()),
         gauges: std::sync::Mutex::new(BTreeSet::new()),
     });
-    controller
-        .owns(claims_api, super::watch_config())
+    Controller::for_shared_stream(reflectors.pools.applied(), reflectors.pools.store())
+        .owns_shared_stream(reflectors.claims.touched_objects())
         .reconcile_on(wakeups)
         .with_config(RunConfig::default().debounce(Duration::from_millis(300)))
         .graceful_shutdown_on(shutdown)

@@ -84,7 +84,7 @@ async fn host_check(p: &NodeProvider, ctx: &Context) -> (bool, &'static str, Str
     let namespace = &p.spec.kube_virt.cluster_ref.namespace;
     let remote = match ctx.clients.host(cluster).await {
         Ok(r) => r,
-        Err(e) => return (false, e.reason(), e.to_string()),
+        Err(e) => return (false, e.reason().as_str(), e.to_string()),
     };
     let vms: Api<DynamicObject> = Api::namespaced_with(
         remote.client.clone(),

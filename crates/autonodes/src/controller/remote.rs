@@ -12,15 +12,16 @@
 //! kept trimmed to what the controller reads (no `managedFields`, no VM spec, no Node
 //! images), so the caches stay small with thousands of claims.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use futures::channel::mpsc::UnboundedSender;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::reflector::store::Writer;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::{Lookup, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Resource, ResourceExt};
 use tokio::task::JoinHandle;
@@ -54,7 +55,21 @@ pub fn claim_of(
         .map(|c| ObjectRef::from_obj(&*c))
 }
 
+/// Objects this process wrote that the watch has not delivered yet, by key: the
+/// `resourceVersion` the write replaced (`None` for a create), and the object as the API
+/// server returned it (`None` for a delete).
+type WrittenMap<K> = HashMap<ObjectRef<K>, (Option<String>, Option<Arc<K>>)>;
+
+/// [`WrittenMap`], shared with the watch task that clears what it delivers.
+type Written<K> = Arc<Mutex<WrittenMap<K>>>;
+
 /// A store filled by one watch, and whether that watch is live.
+///
+/// The watch delivers this process's own writes a moment after they return; a reconcile
+/// in between must not read the older copy (it would create the object again or patch a
+/// stale one). What this process wrote is kept aside ([`Watched::wrote`]) until the watch
+/// delivers that object, and read instead of the store's copy while the store still holds
+/// the version the write replaced.
 pub struct Watched<K: kube::runtime::reflector::Lookup + Clone + 'static>
 where
     K::DynamicType: Eq + std::hash::Hash + Clone,
@@ -62,6 +77,8 @@ where
     store: Store<K>,
     dyntype: K::DynamicType,
     live: Arc<AtomicBool>,
+    written: Written<K>,
+    trim: fn(&mut K),
 }
 
 impl<K> Watched<K>
@@ -69,28 +86,103 @@ where
     K: kube::runtime::reflector::Lookup + Clone + 'static,
     K::DynamicType: Eq + std::hash::Hash + Clone,
 {
-    /// The object `namespace/name` as the watch last saw it: `Some(None)` when the live
-    /// watch has no such object, `None` when the watch is not live (ask the API server).
+    /// The object `namespace/name` as the watch last saw it (or as this process wrote it
+    /// since): `Some(None)` when the live watch has no such object, `None` when the watch is
+    /// not live (ask the API server).
     pub fn get(&self, namespace: Option<&str>, name: &str) -> Option<Option<Arc<K>>> {
         if !self.is_live() {
             return None;
         }
-        let mut key = ObjectRef::new_with(name, self.dyntype.clone());
-        if let Some(ns) = namespace {
-            key = key.within(ns);
-        }
-        Some(self.store.get(&key))
+        let key = self.key(namespace, name);
+        let stored = self.store.get(&key);
+        Some(self.newer(&key, stored))
     }
 
-    /// The objects that match `keep`, or `None` when the watch is not live.
+    /// The objects that match `keep` (with this process's own writes the watch has not
+    /// delivered yet), or `None` when the watch is not live.
     pub fn filter(&self, keep: impl Fn(&K) -> bool) -> Option<Vec<Arc<K>>> {
-        self.is_live()
-            .then(|| self.store.state_filter(|o: &K| keep(o)))
+        if !self.is_live() {
+            return None;
+        }
+        let mut found: HashMap<ObjectRef<K>, Arc<K>> = self
+            .store
+            .state_filter(|o: &K| keep(o))
+            .into_iter()
+            .map(|o| (o.to_object_ref(self.dyntype.clone()), o))
+            .collect();
+        if let Ok(written) = self.written.lock() {
+            for key in written.keys() {
+                match self.newer_locked(&written, key, self.store.get(key)) {
+                    Some(o) if keep(&o) => {
+                        found.insert(key.clone(), o);
+                    }
+                    _ => {
+                        found.remove(key);
+                    }
+                }
+            }
+        }
+        Some(found.into_values().collect())
+    }
+
+    /// Remembers an object this process just wrote (created when `replaced` is `None`, else
+    /// updated from that `resourceVersion`) until the watch delivers it.
+    pub fn wrote(&self, mut obj: K, replaced: Option<String>) {
+        (self.trim)(&mut obj);
+        let key = obj.to_object_ref(self.dyntype.clone());
+        if let Ok(mut written) = self.written.lock() {
+            written.insert(key, (replaced, Some(Arc::new(obj))));
+        }
+    }
+
+    /// Remembers that this process deleted `obj` until the watch delivers the deletion.
+    pub fn deleted(&self, obj: &K) {
+        let key = obj.to_object_ref(self.dyntype.clone());
+        let version = obj.resource_version().map(|v| v.to_string());
+        if let Ok(mut written) = self.written.lock() {
+            written.insert(key, (version, None));
+        }
     }
 
     /// True once the watch listed everything and has seen no error since.
     pub fn is_live(&self) -> bool {
         self.live.load(Ordering::Acquire)
+    }
+
+    fn key(&self, namespace: Option<&str>, name: &str) -> ObjectRef<K> {
+        let mut key = ObjectRef::new_with(name, self.dyntype.clone());
+        if let Some(ns) = namespace {
+            key = key.within(ns);
+        }
+        key
+    }
+
+    fn newer(&self, key: &ObjectRef<K>, stored: Option<Arc<K>>) -> Option<Arc<K>> {
+        match self.written.lock() {
+            Ok(written) => self.newer_locked(&written, key, stored),
+            Err(_) => stored,
+        }
+    }
+
+    /// This process's write of `key` while the store holds what it replaced, else the
+    /// store's copy.
+    fn newer_locked(
+        &self,
+        written: &WrittenMap<K>,
+        key: &ObjectRef<K>,
+        stored: Option<Arc<K>>,
+    ) -> Option<Arc<K>> {
+        let Some((replaced, ours)) = written.get(key) else {
+            return stored;
+        };
+        let stored_version = stored
+            .as_ref()
+            .and_then(|s| s.resource_version().map(|v| v.to_string()));
+        if stored_version == *replaced {
+            ours.clone()
+        } else {
+            stored
+        }
     }
 }
 
@@ -196,15 +288,16 @@ fn spawn_dynamic(
         store: writer.as_reader(),
         dyntype: ar,
         live: Arc::new(AtomicBool::new(false)),
+        written: Written::default(),
+        trim: trim_kubevirt,
     };
     let task = spawn_reflector(
         cluster.to_string(),
         api,
         selector.to_string(),
         writer,
-        watched.live.clone(),
+        &watched,
         waker,
-        trim_kubevirt,
     );
     (watched, task)
 }
@@ -230,15 +323,16 @@ where
         store: writer.as_reader(),
         dyntype: (),
         live: Arc::new(AtomicBool::new(false)),
+        written: Written::default(),
+        trim,
     };
     let task = spawn_reflector(
         cluster.to_string(),
         api,
         selector.to_string(),
         writer,
-        watched.live.clone(),
+        &watched,
         waker,
-        trim,
     );
     (watched, task)
 }
@@ -248,14 +342,19 @@ fn spawn_reflector<K>(
     api: Api<K>,
     selector: String,
     writer: Writer<K>,
-    live: Arc<AtomicBool>,
+    watched: &Watched<K>,
     waker: Waker,
-    trim: fn(&mut K),
 ) -> JoinHandle<()>
 where
     K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
     K::DynamicType: Eq + std::hash::Hash + Clone,
 {
+    let (dyntype, live, written, trim) = (
+        watched.dyntype.clone(),
+        watched.live.clone(),
+        watched.written.clone(),
+        watched.trim,
+    );
     tokio::spawn(async move {
         let config = watcher::Config::default().labels(&selector).any_semantic();
         let mut stream = watcher(api, config)
@@ -265,8 +364,17 @@ where
             .boxed();
         while let Some(item) = stream.next().await {
             match item {
-                Ok(watcher::Event::InitDone) => live.store(true, Ordering::Release),
+                Ok(watcher::Event::InitDone) => {
+                    // Everything written before the list is in it.
+                    if let Ok(mut w) = written.lock() {
+                        w.clear();
+                    }
+                    live.store(true, Ordering::Release)
+                }
                 Ok(watcher::Event::Apply(obj) | watcher::Event::Delete(obj)) => {
+                    if let Ok(mut w) = written.lock() {
+                        w.remove(&obj.to_object_ref(dyntype.clone()));
+                    }
                     waker.wake(obj.labels())
                 }
                 Ok(watcher::Event::InitApply(obj)) => waker.wake(obj.labels()),

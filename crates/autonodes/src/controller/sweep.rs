@@ -15,7 +15,8 @@ use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Objec
 use kube::runtime::events::EventType;
 use kube::ResourceExt;
 
-use super::nodeclaim::{not_found, remote_call, TOKEN_NAMESPACE};
+use super::calls::{not_found, remote_call};
+use super::remote::TOKEN_NAMESPACE;
 use super::Context;
 use crate::api::{NodeClaim, LABEL_MANAGED_BY, MANAGED_BY};
 use crate::clients::{ClientError, Remote};

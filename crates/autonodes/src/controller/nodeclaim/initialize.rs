@@ -1,0 +1,69 @@
+//! Initialize: `Ready` once the claim's Node is Ready and none of the claim's startup
+//! taints is left on it.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Taint};
+use kube::runtime::controller::Action;
+use kube::ResourceExt;
+
+use super::{Provisioning, Step, READY};
+use crate::api::reasons::ClaimReason;
+use crate::api::NodeClaim;
+use crate::controller::Error;
+
+/// The initialize stage (the last: it always stops the walk).
+pub(super) async fn initialize(p: &mut Provisioning<'_>) -> Result<Step, Error> {
+    let Some(node) = p.node.clone() else {
+        return Err(Error::Internal("initialize ran before register".into()));
+    };
+    let node_name = node.name_any();
+    let startup_left: Vec<String> = startup_taints(p.claim)
+        .iter()
+        .filter(|st| {
+            node_taints(&node)
+                .iter()
+                .any(|nt| nt.key == st.key && nt.effect == st.effect)
+        })
+        .map(|t| t.key.clone())
+        .collect();
+    let ready = node_ready(&node);
+    if ready && startup_left.is_empty() {
+        p.status.set(
+            READY,
+            true,
+            ClaimReason::NodeReady,
+            format!("Node {node_name} is Ready"),
+        );
+        return Ok(Step::Stop(Action::requeue(Duration::from_secs(300))));
+    }
+    let message = if !ready {
+        format!("Node {node_name} is not Ready yet")
+    } else {
+        format!(
+            "Node {node_name} still has startup taints: {}",
+            startup_left.join(", ")
+        )
+    };
+    p.status
+        .set(READY, false, ClaimReason::NodeNotReady, message);
+    Ok(Step::Stop(Action::requeue(Duration::from_secs(30))))
+}
+
+fn node_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+pub(super) fn node_taints(node: &Node) -> Vec<Taint> {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default()
+}
+
+fn startup_taints(claim: &NodeClaim) -> Vec<Taint> {
+    claim.spec.startup_taints.clone()
+}

@@ -1,0 +1,278 @@
+//! Launch: the tenant's bootstrap token, the host's user-data Secret and VirtualMachine
+//! (each only created, never rewritten; a create that finds the object exists is an
+//! earlier attempt's and is kept), and `Provisioned` once the VM runs — or the launch
+//! timeout fails the claim.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DynamicObject, PostParams};
+use kube::runtime::controller::Action;
+use kube::ResourceExt;
+
+use super::tokens::ensure_token;
+use super::{elapsed_since, remaining, Provisioning, Step, PROVISIONED, SCHEDULED};
+use crate::api::reasons::ClaimReason;
+use crate::api::NodeClaim;
+use crate::clients::{status_message, Remote};
+use crate::controller::calls::{get_opt, read, remote_call};
+use crate::controller::{now, Error};
+use crate::kubevirt;
+use crate::render::{self, RenderError, RenderedNode};
+use crate::scheduling::PreparedType;
+use crate::userdata::{self, BootstrapToken, JoinParams, UserDataError};
+
+/// The launch stage.
+pub(super) async fn launch(p: &mut Provisioning<'_>) -> Result<Step, Error> {
+    let ctx = p.ctx;
+    let vms: Api<DynamicObject> = Api::namespaced_with(
+        p.host.client.clone(),
+        &p.vm_ns,
+        &kubevirt::virtual_machine(),
+    );
+    let cached = p
+        .host
+        .host_cache()
+        .and_then(|c| c.vms.get(Some(&p.vm_ns), &p.vm_name));
+    let vm = match read(
+        ctx,
+        &p.host,
+        cached,
+        &vms,
+        &p.vm_name,
+        "reading the VirtualMachine",
+    )
+    .await?
+    {
+        Some(vm) => vm,
+        None if p.status.was_true(PROVISIONED) => {
+            // The VM vanished after it ran: the claim failed.
+            return Ok(Step::Fail {
+                reason: ClaimReason::VirtualMachineLost,
+                message: format!(
+                    "VirtualMachine {}/{} disappeared from {}",
+                    p.vm_ns, p.vm_name, p.host_cluster
+                ),
+            });
+        }
+        None => match create_host_objects(p, &vms).await? {
+            Ok(vm) => vm,
+            Err(step) => return Ok(step),
+        },
+    };
+
+    let vmis: Api<DynamicObject> = Api::namespaced_with(
+        p.host.client.clone(),
+        &p.vm_ns,
+        &kubevirt::virtual_machine_instance(),
+    );
+    let cached = p
+        .host
+        .host_cache()
+        .and_then(|c| c.vmis.get(Some(&p.vm_ns), &p.vm_name));
+    let vmi = read(
+        ctx,
+        &p.host,
+        cached,
+        &vmis,
+        &p.vm_name,
+        "reading the VirtualMachineInstance",
+    )
+    .await?;
+    let running =
+        kubevirt::vm_ready(&vm) || vmi.as_deref().and_then(kubevirt::vmi_phase) == Some("Running");
+    let (vm_ns, vm_name) = (&p.vm_ns, &p.vm_name);
+    if !running {
+        let since = p.status.true_since(SCHEDULED).unwrap_or_else(now);
+        let waited = elapsed_since(since);
+        let limit = ctx.config.launch_timeout;
+        if waited > limit {
+            return Ok(Step::Fail {
+                reason: ClaimReason::LaunchTimeout,
+                message: format!(
+                    "VirtualMachine {vm_ns}/{vm_name} did not run within {}s",
+                    limit.as_secs()
+                ),
+            });
+        }
+        let phase = vmi
+            .as_deref()
+            .and_then(kubevirt::vmi_phase)
+            .unwrap_or("none yet")
+            .to_string();
+        p.status.set(
+            PROVISIONED,
+            false,
+            ClaimReason::Booting,
+            format!(
+                "VirtualMachine {vm_ns}/{vm_name} is not running yet (instance phase: {phase})"
+            ),
+        );
+        return Ok(Step::Stop(Action::requeue(remaining(
+            limit,
+            waited,
+            Duration::from_secs(30),
+        ))));
+    }
+    if !p.status.is_true(PROVISIONED) {
+        let ip = vmi
+            .as_deref()
+            .and_then(kubevirt::vmi_ip)
+            .map(|ip| format!(" at {ip}"))
+            .unwrap_or_default();
+        let message = format!("VirtualMachine {vm_ns}/{vm_name} runs{ip}");
+        p.status
+            .set(PROVISIONED, true, ClaimReason::Running, message);
+    }
+    Ok(Step::Next)
+}
+
+/// Creates the token, the user-data Secret and the VM; returns the VM, or the step to stop
+/// at when the claim's input cannot become a VM.
+async fn create_host_objects(
+    p: &mut Provisioning<'_>,
+    vms: &Api<DynamicObject>,
+) -> Result<Result<Arc<DynamicObject>, Step>, Error> {
+    let ctx = p.ctx;
+    let token = ensure_token(p.claim, ctx, p.tenant).await?;
+    let join = match join_params(p.tenant, &token) {
+        Ok(j) => j,
+        Err((reason, message)) => {
+            p.status.set(PROVISIONED, false, reason, message);
+            return Ok(Err(Step::Stop(Action::requeue(Duration::from_secs(30)))));
+        }
+    };
+    let rendered = match render_for(p.claim, p.node_type, &p.vm_name, &p.vm_ns, &join) {
+        Ok(r) => r,
+        Err(e) => {
+            p.status
+                .set(PROVISIONED, false, render_reason(&e), e.to_string());
+            return Ok(Err(Step::Stop(Action::requeue(Duration::from_secs(60)))));
+        }
+    };
+    // The Secret before the VM, which names it. An existing one is an earlier attempt's:
+    // it is kept (a Secret is never rewritten), and so is the token it carries.
+    let secrets: Api<Secret> = Api::namespaced(p.host.client.clone(), &p.vm_ns);
+    match remote_call(
+        ctx,
+        &p.host,
+        "creating the user-data Secret",
+        secrets.create(&PostParams::default(), &rendered.secret),
+    )
+    .await
+    {
+        Ok(_) => {}
+        Err(e) if e.is_remote_conflict() => {}
+        Err(e) => return Err(e),
+    }
+    let vm_obj: DynamicObject = serde_json::from_value(rendered.vm)
+        .map_err(|e| Error::Internal(format!("rendered VM is not an object: {e}")))?;
+    let created = remote_call(
+        ctx,
+        &p.host,
+        "creating the VirtualMachine",
+        vms.create(&PostParams::default(), &vm_obj),
+    )
+    .await;
+    let (vm_ns, vm_name, host_cluster) = (&p.vm_ns, &p.vm_name, &p.host_cluster);
+    match created {
+        Ok(vm) => {
+            if let Some(cache) = p.host.host_cache() {
+                cache.vms.wrote(vm.clone(), None);
+            }
+            ctx.metrics
+                .nodeclaims_created
+                .with_label_values::<&str>(&[])
+                .inc();
+            tracing::info!(nodeclaim = %p.claim.name_any(), vm = %format!("{vm_ns}/{vm_name}"), cluster = %host_cluster, "created VirtualMachine");
+            Ok(Ok(Arc::new(vm)))
+        }
+        Err(e) if e.is_remote_conflict() => {
+            match get_opt(ctx, &p.host, vms, vm_name, "reading the VirtualMachine").await? {
+                Some(vm) => Ok(Ok(Arc::new(vm))),
+                None => Ok(Err(Step::Stop(Action::requeue(Duration::from_secs(1))))),
+            }
+        }
+        // The API server refused the VM (e.g. an invalid template for this host).
+        Err(Error::Remote {
+            source: kube::Error::Api(s),
+            ..
+        }) if s.code == 422 || s.code == 400 => {
+            p.status.set(
+                PROVISIONED,
+                false,
+                ClaimReason::VirtualMachineRejected,
+                format!(
+                    "{host_cluster} rejected the VirtualMachine: {}",
+                    status_message(&s)
+                ),
+            );
+            Ok(Err(Step::Stop(Action::requeue(Duration::from_secs(60)))))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Join parameters for the tenant: its endpoint, the token, and its CA's hash.
+fn join_params(
+    tenant: &Remote,
+    token: &BootstrapToken,
+) -> Result<JoinParams, (ClaimReason, String)> {
+    let ca = tenant.ca_pem.as_deref().ok_or((
+        ClaimReason::TenantCANotFound,
+        format!(
+            "the kubeconfig of the {} has no certificate-authority-data, so nodes cannot verify it",
+            tenant.key
+        ),
+    ))?;
+    let hash = userdata::ca_cert_hash(ca).map_err(|e| {
+        (
+            ClaimReason::InvalidTenantCA,
+            format!("the CA of the {}: {e}", tenant.key),
+        )
+    })?;
+    let endpoint = tenant.endpoint().map_err(|e| {
+        (
+            ClaimReason::InvalidKubeconfig,
+            format!("the kubeconfig of the {}: {e}", tenant.key),
+        )
+    })?;
+    Ok(JoinParams {
+        api_server_endpoint: endpoint,
+        token: token.token(),
+        ca_cert_hashes: vec![hash],
+    })
+}
+
+/// Renders the claim's Secret and VM for its type (the Node gets the claim's identity
+/// labels, so tenant Node events find the claim).
+fn render_for(
+    claim: &NodeClaim,
+    t: &PreparedType,
+    vm_name: &str,
+    vm_ns: &str,
+    join: &JoinParams,
+) -> Result<RenderedNode, RenderError> {
+    let mut t = t.clone();
+    t.vm_namespace = vm_ns.to_string();
+    render::render_node(&t, claim, None, vm_name, join)
+}
+
+/// The condition reason for a render error.
+fn render_reason(e: &RenderError) -> ClaimReason {
+    match e {
+        RenderError::UserData {
+            source: UserDataError::TooLarge { .. },
+            ..
+        } => ClaimReason::UserDataTooLarge,
+        RenderError::UserData { .. } => ClaimReason::InvalidUserData,
+        RenderError::Labels { .. } => ClaimReason::InvalidLabels,
+        RenderError::Taints { .. } => ClaimReason::InvalidTaints,
+        RenderError::Template { .. } => ClaimReason::InvalidTemplate,
+        RenderError::TypeUnusable { .. } => ClaimReason::NodeTypeUnavailable,
+        RenderError::Request { .. } => ClaimReason::InvalidRequest,
+        RenderError::NoFit { source, .. } => super::schedule::nofit_reason(source.reason),
+        RenderError::MissingField { .. } => ClaimReason::InvalidClaim,
+    }
+}

@@ -1,0 +1,217 @@
+//! Schedule: choose the cheapest node type that fits and has capacity, and store it with
+//! the VM's name in the claim's status before anything remote is created.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use kube::runtime::reflector::ObjectRef;
+use kube::ResourceExt;
+
+use super::status::StatusWriter;
+use super::{uid, Reservations, PROVISIONED, SCHEDULED};
+use crate::api::reasons::ClaimReason;
+use crate::api::{NodeClaim, NodeClaimPhase};
+use crate::conditions;
+use crate::controller::{Context, Error};
+use crate::scheduling::{self, Catalogue, ClaimRequest, PreparedType, ProviderContext};
+use crate::template;
+
+/// Builds the catalogue of every NodeType, with types whose provider cannot be used
+/// marked as problems.
+pub fn catalogue(ctx: &Context) -> Catalogue {
+    let types = ctx.types.state();
+    Catalogue::new(
+        types
+            .iter()
+            .filter(|t| t.metadata.deletion_timestamp.is_none())
+            .map(|t| {
+                let provider = crate::controller::nodetype::provider_of(ctx, t);
+                let pctx = provider.as_deref().map(ProviderContext::from_provider);
+                let mut prepared = scheduling::prepare_type(&t.name_any(), &t.spec, pctx.as_ref());
+                if prepared.problem.is_none() {
+                    if let Some((_, message)) =
+                        crate::controller::nodetype::unusable(t, provider.as_deref())
+                    {
+                        prepared.problem = Some(scheduling::TypeProblem::ProviderNotReady {
+                            node_type: t.name_any(),
+                            message,
+                        });
+                    }
+                }
+                prepared
+            })
+            .collect(),
+    )
+}
+
+/// Claims per NodeType that hold capacity: scheduled, not Failed, not released; plus
+/// this process's reservations.
+pub fn claimed_counts(ctx: &Context, r: &Reservations) -> BTreeMap<String, i64> {
+    let mut by_uid: HashMap<String, String> = HashMap::new();
+    for c in ctx.claims.state() {
+        let Some(uid) = c.uid() else { continue };
+        let s = c.status.as_ref();
+        if s.and_then(|s| s.phase) == Some(NodeClaimPhase::Failed) || r.released.contains(&uid) {
+            continue;
+        }
+        if let Some(t) = s.and_then(|s| s.type_ref.clone()) {
+            by_uid.insert(uid, t);
+        }
+    }
+    for (uid, t) in &r.scheduled {
+        if !r.released.contains(uid) {
+            by_uid.insert(uid.clone(), t.clone());
+        }
+    }
+    let mut counts = BTreeMap::new();
+    for t in by_uid.into_values() {
+        *counts.entry(t).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// The outcome of scheduling: the chosen type, prepared.
+pub struct Scheduled {
+    /// The chosen type.
+    pub node_type: PreparedType,
+    /// The claim after scheduling (as written, when scheduling wrote it).
+    pub claim: Arc<NodeClaim>,
+}
+
+/// Chooses a type for the claim (or returns the one already chosen).
+pub(super) async fn schedule(claim: &NodeClaim, ctx: &Context) -> Result<Option<Scheduled>, Error> {
+    let status = claim.status.clone().unwrap_or_default();
+    if let Some(type_ref) = status.type_ref.clone() {
+        let catalogue = catalogue(ctx);
+        // A claim whose VM already runs keeps it when its type turns unusable (its provider
+        // not ready or being deleted, its template changed): nothing is created from the
+        // type any more, and the claim goes on watching its VM and Node.
+        let provisioned = conditions::is_true(&status.conditions, PROVISIONED);
+        return match catalogue.get(&type_ref).filter(|t| t.name == type_ref) {
+            Some(t) if t.problem.is_none() || provisioned => Ok(Some(Scheduled {
+                node_type: t.clone(),
+                claim: Arc::new(claim.clone()),
+            })),
+            found => {
+                // Already scheduled, but the type is gone or unusable: wait, keep capacity.
+                let mut w = StatusWriter::new(claim, ctx);
+                let message = match found.and_then(|t| t.problem.as_ref()) {
+                    Some(p) => p.to_string(),
+                    None => {
+                        format!("node type {type_ref} the claim was scheduled to no longer exists")
+                    }
+                };
+                w.set(
+                    PROVISIONED,
+                    false,
+                    ClaimReason::NodeTypeUnavailable,
+                    message,
+                );
+                w.write().await?;
+                Ok(None)
+            }
+        };
+    }
+
+    let uid = uid(claim)?;
+    let request = match ClaimRequest::new(&claim.spec, None) {
+        Ok(r) => r,
+        Err(e) => {
+            let mut w = StatusWriter::new(claim, ctx);
+            w.set(SCHEDULED, false, ClaimReason::InvalidRequest, e.to_string());
+            w.write().await?;
+            return Ok(None);
+        }
+    };
+    // Labels no node could carry (invalid, or owned by the kubelet or autonodes) keep the
+    // claim from being scheduled at all.
+    if let Err(e) = scheduling::node_labels(
+        &Default::default(),
+        None,
+        &claim.spec.labels,
+        &BTreeMap::new(),
+    ) {
+        let mut w = StatusWriter::new(claim, ctx);
+        w.set(SCHEDULED, false, ClaimReason::InvalidLabels, e.to_string());
+        w.write().await?;
+        return Ok(None);
+    }
+    // One decision at a time, on complete caches, so maxCapacity holds under concurrency.
+    // The decision is reserved in memory before the lock is released; the status write
+    // happens outside it and gives the reservation back if it fails.
+    ctx.wait_synced().await;
+    let decision = {
+        let mut reservations = ctx.scheduling.lock().await;
+        if reservations.scheduled.contains_key(&uid) {
+            // This process scheduled the claim already; the cache has not caught up yet.
+            return Err(Error::Conflict(format!(
+                "NodeClaim {} (cache behind)",
+                claim.name_any()
+            )));
+        }
+        let catalogue = catalogue(ctx);
+        let claimed = claimed_counts(ctx, &reservations);
+        let decision = scheduling::choose(&catalogue, &request, &claimed).cloned();
+        if let Ok(t) = &decision {
+            reservations.scheduled.insert(uid.clone(), t.name.clone());
+        }
+        decision
+    };
+    let chosen = match decision {
+        Ok(t) => t,
+        Err(nofit) => {
+            let mut w = StatusWriter::new(claim, ctx);
+            w.set(SCHEDULED, false, nofit_reason(nofit.reason), nofit.message);
+            w.write().await?;
+            return Ok(None);
+        }
+    };
+    let vm_name = template::vm_name_for_claim(
+        &claim.namespace().unwrap_or_default(),
+        &claim.name_any(),
+        &uid,
+    );
+    let mut w = StatusWriter::new(claim, ctx);
+    w.new.type_ref = Some(chosen.name.clone());
+    w.new.cost = Some(chosen.cost);
+    w.new.host_cluster = Some(chosen.host_cluster.clone());
+    w.new.vm_namespace = Some(chosen.vm_namespace.clone());
+    w.new.vm_name = Some(vm_name.clone());
+    w.new.provider_id = Some(format!("kubevirt://{vm_name}"));
+    w.set(
+        SCHEDULED,
+        true,
+        ClaimReason::Scheduled,
+        format!(
+            "scheduled to node type {} (cost {}) as VM {}/{}",
+            chosen.name, chosen.cost, chosen.vm_namespace, vm_name
+        ),
+    );
+    w.set(
+        PROVISIONED,
+        false,
+        ClaimReason::Creating,
+        "creating the VirtualMachine",
+    );
+    let written = match w.write().await {
+        Ok(c) => c,
+        Err(e) => {
+            ctx.scheduling.lock().await.scheduled.remove(&uid);
+            return Err(e);
+        }
+    };
+    let _ = ctx.wake_types.unbounded_send(ObjectRef::new(&chosen.name));
+    Ok(Some(Scheduled {
+        node_type: chosen,
+        claim: written,
+    }))
+}
+
+/// The claim reason for a scheduling failure ([`scheduling::NoFit::reason`]).
+pub(super) fn nofit_reason(reason: &str) -> ClaimReason {
+    if reason == scheduling::REASON_INSUFFICIENT_CAPACITY {
+        ClaimReason::InsufficientCapacity
+    } else {
+        ClaimReason::NoMatchingNodeType
+    }
+}

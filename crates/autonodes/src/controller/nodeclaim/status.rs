@@ -1,0 +1,279 @@
+//! The claim's status as one reconcile changes it: conditions set in memory, the phase
+//! derived from them, one conditional write at the end, Events and stage durations only
+//! after that write succeeded.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::api::Api;
+use kube::runtime::events::EventType;
+use kube::ResourceExt;
+
+use super::{JOINED, PROVISIONED, READY, SCHEDULED};
+use crate::api::reasons::{ClaimCondition, ClaimReason};
+use crate::api::{NodeClaim, NodeClaimPhase, NodeClaimStatus};
+use crate::conditions::{self, status_of, TRUE};
+use crate::controller::{apply_status, now, Context, Error};
+
+/// Sets the phase from the readiness ladder: the first condition that is not True.
+/// The least time between two status writes of a claim that only report progress: stages
+/// reached meanwhile go out together (a VM that boots at once, then joins and turns Ready
+/// within a moment, costs one write instead of three). Problems and failures are written
+/// at once.
+pub const STATUS_WRITE_GAP: Duration = Duration::from_millis(500);
+
+pub(super) fn set_phase(status: &mut NodeClaimStatus) {
+    let c = &status.conditions;
+    status.phase = Some(if !conditions::is_true(c, SCHEDULED) {
+        NodeClaimPhase::Pending
+    } else if !conditions::is_true(c, PROVISIONED) {
+        NodeClaimPhase::Provisioning
+    } else if !conditions::is_true(c, JOINED) || !conditions::is_true(c, READY) {
+        NodeClaimPhase::Joining
+    } else {
+        NodeClaimPhase::Available
+    });
+}
+
+/// Collects the changes of one reconcile to a claim's status and writes them at once.
+pub(super) struct StatusWriter<'a> {
+    claim: &'a NodeClaim,
+    ctx: &'a Context,
+    old: NodeClaimStatus,
+    pub(super) new: NodeClaimStatus,
+}
+
+impl<'a> StatusWriter<'a> {
+    pub(super) fn new(claim: &'a NodeClaim, ctx: &'a Context) -> Self {
+        let old = claim.status.clone().unwrap_or_default();
+        StatusWriter {
+            claim,
+            ctx,
+            new: old.clone(),
+            old,
+        }
+    }
+
+    /// True when the condition was True before this reconcile.
+    pub(super) fn was_true(&self, type_: ClaimCondition) -> bool {
+        conditions::is_true(&self.old.conditions, type_)
+    }
+
+    /// True when the condition is True in the status as changed so far.
+    pub(super) fn is_true(&self, type_: ClaimCondition) -> bool {
+        conditions::is_true(&self.new.conditions, type_)
+    }
+
+    /// Since when the condition is True in the status as changed so far.
+    pub(super) fn true_since(&self, type_: ClaimCondition) -> Option<k8s_openapi::jiff::Timestamp> {
+        conditions::true_since(&self.new.conditions, type_)
+    }
+
+    /// Sets a condition of the claim.
+    pub(super) fn set(
+        &mut self,
+        type_: ClaimCondition,
+        ok: bool,
+        reason: impl Into<ClaimReason>,
+        message: impl Into<String>,
+    ) {
+        conditions::set(
+            &mut self.new.conditions,
+            type_,
+            status_of(ok),
+            reason.into(),
+            message,
+            self.claim.metadata.generation,
+            now(),
+        );
+    }
+
+    /// True when the new status differs from the old one by more than progress detail (a
+    /// condition that stays not-True and goes from one progress reason or message to another).
+    fn worth_writing(&self) -> bool {
+        let mut compared = self.new.clone();
+        for c in compared.conditions.iter_mut() {
+            if let Some(before) = conditions::get(&self.old.conditions, &c.type_) {
+                if c.status != TRUE
+                    && before.status == c.status
+                    && conditions::is_progress(&before.reason)
+                    && conditions::is_progress(&c.reason)
+                {
+                    *c = before.clone();
+                }
+            }
+        }
+        compared != self.old
+    }
+
+    /// True when every condition that changed is True or a progress reason: nothing a user
+    /// must look at, and no failure.
+    fn only_progress(&self) -> bool {
+        let phase = self.new.phase;
+        phase != Some(NodeClaimPhase::Failed)
+            && phase != Some(NodeClaimPhase::Terminating)
+            && self.new.conditions.iter().all(|c| {
+                conditions::get(&self.old.conditions, &c.type_) == Some(c)
+                    || c.status == TRUE
+                    || conditions::is_progress(&c.reason)
+            })
+    }
+
+    /// Like [`StatusWriter::write`], but a change that is only progress (stages reached,
+    /// nothing wrong) within [`STATUS_WRITE_GAP`] of the claim's last status write is not
+    /// written yet: returns how long to wait, and the reconcile after that writes it
+    /// together with whatever else was reached meanwhile.
+    pub(super) async fn write_or_defer(mut self) -> Result<Option<Duration>, Error> {
+        self.finish();
+        if !self.worth_writing() {
+            return Ok(None);
+        }
+        if self.only_progress() {
+            if let Some(since) = self
+                .claim
+                .uid()
+                .and_then(|u| self.ctx.last_status_write(&u))
+            {
+                let waited = since.elapsed();
+                if waited < STATUS_WRITE_GAP {
+                    return Ok(Some(STATUS_WRITE_GAP - waited));
+                }
+            }
+        }
+        self.write().await?;
+        Ok(None)
+    }
+
+    /// Derives the phase and the observed generation.
+    fn finish(&mut self) {
+        if self.new.phase != Some(NodeClaimPhase::Failed)
+            && self.new.phase != Some(NodeClaimPhase::Terminating)
+        {
+            set_phase(&mut self.new);
+        }
+        self.new.observed_generation = self.claim.metadata.generation;
+    }
+
+    /// Writes the status if it changed by more than progress detail (one conditional
+    /// server-side apply), then records Events and stage durations for what changed.
+    /// Returns the claim as it now is.
+    pub(super) async fn write(mut self) -> Result<Arc<NodeClaim>, Error> {
+        self.finish();
+        if !self.worth_writing() {
+            return Ok(Arc::new(self.claim.clone()));
+        }
+        let api: Api<NodeClaim> = Api::namespaced(
+            self.ctx.client.clone(),
+            &self.claim.namespace().unwrap_or_default(),
+        );
+        let written = apply_status(&api, self.claim, &self.new).await?;
+        let written = self
+            .ctx
+            .remember_written(self.claim.resource_version(), written);
+        // Events and stage durations only once the write succeeded: a reconcile that worked
+        // on a stale copy gets a conflict above and must not report the change a second time.
+        self.record_events().await;
+        self.observe_stages();
+        Ok(written)
+    }
+
+    /// One Event per condition that changed: Normal when it turned True (Joined is left to
+    /// Ready's Event when both turned True at once), Warning when it turned to a problem;
+    /// progress reasons get none.
+    async fn record_events(&self) {
+        let became_true = |type_: ClaimCondition| {
+            conditions::is_true(&self.new.conditions, type_)
+                && !conditions::is_true(&self.old.conditions, type_)
+        };
+        for c in &self.new.conditions {
+            let before = conditions::get(&self.old.conditions, &c.type_);
+            if before.is_some_and(|b| b.status == c.status && b.reason == c.reason) {
+                continue;
+            }
+            let type_ = if c.status == TRUE {
+                if c.type_ == JOINED.as_str() && became_true(READY) {
+                    continue;
+                }
+                EventType::Normal
+            } else if conditions::is_progress(&c.reason) {
+                tracing::debug!(
+                    nodeclaim = %self.claim.name_any(),
+                    condition = %c.type_, reason = %c.reason, message = %c.message,
+                    "claim in progress"
+                );
+                continue;
+            } else {
+                tracing::info!(
+                    nodeclaim = %self.claim.name_any(),
+                    namespace = %self.claim.namespace().unwrap_or_default(),
+                    condition = %c.type_, reason = %c.reason, message = %c.message,
+                    "claim condition not true"
+                );
+                EventType::Warning
+            };
+            self.ctx
+                .event(self.claim, type_, &c.reason, &c.type_, c.message.clone())
+                .await;
+        }
+    }
+
+    fn observe_stages(&self) {
+        let Some(created) = self.claim.metadata.creation_timestamp.as_ref() else {
+            return;
+        };
+        for (type_, stage) in [
+            (SCHEDULED, "scheduled"),
+            (PROVISIONED, "provisioned"),
+            (JOINED, "joined"),
+            (READY, "ready"),
+        ] {
+            let was = conditions::is_true(&self.old.conditions, type_);
+            if let (false, Some(since)) = (was, conditions::true_since(&self.new.conditions, type_))
+            {
+                let secs = (since.as_millisecond() - created.0.as_millisecond()) as f64 / 1000.0;
+                self.ctx
+                    .metrics
+                    .nodeclaim_duration
+                    .with_label_values(&[stage])
+                    .observe(secs.max(0.0));
+            }
+        }
+    }
+}
+
+/// Recomputes `autonodes_nodeclaims` and `autonodes_nodeclaims_cost` from the claim store.
+pub fn refresh_claim_gauges(ctx: &Context) {
+    let m = &ctx.metrics;
+    let mut by_phase: BTreeMap<(String, String, String), i64> = BTreeMap::new();
+    let mut cost: BTreeMap<(String, String), i64> = BTreeMap::new();
+    for c in ctx.claims.state() {
+        let s = c.status.clone().unwrap_or_default();
+        let phase = s
+            .phase
+            .map(|p| format!("{p:?}"))
+            .unwrap_or_else(|| "Pending".into());
+        let nodetype = s.type_ref.clone().unwrap_or_default();
+        let provider = nodetype.split('.').next().unwrap_or_default().to_string();
+        *by_phase
+            .entry((phase.clone(), nodetype, provider.clone()))
+            .or_default() += 1;
+        if phase != "Failed" {
+            *cost
+                .entry((c.spec.v_cluster_ref.name.clone(), provider))
+                .or_default() += s.cost.unwrap_or(0);
+        }
+    }
+    m.nodeclaims.reset();
+    for ((phase, nodetype, provider), n) in by_phase {
+        m.nodeclaims
+            .with_label_values(&[&phase, &nodetype, &provider])
+            .set(n);
+    }
+    m.nodeclaims_cost.reset();
+    for ((vcluster, provider), n) in cost {
+        m.nodeclaims_cost
+            .with_label_values(&[&vcluster, &provider])
+            .set(n);
+    }
+}

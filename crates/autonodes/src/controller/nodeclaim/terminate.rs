@@ -1,0 +1,430 @@
+//! Terminate: cordon and drain the Node, delete the VM and wait until it is gone, then the
+//! Node, the user-data Secret, the DataVolumes and the tokens; the finalizer is released
+//! only once all of it is gone. Also removes what a Failed claim left.
+
+use std::collections::HashSet;
+
+use k8s_openapi::api::core::v1::{Node, Pod, Secret};
+use kube::api::{Api, DeleteParams, DynamicObject, EvictParams, ListParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
+use kube::ResourceExt;
+use serde_json::json;
+
+use super::status::StatusWriter;
+use super::tokens::delete_tokens;
+use super::{elapsed_since, uid, uid_selector, READY};
+use crate::api::reasons::ClaimReason;
+use crate::api::{NodeClaim, NodeClaimPhase};
+use crate::clients::{ClientError, Remote};
+use crate::controller::calls::{forbidden, not_found, read, remote_call};
+use crate::controller::{now, Context, Error};
+use crate::kubevirt;
+use crate::template;
+
+/// Progress of removing a claim's remote objects.
+pub(super) enum Removal {
+    /// Everything is gone.
+    Done,
+    /// Still waiting (the reason says for what).
+    Waiting(String),
+}
+
+/// Removes everything the claim has in other clusters, in this order: drain the Node
+/// (with `drain`), delete the VM and wait until it is gone, then delete the Node (deleting
+/// it earlier would let a still-running kubelet register it again), the user-data Secret,
+/// the DataVolumes and the bootstrap tokens.
+pub(super) async fn remove_remote_objects(
+    claim: &NodeClaim,
+    ctx: &Context,
+    drain: bool,
+) -> Result<Removal, Error> {
+    let status = claim.status.clone().unwrap_or_default();
+    let Some(vm_name) = status.vm_name.clone() else {
+        return Ok(Removal::Done);
+    };
+    let uid = uid(claim)?;
+    let ns = claim.namespace().unwrap_or_default();
+    let provider_id = format!("kubevirt://{vm_name}");
+    let node_name = status.node_name.clone().unwrap_or_else(|| vm_name.clone());
+
+    // The tenant. A vCluster whose kubeconfig Secret is gone has been deleted with its
+    // nodes: nothing is left there to clean.
+    let tenant = match ctx
+        .clients
+        .tenant(&ns, &claim.spec.v_cluster_ref.name)
+        .await
+    {
+        Ok(t) => Some(t),
+        Err(ClientError::SecretNotFound { .. }) => {
+            tracing::info!(nodeclaim = %claim.name_any(), "tenant kubeconfig Secret is gone; skipping tenant cleanup");
+            None
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let our_node = |n: &Node| {
+        n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(provider_id.as_str())
+    };
+    if let (Some(tenant), true) = (&tenant, drain) {
+        let nodes: Api<Node> = Api::all(tenant.client.clone());
+        let cached = tenant
+            .tenant_cache()
+            .and_then(|c| c.nodes.get(None, &node_name));
+        if let Some(node) =
+            read(ctx, tenant, cached, &nodes, &node_name, "reading the Node").await?
+        {
+            if our_node(&node) {
+                if let Some(waiting) = drain_node(claim, ctx, tenant, &node).await? {
+                    return Ok(Removal::Waiting(waiting));
+                }
+            }
+        }
+    }
+
+    // The host: delete the VM and wait until it is gone, then its Secret and DataVolumes.
+    let host_cluster = status.host_cluster.clone().unwrap_or_default();
+    let vm_ns = status.vm_namespace.clone().unwrap_or_default();
+    let host = ctx.clients.host(&host_cluster).await?;
+    let vms: Api<DynamicObject> =
+        Api::namespaced_with(host.client.clone(), &vm_ns, &kubevirt::virtual_machine());
+    let cached = host
+        .host_cache()
+        .and_then(|c| c.vms.get(Some(&vm_ns), &vm_name));
+    if let Some(vm) = read(
+        ctx,
+        &host,
+        cached,
+        &vms,
+        &vm_name,
+        "reading the VirtualMachine",
+    )
+    .await?
+    {
+        if vm.metadata.deletion_timestamp.is_none() {
+            match remote_call(
+                ctx,
+                &host,
+                "deleting the VirtualMachine",
+                vms.delete(&vm_name, &DeleteParams::background()),
+            )
+            .await
+            {
+                Ok(_) => {}
+                Err(e) if not_found(&e) => {}
+                Err(e) => return Err(e),
+            }
+            ctx.event(
+                claim,
+                EventType::Normal,
+                "VirtualMachineDeleting",
+                "Delete",
+                format!("deleting VirtualMachine {vm_ns}/{vm_name}"),
+            )
+            .await;
+        }
+        return Ok(Removal::Waiting(format!(
+            "VirtualMachine {vm_ns}/{vm_name} is being deleted"
+        )));
+    }
+    let secrets: Api<Secret> = Api::namespaced(host.client.clone(), &vm_ns);
+    // The user-data Secret by its name (no list), then any other the claim's UID labels.
+    // The lists are served from the API server's watch cache: deleting 1,000 claims must
+    // not read every Secret of the namespace from etcd 1,000 times. The Secret was created
+    // before the VM, which is gone by now, so the cache has seen it; anything it still
+    // missed is the orphan sweep's.
+    match remote_call(
+        ctx,
+        &host,
+        "deleting the user-data Secret",
+        secrets.delete(
+            &template::user_data_secret_name(&vm_name),
+            &DeleteParams::default(),
+        ),
+    )
+    .await
+    {
+        Ok(_) => {}
+        Err(e) if not_found(&e) => {}
+        Err(e) => return Err(e),
+    }
+    let selector = ListParams::default()
+        .labels(&uid_selector(&uid))
+        .match_any();
+    for s in remote_call(
+        ctx,
+        &host,
+        "listing user-data Secrets",
+        secrets.list_metadata(&selector),
+    )
+    .await?
+    .items
+    {
+        match remote_call(
+            ctx,
+            &host,
+            "deleting the user-data Secret",
+            secrets.delete(&s.name_any(), &DeleteParams::default()),
+        )
+        .await
+        {
+            Ok(_) => {}
+            Err(e) if not_found(&e) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let dvs: Api<DynamicObject> =
+        Api::namespaced_with(host.client.clone(), &vm_ns, &kubevirt::data_volume());
+    match remote_call(
+        ctx,
+        &host,
+        "listing DataVolumes",
+        dvs.list_metadata(&selector),
+    )
+    .await
+    {
+        Ok(list) => {
+            for dv in list.items {
+                match remote_call(
+                    ctx,
+                    &host,
+                    "deleting a DataVolume",
+                    dvs.delete(&dv.name_any(), &DeleteParams::default()),
+                )
+                .await
+                {
+                    Ok(_) => {}
+                    Err(e) if not_found(&e) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        // A host without CDI has no DataVolumes to delete.
+        Err(e) if not_found(&e) => {}
+        Err(e) => return Err(e),
+    }
+
+    // The tenant again: the Node (its VM is gone, nothing re-registers it) and the tokens.
+    if let Some(tenant) = &tenant {
+        let nodes: Api<Node> = Api::all(tenant.client.clone());
+        let cached = tenant
+            .tenant_cache()
+            .and_then(|c| c.nodes.get(None, &node_name));
+        if let Some(node) =
+            read(ctx, tenant, cached, &nodes, &node_name, "reading the Node").await?
+        {
+            if our_node(&node) {
+                match remote_call(
+                    ctx,
+                    tenant,
+                    "deleting the Node",
+                    nodes.delete(&node_name, &DeleteParams::default()),
+                )
+                .await
+                {
+                    Ok(_) => {
+                        ctx.event(
+                            claim,
+                            EventType::Normal,
+                            "NodeDeleted",
+                            "Delete",
+                            format!("deleted Node {node_name} from the tenant"),
+                        )
+                        .await
+                    }
+                    Err(e) if not_found(&e) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        delete_tokens(ctx, tenant, &uid).await?;
+    }
+    Ok(Removal::Done)
+}
+
+/// Cordons the Node and evicts its pods (DaemonSet and mirror pods stay). Returns what it
+/// waits for, or None when the Node may be deleted (drained, or the drain timed out).
+async fn drain_node(
+    claim: &NodeClaim,
+    ctx: &Context,
+    tenant: &Remote,
+    node: &Node,
+) -> Result<Option<String>, Error> {
+    let name = node.name_any();
+    let nodes: Api<Node> = Api::all(tenant.client.clone());
+    if !node
+        .spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false)
+    {
+        remote_call(
+            ctx,
+            tenant,
+            "cordoning the Node",
+            nodes.patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"spec": {"unschedulable": true}})),
+            ),
+        )
+        .await?;
+        ctx.event(
+            claim,
+            EventType::Normal,
+            "NodeCordoned",
+            "Delete",
+            format!("cordoned Node {name}"),
+        )
+        .await;
+    }
+    let pods: Api<Pod> = Api::all(tenant.client.clone());
+    let on_node = remote_call(
+        ctx,
+        tenant,
+        "listing the Node's pods",
+        pods.list(&ListParams::default().fields(&format!("spec.nodeName={name}"))),
+    )
+    .await?;
+    let evictable: Vec<&Pod> = on_node
+        .items
+        .iter()
+        .filter(|p| {
+            let daemon = p.owner_references().iter().any(|o| o.kind == "DaemonSet");
+            let mirror = p.annotations().contains_key("kubernetes.io/config.mirror");
+            let done = matches!(
+                p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                Some("Succeeded") | Some("Failed")
+            );
+            !daemon && !mirror && !done
+        })
+        .collect();
+    if evictable.is_empty() {
+        return Ok(None);
+    }
+    let deleting_since = claim
+        .metadata
+        .deletion_timestamp
+        .as_ref()
+        .map(|t| t.0)
+        .unwrap_or_else(now);
+    if elapsed_since(deleting_since) > ctx.config.drain_timeout {
+        ctx.event(
+            claim,
+            EventType::Warning,
+            "DrainTimeout",
+            "Delete",
+            format!(
+                "{} pod(s) still on Node {name} after {}s; deleting the Node anyway",
+                evictable.len(),
+                ctx.config.drain_timeout.as_secs()
+            ),
+        )
+        .await;
+        return Ok(None);
+    }
+    for p in &evictable {
+        if p.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let api: Api<Pod> =
+            Api::namespaced(tenant.client.clone(), &p.namespace().unwrap_or_default());
+        match remote_call(
+            ctx,
+            tenant,
+            "evicting a pod",
+            api.evict(&p.name_any(), &EvictParams::default()),
+        )
+        .await
+        {
+            Ok(_) => {}
+            Err(e) if not_found(&e) => {}
+            // 429: a PodDisruptionBudget forbids it now; retry later.
+            Err(Error::Remote {
+                source: kube::Error::Api(s),
+                ..
+            }) if s.code == 429 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Some(format!(
+        "draining Node {name}: {} pod(s) left",
+        evictable.len()
+    )))
+}
+
+/// Removes everything the claim has in other clusters; `Ok` releases the finalizer.
+pub(super) async fn cleanup(claim: &NodeClaim, ctx: &Context) -> Result<Action, Error> {
+    if let Some(uid) = claim.uid() {
+        if ctx.scheduling.lock().await.released.contains(&uid) {
+            // Cleaned up already; this run saw a cached copy from before the finalizer was
+            // released (a remote watch woke the claim meanwhile). Counting or deleting again
+            // would be wrong; Ok lets the finalizer helper release the finalizer if it holds.
+            return Ok(Action::await_change());
+        }
+    }
+    let mut w = StatusWriter::new(claim, ctx);
+    w.new.phase = Some(NodeClaimPhase::Terminating);
+    let result = remove_remote_objects(claim, ctx, true).await;
+    match result {
+        Ok(Removal::Done) => {}
+        Ok(Removal::Waiting(why)) => {
+            w.set(READY, false, ClaimReason::Terminating, why.clone());
+            w.write().await?;
+            // An error keeps the finalizer (Ok would release it).
+            return Err(Error::Waiting(why));
+        }
+        Err(e) => {
+            let reason = match &e {
+                Error::Client(c) => c.reason().into(),
+                Error::Remote {
+                    on_host: true,
+                    source,
+                    ..
+                } if forbidden(source) => ClaimReason::HostForbidden,
+                Error::Remote { on_host: true, .. } => ClaimReason::HostUnreachable,
+                Error::Remote { source, .. } if forbidden(source) => ClaimReason::TenantForbidden,
+                Error::Remote { .. } => ClaimReason::TenantUnreachable,
+                _ => ClaimReason::CleanupFailed,
+            };
+            w.set(
+                READY,
+                false,
+                reason,
+                format!("cannot remove the claim's objects yet: {e}"),
+            );
+            tracing::warn!(nodeclaim = %claim.name_any(), namespace = %claim.namespace().unwrap_or_default(), %reason, error = %e, "cleanup blocked; the finalizer stays");
+            w.write().await?;
+            // An error keeps the finalizer: kube-runtime's finalizer helper releases it on
+            // Ok, and the VM, Secret or token this step guards may still exist.
+            return Err(Error::CleanupBlocked {
+                reason: reason.as_str(),
+                message: e.to_string(),
+            });
+        }
+    }
+    let uid = uid(claim)?;
+    {
+        let mut r = ctx.scheduling.lock().await;
+        r.scheduled.remove(&uid);
+        r.released.insert(uid.clone());
+        // Now and then, forget releases whose claims the store no longer holds.
+        if r.released.len() % 256 == 0 {
+            let live: HashSet<String> = ctx.claims.state().iter().filter_map(|c| c.uid()).collect();
+            r.released.retain(|u| live.contains(u));
+        }
+    }
+    ctx.forget_written(&uid);
+    if claim.status.as_ref().and_then(|s| s.phase) != Some(NodeClaimPhase::Failed) {
+        ctx.metrics
+            .nodeclaims_terminated
+            .with_label_values(&["deleted"])
+            .inc();
+    }
+    ctx.wake_pending_claims();
+    if let Some(t) = claim.status.as_ref().and_then(|s| s.type_ref.as_ref()) {
+        let _ = ctx.wake_types.unbounded_send(ObjectRef::new(t));
+    }
+    tracing::info!(nodeclaim = %claim.name_any(), namespace = %claim.namespace().unwrap_or_default(), "claim cleaned up");
+    Ok(Action::await_change())
+}

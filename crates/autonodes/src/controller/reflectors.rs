@@ -1,0 +1,213 @@
+//! One watch and one store per kind, shared by every controller.
+//!
+//! Each of autonodes' kinds is watched once: the watch fills one store (the cache every
+//! controller reads) and hands each change to the controllers that asked for it. Without
+//! this, every `Controller::watches`/`owns` opened a watch of its own — NodeClaims were
+//! watched five times, NodeTypes four — and each decoded every object again, and the
+//! stores each controller kept could disagree with the one a wake-up came from.
+//!
+//! Subscribers choose what they get:
+//! - [`Reflector::applied`]: objects created or changed (the trigger of the kind's own
+//!   controller; a deleted object has nothing left to reconcile);
+//! - [`Reflector::touched`]: changes and deletions, as [`Touched`] (what secondary
+//!   watches map to the objects they wake).
+//!
+//! A subscriber that comes after the first list gets every cached object at once, so the
+//! order in which controllers start does not matter. A subscriber's channel is unbounded:
+//! a slow controller never holds up the others or the cache.
+
+use std::sync::{Arc, Mutex};
+
+use futures::channel::mpsc;
+use futures::{Stream, StreamExt};
+use kube::runtime::reflector::store::Writer;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Client, Resource};
+use serde::de::DeserializeOwned;
+
+use super::lenient::{self, Reports};
+
+/// A change a [`Reflector::touched`] subscriber sees.
+#[derive(Debug, Clone)]
+pub enum Touched<K> {
+    /// The object was created or changed (or listed).
+    Applied(Arc<K>),
+    /// The object was deleted.
+    Deleted(Arc<K>),
+}
+
+impl<K> Touched<K> {
+    /// The object, changed or deleted.
+    pub fn object(self) -> Arc<K> {
+        match self {
+            Touched::Applied(k) | Touched::Deleted(k) => k,
+        }
+    }
+}
+
+struct Subscribers<K> {
+    applied: Vec<mpsc::UnboundedSender<Arc<K>>>,
+    touched: Vec<mpsc::UnboundedSender<Touched<K>>>,
+}
+
+impl<K> Subscribers<K> {
+    fn applied(&mut self, obj: &Arc<K>) {
+        self.applied
+            .retain(|tx| tx.unbounded_send(obj.clone()).is_ok());
+        self.touched
+            .retain(|tx| tx.unbounded_send(Touched::Applied(obj.clone())).is_ok());
+    }
+
+    fn deleted(&mut self, obj: &Arc<K>) {
+        self.touched
+            .retain(|tx| tx.unbounded_send(Touched::Deleted(obj.clone())).is_ok());
+    }
+}
+
+/// The one watch of kind `K`: its store, whether it has listed everything once, and the
+/// subscribers its changes go to.
+pub struct Reflector<K: Resource<DynamicType = ()> + Clone + 'static> {
+    store: Store<K>,
+    writer: Mutex<Option<Writer<K>>>,
+    subscribers: Arc<Mutex<Subscribers<K>>>,
+    synced_tx: tokio::sync::watch::Sender<bool>,
+    synced: tokio::sync::watch::Receiver<bool>,
+}
+
+impl<K> Reflector<K>
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    /// A reflector whose watch has not started yet ([`Reflector::run`] starts it).
+    pub fn new() -> Self {
+        let writer = Writer::<K>::default();
+        let (synced_tx, synced) = tokio::sync::watch::channel(false);
+        Reflector {
+            store: writer.as_reader(),
+            writer: Mutex::new(Some(writer)),
+            subscribers: Arc::new(Mutex::new(Subscribers {
+                applied: Vec::new(),
+                touched: Vec::new(),
+            })),
+            synced_tx,
+            synced,
+        }
+    }
+
+    /// The cache every controller reads.
+    pub fn store(&self) -> Store<K> {
+        self.store.clone()
+    }
+
+    /// Objects as they are created or changed (and every object after each full list).
+    ///
+    /// A subscriber that comes after the first full list gets every cached object first.
+    pub fn applied(&self) -> impl Stream<Item = Arc<K>> + Send + 'static {
+        let (tx, rx) = mpsc::unbounded();
+        if let Ok(mut s) = self.subscribers.lock() {
+            if *self.synced.borrow() {
+                for obj in self.store.state() {
+                    let _ = tx.unbounded_send(obj);
+                }
+            }
+            s.applied.push(tx);
+        }
+        rx
+    }
+
+    /// Changes and deletions. A subscriber that comes after the first full list gets every
+    /// cached object first.
+    pub fn touched(&self) -> impl Stream<Item = Touched<K>> + Send + 'static {
+        let (tx, rx) = mpsc::unbounded();
+        if let Ok(mut s) = self.subscribers.lock() {
+            if *self.synced.borrow() {
+                for obj in self.store.state() {
+                    let _ = tx.unbounded_send(Touched::Applied(obj));
+                }
+            }
+            s.touched.push(tx);
+        }
+        rx
+    }
+
+    /// Changes and deletions as objects (for `Controller::watches_shared_stream`).
+    pub fn touched_objects(&self) -> impl Stream<Item = Arc<K>> + Send + 'static {
+        self.touched().map(Touched::object)
+    }
+
+    /// Resolves once the store holds its first full list.
+    pub async fn wait_synced(&self) {
+        let mut rx = self.synced.clone();
+        let _ = rx.wait_for(|s| *s).await;
+    }
+
+    /// A receiver that turns true once the store holds its first full list.
+    pub fn synced(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.synced.clone()
+    }
+
+    /// Runs the watch until the process ends: fills the store and hands every change to
+    /// the subscribers. Objects that do not decode are reported to `reports` (when given)
+    /// and left out ([`lenient`]). Runs once; a second call returns at once.
+    pub async fn run(&self, client: Client, reports: Option<Reports>) {
+        let Some(mut writer) = self.writer.lock().ok().and_then(|mut w| w.take()) else {
+            return;
+        };
+        let reader = writer.as_reader();
+        let mut events = std::pin::pin!(lenient::events::<K>(&client, reader.clone(), reports));
+        while let Some(event) = events.next().await {
+            // No controller reads `managedFields`, and with server-side apply they are
+            // most of a small object: the cache keeps none.
+            let event = match event {
+                Ok(e) => e.modify(|o| o.meta_mut().managed_fields = None),
+                Err(e) => {
+                    tracing::debug!(kind = %K::kind(&()), error = %e, "watch error (retrying)");
+                    continue;
+                }
+            };
+            writer.apply_watcher_event(&event);
+            let Ok(mut subscribers) = self.subscribers.lock() else {
+                continue;
+            };
+            match &event {
+                watcher::Event::Apply(obj) => {
+                    if let Some(stored) = reader.get(&ObjectRef::from_obj(obj)) {
+                        subscribers.applied(&stored);
+                    }
+                }
+                watcher::Event::Delete(obj) => subscribers.deleted(&Arc::new(obj.clone())),
+                watcher::Event::InitDone => {
+                    for obj in reader.state() {
+                        subscribers.applied(&obj);
+                    }
+                    // Under the subscribers' lock: a subscriber comes either before this
+                    // (and got every object above) or after (and replays the store).
+                    self.synced_tx.send_replace(true);
+                }
+                watcher::Event::Init | watcher::Event::InitApply(_) => {}
+            }
+        }
+    }
+}
+
+impl<K> Default for Reflector<K>
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    fn default() -> Self {
+        Self::new()
+    }
+}

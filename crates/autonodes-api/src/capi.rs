@@ -35,7 +35,7 @@ pub const ANNOTATION_MAX_SIZE: &str =
 /// before it lowers the MachinePool's replicas.
 pub const ANNOTATION_DELETE_MACHINE: &str = "capi.autonodes.io/delete-machine";
 /// Annotation on a NodePool and its MachinePool: the replica count the mirror last
-/// agreed on for that object (see `controller::capi` for the two-way sync rule).
+/// agreed on for that object (see `autonodes_core::capi` for the two-way sync rule).
 pub const ANNOTATION_SYNCED_REPLICAS: &str = "capi.autonodes.io/synced-replicas";
 
 /// Scale-from-zero annotation: CPU of a new node of the pool (allocatable).

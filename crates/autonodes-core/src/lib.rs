@@ -6,12 +6,14 @@
 //! - [`scheduling`]: properties, requirements, cost, capacity, the choice of a node type;
 //! - [`template`]: VirtualMachine composition;
 //! - [`userdata`]: cloud-init rendering;
+//! - [`capi`]: the `capi.autonodes.io` mirror (replicas both ways, MachinePool, Machines);
 //! - [`kubeconfig`]: the check of kubeconfig Secrets;
 //! - [`orphans`]: which objects belong to no claim any more.
 #![forbid(unsafe_code)]
 
 use autonodes_api as api;
 
+pub mod capi;
 pub mod kubeconfig;
 pub mod names;
 pub mod orphans;

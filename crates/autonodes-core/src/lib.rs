@@ -4,6 +4,8 @@
 //! - [`resources`]: quantities and resource lists;
 //! - [`names`]: names and label values derived from user names, made to fit;
 //! - [`scheduling`]: properties, requirements, cost, capacity, the choice of a node type;
+//! - [`pool`]: node pools: claim template, claims to keep/delete/create, pending pods packed
+//!   onto nodes;
 //! - [`template`]: VirtualMachine composition;
 //! - [`userdata`]: cloud-init rendering;
 //! - [`kubeconfig`]: the check of kubeconfig Secrets;
@@ -15,6 +17,7 @@ use autonodes_api as api;
 pub mod kubeconfig;
 pub mod names;
 pub mod orphans;
+pub mod pool;
 pub mod resources;
 pub mod scheduling;
 pub mod template;

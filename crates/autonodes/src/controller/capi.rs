@@ -47,6 +47,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use autonodes_core::pool::{pack::MAX_PODS_PER_NODE, template_spec, ANNOTATION_DELETE_FIRST};
+
 use crate::names::label_value;
 use futures::channel::mpsc;
 use futures::{StreamExt, TryStreamExt};
@@ -68,7 +70,6 @@ use crate::api::{
     LABEL_NODECLAIM, LABEL_NODEPOOL, MANAGED_BY,
 };
 use crate::conditions::{self, status_of};
-use crate::controller::nodepool::{self, ANNOTATION_DELETE_FIRST, MAX_PODS_PER_NODE};
 use crate::resources::{self, ResourceAmounts};
 use crate::scheduling::{self, ClaimRequest, PreparedType};
 
@@ -774,7 +775,7 @@ fn needs_update(existing: &MachinePool, desired: &MachinePool) -> bool {
 /// now (the cheapest fitting type with capacity, else the cheapest fitting type); none when
 /// no type fits.
 fn scale_from_zero(ctx: &Context, pool: &NodePool) -> BTreeMap<String, String> {
-    let template = nodepool::template_spec(&pool.spec);
+    let template = template_spec(&pool.spec);
     let Ok(request) = ClaimRequest::new(&template, None) else {
         return BTreeMap::new();
     };

@@ -3,6 +3,8 @@
 //!
 //! - [`resources`]: quantities and resource lists;
 //! - [`names`]: names and label values derived from user names, made to fit;
+//! - [`requirements`]: the one matcher of requirements against labels or properties, and
+//!   of tolerations against taints (claims and pods alike);
 //! - [`scheduling`]: properties, requirements, cost, capacity, the choice of a node type;
 //! - [`pool`]: node pools: claim template, claims to keep/delete/create, pending pods packed
 //!   onto nodes;
@@ -18,6 +20,7 @@ pub mod kubeconfig;
 pub mod names;
 pub mod orphans;
 pub mod pool;
+pub mod requirements;
 pub mod resources;
 pub mod scheduling;
 pub mod template;

@@ -1,16 +1,15 @@
 //! Pending pods packed onto nodes: what a pod asks for ([`pod_request`]), whether a node
-//! of some labels and taints would take it ([`accepts`]), and [`pack`], first-fit-decreasing
-//! onto the room of existing and in-flight nodes, then onto new nodes of the cheapest
-//! accepting type within the pool's [`Limits`].
+//! of some labels and taints would take it ([`accepts`], through [`crate::requirements`]),
+//! and [`pack`], first-fit-decreasing onto the room of existing and in-flight nodes, then
+//! onto new nodes of the cheapest accepting type within the pool's [`Limits`].
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{
-    Container, NodeSelectorRequirement, NodeSelectorTerm, Pod, Taint, Toleration,
-};
+use k8s_openapi::api::core::v1::{Container, NodeSelectorTerm, Pod, Taint, Toleration};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::api::{NodeClaim, NodeClaimSpec, NodePoolLimits, ResourceList};
+use crate::requirements;
 use crate::resources::{self, ResourceAmounts, CPU, MEMORY};
 use crate::scheduling::{self, Catalogue, ClaimRequest, PreparedType};
 
@@ -245,77 +244,20 @@ pub fn pod_request(pod: &Pod) -> Amount {
     sum
 }
 
-fn requirement_matches(r: &NodeSelectorRequirement, labels: &BTreeMap<String, String>) -> bool {
-    let value = labels.get(&r.key);
-    let values = r.values.as_deref().unwrap_or_default();
-    let int = |s: &str| s.parse::<i64>().ok();
-    match r.operator.as_str() {
-        "In" => value.is_some_and(|v| values.contains(v)),
-        "NotIn" => value.is_none_or(|v| !values.contains(v)),
-        "Exists" => value.is_some(),
-        "DoesNotExist" => value.is_none(),
-        "Gt" | "Lt" => {
-            let (Some(have), Some(bound)) = (
-                value.and_then(|v| int(v)),
-                values.first().and_then(|v| int(v)),
-            ) else {
-                return false;
-            };
-            if r.operator == "Gt" {
-                have > bound
-            } else {
-                have < bound
-            }
-        }
-        _ => false,
-    }
-}
-
-fn term_matches(term: &NodeSelectorTerm, labels: &BTreeMap<String, String>) -> bool {
-    let exprs = term.match_expressions.as_deref().unwrap_or_default();
-    let fields = term.match_fields.as_deref().unwrap_or_default();
-    // Fields name a node (metadata.name) that does not exist yet: such a term cannot be
-    // satisfied by a new node. An empty term matches nothing (as in the scheduler).
-    fields.is_empty() && !exprs.is_empty() && exprs.iter().all(|r| requirement_matches(r, labels))
-}
-
-/// Whether `toleration` tolerates `taint` (the scheduler's rules).
-pub fn tolerates(toleration: &Toleration, taint: &Taint) -> bool {
-    let effect_ok = toleration
-        .effect
-        .as_deref()
-        .is_none_or(|e| e.is_empty() || e == taint.effect);
-    if !effect_ok {
-        return false;
-    }
-    let key = toleration.key.as_deref().unwrap_or_default();
-    match toleration.operator.as_deref().unwrap_or("Equal") {
-        "Exists" => key.is_empty() || key == taint.key,
-        _ => {
-            key == taint.key
-                && toleration.value.as_deref().unwrap_or_default()
-                    == taint.value.as_deref().unwrap_or_default()
-        }
-    }
-}
-
 /// Whether a node of `shape` would accept the pod: its nodeSelector and required node
 /// affinity match the labels, and it tolerates every NoSchedule/NoExecute taint.
 pub fn accepts(shape: &NodeShape, pod: &PendingPod) -> bool {
-    let selected = pod
-        .node_selector
-        .iter()
-        .all(|(k, v)| shape.labels.get(k) == Some(v));
+    let selected = requirements::selector_matches(&pod.node_selector, &shape.labels);
     let affine = pod
         .required_terms
         .as_ref()
         .filter(|terms| !terms.is_empty())
-        .is_none_or(|terms| terms.iter().any(|t| term_matches(t, &shape.labels)));
-    let tolerated = shape
-        .taints
-        .iter()
-        .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
-        .all(|t| pod.tolerations.iter().any(|tol| tolerates(tol, t)));
+        .is_none_or(|terms| {
+            terms
+                .iter()
+                .any(|t| requirements::term_matches(t, &shape.labels))
+        });
+    let tolerated = requirements::tolerates_taints(&pod.tolerations, &shape.taints);
     selected && affine && tolerated
 }
 

@@ -3,7 +3,11 @@
 //!
 //! - [`resources`]: quantities and resource lists;
 //! - [`names`]: names and label values derived from user names, made to fit;
+//! - [`requirements`]: the one matcher of requirements against labels or properties, and
+//!   of tolerations against taints (claims and pods alike);
 //! - [`scheduling`]: properties, requirements, cost, capacity, the choice of a node type;
+//! - [`pool`]: node pools: claim template, claims to keep/delete/create, pending pods packed
+//!   onto nodes;
 //! - [`template`]: VirtualMachine composition;
 //! - [`userdata`]: cloud-init rendering;
 //! - [`capi`]: the `capi.autonodes.io` mirror (replicas both ways, MachinePool, Machines);
@@ -17,6 +21,8 @@ pub mod capi;
 pub mod kubeconfig;
 pub mod names;
 pub mod orphans;
+pub mod pool;
+pub mod requirements;
 pub mod resources;
 pub mod scheduling;
 pub mod template;

@@ -1,6 +1,6 @@
-//! Scheduling (DESIGN §4): node type properties, requirement matching, resource fit, cost,
-//! capacity, the choice of a node type for a claim, and the node labels and taints that
-//! follow from it. Pure code, no I/O.
+//! Scheduling (DESIGN §4): node type properties, requirements (validated here, matched by
+//! [`crate::requirements`]), resource fit, cost, capacity, the choice of a node type for a
+//! claim, and the node labels and taints that follow from it. Pure code, no I/O.
 //!
 //! A controller turns the NodeTypes it lists (plus their providers) into [`PreparedType`]s
 //! with [`prepare_type`] — that composes each type's template once — collects them in a
@@ -18,6 +18,7 @@ use crate::api::{
     NodeTypePhase, NodeTypeSpec, Operator, Properties, Requirement, ResourceList, LABEL_NODECLAIM,
     LABEL_NODECLAIM_NAMESPACE, LABEL_NODECLAIM_UID, LABEL_NODEPOOL, LABEL_PROVIDER,
 };
+use crate::requirements::{self, RequirementMiss};
 use crate::resources::{self, ResourceAmounts, ResourceError};
 use crate::template::{self, TemplateError, TypeTemplateInput};
 
@@ -496,21 +497,10 @@ pub enum RequestError {
     },
 }
 
-#[derive(Debug, Clone, PartialEq)]
-enum Check {
-    In(Vec<String>),
-    NotIn(Vec<String>),
-    Exists,
-    DoesNotExist,
-    Gt(i64),
-    Lt(i64),
-}
-
-/// A validated requirement.
+/// A validated requirement: a [`requirements::Requirement`] and its text for messages.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CheckedRequirement {
-    key: String,
-    check: Check,
+    requirement: requirements::Requirement,
     text: String,
 }
 
@@ -518,21 +508,6 @@ impl fmt::Display for CheckedRequirement {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.text)
     }
-}
-
-/// Why a requirement does not hold on a type's properties.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RequirementMiss {
-    /// The property is absent or has a value the requirement excludes.
-    NotMet {
-        /// The property's value on the type, if set.
-        actual: Option<String>,
-    },
-    /// Gt/Lt on a property whose value is not an integer.
-    NotAnInteger {
-        /// The property's value.
-        actual: String,
-    },
 }
 
 impl CheckedRequirement {
@@ -548,7 +523,7 @@ impl CheckedRequirement {
         }
         let one_integer = || -> Result<i64, RequestError> {
             match req.values.as_slice() {
-                [v] => v.trim().parse::<i64>().map_err(|_| {
+                [v] => requirements::integer(v).ok_or_else(|| {
                     invalid(format!(
                         "{} needs an integer value, got {v:?}",
                         req.operator.as_str()
@@ -561,15 +536,15 @@ impl CheckedRequirement {
                 ))),
             }
         };
-        let check = match req.operator {
+        let operator = match req.operator {
             Operator::In | Operator::NotIn if req.values.is_empty() => {
                 return Err(invalid(format!(
                     "{} needs at least one value",
                     req.operator.as_str()
                 )))
             }
-            Operator::In => Check::In(req.values.clone()),
-            Operator::NotIn => Check::NotIn(req.values.clone()),
+            Operator::In => requirements::Operator::In(req.values.clone()),
+            Operator::NotIn => requirements::Operator::NotIn(req.values.clone()),
             Operator::Exists | Operator::DoesNotExist | Operator::NotExists
                 if !req.values.is_empty() =>
             {
@@ -578,10 +553,10 @@ impl CheckedRequirement {
                     req.operator.as_str()
                 )))
             }
-            Operator::Exists => Check::Exists,
-            Operator::DoesNotExist | Operator::NotExists => Check::DoesNotExist,
-            Operator::Gt => Check::Gt(one_integer()?),
-            Operator::Lt => Check::Lt(one_integer()?),
+            Operator::Exists => requirements::Operator::Exists,
+            Operator::DoesNotExist | Operator::NotExists => requirements::Operator::DoesNotExist,
+            Operator::Gt => requirements::Operator::Gt(one_integer()?),
+            Operator::Lt => requirements::Operator::Lt(one_integer()?),
         };
         let text = if req.values.is_empty() {
             format!("{} {}", req.key, req.operator.as_str())
@@ -594,54 +569,29 @@ impl CheckedRequirement {
             )
         };
         Ok(Self {
-            key: req.key.clone(),
-            check,
+            requirement: requirements::Requirement {
+                key: req.key.clone(),
+                operator,
+            },
             text,
         })
     }
 
     /// The property key.
     pub fn key(&self) -> &str {
-        &self.key
+        &self.requirement.key
     }
 
     /// Checks the requirement against properties.
     pub fn matches(&self, properties: &Properties) -> Result<(), RequirementMiss> {
-        let actual = properties.get(&self.key);
-        let not_met = || RequirementMiss::NotMet {
-            actual: actual.cloned(),
-        };
-        let ok = match &self.check {
-            Check::In(values) => actual.is_some_and(|a| values.contains(a)),
-            Check::NotIn(values) => actual.is_none_or(|a| !values.contains(a)),
-            Check::Exists => actual.is_some(),
-            Check::DoesNotExist => actual.is_none(),
-            Check::Gt(n) | Check::Lt(n) => {
-                let Some(a) = actual else {
-                    return Err(not_met());
-                };
-                let value: i64 = a
-                    .trim()
-                    .parse()
-                    .map_err(|_| RequirementMiss::NotAnInteger { actual: a.clone() })?;
-                match self.check {
-                    Check::Gt(_) => value > *n,
-                    _ => value < *n,
-                }
-            }
-        };
-        if ok {
-            Ok(())
-        } else {
-            Err(not_met())
-        }
+        self.requirement.matches(properties)
     }
 
     /// Whether this requirement names `t` explicitly (`node-type In [...]` or
     /// `instance-type In [...]` listing it).
     fn names_type(&self, t: &PreparedType) -> bool {
-        match &self.check {
-            Check::In(values) => match self.key.as_str() {
+        match &self.requirement.operator {
+            requirements::Operator::In(values) => match self.key() {
                 PROP_NODE_TYPE | PROP_NODE_TYPE_ALIAS => values.contains(&t.short_name),
                 PROP_INSTANCE_TYPE => values.contains(&t.name),
                 _ => false,

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use autonodes::api::{NodeClaim, NodeClaimPhase, LABEL_NODEPOOL};
-use autonodes::controller::nodepool::LABEL_TEMPLATE_HASH;
+use autonodes_core::pool::LABEL_TEMPLATE_HASH;
 use autonodes_testenv::testenv::ManagedProcess;
 use common::world::*;
 use k8s_openapi::api::core::v1::{Node, Pod};

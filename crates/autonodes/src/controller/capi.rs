@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 use autonodes_core::capi::{
     self, ClaimNames, MachineWrite, NodePoolWrite, PoolMirror, ReplicaSource,
 };
+use autonodes_core::pool::{pack::MAX_PODS_PER_NODE, template_spec, ANNOTATION_DELETE_FIRST};
 use futures::channel::mpsc;
 use futures::StreamExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
@@ -49,7 +50,6 @@ use super::reflectors::Touched;
 use super::{Context, Error};
 use crate::api::capi::*;
 use crate::api::{NodeClaim, NodePool, NodeType};
-use crate::controller::nodepool::{self, ANNOTATION_DELETE_FIRST, MAX_PODS_PER_NODE};
 
 mod removal;
 mod write;
@@ -365,7 +365,7 @@ fn scale_from_zero(ctx: &Context, pool: &NodePool) -> BTreeMap<String, String> {
     };
     capi::scale_from_zero(
         &catalogue,
-        &nodepool::template_spec(&pool.spec),
+        &template_spec(&pool.spec),
         &claimed,
         |t| {
             ctx.types

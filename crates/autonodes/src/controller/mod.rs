@@ -3,12 +3,13 @@
 //! - [`provider`]: NodeProvider → host reachability, template validation, one NodeType per entry.
 //! - [`nodetype`]: NodeType → effective resources, cost, capacity, phase.
 //! - [`nodeclaim`]: NodeClaim → scheduling, host Secret + VM, tenant token, readiness, cleanup.
-//! - [`nodepool`]: NodePool → claims kept alive, scaled by `replicas` or by pending pods.
+//! - [`nodepool`]: NodePool → claims kept alive, scaled by `replicas` or by pending pods
+//!   (planned by `autonodes_core::pool`).
 //! - [`capi`]: NodePool with `spec.autoscaling` → `capi.autonodes.io` MachinePool + Machines.
 //! - [`remote`]: watches on host (VM, VMI) and tenant (Node) clusters that wake claims.
 //!
 //! Each reconcile reads, validates, builds (pure code in `template`, `scheduling`,
-//! `userdata`), applies, and writes status with server-side apply.
+//! `requirements`, `pool`, `userdata`), applies, and writes status with server-side apply.
 
 pub mod calls;
 pub mod capi;

@@ -12,21 +12,29 @@
 //!   never beyond `spec.limits`. Nodes without non-DaemonSet pods for
 //!   `disruption.consolidateAfter` are removed.
 //!
-//! The planning is pure ([`plan_claims`], [`pack`], [`accepts`]); the reconcile reads the
-//! pool's claims straight from the API server (never a lagging cache, so a claim created a
-//! moment ago is always counted) and the tenant's pods and nodes, then creates and deletes
-//! claims and writes the pool's status.
+//! The planning is pure and lives in [`autonodes_core::pool`] (the claim template, the
+//! claims to keep, delete and create, pending pods packed onto nodes); this module observes
+//! — the pool's claims straight from the API server (never a lagging cache, so a claim
+//! created a moment ago is always counted), the tenant's pods and nodes — plans through the
+//! core, then creates and deletes claims and writes the pool's status.
 
-use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use autonodes_core::pool::pack::{
+    claim_type, is_unschedulable, non_daemon_running, pack, pod_request, Amount, Bin, Candidate,
+    Limits, NodeShape, PendingPod,
+};
+use autonodes_core::pool::plan::{claim_views, is_live, plan_claims, DeleteReason};
+use autonodes_core::pool::{
+    self, budget, consolidate_after, due_for_removal, expire_after, selector, template_hash,
+    template_spec, ANNOTATION_EMPTY_SINCE, ANNOTATION_REPLACES, LABEL_TEMPLATE_HASH,
+    READY_NODE_GRACE,
+};
 use futures::channel::mpsc::{self, UnboundedSender};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{
-    Node, NodeSelectorRequirement, NodeSelectorTerm, Pod, Taint, Toleration,
-};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
@@ -37,682 +45,26 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{watcher, Controller};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
-use sha2::{Digest, Sha256};
 use tokio::sync::Mutex;
 
 use super::{apply_status, now, Context, Error};
 use crate::api::{
-    DurationOrNever, NodeClaim, NodeClaimPhase, NodeClaimSpec, NodePool, NodePoolLimits,
-    NodePoolResources, NodePoolSpec, NodePoolStatus, ResourceList, LABEL_NODEPOOL,
+    NodeClaim, NodeClaimPhase, NodeClaimSpec, NodePool, NodePoolResources, NodePoolStatus,
+    ResourceList, LABEL_NODEPOOL,
 };
 use crate::clients::{remote_error_text, ClusterKey, Remote, REMOTE_TIMEOUT};
 use crate::conditions::{self, status_of, TRUE};
-use crate::resources::{self, ResourceAmounts, CPU, MEMORY};
-use crate::scheduling::{self, Catalogue, ClaimRequest, PreparedType};
+use crate::resources::{self, ResourceAmounts};
+use crate::scheduling::{self, ClaimRequest, PreparedType};
 
-/// Label on a pool's claims: hash of the claim template they were made from.
-pub const LABEL_TEMPLATE_HASH: &str = "autonodes.io/nodepool-template-hash";
-/// Annotation on a replacement claim: the claim it replaces (rolling update, expiry).
-pub const ANNOTATION_REPLACES: &str = "autonodes.io/replaces";
-/// Annotation on a claim: remove this claim first when the pool scales down. The
-/// `capi.autonodes.io` mirror sets it from the Machine's `capi.autonodes.io/delete-machine`.
-pub const ANNOTATION_DELETE_FIRST: &str = "autonodes.io/delete-first";
-/// Annotation on a dynamic pool's claim: since when its node runs no non-DaemonSet pod.
-pub const ANNOTATION_EMPTY_SINCE: &str = "autonodes.io/empty-since";
 /// Pool condition: demand is blocked by `spec.limits`.
 pub const LIMIT_REACHED: &str = "LimitReached";
 /// Pool condition: the pool has what it should (replicas Ready, no demand left unserved).
 pub const READY: &str = "Ready";
-/// Default of `disruption.consolidateAfter`.
-pub const DEFAULT_CONSOLIDATE_AFTER: Duration = Duration::from_secs(30);
-/// Default of `disruption.budget`.
-pub const DEFAULT_BUDGET: usize = 1;
-/// How long after a node became Ready its free room still counts for pods the scheduler
-/// marked unschedulable (it may not have retried them yet). Afterwards such pods evidently
-/// do not fit for reasons autonodes does not model, and new nodes are made for them.
-pub const READY_NODE_GRACE: Duration = Duration::from_secs(30);
-/// Pods a node takes at most (the kubelet's default `maxPods`).
-pub const MAX_PODS_PER_NODE: i128 = 110;
-
-// ---------------------------------------------------------------------------------------
-// Claim template
-// ---------------------------------------------------------------------------------------
-
-/// The claim spec every claim of the pool starts from (without `desiredCapacity`/`typeRef`).
-pub fn template_spec(pool: &NodePoolSpec) -> NodeClaimSpec {
-    NodeClaimSpec {
-        provider_ref: pool.provider_ref.clone(),
-        type_ref: None,
-        requirements: pool.requirements.clone(),
-        desired_capacity: ResourceList::new(),
-        v_cluster_ref: pool.v_cluster_ref.clone(),
-        properties: pool.properties.clone(),
-        taints: pool.taints.clone(),
-        startup_taints: pool.startup_taints.clone(),
-        labels: pool.labels.clone(),
-        kubelet_args: pool.kubelet_args.clone(),
-        kubernetes_version: None,
-    }
-}
-
-/// A short stable hash of the pool's claim template: claims whose label differs are rolled.
-pub fn template_hash(pool: &NodePoolSpec) -> String {
-    let bytes = serde_json::to_vec(&template_spec(pool)).unwrap_or_default();
-    let digest = Sha256::digest(&bytes);
-    digest.iter().take(5).map(|b| format!("{b:02x}")).collect()
-}
 
 /// `<pool>-<5 random [a-z0-9]>`.
-pub fn claim_name(pool: &str) -> String {
-    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
-    let random = uuid::Uuid::new_v4();
-    let suffix: String = random
-        .as_bytes()
-        .iter()
-        .take(5)
-        .map(|b| ALPHABET[usize::from(*b) % ALPHABET.len()] as char)
-        .collect();
-    crate::names::child_name(pool, &format!("-{suffix}"))
-}
-
-/// The label selector of a pool's claims (`status.selector`, for the scale subresource).
-pub fn selector(pool: &str) -> String {
-    format!("{LABEL_NODEPOOL}={}", crate::names::label_value(pool))
-}
-
-/// The effective disruption budget (`disruption.budget`, default 1, at least 1).
-pub fn budget(pool: &NodePoolSpec) -> usize {
-    pool.disruption
-        .as_ref()
-        .and_then(|d| d.budget)
-        .map_or(DEFAULT_BUDGET, |b| usize::try_from(b).unwrap_or(1).max(1))
-}
-
-/// The effective `disruption.consolidateAfter` (default 30s; `None` for `Never`).
-pub fn consolidate_after(pool: &NodePoolSpec) -> Option<Duration> {
-    pool.disruption
-        .as_ref()
-        .and_then(|d| d.consolidate_after)
-        .map_or(Some(DEFAULT_CONSOLIDATE_AFTER), DurationOrNever::after)
-}
-
-/// `disruption.expireAfter`, if set.
-pub fn expire_after(pool: &NodePoolSpec) -> Option<Duration> {
-    pool.disruption
-        .as_ref()
-        .and_then(|d| d.expire_after)
-        .and_then(DurationOrNever::after)
-}
-
-// ---------------------------------------------------------------------------------------
-// Planning claims (pure)
-// ---------------------------------------------------------------------------------------
-
-/// What the planner knows about one claim of a pool.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ClaimView {
-    /// The claim's name.
-    pub name: String,
-    /// Creation time, milliseconds since the epoch.
-    pub created_ms: i64,
-    /// Phase Available (its node is Ready).
-    pub available: bool,
-    /// Being deleted.
-    pub terminating: bool,
-    /// Phase Failed.
-    pub failed: bool,
-    /// It has (had) a node in the tenant: deleting it drains a node.
-    pub has_node: bool,
-    /// Made from an older template, or older than `expireAfter`.
-    pub outdated: bool,
-    /// The claim this one replaces (annotation [`ANNOTATION_REPLACES`]).
-    pub replaces: Option<String>,
-    /// Marked to go first on scale-down (annotation [`ANNOTATION_DELETE_FIRST`]).
-    pub delete_first: bool,
-}
-
-/// Why the planner deletes a claim.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DeleteReason {
-    /// The claim Failed; the pool replaces it.
-    Failed,
-    /// The claim is outdated and not serving yet: it goes, an up-to-date one takes its place.
-    Outdated,
-    /// The claim is outdated and its replacement is Available.
-    Replaced,
-    /// The pool has more claims than `replicas`.
-    ScaleDown,
-    /// Its node ran no non-DaemonSet pod for `consolidateAfter`.
-    Empty,
-}
-
-impl DeleteReason {
-    /// The Event reason for this deletion.
-    pub fn event_reason(self) -> &'static str {
-        match self {
-            DeleteReason::Failed => "ReplacingFailedClaim",
-            DeleteReason::Outdated => "RemovingOutdatedClaim",
-            DeleteReason::Replaced => "ClaimReplaced",
-            DeleteReason::ScaleDown => "ScaledDown",
-            DeleteReason::Empty => "Consolidated",
-        }
-    }
-}
-
-/// Claims to create and delete.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Plan {
-    /// One entry per claim to create: `Some(old)` for the replacement of `old`.
-    pub create: Vec<Option<String>>,
-    /// Claims to delete, with why.
-    pub delete: Vec<(String, DeleteReason)>,
-}
-
-/// Plans the claims of a pool: Failed claims go; `desired` (static pools) is met by
-/// creating claims or by deleting the least valuable ones (those marked
-/// [`ANNOTATION_DELETE_FIRST`] first, then not Available, then outdated, then newest), never more Available ones draining than `budget`; outdated
-/// claims are rolled by surge, at most `budget` replacements in flight, each old claim
-/// deleted only once its replacement is Available.
-pub fn plan_claims(claims: &[ClaimView], desired: Option<usize>, budget: usize) -> Plan {
-    let mut plan = Plan::default();
-    for c in claims.iter().filter(|c| c.failed && !c.terminating) {
-        plan.delete.push((c.name.clone(), DeleteReason::Failed));
-    }
-    let live: Vec<&ClaimView> = claims
-        .iter()
-        .filter(|c| !c.terminating && !c.failed)
-        .collect();
-    let draining = claims
-        .iter()
-        .filter(|c| c.terminating && c.has_node)
-        .count();
-    let mut disrupt = budget.max(1).saturating_sub(draining);
-    let replacement_of = |o: &ClaimView| -> Option<&ClaimView> {
-        live.iter()
-            .find(|r| r.replaces.as_deref() == Some(o.name.as_str()) && !r.outdated)
-            .copied()
-    };
-    // A surge claim replaces a live outdated claim and does not take a slot of its own.
-    let is_surge = |r: &ClaimView| {
-        r.replaces
-            .as_deref()
-            .is_some_and(|o| live.iter().any(|x| x.name == o && x.outdated))
-    };
-    let counted: Vec<&ClaimView> = live.iter().filter(|c| !is_surge(c)).copied().collect();
-    let mut slots = counted.len();
-
-    if let Some(desired) = desired {
-        if slots > desired {
-            let mut order = counted.clone();
-            order.sort_by_key(|c| {
-                (
-                    !c.delete_first,
-                    c.available,
-                    !c.outdated,
-                    Reverse(c.created_ms),
-                )
-            });
-            for c in order {
-                if slots <= desired {
-                    break;
-                }
-                if c.available {
-                    if disrupt == 0 {
-                        break;
-                    }
-                    disrupt -= 1;
-                }
-                plan.delete.push((c.name.clone(), DeleteReason::ScaleDown));
-                if let Some(r) = replacement_of(c) {
-                    plan.delete.push((r.name.clone(), DeleteReason::ScaleDown));
-                }
-                slots -= 1;
-            }
-            return plan;
-        }
-    }
-
-    let mut surging = live.iter().filter(|r| is_surge(r) && !r.available).count();
-    let mut outdated: Vec<&ClaimView> = counted.iter().filter(|c| c.outdated).copied().collect();
-    outdated.sort_by_key(|c| (c.available, c.created_ms));
-    for o in outdated {
-        let replacement = replacement_of(o);
-        if !o.available {
-            plan.delete.push((o.name.clone(), DeleteReason::Outdated));
-            if replacement.is_none() {
-                slots -= 1;
-            }
-            continue;
-        }
-        match replacement {
-            Some(r) if r.available => {
-                if disrupt > 0 {
-                    disrupt -= 1;
-                    plan.delete.push((o.name.clone(), DeleteReason::Replaced));
-                }
-            }
-            Some(_) => {}
-            None => {
-                if surging < budget.max(1) {
-                    surging += 1;
-                    plan.create.push(Some(o.name.clone()));
-                }
-            }
-        }
-    }
-    if let Some(desired) = desired {
-        for _ in slots..desired {
-            plan.create.push(None);
-        }
-    }
-    plan
-}
-
-// ---------------------------------------------------------------------------------------
-// Packing pending pods (pure)
-// ---------------------------------------------------------------------------------------
-
-/// CPU (millicores), memory (bytes) and a pod count.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Amount {
-    /// Millicores.
-    pub cpu: i128,
-    /// Bytes.
-    pub memory: i128,
-    /// Pods.
-    pub pods: i128,
-}
-
-impl Amount {
-    /// Whether `want` fits into `self`.
-    pub fn covers(&self, want: &Amount) -> bool {
-        self.cpu >= want.cpu && self.memory >= want.memory && self.pods >= want.pods
-    }
-
-    /// `self + other`.
-    pub fn plus(&self, other: &Amount) -> Amount {
-        Amount {
-            cpu: self.cpu + other.cpu,
-            memory: self.memory + other.memory,
-            pods: self.pods + other.pods,
-        }
-    }
-
-    /// `self - other`, never below zero.
-    pub fn minus(&self, other: &Amount) -> Amount {
-        Amount {
-            cpu: (self.cpu - other.cpu).max(0),
-            memory: (self.memory - other.memory).max(0),
-            pods: (self.pods - other.pods).max(0),
-        }
-    }
-
-    /// The cpu and memory of a node type's resources, with room for [`MAX_PODS_PER_NODE`].
-    pub fn of_node(amounts: &ResourceAmounts) -> Amount {
-        Amount {
-            cpu: amounts.cpu_millis(),
-            memory: amounts.memory_bytes(),
-            pods: MAX_PODS_PER_NODE,
-        }
-    }
-
-    /// As a resource list (cpu, memory).
-    pub fn to_resource_list(self) -> ResourceList {
-        ResourceList::from([
-            (CPU.to_string(), Quantity(resources::format_cpu(self.cpu))),
-            (
-                MEMORY.to_string(),
-                Quantity(resources::format_memory(self.memory)),
-            ),
-        ])
-    }
-}
-
-/// The labels and taints a node has: what a pod's selectors and tolerations are checked
-/// against.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct NodeShape {
-    /// Node labels.
-    pub labels: BTreeMap<String, String>,
-    /// Node taints (startup taints excluded: they go once the node is ready).
-    pub taints: Vec<Taint>,
-}
-
-/// One unschedulable pod.
-#[derive(Clone, Debug, PartialEq)]
-pub struct PendingPod {
-    /// `namespace/name`.
-    pub key: String,
-    /// Its requests (pods: 1).
-    pub request: Amount,
-    /// `spec.nodeSelector`.
-    pub node_selector: BTreeMap<String, String>,
-    /// The required node affinity's terms (any must match), if it has any.
-    pub required_terms: Option<Vec<NodeSelectorTerm>>,
-    /// `spec.tolerations`.
-    pub tolerations: Vec<Toleration>,
-}
-
-impl PendingPod {
-    /// The pending-pod view of a pod.
-    pub fn from_pod(pod: &Pod) -> PendingPod {
-        let spec = pod.spec.clone().unwrap_or_default();
-        PendingPod {
-            key: format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any()),
-            request: pod_request(pod),
-            node_selector: spec.node_selector.unwrap_or_default(),
-            required_terms: spec
-                .affinity
-                .and_then(|a| a.node_affinity)
-                .and_then(|a| a.required_during_scheduling_ignored_during_execution)
-                .map(|s| s.node_selector_terms),
-            tolerations: spec.tolerations.unwrap_or_default(),
-        }
-    }
-}
-
-/// What a pod asks for: the sum of its containers' requests, at least the largest init
-/// container's, plus the pod overhead; one pod.
-pub fn pod_request(pod: &Pod) -> Amount {
-    let Some(spec) = pod.spec.as_ref() else {
-        return Amount {
-            pods: 1,
-            ..Amount::default()
-        };
-    };
-    let requests = |c: &k8s_openapi::api::core::v1::Container| -> Amount {
-        let r = c.resources.as_ref().and_then(|r| r.requests.as_ref());
-        Amount {
-            cpu: r
-                .and_then(|r| r.get(CPU))
-                .and_then(|q| resources::cpu_millis(q).ok())
-                .unwrap_or(0),
-            memory: r
-                .and_then(|r| r.get(MEMORY))
-                .and_then(|q| resources::memory_bytes(q).ok())
-                .unwrap_or(0),
-            pods: 0,
-        }
-    };
-    let mut sum = spec
-        .containers
-        .iter()
-        .map(requests)
-        .fold(Amount::default(), |a, b| a.plus(&b));
-    for init in spec.init_containers.iter().flatten() {
-        let r = requests(init);
-        sum.cpu = sum.cpu.max(r.cpu);
-        sum.memory = sum.memory.max(r.memory);
-    }
-    if let Some(overhead) = spec.overhead.as_ref() {
-        sum.cpu += overhead
-            .get(CPU)
-            .and_then(|q| resources::cpu_millis(q).ok())
-            .unwrap_or(0);
-        sum.memory += overhead
-            .get(MEMORY)
-            .and_then(|q| resources::memory_bytes(q).ok())
-            .unwrap_or(0);
-    }
-    sum.pods = 1;
-    sum
-}
-
-fn requirement_matches(r: &NodeSelectorRequirement, labels: &BTreeMap<String, String>) -> bool {
-    let value = labels.get(&r.key);
-    let values = r.values.as_deref().unwrap_or_default();
-    let int = |s: &str| s.parse::<i64>().ok();
-    match r.operator.as_str() {
-        "In" => value.is_some_and(|v| values.contains(v)),
-        "NotIn" => value.is_none_or(|v| !values.contains(v)),
-        "Exists" => value.is_some(),
-        "DoesNotExist" => value.is_none(),
-        "Gt" | "Lt" => {
-            let (Some(have), Some(bound)) = (
-                value.and_then(|v| int(v)),
-                values.first().and_then(|v| int(v)),
-            ) else {
-                return false;
-            };
-            if r.operator == "Gt" {
-                have > bound
-            } else {
-                have < bound
-            }
-        }
-        _ => false,
-    }
-}
-
-fn term_matches(term: &NodeSelectorTerm, labels: &BTreeMap<String, String>) -> bool {
-    let exprs = term.match_expressions.as_deref().unwrap_or_default();
-    let fields = term.match_fields.as_deref().unwrap_or_default();
-    // Fields name a node (metadata.name) that does not exist yet: such a term cannot be
-    // satisfied by a new node. An empty term matches nothing (as in the scheduler).
-    fields.is_empty() && !exprs.is_empty() && exprs.iter().all(|r| requirement_matches(r, labels))
-}
-
-/// Whether `toleration` tolerates `taint` (the scheduler's rules).
-pub fn tolerates(toleration: &Toleration, taint: &Taint) -> bool {
-    let effect_ok = toleration
-        .effect
-        .as_deref()
-        .is_none_or(|e| e.is_empty() || e == taint.effect);
-    if !effect_ok {
-        return false;
-    }
-    let key = toleration.key.as_deref().unwrap_or_default();
-    match toleration.operator.as_deref().unwrap_or("Equal") {
-        "Exists" => key.is_empty() || key == taint.key,
-        _ => {
-            key == taint.key
-                && toleration.value.as_deref().unwrap_or_default()
-                    == taint.value.as_deref().unwrap_or_default()
-        }
-    }
-}
-
-/// Whether a node of `shape` would accept the pod: its nodeSelector and required node
-/// affinity match the labels, and it tolerates every NoSchedule/NoExecute taint.
-pub fn accepts(shape: &NodeShape, pod: &PendingPod) -> bool {
-    let selected = pod
-        .node_selector
-        .iter()
-        .all(|(k, v)| shape.labels.get(k) == Some(v));
-    let affine = pod
-        .required_terms
-        .as_ref()
-        .filter(|terms| !terms.is_empty())
-        .is_none_or(|terms| terms.iter().any(|t| term_matches(t, &shape.labels)));
-    let tolerated = shape
-        .taints
-        .iter()
-        .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
-        .all(|t| pod.tolerations.iter().any(|tol| tolerates(tol, t)));
-    selected && affine && tolerated
-}
-
-/// Room on a node that exists or is on its way (a live claim of the tenant).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Bin {
-    /// The claim.
-    pub claim: String,
-    /// Its labels and taints.
-    pub shape: NodeShape,
-    /// Room left.
-    pub free: Amount,
-}
-
-/// A node type a dynamic pool may create claims of.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Candidate {
-    /// NodeType name.
-    pub node_type: String,
-    /// Labels and taints its nodes get.
-    pub shape: NodeShape,
-    /// What pods may use on it (resources less `kubeReserved`).
-    pub allocatable: Amount,
-    /// Its resources (what counts against `limits`).
-    pub resources: Amount,
-    /// How many more claims it takes (`None`: unlimited).
-    pub room: Option<i64>,
-}
-
-/// `spec.limits`, parsed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Limits {
-    /// Most nodes.
-    pub nodes: Option<i64>,
-    /// Most millicores.
-    pub cpu: Option<i128>,
-    /// Most bytes of memory.
-    pub memory: Option<i128>,
-}
-
-impl Limits {
-    /// Parses `spec.limits` (invalid quantities count as absent).
-    pub fn from_spec(limits: Option<&NodePoolLimits>) -> Limits {
-        let Some(l) = limits else {
-            return Limits::default();
-        };
-        Limits {
-            nodes: l.nodes,
-            cpu: l.cpu.as_ref().and_then(|q| resources::cpu_millis(q).ok()),
-            memory: l
-                .memory
-                .as_ref()
-                .and_then(|q| resources::memory_bytes(q).ok()),
-        }
-    }
-
-    /// Whether a pool using `used` (cpu, memory) on `nodes` nodes stays within the limits.
-    pub fn allow(&self, nodes: i64, used: &Amount) -> bool {
-        self.nodes.is_none_or(|n| nodes <= n)
-            && self.cpu.is_none_or(|c| used.cpu <= c)
-            && self.memory.is_none_or(|m| used.memory <= m)
-    }
-}
-
-/// A claim to create for pending pods.
-#[derive(Clone, Debug, PartialEq)]
-pub struct NewNode {
-    /// Its node type (pinned with `typeRef`).
-    pub node_type: String,
-    /// The sum of the requests packed onto it (`desiredCapacity`).
-    pub request: Amount,
-    /// The pods packed onto it.
-    pub pods: Vec<String>,
-}
-
-/// The outcome of packing.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Packing {
-    /// Pods the pool's nodes would accept.
-    pub wanted: usize,
-    /// Pods that fit on existing or in-flight nodes, by claim.
-    pub placed: BTreeMap<String, Vec<String>>,
-    /// New claims.
-    pub new_nodes: Vec<NewNode>,
-    /// Pods that would need a node beyond `limits`.
-    pub blocked_by_limits: Vec<String>,
-    /// Pods whose fitting node types are all at `maxCapacity`.
-    pub blocked_by_capacity: Vec<String>,
-}
-
-/// Packs pending pods first-fit-decreasing (by cpu, then memory): onto the room of
-/// existing bins first, then onto new nodes, each of the cheapest candidate (candidates
-/// come cheapest first) that accepts the pod, has capacity and stays within `limits`
-/// given the pool's `usage` (nodes, resources). Pods no candidate accepts are not the
-/// pool's business and are skipped.
-pub fn pack(
-    pods: &[PendingPod],
-    bins: &[Bin],
-    candidates: &[Candidate],
-    limits: &Limits,
-    usage: (i64, Amount),
-) -> Packing {
-    let mut out = Packing::default();
-    let mut order: Vec<&PendingPod> = pods
-        .iter()
-        .filter(|p| {
-            candidates
-                .iter()
-                .any(|c| accepts(&c.shape, p) && c.allocatable.covers(&p.request))
-        })
-        .collect();
-    out.wanted = order.len();
-    order.sort_by(|a, b| {
-        (b.request.cpu, b.request.memory)
-            .cmp(&(a.request.cpu, a.request.memory))
-            .then_with(|| a.key.cmp(&b.key))
-    });
-    let mut bins: Vec<Bin> = bins.to_vec();
-    // New nodes: (candidate index, free room, request, pods).
-    let mut fresh: Vec<(usize, Amount, NewNode)> = Vec::new();
-    let mut room: Vec<Option<i64>> = candidates.iter().map(|c| c.room).collect();
-    let (mut nodes, mut used) = usage;
-    'pods: for pod in order {
-        for bin in bins.iter_mut() {
-            if accepts(&bin.shape, pod) && bin.free.covers(&pod.request) {
-                bin.free = bin.free.minus(&pod.request);
-                out.placed
-                    .entry(bin.claim.clone())
-                    .or_default()
-                    .push(pod.key.clone());
-                continue 'pods;
-            }
-        }
-        for (i, free, node) in fresh.iter_mut() {
-            if accepts(&candidates[*i].shape, pod) && free.covers(&pod.request) {
-                *free = free.minus(&pod.request);
-                node.request = node.request.plus(&pod.request);
-                node.pods.push(pod.key.clone());
-                continue 'pods;
-            }
-        }
-        let mut limited = false;
-        for (i, c) in candidates.iter().enumerate() {
-            if !accepts(&c.shape, pod) || !c.allocatable.covers(&pod.request) {
-                continue;
-            }
-            if room[i].is_some_and(|r| r <= 0) {
-                continue;
-            }
-            let after = used.plus(&c.resources);
-            if !limits.allow(nodes + 1, &after) {
-                limited = true;
-                continue;
-            }
-            nodes += 1;
-            used = after;
-            if let Some(r) = room[i].as_mut() {
-                *r -= 1;
-            }
-            fresh.push((
-                i,
-                c.allocatable.minus(&pod.request),
-                NewNode {
-                    node_type: c.node_type.clone(),
-                    request: pod.request,
-                    pods: vec![pod.key.clone()],
-                },
-            ));
-            continue 'pods;
-        }
-        if limited {
-            out.blocked_by_limits.push(pod.key.clone());
-        } else {
-            out.blocked_by_capacity.push(pod.key.clone());
-        }
-    }
-    out.new_nodes = fresh.into_iter().map(|(_, _, n)| n).collect();
-    out
-}
-
-/// Whether a node empty since `since` is due for removal at `now`.
-pub fn due_for_removal(since: Timestamp, now: Timestamp, after: Duration) -> bool {
-    let waited = now.as_millisecond() - since.as_millisecond();
-    waited >= i64::try_from(after.as_millis()).unwrap_or(i64::MAX)
+fn claim_name(pool: &str) -> String {
+    pool::claim_name(pool, uuid::Uuid::new_v4().as_bytes())
 }
 
 // ---------------------------------------------------------------------------------------
@@ -855,7 +207,12 @@ async fn reconcile_pool(pool: &NodePool, pctx: &PoolContext) -> Result<Action, E
         outcome.ready = Some((false, reason, message));
         requeue = Duration::from_secs(30);
     } else {
-        let views = claim_views(&mine, &hash, expire_after(&pool.spec));
+        let views = claim_views(
+            &mine,
+            &hash,
+            expire_after(&pool.spec),
+            now().as_millisecond(),
+        );
         let budget = budget(&pool.spec);
         let desired = pool.spec.replicas.map(|r| usize::try_from(r).unwrap_or(0));
         let plan = plan_claims(&views, desired, budget);
@@ -933,36 +290,6 @@ fn owned_by(claim: &NodeClaim, pool_uid: &str) -> bool {
         .owner_references()
         .iter()
         .any(|o| o.kind == "NodePool" && o.uid == pool_uid && o.controller == Some(true))
-}
-
-fn claim_views(claims: &[NodeClaim], hash: &str, expire: Option<Duration>) -> Vec<ClaimView> {
-    let now_ms = now().as_millisecond();
-    claims
-        .iter()
-        .map(|c| {
-            let s = c.status.clone().unwrap_or_default();
-            let created_ms = c
-                .metadata
-                .creation_timestamp
-                .as_ref()
-                .map_or(now_ms, |t| t.0.as_millisecond());
-            let expired = expire.is_some_and(|e| {
-                now_ms - created_ms >= i64::try_from(e.as_millis()).unwrap_or(i64::MAX)
-            });
-            ClaimView {
-                name: c.name_any(),
-                created_ms,
-                available: s.phase == Some(NodeClaimPhase::Available),
-                terminating: c.metadata.deletion_timestamp.is_some(),
-                failed: s.phase == Some(NodeClaimPhase::Failed),
-                has_node: s.node_name.is_some(),
-                outdated: c.labels().get(LABEL_TEMPLATE_HASH).map(String::as_str) != Some(hash)
-                    || expired,
-                replaces: c.annotations().get(ANNOTATION_REPLACES).cloned(),
-                delete_first: c.annotations().contains_key(ANNOTATION_DELETE_FIRST),
-            }
-        })
-        .collect()
 }
 
 /// Why the pool's template cannot be used: (reason, message).
@@ -1220,19 +547,6 @@ struct ClaimNode<'a> {
     allocatable: Amount,
 }
 
-fn shape_of(t: &PreparedType, spec: &NodeClaimSpec) -> Option<NodeShape> {
-    let labels = scheduling::node_labels(
-        &scheduling::node_properties(t, None, spec),
-        None,
-        &spec.labels,
-        &BTreeMap::new(),
-    )
-    .ok()?
-    .all();
-    let taints = scheduling::node_taints(t, None, spec).ok()?.taints;
-    Some(NodeShape { labels, taints })
-}
-
 fn allocatable_of(ctx: &Context, t: &PreparedType) -> Amount {
     let reserved = ctx
         .types
@@ -1246,56 +560,6 @@ fn allocatable_of(ctx: &Context, t: &PreparedType) -> Amount {
         })
         .unwrap_or_default();
     Amount::of_node(&t.amounts).minus(&reserved)
-}
-
-/// The type of a claim: the one it was scheduled to, else the one it would get now.
-fn type_of<'c>(
-    claim: &NodeClaim,
-    catalogue: &'c Catalogue,
-    claimed: &BTreeMap<String, i64>,
-) -> Option<&'c PreparedType> {
-    if let Some(t) = claim.status.as_ref().and_then(|s| s.type_ref.as_ref()) {
-        return catalogue.get(t).filter(|x| &x.name == t);
-    }
-    let req = ClaimRequest::new(&claim.spec, None).ok()?;
-    scheduling::choose(catalogue, &req, claimed).ok()
-}
-
-fn is_live(c: &NodeClaim) -> bool {
-    c.metadata.deletion_timestamp.is_none()
-        && c.status.as_ref().and_then(|s| s.phase) != Some(NodeClaimPhase::Failed)
-}
-
-fn non_daemon_running(p: &Pod) -> bool {
-    let daemon = p.owner_references().iter().any(|o| o.kind == "DaemonSet");
-    let mirror = p.annotations().contains_key("kubernetes.io/config.mirror");
-    let done = matches!(
-        p.status.as_ref().and_then(|s| s.phase.as_deref()),
-        Some("Succeeded") | Some("Failed")
-    );
-    !daemon && !mirror && !done
-}
-
-/// Whether the scheduler gave up on the pod for now: PodScheduled=False, Unschedulable.
-pub fn is_unschedulable(p: &Pod) -> bool {
-    let unbound = p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_none();
-    let pending = p.metadata.deletion_timestamp.is_none()
-        && !matches!(
-            p.status.as_ref().and_then(|s| s.phase.as_deref()),
-            Some("Succeeded") | Some("Failed")
-        );
-    let marked = p
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| {
-            cs.iter().any(|c| {
-                c.type_ == "PodScheduled"
-                    && c.status == "False"
-                    && c.reason.as_deref() == Some("Unschedulable")
-            })
-        });
-    unbound && pending && marked
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -1376,10 +640,10 @@ async fn dynamic(
     );
     let mut claim_nodes: Vec<ClaimNode> = Vec::new();
     for c in tenant_claims.filter(|c| is_live(c) && !deleted_now.contains(&c.name_any())) {
-        let t = type_of(c, &catalogue, &claimed);
+        let t = claim_type(c, &catalogue, &claimed);
         let (shape, allocatable) = match t {
             Some(t) => (
-                shape_of(t, &c.spec).unwrap_or_default(),
+                NodeShape::of_type(t, &c.spec).unwrap_or_default(),
                 allocatable_of(ctx, t),
             ),
             None => (NodeShape::default(), Amount::default()),
@@ -1440,7 +704,7 @@ async fn dynamic(
         .filter_map(|t| {
             Some(Candidate {
                 node_type: t.name.clone(),
-                shape: shape_of(t, template)?,
+                shape: NodeShape::of_type(t, template)?,
                 allocatable: allocatable_of(ctx, t),
                 resources: Amount::of_node(&t.amounts),
                 room: t
@@ -1560,7 +824,7 @@ async fn dynamic(
             format!(
                 "{} pending pod(s) need nodes beyond the pool's limits ({})",
                 packing.blocked_by_limits.len(),
-                describe_limits(&limits)
+                limits.describe()
             ),
         )
     });
@@ -1614,20 +878,6 @@ async fn dynamic(
 
 fn owned_mine(mine: &[NodeClaim], c: &NodeClaim) -> bool {
     mine.iter().any(|m| m.uid() == c.uid())
-}
-
-fn describe_limits(l: &Limits) -> String {
-    let mut parts = Vec::new();
-    if let Some(n) = l.nodes {
-        parts.push(format!("nodes {n}"));
-    }
-    if let Some(c) = l.cpu {
-        parts.push(format!("cpu {}", resources::format_cpu(c)));
-    }
-    if let Some(m) = l.memory {
-        parts.push(format!("memory {}", resources::format_memory(m)));
-    }
-    parts.join(", ")
 }
 
 async fn annotate_empty(
@@ -1835,318 +1085,6 @@ fn set_gauges(pctx: &PoolContext, pool: &NodePool, status: &NodePoolStatus) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::NodeSelectorRequirement;
-
-    fn view(name: &str, created: i64, available: bool) -> ClaimView {
-        ClaimView {
-            name: name.into(),
-            created_ms: created,
-            available,
-            terminating: false,
-            failed: false,
-            has_node: available,
-            outdated: false,
-            replaces: None,
-            delete_first: false,
-        }
-    }
-
-    fn deleted(plan: &Plan) -> Vec<&str> {
-        plan.delete.iter().map(|(n, _)| n.as_str()).collect()
-    }
-
-    #[test]
-    fn a_static_pool_creates_the_missing_claims() {
-        let plan = plan_claims(&[view("a", 1, true)], Some(3), 1);
-        assert_eq!(plan.create, vec![None, None]);
-        assert!(plan.delete.is_empty());
-    }
-
-    #[test]
-    fn scale_down_removes_claims_that_are_not_available_first_then_the_newest() {
-        let claims = vec![
-            view("old", 1, true),
-            view("new", 3, true),
-            view("booting", 2, false),
-            view("mid", 2, true),
-        ];
-        let plan = plan_claims(&claims, Some(2), 1);
-        assert_eq!(deleted(&plan), vec!["booting", "new"]);
-        let plan = plan_claims(&claims, Some(0), 2);
-        assert_eq!(deleted(&plan), vec!["booting", "new", "mid"]);
-    }
-
-    #[test]
-    fn scale_down_removes_the_claim_marked_delete_first_even_when_it_is_the_oldest_available_one() {
-        let mut marked = view("old", 1, true);
-        marked.delete_first = true;
-        let claims = vec![
-            marked,
-            view("new", 3, true),
-            view("booting", 2, false),
-            view("mid", 2, true),
-        ];
-        let plan = plan_claims(&claims, Some(3), 1);
-        assert_eq!(
-            plan.delete,
-            vec![("old".to_string(), DeleteReason::ScaleDown)]
-        );
-        assert!(plan.create.is_empty());
-        // Unmarked, the same scale-down takes the claim that is not Available.
-        let unmarked: Vec<ClaimView> = claims
-            .into_iter()
-            .map(|mut c| {
-                c.delete_first = false;
-                c
-            })
-            .collect();
-        assert_eq!(
-            deleted(&plan_claims(&unmarked, Some(3), 1)),
-            vec!["booting"]
-        );
-    }
-
-    #[test]
-    fn scale_down_waits_while_the_budget_is_used_by_draining_nodes() {
-        let mut draining = view("going", 0, true);
-        draining.terminating = true;
-        let claims = vec![draining, view("a", 1, true), view("b", 2, true)];
-        assert!(plan_claims(&claims, Some(0), 1).delete.is_empty());
-        assert_eq!(deleted(&plan_claims(&claims, Some(0), 2)), vec!["b"]);
-    }
-
-    #[test]
-    fn a_failed_claim_is_deleted_and_replaced() {
-        let mut failed = view("f", 1, false);
-        failed.failed = true;
-        let plan = plan_claims(&[failed, view("a", 2, true)], Some(2), 1);
-        assert_eq!(plan.delete, vec![("f".to_string(), DeleteReason::Failed)]);
-        assert_eq!(plan.create, vec![None]);
-    }
-
-    #[test]
-    fn an_outdated_available_claim_gets_a_replacement_before_it_goes() {
-        let mut a = view("a", 1, true);
-        a.outdated = true;
-        let mut b = view("b", 2, true);
-        b.outdated = true;
-        let plan = plan_claims(&[a.clone(), b.clone()], Some(2), 1);
-        assert_eq!(
-            plan.create,
-            vec![Some("a".to_string())],
-            "one surge at a time"
-        );
-        assert!(plan.delete.is_empty());
-
-        // The replacement is on its way: nothing else happens.
-        let mut r = view("r", 3, false);
-        r.replaces = Some("a".into());
-        let plan = plan_claims(&[a.clone(), b.clone(), r.clone()], Some(2), 1);
-        assert_eq!(plan, Plan::default());
-
-        // The replacement is Available: the old claim goes, the next surge starts.
-        r.available = true;
-        let plan = plan_claims(&[a, b, r], Some(2), 1);
-        assert_eq!(plan.delete, vec![("a".to_string(), DeleteReason::Replaced)]);
-        assert_eq!(plan.create, vec![Some("b".to_string())]);
-    }
-
-    #[test]
-    fn an_outdated_claim_that_is_not_available_is_replaced_at_once() {
-        let mut a = view("a", 1, false);
-        a.outdated = true;
-        let plan = plan_claims(&[a, view("b", 2, true)], Some(2), 1);
-        assert_eq!(plan.delete, vec![("a".to_string(), DeleteReason::Outdated)]);
-        assert_eq!(plan.create, vec![None]);
-    }
-
-    fn pod(key: &str, cpu: i128) -> PendingPod {
-        PendingPod {
-            key: key.into(),
-            request: Amount {
-                cpu,
-                memory: 256 << 20,
-                pods: 1,
-            },
-            node_selector: BTreeMap::new(),
-            required_terms: None,
-            tolerations: Vec::new(),
-        }
-    }
-
-    fn candidate(name: &str, cpu: i128, labels: &[(&str, &str)]) -> Candidate {
-        let amount = Amount {
-            cpu,
-            memory: 16 << 30,
-            pods: MAX_PODS_PER_NODE,
-        };
-        Candidate {
-            node_type: name.into(),
-            shape: NodeShape {
-                labels: labels
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-                taints: Vec::new(),
-            },
-            allocatable: amount,
-            resources: amount,
-            room: None,
-        }
-    }
-
-    #[test]
-    fn twelve_one_cpu_pods_pack_onto_three_four_cpu_nodes() {
-        let pods: Vec<PendingPod> = (0..12).map(|i| pod(&format!("p{i:02}"), 1000)).collect();
-        let out = pack(
-            &pods,
-            &[],
-            &[candidate("small", 4000, &[]), candidate("big", 16000, &[])],
-            &Limits::default(),
-            (0, Amount::default()),
-        );
-        assert_eq!(out.new_nodes.len(), 3);
-        assert!(out
-            .new_nodes
-            .iter()
-            .all(|n| n.node_type == "small" && n.pods.len() == 4 && n.request.cpu == 4000));
-        assert_eq!(out.wanted, 12);
-    }
-
-    #[test]
-    fn pods_fitting_in_flight_nodes_need_no_new_node() {
-        let pods: Vec<PendingPod> = (0..4).map(|i| pod(&format!("p{i}"), 1000)).collect();
-        let bins = vec![Bin {
-            claim: "c".into(),
-            shape: NodeShape::default(),
-            free: Amount {
-                cpu: 4000,
-                memory: 16 << 30,
-                pods: 110,
-            },
-        }];
-        let out = pack(
-            &pods,
-            &bins,
-            &[candidate("small", 4000, &[])],
-            &Limits::default(),
-            (1, Amount::default()),
-        );
-        assert!(out.new_nodes.is_empty());
-        assert_eq!(out.placed["c"].len(), 4);
-    }
-
-    #[test]
-    fn node_selectors_choose_the_type_and_foreign_pods_are_ignored() {
-        let mut gpu = pod("gpu", 1000);
-        gpu.node_selector = BTreeMap::from([("kind".to_string(), "big".to_string())]);
-        let mut elsewhere = pod("elsewhere", 1000);
-        elsewhere.node_selector = BTreeMap::from([("kind".to_string(), "none".to_string())]);
-        let out = pack(
-            &[gpu, elsewhere, pod("plain", 1000)],
-            &[],
-            &[
-                candidate("small", 4000, &[("kind", "small")]),
-                candidate("big", 16000, &[("kind", "big")]),
-            ],
-            &Limits::default(),
-            (0, Amount::default()),
-        );
-        assert_eq!(out.wanted, 2);
-        let types: Vec<&str> = out.new_nodes.iter().map(|n| n.node_type.as_str()).collect();
-        // The plain pod fits the room left on the large node: one node for both.
-        assert_eq!(types, vec!["big"]);
-        assert_eq!(out.new_nodes[0].pods, vec!["gpu", "plain"]);
-    }
-
-    #[test]
-    fn limits_stop_growth_and_name_the_blocked_pods() {
-        let pods: Vec<PendingPod> = (0..12).map(|i| pod(&format!("p{i:02}"), 1000)).collect();
-        let limits = Limits {
-            nodes: Some(2),
-            ..Limits::default()
-        };
-        let out = pack(
-            &pods,
-            &[],
-            &[candidate("small", 4000, &[])],
-            &limits,
-            (0, Amount::default()),
-        );
-        assert_eq!(out.new_nodes.len(), 2);
-        assert_eq!(out.blocked_by_limits.len(), 4);
-        let cpu_limited = pack(
-            &pods,
-            &[],
-            &[candidate("small", 4000, &[])],
-            &Limits {
-                cpu: Some(4000),
-                ..Limits::default()
-            },
-            (0, Amount::default()),
-        );
-        assert_eq!(cpu_limited.new_nodes.len(), 1);
-    }
-
-    #[test]
-    fn taints_need_tolerations_and_affinity_terms_are_matched() {
-        let shape = NodeShape {
-            labels: BTreeMap::from([("zone".to_string(), "a".to_string())]),
-            taints: vec![Taint {
-                key: "dedicated".into(),
-                value: Some("x".into()),
-                effect: "NoSchedule".into(),
-                ..Taint::default()
-            }],
-        };
-        let mut p = pod("p", 100);
-        assert!(!accepts(&shape, &p));
-        p.tolerations = vec![Toleration {
-            key: Some("dedicated".into()),
-            operator: Some("Equal".into()),
-            value: Some("x".into()),
-            effect: Some("NoSchedule".into()),
-            ..Toleration::default()
-        }];
-        assert!(accepts(&shape, &p));
-        p.required_terms = Some(vec![NodeSelectorTerm {
-            match_expressions: Some(vec![NodeSelectorRequirement {
-                key: "zone".into(),
-                operator: "In".into(),
-                values: Some(vec!["b".into()]),
-            }]),
-            match_fields: None,
-        }]);
-        assert!(!accepts(&shape, &p));
-        p.tolerations = vec![Toleration {
-            operator: Some("Exists".into()),
-            ..Toleration::default()
-        }];
-        p.required_terms = Some(vec![NodeSelectorTerm {
-            match_expressions: Some(vec![NodeSelectorRequirement {
-                key: "zone".into(),
-                operator: "NotIn".into(),
-                values: Some(vec!["b".into()]),
-            }]),
-            match_fields: None,
-        }]);
-        assert!(accepts(&shape, &p));
-    }
-
-    #[test]
-    fn the_template_hash_changes_with_the_template_only() {
-        let spec: NodePoolSpec = serde_json::from_value(json!({
-            "vClusterRef": {"name": "t"}, "replicas": 2
-        }))
-        .expect("spec");
-        let mut scaled = spec.clone();
-        scaled.replicas = Some(5);
-        assert_eq!(template_hash(&spec), template_hash(&scaled));
-        let mut labelled = spec.clone();
-        labelled.labels.insert("a".into(), "b".into());
-        assert_ne!(template_hash(&spec), template_hash(&labelled));
-        assert_eq!(template_hash(&spec).len(), 10);
-    }
 
     #[test]
     fn claim_names_are_the_pool_name_and_five_random_characters() {

@@ -12,8 +12,8 @@ use serde_json::json;
 use super::{AUTOSCALING, FIELD_MANAGER};
 use crate::api::capi::{Machine, ANNOTATION_SYNCED_REPLICAS};
 use crate::api::{NodeClaim, NodePool};
-use crate::controller::nodepool::ANNOTATION_DELETE_FIRST;
 use crate::controller::{Context, Error};
+use autonodes_core::pool::ANNOTATION_DELETE_FIRST;
 
 /// Parameters of the mirror's merge patches (its own field manager).
 fn merge_params() -> PatchParams {

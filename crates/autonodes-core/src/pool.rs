@@ -1,0 +1,139 @@
+//! Node pools (DESIGN §2), the pure half of the NodePool controller: what a pool's claims
+//! look like and which to keep, delete and create.
+//!
+//! - here: the claim template and its hash, claim names, the claims' selector, the
+//!   disruption settings (budget, `consolidateAfter`, `expireAfter`) and when a wait is over;
+//! - [`plan`]: the claims of a static pool to delete and create (scale, replace, roll);
+//! - [`pack`]: pending pods packed onto the room of existing nodes and onto new nodes of the
+//!   cheapest accepting type, within the pool's limits.
+
+pub mod pack;
+pub mod plan;
+
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use sha2::{Digest, Sha256};
+
+use crate::api::{DurationOrNever, NodeClaimSpec, NodePoolSpec, ResourceList, LABEL_NODEPOOL};
+
+/// Label on a pool's claims: hash of the claim template they were made from.
+pub const LABEL_TEMPLATE_HASH: &str = "autonodes.io/nodepool-template-hash";
+/// Annotation on a replacement claim: the claim it replaces (rolling update, expiry).
+pub const ANNOTATION_REPLACES: &str = "autonodes.io/replaces";
+/// Annotation on a claim: remove this claim first when the pool scales down. The
+/// `capi.autonodes.io` mirror sets it from the Machine's `capi.autonodes.io/delete-machine`.
+pub const ANNOTATION_DELETE_FIRST: &str = "autonodes.io/delete-first";
+/// Annotation on a dynamic pool's claim: since when its node runs no non-DaemonSet pod.
+pub const ANNOTATION_EMPTY_SINCE: &str = "autonodes.io/empty-since";
+/// Default of `disruption.consolidateAfter`.
+pub const DEFAULT_CONSOLIDATE_AFTER: Duration = Duration::from_secs(30);
+/// Default of `disruption.budget`.
+pub const DEFAULT_BUDGET: usize = 1;
+/// How long after a node became Ready its free room still counts for pods the scheduler
+/// marked unschedulable (it may not have retried them yet). Afterwards such pods evidently
+/// do not fit for reasons autonodes does not model, and new nodes are made for them.
+pub const READY_NODE_GRACE: Duration = Duration::from_secs(30);
+
+/// The claim spec every claim of the pool starts from (without `desiredCapacity`/`typeRef`).
+pub fn template_spec(pool: &NodePoolSpec) -> NodeClaimSpec {
+    NodeClaimSpec {
+        provider_ref: pool.provider_ref.clone(),
+        type_ref: None,
+        requirements: pool.requirements.clone(),
+        desired_capacity: ResourceList::new(),
+        v_cluster_ref: pool.v_cluster_ref.clone(),
+        properties: pool.properties.clone(),
+        taints: pool.taints.clone(),
+        startup_taints: pool.startup_taints.clone(),
+        labels: pool.labels.clone(),
+        kubelet_args: pool.kubelet_args.clone(),
+        kubernetes_version: None,
+    }
+}
+
+/// A short stable hash of the pool's claim template: claims whose label differs are rolled.
+pub fn template_hash(pool: &NodePoolSpec) -> String {
+    let bytes = serde_json::to_vec(&template_spec(pool)).unwrap_or_default();
+    let digest = Sha256::digest(&bytes);
+    digest.iter().take(5).map(|b| format!("{b:02x}")).collect()
+}
+
+/// `<pool>-<5 [a-z0-9]>`, the five characters taken from the first five bytes of `random`
+/// (the caller brings the randomness; fewer bytes make a shorter suffix).
+pub fn claim_name(pool: &str, random: &[u8]) -> String {
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let suffix: String = random
+        .iter()
+        .take(5)
+        .map(|b| ALPHABET[usize::from(*b) % ALPHABET.len()] as char)
+        .collect();
+    crate::names::child_name(pool, &format!("-{suffix}"))
+}
+
+/// The label selector of a pool's claims (`status.selector`, for the scale subresource).
+pub fn selector(pool: &str) -> String {
+    format!("{LABEL_NODEPOOL}={}", crate::names::label_value(pool))
+}
+
+/// The effective disruption budget (`disruption.budget`, default 1, at least 1).
+pub fn budget(pool: &NodePoolSpec) -> usize {
+    pool.disruption
+        .as_ref()
+        .and_then(|d| d.budget)
+        .map_or(DEFAULT_BUDGET, |b| usize::try_from(b).unwrap_or(1).max(1))
+}
+
+/// The effective `disruption.consolidateAfter` (default 30s; `None` for `Never`).
+pub fn consolidate_after(pool: &NodePoolSpec) -> Option<Duration> {
+    pool.disruption
+        .as_ref()
+        .and_then(|d| d.consolidate_after)
+        .map_or(Some(DEFAULT_CONSOLIDATE_AFTER), DurationOrNever::after)
+}
+
+/// `disruption.expireAfter`, if set.
+pub fn expire_after(pool: &NodePoolSpec) -> Option<Duration> {
+    pool.disruption
+        .as_ref()
+        .and_then(|d| d.expire_after)
+        .and_then(DurationOrNever::after)
+}
+
+/// Whether a node empty since `since` is due for removal at `now`.
+pub fn due_for_removal(since: Timestamp, now: Timestamp, after: Duration) -> bool {
+    let waited = now.as_millisecond() - since.as_millisecond();
+    waited >= i64::try_from(after.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_template_hash_changes_with_the_template_only() {
+        let spec: NodePoolSpec = serde_json::from_value(json!({
+            "vClusterRef": {"name": "t"}, "replicas": 2
+        }))
+        .expect("spec");
+        let mut scaled = spec.clone();
+        scaled.replicas = Some(5);
+        assert_eq!(template_hash(&spec), template_hash(&scaled));
+        let mut labelled = spec.clone();
+        labelled.labels.insert("a".into(), "b".into());
+        assert_ne!(template_hash(&spec), template_hash(&labelled));
+        assert_eq!(template_hash(&spec).len(), 10);
+    }
+
+    #[test]
+    fn a_claim_name_is_the_pool_name_and_five_characters_drawn_from_the_random_bytes() {
+        assert_eq!(
+            claim_name("workers", &[0, 25, 26, 35, 36, 99]),
+            "workers-az09a"
+        );
+        let long = "w".repeat(300);
+        let name = claim_name(&long, &[1, 2, 3, 4, 5]);
+        assert!(name.len() <= 253 && name.ends_with("-bcdef"), "{name}");
+    }
+}

@@ -1,0 +1,718 @@
+//! Pending pods packed onto nodes: what a pod asks for ([`pod_request`]), whether a node
+//! of some labels and taints would take it ([`accepts`], through [`crate::requirements`]),
+//! and [`pack`], first-fit-decreasing onto the room of existing and in-flight nodes, then
+//! onto new nodes of the cheapest accepting type within the pool's [`Limits`].
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Container, NodeSelectorTerm, Pod, Taint, Toleration};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use crate::api::{NodeClaim, NodeClaimSpec, NodePoolLimits, ResourceList};
+use crate::requirements;
+use crate::resources::{self, ResourceAmounts, CPU, MEMORY};
+use crate::scheduling::{self, Catalogue, ClaimRequest, PreparedType};
+
+/// Pods a node takes at most (the kubelet's default `maxPods`).
+pub const MAX_PODS_PER_NODE: i128 = 110;
+
+/// CPU (millicores), memory (bytes) and a pod count.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Amount {
+    /// Millicores.
+    pub cpu: i128,
+    /// Bytes.
+    pub memory: i128,
+    /// Pods.
+    pub pods: i128,
+}
+
+impl Amount {
+    /// Whether `want` fits into `self`.
+    pub fn covers(&self, want: &Amount) -> bool {
+        self.cpu >= want.cpu && self.memory >= want.memory && self.pods >= want.pods
+    }
+
+    /// `self + other`.
+    pub fn plus(&self, other: &Amount) -> Amount {
+        Amount {
+            cpu: self.cpu + other.cpu,
+            memory: self.memory + other.memory,
+            pods: self.pods + other.pods,
+        }
+    }
+
+    /// `self - other`, never below zero.
+    pub fn minus(&self, other: &Amount) -> Amount {
+        Amount {
+            cpu: (self.cpu - other.cpu).max(0),
+            memory: (self.memory - other.memory).max(0),
+            pods: (self.pods - other.pods).max(0),
+        }
+    }
+
+    /// The cpu and memory of a node type's resources, with room for [`MAX_PODS_PER_NODE`].
+    pub fn of_node(amounts: &ResourceAmounts) -> Amount {
+        Amount {
+            cpu: amounts.cpu_millis(),
+            memory: amounts.memory_bytes(),
+            pods: MAX_PODS_PER_NODE,
+        }
+    }
+
+    /// As a resource list (cpu, memory).
+    pub fn to_resource_list(self) -> ResourceList {
+        ResourceList::from([
+            (CPU.to_string(), Quantity(resources::format_cpu(self.cpu))),
+            (
+                MEMORY.to_string(),
+                Quantity(resources::format_memory(self.memory)),
+            ),
+        ])
+    }
+}
+
+/// The labels and taints a node has: what a pod's selectors and tolerations are checked
+/// against.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NodeShape {
+    /// Node labels.
+    pub labels: BTreeMap<String, String>,
+    /// Node taints (startup taints excluded: they go once the node is ready).
+    pub taints: Vec<Taint>,
+}
+
+impl NodeShape {
+    /// The labels and taints a node of type `t` made from the claim `spec` gets; `None` if
+    /// the spec's labels or taints cannot be used.
+    pub fn of_type(t: &PreparedType, spec: &NodeClaimSpec) -> Option<NodeShape> {
+        let labels = scheduling::node_labels(
+            &scheduling::node_properties(t, None, spec),
+            None,
+            &spec.labels,
+            &BTreeMap::new(),
+        )
+        .ok()?
+        .all();
+        let taints = scheduling::node_taints(t, None, spec).ok()?.taints;
+        Some(NodeShape { labels, taints })
+    }
+}
+
+/// The type of a claim: the one it was scheduled to, else the one it would get now given
+/// the claims per type (`claimed`).
+pub fn claim_type<'c>(
+    claim: &NodeClaim,
+    catalogue: &'c Catalogue,
+    claimed: &BTreeMap<String, i64>,
+) -> Option<&'c PreparedType> {
+    if let Some(t) = claim.status.as_ref().and_then(|s| s.type_ref.as_ref()) {
+        return catalogue.get(t).filter(|x| &x.name == t);
+    }
+    let req = ClaimRequest::new(&claim.spec, None).ok()?;
+    scheduling::choose(catalogue, &req, claimed).ok()
+}
+
+/// Whether the pod keeps its node busy: neither a DaemonSet's nor a mirror pod, and not
+/// finished.
+pub fn non_daemon_running(p: &Pod) -> bool {
+    let daemon = p
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.kind == "DaemonSet");
+    let mirror = p
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"));
+    let done = matches!(
+        p.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded") | Some("Failed")
+    );
+    !daemon && !mirror && !done
+}
+
+/// Whether the scheduler gave up on the pod for now: PodScheduled=False, Unschedulable.
+pub fn is_unschedulable(p: &Pod) -> bool {
+    let unbound = p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_none();
+    let pending = p.metadata.deletion_timestamp.is_none()
+        && !matches!(
+            p.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Succeeded") | Some("Failed")
+        );
+    let marked = p
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| {
+            cs.iter().any(|c| {
+                c.type_ == "PodScheduled"
+                    && c.status == "False"
+                    && c.reason.as_deref() == Some("Unschedulable")
+            })
+        });
+    unbound && pending && marked
+}
+
+/// One unschedulable pod.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PendingPod {
+    /// `namespace/name`.
+    pub key: String,
+    /// Its requests (pods: 1).
+    pub request: Amount,
+    /// `spec.nodeSelector`.
+    pub node_selector: BTreeMap<String, String>,
+    /// The required node affinity's terms (any must match), if it has any.
+    pub required_terms: Option<Vec<NodeSelectorTerm>>,
+    /// `spec.tolerations`.
+    pub tolerations: Vec<Toleration>,
+}
+
+impl PendingPod {
+    /// The pending-pod view of a pod.
+    pub fn from_pod(pod: &Pod) -> PendingPod {
+        let spec = pod.spec.clone().unwrap_or_default();
+        PendingPod {
+            key: format!(
+                "{}/{}",
+                pod.metadata.namespace.as_deref().unwrap_or_default(),
+                pod.metadata
+                    .name
+                    .as_deref()
+                    .or(pod.metadata.generate_name.as_deref())
+                    .unwrap_or_default()
+            ),
+            request: pod_request(pod),
+            node_selector: spec.node_selector.unwrap_or_default(),
+            required_terms: spec
+                .affinity
+                .and_then(|a| a.node_affinity)
+                .and_then(|a| a.required_during_scheduling_ignored_during_execution)
+                .map(|s| s.node_selector_terms),
+            tolerations: spec.tolerations.unwrap_or_default(),
+        }
+    }
+}
+
+/// What a pod asks for: the sum of its containers' requests, at least the largest init
+/// container's, plus the pod overhead; one pod.
+pub fn pod_request(pod: &Pod) -> Amount {
+    let Some(spec) = pod.spec.as_ref() else {
+        return Amount {
+            pods: 1,
+            ..Amount::default()
+        };
+    };
+    let requests = |c: &Container| -> Amount {
+        let r = c.resources.as_ref().and_then(|r| r.requests.as_ref());
+        Amount {
+            cpu: r
+                .and_then(|r| r.get(CPU))
+                .and_then(|q| resources::cpu_millis(q).ok())
+                .unwrap_or(0),
+            memory: r
+                .and_then(|r| r.get(MEMORY))
+                .and_then(|q| resources::memory_bytes(q).ok())
+                .unwrap_or(0),
+            pods: 0,
+        }
+    };
+    let mut sum = spec
+        .containers
+        .iter()
+        .map(requests)
+        .fold(Amount::default(), |a, b| a.plus(&b));
+    for init in spec.init_containers.iter().flatten() {
+        let r = requests(init);
+        sum.cpu = sum.cpu.max(r.cpu);
+        sum.memory = sum.memory.max(r.memory);
+    }
+    if let Some(overhead) = spec.overhead.as_ref() {
+        sum.cpu += overhead
+            .get(CPU)
+            .and_then(|q| resources::cpu_millis(q).ok())
+            .unwrap_or(0);
+        sum.memory += overhead
+            .get(MEMORY)
+            .and_then(|q| resources::memory_bytes(q).ok())
+            .unwrap_or(0);
+    }
+    sum.pods = 1;
+    sum
+}
+
+/// Whether a node of `shape` would accept the pod: its nodeSelector and required node
+/// affinity match the labels, and it tolerates every NoSchedule/NoExecute taint.
+pub fn accepts(shape: &NodeShape, pod: &PendingPod) -> bool {
+    let selected = requirements::selector_matches(&pod.node_selector, &shape.labels);
+    let affine = pod
+        .required_terms
+        .as_ref()
+        .filter(|terms| !terms.is_empty())
+        .is_none_or(|terms| {
+            terms
+                .iter()
+                .any(|t| requirements::term_matches(t, &shape.labels))
+        });
+    let tolerated = requirements::tolerates_taints(&pod.tolerations, &shape.taints);
+    selected && affine && tolerated
+}
+
+/// Room on a node that exists or is on its way (a live claim of the tenant).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Bin {
+    /// The claim.
+    pub claim: String,
+    /// Its labels and taints.
+    pub shape: NodeShape,
+    /// Room left.
+    pub free: Amount,
+}
+
+/// A node type a dynamic pool may create claims of.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Candidate {
+    /// NodeType name.
+    pub node_type: String,
+    /// Labels and taints its nodes get.
+    pub shape: NodeShape,
+    /// What pods may use on it (resources less `kubeReserved`).
+    pub allocatable: Amount,
+    /// Its resources (what counts against `limits`).
+    pub resources: Amount,
+    /// How many more claims it takes (`None`: unlimited).
+    pub room: Option<i64>,
+}
+
+/// `spec.limits`, parsed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Limits {
+    /// Most nodes.
+    pub nodes: Option<i64>,
+    /// Most millicores.
+    pub cpu: Option<i128>,
+    /// Most bytes of memory.
+    pub memory: Option<i128>,
+}
+
+impl Limits {
+    /// Parses `spec.limits` (invalid quantities count as absent).
+    pub fn from_spec(limits: Option<&NodePoolLimits>) -> Limits {
+        let Some(l) = limits else {
+            return Limits::default();
+        };
+        Limits {
+            nodes: l.nodes,
+            cpu: l.cpu.as_ref().and_then(|q| resources::cpu_millis(q).ok()),
+            memory: l
+                .memory
+                .as_ref()
+                .and_then(|q| resources::memory_bytes(q).ok()),
+        }
+    }
+
+    /// Whether a pool using `used` (cpu, memory) on `nodes` nodes stays within the limits.
+    pub fn allow(&self, nodes: i64, used: &Amount) -> bool {
+        self.nodes.is_none_or(|n| nodes <= n)
+            && self.cpu.is_none_or(|c| used.cpu <= c)
+            && self.memory.is_none_or(|m| used.memory <= m)
+    }
+
+    /// The limits set, for messages: e.g. `nodes 2, cpu 8, memory 16Gi`.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(n) = self.nodes {
+            parts.push(format!("nodes {n}"));
+        }
+        if let Some(c) = self.cpu {
+            parts.push(format!("cpu {}", resources::format_cpu(c)));
+        }
+        if let Some(m) = self.memory {
+            parts.push(format!("memory {}", resources::format_memory(m)));
+        }
+        parts.join(", ")
+    }
+}
+
+/// A claim to create for pending pods.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewNode {
+    /// Its node type (pinned with `typeRef`).
+    pub node_type: String,
+    /// The sum of the requests packed onto it (`desiredCapacity`).
+    pub request: Amount,
+    /// The pods packed onto it.
+    pub pods: Vec<String>,
+}
+
+/// The outcome of packing.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Packing {
+    /// Pods the pool's nodes would accept.
+    pub wanted: usize,
+    /// Pods that fit on existing or in-flight nodes, by claim.
+    pub placed: BTreeMap<String, Vec<String>>,
+    /// New claims.
+    pub new_nodes: Vec<NewNode>,
+    /// Pods that would need a node beyond `limits`.
+    pub blocked_by_limits: Vec<String>,
+    /// Pods whose fitting node types are all at `maxCapacity`.
+    pub blocked_by_capacity: Vec<String>,
+}
+
+/// Packs pending pods first-fit-decreasing (by cpu, then memory): onto the room of
+/// existing bins first, then onto new nodes, each of the cheapest candidate (candidates
+/// come cheapest first) that accepts the pod, has capacity and stays within `limits`
+/// given the pool's `usage` (nodes, resources). Pods no candidate accepts are not the
+/// pool's business and are skipped.
+pub fn pack(
+    pods: &[PendingPod],
+    bins: &[Bin],
+    candidates: &[Candidate],
+    limits: &Limits,
+    usage: (i64, Amount),
+) -> Packing {
+    let mut out = Packing::default();
+    let mut order: Vec<&PendingPod> = pods
+        .iter()
+        .filter(|p| {
+            candidates
+                .iter()
+                .any(|c| accepts(&c.shape, p) && c.allocatable.covers(&p.request))
+        })
+        .collect();
+    out.wanted = order.len();
+    order.sort_by(|a, b| {
+        (b.request.cpu, b.request.memory)
+            .cmp(&(a.request.cpu, a.request.memory))
+            .then_with(|| a.key.cmp(&b.key))
+    });
+    let mut bins: Vec<Bin> = bins.to_vec();
+    // New nodes: (candidate index, free room, request, pods).
+    let mut fresh: Vec<(usize, Amount, NewNode)> = Vec::new();
+    let mut room: Vec<Option<i64>> = candidates.iter().map(|c| c.room).collect();
+    let (mut nodes, mut used) = usage;
+    'pods: for pod in order {
+        for bin in bins.iter_mut() {
+            if accepts(&bin.shape, pod) && bin.free.covers(&pod.request) {
+                bin.free = bin.free.minus(&pod.request);
+                out.placed
+                    .entry(bin.claim.clone())
+                    .or_default()
+                    .push(pod.key.clone());
+                continue 'pods;
+            }
+        }
+        for (i, free, node) in fresh.iter_mut() {
+            if accepts(&candidates[*i].shape, pod) && free.covers(&pod.request) {
+                *free = free.minus(&pod.request);
+                node.request = node.request.plus(&pod.request);
+                node.pods.push(pod.key.clone());
+                continue 'pods;
+            }
+        }
+        let mut limited = false;
+        for (i, c) in candidates.iter().enumerate() {
+            if !accepts(&c.shape, pod) || !c.allocatable.covers(&pod.request) {
+                continue;
+            }
+            if room[i].is_some_and(|r| r <= 0) {
+                continue;
+            }
+            let after = used.plus(&c.resources);
+            if !limits.allow(nodes + 1, &after) {
+                limited = true;
+                continue;
+            }
+            nodes += 1;
+            used = after;
+            if let Some(r) = room[i].as_mut() {
+                *r -= 1;
+            }
+            fresh.push((
+                i,
+                c.allocatable.minus(&pod.request),
+                NewNode {
+                    node_type: c.node_type.clone(),
+                    request: pod.request,
+                    pods: vec![pod.key.clone()],
+                },
+            ));
+            continue 'pods;
+        }
+        if limited {
+            out.blocked_by_limits.push(pod.key.clone());
+        } else {
+            out.blocked_by_capacity.push(pod.key.clone());
+        }
+    }
+    out.new_nodes = fresh.into_iter().map(|(_, _, n)| n).collect();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::NodeSelectorRequirement;
+
+    fn pod(key: &str, cpu: i128) -> PendingPod {
+        PendingPod {
+            key: key.into(),
+            request: Amount {
+                cpu,
+                memory: 256 << 20,
+                pods: 1,
+            },
+            node_selector: BTreeMap::new(),
+            required_terms: None,
+            tolerations: Vec::new(),
+        }
+    }
+
+    fn candidate(name: &str, cpu: i128, labels: &[(&str, &str)]) -> Candidate {
+        let amount = Amount {
+            cpu,
+            memory: 16 << 30,
+            pods: MAX_PODS_PER_NODE,
+        };
+        Candidate {
+            node_type: name.into(),
+            shape: NodeShape {
+                labels: labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                taints: Vec::new(),
+            },
+            allocatable: amount,
+            resources: amount,
+            room: None,
+        }
+    }
+
+    #[test]
+    fn twelve_one_cpu_pods_pack_onto_three_four_cpu_nodes() {
+        let pods: Vec<PendingPod> = (0..12).map(|i| pod(&format!("p{i:02}"), 1000)).collect();
+        let out = pack(
+            &pods,
+            &[],
+            &[candidate("small", 4000, &[]), candidate("big", 16000, &[])],
+            &Limits::default(),
+            (0, Amount::default()),
+        );
+        assert_eq!(out.new_nodes.len(), 3);
+        assert!(out
+            .new_nodes
+            .iter()
+            .all(|n| n.node_type == "small" && n.pods.len() == 4 && n.request.cpu == 4000));
+        assert_eq!(out.wanted, 12);
+    }
+
+    #[test]
+    fn pods_fitting_in_flight_nodes_need_no_new_node() {
+        let pods: Vec<PendingPod> = (0..4).map(|i| pod(&format!("p{i}"), 1000)).collect();
+        let bins = vec![Bin {
+            claim: "c".into(),
+            shape: NodeShape::default(),
+            free: Amount {
+                cpu: 4000,
+                memory: 16 << 30,
+                pods: 110,
+            },
+        }];
+        let out = pack(
+            &pods,
+            &bins,
+            &[candidate("small", 4000, &[])],
+            &Limits::default(),
+            (1, Amount::default()),
+        );
+        assert!(out.new_nodes.is_empty());
+        assert_eq!(out.placed["c"].len(), 4);
+    }
+
+    #[test]
+    fn node_selectors_choose_the_type_and_foreign_pods_are_ignored() {
+        let mut gpu = pod("gpu", 1000);
+        gpu.node_selector = BTreeMap::from([("kind".to_string(), "big".to_string())]);
+        let mut elsewhere = pod("elsewhere", 1000);
+        elsewhere.node_selector = BTreeMap::from([("kind".to_string(), "none".to_string())]);
+        let out = pack(
+            &[gpu, elsewhere, pod("plain", 1000)],
+            &[],
+            &[
+                candidate("small", 4000, &[("kind", "small")]),
+                candidate("big", 16000, &[("kind", "big")]),
+            ],
+            &Limits::default(),
+            (0, Amount::default()),
+        );
+        assert_eq!(out.wanted, 2);
+        let types: Vec<&str> = out.new_nodes.iter().map(|n| n.node_type.as_str()).collect();
+        // The plain pod fits the room left on the large node: one node for both.
+        assert_eq!(types, vec!["big"]);
+        assert_eq!(out.new_nodes[0].pods, vec!["gpu", "plain"]);
+    }
+
+    #[test]
+    fn limits_stop_growth_and_name_the_blocked_pods() {
+        let pods: Vec<PendingPod> = (0..12).map(|i| pod(&format!("p{i:02}"), 1000)).collect();
+        let limits = Limits {
+            nodes: Some(2),
+            ..Limits::default()
+        };
+        let out = pack(
+            &pods,
+            &[],
+            &[candidate("small", 4000, &[])],
+            &limits,
+            (0, Amount::default()),
+        );
+        assert_eq!(out.new_nodes.len(), 2);
+        assert_eq!(out.blocked_by_limits.len(), 4);
+        let cpu_limited = pack(
+            &pods,
+            &[],
+            &[candidate("small", 4000, &[])],
+            &Limits {
+                cpu: Some(4000),
+                ..Limits::default()
+            },
+            (0, Amount::default()),
+        );
+        assert_eq!(cpu_limited.new_nodes.len(), 1);
+    }
+
+    #[test]
+    fn taints_need_tolerations_and_affinity_terms_are_matched() {
+        let shape = NodeShape {
+            labels: BTreeMap::from([("zone".to_string(), "a".to_string())]),
+            taints: vec![Taint {
+                key: "dedicated".into(),
+                value: Some("x".into()),
+                effect: "NoSchedule".into(),
+                ..Taint::default()
+            }],
+        };
+        let mut p = pod("p", 100);
+        assert!(!accepts(&shape, &p));
+        p.tolerations = vec![Toleration {
+            key: Some("dedicated".into()),
+            operator: Some("Equal".into()),
+            value: Some("x".into()),
+            effect: Some("NoSchedule".into()),
+            ..Toleration::default()
+        }];
+        assert!(accepts(&shape, &p));
+        p.required_terms = Some(vec![NodeSelectorTerm {
+            match_expressions: Some(vec![NodeSelectorRequirement {
+                key: "zone".into(),
+                operator: "In".into(),
+                values: Some(vec!["b".into()]),
+            }]),
+            match_fields: None,
+        }]);
+        assert!(!accepts(&shape, &p));
+        p.tolerations = vec![Toleration {
+            operator: Some("Exists".into()),
+            ..Toleration::default()
+        }];
+        p.required_terms = Some(vec![NodeSelectorTerm {
+            match_expressions: Some(vec![NodeSelectorRequirement {
+                key: "zone".into(),
+                operator: "NotIn".into(),
+                values: Some(vec!["b".into()]),
+            }]),
+            match_fields: None,
+        }]);
+        assert!(accepts(&shape, &p));
+    }
+
+    #[test]
+    fn limits_are_described_by_what_is_set() {
+        assert_eq!(Limits::default().describe(), "");
+        let l = Limits {
+            nodes: Some(2),
+            cpu: Some(8000),
+            memory: Some(16 << 30),
+        };
+        assert_eq!(l.describe(), "nodes 2, cpu 8, memory 16Gi");
+    }
+
+    fn pod_object(value: serde_json::Value) -> Pod {
+        serde_json::from_value(value).expect("pod")
+    }
+
+    #[test]
+    fn a_pod_is_unschedulable_only_while_unbound_unfinished_and_marked_by_the_scheduler() {
+        let marked = serde_json::json!({"conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+        ]});
+        let p = pod_object(
+            serde_json::json!({"metadata": {"name": "p"}, "spec": {"containers": []}, "status": marked}),
+        );
+        assert!(is_unschedulable(&p));
+        let bound = pod_object(
+            serde_json::json!({"metadata": {"name": "p"}, "spec": {"containers": [], "nodeName": "n"}, "status": marked}),
+        );
+        assert!(!is_unschedulable(&bound));
+        let mut failed = p.clone();
+        if let Some(s) = failed.status.as_mut() {
+            s.phase = Some("Failed".into());
+        }
+        assert!(!is_unschedulable(&failed));
+        let waiting =
+            pod_object(serde_json::json!({"metadata": {"name": "p"}, "spec": {"containers": []}}));
+        assert!(!is_unschedulable(&waiting));
+    }
+
+    #[test]
+    fn daemon_set_mirror_and_finished_pods_do_not_keep_a_node_busy() {
+        let plain = pod_object(serde_json::json!({"metadata": {"name": "p"}}));
+        assert!(non_daemon_running(&plain));
+        let daemon = pod_object(
+            serde_json::json!({"metadata": {"name": "p", "ownerReferences": [
+                {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "d", "uid": "u"}
+            ]}}),
+        );
+        assert!(!non_daemon_running(&daemon));
+        let mirror = pod_object(
+            serde_json::json!({"metadata": {"name": "p", "annotations": {"kubernetes.io/config.mirror": "x"}}}),
+        );
+        assert!(!non_daemon_running(&mirror));
+        let done = pod_object(
+            serde_json::json!({"metadata": {"name": "p"}, "status": {"phase": "Succeeded"}}),
+        );
+        assert!(!non_daemon_running(&done));
+    }
+
+    #[test]
+    fn a_pending_pod_is_keyed_by_namespace_and_name_and_asks_for_its_containers_and_overhead() {
+        let p = pod_object(serde_json::json!({
+            "metadata": {"namespace": "ns", "name": "web"},
+            "spec": {
+                "containers": [
+                    {"name": "a", "resources": {"requests": {"cpu": "250m", "memory": "1Gi"}}},
+                    {"name": "b", "resources": {"requests": {"cpu": "250m"}}}
+                ],
+                "initContainers": [{"name": "i", "resources": {"requests": {"cpu": "2"}}}],
+                "overhead": {"memory": "1Gi"},
+                "nodeSelector": {"kind": "big"}
+            }
+        }));
+        let pending = PendingPod::from_pod(&p);
+        assert_eq!(pending.key, "ns/web");
+        assert_eq!(
+            pending.request,
+            Amount {
+                cpu: 2000,
+                memory: 2 << 30,
+                pods: 1
+            }
+        );
+        assert_eq!(pending.node_selector["kind"], "big");
+    }
+}

@@ -1,0 +1,403 @@
+//! The claims of a pool to delete and create: Failed claims go, a static pool is scaled to
+//! `replicas` (least valuable claims first, within the disruption budget), and outdated
+//! claims are rolled by surge.
+
+use std::cmp::Reverse;
+use std::time::Duration;
+
+use crate::api::{NodeClaim, NodeClaimPhase};
+
+use super::{ANNOTATION_DELETE_FIRST, ANNOTATION_REPLACES, LABEL_TEMPLATE_HASH};
+
+/// What the planner knows about one claim of a pool.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimView {
+    /// The claim's name.
+    pub name: String,
+    /// Creation time, milliseconds since the epoch.
+    pub created_ms: i64,
+    /// Phase Available (its node is Ready).
+    pub available: bool,
+    /// Being deleted.
+    pub terminating: bool,
+    /// Phase Failed.
+    pub failed: bool,
+    /// It has (had) a node in the tenant: deleting it drains a node.
+    pub has_node: bool,
+    /// Made from an older template, or older than `expireAfter`.
+    pub outdated: bool,
+    /// The claim this one replaces (annotation [`ANNOTATION_REPLACES`]).
+    pub replaces: Option<String>,
+    /// Marked to go first on scale-down (annotation [`ANNOTATION_DELETE_FIRST`]).
+    pub delete_first: bool,
+}
+
+/// The planner's view of a pool's claims at `now_ms` (milliseconds since the epoch): a
+/// claim is outdated when its [`LABEL_TEMPLATE_HASH`] is not `hash` or it is older than
+/// `expire` (`expireAfter`); a claim without a creation time counts as made now.
+pub fn claim_views(
+    claims: &[NodeClaim],
+    hash: &str,
+    expire: Option<Duration>,
+    now_ms: i64,
+) -> Vec<ClaimView> {
+    claims
+        .iter()
+        .map(|c| {
+            let s = c.status.clone().unwrap_or_default();
+            let created_ms = c
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map_or(now_ms, |t| t.0.as_millisecond());
+            let expired = expire.is_some_and(|e| {
+                now_ms - created_ms >= i64::try_from(e.as_millis()).unwrap_or(i64::MAX)
+            });
+            let label = |key: &str| c.metadata.labels.as_ref().and_then(|l| l.get(key));
+            let annotation = |key: &str| c.metadata.annotations.as_ref().and_then(|a| a.get(key));
+            ClaimView {
+                name: c
+                    .metadata
+                    .name
+                    .clone()
+                    .or_else(|| c.metadata.generate_name.clone())
+                    .unwrap_or_default(),
+                created_ms,
+                available: s.phase == Some(NodeClaimPhase::Available),
+                terminating: c.metadata.deletion_timestamp.is_some(),
+                failed: s.phase == Some(NodeClaimPhase::Failed),
+                has_node: s.node_name.is_some(),
+                outdated: label(LABEL_TEMPLATE_HASH).map(String::as_str) != Some(hash) || expired,
+                replaces: annotation(ANNOTATION_REPLACES).cloned(),
+                delete_first: annotation(ANNOTATION_DELETE_FIRST).is_some(),
+            }
+        })
+        .collect()
+}
+
+/// Whether a claim is live: not being deleted and not Failed.
+pub fn is_live(c: &NodeClaim) -> bool {
+    c.metadata.deletion_timestamp.is_none()
+        && c.status.as_ref().and_then(|s| s.phase) != Some(NodeClaimPhase::Failed)
+}
+
+/// Why the planner deletes a claim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeleteReason {
+    /// The claim Failed; the pool replaces it.
+    Failed,
+    /// The claim is outdated and not serving yet: it goes, an up-to-date one takes its place.
+    Outdated,
+    /// The claim is outdated and its replacement is Available.
+    Replaced,
+    /// The pool has more claims than `replicas`.
+    ScaleDown,
+    /// Its node ran no non-DaemonSet pod for `consolidateAfter`.
+    Empty,
+}
+
+impl DeleteReason {
+    /// The Event reason for this deletion.
+    pub fn event_reason(self) -> &'static str {
+        match self {
+            DeleteReason::Failed => "ReplacingFailedClaim",
+            DeleteReason::Outdated => "RemovingOutdatedClaim",
+            DeleteReason::Replaced => "ClaimReplaced",
+            DeleteReason::ScaleDown => "ScaledDown",
+            DeleteReason::Empty => "Consolidated",
+        }
+    }
+}
+
+/// Claims to create and delete.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// One entry per claim to create: `Some(old)` for the replacement of `old`.
+    pub create: Vec<Option<String>>,
+    /// Claims to delete, with why.
+    pub delete: Vec<(String, DeleteReason)>,
+}
+
+/// Plans the claims of a pool: Failed claims go; `desired` (static pools) is met by
+/// creating claims or by deleting the least valuable ones (those marked
+/// [`ANNOTATION_DELETE_FIRST`] first, then not Available, then outdated, then newest), never more Available ones draining than `budget`; outdated
+/// claims are rolled by surge, at most `budget` replacements in flight, each old claim
+/// deleted only once its replacement is Available.
+pub fn plan_claims(claims: &[ClaimView], desired: Option<usize>, budget: usize) -> Plan {
+    let mut plan = Plan::default();
+    for c in claims.iter().filter(|c| c.failed && !c.terminating) {
+        plan.delete.push((c.name.clone(), DeleteReason::Failed));
+    }
+    let live: Vec<&ClaimView> = claims
+        .iter()
+        .filter(|c| !c.terminating && !c.failed)
+        .collect();
+    let draining = claims
+        .iter()
+        .filter(|c| c.terminating && c.has_node)
+        .count();
+    let mut disrupt = budget.max(1).saturating_sub(draining);
+    let replacement_of = |o: &ClaimView| -> Option<&ClaimView> {
+        live.iter()
+            .find(|r| r.replaces.as_deref() == Some(o.name.as_str()) && !r.outdated)
+            .copied()
+    };
+    // A surge claim replaces a live outdated claim and does not take a slot of its own.
+    let is_surge = |r: &ClaimView| {
+        r.replaces
+            .as_deref()
+            .is_some_and(|o| live.iter().any(|x| x.name == o && x.outdated))
+    };
+    let counted: Vec<&ClaimView> = live.iter().filter(|c| !is_surge(c)).copied().collect();
+    let mut slots = counted.len();
+
+    if let Some(desired) = desired {
+        if slots > desired {
+            let mut order = counted.clone();
+            order.sort_by_key(|c| {
+                (
+                    !c.delete_first,
+                    c.available,
+                    !c.outdated,
+                    Reverse(c.created_ms),
+                )
+            });
+            for c in order {
+                if slots <= desired {
+                    break;
+                }
+                if c.available {
+                    if disrupt == 0 {
+                        break;
+                    }
+                    disrupt -= 1;
+                }
+                plan.delete.push((c.name.clone(), DeleteReason::ScaleDown));
+                if let Some(r) = replacement_of(c) {
+                    plan.delete.push((r.name.clone(), DeleteReason::ScaleDown));
+                }
+                slots -= 1;
+            }
+            return plan;
+        }
+    }
+
+    let mut surging = live.iter().filter(|r| is_surge(r) && !r.available).count();
+    let mut outdated: Vec<&ClaimView> = counted.iter().filter(|c| c.outdated).copied().collect();
+    outdated.sort_by_key(|c| (c.available, c.created_ms));
+    for o in outdated {
+        let replacement = replacement_of(o);
+        if !o.available {
+            plan.delete.push((o.name.clone(), DeleteReason::Outdated));
+            if replacement.is_none() {
+                slots -= 1;
+            }
+            continue;
+        }
+        match replacement {
+            Some(r) if r.available => {
+                if disrupt > 0 {
+                    disrupt -= 1;
+                    plan.delete.push((o.name.clone(), DeleteReason::Replaced));
+                }
+            }
+            Some(_) => {}
+            None => {
+                if surging < budget.max(1) {
+                    surging += 1;
+                    plan.create.push(Some(o.name.clone()));
+                }
+            }
+        }
+    }
+    if let Some(desired) = desired {
+        for _ in slots..desired {
+            plan.create.push(None);
+        }
+    }
+    plan
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::NodeClaimStatus;
+    use k8s_openapi::jiff::Timestamp;
+
+    fn view(name: &str, created: i64, available: bool) -> ClaimView {
+        ClaimView {
+            name: name.into(),
+            created_ms: created,
+            available,
+            terminating: false,
+            failed: false,
+            has_node: available,
+            outdated: false,
+            replaces: None,
+            delete_first: false,
+        }
+    }
+
+    fn deleted(plan: &Plan) -> Vec<&str> {
+        plan.delete.iter().map(|(n, _)| n.as_str()).collect()
+    }
+
+    #[test]
+    fn a_static_pool_creates_the_missing_claims() {
+        let plan = plan_claims(&[view("a", 1, true)], Some(3), 1);
+        assert_eq!(plan.create, vec![None, None]);
+        assert!(plan.delete.is_empty());
+    }
+
+    #[test]
+    fn scale_down_removes_claims_that_are_not_available_first_then_the_newest() {
+        let claims = vec![
+            view("old", 1, true),
+            view("new", 3, true),
+            view("booting", 2, false),
+            view("mid", 2, true),
+        ];
+        let plan = plan_claims(&claims, Some(2), 1);
+        assert_eq!(deleted(&plan), vec!["booting", "new"]);
+        let plan = plan_claims(&claims, Some(0), 2);
+        assert_eq!(deleted(&plan), vec!["booting", "new", "mid"]);
+    }
+
+    #[test]
+    fn scale_down_removes_the_claim_marked_delete_first_even_when_it_is_the_oldest_available_one() {
+        let mut marked = view("old", 1, true);
+        marked.delete_first = true;
+        let claims = vec![
+            marked,
+            view("new", 3, true),
+            view("booting", 2, false),
+            view("mid", 2, true),
+        ];
+        let plan = plan_claims(&claims, Some(3), 1);
+        assert_eq!(
+            plan.delete,
+            vec![("old".to_string(), DeleteReason::ScaleDown)]
+        );
+        assert!(plan.create.is_empty());
+        // Unmarked, the same scale-down takes the claim that is not Available.
+        let unmarked: Vec<ClaimView> = claims
+            .into_iter()
+            .map(|mut c| {
+                c.delete_first = false;
+                c
+            })
+            .collect();
+        assert_eq!(
+            deleted(&plan_claims(&unmarked, Some(3), 1)),
+            vec!["booting"]
+        );
+    }
+
+    #[test]
+    fn scale_down_waits_while_the_budget_is_used_by_draining_nodes() {
+        let mut draining = view("going", 0, true);
+        draining.terminating = true;
+        let claims = vec![draining, view("a", 1, true), view("b", 2, true)];
+        assert!(plan_claims(&claims, Some(0), 1).delete.is_empty());
+        assert_eq!(deleted(&plan_claims(&claims, Some(0), 2)), vec!["b"]);
+    }
+
+    #[test]
+    fn a_failed_claim_is_deleted_and_replaced() {
+        let mut failed = view("f", 1, false);
+        failed.failed = true;
+        let plan = plan_claims(&[failed, view("a", 2, true)], Some(2), 1);
+        assert_eq!(plan.delete, vec![("f".to_string(), DeleteReason::Failed)]);
+        assert_eq!(plan.create, vec![None]);
+    }
+
+    #[test]
+    fn an_outdated_available_claim_gets_a_replacement_before_it_goes() {
+        let mut a = view("a", 1, true);
+        a.outdated = true;
+        let mut b = view("b", 2, true);
+        b.outdated = true;
+        let plan = plan_claims(&[a.clone(), b.clone()], Some(2), 1);
+        assert_eq!(
+            plan.create,
+            vec![Some("a".to_string())],
+            "one surge at a time"
+        );
+        assert!(plan.delete.is_empty());
+
+        // The replacement is on its way: nothing else happens.
+        let mut r = view("r", 3, false);
+        r.replaces = Some("a".into());
+        let plan = plan_claims(&[a.clone(), b.clone(), r.clone()], Some(2), 1);
+        assert_eq!(plan, Plan::default());
+
+        // The replacement is Available: the old claim goes, the next surge starts.
+        r.available = true;
+        let plan = plan_claims(&[a, b, r], Some(2), 1);
+        assert_eq!(plan.delete, vec![("a".to_string(), DeleteReason::Replaced)]);
+        assert_eq!(plan.create, vec![Some("b".to_string())]);
+    }
+
+    #[test]
+    fn an_outdated_claim_that_is_not_available_is_replaced_at_once() {
+        let mut a = view("a", 1, false);
+        a.outdated = true;
+        let plan = plan_claims(&[a, view("b", 2, true)], Some(2), 1);
+        assert_eq!(plan.delete, vec![("a".to_string(), DeleteReason::Outdated)]);
+        assert_eq!(plan.create, vec![None]);
+    }
+
+    fn claim(name: &str, hash: &str, created_ms: i64) -> NodeClaim {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": name,
+                "labels": {LABEL_TEMPLATE_HASH: hash},
+                "creationTimestamp": Timestamp::from_millisecond(created_ms).expect("time").to_string(),
+            },
+            "spec": {"vClusterRef": {"name": "t"}},
+        }))
+        .expect("claim")
+    }
+
+    #[test]
+    fn a_claim_is_outdated_when_made_from_another_template_or_older_than_expire_after() {
+        let claims = vec![claim("current", "h1", 1_000), claim("old", "h0", 1_000)];
+        let outdated = |expire, now_ms| -> Vec<bool> {
+            claim_views(&claims, "h1", expire, now_ms)
+                .iter()
+                .map(|v| v.outdated)
+                .collect()
+        };
+        assert_eq!(outdated(None, 100_000), vec![false, true]);
+        let hour = Some(Duration::from_secs(3600));
+        assert_eq!(outdated(hour, 3_600_999), vec![false, true]);
+        assert_eq!(outdated(hour, 3_601_000), vec![true, true]);
+    }
+
+    #[test]
+    fn a_claim_view_reads_phase_node_deletion_and_annotations() {
+        let mut c = claim("c", "h", 0);
+        c.status = Some(NodeClaimStatus {
+            phase: Some(NodeClaimPhase::Available),
+            node_name: Some("n".into()),
+            ..NodeClaimStatus::default()
+        });
+        c.metadata.annotations = Some(
+            [
+                (ANNOTATION_REPLACES.to_string(), "old".to_string()),
+                (ANNOTATION_DELETE_FIRST.to_string(), String::new()),
+            ]
+            .into(),
+        );
+        let v = &claim_views(&[c.clone()], "h", None, 0)[0];
+        assert!(v.available && v.has_node && !v.failed && !v.terminating && v.delete_first);
+        assert_eq!(v.replaces.as_deref(), Some("old"));
+        assert!(is_live(&c));
+        c.status = Some(NodeClaimStatus {
+            phase: Some(NodeClaimPhase::Failed),
+            ..NodeClaimStatus::default()
+        });
+        assert!(claim_views(&[c.clone()], "h", None, 0)[0].failed);
+        assert!(!is_live(&c));
+    }
+}

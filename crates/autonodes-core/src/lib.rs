@@ -10,6 +10,7 @@
 //!   onto nodes;
 //! - [`template`]: VirtualMachine composition;
 //! - [`userdata`]: cloud-init rendering;
+//! - [`join`]: what a joined Node still needs (labels, the registration taint gone);
 //! - [`capi`]: the `capi.autonodes.io` mirror (replicas both ways, MachinePool, Machines);
 //! - [`kubeconfig`]: the check of kubeconfig Secrets;
 //! - [`orphans`]: which objects belong to no claim any more.
@@ -18,6 +19,7 @@
 use autonodes_api as api;
 
 pub mod capi;
+pub mod join;
 pub mod kubeconfig;
 pub mod names;
 pub mod orphans;

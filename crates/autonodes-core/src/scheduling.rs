@@ -6,7 +6,7 @@
 //! with [`prepare_type`] — that composes each type's template once — collects them in a
 //! [`Catalogue`], and asks [`choose`] for the type of a claim ([`ClaimRequest`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, Taint};
@@ -413,14 +413,39 @@ pub fn capacity(max_capacity: Option<i64>, claimed: i64) -> NodeTypeCapacity {
     }
 }
 
-/// Counts, per NodeType name, the claims scheduled to it (`status.typeRef`) that still
-/// exist — Terminating ones included, as their VMs are not gone yet.
-pub fn count_claimed<'a>(claims: impl IntoIterator<Item = &'a NodeClaim>) -> BTreeMap<String, i64> {
-    let mut counts = BTreeMap::new();
+/// The one capacity rule: counts, per NodeType name, the claims that hold a unit of its
+/// capacity. A claim holds one once it is scheduled (`status.typeRef`) and until its VM is
+/// gone: Terminating claims count; Failed claims (their VM is removed) and `released` ones
+/// (cleaned up, by UID, while a cache may still show them) do not. `reserved` adds the
+/// scheduling decisions (claim UID → type) the claims do not show yet; a claim counts once.
+pub fn count_claimed<'a>(
+    claims: impl IntoIterator<Item = &'a NodeClaim>,
+    reserved: &HashMap<String, String>,
+    released: &HashSet<String>,
+) -> BTreeMap<String, i64> {
+    let mut by_uid: HashMap<String, &str> = HashMap::new();
     for claim in claims {
-        if let Some(t) = claim.status.as_ref().and_then(|s| s.type_ref.as_ref()) {
-            *counts.entry(t.clone()).or_insert(0) += 1;
+        let Some(uid) = claim.metadata.uid.as_ref() else {
+            continue;
+        };
+        let s = claim.status.as_ref();
+        if s.and_then(|s| s.phase) == Some(crate::api::NodeClaimPhase::Failed)
+            || released.contains(uid)
+        {
+            continue;
         }
+        if let Some(t) = s.and_then(|s| s.type_ref.as_deref()) {
+            by_uid.insert(uid.clone(), t);
+        }
+    }
+    for (uid, t) in reserved {
+        if !released.contains(uid) {
+            by_uid.insert(uid.clone(), t);
+        }
+    }
+    let mut counts = BTreeMap::new();
+    for t in by_uid.into_values() {
+        *counts.entry(t.to_string()).or_insert(0) += 1;
     }
     counts
 }
@@ -1684,20 +1709,42 @@ mod tests {
     }
 
     #[test]
-    fn claimed_counts_claims_by_their_scheduled_type() {
-        let mk = |t: Option<&str>| {
+    fn claims_hold_capacity_from_scheduling_until_failed_or_released_and_reservations_count_once() {
+        let mk = |uid: &str, t: Option<&str>, phase: Option<crate::api::NodeClaimPhase>| {
             let mut c = NodeClaim::new("c", claim());
+            c.metadata.uid = Some(uid.to_string());
             c.status = Some(crate::api::NodeClaimStatus {
                 type_ref: t.map(str::to_string),
+                phase,
                 ..Default::default()
             });
             c
         };
-        let claims = [mk(Some("p.a")), mk(Some("p.a")), mk(Some("p.b")), mk(None)];
-        let counts = count_claimed(claims.iter());
+        let claims = [
+            mk("1", Some("p.a"), None),
+            mk(
+                "2",
+                Some("p.a"),
+                Some(crate::api::NodeClaimPhase::Terminating),
+            ),
+            mk("3", Some("p.b"), None),
+            mk("4", None, None),
+            mk("5", Some("p.b"), Some(crate::api::NodeClaimPhase::Failed)),
+            mk("6", Some("p.b"), None),
+        ];
+        let reserved = HashMap::from([
+            ("1".to_string(), "p.a".to_string()),
+            ("4".to_string(), "p.c".to_string()),
+        ]);
+        let released = HashSet::from(["6".to_string()]);
+        let counts = count_claimed(claims.iter(), &reserved, &released);
         assert_eq!(
             counts,
-            BTreeMap::from([("p.a".to_string(), 2), ("p.b".to_string(), 1)])
+            BTreeMap::from([
+                ("p.a".to_string(), 2),
+                ("p.b".to_string(), 1),
+                ("p.c".to_string(), 1)
+            ])
         );
     }
 

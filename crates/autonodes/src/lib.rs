@@ -14,7 +14,9 @@
 
 pub use autonodes_api as api;
 pub use autonodes_api::{conditions, crdgen, kubevirt};
-pub use autonodes_core::{kubeconfig, names, orphans, resources, scheduling, template, userdata};
+pub use autonodes_core::{
+    join, kubeconfig, names, orphans, resources, scheduling, template, userdata,
+};
 
 pub mod cli;
 pub mod clients;

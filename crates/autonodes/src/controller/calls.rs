@@ -5,7 +5,9 @@
 use std::sync::Arc;
 
 use kube::api::Api;
+use kube::runtime::reflector::Lookup;
 
+use super::remote::Watched;
 use super::{Context, Error};
 use crate::clients::{ClusterKey, Remote, REMOTE_TIMEOUT};
 
@@ -64,21 +66,29 @@ where
     remote_call(ctx, remote, what, api.get_opt(name)).await
 }
 
-/// An object from a remote watch cache when the cache is live (`cached` is `Some`), else
-/// from the API server.
+/// The object `namespace/name`: from `cache` while its watch is live (see
+/// [`Watched::get`]), else from the API server.
 pub async fn read<K>(
     ctx: &Context,
     remote: &Remote,
-    cached: Option<Option<Arc<K>>>,
+    cache: Option<&Watched<K>>,
     api: &Api<K>,
+    namespace: Option<&str>,
     name: &str,
     what: &str,
 ) -> Result<Option<Arc<K>>, Error>
 where
-    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug + Lookup + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
 {
-    match cached {
+    match cache.and_then(|c| c.get(namespace, name)) {
         Some(found) => Ok(found),
         None => Ok(get_opt(ctx, remote, api, name, what).await?.map(Arc::new)),
     }
+}
+
+/// The label selector of the objects autonodes made for the claim with `uid`.
+pub fn claim_selector(uid: &str) -> String {
+    use crate::api::{LABEL_MANAGED_BY, LABEL_NODECLAIM_UID, MANAGED_BY};
+    format!("{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_NODECLAIM_UID}={uid}")
 }

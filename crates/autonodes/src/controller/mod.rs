@@ -14,6 +14,7 @@
 pub mod calls;
 pub mod capi;
 pub mod gauges;
+pub mod host;
 pub mod lenient;
 pub mod nodeclaim;
 pub mod nodepool;
@@ -21,7 +22,9 @@ pub mod nodetype;
 pub mod provider;
 pub mod reflectors;
 pub mod remote;
+pub mod status;
 pub mod sweep;
+pub mod tenant;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -44,7 +47,7 @@ use crate::api::{NodeClaim, NodePool, NodeProvider, NodeType};
 use crate::clients::{remote_error_text, ClientError, ClusterClients};
 use crate::kubeconfig::KubeconfigPolicy;
 use crate::metrics::Metrics;
-use reflectors::Reflector;
+use reflectors::{Reflector, Touched};
 
 /// Field manager of every write autonodes makes.
 pub const FIELD_MANAGER: &str = "autonodes";
@@ -167,6 +170,11 @@ pub struct Context {
     pub config: ControllerConfig,
     /// Who records Events (events.k8s.io/v1).
     pub reporter: Reporter,
+    /// The one watch and store of each kind.
+    pub reflectors: Arc<Reflectors>,
+    /// The catalogue as last prepared, and the versions of the type and provider stores it
+    /// was prepared from ([`nodeclaim::catalogue`]).
+    pub catalogue: std::sync::Mutex<Option<PreparedCatalogue>>,
     /// All NodeClaims (the claim controller's reflector).
     pub claims: Store<NodeClaim>,
     /// All NodeTypes.
@@ -178,8 +186,9 @@ pub struct Context {
     pub scheduling: Mutex<nodeclaim::Reservations>,
     /// Claims as this process last wrote them, until the store catches up ([`Context::fresher`]).
     pub written: std::sync::Mutex<std::collections::HashMap<String, Written<NodeClaim>>>,
-    /// When this process last wrote each claim's status, by UID.
-    pub status_writes: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
+    /// Since when each claim has had progress this process has not written yet, by UID
+    /// ([`nodeclaim::status::STATUS_WRITE_GAP`]).
+    pub status_pending: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
     /// Wakes claims (remote changes, freed capacity).
     pub wake_claims: mpsc::UnboundedSender<ObjectRef<NodeClaim>>,
     /// Wakes node types (capacity changes).
@@ -191,6 +200,9 @@ pub struct Context {
     /// Where watches send objects they cannot decode ([`lenient::report`]).
     pub reports: lenient::Reports,
 }
+
+/// A prepared catalogue and the versions of the type and provider stores it came from.
+pub type PreparedCatalogue = ((u64, u64), Arc<crate::scheduling::Catalogue>);
 
 /// An object as a status write returned it, and the version that write replaced.
 pub struct Written<K> {
@@ -231,8 +243,8 @@ impl Context {
     ) -> Arc<NodeClaim> {
         object.metadata.managed_fields = None;
         let object = Arc::new(object);
-        if let (Some(uid), Ok(mut writes)) = (object.uid(), self.status_writes.lock()) {
-            writes.insert(uid, std::time::Instant::now());
+        if let (Some(uid), Ok(mut pending)) = (object.uid(), self.status_pending.lock()) {
+            pending.remove(&uid);
         }
         if let (Some(uid), Some(replaced), Ok(mut written)) =
             (object.uid(), replaced, self.written.lock())
@@ -253,14 +265,24 @@ impl Context {
         if let Ok(mut written) = self.written.lock() {
             written.remove(uid);
         }
-        if let Ok(mut writes) = self.status_writes.lock() {
-            writes.remove(uid);
+        if let Ok(mut pending) = self.status_pending.lock() {
+            pending.remove(uid);
         }
     }
 
-    /// When this process last wrote the status of the claim with `uid`.
-    pub fn last_status_write(&self, uid: &str) -> Option<std::time::Instant> {
-        self.status_writes.lock().ok()?.get(uid).copied()
+    /// Since when the claim with `uid` has had progress not written yet (from now on, if
+    /// it had none); `done` forgets it (the status needs no write).
+    pub fn progress_pending(&self, uid: &str, done: bool) -> Option<std::time::Instant> {
+        let mut pending = self.status_pending.lock().ok()?;
+        if done {
+            pending.remove(uid);
+            return None;
+        }
+        Some(
+            *pending
+                .entry(uid.to_string())
+                .or_insert_with(std::time::Instant::now),
+        )
     }
 
     /// Waits until the claim, type and provider stores hold their first full list.
@@ -491,12 +513,14 @@ pub async fn run(
         clients,
         config,
         reporter,
+        reflectors: reflectors.clone(),
+        catalogue: Default::default(),
         claims: r.claims.store(),
         types: r.types.store(),
         providers: r.providers.store(),
         scheduling: Mutex::new(nodeclaim::Reservations::default()),
         written: Default::default(),
-        status_writes: Default::default(),
+        status_pending: Default::default(),
         wake_claims,
         wake_types,
         metrics,
@@ -597,15 +621,22 @@ pub async fn run(
 
     let types_of_claims = ctx.types.clone();
     let providers = Controller::for_shared_stream(r.providers.applied(), r.providers.store())
-        .owns_shared_stream(r.types.touched_objects())
-        .watches_shared_stream(r.claims.touched_objects(), move |c: Arc<NodeClaim>| {
-            // A claim going away may unblock a provider's deletion or a type's removal.
-            c.status
-                .as_ref()
-                .and_then(|s| s.type_ref.as_ref())
-                .and_then(|t| types_of_claims.get(&ObjectRef::new(t)))
-                .map(|t| ObjectRef::<NodeProvider>::new(&t.spec.provider_ref))
-        })
+        .owns_shared_stream(r.types.spec_touched())
+        .reconcile_on(r.claims.touched().filter_map(move |t| {
+            // A claim going away may unblock a provider's deletion or a type's removal;
+            // nothing else a claim does concerns its provider.
+            let c = match t {
+                Touched::Deleted(c) => Some(c),
+                Touched::Applied(c) if c.metadata.deletion_timestamp.is_some() => Some(c),
+                Touched::Applied(_) => None,
+            };
+            let provider = c
+                .and_then(|c| c.status.clone())
+                .and_then(|s| s.type_ref)
+                .and_then(|t| types_of_claims.get(&ObjectRef::new(&t)))
+                .map(|t| ObjectRef::<NodeProvider>::new(&t.spec.provider_ref));
+            futures::future::ready(provider)
+        }))
         .graceful_shutdown_on(shutdown)
         .run(provider::reconcile, provider::error_policy, ctx.clone())
         .for_each(log_run_error);

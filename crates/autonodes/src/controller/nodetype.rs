@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use kube::api::Api;
 use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 
@@ -81,9 +82,11 @@ async fn apply(t: &NodeType, ctx: &Context) -> Result<Action, Error> {
     }
     let name = t.name_any();
     let provider = provider_of(ctx, t);
-    if unusable(t, provider.as_deref()).is_none() {
-        // This reconcile runs on the type as the type cache holds it now, the cache claims
-        // schedule from: pending claims may fit it (see provider::wake_dependents).
+    let evaluated = t.status.as_ref().and_then(|s| s.observed_generation);
+    if unusable(t, provider.as_deref()).is_none() && evaluated != t.metadata.generation {
+        // A new or changed type, as the type cache (the one claims schedule from) holds it
+        // now: pending claims may fit it (see provider::wake_dependents). Reconciles for
+        // its claims' changes (one per claim scheduled) wake nobody.
         ctx.wake_pending_claims();
     }
     let pctx = provider.as_deref().map(ProviderContext::from_provider);
@@ -158,22 +161,22 @@ async fn apply(t: &NodeType, ctx: &Context) -> Result<Action, Error> {
 
     if status != old {
         apply_status(&Api::<NodeType>::all(ctx.client.clone()), t, &status).await?;
-        // Events only after the write succeeded (a stale reconcile gets a conflict above).
-        let reason_changed =
-            conditions::get(&old.conditions, READY).is_none_or(|c| c.reason != reason);
-        if !ok && reason_changed {
-            tracing::warn!(nodetype = %name, %reason, %message, "node type unusable");
-            ctx.event(
-                t,
-                kube::runtime::events::EventType::Warning,
-                reason,
-                "Evaluate",
-                message,
-            )
-            .await;
+        // A type that turns unusable is a Warning; one that is usable needs no Event.
+        super::status::report_changes(
+            ctx,
+            t,
+            "Evaluate",
+            &old.conditions,
+            &status.conditions,
+            |c, _| (c.status != conditions::TRUE).then_some(EventType::Warning),
+        )
+        .await;
+        // Pending claims may now fit (or learn why they cannot) when the type turned
+        // usable, unusable, full or free again; a claim more or less on a type that has
+        // room changes nothing for them (and happens once per claim scheduled).
+        if old.phase != status.phase {
+            ctx.wake_pending_claims();
         }
-        // Pending claims may now fit (or learn why they cannot).
-        ctx.wake_pending_claims();
     }
     Ok(Action::requeue(Duration::from_secs(300)))
 }

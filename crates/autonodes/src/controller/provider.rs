@@ -21,7 +21,7 @@ use crate::api::{
     LABEL_PROVIDER, MANAGED_BY,
 };
 use crate::clients::{remote_error_text, REMOTE_TIMEOUT};
-use crate::conditions::{self, status_of, FALSE, TRUE};
+use crate::conditions::{self, status_of, FALSE};
 use crate::kubevirt;
 use crate::scheduling::{self, ProviderContext};
 
@@ -267,27 +267,15 @@ async fn emit_transitions(
     old: &NodeProviderStatus,
     new: &NodeProviderStatus,
 ) {
-    for type_ in [HOST_REACHABLE, TEMPLATES_VALID, READY] {
-        let (Some(c), before) = (
-            conditions::get(&new.conditions, type_),
-            conditions::get(&old.conditions, type_),
-        ) else {
-            continue;
-        };
-        let changed = before.is_none_or(|b| b.status != c.status || b.reason != c.reason);
-        if changed {
-            let kind = if c.status == TRUE {
-                EventType::Normal
-            } else {
-                EventType::Warning
-            };
-            if c.status == FALSE {
-                tracing::warn!(provider = %p.name_any(), condition = type_, reason = %c.reason, message = %c.message, "provider condition false");
-            }
-            ctx.event(p, kind, &c.reason, type_, c.message.clone())
-                .await;
-        }
-    }
+    super::status::report_changes(
+        ctx,
+        p,
+        "",
+        &old.conditions,
+        &new.conditions,
+        super::status::true_is_normal,
+    )
+    .await;
 }
 
 /// What syncing the NodeTypes did.
@@ -352,11 +340,15 @@ async fn sync_node_types(p: &NodeProvider, ctx: &Context) -> Result<Synced, Erro
 
     let in_use = types_in_use(ctx);
     let mut kept_in_use = Vec::new();
-    let existing = api
-        .list_metadata(&ListParams::default().labels(&format!("{LABEL_PROVIDER}={provider}")))
-        .await
-        .map_err(Error::kube(format!("listing NodeTypes of {provider}")))?;
-    for t in existing.items {
+    // The provider's NodeTypes from the store (no LIST per reconcile): one this reconcile
+    // just applied is wanted anyway, and one the store does not show yet is removed on the
+    // reconcile its watch event brings.
+    let existing = ctx
+        .types
+        .state()
+        .into_iter()
+        .filter(|t| t.labels().get(LABEL_PROVIDER) == Some(&provider));
+    for t in existing {
         let name = t.name_any();
         if wanted.contains(&name) {
             continue;

@@ -16,6 +16,8 @@
 //! order in which controllers start does not matter. A subscriber's channel is unbounded:
 //! a slow controller never holds up the others or the cache.
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures::channel::mpsc;
@@ -27,6 +29,24 @@ use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
 
 use super::lenient::{self, Reports};
+
+/// What a kind needs to be watched and shared: a typed Kubernetes object that crosses
+/// tasks.
+pub trait Kind:
+    Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static
+{
+}
+
+impl<K> Kind for K where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static
+{
+}
 
 /// A change a [`Reflector::touched`] subscriber sees.
 #[derive(Debug, Clone)]
@@ -73,18 +93,10 @@ pub struct Reflector<K: Resource<DynamicType = ()> + Clone + 'static> {
     subscribers: Arc<Mutex<Subscribers<K>>>,
     synced_tx: tokio::sync::watch::Sender<bool>,
     synced: tokio::sync::watch::Receiver<bool>,
+    changes: AtomicU64,
 }
 
-impl<K> Reflector<K>
-where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-{
+impl<K: Kind> Reflector<K> {
     /// A reflector whose watch has not started yet ([`Reflector::run`] starts it).
     pub fn new() -> Self {
         let writer = Writer::<K>::default();
@@ -98,6 +110,7 @@ where
             })),
             synced_tx,
             synced,
+            changes: AtomicU64::new(0),
         }
     }
 
@@ -142,6 +155,33 @@ where
         self.touched().map(Touched::object)
     }
 
+    /// A number that grows with every change the store took: equal numbers mean an
+    /// unchanged store, so what was derived from it may be reused.
+    pub fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
+    }
+
+    /// Objects whose spec changed (a new `metadata.generation`), that are marked for
+    /// deletion, or that were deleted: what owners of `K` react to, without the status
+    /// writes in between.
+    pub fn spec_touched(&self) -> impl Stream<Item = Arc<K>> + Send + 'static {
+        let mut seen: HashMap<String, (Option<i64>, bool)> = HashMap::new();
+        self.touched().filter_map(move |t| {
+            let out = match t {
+                Touched::Deleted(k) => {
+                    seen.remove(&key_of(&*k));
+                    Some(k)
+                }
+                Touched::Applied(k) => {
+                    let meta = k.meta();
+                    let state = (meta.generation, meta.deletion_timestamp.is_some());
+                    (seen.insert(key_of(&*k), state) != Some(state)).then_some(k)
+                }
+            };
+            futures::future::ready(out)
+        })
+    }
+
     /// Resolves once the store holds its first full list.
     pub async fn wait_synced(&self) {
         let mut rx = self.synced.clone();
@@ -173,6 +213,9 @@ where
                 }
             };
             writer.apply_watcher_event(&event);
+            if !matches!(event, watcher::Event::Init | watcher::Event::InitApply(_)) {
+                self.changes.fetch_add(1, Ordering::AcqRel);
+            }
             let Ok(mut subscribers) = self.subscribers.lock() else {
                 continue;
             };
@@ -197,16 +240,16 @@ where
     }
 }
 
-impl<K> Default for Reflector<K>
-where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-{
+/// The key an object is remembered by: its UID (names are reused), else its name.
+fn key_of<K: Resource>(obj: &K) -> String {
+    let meta = obj.meta();
+    meta.uid
+        .clone()
+        .or_else(|| meta.name.clone())
+        .unwrap_or_default()
+}
+
+impl<K: Kind> Default for Reflector<K> {
     fn default() -> Self {
         Self::new()
     }

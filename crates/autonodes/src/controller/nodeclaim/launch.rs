@@ -6,8 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, DynamicObject, PostParams};
+use kube::api::DynamicObject;
 use kube::runtime::controller::Action;
 use kube::ResourceExt;
 
@@ -16,7 +15,7 @@ use super::{elapsed_since, remaining, Provisioning, Step, PROVISIONED, SCHEDULED
 use crate::api::reasons::ClaimReason;
 use crate::api::NodeClaim;
 use crate::clients::{status_message, Remote};
-use crate::controller::calls::{get_opt, read, remote_call};
+use crate::controller::host::VmCreate;
 use crate::controller::{now, Error};
 use crate::kubevirt;
 use crate::render::{self, RenderError, RenderedNode};
@@ -25,26 +24,7 @@ use crate::userdata::{self, BootstrapToken, JoinParams, UserDataError};
 
 /// The launch stage.
 pub(super) async fn launch(p: &mut Provisioning<'_>) -> Result<Step, Error> {
-    let ctx = p.ctx;
-    let vms: Api<DynamicObject> = Api::namespaced_with(
-        p.host.client.clone(),
-        &p.vm_ns,
-        &kubevirt::virtual_machine(),
-    );
-    let cached = p
-        .host
-        .host_cache()
-        .and_then(|c| c.vms.get(Some(&p.vm_ns), &p.vm_name));
-    let vm = match read(
-        ctx,
-        &p.host,
-        cached,
-        &vms,
-        &p.vm_name,
-        "reading the VirtualMachine",
-    )
-    .await?
-    {
+    let vm = match p.host().vm(&p.vm_ns, &p.vm_name).await? {
         Some(vm) => vm,
         None if p.status.was_true(PROVISIONED) => {
             // The VM vanished after it ran: the claim failed.
@@ -56,37 +36,19 @@ pub(super) async fn launch(p: &mut Provisioning<'_>) -> Result<Step, Error> {
                 ),
             });
         }
-        None => match create_host_objects(p, &vms).await? {
+        None => match create_host_objects(p).await? {
             Ok(vm) => vm,
             Err(step) => return Ok(step),
         },
     };
-
-    let vmis: Api<DynamicObject> = Api::namespaced_with(
-        p.host.client.clone(),
-        &p.vm_ns,
-        &kubevirt::virtual_machine_instance(),
-    );
-    let cached = p
-        .host
-        .host_cache()
-        .and_then(|c| c.vmis.get(Some(&p.vm_ns), &p.vm_name));
-    let vmi = read(
-        ctx,
-        &p.host,
-        cached,
-        &vmis,
-        &p.vm_name,
-        "reading the VirtualMachineInstance",
-    )
-    .await?;
+    let vmi = p.host().vmi(&p.vm_ns, &p.vm_name).await?;
     let running =
         kubevirt::vm_ready(&vm) || vmi.as_deref().and_then(kubevirt::vmi_phase) == Some("Running");
     let (vm_ns, vm_name) = (&p.vm_ns, &p.vm_name);
     if !running {
         let since = p.status.true_since(SCHEDULED).unwrap_or_else(now);
         let waited = elapsed_since(since);
-        let limit = ctx.config.launch_timeout;
+        let limit = p.ctx.config.launch_timeout;
         if waited > limit {
             return Ok(Step::Fail {
                 reason: ClaimReason::LaunchTimeout,
@@ -132,10 +94,8 @@ pub(super) async fn launch(p: &mut Provisioning<'_>) -> Result<Step, Error> {
 /// at when the claim's input cannot become a VM.
 async fn create_host_objects(
     p: &mut Provisioning<'_>,
-    vms: &Api<DynamicObject>,
 ) -> Result<Result<Arc<DynamicObject>, Step>, Error> {
-    let ctx = p.ctx;
-    let token = ensure_token(p.claim, ctx, p.tenant).await?;
+    let token = ensure_token(p.claim, p.ctx, &p.tenant()).await?;
     let join = match join_params(p.tenant, &token) {
         Ok(j) => j,
         Err((reason, message)) => {
@@ -152,48 +112,26 @@ async fn create_host_objects(
         }
     };
     // The Secret before the VM, which names it. An existing one is an earlier attempt's:
-    // it is kept (a Secret is never rewritten), and so is the token it carries.
-    let secrets: Api<Secret> = Api::namespaced(p.host.client.clone(), &p.vm_ns);
-    match remote_call(
-        ctx,
-        &p.host,
-        "creating the user-data Secret",
-        secrets.create(&PostParams::default(), &rendered.secret),
-    )
-    .await
-    {
-        Ok(_) => {}
-        Err(e) if e.is_remote_conflict() => {}
-        Err(e) => return Err(e),
-    }
+    // it is kept, and so is the token it carries.
+    p.host()
+        .create_user_data(&p.vm_ns, &rendered.secret)
+        .await?;
     let vm_obj: DynamicObject = serde_json::from_value(rendered.vm)
         .map_err(|e| Error::Internal(format!("rendered VM is not an object: {e}")))?;
-    let created = remote_call(
-        ctx,
-        &p.host,
-        "creating the VirtualMachine",
-        vms.create(&PostParams::default(), &vm_obj),
-    )
-    .await;
+    let created = p.host().create_vm(&p.vm_ns, &vm_obj).await;
     let (vm_ns, vm_name, host_cluster) = (&p.vm_ns, &p.vm_name, &p.host_cluster);
     match created {
-        Ok(vm) => {
-            if let Some(cache) = p.host.host_cache() {
-                cache.vms.wrote(vm.clone(), None);
-            }
-            ctx.metrics
+        Ok(VmCreate::Created(vm)) => {
+            p.ctx
+                .metrics
                 .nodeclaims_created
                 .with_label_values::<&str>(&[])
                 .inc();
             tracing::info!(nodeclaim = %p.claim.name_any(), vm = %format!("{vm_ns}/{vm_name}"), cluster = %host_cluster, "created VirtualMachine");
-            Ok(Ok(Arc::new(vm)))
+            Ok(Ok(vm))
         }
-        Err(e) if e.is_remote_conflict() => {
-            match get_opt(ctx, &p.host, vms, vm_name, "reading the VirtualMachine").await? {
-                Some(vm) => Ok(Ok(Arc::new(vm))),
-                None => Ok(Err(Step::Stop(Action::requeue(Duration::from_secs(1))))),
-            }
-        }
+        Ok(VmCreate::Existed(vm)) => Ok(Ok(vm)),
+        Ok(VmCreate::Vanished) => Ok(Err(Step::Stop(Action::requeue(Duration::from_secs(1))))),
         // The API server refused the VM (e.g. an invalid template for this host).
         Err(Error::Remote {
             source: kube::Error::Api(s),

@@ -38,11 +38,11 @@ use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 
 use super::calls::forbidden;
+use super::host::Host;
+use super::tenant::Tenant;
 use super::{now, Context, Error};
 use crate::api::reasons::{ClaimCondition, ClaimReason};
-use crate::api::{
-    NodeClaim, NodeClaimPhase, FINALIZER, LABEL_MANAGED_BY, LABEL_NODECLAIM_UID, MANAGED_BY,
-};
+use crate::api::{NodeClaim, NodeClaimPhase, FINALIZER};
 use crate::clients::Remote;
 use crate::conditions;
 use crate::scheduling::PreparedType;
@@ -138,11 +138,6 @@ pub fn claim_labels(claim: &NodeClaim) -> BTreeMap<String, String> {
     )
 }
 
-/// The label selector of the objects autonodes made for the claim with `uid`.
-fn uid_selector(uid: &str) -> String {
-    format!("{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_NODECLAIM_UID}={uid}")
-}
-
 /// A claim that is not being deleted: schedule it, then walk its stages.
 async fn apply(claim: &NodeClaim, ctx: &Context) -> Result<Action, Error> {
     let status = claim.status.clone().unwrap_or_default();
@@ -209,6 +204,16 @@ pub(super) struct Provisioning<'a> {
 }
 
 impl Provisioning<'_> {
+    /// The host cluster, as the stages use it.
+    fn host(&self) -> Host<'_> {
+        Host::new(self.ctx, &self.host)
+    }
+
+    /// The tenant cluster, as the stages use it.
+    fn tenant(&self) -> Tenant<'_> {
+        Tenant::new(self.ctx, self.tenant)
+    }
+
     /// The provider ID the claim's Node carries.
     fn provider_id(&self) -> String {
         format!("kubevirt://{}", self.vm_name)

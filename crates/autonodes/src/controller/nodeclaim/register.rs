@@ -6,47 +6,27 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, Taint};
-use kube::api::{Api, Patch, PatchParams};
+use k8s_openapi::api::core::v1::Node;
 use kube::runtime::controller::Action;
 use kube::ResourceExt;
-use serde_json::json;
 
-use super::initialize::node_taints;
 use super::tokens::delete_tokens;
 use super::{elapsed_since, remaining, uid, Provisioning, Step, JOINED, PROVISIONED};
 use crate::api::reasons::ClaimReason;
-use crate::api::NodeClaim;
-use crate::clients::Remote;
-use crate::controller::calls::{read, remote_call};
-use crate::controller::{now, Context, Error};
-use crate::scheduling::{self, PreparedType, REGISTRATION_TAINT_KEY};
+use crate::controller::{now, Error};
+use crate::join;
+use crate::scheduling;
 
 /// The register stage.
 pub(super) async fn register(p: &mut Provisioning<'_>) -> Result<Step, Error> {
-    let ctx = p.ctx;
-    let nodes: Api<Node> = Api::all(p.tenant.client.clone());
-    let cached = p
-        .tenant
-        .tenant_cache()
-        .and_then(|c| c.nodes.get(None, &p.vm_name));
-    let node = read(
-        ctx,
-        p.tenant,
-        cached,
-        &nodes,
-        &p.vm_name,
-        "reading the Node",
-    )
-    .await?;
     let provider_id = p.provider_id();
-    let node = node.filter(|n| {
+    let node = p.tenant().node(&p.vm_name).await?.filter(|n| {
         n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(provider_id.as_str())
     });
     let Some(node) = node else {
         let since = p.status.true_since(PROVISIONED).unwrap_or_else(now);
         let waited = elapsed_since(since);
-        let limit = ctx.config.registration_timeout;
+        let limit = p.ctx.config.registration_timeout;
         if waited > limit {
             return Ok(Step::Fail {
                 reason: ClaimReason::RegistrationTimeout,
@@ -70,7 +50,7 @@ pub(super) async fn register(p: &mut Provisioning<'_>) -> Result<Step, Error> {
     };
     let node_name = node.name_any();
     p.status.new.node_name = Some(node_name.clone());
-    let node = match sync_node(p.claim, ctx, p.tenant, p.node_type, &node).await? {
+    let node = match sync_node(p, &node).await? {
         Some(patched) => Arc::new(patched),
         None => node,
     };
@@ -78,91 +58,36 @@ pub(super) async fn register(p: &mut Provisioning<'_>) -> Result<Step, Error> {
         let message = format!("Node {node_name} joined the tenant");
         p.status.set(JOINED, true, ClaimReason::NodeJoined, message);
         // The token has done its job.
-        delete_tokens(ctx, p.tenant, &uid(p.claim)?).await?;
+        delete_tokens(&p.tenant(), &uid(p.claim)?).await?;
     }
     p.node = Some(node);
     Ok(Step::Next)
 }
 
-/// Sets the labels the kubelet could not, and removes the registration taint. Returns the
-/// Node as patched, or None when it needed nothing.
-async fn sync_node(
-    claim: &NodeClaim,
-    ctx: &Context,
-    tenant: &Remote,
-    t: &PreparedType,
-    node: &Node,
-) -> Result<Option<Node>, Error> {
-    let properties = scheduling::node_properties(t, None, &claim.spec);
-    let labels = scheduling::node_labels(&properties, None, &claim.spec.labels, &BTreeMap::new())
+/// Sets the labels the kubelet could not, and removes the registration taint
+/// ([`join::node_patch`]). Returns the Node as patched, or None when it needed nothing.
+async fn sync_node(p: &Provisioning<'_>, node: &Node) -> Result<Option<Node>, Error> {
+    let properties = scheduling::node_properties(p.node_type, None, &p.claim.spec);
+    let labels = scheduling::node_labels(&properties, None, &p.claim.spec.labels, &BTreeMap::new())
         .map_err(|e| Error::Internal(e.to_string()))?;
-    let current = node.labels();
-    let missing: BTreeMap<&String, &String> = labels
-        .after_join
-        .iter()
-        .filter(|(k, v)| current.get(*k) != Some(*v))
-        .collect();
-    let taints = node_taints(node);
-    let has_registration = taints.iter().any(|t| t.key == REGISTRATION_TAINT_KEY);
-    if missing.is_empty() && !has_registration {
+    let Some(ops) = join::node_patch(node, &labels.after_join) else {
         return Ok(None);
-    }
-    let kept: Vec<&Taint> = taints
-        .iter()
-        .filter(|t| t.key != REGISTRATION_TAINT_KEY)
-        .collect();
-    // A JSON patch: labels are added one by one; the taints are replaced only if they are
-    // still the ones read (a `test` op), so the kubelet's status heartbeats, which change
-    // the Node's resourceVersion, do not make the patch conflict.
-    let mut ops: Vec<serde_json::Value> = Vec::new();
-    if current.is_empty() && !missing.is_empty() {
-        ops.push(json!({"op": "add", "path": "/metadata/labels", "value": {}}));
-    }
-    for (k, v) in &missing {
-        ops.push(json!({"op": "add", "path": format!("/metadata/labels/{}", json_pointer_escape(k)), "value": v}));
-    }
-    if has_registration {
-        ops.push(json!({"op": "test", "path": "/spec/taints", "value": taints}));
-        if kept.is_empty() {
-            ops.push(json!({"op": "remove", "path": "/spec/taints"}));
-        } else {
-            ops.push(json!({"op": "replace", "path": "/spec/taints", "value": kept}));
-        }
-    }
+    };
     let patch: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(ops))
         .map_err(|e| Error::Internal(format!("building the Node patch: {e}")))?;
-    let nodes: Api<Node> = Api::all(tenant.client.clone());
-    let patched = remote_call(
-        ctx,
-        tenant,
-        "updating the Node's labels and taints",
-        nodes.patch(
-            &node.name_any(),
-            &PatchParams::default(),
-            &Patch::Json::<()>(patch),
-        ),
-    )
-    .await;
+    let patched = p
+        .tenant()
+        .patch_node(node, patch, "updating the Node's labels and taints")
+        .await;
     match patched {
-        Ok(n) => {
-            if let Some(cache) = tenant.tenant_cache() {
-                cache.nodes.wrote(n.clone(), node.resource_version());
-            }
-            Ok(Some(n))
-        }
+        Ok(n) => Ok(Some(n)),
         // The taints changed since they were read (`test` failed): look again.
         Err(Error::Remote {
             source: kube::Error::Api(s),
             ..
-        }) if s.code == 422 && has_registration => Err(Error::Conflict(format!(
-            "Node {} (taints changed)",
-            node.name_any()
-        ))),
+        }) if s.code == 422 && join::removes_registration_taint(node) => Err(Error::Conflict(
+            format!("Node {} (taints changed)", node.name_any()),
+        )),
         Err(e) => Err(e),
     }
-}
-
-/// A JSON pointer segment for `key` (`~` → `~0`, `/` → `~1`).
-fn json_pointer_escape(key: &str) -> String {
-    key.replace('~', "~0").replace('/', "~1")
 }

@@ -1,7 +1,7 @@
 //! Schedule: choose the cheapest node type that fits and has capacity, and store it with
 //! the VM's name in the claim's status before anything remote is created.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use kube::runtime::reflector::ObjectRef;
@@ -10,15 +10,36 @@ use kube::ResourceExt;
 use super::status::StatusWriter;
 use super::{uid, Reservations, PROVISIONED, SCHEDULED};
 use crate::api::reasons::ClaimReason;
-use crate::api::{NodeClaim, NodeClaimPhase};
+use crate::api::NodeClaim;
 use crate::conditions;
 use crate::controller::{Context, Error};
 use crate::scheduling::{self, Catalogue, ClaimRequest, PreparedType, ProviderContext};
 use crate::template;
 
-/// Builds the catalogue of every NodeType, with types whose provider cannot be used
-/// marked as problems.
-pub fn catalogue(ctx: &Context) -> Catalogue {
+/// The catalogue of every NodeType, with types whose provider cannot be used marked as
+/// problems. It is prepared once per change of the NodeTypes or NodeProviders (every
+/// reconcile of every claim reads it; preparing it parses every type's template).
+pub fn catalogue(ctx: &Context) -> Arc<Catalogue> {
+    let version = (
+        ctx.reflectors.types.changes(),
+        ctx.reflectors.providers.changes(),
+    );
+    if let Ok(cached) = ctx.catalogue.lock() {
+        if let Some((v, c)) = cached.as_ref() {
+            if *v == version {
+                return c.clone();
+            }
+        }
+    }
+    let prepared = Arc::new(prepare_catalogue(ctx));
+    if let Ok(mut cached) = ctx.catalogue.lock() {
+        *cached = Some((version, prepared.clone()));
+    }
+    prepared
+}
+
+/// Prepares the catalogue from the NodeType and NodeProvider stores.
+fn prepare_catalogue(ctx: &Context) -> Catalogue {
     let types = ctx.types.state();
     Catalogue::new(
         types
@@ -44,30 +65,11 @@ pub fn catalogue(ctx: &Context) -> Catalogue {
     )
 }
 
-/// Claims per NodeType that hold capacity: scheduled, not Failed, not released; plus
-/// this process's reservations.
+/// Claims per NodeType that hold capacity, by the one rule ([`scheduling::count_claimed`]),
+/// with this process's reservations.
 pub fn claimed_counts(ctx: &Context, r: &Reservations) -> BTreeMap<String, i64> {
-    let mut by_uid: HashMap<String, String> = HashMap::new();
-    for c in ctx.claims.state() {
-        let Some(uid) = c.uid() else { continue };
-        let s = c.status.as_ref();
-        if s.and_then(|s| s.phase) == Some(NodeClaimPhase::Failed) || r.released.contains(&uid) {
-            continue;
-        }
-        if let Some(t) = s.and_then(|s| s.type_ref.clone()) {
-            by_uid.insert(uid, t);
-        }
-    }
-    for (uid, t) in &r.scheduled {
-        if !r.released.contains(uid) {
-            by_uid.insert(uid.clone(), t.clone());
-        }
-    }
-    let mut counts = BTreeMap::new();
-    for t in by_uid.into_values() {
-        *counts.entry(t).or_insert(0) += 1;
-    }
-    counts
+    let claims = ctx.claims.state();
+    scheduling::count_claimed(claims.iter().map(|c| &**c), &r.scheduled, &r.released)
 }
 
 /// The outcome of scheduling: the chosen type, prepared.

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::Api;
 use kube::runtime::events::EventType;
 use kube::ResourceExt;
@@ -14,13 +15,14 @@ use super::{JOINED, PROVISIONED, READY, SCHEDULED};
 use crate::api::reasons::{ClaimCondition, ClaimReason};
 use crate::api::{NodeClaim, NodeClaimPhase, NodeClaimStatus};
 use crate::conditions::{self, status_of, TRUE};
+use crate::controller::status::report_changes;
 use crate::controller::{apply_status, now, Context, Error};
 
 /// Sets the phase from the readiness ladder: the first condition that is not True.
-/// The least time between two status writes of a claim that only report progress: stages
-/// reached meanwhile go out together (a VM that boots at once, then joins and turns Ready
-/// within a moment, costs one write instead of three). Problems and failures are written
-/// at once.
+/// How long progress (a stage reached, nothing wrong) waits before it is written: stages
+/// reached meanwhile go out with it (a VM that runs at once and whose Node joins Ready a
+/// moment later costs one write instead of three). Problems and failures are written at
+/// once; the first write (the chosen type and VM name) always is.
 pub const STATUS_WRITE_GAP: Duration = Duration::from_millis(500);
 
 pub(super) fn set_phase(status: &mut NodeClaimStatus) {
@@ -121,20 +123,18 @@ impl<'a> StatusWriter<'a> {
     }
 
     /// Like [`StatusWriter::write`], but a change that is only progress (stages reached,
-    /// nothing wrong) within [`STATUS_WRITE_GAP`] of the claim's last status write is not
-    /// written yet: returns how long to wait, and the reconcile after that writes it
-    /// together with whatever else was reached meanwhile.
+    /// nothing wrong) is written once it has waited [`STATUS_WRITE_GAP`]: until then this
+    /// returns how long to wait, and the reconcile after that writes it together with
+    /// whatever else was reached meanwhile.
     pub(super) async fn write_or_defer(mut self) -> Result<Option<Duration>, Error> {
         self.finish();
+        let uid = self.claim.uid().unwrap_or_default();
         if !self.worth_writing() {
+            self.ctx.progress_pending(&uid, true);
             return Ok(None);
         }
         if self.only_progress() {
-            if let Some(since) = self
-                .claim
-                .uid()
-                .and_then(|u| self.ctx.last_status_write(&u))
-            {
+            if let Some(since) = self.ctx.progress_pending(&uid, false) {
                 let waited = since.elapsed();
                 if waited < STATUS_WRITE_GAP {
                     return Ok(Some(STATUS_WRITE_GAP - waited));
@@ -178,44 +178,31 @@ impl<'a> StatusWriter<'a> {
         Ok(written)
     }
 
-    /// One Event per condition that changed: Normal when it turned True (Joined is left to
-    /// Ready's Event when both turned True at once), Warning when it turned to a problem;
-    /// progress reasons get none.
+    /// One Event per condition that changed: Normal when it turned True (stages reached in
+    /// the same write as Ready are told by Ready's Event), Warning when it turned to a
+    /// problem; progress reasons get none.
     async fn record_events(&self) {
-        let became_true = |type_: ClaimCondition| {
-            conditions::is_true(&self.new.conditions, type_)
-                && !conditions::is_true(&self.old.conditions, type_)
-        };
-        for c in &self.new.conditions {
-            let before = conditions::get(&self.old.conditions, &c.type_);
-            if before.is_some_and(|b| b.status == c.status && b.reason == c.reason) {
-                continue;
-            }
-            let type_ = if c.status == TRUE {
-                if c.type_ == JOINED.as_str() && became_true(READY) {
-                    continue;
-                }
-                EventType::Normal
+        let ready_now = conditions::is_true(&self.new.conditions, READY)
+            && !conditions::is_true(&self.old.conditions, READY);
+        let classify = |c: &Condition, _: Option<&Condition>| {
+            if c.status == TRUE {
+                let folded = ready_now && c.type_ != READY.as_str();
+                (!folded).then_some(EventType::Normal)
             } else if conditions::is_progress(&c.reason) {
-                tracing::debug!(
-                    nodeclaim = %self.claim.name_any(),
-                    condition = %c.type_, reason = %c.reason, message = %c.message,
-                    "claim in progress"
-                );
-                continue;
+                None
             } else {
-                tracing::info!(
-                    nodeclaim = %self.claim.name_any(),
-                    namespace = %self.claim.namespace().unwrap_or_default(),
-                    condition = %c.type_, reason = %c.reason, message = %c.message,
-                    "claim condition not true"
-                );
-                EventType::Warning
-            };
-            self.ctx
-                .event(self.claim, type_, &c.reason, &c.type_, c.message.clone())
-                .await;
-        }
+                Some(EventType::Warning)
+            }
+        };
+        report_changes(
+            self.ctx,
+            self.claim,
+            "",
+            &self.old.conditions,
+            &self.new.conditions,
+            classify,
+        )
+        .await;
     }
 
     fn observe_stages(&self) {

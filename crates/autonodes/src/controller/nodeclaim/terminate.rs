@@ -4,24 +4,22 @@
 
 use std::collections::HashSet;
 
-use k8s_openapi::api::core::v1::{Node, Pod, Secret};
-use kube::api::{Api, DeleteParams, DynamicObject, EvictParams, ListParams, Patch, PatchParams};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
-use serde_json::json;
 
 use super::status::StatusWriter;
 use super::tokens::delete_tokens;
-use super::{elapsed_since, uid, uid_selector, READY};
+use super::{elapsed_since, uid, READY};
 use crate::api::reasons::ClaimReason;
 use crate::api::{NodeClaim, NodeClaimPhase};
-use crate::clients::{ClientError, Remote};
-use crate::controller::calls::{forbidden, not_found, read, remote_call};
+use crate::clients::ClientError;
+use crate::controller::calls::forbidden;
+use crate::controller::host::Host;
+use crate::controller::tenant::Tenant;
 use crate::controller::{now, Context, Error};
-use crate::kubevirt;
-use crate::template;
 
 /// Progress of removing a claim's remote objects.
 pub(super) enum Removal {
@@ -51,7 +49,7 @@ pub(super) async fn remove_remote_objects(
 
     // The tenant. A vCluster whose kubeconfig Secret is gone has been deleted with its
     // nodes: nothing is left there to clean.
-    let tenant = match ctx
+    let tenant_remote = match ctx
         .clients
         .tenant(&ns, &claim.spec.v_cluster_ref.name)
         .await
@@ -63,17 +61,12 @@ pub(super) async fn remove_remote_objects(
         }
         Err(e) => return Err(e.into()),
     };
+    let tenant = tenant_remote.as_deref().map(|r| Tenant::new(ctx, r));
     let our_node = |n: &Node| {
         n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(provider_id.as_str())
     };
     if let (Some(tenant), true) = (&tenant, drain) {
-        let nodes: Api<Node> = Api::all(tenant.client.clone());
-        let cached = tenant
-            .tenant_cache()
-            .and_then(|c| c.nodes.get(None, &node_name));
-        if let Some(node) =
-            read(ctx, tenant, cached, &nodes, &node_name, "reading the Node").await?
-        {
+        if let Some(node) = tenant.node(&node_name).await? {
             if our_node(&node) {
                 if let Some(waiting) = drain_node(claim, ctx, tenant, &node).await? {
                     return Ok(Removal::Waiting(waiting));
@@ -85,35 +78,11 @@ pub(super) async fn remove_remote_objects(
     // The host: delete the VM and wait until it is gone, then its Secret and DataVolumes.
     let host_cluster = status.host_cluster.clone().unwrap_or_default();
     let vm_ns = status.vm_namespace.clone().unwrap_or_default();
-    let host = ctx.clients.host(&host_cluster).await?;
-    let vms: Api<DynamicObject> =
-        Api::namespaced_with(host.client.clone(), &vm_ns, &kubevirt::virtual_machine());
-    let cached = host
-        .host_cache()
-        .and_then(|c| c.vms.get(Some(&vm_ns), &vm_name));
-    if let Some(vm) = read(
-        ctx,
-        &host,
-        cached,
-        &vms,
-        &vm_name,
-        "reading the VirtualMachine",
-    )
-    .await?
-    {
+    let host_remote = ctx.clients.host(&host_cluster).await?;
+    let host = Host::new(ctx, &host_remote);
+    if let Some(vm) = host.vm(&vm_ns, &vm_name).await? {
         if vm.metadata.deletion_timestamp.is_none() {
-            match remote_call(
-                ctx,
-                &host,
-                "deleting the VirtualMachine",
-                vms.delete(&vm_name, &DeleteParams::background()),
-            )
-            .await
-            {
-                Ok(_) => {}
-                Err(e) if not_found(&e) => {}
-                Err(e) => return Err(e),
-            }
+            host.delete_vm(&vm_ns, &vm_name).await?;
             ctx.event(
                 claim,
                 EventType::Normal,
@@ -127,117 +96,24 @@ pub(super) async fn remove_remote_objects(
             "VirtualMachine {vm_ns}/{vm_name} is being deleted"
         )));
     }
-    let secrets: Api<Secret> = Api::namespaced(host.client.clone(), &vm_ns);
-    // The user-data Secret by its name (no list), then any other the claim's UID labels.
-    // The lists are served from the API server's watch cache: deleting 1,000 claims must
-    // not read every Secret of the namespace from etcd 1,000 times. The Secret was created
-    // before the VM, which is gone by now, so the cache has seen it; anything it still
-    // missed is the orphan sweep's.
-    match remote_call(
-        ctx,
-        &host,
-        "deleting the user-data Secret",
-        secrets.delete(
-            &template::user_data_secret_name(&vm_name),
-            &DeleteParams::default(),
-        ),
-    )
-    .await
-    {
-        Ok(_) => {}
-        Err(e) if not_found(&e) => {}
-        Err(e) => return Err(e),
-    }
-    let selector = ListParams::default()
-        .labels(&uid_selector(&uid))
-        .match_any();
-    for s in remote_call(
-        ctx,
-        &host,
-        "listing user-data Secrets",
-        secrets.list_metadata(&selector),
-    )
-    .await?
-    .items
-    {
-        match remote_call(
-            ctx,
-            &host,
-            "deleting the user-data Secret",
-            secrets.delete(&s.name_any(), &DeleteParams::default()),
-        )
-        .await
-        {
-            Ok(_) => {}
-            Err(e) if not_found(&e) => {}
-            Err(e) => return Err(e),
-        }
-    }
-    let dvs: Api<DynamicObject> =
-        Api::namespaced_with(host.client.clone(), &vm_ns, &kubevirt::data_volume());
-    match remote_call(
-        ctx,
-        &host,
-        "listing DataVolumes",
-        dvs.list_metadata(&selector),
-    )
-    .await
-    {
-        Ok(list) => {
-            for dv in list.items {
-                match remote_call(
-                    ctx,
-                    &host,
-                    "deleting a DataVolume",
-                    dvs.delete(&dv.name_any(), &DeleteParams::default()),
-                )
-                .await
-                {
-                    Ok(_) => {}
-                    Err(e) if not_found(&e) => {}
-                    Err(e) => return Err(e),
-                }
-            }
-        }
-        // A host without CDI has no DataVolumes to delete.
-        Err(e) if not_found(&e) => {}
-        Err(e) => return Err(e),
-    }
+    host.delete_user_data(&vm_ns, &vm_name, &uid).await?;
+    host.delete_data_volumes(&vm_ns, &uid).await?;
 
     // The tenant again: the Node (its VM is gone, nothing re-registers it) and the tokens.
     if let Some(tenant) = &tenant {
-        let nodes: Api<Node> = Api::all(tenant.client.clone());
-        let cached = tenant
-            .tenant_cache()
-            .and_then(|c| c.nodes.get(None, &node_name));
-        if let Some(node) =
-            read(ctx, tenant, cached, &nodes, &node_name, "reading the Node").await?
-        {
-            if our_node(&node) {
-                match remote_call(
-                    ctx,
-                    tenant,
-                    "deleting the Node",
-                    nodes.delete(&node_name, &DeleteParams::default()),
+        if let Some(node) = tenant.node(&node_name).await? {
+            if our_node(&node) && tenant.delete_node(&node_name).await? {
+                ctx.event(
+                    claim,
+                    EventType::Normal,
+                    "NodeDeleted",
+                    "Delete",
+                    format!("deleted Node {node_name} from the tenant"),
                 )
                 .await
-                {
-                    Ok(_) => {
-                        ctx.event(
-                            claim,
-                            EventType::Normal,
-                            "NodeDeleted",
-                            "Delete",
-                            format!("deleted Node {node_name} from the tenant"),
-                        )
-                        .await
-                    }
-                    Err(e) if not_found(&e) => {}
-                    Err(e) => return Err(e),
-                }
             }
         }
-        delete_tokens(ctx, tenant, &uid).await?;
+        delete_tokens(tenant, &uid).await?;
     }
     Ok(Removal::Done)
 }
@@ -247,28 +123,17 @@ pub(super) async fn remove_remote_objects(
 async fn drain_node(
     claim: &NodeClaim,
     ctx: &Context,
-    tenant: &Remote,
+    tenant: &Tenant<'_>,
     node: &Node,
 ) -> Result<Option<String>, Error> {
     let name = node.name_any();
-    let nodes: Api<Node> = Api::all(tenant.client.clone());
     if !node
         .spec
         .as_ref()
         .and_then(|s| s.unschedulable)
         .unwrap_or(false)
     {
-        remote_call(
-            ctx,
-            tenant,
-            "cordoning the Node",
-            nodes.patch(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(&json!({"spec": {"unschedulable": true}})),
-            ),
-        )
-        .await?;
+        tenant.cordon(&name).await?;
         ctx.event(
             claim,
             EventType::Normal,
@@ -278,27 +143,8 @@ async fn drain_node(
         )
         .await;
     }
-    let pods: Api<Pod> = Api::all(tenant.client.clone());
-    let on_node = remote_call(
-        ctx,
-        tenant,
-        "listing the Node's pods",
-        pods.list(&ListParams::default().fields(&format!("spec.nodeName={name}"))),
-    )
-    .await?;
-    let evictable: Vec<&Pod> = on_node
-        .items
-        .iter()
-        .filter(|p| {
-            let daemon = p.owner_references().iter().any(|o| o.kind == "DaemonSet");
-            let mirror = p.annotations().contains_key("kubernetes.io/config.mirror");
-            let done = matches!(
-                p.status.as_ref().and_then(|s| s.phase.as_deref()),
-                Some("Succeeded") | Some("Failed")
-            );
-            !daemon && !mirror && !done
-        })
-        .collect();
+    let on_node = tenant.pods_on(&name).await?;
+    let evictable: Vec<&Pod> = on_node.iter().filter(|p| evictable(p)).collect();
     if evictable.is_empty() {
         return Ok(None);
     }
@@ -324,33 +170,25 @@ async fn drain_node(
         return Ok(None);
     }
     for p in &evictable {
-        if p.metadata.deletion_timestamp.is_some() {
-            continue;
-        }
-        let api: Api<Pod> =
-            Api::namespaced(tenant.client.clone(), &p.namespace().unwrap_or_default());
-        match remote_call(
-            ctx,
-            tenant,
-            "evicting a pod",
-            api.evict(&p.name_any(), &EvictParams::default()),
-        )
-        .await
-        {
-            Ok(_) => {}
-            Err(e) if not_found(&e) => {}
-            // 429: a PodDisruptionBudget forbids it now; retry later.
-            Err(Error::Remote {
-                source: kube::Error::Api(s),
-                ..
-            }) if s.code == 429 => {}
-            Err(e) => return Err(e),
+        if p.metadata.deletion_timestamp.is_none() {
+            tenant.evict(p).await?;
         }
     }
     Ok(Some(format!(
         "draining Node {name}: {} pod(s) left",
         evictable.len()
     )))
+}
+
+/// True for a pod a drain evicts: not a DaemonSet's or a mirror pod, and not finished.
+fn evictable(p: &Pod) -> bool {
+    let daemon = p.owner_references().iter().any(|o| o.kind == "DaemonSet");
+    let mirror = p.annotations().contains_key("kubernetes.io/config.mirror");
+    let done = matches!(
+        p.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded") | Some("Failed")
+    );
+    !daemon && !mirror && !done
 }
 
 /// Removes everything the claim has in other clusters; `Ok` releases the finalizer.

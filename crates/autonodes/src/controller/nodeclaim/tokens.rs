@@ -2,18 +2,15 @@
 //! claim waits, deleted once its Node joined.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::ByteString;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::ResourceExt;
 
-use super::{claim_labels, uid, uid_selector, TOKEN_GROUP, TOKEN_NAMESPACE};
-use crate::api::{NodeClaim, LABEL_NODECLAIM_UID};
-use crate::clients::Remote;
-use crate::controller::calls::{not_found, remote_call};
+use super::{claim_labels, uid, TOKEN_GROUP, TOKEN_NAMESPACE};
+use crate::api::NodeClaim;
+use crate::controller::tenant::Tenant;
 use crate::controller::{now, Context, Error};
 use crate::userdata::BootstrapToken;
 
@@ -40,11 +37,10 @@ fn secret_text(s: &Secret, key: &str) -> Option<String> {
 pub(super) async fn ensure_token(
     claim: &NodeClaim,
     ctx: &Context,
-    tenant: &Remote,
+    tenant: &Tenant<'_>,
 ) -> Result<BootstrapToken, Error> {
     let uid = uid(claim)?;
-    let secrets: Api<Secret> = Api::namespaced(tenant.client.clone(), TOKEN_NAMESPACE);
-    let existing = tokens_of(ctx, tenant, &uid).await?;
+    let existing = tenant.tokens(&uid).await?;
     let min_left = now().as_second() + 60;
     let mut found = None;
     for s in existing {
@@ -61,13 +57,10 @@ pub(super) async fn ensure_token(
                 found = BootstrapToken::parse(&format!("{id}.{secret}"))
             }
             _ => {
-                let _ = remote_call(
-                    ctx,
-                    tenant,
-                    "deleting a stale bootstrap token",
-                    secrets.delete(&s.name_any(), &DeleteParams::default()),
-                )
-                .await;
+                // Best effort: a stale token expires anyway.
+                let _ = tenant
+                    .delete_token(&s, "deleting a stale bootstrap token")
+                    .await;
             }
         }
     }
@@ -110,67 +103,16 @@ pub(super) async fn ensure_token(
         data: Some(data),
         ..Default::default()
     };
-    let created = remote_call(
-        ctx,
-        tenant,
-        "creating a bootstrap token",
-        secrets.create(&PostParams::default(), &secret),
-    )
-    .await?;
-    if let Some(cache) = tenant.tenant_cache() {
-        cache.tokens.wrote(created, None);
-    }
+    tenant.create_token(&secret).await?;
     tracing::info!(nodeclaim = %claim.name_any(), token_id = %token.id(), "created bootstrap token");
     Ok(token)
 }
 
-/// The claim's bootstrap-token Secrets: from the tenant's token cache when it is live, else
-/// listed by the claim's UID label.
-pub(super) async fn tokens_of(
-    ctx: &Context,
-    tenant: &Remote,
-    uid: &str,
-) -> Result<Vec<Arc<Secret>>, Error> {
-    let ours = |s: &Secret| s.labels().get(LABEL_NODECLAIM_UID).map(String::as_str) == Some(uid);
-    if let Some(found) = tenant.tenant_cache().and_then(|c| c.tokens.filter(ours)) {
-        return Ok(found);
-    }
-    let secrets: Api<Secret> = Api::namespaced(tenant.client.clone(), TOKEN_NAMESPACE);
-    let listed = remote_call(
-        ctx,
-        tenant,
-        "listing bootstrap tokens",
-        secrets.list(&ListParams::default().labels(&uid_selector(uid))),
-    )
-    .await?;
-    Ok(listed.items.into_iter().map(Arc::new).collect())
-}
-
 /// Deletes the claim's bootstrap tokens; returns how many there were.
-pub(super) async fn delete_tokens(
-    ctx: &Context,
-    tenant: &Remote,
-    uid: &str,
-) -> Result<usize, Error> {
-    let secrets: Api<Secret> = Api::namespaced(tenant.client.clone(), TOKEN_NAMESPACE);
-    let existing = tokens_of(ctx, tenant, uid).await?;
-    let n = existing.len();
-    for s in existing {
-        match remote_call(
-            ctx,
-            tenant,
-            "deleting a bootstrap token",
-            secrets.delete(&s.name_any(), &DeleteParams::default()),
-        )
-        .await
-        {
-            Ok(_) => {}
-            Err(e) if not_found(&e) => {}
-            Err(e) => return Err(e),
-        }
-        if let Some(cache) = tenant.tenant_cache() {
-            cache.tokens.deleted(&s);
-        }
+pub(super) async fn delete_tokens(tenant: &Tenant<'_>, uid: &str) -> Result<usize, Error> {
+    let existing = tenant.tokens(uid).await?;
+    for s in &existing {
+        tenant.delete_token(s, "deleting a bootstrap token").await?;
     }
-    Ok(n)
+    Ok(existing.len())
 }

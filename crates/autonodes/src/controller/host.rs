@@ -1,0 +1,223 @@
+//! The host interface: what the claim lifecycle asks of a KubeVirt host cluster. Reads come
+//! from the host's watch caches while they are live ([`super::remote`]), else from the API
+//! server; every call is bounded in time and counted ([`super::calls::remote_call`]); what
+//! this process creates is remembered until the watch shows it.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
+use kube::ResourceExt;
+
+use super::calls::{claim_selector, get_opt, not_found, read, remote_call};
+use super::{Context, Error};
+use crate::clients::Remote;
+use crate::kubevirt;
+use crate::template;
+
+/// What creating a VirtualMachine found.
+pub enum VmCreate {
+    /// The VM was created now.
+    Created(Arc<DynamicObject>),
+    /// The VM existed already (an earlier attempt created it).
+    Existed(Arc<DynamicObject>),
+    /// The VM existed when created and was gone when read: look again shortly.
+    Vanished,
+}
+
+/// A KubeVirt host cluster.
+pub struct Host<'a> {
+    ctx: &'a Context,
+    remote: &'a Remote,
+}
+
+impl<'a> Host<'a> {
+    /// The host behind `remote`.
+    pub fn new(ctx: &'a Context, remote: &'a Remote) -> Self {
+        Host { ctx, remote }
+    }
+
+    fn vms(&self, ns: &str) -> Api<DynamicObject> {
+        Api::namespaced_with(self.remote.client.clone(), ns, &kubevirt::virtual_machine())
+    }
+
+    fn secrets(&self, ns: &str) -> Api<Secret> {
+        Api::namespaced(self.remote.client.clone(), ns)
+    }
+
+    /// The VirtualMachine `ns/name`, if it exists.
+    pub async fn vm(&self, ns: &str, name: &str) -> Result<Option<Arc<DynamicObject>>, Error> {
+        let cache = self.remote.host_cache().map(|c| &c.vms);
+        let what = "reading the VirtualMachine";
+        read(
+            self.ctx,
+            self.remote,
+            cache,
+            &self.vms(ns),
+            Some(ns),
+            name,
+            what,
+        )
+        .await
+    }
+
+    /// The VirtualMachineInstance `ns/name`, if it exists.
+    pub async fn vmi(&self, ns: &str, name: &str) -> Result<Option<Arc<DynamicObject>>, Error> {
+        let cache = self.remote.host_cache().map(|c| &c.vmis);
+        let api = Api::namespaced_with(
+            self.remote.client.clone(),
+            ns,
+            &kubevirt::virtual_machine_instance(),
+        );
+        let what = "reading the VirtualMachineInstance";
+        read(self.ctx, self.remote, cache, &api, Some(ns), name, what).await
+    }
+
+    /// Creates a user-data Secret. One that exists already is an earlier attempt's and is
+    /// kept (a Secret is never rewritten).
+    pub async fn create_user_data(&self, ns: &str, secret: &Secret) -> Result<(), Error> {
+        let created = remote_call(
+            self.ctx,
+            self.remote,
+            "creating the user-data Secret",
+            self.secrets(ns).create(&PostParams::default(), secret),
+        )
+        .await;
+        match created {
+            Ok(_) => Ok(()),
+            Err(e) if e.is_remote_conflict() => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Creates a VirtualMachine, or reads the one an earlier attempt created.
+    pub async fn create_vm(&self, ns: &str, vm: &DynamicObject) -> Result<VmCreate, Error> {
+        let api = self.vms(ns);
+        let created = remote_call(
+            self.ctx,
+            self.remote,
+            "creating the VirtualMachine",
+            api.create(&PostParams::default(), vm),
+        )
+        .await;
+        match created {
+            Ok(vm) => {
+                if let Some(cache) = self.remote.host_cache() {
+                    cache.vms.wrote(vm.clone(), None);
+                }
+                Ok(VmCreate::Created(Arc::new(vm)))
+            }
+            Err(e) if e.is_remote_conflict() => {
+                let name = vm.name_any();
+                let found = get_opt(
+                    self.ctx,
+                    self.remote,
+                    &api,
+                    &name,
+                    "reading the VirtualMachine",
+                )
+                .await?;
+                Ok(found.map_or(VmCreate::Vanished, |vm| VmCreate::Existed(Arc::new(vm))))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Deletes the VirtualMachine `ns/name` (in the background: its VMI goes with it).
+    pub async fn delete_vm(&self, ns: &str, name: &str) -> Result<(), Error> {
+        let deleted = remote_call(
+            self.ctx,
+            self.remote,
+            "deleting the VirtualMachine",
+            self.vms(ns).delete(name, &DeleteParams::background()),
+        )
+        .await;
+        ignore_not_found(deleted)
+    }
+
+    /// Deletes the user-data Secret of VM `vm_name` by its name, then any other Secret the
+    /// claim's UID labels. The list is served from the API server's watch cache: deleting
+    /// 1,000 claims must not read every Secret of the namespace from etcd 1,000 times. The
+    /// Secret was created before the VM, which is gone by now, so the cache has seen it;
+    /// anything it still missed is the orphan sweep's.
+    pub async fn delete_user_data(&self, ns: &str, vm_name: &str, uid: &str) -> Result<(), Error> {
+        let secrets = self.secrets(ns);
+        let name = template::user_data_secret_name(vm_name);
+        self.delete_each(
+            &secrets,
+            std::iter::once(name),
+            "deleting the user-data Secret",
+        )
+        .await?;
+        let listed = remote_call(
+            self.ctx,
+            self.remote,
+            "listing user-data Secrets",
+            secrets.list_metadata(&by_claim(uid)),
+        )
+        .await?;
+        let names = listed.items.iter().map(|s| s.name_any());
+        self.delete_each(&secrets, names, "deleting the user-data Secret")
+            .await
+    }
+
+    /// Deletes the DataVolumes the claim's UID labels (a host without CDI has none).
+    pub async fn delete_data_volumes(&self, ns: &str, uid: &str) -> Result<(), Error> {
+        let dvs: Api<DynamicObject> =
+            Api::namespaced_with(self.remote.client.clone(), ns, &kubevirt::data_volume());
+        let listed = match remote_call(
+            self.ctx,
+            self.remote,
+            "listing DataVolumes",
+            dvs.list_metadata(&by_claim(uid)),
+        )
+        .await
+        {
+            Ok(list) => list.items,
+            Err(e) if not_found(&e) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let names = listed.iter().map(|dv| dv.name_any());
+        self.delete_each(&dvs, names, "deleting a DataVolume").await
+    }
+
+    /// Deletes the objects `names` of `api`, one at a time (those already gone are done).
+    async fn delete_each<K>(
+        &self,
+        api: &Api<K>,
+        names: impl Iterator<Item = String>,
+        what: &str,
+    ) -> Result<(), Error>
+    where
+        K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        for name in names {
+            ignore_not_found(
+                remote_call(
+                    self.ctx,
+                    self.remote,
+                    what,
+                    api.delete(&name, &DeleteParams::default()),
+                )
+                .await,
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Objects autonodes made for the claim with `uid`, from the API server's watch cache.
+fn by_claim(uid: &str) -> ListParams {
+    ListParams::default()
+        .labels(&claim_selector(uid))
+        .match_any()
+}
+
+/// A delete that found nothing to delete is done.
+pub fn ignore_not_found<T>(result: Result<T, Error>) -> Result<(), Error> {
+    match result {
+        Ok(_) => Ok(()),
+        Err(e) if not_found(&e) => Ok(()),
+        Err(e) => Err(e),
+    }
+}

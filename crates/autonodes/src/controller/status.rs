@@ -1,0 +1,105 @@
+//! Status writes of every kind, one rule: the status is written with one conditional
+//! server-side apply ([`super::apply_status`]), and only once that write succeeded is each
+//! condition that changed reported — an Event and, for a problem, a log line. A reconcile
+//! that worked on a stale copy loses its write to a conflict and reports nothing, so every
+//! change is reported once.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
+
+use super::Context;
+use crate::conditions;
+
+/// The conditions of `new` that differ from `old` in status or reason (or are new), each
+/// with its earlier version.
+pub fn changed<'a>(
+    old: &'a [Condition],
+    new: &'a [Condition],
+) -> impl Iterator<Item = (&'a Condition, Option<&'a Condition>)> + 'a {
+    new.iter().filter_map(move |c| {
+        let before = conditions::get(old, &c.type_);
+        let same = before.is_some_and(|b| b.status == c.status && b.reason == c.reason);
+        (!same).then_some((c, before))
+    })
+}
+
+/// Records the Events for the conditions that changed from `old` to `new`, after their
+/// status write succeeded: `classify` says which changes are worth an Event and of which
+/// type (`None`: none, only a debug line). A Warning is also logged with the object's kind
+/// and name, the condition, its reason and message.
+pub async fn report_changes<K>(
+    ctx: &Context,
+    obj: &K,
+    action: &str,
+    old: &[Condition],
+    new: &[Condition],
+    classify: impl Fn(&Condition, Option<&Condition>) -> Option<EventType>,
+) where
+    K: Resource<DynamicType = ()>,
+{
+    for (c, before) in changed(old, new) {
+        let Some(kind) = classify(c, before) else {
+            tracing::debug!(
+                kind = %K::kind(&()), name = %obj.name_any(),
+                condition = %c.type_, reason = %c.reason, message = %c.message,
+                "condition changed"
+            );
+            continue;
+        };
+        if kind == EventType::Warning {
+            tracing::info!(
+                kind = %K::kind(&()), name = %obj.name_any(),
+                namespace = %obj.namespace().unwrap_or_default(),
+                condition = %c.type_, reason = %c.reason, message = %c.message,
+                "condition not true"
+            );
+        }
+        let action = if action.is_empty() { &c.type_ } else { action };
+        ctx.event(obj, kind, &c.reason, action, c.message.clone())
+            .await;
+    }
+}
+
+/// Normal when a condition turned True, Warning otherwise: the rule of conditions that have
+/// no progress reasons.
+pub fn true_is_normal(c: &Condition, _before: Option<&Condition>) -> Option<EventType> {
+    Some(if c.status == conditions::TRUE {
+        EventType::Normal
+    } else {
+        EventType::Warning
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::jiff::Timestamp;
+
+    fn set(cs: &mut Vec<Condition>, type_: &str, ok: bool, reason: &str, message: &str) {
+        conditions::set(
+            cs,
+            type_,
+            conditions::status_of(ok),
+            reason,
+            message,
+            None,
+            Timestamp::UNIX_EPOCH,
+        );
+    }
+
+    #[test]
+    fn a_condition_changed_when_it_is_new_or_its_status_or_reason_differs_not_its_message() {
+        let mut old = Vec::new();
+        set(&mut old, "A", true, "Fine", "one");
+        set(&mut old, "B", false, "Broken", "one");
+        set(&mut old, "C", false, "Broken", "one");
+        let mut new = old.clone();
+        set(&mut new, "A", true, "Fine", "another message");
+        set(&mut new, "B", true, "Fine", "one");
+        set(&mut new, "C", false, "Worse", "one");
+        set(&mut new, "D", false, "New", "one");
+        let types: Vec<&str> = changed(&old, &new).map(|(c, _)| c.type_.as_str()).collect();
+        assert_eq!(types, ["B", "C", "D"]);
+    }
+}

@@ -1,0 +1,203 @@
+//! The tenant interface: what the claim lifecycle asks of a tenant (Kubernetes) cluster —
+//! its Nodes, bootstrap tokens and pods. Reads come from the tenant's watch caches while
+//! they are live ([`super::remote`]), else from the API server; every call is bounded in
+//! time and counted ([`super::calls::remote_call`]); what this process writes is remembered
+//! until the watch shows it.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Node, Pod, Secret};
+use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, PostParams};
+use kube::ResourceExt;
+use serde_json::json;
+
+use super::calls::{claim_selector, read, remote_call};
+use super::host::ignore_not_found;
+use super::remote::TOKEN_NAMESPACE;
+use super::{Context, Error};
+use crate::api::LABEL_NODECLAIM_UID;
+use crate::clients::Remote;
+
+/// A tenant cluster.
+pub struct Tenant<'a> {
+    ctx: &'a Context,
+    remote: &'a Remote,
+}
+
+impl<'a> Tenant<'a> {
+    /// The tenant behind `remote`.
+    pub fn new(ctx: &'a Context, remote: &'a Remote) -> Self {
+        Tenant { ctx, remote }
+    }
+
+    fn nodes(&self) -> Api<Node> {
+        Api::all(self.remote.client.clone())
+    }
+
+    fn tokens_api(&self) -> Api<Secret> {
+        Api::namespaced(self.remote.client.clone(), TOKEN_NAMESPACE)
+    }
+
+    /// The Node `name`, if it exists.
+    pub async fn node(&self, name: &str) -> Result<Option<Arc<Node>>, Error> {
+        let cache = self.remote.tenant_cache().map(|c| &c.nodes);
+        let what = "reading the Node";
+        read(
+            self.ctx,
+            self.remote,
+            cache,
+            &self.nodes(),
+            None,
+            name,
+            what,
+        )
+        .await
+    }
+
+    /// Applies a JSON patch to `node`; returns the Node as patched.
+    pub async fn patch_node(
+        &self,
+        node: &Node,
+        patch: json_patch::Patch,
+        what: &str,
+    ) -> Result<Node, Error> {
+        let patched = remote_call(
+            self.ctx,
+            self.remote,
+            what,
+            self.nodes().patch(
+                &node.name_any(),
+                &PatchParams::default(),
+                &Patch::Json::<()>(patch),
+            ),
+        )
+        .await?;
+        if let Some(cache) = self.remote.tenant_cache() {
+            cache.nodes.wrote(patched.clone(), node.resource_version());
+        }
+        Ok(patched)
+    }
+
+    /// Marks the Node `name` unschedulable.
+    pub async fn cordon(&self, name: &str) -> Result<(), Error> {
+        remote_call(
+            self.ctx,
+            self.remote,
+            "cordoning the Node",
+            self.nodes().patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"spec": {"unschedulable": true}})),
+            ),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Deletes the Node `name`; true when it was there to delete.
+    pub async fn delete_node(&self, name: &str) -> Result<bool, Error> {
+        let deleted = remote_call(
+            self.ctx,
+            self.remote,
+            "deleting the Node",
+            self.nodes().delete(name, &DeleteParams::default()),
+        )
+        .await;
+        match deleted {
+            Ok(_) => Ok(true),
+            Err(e) if super::calls::not_found(&e) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The pods bound to the Node `name`.
+    pub async fn pods_on(&self, name: &str) -> Result<Vec<Pod>, Error> {
+        let pods: Api<Pod> = Api::all(self.remote.client.clone());
+        let listed = remote_call(
+            self.ctx,
+            self.remote,
+            "listing the Node's pods",
+            pods.list(&ListParams::default().fields(&format!("spec.nodeName={name}"))),
+        )
+        .await?;
+        Ok(listed.items)
+    }
+
+    /// Evicts `pod`. A pod already gone is evicted; one a PodDisruptionBudget protects now
+    /// (429) is left for the next try.
+    pub async fn evict(&self, pod: &Pod) -> Result<(), Error> {
+        let api: Api<Pod> = Api::namespaced(
+            self.remote.client.clone(),
+            &pod.namespace().unwrap_or_default(),
+        );
+        let evicted = remote_call(
+            self.ctx,
+            self.remote,
+            "evicting a pod",
+            api.evict(&pod.name_any(), &EvictParams::default()),
+        )
+        .await;
+        match evicted {
+            Err(Error::Remote {
+                source: kube::Error::Api(s),
+                ..
+            }) if s.code == 429 => Ok(()),
+            other => ignore_not_found(other),
+        }
+    }
+
+    /// The bootstrap-token Secrets of the claim with `uid`.
+    pub async fn tokens(&self, uid: &str) -> Result<Vec<Arc<Secret>>, Error> {
+        let ours =
+            |s: &Secret| s.labels().get(LABEL_NODECLAIM_UID).map(String::as_str) == Some(uid);
+        if let Some(found) = self
+            .remote
+            .tenant_cache()
+            .and_then(|c| c.tokens.filter(ours))
+        {
+            return Ok(found);
+        }
+        let selector = claim_selector(uid);
+        let listed = remote_call(
+            self.ctx,
+            self.remote,
+            "listing bootstrap tokens",
+            self.tokens_api()
+                .list(&ListParams::default().labels(&selector)),
+        )
+        .await?;
+        Ok(listed.items.into_iter().map(Arc::new).collect())
+    }
+
+    /// Creates a bootstrap-token Secret.
+    pub async fn create_token(&self, secret: &Secret) -> Result<(), Error> {
+        let created = remote_call(
+            self.ctx,
+            self.remote,
+            "creating a bootstrap token",
+            self.tokens_api().create(&PostParams::default(), secret),
+        )
+        .await?;
+        if let Some(cache) = self.remote.tenant_cache() {
+            cache.tokens.wrote(created, None);
+        }
+        Ok(())
+    }
+
+    /// Deletes a bootstrap-token Secret (one already gone is deleted).
+    pub async fn delete_token(&self, secret: &Secret, what: &str) -> Result<(), Error> {
+        let deleted = remote_call(
+            self.ctx,
+            self.remote,
+            what,
+            self.tokens_api()
+                .delete(&secret.name_any(), &DeleteParams::default()),
+        )
+        .await;
+        ignore_not_found(deleted)?;
+        if let Some(cache) = self.remote.tenant_cache() {
+            cache.tokens.deleted(secret);
+        }
+        Ok(())
+    }
+}

@@ -976,3 +976,148 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+/// Requests an API server counted (`apiserver_request_total`), by verb and
+/// resource[/subresource] (`-` for non-resource paths such as `/api`).
+type Counts = BTreeMap<(String, String), f64>;
+
+async fn request_counts(client: &Client) -> Counts {
+    let request = http::Request::get("/metrics")
+        .body(Vec::new())
+        .expect("request");
+    let text = client.request_text(request).await.expect("GET /metrics");
+    let mut counts = Counts::new();
+    for line in text.lines() {
+        let Some((labels, value)) = line
+            .strip_prefix("apiserver_request_total{")
+            .and_then(|rest| rest.rsplit_once("} "))
+        else {
+            continue;
+        };
+        let label = |name: &str| -> String {
+            let key = format!("{name}=\"");
+            labels
+                .split("\",")
+                .find_map(|pair| pair.strip_prefix(key.as_str()))
+                .map(|v| v.trim_end_matches('"').to_string())
+                .unwrap_or_default()
+        };
+        let resource = match (label("resource"), label("subresource")) {
+            (r, _) if r.is_empty() => "-".to_string(),
+            (r, s) if s.is_empty() => r,
+            (r, s) => format!("{r}/{s}"),
+        };
+        let n: f64 = value.trim().parse().expect("a number");
+        *counts.entry((label("verb"), resource)).or_default() += n;
+    }
+    counts
+}
+
+#[tokio::test]
+async fn fifty_vms_boot_and_join_with_no_list_and_no_node_read_per_vm() {
+    const VMS: usize = 50;
+    let c = Clusters::start().await;
+    c.write_token(TOKEN, SignedDuration::from_mins(15)).await;
+    let before = [
+        ("host", request_counts(&c.host).await),
+        ("tenant", request_counts(&c.tenant).await),
+    ];
+    let sim = c.spawn(SimMode::Normal);
+    // The test's own requests: per VM a POST and a PATCH of its Secret and a POST of the VM
+    // (host), and one watch of the tenant's Nodes (a LIST and a WATCH).
+    futures::future::join_all((0..VMS).map(|i| {
+        let c = &c;
+        async move {
+            let name = format!("vm-{i:02}");
+            let ud = user_data(&name, &c.endpoint(), TOKEN, &c.ca_hash());
+            c.write_vm(&name, &ud).await;
+        }
+    }))
+    .await;
+    let ready = tokio::time::timeout(Duration::from_secs(180), async {
+        use futures::StreamExt;
+        let mut ready = std::collections::BTreeSet::new();
+        let nodes = kube::runtime::watcher(c.nodes(), kube::runtime::watcher::Config::default());
+        let mut nodes = std::pin::pin!(kube::runtime::WatchStreamExt::applied_objects(nodes));
+        while let Some(node) = nodes.next().await {
+            let node = node.expect("watching Nodes");
+            if ready_status(&node).as_deref() == Some("True") {
+                ready.insert(node.name_any());
+            }
+            if ready.len() == VMS {
+                break;
+            }
+        }
+        ready.len()
+    })
+    .await
+    .expect("every Node turns Ready within 180s");
+    assert_eq!(ready, VMS);
+    // Let the last annotations and Events land.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = [
+        ("host", request_counts(&c.host).await),
+        ("tenant", request_counts(&c.tenant).await),
+    ];
+    sim.stop().await;
+
+    println!("requests per VM ({VMS} VMs; the test's own included):");
+    let mut grown = BTreeMap::new();
+    for ((cluster, after), (_, before)) in after.iter().zip(&before) {
+        for ((verb, resource), total) in after {
+            let n = total
+                - before
+                    .get(&(verb.clone(), resource.clone()))
+                    .unwrap_or(&0.0);
+            if n <= 0.0 {
+                continue;
+            }
+            println!(
+                "  {cluster:<6} {verb:<6} {resource:<40} {:>6.2}",
+                n / VMS as f64
+            );
+            grown.insert((*cluster, verb.as_str(), resource.as_str()), n);
+        }
+    }
+    let count = |cluster: &str, verb: &str, resource: &str| -> f64 {
+        grown
+            .iter()
+            .filter(|((c, v, r), _)| (*c, *v, *r) == (cluster, verb, resource))
+            .map(|(_, n)| *n)
+            .sum()
+    };
+    let lists: f64 = grown
+        .iter()
+        .filter(|((_, v, _), _)| *v == "LIST")
+        .map(|(_, n)| *n)
+        .sum();
+    // Each cache lists once at the start (plus the start-up check and the test's watch):
+    // a LIST per VM would be 50 or more. kube-apiserver 1.20 counts a GET of a custom
+    // resource as a LIST, so this bounds the GETs of VMs, VMIs and DataVolumes as well.
+    assert!(
+        lists <= 16.0,
+        "{lists} LISTs for {VMS} VMs: something lists per VM"
+    );
+    for (cluster, resource) in [
+        ("host", "virtualmachineinstances"),
+        ("host", "virtualmachines"),
+        ("host", "secrets"),
+        ("tenant", "nodes"),
+        ("tenant", "secrets"),
+    ] {
+        assert!(
+            count(cluster, "LIST", resource) <= 2.0,
+            "{cluster} LIST {resource} grows with the VMs"
+        );
+    }
+    assert!(
+        count("tenant", "GET", "nodes") <= 2.0,
+        "the simulator reads Nodes per VM: {}",
+        count("tenant", "GET", "nodes")
+    );
+    assert_eq!(count("tenant", "PUT", "nodes"), 0.0, "Nodes are patched");
+    assert!(
+        count("host", "POST", "events") <= VMS as f64,
+        "more than one Event per VM"
+    );
+}

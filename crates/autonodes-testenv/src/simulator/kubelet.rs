@@ -6,19 +6,23 @@
 //! the kubelet's credentials after it. That the bootstrap token authenticates is checked
 //! separately, with a request to the tenant's `/api` using only that token.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use base64::Engine;
-use k8s_openapi::api::core::v1::{Node, Secret};
+use k8s_openapi::api::core::v1::{Node, Secret, Taint};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
+use kube::runtime::watcher;
 use kube::{Client, Config, ResourceExt};
 use serde_json::{json, Value};
+use tokio::task::JoinHandle;
 
+use super::cache::{self, Cache};
 use super::guest::{self, JoinPlan};
 use super::reconcile::{guest_address, publish};
 use super::{
@@ -32,26 +36,100 @@ const NODE_BOOTSTRAP_GROUP: &str = "system:bootstrappers:kubeadm:default-node-to
 const NOT_READY_TAINT: &str = "node.kubernetes.io/not-ready";
 /// How long one request to a tenant may take.
 const TENANT_TIMEOUT: Duration = Duration::from_secs(15);
+/// Namespace of the bootstrap-token Secrets.
+const TOKEN_NAMESPACE: &str = "kube-system";
+/// The type of a bootstrap-token Secret.
+const TOKEN_TYPE: &str = "bootstrap.kubernetes.io/token";
+/// Clients authenticating with a bootstrap token kept per tenant (a few tokens at a time).
+const MAX_TOKEN_CLIENTS: usize = 64;
 
-/// A tenant with what the guest compares against.
+/// A tenant with what the guest compares against, and its watch caches.
 pub(crate) struct TenantEntry {
     pub(crate) tenant: Tenant,
     endpoint: Option<(String, u16)>,
     ca_hashes: Result<Vec<String>, String>,
+    /// The tenant's Nodes (all of them: in a simulated tenant the guests make every one).
+    nodes: Arc<Cache<Node>>,
+    /// Bootstrap-token Secrets in `kube-system`.
+    tokens: Arc<Cache<Secret>>,
+    /// The tenant's version, read once (the kubelet's and kube-proxy's version).
+    version: tokio::sync::OnceCell<String>,
+    /// A client per bootstrap token (its connection reused by the next guest).
+    token_clients: Mutex<HashMap<String, Client>>,
 }
 
 impl TenantEntry {
-    pub(crate) fn new(tenant: Tenant) -> Self {
+    /// The entry and its caches' tasks (the caller stops them).
+    pub(crate) fn start(tenant: Tenant) -> (Self, Vec<JoinHandle<()>>) {
         let endpoint = guest::endpoint_of_url(&tenant.url);
         if endpoint.is_none() {
             tracing::warn!(url = %tenant.url, "tenant URL is not https://host:port; no guest can join it");
         }
         let ca_hashes = guest::ca_cert_hashes(&tenant.ca_pem).map_err(|e| e.0);
-        TenantEntry {
+        let (nodes, node_task) = cache::spawn(
+            format!("Nodes of {}", tenant.url),
+            Api::<Node>::all(tenant.client.clone()),
+            watcher::Config::default(),
+            (),
+            trim_node,
+            |_: &Node| {},
+        );
+        let (tokens, token_task) = cache::spawn(
+            format!("bootstrap tokens of {}", tenant.url),
+            Api::<Secret>::namespaced(tenant.client.clone(), TOKEN_NAMESPACE),
+            watcher::Config::default().fields(&format!("type={TOKEN_TYPE}")),
+            (),
+            cache::trim_meta,
+            |_: &Secret| {},
+        );
+        let entry = TenantEntry {
             tenant,
             endpoint,
             ca_hashes,
+            nodes,
+            tokens,
+            version: tokio::sync::OnceCell::new(),
+            token_clients: Mutex::new(HashMap::new()),
+        };
+        (entry, vec![node_task, token_task])
+    }
+
+    fn nodes_api(&self) -> Api<Node> {
+        Api::all(self.tenant.client.clone())
+    }
+
+    /// A client that authenticates with nothing but `token` (one per token).
+    async fn token_client(&self, token: &str) -> Result<Client, String> {
+        let known = self
+            .token_clients
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(token)
+            .cloned();
+        if let Some(client) = known {
+            return Ok(client);
         }
+        let client = token_client(&self.tenant, token).await?;
+        let mut clients = self
+            .token_clients
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if clients.len() >= MAX_TOKEN_CLIENTS {
+            clients.clear();
+        }
+        clients.insert(token.to_string(), client.clone());
+        Ok(client)
+    }
+
+    /// The tenant's `gitVersion` (asked once).
+    async fn version(&self) -> Result<String, kube::Error> {
+        self.version
+            .get_or_try_init(|| async {
+                let info = self.tenant.client.apiserver_version().await?;
+                Ok(info.git_version)
+            })
+            .await
+            .cloned()
     }
 
     fn endpoint_string(&self) -> String {
@@ -114,7 +192,8 @@ async fn annotate_vmi(
     annotations: Value,
 ) -> Result<(), SimError> {
     let patch = json!({"metadata": {"annotations": annotations}});
-    ctx.api(&ctx.vmi, ns)
+    let patched = ctx
+        .api(&ctx.vmi, ns)
         .patch(
             &vmi.name_any(),
             &PatchParams::default(),
@@ -125,6 +204,7 @@ async fn annotate_vmi(
             "annotating VMI {ns}/{}",
             vmi.name_any()
         )))?;
+    ctx.vmis.wrote(patched);
     Ok(())
 }
 
@@ -141,7 +221,7 @@ pub(crate) async fn guest(
         // re-register a deleted Node; the simulator lets a deleted Node stay deleted.)
         let endpoint = annotation(vmi, TENANT_ANNOTATION).unwrap_or_default();
         if let Some(entry) = ctx.tenants.iter().find(|t| t.endpoint_string() == endpoint) {
-            if let Err(e) = keep_ready(&entry.tenant.client, node).await {
+            if let Err(e) = keep_ready(entry, node).await {
                 tracing::warn!(vm = %vm_key, node, error = %e, "keeping the Node Ready failed");
                 return Ok(Action::requeue(ctx.opts.join_retry_interval));
             }
@@ -312,7 +392,7 @@ async fn join(
         .map(str::to_string)
         .unwrap_or_else(|| vm.name_any());
     let node_name = plan.node_name.clone().unwrap_or(hostname);
-    register_node(&entry.tenant, vm, vmi, &plan, &node_name).await?;
+    register_node(entry, vm, vmi, &plan, &node_name).await?;
     Ok((node_name, entry.endpoint_string()))
 }
 
@@ -338,7 +418,8 @@ async fn token_client(tenant: &Tenant, token: &str) -> Result<Client, String> {
 /// tenant (`GET /api` answers 200, not 401), and the token Secrets carry the signing usage
 /// (discovery) and the kubeadm node-bootstrap group (CSR creation).
 async fn check_tokens(entry: &TenantEntry, plan: &JoinPlan) -> Result<(), JoinError> {
-    let client = token_client(&entry.tenant, &plan.tls_bootstrap_token)
+    let client = entry
+        .token_client(&plan.tls_bootstrap_token)
         .await
         .map_err(|e| retry(format!("building a client with the bootstrap token: {e}")))?;
     let request = http::Request::get("/api")
@@ -355,22 +436,25 @@ async fn check_tokens(entry: &TenantEntry, plan: &JoinPlan) -> Result<(), JoinEr
         }
         Ok(Err(e)) => return Err(retry(format!("GET /api with the bootstrap token: {e}"))),
     }
-    let secrets: Api<Secret> = Api::namespaced(entry.tenant.client.clone(), "kube-system");
+    // The token authenticated, so its Secret exists: from the cache, or (not there yet)
+    // from the API server.
+    let secrets: Api<Secret> = Api::namespaced(entry.tenant.client.clone(), TOKEN_NAMESPACE);
     let read = |token: &str| {
         let id = token.split('.').next().unwrap_or_default().to_string();
         let secrets = secrets.clone();
         async move {
             let name = format!("bootstrap-token-{id}");
-            let secret = secrets
-                .get_opt(&name)
+            let secret = entry
+                .tokens
+                .read_existing(&secrets, &name)
                 .await
-                .map_err(|e| retry(format!("reading kube-system/{name}: {e}")))?
-                .ok_or_else(|| retry(format!("kube-system/{name} not found")))?;
+                .map_err(|e| retry(format!("reading {TOKEN_NAMESPACE}/{name}: {e}")))?
+                .ok_or_else(|| retry(format!("{TOKEN_NAMESPACE}/{name} not found")))?;
             let data: BTreeMap<String, String> = secret
                 .data
-                .unwrap_or_default()
-                .into_iter()
-                .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
+                .iter()
+                .flatten()
+                .map(|(k, v)| (k.clone(), String::from_utf8_lossy(&v.0).into_owned()))
                 .collect();
             Ok::<_, JoinError>((name, data))
         }
@@ -435,13 +519,13 @@ pub(crate) fn capacity(vm: &DynamicObject) -> BTreeMap<String, String> {
 }
 
 async fn register_node(
-    tenant: &Tenant,
+    entry: &TenantEntry,
     vm: &DynamicObject,
     vmi: &DynamicObject,
     plan: &JoinPlan,
     node_name: &str,
 ) -> Result<(), JoinError> {
-    let nodes: Api<Node> = Api::all(tenant.client.clone());
+    let nodes = entry.nodes_api();
     let arch = vm
         .data
         .pointer("/spec/template/spec/architecture")
@@ -460,21 +544,29 @@ async fn register_node(
         "spec": {"providerID": plan.provider_id, "taints": plan.taints},
     }))
     .map_err(|e| fatal(format!("building the Node: {e}")))?;
-    match tokio::time::timeout(TENANT_TIMEOUT, nodes.create(&PostParams::default(), &node)).await {
+    let node = match tokio::time::timeout(
+        TENANT_TIMEOUT,
+        nodes.create(&PostParams::default(), &node),
+    )
+    .await
+    {
         Err(_) => return Err(retry("creating the Node timed out")),
-        Ok(Ok(_)) => {}
+        Ok(Ok(created)) => entry.nodes.wrote(created),
         Ok(Err(kube::Error::Api(s))) if s.is_already_exists() => {
-            let existing = nodes
-                .get(node_name)
+            let existing = entry
+                .nodes
+                .read_existing(&nodes, node_name)
                 .await
-                .map_err(|e| retry(format!("reading Node {node_name}: {e}")))?;
-            let theirs = existing.spec.and_then(|s| s.provider_id);
+                .map_err(|e| retry(format!("reading Node {node_name}: {e}")))?
+                .ok_or_else(|| retry(format!("Node {node_name} went away meanwhile")))?;
+            let theirs = existing.spec.as_ref().and_then(|s| s.provider_id.clone());
             if theirs.is_some() && theirs != plan.provider_id {
                 return Err(fatal(format!(
                     "Node {node_name} exists with providerID {theirs:?}, not {:?}: another machine has this name",
                     plan.provider_id
                 )));
             }
+            existing
         }
         Ok(Err(kube::Error::Api(s))) if s.is_invalid() => {
             return Err(fatal(format!(
@@ -483,12 +575,10 @@ async fn register_node(
             )))
         }
         Ok(Err(e)) => return Err(retry(format!("creating Node {node_name}: {e}"))),
-    }
-    let version = tenant
-        .client
-        .apiserver_version()
+    };
+    let version = entry
+        .version()
         .await
-        .map(|v| v.git_version)
         .map_err(|e| retry(format!("reading the tenant's version: {e}")))?;
     let (ip, _) = guest_address(&vm.uid().unwrap_or_default());
     let ip = vmi
@@ -526,17 +616,14 @@ async fn register_node(
     });
     // The taint goes first, so whoever sees Ready=True also sees it gone (the
     // `autonodes.io/unregistered` NoExecute taint still keeps pods away meanwhile).
-    remove_not_ready_taint(&nodes, node_name)
+    remove_not_ready_taint(entry, &node)
         .await
-        .map_err(|e| {
-            retry(format!(
-                "removing the not-ready taint of Node {node_name}: {e}"
-            ))
-        })?;
-    nodes
+        .map_err(|e| retry(e.to_string()))?;
+    let patched = nodes
         .patch_status(node_name, &PatchParams::default(), &Patch::Merge(&status))
         .await
         .map_err(|e| retry(format!("updating the status of Node {node_name}: {e}")))?;
+    entry.nodes.wrote(patched);
     Ok(())
 }
 
@@ -568,28 +655,68 @@ fn node_conditions(ready: &str, now: &str) -> Value {
 }
 
 /// Removes `node.kubernetes.io/not-ready` (the API server adds it on creation and no
-/// node-lifecycle controller runs to take it off); leaves every other taint alone.
-async fn remove_not_ready_taint(nodes: &Api<Node>, name: &str) -> Result<(), kube::Error> {
-    for _ in 0..5 {
-        let mut node = nodes.get(name).await?;
-        let Some(spec) = node.spec.as_mut() else {
+/// node-lifecycle controller runs to take it off); leaves every other taint alone. A JSON
+/// patch that tests the taints it replaces, made from `node` (the cache's or a write's
+/// copy); only when the test fails (someone changed the taints meanwhile) is the Node read
+/// again, once.
+async fn remove_not_ready_taint(entry: &TenantEntry, node: &Arc<Node>) -> Result<(), SimError> {
+    let nodes = entry.nodes_api();
+    let name = node.name_any();
+    let mut node = node.clone();
+    for attempt in 0..2 {
+        let Some(ops) = without_not_ready_taint(&node) else {
             return Ok(());
         };
-        let Some(taints) = spec.taints.as_mut() else {
-            return Ok(());
-        };
-        let before = taints.len();
-        taints.retain(|t| t.key != NOT_READY_TAINT);
-        if taints.len() == before {
-            return Ok(());
-        }
-        match nodes.replace(name, &PostParams::default(), &node).await {
-            Ok(_) => return Ok(()),
-            Err(kube::Error::Api(s)) if s.is_conflict() => continue,
-            Err(e) => return Err(e),
+        let patch: json_patch::Patch = serde_json::from_value(ops)
+            .map_err(|e| SimError::Invalid(format!("the taint patch of Node {name}: {e}")))?;
+        match nodes
+            .patch(&name, &PatchParams::default(), &Patch::Json::<()>(patch))
+            .await
+        {
+            Ok(patched) => {
+                entry.nodes.wrote(patched);
+                return Ok(());
+            }
+            Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(()),
+            Err(kube::Error::Api(s)) if attempt == 0 && (s.code == 422 || s.is_conflict()) => {
+                let fresh = entry
+                    .nodes
+                    .fetch(&nodes, &name)
+                    .await
+                    .map_err(SimError::kube(format!("reading Node {name}")))?;
+                match fresh {
+                    Some(fresh) => node = fresh,
+                    None => return Ok(()),
+                }
+            }
+            Err(source) => {
+                return Err(SimError::Kube {
+                    context: format!("patching the taints of Node {name}"),
+                    source,
+                })
+            }
         }
     }
     Ok(())
+}
+
+/// The JSON patch that drops the not-ready taint from `node`'s taints if they still are
+/// what `node` says; None when it has no such taint.
+fn without_not_ready_taint(node: &Node) -> Option<Value> {
+    let taints: &[Taint] = node.spec.as_ref()?.taints.as_deref()?;
+    if !taints.iter().any(|t| t.key == NOT_READY_TAINT) {
+        return None;
+    }
+    let kept: Vec<&Taint> = taints.iter().filter(|t| t.key != NOT_READY_TAINT).collect();
+    let change = if kept.is_empty() {
+        json!({"op": "remove", "path": "/spec/taints"})
+    } else {
+        json!({"op": "replace", "path": "/spec/taints", "value": kept})
+    };
+    Some(json!([
+        {"op": "test", "path": "/spec/taints", "value": taints},
+        change,
+    ]))
 }
 
 fn ready_status(node: &Node) -> Option<String> {
@@ -602,19 +729,24 @@ fn ready_status(node: &Node) -> Option<String> {
         .map(|c| c.status.clone())
 }
 
-/// The kubelet is running: the Node (if it still exists) is Ready and has no not-ready taint.
-async fn keep_ready(client: &Client, name: &str) -> Result<(), kube::Error> {
-    let nodes: Api<Node> = Api::all(client.clone());
-    let Some(node) = nodes.get_opt(name).await? else {
+/// The kubelet is running: the Node (if it still exists) is Ready and has no not-ready
+/// taint. Reads the Node from the cache; writes only what is not so.
+async fn keep_ready(entry: &TenantEntry, name: &str) -> Result<(), SimError> {
+    let nodes = entry.nodes_api();
+    let cached = entry.nodes.read(&nodes, name).await;
+    let Some(node) = cached.map_err(SimError::kube(format!("reading Node {name}")))? else {
+        // Deleted: the simulator lets a deleted Node stay deleted.
         return Ok(());
     };
-    remove_not_ready_taint(&nodes, name).await?;
+    remove_not_ready_taint(entry, &node).await?;
     if ready_status(&node).as_deref() != Some("True") {
         let now = Timestamp::now().to_string();
         let patch = json!({"status": {"conditions": node_conditions("True", &now)}});
-        nodes
+        let patched = nodes
             .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
+            .await
+            .map_err(SimError::kube(format!("marking Node {name} Ready")))?;
+        entry.nodes.wrote(patched);
     }
     Ok(())
 }
@@ -630,16 +762,29 @@ pub(crate) async fn stop_guest(ctx: &Ctx, vmi: &DynamicObject) {
     let Some(entry) = ctx.tenants.iter().find(|t| t.endpoint_string() == endpoint) else {
         return;
     };
-    let nodes: Api<Node> = Api::all(entry.tenant.client.clone());
     let now = Timestamp::now().to_string();
     let patch = json!({"status": {"conditions": node_conditions("Unknown", &now)}});
-    match nodes
+    match entry
+        .nodes_api()
         .patch_status(node, &PatchParams::default(), &Patch::Merge(&patch))
         .await
     {
-        Ok(_) => tracing::info!(node, "guest stopped: Node marked NotReady"),
+        Ok(patched) => {
+            entry.nodes.wrote(patched);
+            tracing::info!(node, "guest stopped: Node marked NotReady");
+        }
         Err(kube::Error::Api(s)) if s.is_not_found() => {}
         Err(e) => tracing::warn!(node, error = %e, "marking the Node NotReady failed"),
+    }
+}
+
+/// Drops what the simulator never reads of a Node: images and volumes.
+fn trim_node(node: &mut Node) {
+    cache::trim_meta(node);
+    if let Some(status) = node.status.as_mut() {
+        status.images = None;
+        status.volumes_attached = None;
+        status.volumes_in_use = None;
     }
 }
 

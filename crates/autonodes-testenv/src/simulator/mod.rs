@@ -24,7 +24,15 @@
 //!
 //! Everything is idempotent and derived from cluster state, so a restarted simulator picks
 //! up where it stopped without creating anything twice.
+//!
+//! It reads watch caches, not the API servers: one watch per kind (host VMs, VMIs,
+//! DataVolumes and autonodes Secrets; per tenant its Nodes and bootstrap tokens), each
+//! drained by its own task, and the VM reconciles are woken from the VM and VMI caches
+//! rather than by watches of their own. What remains read per VM is the user-data Secret
+//! (once per join attempt); the owners of an apparent orphan are read before it is
+//! deleted, and an object is read again after a write on it conflicted.
 
+mod cache;
 mod crds;
 pub mod guest;
 mod kubelet;
@@ -38,11 +46,16 @@ use std::time::Duration;
 
 use base64::Engine;
 use futures::StreamExt;
-use kube::api::{Api, DynamicObject, ListParams};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, PartialObjectMeta};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{watcher, Controller};
-use kube::{Client, Config};
+use kube::{Client, Config, ResourceExt};
+use serde_json::json;
+
+use cache::Cache;
 
 pub use crds::{
     data_volume_crd, kubevirt_crds, virtual_machine_crd, virtual_machine_instance_crd,
@@ -367,23 +380,41 @@ pub(crate) struct Ctx {
     pub(crate) tenants: Vec<kubelet::TenantEntry>,
     pub(crate) opts: SimOptions,
     pub(crate) recorder: Recorder,
-    pub(crate) vm: kube::api::ApiResource,
-    pub(crate) vmi: kube::api::ApiResource,
-    pub(crate) dv: kube::api::ApiResource,
+    pub(crate) vm: ApiResource,
+    pub(crate) vmi: ApiResource,
+    pub(crate) dv: ApiResource,
+    /// The managed VirtualMachines.
+    pub(crate) vms: Arc<Cache<DynamicObject>>,
+    /// VirtualMachineInstances (metadata and status).
+    pub(crate) vmis: Arc<Cache<DynamicObject>>,
+    /// DataVolumes (metadata and status).
+    pub(crate) dvs: Arc<Cache<DynamicObject>>,
+    /// autonodes' Secrets (metadata only: the sweep's and a foreground deletion's view).
+    pub(crate) secrets: Arc<Cache<PartialObjectMeta<Secret>>>,
 }
 
 impl Ctx {
-    pub(crate) fn api(&self, ar: &kube::api::ApiResource, ns: &str) -> Api<DynamicObject> {
+    pub(crate) fn api(&self, ar: &ApiResource, ns: &str) -> Api<DynamicObject> {
         Api::namespaced_with(self.host.clone(), ns, ar)
     }
+}
 
-    /// The API over every namespace the simulator looks at.
-    pub(crate) fn api_scope(&self, ar: &kube::api::ApiResource) -> Api<DynamicObject> {
-        match &self.opts.namespace {
-            Some(ns) => Api::namespaced_with(self.host.clone(), ns, ar),
-            None => Api::all_with(self.host.clone(), ar),
-        }
+/// The API over every namespace the simulator looks at.
+fn api_scope(client: &Client, namespace: Option<&str>, ar: &ApiResource) -> Api<DynamicObject> {
+    match namespace {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, ar),
+        None => Api::all_with(client.clone(), ar),
     }
+}
+
+/// Keeps metadata and status of a KubeVirt or CDI object (the spec stays unread).
+fn trim_to_status(obj: &mut DynamicObject) {
+    cache::trim_meta(obj);
+    let status = obj.data.get_mut("status").map(std::mem::take);
+    obj.data = match status {
+        Some(status) => json!({ "status": status }),
+        None => json!({}),
+    };
 }
 
 /// Plays KubeVirt, CDI, the garbage collector and the guests on `host` for the `tenants`
@@ -394,25 +425,13 @@ pub async fn run(
     opts: SimOptions,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), SimError> {
-    let ctx = Arc::new(Ctx {
-        recorder: Recorder::new(
-            host.clone(),
-            Reporter {
-                controller: "autonodes-simulator".into(),
-                instance: None,
-            },
-        ),
-        tenants: tenants.into_iter().map(kubelet::TenantEntry::new).collect(),
-        vm: crate::kubevirt::virtual_machine(),
-        vmi: crate::kubevirt::virtual_machine_instance(),
-        dv: crate::kubevirt::data_volume(),
-        host,
-        opts,
-    });
-    for ar in [&ctx.vm, &ctx.vmi, &ctx.dv] {
-        match ctx
-            .api_scope(ar)
-            .list(&ListParams::default().limit(1))
+    let vm = crate::kubevirt::virtual_machine();
+    let vmi = crate::kubevirt::virtual_machine_instance();
+    let dv = crate::kubevirt::data_volume();
+    let namespace = opts.namespace.as_deref();
+    for ar in [&vm, &vmi, &dv] {
+        match api_scope(&host, namespace, ar)
+            .list_metadata(&ListParams::default().limit(1))
             .await
         {
             Ok(_) => {}
@@ -427,6 +446,111 @@ pub async fn run(
             }
         }
     }
+
+    // One watch per kind, each drained by its own task; changes of a VM or of the VMI it
+    // owns wake the VM's reconcile once the cache holds them.
+    let (wake, woken) = futures::channel::mpsc::unbounded::<ObjectRef<DynamicObject>>();
+    type OnChange = Box<dyn Fn(&DynamicObject) + Send>;
+    let kubevirt = |ar: &ApiResource, config: watcher::Config, trim, on_change: OnChange| {
+        let api = api_scope(&host, namespace, ar);
+        cache::spawn(
+            format!("host {}", ar.plural),
+            api,
+            config,
+            ar.clone(),
+            trim,
+            on_change,
+        )
+    };
+    let wake_vm = {
+        let (wake, vm) = (wake.clone(), vm.clone());
+        move |obj: &DynamicObject| {
+            let _ = wake.unbounded_send(ObjectRef::from_obj_with(obj, vm.clone()));
+        }
+    };
+    let wake_owner = {
+        let vm = vm.clone();
+        move |obj: &DynamicObject| {
+            let owner = obj
+                .owner_references()
+                .iter()
+                .find(|o| o.controller == Some(true) && o.kind == vm.kind);
+            if let (Some(ns), Some(owner)) = (obj.namespace(), owner) {
+                let vm = ObjectRef::new_with(&owner.name, vm.clone()).within(&ns);
+                let _ = wake.unbounded_send(vm);
+            }
+        }
+    };
+    let managed = watcher::Config::default().labels(MANAGED_SELECTOR);
+    let (vms, vm_task) = kubevirt(&vm, managed, cache::trim_meta, Box::new(wake_vm));
+    let all = watcher::Config::default();
+    let (vmis, vmi_task) = kubevirt(&vmi, all.clone(), trim_to_status, Box::new(wake_owner));
+    let (dvs, dv_task) = kubevirt(&dv, all, trim_to_status, Box::new(|_| {}));
+    let mut tasks = vec![vm_task, vmi_task, dv_task];
+    let (secrets, task) = cache::spawn(
+        "host autonodes Secrets".into(),
+        match namespace {
+            Some(ns) => Api::<PartialObjectMeta<Secret>>::namespaced(host.clone(), ns),
+            None => Api::all(host.clone()),
+        },
+        watcher::Config::default().labels(MANAGED_SELECTOR),
+        (),
+        cache::trim_meta,
+        |_: &PartialObjectMeta<Secret>| {},
+    );
+    tasks.push(task);
+    let mut entries = Vec::new();
+    for tenant in tenants {
+        let (entry, tenant_tasks) = kubelet::TenantEntry::start(tenant);
+        entries.push(entry);
+        tasks.extend(tenant_tasks);
+    }
+    let ctx = Arc::new(Ctx {
+        recorder: Recorder::new(
+            host.clone(),
+            Reporter {
+                controller: "autonodes-simulator".into(),
+                instance: None,
+            },
+        ),
+        tenants: entries,
+        vm,
+        vmi,
+        dv,
+        host,
+        opts,
+        vms,
+        vmis,
+        dvs,
+        secrets,
+    });
+    let result = serve(ctx, woken, shutdown).await;
+    for task in tasks {
+        task.abort();
+    }
+    tracing::info!("simulator stopped");
+    result
+}
+
+/// Runs the controller and the sweep on the caches until `shutdown` resolves.
+async fn serve(
+    ctx: Arc<Ctx>,
+    woken: futures::channel::mpsc::UnboundedReceiver<ObjectRef<DynamicObject>>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), SimError> {
+    tokio::pin!(shutdown);
+    // The first lists of the host's kinds before the first reconcile, so that nothing is
+    // read from the API server for want of a cache.
+    let host_ready = async {
+        for store in [ctx.vms.store(), ctx.vmis.store(), ctx.dvs.store()] {
+            let _ = store.wait_until_ready().await;
+        }
+        let _ = ctx.secrets.store().wait_until_ready().await;
+    };
+    tokio::select! {
+        _ = host_ready => {}
+        _ = &mut shutdown => return Ok(()),
+    }
     tracing::info!(
         mode = %ctx.opts.mode,
         namespace = ctx.opts.namespace.as_deref().unwrap_or("<all>"),
@@ -436,29 +560,22 @@ pub async fn run(
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut graceful = stop_rx.clone();
-    let controller = Controller::new_with(
-        ctx.api_scope(&ctx.vm),
-        watcher::Config::default().labels(MANAGED_SELECTOR),
-        ctx.vm.clone(),
-    )
-    .owns_with(
-        ctx.api_scope(&ctx.vmi),
-        ctx.vmi.clone(),
-        watcher::Config::default(),
-    )
-    .graceful_shutdown_on(async move {
-        let _ = graceful.wait_for(|stop| *stop).await;
-    })
-    .run(reconcile::reconcile, reconcile::error_policy, ctx.clone())
-    .for_each(|result| async move {
-        if let Err(e) = result {
-            tracing::debug!(error = %e, "reconcile");
-        }
-    });
+    // Triggered from the caches only: the controller opens no watch of its own.
+    let controller =
+        Controller::for_stream_with(futures::stream::pending(), ctx.vms.store(), ctx.vm.clone())
+            .reconcile_on(woken)
+            .graceful_shutdown_on(async move {
+                let _ = graceful.wait_for(|stop| *stop).await;
+            })
+            .run(reconcile::reconcile, reconcile::error_policy, ctx.clone())
+            .for_each(|result| async move {
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, "reconcile");
+                }
+            });
     let sweeper = reconcile::sweep_loop(ctx.clone(), stop_rx);
     let work = futures::future::join(controller, sweeper);
     tokio::pin!(work);
-    tokio::pin!(shutdown);
     tokio::select! {
         _ = &mut work => {}
         _ = &mut shutdown => {
@@ -466,7 +583,6 @@ pub async fn run(
             work.await;
         }
     }
-    tracing::info!("simulator stopped");
     Ok(())
 }
 

@@ -6,17 +6,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{
-    Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, Preconditions,
+    Api, ApiResource, DeleteParams, DynamicObject, PartialObjectMeta, Patch, PatchParams,
+    PostParams, Preconditions,
 };
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
-use super::{kubelet, Ctx, SimError, SimMode, FINALIZER, MANAGED_SELECTOR};
+use super::cache::Cache;
+use super::{kubelet, Ctx, SimError, SimMode, FINALIZER};
 
 /// Outcome of a request where "not found" is fine.
 fn ignore_not_found<T>(r: Result<T, kube::Error>) -> Result<(), kube::Error> {
@@ -34,8 +37,23 @@ fn is_conflict(e: &SimError) -> bool {
 
 /// Reconciles one VirtualMachine (called by the controller).
 pub(crate) async fn reconcile(vm: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, SimError> {
-    match reconcile_vm(&vm, &ctx).await {
-        Err(e) if is_conflict(&e) => Ok(Action::requeue(Duration::from_millis(200))),
+    let ns = vm
+        .namespace()
+        .ok_or_else(|| SimError::Invalid(format!("VM {} has no namespace", vm.name_any())))?;
+    let name = vm.name_any();
+    // The store's copy, or the newer one the last write of the simulator returned.
+    let Some(vm) = ctx.vms.get(Some(&ns), &name) else {
+        return Ok(Action::await_change());
+    };
+    match reconcile_vm(vm, &ns, &ctx).await {
+        Err(e) if is_conflict(&e) => {
+            // Acted on a stale copy: read the VM once from the API server and look again.
+            ctx.vms
+                .fetch(&ctx.api(&ctx.vm, &ns), &name)
+                .await
+                .map_err(SimError::kube(format!("reading VM {ns}/{name}")))?;
+            Ok(Action::requeue(Duration::from_millis(200)))
+        }
         other => other,
     }
 }
@@ -113,19 +131,19 @@ pub(crate) async fn publish(
     }
 }
 
-async fn reconcile_vm(vm: &DynamicObject, ctx: &Ctx) -> Result<Action, SimError> {
-    let ns = vm
-        .namespace()
-        .ok_or_else(|| SimError::Invalid(format!("VM {} has no namespace", vm.name_any())))?;
+async fn reconcile_vm(mut vm: Arc<DynamicObject>, ns: &str, ctx: &Ctx) -> Result<Action, SimError> {
     let name = vm.name_any();
     if vm.metadata.deletion_timestamp.is_some() {
-        return teardown(vm, &ns, ctx).await;
+        return teardown(&vm, ns, ctx).await;
     }
     if !vm.finalizers().iter().any(|f| f == FINALIZER) {
         let mut finalizers = vm.finalizers().to_vec();
         finalizers.push(FINALIZER.to_string());
-        set_finalizers(ctx, vm, &ns, finalizers).await?;
+        if let Some(patched) = set_finalizers(ctx, &vm, ns, finalizers).await? {
+            vm = patched;
+        }
     }
+    let vm = vm.as_ref();
     let want = match desired(vm) {
         Ok(want) => want,
         Err(message) => {
@@ -133,10 +151,10 @@ async fn reconcile_vm(vm: &DynamicObject, ctx: &Ctx) -> Result<Action, SimError>
             return Ok(Action::await_change());
         }
     };
-    ensure_data_volumes(ctx, vm, &ns).await?;
-    let vmis = ctx.api(&ctx.vmi, &ns);
-    let existing = vmis
-        .get_opt(&name)
+    ensure_data_volumes(ctx, vm, ns).await?;
+    let existing = ctx
+        .vmis
+        .read(&ctx.api(&ctx.vmi, ns), &name)
         .await
         .map_err(SimError::kube(format!("reading VMI {ns}/{name}")))?;
     let uid = vm.uid().unwrap_or_default();
@@ -144,61 +162,51 @@ async fn reconcile_vm(vm: &DynamicObject, ctx: &Ctx) -> Result<Action, SimError>
         if vmi.metadata.deletion_timestamp.is_some() {
             return Ok(Action::requeue(Duration::from_secs(1)));
         }
-        if !owned_by(vmi, &uid) {
+        if !owned_by(vmi.as_ref(), &uid) {
             // A VMI left over from an earlier VM of the same name.
-            delete_vmi(ctx, vmi, &ns).await?;
+            delete_vmi(ctx, vmi).await?;
             return Ok(Action::requeue(Duration::from_millis(500)));
         }
     }
     match want {
         Desired::Stop => {
             if let Some(vmi) = &existing {
-                delete_vmi(ctx, vmi, &ns).await?;
+                delete_vmi(ctx, vmi).await?;
             }
-            set_vm_status(ctx, vm, &ns, false, false, "Stopped").await?;
+            set_vm_status(ctx, vm, ns, false, false, "Stopped").await?;
             return Ok(Action::await_change());
         }
         Desired::Keep if existing.is_none() => {
-            set_vm_status(ctx, vm, &ns, false, false, "Stopped").await?;
+            set_vm_status(ctx, vm, ns, false, false, "Stopped").await?;
             return Ok(Action::await_change());
         }
         Desired::Keep | Desired::Run => {}
     }
     let vmi = match existing {
         Some(vmi) => vmi,
-        None => create_vmi(ctx, vm, &ns).await?,
+        None => create_vmi(ctx, vm, ns).await?,
     };
     let vmi = if vmi_phase(&vmi) == Some("Running") {
         vmi
     } else {
         let Some(delay) = ctx.opts.mode.boot_delay() else {
-            let vmi = ensure_scheduling(ctx, &vmi, &ns).await?;
-            set_vm_status(ctx, vm, &ns, true, false, "Starting").await?;
-            drop(vmi);
+            ensure_scheduling(ctx, &vmi, ns).await?;
+            set_vm_status(ctx, vm, ns, true, false, "Starting").await?;
             return Ok(Action::await_change());
         };
         let age = age(&vmi);
         if age < delay {
-            ensure_scheduling(ctx, &vmi, &ns).await?;
-            set_vm_status(ctx, vm, &ns, true, false, "Starting").await?;
+            ensure_scheduling(ctx, &vmi, ns).await?;
+            set_vm_status(ctx, vm, ns, true, false, "Starting").await?;
             return Ok(Action::requeue(delay - age));
         }
-        let vmi = boot(ctx, vm, &vmi, &ns).await?;
-        publish(
-            ctx,
-            vm,
-            EventType::Normal,
-            "Started",
-            &format!("VirtualMachineInstance {name} is running (simulated)"),
-        )
-        .await;
-        vmi
+        boot(ctx, vm, &vmi, ns).await?
     };
-    set_vm_status(ctx, vm, &ns, true, true, "Running").await?;
+    set_vm_status(ctx, vm, ns, true, true, "Running").await?;
     if ctx.opts.mode == SimMode::NeverJoin {
         return Ok(Action::await_change());
     }
-    kubelet::guest(ctx, vm, &vmi, &ns).await
+    kubelet::guest(ctx, vm, &vmi, ns).await
 }
 
 /// Time since the object was created (zero when unknown or in the future).
@@ -217,12 +225,13 @@ pub(crate) fn vmi_phase(vmi: &DynamicObject) -> Option<&str> {
     vmi.data.pointer("/status/phase").and_then(Value::as_str)
 }
 
+/// Replaces the VM's finalizers; the patched VM, or None when it is gone.
 async fn set_finalizers(
     ctx: &Ctx,
     vm: &DynamicObject,
     ns: &str,
     finalizers: Vec<String>,
-) -> Result<(), SimError> {
+) -> Result<Option<Arc<DynamicObject>>, SimError> {
     // A JSON patch that tests the finalizers it replaces: concurrent on the finalizers, as
     // a resourceVersion would be, without conflicting with every status write.
     let current = vm.finalizers().to_vec();
@@ -239,21 +248,23 @@ async fn set_finalizers(
     };
     let patch: json_patch::Patch = serde_json::from_value(ops)
         .map_err(|e| SimError::Invalid(format!("finalizer patch: {e}")))?;
-    // Gone already: a reconcile on a copy from before the last finalizer was released.
-    ignore_not_found(
-        ctx.api(&ctx.vm, ns)
-            .patch(
-                &vm.name_any(),
-                &PatchParams::default(),
-                &Patch::Json::<()>(patch),
-            )
-            .await,
-    )
-    .map_err(SimError::kube(format!(
-        "updating the finalizers of VM {ns}/{}",
-        vm.name_any()
-    )))?;
-    Ok(())
+    match ctx
+        .api(&ctx.vm, ns)
+        .patch(
+            &vm.name_any(),
+            &PatchParams::default(),
+            &Patch::Json::<()>(patch),
+        )
+        .await
+    {
+        Ok(patched) => Ok(Some(ctx.vms.wrote(patched))),
+        // Gone already: a reconcile on a copy from before the last finalizer was released.
+        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(None),
+        Err(source) => Err(SimError::Kube {
+            context: format!("updating the finalizers of VM {ns}/{}", vm.name_any()),
+            source,
+        }),
+    }
 }
 
 async fn set_vm_status(
@@ -293,7 +304,8 @@ async fn set_vm_status(
             }],
         }
     });
-    ctx.api(&ctx.vm, ns)
+    let patched = ctx
+        .api(&ctx.vm, ns)
         .patch_status(
             &vm.name_any(),
             &PatchParams::default(),
@@ -304,6 +316,7 @@ async fn set_vm_status(
             "updating the status of VM {ns}/{}",
             vm.name_any()
         )))?;
+    ctx.vms.wrote(patched);
     Ok(())
 }
 
@@ -321,8 +334,9 @@ async fn ensure_data_volumes(ctx: &Ctx, vm: &DynamicObject, ns: &str) -> Result<
         let Some(name) = template.pointer("/metadata/name").and_then(Value::as_str) else {
             continue;
         };
-        let existing = api
-            .get_opt(name)
+        let existing = ctx
+            .dvs
+            .read(&api, name)
             .await
             .map_err(SimError::kube(format!("reading DataVolume {ns}/{name}")))?;
         let dv = match existing {
@@ -343,11 +357,19 @@ async fn ensure_data_volumes(ctx: &Ctx, vm: &DynamicObject, ns: &str) -> Result<
                 let dv: DynamicObject = serde_json::from_value(body)
                     .map_err(|e| SimError::Invalid(format!("DataVolume {ns}/{name}: {e}")))?;
                 match api.create(&PostParams::default(), &dv).await {
-                    Ok(dv) => dv,
-                    Err(kube::Error::Api(s)) if s.is_already_exists() => api
-                        .get(name)
-                        .await
-                        .map_err(SimError::kube(format!("reading DataVolume {ns}/{name}")))?,
+                    Ok(dv) => ctx.dvs.wrote(dv),
+                    Err(kube::Error::Api(s)) if s.is_already_exists() => {
+                        let dv = ctx
+                            .dvs
+                            .read_existing(&api, name)
+                            .await
+                            .map_err(SimError::kube(format!("reading DataVolume {ns}/{name}")))?;
+                        let Some(dv) = dv else {
+                            // Deleted again meanwhile: the next reconcile creates it.
+                            continue;
+                        };
+                        dv
+                    }
                     Err(source) => {
                         return Err(SimError::Kube {
                             context: format!("creating DataVolume {ns}/{name}"),
@@ -360,17 +382,25 @@ async fn ensure_data_volumes(ctx: &Ctx, vm: &DynamicObject, ns: &str) -> Result<
         if dv.data.pointer("/status/phase").and_then(Value::as_str) != Some("Succeeded") {
             let patch =
                 json!({"status": {"phase": "Succeeded", "progress": "100.0%", "claimName": name}});
-            api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+            let patched = api
+                .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
                 .map_err(SimError::kube(format!(
                     "updating the status of DataVolume {ns}/{name}"
                 )))?;
+            ctx.dvs.wrote(patched);
         }
     }
     Ok(())
 }
 
-async fn create_vmi(ctx: &Ctx, vm: &DynamicObject, ns: &str) -> Result<DynamicObject, SimError> {
+/// Creates the VM's VMI, with the status of its first phase written with it (the VMI has
+/// no status subresource): `Running` when the guest boots at once, else `Scheduling`.
+async fn create_vmi(
+    ctx: &Ctx,
+    vm: &DynamicObject,
+    ns: &str,
+) -> Result<Arc<DynamicObject>, SimError> {
     let name = vm.name_any();
     let template = vm
         .data
@@ -385,6 +415,14 @@ async fn create_vmi(ctx: &Ctx, vm: &DynamicObject, ns: &str) -> Result<DynamicOb
         "kubevirt.io/nodeName".into(),
         ctx.opts.host_node_name.clone(),
     );
+    let now = Timestamp::now().to_string();
+    let status = match ctx.opts.mode.boot_delay() {
+        Some(Duration::ZERO) => {
+            let scheduled = json!({"phase": "Scheduling", "phaseTransitionTimestamp": now});
+            running_status(ctx, vm, vec![scheduled], &now)
+        }
+        _ => scheduling_status(Vec::new(), &now),
+    };
     let body = json!({
         "apiVersion": "kubevirt.io/v1",
         "kind": "VirtualMachineInstance",
@@ -396,16 +434,19 @@ async fn create_vmi(ctx: &Ctx, vm: &DynamicObject, ns: &str) -> Result<DynamicOb
             "ownerReferences": [owner_reference(ctx, vm)?],
         },
         "spec": template.get("spec").cloned().unwrap_or(json!({})),
+        "status": status,
     });
     let vmi: DynamicObject = serde_json::from_value(body)
         .map_err(|e| SimError::Invalid(format!("VMI {ns}/{name}: {e}")))?;
     let api = ctx.api(&ctx.vmi, ns);
     match api.create(&PostParams::default(), &vmi).await {
-        Ok(vmi) => Ok(vmi),
-        Err(kube::Error::Api(s)) if s.is_already_exists() => api
-            .get(&name)
+        Ok(vmi) => Ok(ctx.vmis.wrote(vmi)),
+        Err(kube::Error::Api(s)) if s.is_already_exists() => ctx
+            .vmis
+            .read_existing(&api, &name)
             .await
-            .map_err(SimError::kube(format!("reading VMI {ns}/{name}"))),
+            .map_err(SimError::kube(format!("reading VMI {ns}/{name}")))?
+            .ok_or_else(|| SimError::Invalid(format!("VMI {ns}/{name} went away meanwhile"))),
         Err(source) => Err(SimError::Kube {
             context: format!("creating VMI {ns}/{name}"),
             source,
@@ -421,38 +462,78 @@ fn transitions(vmi: &DynamicObject) -> Vec<Value> {
         .unwrap_or_default()
 }
 
-async fn ensure_scheduling(
+/// A VMI's status on entering `Scheduling` after the transitions in `history`.
+fn scheduling_status(mut history: Vec<Value>, now: &str) -> Value {
+    history.push(json!({"phase": "Scheduling", "phaseTransitionTimestamp": now}));
+    json!({
+        "phase": "Scheduling",
+        "phaseTransitionTimestamps": history,
+        "conditions": [{
+            "type": "Ready", "status": "False", "reason": "GuestNotRunning",
+            "lastTransitionTime": now,
+        }],
+    })
+}
+
+/// A VMI's status once its guest runs: the host node, the guest's address, Ready.
+fn running_status(ctx: &Ctx, vm: &DynamicObject, mut history: Vec<Value>, now: &str) -> Value {
+    let (ip, mac) = guest_address(&vm.uid().unwrap_or_default());
+    let interface = vm
+        .data
+        .pointer("/spec/template/spec/domain/devices/interfaces/0/name")
+        .or_else(|| vm.data.pointer("/spec/template/spec/networks/0/name"))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    history.push(json!({"phase": "Running", "phaseTransitionTimestamp": now}));
+    json!({
+        "phase": "Running",
+        "nodeName": ctx.opts.host_node_name,
+        "qosClass": "Burstable",
+        "interfaces": [{
+            "name": interface,
+            "interfaceName": "eth0",
+            "ipAddress": ip,
+            "ipAddresses": [ip],
+            "mac": mac,
+            "infoSource": "domain, guest-agent",
+        }],
+        "phaseTransitionTimestamps": history,
+        "conditions": [{
+            "type": "Ready", "status": "True", "lastTransitionTime": now,
+        }],
+    })
+}
+
+/// Writes a VMI's status (a merge patch of the object: no status subresource).
+async fn patch_vmi_status(
     ctx: &Ctx,
     vmi: &DynamicObject,
     ns: &str,
-) -> Result<DynamicObject, SimError> {
-    if vmi_phase(vmi) == Some("Scheduling") {
-        return Ok(vmi.clone());
-    }
-    let now = Timestamp::now().to_string();
-    let mut history = transitions(vmi);
-    history.push(json!({"phase": "Scheduling", "phaseTransitionTimestamp": now}));
-    let patch = json!({
-        "status": {
-            "phase": "Scheduling",
-            "phaseTransitionTimestamps": history,
-            "conditions": [{
-                "type": "Ready", "status": "False", "reason": "GuestNotRunning",
-                "lastTransitionTime": now,
-            }],
-        }
-    });
-    ctx.api(&ctx.vmi, ns)
+    status: Value,
+) -> Result<Arc<DynamicObject>, SimError> {
+    let patched = ctx
+        .api(&ctx.vmi, ns)
         .patch(
             &vmi.name_any(),
             &PatchParams::default(),
-            &Patch::Merge(&patch),
+            &Patch::Merge(&json!({ "status": status })),
         )
         .await
         .map_err(SimError::kube(format!(
             "updating the status of VMI {ns}/{}",
             vmi.name_any()
-        )))
+        )))?;
+    Ok(ctx.vmis.wrote(patched))
+}
+
+/// A VMI without a phase (one an older simulator created) enters `Scheduling`.
+async fn ensure_scheduling(ctx: &Ctx, vmi: &DynamicObject, ns: &str) -> Result<(), SimError> {
+    if vmi_phase(vmi) == Some("Scheduling") {
+        return Ok(());
+    }
+    let now = Timestamp::now().to_string();
+    patch_vmi_status(ctx, vmi, ns, scheduling_status(transitions(vmi), &now)).await?;
+    Ok(())
 }
 
 /// A stable `10.a.b.c` address and a locally administered MAC for a VM.
@@ -470,61 +551,10 @@ async fn boot(
     vm: &DynamicObject,
     vmi: &DynamicObject,
     ns: &str,
-) -> Result<DynamicObject, SimError> {
-    let (ip, mac) = guest_address(&vm.uid().unwrap_or_default());
-    let interface = vm
-        .data
-        .pointer("/spec/template/spec/domain/devices/interfaces/0/name")
-        .or_else(|| vm.data.pointer("/spec/template/spec/networks/0/name"))
-        .and_then(Value::as_str)
-        .unwrap_or("default");
+) -> Result<Arc<DynamicObject>, SimError> {
     let now = Timestamp::now().to_string();
-    let mut history = transitions(vmi);
-    history.push(json!({"phase": "Running", "phaseTransitionTimestamp": now}));
-    let patch = json!({
-        "status": {
-            "phase": "Running",
-            "nodeName": ctx.opts.host_node_name,
-            "qosClass": "Burstable",
-            "interfaces": [{
-                "name": interface,
-                "interfaceName": "eth0",
-                "ipAddress": ip,
-                "ipAddresses": [ip],
-                "mac": mac,
-                "infoSource": "domain, guest-agent",
-            }],
-            "phaseTransitionTimestamps": history,
-            "conditions": [{
-                "type": "Ready", "status": "True", "lastTransitionTime": now,
-            }],
-        }
-    });
-    ctx.api(&ctx.vmi, ns)
-        .patch(
-            &vmi.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-        .map_err(SimError::kube(format!(
-            "updating the status of VMI {ns}/{}",
-            vmi.name_any()
-        )))
-}
-
-async fn delete_vmi(ctx: &Ctx, vmi: &DynamicObject, ns: &str) -> Result<(), SimError> {
-    kubelet::stop_guest(ctx, vmi).await;
-    let dp = DeleteParams {
-        preconditions: vmi.uid().map(|uid| Preconditions {
-            uid: Some(uid),
-            resource_version: None,
-        }),
-        ..DeleteParams::default()
-    };
-    ignore_not_found(ctx.api(&ctx.vmi, ns).delete(&vmi.name_any(), &dp).await).map_err(
-        SimError::kube(format!("deleting VMI {ns}/{}", vmi.name_any())),
-    )
+    let status = running_status(ctx, vm, transitions(vmi), &now);
+    patch_vmi_status(ctx, vmi, ns, status).await
 }
 
 fn delete_params_for(uid: Option<String>) -> DeleteParams {
@@ -537,6 +567,47 @@ fn delete_params_for(uid: Option<String>) -> DeleteParams {
     }
 }
 
+/// Deletes `obj` (this very one: a uid precondition) through `api` and tells `cache`;
+/// gone already is fine.
+async fn delete_known<K, C>(api: Api<K>, cache: &Cache<C>, obj: &C) -> Result<(), SimError>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+    C: Resource + Clone,
+    C::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    let name = obj.meta().name.clone().unwrap_or_default();
+    let ns = obj.meta().namespace.clone().unwrap_or_default();
+    ignore_not_found(api.delete(&name, &delete_params_for(obj.uid())).await).map_err(
+        SimError::kube(format!(
+            "deleting {} {ns}/{name}",
+            C::kind(&cache.dyntype())
+        )),
+    )?;
+    cache.deleted(obj);
+    Ok(())
+}
+
+/// Deletes a VMI or DataVolume (`ar` and its cache).
+async fn delete_dynamic(
+    ctx: &Ctx,
+    (ar, cache): (&ApiResource, &Cache<DynamicObject>),
+    obj: &DynamicObject,
+) -> Result<(), SimError> {
+    let api = ctx.api(ar, &obj.namespace().unwrap_or_default());
+    delete_known(api, cache, obj).await
+}
+
+async fn delete_vmi(ctx: &Ctx, vmi: &DynamicObject) -> Result<(), SimError> {
+    kubelet::stop_guest(ctx, vmi).await;
+    delete_dynamic(ctx, (&ctx.vmi, &ctx.vmis), vmi).await
+}
+
+/// Deletes an autonodes Secret (this very one).
+async fn delete_secret(ctx: &Ctx, secret: &PartialObjectMeta<Secret>) -> Result<(), SimError> {
+    let api = Api::<Secret>::namespaced(ctx.host.clone(), &secret.namespace().unwrap_or_default());
+    delete_known(api, &ctx.secrets, secret).await
+}
+
 /// The VM is being deleted: stop the guest, delete the VMI and DataVolumes (and, for a
 /// foreground deletion, the other dependents), then release the finalizers.
 async fn teardown(vm: &DynamicObject, ns: &str, ctx: &Ctx) -> Result<Action, SimError> {
@@ -547,14 +618,14 @@ async fn teardown(vm: &DynamicObject, ns: &str, ctx: &Ctx) -> Result<Action, Sim
     if !ours && !foreground {
         return Ok(Action::await_change());
     }
-    let vmis = ctx.api(&ctx.vmi, ns);
-    if let Some(vmi) = vmis
-        .get_opt(&name)
+    if let Some(vmi) = ctx
+        .vmis
+        .read(&ctx.api(&ctx.vmi, ns), &name)
         .await
         .map_err(SimError::kube(format!("reading VMI {ns}/{name}")))?
     {
-        if owned_by(&vmi, &uid) {
-            delete_vmi(ctx, &vmi, ns).await?;
+        if owned_by(vmi.as_ref(), &uid) {
+            delete_vmi(ctx, &vmi).await?;
         }
     }
     // The VM's own DataVolumes, by the names its templates give (no list of the namespace).
@@ -569,41 +640,22 @@ async fn teardown(vm: &DynamicObject, ns: &str, ctx: &Ctx) -> Result<Action, Sim
         .map(str::to_string)
         .collect();
     for name in names {
-        let Some(dv) = dvs
-            .get_opt(&name)
+        let Some(dv) = ctx
+            .dvs
+            .read(&dvs, &name)
             .await
             .map_err(SimError::kube(format!("reading DataVolume {ns}/{name}")))?
         else {
             continue;
         };
-        if owned_by(&dv, &uid) {
-            ignore_not_found(
-                dvs.delete(&dv.name_any(), &delete_params_for(dv.uid()))
-                    .await,
-            )
-            .map_err(SimError::kube(format!(
-                "deleting DataVolume {ns}/{}",
-                dv.name_any()
-            )))?;
+        if owned_by(dv.as_ref(), &uid) {
+            delete_dynamic(ctx, (&ctx.dv, &ctx.dvs), &dv).await?;
         }
     }
     if foreground {
-        let secrets: Api<Secret> = Api::namespaced(ctx.host.clone(), ns);
-        for secret in secrets
-            .list(&ListParams::default().labels(MANAGED_SELECTOR))
-            .await
-            .map_err(SimError::kube(format!("listing Secrets in {ns}")))?
-        {
-            if owned_by(&secret, &uid) {
-                ignore_not_found(
-                    secrets
-                        .delete(&secret.name_any(), &delete_params_for(secret.uid()))
-                        .await,
-                )
-                .map_err(SimError::kube(format!(
-                    "deleting Secret {ns}/{}",
-                    secret.name_any()
-                )))?;
+        for secret in ctx.secrets.objects() {
+            if secret.namespace().as_deref() == Some(ns) && owned_by(secret.as_ref(), &uid) {
+                delete_secret(ctx, &secret).await?;
             }
         }
     }
@@ -632,10 +684,8 @@ pub(crate) async fn sweep_loop(ctx: Arc<Ctx>, mut stop: tokio::sync::watch::Rece
 }
 
 /// The VirtualMachine owners of an object, if every owner is a VirtualMachine.
-fn vm_owners(
-    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-) -> Option<Vec<&str>> {
-    let owners = meta.owner_references.as_ref()?;
+fn vm_owners(meta: &ObjectMeta) -> Option<&[OwnerReference]> {
+    let owners = meta.owner_references.as_deref()?;
     if owners.is_empty()
         || !owners
             .iter()
@@ -643,77 +693,57 @@ fn vm_owners(
     {
         return None;
     }
-    Some(owners.iter().map(|o| o.uid.as_str()).collect())
+    Some(owners)
+}
+
+/// True when every VirtualMachine owning `meta` is gone, asked of the API server: an
+/// object can name a VM the VM cache has not shown yet.
+async fn owners_gone(ctx: &Ctx, ns: &str, meta: &ObjectMeta) -> Result<bool, SimError> {
+    let api = ctx.api(&ctx.vm, ns);
+    for owner in vm_owners(meta).unwrap_or_default() {
+        let vm = api
+            .get_metadata_opt(&owner.name)
+            .await
+            .map_err(SimError::kube(format!("reading VM {ns}/{}", owner.name)))?;
+        if vm.is_some_and(|vm| vm.metadata.uid.as_deref() == Some(owner.uid.as_str())) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// Deletes VMIs, DataVolumes and autonodes Secrets whose owning VirtualMachines are all
-/// gone, as the garbage collector would.
+/// gone, as the garbage collector would. Reads the caches (only when every watch is live);
+/// only a candidate's owners are read from the API server before it is deleted.
 async fn sweep(ctx: &Ctx) -> Result<(), SimError> {
-    // Dependents first, owners second: an owner created after the first list cannot own a
-    // dependent in it, so nothing alive is mistaken for an orphan. The dependents come from
-    // the API server's watch cache (an older view is only safer), the owners from etcd:
-    // this runs every few seconds and must not read thousands of objects from etcd each time.
-    let vmis = ctx
-        .api_scope(&ctx.vmi)
-        .list(&ListParams::default().match_any())
-        .await
-        .map_err(SimError::kube("listing VMIs"))?;
-    let dvs = ctx
-        .api_scope(&ctx.dv)
-        .list(&ListParams::default().match_any())
-        .await
-        .map_err(SimError::kube("listing DataVolumes"))?;
-    let secret_api: Api<Secret> = match &ctx.opts.namespace {
-        Some(ns) => Api::namespaced(ctx.host.clone(), ns),
-        None => Api::all(ctx.host.clone()),
-    };
-    let secrets = secret_api
-        .list(&ListParams::default().labels(MANAGED_SELECTOR).match_any())
-        .await
-        .map_err(SimError::kube("listing autonodes Secrets"))?;
-    let live: HashSet<String> = ctx
-        .api_scope(&ctx.vm)
-        .list_metadata(&ListParams::default())
-        .await
-        .map_err(SimError::kube("listing VMs"))?
-        .into_iter()
-        .filter_map(|vm| vm.metadata.uid)
-        .collect();
-    let orphaned = |meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+    if !(ctx.vms.is_live() && ctx.vmis.is_live() && ctx.dvs.is_live() && ctx.secrets.is_live()) {
+        return Ok(());
+    }
+    let live: HashSet<String> = ctx.vms.objects().iter().filter_map(|vm| vm.uid()).collect();
+    let orphaned = |meta: &ObjectMeta| {
         meta.deletion_timestamp.is_none()
-            && vm_owners(meta).is_some_and(|owners| owners.iter().all(|uid| !live.contains(*uid)))
+            && vm_owners(meta).is_some_and(|owners| owners.iter().all(|o| !live.contains(&o.uid)))
     };
-    for (ar, items) in [(&ctx.vmi, vmis.items), (&ctx.dv, dvs.items)] {
-        for obj in items.into_iter().filter(|o| orphaned(&o.metadata)) {
+    for (ar, cache) in [(&ctx.vmi, &ctx.vmis), (&ctx.dv, &ctx.dvs)] {
+        for obj in cache.objects().iter().filter(|o| orphaned(&o.metadata)) {
             let ns = obj.namespace().unwrap_or_default();
-            if ar.kind == "VirtualMachineInstance" {
-                kubelet::stop_guest(ctx, &obj).await;
+            if !owners_gone(ctx, &ns, &obj.metadata).await? {
+                continue;
+            }
+            if ar.kind == ctx.vmi.kind {
+                kubelet::stop_guest(ctx, obj).await;
             }
             tracing::info!(kind = %ar.kind, object = %format!("{ns}/{}", obj.name_any()), "deleting an orphan");
-            ignore_not_found(
-                ctx.api(ar, &ns)
-                    .delete(&obj.name_any(), &delete_params_for(obj.uid()))
-                    .await,
-            )
-            .map_err(SimError::kube(format!(
-                "deleting {} {ns}/{}",
-                ar.kind,
-                obj.name_any()
-            )))?;
+            delete_dynamic(ctx, (ar, cache), obj).await?;
         }
     }
-    for secret in secrets.items.into_iter().filter(|s| orphaned(&s.metadata)) {
+    for secret in ctx.secrets.objects() {
         let ns = secret.namespace().unwrap_or_default();
+        if !orphaned(&secret.metadata) || !owners_gone(ctx, &ns, &secret.metadata).await? {
+            continue;
+        }
         tracing::info!(object = %format!("{ns}/{}", secret.name_any()), "deleting an orphaned Secret");
-        ignore_not_found(
-            Api::<Secret>::namespaced(ctx.host.clone(), &ns)
-                .delete(&secret.name_any(), &delete_params_for(secret.uid()))
-                .await,
-        )
-        .map_err(SimError::kube(format!(
-            "deleting Secret {ns}/{}",
-            secret.name_any()
-        )))?;
+        delete_secret(ctx, &secret).await?;
     }
     Ok(())
 }

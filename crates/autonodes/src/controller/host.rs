@@ -103,7 +103,7 @@ impl<'a> Host<'a> {
         match created {
             Ok(vm) => {
                 if let Some(cache) = self.remote.host_cache() {
-                    cache.vms.wrote(vm.clone(), None);
+                    cache.vms.wrote(vm.clone());
                 }
                 Ok(VmCreate::Created(Arc::new(vm)))
             }

@@ -55,10 +55,9 @@ pub fn claim_of(
         .map(|c| ObjectRef::from_obj(&*c))
 }
 
-/// Objects this process wrote that the watch has not delivered yet, by key: the
-/// `resourceVersion` the write replaced (`None` for a create), and the object as the API
-/// server returned it (`None` for a delete).
-type WrittenMap<K> = HashMap<ObjectRef<K>, (Option<String>, Option<Arc<K>>)>;
+/// Objects this process wrote that the watch has not delivered yet, by key: the object as
+/// the API server returned it (`None` for a delete).
+type WrittenMap<K> = HashMap<ObjectRef<K>, Option<Arc<K>>>;
 
 /// [`WrittenMap`], shared with the watch task that clears what it delivers.
 type Written<K> = Arc<Mutex<WrittenMap<K>>>;
@@ -67,9 +66,10 @@ type Written<K> = Arc<Mutex<WrittenMap<K>>>;
 ///
 /// The watch delivers this process's own writes a moment after they return; a reconcile
 /// in between must not read the older copy (it would create the object again or patch a
-/// stale one). What this process wrote is kept aside ([`Watched::wrote`]) until the watch
-/// delivers that object, and read instead of the store's copy while the store still holds
-/// the version the write replaced.
+/// stale one). What this process wrote is kept aside ([`Watched::wrote`],
+/// [`Watched::deleted`]) and read instead of the store's copy until the watch delivers that
+/// very version (or the deletion). A watch delivers every version in order, so whatever it
+/// shows before ours is older than ours, and whatever comes after finds ours gone.
 pub struct Watched<K: kube::runtime::reflector::Lookup + Clone + 'static>
 where
     K::DynamicType: Eq + std::hash::Hash + Clone,
@@ -125,22 +125,21 @@ where
         Some(found.into_values().collect())
     }
 
-    /// Remembers an object this process just wrote (created when `replaced` is `None`, else
-    /// updated from that `resourceVersion`) until the watch delivers it.
-    pub fn wrote(&self, mut obj: K, replaced: Option<String>) {
+    /// Remembers an object this process just created or changed, as the API server
+    /// returned it, until the watch delivers that version.
+    pub fn wrote(&self, mut obj: K) {
         (self.trim)(&mut obj);
         let key = obj.to_object_ref(self.dyntype.clone());
         if let Ok(mut written) = self.written.lock() {
-            written.insert(key, (replaced, Some(Arc::new(obj))));
+            written.insert(key, Some(Arc::new(obj)));
         }
     }
 
     /// Remembers that this process deleted `obj` until the watch delivers the deletion.
     pub fn deleted(&self, obj: &K) {
         let key = obj.to_object_ref(self.dyntype.clone());
-        let version = obj.resource_version().map(|v| v.to_string());
         if let Ok(mut written) = self.written.lock() {
-            written.insert(key, (version, None));
+            written.insert(key, None);
         }
     }
 
@@ -164,24 +163,16 @@ where
         }
     }
 
-    /// This process's write of `key` while the store holds what it replaced, else the
-    /// store's copy.
+    /// This process's write of `key` until the watch delivered it, else the store's copy.
     fn newer_locked(
         &self,
         written: &WrittenMap<K>,
         key: &ObjectRef<K>,
         stored: Option<Arc<K>>,
     ) -> Option<Arc<K>> {
-        let Some((replaced, ours)) = written.get(key) else {
-            return stored;
-        };
-        let stored_version = stored
-            .as_ref()
-            .and_then(|s| s.resource_version().map(|v| v.to_string()));
-        if stored_version == *replaced {
-            ours.clone()
-        } else {
-            stored
+        match written.get(key) {
+            Some(ours) => ours.clone(),
+            None => stored,
         }
     }
 }
@@ -371,7 +362,23 @@ where
                     }
                     live.store(true, Ordering::Release)
                 }
-                Ok(watcher::Event::Apply(obj) | watcher::Event::Delete(obj)) => {
+                Ok(watcher::Event::Apply(obj)) => {
+                    if let Ok(mut w) = written.lock() {
+                        // Ours arrived: from now on the store is at least as new.
+                        let key = obj.to_object_ref(dyntype.clone());
+                        let delivered = w.get(&key).is_some_and(|ours| {
+                            ours.as_ref().is_some_and(|o| {
+                                let version = |k: &K| k.meta().resource_version.clone();
+                                version(o).is_some() && version(o) == version(&obj)
+                            })
+                        });
+                        if delivered {
+                            w.remove(&key);
+                        }
+                    }
+                    waker.wake(obj.labels())
+                }
+                Ok(watcher::Event::Delete(obj)) => {
                     if let Ok(mut w) = written.lock() {
                         w.remove(&obj.to_object_ref(dyntype.clone()));
                     }

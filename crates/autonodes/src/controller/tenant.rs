@@ -73,7 +73,7 @@ impl<'a> Tenant<'a> {
         )
         .await?;
         if let Some(cache) = self.remote.tenant_cache() {
-            cache.nodes.wrote(patched.clone(), node.resource_version());
+            cache.nodes.wrote(patched.clone());
         }
         Ok(patched)
     }
@@ -179,7 +179,7 @@ impl<'a> Tenant<'a> {
         )
         .await?;
         if let Some(cache) = self.remote.tenant_cache() {
-            cache.tokens.wrote(created, None);
+            cache.tokens.wrote(created);
         }
         Ok(())
     }

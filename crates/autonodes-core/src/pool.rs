@@ -6,7 +6,10 @@
 //! - [`plan`]: the claims of a static pool to delete and create (scale, replace, roll);
 //! - [`pack`]: pending pods packed onto the room of existing nodes and onto new nodes of the
 //!   cheapest accepting type, within the pool's limits.
+//! - [`expectations`]: the claims this process created, deleted or annotated that the
+//!   claim store does not show yet, laid over the store's claims.
 
+pub mod expectations;
 pub mod pack;
 pub mod plan;
 

@@ -22,7 +22,7 @@ use super::pack::{
     claim_type, is_unschedulable, non_daemon_running, pack, pod_request, Amount, Bin, Candidate,
     Limits, NodeShape, Packing, PendingPod,
 };
-use super::plan::is_live;
+use super::plan::{is_draining, is_live};
 use super::reconcile::NewClaim;
 use super::status::Verdict;
 use super::{budget, consolidate_after, due_for_removal, ANNOTATION_EMPTY_SINCE, READY_NODE_GRACE};
@@ -268,18 +268,7 @@ fn consolidate(input: &DynamicInput, usage: &NodeUse, packing: &Packing) -> Cons
         return out;
     };
     let now = input.now;
-    let draining = input
-        .mine
-        .iter()
-        .filter(|c| {
-            c.metadata.deletion_timestamp.is_some()
-                && c.status
-                    .as_ref()
-                    .and_then(|s| s.node_name.as_ref())
-                    .is_some()
-        })
-        .count()
-        + input.deleted_now.len();
+    let draining = input.mine.iter().filter(|c| is_draining(c)).count() + input.deleted_now.len();
     let mut disrupt = budget(input.spec).saturating_sub(draining);
     let mut soonest = |d: Duration| {
         out.next_check = Some(out.next_check.map_or(d, |n| n.min(d)));

@@ -83,6 +83,16 @@ pub fn is_live(c: &NodeClaim) -> bool {
         && c.status.as_ref().and_then(|s| s.phase) != Some(NodeClaimPhase::Failed)
 }
 
+/// Whether the claim is being deleted and has (had) a node: deleting it drains that node,
+/// which counts against the disruption budget.
+pub fn is_draining(c: &NodeClaim) -> bool {
+    c.metadata.deletion_timestamp.is_some()
+        && c.status
+            .as_ref()
+            .and_then(|s| s.node_name.as_ref())
+            .is_some()
+}
+
 /// Why the planner deletes a claim.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeleteReason {

@@ -15,11 +15,11 @@
 //! Observe → plan → act. Every decision is pure and lives in [`autonodes_core::pool`]
 //! ([`plan_pool`]: the claims to delete and create, the empty-since marks, the
 //! conditions; [`pool_status`](autonodes_core::pool::status::pool_status): the status).
-//! This module observes ([`observe`]: the pool's claims from the shared claim store, with
+//! This module observes (`observe.rs`: the pool's claims from the shared claim store, with
 //! the claims this process created, deleted or marked that the store does not show yet —
 //! no LIST per reconcile, and never a second claim for one the store has not shown; the
-//! tenant's pods and nodes, [`tenant`]), asks the core, then writes what it planned
-//! ([`act`]).
+//! tenant's pods and nodes, `tenant.rs`), asks the core, then writes what it planned
+//! (`act.rs`).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;

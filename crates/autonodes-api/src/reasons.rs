@@ -179,6 +179,83 @@ impl From<ClusterReason> for ClaimReason {
     }
 }
 
+names! {
+    /// The conditions of a NodePool.
+    PoolCondition {
+        /// The pool has what it should: its replicas Ready, or no pending pod waiting for a
+        /// new node.
+        Ready,
+        /// Demand is blocked by `spec.limits`.
+        LimitReached,
+        /// The pool is mirrored for the cluster-autoscaler (the `capi.autonodes.io` mirror
+        /// writes it).
+        Autoscaling,
+    }
+}
+
+names! {
+    /// Why a NodePool condition is what it is.
+    PoolReason {
+        /// `Ready=True`: every replica of a static pool is Ready.
+        AllReplicasReady,
+        /// `Ready=True`: no pending pod of a dynamic pool waits for a new node.
+        Ready,
+        /// Progress: claims are being created.
+        ScalingUp,
+        /// Progress: claims are being removed.
+        ScalingDown,
+        /// Progress: claims from an older template are being replaced.
+        RollingUpdate,
+        /// The pool's `providerRef` names no NodeProvider.
+        ProviderNotFound,
+        /// The pool's claim template cannot be used.
+        InvalidTemplate,
+        /// The tenant's kubeconfig Secret does not exist.
+        KubeconfigSecretNotFound,
+        /// The tenant's kubeconfig Secret is refused.
+        InvalidKubeconfig,
+        /// The tenant's kubeconfig Secret could not be read.
+        KubeconfigSecretUnreadable,
+        /// The tenant cluster does not answer.
+        TenantUnreachable,
+        /// No node type fits the pool's template.
+        NoMatchingNodeType,
+        /// Pending pods fit node types that are all at `maxCapacity`.
+        InsufficientCapacity,
+        /// `LimitReached=False`: demand fits within `spec.limits`.
+        WithinLimits,
+        /// `LimitReached=True`: pending pods need nodes beyond `spec.limits`.
+        LimitReached,
+        /// `Autoscaling=True`: the MachinePool mirrors the pool.
+        MachinePoolMirrored,
+        /// `Autoscaling=False`: `spec.autoscaling` has bounds the autoscaler cannot use.
+        InvalidAutoscalingBounds,
+        /// `Autoscaling=False`: an autoscaled pool needs `spec.replicas`.
+        ReplicasRequired,
+    }
+}
+
+impl PoolReason {
+    /// True for the reasons that mean "on its way", not "something is wrong": the pool
+    /// records them in its status but no Warning Event.
+    pub const fn is_progress(self) -> bool {
+        matches!(
+            self,
+            PoolReason::ScalingUp | PoolReason::ScalingDown | PoolReason::RollingUpdate
+        )
+    }
+}
+
+impl From<ClusterReason> for PoolReason {
+    fn from(r: ClusterReason) -> Self {
+        match r {
+            ClusterReason::KubeconfigSecretNotFound => PoolReason::KubeconfigSecretNotFound,
+            ClusterReason::InvalidKubeconfig => PoolReason::InvalidKubeconfig,
+            ClusterReason::KubeconfigSecretUnreadable => PoolReason::KubeconfigSecretUnreadable,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -191,7 +268,38 @@ mod tests {
         for c in ClaimCondition::ALL {
             assert_eq!(ClaimCondition::parse(c.as_str()), Some(*c));
         }
+        for r in PoolReason::ALL {
+            assert_eq!(PoolReason::parse(r.as_str()), Some(*r));
+        }
+        for c in PoolCondition::ALL {
+            assert_eq!(PoolCondition::parse(c.as_str()), Some(*c));
+        }
         assert_eq!(ClaimReason::parse("Maybe"), None);
+        assert_eq!(PoolReason::parse("Maybe"), None);
+    }
+
+    #[test]
+    fn pool_reasons_keep_the_names_the_readme_and_the_api_know() {
+        let names: Vec<&str> = PoolReason::ALL.iter().map(|r| r.as_str()).collect();
+        for known in [
+            "ProviderNotFound",
+            "InvalidTemplate",
+            "KubeconfigSecretNotFound",
+            "TenantUnreachable",
+            "LimitReached",
+            "WithinLimits",
+            "AllReplicasReady",
+            "NoMatchingNodeType",
+            "InsufficientCapacity",
+            "MachinePoolMirrored",
+            "InvalidAutoscalingBounds",
+            "ReplicasRequired",
+        ] {
+            assert!(names.contains(&known), "{known} missing from PoolReason");
+        }
+        for r in ClusterReason::ALL {
+            assert_eq!(PoolReason::from(*r).as_str(), r.as_str());
+        }
     }
 
     #[test]
@@ -218,5 +326,11 @@ mod tests {
                 "Terminating"
             ]
         );
+        let progress: Vec<&str> = PoolReason::ALL
+            .iter()
+            .filter(|r| r.is_progress())
+            .map(|r| r.as_str())
+            .collect();
+        assert_eq!(progress, ["ScalingUp", "ScalingDown", "RollingUpdate"]);
     }
 }

@@ -37,6 +37,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::api::capi::{CAPI_GROUP, LABEL_POOL_NAME};
 use crate::api::conditions::{self, status_of};
+use crate::api::reasons::{PoolCondition, PoolReason};
 use crate::api::{Autoscaling, NodePool, LABEL_NODEPOOL};
 use crate::names::label_value;
 
@@ -49,13 +50,13 @@ pub use machines::*;
 pub use replicas::*;
 
 /// NodePool condition: whether the pool is mirrored for the cluster-autoscaler.
-pub const AUTOSCALING: &str = "Autoscaling";
+pub const AUTOSCALING: &str = PoolCondition::Autoscaling.as_str();
 /// Reason of `Autoscaling=False` for bad `spec.autoscaling` bounds.
-pub const REASON_INVALID_BOUNDS: &str = "InvalidAutoscalingBounds";
+pub const REASON_INVALID_BOUNDS: &str = PoolReason::InvalidAutoscalingBounds.as_str();
 /// Reason of `Autoscaling=False` for a pool without `spec.replicas`.
-pub const REASON_REPLICAS_REQUIRED: &str = "ReplicasRequired";
+pub const REASON_REPLICAS_REQUIRED: &str = PoolReason::ReplicasRequired.as_str();
 /// Reason of `Autoscaling=True`.
-pub const REASON_MIRRORED: &str = "MachinePoolMirrored";
+pub const REASON_MIRRORED: &str = PoolReason::MachinePoolMirrored.as_str();
 
 /// Names the mirror reads on NodeClaims that the claim and pool controllers define. They
 /// are passed in, so each stays defined once, beside the controller that owns it.

@@ -1,21 +1,39 @@
 //! Node pools (DESIGN §2), the pure half of the NodePool controller: what a pool's claims
-//! look like and which to keep, delete and create.
+//! look like, which to keep, delete and create, and the status that follows.
 //!
-//! - here: the claim template and its hash, claim names, the claims' selector, the
-//!   disruption settings (budget, `consolidateAfter`, `expireAfter`) and when a wait is over;
-//! - [`plan`]: the claims of a static pool to delete and create (scale, replace, roll);
+//! - here: the claim template and its hash, claim names and objects, ownership, the claims'
+//!   selector, the disruption settings (budget, `consolidateAfter`, `expireAfter`) and when
+//!   a wait is over;
+//! - [`plan`]: the claims of a pool to delete and create (scale, replace, roll);
 //! - [`pack`]: pending pods packed onto the room of existing nodes and onto new nodes of the
-//!   cheapest accepting type, within the pool's limits.
+//!   cheapest accepting type, within the pool's limits;
+//! - [`dynamic`]: a dynamic pool's new claims for pending pods, its empty nodes marked and
+//!   removed, its conditions;
+//! - [`reconcile`]: one reconcile as data, from what the controller observed to the plan
+//!   (claims to delete and create, marks to set, conditions, when to look again);
+//! - [`status`]: the status that plan leaves the pool with, and which condition changes
+//!   are problems;
+//! - [`expectations`]: the claims this process created, deleted or annotated that the
+//!   claim store does not show yet, laid over the store's claims.
 
+pub mod dynamic;
+pub mod expectations;
 pub mod pack;
 pub mod plan;
+pub mod reconcile;
+pub mod status;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
 use sha2::{Digest, Sha256};
 
-use crate::api::{DurationOrNever, NodeClaimSpec, NodePoolSpec, ResourceList, LABEL_NODEPOOL};
+use crate::api::{
+    DurationOrNever, NodeClaim, NodeClaimSpec, NodePool, NodePoolSpec, ResourceList, GROUP,
+    LABEL_NODEPOOL, VERSION,
+};
 
 /// Label on a pool's claims: hash of the claim template they were made from.
 pub const LABEL_TEMPLATE_HASH: &str = "autonodes.io/nodepool-template-hash";
@@ -69,6 +87,56 @@ pub fn claim_name(pool: &str, random: &[u8]) -> String {
         .map(|b| ALPHABET[usize::from(*b) % ALPHABET.len()] as char)
         .collect();
     crate::names::child_name(pool, &format!("-{suffix}"))
+}
+
+/// Whether the NodePool with UID `pool_uid` is the claim's controller (its ownerReference).
+pub fn owned_by(claim: &NodeClaim, pool_uid: &str) -> bool {
+    claim
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.kind == "NodePool" && o.uid == pool_uid && o.controller == Some(true))
+}
+
+/// The claim `name` of `pool` with `spec`: in the pool's namespace, labelled with the pool
+/// ([`LABEL_NODEPOOL`]) and its template hash ([`LABEL_TEMPLATE_HASH`]), annotated with the
+/// claim it replaces ([`ANNOTATION_REPLACES`]), the pool its controller (so the garbage
+/// collector removes it with the pool).
+pub fn claim_object(
+    pool: &NodePool,
+    name: &str,
+    spec: NodeClaimSpec,
+    replaces: Option<&str>,
+) -> NodeClaim {
+    let pool_name = pool.metadata.name.clone().unwrap_or_default();
+    let owner = OwnerReference {
+        api_version: format!("{GROUP}/{VERSION}"),
+        kind: "NodePool".into(),
+        name: pool_name.clone(),
+        uid: pool.metadata.uid.clone().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    };
+    NodeClaim {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: pool.metadata.namespace.clone(),
+            labels: Some(BTreeMap::from([
+                (
+                    LABEL_NODEPOOL.to_string(),
+                    crate::names::label_value(&pool_name),
+                ),
+                (LABEL_TEMPLATE_HASH.to_string(), template_hash(&pool.spec)),
+            ])),
+            annotations: replaces
+                .map(|o| BTreeMap::from([(ANNOTATION_REPLACES.to_string(), o.to_string())])),
+            owner_references: Some(vec![owner]),
+            ..ObjectMeta::default()
+        },
+        spec,
+        status: None,
+    }
 }
 
 /// The label selector of a pool's claims (`status.selector`, for the scale subresource).

@@ -174,6 +174,16 @@ async fn a_static_pool_follows_kubectl_scale_from_0_to_5_to_2_to_0_without_leaki
             most_draining <= 1,
             "at most one node (the budget) drains at a time, saw {most_draining}"
         );
+        // The controller reads claims from its cache: a reconcile right after a create
+        // must still count the new claim. Scaling 0 → 5 creates exactly 5, and scaling
+        // down creates none.
+        let created: Vec<String> = world
+            .events_for(NS, "workers")
+            .await
+            .into_iter()
+            .filter(|e| e.starts_with("ClaimCreated"))
+            .collect();
+        assert_eq!(created.len(), 5, "{created:?}");
         transcript.push_str(&step(
             &format!(
                 "{title}, settled in {:.1}s",

@@ -2,6 +2,7 @@
 //! `replicas` (least valuable claims first, within the disruption budget), and outdated
 //! claims are rolled by surge.
 
+use std::borrow::Borrow;
 use std::cmp::Reverse;
 use std::time::Duration;
 
@@ -35,8 +36,8 @@ pub struct ClaimView {
 /// The planner's view of a pool's claims at `now_ms` (milliseconds since the epoch): a
 /// claim is outdated when its [`LABEL_TEMPLATE_HASH`] is not `hash` or it is older than
 /// `expire` (`expireAfter`); a claim without a creation time counts as made now.
-pub fn claim_views(
-    claims: &[NodeClaim],
+pub fn claim_views<C: Borrow<NodeClaim>>(
+    claims: &[C],
     hash: &str,
     expire: Option<Duration>,
     now_ms: i64,
@@ -44,6 +45,7 @@ pub fn claim_views(
     claims
         .iter()
         .map(|c| {
+            let c: &NodeClaim = c.borrow();
             let s = c.status.clone().unwrap_or_default();
             let created_ms = c
                 .metadata
@@ -79,6 +81,16 @@ pub fn claim_views(
 pub fn is_live(c: &NodeClaim) -> bool {
     c.metadata.deletion_timestamp.is_none()
         && c.status.as_ref().and_then(|s| s.phase) != Some(NodeClaimPhase::Failed)
+}
+
+/// Whether the claim is being deleted and has (had) a node: deleting it drains that node,
+/// which counts against the disruption budget.
+pub fn is_draining(c: &NodeClaim) -> bool {
+    c.metadata.deletion_timestamp.is_some()
+        && c.status
+            .as_ref()
+            .and_then(|s| s.node_name.as_ref())
+            .is_some()
 }
 
 /// Why the planner deletes a claim.

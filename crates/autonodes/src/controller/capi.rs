@@ -247,6 +247,13 @@ async fn reconcile_pool(pool: &NodePool, cctx: &CapiContext) -> Result<Action, E
     // 1. The autoscaler's choice of node, onto the claims, before any replica change.
     for mark in capi::delete_first_marks(&claims, &machines, &CLAIM_NAMES) {
         if write_mark(&claims_api, &ns, &mark).await? {
+            // The pool controller reads the claim store, which may show the mark only after
+            // the replica change below: it counts the mark from now on.
+            if let Some(c) = claims.iter().find(|c| c.name_any() == mark.claim) {
+                ctx.expect_claims(|e, at| {
+                    e.annotated(c, ANNOTATION_DELETE_FIRST, mark.value.as_deref(), at)
+                });
+            }
             tracing::info!(nodepool = %name, namespace = %ns, claim = %mark.claim, marked = mark.value.is_some(), "delete-machine mirrored onto the claim");
         }
     }

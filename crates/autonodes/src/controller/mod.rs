@@ -29,6 +29,7 @@ pub mod tenant;
 use std::sync::Arc;
 use std::time::Duration;
 
+use autonodes_core::pool::expectations::ClaimExpectations;
 use futures::channel::mpsc;
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -184,6 +185,9 @@ pub struct Context {
     /// Serializes scheduling decisions so capacity is never exceeded (held only while a
     /// decision is made in memory, never across an API call).
     pub scheduling: Mutex<nodeclaim::Reservations>,
+    /// Claims this process created, deleted or annotated that the claim store does not show
+    /// yet ([`Context::claims_in`]).
+    pub expected_claims: std::sync::Mutex<ClaimExpectations>,
     /// Claims as this process last wrote them, until the store catches up ([`Context::fresher`]).
     pub written: std::sync::Mutex<std::collections::HashMap<String, Written<NodeClaim>>>,
     /// Since when each claim has had progress this process has not written yet, by UID
@@ -233,6 +237,28 @@ impl Context {
             }
             None => claim,
         }
+    }
+
+    /// The claims of `namespace` as they are: the claim store's copies, with the claims
+    /// this process created, deleted or annotated that the store does not show yet
+    /// ([`ClaimExpectations::view`]), sorted by name. No request to the API server.
+    pub fn claims_in(&self, namespace: &str) -> Vec<Arc<NodeClaim>> {
+        let stored = self
+            .claims
+            .state_filter(|c| c.metadata.namespace.as_deref() == Some(namespace));
+        self.expected_claims
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .view(namespace, stored, std::time::Instant::now())
+    }
+
+    /// Records a write to claims that [`Context::claims_in`] shows until the store does.
+    pub fn expect_claims(&self, record: impl FnOnce(&mut ClaimExpectations, std::time::Instant)) {
+        let mut expected = self
+            .expected_claims
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        record(&mut expected, std::time::Instant::now());
     }
 
     /// Remembers a claim as a status write returned it (see [`Context::fresher`]).
@@ -519,6 +545,7 @@ pub async fn run(
         types: r.types.store(),
         providers: r.providers.store(),
         scheduling: Mutex::new(nodeclaim::Reservations::default()),
+        expected_claims: Default::default(),
         written: Default::default(),
         status_pending: Default::default(),
         wake_claims,

@@ -1,0 +1,441 @@
+//! A dynamic pool's plan (no `replicas`): the tenant's unschedulable pods a node of the
+//! pool would take are packed onto the free room of the tenant's nodes and in-flight claims,
+//! then onto new claims of the cheapest accepting node type within `spec.limits`
+//! ([`super::pack`]); the pool's Available claims whose node runs no non-DaemonSet pod are
+//! marked `autonodes.io/empty-since` and removed after `consolidateAfter`, within the
+//! disruption budget; and the `Ready` and `LimitReached` conditions say how it went.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::jiff::Timestamp;
+
+use crate::api::conditions;
+use crate::api::reasons::{ClaimCondition, PoolReason};
+use crate::api::{NodeClaim, NodeClaimPhase, NodeClaimSpec, NodePoolSpec, Overhead};
+use crate::resources::ResourceAmounts;
+use crate::scheduling::{self, Catalogue, ClaimRequest, PreparedType};
+
+use super::pack::{
+    claim_type, is_unschedulable, non_daemon_running, pack, pod_request, Amount, Bin, Candidate,
+    Limits, NodeShape, Packing, PendingPod,
+};
+use super::plan::{is_draining, is_live};
+use super::reconcile::NewClaim;
+use super::status::Verdict;
+use super::{budget, consolidate_after, due_for_removal, ANNOTATION_EMPTY_SINCE, READY_NODE_GRACE};
+
+/// The longest a dynamic pool waits before it looks again.
+pub const MAX_RECHECK: Duration = Duration::from_secs(30);
+
+/// What the controller observed of the tenant and the namespace for a dynamic pool.
+#[derive(Clone, Copy, Debug)]
+pub struct Tenant<'a> {
+    /// Every pod of the tenant.
+    pub pods: &'a [Pod],
+    /// Every node of the tenant.
+    pub nodes: &'a [Node],
+    /// The namespace's claims that are not the pool's (other pools', single claims); those
+    /// of the pool's tenant add room.
+    pub others: &'a [Arc<NodeClaim>],
+    /// Live claims per node type (what is left of `maxCapacity`).
+    pub claimed: &'a BTreeMap<String, i64>,
+    /// `spec.overhead` by NodeType name (its `kubeReserved` is not allocatable).
+    pub overheads: &'a BTreeMap<String, Overhead>,
+}
+
+/// The inputs of [`plan`].
+#[derive(Clone, Copy, Debug)]
+pub struct DynamicInput<'a> {
+    /// The pool's spec.
+    pub spec: &'a NodePoolSpec,
+    /// Its claim template ([`super::template_spec`]).
+    pub template: &'a NodeClaimSpec,
+    /// The pool's claims, with the ones planned a moment ago (no status yet).
+    pub mine: &'a [Arc<NodeClaim>],
+    /// Claims of the pool planned for deletion a moment ago (by name).
+    pub deleted_now: &'a BTreeSet<String>,
+    /// The tenant.
+    pub tenant: Tenant<'a>,
+    /// The node types.
+    pub catalogue: &'a Catalogue,
+    /// The time of the observation.
+    pub now: Timestamp,
+}
+
+/// What a dynamic pool does.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DynamicPlan {
+    /// New claims for pending pods, each pinned to its type with the pods' requests.
+    pub create: Vec<NewClaim>,
+    /// Claims whose node ran no pod for `consolidateAfter` (by name), emptiest-longest first.
+    pub delete: Vec<String>,
+    /// [`ANNOTATION_EMPTY_SINCE`] to set (`Some`) or remove (`None`), by claim name.
+    pub empty_since: Vec<(String, Option<Timestamp>)>,
+    /// `Ready`.
+    pub ready: Verdict,
+    /// `LimitReached`.
+    pub limit: Verdict,
+    /// Unschedulable pods a node of the pool would take.
+    pub pending_pods: i32,
+    /// When to look again.
+    pub requeue: Duration,
+}
+
+/// What pods use on each node: non-DaemonSet pods (their requests and how many keep the
+/// node busy) and DaemonSet pods (room taken, but they keep no node alive).
+#[derive(Default)]
+struct NodeUse {
+    bound: HashMap<String, (Amount, usize)>,
+    daemons: HashMap<String, Amount>,
+}
+
+impl NodeUse {
+    fn of(pods: &[Pod]) -> NodeUse {
+        let mut u = NodeUse::default();
+        for p in pods {
+            let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+                continue;
+            };
+            if non_daemon_running(p) {
+                let e = u.bound.entry(node).or_default();
+                e.0 = e.0.plus(&pod_request(p));
+                e.1 += 1;
+            } else {
+                let e = u.daemons.entry(node).or_default();
+                *e = e.plus(&pod_request(p));
+            }
+        }
+        u
+    }
+
+    fn used(&self, node: &str) -> Amount {
+        let bound = self.bound.get(node).map(|b| b.0).unwrap_or_default();
+        bound.plus(&self.daemons.get(node).copied().unwrap_or_default())
+    }
+
+    fn busy(&self, node: &str) -> bool {
+        self.bound.get(node).is_some_and(|b| b.1 > 0)
+    }
+}
+
+/// What pods may use on a node of type `t`: its resources less `overhead.kubeReserved`.
+pub fn allocatable(t: &PreparedType, overhead: Option<&Overhead>) -> Amount {
+    let reserved = overhead
+        .and_then(|o| ResourceAmounts::from_list(&o.kube_reserved).ok())
+        .map(|r| Amount {
+            cpu: r.cpu_millis(),
+            memory: r.memory_bytes(),
+            pods: 0,
+        })
+        .unwrap_or_default();
+    Amount::of_node(&t.amounts).minus(&reserved)
+}
+
+/// A live claim of the tenant: its type (as scheduled, else as it would be), its node's
+/// labels and taints, its room, and whether it is the pool's.
+struct ClaimNode<'a> {
+    claim: &'a NodeClaim,
+    mine: bool,
+    node_type: Option<&'a PreparedType>,
+    shape: NodeShape,
+    allocatable: Amount,
+}
+
+fn name_of(c: &NodeClaim) -> &str {
+    c.metadata.name.as_deref().unwrap_or_default()
+}
+
+/// The tenant's live claims (the pool's and the others of its vCluster), less the ones
+/// deleted a moment ago.
+fn claim_nodes<'a>(input: &DynamicInput<'a>) -> Vec<ClaimNode<'a>> {
+    let vcluster = &input.spec.v_cluster_ref.name;
+    let mine = input.mine.iter().map(|c| (&**c, true));
+    let others = input
+        .tenant
+        .others
+        .iter()
+        .filter(|c| &c.spec.v_cluster_ref.name == vcluster)
+        .map(|c| (&**c, false));
+    mine.chain(others)
+        .filter(|(c, _)| is_live(c) && !input.deleted_now.contains(name_of(c)))
+        .map(|(c, mine)| {
+            let t = claim_type(c, input.catalogue, input.tenant.claimed);
+            let (shape, allocatable) = match t {
+                Some(t) => (
+                    NodeShape::of_type(t, &c.spec).unwrap_or_default(),
+                    allocatable(t, input.tenant.overheads.get(&t.name)),
+                ),
+                None => (NodeShape::default(), Amount::default()),
+            };
+            ClaimNode {
+                claim: c,
+                mine,
+                node_type: t,
+                shape,
+                allocatable,
+            }
+        })
+        .collect()
+}
+
+/// The free room of the tenant's claims' nodes, for pods the scheduler could not place:
+/// not cordoned nodes, and not nodes Ready for longer than [`READY_NODE_GRACE`] (the
+/// scheduler has seen those: pods it still calls unschedulable do not fit there).
+fn bins(claim_nodes: &[ClaimNode], nodes: &[Node], usage: &NodeUse, now: Timestamp) -> Vec<Bin> {
+    let nodes: HashMap<&str, &Node> = nodes
+        .iter()
+        .filter_map(|n| Some((n.metadata.name.as_deref()?, n)))
+        .collect();
+    let mut bins = Vec::new();
+    for cn in claim_nodes {
+        let status = cn.claim.status.clone().unwrap_or_default();
+        let node_name = status.node_name.as_deref();
+        let cordoned = node_name
+            .and_then(|n| nodes.get(n))
+            .and_then(|n| n.spec.as_ref())
+            .and_then(|s| s.unschedulable)
+            .unwrap_or(false);
+        if cordoned {
+            continue;
+        }
+        let ready_since = conditions::true_since(&status.conditions, ClaimCondition::Ready);
+        if ready_since.is_some_and(|since| due_for_removal(since, now, READY_NODE_GRACE)) {
+            continue;
+        }
+        let used = node_name.map(|n| usage.used(n)).unwrap_or_default();
+        bins.push(Bin {
+            claim: name_of(cn.claim).to_string(),
+            shape: cn.shape.clone(),
+            free: cn.allocatable.minus(&used),
+        });
+    }
+    bins
+}
+
+/// The node types the pool's template fits, cheapest first, with the room left of each.
+fn candidates(
+    template: &NodeClaimSpec,
+    request: &ClaimRequest,
+    tenant: &Tenant,
+    catalogue: &Catalogue,
+) -> Vec<Candidate> {
+    catalogue
+        .types()
+        .iter()
+        .filter(|t| {
+            template
+                .provider_ref
+                .as_deref()
+                .is_none_or(|p| p == t.provider)
+                && scheduling::fits(t, request)
+        })
+        .filter_map(|t| {
+            Some(Candidate {
+                node_type: t.name.clone(),
+                shape: NodeShape::of_type(t, template)?,
+                allocatable: allocatable(t, tenant.overheads.get(&t.name)),
+                resources: Amount::of_node(&t.amounts),
+                room: t
+                    .max_capacity
+                    .map(|m| m - tenant.claimed.get(&t.name).copied().unwrap_or(0)),
+            })
+        })
+        .collect()
+}
+
+/// Empty nodes: marks to set and clear, claims due for removal within the budget, and when
+/// the next one falls due.
+struct Consolidation {
+    delete: Vec<String>,
+    empty_since: Vec<(String, Option<Timestamp>)>,
+    next_check: Option<Duration>,
+}
+
+/// The pool's Available claims whose node runs no non-DaemonSet pod (and gets none from the
+/// packing) are marked empty; those empty for `consolidateAfter` go, longest-empty first,
+/// at most as many as the budget leaves beside the nodes draining already.
+fn consolidate(input: &DynamicInput, usage: &NodeUse, packing: &Packing) -> Consolidation {
+    let mut out = Consolidation {
+        delete: Vec::new(),
+        empty_since: Vec::new(),
+        next_check: None,
+    };
+    // `consolidateAfter: Never`: empty nodes stay.
+    let Some(after) = consolidate_after(input.spec) else {
+        return out;
+    };
+    let now = input.now;
+    let draining = input.mine.iter().filter(|c| is_draining(c)).count() + input.deleted_now.len();
+    let mut disrupt = budget(input.spec).saturating_sub(draining);
+    let mut soonest = |d: Duration| {
+        out.next_check = Some(out.next_check.map_or(d, |n| n.min(d)));
+    };
+    let mut empties: Vec<(&str, Timestamp)> = Vec::new();
+    for c in input
+        .mine
+        .iter()
+        .filter(|c| is_live(c) && !input.deleted_now.contains(name_of(c)))
+    {
+        let Some(s) = c.status.as_ref() else {
+            continue;
+        };
+        if s.phase != Some(NodeClaimPhase::Available) {
+            continue;
+        }
+        let Some(node_name) = s.node_name.as_deref() else {
+            continue;
+        };
+        let name = name_of(c);
+        let busy = usage.busy(node_name) || packing.placed.contains_key(name);
+        let since = c
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION_EMPTY_SINCE))
+            .and_then(|v| v.parse::<Timestamp>().ok());
+        match (busy, since) {
+            (true, Some(_)) => out.empty_since.push((name.to_string(), None)),
+            (true, None) => {}
+            (false, None) => {
+                out.empty_since.push((name.to_string(), Some(now)));
+                soonest(after);
+            }
+            (false, Some(since)) => {
+                if due_for_removal(since, now, after) {
+                    empties.push((name, since));
+                } else {
+                    let waited = (now.as_millisecond() - since.as_millisecond()).max(0);
+                    soonest(after.saturating_sub(Duration::from_millis(waited.unsigned_abs())));
+                }
+            }
+        }
+    }
+    empties.sort_by_key(|(_, since)| since.as_millisecond());
+    for (name, _) in empties {
+        if disrupt == 0 {
+            soonest(Duration::from_secs(2));
+            break;
+        }
+        disrupt -= 1;
+        out.delete.push(name.to_string());
+    }
+    out
+}
+
+/// `LimitReached`, then `Ready`, from the packing.
+fn verdicts(packing: &Packing, limits: &Limits, no_candidates: bool) -> (Verdict, Verdict) {
+    let limit = if packing.blocked_by_limits.is_empty() {
+        Verdict::new(
+            false,
+            PoolReason::WithinLimits,
+            "demand fits within the pool's limits",
+        )
+    } else {
+        Verdict::new(
+            true,
+            PoolReason::LimitReached,
+            format!(
+                "{} pending pod(s) need nodes beyond the pool's limits ({})",
+                packing.blocked_by_limits.len(),
+                limits.describe()
+            ),
+        )
+    };
+    let ready = if !packing.blocked_by_capacity.is_empty() {
+        Verdict::problem(
+            PoolReason::InsufficientCapacity,
+            format!(
+                "{} pending pod(s) fit node types that are all at maxCapacity",
+                packing.blocked_by_capacity.len()
+            ),
+        )
+    } else if no_candidates {
+        Verdict::problem(
+            PoolReason::NoMatchingNodeType,
+            "no node type fits the pool's template",
+        )
+    } else if !packing.new_nodes.is_empty() {
+        Verdict::new(
+            false,
+            PoolReason::ScalingUp,
+            format!(
+                "{} new node(s) for {} pending pod(s)",
+                packing.new_nodes.len(),
+                packing
+                    .new_nodes
+                    .iter()
+                    .map(|n| n.pods.len())
+                    .sum::<usize>()
+            ),
+        )
+    } else {
+        Verdict::new(
+            true,
+            PoolReason::Ready,
+            "no pending pod waits for a new node",
+        )
+    };
+    (limit, ready)
+}
+
+/// Plans a dynamic pool: new claims for the pending pods that fit no existing room, empty
+/// nodes marked and removed, the conditions, and when to look again (when the next empty
+/// node falls due, at most [`MAX_RECHECK`]).
+pub fn plan(input: &DynamicInput) -> DynamicPlan {
+    let tenant = &input.tenant;
+    let usage = NodeUse::of(tenant.pods);
+    let pending: Vec<PendingPod> = tenant
+        .pods
+        .iter()
+        .filter(|p| is_unschedulable(p))
+        .map(PendingPod::from_pod)
+        .collect();
+    let claim_nodes = claim_nodes(input);
+    let bins = bins(&claim_nodes, tenant.nodes, &usage, input.now);
+    let candidates = match ClaimRequest::new(input.template, None) {
+        Ok(request) => candidates(input.template, &request, tenant, input.catalogue),
+        Err(_) => Vec::new(),
+    };
+    // The pool's usage against its limits.
+    let mut usage_of_pool = (0i64, Amount::default());
+    for cn in claim_nodes.iter().filter(|cn| cn.mine) {
+        usage_of_pool.0 += 1;
+        if let Some(t) = cn.node_type {
+            usage_of_pool.1 = usage_of_pool.1.plus(&Amount::of_node(&t.amounts));
+        }
+    }
+    let limits = Limits::from_spec(input.spec.limits.as_ref());
+    let packing = pack(&pending, &bins, &candidates, &limits, usage_of_pool);
+    let create = packing
+        .new_nodes
+        .iter()
+        .map(|n| NewClaim {
+            spec: NodeClaimSpec {
+                desired_capacity: n.request.to_resource_list(),
+                type_ref: Some(n.node_type.clone()),
+                ..input.template.clone()
+            },
+            replaces: None,
+            pods: n.pods.clone(),
+        })
+        .collect();
+    let consolidation = consolidate(input, &usage, &packing);
+    let (limit, ready) = verdicts(&packing, &limits, candidates.is_empty());
+    let requeue = consolidation
+        .next_check
+        .map(|d| d.max(Duration::from_millis(500)) + Duration::from_millis(200))
+        .unwrap_or(MAX_RECHECK)
+        .min(MAX_RECHECK);
+    DynamicPlan {
+        create,
+        delete: consolidation.delete,
+        empty_since: consolidation.empty_since,
+        ready,
+        limit,
+        pending_pods: i32::try_from(packing.wanted).unwrap_or(i32::MAX),
+        requeue,
+    }
+}

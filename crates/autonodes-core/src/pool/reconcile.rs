@@ -1,0 +1,235 @@
+//! One reconcile of a NodePool as data: what the controller observed ([`Observed`]) → what
+//! to do ([`PoolPlan`]): the claims to delete and why, the claims to create (spec with
+//! type and capacity, the claim replaced), the `autonodes.io/empty-since` marks to set or
+//! clear, the pool's conditions and when to look again. The status to write follows from
+//! the plan ([`super::status::pool_status`]).
+//!
+//! Every pool first deletes Failed claims and rolls outdated ones ([`super::plan`]); a
+//! static pool is scaled to `replicas`; a dynamic pool then plans for the tenant's pending
+//! pods and empty nodes ([`super::dynamic`]), counting the claims just planned.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+
+use crate::api::reasons::PoolReason;
+use crate::api::{NodeClaim, NodeClaimSpec, NodePool, NodePoolSpec, ResourceList};
+use crate::scheduling::{self, Catalogue, ClaimRequest};
+
+use super::dynamic::{self, DynamicInput, Tenant};
+use super::plan::{claim_views, plan_claims, DeleteReason};
+use super::status::Verdict;
+use super::{
+    budget, claim_object, expire_after, template_hash, template_spec, LABEL_TEMPLATE_HASH,
+};
+
+/// When a pool with nothing under way is looked at again.
+pub const IDLE_RECHECK: Duration = Duration::from_secs(60);
+/// When a static pool that created or deleted claims is looked at again.
+pub const BUSY_RECHECK: Duration = Duration::from_secs(5);
+/// When a pool whose template or tenant cannot be used is looked at again.
+pub const PROBLEM_RECHECK: Duration = Duration::from_secs(30);
+/// When a dynamic pool whose tenant did not answer is looked at again.
+pub const UNREACHABLE_RECHECK: Duration = Duration::from_secs(15);
+
+/// What the controller observed for one reconcile of a pool.
+#[derive(Clone, Copy, Debug)]
+pub struct Observed<'a> {
+    /// The pool.
+    pub pool: &'a NodePool,
+    /// The pool's claims: the claim store's, with this process's writes it does not show
+    /// yet ([`super::expectations`]).
+    pub claims: &'a [Arc<NodeClaim>],
+    /// Why the pool cannot be worked on at all ([`template_problem`], a static pool's
+    /// tenant that cannot be reached): its claims are left as they are.
+    pub problem: Option<&'a Verdict>,
+    /// A dynamic pool's tenant, or why it could not be observed (`None` for a static pool,
+    /// or when `problem` is set).
+    pub tenant: Option<Result<Tenant<'a>, &'a Verdict>>,
+    /// The node types.
+    pub catalogue: &'a Catalogue,
+    /// The time of the observation.
+    pub now: Timestamp,
+}
+
+/// A claim to create.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewClaim {
+    /// Its spec: the pool's template, with `typeRef` and `desiredCapacity` when chosen.
+    pub spec: NodeClaimSpec,
+    /// The claim it replaces (rolling update, expiry).
+    pub replaces: Option<String>,
+    /// The pending pods it is for (dynamic pools).
+    pub pods: Vec<String>,
+}
+
+/// What one reconcile of a pool does.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PoolPlan {
+    /// Claims to delete (by name), with why.
+    pub delete: Vec<(String, DeleteReason)>,
+    /// Claims to create.
+    pub create: Vec<NewClaim>,
+    /// `autonodes.io/empty-since` to set (`Some`) or remove (`None`), by claim name.
+    pub empty_since: Vec<(String, Option<Timestamp>)>,
+    /// `Ready`, when decided here (else the status works it out from the claims).
+    pub ready: Option<Verdict>,
+    /// `LimitReached`, when decided here.
+    pub limit: Option<Verdict>,
+    /// Unschedulable pods the pool would take (dynamic pools).
+    pub pending_pods: Option<i32>,
+    /// When to look again.
+    pub requeue: Duration,
+}
+
+/// Why the pool's template cannot be used: its provider does not exist
+/// (`provider_exists` says), or its requirements or labels cannot be read.
+pub fn template_problem(
+    spec: &NodePoolSpec,
+    provider_exists: impl FnOnce(&str) -> bool,
+) -> Option<Verdict> {
+    if let Some(p) = &spec.provider_ref {
+        if !provider_exists(p) {
+            return Some(Verdict::problem(
+                PoolReason::ProviderNotFound,
+                format!("NodeProvider {p} does not exist"),
+            ));
+        }
+    }
+    let template = template_spec(spec);
+    if let Err(e) = ClaimRequest::new(&template, None) {
+        return Some(Verdict::problem(PoolReason::InvalidTemplate, e.to_string()));
+    }
+    if let Err(e) = scheduling::node_labels(
+        &Default::default(),
+        None,
+        &template.labels,
+        &BTreeMap::new(),
+    ) {
+        return Some(Verdict::problem(PoolReason::InvalidTemplate, e.to_string()));
+    }
+    None
+}
+
+/// The claim that replaces `old`: its capacity, and its type when only its age (not the
+/// template) makes it outdated — a changed template chooses anew.
+fn replacement(template: &NodeClaimSpec, hash: &str, old: Option<&NodeClaim>) -> NodeClaimSpec {
+    let (desired_capacity, type_ref) = match old {
+        Some(o) => (
+            o.spec.desired_capacity.clone(),
+            (o.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(LABEL_TEMPLATE_HASH))
+                .map(String::as_str)
+                == Some(hash))
+            .then(|| o.spec.type_ref.clone())
+            .flatten(),
+        ),
+        None => (ResourceList::new(), None),
+    };
+    NodeClaimSpec {
+        desired_capacity,
+        type_ref,
+        ..template.clone()
+    }
+}
+
+/// Plans one reconcile of a pool from what was observed.
+pub fn plan_pool(observed: &Observed) -> PoolPlan {
+    if let Some(problem) = observed.problem {
+        return PoolPlan {
+            ready: Some(problem.clone()),
+            requeue: PROBLEM_RECHECK,
+            ..PoolPlan::default()
+        };
+    }
+    let spec = &observed.pool.spec;
+    let template = template_spec(spec);
+    let hash = template_hash(spec);
+    let views = claim_views(
+        observed.claims,
+        &hash,
+        expire_after(spec),
+        observed.now.as_millisecond(),
+    );
+    let desired = spec.replicas.map(|r| usize::try_from(r).unwrap_or(0));
+    let planned = plan_claims(&views, desired, budget(spec));
+    let find = |name: &str| {
+        observed
+            .claims
+            .iter()
+            .find(|c| c.metadata.name.as_deref() == Some(name))
+    };
+    let mut out = PoolPlan {
+        delete: planned
+            .delete
+            .into_iter()
+            .filter(|(name, _)| find(name).is_some())
+            .collect(),
+        create: planned
+            .create
+            .into_iter()
+            .map(|replaces| NewClaim {
+                spec: replacement(
+                    &template,
+                    &hash,
+                    replaces.as_deref().and_then(find).map(|c| &**c),
+                ),
+                replaces,
+                pods: Vec::new(),
+            })
+            .collect(),
+        requeue: IDLE_RECHECK,
+        ..PoolPlan::default()
+    };
+    match (spec.replicas, &observed.tenant) {
+        (Some(_), _) => {
+            if !out.create.is_empty() || !out.delete.is_empty() {
+                out.requeue = BUSY_RECHECK;
+            }
+        }
+        (None, None) => {}
+        (None, Some(Err(problem))) => {
+            out.ready = Some((*problem).clone());
+            out.requeue = UNREACHABLE_RECHECK;
+        }
+        (None, Some(Ok(tenant))) => {
+            // The claims planned above count as in flight: their room takes pending pods.
+            let mut mine: Vec<Arc<NodeClaim>> = observed.claims.to_vec();
+            mine.extend(out.create.iter().enumerate().map(|(i, c)| {
+                let name = format!("+{i}");
+                Arc::new(claim_object(
+                    observed.pool,
+                    &name,
+                    c.spec.clone(),
+                    c.replaces.as_deref(),
+                ))
+            }));
+            let deleted_now: BTreeSet<String> = out.delete.iter().map(|(n, _)| n.clone()).collect();
+            let d = dynamic::plan(&DynamicInput {
+                spec,
+                template: &template,
+                mine: &mine,
+                deleted_now: &deleted_now,
+                tenant: *tenant,
+                catalogue: observed.catalogue,
+                now: observed.now,
+            });
+            out.create.extend(d.create);
+            out.delete
+                .extend(d.delete.into_iter().map(|n| (n, DeleteReason::Empty)));
+            out.empty_since = d.empty_since;
+            out.ready = Some(d.ready);
+            out.limit = Some(d.limit);
+            out.pending_pods = Some(d.pending_pods);
+            out.requeue = d.requeue;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

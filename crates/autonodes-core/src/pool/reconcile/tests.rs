@@ -1,0 +1,501 @@
+//! One pool reconcile planned from observations: static pools, dynamic pools (pending pods,
+//! empty nodes, limits) and the status that follows.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use serde_json::{json, Value};
+
+use super::*;
+use crate::api::conditions;
+use crate::api::reasons::{PoolCondition, PoolReason};
+use crate::api::{NodePoolStatus, NodeProvider, Overhead};
+use crate::pool::status::{new_problems, pool_status, Verdict};
+use crate::pool::{ANNOTATION_EMPTY_SINCE, LABEL_TEMPLATE_HASH};
+
+fn at(secs: i64) -> Timestamp {
+    Timestamp::from_second(secs).expect("time")
+}
+
+/// The time every scenario is planned at.
+const NOW: i64 = 100_000;
+
+/// Provider `p` with `small` (4 CPU, 8Gi, the cheapest) and `large` (8 CPU, 32Gi).
+fn catalogue() -> Catalogue {
+    let provider: NodeProvider = serde_json::from_value(json!({
+        "apiVersion": "autonodes.io/v1alpha1", "kind": "NodeProvider",
+        "metadata": {"name": "p"},
+        "spec": {"kubeVirt": {
+            "clusterRef": {"cluster": "h", "namespace": "vms"},
+            "virtualMachineTemplate": {"spec": {"template": {"spec": {"domain": {"devices": {}}}}}},
+            "nodeTypes": [
+                {"name": "small", "cost": 1, "resources": {"cpu": "4", "memory": "8Gi"}},
+                {"name": "large", "cost": 3, "resources": {"cpu": "8", "memory": "32Gi"}},
+            ],
+        }},
+    }))
+    .expect("provider");
+    Catalogue::from_provider(&provider)
+}
+
+/// NodePool `blue` in `t` (vCluster `t`, provider `p`, generation 3) with `spec` over that.
+fn pool(spec: Value) -> NodePool {
+    let mut s = json!({"vClusterRef": {"name": "t"}, "providerRef": "p"});
+    if let (Some(s), Some(extra)) = (s.as_object_mut(), spec.as_object()) {
+        s.extend(extra.clone());
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "autonodes.io/v1alpha1", "kind": "NodePool",
+        "metadata": {"name": "blue", "namespace": "t", "uid": "pool-uid", "generation": 3},
+        "spec": s,
+    }))
+    .expect("pool")
+}
+
+/// Claim `name` of `pool` made at second 0 from its template, with `status`.
+fn claim(pool: &NodePool, name: &str, status: Value) -> Arc<NodeClaim> {
+    let mut c = claim_object(pool, name, template_spec(&pool.spec), None);
+    c.metadata.uid = Some(format!("{name}-uid"));
+    c.metadata.creation_timestamp = Some(Time(at(0)));
+    c.status = serde_json::from_value(status).expect("status");
+    Arc::new(c)
+}
+
+/// A claim of type `p.small` whose node `name` has been Ready since second 0.
+fn available(pool: &NodePool, name: &str) -> Arc<NodeClaim> {
+    claim(
+        pool,
+        name,
+        json!({"phase": "Available", "typeRef": "p.small", "nodeName": name, "cost": 1,
+               "conditions": [{"type": "Ready", "status": "True", "reason": "NodeReady",
+                               "message": "", "lastTransitionTime": "1970-01-01T00:00:00Z"}]}),
+    )
+}
+
+fn with_annotation(c: Arc<NodeClaim>, key: &str, value: &str) -> Arc<NodeClaim> {
+    let mut c = (*c).clone();
+    c.metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(key.into(), value.into());
+    Arc::new(c)
+}
+
+/// A pod the scheduler could not place, asking for `cpu`.
+fn pending(name: &str, cpu: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"namespace": "default", "name": name},
+        "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": cpu}}}]},
+        "status": {"phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]},
+    }))
+    .expect("pod")
+}
+
+/// A running pod on `node`.
+fn running(name: &str, node: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"namespace": "default", "name": name},
+        "spec": {"nodeName": node, "containers": [{"name": "c"}]},
+        "status": {"phase": "Running"},
+    }))
+    .expect("pod")
+}
+
+fn node(name: &str) -> Node {
+    serde_json::from_value(json!({"metadata": {"name": name}})).expect("node")
+}
+
+/// Everything a reconcile observes, for a dynamic pool by default.
+struct Scene {
+    pool: NodePool,
+    claims: Vec<Arc<NodeClaim>>,
+    pods: Vec<Pod>,
+    nodes: Vec<Node>,
+    others: Vec<Arc<NodeClaim>>,
+    problem: Option<Verdict>,
+    unreachable: Option<Verdict>,
+    catalogue: Catalogue,
+}
+
+impl Scene {
+    fn new(spec: Value) -> Scene {
+        Scene {
+            pool: pool(spec),
+            claims: Vec::new(),
+            pods: Vec::new(),
+            nodes: Vec::new(),
+            others: Vec::new(),
+            problem: None,
+            unreachable: None,
+            catalogue: catalogue(),
+        }
+    }
+
+    fn plan(&self) -> PoolPlan {
+        let claimed = BTreeMap::new();
+        let overheads: BTreeMap<String, Overhead> = BTreeMap::new();
+        let tenant = Tenant {
+            pods: &self.pods,
+            nodes: &self.nodes,
+            others: &self.others,
+            claimed: &claimed,
+            overheads: &overheads,
+        };
+        let tenant = match (&self.unreachable, self.pool.spec.replicas) {
+            (_, Some(_)) => None,
+            (Some(problem), None) => Some(Err(problem)),
+            (None, None) => Some(Ok(tenant)),
+        };
+        plan_pool(&Observed {
+            pool: &self.pool,
+            claims: &self.claims,
+            problem: self.problem.as_ref(),
+            tenant,
+            catalogue: &self.catalogue,
+            now: at(NOW),
+        })
+    }
+
+    fn status(&self, plan: &PoolPlan) -> NodePoolStatus {
+        pool_status(&self.pool, &self.claims, plan, &self.catalogue, at(NOW))
+    }
+}
+
+fn deleted(plan: &PoolPlan) -> Vec<(&str, DeleteReason)> {
+    plan.delete.iter().map(|(n, r)| (n.as_str(), *r)).collect()
+}
+
+fn condition(s: &NodePoolStatus, type_: PoolCondition) -> (&str, &str) {
+    let c = conditions::get(&s.conditions, type_).expect("condition");
+    (c.status.as_str(), c.reason.as_str())
+}
+
+// --- any pool -------------------------------------------------------------------------
+
+#[test]
+fn a_pool_with_a_problem_leaves_its_claims_alone_and_says_why() {
+    let mut scene = Scene::new(json!({"replicas": 3}));
+    scene.claims = vec![available(&scene.pool, "a")];
+    scene.problem = Some(Verdict::problem(PoolReason::ProviderNotFound, "gone"));
+    let plan = scene.plan();
+    assert!(plan.create.is_empty() && plan.delete.is_empty());
+    assert_eq!(plan.requeue, PROBLEM_RECHECK);
+    let s = scene.status(&plan);
+    assert_eq!(
+        condition(&s, PoolCondition::Ready),
+        ("False", "ProviderNotFound")
+    );
+    assert_eq!(s.replicas, 1, "its claims still count");
+}
+
+#[test]
+fn a_template_naming_a_missing_provider_or_an_unusable_label_is_a_problem() {
+    let spec = pool(json!({})).spec;
+    let missing = template_problem(&spec, |_| false).expect("problem");
+    assert_eq!(missing.reason, PoolReason::ProviderNotFound);
+    assert_eq!(missing.message, "NodeProvider p does not exist");
+    assert_eq!(template_problem(&spec, |p| p == "p"), None);
+    let bad = pool(json!({"labels": {"kubernetes.io/hostname": "x"}})).spec;
+    let problem = template_problem(&bad, |_| true).expect("problem");
+    assert_eq!(problem.reason, PoolReason::InvalidTemplate);
+}
+
+// --- static pools ---------------------------------------------------------------------
+
+#[test]
+fn a_static_pool_below_its_replicas_plans_claims_from_its_template_and_looks_again_soon() {
+    let mut scene = Scene::new(json!({"replicas": 3, "labels": {"team": "blue"}}));
+    scene.claims = vec![available(&scene.pool, "a")];
+    let plan = scene.plan();
+    assert_eq!(plan.create.len(), 2);
+    for c in &plan.create {
+        assert_eq!(c.spec, template_spec(&scene.pool.spec));
+        assert_eq!(c.replaces, None);
+    }
+    assert_eq!(plan.requeue, BUSY_RECHECK);
+    let s = scene.status(&plan);
+    assert_eq!((s.replicas, s.ready_replicas), (3, 1));
+    assert_eq!(condition(&s, PoolCondition::Ready), ("False", "ScalingUp"));
+    assert_eq!(
+        condition(&s, PoolCondition::LimitReached),
+        ("False", "WithinLimits")
+    );
+}
+
+#[test]
+fn a_static_pool_with_every_replica_available_is_ready_and_idle() {
+    let mut scene = Scene::new(json!({"replicas": 2}));
+    scene.claims = vec![available(&scene.pool, "a"), available(&scene.pool, "b")];
+    let plan = scene.plan();
+    assert_eq!(
+        plan,
+        PoolPlan {
+            requeue: IDLE_RECHECK,
+            ..PoolPlan::default()
+        }
+    );
+    let s = scene.status(&plan);
+    assert_eq!((s.replicas, s.ready_replicas, s.cost), (2, 2, Some(2)));
+    assert_eq!(s.node_type.as_deref(), Some("p.small"));
+    assert_eq!(s.selector.as_deref(), Some("autonodes.io/nodepool=blue"));
+    assert_eq!(s.observed_generation, Some(3));
+    assert_eq!(
+        s.resources
+            .as_ref()
+            .and_then(|r| r.cpu.clone())
+            .map(|q| q.0),
+        Some("8".to_string())
+    );
+    assert_eq!(
+        condition(&s, PoolCondition::Ready),
+        ("True", "AllReplicasReady")
+    );
+}
+
+#[test]
+fn a_scaled_down_static_pool_no_longer_counts_the_claims_it_deletes() {
+    let mut scene = Scene::new(json!({"replicas": 1}));
+    let mut newer = (*available(&scene.pool, "b")).clone();
+    newer.metadata.creation_timestamp = Some(Time(at(5)));
+    scene.claims = vec![available(&scene.pool, "a"), Arc::new(newer)];
+    let plan = scene.plan();
+    assert_eq!(deleted(&plan), [("b", DeleteReason::ScaleDown)]);
+    let s = scene.status(&plan);
+    assert_eq!((s.replicas, s.ready_replicas), (1, 1));
+    assert_eq!(
+        condition(&s, PoolCondition::Ready),
+        ("True", "AllReplicasReady")
+    );
+}
+
+#[test]
+fn a_replacement_keeps_the_old_claim_s_capacity_and_its_type_only_for_an_unchanged_template() {
+    let scene = |hash: Option<&str>| {
+        let mut scene = Scene::new(json!({"replicas": 1, "disruption": {"expireAfter": "1h"}}));
+        // Made at second 0, planned at NOW, more than an hour later: expired.
+        let mut old = (*available(&scene.pool, "old")).clone();
+        old.spec.type_ref = Some("p.small".into());
+        old.spec.desired_capacity = BTreeMap::from([("cpu".to_string(), Quantity("3".into()))]);
+        if let (Some(hash), Some(labels)) = (hash, old.metadata.labels.as_mut()) {
+            labels.insert(LABEL_TEMPLATE_HASH.into(), hash.into());
+        }
+        scene.claims = vec![Arc::new(old)];
+        scene
+    };
+    let expired = scene(None).plan();
+    let surge = &expired.create[0];
+    assert_eq!(surge.replaces.as_deref(), Some("old"));
+    assert_eq!(surge.spec.type_ref.as_deref(), Some("p.small"));
+    assert_eq!(surge.spec.desired_capacity["cpu"].0, "3");
+    let changed = scene(Some("older")).plan();
+    let surge = &changed.create[0];
+    assert_eq!(surge.replaces.as_deref(), Some("old"));
+    assert_eq!(surge.spec.type_ref, None, "a changed template chooses anew");
+    assert_eq!(surge.spec.desired_capacity["cpu"].0, "3");
+}
+
+// --- dynamic pools --------------------------------------------------------------------
+
+#[test]
+fn twelve_pending_one_cpu_pods_get_three_claims_pinned_to_the_cheapest_type() {
+    let mut scene = Scene::new(json!({}));
+    scene.pods = (0..12).map(|i| pending(&format!("p{i:02}"), "1")).collect();
+    let plan = scene.plan();
+    assert_eq!(plan.create.len(), 3);
+    for c in &plan.create {
+        assert_eq!(c.spec.type_ref.as_deref(), Some("p.small"));
+        assert_eq!(c.spec.desired_capacity["cpu"].0, "4");
+        assert_eq!(c.pods.len(), 4);
+    }
+    assert_eq!(plan.pending_pods, Some(12));
+    let s = scene.status(&plan);
+    assert_eq!(s.replicas, 3);
+    let ready = conditions::get(&s.conditions, PoolCondition::Ready).expect("Ready");
+    assert_eq!(
+        (ready.reason.as_str(), ready.message.as_str()),
+        ("ScalingUp", "3 new node(s) for 12 pending pod(s)")
+    );
+}
+
+#[test]
+fn pending_pods_that_fit_a_claim_on_its_way_need_no_new_claim() {
+    let mut scene = Scene::new(json!({}));
+    scene.claims = vec![claim(
+        &scene.pool,
+        "booting",
+        json!({"phase": "Provisioning", "typeRef": "p.small"}),
+    )];
+    scene.pods = (0..4).map(|i| pending(&format!("p{i}"), "1")).collect();
+    let plan = scene.plan();
+    assert!(plan.create.is_empty(), "{:?}", plan.create);
+    assert_eq!(plan.ready.map(|r| r.reason), Some(PoolReason::Ready));
+}
+
+#[test]
+fn the_room_of_another_pool_s_claim_in_the_same_tenant_counts_but_not_another_tenant_s() {
+    let mut scene = Scene::new(json!({}));
+    let other_pool = pool(json!({}));
+    let mut theirs = (*claim(&other_pool, "theirs", json!({"typeRef": "p.small"}))).clone();
+    theirs.metadata.owner_references = None;
+    let mut elsewhere = theirs.clone();
+    elsewhere.metadata.name = Some("elsewhere".into());
+    elsewhere.spec.v_cluster_ref.name = "other".into();
+    scene.others = vec![Arc::new(elsewhere)];
+    scene.pods = (0..4).map(|i| pending(&format!("p{i}"), "1")).collect();
+    assert_eq!(scene.plan().create.len(), 1);
+    scene.others.push(Arc::new(theirs));
+    assert!(scene.plan().create.is_empty());
+}
+
+#[test]
+fn a_node_ready_for_longer_than_the_grace_offers_no_room_to_pods_the_scheduler_refused() {
+    let mut scene = Scene::new(json!({}));
+    scene.claims = vec![available(&scene.pool, "a")];
+    scene.nodes = vec![node("a")];
+    scene.pods = vec![pending("p", "1"), running("busy", "a")];
+    let plan = scene.plan();
+    assert_eq!(plan.create.len(), 1);
+    assert!(plan.empty_since.is_empty(), "its node runs a pod");
+}
+
+#[test]
+fn claims_planned_for_a_rolling_update_take_pending_pods_first() {
+    let mut scene = Scene::new(json!({}));
+    let mut outdated = (*available(&scene.pool, "old")).clone();
+    outdated
+        .metadata
+        .labels
+        .get_or_insert_with(BTreeMap::new)
+        .insert(LABEL_TEMPLATE_HASH.into(), "older".into());
+    scene.claims = vec![Arc::new(outdated)];
+    scene.pods = vec![pending("p", "1"), running("busy", "old")];
+    let plan = scene.plan();
+    assert_eq!(plan.create.len(), 1, "{:?}", plan.create);
+    assert_eq!(plan.create[0].replaces.as_deref(), Some("old"));
+}
+
+#[test]
+fn limits_stop_growth_and_say_so() {
+    let mut scene = Scene::new(json!({"limits": {"nodes": 1}}));
+    scene.pods = (0..8).map(|i| pending(&format!("p{i}"), "1")).collect();
+    let plan = scene.plan();
+    assert_eq!(plan.create.len(), 1);
+    let limit = plan.limit.clone().expect("limit");
+    assert_eq!(
+        (limit.status, limit.reason, limit.message.as_str()),
+        (
+            true,
+            PoolReason::LimitReached,
+            "4 pending pod(s) need nodes beyond the pool's limits (nodes 1)"
+        )
+    );
+    let s = scene.status(&plan);
+    let problems: Vec<&str> = new_problems(&NodePoolStatus::default(), &s)
+        .iter()
+        .map(|c| c.reason.as_str())
+        .collect();
+    assert_eq!(problems, ["LimitReached"], "ScalingUp is progress");
+    assert!(new_problems(&s, &s).is_empty(), "once per reason");
+}
+
+#[test]
+fn no_fitting_node_type_is_a_problem() {
+    let mut scene = Scene::new(json!({"requirements": [
+        {"key": "autonodes.io/node-type", "operator": "In", "values": ["huge"]}]}));
+    scene.pods = vec![pending("p", "1")];
+    let plan = scene.plan();
+    assert!(plan.create.is_empty());
+    assert_eq!(
+        plan.ready.map(|r| r.reason),
+        Some(PoolReason::NoMatchingNodeType)
+    );
+}
+
+#[test]
+fn a_dynamic_pool_whose_tenant_cannot_be_reached_still_replaces_failed_claims() {
+    let mut scene = Scene::new(json!({}));
+    scene.claims = vec![claim(&scene.pool, "f", json!({"phase": "Failed"}))];
+    scene.unreachable = Some(Verdict::problem(PoolReason::TenantUnreachable, "t: down"));
+    let plan = scene.plan();
+    assert_eq!(deleted(&plan), [("f", DeleteReason::Failed)]);
+    assert_eq!(plan.requeue, UNREACHABLE_RECHECK);
+    assert_eq!(
+        plan.ready.map(|r| r.reason),
+        Some(PoolReason::TenantUnreachable)
+    );
+}
+
+#[test]
+fn an_empty_node_is_marked_then_removed_after_consolidate_after() {
+    let mut scene = Scene::new(json!({}));
+    scene.claims = vec![available(&scene.pool, "a")];
+    scene.nodes = vec![node("a")];
+    let plan = scene.plan();
+    assert_eq!(plan.empty_since, [("a".to_string(), Some(at(NOW)))]);
+    assert!(plan.delete.is_empty());
+    assert_eq!(plan.requeue, Duration::from_secs(30), "at most 30s");
+
+    let since = |secs: i64| at(NOW - secs).to_string();
+    scene.claims = vec![with_annotation(
+        available(&scene.pool, "a"),
+        ANNOTATION_EMPTY_SINCE,
+        &since(10),
+    )];
+    let plan = scene.plan();
+    assert!(plan.delete.is_empty() && plan.empty_since.is_empty());
+    assert_eq!(plan.requeue, Duration::from_millis(20_200));
+
+    scene.claims = vec![with_annotation(
+        available(&scene.pool, "a"),
+        ANNOTATION_EMPTY_SINCE,
+        &since(30),
+    )];
+    assert_eq!(deleted(&scene.plan()), [("a", DeleteReason::Empty)]);
+
+    let mut never = Scene::new(json!({"disruption": {"consolidateAfter": "Never"}}));
+    never.claims = scene.claims.clone();
+    never.nodes = vec![node("a")];
+    let plan = never.plan();
+    assert!(plan.delete.is_empty() && plan.empty_since.is_empty());
+}
+
+#[test]
+fn a_node_that_runs_pods_again_loses_its_empty_mark() {
+    let mut scene = Scene::new(json!({}));
+    scene.claims = vec![with_annotation(
+        available(&scene.pool, "a"),
+        ANNOTATION_EMPTY_SINCE,
+        &at(0).to_string(),
+    )];
+    scene.pods = vec![running("web", "a")];
+    let plan = scene.plan();
+    assert_eq!(plan.empty_since, [("a".to_string(), None)]);
+    assert!(plan.delete.is_empty());
+}
+
+#[test]
+fn empty_nodes_go_longest_empty_first_within_the_budget_left_by_draining_ones() {
+    let mut scene = Scene::new(json!({}));
+    let empty = |name: &str, secs: i64| {
+        with_annotation(
+            available(&scene.pool, name),
+            ANNOTATION_EMPTY_SINCE,
+            &at(secs).to_string(),
+        )
+    };
+    scene.claims = vec![empty("recent", 50), empty("oldest", 10)];
+    let plan = scene.plan();
+    assert_eq!(deleted(&plan), [("oldest", DeleteReason::Empty)]);
+    assert_eq!(plan.requeue, Duration::from_millis(2_200));
+
+    let mut draining = (*available(&scene.pool, "going")).clone();
+    draining.metadata.deletion_timestamp = Some(Time(at(1)));
+    scene.claims.push(Arc::new(draining));
+    assert!(scene.plan().delete.is_empty(), "the budget (1) is in use");
+}

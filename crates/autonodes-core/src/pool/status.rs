@@ -1,0 +1,197 @@
+//! The status a pool reports: its live claims as this reconcile leaves them (the planned
+//! deletions gone, the planned claims made), the node types, resources and cost they stand
+//! for, and the `Ready` and `LimitReached` conditions; and which condition changes are
+//! problems worth a Warning Event.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::jiff::Timestamp;
+
+use crate::api::conditions::{self, status_of, TRUE};
+use crate::api::reasons::{PoolCondition, PoolReason};
+use crate::api::{NodeClaim, NodeClaimPhase, NodePool, NodePoolResources, NodePoolStatus};
+use crate::resources;
+use crate::scheduling::Catalogue;
+
+use super::pack::Amount;
+use super::plan::is_live;
+use super::reconcile::PoolPlan;
+use super::{selector, template_hash, LABEL_TEMPLATE_HASH};
+
+/// A pool condition as a reconcile decided it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    /// The condition's status: `True` when set.
+    pub status: bool,
+    /// Why.
+    pub reason: PoolReason,
+    /// For people.
+    pub message: String,
+}
+
+impl Verdict {
+    /// A condition with `status`, `reason` and `message`.
+    pub fn new(status: bool, reason: PoolReason, message: impl Into<String>) -> Verdict {
+        Verdict {
+            status,
+            reason,
+            message: message.into(),
+        }
+    }
+
+    /// `Ready=False` for `reason`: something keeps the pool from working.
+    pub fn problem(reason: impl Into<PoolReason>, message: impl Into<String>) -> Verdict {
+        Verdict::new(false, reason.into(), message)
+    }
+}
+
+/// `Ready` of a static pool from its claims: rolling while any claim is from an older
+/// template, else ready when exactly `desired` claims are all Available, else scaling.
+fn static_ready(desired: i32, replicas: i32, ready: i32, outdated: usize) -> Verdict {
+    if outdated > 0 {
+        Verdict::new(
+            false,
+            PoolReason::RollingUpdate,
+            format!("{outdated} claim(s) from an older template are being replaced"),
+        )
+    } else if ready == desired && replicas == desired {
+        Verdict::new(
+            true,
+            PoolReason::AllReplicasReady,
+            format!("{desired} of {desired} nodes Ready"),
+        )
+    } else if replicas > desired {
+        Verdict::new(
+            false,
+            PoolReason::ScalingDown,
+            format!("{replicas} claims, {desired} wanted"),
+        )
+    } else {
+        Verdict::new(
+            false,
+            PoolReason::ScalingUp,
+            format!("{ready} of {desired} nodes Ready"),
+        )
+    }
+}
+
+fn count(n: usize) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+/// The status of `pool` once `plan` is carried out on its `claims` (the claims it deletes
+/// no longer count, each claim it creates counts as one not yet Available): replicas, ready
+/// replicas, selector, node types, resources and cost of the live claims (from
+/// `catalogue`), pending pods, and the conditions (`plan`'s, else worked out from the
+/// claims), set at `now`.
+pub fn pool_status(
+    pool: &NodePool,
+    claims: &[Arc<NodeClaim>],
+    plan: &PoolPlan,
+    catalogue: &Catalogue,
+    now: Timestamp,
+) -> NodePoolStatus {
+    let old = pool.status.clone().unwrap_or_default();
+    let mut new = old.clone();
+    let deleted: BTreeSet<&str> = plan.delete.iter().map(|(n, _)| n.as_str()).collect();
+    let live: Vec<&NodeClaim> = claims
+        .iter()
+        .map(|c| &**c)
+        .filter(|c| is_live(c) && !deleted.contains(c.metadata.name.as_deref().unwrap_or("")))
+        .collect();
+    let nodes = live.len() + plan.create.len();
+    new.replicas = count(nodes);
+    new.ready_replicas = count(
+        live.iter()
+            .filter(|c| c.status.as_ref().and_then(|s| s.phase) == Some(NodeClaimPhase::Available))
+            .count(),
+    );
+    new.selector = Some(selector(pool.metadata.name.as_deref().unwrap_or_default()));
+    let types: BTreeSet<String> = live
+        .iter()
+        .filter_map(|c| c.status.as_ref().and_then(|s| s.type_ref.clone()))
+        .collect();
+    new.node_type = (!types.is_empty()).then(|| types.into_iter().collect::<Vec<_>>().join(","));
+    let mut used = Amount::default();
+    let mut cost = 0i64;
+    for s in live.iter().filter_map(|c| c.status.as_ref()) {
+        cost += s.cost.unwrap_or(0);
+        if let Some(t) = s.type_ref.as_ref().and_then(|t| catalogue.get(t)) {
+            used = used.plus(&Amount::of_node(&t.amounts));
+        }
+    }
+    new.resources = Some(NodePoolResources {
+        nodes: i64::try_from(nodes).unwrap_or(i64::MAX),
+        cpu: Some(Quantity(resources::format_cpu(used.cpu))),
+        memory: Some(Quantity(resources::format_memory(used.memory))),
+    });
+    new.cost = Some(cost);
+    new.pending_pods = plan.pending_pods;
+    let hash = template_hash(&pool.spec);
+    let ready = plan.ready.clone().unwrap_or_else(|| {
+        let outdated = live
+            .iter()
+            .filter(|c| {
+                c.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(LABEL_TEMPLATE_HASH))
+                    != Some(&hash)
+            })
+            .count();
+        static_ready(
+            pool.spec.replicas.unwrap_or(0),
+            new.replicas,
+            new.ready_replicas,
+            outdated,
+        )
+    });
+    let limit = plan.limit.clone().unwrap_or_else(|| {
+        Verdict::new(
+            false,
+            PoolReason::WithinLimits,
+            "the pool is within its limits",
+        )
+    });
+    let generation = pool.metadata.generation;
+    for (type_, v) in [
+        (PoolCondition::Ready, ready),
+        (PoolCondition::LimitReached, limit),
+    ] {
+        conditions::set(
+            &mut new.conditions,
+            type_,
+            status_of(v.status),
+            v.reason,
+            v.message,
+            generation,
+            now,
+        );
+    }
+    new.observed_generation = generation;
+    new
+}
+
+/// The conditions of `new` that became a problem since `old` (status or reason changed):
+/// `Ready` not True for a reason that is not progress, and `LimitReached=True`. Each gets a
+/// Warning Event, once per reason.
+pub fn new_problems<'s>(old: &NodePoolStatus, new: &'s NodePoolStatus) -> Vec<&'s Condition> {
+    new.conditions
+        .iter()
+        .filter(|c| {
+            let before = conditions::get(&old.conditions, &c.type_);
+            !before.is_some_and(|b| b.status == c.status && b.reason == c.reason)
+        })
+        .filter(|c| match PoolCondition::parse(&c.type_) {
+            Some(PoolCondition::Ready) => {
+                c.status != TRUE
+                    && !PoolReason::parse(&c.reason).is_some_and(PoolReason::is_progress)
+            }
+            Some(PoolCondition::LimitReached) => c.status == TRUE,
+            _ => false,
+        })
+        .collect()
+}

@@ -1,0 +1,290 @@
+//! What one reconcile of a pool writes, as [`autonodes_core::pool::reconcile`] planned it:
+//! claims deleted and created, `autonodes.io/empty-since` marks, the pool's status (with a
+//! Warning Event per new problem) and its gauges. Each claim write is remembered
+//! ([`Context::expect_claims`]) until the claim store shows it.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use autonodes_core::pool::plan::DeleteReason;
+use autonodes_core::pool::reconcile::{NewClaim, PoolPlan};
+use autonodes_core::pool::status::{new_problems, pool_status};
+use autonodes_core::pool::{self, claim_object, ANNOTATION_EMPTY_SINCE};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::events::EventType;
+use kube::ResourceExt;
+use serde_json::json;
+
+use super::PoolContext;
+use crate::api::{NodeClaim, NodePool, NodePoolStatus};
+use crate::controller::{apply_status, now, Context, Error};
+use crate::scheduling::Catalogue;
+
+/// `<pool>-<5 random [a-z0-9]>`.
+fn claim_name(pool: &str) -> String {
+    pool::claim_name(pool, uuid::Uuid::new_v4().as_bytes())
+}
+
+/// Carries out `plan` on the pool's claims `mine`: deletions that scale, replace or roll,
+/// then creations, then empty-since marks, then deletions of empty nodes.
+pub(super) async fn carry_out(
+    pctx: &PoolContext,
+    pool: &NodePool,
+    mine: &[Arc<NodeClaim>],
+    plan: &PoolPlan,
+) -> Result<(), Error> {
+    let find = |name: &str| mine.iter().find(|c| c.name_any() == name);
+    let (empty, others): (Vec<_>, Vec<_>) = plan
+        .delete
+        .iter()
+        .partition(|(_, reason)| *reason == DeleteReason::Empty);
+    for (name, reason) in others {
+        if let Some(c) = find(name) {
+            delete_claim(pctx, pool, c, *reason).await?;
+        }
+    }
+    for new in &plan.create {
+        create_claim(pctx, pool, new).await?;
+    }
+    for (name, since) in &plan.empty_since {
+        if let Some(c) = find(name) {
+            annotate_empty(&pctx.ctx, c, *since).await?;
+        }
+    }
+    for (name, reason) in empty {
+        if let Some(c) = find(name) {
+            delete_claim(pctx, pool, c, *reason).await?;
+        }
+    }
+    Ok(())
+}
+
+async fn create_claim(pctx: &PoolContext, pool: &NodePool, new: &NewClaim) -> Result<(), Error> {
+    let ctx = &pctx.ctx;
+    let ns = pool.namespace().unwrap_or_default();
+    let pool_name = pool.name_any();
+    let api: Api<NodeClaim> = Api::namespaced(ctx.client.clone(), &ns);
+    let replaces = new.replaces.as_deref();
+    // A name collision (1 in 36^5) gets another name.
+    for attempt in 0..3 {
+        let claim = claim_object(pool, &claim_name(&pool_name), new.spec.clone(), replaces);
+        match api.create(&PostParams::default(), &claim).await {
+            Ok(c) => {
+                let name = c.name_any();
+                ctx.expect_claims(|e, at| e.created(c, at));
+                let what = match replaces {
+                    Some(o) => format!("created NodeClaim {name} to replace {o}"),
+                    None => format!("created NodeClaim {name}"),
+                };
+                tracing::info!(nodepool = %pool_name, namespace = %ns, claim = %name, replaces = ?replaces, "claim created");
+                if let Some(t) = new
+                    .spec
+                    .type_ref
+                    .as_deref()
+                    .filter(|_| !new.pods.is_empty())
+                {
+                    tracing::info!(nodepool = %pool_name, claim = %name, node_type = %t, pods = new.pods.len(), "new node for pending pods");
+                }
+                ctx.event(pool, EventType::Normal, "ClaimCreated", "Scale", what)
+                    .await;
+                return Ok(());
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 && attempt < 2 => continue,
+            Err(e) => {
+                return Err(Error::Kube {
+                    context: format!("creating a NodeClaim for NodePool {ns}/{pool_name}"),
+                    source: e,
+                })
+            }
+        }
+    }
+    Err(Error::Internal(format!(
+        "no free claim name for NodePool {ns}/{pool_name}"
+    )))
+}
+
+async fn delete_claim(
+    pctx: &PoolContext,
+    pool: &NodePool,
+    claim: &NodeClaim,
+    reason: DeleteReason,
+) -> Result<(), Error> {
+    let ctx = &pctx.ctx;
+    let ns = claim.namespace().unwrap_or_default();
+    let name = claim.name_any();
+    let api: Api<NodeClaim> = Api::namespaced(ctx.client.clone(), &ns);
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: claim.uid(),
+            resource_version: None,
+        }),
+        ..DeleteParams::background()
+    };
+    let result = api.delete(&name, &params).await;
+    // Gone already (404), or another claim has the name (409): this one is gone too.
+    let gone = match &result {
+        Ok(_) => true,
+        Err(kube::Error::Api(s)) => s.code == 404 || s.code == 409,
+        Err(_) => false,
+    };
+    if gone {
+        ctx.expect_claims(|e, at| e.deleted(claim, now(), at));
+    }
+    match result {
+        Ok(_) => {}
+        Err(_) if gone => return Ok(()),
+        Err(e) => {
+            return Err(Error::Kube {
+                context: format!("deleting NodeClaim {ns}/{name}"),
+                source: e,
+            })
+        }
+    }
+    tracing::info!(nodepool = %pool.name_any(), namespace = %ns, claim = %name, ?reason, "claim deleted");
+    let note = match reason {
+        DeleteReason::Failed => format!("deleted Failed NodeClaim {name}; a new one replaces it"),
+        DeleteReason::Outdated => {
+            format!("deleted NodeClaim {name}: made from an older template and not Available")
+        }
+        DeleteReason::Replaced => format!("deleted NodeClaim {name}: its replacement is Available"),
+        DeleteReason::ScaleDown => format!("deleted NodeClaim {name}: more claims than replicas"),
+        DeleteReason::Empty => {
+            format!("deleted NodeClaim {name}: its node ran no pods for the consolidation delay")
+        }
+    };
+    ctx.event(
+        pool,
+        EventType::Normal,
+        reason.event_reason(),
+        "Scale",
+        note,
+    )
+    .await;
+    Ok(())
+}
+
+/// Sets (or with `None` removes) the claim's [`ANNOTATION_EMPTY_SINCE`].
+async fn annotate_empty(
+    ctx: &Context,
+    c: &NodeClaim,
+    since: Option<Timestamp>,
+) -> Result<(), Error> {
+    let api: Api<NodeClaim> =
+        Api::namespaced(ctx.client.clone(), &c.namespace().unwrap_or_default());
+    let value = since.map(|t| t.to_string());
+    let patch = json!({"metadata": {"annotations": {ANNOTATION_EMPTY_SINCE: value}}});
+    match api
+        .patch(
+            &c.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+        Err(e) => {
+            return Err(Error::Kube {
+                context: format!("annotating NodeClaim {}", c.name_any()),
+                source: e,
+            })
+        }
+    }
+    ctx.expect_claims(|e, at| e.annotated(c, ANNOTATION_EMPTY_SINCE, value.as_deref(), at));
+    Ok(())
+}
+
+/// Writes the status `plan` leaves the pool with (if it changed), a Warning Event per new
+/// problem, and the pool's gauges.
+pub(super) async fn write_status(
+    pctx: &PoolContext,
+    pool: &NodePool,
+    mine: &[Arc<NodeClaim>],
+    plan: &PoolPlan,
+    catalogue: &Catalogue,
+) -> Result<(), Error> {
+    let ctx = &pctx.ctx;
+    let old = pool.status.clone().unwrap_or_default();
+    let new = pool_status(pool, mine, plan, catalogue, now());
+    set_gauges(pctx, pool, &new);
+    if new == old {
+        return Ok(());
+    }
+    for c in new_problems(&old, &new) {
+        tracing::info!(nodepool = %pool.name_any(), condition = %c.type_, reason = %c.reason, message = %c.message, "pool condition");
+        ctx.event(
+            pool,
+            EventType::Warning,
+            &c.reason,
+            &c.type_,
+            c.message.clone(),
+        )
+        .await;
+    }
+    let api: Api<NodePool> =
+        Api::namespaced(ctx.client.clone(), &pool.namespace().unwrap_or_default());
+    apply_status(&api, pool, &new)
+        .await
+        .map(|_| ())
+        .map_err(conflict_or)
+}
+
+fn conflict_or(e: Error) -> Error {
+    match e {
+        Error::Kube {
+            source: kube::Error::Api(s),
+            context,
+        } if s.code == 409 => Error::Conflict(context),
+        e => e,
+    }
+}
+
+fn set_gauges(pctx: &PoolContext, pool: &NodePool, status: &NodePoolStatus) {
+    let g = &pctx.ctx.metrics.nodepool_replicas;
+    let key = format!(
+        "{}/{}",
+        pool.namespace().unwrap_or_default(),
+        pool.name_any()
+    );
+    let desired = pool.spec.replicas.unwrap_or(status.replicas);
+    g.with_label_values(&[&key, "desired"])
+        .set(i64::from(desired));
+    g.with_label_values(&[&key, "ready"])
+        .set(i64::from(status.ready_replicas));
+    let live: BTreeSet<String> = pctx
+        .pools
+        .state()
+        .iter()
+        .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
+        .collect();
+    if let Ok(mut known) = pctx.gauges.lock() {
+        known.insert(key);
+        let gone: Vec<String> = known
+            .iter()
+            .filter(|k| !live.contains(*k))
+            .cloned()
+            .collect();
+        for k in gone {
+            let _ = g.remove_label_values(&[&k, "desired"]);
+            let _ = g.remove_label_values(&[&k, "ready"]);
+            known.remove(&k);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claim_names_are_the_pool_name_and_five_random_characters() {
+        let n = claim_name("workers");
+        let suffix = n.strip_prefix("workers-").expect("prefix");
+        assert_eq!(suffix.len(), 5);
+        assert!(suffix
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()));
+        assert_ne!(claim_name("workers"), claim_name("workers"));
+    }
+}

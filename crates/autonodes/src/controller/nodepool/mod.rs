@@ -1,0 +1,147 @@
+//! NodePool controller (DESIGN §2): keeps a pool's NodeClaims alive.
+//!
+//! - **Static pools** (`spec.replicas`): exactly N live claims from the pool's claim
+//!   template. Scale-down removes the least valuable claims first (not yet Available, then
+//!   newest) with at most `disruption.budget` Ready nodes draining at once; Failed claims are
+//!   deleted and replaced; claims made from an older template (or older than
+//!   `disruption.expireAfter`) are rolled by surge: a replacement is created first and the
+//!   old claim is deleted once the replacement is Available.
+//! - **Dynamic pools** (no `replicas`): the tenant's unschedulable pods that a node of the
+//!   pool would accept are packed first-fit-decreasing onto the free room of the tenant's
+//!   existing and in-flight nodes, then onto new claims of the cheapest accepting node type,
+//!   never beyond `spec.limits`. Nodes without non-DaemonSet pods for
+//!   `disruption.consolidateAfter` are removed.
+//!
+//! Observe → plan → act. Every decision is pure and lives in [`autonodes_core::pool`]
+//! ([`plan_pool`]: the claims to delete and create, the empty-since marks, the
+//! conditions; [`pool_status`](autonodes_core::pool::status::pool_status): the status).
+//! This module observes (`observe.rs`: the pool's claims from the shared claim store, with
+//! the claims this process created, deleted or marked that the store does not show yet —
+//! no LIST per reconcile, and never a second claim for one the store has not shown; the
+//! tenant's pods and nodes, `tenant.rs`), asks the core, then writes what it planned
+//! (`act.rs`).
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use autonodes_core::pool::reconcile::{plan_pool, Observed};
+use futures::channel::mpsc::{self, UnboundedSender};
+use futures::StreamExt;
+use kube::runtime::controller::{Action, Config as RunConfig};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::Controller;
+use kube::{Resource, ResourceExt};
+use tokio::sync::Mutex;
+
+use super::{now, Context, Error};
+use crate::api::NodePool;
+use crate::clients::ClusterKey;
+
+mod act;
+mod observe;
+mod tenant;
+
+/// Shared state of the NodePool controller.
+pub struct PoolContext {
+    /// The controllers' shared context.
+    pub ctx: Arc<Context>,
+    /// Every NodePool (the controller's reflector).
+    pub pools: Store<NodePool>,
+    /// Wakes pools (tenant pod and node changes).
+    pub wake: UnboundedSender<ObjectRef<NodePool>>,
+    /// Watches on tenant clusters, by tenant: the client they use and their tasks.
+    watches: Mutex<HashMap<ClusterKey, tenant::TenantWatch>>,
+    /// Pools whose gauges are set (to remove those of deleted pools).
+    gauges: std::sync::Mutex<BTreeSet<String>>,
+}
+
+/// Runs the NodePool controller until `shutdown` resolves: it owns NodeClaims (a claim's
+/// change wakes its pool) and is woken by the tenant pod and node watches of dynamic pools.
+pub async fn run(
+    ctx: Arc<Context>,
+    reflectors: &super::Reflectors,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,
+) {
+    let (wake, wakeups) = mpsc::unbounded();
+    let pctx = Arc::new(PoolContext {
+        ctx,
+        pools: reflectors.pools.store(),
+        wake,
+        watches: Mutex::new(HashMap::new()),
+        gauges: std::sync::Mutex::new(BTreeSet::new()),
+    });
+    Controller::for_shared_stream(reflectors.pools.applied(), reflectors.pools.store())
+        .owns_shared_stream(reflectors.claims.touched_objects())
+        .reconcile_on(wakeups)
+        .with_config(RunConfig::default().debounce(Duration::from_millis(300)))
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, pctx)
+        .for_each(super::log_run_error)
+        .await;
+}
+
+/// Reconciles one NodePool.
+pub async fn reconcile(pool: Arc<NodePool>, pctx: Arc<PoolContext>) -> Result<Action, Error> {
+    let started = Instant::now();
+    let result = reconcile_pool(&pool, &pctx).await;
+    pctx.ctx
+        .metrics
+        .observe_reconcile("nodepool", started, &result);
+    result
+}
+
+/// Logs the error; the pool is retried with backoff.
+pub fn error_policy(pool: Arc<NodePool>, error: &Error, _pctx: Arc<PoolContext>) -> Action {
+    if error.is_conflict() {
+        tracing::debug!(%error, "stale read; reconciling the pool again");
+    } else {
+        tracing::warn!(
+            nodepool = %pool.name_any(),
+            namespace = %pool.namespace().unwrap_or_default(),
+            %error,
+            "reconciling NodePool failed"
+        );
+    }
+    super::error_requeue(error)
+}
+
+async fn reconcile_pool(pool: &NodePool, pctx: &PoolContext) -> Result<Action, Error> {
+    let ctx = &pctx.ctx;
+    if pool.meta().deletion_timestamp.is_some() {
+        // The garbage collector removes the owned claims; their finalizers drain the nodes.
+        return Ok(Action::await_change());
+    }
+    ctx.wait_synced().await;
+    let ns = pool.namespace().unwrap_or_default();
+    let name = pool.name_any();
+    let uid = pool
+        .uid()
+        .ok_or_else(|| Error::Missing(format!("NodePool {name}"), "metadata.uid"))?;
+
+    // Observe (the claims last: the tenant may take a while to answer).
+    let problem = observe::problem(ctx, pool).await;
+    let tenant = match (&problem, pool.spec.replicas) {
+        (None, None) => Some(observe::tenant(pctx, pool).await),
+        _ => None,
+    };
+    let catalogue = super::nodeclaim::catalogue(ctx);
+    let claims = observe::claims(ctx, &ns, &uid);
+
+    // Plan.
+    let plan = plan_pool(&Observed {
+        pool,
+        claims: &claims.mine,
+        problem: problem.as_ref(),
+        tenant: tenant
+            .as_ref()
+            .map(|t| t.as_ref().map(|t| t.view(&claims.others))),
+        catalogue: &catalogue,
+        now: now(),
+    });
+
+    // Act.
+    act::carry_out(pctx, pool, &claims.mine, &plan).await?;
+    act::write_status(pctx, pool, &claims.mine, &plan, &catalogue).await?;
+    Ok(Action::requeue(plan.requeue))
+}

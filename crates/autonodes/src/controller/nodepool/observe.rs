@@ -1,0 +1,105 @@
+//! What one reconcile of a pool reads: the namespace's claims from the shared claim store
+//! (with this process's writes the store does not show yet; no LIST), whether the pool's
+//! template and tenant can be used, and a dynamic pool's tenant pods and nodes.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use autonodes_core::pool::dynamic::Tenant;
+use autonodes_core::pool::owned_by;
+use autonodes_core::pool::reconcile::template_problem;
+use autonodes_core::pool::status::Verdict;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::runtime::reflector::ObjectRef;
+use kube::ResourceExt;
+
+use super::{tenant, PoolContext};
+use crate::api::{NodeClaim, NodePool, Overhead};
+use crate::controller::Context;
+
+/// The pool's claims and the namespace's other claims.
+pub(super) struct Claims {
+    /// Claims the pool controls.
+    pub mine: Vec<Arc<NodeClaim>>,
+    /// The namespace's other claims.
+    pub others: Vec<Arc<NodeClaim>>,
+}
+
+/// The claims of the pool with UID `uid` in `ns`, and the namespace's others, as they are
+/// ([`Context::claims_in`]).
+pub(super) fn claims(ctx: &Context, ns: &str, uid: &str) -> Claims {
+    let (mine, others) = ctx
+        .claims_in(ns)
+        .into_iter()
+        .partition(|c| owned_by(c, uid));
+    Claims { mine, others }
+}
+
+/// Why the pool cannot be worked on: its template (provider, requirements, labels), or —
+/// for a static pool, which needs no tenant watch — a tenant that cannot be reached (its
+/// claims would only wait: say so on the pool and leave them as they are).
+pub(super) async fn problem(ctx: &Context, pool: &NodePool) -> Option<Verdict> {
+    let problem = template_problem(&pool.spec, |p| {
+        ctx.providers.get(&ObjectRef::new(p)).is_some()
+    });
+    if problem.is_some() || pool.spec.replicas.is_none() {
+        return problem;
+    }
+    let ns = pool.namespace().unwrap_or_default();
+    let e = ctx
+        .clients
+        .tenant(&ns, &pool.spec.v_cluster_ref.name)
+        .await
+        .err()?;
+    Some(Verdict::problem(e.reason(), e.to_string()))
+}
+
+/// What a dynamic pool reads of its tenant, and of the node types.
+pub(super) struct TenantState {
+    pods: Vec<Pod>,
+    nodes: Vec<Node>,
+    claimed: BTreeMap<String, i64>,
+    overheads: BTreeMap<String, Overhead>,
+}
+
+impl TenantState {
+    /// The tenant as the planner sees it, with the namespace's `others` claims.
+    pub fn view<'a>(&'a self, others: &'a [Arc<NodeClaim>]) -> Tenant<'a> {
+        Tenant {
+            pods: &self.pods,
+            nodes: &self.nodes,
+            others,
+            claimed: &self.claimed,
+            overheads: &self.overheads,
+        }
+    }
+}
+
+/// A dynamic pool's tenant (its watches started), or why it cannot be read.
+pub(super) async fn tenant(pctx: &PoolContext, pool: &NodePool) -> Result<TenantState, Verdict> {
+    let ctx = &pctx.ctx;
+    let ns = pool.namespace().unwrap_or_default();
+    let remote = ctx
+        .clients
+        .tenant(&ns, &pool.spec.v_cluster_ref.name)
+        .await
+        .map_err(|e| Verdict::problem(e.reason(), e.to_string()))?;
+    tenant::ensure_watch(pctx, &remote).await;
+    let (pods, nodes) = tenant::pods_and_nodes(&remote).await?;
+    let claimed = {
+        let r = ctx.scheduling.lock().await;
+        crate::controller::nodeclaim::claimed_counts(ctx, &r)
+    };
+    let overheads = ctx
+        .types
+        .state()
+        .iter()
+        .filter_map(|t| Some((t.name_any(), t.spec.overhead.clone()?)))
+        .collect();
+    Ok(TenantState {
+        pods,
+        nodes,
+        claimed,
+        overheads,
+    })
+}

@@ -176,8 +176,7 @@ pub fn pool_status(
 }
 
 /// The conditions of `new` that became a problem since `old` (status or reason changed):
-/// `Ready` not True for a reason that is not progress, and `LimitReached=True`. Each gets a
-/// Warning Event, once per reason.
+/// see [`is_problem`]. Each gets a Warning Event, once per reason.
 pub fn new_problems<'s>(old: &NodePoolStatus, new: &'s NodePoolStatus) -> Vec<&'s Condition> {
     new.conditions
         .iter()
@@ -185,13 +184,18 @@ pub fn new_problems<'s>(old: &NodePoolStatus, new: &'s NodePoolStatus) -> Vec<&'
             let before = conditions::get(&old.conditions, &c.type_);
             !before.is_some_and(|b| b.status == c.status && b.reason == c.reason)
         })
-        .filter(|c| match PoolCondition::parse(&c.type_) {
-            Some(PoolCondition::Ready) => {
-                c.status != TRUE
-                    && !PoolReason::parse(&c.reason).is_some_and(PoolReason::is_progress)
-            }
-            Some(PoolCondition::LimitReached) => c.status == TRUE,
-            _ => false,
-        })
+        .filter(|c| is_problem(c))
         .collect()
+}
+
+/// True for a pool condition a user must look at: `Ready` not True for a reason that is not
+/// progress, and `LimitReached=True`.
+pub fn is_problem(c: &Condition) -> bool {
+    match PoolCondition::parse(&c.type_) {
+        Some(PoolCondition::Ready) => {
+            c.status != TRUE && !PoolReason::parse(&c.reason).is_some_and(PoolReason::is_progress)
+        }
+        Some(PoolCondition::LimitReached) => c.status == TRUE,
+        _ => false,
+    }
 }

@@ -365,9 +365,9 @@ async fn reconcile_pool(pool: &NodePool, cctx: &CapiContext) -> Result<Action, E
 /// catalogue, the claims per node type (when the scheduling lock is free) and the NodeTypes'
 /// `spec.overhead`.
 fn scale_from_zero(ctx: &Context, pool: &NodePool) -> BTreeMap<String, String> {
-    let catalogue = super::nodeclaim::catalogue(ctx);
+    let catalogue = super::catalogue::catalogue(ctx);
     let claimed = match ctx.scheduling.try_lock() {
-        Ok(r) => super::nodeclaim::claimed_counts(ctx, &r),
+        Ok(r) => super::catalogue::claimed_counts(ctx, &r),
         Err(_) => BTreeMap::new(),
     };
     capi::scale_from_zero(

@@ -13,6 +13,7 @@
 
 pub mod calls;
 pub mod capi;
+pub mod catalogue;
 pub mod gauges;
 pub mod host;
 pub mod lenient;
@@ -174,7 +175,7 @@ pub struct Context {
     /// The one watch and store of each kind.
     pub reflectors: Arc<Reflectors>,
     /// The catalogue as last prepared, and the versions of the type and provider stores it
-    /// was prepared from ([`nodeclaim::catalogue`]).
+    /// was prepared from ([`catalogue::catalogue`]).
     pub catalogue: std::sync::Mutex<Option<PreparedCatalogue>>,
     /// All NodeClaims (the claim controller's reflector).
     pub claims: Store<NodeClaim>,

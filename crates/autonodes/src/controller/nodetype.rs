@@ -6,57 +6,16 @@ use std::time::{Duration, Instant};
 use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 
-use super::nodeclaim::claimed_counts;
+use super::catalogue::{claimed_counts, provider_of, unusable};
 use super::{apply_status, now, Context, Error};
-use crate::api::{NodeProvider, NodeType, NodeTypePhase, ProviderPhase};
+use crate::api::{NodeType, NodeTypePhase};
 use crate::conditions::{self, status_of};
 use crate::scheduling::{self, ProviderContext, TypeProblem};
 
 /// Condition: the type can take claims.
 pub const READY: &str = "Ready";
-
-/// The provider of a type, if it exists.
-pub fn provider_of(ctx: &Context, t: &NodeType) -> Option<Arc<NodeProvider>> {
-    ctx.providers.get(&ObjectRef::new(&t.spec.provider_ref))
-}
-
-/// Why a type cannot take claims, if it cannot: (reason, message).
-pub fn unusable(t: &NodeType, provider: Option<&NodeProvider>) -> Option<(&'static str, String)> {
-    let name = t.name_any();
-    let Some(p) = provider else {
-        return Some((
-            "ProviderNotFound",
-            format!(
-                "NodeProvider {} of node type {name} does not exist",
-                t.spec.provider_ref
-            ),
-        ));
-    };
-    if p.metadata.deletion_timestamp.is_some() {
-        return Some((
-            "ProviderDeleting",
-            format!("NodeProvider {} is being deleted", p.name_any()),
-        ));
-    }
-    match p.status.as_ref().and_then(|s| s.phase) {
-        Some(ProviderPhase::Available) => None,
-        _ => {
-            let why = p
-                .status
-                .as_ref()
-                .and_then(|s| conditions::get(&s.conditions, super::provider::READY))
-                .map(|c| format!("{}: {}", c.reason, c.message))
-                .unwrap_or_else(|| "not checked yet".into());
-            Some((
-                "ProviderNotReady",
-                format!("NodeProvider {} is not ready ({why})", p.name_any()),
-            ))
-        }
-    }
-}
 
 /// Reconciles one NodeType.
 pub async fn reconcile(t: Arc<NodeType>, ctx: Arc<Context>) -> Result<Action, Error> {

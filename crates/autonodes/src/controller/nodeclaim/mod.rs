@@ -48,7 +48,6 @@ use crate::conditions;
 use crate::scheduling::PreparedType;
 use crate::template;
 use schedule::schedule;
-pub use schedule::{catalogue, claimed_counts};
 pub use status::refresh_claim_gauges;
 use status::StatusWriter;
 use terminate::{cleanup, remove_remote_objects, Removal};

@@ -8,69 +8,14 @@ use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 
 use super::status::StatusWriter;
-use super::{uid, Reservations, PROVISIONED, SCHEDULED};
+use super::{uid, PROVISIONED, SCHEDULED};
 use crate::api::reasons::ClaimReason;
 use crate::api::NodeClaim;
 use crate::conditions;
+use crate::controller::catalogue::{catalogue, claimed_counts};
 use crate::controller::{Context, Error};
-use crate::scheduling::{self, Catalogue, ClaimRequest, PreparedType, ProviderContext};
+use crate::scheduling::{self, ClaimRequest, PreparedType};
 use crate::template;
-
-/// The catalogue of every NodeType, with types whose provider cannot be used marked as
-/// problems. It is prepared once per change of the NodeTypes or NodeProviders (every
-/// reconcile of every claim reads it; preparing it parses every type's template).
-pub fn catalogue(ctx: &Context) -> Arc<Catalogue> {
-    let version = (
-        ctx.reflectors.types.changes(),
-        ctx.reflectors.providers.changes(),
-    );
-    if let Ok(cached) = ctx.catalogue.lock() {
-        if let Some((v, c)) = cached.as_ref() {
-            if *v == version {
-                return c.clone();
-            }
-        }
-    }
-    let prepared = Arc::new(prepare_catalogue(ctx));
-    if let Ok(mut cached) = ctx.catalogue.lock() {
-        *cached = Some((version, prepared.clone()));
-    }
-    prepared
-}
-
-/// Prepares the catalogue from the NodeType and NodeProvider stores.
-fn prepare_catalogue(ctx: &Context) -> Catalogue {
-    let types = ctx.types.state();
-    Catalogue::new(
-        types
-            .iter()
-            .filter(|t| t.metadata.deletion_timestamp.is_none())
-            .map(|t| {
-                let provider = crate::controller::nodetype::provider_of(ctx, t);
-                let pctx = provider.as_deref().map(ProviderContext::from_provider);
-                let mut prepared = scheduling::prepare_type(&t.name_any(), &t.spec, pctx.as_ref());
-                if prepared.problem.is_none() {
-                    if let Some((_, message)) =
-                        crate::controller::nodetype::unusable(t, provider.as_deref())
-                    {
-                        prepared.problem = Some(scheduling::TypeProblem::ProviderNotReady {
-                            node_type: t.name_any(),
-                            message,
-                        });
-                    }
-                }
-                prepared
-            })
-            .collect(),
-    )
-}
-
-/// Claims per NodeType that hold capacity, by the one rule ([`scheduling::count_claimed`]),
-/// with this process's reservations.
-pub fn claimed_counts(ctx: &Context, r: &Reservations) -> BTreeMap<String, i64> {
-    let claims = ctx.claims.state();
-    scheduling::count_claimed(claims.iter().map(|c| &**c), &r.scheduled, &r.released)
-}
 
 /// The outcome of scheduling: the chosen type, prepared.
 pub struct Scheduled {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use autonodes_core::pool::plan::DeleteReason;
 use autonodes_core::pool::reconcile::{NewClaim, PoolPlan};
-use autonodes_core::pool::status::{new_problems, pool_status};
+use autonodes_core::pool::status::{is_problem, pool_status};
 use autonodes_core::pool::{self, claim_object, ANNOTATION_EMPTY_SINCE};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
@@ -18,6 +18,7 @@ use serde_json::json;
 
 use super::PoolContext;
 use crate::api::{NodeClaim, NodePool, NodePoolStatus};
+use crate::controller::status::report_changes;
 use crate::controller::{apply_status, now, Context, Error};
 use crate::scheduling::Catalogue;
 
@@ -211,23 +212,16 @@ pub(super) async fn write_status(
     if new == old {
         return Ok(());
     }
-    for c in new_problems(&old, &new) {
-        tracing::info!(nodepool = %pool.name_any(), condition = %c.type_, reason = %c.reason, message = %c.message, "pool condition");
-        ctx.event(
-            pool,
-            EventType::Warning,
-            &c.reason,
-            &c.type_,
-            c.message.clone(),
-        )
-        .await;
-    }
     let api: Api<NodePool> =
         Api::namespaced(ctx.client.clone(), &pool.namespace().unwrap_or_default());
-    apply_status(&api, pool, &new)
-        .await
-        .map(|_| ())
-        .map_err(conflict_or)
+    apply_status(&api, pool, &new).await.map_err(conflict_or)?;
+    // Events only once the write succeeded: a reconcile on a stale copy loses its write to
+    // a conflict and reports nothing.
+    report_changes(ctx, pool, "", &old.conditions, &new.conditions, |c, _| {
+        is_problem(c).then_some(EventType::Warning)
+    })
+    .await;
+    Ok(())
 }
 
 fn conflict_or(e: Error) -> Error {

@@ -125,7 +125,7 @@ async fn reconcile_pool(pool: &NodePool, pctx: &PoolContext) -> Result<Action, E
         (None, None) => Some(observe::tenant(pctx, pool).await),
         _ => None,
     };
-    let catalogue = super::nodeclaim::catalogue(ctx);
+    let catalogue = super::catalogue::catalogue(ctx);
     let claims = observe::claims(ctx, &ns, &uid);
 
     // Plan.

@@ -85,10 +85,10 @@ pub(super) async fn tenant(pctx: &PoolContext, pool: &NodePool) -> Result<Tenant
         .await
         .map_err(|e| Verdict::problem(e.reason(), e.to_string()))?;
     tenant::ensure_watch(pctx, &remote).await;
-    let (pods, nodes) = tenant::pods_and_nodes(&remote).await?;
+    let (pods, nodes) = tenant::pods_and_nodes(ctx, &remote).await?;
     let claimed = {
         let r = ctx.scheduling.lock().await;
-        crate::controller::nodeclaim::claimed_counts(ctx, &r)
+        crate::controller::catalogue::claimed_counts(ctx, &r)
     };
     let overheads = ctx
         .types

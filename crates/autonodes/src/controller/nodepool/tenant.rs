@@ -13,7 +13,9 @@ use kube::ResourceExt;
 
 use super::PoolContext;
 use crate::api::reasons::PoolReason;
-use crate::clients::{remote_error_text, ClusterKey, Remote, REMOTE_TIMEOUT};
+use crate::clients::{ClusterKey, Remote};
+use crate::controller::calls::remote_call;
+use crate::controller::{Context, Error};
 
 /// The watches of one tenant: the client they use and their tasks (stopped when dropped).
 pub(super) struct TenantWatch {
@@ -30,30 +32,30 @@ impl Drop for TenantWatch {
 }
 
 /// Every pod and node of a tenant, or why they could not be read (`TenantUnreachable`).
-pub(super) async fn pods_and_nodes(remote: &Remote) -> Result<(Vec<Pod>, Vec<Node>), Verdict> {
+pub(super) async fn pods_and_nodes(
+    ctx: &Context,
+    remote: &Remote,
+) -> Result<(Vec<Pod>, Vec<Node>), Verdict> {
     let pods: Api<Pod> = Api::all(remote.client.clone());
     let nodes: Api<Node> = Api::all(remote.client.clone());
-    let pods = call(remote, "listing pods", pods.list(&ListParams::default())).await?;
-    let nodes = call(remote, "listing nodes", nodes.list(&ListParams::default())).await?;
+    let unreachable = |e: Error| Verdict::problem(PoolReason::TenantUnreachable, e.to_string());
+    let pods = remote_call(
+        ctx,
+        remote,
+        "listing pods",
+        pods.list(&ListParams::default()),
+    )
+    .await
+    .map_err(unreachable)?;
+    let nodes = remote_call(
+        ctx,
+        remote,
+        "listing nodes",
+        nodes.list(&ListParams::default()),
+    )
+    .await
+    .map_err(unreachable)?;
     Ok((pods.items, nodes.items))
-}
-
-/// A call to the tenant, at most [`REMOTE_TIMEOUT`] long; its failure as `TenantUnreachable`.
-async fn call<T>(
-    remote: &Remote,
-    context: &str,
-    fut: impl std::future::Future<Output = Result<T, kube::Error>>,
-) -> Result<T, Verdict> {
-    let message = match tokio::time::timeout(REMOTE_TIMEOUT, fut).await {
-        Ok(Ok(v)) => return Ok(v),
-        Ok(Err(e)) => format!("{}: {context}: {}", remote.key, remote_error_text(&e)),
-        Err(_) => format!(
-            "{}: {context}: no answer within {}s",
-            remote.key,
-            REMOTE_TIMEOUT.as_secs()
-        ),
-    };
-    Err(Verdict::problem(PoolReason::TenantUnreachable, message))
 }
 
 /// Starts (or keeps) the pod and node watches on the pool's tenant.

@@ -1,0 +1,110 @@
+//! The catalogue every controller schedules from and the one count of claimed capacity,
+//! both read from the shared stores (no API call): the node types as prepared for
+//! scheduling — types whose provider cannot be used marked as problems — prepared once per
+//! change of the NodeType and NodeProvider stores.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use kube::runtime::reflector::ObjectRef;
+use kube::ResourceExt;
+
+use super::nodeclaim::Reservations;
+use super::Context;
+use crate::api::{NodeProvider, NodeType, ProviderPhase};
+use crate::conditions;
+use crate::scheduling::{self, Catalogue, ProviderContext};
+
+/// The catalogue of every NodeType, with types whose provider cannot be used marked as
+/// problems. It is prepared once per change of the NodeTypes or NodeProviders (every
+/// reconcile of every claim reads it; preparing it parses every type's template).
+pub fn catalogue(ctx: &Context) -> Arc<Catalogue> {
+    let version = (
+        ctx.reflectors.types.changes(),
+        ctx.reflectors.providers.changes(),
+    );
+    if let Ok(cached) = ctx.catalogue.lock() {
+        if let Some((v, c)) = cached.as_ref() {
+            if *v == version {
+                return c.clone();
+            }
+        }
+    }
+    let prepared = Arc::new(prepare_catalogue(ctx));
+    if let Ok(mut cached) = ctx.catalogue.lock() {
+        *cached = Some((version, prepared.clone()));
+    }
+    prepared
+}
+
+/// Prepares the catalogue from the NodeType and NodeProvider stores.
+fn prepare_catalogue(ctx: &Context) -> Catalogue {
+    let types = ctx.types.state();
+    Catalogue::new(
+        types
+            .iter()
+            .filter(|t| t.metadata.deletion_timestamp.is_none())
+            .map(|t| {
+                let provider = provider_of(ctx, t);
+                let pctx = provider.as_deref().map(ProviderContext::from_provider);
+                let mut prepared = scheduling::prepare_type(&t.name_any(), &t.spec, pctx.as_ref());
+                if prepared.problem.is_none() {
+                    if let Some((_, message)) = unusable(t, provider.as_deref()) {
+                        prepared.problem = Some(scheduling::TypeProblem::ProviderNotReady {
+                            node_type: t.name_any(),
+                            message,
+                        });
+                    }
+                }
+                prepared
+            })
+            .collect(),
+    )
+}
+
+/// Claims per NodeType that hold capacity, by the one rule ([`scheduling::count_claimed`]),
+/// with this process's reservations.
+pub fn claimed_counts(ctx: &Context, r: &Reservations) -> BTreeMap<String, i64> {
+    let claims = ctx.claims.state();
+    scheduling::count_claimed(claims.iter().map(|c| &**c), &r.scheduled, &r.released)
+}
+
+/// The provider of a type, if it exists.
+pub fn provider_of(ctx: &Context, t: &NodeType) -> Option<Arc<NodeProvider>> {
+    ctx.providers.get(&ObjectRef::new(&t.spec.provider_ref))
+}
+
+/// Why a type cannot take claims, if it cannot: (reason, message).
+pub fn unusable(t: &NodeType, provider: Option<&NodeProvider>) -> Option<(&'static str, String)> {
+    let name = t.name_any();
+    let Some(p) = provider else {
+        return Some((
+            "ProviderNotFound",
+            format!(
+                "NodeProvider {} of node type {name} does not exist",
+                t.spec.provider_ref
+            ),
+        ));
+    };
+    if p.metadata.deletion_timestamp.is_some() {
+        return Some((
+            "ProviderDeleting",
+            format!("NodeProvider {} is being deleted", p.name_any()),
+        ));
+    }
+    match p.status.as_ref().and_then(|s| s.phase) {
+        Some(ProviderPhase::Available) => None,
+        _ => {
+            let why = p
+                .status
+                .as_ref()
+                .and_then(|s| conditions::get(&s.conditions, super::provider::READY))
+                .map(|c| format!("{}: {}", c.reason, c.message))
+                .unwrap_or_else(|| "not checked yet".into());
+            Some((
+                "ProviderNotReady",
+                format!("NodeProvider {} is not ready ({why})", p.name_any()),
+            ))
+        }
+    }
+}

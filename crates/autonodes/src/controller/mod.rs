@@ -434,6 +434,21 @@ where
     K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
     S: Serialize,
 {
+    apply_status_as(api, obj, status, FIELD_MANAGER).await
+}
+
+/// [`apply_status`] with another field manager (a controller whose status fields must not
+/// be taken over by the others').
+pub async fn apply_status_as<K, S>(
+    api: &Api<K>,
+    obj: &K,
+    status: &S,
+    manager: &str,
+) -> Result<K, Error>
+where
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    S: Serialize,
+{
     let name = obj.name_any();
     // The object's resourceVersion makes the write conditional: a reconcile that worked on
     // a stale copy (the cache lags behind our own writes) gets a conflict instead of
@@ -446,7 +461,7 @@ where
     });
     api.patch_status(
         &name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
+        &PatchParams::apply(manager).force(),
         &Patch::Apply(&patch),
     )
     .await

@@ -55,29 +55,13 @@ pub(super) async fn write_node_pool_replicas(
     Ok(p.resource_version())
 }
 
-/// Writes `status` of the mirror's object `obj` with server-side apply on the status
-/// subresource, conditional on its resourceVersion.
+/// Writes `status` of `obj` as the mirror's field manager ([`crate::controller::apply_status_as`]).
 pub(super) async fn write_status<K, S>(api: &Api<K>, obj: &K, status: &S) -> Result<K, Error>
 where
     K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
     S: serde::Serialize,
 {
-    let ns = obj.namespace().unwrap_or_default();
-    let name = obj.name_any();
-    let kind = K::kind(&());
-    let patch = json!({
-        "apiVersion": K::api_version(&()),
-        "kind": kind,
-        "metadata": {"resourceVersion": obj.resource_version()},
-        "status": status,
-    });
-    api.patch_status(
-        &name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await
-    .map_err(|e| conflict_or(e, format!("writing status of {kind} {ns}/{name}")))
+    crate::controller::apply_status_as(api, obj, status, FIELD_MANAGER).await
 }
 
 /// Deletes the Machine `ns/name`; false when it was gone already.

@@ -10,6 +10,7 @@
 //!   onto nodes;
 //! - [`template`]: VirtualMachine composition;
 //! - [`userdata`]: cloud-init rendering;
+//! - [`claim`]: the claim's phase ladder;
 //! - [`join`]: what a joined Node still needs (labels, the registration taint gone);
 //! - [`capi`]: the `capi.autonodes.io` mirror (replicas both ways, MachinePool, Machines);
 //! - [`kubeconfig`]: the check of kubeconfig Secrets;
@@ -19,6 +20,7 @@
 use autonodes_api as api;
 
 pub mod capi;
+pub mod claim;
 pub mod join;
 pub mod kubeconfig;
 pub mod names;

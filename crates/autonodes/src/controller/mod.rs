@@ -716,6 +716,25 @@ impl Error {
         }
     }
 
+    /// The claim reason of an error reaching a host or tenant cluster or reading its
+    /// kubeconfig Secret: `{Host,Tenant}Forbidden` for a 401/403, else
+    /// `{Host,Tenant}Unreachable`; `None` for other errors.
+    pub fn cluster_reason(&self) -> Option<crate::api::reasons::ClaimReason> {
+        use crate::api::reasons::ClaimReason as R;
+        Some(match self {
+            Error::Client(c) => c.reason().into(),
+            Error::Remote {
+                on_host, source, ..
+            } => match (on_host, calls::forbidden(source)) {
+                (true, true) => R::HostForbidden,
+                (true, false) => R::HostUnreachable,
+                (false, true) => R::TenantForbidden,
+                (false, false) => R::TenantUnreachable,
+            },
+            _ => return None,
+        })
+    }
+
     /// True for a 409 from a host or tenant cluster (the object exists, or changed).
     pub fn is_remote_conflict(&self) -> bool {
         matches!(self, Error::Remote { source: kube::Error::Api(s), .. } if s.code == 409)

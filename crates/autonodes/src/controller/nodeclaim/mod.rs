@@ -37,7 +37,6 @@ use kube::runtime::finalizer::{finalizer, Event as Finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 
-use super::calls::forbidden;
 use super::host::Host;
 use super::tenant::Tenant;
 use super::{now, Context, Error};
@@ -307,9 +306,12 @@ async fn remote_failure(
     mut w: StatusWriter<'_>,
     e: Error,
 ) -> Result<Action, Error> {
-    let Error::Remote {
-        on_host, source, ..
-    } = &e
+    let (
+        Error::Remote {
+            on_host, source, ..
+        },
+        Some(reason),
+    ) = (&e, e.cluster_reason())
     else {
         return Err(e);
     };
@@ -325,12 +327,6 @@ async fn remote_failure(
         false if conditions::is_true(c, JOINED) => READY,
         false if conditions::is_true(c, PROVISIONED) => JOINED,
         false => PROVISIONED,
-    };
-    let reason = match (on_host, forbidden(source)) {
-        (true, true) => ClaimReason::HostForbidden,
-        (true, false) => ClaimReason::HostUnreachable,
-        (false, true) => ClaimReason::TenantForbidden,
-        (false, false) => ClaimReason::TenantUnreachable,
     };
     w.set(stage, false, reason, e.to_string());
     tracing::warn!(nodeclaim = %claim.name_any(), %reason, error = %e, "remote cluster call failed");

@@ -25,19 +25,6 @@ use crate::controller::{apply_status, now, Context, Error};
 /// once; the first write (the chosen type and VM name) always is.
 pub const STATUS_WRITE_GAP: Duration = Duration::from_millis(500);
 
-pub(super) fn set_phase(status: &mut NodeClaimStatus) {
-    let c = &status.conditions;
-    status.phase = Some(if !conditions::is_true(c, SCHEDULED) {
-        NodeClaimPhase::Pending
-    } else if !conditions::is_true(c, PROVISIONED) {
-        NodeClaimPhase::Provisioning
-    } else if !conditions::is_true(c, JOINED) || !conditions::is_true(c, READY) {
-        NodeClaimPhase::Joining
-    } else {
-        NodeClaimPhase::Available
-    });
-}
-
 /// Collects the changes of one reconcile to a claim's status and writes them at once.
 pub(super) struct StatusWriter<'a> {
     claim: &'a NodeClaim,
@@ -150,7 +137,7 @@ impl<'a> StatusWriter<'a> {
         if self.new.phase != Some(NodeClaimPhase::Failed)
             && self.new.phase != Some(NodeClaimPhase::Terminating)
         {
-            set_phase(&mut self.new);
+            self.new.phase = Some(autonodes_core::claim::phase(&self.new.conditions));
         }
         self.new.observed_generation = self.claim.metadata.generation;
     }

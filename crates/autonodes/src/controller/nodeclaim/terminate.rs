@@ -16,7 +16,6 @@ use super::{elapsed_since, uid, READY};
 use crate::api::reasons::ClaimReason;
 use crate::api::{NodeClaim, NodeClaimPhase};
 use crate::clients::ClientError;
-use crate::controller::calls::forbidden;
 use crate::controller::host::Host;
 use crate::controller::tenant::Tenant;
 use crate::controller::{now, Context, Error};
@@ -213,18 +212,7 @@ pub(super) async fn cleanup(claim: &NodeClaim, ctx: &Context) -> Result<Action, 
             return Err(Error::Waiting(why));
         }
         Err(e) => {
-            let reason = match &e {
-                Error::Client(c) => c.reason().into(),
-                Error::Remote {
-                    on_host: true,
-                    source,
-                    ..
-                } if forbidden(source) => ClaimReason::HostForbidden,
-                Error::Remote { on_host: true, .. } => ClaimReason::HostUnreachable,
-                Error::Remote { source, .. } if forbidden(source) => ClaimReason::TenantForbidden,
-                Error::Remote { .. } => ClaimReason::TenantUnreachable,
-                _ => ClaimReason::CleanupFailed,
-            };
+            let reason = e.cluster_reason().unwrap_or(ClaimReason::CleanupFailed);
             w.set(
                 READY,
                 false,

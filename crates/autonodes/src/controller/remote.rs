@@ -12,9 +12,10 @@
 //! kept trimmed to what the controller reads (no `managedFields`, no VM spec, no Node
 //! images), so the caches stay small with thousands of claims.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use futures::channel::mpsc::UnboundedSender;
 use futures::StreamExt;
@@ -55,12 +56,91 @@ pub fn claim_of(
         .map(|c| ObjectRef::from_obj(&*c))
 }
 
-/// Objects this process wrote that the watch has not delivered yet, by key: the object as
-/// the API server returned it (`None` for a delete).
-type WrittenMap<K> = HashMap<ObjectRef<K>, Option<Arc<K>>>;
+/// Objects this process wrote that the watch has not delivered yet, by key: when, and the
+/// object as the API server returned it (`None` for a delete).
+type WrittenMap<K> = HashMap<ObjectRef<K>, (Instant, Option<Arc<K>>)>;
 
-/// [`WrittenMap`], shared with the watch task that clears what it delivers.
-type Written<K> = Arc<Mutex<WrittenMap<K>>>;
+/// How long a write of this process is read instead of the watch's copy at most (a safety
+/// net: the watch delivers it long before).
+pub const WRITTEN_TTL: Duration = Duration::from_secs(10);
+
+/// How many of an object's latest versions the watch delivered are remembered.
+const DELIVERED_KEPT: usize = 8;
+
+/// This process's writes the watch has not delivered yet, and the versions of each object
+/// the watch delivered lately: a write whose version the watch delivered before the write
+/// was remembered (the watch can be that quick) must not be kept, or it would hide every
+/// later version.
+struct Own<K: kube::runtime::reflector::Lookup + Clone + 'static>
+where
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    pending: WrittenMap<K>,
+    delivered: HashMap<ObjectRef<K>, VecDeque<String>>,
+}
+
+impl<K> Own<K>
+where
+    K: kube::runtime::reflector::Lookup + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    fn new() -> Self {
+        Own {
+            pending: HashMap::new(),
+            delivered: HashMap::new(),
+        }
+    }
+
+    /// The watch delivered version `version` of `key`.
+    fn delivered(&mut self, key: ObjectRef<K>, version: Option<String>) {
+        let Some(version) = version else { return };
+        let ours = self
+            .pending
+            .get(&key)
+            .and_then(|(_, o)| o.as_ref())
+            .and_then(|o| resource_version(&**o));
+        if ours.as_deref() == Some(version.as_str()) {
+            self.pending.remove(&key);
+        }
+        let seen = self.delivered.entry(key).or_default();
+        seen.push_back(version);
+        if seen.len() > DELIVERED_KEPT {
+            seen.pop_front();
+        }
+    }
+
+    /// The watch delivered the deletion of `key`.
+    fn gone(&mut self, key: &ObjectRef<K>) {
+        self.pending.remove(key);
+        self.delivered.remove(key);
+    }
+
+    /// Remembers this process's write of `key` (`None`: a delete), unless the watch
+    /// delivered that version already.
+    fn remember(&mut self, key: ObjectRef<K>, obj: Option<Arc<K>>) {
+        if let Some(version) = obj.as_deref().and_then(resource_version) {
+            if self
+                .delivered
+                .get(&key)
+                .is_some_and(|seen| seen.contains(&version))
+            {
+                return;
+            }
+        }
+        if self.pending.len() > 256 {
+            self.pending.retain(|_, (at, _)| at.elapsed() < WRITTEN_TTL);
+        }
+        self.pending.insert(key, (Instant::now(), obj));
+    }
+}
+
+/// The `resourceVersion` of an object.
+fn resource_version<K: kube::runtime::reflector::Lookup>(k: &K) -> Option<String> {
+    Lookup::resource_version(k).map(|v| v.into_owned())
+}
+
+/// [`Own`], shared with the watch task that clears what it delivers.
+type Written<K> = Arc<Mutex<Own<K>>>;
 
 /// A store filled by one watch, and whether that watch is live.
 ///
@@ -69,7 +149,9 @@ type Written<K> = Arc<Mutex<WrittenMap<K>>>;
 /// stale one). What this process wrote is kept aside ([`Watched::wrote`],
 /// [`Watched::deleted`]) and read instead of the store's copy until the watch delivers that
 /// very version (or the deletion). A watch delivers every version in order, so whatever it
-/// shows before ours is older than ours, and whatever comes after finds ours gone.
+/// shows before ours is older than ours, and whatever comes after finds ours gone. A write
+/// the watch delivered before it was remembered is dropped once the store shows that
+/// version, and any after [`WRITTEN_TTL`].
 pub struct Watched<K: kube::runtime::reflector::Lookup + Clone + 'static>
 where
     K::DynamicType: Eq + std::hash::Hash + Clone,
@@ -111,8 +193,8 @@ where
             .map(|o| (o.to_object_ref(self.dyntype.clone()), o))
             .collect();
         if let Ok(written) = self.written.lock() {
-            for key in written.keys() {
-                match self.newer_locked(&written, key, self.store.get(key)) {
+            for key in written.pending.keys() {
+                match self.newer_locked(&written.pending, key, self.store.get(key)) {
                     Some(o) if keep(&o) => {
                         found.insert(key.clone(), o);
                     }
@@ -131,7 +213,7 @@ where
         (self.trim)(&mut obj);
         let key = obj.to_object_ref(self.dyntype.clone());
         if let Ok(mut written) = self.written.lock() {
-            written.insert(key, Some(Arc::new(obj)));
+            written.remember(key, Some(Arc::new(obj)));
         }
     }
 
@@ -139,7 +221,7 @@ where
     pub fn deleted(&self, obj: &K) {
         let key = obj.to_object_ref(self.dyntype.clone());
         if let Ok(mut written) = self.written.lock() {
-            written.insert(key, None);
+            written.remember(key, None);
         }
     }
 
@@ -158,7 +240,7 @@ where
 
     fn newer(&self, key: &ObjectRef<K>, stored: Option<Arc<K>>) -> Option<Arc<K>> {
         match self.written.lock() {
-            Ok(written) => self.newer_locked(&written, key, stored),
+            Ok(written) => self.newer_locked(&written.pending, key, stored),
             Err(_) => stored,
         }
     }
@@ -170,9 +252,14 @@ where
         key: &ObjectRef<K>,
         stored: Option<Arc<K>>,
     ) -> Option<Arc<K>> {
+        let version = |k: &K| Lookup::resource_version(k).map(|v| v.into_owned());
         match written.get(key) {
-            Some(ours) => ours.clone(),
-            None => stored,
+            Some((at, ours)) if at.elapsed() < WRITTEN_TTL => match (ours, &stored) {
+                // The store shows our very version already.
+                (Some(o), Some(s)) if version(o).is_some() && version(o) == version(s) => stored,
+                _ => ours.clone(),
+            },
+            _ => stored,
         }
     }
 }
@@ -279,7 +366,7 @@ fn spawn_dynamic(
         store: writer.as_reader(),
         dyntype: ar,
         live: Arc::new(AtomicBool::new(false)),
-        written: Written::default(),
+        written: Arc::new(Mutex::new(Own::new())),
         trim: trim_kubevirt,
     };
     let task = spawn_reflector(
@@ -314,7 +401,7 @@ where
         store: writer.as_reader(),
         dyntype: (),
         live: Arc::new(AtomicBool::new(false)),
-        written: Written::default(),
+        written: Arc::new(Mutex::new(Own::new())),
         trim,
     };
     let task = spawn_reflector(
@@ -358,29 +445,20 @@ where
                 Ok(watcher::Event::InitDone) => {
                     // Everything written before the list is in it.
                     if let Ok(mut w) = written.lock() {
-                        w.clear();
+                        *w = Own::new();
                     }
                     live.store(true, Ordering::Release)
                 }
                 Ok(watcher::Event::Apply(obj)) => {
                     if let Ok(mut w) = written.lock() {
-                        // Ours arrived: from now on the store is at least as new.
-                        let key = obj.to_object_ref(dyntype.clone());
-                        let delivered = w.get(&key).is_some_and(|ours| {
-                            ours.as_ref().is_some_and(|o| {
-                                let version = |k: &K| k.meta().resource_version.clone();
-                                version(o).is_some() && version(o) == version(&obj)
-                            })
-                        });
-                        if delivered {
-                            w.remove(&key);
-                        }
+                        // Once ours arrived, the store is at least as new.
+                        w.delivered(obj.to_object_ref(dyntype.clone()), resource_version(&obj));
                     }
                     waker.wake(obj.labels())
                 }
                 Ok(watcher::Event::Delete(obj)) => {
                     if let Ok(mut w) = written.lock() {
-                        w.remove(&obj.to_object_ref(dyntype.clone()));
+                        w.gone(&obj.to_object_ref(dyntype.clone()));
                     }
                     waker.wake(obj.labels())
                 }
@@ -419,4 +497,55 @@ fn trim_node(node: &mut Node) {
 /// Drops `managedFields`.
 fn trim_meta<K: Resource>(obj: &mut K) {
     obj.meta_mut().managed_fields = None;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(version: &str) -> Arc<Node> {
+        let mut n = Node::default();
+        n.metadata.name = Some("n".into());
+        n.metadata.resource_version = Some(version.into());
+        Arc::new(n)
+    }
+
+    fn key() -> ObjectRef<Node> {
+        ObjectRef::new("n")
+    }
+
+    #[test]
+    fn a_write_is_read_until_the_watch_delivers_its_version_not_before() {
+        let mut own = Own::<Node>::new();
+        own.remember(key(), Some(node("5")));
+        own.delivered(key(), Some("4".into()));
+        assert!(
+            own.pending.contains_key(&key()),
+            "an older version came first"
+        );
+        own.delivered(key(), Some("5".into()));
+        assert!(!own.pending.contains_key(&key()), "ours arrived");
+    }
+
+    #[test]
+    fn a_write_the_watch_delivered_before_it_was_remembered_is_not_kept() {
+        let mut own = Own::<Node>::new();
+        own.delivered(key(), Some("5".into()));
+        own.delivered(key(), Some("6".into()));
+        own.remember(key(), Some(node("5")));
+        assert!(
+            !own.pending.contains_key(&key()),
+            "it would hide version 6 and everything after"
+        );
+    }
+
+    #[test]
+    fn a_delete_is_remembered_until_the_watch_delivers_it() {
+        let mut own = Own::<Node>::new();
+        own.remember(key(), None);
+        own.delivered(key(), Some("7".into()));
+        assert!(own.pending.contains_key(&key()));
+        own.gone(&key());
+        assert!(!own.pending.contains_key(&key()));
+    }
 }

@@ -762,11 +762,30 @@ async fn product_run(
     // Deleting them all at once.
     let del_started = Instant::now();
     let del_cpu_before = server_cpu(world);
-    world
+    // One DELETE of the collection; with many thousand claims the API server may give up
+    // on it (etcd deadline, 500) part way: then the rest are deleted one by one, 64 at once.
+    if let Err(e) = world
         .claims()
         .delete_collection(&DeleteParams::default(), &ListParams::default())
         .await
-        .expect("claims deleted");
+    {
+        println!("    (deleting the collection: {e}; deleting the rest one by one)");
+        let left = world
+            .claims()
+            .list_metadata(&ListParams::default())
+            .await
+            .expect("claims listed");
+        futures::stream::iter(left.items.into_iter().map(|c| {
+            let claims = world.claims();
+            async move {
+                let name = c.metadata.name.unwrap_or_default();
+                let _ = claims.delete(&name, &DeleteParams::default()).await;
+            }
+        }))
+        .buffer_unordered(64)
+        .collect::<Vec<_>>()
+        .await;
+    }
     let mut peak_server_rss = 0u64;
     loop {
         for pid in world.playground.env.pids() {

@@ -61,8 +61,9 @@ pub fn claim_of(
 type WrittenMap<K> = HashMap<ObjectRef<K>, (Instant, Option<Arc<K>>)>;
 
 /// How long a write of this process is read instead of the watch's copy at most (a safety
-/// net: the watch delivers it long before).
-pub const WRITTEN_TTL: Duration = Duration::from_secs(10);
+/// net: the watch delivers it long before, also when a burst of thousands of claims makes
+/// it lag by seconds).
+pub const WRITTEN_TTL: Duration = Duration::from_secs(60);
 
 /// How many of an object's latest versions the watch delivered are remembered.
 const DELIVERED_KEPT: usize = 8;

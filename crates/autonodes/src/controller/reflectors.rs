@@ -188,11 +188,6 @@ impl<K: Kind> Reflector<K> {
         let _ = rx.wait_for(|s| *s).await;
     }
 
-    /// A receiver that turns true once the store holds its first full list.
-    pub fn synced(&self) -> tokio::sync::watch::Receiver<bool> {
-        self.synced.clone()
-    }
-
     /// Runs the watch until the process ends: fills the store and hands every change to
     /// the subscribers. Objects that do not decode are reported to `reports` (when given)
     /// and left out ([`lenient`]). Runs once; a second call returns at once.

@@ -306,16 +306,10 @@ async fn remote_failure(
     mut w: StatusWriter<'_>,
     e: Error,
 ) -> Result<Action, Error> {
-    let (
-        Error::Remote {
-            on_host, source, ..
-        },
-        Some(reason),
-    ) = (&e, e.cluster_reason())
-    else {
+    let (Error::Remote { on_host, .. }, Some(reason)) = (&e, e.cluster_reason()) else {
         return Err(e);
     };
-    if matches!(source, kube::Error::Api(s) if s.code == 409) {
+    if e.is_remote_conflict() {
         // A remote object changed under us (e.g. the kubelet updated the Node): not a
         // failure of the cluster; look again at once.
         return Err(Error::Conflict(e.to_string()));

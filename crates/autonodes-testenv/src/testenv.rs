@@ -559,7 +559,12 @@ impl TestEnv {
             "--service-account-issuer=https://kubernetes.default.svc".to_string(),
             "--service-cluster-ip-range=10.0.0.0/24".to_string(),
             "--disable-admission-plugins=ServiceAccount".to_string(),
-            "--profiling=false".to_string(),
+            // `AUTONODES_APISERVER_PROFILING=1` serves Go's pprof at `/debug/pprof/` (for
+            // finding where the API servers spend their CPU in a benchmark).
+            format!(
+                "--profiling={}",
+                std::env::var("AUTONODES_APISERVER_PROFILING").is_ok_and(|v| v == "1")
+            ),
             "--v=1".to_string(),
         ];
         let log = dir.join("kube-apiserver.log");

@@ -254,6 +254,64 @@ fn server_cpu(world: &World) -> f64 {
         .sum()
 }
 
+/// CPU seconds of etcd and of each API server, by name.
+fn server_cpu_by_process(world: &World) -> BTreeMap<String, f64> {
+    let env = &world.playground.env;
+    let mut out = BTreeMap::new();
+    if let Some(&etcd) = env.pids().first() {
+        out.insert("etcd".to_string(), cpu_seconds(etcd));
+    }
+    for server in env.apiservers() {
+        if let Some(pid) = server.pid() {
+            out.insert(server.name.clone(), cpu_seconds(pid));
+        }
+    }
+    out
+}
+
+/// "etcd 12.0 ms, host 20.1 ms, …": CPU per claim of each server process between two
+/// readings of [`server_cpu_by_process`].
+fn cpu_split(after: &BTreeMap<String, f64>, before: &BTreeMap<String, f64>, per: f64) -> String {
+    after
+        .iter()
+        .map(|(name, s)| {
+            let used = s - before.get(name).copied().unwrap_or(0.0);
+            format!("{name} {:.1}", used * 1000.0 / per)
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// With `AUTONODES_APISERVER_PROFILING=1` (the test environment then serves Go's pprof),
+/// takes a CPU profile of `seconds` from every API server into
+/// `target/bench-pprof/<run>-<server>.pprof` (read it with `go tool pprof -top FILE`).
+fn profile_servers(world: &World, run: &str, seconds: u64) -> Vec<std::process::Child> {
+    if std::env::var("AUTONODES_APISERVER_PROFILING").as_deref() != Ok("1") {
+        return Vec::new();
+    }
+    let dir = common::repo().join("target/bench-pprof");
+    let _ = std::fs::create_dir_all(&dir);
+    world
+        .playground
+        .env
+        .apiservers()
+        .filter_map(|server| {
+            std::process::Command::new("curl")
+                .arg("-sk")
+                .arg("-H")
+                .arg(format!("Authorization: Bearer {}", server.admin_token))
+                .arg("-o")
+                .arg(dir.join(format!("{run}-{}.pprof", server.name)))
+                .arg(format!(
+                    "{}/debug/pprof/profile?seconds={seconds}",
+                    server.url
+                ))
+                .spawn()
+                .ok()
+        })
+        .collect()
+}
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -709,6 +767,7 @@ async fn product_run(
     let server_before = server_requests(world).await;
     let controller_before = controller.requests().await;
     let cpu_before = server_cpu(world);
+    let split_before = server_cpu_by_process(world);
     let ctl_cpu_before = cpu_seconds(controller.pid());
     let bench_cpu_before = cpu_seconds(std::process::id());
 
@@ -721,6 +780,7 @@ async fn product_run(
         created.insert(name, at);
         fut
     });
+    let mut profiles = profile_servers(world, &prefix, (n as u64 / 50).clamp(5, 30));
     futures::stream::iter(creates)
         .buffer_unordered(256)
         .collect::<Vec<_>>()
@@ -746,6 +806,10 @@ async fn product_run(
     let server_after = server_requests(world).await;
     let controller_after = controller.requests().await;
     let server_cpu_used = server_cpu(world) - cpu_before;
+    let split_after = server_cpu_by_process(world);
+    for p in profiles.iter_mut() {
+        let _ = p.wait();
+    }
     let ctl_cpu = cpu_seconds(controller.pid()) - ctl_cpu_before;
     let bench_cpu = cpu_seconds(std::process::id()) - bench_cpu_before;
     let ctl_peak = process_memory(controller.pid()).map_or(0, |(_, peak)| peak);
@@ -841,6 +905,10 @@ async fn product_run(
     println!(
         "    API-server + etcd CPU:         {:.0} ms per claim ({server_cpu_used:.1}s)",
         server_cpu_used * 1000.0 / per
+    );
+    println!(
+        "      of which (ms per claim):    {}",
+        cpu_split(&split_after, &split_before, per)
     );
     println!(
         "    controller:                    peak RSS {:.0} MB, CPU {ctl_cpu:.1}s ({:.1} ms per claim)",

@@ -5,6 +5,11 @@
 //! the TLS bootstrap (CSR, approval, client certificate), so the admin client stands in for
 //! the kubelet's credentials after it. That the bootstrap token authenticates is checked
 //! separately, with a request to the tenant's `/api` using only that token.
+//!
+//! A guest that joined is known by its Node: the Node's `status.nodeInfo.bootID` is the
+//! VMI's UID (as a kubelet reports its boot ID), remembered in memory and found again in the
+//! tenants' Node caches after a restart, so the simulator writes nothing on the host to
+//! remember a join.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -25,10 +30,7 @@ use tokio::task::JoinHandle;
 use super::cache::{self, Cache};
 use super::guest::{self, JoinPlan};
 use super::reconcile::{guest_address, publish};
-use super::{
-    Ctx, SimError, Tenant, GAVE_UP_PREFIX, JOIN_ERROR_ANNOTATION, NODE_ANNOTATION,
-    TENANT_ANNOTATION,
-};
+use super::{Ctx, SimError, Tenant, GAVE_UP_PREFIX, JOIN_ERROR_ANNOTATION};
 
 /// The group kubeadm binds for node bootstrap (CSR creation and auto-approval).
 const NODE_BOOTSTRAP_GROUP: &str = "system:bootstrappers:kubeadm:default-node-token";
@@ -40,8 +42,6 @@ const TENANT_TIMEOUT: Duration = Duration::from_secs(15);
 const TOKEN_NAMESPACE: &str = "kube-system";
 /// The type of a bootstrap-token Secret.
 const TOKEN_TYPE: &str = "bootstrap.kubernetes.io/token";
-/// Clients authenticating with a bootstrap token kept per tenant (a few tokens at a time).
-const MAX_TOKEN_CLIENTS: usize = 64;
 
 /// A tenant with what the guest compares against, and its watch caches.
 pub(crate) struct TenantEntry {
@@ -54,8 +54,11 @@ pub(crate) struct TenantEntry {
     tokens: Arc<Cache<Secret>>,
     /// The tenant's version, read once (the kubelet's and kube-proxy's version).
     version: tokio::sync::OnceCell<String>,
-    /// A client per bootstrap token (its connection reused by the next guest).
-    token_clients: Mutex<HashMap<String, Client>>,
+    /// A client with the tenant's CA and no credentials of its own: each request carries
+    /// the bootstrap token it checks in its `Authorization` header. The API server
+    /// authenticates every request on its own, so this checks what a kubelet's first request
+    /// does, over one reused connection instead of a TLS handshake per guest.
+    anonymous: tokio::sync::OnceCell<Client>,
 }
 
 impl TenantEntry {
@@ -89,7 +92,7 @@ impl TenantEntry {
             nodes,
             tokens,
             version: tokio::sync::OnceCell::new(),
-            token_clients: Mutex::new(HashMap::new()),
+            anonymous: tokio::sync::OnceCell::new(),
         };
         (entry, vec![node_task, token_task])
     }
@@ -98,27 +101,27 @@ impl TenantEntry {
         Api::all(self.tenant.client.clone())
     }
 
-    /// A client that authenticates with nothing but `token` (one per token).
-    async fn token_client(&self, token: &str) -> Result<Client, String> {
-        let known = self
-            .token_clients
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(token)
-            .cloned();
-        if let Some(client) = known {
-            return Ok(client);
-        }
-        let client = token_client(&self.tenant, token).await?;
-        let mut clients = self
-            .token_clients
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if clients.len() >= MAX_TOKEN_CLIENTS {
-            clients.clear();
-        }
-        clients.insert(token.to_string(), client.clone());
-        Ok(client)
+    /// The client without credentials (built once).
+    async fn anonymous_client(&self) -> Result<Client, String> {
+        self.anonymous
+            .get_or_try_init(|| anonymous_client(&self.tenant))
+            .await
+            .cloned()
+    }
+
+    /// The Node of the guest whose VMI has UID `vmi_uid`, from the cache: the one whose
+    /// boot ID is that UID.
+    fn node_booted_by(&self, vmi_uid: &str) -> Option<String> {
+        self.nodes
+            .objects()
+            .iter()
+            .find(|n| {
+                n.status
+                    .as_ref()
+                    .and_then(|s| s.node_info.as_ref())
+                    .is_some_and(|i| i.boot_id == vmi_uid)
+            })
+            .map(|n| n.name_any())
     }
 
     /// The tenant's `gitVersion` (asked once).
@@ -160,6 +163,34 @@ fn fatal(reason: impl Into<String>) -> JoinError {
         reason: reason.into(),
         retryable: false,
     }
+}
+
+/// The guests that joined, by VMI UID: the tenant (its index in `Ctx::tenants`) and the
+/// Node's name.
+#[derive(Default)]
+pub(crate) struct Joined(Mutex<HashMap<String, (usize, String)>>);
+
+impl Joined {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (usize, String)>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The tenant and Node the guest of `vmi` joined: remembered, or (after a restart) the Node
+/// whose boot ID is the VMI's UID.
+fn joined<'a>(ctx: &'a Ctx, vmi: &DynamicObject) -> Option<(&'a TenantEntry, String)> {
+    let uid = vmi.uid()?;
+    let known = ctx.joined.lock().get(&uid).cloned();
+    let (index, node) = known.or_else(|| {
+        let found = ctx
+            .tenants
+            .iter()
+            .enumerate()
+            .find_map(|(i, t)| t.node_booted_by(&uid).map(|n| (i, n)))?;
+        ctx.joined.lock().insert(uid, found.clone());
+        Some(found)
+    })?;
+    Some((ctx.tenants.get(index)?, node))
 }
 
 fn annotation<'a>(obj: &'a DynamicObject, key: &str) -> Option<&'a str> {
@@ -216,15 +247,12 @@ pub(crate) async fn guest(
     ns: &str,
 ) -> Result<Action, SimError> {
     let vm_key = format!("{ns}/{}", vm.name_any());
-    if let Some(node) = annotation(vmi, NODE_ANNOTATION) {
+    if let Some((entry, node)) = joined(ctx, vmi) {
         // Joined already: the kubelet keeps posting Ready. (A real kubelet would also
         // re-register a deleted Node; the simulator lets a deleted Node stay deleted.)
-        let endpoint = annotation(vmi, TENANT_ANNOTATION).unwrap_or_default();
-        if let Some(entry) = ctx.tenants.iter().find(|t| t.endpoint_string() == endpoint) {
-            if let Err(e) = keep_ready(entry, node).await {
-                tracing::warn!(vm = %vm_key, node, error = %e, "keeping the Node Ready failed");
-                return Ok(Action::requeue(ctx.opts.join_retry_interval));
-            }
+        if let Err(e) = keep_ready(entry, &node).await {
+            tracing::warn!(vm = %vm_key, node, error = %e, "keeping the Node Ready failed");
+            return Ok(Action::requeue(ctx.opts.join_retry_interval));
         }
         return Ok(Action::requeue(ctx.opts.resync_interval));
     }
@@ -235,18 +263,18 @@ pub(crate) async fn guest(
     let mut timeout = guest::DEFAULT_DISCOVERY_TIMEOUT;
     let outcome = join(ctx, vm, vmi, ns, &mut timeout).await;
     match outcome {
-        Ok((node, endpoint)) => {
-            annotate_vmi(
-                ctx,
-                vmi,
-                ns,
-                json!({
-                    NODE_ANNOTATION: node,
-                    TENANT_ANNOTATION: endpoint,
-                    JOIN_ERROR_ANNOTATION: null,
-                }),
-            )
-            .await?;
+        Ok((node, index)) => {
+            if let Some(uid) = vmi.uid() {
+                ctx.joined.lock().insert(uid, (index, node.clone()));
+            }
+            if previous.is_some() {
+                annotate_vmi(ctx, vmi, ns, json!({ JOIN_ERROR_ANNOTATION: null })).await?;
+            }
+            let endpoint = ctx
+                .tenants
+                .get(index)
+                .map(TenantEntry::endpoint_string)
+                .unwrap_or_default();
             tracing::info!(vm = %vm_key, node = %node, tenant = %endpoint, "guest joined the tenant");
             publish(
                 ctx,
@@ -338,14 +366,14 @@ async fn user_data(ctx: &Ctx, vm: &DynamicObject, ns: &str) -> Result<String, Jo
     ))
 }
 
-/// One join attempt; on success the Node name and the tenant's `host:port`.
+/// One join attempt; on success the Node name and the tenant's index in `Ctx::tenants`.
 async fn join(
     ctx: &Ctx,
     vm: &DynamicObject,
     vmi: &DynamicObject,
     ns: &str,
     timeout: &mut Duration,
-) -> Result<(String, String), JoinError> {
+) -> Result<(String, usize), JoinError> {
     let text = user_data(ctx, vm, ns).await?;
     let plan = guest::parse_user_data(&text).map_err(|e| fatal(e.0))?;
     *timeout = plan.discovery_timeout;
@@ -353,10 +381,11 @@ async fn join(
         tracing::warn!(vm = %format!("{ns}/{}", vm.name_any()), "kubeadm: {w}");
     }
     let wanted = guest::split_host_port(&plan.api_server_endpoint);
-    let entry = ctx
+    let (index, entry) = ctx
         .tenants
         .iter()
-        .find(|t| t.endpoint.is_some() && t.endpoint == wanted)
+        .enumerate()
+        .find(|(_, t)| t.endpoint.is_some() && t.endpoint == wanted)
         .ok_or_else(|| {
             retry(format!(
                 "no tenant API server at {} (known: {})",
@@ -393,19 +422,19 @@ async fn join(
         .unwrap_or_else(|| vm.name_any());
     let node_name = plan.node_name.clone().unwrap_or(hostname);
     register_node(entry, vm, vmi, &plan, &node_name).await?;
-    Ok((node_name, entry.endpoint_string()))
+    Ok((node_name, index))
 }
 
-/// A client that authenticates with nothing but `token`.
-async fn token_client(tenant: &Tenant, token: &str) -> Result<Client, String> {
+/// A client that trusts the tenant's CA and authenticates with nothing.
+async fn anonymous_client(tenant: &Tenant) -> Result<Client, String> {
     let ca = base64::engine::general_purpose::STANDARD.encode(&tenant.ca_pem);
     let kc: Kubeconfig = serde_json::from_value(json!({
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": "tenant", "cluster": {"server": tenant.url, "certificate-authority-data": ca}}],
-        "users": [{"name": "bootstrap", "user": {"token": token}}],
-        "contexts": [{"name": "bootstrap", "context": {"cluster": "tenant", "user": "bootstrap"}}],
-        "current-context": "bootstrap",
+        "users": [{"name": "anonymous", "user": {}}],
+        "contexts": [{"name": "anonymous", "context": {"cluster": "tenant", "user": "anonymous"}}],
+        "current-context": "anonymous",
     }))
     .map_err(|e| e.to_string())?;
     let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
@@ -419,10 +448,14 @@ async fn token_client(tenant: &Tenant, token: &str) -> Result<Client, String> {
 /// (discovery) and the kubeadm node-bootstrap group (CSR creation).
 async fn check_tokens(entry: &TenantEntry, plan: &JoinPlan) -> Result<(), JoinError> {
     let client = entry
-        .token_client(&plan.tls_bootstrap_token)
+        .anonymous_client()
         .await
-        .map_err(|e| retry(format!("building a client with the bootstrap token: {e}")))?;
+        .map_err(|e| retry(format!("building a client for the tenant: {e}")))?;
     let request = http::Request::get("/api")
+        .header(
+            http::header::AUTHORIZATION,
+            format!("Bearer {}", plan.tls_bootstrap_token),
+        )
         .body(Vec::new())
         .map_err(|e| fatal(e.to_string()))?;
     match tokio::time::timeout(TENANT_TIMEOUT, client.request_text(request)).await {
@@ -537,45 +570,6 @@ async fn register_node(
         ("kubernetes.io/arch".to_string(), arch.to_string()),
     ]);
     labels.extend(plan.node_labels.clone());
-    let node: Node = serde_json::from_value(json!({
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": node_name, "labels": labels},
-        "spec": {"providerID": plan.provider_id, "taints": plan.taints},
-    }))
-    .map_err(|e| fatal(format!("building the Node: {e}")))?;
-    let node = match tokio::time::timeout(
-        TENANT_TIMEOUT,
-        nodes.create(&PostParams::default(), &node),
-    )
-    .await
-    {
-        Err(_) => return Err(retry("creating the Node timed out")),
-        Ok(Ok(created)) => entry.nodes.wrote(created),
-        Ok(Err(kube::Error::Api(s))) if s.is_already_exists() => {
-            let existing = entry
-                .nodes
-                .read_existing(&nodes, node_name)
-                .await
-                .map_err(|e| retry(format!("reading Node {node_name}: {e}")))?
-                .ok_or_else(|| retry(format!("Node {node_name} went away meanwhile")))?;
-            let theirs = existing.spec.as_ref().and_then(|s| s.provider_id.clone());
-            if theirs.is_some() && theirs != plan.provider_id {
-                return Err(fatal(format!(
-                    "Node {node_name} exists with providerID {theirs:?}, not {:?}: another machine has this name",
-                    plan.provider_id
-                )));
-            }
-            existing
-        }
-        Ok(Err(kube::Error::Api(s))) if s.is_invalid() => {
-            return Err(fatal(format!(
-                "the tenant rejected Node {node_name}: {}",
-                s.message
-            )))
-        }
-        Ok(Err(e)) => return Err(retry(format!("creating Node {node_name}: {e}"))),
-    };
     let version = entry
         .version()
         .await
@@ -591,39 +585,86 @@ async fn register_node(
     let now = Timestamp::now().to_string();
     let machine_id = vm.uid().unwrap_or_default().replace('-', "");
     let status = json!({
-        "status": {
-            "capacity": capacity,
-            "allocatable": capacity,
-            "addresses": [
-                {"type": "InternalIP", "address": ip},
-                {"type": "Hostname", "address": node_name},
-            ],
-            "nodeInfo": {
-                "architecture": arch,
-                "bootID": vmi.uid().unwrap_or_default(),
-                "containerRuntimeVersion": "containerd://1.7.24",
-                "kernelVersion": "6.1.0-simulated",
-                "kubeProxyVersion": version,
-                "kubeletVersion": version,
-                "machineID": machine_id,
-                "operatingSystem": "linux",
-                "osImage": "autonodes simulated guest",
-                "systemUUID": vmi.uid().unwrap_or_default(),
-            },
-            "conditions": node_conditions("True", &now),
-            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
-        }
+        "capacity": capacity,
+        "allocatable": capacity,
+        "addresses": [
+            {"type": "InternalIP", "address": ip},
+            {"type": "Hostname", "address": node_name},
+        ],
+        "nodeInfo": {
+            "architecture": arch,
+            "bootID": vmi.uid().unwrap_or_default(),
+            "containerRuntimeVersion": "containerd://1.7.24",
+            "kernelVersion": "6.1.0-simulated",
+            "kubeProxyVersion": version,
+            "kubeletVersion": version,
+            "machineID": machine_id,
+            "operatingSystem": "linux",
+            "osImage": "autonodes simulated guest",
+            "systemUUID": vmi.uid().unwrap_or_default(),
+        },
+        "conditions": node_conditions("True", &now),
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
     });
-    // The taint goes first, so whoever sees Ready=True also sees it gone (the
-    // `autonodes.io/unregistered` NoExecute taint still keeps pods away meanwhile).
+    // The kubelet registers its Node with the status it has (a Node's status may be set on
+    // creation), here Ready at once: the guest boots instantly.
+    let node: Node = serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": node_name, "labels": labels},
+        "spec": {"providerID": plan.provider_id, "taints": plan.taints},
+        "status": status,
+    }))
+    .map_err(|e| fatal(format!("building the Node: {e}")))?;
+    let (node, created) = match tokio::time::timeout(
+        TENANT_TIMEOUT,
+        nodes.create(&PostParams::default(), &node),
+    )
+    .await
+    {
+        Err(_) => return Err(retry("creating the Node timed out")),
+        Ok(Ok(created)) => (entry.nodes.wrote(created), true),
+        Ok(Err(kube::Error::Api(s))) if s.is_already_exists() => {
+            let existing = entry
+                .nodes
+                .read_existing(&nodes, node_name)
+                .await
+                .map_err(|e| retry(format!("reading Node {node_name}: {e}")))?
+                .ok_or_else(|| retry(format!("Node {node_name} went away meanwhile")))?;
+            let theirs = existing.spec.as_ref().and_then(|s| s.provider_id.clone());
+            if theirs.is_some() && theirs != plan.provider_id {
+                return Err(fatal(format!(
+                    "Node {node_name} exists with providerID {theirs:?}, not {:?}: another machine has this name",
+                    plan.provider_id
+                )));
+            }
+            (existing, false)
+        }
+        Ok(Err(kube::Error::Api(s))) if s.is_invalid() => {
+            return Err(fatal(format!(
+                "the tenant rejected Node {node_name}: {}",
+                s.message
+            )))
+        }
+        Ok(Err(e)) => return Err(retry(format!("creating Node {node_name}: {e}"))),
+    };
+    // The node lifecycle controller's part: the not-ready taint the API server put on the
+    // new Node goes once it is Ready.
     remove_not_ready_taint(entry, &node)
         .await
         .map_err(|e| retry(e.to_string()))?;
-    let patched = nodes
-        .patch_status(node_name, &PatchParams::default(), &Patch::Merge(&status))
-        .await
-        .map_err(|e| retry(format!("updating the status of Node {node_name}: {e}")))?;
-    entry.nodes.wrote(patched);
+    if !created {
+        // Registered by an earlier attempt: the kubelet posts its status.
+        let patched = nodes
+            .patch_status(
+                node_name,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({ "status": status })),
+            )
+            .await
+            .map_err(|e| retry(format!("updating the status of Node {node_name}: {e}")))?;
+        entry.nodes.wrote(patched);
+    }
     Ok(())
 }
 
@@ -753,15 +794,13 @@ async fn keep_ready(entry: &TenantEntry, name: &str) -> Result<(), SimError> {
 
 /// The guest stops: its Node, if it joined one that still exists, turns `Ready=Unknown`.
 pub(crate) async fn stop_guest(ctx: &Ctx, vmi: &DynamicObject) {
-    let (Some(node), Some(endpoint)) = (
-        annotation(vmi, NODE_ANNOTATION),
-        annotation(vmi, TENANT_ANNOTATION),
-    ) else {
+    let Some((entry, node)) = joined(ctx, vmi) else {
         return;
     };
-    let Some(entry) = ctx.tenants.iter().find(|t| t.endpoint_string() == endpoint) else {
-        return;
-    };
+    if let Some(uid) = vmi.uid() {
+        ctx.joined.lock().remove(&uid);
+    }
+    let node = node.as_str();
     let now = Timestamp::now().to_string();
     let patch = json!({"status": {"conditions": node_conditions("Unknown", &now)}});
     match entry

@@ -68,10 +68,6 @@ pub const MANAGED_SELECTOR: &str = "app.kubernetes.io/managed-by=autonodes";
 pub const FINALIZER: &str = "simulator.autonodes.io/teardown";
 /// VMI annotation: why the guest did not join (absent once it joined).
 pub const JOIN_ERROR_ANNOTATION: &str = "simulator.autonodes.io/join-error";
-/// VMI annotation: the tenant Node the guest registered.
-pub const NODE_ANNOTATION: &str = "simulator.autonodes.io/node";
-/// VMI annotation: `host:port` of the tenant the guest joined.
-pub const TENANT_ANNOTATION: &str = "simulator.autonodes.io/tenant";
 /// Prefix of a join error the guest no longer retries.
 pub const GAVE_UP_PREFIX: &str = "gave up: ";
 
@@ -391,6 +387,8 @@ pub(crate) struct Ctx {
     pub(crate) dvs: Arc<Cache<DynamicObject>>,
     /// autonodes' Secrets (metadata only: the sweep's and a foreground deletion's view).
     pub(crate) secrets: Arc<Cache<PartialObjectMeta<Secret>>>,
+    /// The guests that joined a tenant.
+    pub(crate) joined: kubelet::Joined,
 }
 
 impl Ctx {
@@ -523,6 +521,7 @@ pub async fn run(
         vmis,
         dvs,
         secrets,
+        joined: kubelet::Joined::default(),
     });
     let result = serve(ctx, woken, shutdown).await;
     for task in tasks {

@@ -18,12 +18,12 @@ use crate::conditions::{self, status_of, TRUE};
 use crate::controller::status::report_changes;
 use crate::controller::{apply_status, now, Context, Error};
 
-/// Sets the phase from the readiness ladder: the first condition that is not True.
-/// How long progress (a stage reached, nothing wrong) waits before it is written: stages
-/// reached meanwhile go out with it (a VM that runs at once and whose Node joins Ready a
-/// moment later costs one write instead of three). Problems and failures are written at
-/// once; the first write (the chosen type and VM name) always is.
-pub const STATUS_WRITE_GAP: Duration = Duration::from_millis(500);
+/// How long a stage reached before the last one (the VM running, the Node joined but not
+/// Ready yet) waits before it is written: stages reached meanwhile go out with it (a VM
+/// that runs at once and whose Node joins Ready a moment later costs one write instead of
+/// three). The last stage (`Ready`), problems and failures are written at once; so is the
+/// first write (the chosen type and VM name).
+pub const STATUS_WRITE_GAP: Duration = Duration::from_secs(5);
 
 /// Collects the changes of one reconcile to a claim's status and writes them at once.
 pub(super) struct StatusWriter<'a> {
@@ -109,9 +109,10 @@ impl<'a> StatusWriter<'a> {
             })
     }
 
-    /// Like [`StatusWriter::write`], but a change that is only progress (stages reached,
-    /// nothing wrong) is written once it has waited [`STATUS_WRITE_GAP`]: until then this
-    /// returns how long to wait, and the reconcile after that writes it together with
+    /// Like [`StatusWriter::write`], but a change that is only progress on the way to
+    /// `Ready` (stages reached, nothing wrong, not Ready yet) is written once it has waited
+    /// [`STATUS_WRITE_GAP`]: until then this returns how long to wait, and the reconcile
+    /// after that (or the change that wakes the claim first) writes it together with
     /// whatever else was reached meanwhile.
     pub(super) async fn write_or_defer(mut self) -> Result<Option<Duration>, Error> {
         self.finish();
@@ -120,7 +121,9 @@ impl<'a> StatusWriter<'a> {
             self.ctx.progress_pending(&uid, true);
             return Ok(None);
         }
-        if self.only_progress() {
+        let ready_now = conditions::is_true(&self.new.conditions, READY)
+            && !conditions::is_true(&self.old.conditions, READY);
+        if self.only_progress() && !ready_now {
             if let Some(since) = self.ctx.progress_pending(&uid, false) {
                 let waited = since.elapsed();
                 if waited < STATUS_WRITE_GAP {

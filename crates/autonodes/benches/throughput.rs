@@ -826,6 +826,9 @@ async fn product_run(
     // Deleting them all at once.
     let del_started = Instant::now();
     let del_cpu_before = server_cpu(world);
+    let del_split_before = server_cpu_by_process(world);
+    let del_server_before = server_requests(world).await;
+    let del_controller_before = controller.requests().await;
     // One DELETE of the collection; with many thousand claims the API server may give up
     // on it (etcd deadline, 500) part way: then the rest are deleted one by one, 64 at once.
     if let Err(e) = world
@@ -872,6 +875,9 @@ async fn product_run(
     }
     let deleted_in = del_started.elapsed().as_secs_f64();
     let del_cpu = server_cpu(world) - del_cpu_before;
+    let del_split = cpu_split(&server_cpu_by_process(world), &del_split_before, n as f64);
+    let del_server = diff(&server_requests(world).await, &del_server_before);
+    let del_controller = diff(&controller.requests().await, &del_controller_before);
 
     let per = n as f64;
     let server = diff(&server_after, &server_before);
@@ -925,6 +931,16 @@ async fn product_run(
         100.0 * (per / deleted_in) / rate,
         mb(peak_server_rss)
     );
+    println!("      server CPU of the deletion (ms per claim): {del_split}");
+    println!(
+        "      deletion, API servers, per claim: {}",
+        Totals::per_claim(&del_server, per).line()
+    );
+    println!(
+        "      deletion, controller, per claim:  {}",
+        Totals::per_claim(&del_controller, per).line()
+    );
+    println!("{}", breakdown(&del_server, per));
     println!(
         "    Events per claim by reason:    {}",
         events

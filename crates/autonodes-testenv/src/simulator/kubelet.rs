@@ -329,13 +329,16 @@ async fn user_data(ctx: &Ctx, vm: &DynamicObject, ns: &str) -> Result<String, Jo
             fatal("the VM has no cloudInitNoCloud volume: the guest gets no user data")
         })?;
     if let Some(name) = source.pointer("/secretRef/name").and_then(Value::as_str) {
+        // From the watch cache of autonodes' Secrets (as a kubelet watches the Secrets its
+        // pods mount); from the API server when the cache does not hold it (yet).
         let secrets: Api<Secret> = Api::namespaced(ctx.host.clone(), ns);
-        let secret = secrets
-            .get_opt(name)
+        let secret = ctx
+            .secrets
+            .read_existing(&secrets, name)
             .await
             .map_err(|e| retry(format!("reading user-data Secret {ns}/{name}: {e}")))?
             .ok_or_else(|| retry(format!("user-data Secret {ns}/{name} not found")))?;
-        let data = secret.data.unwrap_or_default();
+        let data = secret.data.clone().unwrap_or_default();
         let bytes = data
             .get("userdata")
             .or_else(|| data.get("userData"))

@@ -47,7 +47,7 @@ use std::time::Duration;
 use base64::Engine;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams, PartialObjectMeta};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
@@ -385,8 +385,9 @@ pub(crate) struct Ctx {
     pub(crate) vmis: Arc<Cache<DynamicObject>>,
     /// DataVolumes (metadata and status).
     pub(crate) dvs: Arc<Cache<DynamicObject>>,
-    /// autonodes' Secrets (metadata only: the sweep's and a foreground deletion's view).
-    pub(crate) secrets: Arc<Cache<PartialObjectMeta<Secret>>>,
+    /// autonodes' Secrets (the user data a guest reads; the sweep's and a foreground
+    /// deletion's view).
+    pub(crate) secrets: Arc<Cache<Secret>>,
     /// The guests that joined a tenant.
     pub(crate) joined: kubelet::Joined,
 }
@@ -488,13 +489,13 @@ pub async fn run(
     let (secrets, task) = cache::spawn(
         "host autonodes Secrets".into(),
         match namespace {
-            Some(ns) => Api::<PartialObjectMeta<Secret>>::namespaced(host.clone(), ns),
+            Some(ns) => Api::<Secret>::namespaced(host.clone(), ns),
             None => Api::all(host.clone()),
         },
         watcher::Config::default().labels(MANAGED_SELECTOR),
         (),
         cache::trim_meta,
-        |_: &PartialObjectMeta<Secret>| {},
+        |_: &Secret| {},
     );
     tasks.push(task);
     let mut entries = Vec::new();

@@ -9,8 +9,7 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, PartialObjectMeta, Patch, PatchParams,
-    PostParams, Preconditions,
+    Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions,
 };
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
@@ -603,7 +602,7 @@ async fn delete_vmi(ctx: &Ctx, vmi: &DynamicObject) -> Result<(), SimError> {
 }
 
 /// Deletes an autonodes Secret (this very one).
-async fn delete_secret(ctx: &Ctx, secret: &PartialObjectMeta<Secret>) -> Result<(), SimError> {
+async fn delete_secret(ctx: &Ctx, secret: &Secret) -> Result<(), SimError> {
     let api = Api::<Secret>::namespaced(ctx.host.clone(), &secret.namespace().unwrap_or_default());
     delete_known(api, &ctx.secrets, secret).await
 }

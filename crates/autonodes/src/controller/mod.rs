@@ -194,6 +194,10 @@ pub struct Context {
     /// Since when each claim has had progress this process has not written yet, by UID
     /// ([`nodeclaim::status::STATUS_WRITE_GAP`]).
     pub status_pending: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
+    /// When each NodeType's status was last written, by name
+    /// ([`nodetype::COUNT_WRITE_GAP`]).
+    pub type_status_written:
+        std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
     /// Wakes claims (remote changes, freed capacity).
     pub wake_claims: mpsc::UnboundedSender<ObjectRef<NodeClaim>>,
     /// Wakes node types (capacity changes).
@@ -564,6 +568,7 @@ pub async fn run(
         expected_claims: Default::default(),
         written: Default::default(),
         status_pending: Default::default(),
+        type_status_written: Default::default(),
         wake_claims,
         wake_types,
         metrics,

@@ -17,6 +17,12 @@ use crate::scheduling::{self, ProviderContext, TypeProblem};
 /// Condition: the type can take claims.
 pub const READY: &str = "Ready";
 
+/// How long a change of the claimed count alone (a claim more or less on a type whose phase
+/// and conditions stay) waits after the type's last status write: a burst of claims costs a
+/// status write per second, not one per claim. Scheduling never reads this status (it counts
+/// claims itself), so the count shown lags by at most this much.
+pub const COUNT_WRITE_GAP: Duration = Duration::from_secs(1);
+
 /// Reconciles one NodeType.
 pub async fn reconcile(t: Arc<NodeType>, ctx: Arc<Context>) -> Result<Action, Error> {
     let started = Instant::now();
@@ -119,7 +125,26 @@ async fn apply(t: &NodeType, ctx: &Context) -> Result<Action, Error> {
     }
 
     if status != old {
+        let only_count = status.phase == old.phase && status.conditions == old.conditions && {
+            let mut same = status.clone();
+            same.capacity = old.capacity.clone();
+            same == old
+        };
+        let last = ctx
+            .type_status_written
+            .lock()
+            .ok()
+            .and_then(|w| w.get(&name).copied());
+        if let Some(wait) = last
+            .map(|at| COUNT_WRITE_GAP.saturating_sub(at.elapsed()))
+            .filter(|wait| only_count && !wait.is_zero())
+        {
+            return Ok(Action::requeue(wait));
+        }
         apply_status(&Api::<NodeType>::all(ctx.client.clone()), t, &status).await?;
+        if let Ok(mut w) = ctx.type_status_written.lock() {
+            w.insert(name.clone(), Instant::now());
+        }
         // A type that turns unusable is a Warning; one that is usable needs no Event.
         super::status::report_changes(
             ctx,

@@ -243,17 +243,6 @@ fn breakdown(r: &Requests, per: f64) -> String {
         .join("\n")
 }
 
-/// CPU seconds of etcd and every API server.
-fn server_cpu(world: &World) -> f64 {
-    world
-        .playground
-        .env
-        .pids()
-        .into_iter()
-        .map(cpu_seconds)
-        .sum()
-}
-
 /// CPU seconds of etcd and of each API server, by name.
 fn server_cpu_by_process(world: &World) -> BTreeMap<String, f64> {
     let env = &world.playground.env;
@@ -269,15 +258,22 @@ fn server_cpu_by_process(world: &World) -> BTreeMap<String, f64> {
     out
 }
 
-/// "etcd 12.0 ms, host 20.1 ms, …": CPU per claim of each server process between two
-/// readings of [`server_cpu_by_process`].
-fn cpu_split(after: &BTreeMap<String, f64>, before: &BTreeMap<String, f64>, per: f64) -> String {
+/// CPU seconds each server process used between two readings of
+/// [`server_cpu_by_process`].
+fn cpu_used(
+    after: &BTreeMap<String, f64>,
+    before: &BTreeMap<String, f64>,
+) -> BTreeMap<String, f64> {
     after
         .iter()
-        .map(|(name, s)| {
-            let used = s - before.get(name).copied().unwrap_or(0.0);
-            format!("{name} {:.1}", used * 1000.0 / per)
-        })
+        .map(|(name, s)| (name.clone(), s - before.get(name).copied().unwrap_or(0.0)))
+        .collect()
+}
+
+/// "etcd 12.0, host 20.1, …": milliseconds of CPU per claim of each server process.
+fn cpu_split(used: &BTreeMap<String, f64>, per: f64) -> String {
+    used.iter()
+        .map(|(name, s)| format!("{name} {:.1}", s * 1000.0 / per))
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -766,7 +762,6 @@ async fn product_run(
     let prefix = format!("p{run}");
     let server_before = server_requests(world).await;
     let controller_before = controller.requests().await;
-    let cpu_before = server_cpu(world);
     let split_before = server_cpu_by_process(world);
     let ctl_cpu_before = cpu_seconds(controller.pid());
     let bench_cpu_before = cpu_seconds(std::process::id());
@@ -805,8 +800,8 @@ async fn product_run(
     let took = started.elapsed().as_secs_f64();
     let server_after = server_requests(world).await;
     let controller_after = controller.requests().await;
-    let server_cpu_used = server_cpu(world) - cpu_before;
-    let split_after = server_cpu_by_process(world);
+    let split = cpu_used(&server_cpu_by_process(world), &split_before);
+    let server_cpu_used: f64 = split.values().sum();
     for p in profiles.iter_mut() {
         let _ = p.wait();
     }
@@ -825,7 +820,6 @@ async fn product_run(
 
     // Deleting them all at once.
     let del_started = Instant::now();
-    let del_cpu_before = server_cpu(world);
     let del_split_before = server_cpu_by_process(world);
     let del_server_before = server_requests(world).await;
     let del_controller_before = controller.requests().await;
@@ -874,8 +868,9 @@ async fn product_run(
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let deleted_in = del_started.elapsed().as_secs_f64();
-    let del_cpu = server_cpu(world) - del_cpu_before;
-    let del_split = cpu_split(&server_cpu_by_process(world), &del_split_before, n as f64);
+    let del_used = cpu_used(&server_cpu_by_process(world), &del_split_before);
+    let del_cpu: f64 = del_used.values().sum();
+    let del_split = cpu_split(&del_used, n as f64);
     let del_server = diff(&server_requests(world).await, &del_server_before);
     let del_controller = diff(&controller.requests().await, &del_controller_before);
 
@@ -914,7 +909,7 @@ async fn product_run(
     );
     println!(
         "      of which (ms per claim):    {}",
-        cpu_split(&split_after, &split_before, per)
+        cpu_split(&split, per)
     );
     println!(
         "    controller:                    peak RSS {:.0} MB, CPU {ctl_cpu:.1}s ({:.1} ms per claim)",

@@ -125,7 +125,8 @@ async fn apply(t: &NodeType, ctx: &Context) -> Result<Action, Error> {
     }
 
     if status != old {
-        let only_count = status.phase == old.phase && status.conditions == old.conditions && {
+        // Equal to the old status but for the capacity: only the claimed count moved.
+        let only_count = {
             let mut same = status.clone();
             same.capacity = old.capacity.clone();
             same == old

@@ -353,6 +353,13 @@ fn ready_status(node: &Node) -> Option<String> {
         .map(|c| c.status.clone())
 }
 
+fn has_not_ready_taint(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == "node.kubernetes.io/not-ready"))
+}
+
 /// Checks `check` again and again for `window`: a bounded "stays so" assertion.
 async fn stays<F, Fut>(what: &str, window: Duration, mut check: F)
 where
@@ -535,13 +542,19 @@ async fn the_node_registers_with_the_given_name_provider_id_labels_and_taints_an
     let ud = user_data("node-a", &c.endpoint(), TOKEN, &c.ca_hash());
     c.write_vm("node-a", &ud).await;
 
-    let node = eventually("the Node to be Ready", WAIT, || async {
-        c.nodes()
-            .get_opt("node-a")
-            .await
-            .expect("read node")
-            .filter(|n| ready_status(n).as_deref() == Some("True"))
-    })
+    // The Node is created Ready with the not-ready taint the API server adds; the taint goes
+    // in a second write (the node lifecycle controller's part), so both are waited for.
+    let node = eventually(
+        "the Node to be Ready without the not-ready taint",
+        WAIT,
+        || async {
+            c.nodes()
+                .get_opt("node-a")
+                .await
+                .expect("read node")
+                .filter(|n| ready_status(n).as_deref() == Some("True") && !has_not_ready_taint(n))
+        },
+    )
     .await;
     let spec = node.spec.clone().expect("spec");
     assert_eq!(spec.provider_id.as_deref(), Some("kubevirt://node-a"));

@@ -11,10 +11,12 @@ use crate::scheduling::REGISTRATION_TAINT_KEY;
 /// The JSON-patch operations that give `node` the `labels` it lacks and remove the
 /// registration taint, or `None` when it needs neither.
 ///
-/// Labels are added one by one; the taints are replaced only if they are still the ones
-/// read (a `test` op), so the kubelet's status heartbeats, which change the Node's
-/// `resourceVersion`, do not make the patch conflict, and a taint someone else changed
-/// meanwhile makes it fail (422) instead of being overwritten.
+/// Labels are added one by one; each registration taint is removed by its position, after a
+/// `test` that the position still holds it. The kubelet's status heartbeats, which change
+/// the Node's `resourceVersion`, do not make the patch conflict; neither does a taint added
+/// or removed behind it meanwhile (the node lifecycle controller taking
+/// `node.kubernetes.io/not-ready` off a new Node). Only a change at or before its position
+/// makes the patch fail (422) — it never overwrites another writer's taints.
 pub fn node_patch(node: &Node, labels: &BTreeMap<String, String>) -> Option<Vec<Value>> {
     let current = node.metadata.labels.clone().unwrap_or_default();
     let missing: BTreeMap<&String, &String> = labels
@@ -26,14 +28,14 @@ pub fn node_patch(node: &Node, labels: &BTreeMap<String, String>) -> Option<Vec<
         .as_ref()
         .and_then(|s| s.taints.clone())
         .unwrap_or_default();
-    let has_registration = removes_registration_taint(node);
-    if missing.is_empty() && !has_registration {
+    let registration: Vec<(usize, &Taint)> = taints
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| t.key == REGISTRATION_TAINT_KEY)
+        .collect();
+    if missing.is_empty() && registration.is_empty() {
         return None;
     }
-    let kept: Vec<&Taint> = taints
-        .iter()
-        .filter(|t| t.key != REGISTRATION_TAINT_KEY)
-        .collect();
     let mut ops: Vec<Value> = Vec::new();
     if current.is_empty() && !missing.is_empty() {
         ops.push(json!({"op": "add", "path": "/metadata/labels", "value": {}}));
@@ -41,13 +43,11 @@ pub fn node_patch(node: &Node, labels: &BTreeMap<String, String>) -> Option<Vec<
     for (k, v) in &missing {
         ops.push(json!({"op": "add", "path": format!("/metadata/labels/{}", json_pointer_escape(k)), "value": v}));
     }
-    if has_registration {
-        ops.push(json!({"op": "test", "path": "/spec/taints", "value": taints}));
-        if kept.is_empty() {
-            ops.push(json!({"op": "remove", "path": "/spec/taints"}));
-        } else {
-            ops.push(json!({"op": "replace", "path": "/spec/taints", "value": kept}));
-        }
+    // From the last to the first, so that a removal does not move the positions still to go.
+    for (i, taint) in registration.into_iter().rev() {
+        let path = format!("/spec/taints/{i}");
+        ops.push(json!({"op": "test", "path": path, "value": taint}));
+        ops.push(json!({"op": "remove", "path": path}));
     }
     Some(ops)
 }
@@ -109,6 +109,23 @@ mod tests {
         assert_eq!(node_patch(&n, &want(&[("a/b", "1")])), None);
     }
 
+    /// `node` as the API server has it after `ops` (a JSON patch) was applied to it.
+    fn patched(node: &Node, ops: Vec<Value>) -> Result<Node, String> {
+        let mut doc = serde_json::to_value(node).map_err(|e| e.to_string())?;
+        let patch: json_patch::Patch =
+            serde_json::from_value(Value::Array(ops)).map_err(|e| e.to_string())?;
+        json_patch::patch(&mut doc, &patch).map_err(|e| e.to_string())?;
+        serde_json::from_value(doc).map_err(|e| e.to_string())
+    }
+
+    fn taint_keys(node: &Node) -> Vec<String> {
+        node.spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .map(|ts| ts.iter().map(|t| t.key.clone()).collect())
+            .unwrap_or_default()
+    }
+
     #[test]
     fn missing_labels_are_added_escaped_and_the_registration_taint_is_removed_if_unchanged() {
         let n = node(&[], &[REGISTRATION_TAINT_KEY, "keep"]);
@@ -121,16 +138,59 @@ mod tests {
             ops[1],
             json!({"op": "add", "path": "/metadata/labels/example.com~1x~0y", "value": "v"})
         );
-        assert_eq!(ops[2]["op"], "test");
-        assert_eq!(ops[3]["op"], "replace");
-        assert_eq!(ops[3]["value"].as_array().map(Vec::len), Some(1));
+        let after = patched(&n, ops).expect("applies");
+        assert_eq!(taint_keys(&after), ["keep"]);
+        assert_eq!(
+            after.metadata.labels.expect("labels")["example.com/x~y"],
+            "v"
+        );
     }
 
     #[test]
-    fn the_last_taint_going_removes_the_taint_list() {
+    fn a_taint_removed_behind_the_registration_taint_meanwhile_does_not_fail_the_patch() {
+        let read = node(
+            &[],
+            &[
+                "first",
+                REGISTRATION_TAINT_KEY,
+                "node.kubernetes.io/not-ready",
+            ],
+        );
+        let ops = node_patch(&read, &want(&[])).expect("a patch");
+        // The node lifecycle controller took its taint off between our read and our write.
+        let now = node(&[], &["first", REGISTRATION_TAINT_KEY]);
+        let after = patched(&now, ops.clone()).expect("applies");
+        assert_eq!(taint_keys(&after), ["first"]);
+        // Another taint added at the end meanwhile stays.
+        let now = node(&[], &["first", REGISTRATION_TAINT_KEY, "not-ours", "added"]);
+        let after = patched(&now, ops).expect("applies");
+        assert_eq!(taint_keys(&after), ["first", "not-ours", "added"]);
+    }
+
+    #[test]
+    fn a_taint_changed_before_the_registration_taint_fails_the_patch_instead_of_being_overwritten()
+    {
+        let read = node(&[], &["first", REGISTRATION_TAINT_KEY]);
+        let ops = node_patch(&read, &want(&[])).expect("a patch");
+        let now = node(&[], &[REGISTRATION_TAINT_KEY]);
+        assert!(patched(&now, ops).is_err());
+    }
+
+    #[test]
+    fn the_last_taint_going_leaves_no_taint() {
         let n = node(&[("a", "b")], &[REGISTRATION_TAINT_KEY]);
         let ops = node_patch(&n, &want(&[("a", "b")])).expect("a patch");
         assert_eq!(ops.len(), 2);
-        assert_eq!(ops[1], json!({"op": "remove", "path": "/spec/taints"}));
+        assert!(taint_keys(&patched(&n, ops).expect("applies")).is_empty());
+    }
+
+    #[test]
+    fn every_registration_taint_goes_when_there_are_several() {
+        let n = node(
+            &[],
+            &[REGISTRATION_TAINT_KEY, "keep", REGISTRATION_TAINT_KEY],
+        );
+        let ops = node_patch(&n, &want(&[])).expect("a patch");
+        assert_eq!(taint_keys(&patched(&n, ops).expect("applies")), ["keep"]);
     }
 }

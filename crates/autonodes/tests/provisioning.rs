@@ -289,6 +289,89 @@ async fn deleting_a_claim_leaves_no_vm_secret_token_data_volume_or_node_behind()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_claim_cordons_and_drains_its_node_before_its_vm_is_deleted() {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Api, DeleteParams, PostParams};
+
+    let world = World::start(WorldOptions::default()).await;
+    world.claim_type("drained", "standard-node").await;
+    let claim = world.wait_phase("drained", "Available", AVAILABLE).await;
+    let status = claim.status.expect("status");
+    let (vm, node) = (
+        status.vm_name.expect("vm name"),
+        status.node_name.expect("node name"),
+    );
+    // A workload bound to the node, and a DaemonSet's pod, which a drain leaves alone.
+    let pods: Api<Pod> = Api::namespaced(world.tenant.clone(), "default");
+    let pod = |name: &str, daemon: bool| -> Pod {
+        let owners = if daemon {
+            serde_json::json!([{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "ds",
+                                "uid": "00000000-0000-0000-0000-000000000001"}])
+        } else {
+            serde_json::json!([])
+        };
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "ownerReferences": owners},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]},
+        }))
+        .expect("pod")
+    };
+    pods.create(&PostParams::default(), &pod("workload", false))
+        .await
+        .expect("workload pod");
+    pods.create(&PostParams::default(), &pod("daemon", true))
+        .await
+        .expect("daemon pod");
+
+    world.delete_claim("drained").await;
+    // The eviction marks the workload for deletion; no kubelet confirms it, so it stays.
+    common::eventually("the workload to be evicted", AVAILABLE, || async {
+        pods.get("workload")
+            .await
+            .ok()
+            .filter(|p| p.metadata.deletion_timestamp.is_some())
+    })
+    .await;
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(world.tenant.clone());
+    let cordoned = nodes.get(&node).await.expect("the node is still there");
+    assert_eq!(
+        cordoned.spec.and_then(|s| s.unschedulable),
+        Some(true),
+        "cordoned before the eviction"
+    );
+    let daemon = pods.get("daemon").await.expect("daemon pod");
+    assert!(daemon.metadata.deletion_timestamp.is_none(), "not evicted");
+    let vms: Vec<String> = world
+        .vms()
+        .await
+        .into_iter()
+        .filter(|v| v.metadata.deletion_timestamp.is_none())
+        .filter_map(|v| v.metadata.name)
+        .collect();
+    assert!(
+        vms.contains(&vm),
+        "the VM waits for the drain, and the drain for the workload: {vms:?}"
+    );
+    // The kubelet's part: the pod has stopped.
+    pods.delete("workload", &DeleteParams::default().grace_period(0))
+        .await
+        .expect("force delete");
+    world.wait_claim_gone("drained", AVAILABLE).await;
+    assert!(world.vms().await.is_empty());
+    assert!(nodes.get_opt(&node).await.expect("read node").is_none());
+    let events = world.events_for(NS, "drained").await;
+    assert!(
+        events.iter().any(|e| e.starts_with("NodeCordoned")),
+        "{events:?}"
+    );
+    assert!(
+        !events.iter().any(|e| e.starts_with("DrainTimeout")),
+        "drained in time: {events:?}"
+    );
+    world.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifty_claims_at_once_never_exceed_a_max_capacity_of_ten() {
     let world = World::start(WorldOptions {
         provider: small_provider("small", 10),

@@ -694,9 +694,10 @@ fn node_conditions(ready: &str, now: &str) -> Value {
 
 /// Removes `node.kubernetes.io/not-ready` (the API server adds it on creation and no
 /// node-lifecycle controller runs to take it off); leaves every other taint alone. A JSON
-/// patch that tests the taints it replaces, made from `node` (the cache's or a write's
-/// copy); only when the test fails (someone changed the taints meanwhile) is the Node read
-/// again, once.
+/// patch that removes the taint by its position after testing that the position still holds
+/// it, made from `node` (the cache's or a write's copy), so that autonodes removing its own
+/// registration taint behind it meanwhile does not make it fail; only when the test fails
+/// (a taint before it changed) is the Node read again, once.
 async fn remove_not_ready_taint(entry: &TenantEntry, node: &Arc<Node>) -> Result<(), SimError> {
     let nodes = entry.nodes_api();
     let name = node.name_any();
@@ -738,22 +739,15 @@ async fn remove_not_ready_taint(entry: &TenantEntry, node: &Arc<Node>) -> Result
     Ok(())
 }
 
-/// The JSON patch that drops the not-ready taint from `node`'s taints if they still are
-/// what `node` says; None when it has no such taint.
+/// The JSON patch that drops the not-ready taint from `node`'s taints if its position still
+/// holds it; None when it has no such taint.
 fn without_not_ready_taint(node: &Node) -> Option<Value> {
     let taints: &[Taint] = node.spec.as_ref()?.taints.as_deref()?;
-    if !taints.iter().any(|t| t.key == NOT_READY_TAINT) {
-        return None;
-    }
-    let kept: Vec<&Taint> = taints.iter().filter(|t| t.key != NOT_READY_TAINT).collect();
-    let change = if kept.is_empty() {
-        json!({"op": "remove", "path": "/spec/taints"})
-    } else {
-        json!({"op": "replace", "path": "/spec/taints", "value": kept})
-    };
+    let i = taints.iter().position(|t| t.key == NOT_READY_TAINT)?;
+    let path = format!("/spec/taints/{i}");
     Some(json!([
-        {"op": "test", "path": "/spec/taints", "value": taints},
-        change,
+        {"op": "test", "path": path, "value": taints[i]},
+        {"op": "remove", "path": path},
     ]))
 }
 

@@ -474,30 +474,71 @@ where
     })
 }
 
-/// Keeps metadata and status of a KubeVirt object.
+/// The status fields of a VirtualMachine or VirtualMachineInstance the controller reads
+/// ([`kubevirt::vm_ready`], [`kubevirt::vmi_phase`], [`kubevirt::vmi_ip`]): every other
+/// part of a KubeVirt object is left out of the cache.
+const KUBEVIRT_STATUS_KEPT: [&str; 4] = ["ready", "printableStatus", "created", "phase"];
+
+/// Keeps a KubeVirt object's metadata ([`trim_meta`]) and the status fields the controller
+/// reads; the spec and the rest of the status (conditions, volume and guest OS details) go.
 fn trim_kubevirt(obj: &mut DynamicObject) {
     trim_meta(obj);
-    let status = obj
-        .data
-        .get_mut("status")
-        .map(std::mem::take)
-        .unwrap_or_default();
-    obj.data = serde_json::json!({ "status": status });
+    let mut kept = serde_json::Map::new();
+    if let Some(serde_json::Value::Object(mut status)) =
+        obj.data.get_mut("status").map(std::mem::take)
+    {
+        for key in KUBEVIRT_STATUS_KEPT {
+            if let Some(v) = status.remove(key) {
+                kept.insert(key.to_string(), v);
+            }
+        }
+        // The guest's addresses, without the interfaces' other details.
+        if let Some(serde_json::Value::Array(interfaces)) = status.remove("interfaces") {
+            let addresses: Vec<serde_json::Value> = interfaces
+                .into_iter()
+                .map(|i| serde_json::json!({ "ipAddress": i.get("ipAddress").cloned() }))
+                .collect();
+            kept.insert(
+                "interfaces".to_string(),
+                serde_json::Value::Array(addresses),
+            );
+        }
+    }
+    obj.data = serde_json::json!({ "status": kept });
 }
 
-/// Drops the images and volume lists of a Node (large, never read).
+/// Keeps a Node's metadata ([`trim_meta`]), its spec (taints are patched by position, so
+/// they stay exactly as the API server has them) and its conditions without their
+/// messages; images, volumes, addresses and system details go.
 fn trim_node(node: &mut Node) {
     trim_meta(node);
     if let Some(s) = node.status.as_mut() {
-        s.images = None;
-        s.volumes_attached = None;
-        s.volumes_in_use = None;
+        let conditions = s.conditions.take().map(|cs| {
+            cs.into_iter()
+                .map(|c| k8s_openapi::api::core::v1::NodeCondition {
+                    type_: c.type_,
+                    status: c.status,
+                    reason: c.reason,
+                    ..Default::default()
+                })
+                .collect()
+        });
+        *s = k8s_openapi::api::core::v1::NodeStatus {
+            conditions,
+            ..Default::default()
+        };
     }
 }
 
-/// Drops `managedFields`.
+/// Drops what no controller reads of a remote object's metadata and what grows with the
+/// systems that write it: `managedFields`, annotations, owner references and finalizers.
+/// Name, namespace, UID, resource version, labels, and creation and deletion timestamps stay.
 fn trim_meta<K: Resource>(obj: &mut K) {
-    obj.meta_mut().managed_fields = None;
+    let meta = obj.meta_mut();
+    meta.managed_fields = None;
+    meta.annotations = None;
+    meta.owner_references = None;
+    meta.finalizers = None;
 }
 
 #[cfg(test)]
@@ -513,6 +554,74 @@ mod tests {
 
     fn key() -> ObjectRef<Node> {
         ObjectRef::new("n")
+    }
+
+    #[test]
+    fn a_cached_kubevirt_object_keeps_what_the_controller_reads_and_nothing_else() {
+        let mut vmi: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {
+                "name": "vm", "namespace": "ns", "uid": "u", "resourceVersion": "9",
+                "labels": {"autonodes.io/nodeclaim": "c"},
+                "annotations": {"kubevirt.io/latest-observed-api-version": "v1"},
+                "finalizers": ["foregroundDeleteVirtualMachine"],
+                "managedFields": [{"manager": "virt-controller"}],
+            },
+            "spec": {"domain": {"devices": {}}},
+            "status": {
+                "phase": "Running", "ready": true,
+                "interfaces": [{"name": "default", "ipAddress": "10.0.0.7", "mac": "aa"}],
+                "conditions": [{"type": "Ready", "status": "True"}],
+                "guestOSInfo": {"name": "Debian"},
+            },
+        }))
+        .expect("object");
+        trim_kubevirt(&mut vmi);
+        assert_eq!(kubevirt::vmi_phase(&vmi), Some("Running"));
+        assert_eq!(kubevirt::vmi_ip(&vmi), Some("10.0.0.7"));
+        assert!(kubevirt::vm_ready(&vmi));
+        assert_eq!(vmi.labels()["autonodes.io/nodeclaim"], "c");
+        assert_eq!(vmi.metadata.resource_version.as_deref(), Some("9"));
+        assert_eq!(
+            vmi.data,
+            serde_json::json!({"status": {
+                "phase": "Running", "ready": true, "interfaces": [{"ipAddress": "10.0.0.7"}],
+            }})
+        );
+        assert!(vmi.metadata.annotations.is_none());
+        assert!(vmi.metadata.finalizers.is_none());
+        assert!(vmi.metadata.managed_fields.is_none());
+    }
+
+    #[test]
+    fn a_cached_node_keeps_its_spec_and_the_state_of_its_conditions() {
+        let mut n: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n", "labels": {"a": "b"}, "annotations": {"x": "y"}},
+            "spec": {"providerID": "kubevirt://n", "taints": [{"key": "k", "effect": "NoSchedule"}]},
+            "status": {
+                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                "message": "kubelet is posting ready status"}],
+                "images": [{"names": ["busybox"], "sizeBytes": 1}],
+                "nodeInfo": {"architecture": "amd64", "bootID": "b", "containerRuntimeVersion": "c",
+                             "kernelVersion": "k", "kubeProxyVersion": "v", "kubeletVersion": "v",
+                             "machineID": "m", "operatingSystem": "linux", "osImage": "o",
+                             "systemUUID": "s"},
+            },
+        }))
+        .expect("node");
+        let spec = n.spec.clone();
+        trim_node(&mut n);
+        assert_eq!(n.spec, spec);
+        assert_eq!(n.labels()["a"], "b");
+        assert!(n.metadata.annotations.is_none());
+        let status = n.status.expect("status");
+        assert!(status.images.is_none() && status.node_info.is_none());
+        let conditions = status.conditions.expect("conditions");
+        assert_eq!(
+            (conditions[0].type_.as_str(), conditions[0].status.as_str()),
+            ("Ready", "True")
+        );
+        assert!(conditions[0].message.is_none());
     }
 
     #[test]

@@ -110,14 +110,18 @@ impl<'a> Tenant<'a> {
         }
     }
 
-    /// The pods bound to the Node `name`.
+    /// The pods bound to the Node `name`, from the API server's watch cache (indexed by
+    /// node there, not read from etcd; the Node is cordoned before, so no new pod binds).
     pub async fn pods_on(&self, name: &str) -> Result<Vec<Pod>, Error> {
         let pods: Api<Pod> = Api::all(self.remote.client.clone());
+        let on_node = ListParams::default()
+            .fields(&format!("spec.nodeName={name}"))
+            .match_any();
         let listed = remote_call(
             self.ctx,
             self.remote,
             "listing the Node's pods",
-            pods.list(&ListParams::default().fields(&format!("spec.nodeName={name}"))),
+            pods.list(&on_node),
         )
         .await?;
         Ok(listed.items)

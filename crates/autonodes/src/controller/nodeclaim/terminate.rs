@@ -29,9 +29,11 @@ pub(super) enum Removal {
 }
 
 /// Removes everything the claim has in other clusters, in this order: drain the Node
-/// (with `drain`), delete the VM and wait until it is gone, then delete the Node (deleting
-/// it earlier would let a still-running kubelet register it again), the user-data Secret,
-/// the DataVolumes and the bootstrap tokens.
+/// (with `drain`, and only while its VM runs and is not being deleted: once the VM goes, the
+/// pods have gone with it and each wake-up while it is deleted would list them again), delete
+/// the VM and wait until it is gone, then delete the Node (deleting it earlier would let a
+/// still-running kubelet register it again), the user-data Secret, the DataVolumes and the
+/// bootstrap tokens.
 pub(super) async fn remove_remote_objects(
     claim: &NodeClaim,
     ctx: &Context,
@@ -64,23 +66,24 @@ pub(super) async fn remove_remote_objects(
     let our_node = |n: &Node| {
         n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(provider_id.as_str())
     };
-    if let (Some(tenant), true) = (&tenant, drain) {
-        if let Some(node) = tenant.node(&node_name).await? {
-            if our_node(&node) {
-                if let Some(waiting) = drain_node(claim, ctx, tenant, &node).await? {
-                    return Ok(Removal::Waiting(waiting));
-                }
-            }
-        }
-    }
 
-    // The host: delete the VM and wait until it is gone, then its Secret and DataVolumes.
+    // The host: drain, delete the VM and wait until it is gone, then its Secret and
+    // DataVolumes.
     let host_cluster = status.host_cluster.clone().unwrap_or_default();
     let vm_ns = status.vm_namespace.clone().unwrap_or_default();
     let host_remote = ctx.clients.host(&host_cluster).await?;
     let host = Host::new(ctx, &host_remote);
     if let Some(vm) = host.vm(&vm_ns, &vm_name).await? {
         if vm.metadata.deletion_timestamp.is_none() {
+            if let (Some(tenant), true) = (&tenant, drain) {
+                if let Some(node) = tenant.node(&node_name).await? {
+                    if our_node(&node) {
+                        if let Some(waiting) = drain_node(claim, ctx, tenant, &node).await? {
+                            return Ok(Removal::Waiting(waiting));
+                        }
+                    }
+                }
+            }
             host.delete_vm(&vm_ns, &vm_name).await?;
             ctx.event(
                 claim,

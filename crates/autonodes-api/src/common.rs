@@ -55,10 +55,15 @@ impl Operator {
 }
 
 /// One scheduling requirement on the properties of a node type.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+///
+/// Read in either spelling: Kubernetes' and Karpenter's `{key, operator, values}`, or
+/// vCluster's `{property, operator?, value | values}` (exactly one of `key` and
+/// `property`; `operator` defaults to `In`; `value` is one value). Always written back in
+/// the first spelling.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(try_from = "RequirementShape")]
 pub struct Requirement {
     /// The property key, e.g. `autonodes.io/node-type` or `topology.kubernetes.io/zone`.
-    #[schemars(length(min = 1, max = 253), regex(pattern = crate::schema::QUALIFIED_NAME_PATTERN))]
     pub key: String,
     /// How the property is compared with `values`: In, NotIn, Exists, DoesNotExist
     /// (or its synonym NotExists), Gt, Lt.
@@ -67,6 +72,86 @@ pub struct Requirement {
     /// integer; Exists and DoesNotExist none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub values: Vec<String>,
+}
+
+/// A requirement as written, in either spelling (see [`Requirement`]).
+#[derive(Deserialize)]
+struct RequirementShape {
+    key: Option<String>,
+    property: Option<String>,
+    operator: Option<Operator>,
+    value: Option<String>,
+    values: Option<Vec<String>>,
+}
+
+impl TryFrom<RequirementShape> for Requirement {
+    type Error = String;
+
+    fn try_from(s: RequirementShape) -> Result<Self, Self::Error> {
+        let key = match (s.key, s.property) {
+            (Some(k), None) | (None, Some(k)) => k,
+            (Some(_), Some(_)) => {
+                return Err("a requirement has both key and property; write one".to_string())
+            }
+            (None, None) => return Err("a requirement needs a key (or property)".to_string()),
+        };
+        let values = match (s.value, s.values) {
+            (Some(_), Some(_)) => {
+                return Err(format!(
+                    "requirement on {key}: value and values are exclusive; write one"
+                ))
+            }
+            (Some(v), None) => vec![v],
+            (None, vs) => vs.unwrap_or_default(),
+        };
+        Ok(Requirement {
+            key,
+            operator: s.operator.unwrap_or(Operator::In),
+            values,
+        })
+    }
+}
+
+impl JsonSchema for Requirement {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Requirement".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        let key = |description: &str| {
+            schemars::json_schema!({
+                "type": "string",
+                "description": description,
+                "minLength": 1,
+                "maxLength": 253,
+                "pattern": crate::schema::QUALIFIED_NAME_PATTERN,
+            })
+        };
+        schemars::json_schema!({
+            "type": "object",
+            "description": "One requirement on the properties of a node type: {key, operator, values} (Kubernetes, Karpenter) or {property, operator, value | values} (vCluster).",
+            "properties": {
+                "key": key("The property key, e.g. autonodes.io/node-type or topology.kubernetes.io/zone (or write it as `property`)."),
+                "property": key("The property key, as vCluster writes it (instead of `key`)."),
+                "operator": {
+                    "type": "string",
+                    "description": "How the property is compared: In (the default), NotIn, Exists, DoesNotExist (or NotExists), Gt, Lt.",
+                    "enum": ["In", "NotIn", "Exists", "DoesNotExist", "NotExists", "Gt", "Lt"],
+                },
+                "values": {
+                    "type": "array",
+                    "description": "Values to compare with: In and NotIn one or more, Gt and Lt exactly one integer, Exists and DoesNotExist none.",
+                    "items": {"type": "string"},
+                },
+                "value": {
+                    "type": "string",
+                    "description": "A single value to compare with, as vCluster writes it (instead of `values`).",
+                },
+            },
+            "oneOf": [{"required": ["key"]}, {"required": ["property"]}],
+            "not": {"required": ["value", "values"]},
+        })
+    }
 }
 
 /// Where a provider's virtual machines run: a KubeVirt host cluster and a namespace in it.
@@ -273,6 +358,62 @@ mod tests {
         ] {
             assert!(bad.parse::<DurationOrNever>().is_err(), "{bad}");
         }
+    }
+
+    fn requirement(v: serde_json::Value) -> Result<Requirement, String> {
+        serde_json::from_value(v).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_requirement_reads_in_the_vcluster_spelling_with_in_as_the_default_operator() {
+        let vcluster = requirement(serde_json::json!({"property": "zone", "value": "a"}));
+        let kubernetes =
+            requirement(serde_json::json!({"key": "zone", "operator": "In", "values": ["a"]}));
+        assert_eq!(vcluster, kubernetes);
+        let many = requirement(
+            serde_json::json!({"property": "tier", "operator": "NotIn", "values": ["x", "y"]}),
+        )
+        .expect("reads");
+        assert_eq!(many.operator, Operator::NotIn);
+        assert_eq!(many.values, ["x", "y"]);
+        let exists = requirement(serde_json::json!({"property": "gpu", "operator": "Exists"}))
+            .expect("reads");
+        assert!(exists.values.is_empty());
+        // Written back in Kubernetes' spelling.
+        assert_eq!(
+            serde_json::to_value(&vcluster.expect("reads")).expect("writes"),
+            serde_json::json!({"key": "zone", "operator": "In", "values": ["a"]})
+        );
+    }
+
+    #[test]
+    fn a_requirement_with_both_or_neither_key_and_property_or_both_value_and_values_is_refused() {
+        for (bad, says) in [
+            (
+                serde_json::json!({"key": "a", "property": "a", "value": "x"}),
+                "both key and property",
+            ),
+            (serde_json::json!({"operator": "Exists"}), "needs a key"),
+            (
+                serde_json::json!({"property": "a", "value": "x", "values": ["y"]}),
+                "exclusive",
+            ),
+        ] {
+            let e = requirement(bad.clone()).expect_err("refused");
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_requirement_schema_admits_either_spelling_and_names_each_field() {
+        let schema = serde_json::to_value(schemars::schema_for!(Requirement)).expect("schema");
+        for field in ["key", "property", "operator", "value", "values"] {
+            assert!(
+                schema["properties"][field]["description"].is_string(),
+                "{field}: {schema}"
+            );
+        }
+        assert_eq!(schema["oneOf"].as_array().map(Vec::len), Some(2));
     }
 
     proptest! {

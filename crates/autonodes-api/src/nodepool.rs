@@ -81,34 +81,34 @@ pub struct NodePoolSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub replicas: Option<i32>,
-    /// Dynamic pool: the most the pool may grow to.
+    /// Dynamic pool: the most the pool may grow to, by resource: `nodes`, `cpu`, `memory`,
+    /// `pods` or an extended resource such as `nvidia.com/gpu`; values are quantities,
+    /// written as integers or strings (`{nodes: 10, cpu: "64"}`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub limits: Option<NodePoolLimits>,
+    #[schemars(schema_with = "crate::schema::resource_list")]
+    pub limits: Option<ResourceList>,
     /// How and when nodes may be removed or replaced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disruption: Option<Disruption>,
+    /// Longest a node of the pool may take to drain once its removal began: until then
+    /// eviction respects PodDisruptionBudgets, afterwards the node goes. A Go duration such
+    /// as `30s` or `1h`, or `Never` (wait for the drain however long it takes). Absent: the
+    /// controller's `--drain-timeout`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub termination_grace_period: Option<DurationOrNever>,
+    /// Replace nodes older than this (a Go duration such as `720h`, or `Never`). Takes
+    /// precedence over `disruption.expireAfter`, which is its older spelling.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expire_after: Option<DurationOrNever>,
+    /// Preference among a tenant's pools, 0 to 100 (higher first), as Karpenter's and
+    /// vCluster's `weight`. Absent: 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100))]
+    pub weight: Option<i32>,
     /// Bounds for the cluster-autoscaler; a pool with them is mirrored as a Cluster-API
     /// `MachinePool` in `capi.autonodes.io`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoscaling: Option<Autoscaling>,
-}
-
-/// The most a dynamic pool may use.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct NodePoolLimits {
-    /// Most nodes at once.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0))]
-    pub nodes: Option<i64>,
-    /// Most CPU over all nodes of the pool.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "crate::schema::quantity")]
-    pub cpu: Option<Quantity>,
-    /// Most memory over all nodes of the pool.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "crate::schema::quantity")]
-    pub memory: Option<Quantity>,
 }
 
 /// When and how fast the pool removes or replaces nodes.
@@ -121,13 +121,61 @@ pub struct Disruption {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub consolidate_after: Option<DurationOrNever>,
     /// Replace nodes older than this. A Go duration such as `720h`, or `Never`. Absent:
-    /// never.
+    /// never. The pool's top-level `expireAfter` takes precedence.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expire_after: Option<DurationOrNever>,
     /// How many nodes may be drained at once (scale-down, roll-out, expiry). Default 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub budget: Option<i32>,
+    /// Which nodes consolidation may remove: `WhenEmpty` (nodes without non-DaemonSet
+    /// pods) or `WhenEmptyOrUnderutilized` (also nodes whose pods fit elsewhere). Absent:
+    /// `WhenEmptyOrUnderutilized`, as Karpenter and vCluster default it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consolidation_policy: Option<ConsolidationPolicy>,
+    /// Disruption budgets as Karpenter writes them; when several are active the most
+    /// restrictive wins.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub budgets: Vec<Budget>,
+}
+
+/// Which nodes consolidation may remove.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum ConsolidationPolicy {
+    /// Only nodes that run no non-DaemonSet pod.
+    WhenEmpty,
+    /// Empty nodes and nodes whose pods would fit on the pool's other nodes.
+    WhenEmptyOrUnderutilized,
+}
+
+/// Pattern of [`Budget::nodes`]: a count (`3`) or a percentage of the pool (`10%`).
+pub const BUDGET_NODES_PATTERN: &str = r"^((100|[0-9]{1,2})%|[0-9]+)$";
+
+/// Pattern of [`Budget::schedule`]: five cron fields (minute hour day-of-month month
+/// day-of-week) or a macro such as `@daily`.
+pub const BUDGET_SCHEDULE_PATTERN: &str = r"^(@(annually|yearly|monthly|weekly|daily|midnight|hourly)|[0-9*,/?A-Za-z-]+( +[0-9*,/?A-Za-z-]+){4})$";
+
+/// Pattern of [`Budget::duration`]: hours and minutes (`8h`, `1h30m`, `90m`), as Karpenter
+/// accepts.
+pub const BUDGET_DURATION_PATTERN: &str = r"^([0-9]+h)?([0-9]+m)?$";
+
+/// How many of a pool's nodes may be disrupted at once, always or in a window.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Budget {
+    /// Most nodes disrupted at once: a count (`3`) or a percentage of the pool's nodes
+    /// (`10%`, rounded up). `"0"` blocks voluntary disruption while the budget is active.
+    #[schemars(length(min = 1, max = 8), regex(pattern = BUDGET_NODES_PATTERN))]
+    pub nodes: String,
+    /// When the budget becomes active (cron, UTC). Absent: always active.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 128), regex(pattern = BUDGET_SCHEDULE_PATTERN))]
+    pub schedule: Option<String>,
+    /// How long the budget stays active after each schedule hit (`8h`, `30m`); required
+    /// with `schedule`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 2, max = 16), regex(pattern = BUDGET_DURATION_PATTERN))]
+    pub duration: Option<String>,
 }
 
 /// Replica bounds for the cluster-autoscaler.

@@ -210,6 +210,9 @@ names! {
         ProviderNotFound,
         /// The pool's claim template cannot be used.
         InvalidTemplate,
+        /// The pool's `spec.disruption` cannot be used (a budget's `schedule` without its
+        /// `duration`, or the other way round).
+        InvalidDisruption,
         /// The tenant's kubeconfig Secret does not exist.
         KubeconfigSecretNotFound,
         /// The tenant's kubeconfig Secret is refused.

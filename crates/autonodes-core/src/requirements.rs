@@ -92,6 +92,54 @@ impl Requirement {
         }
     }
 
+    /// Whether the requirement holds on a node type's `properties`, whose values may offer
+    /// several choices: `a,b` is either `a` or `b`, `*` is any value ([`Offer`]). The
+    /// requirement holds when some choice meets it (so `NotIn [a]` holds on `a,b`, and
+    /// every operator but `DoesNotExist` holds on `*`); a single value is compared as in
+    /// [`Requirement::matches`].
+    pub fn matches_offer(
+        &self,
+        properties: &BTreeMap<String, String>,
+    ) -> Result<(), RequirementMiss> {
+        let Some(actual) = properties.get(&self.key) else {
+            return self.matches(properties);
+        };
+        let choices = match Offer::parse(actual) {
+            Offer::Any => {
+                return match self.operator {
+                    Operator::DoesNotExist => Err(RequirementMiss::NotMet {
+                        actual: Some(actual.clone()),
+                    }),
+                    _ => Ok(()),
+                }
+            }
+            Offer::One => return self.matches(properties),
+            Offer::Several(choices) => choices,
+        };
+        let mut no_integer = true;
+        for choice in choices {
+            let single = BTreeMap::from([(self.key.clone(), choice.to_string())]);
+            match self.matches(&single) {
+                Ok(()) => return Ok(()),
+                Err(RequirementMiss::NotMet { .. }) => no_integer = false,
+                Err(RequirementMiss::NotAnInteger { .. }) => {}
+            }
+        }
+        // `In` may list the whole text as one value (a value may itself contain a comma).
+        if matches!(self.operator, Operator::In(_)) && self.matches(properties).is_ok() {
+            return Ok(());
+        }
+        Err(if no_integer {
+            RequirementMiss::NotAnInteger {
+                actual: actual.clone(),
+            }
+        } else {
+            RequirementMiss::NotMet {
+                actual: Some(actual.clone()),
+            }
+        })
+    }
+
     /// A pod's node-affinity requirement as the scheduler reads it; `None` for one no node
     /// meets: an unknown operator, or `Gt`/`Lt` whose first value is not an integer
     /// written without surrounding spaces. `Exists`/`DoesNotExist` ignore values.
@@ -117,6 +165,40 @@ impl Requirement {
             key: r.key.clone(),
             operator,
         })
+    }
+}
+
+/// What a node type's property value offers: one value, several (`a,b`: either), or any
+/// value (`*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Offer<'a> {
+    /// A single value (no comma, not `*`).
+    One,
+    /// Either of these (the value split at commas, blanks trimmed, empty parts dropped).
+    Several(Vec<&'a str>),
+    /// Any value.
+    Any,
+}
+
+impl<'a> Offer<'a> {
+    /// Reads a property value.
+    pub fn parse(value: &'a str) -> Offer<'a> {
+        if value.trim() == "*" {
+            return Offer::Any;
+        }
+        if !value.contains(',') {
+            return Offer::One;
+        }
+        let parts: Vec<&str> = value
+            .split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .collect();
+        if parts.contains(&"*") {
+            Offer::Any
+        } else {
+            Offer::Several(parts)
+        }
     }
 }
 
@@ -180,6 +262,71 @@ pub fn tolerates_taints(tolerations: &[Toleration], taints: &[Taint]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn on(key: &str, operator: Operator) -> Requirement {
+        Requirement {
+            key: key.to_string(),
+            operator,
+        }
+    }
+
+    fn strings(values: &[&str]) -> Vec<String> {
+        values.iter().map(|v| v.to_string()).collect()
+    }
+
+    #[test]
+    fn a_property_offering_several_values_meets_a_requirement_any_of_them_meets() {
+        let zones = labels(&[("zone", "a, b"), ("cores", "2,8")]);
+        assert!(on("zone", Operator::In(strings(&["b"])))
+            .matches_offer(&zones)
+            .is_ok());
+        assert!(on("zone", Operator::In(strings(&["c"])))
+            .matches_offer(&zones)
+            .is_err());
+        assert!(on("zone", Operator::NotIn(strings(&["a"])))
+            .matches_offer(&zones)
+            .is_ok());
+        assert!(on("zone", Operator::NotIn(strings(&["a", "b"])))
+            .matches_offer(&zones)
+            .is_err());
+        assert!(on("cores", Operator::Gt(4)).matches_offer(&zones).is_ok());
+        assert!(on("cores", Operator::Lt(2)).matches_offer(&zones).is_err());
+        assert!(on("zone", Operator::Exists).matches_offer(&zones).is_ok());
+        assert!(on("zone", Operator::DoesNotExist)
+            .matches_offer(&zones)
+            .is_err());
+        // The whole text still counts as one value.
+        assert!(on("zone", Operator::In(strings(&["a, b"])))
+            .matches_offer(&zones)
+            .is_ok());
+        assert_eq!(
+            on("zone", Operator::Gt(1)).matches_offer(&zones),
+            Err(RequirementMiss::NotAnInteger {
+                actual: "a, b".into()
+            })
+        );
+    }
+
+    #[test]
+    fn a_property_offering_any_value_meets_every_requirement_but_does_not_exist() {
+        let any = labels(&[("zone", "*")]);
+        for op in [
+            Operator::In(strings(&["x"])),
+            Operator::NotIn(strings(&["x"])),
+            Operator::Exists,
+            Operator::Gt(10),
+            Operator::Lt(-10),
+        ] {
+            assert!(on("zone", op.clone()).matches_offer(&any).is_ok(), "{op:?}");
+        }
+        assert!(on("zone", Operator::DoesNotExist)
+            .matches_offer(&any)
+            .is_err());
+        // Labels are single values: `matches` reads `*` literally.
+        assert!(on("zone", Operator::In(strings(&["x"])))
+            .matches(&any)
+            .is_err());
+    }
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs

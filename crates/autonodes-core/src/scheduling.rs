@@ -608,8 +608,10 @@ impl CheckedRequirement {
     }
 
     /// Checks the requirement against properties.
+    /// Node type properties may offer several values (`a,b`) or any (`*`); see
+    /// [`requirements::Requirement::matches_offer`].
     pub fn matches(&self, properties: &Properties) -> Result<(), RequirementMiss> {
-        self.requirement.matches(properties)
+        self.requirement.matches_offer(properties)
     }
 
     /// Whether this requirement names `t` explicitly (`node-type In [...]` or
@@ -875,12 +877,29 @@ pub fn choose<'c>(
 
 /// The properties of a node: the type's (defaults < provider < type), then the pool's,
 /// then the claim's; the type identity properties are kept whatever pool or claim say.
+/// A type property that offers several values (`a,b`) or any (`*`) becomes the one value
+/// the claim's and pool's requirements pick ([`narrow_offer`]).
 pub fn node_properties(
     t: &PreparedType,
     pool: Option<&NodePoolSpec>,
     claim: &NodeClaimSpec,
 ) -> Properties {
     let mut p = t.properties.clone();
+    let asked: Vec<requirements::Requirement> = pool
+        .map(|p| p.requirements.as_slice())
+        .unwrap_or_default()
+        .iter()
+        .chain(&claim.requirements)
+        .filter_map(|r| CheckedRequirement::new(r, "").ok())
+        .map(|r| r.requirement)
+        .collect();
+    for (key, value) in p.iter_mut() {
+        let on_key: Vec<&requirements::Requirement> =
+            asked.iter().filter(|r| &r.key == key).collect();
+        if let Some(chosen) = narrow_offer(value, &on_key) {
+            *value = chosen;
+        }
+    }
     if let Some(pool) = pool {
         p.extend(pool.properties.iter().map(|(k, v)| (k.clone(), v.clone())));
     }
@@ -889,6 +908,46 @@ pub fn node_properties(
         p.insert(k.to_string(), v);
     }
     p
+}
+
+/// The single value a property offering several (`a,b`) or any (`*`) takes under
+/// `requirements` on its key: the first value an `In` requirement lists that every
+/// requirement accepts, else (for `a,b`) the first choice every requirement accepts.
+/// `None` leaves the property as it is: a single value, or no choice fits (then the type
+/// did not fit either), or `*` that nothing pins (it stays `*`, which is no label value,
+/// so the node gets no label for it).
+pub fn narrow_offer(value: &str, requirements: &[&requirements::Requirement]) -> Option<String> {
+    let offer = requirements::Offer::parse(value);
+    let accepted = |candidate: &str| {
+        requirements.iter().all(|r| {
+            let single = BTreeMap::from([(r.key.clone(), candidate.to_string())]);
+            r.matches(&single).is_ok()
+        })
+    };
+    let offers = |candidate: &str| match &offer {
+        requirements::Offer::Any => true,
+        requirements::Offer::Several(choices) => choices.contains(&candidate),
+        requirements::Offer::One => false,
+    };
+    if offer == requirements::Offer::One {
+        return None;
+    }
+    let listed = requirements.iter().flat_map(|r| match &r.operator {
+        requirements::Operator::In(values) => values.as_slice(),
+        _ => &[],
+    });
+    for v in listed {
+        if offers(v) && accepted(v) {
+            return Some(v.clone());
+        }
+    }
+    match offer {
+        requirements::Offer::Several(choices) => choices
+            .into_iter()
+            .find(|c| accepted(c))
+            .map(str::to_string),
+        _ => None,
+    }
 }
 
 /// Whether `key` is a valid label key: an optional DNS subdomain prefix and `/`, then a
@@ -1318,6 +1377,44 @@ mod tests {
     }
 
     #[test]
+    fn a_type_offering_several_zones_fits_a_claim_for_either_and_its_node_gets_the_one_asked_for() {
+        let mut s = spec(&[]);
+        s.properties = Properties::from([
+            ("topology.kubernetes.io/zone".to_string(), "a,b".to_string()),
+            ("tier".to_string(), "*".to_string()),
+        ]);
+        let t = prepare_type("p.multi", &s, Some(&ctx()));
+        let catalogue = Catalogue::new(vec![t]);
+        let mut c = claim();
+        c.requirements = vec![
+            serde_json::from_value(
+                serde_json::json!({"property": "topology.kubernetes.io/zone", "value": "b"}),
+            )
+            .expect("requirement"),
+            serde_json::from_value(
+                serde_json::json!({"property": "tier", "operator": "In", "values": ["gold"]}),
+            )
+            .expect("requirement"),
+        ];
+        let req = ClaimRequest::new(&c, None).expect("valid");
+        let chosen = choose(&catalogue, &req, &BTreeMap::new()).expect("fits");
+        let p = node_properties(chosen, None, &c);
+        assert_eq!(p["topology.kubernetes.io/zone"], "b");
+        assert_eq!(p["tier"], "gold");
+        // Nothing asked: the first of several, and `*` stays (no label value: no label).
+        let p = node_properties(chosen, None, &claim());
+        assert_eq!(p["topology.kubernetes.io/zone"], "a");
+        assert_eq!(p["tier"], "*");
+        // A zone the type does not offer does not fit.
+        c.requirements = vec![serde_json::from_value(
+            serde_json::json!({"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["c"]}),
+        )
+        .expect("requirement")];
+        let req = ClaimRequest::new(&c, None).expect("valid");
+        assert!(choose(&catalogue, &req, &BTreeMap::new()).is_err());
+    }
+
+    #[test]
     fn node_properties_go_provider_then_type_then_pool_then_claim() {
         let mut s = spec(&[]);
         s.properties = Properties::from([
@@ -1340,6 +1437,9 @@ mod tests {
             replicas: None,
             limits: None,
             disruption: None,
+            termination_grace_period: None,
+            expire_after: None,
+            weight: None,
             autoscaling: None,
         };
         let mut c = claim();

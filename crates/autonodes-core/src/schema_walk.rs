@@ -36,6 +36,10 @@ enum Parser {
     TaintEffect,
     /// `DurationOrNever::from_str`.
     Duration,
+    /// `pool::budget_nodes`.
+    BudgetNodes,
+    /// `pool::budget_duration`.
+    BudgetDuration,
     /// Any text is read as it is; the reason says why.
     Free(&'static str),
 }
@@ -57,6 +61,8 @@ impl Parser {
                 .is_ok()
             }
             Parser::Duration => s.parse::<DurationOrNever>().is_ok(),
+            Parser::BudgetNodes => crate::pool::budget_nodes(s).is_some(),
+            Parser::BudgetDuration => crate::pool::budget_duration(s).is_some(),
             Parser::Free(_) => true,
         }
     }
@@ -78,13 +84,19 @@ const PARSERS: &[(&str, Parser)] = &[
     (".startupTaints[].timeAdded", Parser::Free("date-time, decoded as a Kubernetes Time (format checked by the API server)")),
     (".labels.*", Parser::LabelValue),
     (".requirements[].key", Parser::QualifiedName),
+    (".requirements[].property", Parser::QualifiedName),
+    (".requirements[].value", Parser::Free("compared as text with property values, as one of `values`")),
     (".requirements[].operator", Parser::Free("an enum: decoding checks it (whole-object test)")),
     (".requirements[].values[]", Parser::Free("compared as text with property values; Gt/Lt values are checked as integers with a condition")),
     (".resources.*", Parser::Quantity),
     (".kubeReserved.*", Parser::Quantity),
     (".desiredCapacity.*", Parser::Quantity),
-    ("NodePool.spec.limits.cpu", Parser::Quantity),
-    ("NodePool.spec.limits.memory", Parser::Quantity),
+    ("NodePool.spec.limits.*", Parser::Quantity),
+    ("NodePool.spec.terminationGracePeriod", Parser::Duration),
+    (".disruption.consolidationPolicy", Parser::Free("an enum: decoding checks it (whole-object test)")),
+    (".disruption.budgets[].nodes", Parser::BudgetNodes),
+    (".disruption.budgets[].schedule", Parser::Free("cron text: its shape is the schema's pattern; acted on by the disruption work (stored and shown today)")),
+    (".disruption.budgets[].duration", Parser::BudgetDuration),
     (".consolidateAfter", Parser::Duration),
     (".expireAfter", Parser::Duration),
     (".vClusterRef.name", Parser::Subdomain(250)),
@@ -229,6 +241,24 @@ fn integers(schema: &Value) -> BoxedStrategy<i64> {
     prop_oneof![Just(lo), Just(hi), lo..=hi].boxed()
 }
 
+/// Whether `object` has the fields the schema's `oneOf` (exactly one branch's `required`
+/// all present) and `not` (not all of its `required` present) ask for.
+fn admits_presence(schema: &Value, object: &Value) -> bool {
+    let has_all = |branch: &Value| {
+        branch["required"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .all(|k| object.get(k).is_some())
+    };
+    let one_of = schema["oneOf"]
+        .as_array()
+        .is_none_or(|branches| branches.iter().filter(|b| has_all(b)).count() == 1);
+    let not = schema.get("not").is_none_or(|n| !has_all(n));
+    one_of && not
+}
+
 /// Values the schema admits, as JSON; `depth` bounds open objects.
 fn values(schema: &Value) -> BoxedStrategy<Value> {
     if schema["x-kubernetes-int-or-string"] == true {
@@ -257,8 +287,12 @@ fn values(schema: &Value) -> BoxedStrategy<Value> {
                 }
             })
             .collect();
+        let schema = schema.clone();
         return fields
             .prop_map(|fields| Value::Object(fields.into_iter().flatten().collect::<Map<_, _>>()))
+            .prop_filter("oneOf/not of required fields", move |o| {
+                admits_presence(&schema, o)
+            })
             .boxed();
     }
     if let Some(extra) = schema.get("additionalProperties").filter(|a| a.is_object()) {

@@ -210,6 +210,116 @@ async fn kubectl_get_prints_the_declared_columns() {
 }
 
 #[tokio::test]
+async fn a_node_pool_in_vcluster_spelling_is_stored_as_written_and_what_neither_spelling_allows_is_refused(
+) {
+    let env = start(&["mgmt"]).await;
+    let mgmt = env.apiserver("mgmt").expect("mgmt server");
+    apply_crds_dir(&env, mgmt);
+    kubectl_ok(&env, mgmt, &["create", "namespace", "tenant"]);
+    let client = mgmt.client().await.expect("client");
+    let dynamic = dynamic_api(client.clone(), "NodePool", "nodepools", Some("tenant"));
+    let pool = |name: &str, spec: serde_json::Value| {
+        json!({"apiVersion": "autonodes.io/v1alpha1", "kind": "NodePool",
+               "metadata": {"name": name, "namespace": "tenant"}, "spec": spec})
+    };
+    let spec = json!({
+        "vClusterRef": {"name": "t"},
+        "requirements": [
+            {"property": "topology.kubernetes.io/zone", "value": "a"},
+            {"property": "tier", "operator": "NotIn", "values": ["spot"]},
+            {"key": "gpu", "operator": "Exists"}
+        ],
+        "limits": {"nodes": "10", "cpu": 64, "memory": "256Gi", "nvidia.com/gpu": "4"},
+        "disruption": {
+            "consolidateAfter": "Never",
+            "consolidationPolicy": "WhenEmpty",
+            "budgets": [{"nodes": "10%"}, {"nodes": "0", "schedule": "0 9 * * 1-5", "duration": "8h"}]
+        },
+        "terminationGracePeriod": "1h",
+        "expireAfter": "720h",
+        "weight": 50
+    });
+    let obj: DynamicObject =
+        serde_json::from_value(pool("vcluster-style", spec.clone())).expect("object");
+    dynamic
+        .create(&PostParams::default(), &obj)
+        .await
+        .expect("the API server takes the vCluster spelling");
+    let raw = dynamic.get("vcluster-style").await.expect("stored");
+    assert_eq!(
+        raw.data["spec"], spec,
+        "the API server changed (pruned) the spec"
+    );
+    let typed: Api<NodePool> = Api::namespaced(client, "tenant");
+    let read = typed.get("vcluster-style").await.expect("decodes").spec;
+    let keys: Vec<(&str, &str, Vec<String>)> = read
+        .requirements
+        .iter()
+        .map(|r| (r.key.as_str(), r.operator.as_str(), r.values.clone()))
+        .collect();
+    println!("read back as: {keys:?}");
+    assert_eq!(
+        keys,
+        [
+            ("topology.kubernetes.io/zone", "In", vec!["a".to_string()]),
+            ("tier", "NotIn", vec!["spot".to_string()]),
+            ("gpu", "Exists", vec![]),
+        ]
+    );
+    let limits = read.limits.expect("limits");
+    assert_eq!(limits["nvidia.com/gpu"].0, "4");
+    assert_eq!(limits["cpu"].0, "64");
+    assert_eq!(read.weight, Some(50));
+
+    for (name, bad, says) in [
+        (
+            "both-key-and-property",
+            json!({"vClusterRef": {"name": "t"}, "requirements": [{"key": "a", "property": "a", "value": "x"}]}),
+            "spec.requirements",
+        ),
+        (
+            "neither-key-nor-property",
+            json!({"vClusterRef": {"name": "t"}, "requirements": [{"operator": "Exists"}]}),
+            "spec.requirements",
+        ),
+        (
+            "value-and-values",
+            json!({"vClusterRef": {"name": "t"}, "requirements": [{"property": "a", "value": "x", "values": ["y"]}]}),
+            "spec.requirements",
+        ),
+        (
+            "budget-nodes",
+            json!({"vClusterRef": {"name": "t"}, "disruption": {"budgets": [{"nodes": "ten"}]}}),
+            "spec.disruption.budgets.nodes",
+        ),
+        (
+            "policy",
+            json!({"vClusterRef": {"name": "t"}, "disruption": {"consolidationPolicy": "Sometimes"}}),
+            "spec.disruption.consolidationPolicy",
+        ),
+        (
+            "weight",
+            json!({"vClusterRef": {"name": "t"}, "weight": 101}),
+            "spec.weight",
+        ),
+        (
+            "grace",
+            json!({"vClusterRef": {"name": "t"}, "terminationGracePeriod": "forever"}),
+            "spec.terminationGracePeriod",
+        ),
+        (
+            "limit",
+            json!({"vClusterRef": {"name": "t"}, "limits": {"nvidia.com/gpu": "four"}}),
+            "spec.limits",
+        ),
+    ] {
+        let msg = create_err(&dynamic, pool(name, bad)).await;
+        println!("{name}: {msg}");
+        assert!(msg.contains(says), "{name}: {msg}");
+    }
+}
+
+#[tokio::test]
 async fn schema_rejects_negative_replicas_unknown_operators_and_missing_required_fields() {
     let env = start(&["mgmt"]).await;
     let mgmt = env.apiserver("mgmt").expect("mgmt server");

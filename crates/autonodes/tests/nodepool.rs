@@ -671,3 +671,136 @@ async fn a_dynamic_pool_honours_node_selectors_and_its_limits() {
     delete_pods_now(&world).await;
     world.shutdown().await;
 }
+
+/// A pod bound to `node` that a PodDisruptionBudget protects: no disruption controller runs
+/// in the tenant, so the budget allows none and every eviction of the pod is refused.
+async fn protected_pod(world: &World, name: &str, node: &str) {
+    let pods: Api<Pod> = Api::namespaced(world.tenant.clone(), "default");
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]},
+    }))
+    .expect("pod");
+    pods.create(&PostParams::default(), &pod).await.expect("pod");
+    let pdbs: Api<DynamicObject> = Api::namespaced_with(
+        world.tenant.clone(),
+        "default",
+        &kube::core::ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk("policy", "v1beta1", "PodDisruptionBudget"),
+            "poddisruptionbudgets",
+        ),
+    );
+    let pdb: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "policy/v1beta1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": name}}},
+    }))
+    .expect("pdb");
+    pdbs.create(&PostParams::default(), &pdb).await.expect("pdb");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pools_termination_grace_period_bounds_a_blocked_drain_and_never_waits_for_it() {
+    let world = world().await;
+    let small = json!([{"property": "autonodes.io/node-type", "value": "small"}]);
+    world
+        .create_pool(
+            "brief",
+            json!({"providerRef": "pools", "replicas": 1, "requirements": small,
+                   "terminationGracePeriod": "1s"}),
+        )
+        .await;
+    world
+        .create_pool(
+            "patient",
+            json!({"providerRef": "pools", "replicas": 1, "requirements": small,
+                   "terminationGracePeriod": "Never"}),
+        )
+        .await;
+    let node_of = |pool: &'static str| {
+        let world = &world;
+        async move {
+            common::eventually("the pool's node", WAIT, || async {
+                let claims = pool_claims(world, pool).await;
+                let c = claims.iter().find(|c| available(c))?;
+                Some((c.name_any(), c.status.as_ref()?.node_name.clone()?))
+            })
+            .await
+        }
+    };
+    let ((brief_claim, brief), (_, patient)) = (node_of("brief").await, node_of("patient").await);
+    protected_pod(&world, "held-brief", &brief).await;
+    protected_pod(&world, "held-patient", &patient).await;
+    let deleted = Instant::now();
+    for pool in ["brief", "patient"] {
+        world
+            .pools()
+            .patch(
+                pool,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"replicas": 0}})),
+            )
+            .await
+            .expect("scale to 0");
+    }
+    let nodes: Api<Node> = Api::all(world.tenant.clone());
+    // 1s: the blocked drain gives up and the node goes, long before the controller's
+    // --drain-timeout of 20s.
+    common::eventually("the brief pool's node to go", WAIT, || async {
+        nodes.get_opt(&brief).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let took = deleted.elapsed();
+    println!("brief pool: node {brief} gone {took:?} after scaling to 0 despite a blocking PDB");
+    assert!(
+        took < Duration::from_secs(20),
+        "the pool's 1s grace, not the 20s --drain-timeout: {took:?}"
+    );
+    // Never: still draining after the controller's 20s --drain-timeout.
+    tokio::time::sleep(Duration::from_secs(25).saturating_sub(deleted.elapsed())).await;
+    let waiting = pool_claims(&world, "patient").await;
+    let message = waiting
+        .iter()
+        .flat_map(|c| c.status.iter().flat_map(|s| s.conditions.clone()))
+        .find(|c| c.type_ == "Ready")
+        .map(|c| c.message)
+        .unwrap_or_default();
+    println!("patient pool after 25s: {} claim(s), Ready: {message}", waiting.len());
+    assert_eq!(waiting.len(), 1, "the claim waits for its drain");
+    assert!(message.contains("terminationGracePeriod Never"), "{message}");
+    assert!(nodes.get_opt(&patient).await.expect("read").is_some());
+    // The budget goes, the eviction goes through, the node follows.
+    let pods: Api<Pod> = Api::namespaced(world.tenant.clone(), "default");
+    let pdbs: Api<DynamicObject> = Api::namespaced_with(
+        world.tenant.clone(),
+        "default",
+        &kube::core::ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk("policy", "v1beta1", "PodDisruptionBudget"),
+            "poddisruptionbudgets",
+        ),
+    );
+    pdbs.delete("held-patient", &DeleteParams::default())
+        .await
+        .expect("delete pdb");
+    common::eventually("the patient pod to be evicted", WAIT, || async {
+        pods.get("held-patient")
+            .await
+            .ok()
+            .filter(|p| p.metadata.deletion_timestamp.is_some())
+    })
+    .await;
+    pods.delete("held-patient", &DeleteParams::default().grace_period(0))
+        .await
+        .expect("the kubelet's part");
+    common::eventually("the patient pool's node to go", WAIT, || async {
+        nodes.get_opt(&patient).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let events = world.events_for(NS, &brief_claim).await;
+    println!("{brief_claim}: {events:?}");
+    assert!(
+        events.iter().any(|e| e.starts_with("DrainTimeout") && e.contains("after 1s")),
+        "{events:?}"
+    );
+    world.shutdown().await;
+}

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Container, NodeSelectorTerm, Pod, Taint, Toleration};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use crate::api::{NodeClaim, NodeClaimSpec, NodePoolLimits, ResourceList};
+use crate::api::{NodeClaim, NodeClaimSpec, ResourceList};
 use crate::requirements;
 use crate::resources::{self, ResourceAmounts, CPU, MEMORY};
 use crate::scheduling::{self, Catalogue, ClaimRequest, PreparedType};
@@ -288,7 +288,7 @@ pub struct Candidate {
 }
 
 /// `spec.limits`, parsed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Limits {
     /// Most nodes.
     pub nodes: Option<i64>,
@@ -296,29 +296,46 @@ pub struct Limits {
     pub cpu: Option<i128>,
     /// Most bytes of memory.
     pub memory: Option<i128>,
+    /// Most pods.
+    pub pods: Option<i128>,
+    /// Limits on other (extended) resources, in milli-units, by name. Stored and shown;
+    /// packing does not count extended resources yet.
+    pub extended: BTreeMap<String, i128>,
 }
 
+/// The key of `spec.limits` that limits the number of nodes.
+pub const LIMIT_NODES: &str = "nodes";
+
 impl Limits {
-    /// Parses `spec.limits` (invalid quantities count as absent).
-    pub fn from_spec(limits: Option<&NodePoolLimits>) -> Limits {
-        let Some(l) = limits else {
-            return Limits::default();
-        };
-        Limits {
-            nodes: l.nodes,
-            cpu: l.cpu.as_ref().and_then(|q| resources::cpu_millis(q).ok()),
-            memory: l
-                .memory
-                .as_ref()
-                .and_then(|q| resources::memory_bytes(q).ok()),
+    /// Parses `spec.limits`: `nodes`, `cpu`, `memory`, `pods` and extended resources
+    /// (invalid quantities, which the CRD schema refuses, count as absent; `nodes` is
+    /// rounded down to whole nodes).
+    pub fn from_spec(limits: Option<&ResourceList>) -> Limits {
+        let mut out = Limits::default();
+        for (name, q) in limits.into_iter().flatten() {
+            let Ok(milli) = resources::parse_quantity(&q.0) else {
+                continue;
+            };
+            match name.as_str() {
+                LIMIT_NODES => out.nodes = Some(i64::try_from(milli / 1000).unwrap_or(i64::MAX)),
+                "cpu" => out.cpu = Some(milli),
+                "memory" => out.memory = resources::memory_bytes(q).ok(),
+                "pods" => out.pods = Some(milli / 1000),
+                _ => {
+                    out.extended.insert(name.clone(), milli);
+                }
+            }
         }
+        out
     }
 
-    /// Whether a pool using `used` (cpu, memory) on `nodes` nodes stays within the limits.
+    /// Whether a pool using `used` (cpu, memory, pods) on `nodes` nodes stays within the
+    /// limits.
     pub fn allow(&self, nodes: i64, used: &Amount) -> bool {
         self.nodes.is_none_or(|n| nodes <= n)
             && self.cpu.is_none_or(|c| used.cpu <= c)
             && self.memory.is_none_or(|m| used.memory <= m)
+            && self.pods.is_none_or(|p| used.pods <= p)
     }
 
     /// The limits set, for messages: e.g. `nodes 2, cpu 8, memory 16Gi`.
@@ -332,6 +349,12 @@ impl Limits {
         }
         if let Some(m) = self.memory {
             parts.push(format!("memory {}", resources::format_memory(m)));
+        }
+        if let Some(p) = self.pods {
+            parts.push(format!("pods {p}"));
+        }
+        for (name, milli) in &self.extended {
+            parts.push(format!("{name} {}", resources::format_cpu(*milli)));
         }
         parts.join(", ")
     }
@@ -638,8 +661,33 @@ mod tests {
             nodes: Some(2),
             cpu: Some(8000),
             memory: Some(16 << 30),
+            ..Limits::default()
         };
         assert_eq!(l.describe(), "nodes 2, cpu 8, memory 16Gi");
+    }
+
+    #[test]
+    fn limits_read_any_resource_written_as_integers_or_strings() {
+        let list: ResourceList = serde_json::from_value(serde_json::json!({
+            "nodes": "10", "cpu": 64, "memory": "256Gi", "pods": 500, "nvidia.com/gpu": "4"
+        }))
+        .expect("limits");
+        let l = Limits::from_spec(Some(&list));
+        assert_eq!(l.nodes, Some(10));
+        assert_eq!(l.cpu, Some(64_000));
+        assert_eq!(l.memory, Some(256 << 30));
+        assert_eq!(l.pods, Some(500));
+        assert_eq!(l.extended.get("nvidia.com/gpu"), Some(&4000));
+        assert_eq!(
+            l.describe(),
+            "nodes 10, cpu 64, memory 256Gi, pods 500, nvidia.com/gpu 4"
+        );
+        let few_pods = Amount {
+            cpu: 1000,
+            memory: 1 << 30,
+            pods: 501,
+        };
+        assert!(!l.allow(1, &few_pods), "pods count against the limit");
     }
 
     fn pod_object(value: serde_json::Value) -> Pod {

@@ -98,6 +98,9 @@ pub fn template_problem(
             ));
         }
     }
+    if let Some(problem) = super::disruption_problem(spec) {
+        return Some(Verdict::problem(PoolReason::InvalidDisruption, problem));
+    }
     let template = template_spec(spec);
     if let Err(e) = ClaimRequest::new(&template, None) {
         return Some(Verdict::problem(PoolReason::InvalidTemplate, e.to_string()));

@@ -156,7 +156,15 @@ async fn drain_node(
         .as_ref()
         .map(|t| t.0)
         .unwrap_or_else(now);
-    if elapsed_since(deleting_since) > ctx.config.drain_timeout {
+    let Some(drain_timeout) = drain_timeout(claim, ctx) else {
+        // `terminationGracePeriod: Never`: wait for the drain however long it takes.
+        evict_all(tenant, &evictable).await?;
+        return Ok(Some(format!(
+            "draining Node {name}: {} pod(s) left (terminationGracePeriod Never)",
+            evictable.len()
+        )));
+    };
+    if elapsed_since(deleting_since) > drain_timeout {
         ctx.event(
             claim,
             EventType::Warning,
@@ -165,21 +173,43 @@ async fn drain_node(
             format!(
                 "{} pod(s) still on Node {name} after {}s; deleting the Node anyway",
                 evictable.len(),
-                ctx.config.drain_timeout.as_secs()
+                drain_timeout.as_secs()
             ),
         )
         .await;
         return Ok(None);
     }
-    for p in &evictable {
-        if p.metadata.deletion_timestamp.is_none() {
-            tenant.evict(p).await?;
-        }
-    }
+    evict_all(tenant, &evictable).await?;
     Ok(Some(format!(
         "draining Node {name}: {} pod(s) left",
         evictable.len()
     )))
+}
+
+/// Evicts the pods not already on their way out.
+async fn evict_all(tenant: &Tenant<'_>, pods: &[&Pod]) -> Result<(), Error> {
+    for p in pods {
+        if p.metadata.deletion_timestamp.is_none() {
+            tenant.evict(p).await?;
+        }
+    }
+    Ok(())
+}
+
+/// How long the claim's drain may take: its pool's `terminationGracePeriod` (`None` for
+/// `Never`), else the controller's `--drain-timeout`.
+fn drain_timeout(claim: &NodeClaim, ctx: &Context) -> Option<std::time::Duration> {
+    let pool = claim
+        .labels()
+        .get(crate::api::LABEL_NODEPOOL)
+        .and_then(|name| {
+            let key = ObjectRef::new(name).within(&claim.namespace().unwrap_or_default());
+            ctx.reflectors.pools.store().get(&key)
+        });
+    match pool.and_then(|p| p.spec.termination_grace_period) {
+        Some(grace) => grace.after(),
+        None => Some(ctx.config.drain_timeout),
+    }
 }
 
 /// True for a pod a drain evicts: not a DaemonSet's or a mirror pod, and not finished.

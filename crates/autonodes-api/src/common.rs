@@ -284,6 +284,16 @@ impl std::fmt::Display for DurationOrNever {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             DurationOrNever::Never => f.write_str("Never"),
+            // Whole seconds as hours, minutes and seconds (`720h`, `1h30m`, `90s` → `1m30s`).
+            DurationOrNever::After(d) if d.subsec_nanos() == 0 && !d.is_zero() => {
+                let s = d.as_secs();
+                for (value, unit) in [(s / 3600, "h"), (s / 60 % 60, "m"), (s % 60, "s")] {
+                    if value > 0 {
+                        write!(f, "{value}{unit}")?;
+                    }
+                }
+                Ok(())
+            }
             DurationOrNever::After(d) => kube_core::Duration::from(*d).fmt(f),
         }
     }
@@ -345,6 +355,16 @@ mod tests {
                 serde_json::from_value(serde_json::to_value(parsed).expect("writes"))
                     .expect("reads back");
             assert_eq!(again, value);
+            assert_eq!(parsed.to_string(), text, "written as it was read");
+        }
+        for (text, written) in [
+            ("90s", "1m30s"),
+            ("0", "0ns"),
+            ("1.5s", "1.5s"),
+            ("720h", "720h"),
+        ] {
+            let parsed: DurationOrNever = text.parse().expect(text);
+            assert_eq!(parsed.to_string(), written);
         }
         for bad in [
             "never",

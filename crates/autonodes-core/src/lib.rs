@@ -14,7 +14,8 @@
 //! - [`join`]: what a joined Node still needs (labels, the registration taint gone);
 //! - [`capi`]: the `capi.autonodes.io` mirror (replicas both ways, MachinePool, Machines);
 //! - [`kubeconfig`]: the check of kubeconfig Secrets;
-//! - [`orphans`]: which objects belong to no claim any more.
+//! - [`orphans`]: which objects belong to no claim any more;
+//! - [`vcluster`]: a vCluster's `vcluster.yaml` (`privateNodes.autoNodes`) as NodePools.
 #![forbid(unsafe_code)]
 
 use autonodes_api as api;
@@ -31,6 +32,7 @@ pub mod resources;
 pub mod scheduling;
 pub mod template;
 pub mod userdata;
+pub mod vcluster;
 
 #[cfg(test)]
 mod schema_walk;

@@ -24,6 +24,9 @@ pub enum Command {
     },
     /// Print the NodeType, Secret and VirtualMachine a claim would get, touching no cluster.
     Render(crate::render::RenderArgs),
+    /// Print the NodePools a vCluster's `vcluster.yaml` (`privateNodes.autoNodes`) becomes,
+    /// touching no cluster.
+    ImportVcluster(crate::import_vcluster::ImportArgs),
     /// Run the controller.
     Run(crate::run::RunArgs),
 }
@@ -38,6 +41,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Render(args) => crate::render::run(args),
+        Command::ImportVcluster(args) => crate::import_vcluster::run(args),
         Command::Run(args) => runtime()?.block_on(crate::run::run(args)),
     }
 }

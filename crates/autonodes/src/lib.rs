@@ -21,6 +21,7 @@ pub use autonodes_core::{
 pub mod cli;
 pub mod clients;
 pub mod controller;
+pub mod import_vcluster;
 pub mod leader;
 pub mod metrics;
 pub mod render;

@@ -681,7 +681,9 @@ async fn protected_pod(world: &World, name: &str, node: &str) {
         "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]},
     }))
     .expect("pod");
-    pods.create(&PostParams::default(), &pod).await.expect("pod");
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .expect("pod");
     let pdbs: Api<DynamicObject> = Api::namespaced_with(
         world.tenant.clone(),
         "default",
@@ -696,7 +698,9 @@ async fn protected_pod(world: &World, name: &str, node: &str) {
         "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": name}}},
     }))
     .expect("pdb");
-    pdbs.create(&PostParams::default(), &pdb).await.expect("pdb");
+    pdbs.create(&PostParams::default(), &pdb)
+        .await
+        .expect("pdb");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -765,9 +769,15 @@ async fn a_pools_termination_grace_period_bounds_a_blocked_drain_and_never_waits
         .find(|c| c.type_ == "Ready")
         .map(|c| c.message)
         .unwrap_or_default();
-    println!("patient pool after 25s: {} claim(s), Ready: {message}", waiting.len());
+    println!(
+        "patient pool after 25s: {} claim(s), Ready: {message}",
+        waiting.len()
+    );
     assert_eq!(waiting.len(), 1, "the claim waits for its drain");
-    assert!(message.contains("terminationGracePeriod Never"), "{message}");
+    assert!(
+        message.contains("terminationGracePeriod Never"),
+        "{message}"
+    );
     assert!(nodes.get_opt(&patient).await.expect("read").is_some());
     // The budget goes, the eviction goes through, the node follows.
     let pods: Api<Pod> = Api::namespaced(world.tenant.clone(), "default");
@@ -799,7 +809,9 @@ async fn a_pools_termination_grace_period_bounds_a_blocked_drain_and_never_waits
     let events = world.events_for(NS, &brief_claim).await;
     println!("{brief_claim}: {events:?}");
     assert!(
-        events.iter().any(|e| e.starts_with("DrainTimeout") && e.contains("after 1s")),
+        events
+            .iter()
+            .any(|e| e.starts_with("DrainTimeout") && e.contains("after 1s")),
         "{events:?}"
     );
     world.shutdown().await;

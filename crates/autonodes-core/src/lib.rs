@@ -6,6 +6,7 @@
 //! - [`requirements`]: the one matcher of requirements against labels or properties, and
 //!   of tolerations against taints (claims and pods alike);
 //! - [`scheduling`]: properties, requirements, cost, capacity, the choice of a node type;
+//! - [`ledger`]: the claimed capacity per node type, kept up to date as claims change;
 //! - [`pool`]: node pools: claim template, claims to keep/delete/create, pending pods packed
 //!   onto nodes;
 //! - [`template`]: VirtualMachine composition;
@@ -24,6 +25,7 @@ pub mod capi;
 pub mod claim;
 pub mod join;
 pub mod kubeconfig;
+pub mod ledger;
 pub mod names;
 pub mod orphans;
 pub mod pool;

@@ -362,14 +362,11 @@ async fn reconcile_pool(pool: &NodePool, cctx: &CapiContext) -> Result<Action, E
 }
 
 /// The scale-from-zero annotations of the pool ([`capi::scale_from_zero`]): from the
-/// catalogue, the claims per node type (when the scheduling lock is free) and the NodeTypes'
+/// catalogue, the claims per node type (the ledger) and the NodeTypes'
 /// `spec.overhead`.
 fn scale_from_zero(ctx: &Context, pool: &NodePool) -> BTreeMap<String, String> {
     let catalogue = super::catalogue::catalogue(ctx);
-    let claimed = match ctx.scheduling.try_lock() {
-        Ok(r) => super::catalogue::claimed_counts(ctx, &r),
-        Err(_) => BTreeMap::new(),
-    };
+    let claimed = super::catalogue::claimed_counts(ctx);
     capi::scale_from_zero(
         &catalogue,
         &template_spec(&pool.spec),

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 
-use super::nodeclaim::Reservations;
 use super::Context;
 use crate::api::{NodeProvider, NodeType, ProviderPhase};
 use crate::conditions;
@@ -63,10 +62,9 @@ fn prepare_catalogue(ctx: &Context) -> Catalogue {
 }
 
 /// Claims per NodeType that hold capacity, by the one rule ([`scheduling::count_claimed`]),
-/// with this process's reservations.
-pub fn claimed_counts(ctx: &Context, r: &Reservations) -> BTreeMap<String, i64> {
-    let claims = ctx.claims.state();
-    scheduling::count_claimed(claims.iter().map(|c| &**c), &r.scheduled, &r.released)
+/// with this process's reservations: the ledger's counts ([`crate::ledger`]).
+pub fn claimed_counts(ctx: &Context) -> BTreeMap<String, i64> {
+    ctx.ledger(|l| l.counts().clone())
 }
 
 /// The provider of a type, if it exists.

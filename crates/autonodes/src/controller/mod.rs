@@ -186,6 +186,10 @@ pub struct Context {
     /// Serializes scheduling decisions so capacity is never exceeded (held only while a
     /// decision is made in memory, never across an API call).
     pub scheduling: Mutex<nodeclaim::Reservations>,
+    /// The claimed capacity per NodeType, kept up to date by the claim store's watch
+    /// (before [`Context::wait_synced`] resolves) and by this process's scheduling
+    /// decisions and releases. Locked only briefly, never across an await.
+    pub claimed: Arc<std::sync::Mutex<crate::ledger::ClaimedLedger>>,
     /// Claims this process created, deleted or annotated that the claim store does not show
     /// yet ([`Context::claims_in`]).
     pub expected_claims: std::sync::Mutex<ClaimExpectations>,
@@ -222,6 +226,16 @@ pub struct Written<K> {
 }
 
 impl Context {
+    /// Runs `f` on the capacity ledger (a poisoned lock still holds a consistent ledger:
+    /// every change is one call).
+    pub fn ledger<T>(&self, f: impl FnOnce(&mut crate::ledger::ClaimedLedger) -> T) -> T {
+        let mut guard = match self.claimed.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        f(&mut guard)
+    }
+
     /// The newer of `claim` (from the store) and the claim as this process last wrote it.
     ///
     /// The store lags behind our own writes by a watch event; a reconcile that ran on the
@@ -538,6 +552,24 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let reflectors = Arc::new(Reflectors::new());
     let r = &reflectors;
+    let claimed = Arc::new(std::sync::Mutex::new(crate::ledger::ClaimedLedger::new()));
+    {
+        let claimed = claimed.clone();
+        r.claims.observe(move |change| {
+            let Ok(mut ledger) = claimed.lock() else {
+                return;
+            };
+            match change {
+                reflectors::Observed::Applied(c) => ledger.observe(c),
+                reflectors::Observed::Deleted(c) => {
+                    if let Some(uid) = c.metadata.uid.as_deref() {
+                        ledger.forget(uid)
+                    }
+                }
+                reflectors::Observed::Listed(all) => ledger.resync(all.iter().map(|c| &**c)),
+            }
+        });
+    }
     let (reports, reported) = mpsc::unbounded();
 
     let (wake_claims, claim_wakeups) = mpsc::unbounded();
@@ -565,6 +597,7 @@ pub async fn run(
         types: r.types.store(),
         providers: r.providers.store(),
         scheduling: Mutex::new(nodeclaim::Reservations::default()),
+        claimed,
         expected_claims: Default::default(),
         written: Default::default(),
         status_pending: Default::default(),

@@ -8,7 +8,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::ResourceExt;
 
-use super::catalogue::{claimed_counts, provider_of, unusable};
+use super::catalogue::{provider_of, unusable};
 use super::{apply_status, now, Context, Error};
 use crate::api::{NodeType, NodeTypePhase};
 use crate::conditions::{self, status_of};
@@ -64,10 +64,7 @@ async fn apply(t: &NodeType, ctx: &Context) -> Result<Action, Error> {
             });
         }
     }
-    let claimed = {
-        let r = ctx.scheduling.lock().await;
-        claimed_counts(ctx, &r).get(&name).copied().unwrap_or(0)
-    };
+    let claimed = ctx.ledger(|l| l.count(&name));
     let old = t.status.clone().unwrap_or_default();
     let mut status = prepared.status(claimed);
     status.observed_generation = t.metadata.generation;

@@ -48,6 +48,20 @@ impl<K> Kind for K where
 {
 }
 
+/// A change of the store as an observer ([`Reflector::observe`]) sees it, in the watch's
+/// own task, before any subscriber and before [`Reflector::wait_synced`] resolves.
+pub enum Observed<'a, K> {
+    /// The object as the store now holds it.
+    Applied(&'a K),
+    /// The object left the store.
+    Deleted(&'a K),
+    /// The store was listed (again): this is everything it holds now.
+    Listed(&'a [Arc<K>]),
+}
+
+/// What [`Reflector::observe`] takes.
+type Observer<K> = Box<dyn FnMut(Observed<'_, K>) + Send>;
+
 /// A change a [`Reflector::touched`] subscriber sees.
 #[derive(Debug, Clone)]
 pub enum Touched<K> {
@@ -94,6 +108,7 @@ pub struct Reflector<K: Resource<DynamicType = ()> + Clone + 'static> {
     synced_tx: tokio::sync::watch::Sender<bool>,
     synced: tokio::sync::watch::Receiver<bool>,
     changes: AtomicU64,
+    observer: Mutex<Option<Observer<K>>>,
 }
 
 impl<K: Kind> Reflector<K> {
@@ -111,6 +126,17 @@ impl<K: Kind> Reflector<K> {
             synced_tx,
             synced,
             changes: AtomicU64::new(0),
+            observer: Mutex::new(None),
+        }
+    }
+
+    /// Calls `observer` with every change of the store, synchronously in the watch's task:
+    /// what it keeps is up to date whenever the store is, including when
+    /// [`Reflector::wait_synced`] resolves (a subscriber's channel may still be behind).
+    /// Set it before [`Reflector::run`]; it must not block.
+    pub fn observe(&self, observer: impl FnMut(Observed<'_, K>) + Send + 'static) {
+        if let Ok(mut o) = self.observer.lock() {
+            *o = Some(Box::new(observer));
         }
     }
 
@@ -196,6 +222,7 @@ impl<K: Kind> Reflector<K> {
             return;
         };
         let reader = writer.as_reader();
+        let mut observer = self.observer.lock().ok().and_then(|mut o| o.take());
         let mut events = std::pin::pin!(lenient::events::<K>(&client, reader.clone(), reports));
         while let Some(event) = events.next().await {
             // No controller reads `managedFields`, and with server-side apply they are
@@ -210,6 +237,14 @@ impl<K: Kind> Reflector<K> {
             writer.apply_watcher_event(&event);
             if !matches!(event, watcher::Event::Init | watcher::Event::InitApply(_)) {
                 self.changes.fetch_add(1, Ordering::AcqRel);
+            }
+            if let Some(observe) = observer.as_mut() {
+                match &event {
+                    watcher::Event::Apply(obj) => observe(Observed::Applied(obj)),
+                    watcher::Event::Delete(obj) => observe(Observed::Deleted(obj)),
+                    watcher::Event::InitDone => observe(Observed::Listed(&reader.state())),
+                    watcher::Event::Init | watcher::Event::InitApply(_) => {}
+                }
             }
             let Ok(mut subscribers) = self.subscribers.lock() else {
                 continue;

@@ -26,7 +26,7 @@ mod register;
 mod terminate;
 mod tokens;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -65,12 +65,10 @@ pub use super::remote::TOKEN_NAMESPACE;
 /// Group a bootstrap token authenticates as (kubeadm's default node token group).
 pub const TOKEN_GROUP: &str = "system:bootstrappers:kubeadm:default-node-token";
 
-/// Scheduling decisions this process made, so capacity holds even before the claim store
-/// shows them (and after a claim is released, before the store drops it).
+/// Claims whose cleanup this process finished, so a reconcile of a cached copy from before
+/// does not clean up again (the capacity they held is the ledger's: [`Context::ledger`]).
 #[derive(Debug, Default)]
 pub struct Reservations {
-    /// Claim UID → NodeType it was scheduled to.
-    pub scheduled: HashMap<String, String>,
     /// UIDs of claims whose cleanup finished (their capacity is free).
     pub released: HashSet<String>,
 }
@@ -345,8 +343,7 @@ async fn fail(
         .with_label_values(&["failed"])
         .inc();
     if let Ok(uid) = uid(claim) {
-        let mut r = ctx.scheduling.lock().await;
-        r.scheduled.remove(&uid);
+        ctx.ledger(|l| l.unreserve(&uid));
     }
     ctx.wake_pending_claims();
     if let Some(t) = claim.status.as_ref().and_then(|s| s.type_ref.as_ref()) {

@@ -12,7 +12,7 @@ use super::{uid, PROVISIONED, SCHEDULED};
 use crate::api::reasons::ClaimReason;
 use crate::api::NodeClaim;
 use crate::conditions;
-use crate::controller::catalogue::{catalogue, claimed_counts};
+use crate::controller::catalogue::catalogue;
 use crate::controller::{Context, Error};
 use crate::scheduling::{self, ClaimRequest, PreparedType};
 use crate::template;
@@ -88,8 +88,8 @@ pub(super) async fn schedule(claim: &NodeClaim, ctx: &Context) -> Result<Option<
     // happens outside it and gives the reservation back if it fails.
     ctx.wait_synced().await;
     let decision = {
-        let mut reservations = ctx.scheduling.lock().await;
-        if reservations.scheduled.contains_key(&uid) {
+        let _one_at_a_time = ctx.scheduling.lock().await;
+        if ctx.ledger(|l| l.is_reserved(&uid)) {
             // This process scheduled the claim already; the cache has not caught up yet.
             return Err(Error::Conflict(format!(
                 "NodeClaim {} (cache behind)",
@@ -97,12 +97,13 @@ pub(super) async fn schedule(claim: &NodeClaim, ctx: &Context) -> Result<Option<
             )));
         }
         let catalogue = catalogue(ctx);
-        let claimed = claimed_counts(ctx, &reservations);
-        let decision = scheduling::choose(&catalogue, &request, &claimed).cloned();
-        if let Ok(t) = &decision {
-            reservations.scheduled.insert(uid.clone(), t.name.clone());
-        }
-        decision
+        ctx.ledger(|ledger| {
+            let decision = scheduling::choose(&catalogue, &request, ledger.counts()).cloned();
+            if let Ok(t) = &decision {
+                ledger.reserve(&uid, &t.name);
+            }
+            decision
+        })
     };
     let chosen = match decision {
         Ok(t) => t,
@@ -143,7 +144,7 @@ pub(super) async fn schedule(claim: &NodeClaim, ctx: &Context) -> Result<Option<
     let written = match w.write().await {
         Ok(c) => c,
         Err(e) => {
-            ctx.scheduling.lock().await.scheduled.remove(&uid);
+            ctx.ledger(|l| l.unreserve(&uid));
             return Err(e);
         }
     };

@@ -265,7 +265,7 @@ pub(super) async fn cleanup(claim: &NodeClaim, ctx: &Context) -> Result<Action, 
     let uid = uid(claim)?;
     {
         let mut r = ctx.scheduling.lock().await;
-        r.scheduled.remove(&uid);
+        ctx.ledger(|l| l.release(&uid));
         r.released.insert(uid.clone());
         // Now and then, forget releases whose claims the store no longer holds.
         if r.released.len() % 256 == 0 {

@@ -86,10 +86,7 @@ pub(super) async fn tenant(pctx: &PoolContext, pool: &NodePool) -> Result<Tenant
         .map_err(|e| Verdict::problem(e.reason(), e.to_string()))?;
     tenant::ensure_watch(pctx, &remote).await;
     let (pods, nodes) = tenant::pods_and_nodes(ctx, &remote).await?;
-    let claimed = {
-        let r = ctx.scheduling.lock().await;
-        crate::controller::catalogue::claimed_counts(ctx, &r)
-    };
+    let claimed = crate::controller::catalogue::claimed_counts(ctx);
     let overheads = ctx
         .types
         .state()

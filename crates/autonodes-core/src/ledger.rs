@@ -223,7 +223,14 @@ mod tests {
                             released.remove(&format!("u{u}"));
                         }
                     }
-                    Op::Relist => ledger.resync(store.values()),
+                    Op::Relist => {
+                        // A release whose claim the store no longer shows is forgotten.
+                        ledger.resync(store.values());
+                        released.retain(|u| {
+                            reserved.contains_key(u)
+                                || store.values().any(|c| c.metadata.uid.as_deref() == Some(u))
+                        });
+                    }
                     Op::Reserve(u, t) => {
                         ledger.reserve(&format!("u{u}"), &format!("p.t{t}"));
                         reserved.insert(format!("u{u}"), format!("p.t{t}"));

@@ -102,16 +102,13 @@ pub struct VTaint {
     pub effect: String,
 }
 
-/// A `static[]` pool.
+/// The fields static and dynamic pools share.
 #[derive(Deserialize, Debug, Default, Clone, PartialEq)]
 #[serde(rename_all = "camelCase")]
-pub struct StaticPool {
+pub struct PoolFields {
     /// The pool's name.
     #[serde(default)]
     pub name: String,
-    /// How many nodes.
-    #[serde(default)]
-    pub quantity: i64,
     /// Requirements on the node type.
     #[serde(default)]
     pub node_type_selector: Vec<VRequirement>,
@@ -127,6 +124,18 @@ pub struct StaticPool {
     /// Longest drain.
     #[serde(default)]
     pub termination_grace_period: String,
+}
+
+/// A `static[]` pool.
+#[derive(Deserialize, Debug, Default, Clone, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct StaticPool {
+    /// What every pool has.
+    #[serde(flatten)]
+    pub pool: PoolFields,
+    /// How many nodes.
+    #[serde(default)]
+    pub quantity: i64,
     /// A vCluster Platform node profile (ignored).
     #[serde(default)]
     pub profile: String,
@@ -136,30 +145,15 @@ pub struct StaticPool {
 #[derive(Deserialize, Debug, Default, Clone, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct DynamicPool {
-    /// The pool's name.
-    #[serde(default)]
-    pub name: String,
-    /// Requirements on the node type.
-    #[serde(default)]
-    pub node_type_selector: Vec<VRequirement>,
-    /// Properties of the pool's nodes.
-    #[serde(default)]
-    pub properties: BTreeMap<String, String>,
-    /// Taints of the pool's nodes.
-    #[serde(default)]
-    pub taints: Vec<VTaint>,
-    /// Labels of the pool's nodes.
-    #[serde(default)]
-    pub node_labels: BTreeMap<String, String>,
+    /// What every pool has.
+    #[serde(flatten)]
+    pub pool: PoolFields,
     /// Limits by resource name, as strings.
     #[serde(default)]
     pub limits: BTreeMap<String, LimitValue>,
     /// When nodes may go.
     #[serde(default)]
     pub disruption: VDisruption,
-    /// Longest drain.
-    #[serde(default)]
-    pub termination_grace_period: String,
     /// Replace nodes older than this.
     #[serde(default)]
     pub expire_after: String,
@@ -283,24 +277,57 @@ pub fn node_pools(
         let at = format!("privateNodes.autoNodes[{i}]");
         for (j, s) in auto.static_pools.iter().enumerate() {
             let path = format!("{at}.static[{j}]");
-            out.push(named(vcluster, &s.name, &path, &mut seen).and_then(|name| {
-                let spec = static_spec(vcluster, auto, s, &path, &at)?;
-                Ok(pool_object(
-                    vcluster, namespace, &name, &s.name, spec, owner,
-                ))
-            }));
+            out.push(
+                named(vcluster, &s.pool.name, &path, &mut seen).and_then(|name| {
+                    let spec = static_spec(vcluster, auto, s, &path, &at)?;
+                    Ok(pool_object(
+                        vcluster,
+                        namespace,
+                        &name,
+                        &s.pool.name,
+                        spec,
+                        owner,
+                    ))
+                }),
+            );
         }
         for (j, d) in auto.dynamic_pools.iter().enumerate() {
             let path = format!("{at}.dynamic[{j}]");
-            out.push(named(vcluster, &d.name, &path, &mut seen).and_then(|name| {
-                let spec = dynamic_spec(vcluster, auto, d, &path, &at)?;
-                Ok(pool_object(
-                    vcluster, namespace, &name, &d.name, spec, owner,
-                ))
-            }));
+            out.push(
+                named(vcluster, &d.pool.name, &path, &mut seen).and_then(|name| {
+                    let spec = dynamic_spec(vcluster, auto, d, &path, &at)?;
+                    Ok(pool_object(
+                        vcluster,
+                        namespace,
+                        &name,
+                        &d.pool.name,
+                        spec,
+                        owner,
+                    ))
+                }),
+            );
         }
     }
     out
+}
+
+/// The NodePool names the configuration names, whether each maps or not: the imported
+/// pools to keep (a pool whose entry cannot be mapped keeps what it had). Empty when
+/// `privateNodes.enabled` is false.
+pub fn pool_names(vcluster: &str, config: &VClusterConfig) -> BTreeSet<String> {
+    if !config.private_nodes.enabled {
+        return BTreeSet::new();
+    }
+    config
+        .private_nodes
+        .auto_nodes
+        .iter()
+        .flat_map(|a| {
+            let statics = a.static_pools.iter().map(|s| &s.pool.name);
+            statics.chain(a.dynamic_pools.iter().map(|d| &d.pool.name))
+        })
+        .map(|pool| format!("{vcluster}-{pool}"))
+        .collect()
 }
 
 /// The NodePool name of a vCluster's pool, checked and not used before.
@@ -356,19 +383,11 @@ fn pool_object(
     }
 }
 
-/// The fields both kinds of pool share.
-struct Common<'a> {
-    selector: &'a [VRequirement],
-    properties: &'a BTreeMap<String, String>,
-    taints: &'a [VTaint],
-    node_labels: &'a BTreeMap<String, String>,
-    termination_grace_period: &'a str,
-}
-
+/// The spec from what every pool has; the kind's own fields come on top.
 fn base_spec(
     vcluster: &str,
     auto: &AutoNodes,
-    c: Common<'_>,
+    c: &PoolFields,
     path: &str,
     at: &str,
 ) -> Result<NodePoolSpec, EntryError> {
@@ -385,7 +404,7 @@ fn base_spec(
         });
     }
     let mut requirements = Vec::new();
-    for (k, r) in c.selector.iter().enumerate() {
+    for (k, r) in c.node_type_selector.iter().enumerate() {
         requirements.push(requirement(r, &format!("{path}.nodeTypeSelector[{k}]"))?);
     }
     let mut taints = Vec::new();
@@ -402,7 +421,7 @@ fn base_spec(
         })?;
         taints.push(taint);
     }
-    for (k, v) in c.node_labels {
+    for (k, v) in &c.node_labels {
         if !names::is_qualified_name(k) || !names::is_label_value(v) {
             return Err(EntryError {
                 path: format!("{path}.nodeLabels"),
@@ -427,7 +446,7 @@ fn base_spec(
         limits: None,
         disruption: None,
         termination_grace_period: duration(
-            c.termination_grace_period,
+            &c.termination_grace_period,
             &format!("{path}.terminationGracePeriod"),
         )?,
         expire_after: None,
@@ -443,14 +462,7 @@ fn static_spec(
     path: &str,
     at: &str,
 ) -> Result<NodePoolSpec, EntryError> {
-    let common = Common {
-        selector: &s.node_type_selector,
-        properties: &s.properties,
-        taints: &s.taints,
-        node_labels: &s.node_labels,
-        termination_grace_period: &s.termination_grace_period,
-    };
-    let mut spec = base_spec(vcluster, auto, common, path, at)?;
+    let mut spec = base_spec(vcluster, auto, &s.pool, path, at)?;
     let replicas = i32::try_from(s.quantity)
         .ok()
         .filter(|q| *q >= 0)
@@ -469,14 +481,7 @@ fn dynamic_spec(
     path: &str,
     at: &str,
 ) -> Result<NodePoolSpec, EntryError> {
-    let common = Common {
-        selector: &d.node_type_selector,
-        properties: &d.properties,
-        taints: &d.taints,
-        node_labels: &d.node_labels,
-        termination_grace_period: &d.termination_grace_period,
-    };
-    let mut spec = base_spec(vcluster, auto, common, path, at)?;
+    let mut spec = base_spec(vcluster, auto, &d.pool, path, at)?;
     let mut limits = BTreeMap::new();
     for (name, value) in &d.limits {
         let text = value.text();

@@ -15,7 +15,7 @@
 pub use autonodes_api as api;
 pub use autonodes_api::{conditions, crdgen, kubevirt};
 pub use autonodes_core::{
-    join, kubeconfig, ledger, names, orphans, resources, scheduling, template, userdata,
+    join, kubeconfig, ledger, names, orphans, resources, scheduling, template, userdata, vcluster,
 };
 
 pub mod cli;

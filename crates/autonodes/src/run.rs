@@ -48,6 +48,12 @@ pub struct RunArgs {
     /// no longer exists.
     #[arg(long, env = "AUTONODES_ORPHAN_SWEEP_INTERVAL", default_value = "5m", value_parser = parse_duration)]
     pub orphan_sweep_interval: Duration,
+    /// Which namespaces' vCluster configurations (`vc-config-<name>` Secrets next to a
+    /// `vc-<name>` kubeconfig Secret) become NodePools: `*` every namespace, a
+    /// comma-separated list, or `off`.
+    #[arg(long, env = "AUTONODES_VCLUSTER_CONFIG_NAMESPACES", default_value = "*",
+          value_parser = crate::controller::vcluster_import::ImportScope::parse)]
+    pub vcluster_config_namespaces: crate::controller::vcluster_import::ImportScope,
     /// Address of the /metrics, /healthz and /readyz server.
     #[arg(long, env = "AUTONODES_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     pub metrics_addr: SocketAddr,
@@ -161,6 +167,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         registration_timeout: args.registration_timeout,
         drain_timeout: args.drain_timeout,
         orphan_sweep_interval: args.orphan_sweep_interval,
+        vcluster_import: args.vcluster_config_namespaces.clone(),
         kubeconfig_policy: crate::kubeconfig::KubeconfigPolicy {
             allow_insecure_skip_tls_verify: args.allow_insecure_skip_tls_verify,
         },

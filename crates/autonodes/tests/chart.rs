@@ -15,7 +15,8 @@ use common::world::*;
 use common::{kubectl, kubectl_ok, path_str, repo};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, ListParams};
+use kube::api::Api;
+use kube::ResourceExt;
 use opscommon::{documents, helm_chart, render_chart};
 use serde_json::json;
 
@@ -358,18 +359,20 @@ async fn a_controller_with_only_the_charts_rbac_provisions_a_claim_and_cleans_it
 
     // It really is the ServiceAccount: what the chart does not grant is refused.
     let denied = Api::<Secret>::namespaced(client.clone(), "kube-system")
-        .list(&ListParams::default())
+        .delete("anything", &Default::default())
         .await;
     assert!(
         matches!(&denied, Err(kube::Error::Api(s)) if s.code == 403),
-        "listing Secrets must be forbidden: {denied:?}"
+        "deleting Secrets must be forbidden: {denied:?}"
     );
     let can_i = kubectl_ok(env, mgmt, &["auth", "can-i", "--list", "--as", user]);
     println!("== kubectl auth can-i --list --as {user}\n{can_i}");
 
     world.start_simulator(opts.mode).await;
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
-    let config = world.config.clone();
+    // As the chart runs it: the vCluster import on, in every namespace.
+    let mut config = world.config.clone();
+    config.vcluster_import = autonodes::controller::vcluster_import::ImportScope::All;
     let task = tokio::spawn(async move {
         let options = RunOptions {
             metrics_addr: "127.0.0.1:0".parse().expect("address"),
@@ -409,6 +412,23 @@ async fn a_controller_with_only_the_charts_rbac_provisions_a_claim_and_cleans_it
     world.delete_claim("rbac-only").await;
     world.wait_claim_gone("rbac-only", AVAILABLE).await;
     assert!(world.vms().await.is_empty(), "the VM is gone");
+
+    // The vCluster import reads the chart's Secret and writes its pool with this RBAC too.
+    let config = "privateNodes:\n  enabled: true\n  autoNodes:\n  - provider: kubevirt-provider-advanced\n    static:\n    - {name: none, quantity: 0}\n";
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "vc-config-tenant", "labels": {"app": "vcluster", "release": "tenant"}},
+        "stringData": {"config.yaml": config},
+    }))
+    .expect("secret");
+    Api::<Secret>::namespaced(world.mgmt.clone(), NS)
+        .create(&Default::default(), &secret)
+        .await
+        .expect("config Secret");
+    let pool = world.wait_pool("tenant-none", "imported", |_| true).await;
+    println!(
+        "imported with the chart's RBAC: NodePool {}",
+        pool.name_any()
+    );
 
     let _ = stop_tx.send(true);
     let result = tokio::time::timeout(autonodes::run::SHUTDOWN_GRACE * 2, task)

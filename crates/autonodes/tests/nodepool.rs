@@ -672,6 +672,18 @@ async fn a_dynamic_pool_honours_node_selectors_and_its_limits() {
     world.shutdown().await;
 }
 
+/// The tenant's PodDisruptionBudgets in `default` (policy/v1beta1: the tenant runs 1.20).
+fn pdbs(world: &World) -> Api<DynamicObject> {
+    Api::namespaced_with(
+        world.tenant.clone(),
+        "default",
+        &kube::core::ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk("policy", "v1beta1", "PodDisruptionBudget"),
+            "poddisruptionbudgets",
+        ),
+    )
+}
+
 /// A pod bound to `node` that a PodDisruptionBudget protects: no disruption controller runs
 /// in the tenant, so the budget allows none and every eviction of the pod is refused.
 async fn protected_pod(world: &World, name: &str, node: &str) {
@@ -684,21 +696,14 @@ async fn protected_pod(world: &World, name: &str, node: &str) {
     pods.create(&PostParams::default(), &pod)
         .await
         .expect("pod");
-    let pdbs: Api<DynamicObject> = Api::namespaced_with(
-        world.tenant.clone(),
-        "default",
-        &kube::core::ApiResource::from_gvk_with_plural(
-            &kube::core::GroupVersionKind::gvk("policy", "v1beta1", "PodDisruptionBudget"),
-            "poddisruptionbudgets",
-        ),
-    );
     let pdb: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "policy/v1beta1", "kind": "PodDisruptionBudget",
         "metadata": {"name": name, "namespace": "default"},
         "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": name}}},
     }))
     .expect("pdb");
-    pdbs.create(&PostParams::default(), &pdb)
+    pdbs(world)
+        .create(&PostParams::default(), &pdb)
         .await
         .expect("pdb");
 }
@@ -707,20 +712,15 @@ async fn protected_pod(world: &World, name: &str, node: &str) {
 async fn a_pools_termination_grace_period_bounds_a_blocked_drain_and_never_waits_for_it() {
     let world = world().await;
     let small = json!([{"property": "autonodes.io/node-type", "value": "small"}]);
-    world
-        .create_pool(
-            "brief",
-            json!({"providerRef": "pools", "replicas": 1, "requirements": small,
-                   "terminationGracePeriod": "1s"}),
-        )
-        .await;
-    world
-        .create_pool(
-            "patient",
-            json!({"providerRef": "pools", "replicas": 1, "requirements": small,
-                   "terminationGracePeriod": "Never"}),
-        )
-        .await;
+    for (pool, grace) in [("brief", "1s"), ("patient", "Never")] {
+        world
+            .create_pool(
+                pool,
+                json!({"providerRef": "pools", "replicas": 1, "requirements": small,
+                       "terminationGracePeriod": grace}),
+            )
+            .await;
+    }
     let node_of = |pool: &'static str| {
         let world = &world;
         async move {
@@ -781,15 +781,8 @@ async fn a_pools_termination_grace_period_bounds_a_blocked_drain_and_never_waits
     assert!(nodes.get_opt(&patient).await.expect("read").is_some());
     // The budget goes, the eviction goes through, the node follows.
     let pods: Api<Pod> = Api::namespaced(world.tenant.clone(), "default");
-    let pdbs: Api<DynamicObject> = Api::namespaced_with(
-        world.tenant.clone(),
-        "default",
-        &kube::core::ApiResource::from_gvk_with_plural(
-            &kube::core::GroupVersionKind::gvk("policy", "v1beta1", "PodDisruptionBudget"),
-            "poddisruptionbudgets",
-        ),
-    );
-    pdbs.delete("held-patient", &DeleteParams::default())
+    pdbs(&world)
+        .delete("held-patient", &DeleteParams::default())
         .await
         .expect("delete pdb");
     common::eventually("the patient pod to be evicted", WAIT, || async {

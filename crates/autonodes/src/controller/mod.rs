@@ -26,6 +26,7 @@ pub mod remote;
 pub mod status;
 pub mod sweep;
 pub mod tenant;
+pub mod vcluster_import;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -69,6 +70,8 @@ pub struct ControllerConfig {
     pub kubeconfig_policy: KubeconfigPolicy,
     /// How often the orphan sweep looks for objects whose claim is gone.
     pub orphan_sweep_interval: Duration,
+    /// Which namespaces' vCluster configurations (`vc-config-*` Secrets) become NodePools.
+    pub vcluster_import: vcluster_import::ImportScope,
 }
 
 impl Default for ControllerConfig {
@@ -80,6 +83,7 @@ impl Default for ControllerConfig {
             drain_timeout: Duration::from_secs(120),
             kubeconfig_policy: KubeconfigPolicy::default(),
             orphan_sweep_interval: Duration::from_secs(300),
+            vcluster_import: vcluster_import::ImportScope::Off,
         }
     }
 }
@@ -698,6 +702,7 @@ pub async fn run(
         .for_each(log_run_error);
 
     let pools = nodepool::run(ctx.clone(), r, shutdown.clone());
+    let imports = vcluster_import::run(ctx.clone(), shutdown.clone());
     let machine_pools = capi::run(ctx.clone(), r, shutdown.clone());
 
     let types_of_claims = ctx.types.clone();
@@ -722,7 +727,7 @@ pub async fn run(
         .run(provider::reconcile, provider::error_policy, ctx.clone())
         .for_each(log_run_error);
 
-    tokio::join!(claims, types, providers, pools, machine_pools);
+    tokio::join!(claims, types, providers, pools, machine_pools, imports);
     Ok(())
 }
 

@@ -1,0 +1,313 @@
+//! vCluster import: a vCluster's own configuration, the Secret `vc-config-<name>` its chart
+//! writes, kept as NodePools (the mapping is the core's [`crate::vcluster`]).
+//!
+//! observe (the Secret, the vCluster's kubeconfig Secret `vc-<name>` next to it, the pools
+//! it owns) → plan (core: the pools of the configuration) → act (server-side apply of each
+//! pool, deletion of the owned pools the configuration no longer names).
+//!
+//! Everything in the Secret is untrusted: a configuration that cannot be read changes
+//! nothing and gets a Warning Event on the Secret; a pool that cannot be mapped keeps what
+//! it had and is named in a Warning Event; a NodePool of the same name that the Secret does
+//! not own is never touched. Other vClusters are served as before.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{watcher, Controller};
+use kube::{Resource, ResourceExt};
+
+use super::{Context, Error};
+use crate::api::NodePool;
+use crate::vcluster::{self, CONFIG_SECRET_KEY, CONFIG_SECRET_PREFIX};
+
+/// The field manager of the pools this controller writes.
+const MANAGER: &str = "autonodes-vcluster-import";
+/// The label the vCluster chart puts on its Secrets (`app: vcluster`).
+const CHART_SELECTOR: &str = "app=vcluster";
+
+/// Which namespaces' vCluster configurations are imported.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ImportScope {
+    /// None: the import is off.
+    #[default]
+    Off,
+    /// Every namespace.
+    All,
+    /// These namespaces.
+    Namespaces(Vec<String>),
+}
+
+impl ImportScope {
+    /// Reads the flag: empty or `off` is off, `*` every namespace, else a comma-separated
+    /// list of namespaces.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        if s.is_empty() || s == "off" {
+            return Ok(ImportScope::Off);
+        }
+        if s == "*" {
+            return Ok(ImportScope::All);
+        }
+        let namespaces: Vec<String> = s
+            .split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .map(str::to_string)
+            .collect();
+        if let Some(bad) = namespaces.iter().find(|n| !crate::names::is_dns_label(n)) {
+            return Err(format!("{bad:?} is not a namespace name"));
+        }
+        Ok(ImportScope::Namespaces(namespaces))
+    }
+}
+
+/// Runs the import until `shutdown` resolves (at once when the scope is off).
+pub async fn run(
+    ctx: Arc<Context>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,
+) {
+    let apis: Vec<Api<Secret>> = match &ctx.config.vcluster_import {
+        ImportScope::Off => return,
+        ImportScope::All => vec![Api::all(ctx.client.clone())],
+        ImportScope::Namespaces(ns) => ns
+            .iter()
+            .map(|n| Api::namespaced(ctx.client.clone(), n))
+            .collect(),
+    };
+    tracing::info!(scope = ?ctx.config.vcluster_import, "importing vCluster configurations (vc-config-* Secrets)");
+    let ictx = Arc::new(ImportContext {
+        ctx: ctx.clone(),
+        reported: Mutex::default(),
+    });
+    let runs = apis.into_iter().map(|api| {
+        let config = watcher::Config::default()
+            .labels(CHART_SELECTOR)
+            .any_semantic();
+        // A pool's spec changed or it went: put it back as the configuration says (its
+        // status writes do not concern the import).
+        Controller::new(api, config)
+            .owns_shared_stream(ctx.reflectors.pools.spec_touched())
+            .graceful_shutdown_on(shutdown.clone())
+            .run(reconcile, error_policy, ictx.clone())
+            .for_each(super::log_run_error)
+    });
+    futures::future::join_all(runs).await;
+}
+
+/// What a reconcile of the import sees.
+struct ImportContext {
+    ctx: Arc<Context>,
+    /// The problems last reported per Secret UID: the same problems are not reported
+    /// again on each wake-up.
+    reported: Mutex<HashMap<String, String>>,
+}
+
+impl ImportContext {
+    /// Whether `problems` differ from what was last reported for the Secret `uid`
+    /// (remembering them).
+    fn is_news(&self, uid: &str, problems: &str) -> bool {
+        let Ok(mut reported) = self.reported.lock() else {
+            return true;
+        };
+        if reported.get(uid).map(String::as_str) == Some(problems) {
+            return false;
+        }
+        if problems.is_empty() {
+            reported.remove(uid);
+        } else {
+            reported.insert(uid.to_string(), problems.to_string());
+        }
+        true
+    }
+}
+
+fn error_policy(secret: Arc<Secret>, error: &Error, _ctx: Arc<ImportContext>) -> Action {
+    tracing::warn!(secret = %secret.name_any(), namespace = %secret.namespace().unwrap_or_default(), %error, "importing a vCluster configuration failed");
+    super::error_requeue(error)
+}
+
+/// The owner reference an imported pool carries: the configuration Secret.
+fn owner_of(secret: &Secret) -> Option<OwnerReference> {
+    Some(OwnerReference {
+        api_version: "v1".into(),
+        kind: "Secret".into(),
+        name: secret.name_any(),
+        uid: secret.uid()?,
+        controller: Some(true),
+        block_owner_deletion: None,
+    })
+}
+
+fn owned_by(pool: &NodePool, uid: &str) -> bool {
+    pool.owner_references().iter().any(|o| o.uid == uid)
+}
+
+/// Deletes the claims of `pool` (labelled with it and owned by it).
+async fn remove_claims_of(ctx: &Context, pool: &NodePool) -> Result<(), Error> {
+    let ns = pool.namespace().unwrap_or_default();
+    let (Some(pool_uid), selector) = (pool.uid(), autonodes_core::pool::selector(&pool.name_any()))
+    else {
+        return Ok(());
+    };
+    let Some((key, value)) = selector.split_once('=') else {
+        return Ok(());
+    };
+    let claims: Api<crate::api::NodeClaim> = Api::namespaced(ctx.client.clone(), &ns);
+    for c in ctx.claims.state().iter().filter(|c| {
+        c.namespace().as_deref() == Some(ns.as_str())
+            && c.labels().get(key).map(String::as_str) == Some(value)
+            && c.owner_references().iter().any(|o| o.uid == pool_uid)
+            && c.meta().deletion_timestamp.is_none()
+    }) {
+        match claims
+            .delete(&c.name_any(), &DeleteParams::background())
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => {
+                return Err(Error::kube(format!(
+                    "deleting NodeClaim {ns}/{} of a removed pool",
+                    c.name_any()
+                ))(e))
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn reconcile(secret: Arc<Secret>, ictx: Arc<ImportContext>) -> Result<Action, Error> {
+    let ctx = &ictx.ctx;
+    let name = secret.name_any();
+    let Some(vcluster) = name.strip_prefix(CONFIG_SECRET_PREFIX) else {
+        return Ok(Action::await_change());
+    };
+    if secret.meta().deletion_timestamp.is_some() {
+        // Its pools go with it (owner references).
+        return Ok(Action::await_change());
+    }
+    let ns = secret.namespace().unwrap_or_default();
+    let (Some(owner), Some(uid)) = (owner_of(&secret), secret.uid()) else {
+        return Ok(Action::await_change());
+    };
+    // Only vClusters whose kubeconfig Secret autonodes can use.
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    let kubeconfig = format!("vc-{vcluster}");
+    if secrets
+        .get_metadata_opt(&kubeconfig)
+        .await
+        .map_err(Error::kube(format!("reading Secret {ns}/{kubeconfig}")))?
+        .is_none()
+    {
+        tracing::debug!(%ns, %vcluster, "no kubeconfig Secret next to the vCluster configuration; not imported yet");
+        return Ok(Action::requeue(Duration::from_secs(60)));
+    }
+    let text = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(CONFIG_SECRET_KEY))
+        .map(|b| b.0.as_slice())
+        .unwrap_or_default();
+    let config = match vcluster::parse(text) {
+        Ok(c) => c,
+        Err(e) => {
+            if !ictx.is_news(&uid, &e.to_string()) {
+                return Ok(Action::await_change());
+            }
+            tracing::warn!(%ns, %vcluster, error = %e, "vCluster configuration not imported");
+            ctx.event(
+                &*secret,
+                EventType::Warning,
+                "InvalidVClusterConfig",
+                "Import",
+                format!("{e}; its NodePools are left as they are"),
+            )
+            .await;
+            return Ok(Action::await_change());
+        }
+    };
+
+    let pools: Api<NodePool> = Api::namespaced(ctx.client.clone(), &ns);
+    let store = ctx.reflectors.pools.store();
+    let mut problems = Vec::new();
+    let mut changed = Vec::new();
+    for planned in vcluster::node_pools(vcluster, &ns, &config, Some(&owner)) {
+        let pool = match planned {
+            Ok(p) => p,
+            Err(e) => {
+                problems.push(e.to_string());
+                continue;
+            }
+        };
+        let pool_name = pool.name_any();
+        if let Some(existing) = store.get(&ObjectRef::new(&pool_name).within(&ns)) {
+            if !owned_by(&existing, &uid) {
+                problems.push(format!(
+                    "NodePool {pool_name} exists and was not made from this configuration; it is left alone"
+                ));
+                continue;
+            }
+            if existing.spec == pool.spec && existing.labels() == pool.labels() {
+                continue;
+            }
+        }
+        pools
+            .patch(
+                &pool_name,
+                &PatchParams::apply(MANAGER).force(),
+                &Patch::Apply(&pool),
+            )
+            .await
+            .map_err(Error::kube(format!("applying NodePool {ns}/{pool_name}")))?;
+        changed.push(format!("applied {pool_name}"));
+    }
+    let named = vcluster::pool_names(vcluster, &config);
+    for old in store.state().iter().filter(|p| {
+        p.namespace().as_deref() == Some(ns.as_str())
+            && owned_by(p, &uid)
+            && p.meta().deletion_timestamp.is_none()
+            && !named.contains(&p.name_any())
+    }) {
+        let old_name = old.name_any();
+        match pools.delete(&old_name, &DeleteParams::background()).await {
+            Ok(_) => changed.push(format!("deleted {old_name}")),
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(Error::kube(format!("deleting NodePool {ns}/{old_name}"))(e)),
+        }
+        // Then its claims (each drains its node), so the pool cannot make new ones
+        // meanwhile: removing the entry removes its nodes whether or not a garbage
+        // collector follows the owner references.
+        remove_claims_of(ctx, old).await?;
+    }
+    if !changed.is_empty() {
+        tracing::info!(%ns, %vcluster, changes = ?changed, "vCluster configuration imported");
+        ctx.event(
+            &*secret,
+            EventType::Normal,
+            "VClusterConfigImported",
+            "Import",
+            changed.join(", "),
+        )
+        .await;
+    }
+    if ictx.is_news(&uid, &problems.join("; ")) && !problems.is_empty() {
+        tracing::warn!(%ns, %vcluster, problems = ?problems, "vCluster pools not imported");
+        ctx.event(
+            &*secret,
+            EventType::Warning,
+            "InvalidVClusterPool",
+            "Import",
+            problems.join("; "),
+        )
+        .await;
+    }
+    Ok(Action::await_change())
+}

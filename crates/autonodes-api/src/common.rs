@@ -401,7 +401,7 @@ mod tests {
         assert!(exists.values.is_empty());
         // Written back in Kubernetes' spelling.
         assert_eq!(
-            serde_json::to_value(&vcluster.expect("reads")).expect("writes"),
+            serde_json::to_value(vcluster.expect("reads")).expect("writes"),
             serde_json::json!({"key": "zone", "operator": "In", "values": ["a"]})
         );
     }

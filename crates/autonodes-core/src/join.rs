@@ -194,3 +194,171 @@ mod tests {
         assert_eq!(taint_keys(&patched(&n, ops).expect("applies")), ["keep"]);
     }
 }
+
+/// The ConfigMap in which a kubeadm-style tenant (and a vCluster with private nodes)
+/// publishes its cluster configuration: `kube-system/kubeadm-config`.
+pub const KUBEADM_CONFIG: (&str, &str) = ("kube-system", "kubeadm-config");
+/// Annotation on that ConfigMap with the URL vCluster serves its node join script at.
+pub const ANNOTATION_JOIN_SCRIPT_ENDPOINT: &str = "vcluster.loft.sh/join-script-endpoint";
+/// The port kubeadm puts behind a `controlPlaneEndpoint` written without one.
+pub const DEFAULT_CONTROL_PLANE_PORT: u16 = 6443;
+
+/// Where the tenant says nodes join, read from its `kube-system/kubeadm-config`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Published {
+    /// `controlPlaneEndpoint` as `host:port`.
+    pub endpoint: Option<String>,
+    /// The join script URL of the annotation [`ANNOTATION_JOIN_SCRIPT_ENDPOINT`].
+    pub join_script_url: Option<String>,
+}
+
+/// Reads the join address a tenant publishes: `controlPlaneEndpoint` of the
+/// `ClusterConfiguration` in `data` (port 6443 when it has none) and the join script URL
+/// of the annotation. The tenant writes both, so both are checked: an endpoint of anything
+/// but `host:port` of letters, digits and `.-:[]`, or a URL that is not
+/// [`crate::userdata::is_join_script_url`], is an error (and not used).
+pub fn published(
+    data: &BTreeMap<String, String>,
+    annotations: &BTreeMap<String, String>,
+) -> Result<Published, String> {
+    let mut out = Published::default();
+    if let Some(text) = data.get("ClusterConfiguration") {
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct ClusterConfiguration {
+            #[serde(default)]
+            control_plane_endpoint: String,
+        }
+        let config: ClusterConfiguration = serde_yaml::from_str(text).map_err(|_| {
+            "its ClusterConfiguration is not YAML of a kubeadm ClusterConfiguration".to_string()
+        })?;
+        let ep = config.control_plane_endpoint.trim();
+        if !ep.is_empty() {
+            out.endpoint = Some(endpoint_with_port(ep).ok_or_else(|| {
+                format!(
+                    "controlPlaneEndpoint {:?} is not host[:port]",
+                    ep.chars().take(100).collect::<String>()
+                )
+            })?);
+        }
+    }
+    if let Some(url) = annotations.get(ANNOTATION_JOIN_SCRIPT_ENDPOINT) {
+        let url = url.trim();
+        if !crate::userdata::is_join_script_url(url) {
+            return Err(format!(
+                "annotation {ANNOTATION_JOIN_SCRIPT_ENDPOINT} {:?} is not an https URL of letters, digits and .-_/:[]",
+                url.chars().take(100).collect::<String>()
+            ));
+        }
+        out.join_script_url = Some(url.to_string());
+    }
+    Ok(out)
+}
+
+/// `host:port` from `host[:port]` (IPv6 in brackets), or `None` when it has other
+/// characters.
+fn endpoint_with_port(ep: &str) -> Option<String> {
+    let safe = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'[' | b']' | b':'))
+    };
+    if !safe(ep) {
+        return None;
+    }
+    let (host, port) = if let Some(rest) = ep.strip_prefix('[') {
+        let (h, after) = rest.split_once(']')?;
+        (format!("[{h}]"), after.strip_prefix(':'))
+    } else {
+        match ep.rsplit_once(':') {
+            Some((h, p)) if !h.contains(':') => (h.to_string(), Some(p)),
+            Some(_) => return None,
+            None => (ep.to_string(), None),
+        }
+    };
+    let port = match port {
+        Some(p) => p.parse::<u16>().ok().filter(|p| *p > 0)?,
+        None => DEFAULT_CONTROL_PLANE_PORT,
+    };
+    (host.len() > 2 || !host.starts_with('[')).then(|| format!("{host}:{port}"))
+}
+
+#[cfg(test)]
+mod published_tests {
+    use super::*;
+
+    fn data(endpoint: &str) -> BTreeMap<String, String> {
+        BTreeMap::from([(
+            "ClusterConfiguration".to_string(),
+            format!("apiVersion: kubeadm.k8s.io/v1beta3\nkind: ClusterConfiguration\ncontrolPlaneEndpoint: {endpoint}\n"),
+        )])
+    }
+
+    #[test]
+    fn the_control_plane_endpoint_and_the_join_script_url_are_what_the_tenant_publishes() {
+        let none = BTreeMap::new();
+        assert_eq!(
+            published(&data("vc.example.com:8443"), &none)
+                .expect("reads")
+                .endpoint
+                .as_deref(),
+            Some("vc.example.com:8443")
+        );
+        assert_eq!(
+            published(&data("10.0.0.5"), &none)
+                .expect("reads")
+                .endpoint
+                .as_deref(),
+            Some("10.0.0.5:6443"),
+            "kubeadm's default port"
+        );
+        assert_eq!(
+            published(&data("'[fd00::1]:443'"), &none)
+                .expect("reads")
+                .endpoint
+                .as_deref(),
+            Some("[fd00::1]:443")
+        );
+        let url = BTreeMap::from([(
+            ANNOTATION_JOIN_SCRIPT_ENDPOINT.to_string(),
+            "https://join.example.com".to_string(),
+        )]);
+        let p = published(&BTreeMap::new(), &url).expect("reads");
+        assert_eq!(p.endpoint, None);
+        assert_eq!(
+            p.join_script_url.as_deref(),
+            Some("https://join.example.com")
+        );
+        assert_eq!(published(&none, &none), Ok(Published::default()));
+    }
+
+    #[test]
+    fn what_the_tenant_publishes_cannot_reach_a_shell() {
+        let none = BTreeMap::new();
+        for bad in [
+            "'a;b:443'",
+            "'$(id):443'",
+            "'a b'",
+            "'host:99999'",
+            "'fd00::1'",
+        ] {
+            assert!(published(&data(bad), &none).is_err(), "{bad}");
+        }
+        for bad in [
+            "http://x",
+            "https://x/$(id)",
+            "https://x?token=a",
+            "https://x\"y",
+        ] {
+            let a =
+                BTreeMap::from([(ANNOTATION_JOIN_SCRIPT_ENDPOINT.to_string(), bad.to_string())]);
+            assert!(published(&none, &a).is_err(), "{bad}");
+        }
+        let e = published(
+            &BTreeMap::from([("ClusterConfiguration".to_string(), "[".to_string())]),
+            &none,
+        )
+        .expect_err("not YAML");
+        assert!(!e.contains('['), "{e}");
+    }
+}

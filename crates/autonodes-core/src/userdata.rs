@@ -194,6 +194,12 @@ pub struct JoinParams {
     pub token: String,
     /// CA public key hashes (`sha256:<hex>`), at least one.
     pub ca_cert_hashes: Vec<String>,
+    /// Where vCluster's node join script is served (`https://host:port`, `/node/join` is
+    /// added); `None`: `https://<api_server_endpoint>`. Only the `vcluster` template uses it.
+    pub join_script_url: Option<String>,
+    /// The tenant's CA certificate (PEM), which the `vcluster` template trusts when it
+    /// fetches the join script; `None`: the guest's own trust store.
+    pub ca_pem: Option<String>,
 }
 
 impl JoinParams {
@@ -203,7 +209,17 @@ impl JoinParams {
             api_server_endpoint: PLACEHOLDER_ENDPOINT.to_string(),
             token: PLACEHOLDER_TOKEN.to_string(),
             ca_cert_hashes: vec![PLACEHOLDER_CA_HASH.to_string()],
+            join_script_url: None,
+            ca_pem: None,
         }
+    }
+
+    /// The base URL of the join script: [`JoinParams::join_script_url`], else the API
+    /// server's endpoint.
+    pub fn join_script_base(&self) -> String {
+        self.join_script_url
+            .clone()
+            .unwrap_or_else(|| format!("https://{}", self.api_server_endpoint))
     }
 
     /// Checks the formats: endpoint `host:port` of safe characters, token
@@ -234,6 +250,16 @@ impl JoinParams {
                 "at least one hash is needed".to_string(),
             ));
         }
+        if let Some(url) = &self.join_script_url {
+            if !is_join_script_url(url) {
+                return Err(bad(
+                    "joinScriptURL",
+                    format!(
+                        "{url:?} is not https://host[:port][/path] of letters, digits and .-_/:[]"
+                    ),
+                ));
+            }
+        }
         for h in &self.ca_cert_hashes {
             let hex = h.strip_prefix("sha256:").unwrap_or("");
             if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -246,6 +272,24 @@ impl JoinParams {
         Ok(())
     }
 }
+
+/// Whether `url` is a join script base URL autonodes puts into a shell command:
+/// `https://`, then a host (and port, path) of letters, digits and `.-_/:[]` only (no
+/// quotes, spaces, `?`, `&` or `$`).
+pub fn is_join_script_url(url: &str) -> bool {
+    let Some(rest) = url.strip_prefix("https://") else {
+        return false;
+    };
+    !rest.is_empty()
+        && !rest.starts_with('/')
+        && rest.len() <= 2048
+        && rest.bytes().all(|b| {
+            b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_' | b'/' | b':' | b'[' | b']')
+        })
+}
+
+/// Where the `vcluster` template writes the tenant's CA for fetching the join script.
+pub const JOIN_CA_PATH: &str = "/etc/autonodes/tenant-ca.crt";
 
 /// The built-in user data templates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -327,6 +371,8 @@ struct TemplateData<'a> {
     user_runcmd: Vec<Value>,
     join_config_path: &'static str,
     vcluster_join_command: String,
+    join_ca_path: &'static str,
+    join_ca_pem: Option<&'a str>,
 }
 
 /// The user's cloud-config split into what autonodes merges and the rest.
@@ -546,11 +592,25 @@ pub fn render_user_data(input: &UserDataInput<'_>) -> Result<String, UserDataErr
         user_write_files: user.write_files,
         user_runcmd: user.runcmd,
         join_config_path: JOIN_CONFIG_PATH,
-        // Endpoint and token are validated to [A-Za-z0-9.:\[\]-], safe inside the quotes.
+        // URL and token are validated to [A-Za-z0-9.:/_\[\]-], safe inside the quotes. The
+        // script only installs the node's binaries (`--skip-join`); the join itself is
+        // `kubeadm join` with autonodes' JoinConfiguration.
         vcluster_join_command: format!(
-            "curl -fsSLk \"https://{}/node/join?token={}\" | sh -",
-            input.join.api_server_endpoint, input.join.token
+            "curl -fsSL {}\"{}/node/join?token={}\" | sh -s -- --skip-join",
+            if input.join.ca_pem.is_some() {
+                format!("--cacert {JOIN_CA_PATH} ")
+            } else {
+                String::new()
+            },
+            input
+                .join
+                .join_script_base()
+                .trim_end_matches('/')
+                .trim_end_matches("/node/join"),
+            input.join.token
         ),
+        join_ca_path: JOIN_CA_PATH,
+        join_ca_pem: input.join.ca_pem.as_deref(),
     };
     let name = input.template.name();
     let text = registry()?
@@ -595,6 +655,8 @@ ALSCkSTyQaInuL6DucynDnEnDn3BmFrDIP2T88gG8jFaAiEAs2mkVzuGZG/sIDbD
             api_server_endpoint: "10.0.0.1:6443".into(),
             token: "abcdef.0123456789abcdef".into(),
             ca_cert_hashes: vec![TEST_CA_HASH.into()],
+            join_script_url: None,
+            ca_pem: None,
         }
     }
 
@@ -851,7 +913,7 @@ ALSCkSTyQaInuL6DucynDnEnDn3BmFrDIP2T88gG8jFaAiEAs2mkVzuGZG/sIDbD
     }
 
     #[test]
-    fn vcluster_template_runs_the_vcluster_join_script_after_the_users_commands() {
+    fn vcluster_template_installs_with_the_join_script_then_joins_with_kubeadm() {
         let f = Fixture::new();
         let mut input = f.input(Some("#cloud-config\nruncmd: [echo pre]\n"));
         input.template = JoinTemplate::Vcluster;
@@ -860,11 +922,46 @@ ALSCkSTyQaInuL6DucynDnEnDn3BmFrDIP2T88gG8jFaAiEAs2mkVzuGZG/sIDbD
         assert_eq!(join["nodeRegistration"]["name"], "tenant-node-1");
         let runcmd = doc["runcmd"].as_array().expect("list");
         assert_eq!(runcmd[0], "echo pre");
+        let n = runcmd.len();
         assert_eq!(
-            runcmd.last(),
-            Some(&json!(["sh", "-c",
-                "curl -fsSLk \"https://10.0.0.1:6443/node/join?token=abcdef.0123456789abcdef\" | sh -"]))
+            runcmd[n - 2],
+            json!(["sh", "-c",
+                "curl -fsSL \"https://10.0.0.1:6443/node/join?token=abcdef.0123456789abcdef\" | sh -s -- --skip-join"])
         );
+        assert_eq!(
+            runcmd[n - 1],
+            json!(["kubeadm", "join", "--config", JOIN_CONFIG_PATH])
+        );
+        // A published join script URL, fetched trusting the tenant's CA.
+        let mut join_params = f.join.clone();
+        join_params.join_script_url = Some("https://vc.example.com:8443/".into());
+        join_params.ca_pem =
+            Some("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n".into());
+        input.join = &join_params;
+        let (doc, _) = parse(&render_user_data(&input).expect("renders"));
+        let runcmd = doc["runcmd"].as_array().expect("list");
+        assert_eq!(
+            runcmd[runcmd.len() - 2][2],
+            json!(format!("curl -fsSL --cacert {JOIN_CA_PATH} \"https://vc.example.com:8443/node/join?token=abcdef.0123456789abcdef\" | sh -s -- --skip-join"))
+        );
+        let ca = doc["write_files"]
+            .as_array()
+            .and_then(|f| f.iter().find(|f| f["path"] == JOIN_CA_PATH))
+            .expect("the CA file");
+        assert!(ca["content"]
+            .as_str()
+            .is_some_and(|c| c.starts_with("-----BEGIN CERTIFICATE-----")));
+        // A URL that could break out of the shell quotes is refused.
+        for bad in [
+            "http://x",
+            "https://x\"; rm -rf /",
+            "https://x?a=b",
+            "https://",
+            "https://x y",
+        ] {
+            join_params.join_script_url = Some(bad.into());
+            assert!(join_params.validate().is_err(), "{bad}");
+        }
         // Both templates write the same JoinConfiguration.
         let (_, kubeadm_join) = parse(&render_user_data(&f.input(None)).expect("renders"));
         assert_eq!(join, kubeadm_join);

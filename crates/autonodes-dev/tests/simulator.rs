@@ -311,6 +311,16 @@ fn taint(key: &str, value: Option<&str>, effect: &str) -> Taint {
 
 /// User data rendered by autonodes' own renderer (the `kubeadm` template).
 fn user_data(name: &str, endpoint: &str, token: &str, ca_hash: &str) -> String {
+    user_data_with(JoinTemplate::Kubeadm, name, endpoint, token, ca_hash)
+}
+
+fn user_data_with(
+    template: JoinTemplate,
+    name: &str,
+    endpoint: &str,
+    token: &str,
+    ca_hash: &str,
+) -> String {
     let labels = BTreeMap::from([
         (
             "autonodes.io/node-type".to_string(),
@@ -329,9 +339,11 @@ fn user_data(name: &str, endpoint: &str, token: &str, ca_hash: &str) -> String {
         api_server_endpoint: endpoint.to_string(),
         token: token.to_string(),
         ca_cert_hashes: vec![ca_hash.to_string()],
+        join_script_url: None,
+        ca_pem: None,
     };
     userdata::render_user_data(&UserDataInput {
-        template: JoinTemplate::Kubeadm,
+        template,
         node_name: name,
         join: &join,
         node_labels: &labels,
@@ -664,6 +676,68 @@ async fn a_wrong_bootstrap_token_does_not_join_and_leaves_the_join_error_and_an_
     })
     .await;
     assert_eq!(c.vmi_phase("wrong-token").await.as_deref(), Some("Running"));
+    sim.stop().await;
+}
+
+#[tokio::test]
+async fn a_tenant_that_publishes_a_join_address_is_joined_there_and_not_at_its_kubeconfig_server() {
+    let c = Clusters::start().await;
+    c.write_token(TOKEN, SignedDuration::from_mins(15)).await;
+    // kube-system/kubeadm-config names another address of the same API server.
+    let port = c
+        .endpoint()
+        .rsplit_once(':')
+        .map(|(_, p)| p.to_string())
+        .expect("port");
+    let published = format!("localhost:{port}");
+    let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "kubeadm-config", "namespace": "kube-system"},
+        "data": {"ClusterConfiguration": format!(
+            "apiVersion: kubeadm.k8s.io/v1beta3\nkind: ClusterConfiguration\ncontrolPlaneEndpoint: {published}\n")},
+    }))
+    .expect("configmap");
+    Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(c.tenant.clone(), "kube-system")
+        .create(&Default::default(), &cm)
+        .await
+        .expect("kubeadm-config");
+    let sim = c.spawn(SimMode::Normal);
+    c.write_vm(
+        "at-kubeconfig",
+        &user_data("at-kubeconfig", &c.endpoint(), TOKEN, &c.ca_hash()),
+    )
+    .await;
+    for (name, template) in [
+        ("kubeadm-join", JoinTemplate::Kubeadm),
+        ("vcluster-join", JoinTemplate::Vcluster),
+    ] {
+        c.write_vm(
+            name,
+            &user_data_with(template, name, &published, TOKEN, &c.ca_hash()),
+        )
+        .await;
+    }
+    let error = c.wait_join_error("at-kubeconfig", "the join error").await;
+    println!("at-kubeconfig: {error}");
+    assert!(
+        error.contains("not the join address it publishes"),
+        "{error}"
+    );
+    for name in ["kubeadm-join", "vcluster-join"] {
+        let node = eventually(&format!("{name} to register"), WAIT, || async {
+            c.nodes().get_opt(name).await.expect("read node")
+        })
+        .await;
+        println!(
+            "{name}: registered through {published}: {:?}",
+            node.metadata.name
+        );
+    }
+    assert!(c
+        .nodes()
+        .get_opt("at-kubeconfig")
+        .await
+        .expect("read")
+        .is_none());
     sim.stop().await;
 }
 

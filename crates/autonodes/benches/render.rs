@@ -80,6 +80,8 @@ spec:
 fn join() -> JoinParams {
     JoinParams {
         api_server_endpoint: "10.96.0.1:443".into(),
+        join_script_url: None,
+        ca_pem: None,
         token: "abcdef.0123456789abcdef".into(),
         ca_cert_hashes: vec![
             "sha256:2917f5ab7ab656c6c2585c6a715cfb777c242f7a357a5ba18a4c21849d401d6a".into(),

@@ -487,6 +487,8 @@ pub fn join_params_from_kubeconfig(path: &Path) -> anyhow::Result<JoinParams> {
         api_server_endpoint: endpoint,
         token: userdata::PLACEHOLDER_TOKEN.to_string(),
         ca_cert_hashes: vec![hash],
+        join_script_url: None,
+        ca_pem: Some(String::from_utf8_lossy(&ca).into_owned()),
     })
 }
 

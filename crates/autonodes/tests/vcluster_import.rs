@@ -246,3 +246,73 @@ async fn a_vcluster_config_secret_becomes_pools_and_nodes_and_follows_its_edits(
     );
     world.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_join_at_the_control_plane_endpoint_the_tenant_publishes_not_at_its_kubeconfig_server(
+) {
+    let world = World::start(WorldOptions::default()).await;
+    let url = world.playground.tenant().expect("tenant").url.clone();
+    let port = url
+        .rsplit_once(':')
+        .map(|(_, p)| p.to_string())
+        .expect("port");
+    let published = format!("localhost:{port}");
+    let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "kubeadm-config", "namespace": "kube-system"},
+        "data": {"ClusterConfiguration": format!(
+            "apiVersion: kubeadm.k8s.io/v1beta3\nkind: ClusterConfiguration\ncontrolPlaneEndpoint: {published}\n")},
+    }))
+    .expect("configmap");
+    Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(world.tenant.clone(), "kube-system")
+        .create(&PostParams::default(), &cm)
+        .await
+        .expect("kubeadm-config");
+    for (name, template) in [("via-kubeadm", "kubeadm"), ("via-vcluster", "vcluster")] {
+        world
+            .create_claim(json!({"metadata": {"name": name}, "spec": {
+                "requirements": [{"property": "autonodes.io/node-type", "value": "standard-node"}],
+                "properties": {"autonodes.io/user-data-template": template}}}))
+            .await;
+    }
+    for name in ["via-kubeadm", "via-vcluster"] {
+        let claim = world.wait_phase(name, "Available", WAIT).await;
+        let vm = claim.status.and_then(|s| s.vm_name).expect("vm name");
+        let secret = world
+            .host_secrets()
+            .await
+            .into_iter()
+            .find(|s| s.labels().get("autonodes.io/nodeclaim").map(String::as_str) == Some(name))
+            .unwrap_or_else(|| panic!("the user data of {vm}"));
+        let text = secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get("userdata"))
+            .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+            .unwrap_or_default();
+        assert!(
+            text.contains(&format!("apiServerEndpoint: \"{published}\"")),
+            "{name}: {text}"
+        );
+        assert!(
+            !text.contains(&url.trim_start_matches("https://").to_string()),
+            "{name}: {text}"
+        );
+        if name == "via-vcluster" {
+            let script = text
+                .lines()
+                .find(|l| l.contains("/node/join"))
+                .unwrap_or_default();
+            println!("{name}: {script}");
+            assert!(
+                script.contains(&format!("https://{published}/node/join?token=")),
+                "{script}"
+            );
+            assert!(
+                script.contains("--skip-join") && script.contains("--cacert"),
+                "{script}"
+            );
+        }
+        println!("{name}: Available, joined at {published} (the kubeconfig says {url})");
+    }
+    world.shutdown().await;
+}

@@ -55,6 +55,17 @@ pub struct JoinPlan {
     pub taints: Vec<Taint>,
     /// Unknown fields kubeadm would warn about (and ignore).
     pub warnings: Vec<String>,
+    /// The vCluster join script the guest runs before `kubeadm join`, if any.
+    pub join_script: Option<JoinScript>,
+}
+
+/// A `runcmd` entry that fetches vCluster's node join script and runs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JoinScript {
+    /// The URL fetched (`https://host:port/node/join?token=...`).
+    pub url: String,
+    /// `--cacert <path>` given to curl, if any.
+    pub ca_file: Option<String>,
 }
 
 /// Parses `#cloud-config` user data and returns the join it performs.
@@ -78,16 +89,75 @@ pub fn parse_user_data(text: &str) -> Result<JoinPlan, UserDataError> {
         .find(|f| f.get("path").and_then(|p| p.as_str()) == Some(JOIN_CONFIG_PATH))
         .ok_or_else(|| bad(format!("write_files has no entry for {JOIN_CONFIG_PATH}")))?;
     let content = write_file_content(file)?;
-    let runs_join = map
-        .get("runcmd")
-        .and_then(|v| v.as_sequence())
-        .is_some_and(|cmds| cmds.iter().any(runs_kubeadm_join));
+    let runcmd = map.get("runcmd").and_then(|v| v.as_sequence());
+    let runs_join = runcmd.is_some_and(|cmds| cmds.iter().any(runs_kubeadm_join));
     if !runs_join {
         return Err(bad(format!(
             "runcmd does not run `kubeadm join --config {JOIN_CONFIG_PATH}`"
         )));
     }
-    parse_join_configuration(&content)
+    let join_script = runcmd
+        .into_iter()
+        .flatten()
+        .map(command_line)
+        .find(|line| line.contains("/node/join"))
+        .map(|line| join_script(&line))
+        .transpose()?;
+    if let Some(ca) = join_script.as_ref().and_then(|s| s.ca_file.as_ref()) {
+        if !files
+            .iter()
+            .any(|f| f.get("path").and_then(|p| p.as_str()) == Some(ca.as_str()))
+        {
+            return Err(bad(format!(
+                "the join script is fetched trusting {ca}, which write_files does not write"
+            )));
+        }
+    }
+    let mut plan = parse_join_configuration(&content)?;
+    plan.join_script = join_script;
+    Ok(plan)
+}
+
+/// A `runcmd` entry (string or argv list) as one line.
+fn command_line(cmd: &serde_yaml::Value) -> String {
+    match cmd {
+        serde_yaml::Value::String(s) => s.clone(),
+        serde_yaml::Value::Sequence(args) => args
+            .iter()
+            .filter_map(|a| a.as_str())
+            .collect::<Vec<_>>()
+            .join(" "),
+        _ => String::new(),
+    }
+}
+
+/// Reads `curl [--cacert F] "<url>/node/join?token=T" | sh -s -- --skip-join`. The script
+/// joins by itself unless told `--skip-join`, and then `kubeadm join` would run on a
+/// joined node: refused.
+fn join_script(line: &str) -> Result<JoinScript, UserDataError> {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let url = words
+        .iter()
+        .map(|w| w.trim_matches(['"', '\'']))
+        .find(|w| w.starts_with("https://") && w.contains("/node/join?token="))
+        .ok_or_else(|| {
+            bad(format!(
+                "the join script command {line:?} fetches no https://…/node/join?token=… URL"
+            ))
+        })?;
+    if !words.contains(&"--skip-join") {
+        return Err(bad(format!(
+            "the join script runs without --skip-join, so it joins by itself before `kubeadm join`: {line:?}"
+        )));
+    }
+    let ca_file = words
+        .windows(2)
+        .find(|w| w[0] == "--cacert")
+        .map(|w| w[1].to_string());
+    Ok(JoinScript {
+        url: url.to_string(),
+        ca_file,
+    })
 }
 
 /// The decoded `content` of a cloud-init `write_files` entry.
@@ -118,15 +188,7 @@ fn write_file_content(file: &serde_yaml::Value) -> Result<String, UserDataError>
 
 /// True when a `runcmd` entry (string or argv list) runs `kubeadm join --config <path>`.
 fn runs_kubeadm_join(cmd: &serde_yaml::Value) -> bool {
-    let line = match cmd {
-        serde_yaml::Value::String(s) => s.clone(),
-        serde_yaml::Value::Sequence(args) => args
-            .iter()
-            .filter_map(|a| a.as_str())
-            .collect::<Vec<_>>()
-            .join(" "),
-        _ => return false,
-    };
+    let line = command_line(cmd);
     let words: Vec<&str> = line.split_whitespace().collect();
     let join_at = words
         .windows(2)
@@ -347,6 +409,7 @@ pub fn parse_join_configuration(text: &str) -> Result<JoinPlan, UserDataError> {
         node_labels,
         taints: config.node_registration.taints.unwrap_or_default(),
         warnings,
+        join_script: None,
     })
 }
 
@@ -374,6 +437,20 @@ pub fn split_host_port(endpoint: &str) -> Option<(String, u16)> {
         return None;
     }
     Some((host.to_ascii_lowercase(), port))
+}
+
+/// The join address a tenant publishes in `kube-system/kubeadm-config`: the
+/// `controlPlaneEndpoint` of its `ClusterConfiguration` (port 6443 when absent), read as
+/// kubeadm reads it; `None` when it publishes none.
+pub fn published_endpoint(cluster_configuration: &str) -> Option<(String, u16)> {
+    let doc: serde_yaml::Value = serde_yaml::from_str(cluster_configuration).ok()?;
+    let ep = doc.get("controlPlaneEndpoint")?.as_str()?.trim();
+    if ep.is_empty() {
+        return None;
+    }
+    split_host_port(ep).or_else(|| {
+        (!ep.contains(':') && !ep.contains('/')).then(|| (ep.to_ascii_lowercase(), 6443))
+    })
 }
 
 /// The `host:port` an `https://host[:port][/path]` URL points at (port 443 when absent).

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use base64::Engine;
-use k8s_openapi::api::core::v1::{Node, Secret, Taint};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Secret, Taint};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -59,6 +59,8 @@ pub(crate) struct TenantEntry {
     /// authenticates every request on its own, so this checks what a kubelet's first request
     /// does, over one reused connection instead of a TLS handshake per guest.
     anonymous: tokio::sync::OnceCell<Client>,
+    /// `kube-system/kubeadm-config` as last read, and when.
+    kubeadm_config: std::sync::Mutex<Option<(std::time::Instant, Option<Arc<ConfigMap>>)>>,
 }
 
 impl TenantEntry {
@@ -93,6 +95,7 @@ impl TenantEntry {
             tokens,
             version: tokio::sync::OnceCell::new(),
             anonymous: tokio::sync::OnceCell::new(),
+            kubeadm_config: Default::default(),
         };
         (entry, vec![node_task, token_task])
     }
@@ -132,6 +135,43 @@ impl TenantEntry {
                 Ok(info.git_version)
             })
             .await
+            .cloned()
+    }
+
+    /// The tenant's `kube-system/kubeadm-config`, read at most every 2 seconds.
+    async fn kubeadm_config(&self) -> Option<Arc<ConfigMap>> {
+        if let Ok(cached) = self.kubeadm_config.lock() {
+            if let Some((at, cm)) = cached.as_ref() {
+                if at.elapsed() < Duration::from_secs(2) {
+                    return cm.clone();
+                }
+            }
+        }
+        let api: Api<ConfigMap> = Api::namespaced(self.tenant.client.clone(), "kube-system");
+        let cm = api
+            .get_opt("kubeadm-config")
+            .await
+            .ok()
+            .flatten()
+            .map(Arc::new);
+        if let Ok(mut cached) = self.kubeadm_config.lock() {
+            *cached = Some((std::time::Instant::now(), cm.clone()));
+        }
+        cm
+    }
+
+    /// The join address the tenant publishes (`controlPlaneEndpoint`), if any.
+    async fn published(&self) -> Option<(String, u16)> {
+        let cm = self.kubeadm_config().await?;
+        let text = cm.data.as_ref()?.get("ClusterConfiguration")?;
+        guest::published_endpoint(text)
+    }
+
+    /// The join script URL the tenant publishes (vCluster's annotation), if any.
+    async fn published_script_url(&self) -> Option<String> {
+        let cm = self.kubeadm_config().await?;
+        cm.annotations()
+            .get("vcluster.loft.sh/join-script-endpoint")
             .cloned()
     }
 
@@ -378,11 +418,25 @@ async fn join(
         tracing::warn!(vm = %format!("{ns}/{}", vm.name_any()), "kubeadm: {w}");
     }
     let wanted = guest::split_host_port(&plan.api_server_endpoint);
+    // A tenant that publishes a join address (kubeadm-config's controlPlaneEndpoint) is
+    // reached there and nowhere else: its kubeconfig's server is not a join address.
+    let mut join_addresses = Vec::new();
+    for t in &ctx.tenants {
+        let published = t.published().await;
+        if published.is_some() && wanted.is_some() && t.endpoint == wanted && published != wanted {
+            return Err(retry(format!(
+                "{} is the tenant's API server as its kubeconfig names it, not the join address it publishes ({})",
+                plan.api_server_endpoint,
+                published.map(|(h, p)| format!("{h}:{p}")).unwrap_or_default()
+            )));
+        }
+        join_addresses.push(published.or_else(|| t.endpoint.clone()));
+    }
     let (index, entry) = ctx
         .tenants
         .iter()
         .enumerate()
-        .find(|(_, t)| t.endpoint.is_some() && t.endpoint == wanted)
+        .find(|(i, _)| join_addresses[*i].is_some() && join_addresses[*i] == wanted)
         .ok_or_else(|| {
             retry(format!(
                 "no tenant API server at {} (known: {})",
@@ -407,6 +461,31 @@ async fn join(
             return Err(fatal(format!(
                 "cluster CA found in cluster-info is invalid: none of the public keys {:?} are pinned by caCertHashes {:?}",
                 hashes, plan.ca_cert_hashes
+            )));
+        }
+    }
+    if let Some(script) = &plan.join_script {
+        // The script comes from the join address (or the URL the tenant publishes for it)
+        // and carries the token the guest joins with.
+        let from = guest::endpoint_of_url(&script.url);
+        let published_url = entry.published_script_url().await;
+        let allowed = published_url
+            .as_deref()
+            .and_then(guest::endpoint_of_url)
+            .or_else(|| join_addresses[index].clone());
+        if from.is_none() || from != allowed {
+            return Err(fatal(format!(
+                "the join script URL {} is not served by the tenant's join address",
+                script.url
+            )));
+        }
+        if !script
+            .url
+            .ends_with(&format!("token={}", plan.discovery_token))
+        {
+            return Err(fatal(format!(
+                "the join script URL {} does not carry the join token",
+                script.url
             )));
         }
     }

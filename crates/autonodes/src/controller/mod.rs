@@ -194,6 +194,11 @@ pub struct Context {
     /// (before [`Context::wait_synced`] resolves) and by this process's scheduling
     /// decisions and releases. Locked only briefly, never across an await.
     pub claimed: Arc<std::sync::Mutex<crate::ledger::ClaimedLedger>>,
+    /// Each tenant's published join address and when it was read
+    /// ([`tenant::Tenant::published_join`]).
+    pub published_joins: std::sync::Mutex<
+        std::collections::HashMap<String, (std::time::Instant, crate::join::Published)>,
+    >,
     /// Claims this process created, deleted or annotated that the claim store does not show
     /// yet ([`Context::claims_in`]).
     pub expected_claims: std::sync::Mutex<ClaimExpectations>,
@@ -602,6 +607,7 @@ pub async fn run(
         providers: r.providers.store(),
         scheduling: Mutex::new(nodeclaim::Reservations::default()),
         claimed,
+        published_joins: Default::default(),
         expected_claims: Default::default(),
         written: Default::default(),
         status_pending: Default::default(),

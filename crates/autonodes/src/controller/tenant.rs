@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
 use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, PostParams};
 use kube::ResourceExt;
 use serde_json::json;
@@ -18,6 +18,9 @@ use super::{Context, Error};
 use crate::api::LABEL_NODECLAIM_UID;
 use crate::clients::Remote;
 
+/// How long a tenant's published join address is used before it is read again.
+pub const PUBLISHED_JOIN_TTL: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// A tenant cluster.
 pub struct Tenant<'a> {
     ctx: &'a Context,
@@ -28,6 +31,53 @@ impl<'a> Tenant<'a> {
     /// The tenant behind `remote`.
     pub fn new(ctx: &'a Context, remote: &'a Remote) -> Self {
         Tenant { ctx, remote }
+    }
+
+    /// Where the tenant says nodes join ([`crate::join::published`], from
+    /// `kube-system/kubeadm-config`), read at most once a minute per tenant. A tenant
+    /// without that ConfigMap, or that does not let autonodes read it, publishes nothing
+    /// (its kubeconfig's server is the join address); what it publishes in a form autonodes
+    /// refuses is logged and not used.
+    pub async fn published_join(&self) -> Result<crate::join::Published, Error> {
+        let key = self.remote.key.to_string();
+        if let Ok(cache) = self.ctx.published_joins.lock() {
+            if let Some((at, p)) = cache.get(&key) {
+                if at.elapsed() < PUBLISHED_JOIN_TTL {
+                    return Ok(p.clone());
+                }
+            }
+        }
+        let (ns, name) = crate::join::KUBEADM_CONFIG;
+        let api: Api<ConfigMap> = Api::namespaced(self.remote.client.clone(), ns);
+        let read = remote_call(
+            self.ctx,
+            self.remote,
+            "reading kube-system/kubeadm-config",
+            api.get_opt(name),
+        )
+        .await;
+        let published = match read {
+            Ok(Some(cm)) => {
+                let data = cm.data.clone().unwrap_or_default();
+                match crate::join::published(&data, cm.annotations()) {
+                    Ok(p) => p,
+                    Err(why) => {
+                        tracing::warn!(cluster = %self.remote.key, %why, "kube-system/kubeadm-config: the published join address is not used");
+                        crate::join::Published::default()
+                    }
+                }
+            }
+            Ok(None) => crate::join::Published::default(),
+            Err(Error::Remote { ref source, .. }) if super::calls::forbidden(source) => {
+                tracing::debug!(cluster = %self.remote.key, "kube-system/kubeadm-config is not readable; joining at the kubeconfig's server");
+                crate::join::Published::default()
+            }
+            Err(e) => return Err(e),
+        };
+        if let Ok(mut cache) = self.ctx.published_joins.lock() {
+            cache.insert(key, (std::time::Instant::now(), published.clone()));
+        }
+        Ok(published)
     }
 
     fn nodes(&self) -> Api<Node> {

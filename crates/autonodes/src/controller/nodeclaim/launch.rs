@@ -96,7 +96,8 @@ async fn create_host_objects(
     p: &mut Provisioning<'_>,
 ) -> Result<Result<Arc<DynamicObject>, Step>, Error> {
     let token = ensure_token(p.claim, p.ctx, &p.tenant()).await?;
-    let join = match join_params(p.tenant, &token) {
+    let published = p.tenant().published_join().await?;
+    let join = match join_params(p.tenant, &token, published) {
         Ok(j) => j,
         Err((reason, message)) => {
             p.status.set(PROVISIONED, false, reason, message);
@@ -152,10 +153,12 @@ async fn create_host_objects(
     }
 }
 
-/// Join parameters for the tenant: its endpoint, the token, and its CA's hash.
+/// Join parameters for the tenant: the endpoint it publishes (else its kubeconfig's
+/// server), the token, its CA and the CA's hash.
 fn join_params(
     tenant: &Remote,
     token: &BootstrapToken,
+    published: crate::join::Published,
 ) -> Result<JoinParams, (ClaimReason, String)> {
     let ca = tenant.ca_pem.as_deref().ok_or((
         ClaimReason::TenantCANotFound,
@@ -170,16 +173,21 @@ fn join_params(
             format!("the CA of the {}: {e}", tenant.key),
         )
     })?;
-    let endpoint = tenant.endpoint().map_err(|e| {
-        (
-            ClaimReason::InvalidKubeconfig,
-            format!("the kubeconfig of the {}: {e}", tenant.key),
-        )
-    })?;
+    let endpoint = match published.endpoint {
+        Some(e) => e,
+        None => tenant.endpoint().map_err(|e| {
+            (
+                ClaimReason::InvalidKubeconfig,
+                format!("the kubeconfig of the {}: {e}", tenant.key),
+            )
+        })?,
+    };
     Ok(JoinParams {
         api_server_endpoint: endpoint,
         token: token.token(),
         ca_cert_hashes: vec![hash],
+        join_script_url: published.join_script_url,
+        ca_pem: Some(String::from_utf8_lossy(ca).into_owned()),
     })
 }
 

@@ -42,8 +42,36 @@ pub const PROP_USER_DATA: &str = "autonodes.io/user-data";
 pub const PROP_SSH_KEYS: &str = "autonodes.io/ssh-keys";
 /// Property choosing the built-in user data template: `kubeadm` (default) or `vcluster`.
 pub const PROP_USER_DATA_TEMPLATE: &str = "autonodes.io/user-data-template";
+/// vCluster's spelling of [`PROP_USER_DATA`] (the autonodes one wins when both are set).
+pub const PROP_VCLUSTER_USER_DATA: &str = "vcluster.com/user-data";
+/// vCluster's spelling of [`PROP_SSH_KEYS`] (the autonodes one wins when both are set).
+pub const PROP_VCLUSTER_SSH_KEYS: &str = "vcluster.com/ssh-keys";
+/// vCluster's KubeVirt property: the image of a root disk the type's template lacks.
+pub const PROP_IMAGE_URL: &str = "kubevirt.vcluster.com/image-url";
+/// vCluster's KubeVirt property: the size of that root disk (default 20Gi).
+pub const PROP_ROOT_DISK_SIZE: &str = "kubevirt.vcluster.com/root-disk-size";
 /// Properties that configure the node rather than describe it: never node labels.
-pub const CONFIG_PROPERTIES: &[&str] = &[PROP_USER_DATA, PROP_SSH_KEYS, PROP_USER_DATA_TEMPLATE];
+pub const CONFIG_PROPERTIES: &[&str] = &[
+    PROP_USER_DATA,
+    PROP_SSH_KEYS,
+    PROP_USER_DATA_TEMPLATE,
+    PROP_VCLUSTER_USER_DATA,
+    PROP_VCLUSTER_SSH_KEYS,
+    PROP_IMAGE_URL,
+    PROP_ROOT_DISK_SIZE,
+];
+
+/// A configuration property in autonodes' spelling, else in vCluster's.
+pub fn config_property<'p>(properties: &'p Properties, autonodes: &str) -> Option<&'p String> {
+    let vcluster = match autonodes {
+        PROP_USER_DATA => PROP_VCLUSTER_USER_DATA,
+        PROP_SSH_KEYS => PROP_VCLUSTER_SSH_KEYS,
+        _ => return properties.get(autonodes),
+    };
+    properties
+        .get(autonodes)
+        .or_else(|| properties.get(vcluster))
+}
 
 /// The taint every node registers with until autonodes has seen it join.
 pub const REGISTRATION_TAINT_KEY: &str = "autonodes.io/unregistered";
@@ -327,13 +355,21 @@ fn fill_prepared(
             message,
         })?;
     }
-    let composed = template::compose_type_template(&TypeTemplateInput {
+    let mut composed = template::compose_type_template(&TypeTemplateInput {
         node_type: &t.name,
         base: provider.base_template.as_ref(),
         merge: spec.merge_virtual_machine_template.as_ref(),
         replacement: spec.virtual_machine_template.as_ref(),
         resources: &spec.resources,
     })?;
+    if let Some(url) = t.properties.get(PROP_IMAGE_URL) {
+        template::add_root_disk(
+            &mut composed.template,
+            url,
+            t.properties.get(PROP_ROOT_DISK_SIZE).map(String::as_str),
+            &t.name,
+        )?;
+    }
     // What rendering a claim's VM (or KubeVirt's admission) would refuse is found here, so
     // the type is Failed and never chosen rather than failing every claim sent to it.
     template::check_vm_template(&composed.template, &t.name)?;

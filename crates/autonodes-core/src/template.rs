@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Taint;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
 
 use crate::api::{
     ResourceList, LABEL_MANAGED_BY, LABEL_NODECLAIM, LABEL_NODECLAIM_NAMESPACE,
@@ -752,6 +752,82 @@ pub fn vm_name_for_claim(claim_namespace: &str, claim_name: &str, claim_uid: &st
     } else {
         format!("{prefix}-{suffix}")
     }
+}
+
+/// The default size of a root disk made from [`add_root_disk`] without a size.
+pub const DEFAULT_ROOT_DISK_SIZE: &str = "20Gi";
+/// The name of the root disk, its volume and its DataVolume template (before the VM name
+/// is put in front of the DataVolume's).
+pub const ROOT_DISK: &str = "rootdisk";
+
+/// Gives a template without a root disk (no volume but cloud-init) one: a DataVolume
+/// template importing `image_url` (`docker://…` from a registry, `http(s)://…` over HTTP)
+/// into `size` of storage, its volume and a virtio disk, as vCluster's KubeVirt properties
+/// `kubevirt.vcluster.com/image-url` and `root-disk-size` ask. A template that has a disk
+/// already is left alone (`Ok(false)`). An image URL or size autonodes cannot use is an
+/// error naming the property.
+pub fn add_root_disk(
+    template: &mut Value,
+    image_url: &str,
+    size: Option<&str>,
+    node_type: &str,
+) -> Result<bool, TemplateError> {
+    let bad = |field: &str, message: String| TemplateError::BadName {
+        node_type: node_type.to_string(),
+        field: field.to_string(),
+        message,
+    };
+    let source = if image_url.starts_with("docker://") {
+        json!({"registry": {"url": image_url}})
+    } else if image_url.starts_with("https://") || image_url.starts_with("http://") {
+        json!({"http": {"url": image_url}})
+    } else {
+        return Err(bad(
+            "property kubevirt.vcluster.com/image-url",
+            "not a docker://, https:// or http:// URL".to_string(),
+        ));
+    };
+    if image_url.len() > 2048 || image_url.chars().any(char::is_whitespace) {
+        return Err(bad(
+            "property kubevirt.vcluster.com/image-url",
+            "longer than 2048 characters or with blanks".to_string(),
+        ));
+    }
+    let size = size.unwrap_or(DEFAULT_ROOT_DISK_SIZE).trim();
+    match crate::resources::parse_quantity(size) {
+        Ok(bytes) if bytes > 0 => {}
+        _ => {
+            return Err(bad(
+                "property kubevirt.vcluster.com/root-disk-size",
+                format!(
+                    "{:?} is not a positive quantity such as 20Gi",
+                    size.chars().take(64).collect::<String>()
+                ),
+            ))
+        }
+    }
+    let has_disk = template
+        .pointer("/spec/template/spec/volumes")
+        .and_then(Value::as_array)
+        .is_some_and(|vs| vs.iter().any(|v| !is_cloud_init_volume(v)));
+    if has_disk {
+        return Ok(false);
+    }
+    let patch = json!({"spec": {
+        "dataVolumeTemplates": [{"metadata": {"name": ROOT_DISK}, "spec": {
+            "source": source,
+            "storage": {"resources": {"requests": {"storage": size}}},
+        }}],
+        "template": {"spec": {
+            "domain": {"devices": {"disks": [{"name": ROOT_DISK, "disk": {"bus": "virtio"}, "bootOrder": 1}]}},
+            "volumes": [{"name": ROOT_DISK, "dataVolume": {"name": ROOT_DISK}}],
+        }},
+    }});
+    merge_into(template, &patch).map_err(|source| TemplateError::Merge {
+        node_type: node_type.to_string(),
+        source,
+    })?;
+    Ok(true)
 }
 
 fn is_cloud_init_volume(v: &Value) -> bool {
@@ -1544,6 +1620,69 @@ spec:
         t["spec"]["runStrategy"] = json!("Always");
         let e = finalize_vm(&t, &id(&l), "p.both").expect_err("both");
         assert!(e.to_string().contains("p.both"));
+    }
+
+    #[test]
+    fn an_image_url_gives_a_template_without_a_disk_a_data_volume_root_disk_and_leaves_others_alone(
+    ) {
+        let mut bare = yaml("spec:\n  template:\n    spec:\n      domain:\n        resources: {requests: {memory: 1Gi}}\n      volumes:\n      - name: cloudinitdisk\n        cloudInitNoCloud: {userData: x}\n");
+        let added = add_root_disk(
+            &mut bare,
+            "docker://quay.io/containerdisks/ubuntu:22.04",
+            Some("15Gi"),
+            "p.t",
+        )
+        .expect("adds");
+        assert!(added);
+        assert_eq!(
+            bare["spec"]["dataVolumeTemplates"][0],
+            json!({"metadata": {"name": ROOT_DISK}, "spec": {
+                "source": {"registry": {"url": "docker://quay.io/containerdisks/ubuntu:22.04"}},
+                "storage": {"resources": {"requests": {"storage": "15Gi"}}}}})
+        );
+        let volumes = bare["spec"]["template"]["spec"]["volumes"]
+            .as_array()
+            .expect("volumes");
+        assert!(volumes
+            .iter()
+            .any(|v| v == &json!({"name": ROOT_DISK, "dataVolume": {"name": ROOT_DISK}})));
+        assert_eq!(
+            bare["spec"]["template"]["spec"]["domain"]["devices"]["disks"][0]["name"],
+            ROOT_DISK
+        );
+        // Over HTTP, with the default size.
+        let mut http = json!({"spec": {"template": {"spec": {}}}});
+        assert!(add_root_disk(
+            &mut http,
+            "https://images.example.com/jammy.qcow2",
+            None,
+            "p.t"
+        )
+        .expect("adds"));
+        assert_eq!(
+            http["spec"]["dataVolumeTemplates"][0]["spec"]["source"]["http"]["url"],
+            "https://images.example.com/jammy.qcow2"
+        );
+        assert_eq!(
+            http["spec"]["dataVolumeTemplates"][0]["spec"]["storage"]["resources"]["requests"]
+                ["storage"],
+            DEFAULT_ROOT_DISK_SIZE
+        );
+        // A template with a disk keeps it.
+        let mut advanced = advanced_base();
+        let before = advanced.clone();
+        assert!(!add_root_disk(&mut advanced, "docker://x/y", Some("10Gi"), "p.t").expect("reads"));
+        assert_eq!(advanced, before);
+        // What cannot be used is an error naming the property.
+        for (url, size, says) in [
+            ("ftp://x/y", None, "image-url"),
+            ("docker://x y", None, "image-url"),
+            ("docker://x/y", Some("big"), "root-disk-size"),
+            ("docker://x/y", Some("0"), "root-disk-size"),
+        ] {
+            let e = add_root_disk(&mut json!({}), url, size, "p.t").expect_err("refused");
+            assert!(e.to_string().contains(says), "{url} {size:?}: {e}");
+        }
     }
 
     #[test]

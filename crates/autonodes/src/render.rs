@@ -231,8 +231,7 @@ pub fn render_node(
     let template =
         JoinTemplate::from_property(properties.get(PROP_USER_DATA_TEMPLATE).map(String::as_str))
             .map_err(user_data_error)?;
-    let ssh_keys = properties
-        .get(PROP_SSH_KEYS)
+    let ssh_keys = scheduling::config_property(&properties, PROP_SSH_KEYS)
         .map(|v| userdata::parse_ssh_keys(v))
         .unwrap_or_default();
     let registration_taints = taints.registration();
@@ -244,7 +243,8 @@ pub fn render_node(
         node_labels: &labels.join,
         taints: &registration_taints,
         kubelet_args: &kubelet_args,
-        user_cloud_config: properties.get(PROP_USER_DATA).map(String::as_str),
+        user_cloud_config: scheduling::config_property(&properties, PROP_USER_DATA)
+            .map(String::as_str),
         ssh_keys: &ssh_keys,
     })
     .map_err(user_data_error)?;

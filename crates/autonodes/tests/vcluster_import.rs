@@ -316,3 +316,103 @@ async fn nodes_join_at_the_control_plane_endpoint_the_tenant_publishes_not_at_it
     }
     world.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vcluster_properties_give_ssh_keys_user_data_and_a_root_disk_from_an_image() {
+    let world = World::start(WorldOptions {
+        provider: provider_yaml(
+            "imaged",
+            "test-kubevirt-1",
+            "2",
+            "4Gi",
+            concat!(
+                "      - name: from-image\n",
+                "        properties:\n",
+                "          kubevirt.vcluster.com/image-url: docker://quay.io/containerdisks/ubuntu:22.04\n",
+                "          kubevirt.vcluster.com/root-disk-size: 15Gi\n",
+                "        virtualMachineTemplate:\n",
+                "          spec:\n",
+                "            template:\n",
+                "              spec:\n",
+                "                domain:\n",
+                "                  resources:\n",
+                "                    requests: {cpu: \"2\", memory: 4Gi}\n",
+            ),
+        ),
+        ..WorldOptions::default()
+    })
+    .await;
+    world
+        .create_claim(json!({"metadata": {"name": "imaged"}, "spec": {
+            "providerRef": "imaged",
+            "properties": {
+                "vcluster.com/ssh-keys": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOtest admin@example",
+                "vcluster.com/user-data": "#cloud-config\nruncmd:\n- echo from-vcluster-user-data\n"}}}))
+        .await;
+    let claim = world.wait_phase("imaged", "Available", WAIT).await;
+    let vm_name = claim.status.and_then(|s| s.vm_name).expect("vm name");
+    let vm = world
+        .vms()
+        .await
+        .into_iter()
+        .find(|v| v.name_any() == vm_name)
+        .expect("the VM");
+    let dvt = &vm.data["spec"]["dataVolumeTemplates"][0];
+    println!("stored dataVolumeTemplates[0]: {dvt}");
+    assert_eq!(dvt["metadata"]["name"], format!("{vm_name}-rootdisk"));
+    assert_eq!(
+        dvt["spec"]["source"]["registry"]["url"],
+        "docker://quay.io/containerdisks/ubuntu:22.04"
+    );
+    assert_eq!(
+        dvt["spec"]["storage"]["resources"]["requests"]["storage"],
+        "15Gi"
+    );
+    let volumes = vm.data["spec"]["template"]["spec"]["volumes"].to_string();
+    assert!(
+        volumes.contains(&format!("{vm_name}-rootdisk")),
+        "{volumes}"
+    );
+    let secret = world
+        .host_secrets()
+        .await
+        .into_iter()
+        .find(|s| s.labels().get("autonodes.io/nodeclaim").map(String::as_str) == Some("imaged"))
+        .expect("the user data");
+    let text = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get("userdata"))
+        .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+        .unwrap_or_default();
+    assert!(
+        text.contains("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOtest"),
+        "{text}"
+    );
+    assert!(text.contains("echo from-vcluster-user-data"), "{text}");
+    // The configuration properties are no node labels.
+    let node = Api::<Node>::all(world.tenant.clone())
+        .get(&claim_node(&world, "imaged").await)
+        .await
+        .expect("node");
+    assert!(
+        !node
+            .labels()
+            .keys()
+            .any(|k| k.starts_with("vcluster.com/ssh") || k.starts_with("kubevirt.vcluster.com/")),
+        "{:?}",
+        node.labels()
+    );
+    world.shutdown().await;
+}
+
+async fn claim_node(world: &World, name: &str) -> String {
+    world
+        .claims()
+        .get(name)
+        .await
+        .expect("claim")
+        .status
+        .and_then(|s| s.node_name)
+        .expect("node name")
+}

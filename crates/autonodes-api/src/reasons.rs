@@ -190,6 +190,9 @@ names! {
         /// The pool is mirrored for the cluster-autoscaler (the `capi.autonodes.io` mirror
         /// writes it).
         Autoscaling,
+        /// Pools made from a vCluster's configuration (`vc-config-<name>`): whether the
+        /// configuration, as it is now, could be imported for this pool.
+        VClusterConfig,
     }
 }
 
@@ -235,6 +238,11 @@ names! {
         InvalidAutoscalingBounds,
         /// `Autoscaling=False`: an autoscaled pool needs `spec.replicas`.
         ReplicasRequired,
+        /// `VClusterConfig=True`: the pool is as the vCluster's configuration says.
+        Imported,
+        /// `VClusterConfig=False`: the configuration cannot be read, or this pool's entry
+        /// cannot be mapped; the pool is kept as it was.
+        InvalidVClusterConfig,
     }
 }
 

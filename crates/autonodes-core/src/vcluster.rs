@@ -315,8 +315,13 @@ pub fn node_pools(
 /// pools to keep (a pool whose entry cannot be mapped keeps what it had). Empty when
 /// `privateNodes.enabled` is false.
 pub fn pool_names(vcluster: &str, config: &VClusterConfig) -> BTreeSet<String> {
+    entry_names(vcluster, config).into_iter().collect()
+}
+
+/// The NodePool name of each entry, in the order [`node_pools`] returns them.
+pub fn entry_names(vcluster: &str, config: &VClusterConfig) -> Vec<String> {
     if !config.private_nodes.enabled {
-        return BTreeSet::new();
+        return Vec::new();
     }
     config
         .private_nodes

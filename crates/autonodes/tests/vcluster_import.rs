@@ -144,6 +144,14 @@ async fn a_vcluster_config_secret_becomes_pools_and_nodes_and_follows_its_edits(
     let fixed = pools.get("tenant-fixed").await.expect("static pool");
     assert_eq!(fixed.owner_references()[0].name, "vc-config-tenant");
     wait_nodes(&world, "tenant-fixed", 2).await;
+    common::eventually("VClusterConfig=True on the pool", WAIT, || async {
+        let p = pools.get("tenant-fixed").await.ok()?;
+        p.status?
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "VClusterConfig" && c.status == "True" && c.reason == "Imported")
+    })
+    .await;
     show(&world);
 
     // Editing quantity adds a node.
@@ -206,6 +214,20 @@ async fn a_vcluster_config_secret_becomes_pools_and_nodes_and_follows_its_edits(
     })
     .await;
     println!("events on vc-config-tenant: {events:#?}");
+    let condition = common::eventually("VClusterConfig=False on the pool", WAIT, || async {
+        let p = pools.get("tenant-fixed").await.ok()?;
+        let c = p
+            .status?
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "VClusterConfig")?;
+        (c.status == "False" && c.reason == "InvalidVClusterConfig").then_some(c)
+    })
+    .await;
+    println!(
+        "tenant-fixed VClusterConfig: {} {}: {}",
+        condition.status, condition.reason, condition.message
+    );
     assert_eq!(
         pools.get("tenant-fixed").await.expect("kept").spec.replicas,
         Some(3)

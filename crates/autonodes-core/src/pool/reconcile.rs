@@ -80,6 +80,8 @@ pub struct PoolPlan {
     pub limit: Option<Verdict>,
     /// Unschedulable pods the pool would take (dynamic pools).
     pub pending_pods: Option<i32>,
+    /// `VClusterConfig`, for a pool made from a vCluster's configuration.
+    pub imported: Option<Verdict>,
     /// When to look again.
     pub requeue: Duration,
 }

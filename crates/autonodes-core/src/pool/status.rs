@@ -48,6 +48,20 @@ impl Verdict {
     }
 }
 
+/// `VClusterConfig` of a pool made from a vCluster's configuration: False with the
+/// `problem` when there is one (the configuration cannot be read, or this pool's entry
+/// cannot be mapped), else True.
+pub fn import_verdict(problem: Option<&str>) -> Verdict {
+    match problem {
+        Some(p) => Verdict::new(false, PoolReason::InvalidVClusterConfig, p),
+        None => Verdict::new(
+            true,
+            PoolReason::Imported,
+            "the pool is as the vCluster's configuration says",
+        ),
+    }
+}
+
 /// `Ready` of a static pool from its claims: rolling while any claim is from an older
 /// template, else ready when exactly `desired` claims are all Available, else scaling.
 fn static_ready(desired: i32, replicas: i32, ready: i32, outdated: usize) -> Verdict {
@@ -157,10 +171,17 @@ pub fn pool_status(
         )
     });
     let generation = pool.metadata.generation;
+    let imported = plan
+        .imported
+        .clone()
+        .map(|v| (PoolCondition::VClusterConfig, v));
     for (type_, v) in [
         (PoolCondition::Ready, ready),
         (PoolCondition::LimitReached, limit),
-    ] {
+    ]
+    .into_iter()
+    .chain(imported)
+    {
         conditions::set(
             &mut new.conditions,
             type_,
@@ -196,6 +217,7 @@ pub fn is_problem(c: &Condition) -> bool {
             c.status != TRUE && !PoolReason::parse(&c.reason).is_some_and(PoolReason::is_progress)
         }
         Some(PoolCondition::LimitReached) => c.status == TRUE,
+        Some(PoolCondition::VClusterConfig) => c.status != TRUE,
         _ => false,
     }
 }

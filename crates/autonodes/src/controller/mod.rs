@@ -196,6 +196,14 @@ pub struct Context {
     pub claimed: Arc<std::sync::Mutex<crate::ledger::ClaimedLedger>>,
     /// Each tenant's published join address and when it was read
     /// ([`tenant::Tenant::published_join`]).
+    /// Per vCluster (`<namespace>/<name>`) and imported pool name, why its configuration
+    /// could not be imported for that pool ([`vcluster_import`]); read by the pool
+    /// controller for the pools' `VClusterConfig` condition.
+    pub import_problems: std::sync::Mutex<
+        std::collections::HashMap<String, std::collections::BTreeMap<String, String>>,
+    >,
+    /// Wakes a NodePool's reconcile.
+    pub wake_pools: mpsc::UnboundedSender<ObjectRef<NodePool>>,
     pub published_joins: std::sync::Mutex<
         std::collections::HashMap<String, (std::time::Instant, crate::join::Published)>,
     >,
@@ -583,6 +591,7 @@ pub async fn run(
 
     let (wake_claims, claim_wakeups) = mpsc::unbounded();
     let (wake_types, type_wakeups) = mpsc::unbounded();
+    let (wake_pools, pool_wakeups) = mpsc::unbounded();
     let clients = Arc::new(ClusterClients::new(
         client.clone(),
         config.namespace.clone(),
@@ -608,6 +617,8 @@ pub async fn run(
         scheduling: Mutex::new(nodeclaim::Reservations::default()),
         claimed,
         published_joins: Default::default(),
+        import_problems: Default::default(),
+        wake_pools,
         expected_claims: Default::default(),
         written: Default::default(),
         status_pending: Default::default(),
@@ -707,7 +718,7 @@ pub async fn run(
         .run(nodetype::reconcile, nodetype::error_policy, ctx.clone())
         .for_each(log_run_error);
 
-    let pools = nodepool::run(ctx.clone(), r, shutdown.clone());
+    let pools = nodepool::run(ctx.clone(), r, pool_wakeups, shutdown.clone());
     let imports = vcluster_import::run(ctx.clone(), shutdown.clone());
     let machine_pools = capi::run(ctx.clone(), r, shutdown.clone());
 

@@ -150,6 +150,37 @@ fn owned_by(pool: &NodePool, uid: &str) -> bool {
     pool.owner_references().iter().any(|o| o.uid == uid)
 }
 
+/// Remembers why each pool of the vCluster `key` (`<namespace>/<label value>`) could not be
+/// imported, and wakes the pools whose answer changed (their `VClusterConfig` condition).
+fn record_problems(ctx: &Context, key: &str, problems: std::collections::BTreeMap<String, String>) {
+    let before = ctx
+        .import_problems
+        .lock()
+        .ok()
+        .and_then(|mut all| {
+            if problems.is_empty() {
+                all.remove(key)
+            } else {
+                all.insert(key.to_string(), problems.clone())
+            }
+        })
+        .unwrap_or_default();
+    let Some((ns, _)) = key.split_once('/') else {
+        return;
+    };
+    let touched: std::collections::BTreeSet<&String> = before
+        .iter()
+        .chain(problems.iter())
+        .filter(|(name, why)| before.get(*name) != Some(*why) || problems.get(*name) != Some(*why))
+        .map(|(name, _)| name)
+        .collect();
+    for name in touched {
+        let _ = ctx
+            .wake_pools
+            .unbounded_send(ObjectRef::new(name).within(ns));
+    }
+}
+
 /// Deletes the claims of `pool` (labelled with it and owned by it).
 async fn remove_claims_of(ctx: &Context, pool: &NodePool) -> Result<(), Error> {
     let ns = pool.namespace().unwrap_or_default();
@@ -216,9 +247,21 @@ async fn reconcile(secret: Arc<Secret>, ictx: Arc<ImportContext>) -> Result<Acti
         .and_then(|d| d.get(CONFIG_SECRET_KEY))
         .map(|b| b.0.as_slice())
         .unwrap_or_default();
+    let key = format!("{ns}/{}", crate::names::label_value(vcluster));
     let config = match vcluster::parse(text) {
         Ok(c) => c,
         Err(e) => {
+            // Every pool of the vCluster says so (its VClusterConfig condition).
+            let owned: std::collections::BTreeMap<String, String> = ctx
+                .reflectors
+                .pools
+                .store()
+                .state()
+                .iter()
+                .filter(|p| owned_by(p, &uid))
+                .map(|p| (p.name_any(), format!("vc-config-{vcluster}: {e}")))
+                .collect();
+            record_problems(ctx, &key, owned);
             if !ictx.is_news(&uid, &e.to_string()) {
                 return Ok(Action::await_change());
             }
@@ -238,11 +281,15 @@ async fn reconcile(secret: Arc<Secret>, ictx: Arc<ImportContext>) -> Result<Acti
     let pools: Api<NodePool> = Api::namespaced(ctx.client.clone(), &ns);
     let store = ctx.reflectors.pools.store();
     let mut problems = Vec::new();
+    let mut per_pool = std::collections::BTreeMap::new();
     let mut changed = Vec::new();
-    for planned in vcluster::node_pools(vcluster, &ns, &config, Some(&owner)) {
+    let names = vcluster::entry_names(vcluster, &config);
+    let planned_pools = vcluster::node_pools(vcluster, &ns, &config, Some(&owner));
+    for (pool_name, planned) in names.into_iter().zip(planned_pools) {
         let pool = match planned {
             Ok(p) => p,
             Err(e) => {
+                per_pool.insert(pool_name, e.to_string());
                 problems.push(e.to_string());
                 continue;
             }
@@ -287,6 +334,7 @@ async fn reconcile(secret: Arc<Secret>, ictx: Arc<ImportContext>) -> Result<Acti
         // collector follows the owner references.
         remove_claims_of(ctx, old).await?;
     }
+    record_problems(ctx, &key, per_pool);
     if !changed.is_empty() {
         tracing::info!(%ns, %vcluster, changes = ?changed, "vCluster configuration imported");
         ctx.event(

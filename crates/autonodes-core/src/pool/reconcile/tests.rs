@@ -499,3 +499,36 @@ fn empty_nodes_go_longest_empty_first_within_the_budget_left_by_draining_ones() 
     scene.claims.push(Arc::new(draining));
     assert!(scene.plan().delete.is_empty(), "the budget (1) is in use");
 }
+
+#[test]
+fn an_imported_pool_says_whether_its_vcluster_configuration_could_be_imported() {
+    use crate::pool::status::{import_verdict, is_problem};
+    let scene = Scene::new(json!({"replicas": 0}));
+    let mut plan = scene.plan();
+    plan.imported = Some(import_verdict(Some(
+        "vc-config-t: the configuration is not YAML",
+    )));
+    let s = scene.status(&plan);
+    let c = s
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "VClusterConfig")
+        .expect("condition");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "InvalidVClusterConfig")
+    );
+    assert!(is_problem(c), "a Warning Event");
+    plan.imported = Some(import_verdict(None));
+    let s = scene.status(&plan);
+    let c = s
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "VClusterConfig")
+        .expect("condition");
+    assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", "Imported"));
+    assert!(!is_problem(c));
+    // A pool written by hand has no such condition.
+    let s = scene.status(&scene.plan());
+    assert!(!s.conditions.iter().any(|c| c.type_ == "VClusterConfig"));
+}

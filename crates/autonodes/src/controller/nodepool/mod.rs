@@ -61,9 +61,10 @@ pub struct PoolContext {
 pub async fn run(
     ctx: Arc<Context>,
     reflectors: &super::Reflectors,
+    wakeups: mpsc::UnboundedReceiver<ObjectRef<NodePool>>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,
 ) {
-    let (wake, wakeups) = mpsc::unbounded();
+    let wake = ctx.wake_pools.clone();
     let pctx = Arc::new(PoolContext {
         ctx,
         pools: reflectors.pools.store(),
@@ -129,7 +130,7 @@ async fn reconcile_pool(pool: &NodePool, pctx: &PoolContext) -> Result<Action, E
     let claims = observe::claims(ctx, &ns, &uid);
 
     // Plan.
-    let plan = plan_pool(&Observed {
+    let mut plan = plan_pool(&Observed {
         pool,
         claims: &claims.mine,
         problem: problem.as_ref(),
@@ -139,6 +140,17 @@ async fn reconcile_pool(pool: &NodePool, pctx: &PoolContext) -> Result<Action, E
         catalogue: &catalogue,
         now: now(),
     });
+
+    if let Some(vcluster) = pool.labels().get(crate::vcluster::LABEL_VCLUSTER) {
+        let problem = ctx.import_problems.lock().ok().and_then(|p| {
+            p.get(&format!("{ns}/{vcluster}"))
+                .and_then(|m| m.get(&name))
+                .cloned()
+        });
+        plan.imported = Some(autonodes_core::pool::status::import_verdict(
+            problem.as_deref(),
+        ));
+    }
 
     // Act.
     act::carry_out(pctx, pool, &claims.mine, &plan).await?;

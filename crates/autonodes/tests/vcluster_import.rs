@@ -298,19 +298,8 @@ async fn nodes_join_at_the_control_plane_endpoint_the_tenant_publishes_not_at_it
     }
     for name in ["via-kubeadm", "via-vcluster"] {
         let claim = world.wait_phase(name, "Available", WAIT).await;
-        let vm = claim.status.and_then(|s| s.vm_name).expect("vm name");
-        let secret = world
-            .host_secrets()
-            .await
-            .into_iter()
-            .find(|s| s.labels().get("autonodes.io/nodeclaim").map(String::as_str) == Some(name))
-            .unwrap_or_else(|| panic!("the user data of {vm}"));
-        let text = secret
-            .data
-            .as_ref()
-            .and_then(|d| d.get("userdata"))
-            .map(|b| String::from_utf8_lossy(&b.0).into_owned())
-            .unwrap_or_default();
+        assert!(claim.status.and_then(|s| s.vm_name).is_some());
+        let text = user_data_of(&world, name).await;
         assert!(
             text.contains(&format!("apiServerEndpoint: \"{published}\"")),
             "{name}: {text}"
@@ -395,18 +384,7 @@ async fn vcluster_properties_give_ssh_keys_user_data_and_a_root_disk_from_an_ima
         volumes.contains(&format!("{vm_name}-rootdisk")),
         "{volumes}"
     );
-    let secret = world
-        .host_secrets()
-        .await
-        .into_iter()
-        .find(|s| s.labels().get("autonodes.io/nodeclaim").map(String::as_str) == Some("imaged"))
-        .expect("the user data");
-    let text = secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get("userdata"))
-        .map(|b| String::from_utf8_lossy(&b.0).into_owned())
-        .unwrap_or_default();
+    let text = user_data_of(&world, "imaged").await;
     assert!(
         text.contains("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOtest"),
         "{text}"
@@ -426,6 +404,22 @@ async fn vcluster_properties_give_ssh_keys_user_data_and_a_root_disk_from_an_ima
         node.labels()
     );
     world.shutdown().await;
+}
+
+/// The user data autonodes wrote for the claim `name` (its Secret on the host).
+async fn user_data_of(world: &World, name: &str) -> String {
+    let secret = world
+        .host_secrets()
+        .await
+        .into_iter()
+        .find(|s| s.labels().get("autonodes.io/nodeclaim").map(String::as_str) == Some(name))
+        .unwrap_or_else(|| panic!("the user data of {name}"));
+    secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get("userdata"))
+        .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+        .unwrap_or_default()
 }
 
 async fn claim_node(world: &World, name: &str) -> String {

@@ -508,26 +508,24 @@ fn an_imported_pool_says_whether_its_vcluster_configuration_could_be_imported() 
     plan.imported = Some(import_verdict(Some(
         "vc-config-t: the configuration is not YAML",
     )));
-    let s = scene.status(&plan);
-    let c = s
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "VClusterConfig")
-        .expect("condition");
+    let condition = |plan: &PoolPlan| {
+        scene
+            .status(plan)
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "VClusterConfig")
+            .expect("condition")
+    };
+    let c = condition(&plan);
     assert_eq!(
         (c.status.as_str(), c.reason.as_str()),
         ("False", "InvalidVClusterConfig")
     );
-    assert!(is_problem(c), "a Warning Event");
+    assert!(is_problem(&c), "a Warning Event");
     plan.imported = Some(import_verdict(None));
-    let s = scene.status(&plan);
-    let c = s
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "VClusterConfig")
-        .expect("condition");
+    let c = condition(&plan);
     assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", "Imported"));
-    assert!(!is_problem(c));
+    assert!(!is_problem(&c));
     // A pool written by hand has no such condition.
     let s = scene.status(&scene.plan());
     assert!(!s.conditions.iter().any(|c| c.type_ == "VClusterConfig"));

@@ -194,8 +194,6 @@ pub struct Context {
     /// (before [`Context::wait_synced`] resolves) and by this process's scheduling
     /// decisions and releases. Locked only briefly, never across an await.
     pub claimed: Arc<std::sync::Mutex<crate::ledger::ClaimedLedger>>,
-    /// Each tenant's published join address and when it was read
-    /// ([`tenant::Tenant::published_join`]).
     /// Per vCluster (`<namespace>/<name>`) and imported pool name, why its configuration
     /// could not be imported for that pool ([`vcluster_import`]); read by the pool
     /// controller for the pools' `VClusterConfig` condition.
@@ -204,6 +202,8 @@ pub struct Context {
     >,
     /// Wakes a NodePool's reconcile.
     pub wake_pools: mpsc::UnboundedSender<ObjectRef<NodePool>>,
+    /// Each tenant's published join address and when it was read
+    /// ([`tenant::Tenant::published_join`]).
     pub published_joins: std::sync::Mutex<
         std::collections::HashMap<String, (std::time::Instant, crate::join::Published)>,
     >,
@@ -246,11 +246,7 @@ impl Context {
     /// Runs `f` on the capacity ledger (a poisoned lock still holds a consistent ledger:
     /// every change is one call).
     pub fn ledger<T>(&self, f: impl FnOnce(&mut crate::ledger::ClaimedLedger) -> T) -> T {
-        let mut guard = match self.claimed.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        f(&mut guard)
+        f(&mut ledger_guard(&self.claimed))
     }
 
     /// The newer of `claim` (from the store) and the claim as this process last wrote it.
@@ -559,6 +555,15 @@ impl Reflectors {
 /// once (which slows every one of them) and bounds the memory they hold.
 const CLAIM_CONCURRENCY: u16 = 64;
 
+/// The ledger behind its lock; a poisoned lock still holds a consistent ledger (every
+/// change is one call), so the watch keeps feeding it and scheduling keeps reading it.
+fn ledger_guard(
+    lock: &std::sync::Mutex<crate::ledger::ClaimedLedger>,
+) -> std::sync::MutexGuard<'_, crate::ledger::ClaimedLedger> {
+    lock.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Runs the controllers until `shutdown` resolves.
 pub async fn run(
     client: Client,
@@ -573,9 +578,7 @@ pub async fn run(
     {
         let claimed = claimed.clone();
         r.claims.observe(move |change| {
-            let Ok(mut ledger) = claimed.lock() else {
-                return;
-            };
+            let mut ledger = ledger_guard(&claimed);
             match change {
                 reflectors::Observed::Applied(c) => ledger.observe(c),
                 reflectors::Observed::Deleted(c) => {

@@ -181,22 +181,16 @@ fn record_problems(ctx: &Context, key: &str, problems: std::collections::BTreeMa
     }
 }
 
-/// Deletes the claims of `pool` (labelled with it and owned by it).
+/// Deletes the claims `pool` owns (also those this process made that the store does not
+/// show yet).
 async fn remove_claims_of(ctx: &Context, pool: &NodePool) -> Result<(), Error> {
     let ns = pool.namespace().unwrap_or_default();
-    let (Some(pool_uid), selector) = (pool.uid(), autonodes_core::pool::selector(&pool.name_any()))
-    else {
-        return Ok(());
-    };
-    let Some((key, value)) = selector.split_once('=') else {
+    let Some(pool_uid) = pool.uid() else {
         return Ok(());
     };
     let claims: Api<crate::api::NodeClaim> = Api::namespaced(ctx.client.clone(), &ns);
-    for c in ctx.claims.state().iter().filter(|c| {
-        c.namespace().as_deref() == Some(ns.as_str())
-            && c.labels().get(key).map(String::as_str) == Some(value)
-            && c.owner_references().iter().any(|o| o.uid == pool_uid)
-            && c.meta().deletion_timestamp.is_none()
+    for c in ctx.claims_in(&ns).iter().filter(|c| {
+        autonodes_core::pool::owned_by(c, &pool_uid) && c.meta().deletion_timestamp.is_none()
     }) {
         match claims
             .delete(&c.name_any(), &DeleteParams::background())
@@ -294,7 +288,6 @@ async fn reconcile(secret: Arc<Secret>, ictx: Arc<ImportContext>) -> Result<Acti
                 continue;
             }
         };
-        let pool_name = pool.name_any();
         if let Some(existing) = store.get(&ObjectRef::new(&pool_name).within(&ns)) {
             if !owned_by(&existing, &uid) {
                 problems.push(format!(

@@ -124,7 +124,8 @@ pub struct Disruption {
     /// never. The pool's top-level `expireAfter` takes precedence.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expire_after: Option<DurationOrNever>,
-    /// How many nodes may be drained at once (scale-down, roll-out, expiry). Default 1.
+    /// How many nodes may be disrupted at once (consolidation, roll-out, expiry), when
+    /// `budgets` is empty. Absent, with no `budgets`: 10 % of the pool's nodes, rounded up.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub budget: Option<i32>,

@@ -63,6 +63,9 @@ names! {
         Provisioned,
         /// The VM's Node registered in the tenant.
         Joined,
+        /// The Node was Ready without startup taints once; stays True afterwards (a later
+        /// NotReady is `Ready=False`, not a lost initialization).
+        Initialized,
         /// The Node is Ready and no startup taint is left.
         Ready,
     }
@@ -77,6 +80,8 @@ names! {
         Running,
         /// `Joined=True`: the Node registered.
         NodeJoined,
+        /// `Initialized=True`: the Node was Ready without startup taints.
+        Initialized,
         /// `Ready=True`: the Node is Ready.
         NodeReady,
         /// Progress: the VM is being created.
@@ -133,6 +138,9 @@ names! {
         LaunchTimeout,
         /// Failed: no Node joined within the registration timeout.
         RegistrationTimeout,
+        /// Failed: the joined Node was not Ready without startup taints within the
+        /// initialization timeout.
+        InitializationTimeout,
         /// Failed: the VM disappeared after it ran.
         VirtualMachineLost,
         /// A cleanup step failed for another reason.

@@ -15,7 +15,10 @@ pub fn phase(c: &[Condition]) -> NodeClaimPhase {
         NodeClaimPhase::Pending
     } else if !reached(ClaimCondition::Provisioned) {
         NodeClaimPhase::Provisioning
-    } else if !reached(ClaimCondition::Joined) || !reached(ClaimCondition::Ready) {
+    } else if !reached(ClaimCondition::Joined)
+        || !reached(ClaimCondition::Initialized)
+        || !reached(ClaimCondition::Ready)
+    {
         NodeClaimPhase::Joining
     } else {
         NodeClaimPhase::Available
@@ -49,6 +52,12 @@ mod tests {
         reach(&mut cs, ClaimCondition::Ready);
         assert_eq!(phase(&cs), NodeClaimPhase::Joining, "Ready without Joined");
         reach(&mut cs, ClaimCondition::Joined);
+        assert_eq!(
+            phase(&cs),
+            NodeClaimPhase::Joining,
+            "Ready without Initialized"
+        );
+        reach(&mut cs, ClaimCondition::Initialized);
         assert_eq!(phase(&cs), NodeClaimPhase::Available);
     }
 }

@@ -4,6 +4,8 @@
 //! - here: the claim template and its hash, claim names and objects, ownership, the claims'
 //!   selector, the disruption settings (budget, `consolidateAfter`, `expireAfter`) and when
 //!   a wait is over;
+//! - [`budget`]: how many of a pool's nodes may be disrupted now (`disruption.budgets`,
+//!   their cron windows, the older `disruption.budget`, the default 10 %);
 //! - [`plan`]: the claims of a pool to delete and create (scale, replace, roll);
 //! - [`pack`]: pending pods packed onto the room of existing nodes and onto new nodes of the
 //!   cheapest accepting type, within the pool's limits;
@@ -16,12 +18,17 @@
 //! - [`expectations`]: the claims this process created, deleted or annotated that the
 //!   claim store does not show yet, laid over the store's claims.
 
+pub mod budget;
 pub mod dynamic;
 pub mod expectations;
 pub mod pack;
 pub mod plan;
 pub mod reconcile;
 pub mod status;
+
+pub use budget::{
+    allowed_disruptions, budget_duration, budget_nodes, disruption_problem, BudgetNodes,
+};
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -46,8 +53,6 @@ pub const ANNOTATION_DELETE_FIRST: &str = "autonodes.io/delete-first";
 pub const ANNOTATION_EMPTY_SINCE: &str = "autonodes.io/empty-since";
 /// Default of `disruption.consolidateAfter`.
 pub const DEFAULT_CONSOLIDATE_AFTER: Duration = Duration::from_secs(30);
-/// Default of `disruption.budget`.
-pub const DEFAULT_BUDGET: usize = 1;
 /// How long after a node became Ready its free room still counts for pods the scheduler
 /// marked unschedulable (it may not have retried them yet). Afterwards such pods evidently
 /// do not fit for reasons autonodes does not model, and new nodes are made for them.
@@ -144,14 +149,6 @@ pub fn selector(pool: &str) -> String {
     format!("{LABEL_NODEPOOL}={}", crate::names::label_value(pool))
 }
 
-/// The effective disruption budget (`disruption.budget`, default 1, at least 1).
-pub fn budget(pool: &NodePoolSpec) -> usize {
-    pool.disruption
-        .as_ref()
-        .and_then(|d| d.budget)
-        .map_or(DEFAULT_BUDGET, |b| usize::try_from(b).unwrap_or(1).max(1))
-}
-
 /// The effective `disruption.consolidateAfter` (default 30s; `None` for `Never`).
 pub fn consolidate_after(pool: &NodePoolSpec) -> Option<Duration> {
     pool.disruption
@@ -166,94 +163,6 @@ pub fn expire_after(pool: &NodePoolSpec) -> Option<Duration> {
     pool.expire_after
         .or_else(|| pool.disruption.as_ref().and_then(|d| d.expire_after))
         .and_then(DurationOrNever::after)
-}
-
-/// A budget's `nodes`: a count, or a percentage of the pool (`10%`, at most 100).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BudgetNodes {
-    /// At most this many nodes.
-    Count(u64),
-    /// At most this share of the pool's nodes, rounded up.
-    Percent(u8),
-}
-
-impl BudgetNodes {
-    /// How many of `pool_nodes` nodes the budget allows to be disrupted at once.
-    pub fn of(self, pool_nodes: u64) -> u64 {
-        match self {
-            BudgetNodes::Count(n) => n,
-            BudgetNodes::Percent(p) => (pool_nodes * u64::from(p)).div_ceil(100),
-        }
-    }
-}
-
-/// Reads a budget's `nodes` (`3`, `10%`); `None` for anything else.
-pub fn budget_nodes(s: &str) -> Option<BudgetNodes> {
-    match s.strip_suffix('%') {
-        Some(p) => p
-            .parse::<u8>()
-            .ok()
-            .filter(|p| *p <= 100 && !s.starts_with('+'))
-            .map(BudgetNodes::Percent),
-        None => s
-            .bytes()
-            .all(|b| b.is_ascii_digit())
-            .then(|| s.parse::<u64>().ok().map(BudgetNodes::Count))
-            .flatten(),
-    }
-}
-
-/// Reads a budget's `duration`: hours and minutes (`8h`, `1h30m`, `90m`) as Karpenter
-/// accepts; `None` for anything else, or nothing at all.
-pub fn budget_duration(s: &str) -> Option<Duration> {
-    if s.is_empty() {
-        return None;
-    }
-    let (hours, rest) = match s.split_once('h') {
-        Some((h, rest)) => (Some(h), rest),
-        None => (None, s),
-    };
-    let minutes = match rest {
-        "" => None,
-        m => Some(m.strip_suffix('m')?),
-    };
-    let number = |n: Option<&str>| -> Option<u64> {
-        match n {
-            None => Some(0),
-            Some(n) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => n.parse().ok(),
-            Some(_) => None,
-        }
-    };
-    let total = number(hours)?
-        .checked_mul(3600)?
-        .checked_add(number(minutes)?.checked_mul(60)?)?;
-    Some(Duration::from_secs(total))
-}
-
-/// What is wrong with the pool's `spec.disruption`: a budget whose `schedule` and
-/// `duration` do not come together, or whose fields do not read (the schema refuses most).
-pub fn disruption_problem(pool: &NodePoolSpec) -> Option<String> {
-    let budgets = pool.disruption.as_ref().map(|d| d.budgets.as_slice());
-    for (i, b) in budgets.unwrap_or_default().iter().enumerate() {
-        let at = format!("spec.disruption.budgets[{i}]");
-        if budget_nodes(&b.nodes).is_none() {
-            return Some(format!(
-                "{at}.nodes: {:?} is neither a count nor a percentage",
-                b.nodes
-            ));
-        }
-        match (&b.schedule, &b.duration) {
-            (Some(_), None) => return Some(format!("{at}: a schedule needs a duration")),
-            (None, Some(_)) => return Some(format!("{at}: a duration needs a schedule")),
-            (_, Some(d)) if budget_duration(d).is_none() => {
-                return Some(format!(
-                    "{at}.duration: {d:?} is not hours and minutes such as 8h or 30m"
-                ))
-            }
-            _ => {}
-        }
-    }
-    None
 }
 
 /// Whether a node empty since `since` is due for removal at `now`.
@@ -291,51 +200,6 @@ mod tests {
         let long = "w".repeat(300);
         let name = claim_name(&long, &[1, 2, 3, 4, 5]);
         assert!(name.len() <= 253 && name.ends_with("-bcdef"), "{name}");
-    }
-
-    #[test]
-    fn budget_nodes_read_as_counts_or_percentages_of_the_pool_rounded_up() {
-        assert_eq!(budget_nodes("3"), Some(BudgetNodes::Count(3)));
-        assert_eq!(budget_nodes("0"), Some(BudgetNodes::Count(0)));
-        assert_eq!(budget_nodes("10%").map(|b| b.of(15)), Some(2));
-        assert_eq!(budget_nodes("100%").map(|b| b.of(7)), Some(7));
-        for bad in ["", "%", "101%", "-1", "+3", "1.5", "ten", "3 "] {
-            assert_eq!(budget_nodes(bad), None, "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn budget_durations_are_hours_and_minutes() {
-        assert_eq!(budget_duration("8h"), Some(Duration::from_secs(8 * 3600)));
-        assert_eq!(budget_duration("1h30m"), Some(Duration::from_secs(5400)));
-        assert_eq!(budget_duration("90m"), Some(Duration::from_secs(5400)));
-        for bad in ["", "h", "m", "30s", "1h30", "1.5h", "h30m"] {
-            assert_eq!(budget_duration(bad), None, "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn a_budget_schedule_without_a_duration_is_a_disruption_problem() {
-        let spec = |budgets: serde_json::Value| -> NodePoolSpec {
-            serde_json::from_value(
-                json!({"vClusterRef": {"name": "t"}, "disruption": {"budgets": budgets}}),
-            )
-            .expect("spec")
-        };
-        assert_eq!(disruption_problem(&spec(json!([{"nodes": "10%"}]))), None);
-        assert_eq!(
-            disruption_problem(&spec(
-                json!([{"nodes": "0", "schedule": "0 9 * * 1-5", "duration": "8h"}])
-            )),
-            None
-        );
-        let problem = disruption_problem(&spec(
-            json!([{"nodes": "1"}, {"nodes": "0", "schedule": "@daily"}]),
-        ));
-        assert_eq!(
-            problem.as_deref(),
-            Some("spec.disruption.budgets[1]: a schedule needs a duration")
-        );
     }
 
     #[test]

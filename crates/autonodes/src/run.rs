@@ -41,6 +41,10 @@ pub struct RunArgs {
     /// How long a running VM's Node may take to join before its claim fails.
     #[arg(long, env = "AUTONODES_REGISTRATION_TIMEOUT", default_value = "15m", value_parser = parse_duration)]
     pub registration_timeout: Duration,
+    /// How long a joined Node may take to be Ready with no startup taint left before its
+    /// claim fails.
+    #[arg(long, env = "AUTONODES_INITIALIZATION_TIMEOUT", default_value = "15m", value_parser = parse_duration)]
+    pub initialization_timeout: Duration,
     /// How long draining a Node may take before it is deleted anyway.
     #[arg(long, env = "AUTONODES_DRAIN_TIMEOUT", default_value = "2m", value_parser = parse_duration)]
     pub drain_timeout: Duration,
@@ -165,6 +169,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         namespace: args.namespace.clone(),
         launch_timeout: args.launch_timeout,
         registration_timeout: args.registration_timeout,
+        initialization_timeout: args.initialization_timeout,
         drain_timeout: args.drain_timeout,
         orphan_sweep_interval: args.orphan_sweep_interval,
         vcluster_import: args.vcluster_config_namespaces.clone(),

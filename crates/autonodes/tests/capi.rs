@@ -19,7 +19,7 @@ use autonodes::api::capi::*;
 use autonodes::api::{NodeClaim, NodeClaimPhase, NodePool, NodeType, LABEL_NODEPOOL};
 use autonodes::controller::capi::{AUTOSCALING, REASON_INVALID_BOUNDS};
 use autonodes::resources::{self, ResourceAmounts};
-use autonodes_core::pool::plan::{plan_claims, ClaimView};
+use autonodes_core::pool::plan::{plan_claims, Allowance, ClaimView};
 use autonodes_core::pool::ANNOTATION_DELETE_FIRST;
 use autonodes_testenv::testenv::ManagedProcess;
 use common::world::*;
@@ -529,7 +529,9 @@ async fn the_autoscaler_scales_a_pool_up_from_zero_by_put_and_removes_exactly_th
             delete_first: false,
         })
         .collect();
-    let default_victim = plan_claims(&views, Some(1), 1).delete[0].0.clone();
+    let default_victim = plan_claims(&views, Some(1), Allowance::uniform(1)).delete[0]
+        .0
+        .clone();
     let chosen = claims
         .iter()
         .find(|c| c.name_any() != default_victim)

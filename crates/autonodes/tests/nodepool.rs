@@ -10,12 +10,11 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use autonodes::api::{NodeClaim, NodeClaimPhase, LABEL_NODEPOOL};
 use autonodes_core::pool::LABEL_TEMPLATE_HASH;
-use autonodes_testenv::testenv::ManagedProcess;
+use common::pools::*;
 use common::world::*;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::ResourceExt;
 use serde_json::json;
 
@@ -39,42 +38,6 @@ async fn world() -> World {
         ..WorldOptions::default()
     })
     .await
-}
-
-async fn pool_claims(world: &World, pool: &str) -> Vec<NodeClaim> {
-    world
-        .claims()
-        .list(&ListParams::default().labels(&format!("{LABEL_NODEPOOL}={pool}")))
-        .await
-        .expect("list claims")
-        .items
-}
-
-fn phase(c: &NodeClaim) -> Option<NodeClaimPhase> {
-    c.status.as_ref().and_then(|s| s.phase)
-}
-
-fn available(c: &NodeClaim) -> bool {
-    c.metadata.deletion_timestamp.is_none() && phase(c) == Some(NodeClaimPhase::Available)
-}
-
-fn node_ready(n: &Node) -> bool {
-    n.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-async fn ready_nodes(world: &World) -> Vec<Node> {
-    world.nodes().await.into_iter().filter(node_ready).collect()
-}
-
-fn kubectl(world: &World, args: &[&str]) -> String {
-    common::kubectl_ok(
-        &world.playground.env,
-        world.playground.mgmt().expect("mgmt"),
-        args,
-    )
 }
 
 /// Waits until the pool has exactly `n` claims, all Available, `n` Ready tenant Nodes, and
@@ -378,79 +341,6 @@ async fn a_template_change_rolls_the_claims_one_at_a_time_without_dropping_below
     );
     wait_settled(&world, "rolling", 3).await;
     world.shutdown().await;
-}
-
-/// A pause pod in the tenant's `default` namespace requesting 1 CPU.
-fn pod(name: &str, node_selector: Option<(&str, &str)>) -> Pod {
-    let mut spec = json!({
-        "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.9",
-                        "resources": {"requests": {"cpu": "1", "memory": "256Mi"}}}],
-    });
-    if let Some((k, v)) = node_selector {
-        spec["nodeSelector"] = json!({k: v});
-    }
-    serde_json::from_value(
-        json!({"metadata": {"name": name, "namespace": "default"}, "spec": spec}),
-    )
-    .expect("pod")
-}
-
-async fn create_pods(world: &World, pods: impl IntoIterator<Item = Pod>) {
-    let api: Api<Pod> = Api::namespaced(world.tenant.clone(), "default");
-    for p in pods {
-        api.create(&PostParams::default(), &p)
-            .await
-            .expect("pod created");
-    }
-}
-
-async fn tenant_pods(world: &World) -> Vec<Pod> {
-    Api::<Pod>::namespaced(world.tenant.clone(), "default")
-        .list(&ListParams::default())
-        .await
-        .expect("pods")
-        .items
-}
-
-fn bound_to(p: &Pod) -> Option<String> {
-    p.spec.as_ref().and_then(|s| s.node_name.clone())
-}
-
-fn unschedulable_since(p: &Pod) -> Option<k8s_openapi::jiff::Timestamp> {
-    p.status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == "PodScheduled" && c.status == "False")
-        .and_then(|c| c.last_transition_time.as_ref().map(|t| t.0))
-}
-
-fn ready_since(n: &Node) -> Option<k8s_openapi::jiff::Timestamp> {
-    n.status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == "Ready" && c.status == "True")
-        .and_then(|c| c.last_transition_time.as_ref().map(|t| t.0))
-}
-
-async fn delete_pods_now(world: &World) {
-    let api: Api<Pod> = Api::namespaced(world.tenant.clone(), "default");
-    for p in tenant_pods(world).await {
-        let _ = api
-            .delete(&p.name_any(), &DeleteParams::default().grace_period(0))
-            .await;
-    }
-}
-
-fn scheduler(world: &World) -> ManagedProcess {
-    world
-        .playground
-        .env
-        .start_scheduler("tenant")
-        .expect("kube-scheduler started")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -25,7 +25,10 @@ use super::pack::{
 use super::plan::{is_draining, is_live};
 use super::reconcile::NewClaim;
 use super::status::Verdict;
-use super::{budget, consolidate_after, due_for_removal, ANNOTATION_EMPTY_SINCE, READY_NODE_GRACE};
+use super::{
+    allowed_disruptions, consolidate_after, due_for_removal, ANNOTATION_EMPTY_SINCE,
+    READY_NODE_GRACE,
+};
 
 /// The longest a dynamic pool waits before it looks again.
 pub const MAX_RECHECK: Duration = Duration::from_secs(30);
@@ -269,7 +272,8 @@ fn consolidate(input: &DynamicInput, usage: &NodeUse, packing: &Packing) -> Cons
     };
     let now = input.now;
     let draining = input.mine.iter().filter(|c| is_draining(c)).count() + input.deleted_now.len();
-    let mut disrupt = budget(input.spec).saturating_sub(draining);
+    let nodes = input.mine.iter().filter(|c| is_live(c)).count();
+    let mut disrupt = allowed_disruptions(input.spec, nodes, now).saturating_sub(draining);
     let mut soonest = |d: Duration| {
         out.next_check = Some(out.next_check.map_or(d, |n| n.min(d)));
     };

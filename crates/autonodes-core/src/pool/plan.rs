@@ -121,6 +121,26 @@ impl DeleteReason {
     }
 }
 
+/// How many of a pool's nodes a plan may drain at once ([`super::budget`]), before the
+/// nodes draining already are subtracted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Allowance {
+    /// For a roll-out or expiry (voluntary disruption): what the active budgets allow.
+    pub disrupt: usize,
+    /// For a scale-down: what the budgets allow, but at least one.
+    pub scale_down: usize,
+}
+
+impl Allowance {
+    /// The same `n` for both (a scale-down at least one).
+    pub fn uniform(n: usize) -> Self {
+        Allowance {
+            disrupt: n,
+            scale_down: n.max(1),
+        }
+    }
+}
+
 /// Claims to create and delete.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Plan {
@@ -132,10 +152,11 @@ pub struct Plan {
 
 /// Plans the claims of a pool: Failed claims go; `desired` (static pools) is met by
 /// creating claims or by deleting the least valuable ones (those marked
-/// [`ANNOTATION_DELETE_FIRST`] first, then not Available, then outdated, then newest), never more Available ones draining than `budget`; outdated
-/// claims are rolled by surge, at most `budget` replacements in flight, each old claim
-/// deleted only once its replacement is Available.
-pub fn plan_claims(claims: &[ClaimView], desired: Option<usize>, budget: usize) -> Plan {
+/// [`ANNOTATION_DELETE_FIRST`] first, then not Available, then outdated, then newest), never
+/// more Available ones draining than `allowed.scale_down`; outdated claims are rolled by
+/// surge, at most `allowed.disrupt` replacements in flight and old claims draining, each old
+/// claim deleted only once its replacement is Available.
+pub fn plan_claims(claims: &[ClaimView], desired: Option<usize>, allowed: Allowance) -> Plan {
     let mut plan = Plan::default();
     for c in claims.iter().filter(|c| c.failed && !c.terminating) {
         plan.delete.push((c.name.clone(), DeleteReason::Failed));
@@ -148,7 +169,8 @@ pub fn plan_claims(claims: &[ClaimView], desired: Option<usize>, budget: usize) 
         .iter()
         .filter(|c| c.terminating && c.has_node)
         .count();
-    let mut disrupt = budget.max(1).saturating_sub(draining);
+    let mut scale_down = allowed.scale_down.saturating_sub(draining);
+    let mut disrupt = allowed.disrupt.saturating_sub(draining);
     let replacement_of = |o: &ClaimView| -> Option<&ClaimView> {
         live.iter()
             .find(|r| r.replaces.as_deref() == Some(o.name.as_str()) && !r.outdated)
@@ -179,10 +201,10 @@ pub fn plan_claims(claims: &[ClaimView], desired: Option<usize>, budget: usize) 
                     break;
                 }
                 if c.available {
-                    if disrupt == 0 {
+                    if scale_down == 0 {
                         break;
                     }
-                    disrupt -= 1;
+                    scale_down -= 1;
                 }
                 plan.delete.push((c.name.clone(), DeleteReason::ScaleDown));
                 if let Some(r) = replacement_of(c) {
@@ -215,7 +237,7 @@ pub fn plan_claims(claims: &[ClaimView], desired: Option<usize>, budget: usize) 
             }
             Some(_) => {}
             None => {
-                if surging < budget.max(1) {
+                if surging < allowed.disrupt {
                     surging += 1;
                     plan.create.push(Some(o.name.clone()));
                 }
@@ -256,7 +278,7 @@ mod tests {
 
     #[test]
     fn a_static_pool_creates_the_missing_claims() {
-        let plan = plan_claims(&[view("a", 1, true)], Some(3), 1);
+        let plan = plan_claims(&[view("a", 1, true)], Some(3), Allowance::uniform(1));
         assert_eq!(plan.create, vec![None, None]);
         assert!(plan.delete.is_empty());
     }
@@ -269,9 +291,9 @@ mod tests {
             view("booting", 2, false),
             view("mid", 2, true),
         ];
-        let plan = plan_claims(&claims, Some(2), 1);
+        let plan = plan_claims(&claims, Some(2), Allowance::uniform(1));
         assert_eq!(deleted(&plan), vec!["booting", "new"]);
-        let plan = plan_claims(&claims, Some(0), 2);
+        let plan = plan_claims(&claims, Some(0), Allowance::uniform(2));
         assert_eq!(deleted(&plan), vec!["booting", "new", "mid"]);
     }
 
@@ -285,7 +307,7 @@ mod tests {
             view("booting", 2, false),
             view("mid", 2, true),
         ];
-        let plan = plan_claims(&claims, Some(3), 1);
+        let plan = plan_claims(&claims, Some(3), Allowance::uniform(1));
         assert_eq!(
             plan.delete,
             vec![("old".to_string(), DeleteReason::ScaleDown)]
@@ -300,7 +322,7 @@ mod tests {
             })
             .collect();
         assert_eq!(
-            deleted(&plan_claims(&unmarked, Some(3), 1)),
+            deleted(&plan_claims(&unmarked, Some(3), Allowance::uniform(1))),
             vec!["booting"]
         );
     }
@@ -310,15 +332,24 @@ mod tests {
         let mut draining = view("going", 0, true);
         draining.terminating = true;
         let claims = vec![draining, view("a", 1, true), view("b", 2, true)];
-        assert!(plan_claims(&claims, Some(0), 1).delete.is_empty());
-        assert_eq!(deleted(&plan_claims(&claims, Some(0), 2)), vec!["b"]);
+        assert!(plan_claims(&claims, Some(0), Allowance::uniform(1))
+            .delete
+            .is_empty());
+        assert_eq!(
+            deleted(&plan_claims(&claims, Some(0), Allowance::uniform(2))),
+            vec!["b"]
+        );
     }
 
     #[test]
     fn a_failed_claim_is_deleted_and_replaced() {
         let mut failed = view("f", 1, false);
         failed.failed = true;
-        let plan = plan_claims(&[failed, view("a", 2, true)], Some(2), 1);
+        let plan = plan_claims(
+            &[failed, view("a", 2, true)],
+            Some(2),
+            Allowance::uniform(1),
+        );
         assert_eq!(plan.delete, vec![("f".to_string(), DeleteReason::Failed)]);
         assert_eq!(plan.create, vec![None]);
     }
@@ -329,7 +360,7 @@ mod tests {
         a.outdated = true;
         let mut b = view("b", 2, true);
         b.outdated = true;
-        let plan = plan_claims(&[a.clone(), b.clone()], Some(2), 1);
+        let plan = plan_claims(&[a.clone(), b.clone()], Some(2), Allowance::uniform(1));
         assert_eq!(
             plan.create,
             vec![Some("a".to_string())],
@@ -340,21 +371,46 @@ mod tests {
         // The replacement is on its way: nothing else happens.
         let mut r = view("r", 3, false);
         r.replaces = Some("a".into());
-        let plan = plan_claims(&[a.clone(), b.clone(), r.clone()], Some(2), 1);
+        let plan = plan_claims(
+            &[a.clone(), b.clone(), r.clone()],
+            Some(2),
+            Allowance::uniform(1),
+        );
         assert_eq!(plan, Plan::default());
 
         // The replacement is Available: the old claim goes, the next surge starts.
         r.available = true;
-        let plan = plan_claims(&[a, b, r], Some(2), 1);
+        let plan = plan_claims(&[a, b, r], Some(2), Allowance::uniform(1));
         assert_eq!(plan.delete, vec![("a".to_string(), DeleteReason::Replaced)]);
         assert_eq!(plan.create, vec![Some("b".to_string())]);
+    }
+
+    #[test]
+    fn a_budget_of_zero_holds_a_roll_out_but_a_scale_down_still_goes_one_node_at_a_time() {
+        let mut a = view("a", 1, true);
+        a.outdated = true;
+        let closed = Allowance {
+            disrupt: 0,
+            scale_down: 1,
+        };
+        assert_eq!(
+            plan_claims(&[a.clone(), view("b", 2, true)], Some(2), closed),
+            Plan::default()
+        );
+        let plan = plan_claims(
+            &[a, view("b", 2, true), view("c", 3, true)],
+            Some(1),
+            closed,
+        );
+        assert_eq!(plan.delete.len(), 1, "{plan:?}");
+        assert!(plan.create.is_empty());
     }
 
     #[test]
     fn an_outdated_claim_that_is_not_available_is_replaced_at_once() {
         let mut a = view("a", 1, false);
         a.outdated = true;
-        let plan = plan_claims(&[a, view("b", 2, true)], Some(2), 1);
+        let plan = plan_claims(&[a, view("b", 2, true)], Some(2), Allowance::uniform(1));
         assert_eq!(plan.delete, vec![("a".to_string(), DeleteReason::Outdated)]);
         assert_eq!(plan.create, vec![None]);
     }

@@ -19,10 +19,11 @@ use crate::api::{NodeClaim, NodeClaimSpec, NodePool, NodePoolSpec, ResourceList}
 use crate::scheduling::{self, Catalogue, ClaimRequest};
 
 use super::dynamic::{self, DynamicInput, Tenant};
-use super::plan::{claim_views, plan_claims, DeleteReason};
+use super::plan::{claim_views, is_live, plan_claims, Allowance, DeleteReason};
 use super::status::Verdict;
 use super::{
-    budget, claim_object, expire_after, template_hash, template_spec, LABEL_TEMPLATE_HASH,
+    budget::{allowed_disruptions, scale_down_pace},
+    claim_object, expire_after, template_hash, template_spec, LABEL_TEMPLATE_HASH,
 };
 
 /// When a pool with nothing under way is looked at again.
@@ -161,7 +162,12 @@ pub fn plan_pool(observed: &Observed) -> PoolPlan {
         observed.now.as_millisecond(),
     );
     let desired = spec.replicas.map(|r| usize::try_from(r).unwrap_or(0));
-    let planned = plan_claims(&views, desired, budget(spec));
+    let nodes = observed.claims.iter().filter(|c| is_live(c)).count();
+    let allowed = Allowance {
+        disrupt: allowed_disruptions(spec, nodes, observed.now),
+        scale_down: scale_down_pace(spec, nodes, observed.now),
+    };
+    let planned = plan_claims(&views, desired, allowed);
     let find = |name: &str| {
         observed
             .claims

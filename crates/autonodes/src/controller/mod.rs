@@ -64,6 +64,9 @@ pub struct ControllerConfig {
     pub launch_timeout: Duration,
     /// How long a running VM's Node may take to join before its claim fails.
     pub registration_timeout: Duration,
+    /// How long a joined Node may take to be Ready without startup taints before its
+    /// claim fails.
+    pub initialization_timeout: Duration,
     /// How long draining a Node may take before it is deleted anyway.
     pub drain_timeout: Duration,
     /// What kubeconfig Secrets may contain beyond the defaults.
@@ -80,6 +83,7 @@ impl Default for ControllerConfig {
             namespace: "autonodes-system".into(),
             launch_timeout: Duration::from_secs(600),
             registration_timeout: Duration::from_secs(900),
+            initialization_timeout: Duration::from_secs(900),
             drain_timeout: Duration::from_secs(120),
             kubeconfig_policy: KubeconfigPolicy::default(),
             orphan_sweep_interval: Duration::from_secs(300),

@@ -99,4 +99,5 @@ pub fn pid_alive(pid: u32) -> bool {
     }
 }
 
+pub mod pools;
 pub mod world;

@@ -24,6 +24,8 @@ pub struct WorldOptions {
     pub launch_timeout: Duration,
     /// The controller's registration timeout.
     pub registration_timeout: Duration,
+    /// The controller's initialization timeout.
+    pub initialization_timeout: Duration,
     /// How often the controller's orphan sweep runs.
     pub orphan_sweep_interval: Duration,
 }
@@ -38,6 +40,7 @@ impl Default for WorldOptions {
             mode: SimMode::Normal,
             launch_timeout: Duration::from_secs(120),
             registration_timeout: Duration::from_secs(120),
+            initialization_timeout: Duration::from_secs(120),
             orphan_sweep_interval: Duration::from_secs(300),
         }
     }
@@ -173,6 +176,7 @@ impl World {
             namespace: SERVICE_NAMESPACE.into(),
             launch_timeout: opts.launch_timeout,
             registration_timeout: opts.registration_timeout,
+            initialization_timeout: opts.initialization_timeout,
             drain_timeout: Duration::from_secs(20),
             orphan_sweep_interval: opts.orphan_sweep_interval,
             ..Default::default()

@@ -1,5 +1,6 @@
-//! Initialize: `Ready` once the claim's Node is Ready and none of the claim's startup
-//! taints is left on it.
+//! Initialize: `Initialized` and `Ready` once the claim's Node is Ready and none of the
+//! claim's startup taints is left on it — or the initialization timeout fails the claim.
+//! Once initialized, `Ready` follows the Node.
 
 use std::time::Duration;
 
@@ -7,10 +8,10 @@ use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::runtime::controller::Action;
 use kube::ResourceExt;
 
-use super::{Provisioning, Step, READY};
+use super::{elapsed_since, remaining, Provisioning, Step, INITIALIZED, JOINED, READY};
 use crate::api::reasons::ClaimReason;
 use crate::api::NodeClaim;
-use crate::controller::Error;
+use crate::controller::{now, Error};
 
 /// The initialize stage (the last: it always stops the walk).
 pub(super) async fn initialize(p: &mut Provisioning<'_>) -> Result<Step, Error> {
@@ -29,6 +30,14 @@ pub(super) async fn initialize(p: &mut Provisioning<'_>) -> Result<Step, Error> 
         .collect();
     let ready = node_ready(&node);
     if ready && startup_left.is_empty() {
+        if !p.status.is_true(INITIALIZED) {
+            p.status.set(
+                INITIALIZED,
+                true,
+                ClaimReason::Initialized,
+                format!("Node {node_name} is Ready without startup taints"),
+            );
+        }
         p.status.set(
             READY,
             true,
@@ -45,9 +54,33 @@ pub(super) async fn initialize(p: &mut Provisioning<'_>) -> Result<Step, Error> 
             startup_left.join(", ")
         )
     };
+    if p.status.is_true(INITIALIZED) {
+        p.status
+            .set(READY, false, ClaimReason::NodeNotReady, message);
+        return Ok(Step::Stop(Action::requeue(Duration::from_secs(30))));
+    }
+    let since = p.status.true_since(JOINED).unwrap_or_else(now);
+    let waited = elapsed_since(since);
+    let limit = p.ctx.config.initialization_timeout;
+    if waited > limit {
+        return Ok(Step::Fail {
+            reason: ClaimReason::InitializationTimeout,
+            message: format!("{message} {}s after it joined", limit.as_secs()),
+        });
+    }
+    p.status.set(
+        INITIALIZED,
+        false,
+        ClaimReason::NodeNotReady,
+        message.clone(),
+    );
     p.status
         .set(READY, false, ClaimReason::NodeNotReady, message);
-    Ok(Step::Stop(Action::requeue(Duration::from_secs(30))))
+    Ok(Step::Stop(Action::requeue(remaining(
+        limit,
+        waited,
+        Duration::from_secs(30),
+    ))))
 }
 
 fn node_ready(node: &Node) -> bool {

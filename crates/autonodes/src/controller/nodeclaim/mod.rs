@@ -9,7 +9,8 @@
 //!    VirtualMachine; `Provisioned` once the VM runs (launch timeout);
 //! 2. [`register`]: the tenant Node with the VM's provider ID, its labels and the
 //!    registration taint; `Joined`, the token deleted (registration timeout);
-//! 3. [`initialize`]: `Ready` once the Node is Ready and no startup taint is left.
+//! 3. [`initialize`]: `Initialized` and `Ready` once the Node is Ready and no startup taint
+//!    is left (initialization timeout); afterwards `Ready` follows the Node.
 //!
 //! A stage either lets the next one run, or stops the walk (the status is written once,
 //! and the claim comes back on a change or after a while), or fails the claim. A remote
@@ -57,6 +58,8 @@ pub const SCHEDULED: ClaimCondition = ClaimCondition::Scheduled;
 pub const PROVISIONED: ClaimCondition = ClaimCondition::Provisioned;
 /// Condition: the VM's Node registered in the tenant.
 pub const JOINED: ClaimCondition = ClaimCondition::Joined;
+/// Condition: the Node was Ready without startup taints once (stays True).
+pub const INITIALIZED: ClaimCondition = ClaimCondition::Initialized;
 /// Condition: the Node is Ready and no startup taint is left.
 pub const READY: ClaimCondition = ClaimCondition::Ready;
 

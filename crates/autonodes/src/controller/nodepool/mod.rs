@@ -2,7 +2,8 @@
 //!
 //! - **Static pools** (`spec.replicas`): exactly N live claims from the pool's claim
 //!   template. Scale-down removes the least valuable claims first (not yet Available, then
-//!   newest) with at most `disruption.budget` Ready nodes draining at once; Failed claims are
+//!   newest) with at most as many Ready nodes draining at once as the disruption budgets
+//!   allow (`autonodes_core::pool::budget`); Failed claims are
 //!   deleted and replaced; claims made from an older template (or older than
 //!   `disruption.expireAfter`) are rolled by surge: a replacement is created first and the
 //!   old claim is deleted once the replacement is Available.

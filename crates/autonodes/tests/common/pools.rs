@@ -1,0 +1,142 @@
+//! What the NodePool tests share: a pool's claims, the tenant's pods and nodes, a real
+//! `kube-scheduler` on the tenant, `kubectl` on the management cluster.
+
+use autonodes::api::{NodeClaim, NodeClaimPhase, LABEL_NODEPOOL};
+use autonodes_testenv::testenv::ManagedProcess;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::ResourceExt;
+use serde_json::json;
+
+use super::world::World;
+
+/// The claims labelled with `pool`.
+pub async fn pool_claims(world: &World, pool: &str) -> Vec<NodeClaim> {
+    world
+        .claims()
+        .list(&ListParams::default().labels(&format!("{LABEL_NODEPOOL}={pool}")))
+        .await
+        .expect("list claims")
+        .items
+}
+
+/// A claim's phase.
+pub fn phase(c: &NodeClaim) -> Option<NodeClaimPhase> {
+    c.status.as_ref().and_then(|s| s.phase)
+}
+
+/// Whether a claim is Available and not being deleted.
+pub fn available(c: &NodeClaim) -> bool {
+    c.metadata.deletion_timestamp.is_none() && phase(c) == Some(NodeClaimPhase::Available)
+}
+
+/// Whether a Node's `Ready` condition is True.
+pub fn node_ready(n: &Node) -> bool {
+    n.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// The tenant's Ready Nodes.
+pub async fn ready_nodes(world: &World) -> Vec<Node> {
+    world.nodes().await.into_iter().filter(node_ready).collect()
+}
+
+/// `kubectl` on the management cluster; fails the test when it fails.
+pub fn kubectl(world: &World, args: &[&str]) -> String {
+    super::kubectl_ok(
+        &world.playground.env,
+        world.playground.mgmt().expect("mgmt"),
+        args,
+    )
+}
+
+/// A pause pod in the tenant's `default` namespace requesting 1 CPU.
+pub fn pod(name: &str, node_selector: Option<(&str, &str)>) -> Pod {
+    let mut spec = json!({
+        "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.9",
+                        "resources": {"requests": {"cpu": "1", "memory": "256Mi"}}}],
+    });
+    if let Some((k, v)) = node_selector {
+        spec["nodeSelector"] = json!({k: v});
+    }
+    serde_json::from_value(
+        json!({"metadata": {"name": name, "namespace": "default"}, "spec": spec}),
+    )
+    .expect("pod")
+}
+
+/// Creates the pods in the tenant.
+pub async fn create_pods(world: &World, pods: impl IntoIterator<Item = Pod>) {
+    let api: Api<Pod> = Api::namespaced(world.tenant.clone(), "default");
+    for p in pods {
+        api.create(&PostParams::default(), &p)
+            .await
+            .expect("pod created");
+    }
+}
+
+/// The tenant's pods in `default`.
+pub async fn tenant_pods(world: &World) -> Vec<Pod> {
+    Api::<Pod>::namespaced(world.tenant.clone(), "default")
+        .list(&ListParams::default())
+        .await
+        .expect("pods")
+        .items
+}
+
+/// The node a pod is bound to.
+pub fn bound_to(p: &Pod) -> Option<String> {
+    p.spec.as_ref().and_then(|s| s.node_name.clone())
+}
+
+/// Since when the scheduler has marked a pod unschedulable.
+pub fn unschedulable_since(p: &Pod) -> Option<k8s_openapi::jiff::Timestamp> {
+    p.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+        .and_then(|c| c.last_transition_time.as_ref().map(|t| t.0))
+}
+
+/// Since when a Node has been Ready.
+pub fn ready_since(n: &Node) -> Option<k8s_openapi::jiff::Timestamp> {
+    n.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready" && c.status == "True")
+        .and_then(|c| c.last_transition_time.as_ref().map(|t| t.0))
+}
+
+/// Deletes the tenant's pods in `default` without grace.
+pub async fn delete_pods_now(world: &World) {
+    let api: Api<Pod> = Api::namespaced(world.tenant.clone(), "default");
+    for p in tenant_pods(world).await {
+        let _ = api
+            .delete(&p.name_any(), &DeleteParams::default().grace_period(0))
+            .await;
+    }
+}
+
+/// Starts a real `kube-scheduler` on the tenant.
+pub fn scheduler(world: &World) -> ManagedProcess {
+    world
+        .playground
+        .env
+        .start_scheduler("tenant")
+        .expect("kube-scheduler started")
+}
+
+/// `kubectl` on the tenant; fails the test when it fails.
+pub fn tenant_kubectl(world: &World, args: &[&str]) -> String {
+    super::kubectl_ok(
+        &world.playground.env,
+        world.playground.tenant().expect("tenant"),
+        args,
+    )
+}

@@ -1,0 +1,291 @@
+//! Voluntary disruption of pool nodes on real API servers (issue 14): management + host +
+//! tenant clusters, the controller, the KubeVirt simulator and a real `kube-scheduler` on
+//! the tenant.
+//!
+//! Run with `--nocapture` to see `kubectl get npool,nclaim` and the tenant's pods and nodes
+//! before and after each step.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use autonodes_core::pool::{ANNOTATION_EMPTY_SINCE, LABEL_TEMPLATE_HASH};
+use common::pools::*;
+use common::world::*;
+use kube::api::{Patch, PatchParams};
+use kube::ResourceExt;
+use serde_json::json;
+
+const WAIT: Duration = Duration::from_secs(150);
+
+/// A provider on the playground's host with one type, `small` (4 CPU, 8Gi).
+fn provider() -> String {
+    provider_yaml(
+        "pools",
+        "test-kubevirt-1",
+        "4",
+        "8Gi",
+        "      - name: small\n        resources:\n          cpu: 4\n          memory: 8Gi",
+    )
+}
+
+/// Prints what a user would look at: the pools and claims, the tenant's pods and nodes.
+fn show(world: &World, title: &str) {
+    println!(
+        "== {title}\n$ kubectl get npool,nclaim -n {NS}\n{}$ kubectl get pods,nodes (tenant)\n{}",
+        kubectl(world, &["get", "npool,nclaim", "-n", NS]),
+        tenant_kubectl(world, &["get", "pods,nodes", "-n", "default", "-o", "wide"]),
+    );
+}
+
+async fn set_budgets(world: &World, pool: &str, budgets: serde_json::Value) {
+    world
+        .pools()
+        .patch(
+            pool,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"disruption": {"budgets": budgets}}})),
+        )
+        .await
+        .expect("budgets patched");
+}
+
+/// How many of the pool's claims are being deleted while their node is still there.
+async fn draining(world: &World, pool: &str) -> usize {
+    pool_claims(world, pool)
+        .await
+        .iter()
+        .filter(|c| {
+            c.metadata.deletion_timestamp.is_some()
+                && c.status.as_ref().is_some_and(|s| s.node_name.is_some())
+        })
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_of_zero_in_its_window_holds_consolidation_and_roll_outs_and_a_percentage_paces_them_after(
+) {
+    let world = World::start(WorldOptions {
+        provider: provider(),
+        ..WorldOptions::default()
+    })
+    .await;
+    let _scheduler = scheduler(&world);
+    // A window that fires every minute and lasts an hour: active all through the test.
+    let closed = json!([{"nodes": "0", "schedule": "* * * * *", "duration": "1h"}]);
+
+    // Dynamic pool: 8 one-CPU pods make two 4-CPU nodes.
+    world
+        .create_pool(
+            "burst",
+            json!({"providerRef": "pools", "limits": {"nodes": 4},
+                   "disruption": {"consolidateAfter": "2s", "budgets": closed}}),
+        )
+        .await;
+    create_pods(&world, (0..8).map(|i| pod(&format!("app-{i}"), None))).await;
+    common::eventually("8 pods bound to 2 Ready nodes", WAIT, || async {
+        let pods = tenant_pods(&world).await;
+        (pods.len() == 8
+            && pods.iter().all(|p| bound_to(p).is_some())
+            && ready_nodes(&world).await.len() == 2)
+            .then_some(())
+    })
+    .await;
+    show(&world, "two nodes busy, budget 0 in its window");
+
+    // Empty nodes are marked, but the window lets none go.
+    delete_pods_now(&world).await;
+    common::eventually("both nodes marked empty", WAIT, || async {
+        let claims = pool_claims(&world, "burst").await;
+        (claims.len() == 2
+            && claims
+                .iter()
+                .all(|c| c.annotations().contains_key(ANNOTATION_EMPTY_SINCE)))
+        .then_some(())
+    })
+    .await;
+    let marked = Instant::now();
+    while marked.elapsed() < Duration::from_secs(10) {
+        let claims = pool_claims(&world, "burst").await;
+        assert_eq!(claims.len(), 2, "no node may go while the budget is 0");
+        assert!(claims.iter().all(available), "{claims:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    show(
+        &world,
+        "empty for 10s, five times consolidateAfter: both nodes kept",
+    );
+
+    // The window lifted for 50 %: one of the two nodes at a time.
+    set_budgets(&world, "burst", json!([{"nodes": "50%"}])).await;
+    let lifted = Instant::now();
+    let mut most_draining = 0;
+    loop {
+        most_draining = most_draining.max(draining(&world, "burst").await);
+        if pool_claims(&world, "burst").await.is_empty() && world.nodes().await.is_empty() {
+            break;
+        }
+        assert!(lifted.elapsed() < WAIT, "empty nodes not removed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(most_draining, 1, "50 % of 2 nodes: one at a time");
+    show(
+        &world,
+        "budget 50 %: both empty nodes removed, one at a time",
+    );
+    println!(
+        "consolidation: held 10s by the 0 window; after the change both nodes gone in {:.1}s, at most {most_draining} draining at once",
+        lifted.elapsed().as_secs_f64()
+    );
+
+    // Static pool: a template change is held by the window, a scale-down is not.
+    world
+        .create_pool(
+            "workers",
+            json!({"providerRef": "pools", "replicas": 2, "labels": {"team": "blue"},
+                   "disruption": {"budgets": closed}}),
+        )
+        .await;
+    common::eventually("2 Available workers", WAIT, || async {
+        let claims = pool_claims(&world, "workers").await;
+        (claims.len() == 2 && claims.iter().all(available)).then_some(())
+    })
+    .await;
+    let hashes = |claims: &[autonodes::api::NodeClaim]| -> Vec<String> {
+        let mut h: Vec<String> = claims
+            .iter()
+            .filter_map(|c| c.labels().get(LABEL_TEMPLATE_HASH).cloned())
+            .collect();
+        h.sort();
+        h.dedup();
+        h
+    };
+    let before = hashes(&pool_claims(&world, "workers").await);
+    world
+        .pools()
+        .patch(
+            "workers",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"labels": {"team": "green"}}})),
+        )
+        .await
+        .expect("template changed");
+    let changed = Instant::now();
+    while changed.elapsed() < Duration::from_secs(8) {
+        let claims = pool_claims(&world, "workers").await;
+        assert_eq!(claims.len(), 2, "no surge claim while the budget is 0");
+        assert_eq!(hashes(&claims), before, "no claim rolled");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    show(&world, "template changed, budget 0: nothing rolled for 8s");
+    world
+        .pools()
+        .patch(
+            "workers",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 1}})),
+        )
+        .await
+        .expect("scaled");
+    common::eventually("scaled down to 1 inside the window", WAIT, || async {
+        let claims = pool_claims(&world, "workers").await;
+        (claims.len() == 1 && claims.iter().all(available) && world.nodes().await.len() == 1)
+            .then_some(())
+    })
+    .await;
+    set_budgets(&world, "workers", json!([{"nodes": "100%"}])).await;
+    common::eventually("rolled to the new template", WAIT, || async {
+        let claims = pool_claims(&world, "workers").await;
+        (claims.len() == 1
+            && claims.iter().all(available)
+            && hashes(&claims) != before
+            && world.nodes().await.len() == 1)
+            .then_some(())
+    })
+    .await;
+    show(
+        &world,
+        "scale-down went inside the window; the roll-out after the window lifted",
+    );
+    world.shutdown().await;
+}
+
+/// The reason and status of the claim's condition `type_`.
+fn condition(c: &autonodes::api::NodeClaim, type_: &str) -> Option<(String, String)> {
+    c.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|x| x.type_ == type_)
+        .map(|x| (x.status.clone(), x.reason.clone()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_startup_taint_never_goes_fails_its_claim_by_initialization_timeout_and_is_removed(
+) {
+    let world = World::start(WorldOptions {
+        provider: provider(),
+        initialization_timeout: Duration::from_secs(8),
+        ..WorldOptions::default()
+    })
+    .await;
+    let claim = |name: &str| {
+        json!({"metadata": {"name": name},
+               "spec": {"providerRef": "pools",
+                        "startupTaints": [{"key": "example.com/cni", "effect": "NoSchedule"}]}})
+    };
+    world.create_claim(claim("stuck")).await;
+    world.create_claim(claim("healthy")).await;
+    let joined =
+        |c: &autonodes::api::NodeClaim| condition(c, "Joined").is_some_and(|(s, _)| s == "True");
+    world.wait_claim("stuck", "joined", WAIT, joined).await;
+    let healthy = world.wait_claim("healthy", "joined", WAIT, joined).await;
+    assert_eq!(
+        condition(&healthy, "Initialized"),
+        Some(("False".into(), "NodeNotReady".into()))
+    );
+    show(&world, "both joined, each Node keeps its startup taint");
+
+    // What a CNI would do on the healthy node: remove its startup taint.
+    let node = healthy
+        .status
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .expect("node name");
+    tenant_kubectl(
+        &world,
+        &["taint", "node", &node, "example.com/cni:NoSchedule-"],
+    );
+    let healthy = world.wait_phase("healthy", "Available", WAIT).await;
+    assert_eq!(
+        condition(&healthy, "Initialized"),
+        Some(("True".into(), "Initialized".into()))
+    );
+
+    let failed = world.wait_phase("stuck", "Failed", WAIT).await;
+    let (status, reason) = condition(&failed, "Ready").expect("Ready");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "InitializationTimeout")
+    );
+    common::eventually("the failed claim's VM and Node removed", WAIT, || async {
+        (world.vms().await.len() == 1 && world.nodes().await.len() == 1).then_some(())
+    })
+    .await;
+    let events = world.events_for(NS, "stuck").await;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.starts_with("InitializationTimeout")),
+        "{events:?}"
+    );
+    // The initialized claim outlives the timeout.
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    let healthy = world.claims().get("healthy").await.expect("healthy");
+    assert!(available(&healthy), "{:?}", healthy.status);
+    show(
+        &world,
+        "stuck failed and removed; healthy initialized and kept",
+    );
+    world.shutdown().await;
+}

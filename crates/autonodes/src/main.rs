@@ -3,6 +3,13 @@
 
 use clap::Parser;
 
+/// jemalloc instead of the system allocator: under the watch caches' steady churn of small
+/// objects it costs the controller about a fifth less CPU and a little less memory (README,
+/// "Throughput").
+#[cfg(not(target_env = "msvc"))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> anyhow::Result<()> {
     autonodes::cli::run(autonodes::cli::Cli::parse())
 }

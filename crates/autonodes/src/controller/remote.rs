@@ -77,7 +77,12 @@ where
     K::DynamicType: Eq + std::hash::Hash + Clone,
 {
     pending: WrittenMap<K>,
-    delivered: HashMap<ObjectRef<K>, VecDeque<String>>,
+    /// The versions of each object the watch delivered lately, and when the last came;
+    /// entries older than [`WRITTEN_TTL`] are pruned (a write is remembered moments after
+    /// its version could have been delivered, never a minute).
+    delivered: HashMap<ObjectRef<K>, (Instant, VecDeque<String>)>,
+    /// When `delivered` was last pruned.
+    pruned: Instant,
 }
 
 impl<K> Own<K>
@@ -89,6 +94,7 @@ where
         Own {
             pending: HashMap::new(),
             delivered: HashMap::new(),
+            pruned: Instant::now(),
         }
     }
 
@@ -103,10 +109,19 @@ where
         if ours.as_deref() == Some(version.as_str()) {
             self.pending.remove(&key);
         }
-        let seen = self.delivered.entry(key).or_default();
+        let (at, seen) = self
+            .delivered
+            .entry(key)
+            .or_insert_with(|| (Instant::now(), VecDeque::new()));
+        *at = Instant::now();
         seen.push_back(version);
         if seen.len() > DELIVERED_KEPT {
             seen.pop_front();
+        }
+        if self.delivered.len() > 256 && self.pruned.elapsed() > WRITTEN_TTL / 6 {
+            self.delivered
+                .retain(|_, (at, _)| at.elapsed() < WRITTEN_TTL);
+            self.pruned = Instant::now();
         }
     }
 
@@ -123,7 +138,7 @@ where
             if self
                 .delivered
                 .get(&key)
-                .is_some_and(|seen| seen.contains(&version))
+                .is_some_and(|(_, seen)| seen.contains(&version))
             {
                 return;
             }
@@ -483,6 +498,12 @@ const KUBEVIRT_STATUS_KEPT: [&str; 4] = ["ready", "printableStatus", "created", 
 /// reads; the spec and the rest of the status (conditions, volume and guest OS details) go.
 fn trim_kubevirt(obj: &mut DynamicObject) {
     trim_meta(obj);
+    // Only autonodes' own labels are read (which claim the object belongs to); KubeVirt's
+    // and the template's go, and so does the type (the store knows its kind).
+    if let Some(labels) = obj.metadata.labels.as_mut() {
+        labels.retain(|k, _| k.starts_with(AUTONODES_LABEL_PREFIX) || k == LABEL_MANAGED_BY);
+    }
+    obj.types = None;
     let mut kept = serde_json::Map::new();
     if let Some(serde_json::Value::Object(mut status)) =
         obj.data.get_mut("status").map(std::mem::take)
@@ -507,11 +528,28 @@ fn trim_kubevirt(obj: &mut DynamicObject) {
     obj.data = serde_json::json!({ "status": kept });
 }
 
-/// Keeps a Node's metadata ([`trim_meta`]), its spec (taints are patched by position, so
+/// Prefix of the labels autonodes puts on what it creates.
+const AUTONODES_LABEL_PREFIX: &str = "autonodes.io/";
+
+/// Labels every kubelet sets on its Node, which autonodes never sets.
+const KUBELET_LABELS: [&str; 5] = [
+    "kubernetes.io/hostname",
+    "kubernetes.io/os",
+    "kubernetes.io/arch",
+    "beta.kubernetes.io/os",
+    "beta.kubernetes.io/arch",
+];
+
+/// Keeps a Node's metadata ([`trim_meta`]) without the kubelet's own labels, its spec (taints are patched by position, so
 /// they stay exactly as the API server has them) and its conditions without their
 /// messages; images, volumes, addresses and system details go.
 fn trim_node(node: &mut Node) {
     trim_meta(node);
+    // The kubelet's own labels: never among those autonodes sets ([`join::node_patch`]
+    // compares only those), so not worth a copy per Node.
+    if let Some(labels) = node.metadata.labels.as_mut() {
+        labels.retain(|k, _| !KUBELET_LABELS.contains(&k.as_str()));
+    }
     if let Some(s) = node.status.as_mut() {
         let conditions = s.conditions.take().map(|cs| {
             cs.into_iter()
@@ -557,12 +595,14 @@ mod tests {
     }
 
     #[test]
-    fn a_cached_kubevirt_object_keeps_what_the_controller_reads_and_nothing_else() {
+    fn a_cached_kubevirt_object_keeps_autonodes_labels_and_the_status_the_controller_reads_and_nothing_else(
+    ) {
         let mut vmi: DynamicObject = serde_json::from_value(serde_json::json!({
             "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
             "metadata": {
                 "name": "vm", "namespace": "ns", "uid": "u", "resourceVersion": "9",
-                "labels": {"autonodes.io/nodeclaim": "c"},
+                "labels": {"autonodes.io/nodeclaim": "c", "app.kubernetes.io/managed-by": "autonodes",
+                           "kubevirt.io/nodeName": "host-1", "workload": "memory-intensive"},
                 "annotations": {"kubevirt.io/latest-observed-api-version": "v1"},
                 "finalizers": ["foregroundDeleteVirtualMachine"],
                 "managedFields": [{"manager": "virt-controller"}],
@@ -580,7 +620,12 @@ mod tests {
         assert_eq!(kubevirt::vmi_phase(&vmi), Some("Running"));
         assert_eq!(kubevirt::vmi_ip(&vmi), Some("10.0.0.7"));
         assert!(kubevirt::vm_ready(&vmi));
-        assert_eq!(vmi.labels()["autonodes.io/nodeclaim"], "c");
+        assert_eq!(
+            vmi.labels().keys().collect::<Vec<_>>(),
+            ["app.kubernetes.io/managed-by", "autonodes.io/nodeclaim"],
+            "only autonodes' labels stay"
+        );
+        assert!(vmi.types.is_none());
         assert_eq!(vmi.metadata.resource_version.as_deref(), Some("9"));
         assert_eq!(
             vmi.data,
@@ -594,9 +639,11 @@ mod tests {
     }
 
     #[test]
-    fn a_cached_node_keeps_its_spec_and_the_state_of_its_conditions() {
+    fn a_cached_node_keeps_its_spec_the_state_of_its_conditions_and_the_labels_autonodes_may_set() {
         let mut n: Node = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "n", "labels": {"a": "b"}, "annotations": {"x": "y"}},
+            "metadata": {"name": "n", "labels": {"a": "b", "kubernetes.io/hostname": "n",
+                                                 "kubernetes.io/arch": "amd64"},
+                         "annotations": {"x": "y"}},
             "spec": {"providerID": "kubevirt://n", "taints": [{"key": "k", "effect": "NoSchedule"}]},
             "status": {
                 "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
@@ -612,7 +659,11 @@ mod tests {
         let spec = n.spec.clone();
         trim_node(&mut n);
         assert_eq!(n.spec, spec);
-        assert_eq!(n.labels()["a"], "b");
+        assert_eq!(
+            n.labels().keys().collect::<Vec<_>>(),
+            ["a"],
+            "the kubelet's own labels go"
+        );
         assert!(n.metadata.annotations.is_none());
         let status = n.status.expect("status");
         assert!(status.images.is_none() && status.node_info.is_none());
@@ -622,6 +673,25 @@ mod tests {
             ("Ready", "True")
         );
         assert!(conditions[0].message.is_none());
+    }
+
+    #[test]
+    fn delivered_versions_older_than_the_written_ttl_are_forgotten_once_hundreds_pile_up() {
+        let mut own = Own::<Node>::new();
+        let Some(long_ago) = Instant::now().checked_sub(WRITTEN_TTL * 2) else {
+            return; // a machine up for less than two minutes: nothing can be that old
+        };
+        for i in 0..300 {
+            let k = ObjectRef::new(&format!("old-{i}"));
+            own.delivered
+                .insert(k, (long_ago, VecDeque::from(["1".to_string()])));
+        }
+        own.pruned = long_ago;
+        own.delivered(key(), Some("7".into()));
+        assert_eq!(own.delivered.len(), 1, "only the fresh delivery is left");
+        // A write of a version delivered just now is still recognised as delivered.
+        own.remember(key(), Some(node("7")));
+        assert!(!own.pending.contains_key(&key()));
     }
 
     #[test]

@@ -201,6 +201,9 @@ names! {
         /// Pools made from a vCluster's configuration (`vc-config-<name>`): whether the
         /// configuration, as it is now, could be imported for this pool.
         VClusterConfig,
+        /// Whether the pool replaces nodes that stopped being Ready (False while too many
+        /// of them are unhealthy at once).
+        NodeRepair,
     }
 }
 
@@ -251,6 +254,11 @@ names! {
         /// `VClusterConfig=False`: the configuration cannot be read, or this pool's entry
         /// cannot be mapped; the pool is kept as it was.
         InvalidVClusterConfig,
+        /// `NodeRepair=True`: nodes not Ready for `--node-repair-after` are replaced.
+        RepairAllowed,
+        /// `NodeRepair=False`: more than a fifth of the pool's nodes are not Ready; none is
+        /// replaced until fewer are.
+        TooManyUnhealthyNodes,
     }
 }
 

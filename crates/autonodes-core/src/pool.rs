@@ -6,6 +6,8 @@
 //!   a wait is over;
 //! - [`budget`]: how many of a pool's nodes may be disrupted now (`disruption.budgets`,
 //!   their cron windows, the older `disruption.budget`, the default 10 %);
+//! - [`repair`]: which claims whose node stopped being Ready are replaced, and when the
+//!   pool stops repairing (more than a fifth unhealthy);
 //! - [`plan`]: the claims of a pool to delete and create (scale, replace, roll);
 //! - [`pack`]: pending pods packed onto the room of existing nodes and onto new nodes of the
 //!   cheapest accepting type, within the pool's limits;
@@ -24,6 +26,7 @@ pub mod expectations;
 pub mod pack;
 pub mod plan;
 pub mod reconcile;
+pub mod repair;
 pub mod status;
 
 pub use budget::{

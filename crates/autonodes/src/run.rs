@@ -45,6 +45,10 @@ pub struct RunArgs {
     /// claim fails.
     #[arg(long, env = "AUTONODES_INITIALIZATION_TIMEOUT", default_value = "15m", value_parser = parse_duration)]
     pub initialization_timeout: Duration,
+    /// How long a pool's Node may stay not Ready (after it was Ready once) before the pool
+    /// replaces it; `0s` turns repair off.
+    #[arg(long, env = "AUTONODES_NODE_REPAIR_AFTER", default_value = "10m", value_parser = parse_duration)]
+    pub node_repair_after: Duration,
     /// How long draining a Node may take before it is deleted anyway.
     #[arg(long, env = "AUTONODES_DRAIN_TIMEOUT", default_value = "2m", value_parser = parse_duration)]
     pub drain_timeout: Duration,
@@ -170,6 +174,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         launch_timeout: args.launch_timeout,
         registration_timeout: args.registration_timeout,
         initialization_timeout: args.initialization_timeout,
+        node_repair_after: (!args.node_repair_after.is_zero()).then_some(args.node_repair_after),
         drain_timeout: args.drain_timeout,
         orphan_sweep_interval: args.orphan_sweep_interval,
         vcluster_import: args.vcluster_config_namespaces.clone(),

@@ -527,6 +527,7 @@ async fn the_autoscaler_scales_a_pool_up_from_zero_by_put_and_removes_exactly_th
             outdated: false,
             replaces: None,
             delete_first: false,
+            repair: false,
         })
         .collect();
     let default_victim = plan_claims(&views, Some(1), Allowance::uniform(1)).delete[0]

@@ -289,3 +289,150 @@ async fn a_node_whose_startup_taint_never_goes_fails_its_claim_by_initialization
     );
     world.shutdown().await;
 }
+
+/// Stops (`true`) or restarts the simulated kubelet of the claim's VM.
+async fn kubelet_stopped(world: &World, claim: &autonodes::api::NodeClaim, stopped: bool) {
+    let s = claim.status.clone().expect("status");
+    let (ns, vm) = (
+        s.vm_namespace.expect("vm namespace"),
+        s.vm_name.expect("vm"),
+    );
+    let api: kube::Api<kube::api::DynamicObject> = kube::Api::namespaced_with(
+        world.host.clone(),
+        &ns,
+        &autonodes::kubevirt::virtual_machine(),
+    );
+    let value = stopped.then_some("true");
+    api.patch(
+        &vm,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {
+            autonodes_testenv::simulator::KUBELET_STOPPED_ANNOTATION: value}}})),
+    )
+    .await
+    .expect("VM annotated");
+}
+
+fn pool_condition(p: &autonodes::api::NodePool, type_: &str) -> Option<(String, String)> {
+    p.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_not_ready_for_the_repair_time_is_replaced_first_and_repair_stops_while_more_than_a_fifth_are_unhealthy(
+) {
+    let world = World::start(WorldOptions {
+        provider: provider(),
+        node_repair_after: Some(Duration::from_secs(3)),
+        ..WorldOptions::default()
+    })
+    .await;
+    // A budget of 0: repair is not voluntary disruption and ignores it.
+    world
+        .create_pool(
+            "workers",
+            json!({"providerRef": "pools", "replicas": 5,
+                   "disruption": {"budgets": [{"nodes": "0"}]}}),
+        )
+        .await;
+    let all_available = |n: usize| {
+        let world = &world;
+        async move {
+            let claims = pool_claims(world, "workers").await;
+            (claims.len() == n
+                && claims.iter().all(available)
+                && ready_nodes(world).await.len() == n
+                && world.nodes().await.len() == n)
+                .then_some(claims)
+        }
+    };
+    let claims = common::eventually("5 Available workers", WAIT, || all_available(5)).await;
+    show(&world, "5 workers Ready");
+
+    // One kubelet stops: after the repair time a replacement comes first, then it goes.
+    let broken = claims[0].clone();
+    kubelet_stopped(&world, &broken, true).await;
+    let stopped_at = Instant::now();
+    let mut most_live = 0;
+    loop {
+        let claims = pool_claims(&world, "workers").await;
+        most_live = most_live.max(
+            claims
+                .iter()
+                .filter(|c| c.metadata.deletion_timestamp.is_none())
+                .count(),
+        );
+        if claims.len() == 5
+            && claims.iter().all(available)
+            && !claims.iter().any(|c| c.name_any() == broken.name_any())
+            && ready_nodes(&world).await.len() == 5
+        {
+            break;
+        }
+        assert!(stopped_at.elapsed() < WAIT, "broken node not repaired");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        most_live, 6,
+        "the replacement came before the broken claim went"
+    );
+    let events = world.events_for(NS, "workers").await;
+    assert!(
+        events.iter().any(|e| e.starts_with("NodeRepaired")),
+        "{events:?}"
+    );
+    println!(
+        "repair: {} replaced {:.1}s after its kubelet stopped (repair after 3s)",
+        broken.name_any(),
+        stopped_at.elapsed().as_secs_f64()
+    );
+    show(&world, "the broken node replaced");
+
+    // Two of five stop: more than a fifth, nothing is repaired.
+    let claims = pool_claims(&world, "workers").await;
+    let (a, b) = (claims[0].clone(), claims[1].clone());
+    kubelet_stopped(&world, &a, true).await;
+    kubelet_stopped(&world, &b, true).await;
+    world
+        .wait_pool("workers", "NodeRepair False", |p| {
+            pool_condition(p, "NodeRepair")
+                == Some(("False".into(), "TooManyUnhealthyNodes".into()))
+        })
+        .await;
+    let held = Instant::now();
+    while held.elapsed() < Duration::from_secs(8) {
+        let names: Vec<String> = pool_claims(&world, "workers")
+            .await
+            .iter()
+            .map(|c| c.name_any())
+            .collect();
+        assert_eq!(names.len(), 5, "no replacement while blocked: {names:?}");
+        assert!(names.contains(&a.name_any()) && names.contains(&b.name_any()));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    show(&world, "2 of 5 not Ready: repair blocked");
+
+    // One comes back: one of five is a fifth, the other is repaired.
+    kubelet_stopped(&world, &a, false).await;
+    common::eventually("the other broken node repaired", WAIT, || async {
+        let claims = pool_claims(&world, "workers").await;
+        (claims.len() == 5
+            && claims.iter().all(available)
+            && claims.iter().any(|c| c.name_any() == a.name_any())
+            && !claims.iter().any(|c| c.name_any() == b.name_any()))
+        .then_some(())
+    })
+    .await;
+    let p = world
+        .wait_pool("workers", "NodeRepair True", |p| {
+            pool_condition(p, "NodeRepair").is_some_and(|(s, _)| s == "True")
+        })
+        .await;
+    println!("{:?}", pool_condition(&p, "NodeRepair"));
+    show(&world, "one kubelet back, the other node repaired");
+    world.shutdown().await;
+}

@@ -31,6 +31,8 @@ pub struct ClaimView {
     pub replaces: Option<String>,
     /// Marked to go first on scale-down (annotation [`ANNOTATION_DELETE_FIRST`]).
     pub delete_first: bool,
+    /// Its node has not been Ready for the repair time: it is replaced ([`super::repair`]).
+    pub repair: bool,
 }
 
 /// The planner's view of a pool's claims at `now_ms` (milliseconds since the epoch): a
@@ -72,6 +74,7 @@ pub fn claim_views<C: Borrow<NodeClaim>>(
                 outdated: label(LABEL_TEMPLATE_HASH).map(String::as_str) != Some(hash) || expired,
                 replaces: annotation(ANNOTATION_REPLACES).cloned(),
                 delete_first: annotation(ANNOTATION_DELETE_FIRST).is_some(),
+                repair: false,
             }
         })
         .collect()
@@ -106,6 +109,8 @@ pub enum DeleteReason {
     ScaleDown,
     /// Its node ran no non-DaemonSet pod for `consolidateAfter`.
     Empty,
+    /// Its node stopped being Ready and its replacement is Available ([`super::repair`]).
+    Repaired,
 }
 
 impl DeleteReason {
@@ -117,6 +122,7 @@ impl DeleteReason {
             DeleteReason::Replaced => "ClaimReplaced",
             DeleteReason::ScaleDown => "ScaledDown",
             DeleteReason::Empty => "Consolidated",
+            DeleteReason::Repaired => "NodeRepaired",
         }
     }
 }
@@ -176,11 +182,12 @@ pub fn plan_claims(claims: &[ClaimView], desired: Option<usize>, allowed: Allowa
             .find(|r| r.replaces.as_deref() == Some(o.name.as_str()) && !r.outdated)
             .copied()
     };
-    // A surge claim replaces a live outdated claim and does not take a slot of its own.
+    // A surge claim replaces a live outdated (or broken) claim and does not take a slot of
+    // its own.
     let is_surge = |r: &ClaimView| {
         r.replaces
             .as_deref()
-            .is_some_and(|o| live.iter().any(|x| x.name == o && x.outdated))
+            .is_some_and(|o| live.iter().any(|x| x.name == o && (x.outdated || x.repair)))
     };
     let counted: Vec<&ClaimView> = live.iter().filter(|c| !is_surge(c)).copied().collect();
     let mut slots = counted.len();
@@ -216,8 +223,29 @@ pub fn plan_claims(claims: &[ClaimView], desired: Option<usize>, allowed: Allowa
         }
     }
 
-    let mut surging = live.iter().filter(|r| is_surge(r) && !r.available).count();
-    let mut outdated: Vec<&ClaimView> = counted.iter().filter(|c| c.outdated).copied().collect();
+    // Broken nodes: a replacement first, whatever the budgets; the broken claim goes once
+    // its replacement is Available.
+    for c in counted.iter().filter(|c| c.repair) {
+        match replacement_of(c) {
+            Some(r) if r.available => plan.delete.push((c.name.clone(), DeleteReason::Repaired)),
+            Some(_) => {}
+            None => plan.create.push(Some(c.name.clone())),
+        }
+    }
+    let mut surging = live
+        .iter()
+        .filter(|r| is_surge(r) && !r.available)
+        .filter(|r| {
+            !r.replaces
+                .as_deref()
+                .is_some_and(|o| live.iter().any(|x| x.name == o && x.repair))
+        })
+        .count();
+    let mut outdated: Vec<&ClaimView> = counted
+        .iter()
+        .filter(|c| c.outdated && !c.repair)
+        .copied()
+        .collect();
     outdated.sort_by_key(|c| (c.available, c.created_ms));
     for o in outdated {
         let replacement = replacement_of(o);
@@ -269,6 +297,7 @@ mod tests {
             outdated: false,
             replaces: None,
             delete_first: false,
+            repair: false,
         }
     }
 
@@ -403,6 +432,31 @@ mod tests {
             closed,
         );
         assert_eq!(plan.delete.len(), 1, "{plan:?}");
+        assert!(plan.create.is_empty());
+    }
+
+    #[test]
+    fn a_broken_node_is_replaced_first_and_removed_once_its_replacement_is_available_whatever_the_budget(
+    ) {
+        let mut broken = view("broken", 1, false);
+        broken.repair = true;
+        let closed = Allowance {
+            disrupt: 0,
+            scale_down: 1,
+        };
+        let plan = plan_claims(&[broken.clone(), view("b", 2, true)], Some(2), closed);
+        assert_eq!(plan.create, vec![Some("broken".to_string())]);
+        assert!(plan.delete.is_empty());
+        let mut r = view("r", 3, false);
+        r.replaces = Some("broken".into());
+        let waiting = [broken.clone(), view("b", 2, true), r.clone()];
+        assert_eq!(plan_claims(&waiting, Some(2), closed), Plan::default());
+        r.available = true;
+        let plan = plan_claims(&[broken, view("b", 2, true), r], Some(2), closed);
+        assert_eq!(
+            plan.delete,
+            vec![("broken".to_string(), DeleteReason::Repaired)]
+        );
         assert!(plan.create.is_empty());
     }
 

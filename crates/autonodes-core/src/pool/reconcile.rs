@@ -51,6 +51,8 @@ pub struct Observed<'a> {
     pub tenant: Option<Result<Tenant<'a>, &'a Verdict>>,
     /// The node types.
     pub catalogue: &'a Catalogue,
+    /// How long a node may stay not Ready before it is replaced (`None`: never).
+    pub repair_after: Option<Duration>,
     /// The time of the observation.
     pub now: Timestamp,
 }
@@ -83,6 +85,8 @@ pub struct PoolPlan {
     pub pending_pods: Option<i32>,
     /// `VClusterConfig`, for a pool made from a vCluster's configuration.
     pub imported: Option<Verdict>,
+    /// `NodeRepair`.
+    pub repair: Option<Verdict>,
     /// When to look again.
     pub requeue: Duration,
 }
@@ -155,12 +159,16 @@ pub fn plan_pool(observed: &Observed) -> PoolPlan {
     let spec = &observed.pool.spec;
     let template = template_spec(spec);
     let hash = template_hash(spec);
-    let views = claim_views(
+    let repair = super::repair::assess(observed.claims, observed.repair_after, observed.now);
+    let mut views = claim_views(
         observed.claims,
         &hash,
         expire_after(spec),
         observed.now.as_millisecond(),
     );
+    for v in &mut views {
+        v.repair = repair.due.contains(&v.name);
+    }
     let desired = spec.replicas.map(|r| usize::try_from(r).unwrap_or(0));
     let nodes = observed.claims.iter().filter(|c| is_live(c)).count();
     let allowed = Allowance {
@@ -238,6 +246,10 @@ pub fn plan_pool(observed: &Observed) -> PoolPlan {
             out.pending_pods = Some(d.pending_pods);
             out.requeue = d.requeue;
         }
+    }
+    out.repair = Some(repair.verdict());
+    if let Some(next) = repair.next_check {
+        out.requeue = out.requeue.min(next);
     }
     out
 }

@@ -175,12 +175,14 @@ pub fn pool_status(
         .imported
         .clone()
         .map(|v| (PoolCondition::VClusterConfig, v));
+    let repair = plan.repair.clone().map(|v| (PoolCondition::NodeRepair, v));
     for (type_, v) in [
         (PoolCondition::Ready, ready),
         (PoolCondition::LimitReached, limit),
     ]
     .into_iter()
     .chain(imported)
+    .chain(repair)
     {
         conditions::set(
             &mut new.conditions,
@@ -217,7 +219,7 @@ pub fn is_problem(c: &Condition) -> bool {
             c.status != TRUE && !PoolReason::parse(&c.reason).is_some_and(PoolReason::is_progress)
         }
         Some(PoolCondition::LimitReached) => c.status == TRUE,
-        Some(PoolCondition::VClusterConfig) => c.status != TRUE,
+        Some(PoolCondition::VClusterConfig) | Some(PoolCondition::NodeRepair) => c.status != TRUE,
         _ => false,
     }
 }

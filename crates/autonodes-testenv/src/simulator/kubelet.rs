@@ -287,6 +287,17 @@ pub(crate) async fn guest(
     ns: &str,
 ) -> Result<Action, SimError> {
     let vm_key = format!("{ns}/{}", vm.name_any());
+    if let (Some(_), Some((entry, node))) = (
+        annotation(vm, super::KUBELET_STOPPED_ANNOTATION),
+        joined(ctx, vmi),
+    ) {
+        // The kubelet stopped posting: what the node lifecycle controller then shows.
+        if let Err(e) = set_ready(entry, &node, "Unknown").await {
+            tracing::warn!(vm = %vm_key, node, error = %e, "marking the Node Unknown failed");
+            return Ok(Action::requeue(ctx.opts.join_retry_interval));
+        }
+        return Ok(Action::await_change());
+    }
     if let Some((entry, node)) = joined(ctx, vmi) {
         // Joined already: the kubelet keeps posting Ready. (A real kubelet would also
         // re-register a deleted Node; the simulator lets a deleted Node stay deleted.)
@@ -850,13 +861,26 @@ async fn keep_ready(entry: &TenantEntry, name: &str) -> Result<(), SimError> {
         return Ok(());
     };
     remove_not_ready_taint(entry, &node).await?;
-    if ready_status(&node).as_deref() != Some("True") {
+    set_ready(entry, name, "True").await
+}
+
+/// Sets the Node's `Ready` condition to `status` (`True`, `Unknown`) unless it is so
+/// already (read from the cache).
+async fn set_ready(entry: &TenantEntry, name: &str, status: &str) -> Result<(), SimError> {
+    let nodes = entry.nodes_api();
+    let cached = entry.nodes.read(&nodes, name).await;
+    let Some(node) = cached.map_err(SimError::kube(format!("reading Node {name}")))? else {
+        return Ok(());
+    };
+    if ready_status(&node).as_deref() != Some(status) {
         let now = Timestamp::now().to_string();
-        let patch = json!({"status": {"conditions": node_conditions("True", &now)}});
+        let patch = json!({"status": {"conditions": node_conditions(status, &now)}});
         let patched = nodes
             .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
-            .map_err(SimError::kube(format!("marking Node {name} Ready")))?;
+            .map_err(SimError::kube(format!(
+                "marking Node {name} Ready={status}"
+            )))?;
         entry.nodes.wrote(patched);
     }
     Ok(())

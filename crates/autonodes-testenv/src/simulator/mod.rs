@@ -16,7 +16,9 @@
 //!   authenticates, then registers the Node in the tenant with the tenant's admin client
 //!   (standing in for the kubelet after its TLS bootstrap) and marks it Ready. Failures are
 //!   recorded as a Warning Event `JoinFailed` on the VM and the annotation
-//!   `simulator.autonodes.io/join-error` on the VMI;
+//!   `simulator.autonodes.io/join-error` on the VMI; a VM annotated
+//!   `simulator.autonodes.io/kubelet-stopped` has a kubelet that stopped posting: its Node
+//!   turns `Ready=Unknown` until the annotation goes (node repair is tested so);
 //! - on deletion deletes the VMI and the VM's DataVolumes, marks the Node NotReady
 //!   (`Ready=Unknown`, as a stopped kubelet looks) and releases the finalizer; a periodic
 //!   sweep deletes VMIs, DataVolumes and autonodes Secrets whose owning VirtualMachine is
@@ -68,6 +70,9 @@ pub const MANAGED_SELECTOR: &str = "app.kubernetes.io/managed-by=autonodes";
 pub const FINALIZER: &str = "simulator.autonodes.io/teardown";
 /// VMI annotation: why the guest did not join (absent once it joined).
 pub const JOIN_ERROR_ANNOTATION: &str = "simulator.autonodes.io/join-error";
+/// VM annotation (set by tests, or by hand in the playground): the guest's kubelet has
+/// stopped — its joined Node turns `Ready=Unknown` and stays so until the annotation goes.
+pub const KUBELET_STOPPED_ANNOTATION: &str = "simulator.autonodes.io/kubelet-stopped";
 /// Prefix of a join error the guest no longer retries.
 pub const GAVE_UP_PREFIX: &str = "gave up: ";
 

@@ -67,6 +67,9 @@ pub struct ControllerConfig {
     /// How long a joined Node may take to be Ready without startup taints before its
     /// claim fails.
     pub initialization_timeout: Duration,
+    /// How long an initialized Node may stay not Ready before a pool replaces it (`None`:
+    /// never).
+    pub node_repair_after: Option<Duration>,
     /// How long draining a Node may take before it is deleted anyway.
     pub drain_timeout: Duration,
     /// What kubeconfig Secrets may contain beyond the defaults.
@@ -84,6 +87,7 @@ impl Default for ControllerConfig {
             launch_timeout: Duration::from_secs(600),
             registration_timeout: Duration::from_secs(900),
             initialization_timeout: Duration::from_secs(900),
+            node_repair_after: Some(Duration::from_secs(600)),
             drain_timeout: Duration::from_secs(120),
             kubeconfig_policy: KubeconfigPolicy::default(),
             orphan_sweep_interval: Duration::from_secs(300),

@@ -26,6 +26,8 @@ pub struct WorldOptions {
     pub registration_timeout: Duration,
     /// The controller's initialization timeout.
     pub initialization_timeout: Duration,
+    /// How long a pool's node may stay not Ready before it is replaced.
+    pub node_repair_after: Option<Duration>,
     /// How often the controller's orphan sweep runs.
     pub orphan_sweep_interval: Duration,
 }
@@ -41,6 +43,7 @@ impl Default for WorldOptions {
             launch_timeout: Duration::from_secs(120),
             registration_timeout: Duration::from_secs(120),
             initialization_timeout: Duration::from_secs(120),
+            node_repair_after: Some(Duration::from_secs(600)),
             orphan_sweep_interval: Duration::from_secs(300),
         }
     }
@@ -177,6 +180,7 @@ impl World {
             launch_timeout: opts.launch_timeout,
             registration_timeout: opts.registration_timeout,
             initialization_timeout: opts.initialization_timeout,
+            node_repair_after: opts.node_repair_after,
             drain_timeout: Duration::from_secs(20),
             orphan_sweep_interval: opts.orphan_sweep_interval,
             ..Default::default()

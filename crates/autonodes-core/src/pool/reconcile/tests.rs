@@ -158,6 +158,7 @@ impl Scene {
             problem: self.problem.as_ref(),
             tenant,
             catalogue: &self.catalogue,
+            repair_after: None,
             now: at(NOW),
         })
     }
@@ -237,11 +238,20 @@ fn a_static_pool_with_every_replica_available_is_ready_and_idle() {
         plan,
         PoolPlan {
             requeue: IDLE_RECHECK,
+            repair: Some(Verdict::new(
+                true,
+                PoolReason::RepairAllowed,
+                "0 of 2 nodes are not Ready; nodes not Ready for the repair time are replaced"
+            )),
             ..PoolPlan::default()
         }
     );
     let s = scene.status(&plan);
     assert_eq!((s.replicas, s.ready_replicas, s.cost), (2, 2, Some(2)));
+    assert_eq!(
+        condition(&s, PoolCondition::NodeRepair),
+        ("True", "RepairAllowed")
+    );
     assert_eq!(s.node_type.as_deref(), Some("p.small"));
     assert_eq!(s.selector.as_deref(), Some("autonodes.io/nodepool=blue"));
     assert_eq!(s.observed_generation, Some(3));

@@ -153,6 +153,9 @@ async fn delete_claim(
         DeleteReason::Empty => {
             format!("deleted NodeClaim {name}: its node ran no pods for the consolidation delay")
         }
+        DeleteReason::Repaired => format!(
+            "deleted NodeClaim {name}: its node was not Ready for the repair time and its replacement is Available"
+        ),
     };
     ctx.event(
         pool,

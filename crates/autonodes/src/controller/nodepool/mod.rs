@@ -139,6 +139,7 @@ async fn reconcile_pool(pool: &NodePool, pctx: &PoolContext) -> Result<Action, E
             .as_ref()
             .map(|t| t.as_ref().map(|t| t.view(&claims.others))),
         catalogue: &catalogue,
+        repair_after: ctx.config.node_repair_after,
         now: now(),
     });
 

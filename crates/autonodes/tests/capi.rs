@@ -16,12 +16,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use autonodes::api::capi::*;
-use autonodes::api::{NodeClaim, NodeClaimPhase, NodePool, NodeType, LABEL_NODEPOOL};
+use autonodes::api::{NodeClaimPhase, NodePool, NodeType};
 use autonodes::controller::capi::{AUTOSCALING, REASON_INVALID_BOUNDS};
 use autonodes::resources::{self, ResourceAmounts};
 use autonodes_core::pool::plan::{plan_claims, Allowance, ClaimView};
 use autonodes_core::pool::ANNOTATION_DELETE_FIRST;
 use autonodes_testenv::testenv::ManagedProcess;
+use common::pools::pool_claims;
 use common::world::*;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -169,15 +170,6 @@ fn provider_id(n: &Node) -> String {
         .as_ref()
         .and_then(|s| s.provider_id.clone())
         .unwrap_or_default()
-}
-
-async fn pool_claims(world: &World, pool: &str) -> Vec<NodeClaim> {
-    world
-        .claims()
-        .list(&ListParams::default().labels(&format!("{LABEL_NODEPOOL}={pool}")))
-        .await
-        .expect("list claims")
-        .items
 }
 
 /// Discovery as the provider does it: the group's preferred version, and the resources of

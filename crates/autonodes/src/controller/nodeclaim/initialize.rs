@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::runtime::controller::Action;
 use kube::ResourceExt;
 
-use super::{elapsed_since, remaining, Provisioning, Step, INITIALIZED, JOINED, READY};
+use super::{elapsed_since, remaining, Provisioning, Step, INITIALIZED, READY};
 use crate::api::reasons::ClaimReason;
 use crate::api::NodeClaim;
 use crate::controller::{now, Error};
@@ -59,13 +59,16 @@ pub(super) async fn initialize(p: &mut Provisioning<'_>) -> Result<Step, Error> 
             .set(READY, false, ClaimReason::NodeNotReady, message);
         return Ok(Step::Stop(Action::requeue(Duration::from_secs(30))));
     }
-    let since = p.status.true_since(JOINED).unwrap_or_else(now);
+    // Counted from when `Initialized=False` was first written: with `Joined` for a new
+    // claim, at the upgrade for a claim from a version without the condition (whose Node
+    // may have been Ready for months and be NotReady just now).
+    let since = p.status.since(INITIALIZED).unwrap_or_else(now);
     let waited = elapsed_since(since);
     let limit = p.ctx.config.initialization_timeout;
     if waited > limit {
         return Ok(Step::Fail {
             reason: ClaimReason::InitializationTimeout,
-            message: format!("{message} {}s after it joined", limit.as_secs()),
+            message: format!("{message}; not initialized within {}s", limit.as_secs()),
         });
     }
     p.status.set(

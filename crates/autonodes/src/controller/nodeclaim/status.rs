@@ -59,6 +59,12 @@ impl<'a> StatusWriter<'a> {
         conditions::true_since(&self.new.conditions, type_)
     }
 
+    /// Since when the condition has had its present status, in the status as changed so
+    /// far; None when the claim does not have it.
+    pub(super) fn since(&self, type_: ClaimCondition) -> Option<k8s_openapi::jiff::Timestamp> {
+        conditions::get(&self.new.conditions, type_).map(|c| c.last_transition_time.0)
+    }
+
     /// Sets a condition of the claim.
     pub(super) fn set(
         &mut self,

@@ -204,6 +204,9 @@ pub struct NodePoolResources {
     /// Memory over all nodes of the pool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<Quantity>,
+    /// Extended resources (`nvidia.com/gpu`) over all nodes of the pool, by name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub extended: BTreeMap<String, Quantity>,
 }
 
 /// Observed state of a NodePool.

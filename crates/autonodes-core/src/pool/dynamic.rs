@@ -3,7 +3,9 @@
 //! then onto new claims of the cheapest accepting node type within `spec.limits`
 //! ([`super::pack`]); the pool's Available claims whose node runs no non-DaemonSet pod are
 //! marked `autonodes.io/empty-since` and removed after `consolidateAfter`, within the
-//! disruption budget; and the `Ready` and `LimitReached` conditions say how it went.
+//! disruption budget; and the `Ready` and `LimitReached` conditions say how it went. A pod
+//! that a dynamic pool of the same tenant ranked ahead (higher `weight`, then name) would
+//! create a node for is left to that pool.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -14,20 +16,20 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::api::conditions;
 use crate::api::reasons::{ClaimCondition, PoolReason};
-use crate::api::{NodeClaim, NodeClaimPhase, NodeClaimSpec, NodePoolSpec, Overhead};
+use crate::api::{NodeClaim, NodeClaimPhase, NodeClaimSpec, NodePool, NodePoolSpec, Overhead};
 use crate::resources::ResourceAmounts;
-use crate::scheduling::{self, Catalogue, ClaimRequest, PreparedType};
+use crate::scheduling::{self, Catalogue, ClaimRequest, Mismatch, PreparedType};
 
 use super::pack::{
-    claim_type, is_unschedulable, non_daemon_running, pack, pod_request, Amount, Bin, Candidate,
-    Limits, NodeShape, Packing, PendingPod,
+    accepts, claim_type, is_unschedulable, non_daemon_running, opens_for, pack, pod_request,
+    Amount, Bin, Candidate, Limits, NodeShape, Packing, PendingPod,
 };
 use super::plan::{is_draining, is_live};
 use super::reconcile::NewClaim;
 use super::status::Verdict;
 use super::{
-    allowed_disruptions, consolidate_after, due_for_removal, ANNOTATION_EMPTY_SINCE,
-    READY_NODE_GRACE,
+    allowed_disruptions, consolidate_after, due_for_removal, owned_by, template_spec,
+    ANNOTATION_EMPTY_SINCE, READY_NODE_GRACE,
 };
 
 /// The longest a dynamic pool waits before it looks again.
@@ -47,11 +49,16 @@ pub struct Tenant<'a> {
     pub claimed: &'a BTreeMap<String, i64>,
     /// `spec.overhead` by NodeType name (its `kubeReserved` is not allocatable).
     pub overheads: &'a BTreeMap<String, Overhead>,
+    /// The namespace's NodePools (the pool itself may be among them): dynamic pools of
+    /// the same tenant ranked ahead of this one get first go at pending pods.
+    pub pools: &'a [Arc<NodePool>],
 }
 
 /// The inputs of [`plan`].
 #[derive(Clone, Copy, Debug)]
 pub struct DynamicInput<'a> {
+    /// The pool's name.
+    pub name: &'a str,
     /// The pool's spec.
     pub spec: &'a NodePoolSpec,
     /// Its claim template ([`super::template_spec`]).
@@ -115,8 +122,15 @@ impl NodeUse {
     }
 
     fn used(&self, node: &str) -> Amount {
-        let bound = self.bound.get(node).map(|b| b.0).unwrap_or_default();
-        bound.plus(&self.daemons.get(node).copied().unwrap_or_default())
+        let bound = self
+            .bound
+            .get(node)
+            .map(|b| b.0.clone())
+            .unwrap_or_default();
+        match self.daemons.get(node) {
+            Some(d) => bound.plus(d),
+            None => bound,
+        }
     }
 
     fn busy(&self, node: &str) -> bool {
@@ -131,7 +145,7 @@ pub fn allocatable(t: &PreparedType, overhead: Option<&Overhead>) -> Amount {
         .map(|r| Amount {
             cpu: r.cpu_millis(),
             memory: r.memory_bytes(),
-            pods: 0,
+            ..Amount::default()
         })
         .unwrap_or_default();
     Amount::of_node(&t.amounts).minus(&reserved)
@@ -219,6 +233,8 @@ fn bins(claim_nodes: &[ClaimNode], nodes: &[Node], usage: &NodeUse, now: Timesta
 }
 
 /// The node types the pool's template fits, cheapest first, with the room left of each.
+/// Types with extended resources are candidates too (the template need not ask for a
+/// GPU): packing opens one only for a pod that asks for its extended resource.
 fn candidates(
     template: &NodeClaimSpec,
     request: &ClaimRequest,
@@ -233,7 +249,9 @@ fn candidates(
                 .provider_ref
                 .as_deref()
                 .is_none_or(|p| p == t.provider)
-                && scheduling::fits(t, request)
+                && scheduling::mismatches(t, request)
+                    .iter()
+                    .all(|m| matches!(m, Mismatch::UnrequestedExtended(_)))
         })
         .filter_map(|t| {
             Some(Candidate {
@@ -244,6 +262,79 @@ fn candidates(
                 room: t
                     .max_capacity
                     .map(|m| m - tenant.claimed.get(&t.name).copied().unwrap_or(0)),
+            })
+        })
+        .collect()
+}
+
+/// A pool's place among a tenant's dynamic pools: higher `weight` first, then by name.
+fn rank(name: &str, spec: &NodePoolSpec) -> (std::cmp::Reverse<i32>, String) {
+    (
+        std::cmp::Reverse(spec.weight.unwrap_or(0)),
+        name.to_string(),
+    )
+}
+
+/// A dynamic pool of the same tenant ranked ahead of the one being planned: the node
+/// types it may create, its limits and what it uses.
+struct Ahead {
+    candidates: Vec<Candidate>,
+    limits: Limits,
+    usage: (i64, Amount),
+}
+
+impl Ahead {
+    /// Whether this pool would create a node for `pod`: one of its types takes the pod,
+    /// has room left, and one more node of it stays within the pool's limits.
+    fn would_take(&self, pod: &PendingPod) -> bool {
+        self.candidates.iter().any(|c| {
+            accepts(&c.shape, pod)
+                && opens_for(c, pod)
+                && c.allocatable.covers(&pod.request)
+                && c.room.is_none_or(|r| r > 0)
+                && self
+                    .limits
+                    .allow(self.usage.0 + 1, &self.usage.1.plus(&c.resources))
+        })
+    }
+}
+
+/// The tenant's other dynamic pools ranked ahead of this one (weight, then name), that
+/// are not being deleted and whose template can be read.
+fn pools_ahead(input: &DynamicInput) -> Vec<Ahead> {
+    let me = rank(input.name, input.spec);
+    input
+        .tenant
+        .pools
+        .iter()
+        .filter(|p| {
+            let name = p.metadata.name.as_deref().unwrap_or_default();
+            name != input.name
+                && p.metadata.deletion_timestamp.is_none()
+                && p.spec.replicas.is_none()
+                && p.spec.v_cluster_ref.name == input.spec.v_cluster_ref.name
+                && rank(name, &p.spec) < me
+        })
+        .filter_map(|p| {
+            let template = template_spec(&p.spec);
+            let request = ClaimRequest::new(&template, None).ok()?;
+            let uid = p.metadata.uid.as_deref().unwrap_or_default();
+            let mut usage = (0i64, Amount::default());
+            for c in input
+                .tenant
+                .others
+                .iter()
+                .filter(|c| is_live(c) && owned_by(c, uid))
+            {
+                usage.0 += 1;
+                if let Some(t) = claim_type(c, input.catalogue, input.tenant.claimed) {
+                    usage.1 = usage.1.plus(&Amount::of_node(&t.amounts));
+                }
+            }
+            Some(Ahead {
+                candidates: candidates(&template, &request, &input.tenant, input.catalogue),
+                limits: Limits::from_spec(p.spec.limits.as_ref()),
+                usage,
             })
         })
         .collect()
@@ -391,11 +482,14 @@ fn verdicts(packing: &Packing, limits: &Limits, no_candidates: bool) -> (Verdict
 pub fn plan(input: &DynamicInput) -> DynamicPlan {
     let tenant = &input.tenant;
     let usage = NodeUse::of(tenant.pods);
+    // Pods a pool ranked ahead would create a node for are left to it.
+    let ahead = pools_ahead(input);
     let pending: Vec<PendingPod> = tenant
         .pods
         .iter()
         .filter(|p| is_unschedulable(p))
         .map(PendingPod::from_pod)
+        .filter(|p| !ahead.iter().any(|a| a.would_take(p)))
         .collect();
     let claim_nodes = claim_nodes(input);
     let bins = bins(&claim_nodes, tenant.nodes, &usage, input.now);

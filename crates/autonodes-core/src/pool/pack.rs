@@ -16,8 +16,9 @@ use crate::scheduling::{self, Catalogue, ClaimRequest, PreparedType};
 /// Pods a node takes at most (the kubelet's default `maxPods`).
 pub const MAX_PODS_PER_NODE: i128 = 110;
 
-/// CPU (millicores), memory (bytes) and a pod count.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+/// CPU (millicores), memory (bytes), a pod count and extended resources (milli-units by
+/// name, e.g. `nvidia.com/gpu`: 1000 is one GPU).
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Amount {
     /// Millicores.
     pub cpu: i128,
@@ -25,50 +26,87 @@ pub struct Amount {
     pub memory: i128,
     /// Pods.
     pub pods: i128,
+    /// Extended resources (see [`resources::is_extended_resource`]) in milli-units; only
+    /// non-zero entries.
+    pub extended: BTreeMap<String, i128>,
 }
 
 impl Amount {
     /// Whether `want` fits into `self`.
     pub fn covers(&self, want: &Amount) -> bool {
-        self.cpu >= want.cpu && self.memory >= want.memory && self.pods >= want.pods
+        self.cpu >= want.cpu
+            && self.memory >= want.memory
+            && self.pods >= want.pods
+            && want
+                .extended
+                .iter()
+                .all(|(name, w)| self.extended.get(name).copied().unwrap_or(0) >= *w)
     }
 
     /// `self + other`.
     pub fn plus(&self, other: &Amount) -> Amount {
+        let mut extended = self.extended.clone();
+        for (name, v) in &other.extended {
+            *extended.entry(name.clone()).or_insert(0) += v;
+        }
+        extended.retain(|_, v| *v != 0);
         Amount {
             cpu: self.cpu + other.cpu,
             memory: self.memory + other.memory,
             pods: self.pods + other.pods,
+            extended,
         }
     }
 
     /// `self - other`, never below zero.
     pub fn minus(&self, other: &Amount) -> Amount {
+        let mut extended = self.extended.clone();
+        for (name, v) in &other.extended {
+            if let Some(have) = extended.get_mut(name) {
+                *have = (*have - v).max(0);
+            }
+        }
+        extended.retain(|_, v| *v != 0);
         Amount {
             cpu: (self.cpu - other.cpu).max(0),
             memory: (self.memory - other.memory).max(0),
             pods: (self.pods - other.pods).max(0),
+            extended,
         }
     }
 
-    /// The cpu and memory of a node type's resources, with room for [`MAX_PODS_PER_NODE`].
+    /// Whether it asks for any extended resource.
+    pub fn has_extended(&self) -> bool {
+        !self.extended.is_empty()
+    }
+
+    /// The cpu, memory and extended resources of a node type's resources, with room for
+    /// [`MAX_PODS_PER_NODE`].
     pub fn of_node(amounts: &ResourceAmounts) -> Amount {
         Amount {
             cpu: amounts.cpu_millis(),
             memory: amounts.memory_bytes(),
             pods: MAX_PODS_PER_NODE,
+            extended: amounts
+                .extended()
+                .map(|(name, milli)| (name.to_string(), milli))
+                .collect(),
         }
     }
 
-    /// As a resource list (cpu, memory).
-    pub fn to_resource_list(self) -> ResourceList {
-        ResourceList::from([
+    /// As a resource list (cpu, memory and the extended resources).
+    pub fn to_resource_list(&self) -> ResourceList {
+        let mut list = ResourceList::from([
             (CPU.to_string(), Quantity(resources::format_cpu(self.cpu))),
             (
                 MEMORY.to_string(),
                 Quantity(resources::format_memory(self.memory)),
             ),
-        ])
+        ]);
+        for (name, milli) in &self.extended {
+            list.insert(name.clone(), Quantity(resources::format_cpu(*milli)));
+        }
+        list
     }
 }
 
@@ -198,7 +236,8 @@ impl PendingPod {
 }
 
 /// What a pod asks for: the sum of its containers' requests, at least the largest init
-/// container's, plus the pod overhead; one pod.
+/// container's, plus the pod overhead; one pod. Extended resources (`nvidia.com/gpu`) count
+/// by their requests, else by their limits (the API server makes them equal).
 pub fn pod_request(pod: &Pod) -> Amount {
     let Some(spec) = pod.spec.as_ref() else {
         return Amount {
@@ -208,6 +247,18 @@ pub fn pod_request(pod: &Pod) -> Amount {
     };
     let requests = |c: &Container| -> Amount {
         let r = c.resources.as_ref().and_then(|r| r.requests.as_ref());
+        let l = c.resources.as_ref().and_then(|r| r.limits.as_ref());
+        let mut extended = BTreeMap::new();
+        for list in [l, r].into_iter().flatten() {
+            for (name, q) in list {
+                if resources::is_extended_resource(name) {
+                    if let Ok(milli) = resources::parse_quantity(&q.0) {
+                        extended.insert(name.clone(), milli.max(0));
+                    }
+                }
+            }
+        }
+        extended.retain(|_, v| *v != 0);
         Amount {
             cpu: r
                 .and_then(|r| r.get(CPU))
@@ -218,6 +269,7 @@ pub fn pod_request(pod: &Pod) -> Amount {
                 .and_then(|q| resources::memory_bytes(q).ok())
                 .unwrap_or(0),
             pods: 0,
+            extended,
         }
     };
     let mut sum = spec
@@ -229,6 +281,10 @@ pub fn pod_request(pod: &Pod) -> Amount {
         let r = requests(init);
         sum.cpu = sum.cpu.max(r.cpu);
         sum.memory = sum.memory.max(r.memory);
+        for (name, v) in r.extended {
+            let have = sum.extended.entry(name).or_insert(0);
+            *have = (*have).max(v);
+        }
     }
     if let Some(overhead) = spec.overhead.as_ref() {
         sum.cpu += overhead
@@ -298,8 +354,8 @@ pub struct Limits {
     pub memory: Option<i128>,
     /// Most pods.
     pub pods: Option<i128>,
-    /// Limits on other (extended) resources, in milli-units, by name. Stored and shown;
-    /// packing does not count extended resources yet.
+    /// Limits on extended resources (`nvidia.com/gpu`), in milli-units, by name; the node
+    /// types' extended resources count against them.
     pub extended: BTreeMap<String, i128>,
 }
 
@@ -329,13 +385,17 @@ impl Limits {
         out
     }
 
-    /// Whether a pool using `used` (cpu, memory, pods) on `nodes` nodes stays within the
-    /// limits.
+    /// Whether a pool using `used` (cpu, memory, pods, extended resources) on `nodes` nodes
+    /// stays within the limits.
     pub fn allow(&self, nodes: i64, used: &Amount) -> bool {
         self.nodes.is_none_or(|n| nodes <= n)
             && self.cpu.is_none_or(|c| used.cpu <= c)
             && self.memory.is_none_or(|m| used.memory <= m)
             && self.pods.is_none_or(|p| used.pods <= p)
+            && self
+                .extended
+                .iter()
+                .all(|(name, limit)| used.extended.get(name).copied().unwrap_or(0) <= *limit)
     }
 
     /// The limits set, for messages: e.g. `nodes 2, cpu 8, memory 16Gi`.
@@ -386,6 +446,18 @@ pub struct Packing {
     pub blocked_by_capacity: Vec<String>,
 }
 
+/// Whether a new node of `c` may be opened for `pod`: a type with extended resources
+/// (`nvidia.com/gpu`) only for a pod that asks for one of them, as a claim gets such a type
+/// only when it asks for it; other pods may still use the room left on it.
+pub fn opens_for(c: &Candidate, pod: &PendingPod) -> bool {
+    !c.resources.has_extended()
+        || pod
+            .request
+            .extended
+            .keys()
+            .any(|name| c.resources.extended.contains_key(name))
+}
+
 /// Packs pending pods first-fit-decreasing (by cpu, then memory): onto the room of
 /// existing bins first, then onto new nodes, each of the cheapest candidate (candidates
 /// come cheapest first) that accepts the pod, has capacity and stays within `limits`
@@ -402,9 +474,9 @@ pub fn pack(
     let mut order: Vec<&PendingPod> = pods
         .iter()
         .filter(|p| {
-            candidates
-                .iter()
-                .any(|c| accepts(&c.shape, p) && c.allocatable.covers(&p.request))
+            candidates.iter().any(|c| {
+                accepts(&c.shape, p) && opens_for(c, p) && c.allocatable.covers(&p.request)
+            })
         })
         .collect();
     out.wanted = order.len();
@@ -439,7 +511,8 @@ pub fn pack(
         }
         let mut limited = false;
         for (i, c) in candidates.iter().enumerate() {
-            if !accepts(&c.shape, pod) || !c.allocatable.covers(&pod.request) {
+            if !accepts(&c.shape, pod) || !opens_for(c, pod) || !c.allocatable.covers(&pod.request)
+            {
                 continue;
             }
             if room[i].is_some_and(|r| r <= 0) {
@@ -460,7 +533,7 @@ pub fn pack(
                 c.allocatable.minus(&pod.request),
                 NewNode {
                     node_type: c.node_type.clone(),
-                    request: pod.request,
+                    request: pod.request.clone(),
                     pods: vec![pod.key.clone()],
                 },
             ));
@@ -488,6 +561,7 @@ mod tests {
                 cpu,
                 memory: 256 << 20,
                 pods: 1,
+                ..Amount::default()
             },
             node_selector: BTreeMap::new(),
             required_terms: None,
@@ -500,6 +574,7 @@ mod tests {
             cpu,
             memory: 16 << 30,
             pods: MAX_PODS_PER_NODE,
+            ..Amount::default()
         };
         Candidate {
             node_type: name.into(),
@@ -510,7 +585,7 @@ mod tests {
                     .collect(),
                 taints: Vec::new(),
             },
-            allocatable: amount,
+            allocatable: amount.clone(),
             resources: amount,
             room: None,
         }
@@ -544,6 +619,7 @@ mod tests {
                 cpu: 4000,
                 memory: 16 << 30,
                 pods: 110,
+                ..Amount::default()
             },
         }];
         let out = pack(
@@ -686,6 +762,7 @@ mod tests {
             cpu: 1000,
             memory: 1 << 30,
             pods: 501,
+            ..Amount::default()
         };
         assert!(!l.allow(1, &few_pods), "pods count against the limit");
     }
@@ -738,15 +815,20 @@ mod tests {
     }
 
     #[test]
-    fn a_pending_pod_is_keyed_by_namespace_and_name_and_asks_for_its_containers_and_overhead() {
+    fn a_pending_pod_is_keyed_by_namespace_and_name_and_asks_for_its_containers_extended_resources_and_overhead(
+    ) {
         let p = pod_object(serde_json::json!({
             "metadata": {"namespace": "ns", "name": "web"},
             "spec": {
                 "containers": [
                     {"name": "a", "resources": {"requests": {"cpu": "250m", "memory": "1Gi"}}},
-                    {"name": "b", "resources": {"requests": {"cpu": "250m"}}}
+                    {"name": "b", "resources": {"requests": {"cpu": "250m"},
+                                                "limits": {"nvidia.com/gpu": "1"}}},
+                    {"name": "d", "resources": {"requests": {"nvidia.com/gpu": "2"},
+                                                "limits": {"nvidia.com/gpu": "2"}}}
                 ],
-                "initContainers": [{"name": "i", "resources": {"requests": {"cpu": "2"}}}],
+                "initContainers": [{"name": "i", "resources": {"requests": {"cpu": "2"},
+                                                               "limits": {"nvidia.com/gpu": "1"}}}],
                 "overhead": {"memory": "1Gi"},
                 "nodeSelector": {"kind": "big"}
             }
@@ -758,7 +840,8 @@ mod tests {
             Amount {
                 cpu: 2000,
                 memory: 2 << 30,
-                pods: 1
+                pods: 1,
+                extended: BTreeMap::from([("nvidia.com/gpu".to_string(), 3000)]),
             }
         );
         assert_eq!(pending.node_selector["kind"], "big");

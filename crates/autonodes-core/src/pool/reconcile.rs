@@ -229,6 +229,7 @@ pub fn plan_pool(observed: &Observed) -> PoolPlan {
             }));
             let deleted_now: BTreeSet<String> = out.delete.iter().map(|(n, _)| n.clone()).collect();
             let d = dynamic::plan(&DynamicInput {
+                name: observed.pool.metadata.name.as_deref().unwrap_or_default(),
                 spec,
                 template: &template,
                 mine: &mine,

@@ -141,6 +141,11 @@ pub fn pool_status(
         nodes: i64::try_from(nodes).unwrap_or(i64::MAX),
         cpu: Some(Quantity(resources::format_cpu(used.cpu))),
         memory: Some(Quantity(resources::format_memory(used.memory))),
+        extended: used
+            .extended
+            .iter()
+            .map(|(name, milli)| (name.clone(), Quantity(resources::format_cpu(*milli))))
+            .collect(),
     });
     new.cost = Some(cost);
     new.pending_pods = plan.pending_pods;

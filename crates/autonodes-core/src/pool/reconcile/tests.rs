@@ -36,6 +36,8 @@ fn catalogue() -> Catalogue {
             "nodeTypes": [
                 {"name": "small", "cost": 1, "resources": {"cpu": "4", "memory": "8Gi"}},
                 {"name": "large", "cost": 3, "resources": {"cpu": "8", "memory": "32Gi"}},
+                {"name": "gpu", "cost": 20,
+                 "resources": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "2"}},
             ],
         }},
     }))
@@ -118,6 +120,7 @@ struct Scene {
     pods: Vec<Pod>,
     nodes: Vec<Node>,
     others: Vec<Arc<NodeClaim>>,
+    pools: Vec<Arc<NodePool>>,
     problem: Option<Verdict>,
     unreachable: Option<Verdict>,
     catalogue: Catalogue,
@@ -131,6 +134,7 @@ impl Scene {
             pods: Vec::new(),
             nodes: Vec::new(),
             others: Vec::new(),
+            pools: Vec::new(),
             problem: None,
             unreachable: None,
             catalogue: catalogue(),
@@ -146,6 +150,7 @@ impl Scene {
             others: &self.others,
             claimed: &claimed,
             overheads: &overheads,
+            pools: &self.pools,
         };
         let tenant = match (&self.unreachable, self.pool.spec.replicas) {
             (_, Some(_)) => None,
@@ -412,6 +417,122 @@ fn limits_stop_growth_and_say_so() {
         .collect();
     assert_eq!(problems, ["LimitReached"], "ScalingUp is progress");
     assert!(new_problems(&s, &s).is_empty(), "once per reason");
+}
+
+/// A pod the scheduler could not place, asking for `gpus` of `nvidia.com/gpu` (as limits,
+/// which the API server copies to requests) and 1 cpu.
+fn pending_gpu(name: &str, gpus: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"namespace": "default", "name": name},
+        "spec": {"containers": [{"name": "c", "resources": {
+            "requests": {"cpu": "1"}, "limits": {"nvidia.com/gpu": gpus}}}]},
+        "status": {"phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]},
+    }))
+    .expect("pod")
+}
+
+#[test]
+fn pending_gpu_pods_get_nodes_of_the_type_offering_gpus_and_plain_pods_do_not() {
+    let mut scene = Scene::new(json!({}));
+    scene.pods = vec![
+        pending_gpu("g1", "1"),
+        pending_gpu("g2", "1"),
+        pending_gpu("g3", "1"),
+        pending("plain", "1"),
+    ];
+    let plan = scene.plan();
+    let mut types: Vec<(&str, usize)> = plan
+        .create
+        .iter()
+        .map(|c| (c.spec.type_ref.as_deref().unwrap_or_default(), c.pods.len()))
+        .collect();
+    types.sort();
+    // Two GPUs per node: two gpu nodes for three GPU pods; the plain pod takes room left
+    // on the first (first fit) rather than opening a node of its own.
+    assert_eq!(types, [("p.gpu", 1), ("p.gpu", 3)], "{:?}", plan.create);
+    let gpu_claims: Vec<&str> = plan
+        .create
+        .iter()
+        .filter_map(|c| c.spec.desired_capacity.get("nvidia.com/gpu"))
+        .map(|q| q.0.as_str())
+        .collect();
+    assert_eq!(gpu_claims.len(), 2, "desiredCapacity asks for the GPUs");
+    assert_eq!(plan.pending_pods, Some(4));
+    scene.pods = vec![pending("plain", "1")];
+    let plan = scene.plan();
+    assert_eq!(plan.create.len(), 1);
+    assert_eq!(plan.create[0].spec.type_ref.as_deref(), Some("p.small"));
+}
+
+#[test]
+fn gpu_limits_count_the_gpus_of_the_pool_s_nodes() {
+    let mut scene = Scene::new(json!({"limits": {"nvidia.com/gpu": "2"}}));
+    scene.pods = (0..3).map(|i| pending_gpu(&format!("g{i}"), "1")).collect();
+    let plan = scene.plan();
+    assert_eq!(plan.create.len(), 1, "one node of 2 GPUs reaches the limit");
+    let limit = plan.limit.clone().expect("limit");
+    assert_eq!(
+        (limit.status, limit.message.as_str()),
+        (
+            true,
+            "1 pending pod(s) need nodes beyond the pool's limits (nvidia.com/gpu 2)"
+        )
+    );
+    scene.claims = vec![claim(
+        &scene.pool,
+        "gpu-node",
+        json!({"phase": "Available", "typeRef": "p.gpu", "nodeName": "gpu-node"}),
+    )];
+    scene.nodes = vec![node("gpu-node")];
+    let s = scene.status(&scene.plan());
+    let used = s.resources.expect("resources");
+    assert_eq!(used.extended["nvidia.com/gpu"].0, "2");
+}
+
+/// Dynamic pool `name` of tenant `t` with `weight` and `spec` over that.
+fn weighted(name: &str, weight: i32, spec: Value) -> NodePool {
+    let mut p = pool(spec);
+    p.metadata.name = Some(name.into());
+    p.metadata.uid = Some(format!("{name}-uid"));
+    p.spec.weight = Some(weight);
+    p
+}
+
+#[test]
+fn a_pending_pod_is_left_to_a_higher_weight_pool_until_that_one_reaches_its_limits() {
+    // `blue` (weight 0) and `red` (weight 10) both take any pod.
+    let mut scene = Scene::new(json!({}));
+    let red = weighted("red", 10, json!({"limits": {"nodes": 1}}));
+    scene.pools = vec![Arc::new(scene.pool.clone()), Arc::new(red.clone())];
+    scene.pods = vec![pending("p", "1")];
+    let plan = scene.plan();
+    assert!(plan.create.is_empty(), "red goes first: {:?}", plan.create);
+    assert_eq!(plan.pending_pods, Some(0));
+    // red is at its limit of one node: blue takes the pod.
+    let mut reds = (*available(&red, "red-1")).clone();
+    reds.metadata.name = Some("red-1".into());
+    scene.others = vec![Arc::new(reds)];
+    scene.nodes = vec![node("red-1")];
+    scene.pods = vec![pending("p", "1"), running("busy", "red-1")];
+    let plan = scene.plan();
+    assert_eq!(plan.create.len(), 1, "red is full");
+    // A lower weight, or the same weight and a later name, comes after blue.
+    scene.others.clear();
+    scene.pools = vec![
+        Arc::new(weighted("green", 0, json!({}))),
+        Arc::new(weighted("amber", 0, json!({"providerRef": "missing"}))),
+    ];
+    assert_eq!(
+        scene.plan().create.len(),
+        1,
+        "green ranks after blue, amber has no node type"
+    );
+    scene.pools = vec![Arc::new(weighted("azure", 0, json!({})))];
+    assert!(
+        scene.plan().create.is_empty(),
+        "same weight: the first name goes first"
+    );
 }
 
 #[test]

@@ -129,6 +129,9 @@ async fn reconcile_pool(pool: &NodePool, pctx: &PoolContext) -> Result<Action, E
     };
     let catalogue = super::catalogue::catalogue(ctx);
     let claims = observe::claims(ctx, &ns, &uid);
+    let pools = pctx
+        .pools
+        .state_filter(|p| p.metadata.namespace.as_deref() == Some(ns.as_str()));
 
     // Plan.
     let mut plan = plan_pool(&Observed {
@@ -137,7 +140,7 @@ async fn reconcile_pool(pool: &NodePool, pctx: &PoolContext) -> Result<Action, E
         problem: problem.as_ref(),
         tenant: tenant
             .as_ref()
-            .map(|t| t.as_ref().map(|t| t.view(&claims.others))),
+            .map(|t| t.as_ref().map(|t| t.view(&claims.others, &pools))),
         catalogue: &catalogue,
         repair_after: ctx.config.node_repair_after,
         now: now(),

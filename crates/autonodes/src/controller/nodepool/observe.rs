@@ -63,14 +63,20 @@ pub(super) struct TenantState {
 }
 
 impl TenantState {
-    /// The tenant as the planner sees it, with the namespace's `others` claims.
-    pub fn view<'a>(&'a self, others: &'a [Arc<NodeClaim>]) -> Tenant<'a> {
+    /// The tenant as the planner sees it, with the namespace's `others` claims and its
+    /// NodePools.
+    pub fn view<'a>(
+        &'a self,
+        others: &'a [Arc<NodeClaim>],
+        pools: &'a [Arc<NodePool>],
+    ) -> Tenant<'a> {
         Tenant {
             pods: &self.pods,
             nodes: &self.nodes,
             others,
             claimed: &self.claimed,
             overheads: &self.overheads,
+            pools,
         }
     }
 }

@@ -1,0 +1,242 @@
+//! Dynamic pools choosing nodes for pending pods on real API servers (issue 14): extended
+//! resources (GPUs) and the order of a tenant's pools by `weight`. Management + host +
+//! tenant clusters, the controller, the KubeVirt simulator and a real `kube-scheduler` on
+//! the tenant, which binds the pods to the nodes the pools create.
+//!
+//! Run with `--nocapture` to see `kubectl get npool,nclaim` and the tenant's pods and nodes
+//! before and after each step.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::pools::*;
+use common::world::*;
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use serde_json::json;
+
+const WAIT: Duration = Duration::from_secs(150);
+
+/// A provider on the playground's host with `small` (4 CPU, 8Gi) and `gpu` (8 CPU, 32Gi,
+/// two `nvidia.com/gpu`).
+fn provider() -> String {
+    provider_yaml(
+        "pools",
+        "test-kubevirt-1",
+        "4",
+        "8Gi",
+        "      - name: small\n        resources:\n          cpu: 4\n          memory: 8Gi\n      - name: gpu\n        resources:\n          cpu: 8\n          memory: 32Gi\n          nvidia.com/gpu: 2",
+    )
+}
+
+/// Prints what a user would look at: the pools and claims, the tenant's pods and nodes.
+fn show(world: &World, title: &str) {
+    println!(
+        "== {title}\n$ kubectl get npool,nclaim -n {NS}\n{}$ kubectl get pods,nodes (tenant)\n{}",
+        kubectl(world, &["get", "npool,nclaim", "-n", NS]),
+        tenant_kubectl(world, &["get", "pods,nodes", "-n", "default", "-o", "wide"]),
+    );
+}
+
+/// A pause pod asking for 1 CPU and one GPU (as a limit, which the API server copies to
+/// the requests, as for every extended resource).
+fn gpu_pod(name: &str) -> Pod {
+    let mut p = pod(name, None);
+    if let Some(c) = p.spec.as_mut().and_then(|s| s.containers.first_mut()) {
+        let limits = c
+            .resources
+            .get_or_insert_with(Default::default)
+            .limits
+            .get_or_insert_with(BTreeMap::new);
+        limits.insert(
+            "nvidia.com/gpu".into(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity("1".into()),
+        );
+    }
+    p
+}
+
+/// The node type (`autonodes.io/node-type` label) of the node each bound pod runs on, by
+/// pod name.
+async fn placement(world: &World) -> BTreeMap<String, String> {
+    let nodes: BTreeMap<String, String> = world
+        .nodes()
+        .await
+        .into_iter()
+        .map(|n| {
+            let t = n
+                .labels()
+                .get("autonodes.io/node-type")
+                .cloned()
+                .unwrap_or_default();
+            (n.name_any(), t)
+        })
+        .collect();
+    tenant_pods(world)
+        .await
+        .iter()
+        .filter_map(|p| {
+            let node = bound_to(p)?;
+            Some((p.name_any(), nodes.get(&node).cloned().unwrap_or_default()))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_gpu_pods_get_a_node_of_the_type_with_gpus_and_the_pools_gpu_limit_counts_them() {
+    let world = World::start(WorldOptions {
+        provider: provider(),
+        ..WorldOptions::default()
+    })
+    .await;
+    let _scheduler = scheduler(&world);
+    world
+        .create_pool(
+            "accel",
+            json!({"providerRef": "pools", "limits": {"nvidia.com/gpu": "2"}}),
+        )
+        .await;
+    show(&world, "before: a pool limited to 2 GPUs, no node");
+    create_pods(&world, (0..3).map(|i| gpu_pod(&format!("train-{i}")))).await;
+    create_pods(&world, [pod("web", None)]).await;
+    // Two GPU pods and the plain pod run on one gpu node; the third GPU pod would need a
+    // second gpu node, beyond the limit.
+    let placed = common::eventually("2 GPU pods and the plain pod bound", WAIT, || async {
+        let placed = placement(&world).await;
+        (placed.len() == 3).then_some(placed)
+    })
+    .await;
+    let p = world
+        .wait_pool("accel", "LimitReached", |p| {
+            pool_condition(p, "LimitReached").is_some_and(|c| c.0 == "True")
+        })
+        .await;
+    show(
+        &world,
+        "after: one gpu node; the third GPU pod waits at the limit",
+    );
+    let gpu_pods_on_gpu = placed
+        .iter()
+        .filter(|(pod, t)| pod.starts_with("train-") && t.as_str() == "gpu")
+        .count();
+    assert_eq!(gpu_pods_on_gpu, 2, "{placed:?}");
+    assert!(placed.contains_key("web"), "{placed:?}");
+    let nodes = world.nodes().await;
+    assert_eq!(nodes.len(), 1, "no second node for the plain pod");
+    let gpus = nodes[0]
+        .status
+        .as_ref()
+        .and_then(|s| s.allocatable.as_ref())
+        .and_then(|a| a.get("nvidia.com/gpu"))
+        .map(|q| q.0.clone());
+    assert_eq!(
+        gpus.as_deref(),
+        Some("2"),
+        "the node offers the type's GPUs"
+    );
+    let (_, reason, message) = pool_condition(&p, "LimitReached").expect("LimitReached");
+    assert_eq!(reason, "LimitReached");
+    assert!(message.contains("nvidia.com/gpu 2"), "{message}");
+    // The limit holds over time.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let claims = pool_claims(&world, "accel").await;
+    assert_eq!(claims.len(), 1);
+    assert_eq!(
+        claims[0]
+            .spec
+            .desired_capacity
+            .get("nvidia.com/gpu")
+            .map(|q| q.0.as_str()),
+        Some("2"),
+        "the claim asks for the GPUs of the pods packed onto it"
+    );
+    let s = world
+        .pools()
+        .get("accel")
+        .await
+        .expect("pool")
+        .status
+        .expect("status");
+    let used = s.resources.expect("resources");
+    assert_eq!(
+        used.extended.get("nvidia.com/gpu").map(|q| q.0.as_str()),
+        Some("2")
+    );
+    println!(
+        "gpu: pods on {placed:?}; pool uses {:?}; LimitReached: {message}",
+        used.extended
+    );
+    delete_pods_now(&world).await;
+    world.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_pod_goes_to_the_highest_weight_pool_and_to_the_next_only_once_that_one_is_full()
+{
+    let world = World::start(WorldOptions {
+        provider: provider(),
+        ..WorldOptions::default()
+    })
+    .await;
+    let _scheduler = scheduler(&world);
+    world
+        .create_pool(
+            "preferred",
+            json!({"providerRef": "pools", "weight": 50, "limits": {"nodes": 1},
+                   "labels": {"pool": "preferred"}}),
+        )
+        .await;
+    world
+        .create_pool(
+            "fallback",
+            json!({"providerRef": "pools", "weight": 10, "labels": {"pool": "fallback"}}),
+        )
+        .await;
+    show(
+        &world,
+        "before: two dynamic pools of one tenant, weights 50 and 10",
+    );
+    // Four 1-CPU pods fill one small node: the preferred pool's.
+    create_pods(&world, (0..4).map(|i| pod(&format!("a-{i}"), None))).await;
+    common::eventually("4 pods bound", WAIT, || async {
+        let pods = tenant_pods(&world).await;
+        (pods.iter().filter(|p| bound_to(p).is_some()).count() == 4).then_some(())
+    })
+    .await;
+    show(&world, "4 pods: one node, of the preferred pool");
+    assert_eq!(pool_claims(&world, "preferred").await.len(), 1);
+    assert!(
+        pool_claims(&world, "fallback").await.is_empty(),
+        "the lower weight created nothing"
+    );
+    // Four more: the preferred pool is at its limit of 1 node, so the fallback takes them.
+    create_pods(&world, (0..4).map(|i| pod(&format!("b-{i}"), None))).await;
+    common::eventually("8 pods bound", WAIT, || async {
+        let pods = tenant_pods(&world).await;
+        (pods.iter().filter(|p| bound_to(p).is_some()).count() == 8).then_some(())
+    })
+    .await;
+    show(
+        &world,
+        "8 pods: the preferred pool full, the fallback's node takes the rest",
+    );
+    let by_pool: BTreeMap<String, usize> = world
+        .nodes()
+        .await
+        .iter()
+        .map(|n| n.labels().get("pool").cloned().unwrap_or_default())
+        .fold(BTreeMap::new(), |mut m, p| {
+            *m.entry(p).or_default() += 1;
+            m
+        });
+    assert_eq!(
+        by_pool,
+        BTreeMap::from([("fallback".to_string(), 1), ("preferred".to_string(), 1)])
+    );
+    assert_eq!(pool_claims(&world, "preferred").await.len(), 1);
+    println!("weight: nodes by pool {by_pool:?}");
+    delete_pods_now(&world).await;
+    world.shutdown().await;
+}

@@ -11,8 +11,11 @@
 //! - [`plan`]: the claims of a pool to delete and create (scale, replace, roll);
 //! - [`pack`]: pending pods packed onto the room of existing nodes and onto new nodes of the
 //!   cheapest accepting type, within the pool's limits;
-//! - [`dynamic`]: a dynamic pool's new claims for pending pods, its empty nodes marked and
-//!   removed, its conditions;
+//! - [`dynamic`]: a dynamic pool's new claims for pending pods (by weight among the
+//!   tenant's pools), its conditions;
+//! - [`consolidate`]: a dynamic pool's empty and underutilized nodes marked and removed;
+//! - [`do_not_disrupt`]: the pods, Nodes and claims marked to be left alone by voluntary
+//!   disruption;
 //! - [`reconcile`]: one reconcile as data, from what the controller observed to the plan
 //!   (claims to delete and create, marks to set, conditions, when to look again);
 //! - [`status`]: the status that plan leaves the pool with, and which condition changes
@@ -21,6 +24,8 @@
 //!   claim store does not show yet, laid over the store's claims.
 
 pub mod budget;
+pub mod consolidate;
+pub mod do_not_disrupt;
 pub mod dynamic;
 pub mod expectations;
 pub mod pack;
@@ -54,6 +59,9 @@ pub const ANNOTATION_REPLACES: &str = "autonodes.io/replaces";
 pub const ANNOTATION_DELETE_FIRST: &str = "autonodes.io/delete-first";
 /// Annotation on a dynamic pool's claim: since when its node runs no non-DaemonSet pod.
 pub const ANNOTATION_EMPTY_SINCE: &str = "autonodes.io/empty-since";
+/// Annotation on a dynamic pool's claim: since when its node's pods would all fit the
+/// room of the tenant's other nodes ([`consolidate`]).
+pub const ANNOTATION_UNDERUTILIZED_SINCE: &str = "autonodes.io/underutilized-since";
 /// Default of `disruption.consolidateAfter`.
 pub const DEFAULT_CONSOLIDATE_AFTER: Duration = Duration::from_secs(30);
 /// How long after a node became Ready its free room still counts for pods the scheduler

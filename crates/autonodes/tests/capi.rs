@@ -517,6 +517,8 @@ async fn the_autoscaler_scales_a_pool_up_from_zero_by_put_and_removes_exactly_th
             failed: false,
             has_node: true,
             outdated: false,
+            expired: false,
+            held: false,
             replaces: None,
             delete_first: false,
             repair: false,

@@ -9,10 +9,13 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use autonodes_core::pool::{ANNOTATION_EMPTY_SINCE, LABEL_TEMPLATE_HASH};
+use autonodes_core::pool::{
+    ANNOTATION_EMPTY_SINCE, ANNOTATION_UNDERUTILIZED_SINCE, LABEL_TEMPLATE_HASH,
+};
 use common::pools::*;
 use common::world::*;
-use kube::api::{Patch, PatchParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::ResourceExt;
 use serde_json::json;
 
@@ -434,5 +437,160 @@ async fn a_node_not_ready_for_the_repair_time_is_replaced_first_and_repair_stops
         .await;
     println!("{:?}", pool_condition(&p, "NodeRepair"));
     show(&world, "one kubelet back, the other node repaired");
+    world.shutdown().await;
+}
+
+/// Sets (`Some("true")`) or removes (`None`) `karpenter.sh/do-not-disrupt` on a tenant pod.
+async fn mark_do_not_disrupt(world: &World, pod: &str, value: Option<&str>) {
+    Api::<Pod>::namespaced(world.tenant.clone(), "default")
+        .patch(
+            pod,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"karpenter.sh/do-not-disrupt": value}}}),
+            ),
+        )
+        .await
+        .expect("pod annotated");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_underutilized_node_is_held_by_do_not_disrupt_pods_then_drained_onto_the_other_nodes_room(
+) {
+    let world = World::start(WorldOptions {
+        provider: provider(),
+        ..WorldOptions::default()
+    })
+    .await;
+    let _scheduler = scheduler(&world);
+    // WhenEmptyOrUnderutilized is the default policy.
+    world
+        .create_pool(
+            "burst",
+            json!({"providerRef": "pools", "disruption": {"consolidateAfter": "2s"}}),
+        )
+        .await;
+    create_pods(&world, (0..8).map(|i| pod(&format!("app-{i}"), None))).await;
+    let nodes = common::eventually("8 pods bound to 2 Ready nodes", WAIT, || async {
+        let pods = tenant_pods(&world).await;
+        let nodes = ready_nodes(&world).await;
+        (pods.len() == 8 && pods.iter().all(|p| bound_to(p).is_some()) && nodes.len() == 2)
+            .then_some(nodes)
+    })
+    .await;
+    // Keep one pod on the first node and two on the second, each node with one pod marked
+    // do-not-disrupt: either node's pods would fit the other's room.
+    let (first, second) = (nodes[0].name_any(), nodes[1].name_any());
+    let pods = tenant_pods(&world).await;
+    let on = |n: &str| -> Vec<String> {
+        let mut v: Vec<String> = pods
+            .iter()
+            .filter(|p| bound_to(p).as_deref() == Some(n))
+            .map(|p| p.name_any())
+            .collect();
+        v.sort();
+        v
+    };
+    let keep: Vec<String> = on(&first)
+        .into_iter()
+        .take(1)
+        .chain(on(&second).into_iter().take(2))
+        .collect();
+    let held = [keep[0].clone(), keep[1].clone()];
+    for p in &held {
+        mark_do_not_disrupt(&world, p, Some("true")).await;
+    }
+    let api: Api<Pod> = Api::namespaced(world.tenant.clone(), "default");
+    for p in pods.iter().filter(|p| !keep.contains(&p.name_any())) {
+        api.delete(&p.name_any(), &DeleteParams::default().grace_period(0))
+            .await
+            .expect("pod deleted");
+    }
+    show(
+        &world,
+        "two half-empty nodes, one do-not-disrupt pod on each",
+    );
+    let quiet = Instant::now();
+    while quiet.elapsed() < Duration::from_secs(10) {
+        let claims = pool_claims(&world, "burst").await;
+        assert_eq!(claims.len(), 2, "held by do-not-disrupt pods");
+        assert!(claims.iter().all(available), "{claims:?}");
+        assert!(
+            claims
+                .iter()
+                .all(|c| !c.annotations().contains_key(ANNOTATION_UNDERUTILIZED_SINCE)),
+            "a held node is not even marked"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    show(&world, "10s, five times consolidateAfter: both nodes kept");
+
+    // The marks removed: the node with the least to move goes; its pod is evicted and,
+    // recreated as its ReplicaSet would, lands on the other node's room.
+    for p in &held {
+        mark_do_not_disrupt(&world, p, None).await;
+    }
+    let lifted = Instant::now();
+    let mut most_claims = 0;
+    let survivor = loop {
+        let claims = pool_claims(&world, "burst").await;
+        most_claims = most_claims.max(claims.len());
+        // The tenant runs no pod garbage collector or ReplicaSet controller: the test
+        // removes an evicted pod (Terminating, its node gone) and makes it again.
+        let pods = tenant_pods(&world).await;
+        for name in &keep {
+            match pods.iter().find(|p| &p.name_any() == name) {
+                Some(p) if p.metadata.deletion_timestamp.is_some() => {
+                    let _ = api
+                        .delete(name, &DeleteParams::default().grace_period(0))
+                        .await;
+                }
+                Some(_) => {}
+                None => create_pods(&world, [pod(name, None)]).await,
+            }
+        }
+        let nodes = world.nodes().await;
+        let bound: Vec<Option<String>> = pods.iter().map(bound_to).collect();
+        if claims.len() == 1
+            && claims.iter().all(available)
+            && nodes.len() == 1
+            && pods.len() == 3
+            && bound
+                .iter()
+                .all(|b| b.as_deref() == nodes[0].metadata.name.as_deref())
+        {
+            break nodes[0].name_any();
+        }
+        if lifted.elapsed() > WAIT {
+            show(&world, "not consolidated");
+            panic!(
+                "underutilized node not consolidated: claims {:?}\n{}",
+                claims
+                    .iter()
+                    .map(|c| (c.name_any(), c.annotations().clone(), c.status.clone()))
+                    .collect::<Vec<_>>(),
+                kubectl(&world, &["get", "npool", "-n", NS, "-o", "yaml"])
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    show(
+        &world,
+        "marks removed: one node left, running all three pods",
+    );
+    assert_eq!(survivor, second, "the node with the least to move went");
+    assert_eq!(most_claims, 2, "no new node for the moved pod");
+    let events = world.events_for(NS, "burst").await;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.starts_with("ConsolidatedUnderutilized")),
+        "{events:?}"
+    );
+    println!(
+        "underutilized: held 10s by do-not-disrupt; after the marks went, {first} was drained and removed in {:.1}s and its pod runs on {survivor}",
+        lifted.elapsed().as_secs_f64()
+    );
+    delete_pods_now(&world).await;
     world.shutdown().await;
 }

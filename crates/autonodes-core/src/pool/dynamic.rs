@@ -16,21 +16,20 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::api::conditions;
 use crate::api::reasons::{ClaimCondition, PoolReason};
-use crate::api::{NodeClaim, NodeClaimPhase, NodeClaimSpec, NodePool, NodePoolSpec, Overhead};
+use crate::api::{NodeClaim, NodeClaimSpec, NodePool, NodePoolSpec, Overhead};
 use crate::resources::ResourceAmounts;
 use crate::scheduling::{self, Catalogue, ClaimRequest, Mismatch, PreparedType};
 
+use super::consolidate::{self, ConsolidationInput, NodeUse};
+use super::do_not_disrupt;
 use super::pack::{
-    accepts, claim_type, is_unschedulable, non_daemon_running, opens_for, pack, pod_request,
-    Amount, Bin, Candidate, Limits, NodeShape, Packing, PendingPod,
+    accepts, claim_type, is_unschedulable, opens_for, pack, Amount, Bin, Candidate, Limits,
+    NodeShape, Packing, PendingPod,
 };
-use super::plan::{is_draining, is_live};
+use super::plan::{is_live, DeleteReason};
 use super::reconcile::NewClaim;
 use super::status::Verdict;
-use super::{
-    allowed_disruptions, consolidate_after, due_for_removal, owned_by, template_spec,
-    ANNOTATION_EMPTY_SINCE, READY_NODE_GRACE,
-};
+use super::{due_for_removal, owned_by, template_spec, READY_NODE_GRACE};
 
 /// The longest a dynamic pool waits before it looks again.
 pub const MAX_RECHECK: Duration = Duration::from_secs(30);
@@ -80,10 +79,12 @@ pub struct DynamicInput<'a> {
 pub struct DynamicPlan {
     /// New claims for pending pods, each pinned to its type with the pods' requests.
     pub create: Vec<NewClaim>,
-    /// Claims whose node ran no pod for `consolidateAfter` (by name), emptiest-longest first.
-    pub delete: Vec<String>,
-    /// [`ANNOTATION_EMPTY_SINCE`] to set (`Some`) or remove (`None`), by claim name.
+    /// Claims consolidation removes ([`super::consolidate`]), with why.
+    pub delete: Vec<(String, DeleteReason)>,
+    /// `autonodes.io/empty-since` to set (`Some`) or remove (`None`), by claim name.
     pub empty_since: Vec<(String, Option<Timestamp>)>,
+    /// `autonodes.io/underutilized-since` to set or remove, by claim name.
+    pub underutilized_since: Vec<(String, Option<Timestamp>)>,
     /// `Ready`.
     pub ready: Verdict,
     /// `LimitReached`.
@@ -92,50 +93,6 @@ pub struct DynamicPlan {
     pub pending_pods: i32,
     /// When to look again.
     pub requeue: Duration,
-}
-
-/// What pods use on each node: non-DaemonSet pods (their requests and how many keep the
-/// node busy) and DaemonSet pods (room taken, but they keep no node alive).
-#[derive(Default)]
-struct NodeUse {
-    bound: HashMap<String, (Amount, usize)>,
-    daemons: HashMap<String, Amount>,
-}
-
-impl NodeUse {
-    fn of(pods: &[Pod]) -> NodeUse {
-        let mut u = NodeUse::default();
-        for p in pods {
-            let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.clone()) else {
-                continue;
-            };
-            if non_daemon_running(p) {
-                let e = u.bound.entry(node).or_default();
-                e.0 = e.0.plus(&pod_request(p));
-                e.1 += 1;
-            } else {
-                let e = u.daemons.entry(node).or_default();
-                *e = e.plus(&pod_request(p));
-            }
-        }
-        u
-    }
-
-    fn used(&self, node: &str) -> Amount {
-        let bound = self
-            .bound
-            .get(node)
-            .map(|b| b.0.clone())
-            .unwrap_or_default();
-        match self.daemons.get(node) {
-            Some(d) => bound.plus(d),
-            None => bound,
-        }
-    }
-
-    fn busy(&self, node: &str) -> bool {
-        self.bound.get(node).is_some_and(|b| b.1 > 0)
-    }
 }
 
 /// What pods may use on a node of type `t`: its resources less `overhead.kubeReserved`.
@@ -340,86 +297,6 @@ fn pools_ahead(input: &DynamicInput) -> Vec<Ahead> {
         .collect()
 }
 
-/// Empty nodes: marks to set and clear, claims due for removal within the budget, and when
-/// the next one falls due.
-struct Consolidation {
-    delete: Vec<String>,
-    empty_since: Vec<(String, Option<Timestamp>)>,
-    next_check: Option<Duration>,
-}
-
-/// The pool's Available claims whose node runs no non-DaemonSet pod (and gets none from the
-/// packing) are marked empty; those empty for `consolidateAfter` go, longest-empty first,
-/// at most as many as the budget leaves beside the nodes draining already.
-fn consolidate(input: &DynamicInput, usage: &NodeUse, packing: &Packing) -> Consolidation {
-    let mut out = Consolidation {
-        delete: Vec::new(),
-        empty_since: Vec::new(),
-        next_check: None,
-    };
-    // `consolidateAfter: Never`: empty nodes stay.
-    let Some(after) = consolidate_after(input.spec) else {
-        return out;
-    };
-    let now = input.now;
-    let draining = input.mine.iter().filter(|c| is_draining(c)).count() + input.deleted_now.len();
-    let nodes = input.mine.iter().filter(|c| is_live(c)).count();
-    let mut disrupt = allowed_disruptions(input.spec, nodes, now).saturating_sub(draining);
-    let mut soonest = |d: Duration| {
-        out.next_check = Some(out.next_check.map_or(d, |n| n.min(d)));
-    };
-    let mut empties: Vec<(&str, Timestamp)> = Vec::new();
-    for c in input
-        .mine
-        .iter()
-        .filter(|c| is_live(c) && !input.deleted_now.contains(name_of(c)))
-    {
-        let Some(s) = c.status.as_ref() else {
-            continue;
-        };
-        if s.phase != Some(NodeClaimPhase::Available) {
-            continue;
-        }
-        let Some(node_name) = s.node_name.as_deref() else {
-            continue;
-        };
-        let name = name_of(c);
-        let busy = usage.busy(node_name) || packing.placed.contains_key(name);
-        let since = c
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(ANNOTATION_EMPTY_SINCE))
-            .and_then(|v| v.parse::<Timestamp>().ok());
-        match (busy, since) {
-            (true, Some(_)) => out.empty_since.push((name.to_string(), None)),
-            (true, None) => {}
-            (false, None) => {
-                out.empty_since.push((name.to_string(), Some(now)));
-                soonest(after);
-            }
-            (false, Some(since)) => {
-                if due_for_removal(since, now, after) {
-                    empties.push((name, since));
-                } else {
-                    let waited = (now.as_millisecond() - since.as_millisecond()).max(0);
-                    soonest(after.saturating_sub(Duration::from_millis(waited.unsigned_abs())));
-                }
-            }
-        }
-    }
-    empties.sort_by_key(|(_, since)| since.as_millisecond());
-    for (name, _) in empties {
-        if disrupt == 0 {
-            soonest(Duration::from_secs(2));
-            break;
-        }
-        disrupt -= 1;
-        out.delete.push(name.to_string());
-    }
-    out
-}
-
 /// `LimitReached`, then `Ready`, from the packing.
 fn verdicts(packing: &Packing, limits: &Limits, no_candidates: bool) -> (Verdict, Verdict) {
     let limit = if packing.blocked_by_limits.is_empty() {
@@ -520,7 +397,27 @@ pub fn plan(input: &DynamicInput) -> DynamicPlan {
             pods: n.pods.clone(),
         })
         .collect();
-    let consolidation = consolidate(input, &usage, &packing);
+    let protected =
+        do_not_disrupt::protected(input.mine.iter().map(|c| &**c), tenant.nodes, tenant.pods);
+    let receiving: BTreeSet<String> = packing.placed.keys().cloned().collect();
+    let targets = consolidate::targets(
+        claim_nodes
+            .iter()
+            .map(|cn| (cn.claim, &cn.shape, &cn.allocatable)),
+        tenant.nodes,
+        &usage,
+    );
+    let consolidation = consolidate::consolidate(&ConsolidationInput {
+        spec: input.spec,
+        mine: input.mine,
+        deleted_now: input.deleted_now,
+        receiving: &receiving,
+        pods_waiting: packing.wanted > 0,
+        protected: &protected,
+        usage: &usage,
+        targets: &targets,
+        now: input.now,
+    });
     let (limit, ready) = verdicts(&packing, &limits, candidates.is_empty());
     let requeue = consolidation
         .next_check
@@ -531,6 +428,7 @@ pub fn plan(input: &DynamicInput) -> DynamicPlan {
         create,
         delete: consolidation.delete,
         empty_since: consolidation.empty_since,
+        underutilized_since: consolidation.underutilized_since,
         ready,
         limit,
         pending_pods: i32::try_from(packing.wanted).unwrap_or(i32::MAX),

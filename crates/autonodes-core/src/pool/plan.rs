@@ -27,6 +27,11 @@ pub struct ClaimView {
     pub has_node: bool,
     /// Made from an older template, or older than `expireAfter`.
     pub outdated: bool,
+    /// Older than `expireAfter`.
+    pub expired: bool,
+    /// Marked `do-not-disrupt` (itself, its node or a pod on it, [`super::do_not_disrupt`]):
+    /// a roll-out leaves it alone while it is Available; expiry does not.
+    pub held: bool,
     /// The claim this one replaces (annotation [`ANNOTATION_REPLACES`]).
     pub replaces: Option<String>,
     /// Marked to go first on scale-down (annotation [`ANNOTATION_DELETE_FIRST`]).
@@ -72,6 +77,8 @@ pub fn claim_views<C: Borrow<NodeClaim>>(
                 failed: s.phase == Some(NodeClaimPhase::Failed),
                 has_node: s.node_name.is_some(),
                 outdated: label(LABEL_TEMPLATE_HASH).map(String::as_str) != Some(hash) || expired,
+                expired,
+                held: false,
                 replaces: annotation(ANNOTATION_REPLACES).cloned(),
                 delete_first: annotation(ANNOTATION_DELETE_FIRST).is_some(),
                 repair: false,
@@ -109,6 +116,8 @@ pub enum DeleteReason {
     ScaleDown,
     /// Its node ran no non-DaemonSet pod for `consolidateAfter`.
     Empty,
+    /// Its node's pods fitted the room of the tenant's other nodes for `consolidateAfter`.
+    Underutilized,
     /// Its node stopped being Ready and its replacement is Available ([`super::repair`]).
     Repaired,
 }
@@ -122,6 +131,7 @@ impl DeleteReason {
             DeleteReason::Replaced => "ClaimReplaced",
             DeleteReason::ScaleDown => "ScaledDown",
             DeleteReason::Empty => "Consolidated",
+            DeleteReason::Underutilized => "ConsolidatedUnderutilized",
             DeleteReason::Repaired => "NodeRepaired",
         }
     }
@@ -241,9 +251,11 @@ pub fn plan_claims(claims: &[ClaimView], desired: Option<usize>, allowed: Allowa
                 .is_some_and(|o| live.iter().any(|x| x.name == o && x.repair))
         })
         .count();
+    // Outdated claims are rolled, except Available ones marked do-not-disrupt that have not
+    // expired.
     let mut outdated: Vec<&ClaimView> = counted
         .iter()
-        .filter(|c| c.outdated && !c.repair)
+        .filter(|c| c.outdated && !c.repair && !(c.held && c.available && !c.expired))
         .copied()
         .collect();
     outdated.sort_by_key(|c| (c.available, c.created_ms));
@@ -295,6 +307,8 @@ mod tests {
             failed: false,
             has_node: available,
             outdated: false,
+            expired: false,
+            held: false,
             replaces: None,
             delete_first: false,
             repair: false,
@@ -412,6 +426,28 @@ mod tests {
         let plan = plan_claims(&[a, b, r], Some(2), Allowance::uniform(1));
         assert_eq!(plan.delete, vec![("a".to_string(), DeleteReason::Replaced)]);
         assert_eq!(plan.create, vec![Some("b".to_string())]);
+    }
+
+    #[test]
+    fn a_roll_out_passes_over_a_claim_marked_do_not_disrupt_until_it_expires() {
+        let mut held = view("held", 1, true);
+        held.outdated = true;
+        held.held = true;
+        let mut other = view("other", 2, true);
+        other.outdated = true;
+        let plan = plan_claims(
+            &[held.clone(), other.clone()],
+            Some(2),
+            Allowance::uniform(2),
+        );
+        assert_eq!(plan.create, vec![Some("other".to_string())]);
+        held.expired = true;
+        let plan = plan_claims(&[held, other], Some(2), Allowance::uniform(2));
+        assert_eq!(
+            plan.create,
+            vec![Some("held".to_string()), Some("other".to_string())],
+            "expiry is not held"
+        );
     }
 
     #[test]

@@ -18,6 +18,7 @@ use crate::api::reasons::PoolReason;
 use crate::api::{NodeClaim, NodeClaimSpec, NodePool, NodePoolSpec, ResourceList};
 use crate::scheduling::{self, Catalogue, ClaimRequest};
 
+use super::do_not_disrupt;
 use super::dynamic::{self, DynamicInput, Tenant};
 use super::plan::{claim_views, is_live, plan_claims, Allowance, DeleteReason};
 use super::status::Verdict;
@@ -77,6 +78,8 @@ pub struct PoolPlan {
     pub create: Vec<NewClaim>,
     /// `autonodes.io/empty-since` to set (`Some`) or remove (`None`), by claim name.
     pub empty_since: Vec<(String, Option<Timestamp>)>,
+    /// `autonodes.io/underutilized-since` to set or remove, by claim name.
+    pub underutilized_since: Vec<(String, Option<Timestamp>)>,
     /// `Ready`, when decided here (else the status works it out from the claims).
     pub ready: Option<Verdict>,
     /// `LimitReached`, when decided here.
@@ -166,8 +169,16 @@ pub fn plan_pool(observed: &Observed) -> PoolPlan {
         expire_after(spec),
         observed.now.as_millisecond(),
     );
+    // do-not-disrupt: a static pool sees only its claims' marks (it does not watch the
+    // tenant); a dynamic pool also its Nodes' and pods'.
+    let (nodes, pods) = match &observed.tenant {
+        Some(Ok(t)) => (t.nodes, t.pods),
+        _ => (&[][..], &[][..]),
+    };
+    let protected = do_not_disrupt::protected(observed.claims.iter().map(|c| &**c), nodes, pods);
     for v in &mut views {
         v.repair = repair.due.contains(&v.name);
+        v.held = protected.contains(&v.name);
     }
     let desired = spec.replicas.map(|r| usize::try_from(r).unwrap_or(0));
     let nodes = observed.claims.iter().filter(|c| is_live(c)).count();
@@ -239,9 +250,9 @@ pub fn plan_pool(observed: &Observed) -> PoolPlan {
                 now: observed.now,
             });
             out.create.extend(d.create);
-            out.delete
-                .extend(d.delete.into_iter().map(|n| (n, DeleteReason::Empty)));
+            out.delete.extend(d.delete);
             out.empty_since = d.empty_since;
+            out.underutilized_since = d.underutilized_since;
             out.ready = Some(d.ready);
             out.limit = Some(d.limit);
             out.pending_pods = Some(d.pending_pods);

@@ -16,7 +16,7 @@ use crate::api::conditions;
 use crate::api::reasons::{PoolCondition, PoolReason};
 use crate::api::{NodePoolStatus, NodeProvider, Overhead};
 use crate::pool::status::{new_problems, pool_status, Verdict};
-use crate::pool::{ANNOTATION_EMPTY_SINCE, LABEL_TEMPLATE_HASH};
+use crate::pool::{ANNOTATION_EMPTY_SINCE, ANNOTATION_UNDERUTILIZED_SINCE, LABEL_TEMPLATE_HASH};
 
 fn at(secs: i64) -> Timestamp {
     Timestamp::from_second(secs).expect("time")
@@ -629,6 +629,127 @@ fn empty_nodes_go_longest_empty_first_within_the_budget_left_by_draining_ones() 
     draining.metadata.deletion_timestamp = Some(Time(at(1)));
     scene.claims.push(Arc::new(draining));
     assert!(scene.plan().delete.is_empty(), "the budget (1) is in use");
+}
+
+/// A running pod on `node` asking for `cpu`.
+fn running_cpu(name: &str, node: &str, cpu: &str) -> Pod {
+    let mut p = running(name, node);
+    if let Some(c) = p.spec.as_mut().and_then(|s| s.containers.first_mut()) {
+        c.resources = serde_json::from_value(json!({"requests": {"cpu": cpu}})).ok();
+    }
+    p
+}
+
+/// Nodes `a` (one 1-CPU pod) and `b` (two), both Available `p.small` (4 CPU).
+fn two_half_empty_nodes(spec: Value) -> Scene {
+    let mut scene = Scene::new(spec);
+    scene.claims = vec![available(&scene.pool, "a"), available(&scene.pool, "b")];
+    scene.nodes = vec![node("a"), node("b")];
+    scene.pods = vec![
+        running_cpu("a1", "a", "1"),
+        running_cpu("b1", "b", "1"),
+        running_cpu("b2", "b", "1"),
+    ];
+    scene
+}
+
+#[test]
+fn an_underutilized_node_is_marked_then_the_one_with_least_to_move_goes_after_consolidate_after() {
+    let mut scene = two_half_empty_nodes(json!({}));
+    let plan = scene.plan();
+    // Either node's pods fit the other's room: both are marked, nothing goes yet.
+    assert_eq!(
+        plan.underutilized_since,
+        [
+            ("a".to_string(), Some(at(NOW))),
+            ("b".to_string(), Some(at(NOW)))
+        ]
+    );
+    assert!(plan.delete.is_empty() && plan.empty_since.is_empty());
+    let marked = |c: Arc<NodeClaim>, secs: i64| {
+        with_annotation(
+            c,
+            ANNOTATION_UNDERUTILIZED_SINCE,
+            &at(NOW - secs).to_string(),
+        )
+    };
+    scene.claims = vec![
+        marked(available(&scene.pool, "a"), 10),
+        marked(available(&scene.pool, "b"), 10),
+    ];
+    assert!(scene.plan().delete.is_empty(), "10s of 30s waited");
+    scene.claims = vec![
+        marked(available(&scene.pool, "a"), 40),
+        marked(available(&scene.pool, "b"), 50),
+    ];
+    let plan = scene.plan();
+    assert_eq!(
+        deleted(&plan),
+        [("a", DeleteReason::Underutilized)],
+        "one node at a time, the one with the least to move"
+    );
+    // While it drains, nothing else goes, and b (its pods no longer fit anywhere) loses
+    // its mark.
+    let mut going = (*scene.claims[0]).clone();
+    going.metadata.deletion_timestamp = Some(Time(at(NOW)));
+    scene.claims[0] = Arc::new(going);
+    let plan = scene.plan();
+    assert!(plan.delete.is_empty());
+    assert_eq!(plan.underutilized_since, [("b".to_string(), None)]);
+}
+
+#[test]
+fn when_empty_pools_and_nodes_marked_do_not_disrupt_are_not_consolidated_while_busy() {
+    let scene = two_half_empty_nodes(json!({"disruption": {"consolidationPolicy": "WhenEmpty"}}));
+    let plan = scene.plan();
+    assert!(plan.underutilized_since.is_empty() && plan.delete.is_empty());
+
+    // A pod marked do-not-disrupt holds its node; the Node's own mark holds it too.
+    let mut scene = two_half_empty_nodes(json!({}));
+    scene.pods[0]
+        .metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert("karpenter.sh/do-not-disrupt".into(), "true".into());
+    scene.nodes[1]
+        .metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert("autonodes.io/do-not-disrupt".into(), "true".into());
+    let plan = scene.plan();
+    assert!(plan.underutilized_since.is_empty(), "{plan:?}");
+
+    // An empty node marked on its Node stays too.
+    let mut scene = Scene::new(json!({}));
+    scene.claims = vec![available(&scene.pool, "a")];
+    scene.nodes = vec![node("a")];
+    scene.nodes[0]
+        .metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert("karpenter.sh/do-not-disrupt".into(), "true".into());
+    assert!(scene.plan().empty_since.is_empty());
+}
+
+#[test]
+fn no_underutilized_node_goes_while_pending_pods_wait_for_the_pool() {
+    let mut scene = two_half_empty_nodes(json!({}));
+    let marked =
+        |c: Arc<NodeClaim>| with_annotation(c, ANNOTATION_UNDERUTILIZED_SINCE, &at(0).to_string());
+    scene.claims = vec![
+        marked(available(&scene.pool, "a")),
+        marked(available(&scene.pool, "b")),
+    ];
+    scene.pods.push(pending("waiting", "3"));
+    let plan = scene.plan();
+    assert!(
+        !plan
+            .delete
+            .iter()
+            .any(|(_, r)| *r == DeleteReason::Underutilized),
+        "{:?}",
+        plan.delete
+    );
 }
 
 #[test]

@@ -4,6 +4,7 @@
 
 use std::collections::HashSet;
 
+use autonodes_core::pool::do_not_disrupt::pod_holds_node;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -120,7 +121,8 @@ pub(super) async fn remove_remote_objects(
     Ok(Removal::Done)
 }
 
-/// Cordons the Node and evicts its pods (DaemonSet and mirror pods stay). Returns what it
+/// Cordons the Node and evicts its pods (DaemonSet and mirror pods stay, and pods marked
+/// do-not-disrupt until the drain times out). Returns what it
 /// waits for, or None when the Node may be deleted (drained, or the drain timed out).
 async fn drain_node(
     claim: &NodeClaim,
@@ -150,6 +152,16 @@ async fn drain_node(
     if evictable.is_empty() {
         return Ok(None);
     }
+    // Pods marked do-not-disrupt are not evicted: they hold the drain until they finish or
+    // the drain times out (the pool's `terminationGracePeriod`, else `--drain-timeout`).
+    let (held, evictable): (Vec<&Pod>, Vec<&Pod>) =
+        evictable.into_iter().partition(|p| pod_holds_node(p));
+    let held_note = if held.is_empty() {
+        String::new()
+    } else {
+        format!(", {} of them marked do-not-disrupt", held.len())
+    };
+    let left = held.len() + evictable.len();
     let deleting_since = claim
         .metadata
         .deletion_timestamp
@@ -160,8 +172,7 @@ async fn drain_node(
         // `terminationGracePeriod: Never`: wait for the drain however long it takes.
         evict_all(tenant, &evictable).await?;
         return Ok(Some(format!(
-            "draining Node {name}: {} pod(s) left (terminationGracePeriod Never)",
-            evictable.len()
+            "draining Node {name}: {left} pod(s) left{held_note} (terminationGracePeriod Never)"
         )));
     };
     if elapsed_since(deleting_since) > drain_timeout {
@@ -171,8 +182,7 @@ async fn drain_node(
             "DrainTimeout",
             "Delete",
             format!(
-                "{} pod(s) still on Node {name} after {}s; deleting the Node anyway",
-                evictable.len(),
+                "{left} pod(s) still on Node {name}{held_note} after {}s; deleting the Node anyway",
                 drain_timeout.as_secs()
             ),
         )
@@ -181,8 +191,7 @@ async fn drain_node(
     }
     evict_all(tenant, &evictable).await?;
     Ok(Some(format!(
-        "draining Node {name}: {} pod(s) left",
-        evictable.len()
+        "draining Node {name}: {left} pod(s) left{held_note}"
     )))
 }
 

@@ -1,5 +1,5 @@
 //! What one reconcile of a pool writes, as [`autonodes_core::pool::reconcile`] planned it:
-//! claims deleted and created, `autonodes.io/empty-since` marks, the pool's status (with a
+//! claims deleted and created, `autonodes.io/empty-since` and `underutilized-since` marks, the pool's status (with a
 //! Warning Event per new problem) and its gauges. Each claim write is remembered
 //! ([`Context::expect_claims`]) until the claim store shows it.
 
@@ -9,7 +9,9 @@ use std::sync::Arc;
 use autonodes_core::pool::plan::DeleteReason;
 use autonodes_core::pool::reconcile::{NewClaim, PoolPlan};
 use autonodes_core::pool::status::{is_problem, pool_status};
-use autonodes_core::pool::{self, claim_object, ANNOTATION_EMPTY_SINCE};
+use autonodes_core::pool::{
+    self, claim_object, ANNOTATION_EMPTY_SINCE, ANNOTATION_UNDERUTILIZED_SINCE,
+};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::events::EventType;
@@ -36,10 +38,9 @@ pub(super) async fn carry_out(
     plan: &PoolPlan,
 ) -> Result<(), Error> {
     let find = |name: &str| mine.iter().find(|c| c.name_any() == name);
-    let (empty, others): (Vec<_>, Vec<_>) = plan
-        .delete
-        .iter()
-        .partition(|(_, reason)| *reason == DeleteReason::Empty);
+    let (empty, others): (Vec<_>, Vec<_>) = plan.delete.iter().partition(|(_, reason)| {
+        matches!(reason, DeleteReason::Empty | DeleteReason::Underutilized)
+    });
     for (name, reason) in others {
         if let Some(c) = find(name) {
             delete_claim(pctx, pool, c, *reason).await?;
@@ -48,9 +49,14 @@ pub(super) async fn carry_out(
     for new in &plan.create {
         create_claim(pctx, pool, new).await?;
     }
-    for (name, since) in &plan.empty_since {
-        if let Some(c) = find(name) {
-            annotate_empty(&pctx.ctx, c, *since).await?;
+    for (key, marks) in [
+        (ANNOTATION_EMPTY_SINCE, &plan.empty_since),
+        (ANNOTATION_UNDERUTILIZED_SINCE, &plan.underutilized_since),
+    ] {
+        for (name, since) in marks {
+            if let Some(c) = find(name) {
+                annotate_since(&pctx.ctx, c, key, *since).await?;
+            }
         }
     }
     for (name, reason) in empty {
@@ -153,6 +159,9 @@ async fn delete_claim(
         DeleteReason::Empty => {
             format!("deleted NodeClaim {name}: its node ran no pods for the consolidation delay")
         }
+        DeleteReason::Underutilized => format!(
+            "deleted NodeClaim {name}: its node's pods fitted the room of the tenant's other nodes for the consolidation delay"
+        ),
         DeleteReason::Repaired => format!(
             "deleted NodeClaim {name}: its node was not Ready for the repair time and its replacement is Available"
         ),
@@ -168,16 +177,18 @@ async fn delete_claim(
     Ok(())
 }
 
-/// Sets (or with `None` removes) the claim's [`ANNOTATION_EMPTY_SINCE`].
-async fn annotate_empty(
+/// Sets (or with `None` removes) the claim's [`ANNOTATION_EMPTY_SINCE`] or
+/// [`ANNOTATION_UNDERUTILIZED_SINCE`] (`key`).
+async fn annotate_since(
     ctx: &Context,
     c: &NodeClaim,
+    key: &'static str,
     since: Option<Timestamp>,
 ) -> Result<(), Error> {
     let api: Api<NodeClaim> =
         Api::namespaced(ctx.client.clone(), &c.namespace().unwrap_or_default());
     let value = since.map(|t| t.to_string());
-    let patch = json!({"metadata": {"annotations": {ANNOTATION_EMPTY_SINCE: value}}});
+    let patch = json!({"metadata": {"annotations": {key: value}}});
     match api
         .patch(
             &c.name_any(),
@@ -195,7 +206,7 @@ async fn annotate_empty(
             })
         }
     }
-    ctx.expect_claims(|e, at| e.annotated(c, ANNOTATION_EMPTY_SINCE, value.as_deref(), at));
+    ctx.expect_claims(|e, at| e.annotated(c, key, value.as_deref(), at));
     Ok(())
 }
 

@@ -774,7 +774,12 @@ async fn a_wrong_ca_hash_does_not_join() {
         "{error}"
     );
     assert!(c.nodes().get_opt("wrong-ca").await.expect("read").is_none());
-    assert!(!c.events_for("wrong-ca", "JoinFailed").await.is_empty());
+    // The Event follows the join error written on the VMI.
+    eventually("a JoinFailed Event", WAIT, || async {
+        let events = c.events_for("wrong-ca", "JoinFailed").await;
+        (!events.is_empty()).then_some(())
+    })
+    .await;
     sim.stop().await;
 }
 

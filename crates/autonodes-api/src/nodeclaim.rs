@@ -132,7 +132,13 @@ pub struct NodeClaimStatus {
     /// Name of the Node in the tenant cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
-    /// Conditions `Scheduled`, `Provisioned`, `Joined` and `Ready`.
+    /// The node type's `definitionHash` when the claim was scheduled: when the type's hash
+    /// changes (its template, resources, taints, properties, overhead, or the provider's
+    /// base template), the claim has drifted (condition `Drifted`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_type_hash: Option<String>,
+    /// Conditions `Scheduled`, `Provisioned`, `Joined`, `Initialized` and `Ready`, and
+    /// `Drifted` while the node type differs from what the claim's VM was made from.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "crate::schema::conditions")]
     pub conditions: Conditions,

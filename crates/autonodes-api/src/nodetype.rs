@@ -140,6 +140,11 @@ pub struct NodeTypeStatus {
     /// The type's merged properties, as node selector requirements (`key In [value]`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub requirements: Vec<NodeSelectorRequirement>,
+    /// A hash of what the type's VMs are made from (the composed template with the
+    /// provider's base, resources, taints, properties, overhead). Claims record it; a
+    /// claim whose type's hash changed has drifted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub definition_hash: Option<String>,
     /// Conditions, among them `Ready` with the reason when the type cannot be used.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "crate::schema::conditions")]

@@ -68,6 +68,9 @@ names! {
         Initialized,
         /// The Node is Ready and no startup taint is left.
         Ready,
+        /// Present (True) only while the claim's node type has changed since the claim was
+        /// scheduled; not part of the phase ladder. A pool rolls drifted claims.
+        Drifted,
     }
 }
 
@@ -84,6 +87,8 @@ names! {
         Initialized,
         /// `Ready=True`: the Node is Ready.
         NodeReady,
+        /// `Drifted=True`: the node type's definition changed since the claim was scheduled.
+        NodeTypeChanged,
         /// Progress: the VM is being created.
         Creating,
         /// Progress: the VM does not run yet.

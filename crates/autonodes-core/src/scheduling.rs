@@ -260,6 +260,34 @@ pub struct PreparedType {
     pub template: Value,
     /// Why the type cannot be used, if it cannot.
     pub problem: Option<TypeProblem>,
+    /// A hash of what the type's VMs are made from ([`definition_hash`]); claims record it
+    /// and have drifted when it changes.
+    pub definition: String,
+}
+
+/// A hash (16 hex digits of SHA-256) of what a type's VMs are made from, as the user wrote
+/// it: the type's resources, overhead, properties (user data and its template among them),
+/// taints and templates, and its provider's base template, properties, host cluster and
+/// namespace. Cost and `maxCapacity` are not part of it (they change no VM), and neither is
+/// how autonodes composes the template, so an upgrade of autonodes makes no claim drift.
+pub fn definition_hash(spec: &NodeTypeSpec, provider: Option<&ProviderContext>) -> String {
+    use sha2::{Digest, Sha256};
+    let described = serde_json::json!({
+        "resources": spec.resources,
+        "overhead": spec.overhead,
+        "properties": spec.properties,
+        "taints": spec.taints,
+        "merge": spec.merge_virtual_machine_template,
+        "replacement": spec.virtual_machine_template,
+        "provider": provider.map(|p| serde_json::json!({
+            "template": p.base_template,
+            "properties": p.properties,
+            "cluster": p.host_cluster,
+            "namespace": p.vm_namespace,
+        })),
+    });
+    let digest = Sha256::digest(described.to_string().as_bytes());
+    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
 }
 
 /// The built-in properties of a type whose values cannot be overridden.
@@ -333,10 +361,12 @@ pub fn prepare_type(
         taints: spec.taints.clone(),
         template: Value::Null,
         problem: None,
+        definition: String::new(),
     };
     if let Err(problem) = fill_prepared(&mut prepared, spec, provider) {
         prepared.problem = Some(problem);
     }
+    prepared.definition = definition_hash(spec, provider);
     prepared
 }
 
@@ -434,6 +464,7 @@ impl PreparedType {
             capacity: Some(self.capacity(claimed)),
             resources: self.resources.clone(),
             requirements: self.requirements(),
+            definition_hash: self.is_usable().then(|| self.definition.clone()),
             conditions: Vec::new(),
         }
     }
@@ -1333,6 +1364,36 @@ mod tests {
 
     fn request(c: &NodeClaimSpec) -> ClaimRequest {
         ClaimRequest::new(c, None).expect("valid request")
+    }
+
+    #[test]
+    fn the_definition_hash_follows_what_makes_the_vm_and_not_cost_or_capacity() {
+        let base = prepare_type("p.a", &spec(&[("cpu", "2")]), Some(&ctx())).definition;
+        assert_eq!(base.len(), 16);
+        let hash =
+            |s: &NodeTypeSpec, c: &ProviderContext| prepare_type("p.a", s, Some(c)).definition;
+        let mut cheaper = spec(&[("cpu", "2")]);
+        cheaper.cost = Some(1);
+        cheaper.max_capacity = Some(3);
+        assert_eq!(
+            hash(&cheaper, &ctx()),
+            base,
+            "cost and capacity change no VM"
+        );
+        assert_ne!(hash(&spec(&[("cpu", "4")]), &ctx()), base, "resources");
+        let mut user_data = spec(&[("cpu", "2")]);
+        user_data
+            .properties
+            .insert("autonodes.io/user-data".into(), "#cloud-config\n".into());
+        assert_ne!(hash(&user_data, &ctx()), base, "properties (user data)");
+        let mut provider = ctx();
+        provider.base_template = Some(json!({"spec": {"template": {"spec": {"domain": {
+            "resources": {"requests": {"cpu": "2", "memory": "8Gi"}}}}}}}));
+        assert_ne!(
+            hash(&spec(&[("cpu", "2")]), &provider),
+            base,
+            "the provider's base template"
+        );
     }
 
     #[test]

@@ -594,3 +594,138 @@ async fn an_underutilized_node_is_held_by_do_not_disrupt_pods_then_drained_onto_
     delete_pods_now(&world).await;
     world.shutdown().await;
 }
+
+/// The NodeType's `status.definitionHash`.
+async fn definition_hash(world: &World, name: &str) -> Option<String> {
+    world
+        .node_type(name)
+        .await
+        .status
+        .and_then(|s| s.definition_hash)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_node_type_marks_its_claims_drifted_and_the_pool_rolls_them_within_its_budget() {
+    let world = World::start(WorldOptions {
+        provider: provider(),
+        ..WorldOptions::default()
+    })
+    .await;
+    world
+        .create_pool(
+            "workers",
+            json!({"providerRef": "pools", "replicas": 2,
+                   "disruption": {"budgets": [{"nodes": "1"}]}}),
+        )
+        .await;
+    // A single claim of the same type: it is marked, but nothing replaces it.
+    world
+        .create_claim(json!({"metadata": {"name": "single"},
+                             "spec": {"providerRef": "pools"}}))
+        .await;
+    common::eventually("2 Available workers and the single claim", WAIT, || async {
+        let claims = pool_claims(&world, "workers").await;
+        let single = world.claims().get("single").await.ok()?;
+        (claims.len() == 2 && claims.iter().all(available) && available(&single)).then_some(())
+    })
+    .await;
+    let before = definition_hash(&world, "pools.small").await.expect("hash");
+    let originals: Vec<String> = pool_claims(&world, "workers")
+        .await
+        .iter()
+        .map(|c| c.name_any())
+        .collect();
+    for c in pool_claims(&world, "workers").await {
+        let recorded = c.status.as_ref().and_then(|s| s.node_type_hash.clone());
+        assert_eq!(recorded.as_deref(), Some(before.as_str()));
+    }
+    show(
+        &world,
+        "before: two workers and a single claim of pools.small",
+    );
+
+    // The type changes what its VMs are made from (a property, which becomes a node label).
+    let changed = provider_yaml(
+        "pools",
+        "test-kubevirt-1",
+        "4",
+        "8Gi",
+        "      - name: small\n        resources:\n          cpu: 4\n          memory: 8Gi\n        properties:\n          tier: gold",
+    );
+    world.apply_provider(&changed).await;
+    let after = common::eventually("a new definition hash", WAIT, || async {
+        definition_hash(&world, "pools.small")
+            .await
+            .filter(|h| *h != before)
+    })
+    .await;
+    let single = world
+        .wait_claim("single", "Drifted", WAIT, |c| {
+            common::world::condition(c, "Drifted").is_some_and(|d| d.0 == "True")
+        })
+        .await;
+    let (_, reason, message) = common::world::condition(&single, "Drifted").expect("Drifted");
+    assert_eq!(reason, "NodeTypeChanged");
+    assert!(message.contains(&after), "{message}");
+
+    // The pool rolls its two claims by surge, one at a time (budget 1): never fewer than
+    // one Available worker.
+    let start = Instant::now();
+    let mut seen_drifted = std::collections::BTreeSet::new();
+    let mut fewest_available = usize::MAX;
+    loop {
+        let claims = pool_claims(&world, "workers").await;
+        for c in &claims {
+            if condition(c, "Drifted").is_some_and(|d| d.0 == "True") {
+                seen_drifted.insert(c.name_any());
+            }
+        }
+        let live: Vec<_> = claims
+            .iter()
+            .filter(|c| c.metadata.deletion_timestamp.is_none())
+            .collect();
+        fewest_available = fewest_available.min(live.iter().filter(|c| available(c)).count());
+        let rolled = live.len() == 2
+            && live.iter().all(|c| {
+                available(c)
+                    && !originals.contains(&c.name_any())
+                    && c.status.as_ref().and_then(|s| s.node_type_hash.as_deref())
+                        == Some(after.as_str())
+                    && condition(c, "Drifted").is_none()
+            })
+            && claims.len() == 2
+            && world.nodes().await.len() == 3;
+        if rolled {
+            break;
+        }
+        assert!(start.elapsed() < WAIT, "not rolled: {claims:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    show(
+        &world,
+        "after: both workers replaced; the single claim says Drifted",
+    );
+    assert_eq!(
+        seen_drifted.iter().cloned().collect::<Vec<_>>(),
+        {
+            let mut o = originals.clone();
+            o.sort();
+            o
+        },
+        "both originals were marked Drifted"
+    );
+    assert!(fewest_available >= 1, "the budget of 1 keeps one worker");
+    let nodes = world.nodes().await;
+    let gold = nodes
+        .iter()
+        .filter(|n| n.labels().get("tier").map(String::as_str) == Some("gold"))
+        .count();
+    assert_eq!(gold, 2, "the new workers' nodes carry the new property");
+    let single = world.claims().get("single").await.expect("single");
+    assert!(available(&single), "a single claim is not replaced");
+    println!(
+        "drift: pools.small {before} -> {after}; 2 workers rolled in {:.1}s, at least {fewest_available} Available throughout; the single claim stays Drifted",
+        start.elapsed().as_secs_f64()
+    );
+    world.shutdown().await;
+}

@@ -6,6 +6,8 @@ use std::borrow::Borrow;
 use std::cmp::Reverse;
 use std::time::Duration;
 
+use crate::api::conditions;
+use crate::api::reasons::ClaimCondition;
 use crate::api::{NodeClaim, NodeClaimPhase};
 
 use super::{ANNOTATION_DELETE_FIRST, ANNOTATION_REPLACES, LABEL_TEMPLATE_HASH};
@@ -25,7 +27,8 @@ pub struct ClaimView {
     pub failed: bool,
     /// It has (had) a node in the tenant: deleting it drains a node.
     pub has_node: bool,
-    /// Made from an older template, or older than `expireAfter`.
+    /// Made from an older template, drifted from its node type (condition `Drifted`), or
+    /// older than `expireAfter`.
     pub outdated: bool,
     /// Older than `expireAfter`.
     pub expired: bool,
@@ -41,8 +44,9 @@ pub struct ClaimView {
 }
 
 /// The planner's view of a pool's claims at `now_ms` (milliseconds since the epoch): a
-/// claim is outdated when its [`LABEL_TEMPLATE_HASH`] is not `hash` or it is older than
-/// `expire` (`expireAfter`); a claim without a creation time counts as made now.
+/// claim is outdated when its [`LABEL_TEMPLATE_HASH`] is not `hash`, it has drifted from its
+/// node type (`Drifted=True`), or it is older than `expire` (`expireAfter`); a claim
+/// without a creation time counts as made now.
 pub fn claim_views<C: Borrow<NodeClaim>>(
     claims: &[C],
     hash: &str,
@@ -76,7 +80,9 @@ pub fn claim_views<C: Borrow<NodeClaim>>(
                 terminating: c.metadata.deletion_timestamp.is_some(),
                 failed: s.phase == Some(NodeClaimPhase::Failed),
                 has_node: s.node_name.is_some(),
-                outdated: label(LABEL_TEMPLATE_HASH).map(String::as_str) != Some(hash) || expired,
+                outdated: label(LABEL_TEMPLATE_HASH).map(String::as_str) != Some(hash)
+                    || conditions::is_true(&s.conditions, ClaimCondition::Drifted)
+                    || expired,
                 expired,
                 held: false,
                 replaces: annotation(ANNOTATION_REPLACES).cloned(),
@@ -518,7 +524,23 @@ mod tests {
     }
 
     #[test]
-    fn a_claim_is_outdated_when_made_from_another_template_or_older_than_expire_after() {
+    fn a_claim_is_outdated_when_made_from_another_template_drifted_or_older_than_expire_after() {
+        let mut drifted = claim("drifted", "h1", 1_000);
+        drifted.status = Some(NodeClaimStatus {
+            conditions: vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+                type_: "Drifted".into(),
+                status: "True".into(),
+                reason: "NodeTypeChanged".into(),
+                message: String::new(),
+                last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    Timestamp::UNIX_EPOCH,
+                ),
+                observed_generation: None,
+            }],
+            ..NodeClaimStatus::default()
+        });
+        let views = claim_views(&[drifted], "h1", None, 100_000);
+        assert!(views[0].outdated && !views[0].expired);
         let claims = vec![claim("current", "h1", 1_000), claim("old", "h0", 1_000)];
         let outdated = |expire, now_ms| -> Vec<bool> {
             claim_views(&claims, "h1", expire, now_ms)

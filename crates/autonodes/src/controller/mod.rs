@@ -429,6 +429,22 @@ impl Context {
         }
     }
 
+    /// Wakes the live claims scheduled to NodeType `name` (its definition changed: they
+    /// may have drifted).
+    pub fn wake_claims_of_type(&self, name: &str) {
+        let mut woken = 0;
+        for claim in self.claims.state() {
+            let of_type = claim.status.as_ref().and_then(|s| s.type_ref.as_deref()) == Some(name);
+            if of_type && claim.meta().deletion_timestamp.is_none() {
+                let _ = self
+                    .wake_claims
+                    .unbounded_send(ObjectRef::from_obj(&*claim));
+                woken += 1;
+            }
+        }
+        tracing::debug!(nodetype = %name, woken, "woke the claims of a changed node type");
+    }
+
     /// Wakes every claim that is not scheduled yet (capacity or types changed).
     pub fn wake_pending_claims(&self) {
         let mut woken = 0;

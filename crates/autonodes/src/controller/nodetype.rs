@@ -66,6 +66,15 @@ async fn apply(t: &NodeType, ctx: &Context) -> Result<Action, Error> {
     }
     let claimed = ctx.ledger(|l| l.count(&name));
     let old = t.status.clone().unwrap_or_default();
+    if old
+        .definition_hash
+        .as_ref()
+        .is_some_and(|h| prepared.is_usable() && *h != prepared.definition)
+    {
+        // The type (or its provider) changed what its VMs are made from: its claims look
+        // at their drift.
+        ctx.wake_claims_of_type(&name);
+    }
     let mut status = prepared.status(claimed);
     status.observed_generation = t.metadata.generation;
     status.conditions = old.conditions.clone();

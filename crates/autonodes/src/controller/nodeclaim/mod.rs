@@ -12,6 +12,9 @@
 //! 3. [`initialize`]: `Initialized` and `Ready` once the Node is Ready and no startup taint
 //!    is left (initialization timeout); afterwards `Ready` follows the Node.
 //!
+//! Before the stages, [`drift`] compares the node type's definition with the one the claim
+//! was scheduled with (`Drifted`).
+//!
 //! A stage either lets the next one run, or stops the walk (the status is written once,
 //! and the claim comes back on a change or after a while), or fails the claim. A remote
 //! call that fails stops the walk with the cluster's reason on the current stage's
@@ -21,6 +24,7 @@
 pub mod schedule;
 pub mod status;
 
+mod drift;
 mod initialize;
 mod launch;
 mod register;
@@ -62,6 +66,8 @@ pub const JOINED: ClaimCondition = ClaimCondition::Joined;
 pub const INITIALIZED: ClaimCondition = ClaimCondition::Initialized;
 /// Condition: the Node is Ready and no startup taint is left.
 pub const READY: ClaimCondition = ClaimCondition::Ready;
+/// Condition (only while True): the node type changed since the claim was scheduled.
+pub const DRIFTED: ClaimCondition = ClaimCondition::Drifted;
 
 /// Namespace of bootstrap-token Secrets in the tenant.
 pub use super::remote::TOKEN_NAMESPACE;
@@ -277,6 +283,7 @@ async fn provision(
         status: w,
         node: None,
     };
+    drift::drift(&mut p);
     let mut step = launch::launch(&mut p).await;
     if let Ok(Step::Next) = step {
         step = register::register(&mut p).await;

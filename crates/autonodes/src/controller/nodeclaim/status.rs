@@ -84,6 +84,11 @@ impl<'a> StatusWriter<'a> {
         );
     }
 
+    /// Removes a condition (one that is only present while True, as `Drifted`).
+    pub(super) fn remove(&mut self, type_: ClaimCondition) {
+        self.new.conditions.retain(|c| c.type_ != type_.as_str());
+    }
+
     /// True when the new status differs from the old one by more than progress detail (a
     /// condition that stays not-True and goes from one progress reason or message to another).
     fn worth_writing(&self) -> bool {

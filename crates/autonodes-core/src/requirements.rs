@@ -13,6 +13,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, NodeSelectorTerm, Taint, Toleration};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 /// How a requirement compares the value of its key, with its values.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -217,6 +218,33 @@ pub fn selector_matches(
     })
 }
 
+/// Whether a label selector (`matchLabels` and `matchExpressions`) selects `labels`; an
+/// empty selector selects everything, as in Kubernetes. An operator it does not know
+/// selects nothing.
+pub fn label_selector_matches(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+    let by_labels = selector
+        .match_labels
+        .as_ref()
+        .is_none_or(|m| selector_matches(m, labels));
+    let by_expressions = selector.match_expressions.iter().flatten().all(|e| {
+        let values = e.values.clone().unwrap_or_default();
+        let operator = match e.operator.as_str() {
+            "In" => Operator::In(values),
+            "NotIn" => Operator::NotIn(values),
+            "Exists" => Operator::Exists,
+            "DoesNotExist" => Operator::DoesNotExist,
+            _ => return false,
+        };
+        Requirement {
+            key: e.key.clone(),
+            operator,
+        }
+        .matches(labels)
+        .is_ok()
+    });
+    by_labels && by_expressions
+}
+
 /// Whether a required node-affinity term matches `labels`: every match expression holds.
 /// A term with `matchFields` names a node (`metadata.name`), which a node yet to be made
 /// cannot meet; an empty term matches nothing (as in the scheduler).
@@ -262,6 +290,40 @@ pub fn tolerates_taints(tolerations: &[Toleration], taints: &[Taint]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_label_selector_needs_every_match_label_and_expression_and_an_empty_one_selects_all() {
+        let labels = BTreeMap::from([
+            ("app".to_string(), "db".to_string()),
+            ("tier".to_string(), "gold".to_string()),
+        ]);
+        let sel = |v: serde_json::Value| -> LabelSelector {
+            serde_json::from_value(v).expect("selector")
+        };
+        assert!(label_selector_matches(&sel(serde_json::json!({})), &labels));
+        assert!(label_selector_matches(
+            &sel(serde_json::json!({"matchLabels": {"app": "db"},
+                "matchExpressions": [{"key": "tier", "operator": "In", "values": ["gold"]},
+                                     {"key": "zone", "operator": "DoesNotExist"}]})),
+            &labels
+        ));
+        assert!(!label_selector_matches(
+            &sel(serde_json::json!({"matchLabels": {"app": "web"}})),
+            &labels
+        ));
+        assert!(!label_selector_matches(
+            &sel(
+                serde_json::json!({"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["gold"]}]})
+            ),
+            &labels
+        ));
+        assert!(!label_selector_matches(
+            &sel(
+                serde_json::json!({"matchExpressions": [{"key": "app", "operator": "Gt", "values": ["1"]}]})
+            ),
+            &labels
+        ));
+    }
 
     fn on(key: &str, operator: Operator) -> Requirement {
         Requirement {

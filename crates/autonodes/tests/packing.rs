@@ -240,3 +240,73 @@ async fn a_pending_pod_goes_to_the_highest_weight_pool_and_to_the_next_only_once
     delete_pods_now(&world).await;
     world.shutdown().await;
 }
+
+/// A pause pod `app=db`, 1 CPU, that shares no node with another `app=db` pod.
+fn db_pod(name: &str) -> Pod {
+    let mut p = pod(name, None);
+    p.metadata.labels = Some(BTreeMap::from([("app".to_string(), "db".to_string())]));
+    if let Some(spec) = p.spec.as_mut() {
+        spec.affinity = serde_json::from_value(json!({"podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [{
+                "labelSelector": {"matchLabels": {"app": "db"}},
+                "topologyKey": "kubernetes.io/hostname"
+            }]
+        }}))
+        .ok();
+    }
+    p
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_with_required_anti_affinity_on_the_hostname_get_a_node_each_in_one_step() {
+    let world = World::start(WorldOptions {
+        provider: provider(),
+        ..WorldOptions::default()
+    })
+    .await;
+    let _scheduler = scheduler(&world);
+    world
+        .create_pool("spread", json!({"providerRef": "pools"}))
+        .await;
+    show(&world, "before: a dynamic pool, no node");
+    // Three 1-CPU db pods would fit one 4-CPU node, but may not share one; a plain pod
+    // fills the room left beside the first.
+    create_pods(&world, (0..3).map(|i| db_pod(&format!("db-{i}")))).await;
+    create_pods(&world, [pod("web", None)]).await;
+    let placed = common::eventually("4 pods bound", WAIT, || async {
+        let pods = tenant_pods(&world).await;
+        pods.iter()
+            .all(|p| bound_to(p).is_some())
+            .then(|| {
+                pods.iter()
+                    .filter_map(|p| Some((p.name_any(), bound_to(p)?)))
+                    .collect::<BTreeMap<String, String>>()
+            })
+            .filter(|m| m.len() == 4)
+    })
+    .await;
+    show(&world, "after: one node per db pod");
+    let db_nodes: std::collections::BTreeSet<&String> = placed
+        .iter()
+        .filter(|(p, _)| p.starts_with("db-"))
+        .map(|(_, n)| n)
+        .collect();
+    assert_eq!(db_nodes.len(), 3, "{placed:?}");
+    // Exactly three claims: packing knew the pods could not share, so no node was made
+    // that the scheduler then could not use.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let claims = pool_claims(&world, "spread").await;
+    assert_eq!(claims.len(), 3);
+    assert_eq!(world.nodes().await.len(), 3);
+    // Each claim asks for what was packed onto it: db-0 and web, then db-1, then db-2 (a
+    // packing that ignored the anti-affinity would have asked for all four on one node).
+    let mut asked: Vec<String> = claims
+        .iter()
+        .filter_map(|c| c.spec.desired_capacity.get("cpu").map(|q| q.0.clone()))
+        .collect();
+    asked.sort();
+    assert_eq!(asked, ["1", "1", "2"]);
+    println!("anti-affinity: {placed:?}");
+    delete_pods_now(&world).await;
+    world.shutdown().await;
+}

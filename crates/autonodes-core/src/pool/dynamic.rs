@@ -184,6 +184,15 @@ fn bins(claim_nodes: &[ClaimNode], nodes: &[Node], usage: &NodeUse, now: Timesta
             claim: name_of(cn.claim).to_string(),
             shape: cn.shape.clone(),
             free: cn.allocatable.minus(&used),
+            residents: node_name
+                .map(|n| {
+                    usage
+                        .movable(n)
+                        .iter()
+                        .map(|p| PendingPod::from_pod(p))
+                        .collect()
+                })
+                .unwrap_or_default(),
         });
     }
     bins

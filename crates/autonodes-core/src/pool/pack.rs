@@ -1,12 +1,15 @@
-//! Pending pods packed onto nodes: what a pod asks for ([`pod_request`]), whether a node
-//! of some labels and taints would take it ([`accepts`], through [`crate::requirements`]),
-//! and [`pack`], first-fit-decreasing onto the room of existing and in-flight nodes, then
-//! onto new nodes of the cheapest accepting type within the pool's [`Limits`].
+//! Pending pods packed onto nodes: what a pod asks for ([`pod_request`]: cpu, memory, pods
+//! and extended resources), whether a node of some labels and taints would take it
+//! ([`accepts`], through [`crate::requirements`]), which pods may not share a node
+//! ([`conflicts`]: required pod anti-affinity on the hostname), and [`pack`],
+//! first-fit-decreasing onto the room of existing and in-flight nodes, then onto new nodes
+//! of the cheapest accepting type within the pool's [`Limits`].
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, NodeSelectorTerm, Pod, Taint, Toleration};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use crate::api::{NodeClaim, NodeClaimSpec, ResourceList};
 use crate::requirements;
@@ -194,11 +197,30 @@ pub fn is_unschedulable(p: &Pod) -> bool {
     unbound && pending && marked
 }
 
-/// One unschedulable pod.
-#[derive(Clone, Debug, PartialEq)]
+/// The topology key of one node: the only one pod anti-affinity is packed for.
+pub const HOSTNAME_TOPOLOGY: &str = "kubernetes.io/hostname";
+
+/// A required pod anti-affinity term on [`HOSTNAME_TOPOLOGY`]: the pod shares no node with
+/// a pod its selector selects in these namespaces.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AntiAffinity {
+    /// Which pods it keeps away.
+    pub selector: LabelSelector,
+    /// Their namespaces (the pod's own when the term names none).
+    pub namespaces: Vec<String>,
+}
+
+/// One unschedulable pod (or one that would have to move).
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct PendingPod {
     /// `namespace/name`.
     pub key: String,
+    /// Its namespace.
+    pub namespace: String,
+    /// Its labels (what other pods' anti-affinity selects).
+    pub labels: BTreeMap<String, String>,
+    /// Its required anti-affinity terms on [`HOSTNAME_TOPOLOGY`].
+    pub anti_affinity: Vec<AntiAffinity>,
     /// Its requests (pods: 1).
     pub request: Amount,
     /// `spec.nodeSelector`.
@@ -213,7 +235,33 @@ impl PendingPod {
     /// The pending-pod view of a pod.
     pub fn from_pod(pod: &Pod) -> PendingPod {
         let spec = pod.spec.clone().unwrap_or_default();
+        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+        let anti_affinity = spec
+            .affinity
+            .as_ref()
+            .and_then(|a| a.pod_anti_affinity.as_ref())
+            .and_then(|a| {
+                a.required_during_scheduling_ignored_during_execution
+                    .as_ref()
+            })
+            .into_iter()
+            .flatten()
+            .filter(|t| t.topology_key == HOSTNAME_TOPOLOGY)
+            .filter_map(|t| {
+                Some(AntiAffinity {
+                    // A term without a selector selects no pod.
+                    selector: t.label_selector.clone()?,
+                    namespaces: match t.namespaces.as_ref() {
+                        Some(ns) if !ns.is_empty() => ns.clone(),
+                        _ => vec![namespace.clone()],
+                    },
+                })
+            })
+            .collect();
         PendingPod {
+            namespace,
+            labels: pod.metadata.labels.clone().unwrap_or_default(),
+            anti_affinity,
             key: format!(
                 "{}/{}",
                 pod.metadata.namespace.as_deref().unwrap_or_default(),
@@ -317,8 +365,21 @@ pub fn accepts(shape: &NodeShape, pod: &PendingPod) -> bool {
     selected && affine && tolerated
 }
 
+/// Whether `a`'s anti-affinity keeps `b` off its node.
+pub fn repels(a: &PendingPod, b: &PendingPod) -> bool {
+    a.anti_affinity.iter().any(|t| {
+        t.namespaces.contains(&b.namespace)
+            && requirements::label_selector_matches(&t.selector, &b.labels)
+    })
+}
+
+/// Whether `pod` may not share a node with `residents` (its anti-affinity, or theirs).
+pub fn conflicts(pod: &PendingPod, residents: &[PendingPod]) -> bool {
+    residents.iter().any(|r| repels(pod, r) || repels(r, pod))
+}
+
 /// Room on a node that exists or is on its way (a live claim of the tenant).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Bin {
     /// The claim.
     pub claim: String,
@@ -326,6 +387,8 @@ pub struct Bin {
     pub shape: NodeShape,
     /// Room left.
     pub free: Amount,
+    /// The pods on it (for pod anti-affinity).
+    pub residents: Vec<PendingPod>,
 }
 
 /// A node type a dynamic pool may create claims of.
@@ -486,14 +549,18 @@ pub fn pack(
             .then_with(|| a.key.cmp(&b.key))
     });
     let mut bins: Vec<Bin> = bins.to_vec();
-    // New nodes: (candidate index, free room, request, pods).
-    let mut fresh: Vec<(usize, Amount, NewNode)> = Vec::new();
+    // New nodes: (candidate index, free room, request and pods, the pods as packed).
+    let mut fresh: Vec<(usize, Amount, NewNode, Vec<PendingPod>)> = Vec::new();
     let mut room: Vec<Option<i64>> = candidates.iter().map(|c| c.room).collect();
     let (mut nodes, mut used) = usage;
     'pods: for pod in order {
         for bin in bins.iter_mut() {
-            if accepts(&bin.shape, pod) && bin.free.covers(&pod.request) {
+            if accepts(&bin.shape, pod)
+                && bin.free.covers(&pod.request)
+                && !conflicts(pod, &bin.residents)
+            {
                 bin.free = bin.free.minus(&pod.request);
+                bin.residents.push(pod.clone());
                 out.placed
                     .entry(bin.claim.clone())
                     .or_default()
@@ -501,9 +568,13 @@ pub fn pack(
                 continue 'pods;
             }
         }
-        for (i, free, node) in fresh.iter_mut() {
-            if accepts(&candidates[*i].shape, pod) && free.covers(&pod.request) {
+        for (i, free, node, residents) in fresh.iter_mut() {
+            if accepts(&candidates[*i].shape, pod)
+                && free.covers(&pod.request)
+                && !conflicts(pod, residents)
+            {
                 *free = free.minus(&pod.request);
+                residents.push((*pod).clone());
                 node.request = node.request.plus(&pod.request);
                 node.pods.push(pod.key.clone());
                 continue 'pods;
@@ -536,6 +607,7 @@ pub fn pack(
                     request: pod.request.clone(),
                     pods: vec![pod.key.clone()],
                 },
+                vec![(*pod).clone()],
             ));
             continue 'pods;
         }
@@ -545,7 +617,7 @@ pub fn pack(
             out.blocked_by_capacity.push(pod.key.clone());
         }
     }
-    out.new_nodes = fresh.into_iter().map(|(_, _, n)| n).collect();
+    out.new_nodes = fresh.into_iter().map(|(_, _, n, _)| n).collect();
     out
 }
 
@@ -563,9 +635,8 @@ mod tests {
                 pods: 1,
                 ..Amount::default()
             },
-            node_selector: BTreeMap::new(),
-            required_terms: None,
-            tolerations: Vec::new(),
+            namespace: "default".into(),
+            ..PendingPod::default()
         }
     }
 
@@ -610,6 +681,65 @@ mod tests {
     }
 
     #[test]
+    fn pods_that_keep_each_other_off_their_node_get_a_node_each_and_others_share() {
+        let pod_of = |key: &str, app: &str, anti: bool| {
+            let mut p = pod(key, 500);
+            p.labels = BTreeMap::from([("app".to_string(), app.to_string())]);
+            if anti {
+                p.anti_affinity = vec![AntiAffinity {
+                    selector: LabelSelector {
+                        match_labels: Some(BTreeMap::from([("app".to_string(), app.to_string())])),
+                        match_expressions: None,
+                    },
+                    namespaces: vec!["default".into()],
+                }];
+            }
+            p
+        };
+        let pods = vec![
+            pod_of("db-0", "db", true),
+            pod_of("db-1", "db", true),
+            pod_of("db-2", "db", true),
+            pod_of("web", "web", false),
+        ];
+        let out = pack(
+            &pods,
+            &[],
+            &[candidate("small", 4000, &[])],
+            &Limits::default(),
+            (0, Amount::default()),
+        );
+        let mut per_node: Vec<Vec<&str>> = out
+            .new_nodes
+            .iter()
+            .map(|n| n.pods.iter().map(String::as_str).collect())
+            .collect();
+        per_node.sort();
+        assert_eq!(per_node, [vec!["db-0", "web"], vec!["db-1"], vec!["db-2"]]);
+        // A db pod already on an in-flight node keeps the next one off it, by either side's
+        // term: a resident without anti-affinity is still selected by the newcomer's.
+        let bin = Bin {
+            claim: "c".into(),
+            free: Amount::of_node(&ResourceAmounts::default()).plus(&Amount {
+                cpu: 4000,
+                memory: 16 << 30,
+                ..Amount::default()
+            }),
+            residents: vec![pod_of("db-old", "db", false)],
+            ..Bin::default()
+        };
+        let out = pack(
+            &[pod_of("db-new", "db", true)],
+            &[bin],
+            &[candidate("small", 4000, &[])],
+            &Limits::default(),
+            (1, Amount::default()),
+        );
+        assert!(out.placed.is_empty());
+        assert_eq!(out.new_nodes.len(), 1);
+    }
+
+    #[test]
     fn pods_fitting_in_flight_nodes_need_no_new_node() {
         let pods: Vec<PendingPod> = (0..4).map(|i| pod(&format!("p{i}"), 1000)).collect();
         let bins = vec![Bin {
@@ -621,6 +751,7 @@ mod tests {
                 pods: 110,
                 ..Amount::default()
             },
+            residents: Vec::new(),
         }];
         let out = pack(
             &pods,

@@ -310,3 +310,99 @@ async fn pods_with_required_anti_affinity_on_the_hostname_get_a_node_each_in_one
     delete_pods_now(&world).await;
     world.shutdown().await;
 }
+
+/// A provider whose one type, `small` (4 CPU, 8Gi), offers two zones.
+fn zoned_provider() -> String {
+    provider_yaml(
+        "pools",
+        "test-kubevirt-1",
+        "4",
+        "8Gi",
+        "      - name: small\n        resources:\n          cpu: 4\n          memory: 8Gi\n        properties:\n          topology.kubernetes.io/zone: zone-a,zone-b",
+    )
+}
+
+/// A pause pod `app=web`, 1 CPU, spread over zones with `maxSkew: 1`.
+fn spread_pod(name: &str) -> Pod {
+    let mut p = pod(name, None);
+    p.metadata.labels = Some(BTreeMap::from([("app".to_string(), "web".to_string())]));
+    if let Some(spec) = p.spec.as_mut() {
+        spec.topology_spread_constraints = serde_json::from_value(json!([{
+            "maxSkew": 1,
+            "topologyKey": "topology.kubernetes.io/zone",
+            "whenUnsatisfiable": "DoNotSchedule",
+            "labelSelector": {"matchLabels": {"app": "web"}}
+        }]))
+        .ok();
+    }
+    p
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_spread_over_zones_get_one_node_per_zone_of_a_type_offering_two() {
+    let world = World::start(WorldOptions {
+        provider: zoned_provider(),
+        ..WorldOptions::default()
+    })
+    .await;
+    let _scheduler = scheduler(&world);
+    world
+        .create_pool("zonal", json!({"providerRef": "pools"}))
+        .await;
+    show(
+        &world,
+        "before: a dynamic pool of a type in zone-a and zone-b",
+    );
+    // Four 1-CPU pods would fit one 4-CPU node; spread with maxSkew 1 they need both zones.
+    create_pods(&world, (0..4).map(|i| spread_pod(&format!("web-{i}")))).await;
+    let placed = common::eventually("4 pods bound", WAIT, || async {
+        let pods = tenant_pods(&world).await;
+        let placed: BTreeMap<String, String> = pods
+            .iter()
+            .filter_map(|p| Some((p.name_any(), bound_to(p)?)))
+            .collect();
+        (placed.len() == 4).then_some(placed)
+    })
+    .await;
+    show(&world, "after: one node in each zone");
+    let claims = pool_claims(&world, "zonal").await;
+    let mut asked: Vec<(String, String)> = claims
+        .iter()
+        .map(|c| {
+            let zone = c
+                .spec
+                .requirements
+                .iter()
+                .find(|r| r.key == "topology.kubernetes.io/zone")
+                .map(|r| r.values.join(","))
+                .unwrap_or_default();
+            let cpu = c
+                .spec
+                .desired_capacity
+                .get("cpu")
+                .map(|q| q.0.clone())
+                .unwrap_or_default();
+            (zone, cpu)
+        })
+        .collect();
+    asked.sort();
+    assert_eq!(
+        asked,
+        [
+            ("zone-a".to_string(), "2".to_string()),
+            ("zone-b".to_string(), "2".to_string())
+        ],
+        "one claim per zone, two pods each"
+    );
+    let mut zones: Vec<String> = world
+        .nodes()
+        .await
+        .iter()
+        .filter_map(|n| n.labels().get("topology.kubernetes.io/zone").cloned())
+        .collect();
+    zones.sort();
+    assert_eq!(zones, ["zone-a", "zone-b"]);
+    println!("zones: claims {asked:?}; pods on {placed:?}");
+    delete_pods_now(&world).await;
+    world.shutdown().await;
+}

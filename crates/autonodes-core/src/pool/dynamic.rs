@@ -16,7 +16,10 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::api::conditions;
 use crate::api::reasons::{ClaimCondition, PoolReason};
-use crate::api::{NodeClaim, NodeClaimSpec, NodePool, NodePoolSpec, Overhead};
+use crate::api::{
+    NodeClaim, NodeClaimSpec, NodePool, NodePoolSpec, Operator, Overhead, Requirement,
+};
+use crate::requirements::Offer;
 use crate::resources::ResourceAmounts;
 use crate::scheduling::{self, Catalogue, ClaimRequest, Mismatch, PreparedType};
 
@@ -24,7 +27,7 @@ use super::consolidate::{self, ConsolidationInput, NodeUse};
 use super::do_not_disrupt;
 use super::pack::{
     accepts, claim_type, is_unschedulable, opens_for, pack, Amount, Bin, Candidate, Limits,
-    NodeShape, Packing, PendingPod,
+    NodeShape, Packing, PendingPod, ZONE_TOPOLOGY,
 };
 use super::plan::{is_live, DeleteReason};
 use super::reconcile::NewClaim;
@@ -200,7 +203,9 @@ fn bins(claim_nodes: &[ClaimNode], nodes: &[Node], usage: &NodeUse, now: Timesta
 
 /// The node types the pool's template fits, cheapest first, with the room left of each.
 /// Types with extended resources are candidates too (the template need not ask for a
-/// GPU): packing opens one only for a pod that asks for its extended resource.
+/// GPU): packing opens one only for a pod that asks for its extended resource. A type
+/// whose zone property offers several zones (`a,b`) the template does not pin is one
+/// candidate per zone, each pinned by a requirement, so zone spread can choose.
 fn candidates(
     template: &NodeClaimSpec,
     request: &ClaimRequest,
@@ -219,18 +224,47 @@ fn candidates(
                     .iter()
                     .all(|m| matches!(m, Mismatch::UnrequestedExtended(_)))
         })
-        .filter_map(|t| {
-            Some(Candidate {
-                node_type: t.name.clone(),
-                shape: NodeShape::of_type(t, template)?,
-                allocatable: allocatable(t, tenant.overheads.get(&t.name)),
-                resources: Amount::of_node(&t.amounts),
-                room: t
-                    .max_capacity
-                    .map(|m| m - tenant.claimed.get(&t.name).copied().unwrap_or(0)),
-            })
+        .flat_map(|t| {
+            zone_pins(t, template)
+                .into_iter()
+                .filter_map(|pin| {
+                    let mut spec = template.clone();
+                    spec.requirements.extend(pin.iter().cloned());
+                    Some(Candidate {
+                        node_type: t.name.clone(),
+                        shape: NodeShape::of_type(t, &spec)?,
+                        allocatable: allocatable(t, tenant.overheads.get(&t.name)),
+                        resources: Amount::of_node(&t.amounts),
+                        room: t
+                            .max_capacity
+                            .map(|m| m - tenant.claimed.get(&t.name).copied().unwrap_or(0)),
+                        requirements: pin,
+                    })
+                })
+                .collect::<Vec<_>>()
         })
         .collect()
+}
+
+/// The zone requirements to make one candidate each of `t`: none (one candidate as it is)
+/// unless its zone property offers several zones and the template has no requirement on
+/// the zone; then `zone In [z]` for each offered zone `z`.
+fn zone_pins(t: &PreparedType, template: &NodeClaimSpec) -> Vec<Vec<Requirement>> {
+    let pinned = template.requirements.iter().any(|r| r.key == ZONE_TOPOLOGY);
+    let offered = t.properties.get(ZONE_TOPOLOGY).map(|v| Offer::parse(v));
+    match offered {
+        Some(Offer::Several(zones)) if !pinned => zones
+            .into_iter()
+            .map(|z| {
+                vec![Requirement {
+                    key: ZONE_TOPOLOGY.to_string(),
+                    operator: Operator::In,
+                    values: vec![z.to_string()],
+                }]
+            })
+            .collect(),
+        _ => vec![Vec::new()],
+    }
 }
 
 /// A pool's place among a tenant's dynamic pools: higher `weight` first, then by name.
@@ -396,14 +430,18 @@ pub fn plan(input: &DynamicInput) -> DynamicPlan {
     let create = packing
         .new_nodes
         .iter()
-        .map(|n| NewClaim {
-            spec: NodeClaimSpec {
+        .map(|n| {
+            let mut spec = NodeClaimSpec {
                 desired_capacity: n.request.to_resource_list(),
                 type_ref: Some(n.node_type.clone()),
                 ..input.template.clone()
-            },
-            replaces: None,
-            pods: n.pods.clone(),
+            };
+            spec.requirements.extend(n.requirements.iter().cloned());
+            NewClaim {
+                spec,
+                replaces: None,
+                pods: n.pods.clone(),
+            }
         })
         .collect();
     let protected =

@@ -5,13 +5,13 @@
 //! first-fit-decreasing onto the room of existing and in-flight nodes, then onto new nodes
 //! of the cheapest accepting type within the pool's [`Limits`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{Container, NodeSelectorTerm, Pod, Taint, Toleration};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use crate::api::{NodeClaim, NodeClaimSpec, ResourceList};
+use crate::api::{NodeClaim, NodeClaimSpec, Requirement, ResourceList};
 use crate::requirements;
 use crate::resources::{self, ResourceAmounts, CPU, MEMORY};
 use crate::scheduling::{self, Catalogue, ClaimRequest, PreparedType};
@@ -199,6 +199,20 @@ pub fn is_unschedulable(p: &Pod) -> bool {
 
 /// The topology key of one node: the only one pod anti-affinity is packed for.
 pub const HOSTNAME_TOPOLOGY: &str = "kubernetes.io/hostname";
+/// The topology key of a zone: the only one topology spread is packed for (a node type
+/// gets it from its `topology.kubernetes.io/zone` property).
+pub const ZONE_TOPOLOGY: &str = "topology.kubernetes.io/zone";
+
+/// A `topologySpreadConstraints` entry on [`ZONE_TOPOLOGY`] with `whenUnsatisfiable:
+/// DoNotSchedule`: the pods it selects (in the pod's namespace) differ by at most
+/// `max_skew` between the zones a node for the pod could be in.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ZoneSpread {
+    /// `maxSkew` (at least 1).
+    pub max_skew: i64,
+    /// Which pods are counted.
+    pub selector: LabelSelector,
+}
 
 /// A required pod anti-affinity term on [`HOSTNAME_TOPOLOGY`]: the pod shares no node with
 /// a pod its selector selects in these namespaces.
@@ -221,6 +235,8 @@ pub struct PendingPod {
     pub labels: BTreeMap<String, String>,
     /// Its required anti-affinity terms on [`HOSTNAME_TOPOLOGY`].
     pub anti_affinity: Vec<AntiAffinity>,
+    /// Its hard topology spread constraints over zones.
+    pub zone_spread: Vec<ZoneSpread>,
     /// Its requests (pods: 1).
     pub request: Amount,
     /// `spec.nodeSelector`.
@@ -258,10 +274,24 @@ impl PendingPod {
                 })
             })
             .collect();
+        let zone_spread = spec
+            .topology_spread_constraints
+            .iter()
+            .flatten()
+            .filter(|c| c.topology_key == ZONE_TOPOLOGY && c.when_unsatisfiable == "DoNotSchedule")
+            .filter_map(|c| {
+                Some(ZoneSpread {
+                    max_skew: i64::from(c.max_skew.max(1)),
+                    // A constraint without a selector counts no pod: nothing to spread.
+                    selector: c.label_selector.clone()?,
+                })
+            })
+            .collect();
         PendingPod {
             namespace,
             labels: pod.metadata.labels.clone().unwrap_or_default(),
             anti_affinity,
+            zone_spread,
             key: format!(
                 "{}/{}",
                 pod.metadata.namespace.as_deref().unwrap_or_default(),
@@ -402,8 +432,12 @@ pub struct Candidate {
     pub allocatable: Amount,
     /// Its resources (what counts against `limits`).
     pub resources: Amount,
-    /// How many more claims it takes (`None`: unlimited).
+    /// How many more claims it takes (`None`: unlimited); shared by the candidates of one
+    /// type.
     pub room: Option<i64>,
+    /// Requirements its claims carry beside the pool's (the zone chosen of a type that
+    /// offers several).
+    pub requirements: Vec<Requirement>,
 }
 
 /// `spec.limits`, parsed.
@@ -492,6 +526,8 @@ pub struct NewNode {
     pub request: Amount,
     /// The pods packed onto it.
     pub pods: Vec<String>,
+    /// Requirements beside the pool's ([`Candidate::requirements`]).
+    pub requirements: Vec<Requirement>,
 }
 
 /// The outcome of packing.
@@ -551,13 +587,26 @@ pub fn pack(
     let mut bins: Vec<Bin> = bins.to_vec();
     // New nodes: (candidate index, free room, request and pods, the pods as packed).
     let mut fresh: Vec<(usize, Amount, NewNode, Vec<PendingPod>)> = Vec::new();
-    let mut room: Vec<Option<i64>> = candidates.iter().map(|c| c.room).collect();
+    let mut room: BTreeMap<&str, Option<i64>> = candidates
+        .iter()
+        .map(|c| (c.node_type.as_str(), c.room))
+        .collect();
     let (mut nodes, mut used) = usage;
     'pods: for pod in order {
+        let zones = allowed_zones(pod, &bins, &fresh, candidates);
+        let in_zone = |shape: &NodeShape| {
+            zones.as_ref().is_none_or(|z| {
+                shape
+                    .labels
+                    .get(ZONE_TOPOLOGY)
+                    .is_some_and(|v| z.contains(v))
+            })
+        };
         for bin in bins.iter_mut() {
             if accepts(&bin.shape, pod)
                 && bin.free.covers(&pod.request)
                 && !conflicts(pod, &bin.residents)
+                && in_zone(&bin.shape)
             {
                 bin.free = bin.free.minus(&pod.request);
                 bin.residents.push(pod.clone());
@@ -572,6 +621,7 @@ pub fn pack(
             if accepts(&candidates[*i].shape, pod)
                 && free.covers(&pod.request)
                 && !conflicts(pod, residents)
+                && in_zone(&candidates[*i].shape)
             {
                 *free = free.minus(&pod.request);
                 residents.push((*pod).clone());
@@ -582,11 +632,19 @@ pub fn pack(
         }
         let mut limited = false;
         for (i, c) in candidates.iter().enumerate() {
-            if !accepts(&c.shape, pod) || !opens_for(c, pod) || !c.allocatable.covers(&pod.request)
+            if !accepts(&c.shape, pod)
+                || !opens_for(c, pod)
+                || !c.allocatable.covers(&pod.request)
+                || !in_zone(&c.shape)
             {
                 continue;
             }
-            if room[i].is_some_and(|r| r <= 0) {
+            if room
+                .get(c.node_type.as_str())
+                .copied()
+                .flatten()
+                .is_some_and(|r| r <= 0)
+            {
                 continue;
             }
             let after = used.plus(&c.resources);
@@ -596,7 +654,7 @@ pub fn pack(
             }
             nodes += 1;
             used = after;
-            if let Some(r) = room[i].as_mut() {
+            if let Some(Some(r)) = room.get_mut(c.node_type.as_str()) {
                 *r -= 1;
             }
             fresh.push((
@@ -606,6 +664,7 @@ pub fn pack(
                     node_type: c.node_type.clone(),
                     request: pod.request.clone(),
                     pods: vec![pod.key.clone()],
+                    requirements: c.requirements.clone(),
                 },
                 vec![(*pod).clone()],
             ));
@@ -619,6 +678,64 @@ pub fn pack(
     }
     out.new_nodes = fresh.into_iter().map(|(_, _, n, _)| n).collect();
     out
+}
+
+/// The zones a pod with zone spread constraints may go to now (`None`: it has none): for
+/// each constraint, the zones where one more selected pod keeps the skew — its count there
+/// minus the smallest count over the zones the pod could be in (of existing, in-flight and
+/// possible new nodes that accept it) — within `maxSkew`.
+fn allowed_zones(
+    pod: &PendingPod,
+    bins: &[Bin],
+    fresh: &[(usize, Amount, NewNode, Vec<PendingPod>)],
+    candidates: &[Candidate],
+) -> Option<BTreeSet<String>> {
+    if pod.zone_spread.is_empty() {
+        return None;
+    }
+    let zone = |shape: &NodeShape| shape.labels.get(ZONE_TOPOLOGY).cloned();
+    let nodes: Vec<(Option<String>, &NodeShape, &[PendingPod])> = bins
+        .iter()
+        .map(|b| (zone(&b.shape), &b.shape, b.residents.as_slice()))
+        .chain(fresh.iter().map(|(i, _, _, residents)| {
+            let shape = &candidates[*i].shape;
+            (zone(shape), shape, residents.as_slice())
+        }))
+        .collect();
+    let eligible: BTreeSet<String> = nodes
+        .iter()
+        .filter(|(_, shape, _)| accepts(shape, pod))
+        .filter_map(|(z, _, _)| z.clone())
+        .chain(
+            candidates
+                .iter()
+                .filter(|c| accepts(&c.shape, pod) && opens_for(c, pod))
+                .filter_map(|c| zone(&c.shape)),
+        )
+        .collect();
+    let mut allowed = eligible.clone();
+    for spread in &pod.zone_spread {
+        let mut count: BTreeMap<&str, i64> = eligible.iter().map(|z| (z.as_str(), 0)).collect();
+        for (z, _, residents) in &nodes {
+            let Some(n) = z.as_deref().and_then(|z| count.get_mut(z)) else {
+                continue;
+            };
+            *n += residents
+                .iter()
+                .filter(|r| {
+                    r.namespace == pod.namespace
+                        && requirements::label_selector_matches(&spread.selector, &r.labels)
+                })
+                .count() as i64;
+        }
+        let least = count.values().copied().min().unwrap_or(0);
+        allowed.retain(|z| {
+            count
+                .get(z.as_str())
+                .is_some_and(|n| n + 1 - least <= spread.max_skew)
+        });
+    }
+    Some(allowed)
 }
 
 #[cfg(test)]
@@ -659,6 +776,7 @@ mod tests {
             allocatable: amount.clone(),
             resources: amount,
             room: None,
+            requirements: Vec::new(),
         }
     }
 
@@ -737,6 +855,71 @@ mod tests {
         );
         assert!(out.placed.is_empty());
         assert_eq!(out.new_nodes.len(), 1);
+    }
+
+    #[test]
+    fn pods_spread_over_zones_alternate_between_the_zones_within_their_max_skew() {
+        let spread = |key: &str| {
+            let mut p = pod(key, 1000);
+            p.labels = BTreeMap::from([("app".to_string(), "web".to_string())]);
+            p.zone_spread = vec![ZoneSpread {
+                max_skew: 1,
+                selector: LabelSelector {
+                    match_labels: Some(p.labels.clone()),
+                    match_expressions: None,
+                },
+            }];
+            p
+        };
+        let pods: Vec<PendingPod> = (0..4).map(|i| spread(&format!("w{i}"))).collect();
+        let zoned = |name: &str, zone: &str| candidate(name, 4000, &[(ZONE_TOPOLOGY, zone)]);
+        let out = pack(
+            &pods,
+            &[],
+            &[zoned("small-a", "a"), zoned("small-b", "b")],
+            &Limits::default(),
+            (0, Amount::default()),
+        );
+        let per_node: Vec<(&str, Vec<&str>)> = out
+            .new_nodes
+            .iter()
+            .map(|n| {
+                (
+                    n.node_type.as_str(),
+                    n.pods.iter().map(String::as_str).collect(),
+                )
+            })
+            .collect();
+        // Without the constraint all four would share one 4-CPU node of zone a.
+        assert_eq!(
+            per_node,
+            [("small-a", vec!["w0", "w2"]), ("small-b", vec!["w1", "w3"])]
+        );
+        // A pod with no zone to go to keeps its skew: an in-flight node in zone a holding
+        // two selected pods sends the next one to zone b even though a has room.
+        let bin = Bin {
+            claim: "in-a".into(),
+            shape: NodeShape {
+                labels: BTreeMap::from([(ZONE_TOPOLOGY.to_string(), "a".to_string())]),
+                taints: Vec::new(),
+            },
+            free: Amount {
+                cpu: 8000,
+                memory: 16 << 30,
+                pods: 110,
+                ..Amount::default()
+            },
+            residents: vec![spread("old-0"), spread("old-1")],
+        };
+        let out = pack(
+            &[spread("new")],
+            &[bin],
+            &[zoned("small-a", "a"), zoned("small-b", "b")],
+            &Limits::default(),
+            (1, Amount::default()),
+        );
+        assert!(out.placed.is_empty());
+        assert_eq!(out.new_nodes[0].node_type, "small-b");
     }
 
     #[test]

@@ -536,6 +536,59 @@ fn a_pending_pod_is_left_to_a_higher_weight_pool_until_that_one_reaches_its_limi
 }
 
 #[test]
+fn pods_spread_over_zones_get_claims_pinned_to_the_zones_of_a_type_that_offers_several() {
+    let provider: NodeProvider = serde_json::from_value(json!({
+        "apiVersion": "autonodes.io/v1alpha1", "kind": "NodeProvider",
+        "metadata": {"name": "p"},
+        "spec": {"kubeVirt": {
+            "clusterRef": {"cluster": "h", "namespace": "vms"},
+            "virtualMachineTemplate": {"spec": {"template": {"spec": {"domain": {"devices": {}}}}}},
+            "nodeTypes": [{"name": "small", "cost": 1, "resources": {"cpu": "4", "memory": "8Gi"},
+                           "properties": {"topology.kubernetes.io/zone": "a,b"}}],
+        }},
+    }))
+    .expect("provider");
+    let mut scene = Scene::new(json!({}));
+    scene.catalogue = Catalogue::from_provider(&provider);
+    scene.pods = (0..2)
+        .map(|i| {
+            serde_json::from_value(json!({
+                "metadata": {"namespace": "default", "name": format!("web-{i}"),
+                             "labels": {"app": "web"}},
+                "spec": {
+                    "containers": [{"name": "c", "resources": {"requests": {"cpu": "1"}}}],
+                    "topologySpreadConstraints": [{
+                        "maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                        "whenUnsatisfiable": "DoNotSchedule",
+                        "labelSelector": {"matchLabels": {"app": "web"}}}]
+                },
+                "status": {"phase": "Pending", "conditions": [
+                    {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]},
+            }))
+            .expect("pod")
+        })
+        .collect();
+    let plan = scene.plan();
+    let zones: Vec<Vec<String>> = plan
+        .create
+        .iter()
+        .map(|c| {
+            c.spec
+                .requirements
+                .iter()
+                .filter(|r| r.key == "topology.kubernetes.io/zone")
+                .flat_map(|r| r.values.clone())
+                .collect()
+        })
+        .collect();
+    assert_eq!(zones, [vec!["a".to_string()], vec!["b".to_string()]]);
+    // Plain pods use the first zone offered, as one node.
+    scene.pods = vec![pending("p1", "1"), pending("p2", "1")];
+    let plan = scene.plan();
+    assert_eq!(plan.create.len(), 1);
+}
+
+#[test]
 fn no_fitting_node_type_is_a_problem() {
     let mut scene = Scene::new(json!({"requirements": [
         {"key": "autonodes.io/node-type", "operator": "In", "values": ["huge"]}]}));

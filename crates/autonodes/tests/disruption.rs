@@ -729,3 +729,118 @@ async fn a_changed_node_type_marks_its_claims_drifted_and_the_pool_rolls_them_wi
     );
     world.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_a_cheaper_type_could_replace_is_replaced_first_and_then_removed() {
+    let world = World::start(WorldOptions {
+        provider: provider_yaml(
+            "pools",
+            "test-kubevirt-1",
+            "4",
+            "8Gi",
+            "      - name: small\n        resources:\n          cpu: 4\n          memory: 8Gi\n      - name: large\n        resources:\n          cpu: 8\n          memory: 32Gi",
+        ),
+        ..WorldOptions::default()
+    })
+    .await;
+    let _scheduler = scheduler(&world);
+    world
+        .create_pool(
+            "burst",
+            json!({"providerRef": "pools", "disruption": {"consolidateAfter": "2s"}}),
+        )
+        .await;
+    // A pod that only a large node takes, and a plain one that fills its room.
+    create_pods(
+        &world,
+        [
+            pod("needs-large", Some(("autonodes.io/node-type", "large"))),
+            pod("web", None),
+        ],
+    )
+    .await;
+    let large = common::eventually("both pods on one large node", WAIT, || async {
+        let pods = tenant_pods(&world).await;
+        let nodes = ready_nodes(&world).await;
+        (pods.len() == 2 && pods.iter().all(|p| bound_to(p).is_some()) && nodes.len() == 1)
+            .then(|| nodes[0].name_any())
+    })
+    .await;
+    show(&world, "one large node running both pods");
+    // The large-only pod goes: what is left (1 CPU) fits a small node, which costs less.
+    Api::<Pod>::namespaced(world.tenant.clone(), "default")
+        .delete("needs-large", &DeleteParams::default().grace_period(0))
+        .await
+        .expect("pod deleted");
+    let api: Api<Pod> = Api::namespaced(world.tenant.clone(), "default");
+    let start = Instant::now();
+    let mut replacement_seen_before_drain = false;
+    let survivor = loop {
+        let claims = pool_claims(&world, "burst").await;
+        let replacement = claims.iter().find(|c| {
+            c.annotations()
+                .get("autonodes.io/replaces")
+                .is_some_and(|_| {
+                    c.status.as_ref().and_then(|s| s.type_ref.as_deref()) == Some("pools.small")
+                })
+        });
+        let large_draining = claims.iter().any(|c| {
+            c.status.as_ref().and_then(|s| s.node_name.as_deref()) == Some(large.as_str())
+                && c.metadata.deletion_timestamp.is_some()
+        });
+        if replacement.is_some_and(available) && !large_draining {
+            replacement_seen_before_drain = true;
+        }
+        // The tenant runs no ReplicaSet controller: the test makes the evicted pod again.
+        let pods = tenant_pods(&world).await;
+        match pods.iter().find(|p| p.name_any() == "web") {
+            Some(p) if p.metadata.deletion_timestamp.is_some() => {
+                let _ = api
+                    .delete("web", &DeleteParams::default().grace_period(0))
+                    .await;
+            }
+            Some(_) => {}
+            None => create_pods(&world, [pod("web", None)]).await,
+        }
+        let nodes = world.nodes().await;
+        let web_on = pods
+            .iter()
+            .find(|p| p.name_any() == "web")
+            .and_then(bound_to);
+        if claims.len() == 1
+            && claims.iter().all(available)
+            && nodes.len() == 1
+            && nodes[0]
+                .labels()
+                .get("autonodes.io/node-type")
+                .map(String::as_str)
+                == Some("small")
+            && web_on.as_deref() == nodes[0].metadata.name.as_deref()
+        {
+            break nodes[0].name_any();
+        }
+        assert!(start.elapsed() < WAIT, "not replaced: {claims:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    show(
+        &world,
+        "after: the pod runs on a small node; the large one is gone",
+    );
+    assert!(
+        replacement_seen_before_drain,
+        "the small node was Available before the large one drained"
+    );
+    let events = world.events_for(NS, "burst").await;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.starts_with("ConsolidatedUnderutilized")),
+        "{events:?}"
+    );
+    println!(
+        "cheaper: large node {large} replaced by small node {survivor} in {:.1}s, replacement first",
+        start.elapsed().as_secs_f64()
+    );
+    delete_pods_now(&world).await;
+    world.shutdown().await;
+}

@@ -10,6 +10,12 @@
 //!   pool; the drain evicts its pods (PodDisruptionBudgets apply) and the scheduler places
 //!   them on the room that was counted.
 //!
+//! - **replaced by a cheaper type** (same policy): an Available node whose pods do not fit
+//!   elsewhere but would all fit one new node of a cheaper node type the pool may use
+//!   (within its limits) is marked the same way; when due, a replacement claim of that
+//!   type is made first (`autonodes.io/replaces`), and once it is Available the node's pods
+//!   fit its room, so the node goes as underutilized.
+//!
 //! Both stay within the disruption budgets, and leave alone nodes marked do-not-disrupt
 //! ([`super::do_not_disrupt`]). A pod with pod anti-affinity or topology spread
 //! constraints keeps its node from counting as underutilized: those rules are not
@@ -23,11 +29,14 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::api::{ConsolidationPolicy, NodeClaim, NodeClaimPhase};
 
-use super::pack::{accepts, non_daemon_running, pod_request, Amount, NodeShape, PendingPod};
+use super::pack::{
+    accepts, non_daemon_running, opens_for, pod_request, Amount, Candidate, Limits, NodeShape,
+    PendingPod,
+};
 use super::plan::{is_draining, is_live, DeleteReason};
 use super::{
     allowed_disruptions, consolidate_after, due_for_removal, ANNOTATION_EMPTY_SINCE,
-    ANNOTATION_UNDERUTILIZED_SINCE,
+    ANNOTATION_REPLACES, ANNOTATION_UNDERUTILIZED_SINCE,
 };
 use crate::api::NodePoolSpec;
 
@@ -107,8 +116,24 @@ pub struct Consolidation {
     pub empty_since: Vec<(String, Option<Timestamp>)>,
     /// [`ANNOTATION_UNDERUTILIZED_SINCE`] to set or remove, by claim name.
     pub underutilized_since: Vec<(String, Option<Timestamp>)>,
+    /// Replacement claims to create first (a cheaper type).
+    pub replace: Vec<Replacement>,
     /// When the next marked node falls due.
     pub next_check: Option<Duration>,
+}
+
+/// A cheaper node to move a node's pods to: a new claim of `node_type` asking for
+/// `request`, with `requirements` beside the pool's, replacing the claim `replaces`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Replacement {
+    /// The claim replaced.
+    pub replaces: String,
+    /// The cheaper node type.
+    pub node_type: String,
+    /// What the moved pods ask for (`desiredCapacity`).
+    pub request: Amount,
+    /// The candidate's requirements (a zone pin).
+    pub requirements: Vec<crate::api::Requirement>,
 }
 
 /// The inputs of [`consolidate`].
@@ -129,6 +154,12 @@ pub struct ConsolidationInput<'a, 'p> {
     pub usage: &'a NodeUse<'p>,
     /// Where moved pods could go.
     pub targets: &'a [Target],
+    /// The node types the pool may create, cheapest first.
+    pub candidates: &'a [Candidate],
+    /// The pool's limits and what it uses (nodes, resources).
+    pub limits: &'a Limits,
+    /// What the pool uses now (nodes, resources).
+    pub pool_usage: &'a (i64, Amount),
     /// The time of the observation.
     pub now: Timestamp,
 }
@@ -145,22 +176,57 @@ fn mark(c: &NodeClaim, key: &str) -> Option<Timestamp> {
         .and_then(|v| v.parse::<Timestamp>().ok())
 }
 
+/// Whether consolidation may move the pod: it has no pod anti-affinity and no topology
+/// spread constraints (which it does not simulate).
+fn movable(p: &&Pod) -> bool {
+    let spec = p.spec.as_ref();
+    let anti = spec
+        .and_then(|s| s.affinity.as_ref())
+        .and_then(|a| a.pod_anti_affinity.as_ref())
+        .is_some();
+    let spread = spec
+        .and_then(|s| s.topology_spread_constraints.as_ref())
+        .is_some_and(|c| !c.is_empty());
+    !anti && !spread
+}
+
+/// The cheapest candidate cheaper than `cost` one new node of which takes all `pods`
+/// (selectors, tolerations, extended resources, their summed requests) within the pool's
+/// limits, with what the pods ask for.
+pub fn cheaper_node(
+    pods: &[&Pod],
+    cost: i64,
+    candidates: &[Candidate],
+    limits: &Limits,
+    pool_usage: &(i64, Amount),
+) -> Option<(Candidate, Amount)> {
+    if pods.is_empty() || !pods.iter().all(movable) {
+        return None;
+    }
+    let moving: Vec<PendingPod> = pods.iter().map(|p| PendingPod::from_pod(p)).collect();
+    let request = moving
+        .iter()
+        .fold(Amount::default(), |sum, p| sum.plus(&p.request));
+    candidates
+        .iter()
+        .filter(|c| c.cost < cost)
+        .filter(|c| c.room.is_none_or(|r| r > 0))
+        .filter(|c| {
+            limits.allow(pool_usage.0 + 1, &pool_usage.1.plus(&c.resources))
+                && c.allocatable.covers(&request)
+                && moving.iter().all(|p| accepts(&c.shape, p))
+                // A type with extended resources only for pods that ask for them.
+                && (!c.resources.has_extended() || moving.iter().any(|p| opens_for(c, p)))
+        })
+        .min_by_key(|c| c.cost)
+        .map(|c| (c.clone(), request.clone()))
+}
+
 /// Whether every pod on `node` (claim `claim`) fits the room of the other targets, first
 /// fit, largest first; pods with pod anti-affinity or topology spread constraints do not
 /// count as movable.
 pub fn fits_elsewhere(pods: &[&Pod], claim: &str, targets: &[Target]) -> bool {
-    let simulated = |p: &&Pod| {
-        let spec = p.spec.as_ref();
-        let anti = spec
-            .and_then(|s| s.affinity.as_ref())
-            .and_then(|a| a.pod_anti_affinity.as_ref())
-            .is_some();
-        let spread = spec
-            .and_then(|s| s.topology_spread_constraints.as_ref())
-            .is_some_and(|c| !c.is_empty());
-        !anti && !spread
-    };
-    if !pods.iter().all(simulated) {
+    if !pods.iter().all(movable) {
         return false;
     }
     let mut moving: Vec<PendingPod> = pods.iter().map(|p| PendingPod::from_pod(p)).collect();
@@ -219,6 +285,27 @@ pub fn consolidate(input: &ConsolidationInput) -> Consolidation {
     let mut empties: Vec<(String, Timestamp)> = Vec::new();
     let mut underused: Vec<(String, Timestamp)> = Vec::new();
     let mut moving_cpu: HashMap<String, i128> = HashMap::new();
+    // Claims being replaced, by the name of their replacement (live claims of the pool
+    // with `autonodes.io/replaces` naming a live claim of the pool).
+    let live_names: BTreeSet<&str> = input
+        .mine
+        .iter()
+        .filter(|c| is_live(c))
+        .map(|c| name_of(c))
+        .collect();
+    let replacements: HashMap<&str, &NodeClaim> = input
+        .mine
+        .iter()
+        .filter(|c| is_live(c))
+        .filter_map(|c| {
+            let old = c.metadata.annotations.as_ref()?.get(ANNOTATION_REPLACES)?;
+            live_names
+                .contains(old.as_str())
+                .then_some((old.as_str(), &**c))
+        })
+        .collect();
+    let replacing: BTreeSet<&str> = replacements.values().map(|c| name_of(c)).collect();
+    let mut cheaper: HashMap<String, Replacement> = HashMap::new();
     for c in input
         .mine
         .iter()
@@ -235,14 +322,39 @@ pub fn consolidate(input: &ConsolidationInput) -> Consolidation {
         };
         let name = name_of(c);
         let protected = input.protected.contains(name);
-        let receiving = input.receiving.contains(name);
+        // A replacement waiting for the pods of the claim it replaces is not idle.
+        let receiving = input.receiving.contains(name) || replacing.contains(name);
         let busy = input.usage.busy(node_name) || receiving;
         let empty = !busy && !protected;
-        let underutilized = underutilized_too
-            && busy
-            && !protected
-            && !receiving
-            && fits_elsewhere(input.usage.movable(node_name), name, input.targets);
+        let candidate = underutilized_too && busy && !protected && !receiving;
+        let fits = candidate && fits_elsewhere(input.usage.movable(node_name), name, input.targets);
+        let replaceable = candidate && !fits && {
+            let found = s.cost.and_then(|cost| {
+                cheaper_node(
+                    input.usage.movable(node_name),
+                    cost,
+                    input.candidates,
+                    input.limits,
+                    input.pool_usage,
+                )
+            });
+            match found {
+                Some((c, request)) => {
+                    cheaper.insert(
+                        name.to_string(),
+                        Replacement {
+                            replaces: name.to_string(),
+                            node_type: c.node_type,
+                            request,
+                            requirements: c.requirements,
+                        },
+                    );
+                    true
+                }
+                None => false,
+            }
+        };
+        let underutilized = fits || replaceable;
         if underutilized {
             let cpu = input
                 .usage
@@ -299,10 +411,21 @@ pub fn consolidate(input: &ConsolidationInput) -> Consolidation {
         )
     });
     if let Some((name, _)) = underused.into_iter().next() {
-        if quiet && disrupt > 0 {
-            out.delete.push((name, DeleteReason::Underutilized));
-        } else {
-            soonest(&mut next, Duration::from_secs(2));
+        let available = |c: &NodeClaim| {
+            c.status.as_ref().and_then(|s| s.phase) == Some(NodeClaimPhase::Available)
+        };
+        let may = quiet && disrupt > 0;
+        match (cheaper.remove(&name), replacements.get(name.as_str())) {
+            // No replacement needed (the pods fit the room of other nodes, a replacement's
+            // among them once it is Available): the node goes.
+            (None, None) if may => out.delete.push((name, DeleteReason::Underutilized)),
+            (None, Some(r)) if may && available(r) => {
+                out.delete.push((name, DeleteReason::Underutilized));
+            }
+            // A cheaper node first.
+            (Some(r), None) if may => out.replace.push(r),
+            // The replacement is on its way (or not enough yet): look again soon.
+            _ => soonest(&mut next, Duration::from_secs(2)),
         }
     }
     out.next_check = next;

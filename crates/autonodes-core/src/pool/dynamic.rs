@@ -238,6 +238,7 @@ fn candidates(
                         room: t
                             .max_capacity
                             .map(|m| m - tenant.claimed.get(&t.name).copied().unwrap_or(0)),
+                        cost: t.cost,
                         requirements: pin,
                     })
                 })
@@ -426,8 +427,8 @@ pub fn plan(input: &DynamicInput) -> DynamicPlan {
         }
     }
     let limits = Limits::from_spec(input.spec.limits.as_ref());
-    let packing = pack(&pending, &bins, &candidates, &limits, usage_of_pool);
-    let create = packing
+    let packing = pack(&pending, &bins, &candidates, &limits, usage_of_pool.clone());
+    let mut create: Vec<NewClaim> = packing
         .new_nodes
         .iter()
         .map(|n| {
@@ -463,8 +464,25 @@ pub fn plan(input: &DynamicInput) -> DynamicPlan {
         protected: &protected,
         usage: &usage,
         targets: &targets,
+        candidates: &candidates,
+        limits: &limits,
+        pool_usage: &usage_of_pool,
         now: input.now,
     });
+    // A cheaper node first; the replaced one goes once it is Available.
+    create.extend(consolidation.replace.iter().map(|r| {
+        let mut spec = NodeClaimSpec {
+            desired_capacity: r.request.to_resource_list(),
+            type_ref: Some(r.node_type.clone()),
+            ..input.template.clone()
+        };
+        spec.requirements.extend(r.requirements.iter().cloned());
+        NewClaim {
+            spec,
+            replaces: Some(r.replaces.clone()),
+            pods: Vec::new(),
+        }
+    }));
     let (limit, ready) = verdicts(&packing, &limits, candidates.is_empty());
     let requeue = consolidation
         .next_check

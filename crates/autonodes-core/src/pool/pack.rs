@@ -435,6 +435,8 @@ pub struct Candidate {
     /// How many more claims it takes (`None`: unlimited); shared by the candidates of one
     /// type.
     pub room: Option<i64>,
+    /// The type's cost.
+    pub cost: i64,
     /// Requirements its claims carry beside the pool's (the zone chosen of a type that
     /// offers several).
     pub requirements: Vec<Requirement>,
@@ -776,6 +778,7 @@ mod tests {
             allocatable: amount.clone(),
             resources: amount,
             room: None,
+            cost: 1,
             requirements: Vec::new(),
         }
     }

@@ -752,6 +752,65 @@ fn an_underutilized_node_is_marked_then_the_one_with_least_to_move_goes_after_co
 }
 
 #[test]
+fn a_node_a_cheaper_type_could_replace_gets_its_replacement_first_and_goes_once_it_is_available() {
+    let mut scene = Scene::new(json!({}));
+    let large = |name: &str, since: Option<i64>| {
+        let c = claim(
+            &scene.pool,
+            name,
+            json!({"phase": "Available", "typeRef": "p.large", "nodeName": name, "cost": 3,
+                   "conditions": [{"type": "Ready", "status": "True", "reason": "NodeReady",
+                                   "message": "", "lastTransitionTime": "1970-01-01T00:00:00Z"}]}),
+        );
+        match since {
+            Some(s) => with_annotation(c, ANNOTATION_UNDERUTILIZED_SINCE, &at(s).to_string()),
+            None => c,
+        }
+    };
+    scene.claims = vec![large("big", None)];
+    scene.nodes = vec![node("big")];
+    scene.pods = vec![running_cpu("a", "big", "1"), running_cpu("b", "big", "1")];
+    let plan = scene.plan();
+    assert_eq!(
+        plan.underutilized_since,
+        [("big".to_string(), Some(at(NOW)))],
+        "two 1-CPU pods on an 8-CPU node of cost 3 fit a 4-CPU node of cost 1"
+    );
+    assert!(plan.create.is_empty());
+    // Due: the replacement first, of the cheaper type, asking for what the pods ask for.
+    scene.claims = vec![large("big", Some(0))];
+    let plan = scene.plan();
+    assert!(plan.delete.is_empty());
+    assert_eq!(plan.create.len(), 1, "{:?}", plan.create);
+    assert_eq!(plan.create[0].replaces.as_deref(), Some("big"));
+    assert_eq!(plan.create[0].spec.type_ref.as_deref(), Some("p.small"));
+    assert_eq!(plan.create[0].spec.desired_capacity["cpu"].0, "2");
+    // On its way: nothing more.
+    let mut replacement = claim_object(
+        &scene.pool,
+        "small",
+        plan.create[0].spec.clone(),
+        Some("big"),
+    );
+    replacement.metadata.creation_timestamp = Some(Time(at(NOW)));
+    scene.claims.push(Arc::new(replacement.clone()));
+    let plan = scene.plan();
+    assert!(plan.create.is_empty() && plan.delete.is_empty(), "{plan:?}");
+    // Available: the pods fit its room; the large node goes, and the replacement is not
+    // taken for an empty node meanwhile.
+    replacement.status = serde_json::from_value(json!({
+        "phase": "Available", "typeRef": "p.small", "nodeName": "small", "cost": 1,
+        "conditions": [{"type": "Ready", "status": "True", "reason": "NodeReady",
+                        "message": "", "lastTransitionTime": "1970-01-01T00:00:00Z"}]}))
+    .expect("status");
+    scene.claims[1] = Arc::new(replacement);
+    scene.nodes.push(node("small"));
+    let plan = scene.plan();
+    assert_eq!(deleted(&plan), [("big", DeleteReason::Underutilized)]);
+    assert!(plan.empty_since.is_empty(), "{:?}", plan.empty_since);
+}
+
+#[test]
 fn when_empty_pools_and_nodes_marked_do_not_disrupt_are_not_consolidated_while_busy() {
     let scene = two_half_empty_nodes(json!({"disruption": {"consolidationPolicy": "WhenEmpty"}}));
     let plan = scene.plan();

@@ -844,3 +844,103 @@ async fn a_node_a_cheaper_type_could_replace_is_replaced_first_and_then_removed(
     delete_pods_now(&world).await;
     world.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_leaves_do_not_disrupt_pods_until_the_pools_termination_grace_period_then_the_node_goes(
+) {
+    let world = World::start(WorldOptions {
+        provider: provider(),
+        ..WorldOptions::default()
+    })
+    .await;
+    world
+        .create_pool(
+            "keep",
+            json!({"providerRef": "pools", "replicas": 1, "terminationGracePeriod": "8s"}),
+        )
+        .await;
+    let (claim, node) = common::eventually("the pool's node", WAIT, || async {
+        let claims = pool_claims(&world, "keep").await;
+        let c = claims.iter().find(|c| available(c))?;
+        Some((c.name_any(), c.status.as_ref()?.node_name.clone()?))
+    })
+    .await;
+    let pods: Api<Pod> = Api::namespaced(world.tenant.clone(), "default");
+    for (name, marked) in [("held", true), ("free", false)] {
+        let mut p = pod(name, None);
+        if let Some(spec) = p.spec.as_mut() {
+            spec.node_name = Some(node.clone());
+        }
+        if marked {
+            p.metadata.annotations = Some(
+                [(
+                    "karpenter.sh/do-not-disrupt".to_string(),
+                    "true".to_string(),
+                )]
+                .into(),
+            );
+        }
+        create_pods(&world, [p]).await;
+    }
+    show(&world, "a node with a do-not-disrupt pod and a plain one");
+    let deleted = Instant::now();
+    world
+        .pools()
+        .patch(
+            "keep",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 0}})),
+        )
+        .await
+        .expect("scaled to 0");
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(world.tenant.clone());
+    let mut message_seen = String::new();
+    loop {
+        // The plain pod is evicted (the test plays its kubelet); the marked one never is
+        // while its node is there.
+        if let Some(p) = pods.get_opt("free").await.expect("read") {
+            if p.metadata.deletion_timestamp.is_some() {
+                let _ = pods
+                    .delete("free", &DeleteParams::default().grace_period(0))
+                    .await;
+            }
+        }
+        let held = pods.get_opt("held").await.expect("read");
+        let node_there = nodes.get_opt(&node).await.expect("read").is_some();
+        if !node_there {
+            break;
+        }
+        assert!(
+            held.is_some_and(|p| p.metadata.deletion_timestamp.is_none()),
+            "a do-not-disrupt pod is not evicted"
+        );
+        if let Ok(c) = world.claims().get(&claim).await {
+            if let Some((_, _, m)) = common::world::condition(&c, "Ready") {
+                if m.contains("do-not-disrupt") {
+                    message_seen = m;
+                }
+            }
+        }
+        assert!(deleted.elapsed() < WAIT, "the node never went");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let took = deleted.elapsed();
+    show(&world, "the grace period over: the node is gone");
+    assert!(
+        message_seen.contains("1 of them marked do-not-disrupt"),
+        "{message_seen:?}"
+    );
+    assert!(
+        took >= Duration::from_secs(8),
+        "the node went only after the grace period: {took:?}"
+    );
+    let events = world.events_for(NS, &claim).await;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.starts_with("DrainTimeout") && e.contains("marked do-not-disrupt")),
+        "{events:?}"
+    );
+    println!("drain: {message_seen}; node {node} gone {took:?} after the scale-down (grace 8s)");
+    world.shutdown().await;
+}

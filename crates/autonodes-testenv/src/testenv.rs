@@ -258,6 +258,18 @@ impl Drop for ManagedProcess {
     }
 }
 
+/// How often a process is started again on other ports when the ones chosen were taken
+/// meanwhile (another test environment on the machine bound them between
+/// [`free_port`] and the process's own bind).
+const PORT_ATTEMPTS: usize = 5;
+
+impl TestEnvError {
+    /// Whether the process exited because its port was taken.
+    fn port_taken(&self) -> bool {
+        matches!(self, TestEnvError::Exited { log_tail, .. } if log_tail.contains("address already in use"))
+    }
+}
+
 /// A free TCP port on 127.0.0.1 (bound once and released).
 pub fn free_port() -> Result<u16, TestEnvError> {
     let listener = TcpListener::bind("127.0.0.1:0").map_err(io_err("binding a free port"))?;
@@ -483,6 +495,28 @@ impl TestEnv {
 
     fn start_etcd(dir: PathBuf, tempdir: Option<tempfile::TempDir>) -> Result<Self, TestEnvError> {
         let bins = Binaries::locate()?;
+        let mut attempt = 0;
+        let (etcd, etcd_url) = loop {
+            attempt += 1;
+            match Self::spawn_etcd(&bins, &dir) {
+                Err(e) if e.port_taken() && attempt < PORT_ATTEMPTS => {
+                    let _ = fs::remove_dir_all(dir.join("etcd-data"));
+                }
+                other => break other?,
+            }
+        };
+        Ok(TestEnv {
+            bins,
+            dir,
+            etcd_url,
+            servers: BTreeMap::new(),
+            etcd,
+            _tempdir: tempdir,
+        })
+    }
+
+    /// Starts etcd on two free ports and waits until it serves; its URL.
+    fn spawn_etcd(bins: &Binaries, dir: &Path) -> Result<(ManagedProcess, String), TestEnvError> {
         let client_port = free_port()?;
         let peer_port = free_port()?;
         let data = dir.join("etcd-data");
@@ -503,6 +537,10 @@ impl TestEnv {
         loop {
             etcd.check_running()?;
             if TcpStream::connect(("127.0.0.1", client_port)).is_ok() {
+                // The port answers; make sure it is this etcd's (another process may hold
+                // the port, and this etcd then exits for want of it).
+                std::thread::sleep(Duration::from_millis(200));
+                etcd.check_running()?;
                 break;
             }
             if started.elapsed() > READY_TIMEOUT {
@@ -514,14 +552,7 @@ impl TestEnv {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        Ok(TestEnv {
-            bins,
-            dir,
-            etcd_url,
-            servers: BTreeMap::new(),
-            etcd,
-            _tempdir: tempdir,
-        })
+        Ok((etcd, etcd_url))
     }
 
     /// Starts another API server named `name` (a DNS label) and waits until it is ready.
@@ -543,19 +574,54 @@ impl TestEnv {
             format!("{admin_token},admin,admin-uid,\"system:masters\"\n"),
         )
         .map_err(io_err(format!("writing {}", token_file.display())))?;
+        let mut attempt = 0;
+        let server = loop {
+            attempt += 1;
+            let paths = ServerPaths {
+                dir: &dir,
+                cert_dir: &cert_dir,
+                sa_key: &sa_key,
+                token_file: &token_file,
+            };
+            match self
+                .spawn_apiserver(name, &paths, &client_ca, &admin_token)
+                .await
+            {
+                // The port was taken between choosing and binding it: another one.
+                Err(e) if e.port_taken() && attempt < PORT_ATTEMPTS => {}
+                other => break other?,
+            }
+        };
+        self.servers.insert(name.to_string(), server);
+        self.servers
+            .get(name)
+            .ok_or_else(|| TestEnvError::Duplicate(name.to_string()))
+    }
+
+    /// Starts one kube-apiserver `name` on a free port and waits until it is ready.
+    async fn spawn_apiserver(
+        &self,
+        name: &str,
+        paths: &ServerPaths<'_>,
+        client_ca: &ClientCa,
+        admin_token: &str,
+    ) -> Result<ApiServer, TestEnvError> {
         let port = free_port()?;
         let args = vec![
             format!("--etcd-servers={}", self.etcd_url),
             format!("--etcd-prefix=/{name}"),
             format!("--secure-port={port}"),
             "--bind-address=127.0.0.1".to_string(),
-            format!("--cert-dir={}", cert_dir.display()),
-            format!("--token-auth-file={}", token_file.display()),
+            format!("--cert-dir={}", paths.cert_dir.display()),
+            format!("--token-auth-file={}", paths.token_file.display()),
             format!("--client-ca-file={}", client_ca.ca_path.display()),
             "--enable-bootstrap-token-auth".to_string(),
             "--authorization-mode=Node,RBAC".to_string(),
-            format!("--service-account-key-file={}", sa_key.display()),
-            format!("--service-account-signing-key-file={}", sa_key.display()),
+            format!("--service-account-key-file={}", paths.sa_key.display()),
+            format!(
+                "--service-account-signing-key-file={}",
+                paths.sa_key.display()
+            ),
             "--service-account-issuer=https://kubernetes.default.svc".to_string(),
             "--service-cluster-ip-range=10.0.0.0/24".to_string(),
             "--disable-admission-plugins=ServiceAccount".to_string(),
@@ -567,7 +633,7 @@ impl TestEnv {
             ),
             "--v=1".to_string(),
         ];
-        let log = dir.join("kube-apiserver.log");
+        let log = paths.dir.join("kube-apiserver.log");
         let mut process = ManagedProcess::spawn(
             &format!("kube-apiserver {name}"),
             &self.bins.kube_apiserver,
@@ -583,7 +649,7 @@ impl TestEnv {
         // The API server writes its self-signed serving certificate first: the serving
         // certificate followed by the CA that signed it. Kubeconfigs carry only the CA, as
         // on a real cluster.
-        let crt = cert_dir.join("apiserver.crt");
+        let crt = paths.cert_dir.join("apiserver.crt");
         let ca_pem = loop {
             process.check_running()?;
             if let Some(ca) = fs::read_to_string(&crt)
@@ -599,8 +665,8 @@ impl TestEnv {
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
         let url = format!("https://127.0.0.1:{port}");
-        let kubeconfig_path = dir.join("kubeconfig");
-        let kubeconfig = admin_kubeconfig(name, &url, &ca_pem, &admin_token);
+        let kubeconfig_path = paths.dir.join("kubeconfig");
+        let kubeconfig = admin_kubeconfig(name, &url, &ca_pem, admin_token);
         fs::write(&kubeconfig_path, &kubeconfig)
             .map_err(io_err(format!("writing {}", kubeconfig_path.display())))?;
         let server = ApiServer {
@@ -609,11 +675,11 @@ impl TestEnv {
             port,
             kubeconfig_path,
             ca_pem,
-            admin_token,
-            dir,
-            token_file,
-            admin_client_cert_pem: client_ca.admin_cert_pem,
-            admin_client_key_pem: client_ca.admin_key_pem,
+            admin_token: admin_token.to_string(),
+            dir: paths.dir.to_path_buf(),
+            token_file: paths.token_file.to_path_buf(),
+            admin_client_cert_pem: client_ca.admin_cert_pem.clone(),
+            admin_client_key_pem: client_ca.admin_key_pem.clone(),
             process,
             program: self.bins.kube_apiserver.clone(),
             args,
@@ -622,10 +688,7 @@ impl TestEnv {
         let mut server = server;
         let client = server.client().await?;
         wait_ready(name, &client, &mut server.process, started).await?;
-        self.servers.insert(name.to_string(), server);
-        self.servers
-            .get(name)
-            .ok_or_else(|| TestEnvError::Duplicate(name.to_string()))
+        Ok(server)
     }
 
     /// The API server named `name`.
@@ -730,6 +793,14 @@ fn generate_rsa_key(path: &Path) -> Result<(), TestEnvError> {
 }
 
 /// A client CA and an admin client certificate it signed.
+/// Where one API server keeps its files.
+struct ServerPaths<'a> {
+    dir: &'a Path,
+    cert_dir: &'a Path,
+    sa_key: &'a Path,
+    token_file: &'a Path,
+}
+
 struct ClientCa {
     ca_path: PathBuf,
     admin_cert_pem: Vec<u8>,

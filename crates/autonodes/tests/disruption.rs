@@ -32,25 +32,8 @@ fn provider() -> String {
     )
 }
 
-/// Prints what a user would look at: the pools and claims, the tenant's pods and nodes.
-fn show(world: &World, title: &str) {
-    println!(
-        "== {title}\n$ kubectl get npool,nclaim -n {NS}\n{}$ kubectl get pods,nodes (tenant)\n{}",
-        kubectl(world, &["get", "npool,nclaim", "-n", NS]),
-        tenant_kubectl(world, &["get", "pods,nodes", "-n", "default", "-o", "wide"]),
-    );
-}
-
 async fn set_budgets(world: &World, pool: &str, budgets: serde_json::Value) {
-    world
-        .pools()
-        .patch(
-            pool,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"disruption": {"budgets": budgets}}})),
-        )
-        .await
-        .expect("budgets patched");
+    patch_pool_spec(world, pool, json!({"disruption": {"budgets": budgets}})).await;
 }
 
 /// How many of the pool's claims are being deleted while their node is still there.
@@ -68,11 +51,7 @@ async fn draining(world: &World, pool: &str) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_budget_of_zero_in_its_window_holds_consolidation_and_roll_outs_and_a_percentage_paces_them_after(
 ) {
-    let world = World::start(WorldOptions {
-        provider: provider(),
-        ..WorldOptions::default()
-    })
-    .await;
+    let world = World::with_provider(provider()).await;
     let _scheduler = scheduler(&world);
     // A window that fires every minute and lasts an hour: active all through the test.
     let closed = json!([{"nodes": "0", "schedule": "* * * * *", "duration": "1h"}]);
@@ -164,15 +143,7 @@ async fn a_budget_of_zero_in_its_window_holds_consolidation_and_roll_outs_and_a_
         h
     };
     let before = hashes(&pool_claims(&world, "workers").await);
-    world
-        .pools()
-        .patch(
-            "workers",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"labels": {"team": "green"}}})),
-        )
-        .await
-        .expect("template changed");
+    patch_pool_spec(&world, "workers", json!({"labels": {"team": "green"}})).await;
     let changed = Instant::now();
     while changed.elapsed() < Duration::from_secs(8) {
         let claims = pool_claims(&world, "workers").await;
@@ -181,15 +152,7 @@ async fn a_budget_of_zero_in_its_window_holds_consolidation_and_roll_outs_and_a_
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     show(&world, "template changed, budget 0: nothing rolled for 8s");
-    world
-        .pools()
-        .patch(
-            "workers",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"replicas": 1}})),
-        )
-        .await
-        .expect("scaled");
+    patch_pool_spec(&world, "workers", json!({"replicas": 1})).await;
     common::eventually("scaled down to 1 inside the window", WAIT, || async {
         let claims = pool_claims(&world, "workers").await;
         (claims.len() == 1 && claims.iter().all(available) && world.nodes().await.len() == 1)
@@ -275,13 +238,7 @@ async fn a_node_whose_startup_taint_never_goes_fails_its_claim_by_initialization
         (world.vms().await.len() == 1 && world.nodes().await.len() == 1).then_some(())
     })
     .await;
-    let events = world.events_for(NS, "stuck").await;
-    assert!(
-        events
-            .iter()
-            .any(|e| e.starts_with("InitializationTimeout")),
-        "{events:?}"
-    );
+    assert_pool_event(&world, "stuck", "InitializationTimeout").await;
     // The initialized claim outlives the timeout.
     tokio::time::sleep(Duration::from_secs(9)).await;
     let healthy = world.claims().get("healthy").await.expect("healthy");
@@ -383,11 +340,7 @@ async fn a_node_not_ready_for_the_repair_time_is_replaced_first_and_repair_stops
         most_live, 6,
         "the replacement came before the broken claim went"
     );
-    let events = world.events_for(NS, "workers").await;
-    assert!(
-        events.iter().any(|e| e.starts_with("NodeRepaired")),
-        "{events:?}"
-    );
+    assert_pool_event(&world, "workers", "NodeRepaired").await;
     println!(
         "repair: {} replaced {:.1}s after its kubelet stopped (repair after 3s)",
         broken.name_any(),
@@ -457,11 +410,7 @@ async fn mark_do_not_disrupt(world: &World, pod: &str, value: Option<&str>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_underutilized_node_is_held_by_do_not_disrupt_pods_then_drained_onto_the_other_nodes_room(
 ) {
-    let world = World::start(WorldOptions {
-        provider: provider(),
-        ..WorldOptions::default()
-    })
-    .await;
+    let world = World::with_provider(provider()).await;
     let _scheduler = scheduler(&world);
     // WhenEmptyOrUnderutilized is the default policy.
     world
@@ -535,20 +484,8 @@ async fn an_underutilized_node_is_held_by_do_not_disrupt_pods_then_drained_onto_
     let survivor = loop {
         let claims = pool_claims(&world, "burst").await;
         most_claims = most_claims.max(claims.len());
-        // The tenant runs no pod garbage collector or ReplicaSet controller: the test
-        // removes an evicted pod (Terminating, its node gone) and makes it again.
         let pods = tenant_pods(&world).await;
-        for name in &keep {
-            match pods.iter().find(|p| &p.name_any() == name) {
-                Some(p) if p.metadata.deletion_timestamp.is_some() => {
-                    let _ = api
-                        .delete(name, &DeleteParams::default().grace_period(0))
-                        .await;
-                }
-                Some(_) => {}
-                None => create_pods(&world, [pod(name, None)]).await,
-            }
-        }
+        remake_evicted(&world, &pods, &keep).await;
         let nodes = world.nodes().await;
         let bound: Vec<Option<String>> = pods.iter().map(bound_to).collect();
         if claims.len() == 1
@@ -580,13 +517,7 @@ async fn an_underutilized_node_is_held_by_do_not_disrupt_pods_then_drained_onto_
     );
     assert_eq!(survivor, second, "the node with the least to move went");
     assert_eq!(most_claims, 2, "no new node for the moved pod");
-    let events = world.events_for(NS, "burst").await;
-    assert!(
-        events
-            .iter()
-            .any(|e| e.starts_with("ConsolidatedUnderutilized")),
-        "{events:?}"
-    );
+    assert_pool_event(&world, "burst", "ConsolidatedUnderutilized").await;
     println!(
         "underutilized: held 10s by do-not-disrupt; after the marks went, {first} was drained and removed in {:.1}s and its pod runs on {survivor}",
         lifted.elapsed().as_secs_f64()
@@ -606,11 +537,7 @@ async fn definition_hash(world: &World, name: &str) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changed_node_type_marks_its_claims_drifted_and_the_pool_rolls_them_within_its_budget() {
-    let world = World::start(WorldOptions {
-        provider: provider(),
-        ..WorldOptions::default()
-    })
-    .await;
+    let world = World::with_provider(provider()).await;
     world
         .create_pool(
             "workers",
@@ -732,16 +659,13 @@ async fn a_changed_node_type_marks_its_claims_drifted_and_the_pool_rolls_them_wi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_a_cheaper_type_could_replace_is_replaced_first_and_then_removed() {
-    let world = World::start(WorldOptions {
-        provider: provider_yaml(
-            "pools",
-            "test-kubevirt-1",
-            "4",
-            "8Gi",
-            "      - name: small\n        resources:\n          cpu: 4\n          memory: 8Gi\n      - name: large\n        resources:\n          cpu: 8\n          memory: 32Gi",
-        ),
-        ..WorldOptions::default()
-    })
+    let world = World::with_provider(provider_yaml(
+        "pools",
+        "test-kubevirt-1",
+        "4",
+        "8Gi",
+        "      - name: small\n        resources:\n          cpu: 4\n          memory: 8Gi\n      - name: large\n        resources:\n          cpu: 8\n          memory: 32Gi",
+    ))
     .await;
     let _scheduler = scheduler(&world);
     world
@@ -772,7 +696,6 @@ async fn a_node_a_cheaper_type_could_replace_is_replaced_first_and_then_removed(
         .delete("needs-large", &DeleteParams::default().grace_period(0))
         .await
         .expect("pod deleted");
-    let api: Api<Pod> = Api::namespaced(world.tenant.clone(), "default");
     let start = Instant::now();
     let mut replacement_seen_before_drain = false;
     let survivor = loop {
@@ -793,15 +716,7 @@ async fn a_node_a_cheaper_type_could_replace_is_replaced_first_and_then_removed(
         }
         // The tenant runs no ReplicaSet controller: the test makes the evicted pod again.
         let pods = tenant_pods(&world).await;
-        match pods.iter().find(|p| p.name_any() == "web") {
-            Some(p) if p.metadata.deletion_timestamp.is_some() => {
-                let _ = api
-                    .delete("web", &DeleteParams::default().grace_period(0))
-                    .await;
-            }
-            Some(_) => {}
-            None => create_pods(&world, [pod("web", None)]).await,
-        }
+        remake_evicted(&world, &pods, &["web".to_string()]).await;
         let nodes = world.nodes().await;
         let web_on = pods
             .iter()
@@ -830,13 +745,7 @@ async fn a_node_a_cheaper_type_could_replace_is_replaced_first_and_then_removed(
         replacement_seen_before_drain,
         "the small node was Available before the large one drained"
     );
-    let events = world.events_for(NS, "burst").await;
-    assert!(
-        events
-            .iter()
-            .any(|e| e.starts_with("ConsolidatedUnderutilized")),
-        "{events:?}"
-    );
+    assert_pool_event(&world, "burst", "ConsolidatedUnderutilized").await;
     println!(
         "cheaper: large node {large} replaced by small node {survivor} in {:.1}s, replacement first",
         start.elapsed().as_secs_f64()
@@ -848,11 +757,7 @@ async fn a_node_a_cheaper_type_could_replace_is_replaced_first_and_then_removed(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_leaves_do_not_disrupt_pods_until_the_pools_termination_grace_period_then_the_node_goes(
 ) {
-    let world = World::start(WorldOptions {
-        provider: provider(),
-        ..WorldOptions::default()
-    })
-    .await;
+    let world = World::with_provider(provider()).await;
     world
         .create_pool(
             "keep",
@@ -884,15 +789,7 @@ async fn a_drain_leaves_do_not_disrupt_pods_until_the_pools_termination_grace_pe
     }
     show(&world, "a node with a do-not-disrupt pod and a plain one");
     let deleted = Instant::now();
-    world
-        .pools()
-        .patch(
-            "keep",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"replicas": 0}})),
-        )
-        .await
-        .expect("scaled to 0");
+    patch_pool_spec(&world, "keep", json!({"replicas": 0})).await;
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(world.tenant.clone());
     let mut message_seen = String::new();
     loop {

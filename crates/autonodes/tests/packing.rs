@@ -31,15 +31,6 @@ fn provider() -> String {
     )
 }
 
-/// Prints what a user would look at: the pools and claims, the tenant's pods and nodes.
-fn show(world: &World, title: &str) {
-    println!(
-        "== {title}\n$ kubectl get npool,nclaim -n {NS}\n{}$ kubectl get pods,nodes (tenant)\n{}",
-        kubectl(world, &["get", "npool,nclaim", "-n", NS]),
-        tenant_kubectl(world, &["get", "pods,nodes", "-n", "default", "-o", "wide"]),
-    );
-}
-
 /// A pause pod asking for 1 CPU and one GPU (as a limit, which the API server copies to
 /// the requests, as for every extended resource).
 fn gpu_pod(name: &str) -> Pod {
@@ -86,11 +77,7 @@ async fn placement(world: &World) -> BTreeMap<String, String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pending_gpu_pods_get_a_node_of_the_type_with_gpus_and_the_pools_gpu_limit_counts_them() {
-    let world = World::start(WorldOptions {
-        provider: provider(),
-        ..WorldOptions::default()
-    })
-    .await;
+    let world = World::with_provider(provider()).await;
     let _scheduler = scheduler(&world);
     world
         .create_pool(
@@ -175,11 +162,7 @@ async fn pending_gpu_pods_get_a_node_of_the_type_with_gpus_and_the_pools_gpu_lim
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pending_pod_goes_to_the_highest_weight_pool_and_to_the_next_only_once_that_one_is_full()
 {
-    let world = World::start(WorldOptions {
-        provider: provider(),
-        ..WorldOptions::default()
-    })
-    .await;
+    let world = World::with_provider(provider()).await;
     let _scheduler = scheduler(&world);
     world
         .create_pool(
@@ -259,11 +242,7 @@ fn db_pod(name: &str) -> Pod {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_with_required_anti_affinity_on_the_hostname_get_a_node_each_in_one_step() {
-    let world = World::start(WorldOptions {
-        provider: provider(),
-        ..WorldOptions::default()
-    })
-    .await;
+    let world = World::with_provider(provider()).await;
     let _scheduler = scheduler(&world);
     world
         .create_pool("spread", json!({"providerRef": "pools"}))
@@ -340,11 +319,7 @@ fn spread_pod(name: &str) -> Pod {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_spread_over_zones_get_one_node_per_zone_of_a_type_offering_two() {
-    let world = World::start(WorldOptions {
-        provider: zoned_provider(),
-        ..WorldOptions::default()
-    })
-    .await;
+    let world = World::with_provider(zoned_provider()).await;
     let _scheduler = scheduler(&world);
     world
         .create_pool("zonal", json!({"providerRef": "pools"}))

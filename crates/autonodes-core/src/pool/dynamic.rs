@@ -268,6 +268,23 @@ fn zone_pins(t: &PreparedType, template: &NodeClaimSpec) -> Vec<Vec<Requirement>
     }
 }
 
+/// The pool's claim template pinned to `node_type` (`typeRef`), asking for `request`
+/// (`desiredCapacity`), with `requirements` added (a zone).
+fn pinned(
+    template: &NodeClaimSpec,
+    node_type: &str,
+    request: &Amount,
+    requirements: &[Requirement],
+) -> NodeClaimSpec {
+    let mut spec = NodeClaimSpec {
+        desired_capacity: request.to_resource_list(),
+        type_ref: Some(node_type.to_string()),
+        ..template.clone()
+    };
+    spec.requirements.extend(requirements.iter().cloned());
+    spec
+}
+
 /// A pool's place among a tenant's dynamic pools: higher `weight` first, then by name.
 fn rank(name: &str, spec: &NodePoolSpec) -> (std::cmp::Reverse<i32>, String) {
     (
@@ -431,18 +448,10 @@ pub fn plan(input: &DynamicInput) -> DynamicPlan {
     let mut create: Vec<NewClaim> = packing
         .new_nodes
         .iter()
-        .map(|n| {
-            let mut spec = NodeClaimSpec {
-                desired_capacity: n.request.to_resource_list(),
-                type_ref: Some(n.node_type.clone()),
-                ..input.template.clone()
-            };
-            spec.requirements.extend(n.requirements.iter().cloned());
-            NewClaim {
-                spec,
-                replaces: None,
-                pods: n.pods.clone(),
-            }
+        .map(|n| NewClaim {
+            spec: pinned(input.template, &n.node_type, &n.request, &n.requirements),
+            replaces: None,
+            pods: n.pods.clone(),
         })
         .collect();
     let protected =
@@ -470,18 +479,10 @@ pub fn plan(input: &DynamicInput) -> DynamicPlan {
         now: input.now,
     });
     // A cheaper node first; the replaced one goes once it is Available.
-    create.extend(consolidation.replace.iter().map(|r| {
-        let mut spec = NodeClaimSpec {
-            desired_capacity: r.request.to_resource_list(),
-            type_ref: Some(r.node_type.clone()),
-            ..input.template.clone()
-        };
-        spec.requirements.extend(r.requirements.iter().cloned());
-        NewClaim {
-            spec,
-            replaces: Some(r.replaces.clone()),
-            pods: Vec::new(),
-        }
+    create.extend(consolidation.replace.iter().map(|r| NewClaim {
+        spec: pinned(input.template, &r.node_type, &r.request, &r.requirements),
+        replaces: Some(r.replaces.clone()),
+        pods: Vec::new(),
     }));
     let (limit, ready) = verdicts(&packing, &limits, candidates.is_empty());
     let requeue = consolidation

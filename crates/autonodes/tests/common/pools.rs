@@ -140,3 +140,53 @@ pub fn tenant_kubectl(world: &World, args: &[&str]) -> String {
         args,
     )
 }
+
+/// Prints what a user would look at: the pools and claims, the tenant's pods and nodes.
+pub fn show(world: &World, title: &str) {
+    println!(
+        "== {title}\n$ kubectl get npool,nclaim -n {ns}\n{}$ kubectl get pods,nodes (tenant)\n{}",
+        kubectl(world, &["get", "npool,nclaim", "-n", super::world::NS]),
+        tenant_kubectl(world, &["get", "pods,nodes", "-n", "default", "-o", "wide"]),
+        ns = super::world::NS,
+    );
+}
+
+/// Plays the ReplicaSet controller and the pod garbage collector the tenant does not run,
+/// for the pods `names` (pause pods as [`pod`] makes them): one evicted (Terminating) is
+/// removed, one missing is made again. Call it in a loop while waiting.
+pub async fn remake_evicted(world: &World, pods: &[Pod], names: &[String]) {
+    let api: Api<Pod> = Api::namespaced(world.tenant.clone(), "default");
+    for name in names {
+        match pods.iter().find(|p| &p.name_any() == name) {
+            Some(p) if p.metadata.deletion_timestamp.is_some() => {
+                let _ = api
+                    .delete(name, &DeleteParams::default().grace_period(0))
+                    .await;
+            }
+            Some(_) => {}
+            None => create_pods(world, [pod(name, None)]).await,
+        }
+    }
+}
+
+/// Asserts that the pool `pool` recorded an Event with `reason`.
+pub async fn assert_pool_event(world: &World, pool: &str, reason: &str) {
+    let events = world.events_for(super::world::NS, pool).await;
+    assert!(
+        events.iter().any(|e| e.starts_with(reason)),
+        "no {reason} Event on NodePool {pool}: {events:?}"
+    );
+}
+
+/// Merges `spec` into the NodePool's spec (`replicas`, `labels`, `disruption`, …).
+pub async fn patch_pool_spec(world: &World, pool: &str, spec: serde_json::Value) {
+    world
+        .pools()
+        .patch(
+            pool,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({ "spec": spec })),
+        )
+        .await
+        .expect("NodePool patched");
+}

@@ -136,6 +136,15 @@ pub struct World {
 }
 
 impl World {
+    /// [`World::start`] with `provider` and the default options otherwise.
+    pub async fn with_provider(provider: String) -> World {
+        World::start(WorldOptions {
+            provider,
+            ..WorldOptions::default()
+        })
+        .await
+    }
+
     /// Starts the clusters, wires them, and runs the controller and the simulator.
     pub async fn start(opts: WorldOptions) -> World {
         let mut world = Self::start_clusters(&opts).await;

@@ -27,18 +27,23 @@ const NOW: i64 = 100_000;
 
 /// Provider `p` with `small` (4 CPU, 8Gi, the cheapest) and `large` (8 CPU, 32Gi).
 fn catalogue() -> Catalogue {
+    catalogue_of(json!([
+        {"name": "small", "cost": 1, "resources": {"cpu": "4", "memory": "8Gi"}},
+        {"name": "large", "cost": 3, "resources": {"cpu": "8", "memory": "32Gi"}},
+        {"name": "gpu", "cost": 20,
+         "resources": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "2"}},
+    ]))
+}
+
+/// The catalogue of provider `p` with `node_types`.
+fn catalogue_of(node_types: Value) -> Catalogue {
     let provider: NodeProvider = serde_json::from_value(json!({
         "apiVersion": "autonodes.io/v1alpha1", "kind": "NodeProvider",
         "metadata": {"name": "p"},
         "spec": {"kubeVirt": {
             "clusterRef": {"cluster": "h", "namespace": "vms"},
             "virtualMachineTemplate": {"spec": {"template": {"spec": {"domain": {"devices": {}}}}}},
-            "nodeTypes": [
-                {"name": "small", "cost": 1, "resources": {"cpu": "4", "memory": "8Gi"}},
-                {"name": "large", "cost": 3, "resources": {"cpu": "8", "memory": "32Gi"}},
-                {"name": "gpu", "cost": 20,
-                 "resources": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "2"}},
-            ],
+            "nodeTypes": node_types,
         }},
     }))
     .expect("provider");
@@ -537,19 +542,11 @@ fn a_pending_pod_is_left_to_a_higher_weight_pool_until_that_one_reaches_its_limi
 
 #[test]
 fn pods_spread_over_zones_get_claims_pinned_to_the_zones_of_a_type_that_offers_several() {
-    let provider: NodeProvider = serde_json::from_value(json!({
-        "apiVersion": "autonodes.io/v1alpha1", "kind": "NodeProvider",
-        "metadata": {"name": "p"},
-        "spec": {"kubeVirt": {
-            "clusterRef": {"cluster": "h", "namespace": "vms"},
-            "virtualMachineTemplate": {"spec": {"template": {"spec": {"domain": {"devices": {}}}}}},
-            "nodeTypes": [{"name": "small", "cost": 1, "resources": {"cpu": "4", "memory": "8Gi"},
-                           "properties": {"topology.kubernetes.io/zone": "a,b"}}],
-        }},
-    }))
-    .expect("provider");
     let mut scene = Scene::new(json!({}));
-    scene.catalogue = Catalogue::from_provider(&provider);
+    scene.catalogue = catalogue_of(json!([
+        {"name": "small", "cost": 1, "resources": {"cpu": "4", "memory": "8Gi"},
+         "properties": {"topology.kubernetes.io/zone": "a,b"}}
+    ]));
     scene.pods = (0..2)
         .map(|i| {
             serde_json::from_value(json!({

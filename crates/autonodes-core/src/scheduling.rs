@@ -464,7 +464,7 @@ impl PreparedType {
             capacity: Some(self.capacity(claimed)),
             resources: self.resources.clone(),
             requirements: self.requirements(),
-            definition_hash: self.is_usable().then(|| self.definition.clone()),
+            definition_hash: Some(self.definition.clone()),
             conditions: Vec::new(),
         }
     }

@@ -66,6 +66,8 @@ async fn apply(t: &NodeType, ctx: &Context) -> Result<Action, Error> {
     }
     let claimed = ctx.ledger(|l| l.count(&name));
     let old = t.status.clone().unwrap_or_default();
+    // (Unusable types record their hash too, so a type fixed with a new definition wakes
+    // them.)
     if old
         .definition_hash
         .as_ref()

@@ -176,16 +176,6 @@ async fn a_budget_of_zero_in_its_window_holds_consolidation_and_roll_outs_and_a_
     world.shutdown().await;
 }
 
-/// The reason and status of the claim's condition `type_`.
-fn condition(c: &autonodes::api::NodeClaim, type_: &str) -> Option<(String, String)> {
-    c.status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|x| x.type_ == type_)
-        .map(|x| (x.status.clone(), x.reason.clone()))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_whose_startup_taint_never_goes_fails_its_claim_by_initialization_timeout_and_is_removed(
 ) {
@@ -203,11 +193,11 @@ async fn a_node_whose_startup_taint_never_goes_fails_its_claim_by_initialization
     world.create_claim(claim("stuck")).await;
     world.create_claim(claim("healthy")).await;
     let joined =
-        |c: &autonodes::api::NodeClaim| condition(c, "Joined").is_some_and(|(s, _)| s == "True");
+        |c: &autonodes::api::NodeClaim| condition(c, "Joined").is_some_and(|(s, _, _)| s == "True");
     world.wait_claim("stuck", "joined", WAIT, joined).await;
     let healthy = world.wait_claim("healthy", "joined", WAIT, joined).await;
     assert_eq!(
-        condition(&healthy, "Initialized"),
+        condition(&healthy, "Initialized").map(|(s, r, _)| (s, r)),
         Some(("False".into(), "NodeNotReady".into()))
     );
     show(&world, "both joined, each Node keeps its startup taint");
@@ -224,12 +214,12 @@ async fn a_node_whose_startup_taint_never_goes_fails_its_claim_by_initialization
     );
     let healthy = world.wait_phase("healthy", "Available", WAIT).await;
     assert_eq!(
-        condition(&healthy, "Initialized"),
+        condition(&healthy, "Initialized").map(|(s, r, _)| (s, r)),
         Some(("True".into(), "Initialized".into()))
     );
 
     let failed = world.wait_phase("stuck", "Failed", WAIT).await;
-    let (status, reason) = condition(&failed, "Ready").expect("Ready");
+    let (status, reason, _) = condition(&failed, "Ready").expect("Ready");
     assert_eq!(
         (status.as_str(), reason.as_str()),
         ("False", "InitializationTimeout")
@@ -271,15 +261,6 @@ async fn kubelet_stopped(world: &World, claim: &autonodes::api::NodeClaim, stopp
     )
     .await
     .expect("VM annotated");
-}
-
-fn pool_condition(p: &autonodes::api::NodePool, type_: &str) -> Option<(String, String)> {
-    p.status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|c| c.type_ == type_)
-        .map(|c| (c.status.clone(), c.reason.clone()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -355,7 +336,7 @@ async fn a_node_not_ready_for_the_repair_time_is_replaced_first_and_repair_stops
     kubelet_stopped(&world, &b, true).await;
     world
         .wait_pool("workers", "NodeRepair False", |p| {
-            pool_condition(p, "NodeRepair")
+            pool_condition(p, "NodeRepair").map(|(s, r, _)| (s, r))
                 == Some(("False".into(), "TooManyUnhealthyNodes".into()))
         })
         .await;
@@ -385,7 +366,7 @@ async fn a_node_not_ready_for_the_repair_time_is_replaced_first_and_repair_stops
     .await;
     let p = world
         .wait_pool("workers", "NodeRepair True", |p| {
-            pool_condition(p, "NodeRepair").is_some_and(|(s, _)| s == "True")
+            pool_condition(p, "NodeRepair").is_some_and(|(s, _, _)| s == "True")
         })
         .await;
     println!("{:?}", pool_condition(&p, "NodeRepair"));
@@ -588,10 +569,10 @@ async fn a_changed_node_type_marks_its_claims_drifted_and_the_pool_rolls_them_wi
     .await;
     let single = world
         .wait_claim("single", "Drifted", WAIT, |c| {
-            common::world::condition(c, "Drifted").is_some_and(|d| d.0 == "True")
+            condition(c, "Drifted").is_some_and(|d| d.0 == "True")
         })
         .await;
-    let (_, reason, message) = common::world::condition(&single, "Drifted").expect("Drifted");
+    let (_, reason, message) = condition(&single, "Drifted").expect("Drifted");
     assert_eq!(reason, "NodeTypeChanged");
     assert!(message.contains(&after), "{message}");
 
@@ -812,7 +793,7 @@ async fn a_drain_leaves_do_not_disrupt_pods_until_the_pools_termination_grace_pe
             "a do-not-disrupt pod is not evicted"
         );
         if let Ok(c) = world.claims().get(&claim).await {
-            if let Some((_, _, m)) = common::world::condition(&c, "Ready") {
+            if let Some((_, _, m)) = condition(&c, "Ready") {
                 if m.contains("do-not-disrupt") {
                     message_seen = m;
                 }

@@ -71,11 +71,7 @@ impl<'a> NodeUse<'a> {
 
     /// Requests of every pod on the node.
     pub fn used(&self, node: &str) -> Amount {
-        let bound = self
-            .bound
-            .get(node)
-            .map(|b| b.0.clone())
-            .unwrap_or_default();
+        let bound = self.moving(node);
         match self.daemons.get(node) {
             Some(d) => bound.plus(d),
             None => bound,
@@ -85,6 +81,14 @@ impl<'a> NodeUse<'a> {
     /// Whether a non-DaemonSet pod runs on the node.
     pub fn busy(&self, node: &str) -> bool {
         self.bound.get(node).is_some_and(|b| !b.1.is_empty())
+    }
+
+    /// What the non-DaemonSet pods on the node ask for together.
+    pub fn moving(&self, node: &str) -> Amount {
+        self.bound
+            .get(node)
+            .map(|b| b.0.clone())
+            .unwrap_or_default()
     }
 
     /// The non-DaemonSet pods on the node.
@@ -356,13 +360,7 @@ pub fn consolidate(input: &ConsolidationInput) -> Consolidation {
         };
         let underutilized = fits || replaceable;
         if underutilized {
-            let cpu = input
-                .usage
-                .movable(node_name)
-                .iter()
-                .map(|p| pod_request(p).cpu)
-                .sum();
-            moving_cpu.insert(name.to_string(), cpu);
+            moving_cpu.insert(name.to_string(), input.usage.moving(node_name).cpu);
         }
         for (key, now_true, list) in [
             (ANNOTATION_EMPTY_SINCE, empty, &mut out.empty_since),

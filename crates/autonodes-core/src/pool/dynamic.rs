@@ -285,6 +285,15 @@ fn pinned(
     spec
 }
 
+/// What a pool's live claims use against its `limits`: how many, and the full resources of
+/// their types (a claim whose type is unknown counts as a node without resources).
+fn pool_usage<'t>(types: impl Iterator<Item = Option<&'t PreparedType>>) -> (i64, Amount) {
+    types.fold((0, Amount::default()), |(nodes, used), t| match t {
+        Some(t) => (nodes + 1, used.plus(&Amount::of_node(&t.amounts))),
+        None => (nodes + 1, used),
+    })
+}
+
 /// A pool's place among a tenant's dynamic pools: higher `weight` first, then by name.
 fn rank(name: &str, spec: &NodePoolSpec) -> (std::cmp::Reverse<i32>, String) {
     (
@@ -337,18 +346,14 @@ fn pools_ahead(input: &DynamicInput) -> Vec<Ahead> {
             let template = template_spec(&p.spec);
             let request = ClaimRequest::new(&template, None).ok()?;
             let uid = p.metadata.uid.as_deref().unwrap_or_default();
-            let mut usage = (0i64, Amount::default());
-            for c in input
-                .tenant
-                .others
-                .iter()
-                .filter(|c| is_live(c) && owned_by(c, uid))
-            {
-                usage.0 += 1;
-                if let Some(t) = claim_type(c, input.catalogue, input.tenant.claimed) {
-                    usage.1 = usage.1.plus(&Amount::of_node(&t.amounts));
-                }
-            }
+            let usage = pool_usage(
+                input
+                    .tenant
+                    .others
+                    .iter()
+                    .filter(|c| is_live(c) && owned_by(c, uid))
+                    .map(|c| claim_type(c, input.catalogue, input.tenant.claimed)),
+            );
             Some(Ahead {
                 candidates: candidates(&template, &request, &input.tenant, input.catalogue),
                 limits: Limits::from_spec(p.spec.limits.as_ref()),
@@ -436,13 +441,12 @@ pub fn plan(input: &DynamicInput) -> DynamicPlan {
         Err(_) => Vec::new(),
     };
     // The pool's usage against its limits.
-    let mut usage_of_pool = (0i64, Amount::default());
-    for cn in claim_nodes.iter().filter(|cn| cn.mine) {
-        usage_of_pool.0 += 1;
-        if let Some(t) = cn.node_type {
-            usage_of_pool.1 = usage_of_pool.1.plus(&Amount::of_node(&t.amounts));
-        }
-    }
+    let usage_of_pool = pool_usage(
+        claim_nodes
+            .iter()
+            .filter(|cn| cn.mine)
+            .map(|cn| cn.node_type),
+    );
     let limits = Limits::from_spec(input.spec.limits.as_ref());
     let packing = pack(&pending, &bins, &candidates, &limits, usage_of_pool.clone());
     let mut create: Vec<NewClaim> = packing

@@ -26,6 +26,12 @@ use super::common::*;
     doc = "A request for one KubeVirt node for one tenant cluster.",
     printcolumn(name = "PHASE", type_ = "string", json_path = ".status.phase"),
     printcolumn(
+        name = "REASON",
+        type_ = "string",
+        description = "Why the claim is not Available: the reason of its first condition that is not True",
+        json_path = ".status.reason"
+    ),
+    printcolumn(
         name = "VCLUSTER",
         type_ = "string",
         json_path = ".spec.vClusterRef.name"
@@ -36,6 +42,24 @@ use super::common::*;
         name = "AGE",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
+    ),
+    printcolumn(
+        name = "PROVIDER",
+        type_ = "string",
+        priority = 1,
+        json_path = ".status.providerRef"
+    ),
+    printcolumn(
+        name = "HOSTCLUSTER",
+        type_ = "string",
+        priority = 1,
+        json_path = ".status.hostCluster"
+    ),
+    printcolumn(
+        name = "PROVIDERID",
+        type_ = "string",
+        priority = 1,
+        json_path = ".status.providerID"
     )
 )]
 #[serde(rename_all = "camelCase")]
@@ -107,12 +131,21 @@ pub struct NodeClaimStatus {
     /// Pending, Provisioning, Joining, Available, Failed or Terminating.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<NodeClaimPhase>,
+    /// Why the claim is not Available: the reason of its first condition that is not True,
+    /// in the order `Scheduled`, `Provisioned`, `Joined`, `Initialized`, `Ready` (e.g.
+    /// `InsufficientCapacity`, `Booting`, `LaunchTimeout`); absent once all are True. The
+    /// `REASON` column of `kubectl get nodeclaims`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
     /// The `.metadata.generation` this status was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// The NodeType the claim was scheduled to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub type_ref: Option<String>,
+    /// The NodeProvider of that NodeType.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_ref: Option<String>,
     /// Cost of the chosen NodeType.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost: Option<i64>,

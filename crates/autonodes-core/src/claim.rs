@@ -25,10 +25,67 @@ pub fn phase(c: &[Condition]) -> NodeClaimPhase {
     }
 }
 
+/// The reason of the first condition of the ladder (`Scheduled`, `Provisioned`, `Joined`,
+/// `Initialized`, `Ready`) that is not True: why a claim is not Available, in one word.
+/// `None` once all of them are True.
+pub fn reason(c: &[Condition]) -> Option<String> {
+    [
+        ClaimCondition::Scheduled,
+        ClaimCondition::Provisioned,
+        ClaimCondition::Joined,
+        ClaimCondition::Initialized,
+        ClaimCondition::Ready,
+    ]
+    .into_iter()
+    .find(|t| !conditions::is_true(c, t))
+    .and_then(|t| conditions::get(c, t))
+    .map(|c| c.reason.clone())
+    .filter(|r| !r.is_empty())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use k8s_openapi::jiff::Timestamp;
+
+    #[test]
+    fn the_reason_is_that_of_the_first_condition_that_is_not_true_and_none_once_available() {
+        let mut cs: Vec<Condition> = Vec::new();
+        assert_eq!(reason(&cs), None);
+        let set = |cs: &mut Vec<Condition>, t: ClaimCondition, ok: bool, r: &str| {
+            conditions::set(
+                cs,
+                t,
+                conditions::status_of(ok),
+                r,
+                "m",
+                None,
+                Timestamp::UNIX_EPOCH,
+            );
+        };
+        set(
+            &mut cs,
+            ClaimCondition::Scheduled,
+            false,
+            "InsufficientCapacity",
+        );
+        assert_eq!(reason(&cs).as_deref(), Some("InsufficientCapacity"));
+        set(&mut cs, ClaimCondition::Scheduled, true, "Scheduled");
+        set(&mut cs, ClaimCondition::Provisioned, false, "Booting");
+        set(&mut cs, ClaimCondition::Ready, false, "WaitingForNode");
+        assert_eq!(reason(&cs).as_deref(), Some("Booting"));
+        for t in [
+            ClaimCondition::Provisioned,
+            ClaimCondition::Joined,
+            ClaimCondition::Initialized,
+            ClaimCondition::Ready,
+        ] {
+            set(&mut cs, t, true, "Done");
+        }
+        // Drifted is not part of the ladder.
+        set(&mut cs, ClaimCondition::Drifted, true, "NodeTypeChanged");
+        assert_eq!(reason(&cs), None);
+    }
 
     #[test]
     fn the_phase_is_the_first_condition_that_is_not_true() {

@@ -5,6 +5,8 @@ mod common;
 
 use std::time::Duration;
 
+use common::column;
+use common::pools::kubectl;
 use common::world::*;
 
 const AVAILABLE: Duration = Duration::from_secs(90);
@@ -211,6 +213,20 @@ async fn a_full_type_keeps_a_claim_pending_until_another_claim_is_deleted() {
     let (_, reason, message) = condition(&pending, "Scheduled").expect("condition");
     assert_eq!(reason, "InsufficientCapacity");
     assert!(message.contains("small.tiny (1/1 claimed)"), "{message}");
+    // `kubectl get nclaim` says why a claim waits; `-o wide` where the others run.
+    let table = kubectl(&world, &["get", "nclaim", "-n", NS]);
+    println!("$ kubectl get nclaim -n {NS}\n{table}");
+    assert_eq!(column(&table, "second", "REASON"), "InsufficientCapacity");
+    assert_eq!(column(&table, "second", "PHASE"), "Pending");
+    assert_eq!(column(&table, "first", "REASON"), "");
+    let wide = kubectl(&world, &["get", "nclaim", "-n", NS, "-o", "wide"]);
+    println!("$ kubectl get nclaim -n {NS} -o wide\n{wide}");
+    assert_eq!(column(&wide, "first", "PROVIDER"), "small");
+    assert_eq!(column(&wide, "first", "HOSTCLUSTER"), "test-kubevirt-1");
+    assert!(
+        column(&wide, "first", "PROVIDERID").starts_with("kubevirt://"),
+        "{wide}"
+    );
     let t = world
         .wait_node_type("small.tiny", "Exhausted", |t| {
             t.status

@@ -45,6 +45,36 @@ pub fn kubectl_ok(env: &TestEnv, server: &ApiServer, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// The cell of `kubectl get`'s table `table` in the row whose first column is `row` and the
+/// column headed `header` (cells are cut at the header's column starts, as kubectl aligns
+/// them).
+#[allow(dead_code)]
+pub fn column(table: &str, row: &str, header: &str) -> String {
+    let mut lines = table.lines();
+    let head = lines.next().unwrap_or_default();
+    let starts: Vec<usize> = head
+        .char_indices()
+        .filter(|&(i, c)| c != ' ' && (i == 0 || head.as_bytes()[i - 1] == b' '))
+        .map(|(i, _)| i)
+        .collect();
+    let at = starts
+        .iter()
+        .position(|&i| head[i..].split(' ').next() == Some(header))
+        .unwrap_or_else(|| panic!("no column {header}: {table}"));
+    let line = lines
+        .find(|l| l.split_whitespace().next() == Some(row))
+        .unwrap_or_else(|| panic!("no row {row}: {table}"));
+    let end = starts
+        .get(at + 1)
+        .copied()
+        .unwrap_or(line.len())
+        .min(line.len());
+    line.get(starts[at]..end)
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
 /// Applies every CRD in `crds/` with kubectl and waits until they are Established.
 pub fn apply_crds_dir(env: &TestEnv, server: &ApiServer) {
     let dir = repo().join("crds");

@@ -121,6 +121,7 @@ pub(super) async fn schedule(claim: &NodeClaim, ctx: &Context) -> Result<Option<
     );
     let mut w = StatusWriter::new(claim, ctx);
     w.new.type_ref = Some(chosen.name.clone());
+    w.new.provider_ref = Some(chosen.provider.clone());
     w.new.node_type_hash = Some(chosen.definition.clone());
     w.new.cost = Some(chosen.cost);
     w.new.host_cluster = Some(chosen.host_cluster.clone());

@@ -104,6 +104,8 @@ impl<'a> StatusWriter<'a> {
                 }
             }
         }
+        // The reason column follows the conditions, so progress alone changes it no more.
+        compared.reason = autonodes_core::claim::reason(&compared.conditions);
         compared != self.old
     }
 
@@ -153,6 +155,7 @@ impl<'a> StatusWriter<'a> {
         {
             self.new.phase = Some(autonodes_core::claim::phase(&self.new.conditions));
         }
+        self.new.reason = autonodes_core::claim::reason(&self.new.conditions);
         self.new.observed_generation = self.claim.metadata.generation;
     }
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what the integration tests need on a Debian bookworm machine:
-#   - etcd (Debian package etcd-server)
+#   - etcd (Debian package etcd-server), prometheus and promtool (package prometheus)
 #   - kube-apiserver, kube-scheduler and kubectl v1.20.2, built from Debian's
 #     `kubernetes` source package (DESIGN §8).
 # Idempotent: binaries are cached in $AUTONODES_K8S_BIN (default
@@ -37,19 +37,26 @@ need_pkgs() {
   fi
 }
 
-# 1. etcd from Debian. The tests start their own etcd on free ports with their own data
+# 1. etcd and Prometheus from Debian. The tests start their own etcd and Prometheus on free ports with their own data
 # directories, so an etcd the machine already runs is left alone. Only when this script
 # installs the package, and the package's own service started with it, is that service
 # stopped again (it is ours: nobody else asked for it).
 etcd_was_installed=0
 dpkg-query -W -f='${Status}' etcd-server 2>/dev/null | grep -q "install ok installed" && etcd_was_installed=1
-need_pkgs etcd-server openssl
-if [ "$etcd_was_installed" = 0 ] && command -v systemctl >/dev/null 2>&1 \
-   && systemctl is-active --quiet etcd 2>/dev/null; then
-  log "stopping the etcd service the package just started (the tests run their own)"
-  $SUDO systemctl stop etcd || true
-  $SUDO systemctl disable etcd >/dev/null 2>&1 || true
-fi
+prometheus_was_installed=0
+dpkg-query -W -f='${Status}' prometheus 2>/dev/null | grep -q "install ok installed" && prometheus_was_installed=1
+# prometheus: `prometheus` and `promtool` for the metrics and alerting-rule tests.
+need_pkgs etcd-server openssl prometheus
+stop_new_service() { # $1: service, $2: 1 when the package was installed before this run
+  if [ "$2" = 0 ] && command -v systemctl >/dev/null 2>&1 \
+     && systemctl is-active --quiet "$1" 2>/dev/null; then
+    log "stopping the $1 service the package just started (the tests run their own)"
+    $SUDO systemctl stop "$1" || true
+    $SUDO systemctl disable "$1" >/dev/null 2>&1 || true
+  fi
+}
+stop_new_service etcd "$etcd_was_installed"
+stop_new_service prometheus "$prometheus_was_installed"
 
 # 2. Kubernetes binaries, built once.
 have_all=1
@@ -108,14 +115,23 @@ GOPATH_DIR="$WORK_DIR/gopath"
 mkdir -p "$GOPATH_DIR/src/k8s.io"
 ln -sfn "$SRC" "$GOPATH_DIR/src/k8s.io/kubernetes"
 
-log "building ${WANT[*]} (several minutes on 2 cores)"
+log "building ${WANT[*]} (several minutes on 2 cores; progress every 30 s)"
+started=$SECONDS
 (
   cd "$GOPATH_DIR/src/k8s.io/kubernetes"
   export GOPATH="$GOPATH_DIR" GO111MODULE=off GOFLAGS=-mod=vendor GOCACHE="$WORK_DIR/gocache"
   export KUBE_GIT_VERSION=v1.20.2 KUBE_GIT_TREE_STATE=clean KUBE_GIT_MAJOR=1 KUBE_GIT_MINOR=20
   unset GOFLAGS
+  n=0
   for b in "${WANT[@]}"; do
-    make WHAT="cmd/$b" >&2
+    n=$((n + 1))
+    log "building $b ($n of ${#WANT[@]})"
+    # A heartbeat while make is quiet for minutes; it is this script's own child.
+    ( while sleep 30; do log "still building $b, $((SECONDS - started)) s so far"; done ) &
+    beat=$!
+    make WHAT="cmd/$b" >&2 || { kill "$beat" 2>/dev/null; exit 1; }
+    kill "$beat" 2>/dev/null || true
+    log "built $b after $((SECONDS - started)) s"
   done
 )
 for b in "${WANT[@]}"; do

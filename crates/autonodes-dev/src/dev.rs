@@ -11,7 +11,7 @@ use anyhow::Context as _;
 use autonodes::controller::ControllerConfig;
 use autonodes_testenv::playground::{wire, Playground, SERVICE_NAMESPACE};
 use autonodes_testenv::simulator;
-use autonodes_testenv::testenv::TestEnv;
+use autonodes_testenv::testenv::{Binaries, TestEnv, TestEnvError};
 use clap::Args;
 
 /// Flags of `autonodes-dev dev`.
@@ -71,6 +71,36 @@ fn print_banner(p: &Playground, args: &DevArgs, root: &Path) -> anyhow::Result<(
     Ok(())
 }
 
+/// Installs what the playground runs (etcd, kube-apiserver, kube-scheduler, kubectl) with
+/// the same `scripts/test-env.sh` the tests use, when a binary is missing: on a fresh
+/// machine the playground is one command. The script prints its progress (building the
+/// Kubernetes binaries takes minutes the first time).
+fn install_test_env(root: &Path) -> anyhow::Result<()> {
+    let missing = match Binaries::locate() {
+        Ok(_) => return Ok(()),
+        Err(TestEnvError::MissingBinary { name, path }) => {
+            format!("{name} is not at {}", path.display())
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let script = root.join("scripts/test-env.sh");
+    anyhow::ensure!(
+        script.is_file(),
+        "{missing}; {} is not here (run the playground from the repository's root)",
+        script.display()
+    );
+    eprintln!("{missing}: installing the playground's binaries with scripts/test-env.sh (once; building Kubernetes takes several minutes)");
+    let status = std::process::Command::new("bash")
+        .arg(&script)
+        .current_dir(root)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .with_context(|| format!("running {}", script.display()))?;
+    anyhow::ensure!(status.success(), "scripts/test-env.sh failed ({status})");
+    Binaries::locate().context("after scripts/test-env.sh")?;
+    Ok(())
+}
+
 /// Runs the playground until Ctrl-C.
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     // The API servers answer /readyz with 500 while they start; kube's client logs each.
@@ -79,6 +109,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         "info,kube_client::client::builder=off",
     );
     let root = std::env::current_dir().context("reading the current directory")?;
+    install_test_env(&root)?;
     let provider_yaml = std::fs::read_to_string(&args.provider)
         .with_context(|| format!("reading {}", args.provider.display()))?;
     if args.dir.exists() {

@@ -4,6 +4,15 @@ use prometheus::{
     HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+/// The `controller` label values of `autonodes_reconcile_total`.
+pub const CONTROLLERS: [&str; 5] = [
+    "nodeclaim",
+    "nodetype",
+    "nodeprovider",
+    "nodepool",
+    "machinepool",
+];
+
 /// Every metric autonodes exports.
 pub struct Metrics {
     /// The registry the metrics live in.
@@ -20,6 +29,11 @@ pub struct Metrics {
     pub nodeclaims: IntGaugeVec,
     /// `autonodes_nodeclaims_cost{vcluster,provider}`.
     pub nodeclaims_cost: IntGaugeVec,
+    /// `autonodes_nodeclaims_oldest_seconds{phase}`: how long the oldest claim of each phase
+    /// on the way (`Pending`, `Provisioning`, `Joining`, `Terminating`) has been there —
+    /// since its creation, or for `Terminating` since its deletion was asked. Absent for a
+    /// phase no claim is in.
+    pub nodeclaims_oldest: IntGaugeVec,
     /// `autonodes_nodeclaims_created_total`.
     pub nodeclaims_created: IntCounterVec,
     /// `autonodes_nodeclaims_terminated_total{reason}`.
@@ -81,6 +95,10 @@ impl Metrics {
                 Opts::new("nodeclaims_cost", "Sum of the cost of live node claims, by tenant cluster and provider."),
                 &["vcluster", "provider"],
             ))?,
+            nodeclaims_oldest: register(r, IntGaugeVec::new(
+                Opts::new("nodeclaims_oldest_seconds", "Seconds the oldest claim of each phase on the way (Pending, Provisioning, Joining, Terminating) has been there: since its creation, for Terminating since its deletion."),
+                &["phase"],
+            ))?,
             nodeclaims_created: register(r, IntCounterVec::new(
                 Opts::new("nodeclaims_created_total", "Node claims whose VirtualMachine autonodes created."),
                 &[],
@@ -112,20 +130,42 @@ impl Metrics {
             ))?,
             kube_requests: register(r, Ok(crate::request_metrics::KUBE_REQUESTS.clone()))?,
             registry,
-        })
+        }
+        .with_zero_series())
+    }
+
+    /// Every counter series that is known in advance starts at 0, so a rate or an alert on
+    /// it has a series before its first event (`result="error"` of a healthy controller,
+    /// `reason="failed"`, each kind the orphan sweep removes).
+    fn with_zero_series(self) -> Self {
+        for controller in CONTROLLERS {
+            for result in ["ok", "error"] {
+                self.reconcile_total
+                    .with_label_values(&[controller, result]);
+            }
+        }
+        for reason in ["deleted", "failed"] {
+            self.nodeclaims_terminated.with_label_values(&[reason]);
+        }
+        for kind in ["VirtualMachine", "Secret", "DataVolume", "BootstrapToken"] {
+            self.orphans_removed.with_label_values(&[kind]);
+        }
+        self.nodeclaims_created.with_label_values::<&str>(&[]);
+        self
     }
 
     /// Every metric's descriptor (name without the `autonodes_` prefix, help, labels), also
     /// of metrics that have no sample yet; for checks of dashboards and alerts.
     pub fn descs(&self) -> Vec<prometheus::core::Desc> {
         use prometheus::core::Collector;
-        let collectors: [&dyn Collector; 14] = [
+        let collectors: [&dyn Collector; 15] = [
             &self.reconcile_total,
             &self.reconcile_duration,
             &self.nodetype_capacity,
             &self.nodetype_cost,
             &self.nodeclaims,
             &self.nodeclaims_cost,
+            &self.nodeclaims_oldest,
             &self.nodeclaims_created,
             &self.nodeclaims_terminated,
             &self.nodeclaim_duration,
@@ -193,6 +233,14 @@ mod tests {
             text.contains("autonodes_reconcile_total{controller=\"nodeclaim\",result=\"ok\"} 1"),
             "{text}"
         );
+        // Known series exist at 0 before their first event.
+        for series in [
+            "autonodes_reconcile_total{controller=\"nodepool\",result=\"error\"} 0",
+            "autonodes_nodeclaims_terminated_total{reason=\"failed\"} 0",
+            "autonodes_orphans_removed_total{kind=\"BootstrapToken\"} 0",
+        ] {
+            assert!(text.contains(series), "{series}: {text}");
+        }
         assert!(
             text.contains("# HELP autonodes_nodeclaims_created_total "),
             "{text}"

@@ -302,6 +302,23 @@ async fn chart_lints_renders_and_passes_a_server_side_dry_run_on_the_api_server(
     )
     .expect("embedded JSON");
     assert_eq!(embedded["uid"], "autonodes");
+    // The PrometheusRule is off by default and, when on, carries the plain rules file's
+    // groups unchanged (the alert templates `{{ $labels.… }}` are not Helm's).
+    assert!(!docs.iter().any(|d| d["kind"] == "PrometheusRule"));
+    let pr = documents(&render_chart(&json!({"prometheusRule": {"enabled": true}})));
+    let pr = pr
+        .iter()
+        .find(|d| d["kind"] == "PrometheusRule")
+        .expect("PrometheusRule when enabled");
+    let file = documents(
+        &std::fs::read_to_string(repo().join("charts/autonodes/alerts/autonodes.rules.yaml"))
+            .expect("rules file"),
+    );
+    assert_eq!(pr["spec"]["groups"], file[0]["groups"]);
+    assert_eq!(
+        pr["spec"]["groups"][0]["rules"][0]["annotations"]["summary"],
+        "A NodeClaim has been {{ $labels.phase }} for {{ $value | humanizeDuration }}"
+    );
 }
 
 /// A kubeconfig for `server` that authenticates as admin but impersonates `user`.

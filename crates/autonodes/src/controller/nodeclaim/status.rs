@@ -233,19 +233,42 @@ impl<'a> StatusWriter<'a> {
     }
 }
 
-/// Recomputes `autonodes_nodeclaims` and `autonodes_nodeclaims_cost` from the claim store.
+/// Recomputes `autonodes_nodeclaims`, `autonodes_nodeclaims_cost` and `autonodes_nodeclaims_oldest_seconds` from
+/// the claim store.
 pub fn refresh_claim_gauges(ctx: &Context) {
     let m = &ctx.metrics;
     let mut by_phase: BTreeMap<(String, String, String), i64> = BTreeMap::new();
     let mut cost: BTreeMap<(String, String), i64> = BTreeMap::new();
+    let mut oldest: BTreeMap<String, i64> = BTreeMap::new();
+    let now = k8s_openapi::jiff::Timestamp::now();
     for c in ctx.claims.state() {
         let s = c.status.clone().unwrap_or_default();
         let phase = s
             .phase
             .map(|p| format!("{p:?}"))
             .unwrap_or_else(|| "Pending".into());
+        let since = match (&c.metadata.deletion_timestamp, phase.as_str()) {
+            (Some(deleted), _) => Some(deleted),
+            (None, "Pending" | "Provisioning" | "Joining") => {
+                c.metadata.creation_timestamp.as_ref()
+            }
+            _ => None,
+        };
+        if let Some(since) = since {
+            let secs = (now.as_second() - since.0.as_second()).max(0);
+            let phase = if c.metadata.deletion_timestamp.is_some() {
+                "Terminating".to_string()
+            } else {
+                phase.clone()
+            };
+            let entry = oldest.entry(phase).or_default();
+            *entry = (*entry).max(secs);
+        }
         let nodetype = s.type_ref.clone().unwrap_or_default();
-        let provider = nodetype.split('.').next().unwrap_or_default().to_string();
+        let provider = s
+            .provider_ref
+            .clone()
+            .unwrap_or_else(|| nodetype.split('.').next().unwrap_or_default().to_string());
         *by_phase
             .entry((phase.clone(), nodetype, provider.clone()))
             .or_default() += 1;
@@ -260,6 +283,10 @@ pub fn refresh_claim_gauges(ctx: &Context) {
         m.nodeclaims
             .with_label_values(&[&phase, &nodetype, &provider])
             .set(n);
+    }
+    m.nodeclaims_oldest.reset();
+    for (phase, secs) in oldest {
+        m.nodeclaims_oldest.with_label_values(&[&phase]).set(secs);
     }
     m.nodeclaims_cost.reset();
     for ((vcluster, provider), n) in cost {

@@ -231,8 +231,22 @@ async fn metrics_show_capacity_cost_claims_and_stage_durations_once_a_claim_is_a
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn claims_and_providers_get_one_event_per_state_change_not_one_per_reconcile() {
+async fn claims_and_providers_get_one_event_per_state_change_and_a_healthy_claims_life_only_normal_ones(
+) {
     let world = World::start(WorldOptions::default()).await;
+    // The type is usable before the claim comes, so the claim meets no problem on its way.
+    world
+        .wait_node_type(
+            "kubevirt-provider-advanced.standard-node",
+            "Available",
+            |t| {
+                t.status
+                    .as_ref()
+                    .and_then(|s| s.phase)
+                    .is_some_and(|p| format!("{p:?}") == "Available")
+            },
+        )
+        .await;
     world.claim_type("evented", "standard-node").await;
     world.wait_phase("evented", "Available", AVAILABLE).await;
 
@@ -321,6 +335,28 @@ async fn claims_and_providers_get_one_event_per_state_change_not_one_per_reconci
         if e.reason.as_deref() == Some("NodeReady") {
             assert_eq!(e.type_.as_deref(), Some("Normal"), "{e:?}");
         }
+    }
+
+    // A healthy claim's whole life, its deletion included, holds Normal Events only: nobody
+    // alerting on Warning Events is paged for it.
+    world.delete_claim("evented").await;
+    world.wait_claim_gone("evented", AVAILABLE).await;
+    let history: Vec<(String, String)> = api
+        .list(&ListParams::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("evented"))
+        .map(|e| (e.type_.unwrap_or_default(), e.reason.unwrap_or_default()))
+        .collect();
+    println!("the claim's whole history: {history:?}");
+    assert!(
+        history.iter().any(|(_, r)| r == "NodeDeleted"),
+        "{history:?}"
+    );
+    for (type_, reason) in &history {
+        assert_eq!(type_, "Normal", "{reason} in {history:?}");
     }
     world.shutdown().await;
 }

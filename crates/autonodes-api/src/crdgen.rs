@@ -13,7 +13,7 @@ pub enum CrdgenError {
         /// The CRD's name.
         name: String,
         /// The underlying error.
-        source: serde_yaml::Error,
+        source: serde_saphyr::SerializeError,
     },
     /// A file could not be written.
     #[error("writing {path}: {source}")]
@@ -32,7 +32,7 @@ pub fn file_name(crd: &CustomResourceDefinition) -> String {
 
 /// The YAML text of one CRD, as written to `crds/`.
 pub fn render(crd: &CustomResourceDefinition) -> Result<String, CrdgenError> {
-    let body = serde_yaml::to_string(crd).map_err(|source| CrdgenError::Serialize {
+    let body = serde_saphyr::to_string(crd).map_err(|source| CrdgenError::Serialize {
         name: crd.metadata.name.clone().unwrap_or_default(),
         source,
     })?;

@@ -87,7 +87,7 @@ mod tests {
             "nodeprovider-advanced.yaml",
             "nodeprovider-types.yaml",
         ] {
-            let p: NodeProvider = serde_yaml::from_str(&example(file))
+            let p: NodeProvider = serde_saphyr::from_str(&example(file))
                 .unwrap_or_else(|e| panic!("{file} does not deserialize: {e}"));
             assert_eq!(p.spec.kube_virt.cluster_ref.cluster, "test-kubevirt-1");
             assert!(
@@ -99,8 +99,8 @@ mod tests {
 
     #[test]
     fn integer_and_string_quantities_both_deserialize() {
-        let p: NodeProvider =
-            serde_yaml::from_str(&example("nodeprovider-advanced.yaml")).expect("advanced example");
+        let p: NodeProvider = serde_saphyr::from_str(&example("nodeprovider-advanced.yaml"))
+            .expect("advanced example");
         let high = &p.spec.kube_virt.node_types[1];
         assert_eq!(high.resources["cpu"].0, "4");
         assert_eq!(high.resources["memory"].0, "16Gi");

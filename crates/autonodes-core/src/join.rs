@@ -229,7 +229,7 @@ pub fn published(
             #[serde(default)]
             control_plane_endpoint: String,
         }
-        let config: ClusterConfiguration = serde_yaml::from_str(text).map_err(|_| {
+        let config: ClusterConfiguration = crate::yaml::from_str(text).map_err(|_| {
             "its ClusterConfiguration is not YAML of a kubeadm ClusterConfiguration".to_string()
         })?;
         let ep = config.control_plane_endpoint.trim();

@@ -25,7 +25,10 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use base64::Engine;
-use serde_yaml::{Mapping, Value};
+use serde_json::{Map, Value};
+
+/// A YAML mapping, read as JSON (keys are strings).
+type Mapping = Map<String, Value>;
 
 /// The largest kubeconfig accepted (a Secret holds at most 1 MiB anyway).
 pub const MAX_KUBECONFIG_BYTES: usize = 1024 * 1024;
@@ -185,15 +188,14 @@ pub fn check(bytes: &[u8], policy: &KubeconfigPolicy) -> Result<CheckedKubeconfi
     }
     let text = std::str::from_utf8(bytes)
         .map_err(|_| Refusal::new("the kubeconfig", "is not UTF-8 text"))?;
-    let doc: Value = serde_yaml::from_str(text).map_err(|e| {
-        let at = e
-            .location()
-            .map(|l| format!(" (line {}, column {})", l.line(), l.column()))
-            .unwrap_or_default();
-        Refusal::new("the kubeconfig", format!("is not YAML{at}"))
+    let doc: Value = crate::yaml::from_str(text).map_err(|e| {
+        Refusal::new(
+            "the kubeconfig",
+            format!("is not YAML{}", crate::yaml::position(&e)),
+        )
     })?;
     let top = doc
-        .as_mapping()
+        .as_object()
         .ok_or_else(|| Refusal::new("the kubeconfig", "is not a YAML mapping"))?;
 
     let context_name = match top.get("current-context") {
@@ -362,8 +364,8 @@ fn is_empty(v: &Value) -> bool {
     match v {
         Value::Null => true,
         Value::String(s) => s.is_empty(),
-        Value::Sequence(s) => s.is_empty(),
-        Value::Mapping(m) => m.is_empty(),
+        Value::Array(s) => s.is_empty(),
+        Value::Object(m) => m.is_empty(),
         _ => false,
     }
 }
@@ -377,7 +379,7 @@ fn named_entry<'a>(
 ) -> Result<&'a Mapping, Refusal> {
     let shown = show_name(name);
     let entries = match top.get(list) {
-        Some(Value::Sequence(s)) => s.as_slice(),
+        Some(Value::Array(s)) => s.as_slice(),
         Some(v) if !is_empty(v) => return Err(Refusal::new(list, "is not a list")),
         _ => &[],
     };
@@ -394,7 +396,7 @@ fn named_entry<'a>(
         ));
     }
     match entry.get(inner) {
-        Some(Value::Mapping(m)) => Ok(m),
+        Some(Value::Object(m)) => Ok(m),
         _ => Err(Refusal::new(
             format!("{list}[{shown}].{inner}"),
             "is missing or not a mapping",
@@ -415,9 +417,7 @@ fn only_known_fields(
         }
     }
     for (k, v) in m {
-        let Some(k) = k.as_str() else {
-            return Err(Refusal::new(path, "has a key that is not a string"));
-        };
+        let k = k.as_str();
         let is_refused = refused.iter().any(|(f, _)| *f == k);
         if !known.contains(&k) && !is_refused && !is_empty(v) {
             return Err(Refusal::new(

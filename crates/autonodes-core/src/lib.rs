@@ -16,7 +16,8 @@
 //! - [`capi`]: the `capi.autonodes.io` mirror (replicas both ways, MachinePool, Machines);
 //! - [`kubeconfig`]: the check of kubeconfig Secrets;
 //! - [`orphans`]: which objects belong to no claim any more;
-//! - [`vcluster`]: a vCluster's `vcluster.yaml` (`privateNodes.autoNodes`) as NodePools.
+//! - [`vcluster`]: a vCluster's `vcluster.yaml` (`privateNodes.autoNodes`) as NodePools;
+//! - [`yaml`]: YAML in and out, bounded for untrusted text.
 #![forbid(unsafe_code)]
 
 use autonodes_api as api;
@@ -35,6 +36,7 @@ pub mod scheduling;
 pub mod template;
 pub mod userdata;
 pub mod vcluster;
+pub mod yaml;
 
 #[cfg(test)]
 mod schema_walk;

@@ -1291,7 +1291,7 @@ mod tests {
             .join("../../examples")
             .join(file);
         let text = std::fs::read_to_string(&path).expect("example exists");
-        serde_yaml::from_str(&text).expect("example parses")
+        crate::yaml::from_str(&text).expect("example parses")
     }
 
     fn claim() -> NodeClaimSpec {

@@ -1061,7 +1061,7 @@ mod tests {
     }
 
     fn yaml(s: &str) -> Value {
-        serde_yaml::from_str(s).expect("test YAML parses")
+        crate::yaml::from_str(s).expect("test YAML parses")
     }
 
     fn advanced_base() -> Value {

@@ -395,10 +395,8 @@ fn parse_user_cloud_config(text: &str) -> Result<UserCloudConfig, UserDataError>
             "must be a cloud-config (a YAML mapping starting with #cloud-config)".to_string(),
         ));
     }
-    let yaml: serde_yaml::Value =
-        serde_yaml::from_str(text).map_err(|e| invalid(format!("not valid YAML: {e}")))?;
     let json: Value =
-        serde_json::to_value(&yaml).map_err(|e| invalid(format!("unsupported YAML: {e}")))?;
+        crate::yaml::from_str(text).map_err(|e| invalid(format!("not valid YAML: {e}")))?;
     let mut map = match json {
         Value::Object(m) => m,
         Value::Null => Map::new(),
@@ -714,7 +712,7 @@ ALSCkSTyQaInuL6DucynDnEnDn3BmFrDIP2T88gG8jFaAiEAs2mkVzuGZG/sIDbD
     /// Parses user data as cloud-init would (YAML) and the join config inside it.
     fn parse(user_data: &str) -> (Value, Value) {
         assert!(user_data.starts_with("#cloud-config\n"), "{user_data}");
-        let doc: Value = serde_yaml::from_str(user_data)
+        let doc: Value = crate::yaml::from_str(user_data)
             .unwrap_or_else(|e| panic!("user data is not YAML: {e}\n{user_data}"));
         let files = doc["write_files"].as_array().expect("write_files");
         let file = files
@@ -722,7 +720,7 @@ ALSCkSTyQaInuL6DucynDnEnDn3BmFrDIP2T88gG8jFaAiEAs2mkVzuGZG/sIDbD
             .find(|f| f["path"] == JOIN_CONFIG_PATH)
             .expect("join config written");
         let content = file["content"].as_str().expect("content");
-        let join: Value = serde_yaml::from_str(content)
+        let join: Value = crate::yaml::from_str(content)
             .unwrap_or_else(|e| panic!("join config is not YAML: {e}\n{content}"));
         (doc, join)
     }

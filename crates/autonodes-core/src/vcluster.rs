@@ -237,11 +237,8 @@ pub fn parse(text: &[u8]) -> Result<VClusterConfig, ConfigError> {
     if text.len() > MAX_CONFIG_BYTES {
         return Err(ConfigError::TooLarge(text.len()));
     }
-    serde_yaml::from_slice::<VClusterConfig>(text).map_err(|e| {
-        let at = e
-            .location()
-            .map(|l| format!(" (line {}, column {})", l.line(), l.column()))
-            .unwrap_or_default();
+    crate::yaml::from_slice::<VClusterConfig>(text).map_err(|e| {
+        let at = crate::yaml::position(&e);
         let what = e.to_string();
         let what = what.split(" at line ").next().unwrap_or("malformed YAML");
         ConfigError::Malformed(format!("{}{at}", without_quoted(what)))

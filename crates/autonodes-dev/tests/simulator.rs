@@ -458,7 +458,7 @@ async fn a_vm_built_like_the_advanced_example_round_trips_unchanged() {
     let server = env.apiserver("host").expect("host");
     let host = server.client().await.expect("client");
     install_crds(&host, &kubevirt_crds()).await.expect("CRDs");
-    let provider: Value = serde_yaml::from_str(
+    let provider: Value = autonodes_core::yaml::from_str(
         &std::fs::read_to_string(repo().join("examples/nodeprovider-advanced.yaml"))
             .expect("example readable"),
     )

@@ -102,8 +102,8 @@ pub async fn wire(
     tenant_namespace: &str,
     vcluster: &str,
 ) -> anyhow::Result<Playground> {
-    let provider: NodeProvider =
-        serde_yaml::from_str(provider_yaml).context("the provider file is not a NodeProvider")?;
+    let provider: NodeProvider = autonodes_core::yaml::from_str(provider_yaml)
+        .context("the provider file is not a NodeProvider")?;
     let mgmt = env
         .apiserver("mgmt")
         .context("management cluster missing")?;

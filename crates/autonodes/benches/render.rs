@@ -22,7 +22,8 @@ const ADVANCED: &str = include_str!("../../../examples/nodeprovider-advanced.yam
 /// The advanced provider with 50 node types: sizes from 1 to 32 CPUs, a zone property,
 /// every third type with a merged template (label, taint, extra disk), capacities.
 fn provider_with_50_types() -> NodeProvider {
-    let mut p: NodeProvider = serde_yaml::from_str(ADVANCED).expect("advanced example parses");
+    let mut p: NodeProvider =
+        autonodes_core::yaml::from_str(ADVANCED).expect("advanced example parses");
     let template = p.spec.kube_virt.node_types[1].clone();
     p.spec.kube_virt.node_types = (0..50)
         .map(|i| {
@@ -59,7 +60,7 @@ fn provider_with_50_types() -> NodeProvider {
 /// A claim that has to look through the catalogue: zone, generation (Gt), and a size that
 /// only mid-sized types have.
 fn claim() -> NodeClaim {
-    serde_yaml::from_str(
+    autonodes_core::yaml::from_str(
         r#"
 apiVersion: autonodes.io/v1alpha1
 kind: NodeClaim

@@ -42,7 +42,7 @@ pub fn run(args: ImportArgs) -> anyhow::Result<()> {
                     o.remove("status");
                 }
                 out.push_str("---\n");
-                out.push_str(&serde_yaml::to_string(&doc)?);
+                out.push_str(&autonodes_core::yaml::to_string(&doc)?);
             }
             Err(e) => {
                 failed += 1;

@@ -338,14 +338,14 @@ fn parse_object<T: serde::de::DeserializeOwned>(
     source: &str,
     kind: &str,
 ) -> anyhow::Result<T> {
-    let value: serde_yaml::Value =
-        serde_yaml::from_str(text).with_context(|| format!("{source}: not a YAML document"))?;
-    match value.get("kind").and_then(serde_yaml::Value::as_str) {
+    let value: Value = autonodes_core::yaml::from_str(text)
+        .with_context(|| format!("{source}: not a YAML document"))?;
+    match value.get("kind").and_then(Value::as_str) {
         Some(k) if k == kind => {}
         Some(k) => anyhow::bail!("{source}: kind is {k}, expected {kind}"),
         None => anyhow::bail!("{source}: kind is not set, expected {kind}"),
     }
-    match value.get("apiVersion").and_then(serde_yaml::Value::as_str) {
+    match value.get("apiVersion").and_then(Value::as_str) {
         Some("autonodes.io/v1alpha1") => {}
         other => anyhow::bail!(
             "{source}: apiVersion is {}, expected autonodes.io/v1alpha1",
@@ -353,7 +353,8 @@ fn parse_object<T: serde::de::DeserializeOwned>(
         ),
     }
     // From the text, not the value, so errors carry the field path and line.
-    serde_yaml::from_str(text).map_err(|e| anyhow::anyhow!("{source}: {kind}: {e}"))
+    autonodes_core::yaml::from_str_with_path(text)
+        .map_err(|e| anyhow::anyhow!("{source}: {kind}: {e}"))
 }
 
 /// Renders the documents `autonodes render` prints — the chosen NodeType (with its
@@ -453,7 +454,7 @@ pub fn format_documents(docs: &[Value], format: OutputFormat) -> anyhow::Result<
             let mut out = String::new();
             for doc in docs {
                 out.push_str("---\n");
-                out.push_str(&serde_yaml::to_string(doc)?);
+                out.push_str(&autonodes_core::yaml::to_string(doc)?);
             }
             Ok(out)
         }
@@ -471,8 +472,8 @@ pub fn format_documents(docs: &[Value], format: OutputFormat) -> anyhow::Result<
 pub fn join_params_from_kubeconfig(path: &Path) -> anyhow::Result<JoinParams> {
     let source = path.display().to_string();
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {source}"))?;
-    let kc: kube::config::Kubeconfig =
-        serde_yaml::from_str(&text).with_context(|| format!("{source}: not a kubeconfig"))?;
+    let kc: kube::config::Kubeconfig = autonodes_core::yaml::from_str(&text)
+        .with_context(|| format!("{source}: not a kubeconfig"))?;
     let (server, ca) =
         crate::clients::server_and_ca(&kc, Some(path.parent().unwrap_or(Path::new("."))))
             .map_err(|e| anyhow::anyhow!("{source}: {e}"))?;
@@ -548,13 +549,13 @@ mod tests {
         let ud = secret["stringData"]["userdata"]
             .as_str()
             .expect("user data");
-        let doc: Value = serde_yaml::from_str(ud).expect("user data is YAML");
+        let doc: Value = autonodes_core::yaml::from_str(ud).expect("user data is YAML");
         let content = doc["write_files"]
             .as_array()
             .and_then(|f| f.iter().find(|f| f["path"] == userdata::JOIN_CONFIG_PATH))
             .and_then(|f| f["content"].as_str())
             .expect("join config");
-        serde_yaml::from_str(content).expect("join config is YAML")
+        autonodes_core::yaml::from_str(content).expect("join config is YAML")
     }
 
     #[test]
@@ -663,7 +664,7 @@ mod tests {
         let e = render("nodeprovider-advanced.yaml", &claim, None).expect_err("bad");
         assert_eq!(
             format!("{e:#}"),
-            "claim.yaml: NodeClaim: spec.desiredCapacity.cpu: invalid type: sequence, expected Quantity at line 11 column 10"
+            "claim.yaml: NodeClaim: spec.desiredCapacity.cpu: invalid type: sequence, expected Quantity at line 11, column 5"
         );
         let e = render_documents(
             "kind: Service\n",
@@ -691,7 +692,7 @@ mod tests {
     #[test]
     fn render_node_needs_the_claim_identity() {
         let provider: NodeProvider =
-            serde_yaml::from_str(&example("nodeprovider-minimal.yaml")).expect("parses");
+            autonodes_core::yaml::from_str(&example("nodeprovider-minimal.yaml")).expect("parses");
         let cat = Catalogue::from_provider(&provider);
         let mut claim = NodeClaim::new(
             "c",
@@ -733,8 +734,8 @@ mod tests {
         let claim =
             claim_yaml("  labels:\n    node-role.kubernetes.io/worker: \"\"\n    team: a\n");
         let provider: NodeProvider =
-            serde_yaml::from_str(&example("nodeprovider-minimal.yaml")).expect("parses");
-        let claim: NodeClaim = serde_yaml::from_str(&claim).expect("parses");
+            autonodes_core::yaml::from_str(&example("nodeprovider-minimal.yaml")).expect("parses");
+        let claim: NodeClaim = autonodes_core::yaml::from_str(&claim).expect("parses");
         let r = plan_node(
             &Catalogue::from_provider(&provider),
             &claim,

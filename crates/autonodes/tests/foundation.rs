@@ -84,7 +84,7 @@ async fn reference_advanced_provider_is_accepted_and_stored_without_pruning() {
     kubectl_ok(&env, mgmt, &["apply", "-f", path_str(&file)]);
 
     let local: NodeProvider =
-        serde_yaml::from_str(&std::fs::read_to_string(&file).expect("example readable"))
+        autonodes_core::yaml::from_str(&std::fs::read_to_string(&file).expect("example readable"))
             .expect("the example deserializes into a NodeProvider");
     let api: Api<NodeProvider> = Api::all(mgmt.client().await.expect("client"));
     let stored = api

@@ -38,7 +38,7 @@ async fn the_printed_pools_of_the_example_vcluster_yaml_are_stored_by_the_api_se
     let printed: Vec<NodePool> = stdout
         .split("---\n")
         .filter(|d| !d.trim().is_empty())
-        .map(|d| serde_yaml::from_str(d).expect("a NodePool"))
+        .map(|d| autonodes_core::yaml::from_str(d).expect("a NodePool"))
         .collect();
     let names: Vec<String> = printed
         .iter()

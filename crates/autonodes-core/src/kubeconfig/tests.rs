@@ -341,8 +341,9 @@ fn unknown_fields_in_the_used_entries_are_refused() {
         &good_cluster(),
         &format!("{}\n    <<: {{exec: x}}", token_user()),
     ));
-    // A YAML merge key is not applied: it is a field like any other, shown sanitised.
-    assert_eq!(r.field, "users[u].user.??");
+    // A YAML merge key is applied, as kubectl's YAML reader applies it: what it merges in
+    // is checked like any other field.
+    assert_eq!(r.field, "users[u].user.exec");
 }
 
 #[test]
@@ -408,25 +409,25 @@ fn yaml_value() -> impl Strategy<Value = Value> {
     ];
     leaf.prop_recursive(4, 48, 6, |inner| {
         prop_oneof![
-            prop::collection::vec(inner.clone(), 0..5).prop_map(Value::Sequence),
+            prop::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
             prop::collection::vec(
                 (
                     prop_oneof![
-                        "[a-z-]{1,10}".prop_map(Value::String),
-                        Just(Value::String("name".into())),
-                        Just(Value::String("user".into())),
-                        Just(Value::String("cluster".into())),
-                        Just(Value::String("context".into())),
-                        Just(Value::String("users".into())),
-                        Just(Value::String("clusters".into())),
-                        Just(Value::String("contexts".into())),
-                        Just(Value::String("current-context".into())),
+                        "[a-z-]{1,10}".prop_map(String::from),
+                        Just(String::from("name")),
+                        Just(String::from("user")),
+                        Just(String::from("cluster")),
+                        Just(String::from("context")),
+                        Just(String::from("users")),
+                        Just(String::from("clusters")),
+                        Just(String::from("contexts")),
+                        Just(String::from("current-context")),
                     ],
                     inner
                 ),
                 0..5
             )
-            .prop_map(|kv| Value::Mapping(kv.into_iter().collect())),
+            .prop_map(|kv| Value::Object(kv.into_iter().collect())),
         ]
     })
 }
@@ -444,7 +445,7 @@ proptest! {
 
     #[test]
     fn arbitrary_yaml_documents_never_panic_the_checker(doc in yaml_value()) {
-        let text = serde_yaml::to_string(&doc).unwrap_or_default();
+        let text = crate::yaml::to_string(&doc).unwrap_or_default();
         let _ = check(text.as_bytes(), &KubeconfigPolicy::default());
     }
 

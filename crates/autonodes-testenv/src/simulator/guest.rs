@@ -12,6 +12,7 @@ use std::time::Duration;
 use base64::Engine;
 use k8s_openapi::api::core::v1::Taint;
 use serde::Deserialize;
+use serde_json::Value;
 use sha2::Digest;
 
 /// Where the kubeadm join configuration must be written.
@@ -75,21 +76,21 @@ pub fn parse_user_data(text: &str) -> Result<JoinPlan, UserDataError> {
             "user data does not start with #cloud-config (cloud-init would not read it as cloud-config)",
         ));
     }
-    let doc: serde_yaml::Value =
-        serde_yaml::from_str(text).map_err(|e| bad(format!("user data is not valid YAML: {e}")))?;
+    let doc: Value = autonodes_core::yaml::from_str(text)
+        .map_err(|e| bad(format!("user data is not valid YAML: {e}")))?;
     let map = doc
-        .as_mapping()
+        .as_object()
         .ok_or_else(|| bad("cloud-config is not a YAML mapping"))?;
     let files = map
         .get("write_files")
-        .and_then(|v| v.as_sequence())
+        .and_then(|v| v.as_array())
         .ok_or_else(|| bad("cloud-config has no write_files list"))?;
     let file = files
         .iter()
         .find(|f| f.get("path").and_then(|p| p.as_str()) == Some(JOIN_CONFIG_PATH))
         .ok_or_else(|| bad(format!("write_files has no entry for {JOIN_CONFIG_PATH}")))?;
     let content = write_file_content(file)?;
-    let runcmd = map.get("runcmd").and_then(|v| v.as_sequence());
+    let runcmd = map.get("runcmd").and_then(|v| v.as_array());
     let runs_join = runcmd.is_some_and(|cmds| cmds.iter().any(runs_kubeadm_join));
     if !runs_join {
         return Err(bad(format!(
@@ -119,10 +120,10 @@ pub fn parse_user_data(text: &str) -> Result<JoinPlan, UserDataError> {
 }
 
 /// A `runcmd` entry (string or argv list) as one line.
-fn command_line(cmd: &serde_yaml::Value) -> String {
+fn command_line(cmd: &Value) -> String {
     match cmd {
-        serde_yaml::Value::String(s) => s.clone(),
-        serde_yaml::Value::Sequence(args) => args
+        Value::String(s) => s.clone(),
+        Value::Array(args) => args
             .iter()
             .filter_map(|a| a.as_str())
             .collect::<Vec<_>>()
@@ -161,7 +162,7 @@ fn join_script(line: &str) -> Result<JoinScript, UserDataError> {
 }
 
 /// The decoded `content` of a cloud-init `write_files` entry.
-fn write_file_content(file: &serde_yaml::Value) -> Result<String, UserDataError> {
+fn write_file_content(file: &Value) -> Result<String, UserDataError> {
     let content = file
         .get("content")
         .and_then(|c| c.as_str())
@@ -187,7 +188,7 @@ fn write_file_content(file: &serde_yaml::Value) -> Result<String, UserDataError>
 }
 
 /// True when a `runcmd` entry (string or argv list) runs `kubeadm join --config <path>`.
-fn runs_kubeadm_join(cmd: &serde_yaml::Value) -> bool {
+fn runs_kubeadm_join(cmd: &Value) -> bool {
     let line = command_line(cmd);
     let words: Vec<&str> = line.split_whitespace().collect();
     let join_at = words
@@ -306,12 +307,12 @@ const KNOWN_REGISTRATION: &[&str] = &[
     "imagePullSerial",
 ];
 
-fn unknown_keys(value: Option<&serde_yaml::Value>, known: &[&str], at: &str) -> Vec<String> {
+fn unknown_keys(value: Option<&Value>, known: &[&str], at: &str) -> Vec<String> {
     value
-        .and_then(|v| v.as_mapping())
+        .and_then(|v| v.as_object())
         .map(|m| {
             m.keys()
-                .filter_map(|k| k.as_str())
+                .map(String::as_str)
                 .filter(|k| !known.contains(k))
                 .map(|k| format!("unknown field {at}{k}"))
                 .collect()
@@ -323,9 +324,9 @@ fn unknown_keys(value: Option<&serde_yaml::Value>, known: &[&str], at: &str) -> 
 /// join its `JoinConfiguration` describes.
 pub fn parse_join_configuration(text: &str) -> Result<JoinPlan, UserDataError> {
     let mut found = None;
-    for doc in serde_yaml::Deserializer::from_str(text) {
-        let value = serde_yaml::Value::deserialize(doc)
-            .map_err(|e| bad(format!("{JOIN_CONFIG_PATH} is not valid YAML: {e}")))?;
+    let docs: Vec<Value> = autonodes_core::yaml::from_multiple(text)
+        .map_err(|e| bad(format!("{JOIN_CONFIG_PATH} is not valid YAML: {e}")))?;
+    for value in docs {
         if value.get("kind").and_then(|k| k.as_str()) == Some("JoinConfiguration") {
             found = Some(value);
             break;
@@ -360,7 +361,7 @@ pub fn parse_join_configuration(text: &str) -> Result<JoinPlan, UserDataError> {
         KNOWN_REGISTRATION,
         "nodeRegistration.",
     ));
-    let config: JoinConfiguration = serde_yaml::from_value(value)
+    let config: JoinConfiguration = serde_json::from_value(value)
         .map_err(|e| bad(format!("JoinConfiguration does not parse: {e}")))?;
     let bootstrap = config.discovery.bootstrap_token.ok_or_else(|| {
         bad("JoinConfiguration has no discovery.bootstrapToken (file discovery is not simulated)")
@@ -443,7 +444,7 @@ pub fn split_host_port(endpoint: &str) -> Option<(String, u16)> {
 /// `controlPlaneEndpoint` of its `ClusterConfiguration` (port 6443 when absent), read as
 /// kubeadm reads it; `None` when it publishes none.
 pub fn published_endpoint(cluster_configuration: &str) -> Option<(String, u16)> {
-    let doc: serde_yaml::Value = serde_yaml::from_str(cluster_configuration).ok()?;
+    let doc: Value = autonodes_core::yaml::from_str(cluster_configuration).ok()?;
     let ep = doc.get("controlPlaneEndpoint")?.as_str()?.trim();
     if ep.is_empty() {
         return None;

@@ -506,7 +506,7 @@ impl World {
 
     /// Applies a NodeProvider from YAML.
     pub async fn apply_provider(&self, yaml: &str) -> NodeProvider {
-        let p: NodeProvider = serde_yaml::from_str(yaml).expect("provider YAML");
+        let p: NodeProvider = autonodes_core::yaml::from_str(yaml).expect("provider YAML");
         let name = p.name_any();
         Api::<NodeProvider>::all(self.mgmt.clone())
             .patch(

@@ -95,18 +95,12 @@ pub fn render_chart(values: &serde_json::Value) -> String {
 
 /// The documents of a YAML stream.
 pub fn documents(yaml: &str) -> Vec<serde_json::Value> {
-    serde_yaml::Deserializer::from_str(yaml)
-        .filter_map(|d| {
-            let v = serde_json::to_value(
-                serde_yaml::Value::deserialize(d).expect("rendered YAML parses"),
-            )
-            .expect("YAML is JSON-compatible");
-            (!v.is_null()).then_some(v)
-        })
+    autonodes_core::yaml::from_multiple::<serde_json::Value>(yaml)
+        .expect("rendered YAML parses")
+        .into_iter()
+        .filter(|v| !v.is_null())
         .collect()
 }
-
-use serde::Deserialize;
 
 /// A child process killed (SIGKILL) and reaped when dropped, so no test leaves one behind.
 pub struct Proc {

@@ -1,0 +1,165 @@
+//! The container image: `scripts/image.sh --check` builds it from the Dockerfile with
+//! Debian's buildah (a static binary handed in as the `build` stage, `FROM scratch`) and
+//! runs `autonodes --version` and `autonodes run --help` inside it with podman. Skipped,
+//! with the reason, where buildah cannot build an image on the machine.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use common::repo;
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Why buildah cannot build a `FROM scratch` image here, or `None` when it can.
+fn builder_unusable(dir: &Path) -> Option<String> {
+    for tool in ["buildah", "podman"] {
+        if Command::new(tool).arg("--version").output().is_err() {
+            return Some(format!(
+                "{tool} is not installed (scripts/test-env.sh installs Debian's buildah, podman and runc)"
+            ));
+        }
+    }
+    std::fs::write(dir.join("probe"), "probe\n").expect("probe file");
+    std::fs::write(dir.join("Dockerfile"), "FROM scratch\nCOPY probe /probe\n")
+        .expect("probe Dockerfile");
+    let tag = format!("localhost/autonodes-probe:{}", std::process::id());
+    let out = Command::new("buildah")
+        .args(["build", "--quiet", "--isolation", "chroot", "--tag", &tag])
+        .arg(dir)
+        .output()
+        .expect("buildah runs");
+    let _ = Command::new("buildah").args(["rmi", "--force", &tag]).output();
+    (!out.status.success()).then(|| {
+        format!(
+            "buildah cannot build a FROM scratch image on this machine: {}",
+            text(&out).trim()
+        )
+    })
+}
+
+fn inspect(name: &str, format: &str) -> String {
+    let out = Command::new("buildah")
+        .args(["inspect", "--type", "image", "--format", format, name])
+        .output()
+        .expect("buildah inspect runs");
+    assert!(out.status.success(), "buildah inspect: {}", text(&out));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// `scripts/image.sh --print-name`.
+fn script_image_name() -> String {
+    let out = Command::new("bash")
+        .arg(repo().join("scripts/image.sh"))
+        .arg("--print-name")
+        .output()
+        .expect("image.sh runs");
+    assert!(out.status.success(), "image.sh --print-name: {}", text(&out));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[test]
+fn the_charts_default_image_is_the_one_scripts_image_sh_builds() {
+    let read = |file: &str| -> serde_json::Value {
+        let text = std::fs::read_to_string(repo().join(file)).expect("chart file readable");
+        autonodes_core::yaml::from_str(&text).expect("chart file is YAML")
+    };
+    let values = read("charts/autonodes/values.yaml");
+    let chart = read("charts/autonodes/Chart.yaml");
+    let tag = match values["image"]["tag"].as_str() {
+        Some("") | None => chart["appVersion"].as_str().expect("appVersion").to_string(),
+        Some(t) => t.to_string(),
+    };
+    let default = format!(
+        "{}:{tag}",
+        values["image"]["repository"].as_str().expect("repository")
+    );
+    assert_eq!(default, script_image_name());
+    assert_eq!(tag, env!("CARGO_PKG_VERSION"), "appVersion is the crate's version");
+}
+
+#[test]
+fn the_image_builds_from_scratch_runs_as_non_root_and_answers_version_and_help_inside() {
+    let probe = tempfile::tempdir().expect("temp dir");
+    if let Some(why) = builder_unusable(probe.path()) {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let repo = repo();
+    let script = repo.join("scripts/image.sh");
+    let name = script_image_name();
+    let version = env!("CARGO_PKG_VERSION");
+    assert_eq!(name, format!("localhost/autonodes:{version}"));
+
+    // Its own target directory: the release build must not wait for the test run's lock.
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg("--check")
+        .env("CARGO_TARGET_DIR", repo.join("target/image-build"))
+        .current_dir(&repo)
+        .output()
+        .expect("image.sh runs");
+    let shown = text(&out);
+    println!("{shown}");
+    assert!(out.status.success(), "scripts/image.sh --check failed:\n{shown}");
+    assert!(
+        shown.contains(&format!("autonodes {version}")),
+        "`autonodes --version` inside the image:\n{shown}"
+    );
+    assert!(
+        shown.contains("--metrics-addr") && shown.contains("Usage: autonodes run"),
+        "`autonodes run --help` inside the image:\n{shown}"
+    );
+
+    // FROM scratch: one layer holding the binary; non-root; labelled with the version.
+    assert_eq!(inspect(&name, "{{len .OCIv1.RootFS.DiffIDs}}"), "1");
+    assert_eq!(inspect(&name, "{{.OCIv1.Config.User}}"), "65532:65532");
+    assert_eq!(
+        inspect(&name, "{{.OCIv1.Config.Entrypoint}} {{.OCIv1.Config.Cmd}}"),
+        "[/autonodes] [run]"
+    );
+    assert_eq!(
+        inspect(
+            &name,
+            "{{index .OCIv1.Config.Labels \"org.opencontainers.image.version\"}}"
+        ),
+        version
+    );
+    assert_eq!(
+        inspect(
+            &name,
+            "{{index .OCIv1.Config.Labels \"org.opencontainers.image.title\"}}"
+        ),
+        "autonodes"
+    );
+    // No shell: the image holds nothing but the binary.
+    let shell = Command::new("podman")
+        .args([
+            "run",
+            "--rm",
+            "--network=none",
+            "--ulimit",
+            "nofile=1024:1024",
+            "--ulimit",
+            "nproc=1024:1024",
+            "--entrypoint",
+            "/bin/sh",
+            &name,
+            "-c",
+            "true",
+        ])
+        .output()
+        .expect("podman runs");
+    assert!(
+        !shell.status.success(),
+        "the image has a shell:\n{}",
+        text(&shell)
+    );
+}

@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Builds autonodes' container image from the Dockerfile with Debian's buildah, without a
+# registry: the static binary is compiled here and handed to the Dockerfile as its `build`
+# stage, and the final stage is `FROM scratch`.
+#
+#   scripts/image.sh                    build localhost/autonodes:<version> (the chart's default)
+#   scripts/image.sh --check            ... and run `autonodes --version` and `autonodes run
+#                                       --help` inside it with podman
+#   scripts/image.sh --push REPOSITORY  ... and push it as REPOSITORY:<version>
+#   scripts/image.sh --save FILE        ... and write it to FILE as an OCI archive
+#   scripts/image.sh --print-name       print the image name and exit
+#   scripts/image.sh --install          only install buildah, podman and runc (the test command
+#                                       does this before the tests)
+#
+# AUTONODES_IMAGE overrides the repository (default localhost/autonodes). As root on Debian
+# it installs buildah, podman and runc with apt-get when they are missing.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+root=$(pwd)
+
+version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' Cargo.toml)
+repository="${AUTONODES_IMAGE:-localhost/autonodes}"
+name="$repository:$version"
+
+check=false
+install_only=false
+push=""
+save=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --check) check=true ;;
+    --push) push="${2:?--push needs a repository}"; shift ;;
+    --save) save="${2:?--save needs a file}"; shift ;;
+    --print-name) echo "$name"; exit 0 ;;
+    --install) install_only=true; check=true ;;
+    -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
+    *) echo "image: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+say() { echo "image: $*"; }
+
+need=()
+command -v buildah > /dev/null || need+=(buildah)
+if $check; then
+  command -v podman > /dev/null || need+=(podman)
+  command -v runc > /dev/null || need+=(runc)
+fi
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
+    say "installing ${need[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}" > /dev/null \
+      || { apt-get update -q > /dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}" > /dev/null; }
+  else
+    echo "image: ${need[*]} missing; install them (Debian: apt-get install ${need[*]})" >&2
+    exit 1
+  fi
+fi
+if $install_only; then
+  say "$(buildah --version), $(podman --version)"
+  exit 0
+fi
+
+# The static binary: glibc linked in (crt-static), built for the host's target so the
+# flags do not reach build scripts and proc macros.
+target=x86_64-unknown-linux-gnu
+say "building the static binary (cargo build --release --target $target, crt-static)"
+RUSTFLAGS="-C target-feature=+crt-static" \
+  cargo build --release --locked -p autonodes --bin autonodes --target "$target"
+target_dir="${CARGO_TARGET_DIR:-$root/target}"
+context="$target_dir/image-context"
+rm -rf "$context"
+mkdir -p "$context/out"
+cp "$target_dir/$target/release/autonodes" "$context/out/autonodes"
+strip "$context/out/autonodes"
+if ! file "$context/out/autonodes" | grep -q 'static'; then
+  echo "image: $context/out/autonodes is not statically linked" >&2
+  exit 1
+fi
+
+revision=$(git rev-parse HEAD 2> /dev/null || echo unknown)
+created=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+say "building $name (buildah, FROM scratch; the build stage is the binary above)"
+buildah build --quiet --isolation chroot \
+  --build-context "build=$context" \
+  --build-arg "VERSION=$version" --build-arg "REVISION=$revision" --build-arg "CREATED=$created" \
+  --tag "$name" --file Dockerfile . > /dev/null
+size=$(buildah images --format '{{.Size}}' "$name" 2> /dev/null | head -n 1)
+bytes=$(stat -c %s "$context/out/autonodes")
+say "built $name: image size ${size:-unknown}, one layer: /autonodes ($((bytes / 1024 / 1024)) MiB, static)"
+say "labels: $(buildah inspect --type image --format '{{range $k, $v := .OCIv1.Config.Labels}}{{$k}}={{$v}} {{end}}' "$name")"
+say "user $(buildah inspect --type image --format '{{.OCIv1.Config.User}}' "$name"), entrypoint $(buildah inspect --type image --format '{{.OCIv1.Config.Entrypoint}} {{.OCIv1.Config.Cmd}}' "$name")"
+
+if $check; then
+  # The sandbox's hard limits are below podman's defaults; the binary needs neither.
+  run=(podman run --rm --network=none --ulimit nofile=1024:1024 --ulimit nproc=1024:1024 "$name")
+  say "podman run $name --version"
+  "${run[@]}" --version
+  say "podman run $name run --help"
+  "${run[@]}" run --help
+fi
+
+if [ -n "$save" ]; then
+  say "saving to $save"
+  rm -f "$save"
+  buildah push --quiet "$name" "oci-archive:$save:$name"
+fi
+
+if [ -n "$push" ]; then
+  say "pushing $push:$version"
+  buildah push "$name" "docker://$push:$version"
+fi

@@ -36,7 +36,9 @@ fn builder_unusable(dir: &Path) -> Option<String> {
         .arg(dir)
         .output()
         .expect("buildah runs");
-    let _ = Command::new("buildah").args(["rmi", "--force", &tag]).output();
+    let _ = Command::new("buildah")
+        .args(["rmi", "--force", &tag])
+        .output();
     (!out.status.success()).then(|| {
         format!(
             "buildah cannot build a FROM scratch image on this machine: {}",
@@ -61,7 +63,11 @@ fn script_image_name() -> String {
         .arg("--print-name")
         .output()
         .expect("image.sh runs");
-    assert!(out.status.success(), "image.sh --print-name: {}", text(&out));
+    assert!(
+        out.status.success(),
+        "image.sh --print-name: {}",
+        text(&out)
+    );
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
@@ -74,7 +80,10 @@ fn the_charts_default_image_is_the_one_scripts_image_sh_builds() {
     let values = read("charts/autonodes/values.yaml");
     let chart = read("charts/autonodes/Chart.yaml");
     let tag = match values["image"]["tag"].as_str() {
-        Some("") | None => chart["appVersion"].as_str().expect("appVersion").to_string(),
+        Some("") | None => chart["appVersion"]
+            .as_str()
+            .expect("appVersion")
+            .to_string(),
         Some(t) => t.to_string(),
     };
     let default = format!(
@@ -82,7 +91,11 @@ fn the_charts_default_image_is_the_one_scripts_image_sh_builds() {
         values["image"]["repository"].as_str().expect("repository")
     );
     assert_eq!(default, script_image_name());
-    assert_eq!(tag, env!("CARGO_PKG_VERSION"), "appVersion is the crate's version");
+    assert_eq!(
+        tag,
+        env!("CARGO_PKG_VERSION"),
+        "appVersion is the crate's version"
+    );
 }
 
 #[test]
@@ -108,7 +121,10 @@ fn the_image_builds_from_scratch_runs_as_non_root_and_answers_version_and_help_i
         .expect("image.sh runs");
     let shown = text(&out);
     println!("{shown}");
-    assert!(out.status.success(), "scripts/image.sh --check failed:\n{shown}");
+    assert!(
+        out.status.success(),
+        "scripts/image.sh --check failed:\n{shown}"
+    );
     assert!(
         shown.contains(&format!("autonodes {version}")),
         "`autonodes --version` inside the image:\n{shown}"

@@ -185,6 +185,7 @@ async fn kubectl_get_prints_the_declared_columns() {
             "NAMESPACE",
             "NAME",
             "PHASE",
+            "REASON",
             "VCLUSTER",
             "NODETYPE",
             "NODE",

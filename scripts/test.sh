@@ -14,8 +14,8 @@ export AUTONODES_K8S_BIN
 # Helm v4's library for the chart tests (a venv under target/; quick once installed).
 AUTONODES_HELM_PYTHON="$(bash scripts/helm-env.sh | tail -n 1)"
 export AUTONODES_HELM_PYTHON
-# buildah, podman and runc from Debian for the image test (tests/image.rs).
-bash scripts/image.sh --install || echo "== image tools not installed: the image test will say it skipped"
+# cloud-init (schema checks), buildah, podman and runc (the image test) from Debian.
+bash scripts/test-tools.sh || echo "== test tools not installed: the tests that need them say so"
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

@@ -137,6 +137,9 @@ names! {
         TenantCANotFound,
         /// The tenant's CA cannot be read.
         InvalidTenantCA,
+        /// The tenant's `/version` is not a Kubernetes version nodes can join (1.15 or
+        /// newer).
+        UnsupportedTenantVersion,
         /// The claim's node type is gone or unusable.
         NodeTypeUnavailable,
         /// Failed: the VM did not run within the launch timeout.

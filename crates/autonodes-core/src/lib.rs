@@ -15,6 +15,7 @@
 //! - [`join`]: what a joined Node still needs (labels, the registration taint gone);
 //! - [`capi`]: the `capi.autonodes.io` mirror (replicas both ways, MachinePool, Machines);
 //! - [`kubeconfig`]: the check of kubeconfig Secrets;
+//! - [`kubeversion`]: the tenant's Kubernetes version and the kubeadm API it implies;
 //! - [`orphans`]: which objects belong to no claim any more;
 //! - [`vcluster`]: a vCluster's `vcluster.yaml` (`privateNodes.autoNodes`) as NodePools;
 //! - [`yaml`]: YAML in and out, bounded for untrusted text.
@@ -26,6 +27,7 @@ pub mod capi;
 pub mod claim;
 pub mod join;
 pub mod kubeconfig;
+pub mod kubeversion;
 pub mod ledger;
 pub mod names;
 pub mod orphans;

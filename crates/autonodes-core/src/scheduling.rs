@@ -42,6 +42,12 @@ pub const PROP_USER_DATA: &str = "autonodes.io/user-data";
 pub const PROP_SSH_KEYS: &str = "autonodes.io/ssh-keys";
 /// Property choosing the built-in user data template: `kubeadm` (default) or `vcluster`.
 pub const PROP_USER_DATA_TEMPLATE: &str = "autonodes.io/user-data-template";
+/// Property saying the type's image has containerd, the kubelet and kubeadm already
+/// (`"true"`): the user data installs nothing. Otherwise it installs them.
+pub const PROP_IMAGE_PREPARED: &str = "autonodes.io/image-prepared";
+/// Property naming where the type's nodes download the kubelet and kubeadm (a mirror);
+/// it replaces `autonodes run --kubernetes-download-url` for the type.
+pub const PROP_KUBERNETES_DOWNLOAD_URL: &str = "autonodes.io/kubernetes-download-url";
 /// vCluster's spelling of [`PROP_USER_DATA`] (the autonodes one wins when both are set).
 pub const PROP_VCLUSTER_USER_DATA: &str = "vcluster.com/user-data";
 /// vCluster's spelling of [`PROP_SSH_KEYS`] (the autonodes one wins when both are set).
@@ -55,6 +61,8 @@ pub const CONFIG_PROPERTIES: &[&str] = &[
     PROP_USER_DATA,
     PROP_SSH_KEYS,
     PROP_USER_DATA_TEMPLATE,
+    PROP_IMAGE_PREPARED,
+    PROP_KUBERNETES_DOWNLOAD_URL,
     PROP_VCLUSTER_USER_DATA,
     PROP_VCLUSTER_SSH_KEYS,
     PROP_IMAGE_URL,

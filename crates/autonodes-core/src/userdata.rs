@@ -2,9 +2,13 @@
 //!
 //! The user data is a `#cloud-config` rendered from a handlebars template in `templates/`
 //! (strict mode, no HTML escaping; the templates are compiled into the binary). It writes
-//! `/etc/kubernetes/kubeadm-join.yaml`, a kubeadm `JoinConfiguration` (`kubeadm.k8s.io/v1beta3`),
-//! and runs the join. The user's own cloud-config (property `autonodes.io/user-data`) is
-//! merged in, its `runcmd` entries first; SSH keys come from `autonodes.io/ssh-keys`.
+//! `/etc/kubernetes/kubeadm-join.yaml`, a kubeadm `JoinConfiguration` whose apiVersion
+//! follows the tenant's version (`v1beta2` below 1.22, `v1beta3` up to 1.30, `v1beta4`
+//! from 1.31), and `/etc/autonodes/prepare-node.sh`, which installs containerd, the kubelet
+//! and kubeadm of the tenant's version unless the image is prepared, sets containerd to
+//! systemd cgroups and checks it answers; then it runs `prepare && kubeadm join`. The
+//! user's own cloud-config (property `autonodes.io/user-data`) is merged in, its `runcmd`
+//! entries first; SSH keys come from `autonodes.io/ssh-keys`.
 //!
 //! Every value reaches the document through the `yaml` helper ([`to_flow_yaml`]), which
 //! writes it as a double-quoted YAML scalar (or a flow collection of such), escaping every
@@ -15,6 +19,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::OnceLock;
 
+use crate::kubeversion::KubeVersion;
 use handlebars::{
     Context, Handlebars, Helper, HelperResult, Output, RenderContext, RenderErrorReason,
 };
@@ -42,6 +47,18 @@ pub const PLACEHOLDER_ENDPOINT: &str = "tenant-api-server.invalid:443";
 
 const KUBEADM_TEMPLATE: &str = include_str!("../templates/kubeadm.hbs");
 const VCLUSTER_TEMPLATE: &str = include_str!("../templates/vcluster.hbs");
+const JOIN_CONFIGURATION_PARTIAL: &str = include_str!("../templates/join-configuration.hbs");
+const PREPARE_SCRIPT_TEMPLATE: &str = include_str!("../templates/prepare-node.sh.hbs");
+
+/// Where the user data writes the script that prepares the node before `kubeadm join`.
+pub const PREPARE_SCRIPT_PATH: &str = "/etc/autonodes/prepare-node.sh";
+
+/// The container runtime socket the node's kubelet uses (containerd).
+pub const CRI_SOCKET: &str = "unix:///run/containerd/containerd.sock";
+
+/// Where stock images download the kubelet and kubeadm from by default
+/// (`<url>/<version>/bin/linux/<arch>/<binary>`, with a `.sha256` beside each).
+pub const DEFAULT_DOWNLOAD_URL: &str = "https://dl.k8s.io/release";
 
 /// Why user data cannot be rendered.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -71,6 +88,9 @@ pub enum UserDataError {
         /// The limit.
         max: usize,
     },
+    /// Property `autonodes.io/kubernetes-download-url` is not a URL autonodes uses.
+    #[error("property autonodes.io/kubernetes-download-url: {0:?} is not http(s)://host[:port][/path] of letters, digits and .-_/:[]~%")]
+    InvalidDownloadUrl(String),
     /// The template engine failed (a bug in a built-in template).
     #[error("user data template {template}: {message}")]
     Template {
@@ -200,6 +220,13 @@ pub struct JoinParams {
     /// The tenant's CA certificate (PEM), which the `vcluster` template trusts when it
     /// fetches the join script; `None`: the guest's own trust store.
     pub ca_pem: Option<String>,
+    /// The tenant's Kubernetes version (its `/version`): the JoinConfiguration's apiVersion
+    /// and the kubelet and kubeadm a stock image installs follow it.
+    pub kubernetes_version: KubeVersion,
+    /// Where a stock image downloads the kubelet and kubeadm (the operator's
+    /// `--kubernetes-download-url`, [`DEFAULT_DOWNLOAD_URL`] by default; a node type's
+    /// `autonodes.io/kubernetes-download-url` property wins).
+    pub download_url: String,
 }
 
 impl JoinParams {
@@ -211,6 +238,8 @@ impl JoinParams {
             ca_cert_hashes: vec![PLACEHOLDER_CA_HASH.to_string()],
             join_script_url: None,
             ca_pem: None,
+            kubernetes_version: crate::kubeversion::DEFAULT_RENDER_VERSION,
+            download_url: DEFAULT_DOWNLOAD_URL.to_string(),
         }
     }
 
@@ -250,6 +279,25 @@ impl JoinParams {
                 "at least one hash is needed".to_string(),
             ));
         }
+        if !self.kubernetes_version.is_joinable() {
+            return Err(bad(
+                "kubernetesVersion",
+                format!(
+                    "{} is not supported: nodes join Kubernetes {} or newer (kubeadm v1beta2)",
+                    self.kubernetes_version,
+                    crate::kubeversion::OLDEST_JOINABLE
+                ),
+            ));
+        }
+        if !is_download_url(&self.download_url) {
+            return Err(bad(
+                "downloadURL",
+                format!(
+                    "{:?} is not http(s)://host[:port][/path] of letters, digits and .-_/:[]~%",
+                    self.download_url.chars().take(200).collect::<String>()
+                ),
+            ));
+        }
         if let Some(url) = &self.join_script_url {
             if !is_join_script_url(url) {
                 return Err(bad(
@@ -285,6 +333,28 @@ pub fn is_join_script_url(url: &str) -> bool {
         && rest.len() <= 2048
         && rest.bytes().all(|b| {
             b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_' | b'/' | b':' | b'[' | b']')
+        })
+}
+
+/// Whether `url` is a download base URL autonodes puts into the prepare script: `https://`
+/// or `http://` (a mirror on a private network), then a host (and port, path) of letters,
+/// digits and `.-_/:[]~%` only (no quotes, spaces, `?`, `&` or `$`).
+pub fn is_download_url(url: &str) -> bool {
+    let Some(rest) = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"))
+    else {
+        return false;
+    };
+    !rest.is_empty()
+        && !rest.starts_with('/')
+        && rest.len() <= 2048
+        && rest.bytes().all(|b| {
+            b.is_ascii_alphanumeric()
+                || matches!(
+                    b,
+                    b'.' | b'-' | b'_' | b'/' | b':' | b'[' | b']' | b'~' | b'%'
+                )
         })
 }
 
@@ -339,6 +409,12 @@ pub struct UserDataInput<'a> {
     pub user_cloud_config: Option<&'a str>,
     /// SSH public keys (property `autonodes.io/ssh-keys`, see [`parse_ssh_keys`]).
     pub ssh_keys: &'a [String],
+    /// The image has containerd, the kubelet and kubeadm already (property
+    /// `autonodes.io/image-prepared: "true"`): nothing is installed.
+    pub image_prepared: bool,
+    /// The node type's `autonodes.io/kubernetes-download-url`, which replaces
+    /// [`JoinParams::download_url`].
+    pub download_url: Option<&'a str>,
 }
 
 /// SSH keys from the `autonodes.io/ssh-keys` property: one per line; blank lines and
@@ -373,6 +449,21 @@ struct TemplateData<'a> {
     vcluster_join_command: String,
     join_ca_path: &'static str,
     join_ca_pem: Option<&'a str>,
+    join_api_version: &'static str,
+    kubelet_args_as_list: bool,
+    cri_socket: &'static str,
+    ignore_preflight_errors: Vec<&'static str>,
+    prepare_script_path: &'static str,
+    prepare_script: String,
+    join_command: String,
+}
+
+/// What the prepare script is rendered from.
+#[derive(Serialize)]
+struct PrepareData<'a> {
+    kubernetes_version: String,
+    download_url: &'a str,
+    install: bool,
 }
 
 /// The user's cloud-config split into what autonodes merges and the rest.
@@ -512,6 +603,57 @@ fn yaml_helper(
     Ok(())
 }
 
+/// `{{block text indent}}`: `text` as a YAML literal block scalar (`|`, or `|-` without a
+/// final newline) whose lines are indented by `indent` spaces, so a script in the user
+/// data reads as a script. Text a block scalar cannot hold as is (control characters,
+/// leading blanks or carriage returns) is written with [`to_flow_yaml`] instead.
+fn block_helper(
+    h: &Helper<'_>,
+    _: &Handlebars<'_>,
+    _: &Context,
+    _: &mut RenderContext<'_, '_>,
+    out: &mut dyn Output,
+) -> HelperResult {
+    let param = h
+        .param(0)
+        .ok_or(RenderErrorReason::ParamNotFoundForIndex("block", 0))?;
+    let indent = h
+        .param(1)
+        .and_then(|p| p.value().as_u64())
+        .ok_or(RenderErrorReason::ParamNotFoundForIndex("block", 1))?;
+    let Some(text) = param.value().as_str() else {
+        out.write(&to_flow_yaml(param.value()))?;
+        return Ok(());
+    };
+    let plain = !text.is_empty()
+        && !text.starts_with([' ', '\t', '\n'])
+        && text
+            .chars()
+            .all(|c| c == '\n' || c == '\t' || (!c.is_control() && c != '\u{feff}'));
+    if !plain {
+        out.write(&to_flow_yaml(param.value()))?;
+        return Ok(());
+    }
+    let pad = " ".repeat(usize::try_from(indent).unwrap_or(0).min(32));
+    let body = text.strip_suffix('\n').unwrap_or(text);
+    let mut block = String::from(if text.ends_with('\n') && !text.ends_with("\n\n") {
+        "|"
+    } else if text.ends_with('\n') {
+        "|+"
+    } else {
+        "|-"
+    });
+    for line in body.split('\n') {
+        block.push('\n');
+        if !line.is_empty() {
+            block.push_str(&pad);
+            block.push_str(line);
+        }
+    }
+    out.write(&block)?;
+    Ok(())
+}
+
 fn registry() -> Result<&'static Handlebars<'static>, UserDataError> {
     static REGISTRY: OnceLock<Result<Handlebars<'static>, String>> = OnceLock::new();
     REGISTRY
@@ -520,9 +662,13 @@ fn registry() -> Result<&'static Handlebars<'static>, UserDataError> {
             hb.set_strict_mode(true);
             hb.register_escape_fn(handlebars::no_escape);
             hb.register_helper("yaml", Box::new(yaml_helper));
+            hb.register_helper("block", Box::new(block_helper));
+            hb.register_partial("join_configuration", JOIN_CONFIGURATION_PARTIAL)
+                .map_err(|e| format!("join_configuration: {e}"))?;
             for (name, text) in [
                 ("kubeadm", KUBEADM_TEMPLATE),
                 ("vcluster", VCLUSTER_TEMPLATE),
+                ("prepare", PREPARE_SCRIPT_TEMPLATE),
             ] {
                 hb.register_template_string(name, text)
                     .map_err(|e| format!("{name}: {e}"))?;
@@ -549,6 +695,10 @@ pub fn render_user_data(input: &UserDataInput<'_>) -> Result<String, UserDataErr
         kubelet_extra_args.insert(name.to_string(), v.clone());
     }
     kubelet_extra_args.insert("provider-id".to_string(), provider_id(input.node_name));
+    // The prepare script sets containerd to systemd cgroups; the kubelet must match.
+    kubelet_extra_args
+        .entry("cgroup-driver".to_string())
+        .or_insert_with(|| "systemd".to_string());
     if !input.node_labels.is_empty() {
         let mut labels = String::new();
         for (i, (k, v)) in input.node_labels.iter().enumerate() {
@@ -578,6 +728,30 @@ pub fn render_user_data(input: &UserDataInput<'_>) -> Result<String, UserDataErr
             Value::Object(m)
         })
         .collect();
+    let version = input.join.kubernetes_version;
+    let download_url = match input.download_url {
+        Some(url) if !is_download_url(url) => {
+            return Err(UserDataError::InvalidDownloadUrl(
+                url.chars().take(200).collect(),
+            ))
+        }
+        Some(url) => url,
+        None => input.join.download_url.as_str(),
+    };
+    let registry = registry()?;
+    let prepare_script = registry
+        .render(
+            "prepare",
+            &PrepareData {
+                kubernetes_version: version.to_string(),
+                download_url: download_url.trim_end_matches('/'),
+                install: !input.image_prepared && input.template == JoinTemplate::Kubeadm,
+            },
+        )
+        .map_err(|e| UserDataError::Template {
+            template: "prepare",
+            message: e.to_string(),
+        })?;
     let data = TemplateData {
         node_name: input.node_name,
         api_server_endpoint: &input.join.api_server_endpoint,
@@ -609,9 +783,21 @@ pub fn render_user_data(input: &UserDataInput<'_>) -> Result<String, UserDataErr
         ),
         join_ca_path: JOIN_CA_PATH,
         join_ca_pem: input.join.ca_pem.as_deref(),
+        join_api_version: version.kubeadm_api_version(),
+        kubelet_args_as_list: version.kubelet_args_as_list(),
+        cri_socket: CRI_SOCKET,
+        // The prepare script checks containerd itself; images need no crictl.
+        ignore_preflight_errors: if version.kubeadm_needs_crictl() {
+            vec!["FileExisting-crictl", "CRI"]
+        } else {
+            Vec::new()
+        },
+        prepare_script_path: PREPARE_SCRIPT_PATH,
+        prepare_script,
+        join_command: format!("{PREPARE_SCRIPT_PATH} && kubeadm join --config {JOIN_CONFIG_PATH}"),
     };
     let name = input.template.name();
-    let text = registry()?
+    let text = registry
         .render(name, &data)
         .map_err(|e| UserDataError::Template {
             template: name,
@@ -655,6 +841,8 @@ ALSCkSTyQaInuL6DucynDnEnDn3BmFrDIP2T88gG8jFaAiEAs2mkVzuGZG/sIDbD
             ca_cert_hashes: vec![TEST_CA_HASH.into()],
             join_script_url: None,
             ca_pem: None,
+            kubernetes_version: KubeVersion::new(1, 30, 2),
+            download_url: DEFAULT_DOWNLOAD_URL.into(),
         }
     }
 
@@ -705,6 +893,8 @@ ALSCkSTyQaInuL6DucynDnEnDn3BmFrDIP2T88gG8jFaAiEAs2mkVzuGZG/sIDbD
                 kubelet_args: &self.args,
                 user_cloud_config: user,
                 ssh_keys: &self.keys,
+                image_prepared: false,
+                download_url: None,
             }
         }
     }
@@ -766,10 +956,16 @@ ALSCkSTyQaInuL6DucynDnEnDn3BmFrDIP2T88gG8jFaAiEAs2mkVzuGZG/sIDbD
         assert_eq!(
             reg["kubeletExtraArgs"],
             json!({
+                "cgroup-driver": "systemd",
                 "max-pods": "50",
                 "node-labels": "autonodes.io/node-type=high-memory-node,workload=memory-intensive",
                 "provider-id": "kubevirt://tenant-node-1",
             })
+        );
+        assert_eq!(reg["criSocket"], CRI_SOCKET);
+        assert_eq!(
+            reg["ignorePreflightErrors"],
+            json!(["FileExisting-crictl", "CRI"])
         );
         assert_eq!(
             reg["taints"],
@@ -781,13 +977,14 @@ ALSCkSTyQaInuL6DucynDnEnDn3BmFrDIP2T88gG8jFaAiEAs2mkVzuGZG/sIDbD
         assert_eq!(
             doc["runcmd"],
             json!([[
-                "kubeadm",
-                "join",
-                "--config",
-                "/etc/kubernetes/kubeadm-join.yaml"
+                "sh",
+                "-c",
+                "/etc/autonodes/prepare-node.sh && kubeadm join --config /etc/kubernetes/kubeadm-join.yaml"
             ]])
         );
         assert_eq!(doc["write_files"][0]["permissions"], "0600");
+        assert_eq!(doc["write_files"][1]["path"], PREPARE_SCRIPT_PATH);
+        assert_eq!(doc["write_files"][1]["permissions"], "0755");
         assert!(doc.get("ssh_authorized_keys").is_none());
     }
 
@@ -804,10 +1001,9 @@ ALSCkSTyQaInuL6DucynDnEnDn3BmFrDIP2T88gG8jFaAiEAs2mkVzuGZG/sIDbD
                 "echo first",
                 ["touch", "/tmp/x"],
                 [
-                    "kubeadm",
-                    "join",
-                    "--config",
-                    "/etc/kubernetes/kubeadm-join.yaml"
+                    "sh",
+                    "-c",
+                    "/etc/autonodes/prepare-node.sh && kubeadm join --config /etc/kubernetes/kubeadm-join.yaml"
                 ]
             ])
         );
@@ -910,6 +1106,104 @@ ALSCkSTyQaInuL6DucynDnEnDn3BmFrDIP2T88gG8jFaAiEAs2mkVzuGZG/sIDbD
         );
     }
 
+    /// The content of the prepare script the user data writes.
+    fn prepare_script(doc: &Value) -> String {
+        doc["write_files"]
+            .as_array()
+            .and_then(|f| f.iter().find(|f| f["path"] == PREPARE_SCRIPT_PATH))
+            .and_then(|f| f["content"].as_str())
+            .expect("prepare script written")
+            .to_string()
+    }
+
+    #[test]
+    fn the_join_configuration_api_and_kubelet_args_follow_the_tenant_version() {
+        let mut f = Fixture::new();
+        for (minor, api, list, crictl) in [
+            (20, "kubeadm.k8s.io/v1beta2", false, true),
+            (22, "kubeadm.k8s.io/v1beta3", false, true),
+            (30, "kubeadm.k8s.io/v1beta3", false, true),
+            (31, "kubeadm.k8s.io/v1beta4", true, false),
+            (33, "kubeadm.k8s.io/v1beta4", true, false),
+        ] {
+            f.join.kubernetes_version = KubeVersion::new(1, minor, 4);
+            let ud = render_user_data(&f.input(None)).expect("renders");
+            let (doc, join) = parse(&ud);
+            assert_eq!(join["apiVersion"], api, "1.{minor}");
+            let args = &join["nodeRegistration"]["kubeletExtraArgs"];
+            if list {
+                assert!(args.as_array().expect("a list in v1beta4").contains(
+                    &json!({"name": "provider-id", "value": "kubevirt://tenant-node-1"})
+                ));
+            } else {
+                assert_eq!(args["provider-id"], "kubevirt://tenant-node-1", "1.{minor}");
+            }
+            assert_eq!(
+                join["nodeRegistration"]
+                    .get("ignorePreflightErrors")
+                    .is_some(),
+                crictl,
+                "1.{minor}"
+            );
+            let script = prepare_script(&doc);
+            assert!(
+                script.contains(&format!("KUBERNETES_VERSION=\"v1.{minor}.4\"")),
+                "{script}"
+            );
+        }
+        f.join.kubernetes_version = KubeVersion::new(1, 14, 0);
+        assert!(matches!(
+            render_user_data(&f.input(None)),
+            Err(UserDataError::InvalidJoinParams {
+                field: "kubernetesVersion",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn a_stock_image_installs_from_the_download_url_and_a_prepared_one_installs_nothing() {
+        let f = Fixture::new();
+        let ud = render_user_data(&f.input(None)).expect("renders");
+        let script = prepare_script(&parse(&ud).0);
+        assert!(script.starts_with("#!/bin/sh\n"), "{script}");
+        assert!(script.contains("INSTALL=true"), "{script}");
+        assert!(
+            script.contains("DOWNLOAD_URL=\"https://dl.k8s.io/release\""),
+            "{script}"
+        );
+        assert!(script.contains("SystemdCgroup = true"), "{script}");
+
+        let mut input = f.input(None);
+        input.download_url = Some("http://mirror.internal:8080/k8s/");
+        let script = prepare_script(&parse(&render_user_data(&input).expect("renders")).0);
+        assert!(
+            script.contains("DOWNLOAD_URL=\"http://mirror.internal:8080/k8s\""),
+            "{script}"
+        );
+
+        input.image_prepared = true;
+        let script = prepare_script(&parse(&render_user_data(&input).expect("renders")).0);
+        assert!(script.contains("INSTALL=false"), "{script}");
+
+        for bad in [
+            "ftp://x",
+            "https://x/$(reboot)",
+            "https://x/\"; reboot",
+            "https://x y",
+            "https://",
+        ] {
+            input.download_url = Some(bad);
+            assert!(
+                matches!(
+                    render_user_data(&input),
+                    Err(UserDataError::InvalidDownloadUrl(_))
+                ),
+                "{bad}"
+            );
+        }
+    }
+
     #[test]
     fn vcluster_template_installs_with_the_join_script_then_joins_with_kubeadm() {
         let f = Fixture::new();
@@ -928,8 +1222,14 @@ ALSCkSTyQaInuL6DucynDnEnDn3BmFrDIP2T88gG8jFaAiEAs2mkVzuGZG/sIDbD
         );
         assert_eq!(
             runcmd[n - 1],
-            json!(["kubeadm", "join", "--config", JOIN_CONFIG_PATH])
+            json!([
+                "sh",
+                "-c",
+                format!("{PREPARE_SCRIPT_PATH} && kubeadm join --config {JOIN_CONFIG_PATH}")
+            ])
         );
+        // vCluster's script installs the binaries: the prepare script only checks them.
+        assert!(prepare_script(&doc).contains("INSTALL=false"));
         // A published join script URL, fetched trusting the tenant's CA.
         let mut join_params = f.join.clone();
         join_params.join_script_url = Some("https://vc.example.com:8443/".into());

@@ -341,6 +341,7 @@ fn user_data_with(
         ca_cert_hashes: vec![ca_hash.to_string()],
         join_script_url: None,
         ca_pem: None,
+        ..JoinParams::placeholder()
     };
     userdata::render_user_data(&UserDataInput {
         template,
@@ -351,6 +352,8 @@ fn user_data_with(
         kubelet_args: &BTreeMap::new(),
         user_cloud_config: None,
         ssh_keys: &[],
+        image_prepared: false,
+        download_url: None,
     })
     .expect("user data renders")
 }

@@ -87,6 +87,7 @@ fn join() -> JoinParams {
         ca_cert_hashes: vec![
             "sha256:2917f5ab7ab656c6c2585c6a715cfb777c242f7a357a5ba18a4c21849d401d6a".into(),
         ],
+        ..JoinParams::placeholder()
     }
 }
 
@@ -213,6 +214,8 @@ fn summary() {
                 kubelet_args: &args,
                 user_cloud_config: None,
                 ssh_keys: &[],
+                image_prepared: false,
+                download_url: None,
             })
             .expect("user data"),
         );

@@ -15,7 +15,8 @@
 pub use autonodes_api as api;
 pub use autonodes_api::{conditions, crdgen, kubevirt};
 pub use autonodes_core::{
-    join, kubeconfig, ledger, names, orphans, resources, scheduling, template, userdata, vcluster,
+    join, kubeconfig, kubeversion, ledger, names, orphans, resources, scheduling, template,
+    userdata, vcluster, yaml,
 };
 
 pub mod cli;

@@ -20,7 +20,8 @@ use serde_json::Value;
 use crate::api::{NodeClaim, NodePoolSpec, NodeProvider};
 use crate::scheduling::{
     self, Catalogue, ClaimRequest, LabelError, NoFit, NodeLabels, NodeTaints, PreparedType,
-    RequestError, TaintError, TypeProblem, PROP_SSH_KEYS, PROP_USER_DATA, PROP_USER_DATA_TEMPLATE,
+    RequestError, TaintError, TypeProblem, PROP_IMAGE_PREPARED, PROP_KUBERNETES_DOWNLOAD_URL,
+    PROP_SSH_KEYS, PROP_USER_DATA, PROP_USER_DATA_TEMPLATE,
 };
 use crate::template::{self, TemplateError, VmIdentity, USER_DATA_KEY};
 use crate::userdata::{self, JoinParams, JoinTemplate, UserDataError, UserDataInput};
@@ -246,6 +247,12 @@ pub fn render_node(
         user_cloud_config: scheduling::config_property(&properties, PROP_USER_DATA)
             .map(String::as_str),
         ssh_keys: &ssh_keys,
+        image_prepared: properties
+            .get(PROP_IMAGE_PREPARED)
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case("true")),
+        download_url: properties
+            .get(PROP_KUBERNETES_DOWNLOAD_URL)
+            .map(String::as_str),
     })
     .map_err(user_data_error)?;
 
@@ -325,6 +332,17 @@ pub struct RenderArgs {
     /// (the bootstrap token stays a placeholder; a real one is minted at provisioning).
     #[arg(long = "tenant-kubeconfig", value_name = "K")]
     pub tenant_kubeconfig: Option<PathBuf>,
+    /// The tenant's Kubernetes version, which picks the JoinConfiguration's apiVersion and
+    /// the kubelet and kubeadm a stock image installs (at provisioning it is read from the
+    /// tenant's `/version`).
+    #[arg(long = "kubernetes-version", value_name = "V", default_value = "v1.33.0",
+          value_parser = crate::kubeversion::KubeVersion::parse)]
+    pub kubernetes_version: crate::kubeversion::KubeVersion,
+    /// Where a stock image downloads the kubelet and kubeadm (as `autonodes run
+    /// --kubernetes-download-url`).
+    #[arg(long = "kubernetes-download-url", value_name = "URL", default_value = userdata::DEFAULT_DOWNLOAD_URL,
+          value_parser = crate::run::parse_download_url)]
+    pub kubernetes_download_url: String,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Yaml)]
     pub output: OutputFormat,
@@ -490,6 +508,7 @@ pub fn join_params_from_kubeconfig(path: &Path) -> anyhow::Result<JoinParams> {
         ca_cert_hashes: vec![hash],
         join_script_url: None,
         ca_pem: Some(String::from_utf8_lossy(&ca).into_owned()),
+        ..JoinParams::placeholder()
     })
 }
 
@@ -499,10 +518,12 @@ pub fn run(args: RenderArgs) -> anyhow::Result<()> {
         |p: &Path| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()));
     let provider_text = read(&args.provider)?;
     let claim_text = read(&args.claim)?;
-    let join = match &args.tenant_kubeconfig {
+    let mut join = match &args.tenant_kubeconfig {
         Some(k) => join_params_from_kubeconfig(k)?,
         None => JoinParams::placeholder(),
     };
+    join.kubernetes_version = args.kubernetes_version;
+    join.download_url = args.kubernetes_download_url.clone();
     let docs = render_documents(
         &provider_text,
         &args.provider.display().to_string(),

@@ -90,6 +90,22 @@ pub struct RunArgs {
     #[arg(long, env = "AUTONODES_ALLOW_INSECURE_SKIP_TLS_VERIFY", default_value_t = false, num_args = 0..=1,
           default_missing_value = "true", action = clap::ArgAction::Set)]
     pub allow_insecure_skip_tls_verify: bool,
+    /// Where nodes of stock images download the kubelet and kubeadm of the tenant's version
+    /// (`<url>/<version>/bin/linux/<arch>/<binary>` with a `.sha256` beside each, the layout
+    /// of dl.k8s.io); point it at a mirror for air-gapped sites. A node type's
+    /// `autonodes.io/kubernetes-download-url` property wins.
+    #[arg(long, env = "AUTONODES_KUBERNETES_DOWNLOAD_URL", default_value = crate::userdata::DEFAULT_DOWNLOAD_URL,
+          value_parser = parse_download_url)]
+    pub kubernetes_download_url: String,
+}
+
+/// Accepts a download base URL the user data can use ([`crate::userdata::is_download_url`]).
+pub fn parse_download_url(s: &str) -> Result<String, String> {
+    if crate::userdata::is_download_url(s) {
+        Ok(s.trim_end_matches('/').to_string())
+    } else {
+        Err("expected http(s)://host[:port][/path] of letters, digits and .-_/:[]~%".to_string())
+    }
 }
 
 /// Parses `90s`, `10m`, `1h30m`, `500ms` or plain seconds.
@@ -181,6 +197,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         kubeconfig_policy: crate::kubeconfig::KubeconfigPolicy {
             allow_insecure_skip_tls_verify: args.allow_insecure_skip_tls_verify,
         },
+        kubernetes_download_url: args.kubernetes_download_url.clone(),
     };
     let leader = args.leader_elect.then(|| {
         LeaderConfig::new(

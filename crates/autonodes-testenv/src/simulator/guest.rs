@@ -244,7 +244,7 @@ struct NodeRegistration {
     taints: Option<Vec<Taint>>,
 }
 
-/// `kubeletExtraArgs`: a map in v1beta3, a list of `{name, value}` in v1beta4.
+/// `kubeletExtraArgs`: a map in v1beta2 and v1beta3, a list of `{name, value}` in v1beta4.
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
 enum ExtraArgs {
@@ -339,10 +339,10 @@ pub fn parse_join_configuration(text: &str) -> Result<JoinPlan, UserDataError> {
         .unwrap_or_default();
     if !matches!(
         api_version,
-        "kubeadm.k8s.io/v1beta3" | "kubeadm.k8s.io/v1beta4"
+        "kubeadm.k8s.io/v1beta2" | "kubeadm.k8s.io/v1beta3" | "kubeadm.k8s.io/v1beta4"
     ) {
         return Err(bad(format!(
-            "JoinConfiguration apiVersion {api_version:?} is not kubeadm.k8s.io/v1beta3 (or v1beta4)"
+            "JoinConfiguration apiVersion {api_version:?} is not kubeadm.k8s.io/v1beta2, v1beta3 or v1beta4"
         )));
     }
     let mut warnings = unknown_keys(Some(&value), KNOWN_TOP, "");
@@ -735,7 +735,7 @@ nodeRegistration:
         let text = JOIN.replace("  name: vm-1", "  name: vm-1\n  nodeLabels: x");
         let plan = parse_join_configuration(&text).expect("valid");
         assert_eq!(plan.warnings, ["unknown field nodeRegistration.nodeLabels"]);
-        let old = JOIN.replace("v1beta3", "v1beta2");
+        let old = JOIN.replace("v1beta3", "v1beta1");
         assert!(parse_join_configuration(&old).is_err());
     }
 

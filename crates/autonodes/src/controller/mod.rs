@@ -78,6 +78,8 @@ pub struct ControllerConfig {
     pub orphan_sweep_interval: Duration,
     /// Which namespaces' vCluster configurations (`vc-config-*` Secrets) become NodePools.
     pub vcluster_import: vcluster_import::ImportScope,
+    /// Where stock images download the kubelet and kubeadm (`--kubernetes-download-url`).
+    pub kubernetes_download_url: String,
 }
 
 impl Default for ControllerConfig {
@@ -92,6 +94,7 @@ impl Default for ControllerConfig {
             kubeconfig_policy: KubeconfigPolicy::default(),
             orphan_sweep_interval: Duration::from_secs(300),
             vcluster_import: vcluster_import::ImportScope::Off,
+            kubernetes_download_url: crate::userdata::DEFAULT_DOWNLOAD_URL.to_string(),
         }
     }
 }
@@ -210,11 +213,10 @@ pub struct Context {
     >,
     /// Wakes a NodePool's reconcile.
     pub wake_pools: mpsc::UnboundedSender<ObjectRef<NodePool>>,
-    /// Each tenant's published join address and when it was read
-    /// ([`tenant::Tenant::published_join`]).
-    pub published_joins: std::sync::Mutex<
-        std::collections::HashMap<String, (std::time::Instant, crate::join::Published)>,
-    >,
+    /// Each tenant's published join address and version, and when they were read
+    /// ([`tenant::Tenant::join_info`]).
+    pub published_joins:
+        std::sync::Mutex<std::collections::HashMap<String, (std::time::Instant, tenant::JoinInfo)>>,
     /// Claims this process created, deleted or annotated that the claim store does not show
     /// yet ([`Context::claims_in`]).
     pub expected_claims: std::sync::Mutex<ClaimExpectations>,

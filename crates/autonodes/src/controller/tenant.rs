@@ -21,6 +21,16 @@ use crate::clients::Remote;
 /// How long a tenant's published join address is used before it is read again.
 pub const PUBLISHED_JOIN_TTL: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// What a node must know of its tenant before it joins, read at most once a minute per
+/// tenant ([`Tenant::join_info`]).
+#[derive(Clone, Debug)]
+pub struct JoinInfo {
+    /// Where the tenant says nodes join.
+    pub published: crate::join::Published,
+    /// The tenant's Kubernetes version (its `/version`), or why it is not one.
+    pub version: Result<crate::kubeversion::KubeVersion, String>,
+}
+
 /// A tenant cluster.
 pub struct Tenant<'a> {
     ctx: &'a Context,
@@ -37,13 +47,13 @@ impl<'a> Tenant<'a> {
     /// `kube-system/kubeadm-config`), read at most once a minute per tenant. A tenant
     /// without that ConfigMap, or that does not let autonodes read it, publishes nothing
     /// (its kubeconfig's server is the join address); what it publishes in a form autonodes
-    /// refuses is logged and not used.
-    pub async fn published_join(&self) -> Result<crate::join::Published, Error> {
+    /// refuses is logged and not used. With it, the tenant's version from its `/version`.
+    pub async fn join_info(&self) -> Result<JoinInfo, Error> {
         let key = self.remote.key.to_string();
         if let Ok(cache) = self.ctx.published_joins.lock() {
-            if let Some((at, p)) = cache.get(&key) {
+            if let Some((at, info)) = cache.get(&key) {
                 if at.elapsed() < PUBLISHED_JOIN_TTL {
-                    return Ok(p.clone());
+                    return Ok(info.clone());
                 }
             }
         }
@@ -74,10 +84,20 @@ impl<'a> Tenant<'a> {
             }
             Err(e) => return Err(e),
         };
+        let info = remote_call(
+            self.ctx,
+            self.remote,
+            "reading /version",
+            self.remote.client.apiserver_version(),
+        )
+        .await?;
+        let version = crate::kubeversion::KubeVersion::parse(&info.git_version)
+            .map_err(|why| format!("the {} reports version {why}", self.remote.key));
+        let info = JoinInfo { published, version };
         if let Ok(mut cache) = self.ctx.published_joins.lock() {
-            cache.insert(key, (std::time::Instant::now(), published.clone()));
+            cache.insert(key, (std::time::Instant::now(), info.clone()));
         }
-        Ok(published)
+        Ok(info)
     }
 
     fn nodes(&self) -> Api<Node> {

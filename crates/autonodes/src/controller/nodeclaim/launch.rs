@@ -16,6 +16,7 @@ use crate::api::reasons::ClaimReason;
 use crate::api::NodeClaim;
 use crate::clients::{status_message, Remote};
 use crate::controller::host::VmCreate;
+use crate::controller::tenant::JoinInfo;
 use crate::controller::{now, Error};
 use crate::kubevirt;
 use crate::render::{self, RenderError, RenderedNode};
@@ -96,8 +97,9 @@ async fn create_host_objects(
     p: &mut Provisioning<'_>,
 ) -> Result<Result<Arc<DynamicObject>, Step>, Error> {
     let token = ensure_token(p.claim, p.ctx, &p.tenant()).await?;
-    let published = p.tenant().published_join().await?;
-    let join = match join_params(p.tenant, &token, published) {
+    let info = p.tenant().join_info().await?;
+    let download_url = p.ctx.config.kubernetes_download_url.clone();
+    let join = match join_params(p.tenant, &token, info, download_url) {
         Ok(j) => j,
         Err((reason, message)) => {
             p.status.set(PROVISIONED, false, reason, message);
@@ -154,12 +156,27 @@ async fn create_host_objects(
 }
 
 /// Join parameters for the tenant: the endpoint it publishes (else its kubeconfig's
-/// server), the token, its CA and the CA's hash.
+/// server), the token, its CA and the CA's hash, its version.
 fn join_params(
     tenant: &Remote,
     token: &BootstrapToken,
-    published: crate::join::Published,
+    info: JoinInfo,
+    download_url: String,
 ) -> Result<JoinParams, (ClaimReason, String)> {
+    let kubernetes_version = info
+        .version
+        .map_err(|why| (ClaimReason::UnsupportedTenantVersion, why))?;
+    if !kubernetes_version.is_joinable() {
+        return Err((
+            ClaimReason::UnsupportedTenantVersion,
+            format!(
+                "the {} runs Kubernetes {kubernetes_version}; nodes join {} or newer",
+                tenant.key,
+                crate::kubeversion::OLDEST_JOINABLE
+            ),
+        ));
+    }
+    let published = info.published;
     let ca = tenant.ca_pem.as_deref().ok_or((
         ClaimReason::TenantCANotFound,
         format!(
@@ -188,6 +205,8 @@ fn join_params(
         ca_cert_hashes: vec![hash],
         join_script_url: published.join_script_url,
         ca_pem: Some(String::from_utf8_lossy(ca).into_owned()),
+        kubernetes_version,
+        download_url,
     })
 }
 

@@ -4,7 +4,9 @@
 //!   the test command can check that none outlives the tests;
 //! - [`simulator`]: KubeVirt, CDI and the guests' kubelets, played on a host cluster
 //!   (`autonodes-dev simulate`), and our KubeVirt test CRDs;
-//! - [`playground`]: management, host and tenant clusters wired like a real installation.
+//! - [`playground`]: management, host and tenant clusters wired like a real installation;
+//! - [`kubeadm_tenant`]: a tenant API server prepared as a kubeadm control plane, for real
+//!   kubelets to join.
 #![forbid(unsafe_code)]
 
 use autonodes_api as api;
@@ -12,6 +14,7 @@ use autonodes_api::kubevirt;
 #[cfg(test)]
 use autonodes_core::userdata;
 
+pub mod kubeadm_tenant;
 pub mod playground;
 pub mod simulator;
 pub mod testenv;

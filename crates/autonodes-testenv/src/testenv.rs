@@ -90,7 +90,7 @@ pub enum TestEnvError {
     },
 }
 
-fn io_err(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> TestEnvError {
+pub(crate) fn io_err(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> TestEnvError {
     let context = context.into();
     move |source| TestEnvError::Io { context, source }
 }
@@ -557,6 +557,19 @@ impl TestEnv {
 
     /// Starts another API server named `name` (a DNS label) and waits until it is ready.
     pub async fn add_apiserver(&mut self, name: &str) -> Result<&ApiServer, TestEnvError> {
+        self.add_apiserver_serving(name, &[]).await
+    }
+
+    /// Starts another API server whose serving certificate is also valid for `extra_ips`
+    /// (e.g. `10.0.2.2`, the host's loopback as a QEMU guest on a user-mode network sees
+    /// it). Its serving certificate is then signed by its client CA, so one CA (the
+    /// kubeconfig's) signs the server, the admin and the certificates a kube-controller-manager
+    /// issues to kubelets with that CA's key (`certs/client-ca.key`).
+    pub async fn add_apiserver_serving(
+        &mut self,
+        name: &str,
+        extra_ips: &[&str],
+    ) -> Result<&ApiServer, TestEnvError> {
         if self.servers.contains_key(name) {
             return Err(TestEnvError::Duplicate(name.to_string()));
         }
@@ -567,6 +580,11 @@ impl TestEnv {
         let sa_key = dir.join("sa.key");
         generate_rsa_key(&sa_key)?;
         let client_ca = generate_client_ca(&cert_dir)?;
+        let serving = if extra_ips.is_empty() {
+            None
+        } else {
+            Some(sign_serving_certificate(&cert_dir, extra_ips)?)
+        };
         let admin_token = uuid::Uuid::new_v4().simple().to_string();
         let token_file = dir.join("tokens.csv");
         fs::write(
@@ -582,6 +600,7 @@ impl TestEnv {
                 cert_dir: &cert_dir,
                 sa_key: &sa_key,
                 token_file: &token_file,
+                serving: serving.as_ref(),
             };
             match self
                 .spawn_apiserver(name, &paths, &client_ca, &admin_token)
@@ -607,7 +626,7 @@ impl TestEnv {
         admin_token: &str,
     ) -> Result<ApiServer, TestEnvError> {
         let port = free_port()?;
-        let args = vec![
+        let mut args = vec![
             format!("--etcd-servers={}", self.etcd_url),
             format!("--etcd-prefix=/{name}"),
             format!("--secure-port={port}"),
@@ -633,6 +652,10 @@ impl TestEnv {
             ),
             "--v=1".to_string(),
         ];
+        if let Some((crt, key)) = paths.serving {
+            args.push(format!("--tls-cert-file={}", crt.display()));
+            args.push(format!("--tls-private-key-file={}", key.display()));
+        }
         let log = paths.dir.join("kube-apiserver.log");
         let mut process = ManagedProcess::spawn(
             &format!("kube-apiserver {name}"),
@@ -648,8 +671,11 @@ impl TestEnv {
         };
         // The API server writes its self-signed serving certificate first: the serving
         // certificate followed by the CA that signed it. Kubeconfigs carry only the CA, as
-        // on a real cluster.
-        let crt = paths.cert_dir.join("apiserver.crt");
+        // on a real cluster. A given serving certificate was signed by the client CA.
+        let crt = match paths.serving {
+            Some(_) => client_ca.ca_path.clone(),
+            None => paths.cert_dir.join("apiserver.crt"),
+        };
         let ca_pem = loop {
             process.check_running()?;
             if let Some(ca) = fs::read_to_string(&crt)
@@ -799,6 +825,8 @@ struct ServerPaths<'a> {
     cert_dir: &'a Path,
     sa_key: &'a Path,
     token_file: &'a Path,
+    /// A serving certificate and key given to the server (else it makes its own).
+    serving: Option<&'a (PathBuf, PathBuf)>,
 }
 
 struct ClientCa {
@@ -882,6 +910,59 @@ fn sign_client_certificate(
     run_openssl(&args)?;
     let read = |f: &str| fs::read(f).map_err(io_err(format!("reading {f}")));
     Ok((read(&crt)?, read(&key)?))
+}
+
+/// A serving certificate (and key) for `127.0.0.1`, `localhost`, the in-cluster names and
+/// `extra_ips`, signed by the client CA in `dir`. Returns (certificate path, key path).
+fn sign_serving_certificate(
+    dir: &Path,
+    extra_ips: &[&str],
+) -> Result<(PathBuf, PathBuf), TestEnvError> {
+    let p = |f: &str| dir.join(f).to_string_lossy().into_owned();
+    let (key, csr, crt, ext) = (
+        p("serving.key"),
+        p("serving.csr"),
+        p("serving.crt"),
+        p("serving.ext"),
+    );
+    let mut args = vec!["req"];
+    args.extend(EC_KEY_ARGS);
+    args.extend(["-keyout", &key, "-out", &csr, "-subj", "/CN=kube-apiserver"]);
+    run_openssl(&args)?;
+    let mut names = vec![
+        "IP:127.0.0.1".to_string(),
+        "IP:10.0.0.1".to_string(),
+        "DNS:localhost".to_string(),
+        "DNS:kubernetes".to_string(),
+        "DNS:kubernetes.default".to_string(),
+        "DNS:kubernetes.default.svc".to_string(),
+    ];
+    names.extend(extra_ips.iter().map(|ip| format!("IP:{ip}")));
+    fs::write(
+        &ext,
+        format!(
+            "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\nsubjectAltName={}\n",
+            names.join(",")
+        ),
+    )
+    .map_err(io_err(format!("writing {ext}")))?;
+    let (ca_crt, ca_key, serial) = (p("client-ca.crt"), p("client-ca.key"), p("client-ca.srl"));
+    let mut args = vec![
+        "x509", "-req", "-in", &csr, "-CA", &ca_crt, "-CAkey", &ca_key,
+    ];
+    args.extend([
+        "-CAcreateserial",
+        "-CAserial",
+        &serial,
+        "-out",
+        &crt,
+        "-days",
+        "3650",
+        "-extfile",
+        &ext,
+    ]);
+    run_openssl(&args)?;
+    Ok((PathBuf::from(crt), PathBuf::from(key)))
 }
 
 fn run_openssl(args: &[&str]) -> Result<(), TestEnvError> {

@@ -11,7 +11,8 @@ set -euo pipefail
 
 BIN_DIR="${AUTONODES_K8S_BIN:-/var/cache/autonodes/k8s-1.20.2/bin}"
 WORK_DIR="${AUTONODES_K8S_WORK:-/var/cache/autonodes/k8s-build}"
-WANT=(kube-apiserver kube-scheduler kubectl kubelet kubeadm kube-controller-manager)
+# AUTONODES_K8S_WANT narrows the list (the playground needs only the first three).
+read -r -a WANT <<< "${AUTONODES_K8S_WANT:-kube-apiserver kube-scheduler kubectl kubelet kubeadm kube-controller-manager}"
 
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi

@@ -92,6 +92,11 @@ fn install_test_env(root: &Path) -> anyhow::Result<()> {
     eprintln!("{missing}: installing the playground's binaries with scripts/test-env.sh (once; building Kubernetes takes several minutes)");
     let status = std::process::Command::new("bash")
         .arg(&script)
+        // The playground runs no real kubelets: the three binaries it runs are enough.
+        .env(
+            "AUTONODES_K8S_WANT",
+            "kube-apiserver kube-scheduler kubectl",
+        )
         .current_dir(root)
         .stdout(std::process::Stdio::null())
         .status()

@@ -6,7 +6,8 @@
 //!   (`autonodes-dev simulate`), and our KubeVirt test CRDs;
 //! - [`playground`]: management, host and tenant clusters wired like a real installation;
 //! - [`kubeadm_tenant`]: a tenant API server prepared as a kubeadm control plane, for real
-//!   kubelets to join.
+//!   kubelets to join;
+//! - [`download_mirror`]: dl.k8s.io's layout on loopback, for stock guests to install from.
 #![forbid(unsafe_code)]
 
 use autonodes_api as api;
@@ -14,6 +15,7 @@ use autonodes_api::kubevirt;
 #[cfg(test)]
 use autonodes_core::userdata;
 
+pub mod download_mirror;
 pub mod kubeadm_tenant;
 pub mod playground;
 pub mod simulator;

@@ -179,6 +179,36 @@ cgroupDriver: systemd
         .delete(&control_plane_node, &DeleteParams::default())
         .await;
 
+    // kubeadm writes cluster-info from the kubeconfig it is given, whose server is, after a
+    // real `kubeadm init`, the control-plane endpoint; a joining kubeadm then talks to that
+    // server. The host reaches this API server at 127.0.0.1 only, so the phase ran with that
+    // address, and cluster-info gets the endpoint guests use, as after `kubeadm init`. (The
+    // bootstrap signer signs the content as it is now.)
+    let public: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-public");
+    let mut cluster_info = public
+        .get("cluster-info")
+        .await
+        .map_err(|e| TestEnvError::Kubeconfig {
+            name: name.to_string(),
+            message: format!("reading kube-public/cluster-info: {e}"),
+        })?;
+    let local = format!("server: https://127.0.0.1:{}", server.port);
+    let guest = format!("server: https://{guest_endpoint}");
+    if let Some(kubeconfig) = cluster_info
+        .data
+        .as_mut()
+        .and_then(|d| d.get_mut("kubeconfig"))
+    {
+        *kubeconfig = kubeconfig.replace(&local, &guest);
+    }
+    public
+        .replace("cluster-info", &PostParams::default(), &cluster_info)
+        .await
+        .map_err(|e| TestEnvError::Kubeconfig {
+            name: name.to_string(),
+            message: format!("writing kube-public/cluster-info: {e}"),
+        })?;
+
     let cert_dir = server.dir.join("certs");
     let args = vec![
         format!("--kubeconfig={}", server.kubeconfig_path.display()),
@@ -207,7 +237,6 @@ cgroupDriver: systemd
 
     // The bootstrap signer has signed cluster-info for the tokens once a `jws-kubeconfig-`
     // key shows up; until then no guest could validate it.
-    let public: Api<ConfigMap> = Api::namespaced(client, "kube-public");
     let started = Instant::now();
     loop {
         controller_manager.check_running()?;

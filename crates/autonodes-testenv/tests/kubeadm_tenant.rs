@@ -61,6 +61,12 @@ async fn a_bootstrap_token_csr_is_approved_and_signed_and_the_join_address_is_pu
 
     // cluster-info is signed for it (the bootstrap signer), so discovery can validate it.
     let public: Api<ConfigMap> = Api::namespaced(admin.clone(), "kube-public");
+    let info = public.get("cluster-info").await.expect("cluster-info");
+    assert!(
+        info.data.unwrap_or_default()["kubeconfig"]
+            .contains(&format!("server: https://{GUEST_HOST}:{}", server.port)),
+        "cluster-info names the guests' endpoint"
+    );
     let started = Instant::now();
     loop {
         let data = public

@@ -79,15 +79,18 @@ async fn placement(world: &World) -> BTreeMap<String, String> {
 async fn pending_gpu_pods_get_a_node_of_the_type_with_gpus_and_the_pools_gpu_limit_counts_them() {
     let world = World::with_provider(provider()).await;
     let _scheduler = scheduler(&world);
+    // The pods are pending before the pool exists, so its first plan sees all of them (a
+    // pool that saw only the first GPU pod would rightly ask for one GPU, and pack the
+    // second onto that node later).
+    create_pods(&world, (0..3).map(|i| gpu_pod(&format!("train-{i}")))).await;
+    create_pods(&world, [pod("web", None)]).await;
+    show(&world, "before: four pending pods, no pool, no node");
     world
         .create_pool(
             "accel",
             json!({"providerRef": "pools", "limits": {"nvidia.com/gpu": "2"}}),
         )
         .await;
-    show(&world, "before: a pool limited to 2 GPUs, no node");
-    create_pods(&world, (0..3).map(|i| gpu_pod(&format!("train-{i}")))).await;
-    create_pods(&world, [pod("web", None)]).await;
     // Two GPU pods and the plain pod run on one gpu node; the third GPU pod would need a
     // second gpu node, beyond the limit.
     let placed = common::eventually("2 GPU pods and the plain pod bound", WAIT, || async {

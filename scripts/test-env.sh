@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Installs what the integration tests need on a Debian bookworm machine:
 #   - etcd (Debian package etcd-server), prometheus and promtool (package prometheus)
-#   - kube-apiserver, kube-scheduler and kubectl v1.20.2, built from Debian's
-#     `kubernetes` source package (DESIGN §8).
+#   - kube-apiserver, kube-scheduler, kubectl, and for the real guests (scripts/guest-image.sh)
+#     kubelet, kubeadm and kube-controller-manager, v1.20.2, built from Debian's `kubernetes`
+#     source package (DESIGN §8).
 # Idempotent: binaries are cached in $AUTONODES_K8S_BIN (default
-# /var/cache/autonodes/k8s-1.20.2/bin); a cached build is reused.
+# /var/cache/autonodes/k8s-1.20.2/bin); each cached binary is reused, only missing ones are built.
 # Prints the bin directory on its last line.
 set -euo pipefail
 
 BIN_DIR="${AUTONODES_K8S_BIN:-/var/cache/autonodes/k8s-1.20.2/bin}"
 WORK_DIR="${AUTONODES_K8S_WORK:-/var/cache/autonodes/k8s-build}"
-WANT=(kube-apiserver kube-scheduler kubectl)
+WANT=(kube-apiserver kube-scheduler kubectl kubelet kubeadm kube-controller-manager)
 
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
@@ -58,14 +59,15 @@ stop_new_service() { # $1: service, $2: 1 when the package was installed before 
 stop_new_service etcd "$etcd_was_installed"
 stop_new_service prometheus "$prometheus_was_installed"
 
-# 2. Kubernetes binaries, built once.
-have_all=1
-for b in "${WANT[@]}"; do [ -x "$BIN_DIR/$b" ] || have_all=0; done
-if [ "$have_all" = 1 ]; then
+# 2. Kubernetes binaries, each built once: only the ones missing from $BIN_DIR are built.
+MISSING=()
+for b in "${WANT[@]}"; do [ -x "$BIN_DIR/$b" ] || MISSING+=("$b"); done
+if [ "${#MISSING[@]}" = 0 ]; then
   log "cached binaries in $BIN_DIR"
   echo "$BIN_DIR"
   exit 0
 fi
+log "missing from $BIN_DIR: ${MISSING[*]}"
 
 need_pkgs golang-go golang-github-modern-go-reflect2-dev dpkg-dev build-essential rsync
 
@@ -115,7 +117,7 @@ GOPATH_DIR="$WORK_DIR/gopath"
 mkdir -p "$GOPATH_DIR/src/k8s.io"
 ln -sfn "$SRC" "$GOPATH_DIR/src/k8s.io/kubernetes"
 
-log "building ${WANT[*]} (several minutes on 2 cores; progress every 30 s)"
+log "building ${MISSING[*]} (several minutes on 2 cores; progress every 30 s)"
 started=$SECONDS
 (
   cd "$GOPATH_DIR/src/k8s.io/kubernetes"
@@ -123,9 +125,9 @@ started=$SECONDS
   export KUBE_GIT_VERSION=v1.20.2 KUBE_GIT_TREE_STATE=clean KUBE_GIT_MAJOR=1 KUBE_GIT_MINOR=20
   unset GOFLAGS
   n=0
-  for b in "${WANT[@]}"; do
+  for b in "${MISSING[@]}"; do
     n=$((n + 1))
-    log "building $b ($n of ${#WANT[@]})"
+    log "building $b ($n of ${#MISSING[@]})"
     # A heartbeat while make is quiet for minutes; it is this script's own child.
     ( while sleep 30; do log "still building $b, $((SECONDS - started)) s so far"; done ) &
     beat=$!
@@ -134,7 +136,7 @@ started=$SECONDS
     log "built $b after $((SECONDS - started)) s"
   done
 )
-for b in "${WANT[@]}"; do
+for b in "${MISSING[@]}"; do
   f=$(find "$SRC/_output" -type f -name "$b" -perm -u+x | head -n1)
   [ -n "$f" ] || { log "build produced no $b"; exit 1; }
   install -m 0755 "$f" "$BIN_DIR/$b"

@@ -4,7 +4,9 @@
 //!   the test command can check that none outlives the tests;
 //! - [`simulator`]: KubeVirt, CDI and the guests' kubelets, played on a host cluster
 //!   (`autonodes-dev simulate`), and our KubeVirt test CRDs;
-//! - [`playground`]: management, host and tenant clusters wired like a real installation.
+//! - [`playground`]: management, host and tenant clusters wired like a real installation;
+//! - [`qemu`]: real guests (QEMU with KVM) from the images `scripts/guest-image.sh` builds,
+//!   with a NoCloud seed as KubeVirt makes it.
 #![forbid(unsafe_code)]
 
 use autonodes_api as api;
@@ -13,5 +15,6 @@ use autonodes_api::kubevirt;
 use autonodes_core::userdata;
 
 pub mod playground;
+pub mod qemu;
 pub mod simulator;
 pub mod testenv;

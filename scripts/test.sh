@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The one test command: installs the test environment (etcd, kube-apiserver,
-# kube-scheduler, kubectl; cached after the first run), then checks formatting and
+# kube-scheduler, kubectl, kubelet, kubeadm, kube-controller-manager, and where /dev/kvm
+# exists the real guests' images; cached after the first run), then checks formatting and
 # lints, runs every test, and fails if a process the tests started outlived them. It
 # looks only at processes the tests recorded (target/test-pids), never at anybody else's.
 set -euo pipefail
@@ -16,6 +17,19 @@ AUTONODES_HELM_PYTHON="$(bash scripts/helm-env.sh | tail -n 1)"
 export AUTONODES_HELM_PYTHON
 # cloud-init (schema checks), buildah, podman and runc (the image test) from Debian.
 bash scripts/test-tools.sh || echo "== test tools not installed: the tests that need them say so"
+# The real guests' disk images (Debian via debootstrap, cached after the first run) where
+# /dev/kvm exists; tests/qemu_guest.rs boots them. Without /dev/kvm those tests skip, and a
+# failed build here only says so (the tests run the script themselves and show its error).
+if [ -e /dev/kvm ]; then
+  guest_started=$SECONDS
+  if AUTONODES_GUEST_DIR="$(bash scripts/guest-image.sh | tail -n 1)"; then
+    export AUTONODES_GUEST_DIR
+    echo "== guest images in $AUTONODES_GUEST_DIR ($((SECONDS - guest_started)) s)"
+  else
+    unset AUTONODES_GUEST_DIR
+    echo "== guest images not built: the real-guest tests will say why"
+  fi
+fi
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

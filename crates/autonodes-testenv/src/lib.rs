@@ -7,7 +7,9 @@
 //! - [`playground`]: management, host and tenant clusters wired like a real installation;
 //! - [`kubeadm_tenant`]: a tenant API server prepared as a kubeadm control plane, for real
 //!   kubelets to join;
-//! - [`download_mirror`]: dl.k8s.io's layout on loopback, for stock guests to install from.
+//! - [`download_mirror`]: dl.k8s.io's layout on loopback, for stock guests to install from;
+//! - [`qemu`]: real guests (QEMU, with KVM where it can boot them, else TCG) from the images `scripts/guest-image.sh` builds,
+//!   with a NoCloud seed as KubeVirt makes it.
 #![forbid(unsafe_code)]
 
 use autonodes_api as api;
@@ -18,5 +20,6 @@ use autonodes_core::userdata;
 pub mod download_mirror;
 pub mod kubeadm_tenant;
 pub mod playground;
+pub mod qemu;
 pub mod simulator;
 pub mod testenv;

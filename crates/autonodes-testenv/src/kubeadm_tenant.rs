@@ -185,13 +185,14 @@ cgroupDriver: systemd
     // address, and cluster-info gets the endpoint guests use, as after `kubeadm init`. (The
     // bootstrap signer signs the content as it is now.)
     let public: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-public");
-    let mut cluster_info = public
-        .get("cluster-info")
-        .await
-        .map_err(|e| TestEnvError::Kubeconfig {
-            name: name.to_string(),
-            message: format!("reading kube-public/cluster-info: {e}"),
-        })?;
+    let mut cluster_info =
+        public
+            .get("cluster-info")
+            .await
+            .map_err(|e| TestEnvError::Kubeconfig {
+                name: name.to_string(),
+                message: format!("reading kube-public/cluster-info: {e}"),
+            })?;
     let local = format!("server: https://127.0.0.1:{}", server.port);
     let guest = format!("server: https://{guest_endpoint}");
     if let Some(kubeconfig) = cluster_info

@@ -185,8 +185,8 @@ impl TenantEntry {
 
 /// Why a join attempt failed.
 #[derive(Debug)]
-struct JoinError {
-    reason: String,
+pub(crate) struct JoinError {
+    pub(crate) reason: String,
     /// kubeadm/kubelet would keep trying (until the discovery timeout).
     retryable: bool,
 }
@@ -359,7 +359,11 @@ pub(crate) async fn guest(
 }
 
 /// Reads the user data the VM's cloud-init volume points at.
-async fn user_data(ctx: &Ctx, vm: &DynamicObject, ns: &str) -> Result<String, JoinError> {
+pub(crate) async fn user_data(
+    ctx: &Ctx,
+    vm: &DynamicObject,
+    ns: &str,
+) -> Result<String, JoinError> {
     let volumes = vm
         .data
         .pointer("/spec/template/spec/volumes")

@@ -38,6 +38,7 @@ mod cache;
 mod crds;
 pub mod guest;
 mod kubelet;
+pub mod real_guest;
 mod reconcile;
 
 use std::future::Future;
@@ -188,6 +189,8 @@ pub struct SimOptions {
     pub resync_interval: Duration,
     /// How often objects whose VirtualMachine is gone are swept (garbage collection).
     pub sweep_interval: Duration,
+    /// Boot real guests with QEMU instead of playing the kubelet (`None`: simulated).
+    pub real_guests: Option<Arc<real_guest::RealGuests>>,
 }
 
 impl Default for SimOptions {
@@ -199,6 +202,7 @@ impl Default for SimOptions {
             join_retry_interval: Duration::from_secs(1),
             resync_interval: Duration::from_secs(120),
             sweep_interval: Duration::from_secs(10),
+            real_guests: None,
         }
     }
 }

@@ -205,6 +205,18 @@ async fn reconcile_vm(mut vm: Arc<DynamicObject>, ns: &str, ctx: &Ctx) -> Result
     if ctx.opts.mode == SimMode::NeverJoin {
         return Ok(Action::await_change());
     }
+    if let Some(real) = &ctx.opts.real_guests {
+        // A real guest joins by itself; the simulator only keeps it running.
+        let booted = match kubelet::user_data(ctx, vm, ns).await {
+            Ok(user_data) => real.ensure(vm, &vmi, ns, &user_data),
+            Err(e) => Err(e.reason),
+        };
+        if let Err(message) = booted {
+            publish(ctx, vm, EventType::Warning, "GuestBootFailed", &message).await;
+            return Ok(Action::requeue(Duration::from_secs(10)));
+        }
+        return Ok(Action::requeue(ctx.opts.resync_interval));
+    }
     kubelet::guest(ctx, vm, &vmi, ns).await
 }
 
@@ -598,6 +610,9 @@ async fn delete_dynamic(
 
 async fn delete_vmi(ctx: &Ctx, vmi: &DynamicObject) -> Result<(), SimError> {
     kubelet::stop_guest(ctx, vmi).await;
+    if let Some(real) = &ctx.opts.real_guests {
+        real.stop(vmi);
+    }
     delete_dynamic(ctx, (&ctx.vmi, &ctx.vmis), vmi).await
 }
 
@@ -731,6 +746,9 @@ async fn sweep(ctx: &Ctx) -> Result<(), SimError> {
             }
             if ar.kind == ctx.vmi.kind {
                 kubelet::stop_guest(ctx, obj).await;
+                if let Some(real) = &ctx.opts.real_guests {
+                    real.stop(obj);
+                }
             }
             tracing::info!(kind = %ar.kind, object = %format!("{ns}/{}", obj.name_any()), "deleting an orphan");
             delete_dynamic(ctx, (ar, cache), obj).await?;

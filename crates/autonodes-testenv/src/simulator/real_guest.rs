@@ -1,0 +1,139 @@
+//! Real guests instead of the simulated kubelet: for each VirtualMachine that runs, QEMU
+//! boots a guest image ([`crate::qemu`]) with a NoCloud seed made from the VM's
+//! `cloudInitNoCloud` user data exactly as KubeVirt makes it (`user-data` from the
+//! Secret's `userdata` key, `meta-data` with `instance-id: <vmi>.<namespace>` and
+//! `local-hostname: <vmi>`); the guest's own cloud-init, kubeadm and kubelet do the rest.
+//! Deleting the VM (its VMI) powers the guest off. The image is chosen by the VM's
+//! `containerDisk` image: one naming `prepared` boots the prepared image, any other the
+//! stock one.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kube::api::DynamicObject;
+use kube::ResourceExt;
+use serde_json::Value;
+
+use crate::qemu::{BootOptions, Guest, GuestImage, Variant};
+
+/// The real guests of one simulator run.
+#[derive(Debug)]
+pub struct RealGuests {
+    /// Where each guest's seed, overlay disk and serial log go (`<dir>/<namespace>-<vm>`).
+    pub work_dir: PathBuf,
+    /// How guests are booted (memory, CPUs, the host ports they may reach).
+    pub options: BootOptions,
+    guests: Mutex<HashMap<String, Guest>>,
+    serial_logs: Mutex<HashMap<String, PathBuf>>,
+    pids: Mutex<Vec<u32>>,
+}
+
+impl RealGuests {
+    /// Real guests booted with `options`, their files under `work_dir`.
+    pub fn new(work_dir: PathBuf, options: BootOptions) -> Arc<Self> {
+        Arc::new(RealGuests {
+            work_dir,
+            options,
+            guests: Mutex::new(HashMap::new()),
+            serial_logs: Mutex::new(HashMap::new()),
+            pids: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The serial console log of the guest of VM `namespace/name` (also after it stopped).
+    pub fn serial_log(&self, namespace: &str, name: &str) -> Option<PathBuf> {
+        self.serial_logs
+            .lock()
+            .ok()?
+            .get(&format!("{namespace}/{name}"))
+            .cloned()
+    }
+
+    /// How many guests run now.
+    pub fn running(&self) -> usize {
+        self.guests.lock().map(|g| g.len()).unwrap_or(0)
+    }
+
+    /// The QEMU processes of every guest booted so far that still exist (not yet reaped).
+    pub fn qemu_alive(&self) -> Vec<u32> {
+        self.pids
+            .lock()
+            .map(|p| p.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists())
+            .collect()
+    }
+
+    /// Boots the guest of `vmi` unless it runs already.
+    pub(crate) fn ensure(
+        &self,
+        vm: &DynamicObject,
+        vmi: &DynamicObject,
+        ns: &str,
+        user_data: &str,
+    ) -> Result<(), String> {
+        let uid = vmi.uid().unwrap_or_default();
+        let mut guests = self.guests.lock().map_err(|_| "guest table poisoned")?;
+        if guests.contains_key(&uid) {
+            return Ok(());
+        }
+        let name = vm.name_any();
+        let variant = variant_of(vm);
+        let image = GuestImage::cached(variant).map_err(|e| e.to_string())?;
+        let meta_data = format!("instance-id: {name}.{ns}\nlocal-hostname: {name}\n");
+        let dir = self
+            .work_dir
+            .join(format!("{ns}-{name}-{}", &uid[..uid.len().min(8)]));
+        let guest = Guest::boot_with(&image, user_data, &meta_data, None, &dir, &self.options)
+            .map_err(|e| format!("booting the {} guest: {e}", variant.name()))?;
+        tracing::info!(vm = %format!("{ns}/{name}"), image = variant.name(), pid = ?guest.pid(), "real guest booted");
+        if let (Some(pid), Ok(mut pids)) = (guest.pid(), self.pids.lock()) {
+            pids.push(pid);
+        }
+        if let Ok(mut logs) = self.serial_logs.lock() {
+            logs.insert(
+                format!("{ns}/{name}"),
+                guest.serial_log_path().to_path_buf(),
+            );
+        }
+        guests.insert(uid, guest);
+        Ok(())
+    }
+
+    /// Powers the guest of `vmi` off (ACPI, then a kill after 60 s), in the background.
+    pub(crate) fn stop(&self, vmi: &DynamicObject) {
+        let uid = vmi.uid().unwrap_or_default();
+        let guest = self.guests.lock().ok().and_then(|mut g| g.remove(&uid));
+        if let Some(mut guest) = guest {
+            let name = vmi.name_any();
+            tokio::spawn(async move {
+                match guest.shutdown(Duration::from_secs(60)).await {
+                    Ok(how) => tracing::info!(vmi = %name, ?how, "real guest powered off"),
+                    Err(e) => {
+                        tracing::warn!(vmi = %name, error = %e, "powering the guest off failed; killed")
+                    }
+                }
+            });
+        }
+    }
+}
+
+/// The image a VM boots: `prepared` when its containerDisk image names it, else `stock`.
+fn variant_of(vm: &DynamicObject) -> Variant {
+    let prepared = vm
+        .data
+        .pointer("/spec/template/spec/volumes")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.pointer("/containerDisk/image").and_then(Value::as_str))
+        .any(|image| image.contains("prepared"));
+    if prepared {
+        Variant::Prepared
+    } else {
+        Variant::Stock
+    }
+}

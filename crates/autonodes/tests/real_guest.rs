@@ -1,0 +1,385 @@
+//! Real guests join: one claim of a prepared image and one of a stock image go from
+//! creation to a Ready Node with a real kubelet. The host runs the simulator's KubeVirt
+//! stand-in with real guests (QEMU with KVM, a NoCloud seed from the user-data Secret as
+//! KubeVirt makes it, user-mode network reaching only the tenant's API server and a
+//! download mirror on the host's loopback); the tenant is a kube-apiserver prepared as a
+//! kubeadm control plane (real `kubeadm init phase` steps and a kube-controller-manager
+//! signing the kubelets' certificates). The guests run Debian's cloud-init and
+//! containerd, and kubeadm and the kubelet v1.20.2 built from the same tree as the API
+//! server: preinstalled on the prepared image, downloaded by autonodes' user data on the
+//! stock one. Skipped, with the reason, where KVM or the guest images are missing.
+
+use std::time::{Duration, Instant};
+
+use autonodes::api::{NodeClaim, NodeProvider};
+use autonodes::controller::ControllerConfig;
+use autonodes_testenv::download_mirror::DownloadMirror;
+use autonodes_testenv::kubeadm_tenant;
+use autonodes_testenv::playground::{self, SERVICE_NAMESPACE};
+use autonodes_testenv::qemu::{self, BootOptions, GuestImage, GuestNetwork, Variant};
+use autonodes_testenv::simulator::{self, real_guest::RealGuests, SimOptions};
+use autonodes_testenv::testenv::{free_port, TestEnv};
+use k8s_openapi::api::core::v1::{Node, Secret};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::ResourceExt;
+
+const TENANT_NS: &str = "tenant";
+const VM_NS: &str = "vcluster-platform";
+const READY: Duration = Duration::from_secs(900);
+
+fn provider() -> String {
+    let node_type = |name: &str, prepared: bool| {
+        format!(
+            "      - name: {name}
+        displayName: {name}
+        maxCapacity: 2
+        properties:
+          autonodes.io/image-prepared: \"{prepared}\"
+        virtualMachineTemplate:
+          spec:
+            template:
+              spec:
+                domain:
+                  devices:
+                    disks:
+                      - name: rootdisk
+                        disk:
+                          bus: virtio
+                  resources:
+                    requests:
+                      cpu: \"2\"
+                      memory: 2Gi
+                volumes:
+                  - name: rootdisk
+                    containerDisk:
+                      image: autonodes.test/guest:{name}
+"
+        )
+    };
+    format!(
+        "apiVersion: autonodes.io/v1alpha1
+kind: NodeProvider
+metadata:
+  name: real-guests
+spec:
+  kubeVirt:
+    clusterRef:
+      cluster: test-kubevirt-1
+      namespace: {VM_NS}
+    nodeTypes:
+{}{}",
+        node_type("prepared", true),
+        node_type("stock", false)
+    )
+}
+
+fn claim(name: &str, node_type: &str) -> NodeClaim {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "autonodes.io/v1alpha1",
+        "kind": "NodeClaim",
+        "metadata": {"name": name, "namespace": TENANT_NS},
+        "spec": {
+            "providerRef": "real-guests",
+            "vClusterRef": {"name": "tenant"},
+            "requirements": [{"key": "autonodes.io/node-type", "operator": "In", "values": [node_type]}],
+        },
+    }))
+    .expect("claim")
+}
+
+/// The guest's cloud-init verdict from its serial console.
+fn cloud_init_result(serial: &str) -> String {
+    let finished = serial
+        .lines()
+        .rev()
+        .find(|l| l.contains("Cloud-init v.") && l.contains("finished"))
+        .map(|l| l.trim().to_string());
+    let failed = serial
+        .lines()
+        .filter(|l| l.contains("autonodes: FAILED") || l.contains("Failed to run module"))
+        .map(|l| l.trim().to_string())
+        .collect::<Vec<_>>();
+    match (finished, failed.is_empty()) {
+        (Some(f), true) => format!("done ({f})"),
+        (Some(f), false) => format!("error ({f}; {})", failed.join("; ")),
+        (None, _) => "not finished".to_string(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prepared_and_a_stock_image_join_the_tenant_with_a_real_kubelet_and_leave_nothing() {
+    match qemu::accelerator() {
+        Ok(accel) => println!("real-guest: accelerator {accel:?}"),
+        Err(why) => {
+            eprintln!("SKIPPED: real guests cannot run here: {why}");
+            return;
+        }
+    }
+    for variant in [Variant::Prepared, Variant::Stock] {
+        if let Err(e) = GuestImage::cached(variant) {
+            eprintln!("SKIPPED: {e}");
+            return;
+        }
+    }
+    let mut env = TestEnv::start(&["mgmt", "host"]).await.expect("clusters");
+    env.add_apiserver_serving("tenant", &[qemu::HOST_ADDRESS])
+        .await
+        .expect("tenant");
+    let control_plane = kubeadm_tenant::prepare(&env, "tenant", qemu::HOST_ADDRESS)
+        .await
+        .expect("kubeadm control plane");
+    let tenant_port = env.apiserver("tenant").expect("tenant").port;
+    let bin_dir = env
+        .bins
+        .kube_apiserver
+        .parent()
+        .expect("bin dir")
+        .to_path_buf();
+    let version = control_plane.kubernetes_version.clone();
+    let mirror = DownloadMirror::start(&bin_dir, &version, &["kubelet", "kubeadm"])
+        .await
+        .expect("download mirror");
+    let pg = playground::wire(env, &provider(), TENANT_NS, "tenant")
+        .await
+        .expect("wired");
+    let mgmt = pg
+        .mgmt()
+        .expect("mgmt")
+        .client()
+        .await
+        .expect("mgmt client");
+    let host = pg
+        .host()
+        .expect("host")
+        .client()
+        .await
+        .expect("host client");
+    let tenant = pg
+        .tenant()
+        .expect("tenant")
+        .client()
+        .await
+        .expect("tenant client");
+
+    let guests_dir = pg.env.dir.join("guests");
+    let real = RealGuests::new(
+        guests_dir,
+        BootOptions {
+            network: GuestNetwork::HostPorts(vec![tenant_port, mirror.port]),
+            ..BootOptions::default()
+        },
+    );
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    let sim = tokio::spawn(simulator::run(
+        host.clone(),
+        Vec::new(),
+        SimOptions {
+            real_guests: Some(real.clone()),
+            ..SimOptions::default()
+        },
+        stopped(),
+    ));
+    let config = ControllerConfig {
+        namespace: SERVICE_NAMESPACE.into(),
+        registration_timeout: READY,
+        kubernetes_download_url: format!("http://{}:{}", qemu::HOST_ADDRESS, mirror.port),
+        ..ControllerConfig::default()
+    };
+    let metrics = format!("127.0.0.1:{}", free_port().expect("port"))
+        .parse()
+        .expect("addr");
+    let controller = tokio::spawn(autonodes::run::run_with(
+        mgmt.clone(),
+        config,
+        metrics,
+        stopped(),
+    ));
+
+    let claims: Api<NodeClaim> = Api::namespaced(mgmt.clone(), TENANT_NS);
+    let nodes: Api<Node> = Api::all(tenant.clone());
+    let created = Instant::now();
+    for (name, node_type) in [("prepared-1", "prepared"), ("stock-1", "stock")] {
+        claims
+            .create(&PostParams::default(), &claim(name, node_type))
+            .await
+            .expect("claim created");
+    }
+    let mut ready_after = std::collections::BTreeMap::new();
+    while ready_after.len() < 2 {
+        for name in ["prepared-1", "stock-1"] {
+            if ready_after.contains_key(name) {
+                continue;
+            }
+            let c = claims.get(name).await.expect("claim");
+            let node = c.status.as_ref().and_then(|s| s.node_name.clone());
+            let node_ready = match &node {
+                Some(n) => nodes.get_opt(n).await.ok().flatten().is_some_and(|n| {
+                    n.status
+                        .and_then(|s| s.conditions)
+                        .unwrap_or_default()
+                        .iter()
+                        .any(|c| c.type_ == "Ready" && c.status == "True")
+                }),
+                None => false,
+            };
+            if node_ready {
+                ready_after.insert(name, created.elapsed());
+            }
+        }
+        if created.elapsed() > READY {
+            let mut shown = String::new();
+            for name in ["prepared-1", "stock-1"] {
+                let c = claims.get(name).await.expect("claim");
+                let vm = c
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.vm_name.clone())
+                    .unwrap_or_default();
+                let serial = real
+                    .serial_log(VM_NS, &vm)
+                    .and_then(|p| std::fs::read_to_string(p).ok())
+                    .unwrap_or_default();
+                let tail: Vec<&str> = serial.lines().rev().take(60).collect();
+                shown.push_str(&format!(
+                    "== {name}: {:?}\n{}\n",
+                    c.status,
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                ));
+            }
+            panic!(
+                "not every Node turned Ready within {READY:?}:\n{shown}\nmirror: {:?}",
+                mirror.requests()
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+
+    // Each claim turns Available and its bootstrap token is deleted.
+    for (name, image) in [("prepared-1", "prepared"), ("stock-1", "stock")] {
+        let started = Instant::now();
+        let claim = loop {
+            let c = claims.get(name).await.expect("claim");
+            if c.status.as_ref().and_then(|s| s.phase)
+                == Some(autonodes::api::NodeClaimPhase::Available)
+            {
+                break c;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(120),
+                "{name} not Available: {:?}",
+                c.status
+            );
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        };
+        let status = claim.status.clone().unwrap_or_default();
+        let vm = status.vm_name.clone().unwrap_or_default();
+        let node = nodes
+            .get(status.node_name.as_deref().unwrap_or_default())
+            .await
+            .expect("node");
+        assert_eq!(
+            node.spec.as_ref().and_then(|s| s.provider_id.as_deref()),
+            Some(format!("kubevirt://{vm}").as_str())
+        );
+        let serial = real
+            .serial_log(VM_NS, &vm)
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .unwrap_or_default();
+        println!(
+            "real-guest: {image} image, claim {name} → Node {} Ready after {} s, Ready; kubelet {}; cloud-init {}",
+            node.name_any(),
+            ready_after[name].as_secs(),
+            node.status
+                .as_ref()
+                .and_then(|s| s.node_info.as_ref())
+                .map(|i| i.kubelet_version.clone())
+                .unwrap_or_default(),
+            cloud_init_result(&serial)
+        );
+    }
+    let tokens: Api<Secret> = Api::namespaced(tenant.clone(), "kube-system");
+    let started = Instant::now();
+    loop {
+        let left = tokens
+            .list(&ListParams::default().labels("app.kubernetes.io/managed-by=autonodes"))
+            .await
+            .expect("tokens")
+            .items
+            .len();
+        if left == 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "{left} bootstrap tokens left"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    println!("mirror requests: {:?}", mirror.requests());
+
+    // Deleting both claims drains and removes everything, and powers the guests off.
+    for name in ["prepared-1", "stock-1"] {
+        claims
+            .delete(name, &DeleteParams::default())
+            .await
+            .expect("delete");
+    }
+    let vms: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        host.clone(),
+        VM_NS,
+        &kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+            "kubevirt.io",
+            "v1",
+            "VirtualMachine",
+        )),
+    );
+    let secrets: Api<Secret> = Api::namespaced(host.clone(), VM_NS);
+    let started = Instant::now();
+    loop {
+        let claims_left = claims
+            .list(&ListParams::default())
+            .await
+            .expect("claims")
+            .items
+            .len();
+        let vms_left = vms
+            .list(&ListParams::default())
+            .await
+            .expect("vms")
+            .items
+            .len();
+        let secrets_left = secrets
+            .list(&ListParams::default().labels("app.kubernetes.io/managed-by=autonodes"))
+            .await
+            .expect("secrets")
+            .items
+            .len();
+        let nodes_left = nodes
+            .list(&ListParams::default())
+            .await
+            .expect("nodes")
+            .items
+            .len();
+        let guests_left = real.running() + real.qemu_alive().len();
+        if claims_left + vms_left + secrets_left + nodes_left + guests_left == 0 {
+            println!("real-guest: after deletion: 0 claims, 0 VirtualMachines, 0 user-data Secrets, 0 Nodes, 0 guests running");
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "left: {claims_left} claims, {vms_left} VMs, {secrets_left} Secrets, {nodes_left} Nodes, {guests_left} guests"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let _ = stop_tx.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(10), controller).await;
+    let _ = tokio::time::timeout(Duration::from_secs(10), sim).await;
+    drop(control_plane);
+    let _: &NodeProvider = &pg.provider;
+}

@@ -621,20 +621,27 @@ fn block_helper(
         .param(1)
         .and_then(|p| p.value().as_u64())
         .ok_or(RenderErrorReason::ParamNotFoundForIndex("block", 1))?;
-    let Some(text) = param.value().as_str() else {
-        out.write(&to_flow_yaml(param.value()))?;
-        return Ok(());
-    };
+    let block = param
+        .value()
+        .as_str()
+        .and_then(|text| to_block_yaml(text, usize::try_from(indent).unwrap_or(0)));
+    out.write(&block.unwrap_or_else(|| to_flow_yaml(param.value())))?;
+    Ok(())
+}
+
+/// `text` as a YAML literal block scalar whose lines are indented by `indent` spaces (at
+/// most 32), or `None` when a block scalar cannot hold it as is (empty, leading blanks,
+/// control characters other than tab and newline).
+pub fn to_block_yaml(text: &str, indent: usize) -> Option<String> {
     let plain = !text.is_empty()
         && !text.starts_with([' ', '\t', '\n'])
         && text
             .chars()
             .all(|c| c == '\n' || c == '\t' || (!c.is_control() && c != '\u{feff}'));
     if !plain {
-        out.write(&to_flow_yaml(param.value()))?;
-        return Ok(());
+        return None;
     }
-    let pad = " ".repeat(usize::try_from(indent).unwrap_or(0).min(32));
+    let pad = " ".repeat(indent.min(32));
     let body = text.strip_suffix('\n').unwrap_or(text);
     let mut block = String::from(if text.ends_with('\n') && !text.ends_with("\n\n") {
         "|"
@@ -650,8 +657,7 @@ fn block_helper(
             block.push_str(line);
         }
     }
-    out.write(&block)?;
-    Ok(())
+    Some(block)
 }
 
 fn registry() -> Result<&'static Handlebars<'static>, UserDataError> {
@@ -1104,6 +1110,22 @@ ALSCkSTyQaInuL6DucynDnEnDn3BmFrDIP2T88gG8jFaAiEAs2mkVzuGZG/sIDbD
             to_flow_yaml(&json!({"a": [1, true, null, "x"]})),
             "{\"a\": [1, true, null, \"x\"]}"
         );
+    }
+
+    #[test]
+    fn a_block_scalar_reads_back_as_the_same_text_and_unholdable_text_is_refused() {
+        for text in [
+            "#!/bin/sh\necho a\n\n  indented: \"x\"\n",
+            "no newline",
+            "two\n\n",
+        ] {
+            let block = to_block_yaml(text, 2).expect("representable");
+            let doc: Value = crate::yaml::from_str(&format!("k: {block}\n")).expect("YAML");
+            assert_eq!(doc["k"], text, "{block}");
+        }
+        for text in ["", " leading", "\tleading", "bell\u{7}", "cr\r\n"] {
+            assert_eq!(to_block_yaml(text, 2), None, "{text:?}");
+        }
     }
 
     /// The content of the prepare script the user data writes.

@@ -870,44 +870,19 @@ fn sign_client_certificate(
     user: &str,
     groups: &[&str],
 ) -> Result<(Vec<u8>, Vec<u8>), TestEnvError> {
-    let p = |f: &str| dir.join(f).to_string_lossy().into_owned();
     let file_safe: String = user
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
         .collect();
-    let (key, csr, crt, ext) = (
-        p(&format!("{file_safe}-client.key")),
-        p(&format!("{file_safe}-client.csr")),
-        p(&format!("{file_safe}-client.crt")),
-        p(&format!("{file_safe}-client.ext")),
-    );
     let subject: String = std::iter::once(format!("/CN={user}"))
         .chain(groups.iter().map(|g| format!("/O={g}")))
         .collect();
-    let mut args = vec!["req"];
-    args.extend(EC_KEY_ARGS);
-    args.extend(["-keyout", &key, "-out", &csr, "-subj", &subject]);
-    run_openssl(&args)?;
-    fs::write(
-        &ext,
+    let (crt, key) = issue_with_client_ca(
+        dir,
+        &format!("{file_safe}-client"),
+        &subject,
         "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth\n",
-    )
-    .map_err(io_err(format!("writing {ext}")))?;
-    let (ca_crt, ca_key, serial) = (p("client-ca.crt"), p("client-ca.key"), p("client-ca.srl"));
-    let mut args = vec![
-        "x509", "-req", "-in", &csr, "-CA", &ca_crt, "-CAkey", &ca_key,
-    ];
-    args.extend([
-        "-CAcreateserial",
-        "-CAserial",
-        &serial,
-        "-out",
-        &crt,
-        "-days",
-        "3650",
-    ]);
-    args.extend(["-extfile", &ext]);
-    run_openssl(&args)?;
+    )?;
     let read = |f: &str| fs::read(f).map_err(io_err(format!("reading {f}")));
     Ok((read(&crt)?, read(&key)?))
 }
@@ -918,17 +893,6 @@ fn sign_serving_certificate(
     dir: &Path,
     extra_ips: &[&str],
 ) -> Result<(PathBuf, PathBuf), TestEnvError> {
-    let p = |f: &str| dir.join(f).to_string_lossy().into_owned();
-    let (key, csr, crt, ext) = (
-        p("serving.key"),
-        p("serving.csr"),
-        p("serving.crt"),
-        p("serving.ext"),
-    );
-    let mut args = vec!["req"];
-    args.extend(EC_KEY_ARGS);
-    args.extend(["-keyout", &key, "-out", &csr, "-subj", "/CN=kube-apiserver"]);
-    run_openssl(&args)?;
     let mut names = vec![
         "IP:127.0.0.1".to_string(),
         "IP:10.0.0.1".to_string(),
@@ -938,14 +902,39 @@ fn sign_serving_certificate(
         "DNS:kubernetes.default.svc".to_string(),
     ];
     names.extend(extra_ips.iter().map(|ip| format!("IP:{ip}")));
-    fs::write(
-        &ext,
-        format!(
+    let (crt, key) = issue_with_client_ca(
+        dir,
+        "serving",
+        "/CN=kube-apiserver",
+        &format!(
             "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\nsubjectAltName={}\n",
             names.join(",")
         ),
-    )
-    .map_err(io_err(format!("writing {ext}")))?;
+    )?;
+    Ok((PathBuf::from(crt), PathBuf::from(key)))
+}
+
+/// A new EC key and an X.509 v3 certificate for `subject` with `extensions` (an openssl
+/// extension file), signed by the client CA in `dir`, written as `<stem>.crt` and
+/// `<stem>.key` there. Returns (certificate path, key path).
+fn issue_with_client_ca(
+    dir: &Path,
+    stem: &str,
+    subject: &str,
+    extensions: &str,
+) -> Result<(String, String), TestEnvError> {
+    let p = |f: &str| dir.join(f).to_string_lossy().into_owned();
+    let (key, csr, crt, ext) = (
+        p(&format!("{stem}.key")),
+        p(&format!("{stem}.csr")),
+        p(&format!("{stem}.crt")),
+        p(&format!("{stem}.ext")),
+    );
+    let mut args = vec!["req"];
+    args.extend(EC_KEY_ARGS);
+    args.extend(["-keyout", &key, "-out", &csr, "-subj", subject]);
+    run_openssl(&args)?;
+    fs::write(&ext, extensions).map_err(io_err(format!("writing {ext}")))?;
     let (ca_crt, ca_key, serial) = (p("client-ca.crt"), p("client-ca.key"), p("client-ca.srl"));
     let mut args = vec![
         "x509", "-req", "-in", &csr, "-CA", &ca_crt, "-CAkey", &ca_key,
@@ -962,7 +951,7 @@ fn sign_serving_certificate(
         &ext,
     ]);
     run_openssl(&args)?;
-    Ok((PathBuf::from(crt), PathBuf::from(key)))
+    Ok((crt, key))
 }
 
 fn run_openssl(args: &[&str]) -> Result<(), TestEnvError> {

@@ -287,6 +287,29 @@ async fn a_prepared_and_a_stock_image_join_the_tenant_with_a_real_kubelet_and_le
             node.spec.as_ref().and_then(|s| s.provider_id.as_deref()),
             Some(format!("kubevirt://{vm}").as_str())
         );
+        // The kubelet registered with the JoinConfiguration's labels (`--node-labels`) and
+        // taints; autonodes removed the registration taint once the Node joined.
+        let labels = node.labels();
+        assert_eq!(
+            labels
+                .get(autonodes::api::LABEL_NODECLAIM)
+                .map(String::as_str),
+            Some(name)
+        );
+        assert_eq!(
+            labels.get("autonodes.io/node-type").map(String::as_str),
+            Some(image),
+            "{labels:?}"
+        );
+        let taints = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.clone())
+            .unwrap_or_default();
+        assert!(
+            !taints.iter().any(|t| t.key == "autonodes.io/unregistered"),
+            "{taints:?}"
+        );
         let serial = real
             .serial_log(VM_NS, &vm)
             .and_then(|p| std::fs::read_to_string(p).ok())

@@ -32,22 +32,10 @@ PACKAGES=(
   ca-certificates curl
 )
 
-SUDO=""
-if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
-
 log() { echo "guest-image: $*" >&2; }
 
-need_pkgs() {
-  local missing=()
-  for p in "$@"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-  done
-  if [ "${#missing[@]}" -gt 0 ]; then
-    $SUDO apt-get update -qq >&2
-    log "installing ${missing[*]}"
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
-  fi
-}
+# shellcheck source=lib/apt.sh
+. "$(dirname "$0")/lib/apt.sh"
 
 SCRIPT="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
 TEST_ENV="$(dirname "$SCRIPT")/test-env.sh"
@@ -108,14 +96,7 @@ fi
 need_pkgs debootstrap e2fsprogs qemu-utils
 
 # The archive URI from the machine's own apt sources (as test-env.sh takes its deb-src).
-uri=""
-if [ -f /etc/apt/sources.list.d/debian.sources ]; then
-  uri=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources)
-fi
-if [ -z "$uri" ] && [ -f /etc/apt/sources.list ]; then
-  uri=$(awk '$1=="deb" && $0 ~ /bookworm/ {for(i=2;i<=NF;i++) if ($i ~ /^(https?|file|mirror)/) {print $i; exit}}' /etc/apt/sources.list)
-fi
-[ -n "$uri" ] || { log "no Debian archive URI found in the apt sources"; exit 1; }
+uri=$(debian_archive_uri) || exit 1
 
 # One temporary directory for this run, removed however the run ends (the chroot's mounts
 # first). The leftovers of an earlier run that was killed outright are removed too: we hold

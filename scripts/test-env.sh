@@ -14,30 +14,10 @@ WORK_DIR="${AUTONODES_K8S_WORK:-/var/cache/autonodes/k8s-build}"
 # AUTONODES_K8S_WANT narrows the list (the playground needs only the first three).
 read -r -a WANT <<< "${AUTONODES_K8S_WANT:-kube-apiserver kube-scheduler kubectl kubelet kubeadm kube-controller-manager}"
 
-SUDO=""
-if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
-
 log() { echo "test-env: $*" >&2; }
 
-apt_updated=0
-apt_update_once() {
-  if [ "$apt_updated" = 0 ]; then
-    $SUDO apt-get update -qq >&2
-    apt_updated=1
-  fi
-}
-
-need_pkgs() {
-  local missing=()
-  for p in "$@"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-  done
-  if [ "${#missing[@]}" -gt 0 ]; then
-    apt_update_once
-    log "installing ${missing[*]}"
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
-  fi
-}
+# shellcheck source=lib/apt.sh
+. "$(dirname "$0")/lib/apt.sh"
 
 # 1. etcd and Prometheus from Debian. The tests start their own etcd and Prometheus on free ports with their own data
 # directories, so an etcd the machine already runs is left alone. Only when this script
@@ -75,14 +55,7 @@ need_pkgs golang-go golang-github-modern-go-reflect2-dev dpkg-dev build-essentia
 # A deb-src entry for bookworm, taken from the machine's own apt sources.
 SRC_LIST=/etc/apt/sources.list.d/autonodes-src.sources
 if ! grep -rqs "deb-src" /etc/apt/sources.list /etc/apt/sources.list.d/ ; then
-  uri=""
-  if [ -f /etc/apt/sources.list.d/debian.sources ]; then
-    uri=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources)
-  fi
-  if [ -z "$uri" ] && [ -f /etc/apt/sources.list ]; then
-    uri=$(awk '$1=="deb" && $0 ~ /bookworm/ {for(i=2;i<=NF;i++) if ($i ~ /^(https?|file|mirror)/) {print $i; exit}}' /etc/apt/sources.list)
-  fi
-  [ -n "$uri" ] || { log "no Debian archive URI found in the apt sources"; exit 1; }
+  uri=$(debian_archive_uri) || exit 1
   log "adding deb-src for bookworm from the configured archive"
   printf 'Types: deb-src\nURIs: %s\nSuites: bookworm\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' "$uri" \
     | $SUDO tee "$SRC_LIST" >/dev/null

@@ -11,8 +11,10 @@
 //! `status.phase` carry an `enum` (KubeVirt checks those values in a webhook instead);
 //! `spec.template.metadata` and `spec.dataVolumeTemplates[].metadata` are structural
 //! (`name`, `namespace`, `labels`, `annotations`) where KubeVirt preserves unknown fields;
-//! the VMI has a status subresource; only the served versions autonodes uses are defined
-//! (`kubevirt.io/v1`, `cdi.kubevirt.io/v1beta1`); no CEL rules (the test API server is v1.20).
+//! only the served versions autonodes uses are defined (`kubevirt.io/v1`,
+//! `cdi.kubevirt.io/v1beta1`); no CEL rules (the test API server is v1.20). The subresources
+//! are KubeVirt's: VirtualMachine and DataVolume have a status subresource, the
+//! VirtualMachineInstance has none (its status is written with the object).
 
 use std::collections::BTreeMap;
 

@@ -50,6 +50,11 @@ pub(crate) struct TenantEntry {
     ca_hashes: Result<Vec<String>, String>,
     /// The tenant's Nodes (all of them: in a simulated tenant the guests make every one).
     nodes: Arc<Cache<Node>>,
+    /// Node names by `status.nodeInfo.bootID`, as the Node watch delivered them: which
+    /// guest a Node belongs to without a scan of every Node per guest (O(N²) over a burst of
+    /// N VMs). An entry can outlive its Node; [`TenantEntry::node_booted_by`] checks it
+    /// against the cache and drops it then.
+    boot_ids: Arc<Mutex<HashMap<String, String>>>,
     /// Bootstrap-token Secrets in `kube-system`.
     tokens: Arc<Cache<Secret>>,
     /// The tenant's version, read once (the kubelet's and kube-proxy's version).
@@ -71,13 +76,24 @@ impl TenantEntry {
             tracing::warn!(url = %tenant.url, "tenant URL is not https://host:port; no guest can join it");
         }
         let ca_hashes = guest::ca_cert_hashes(&tenant.ca_pem).map_err(|e| e.0);
+        let boot_ids: Arc<Mutex<HashMap<String, String>>> = Arc::default();
         let (nodes, node_task) = cache::spawn(
             format!("Nodes of {}", tenant.url),
             Api::<Node>::all(tenant.client.clone()),
             watcher::Config::default(),
             (),
             trim_node,
-            |_: &Node| {},
+            {
+                let boot_ids = boot_ids.clone();
+                move |node: &Node| {
+                    if let Some(boot_id) = boot_id(node).filter(|b| !b.is_empty()) {
+                        boot_ids
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .insert(boot_id.to_string(), node.name_any());
+                    }
+                }
+            },
         );
         let (tokens, token_task) = cache::spawn(
             format!("bootstrap tokens of {}", tenant.url),
@@ -92,6 +108,7 @@ impl TenantEntry {
             endpoint,
             ca_hashes,
             nodes,
+            boot_ids,
             tokens,
             version: tokio::sync::OnceCell::new(),
             anonymous: tokio::sync::OnceCell::new(),
@@ -113,18 +130,18 @@ impl TenantEntry {
     }
 
     /// The Node of the guest whose VMI has UID `vmi_uid`, from the cache: the one whose
-    /// boot ID is that UID.
+    /// boot ID is that UID (found by the boot-ID index, checked against the cache).
     fn node_booted_by(&self, vmi_uid: &str) -> Option<String> {
-        self.nodes
-            .objects()
-            .iter()
-            .find(|n| {
-                n.status
-                    .as_ref()
-                    .and_then(|s| s.node_info.as_ref())
-                    .is_some_and(|i| i.boot_id == vmi_uid)
-            })
-            .map(|n| n.name_any())
+        let mut index = self.boot_ids.lock().unwrap_or_else(PoisonError::into_inner);
+        let name = index.get(vmi_uid)?.clone();
+        let current = self.nodes.get(None, &name);
+        if current.as_deref().and_then(boot_id) == Some(vmi_uid) {
+            Some(name)
+        } else {
+            // The Node went, or was registered again by another boot.
+            index.remove(vmi_uid);
+            None
+        }
     }
 
     /// The tenant's `gitVersion` (asked once).
@@ -843,6 +860,15 @@ fn without_not_ready_taint(node: &Node) -> Option<Value> {
         {"op": "test", "path": path, "value": taints[i]},
         {"op": "remove", "path": path},
     ]))
+}
+
+/// A Node's `status.nodeInfo.bootID`.
+fn boot_id(node: &Node) -> Option<&str> {
+    node.status
+        .as_ref()?
+        .node_info
+        .as_ref()
+        .map(|i| i.boot_id.as_str())
 }
 
 fn ready_status(node: &Node) -> Option<String> {

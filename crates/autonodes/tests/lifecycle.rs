@@ -415,3 +415,56 @@ async fn deleting_a_provider_with_live_claims_waits_for_them_and_orphans_nothing
     assert!(world.tokens().await.is_empty());
     world.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_type_removed_from_its_provider_is_kept_while_a_claim_uses_it_and_deleted_after() {
+    let world = World::start(WorldOptions::default()).await;
+    let provider = "kubevirt-provider-advanced";
+    let removed = format!("{provider}.standard-node");
+    world.claim_type("live", "standard-node").await;
+    world.wait_phase("live", "Available", WAIT).await;
+    let providers: Api<NodeProvider> = Api::all(world.mgmt.clone());
+    common::eventually("the type removed from the provider", WAIT, || async {
+        let mut p = providers.get(provider).await.ok()?;
+        p.spec
+            .kube_virt
+            .node_types
+            .retain(|t| t.name != "standard-node");
+        providers
+            .replace(provider, &Default::default(), &p)
+            .await
+            .ok()
+            .map(|_| ())
+    })
+    .await;
+    world
+        .wait_provider(provider, "the type kept in use", |p| {
+            provider_condition(p, "Ready").is_some_and(|c| c.2.contains(&removed))
+        })
+        .await;
+    let types: Api<autonodes::api::NodeType> = Api::all(world.mgmt.clone());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        types.get_opt(&removed).await.expect("read").is_some(),
+        "the type goes only with its last claim"
+    );
+    assert_eq!(world.vms().await.len(), 1);
+
+    world.delete_claim("live").await;
+    world.wait_claim_gone("live", WAIT).await;
+    common::eventually("the removed type to be gone", WAIT, || async {
+        matches!(types.get_opt(&removed).await, Ok(None)).then_some(())
+    })
+    .await;
+    assert!(
+        providers
+            .get(provider)
+            .await
+            .expect("provider")
+            .metadata
+            .deletion_timestamp
+            .is_none(),
+        "the provider stays"
+    );
+    world.shutdown().await;
+}

@@ -752,11 +752,13 @@ pub async fn run(
     let machine_pools = capi::run(ctx.clone(), r, shutdown.clone());
 
     let types_of_claims = ctx.types.clone();
+    let providers_of_claims = ctx.providers.clone();
     let providers = Controller::for_shared_stream(r.providers.applied(), r.providers.store())
         .owns_shared_stream(r.types.spec_touched())
         .reconcile_on(r.claims.touched().filter_map(move |t| {
-            // A claim going away may unblock a provider's deletion or a type's removal;
-            // nothing else a claim does concerns its provider.
+            // A claim going away may unblock a provider's deletion or the removal of a type
+            // gone from its spec; nothing else a claim does concerns its provider (and
+            // deleting a thousand claims must not check the host a thousand times).
             let c = match t {
                 Touched::Deleted(c) => Some(c),
                 Touched::Applied(c) if c.metadata.deletion_timestamp.is_some() => Some(c),
@@ -765,8 +767,14 @@ pub async fn run(
             let provider = c
                 .and_then(|c| c.status.clone())
                 .and_then(|s| s.type_ref)
-                .and_then(|t| types_of_claims.get(&ObjectRef::new(&t)))
-                .map(|t| ObjectRef::<NodeProvider>::new(&t.spec.provider_ref));
+                .and_then(|t| {
+                    let nt = types_of_claims.get(&ObjectRef::new(&t))?;
+                    let key = ObjectRef::<NodeProvider>::new(&nt.spec.provider_ref);
+                    let waits = providers_of_claims
+                        .get(&key)
+                        .is_none_or(|p| provider::waits_for_claims_of(&p, &t));
+                    waits.then_some(key)
+                });
             futures::future::ready(provider)
         }))
         .graceful_shutdown_on(shutdown)

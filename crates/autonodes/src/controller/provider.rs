@@ -52,6 +52,20 @@ pub fn validate_templates(p: &NodeProvider) -> Vec<String> {
     errors
 }
 
+/// True when a claim of the NodeType `node_type` going away may let the provider move on:
+/// the provider is being deleted (it waits until no claim uses its types), or the type is
+/// no longer in its spec (the NodeType is kept until its last claim is gone).
+pub fn waits_for_claims_of(p: &NodeProvider, node_type: &str) -> bool {
+    let provider = p.name_any();
+    p.metadata.deletion_timestamp.is_some()
+        || !p
+            .spec
+            .kube_virt
+            .node_types
+            .iter()
+            .any(|e| scheduling::node_type_name(&provider, &e.name) == node_type)
+}
+
 /// Reconciles one NodeProvider.
 pub async fn reconcile(p: Arc<NodeProvider>, ctx: Arc<Context>) -> Result<Action, Error> {
     let started = Instant::now();
@@ -428,4 +442,37 @@ async fn cleanup(p: &NodeProvider, ctx: &Context) -> Result<Action, Error> {
     )
     .await;
     Ok(Action::await_change())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn provider(deleting: bool) -> NodeProvider {
+        let mut p: NodeProvider = serde_json::from_value(serde_json::json!({
+            "apiVersion": "autonodes.io/v1alpha1", "kind": "NodeProvider",
+            "metadata": {"name": "kv"},
+            "spec": {"kubeVirt": {
+                "clusterRef": {"cluster": "host", "namespace": "vms"},
+                "virtualMachineTemplate": {"spec": {}},
+                "nodeTypes": [{"name": "small"}],
+            }},
+        }))
+        .expect("provider");
+        if deleting {
+            p.metadata.deletion_timestamp =
+                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                ));
+        }
+        p
+    }
+
+    #[test]
+    fn a_claim_going_away_concerns_its_provider_only_when_the_provider_or_the_type_is_being_removed(
+    ) {
+        assert!(!waits_for_claims_of(&provider(false), "kv.small"));
+        assert!(waits_for_claims_of(&provider(false), "kv.removed"));
+        assert!(waits_for_claims_of(&provider(true), "kv.small"));
+    }
 }

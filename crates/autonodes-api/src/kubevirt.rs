@@ -1,7 +1,12 @@
-//! The KubeVirt kinds autonodes reads and writes on host clusters, as dynamic objects.
+//! The KubeVirt kinds autonodes reads and writes on host clusters: written as dynamic
+//! objects, read as [`Observed`] ones.
 
-use kube_core::GroupVersionKind;
-use kube_core::{ApiResource, DynamicObject};
+use std::borrow::Cow;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::NamespaceResourceScope;
+use kube_core::{ApiResource, DynamicObject, GroupVersionKind, Resource};
+use serde::Deserialize;
 
 /// `kubevirt.io/v1` VirtualMachine.
 pub fn virtual_machine() -> ApiResource {
@@ -27,24 +32,194 @@ pub fn data_volume() -> ApiResource {
     )
 }
 
-/// True when a VirtualMachine reports `status.ready: true`.
-pub fn vm_ready(vm: &DynamicObject) -> bool {
-    vm.data
-        .pointer("/status/ready")
-        .and_then(|v| v.as_bool())
-        .unwrap_or(false)
+/// A kind of KubeVirt object an [`Observed`] stands for.
+pub trait ObservedKind: Clone + std::fmt::Debug + Default + Send + Sync + 'static {
+    /// The kind, e.g. `VirtualMachine`.
+    const KIND: &'static str;
+    /// Its plural, e.g. `virtualmachines`.
+    const PLURAL: &'static str;
 }
 
-/// The phase of a VirtualMachineInstance (`Pending`, `Scheduling`, `Running`, ...).
-pub fn vmi_phase(vmi: &DynamicObject) -> Option<&str> {
-    vmi.data.pointer("/status/phase").and_then(|v| v.as_str())
+/// Marks an [`Observed`] `kubevirt.io/v1` VirtualMachine.
+#[derive(Clone, Debug, Default)]
+pub struct VirtualMachineKind;
+
+impl ObservedKind for VirtualMachineKind {
+    const KIND: &'static str = "VirtualMachine";
+    const PLURAL: &'static str = "virtualmachines";
 }
 
-/// The first IP address a VirtualMachineInstance reports.
-pub fn vmi_ip(vmi: &DynamicObject) -> Option<&str> {
-    vmi.data
-        .pointer("/status/interfaces/0/ipAddress")
-        .and_then(|v| v.as_str())
+/// Marks an [`Observed`] `kubevirt.io/v1` VirtualMachineInstance.
+#[derive(Clone, Debug, Default)]
+pub struct VirtualMachineInstanceKind;
+
+impl ObservedKind for VirtualMachineInstanceKind {
+    const KIND: &'static str = "VirtualMachineInstance";
+    const PLURAL: &'static str = "virtualmachineinstances";
+}
+
+/// A VirtualMachine or VirtualMachineInstance as the controller reads it: its metadata
+/// (without `managedFields`, annotations, owner references and finalizers) and the status
+/// fields autonodes acts on. Reading a KubeVirt object into this type skips the rest of it
+/// (the spec, conditions, volume and guest details) without building it, which is most of
+/// what decoding a VM costs, and keeps a watch cache of thousands of VMs small.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct Observed<K: ObservedKind> {
+    /// Name, namespace, UID, resource version, labels, generation, creation and deletion.
+    #[serde(default, deserialize_with = "lean_meta")]
+    pub metadata: ObjectMeta,
+    /// What autonodes reads of the status.
+    #[serde(default)]
+    pub status: ObservedStatus,
+    #[serde(skip)]
+    kind: std::marker::PhantomData<K>,
+}
+
+/// An observed VirtualMachine.
+pub type ObservedVm = Observed<VirtualMachineKind>;
+/// An observed VirtualMachineInstance.
+pub type ObservedVmi = Observed<VirtualMachineInstanceKind>;
+
+/// The status fields of a VirtualMachine or VirtualMachineInstance autonodes reads.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ObservedStatus {
+    /// VirtualMachine: `status.ready`.
+    #[serde(default)]
+    pub ready: Option<bool>,
+    /// VirtualMachine: `status.printableStatus` (`Starting`, `Running`, ...).
+    #[serde(default)]
+    pub printable_status: Option<String>,
+    /// VirtualMachine: `status.created`.
+    #[serde(default)]
+    pub created: Option<bool>,
+    /// VirtualMachineInstance: `status.phase` (`Pending`, `Scheduling`, `Running`, ...).
+    #[serde(default)]
+    pub phase: Option<String>,
+    /// VirtualMachineInstance: the addresses of `status.interfaces`.
+    #[serde(default)]
+    pub interfaces: Vec<ObservedInterface>,
+}
+
+/// An interface of a VirtualMachineInstance, by its address only.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ObservedInterface {
+    /// `ipAddress`.
+    #[serde(default)]
+    pub ip_address: Option<String>,
+}
+
+impl<K: ObservedKind> Observed<K> {
+    /// True when a VirtualMachine reports `status.ready: true`.
+    pub fn ready(&self) -> bool {
+        self.status.ready == Some(true)
+    }
+
+    /// The phase of a VirtualMachineInstance.
+    pub fn phase(&self) -> Option<&str> {
+        self.status.phase.as_deref()
+    }
+
+    /// The first IP address a VirtualMachineInstance reports.
+    pub fn ip(&self) -> Option<&str> {
+        self.status.interfaces.first()?.ip_address.as_deref()
+    }
+
+    /// The object an API server returned (e.g. to a create), as observed.
+    pub fn from_object(obj: &DynamicObject) -> Self {
+        let status = obj
+            .data
+            .get("status")
+            .and_then(|s| ObservedStatus::deserialize(s).ok())
+            .unwrap_or_default();
+        let m = &obj.metadata;
+        Observed {
+            metadata: ObjectMeta {
+                name: m.name.clone(),
+                namespace: m.namespace.clone(),
+                uid: m.uid.clone(),
+                resource_version: m.resource_version.clone(),
+                generation: m.generation,
+                labels: m.labels.clone(),
+                creation_timestamp: m.creation_timestamp.clone(),
+                deletion_timestamp: m.deletion_timestamp.clone(),
+                ..ObjectMeta::default()
+            },
+            status,
+            kind: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<K: ObservedKind> Resource for Observed<K> {
+    type DynamicType = ();
+    type Scope = NamespaceResourceScope;
+
+    fn group(_: &()) -> Cow<'_, str> {
+        "kubevirt.io".into()
+    }
+
+    fn version(_: &()) -> Cow<'_, str> {
+        "v1".into()
+    }
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        K::KIND.into()
+    }
+
+    fn api_version(_: &()) -> Cow<'_, str> {
+        "kubevirt.io/v1".into()
+    }
+
+    fn plural(_: &()) -> Cow<'_, str> {
+        K::PLURAL.into()
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// Reads an object's metadata without what autonodes never reads of a KubeVirt object
+/// (`managedFields` above all: decoding it is a good part of decoding a whole VM).
+fn lean_meta<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Lean {
+        #[serde(default)]
+        name: Option<String>,
+        #[serde(default)]
+        namespace: Option<String>,
+        #[serde(default)]
+        uid: Option<String>,
+        #[serde(default)]
+        resource_version: Option<String>,
+        #[serde(default)]
+        generation: Option<i64>,
+        #[serde(default)]
+        labels: Option<std::collections::BTreeMap<String, String>>,
+        #[serde(default)]
+        creation_timestamp: Option<Time>,
+        #[serde(default)]
+        deletion_timestamp: Option<Time>,
+    }
+    let l = Lean::deserialize(d)?;
+    Ok(ObjectMeta {
+        name: l.name,
+        namespace: l.namespace,
+        uid: l.uid,
+        resource_version: l.resource_version,
+        generation: l.generation,
+        labels: l.labels,
+        creation_timestamp: l.creation_timestamp,
+        deletion_timestamp: l.deletion_timestamp,
+        ..ObjectMeta::default()
+    })
 }
 
 #[cfg(test)]
@@ -52,25 +227,91 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn obj(v: serde_json::Value) -> DynamicObject {
-        serde_json::from_value(v).expect("valid object")
+    #[test]
+    fn readiness_is_read_from_vm_status_and_vmi_phase() {
+        let vm: ObservedVm = serde_json::from_value(
+            json!({"apiVersion":"kubevirt.io/v1","kind":"VirtualMachine","metadata":{"name":"a"},"status":{"ready":true}}),
+        )
+        .expect("vm");
+        assert!(vm.ready());
+        let vm: ObservedVm = serde_json::from_value(
+            json!({"apiVersion":"kubevirt.io/v1","kind":"VirtualMachine","metadata":{"name":"a"}}),
+        )
+        .expect("vm");
+        assert!(!vm.ready());
+        let vmi: ObservedVmi = serde_json::from_value(
+            json!({"apiVersion":"kubevirt.io/v1","kind":"VirtualMachineInstance","metadata":{"name":"a"},
+            "status":{"phase":"Running","interfaces":[{"ipAddress":"10.0.0.7"}]}}),
+        )
+        .expect("vmi");
+        assert_eq!(vmi.phase(), Some("Running"));
+        assert_eq!(vmi.ip(), Some("10.0.0.7"));
+    }
+
+    fn full_vmi() -> serde_json::Value {
+        json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {
+                "name": "vm", "namespace": "ns", "uid": "u", "resourceVersion": "9", "generation": 2,
+                "creationTimestamp": "2026-11-26T03:00:00Z",
+                "labels": {"autonodes.io/nodeclaim": "c", "kubevirt.io/nodeName": "host-1"},
+                "annotations": {"kubevirt.io/latest-observed-api-version": "v1"},
+                "finalizers": ["foregroundDeleteVirtualMachine"],
+                "ownerReferences": [{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "name": "vm", "uid": "v"}],
+                "managedFields": [{"manager": "virt-controller", "operation": "Update",
+                                   "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {}}}],
+            },
+            "spec": {"domain": {"devices": {"disks": [{"name": "root"}]}}},
+            "status": {
+                "phase": "Running",
+                "interfaces": [{"name": "default", "ipAddress": "10.0.0.7", "mac": "aa"}],
+                "conditions": [{"type": "Ready", "status": "True"}],
+                "guestOSInfo": {"name": "Debian"},
+            },
+        })
     }
 
     #[test]
-    fn readiness_is_read_from_vm_status_and_vmi_phase() {
-        let vm = obj(
-            json!({"apiVersion":"kubevirt.io/v1","kind":"VirtualMachine","metadata":{"name":"a"},"status":{"ready":true}}),
+    fn an_observed_kubevirt_object_keeps_identity_labels_and_the_status_autonodes_reads_and_nothing_else(
+    ) {
+        let vmi: ObservedVmi = serde_json::from_value(full_vmi()).expect("vmi");
+        let m = &vmi.metadata;
+        assert_eq!(
+            (m.name.as_deref(), m.namespace.as_deref(), m.uid.as_deref()),
+            (Some("vm"), Some("ns"), Some("u"))
         );
-        assert!(vm_ready(&vm));
-        let vm = obj(
-            json!({"apiVersion":"kubevirt.io/v1","kind":"VirtualMachine","metadata":{"name":"a"}}),
+        assert_eq!(m.resource_version.as_deref(), Some("9"));
+        assert_eq!(m.generation, Some(2));
+        assert!(m.creation_timestamp.is_some());
+        assert_eq!(m.labels.as_ref().map(|l| l.len()), Some(2));
+        assert!(m.managed_fields.is_none() && m.annotations.is_none());
+        assert!(m.finalizers.is_none() && m.owner_references.is_none());
+        assert_eq!(
+            vmi.status,
+            ObservedStatus {
+                phase: Some("Running".into()),
+                interfaces: vec![ObservedInterface {
+                    ip_address: Some("10.0.0.7".into())
+                }],
+                ..Default::default()
+            }
         );
-        assert!(!vm_ready(&vm));
-        let vmi = obj(
-            json!({"apiVersion":"kubevirt.io/v1","kind":"VirtualMachineInstance","metadata":{"name":"a"},
-            "status":{"phase":"Running","interfaces":[{"ipAddress":"10.0.0.7"}]}}),
-        );
-        assert_eq!(vmi_phase(&vmi), Some("Running"));
-        assert_eq!(vmi_ip(&vmi), Some("10.0.0.7"));
+    }
+
+    #[test]
+    fn an_object_returned_by_a_create_is_observed_as_a_watch_would_deliver_it() {
+        let obj: DynamicObject = serde_json::from_value(full_vmi()).expect("object");
+        let from_object = ObservedVmi::from_object(&obj);
+        let decoded: ObservedVmi = serde_json::from_value(full_vmi()).expect("vmi");
+        assert_eq!(from_object.metadata, decoded.metadata);
+        assert_eq!(from_object.status, decoded.status);
+    }
+
+    #[test]
+    fn observed_kinds_name_kubevirts_resources() {
+        assert_eq!(ObservedVm::plural(&()), virtual_machine().plural);
+        assert_eq!(ObservedVmi::plural(&()), virtual_machine_instance().plural);
+        assert_eq!(ObservedVmi::kind(&()), virtual_machine_instance().kind);
+        assert_eq!(ObservedVm::api_version(&()), virtual_machine().api_version);
     }
 }

@@ -12,15 +12,15 @@ use kube::ResourceExt;
 use super::calls::{claim_selector, get_opt, not_found, read, remote_call};
 use super::{Context, Error};
 use crate::clients::Remote;
-use crate::kubevirt;
+use crate::kubevirt::{self, ObservedVm, ObservedVmi};
 use crate::template;
 
 /// What creating a VirtualMachine found.
 pub enum VmCreate {
     /// The VM was created now.
-    Created(Arc<DynamicObject>),
+    Created(Arc<ObservedVm>),
     /// The VM existed already (an earlier attempt created it).
-    Existed(Arc<DynamicObject>),
+    Existed(Arc<ObservedVm>),
     /// The VM existed when created and was gone when read: look again shortly.
     Vanished,
 }
@@ -37,8 +37,14 @@ impl<'a> Host<'a> {
         Host { ctx, remote }
     }
 
+    /// VirtualMachines to write.
     fn vms(&self, ns: &str) -> Api<DynamicObject> {
         Api::namespaced_with(self.remote.client.clone(), ns, &kubevirt::virtual_machine())
+    }
+
+    /// VirtualMachines to read.
+    fn observed_vms(&self, ns: &str) -> Api<ObservedVm> {
+        Api::namespaced(self.remote.client.clone(), ns)
     }
 
     fn secrets(&self, ns: &str) -> Api<Secret> {
@@ -46,14 +52,14 @@ impl<'a> Host<'a> {
     }
 
     /// The VirtualMachine `ns/name`, if it exists.
-    pub async fn vm(&self, ns: &str, name: &str) -> Result<Option<Arc<DynamicObject>>, Error> {
+    pub async fn vm(&self, ns: &str, name: &str) -> Result<Option<Arc<ObservedVm>>, Error> {
         let cache = self.remote.host_cache().map(|c| &c.vms);
         let what = "reading the VirtualMachine";
         read(
             self.ctx,
             self.remote,
             cache,
-            &self.vms(ns),
+            &self.observed_vms(ns),
             Some(ns),
             name,
             what,
@@ -62,13 +68,9 @@ impl<'a> Host<'a> {
     }
 
     /// The VirtualMachineInstance `ns/name`, if it exists.
-    pub async fn vmi(&self, ns: &str, name: &str) -> Result<Option<Arc<DynamicObject>>, Error> {
+    pub async fn vmi(&self, ns: &str, name: &str) -> Result<Option<Arc<ObservedVmi>>, Error> {
         let cache = self.remote.host_cache().map(|c| &c.vmis);
-        let api = Api::namespaced_with(
-            self.remote.client.clone(),
-            ns,
-            &kubevirt::virtual_machine_instance(),
-        );
+        let api = Api::<ObservedVmi>::namespaced(self.remote.client.clone(), ns);
         let what = "reading the VirtualMachineInstance";
         read(self.ctx, self.remote, cache, &api, Some(ns), name, what).await
     }
@@ -102,6 +104,7 @@ impl<'a> Host<'a> {
         .await;
         match created {
             Ok(vm) => {
+                let vm = ObservedVm::from_object(&vm);
                 if let Some(cache) = self.remote.host_cache() {
                     cache.vms.wrote(vm.clone());
                 }
@@ -112,7 +115,7 @@ impl<'a> Host<'a> {
                 let found = get_opt(
                     self.ctx,
                     self.remote,
-                    &api,
+                    &self.observed_vms(ns),
                     &name,
                     "reading the VirtualMachine",
                 )

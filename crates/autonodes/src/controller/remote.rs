@@ -9,8 +9,9 @@
 //! A store answers only while its watch is live (its first full list arrived and no error
 //! since): otherwise [`Watched::get`] says so and the caller asks the API server, which also
 //! turns a cluster that went away into a `…Unreachable` condition as before. Objects are
-//! kept trimmed to what the controller reads (no `managedFields`, no VM spec, no Node
-//! images), so the caches stay small with thousands of claims.
+//! kept trimmed to what the controller reads (KubeVirt objects are read as
+//! [`Observed`] ones: no spec, no `managedFields`; Nodes lose their images), so the caches
+//! stay small with thousands of claims.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,7 +21,7 @@ use std::time::{Duration, Instant};
 use futures::channel::mpsc::UnboundedSender;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Secret};
-use kube::api::{Api, ApiResource, DynamicObject};
+use kube::api::Api;
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{Lookup, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
@@ -32,7 +33,7 @@ use crate::api::{
     MANAGED_BY,
 };
 use crate::clients::{ClusterKey, Connected, OnConnect, Remote, RemoteCache};
-use crate::kubevirt;
+use crate::kubevirt::{Observed, ObservedKind, ObservedVm, ObservedVmi};
 
 /// Namespace of bootstrap-token Secrets in a tenant.
 pub const TOKEN_NAMESPACE: &str = "kube-system";
@@ -282,10 +283,10 @@ where
 
 /// Watch caches of a host cluster.
 pub struct HostCache {
-    /// VirtualMachines labelled `managed-by=autonodes` (metadata and status only).
-    pub vms: Watched<DynamicObject>,
-    /// Their VirtualMachineInstances (metadata and status only).
-    pub vmis: Watched<DynamicObject>,
+    /// VirtualMachines labelled `managed-by=autonodes`, as [`ObservedVm`]s.
+    pub vms: Watched<ObservedVm>,
+    /// Their VirtualMachineInstances, as [`ObservedVmi`]s.
+    pub vmis: Watched<ObservedVmi>,
 }
 
 /// Watch caches of a tenant cluster.
@@ -310,21 +311,19 @@ pub fn watch_hook(
         };
         match &remote.key {
             ClusterKey::Host(_) => {
-                let vm = kubevirt::virtual_machine();
-                let vmi = kubevirt::virtual_machine_instance();
-                let (vms, vm_task) = spawn_dynamic(
+                let (vms, vm_task) = spawn_typed(
                     &cluster,
-                    Api::all_with(remote.client.clone(), &vm),
-                    vm,
+                    Api::<ObservedVm>::all(remote.client.clone()),
                     &managed,
                     waker.clone(),
+                    trim_observed,
                 );
-                let (vmis, vmi_task) = spawn_dynamic(
+                let (vmis, vmi_task) = spawn_typed(
                     &cluster,
-                    Api::all_with(remote.client.clone(), &vmi),
-                    vmi,
+                    Api::<ObservedVmi>::all(remote.client.clone()),
                     &managed,
                     waker,
+                    trim_observed,
                 );
                 Connected {
                     tasks: vec![vm_task, vmi_task],
@@ -368,32 +367,6 @@ impl Waker {
             let _ = self.wake.unbounded_send(claim);
         }
     }
-}
-
-fn spawn_dynamic(
-    cluster: &str,
-    api: Api<DynamicObject>,
-    ar: ApiResource,
-    selector: &str,
-    waker: Waker,
-) -> (Watched<DynamicObject>, JoinHandle<()>) {
-    let writer = Writer::<DynamicObject>::new(ar.clone());
-    let watched = Watched {
-        store: writer.as_reader(),
-        dyntype: ar,
-        live: Arc::new(AtomicBool::new(false)),
-        written: Arc::new(Mutex::new(Own::new())),
-        trim: trim_kubevirt,
-    };
-    let task = spawn_reflector(
-        cluster.to_string(),
-        api,
-        selector.to_string(),
-        writer,
-        &watched,
-        waker,
-    );
-    (watched, task)
 }
 
 fn spawn_typed<K>(
@@ -489,43 +462,14 @@ where
     })
 }
 
-/// The status fields of a VirtualMachine or VirtualMachineInstance the controller reads
-/// ([`kubevirt::vm_ready`], [`kubevirt::vmi_phase`], [`kubevirt::vmi_ip`]): every other
-/// part of a KubeVirt object is left out of the cache.
-const KUBEVIRT_STATUS_KEPT: [&str; 4] = ["ready", "printableStatus", "created", "phase"];
-
-/// Keeps a KubeVirt object's metadata ([`trim_meta`]) and the status fields the controller
-/// reads; the spec and the rest of the status (conditions, volume and guest OS details) go.
-fn trim_kubevirt(obj: &mut DynamicObject) {
+/// Keeps only autonodes' own labels of an observed KubeVirt object (which claim it belongs
+/// to); KubeVirt's and the template's go. The rest was left out when it was read
+/// ([`Observed`]).
+fn trim_observed<K: ObservedKind>(obj: &mut Observed<K>) {
     trim_meta(obj);
-    // Only autonodes' own labels are read (which claim the object belongs to); KubeVirt's
-    // and the template's go, and so does the type (the store knows its kind).
     if let Some(labels) = obj.metadata.labels.as_mut() {
         labels.retain(|k, _| k.starts_with(AUTONODES_LABEL_PREFIX) || k == LABEL_MANAGED_BY);
     }
-    obj.types = None;
-    let mut kept = serde_json::Map::new();
-    if let Some(serde_json::Value::Object(mut status)) =
-        obj.data.get_mut("status").map(std::mem::take)
-    {
-        for key in KUBEVIRT_STATUS_KEPT {
-            if let Some(v) = status.remove(key) {
-                kept.insert(key.to_string(), v);
-            }
-        }
-        // The guest's addresses, without the interfaces' other details.
-        if let Some(serde_json::Value::Array(interfaces)) = status.remove("interfaces") {
-            let addresses: Vec<serde_json::Value> = interfaces
-                .into_iter()
-                .map(|i| serde_json::json!({ "ipAddress": i.get("ipAddress").cloned() }))
-                .collect();
-            kept.insert(
-                "interfaces".to_string(),
-                serde_json::Value::Array(addresses),
-            );
-        }
-    }
-    obj.data = serde_json::json!({ "status": kept });
 }
 
 /// Prefix of the labels autonodes puts on what it creates.
@@ -597,7 +541,7 @@ mod tests {
     #[test]
     fn a_cached_kubevirt_object_keeps_autonodes_labels_and_the_status_the_controller_reads_and_nothing_else(
     ) {
-        let mut vmi: DynamicObject = serde_json::from_value(serde_json::json!({
+        let mut vmi: ObservedVmi = serde_json::from_value(serde_json::json!({
             "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
             "metadata": {
                 "name": "vm", "namespace": "ns", "uid": "u", "resourceVersion": "9",
@@ -616,23 +560,16 @@ mod tests {
             },
         }))
         .expect("object");
-        trim_kubevirt(&mut vmi);
-        assert_eq!(kubevirt::vmi_phase(&vmi), Some("Running"));
-        assert_eq!(kubevirt::vmi_ip(&vmi), Some("10.0.0.7"));
-        assert!(kubevirt::vm_ready(&vmi));
+        trim_observed(&mut vmi);
+        assert_eq!(vmi.phase(), Some("Running"));
+        assert_eq!(vmi.ip(), Some("10.0.0.7"));
+        assert!(vmi.ready());
         assert_eq!(
             vmi.labels().keys().collect::<Vec<_>>(),
             ["app.kubernetes.io/managed-by", "autonodes.io/nodeclaim"],
             "only autonodes' labels stay"
         );
-        assert!(vmi.types.is_none());
         assert_eq!(vmi.metadata.resource_version.as_deref(), Some("9"));
-        assert_eq!(
-            vmi.data,
-            serde_json::json!({"status": {
-                "phase": "Running", "ready": true, "interfaces": [{"ipAddress": "10.0.0.7"}],
-            }})
-        );
         assert!(vmi.metadata.annotations.is_none());
         assert!(vmi.metadata.finalizers.is_none());
         assert!(vmi.metadata.managed_fields.is_none());

@@ -18,7 +18,7 @@ use crate::clients::{status_message, Remote};
 use crate::controller::host::VmCreate;
 use crate::controller::tenant::JoinInfo;
 use crate::controller::{now, Error};
-use crate::kubevirt;
+use crate::kubevirt::ObservedVm;
 use crate::render::{self, RenderError, RenderedNode};
 use crate::scheduling::PreparedType;
 use crate::userdata::{self, BootstrapToken, JoinParams, UserDataError};
@@ -43,8 +43,7 @@ pub(super) async fn launch(p: &mut Provisioning<'_>) -> Result<Step, Error> {
         },
     };
     let vmi = p.host().vmi(&p.vm_ns, &p.vm_name).await?;
-    let running =
-        kubevirt::vm_ready(&vm) || vmi.as_deref().and_then(kubevirt::vmi_phase) == Some("Running");
+    let running = vm.ready() || vmi.as_deref().and_then(|i| i.phase()) == Some("Running");
     let (vm_ns, vm_name) = (&p.vm_ns, &p.vm_name);
     if !running {
         let since = p.status.true_since(SCHEDULED).unwrap_or_else(now);
@@ -61,7 +60,7 @@ pub(super) async fn launch(p: &mut Provisioning<'_>) -> Result<Step, Error> {
         }
         let phase = vmi
             .as_deref()
-            .and_then(kubevirt::vmi_phase)
+            .and_then(|i| i.phase())
             .unwrap_or("none yet")
             .to_string();
         p.status.set(
@@ -81,7 +80,7 @@ pub(super) async fn launch(p: &mut Provisioning<'_>) -> Result<Step, Error> {
     if !p.status.is_true(PROVISIONED) {
         let ip = vmi
             .as_deref()
-            .and_then(kubevirt::vmi_ip)
+            .and_then(|i| i.ip())
             .map(|ip| format!(" at {ip}"))
             .unwrap_or_default();
         let message = format!("VirtualMachine {vm_ns}/{vm_name} runs{ip}");
@@ -95,7 +94,7 @@ pub(super) async fn launch(p: &mut Provisioning<'_>) -> Result<Step, Error> {
 /// at when the claim's input cannot become a VM.
 async fn create_host_objects(
     p: &mut Provisioning<'_>,
-) -> Result<Result<Arc<DynamicObject>, Step>, Error> {
+) -> Result<Result<Arc<ObservedVm>, Step>, Error> {
     let token = ensure_token(p.claim, p.ctx, &p.tenant()).await?;
     let info = p.tenant().join_info().await?;
     let download_url = p.ctx.config.kubernetes_download_url.clone();

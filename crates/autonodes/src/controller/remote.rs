@@ -484,9 +484,10 @@ const KUBELET_LABELS: [&str; 5] = [
     "beta.kubernetes.io/arch",
 ];
 
-/// Keeps a Node's metadata ([`trim_meta`]) without the kubelet's own labels, its spec (taints are patched by position, so
-/// they stay exactly as the API server has them) and its conditions without their
-/// messages; images, volumes, addresses and system details go.
+/// Keeps a Node's metadata ([`trim_meta`]) without the kubelet's own labels, its spec
+/// (taints are patched by position, so they stay exactly as the API server has them) and
+/// its `Ready` condition without its message; the other conditions, images, volumes,
+/// addresses and system details go.
 fn trim_node(node: &mut Node) {
     trim_meta(node);
     // The kubelet's own labels: never among those autonodes sets ([`join::node_patch`]
@@ -495,8 +496,10 @@ fn trim_node(node: &mut Node) {
         labels.retain(|k, _| !KUBELET_LABELS.contains(&k.as_str()));
     }
     if let Some(s) = node.status.as_mut() {
+        // Only `Ready` is read (initialize's readiness); the kubelet's pressure conditions go.
         let conditions = s.conditions.take().map(|cs| {
             cs.into_iter()
+                .filter(|c| c.type_ == "Ready")
                 .map(|c| k8s_openapi::api::core::v1::NodeCondition {
                     type_: c.type_,
                     status: c.status,
@@ -576,14 +579,15 @@ mod tests {
     }
 
     #[test]
-    fn a_cached_node_keeps_its_spec_the_state_of_its_conditions_and_the_labels_autonodes_may_set() {
+    fn a_cached_node_keeps_its_spec_its_readiness_and_the_labels_autonodes_may_set() {
         let mut n: Node = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "n", "labels": {"a": "b", "kubernetes.io/hostname": "n",
                                                  "kubernetes.io/arch": "amd64"},
                          "annotations": {"x": "y"}},
             "spec": {"providerID": "kubevirt://n", "taints": [{"key": "k", "effect": "NoSchedule"}]},
             "status": {
-                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                "conditions": [{"type": "MemoryPressure", "status": "False", "reason": "KubeletHasSufficientMemory"},
+                               {"type": "Ready", "status": "True", "reason": "KubeletReady",
                                 "message": "kubelet is posting ready status"}],
                 "images": [{"names": ["busybox"], "sizeBytes": 1}],
                 "nodeInfo": {"architecture": "amd64", "bootID": "b", "containerRuntimeVersion": "c",
@@ -605,6 +609,7 @@ mod tests {
         let status = n.status.expect("status");
         assert!(status.images.is_none() && status.node_info.is_none());
         let conditions = status.conditions.expect("conditions");
+        assert_eq!(conditions.len(), 1, "only Ready is read");
         assert_eq!(
             (conditions[0].type_.as_str(), conditions[0].status.as_str()),
             ("Ready", "True")

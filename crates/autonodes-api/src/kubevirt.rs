@@ -34,6 +34,12 @@ pub fn data_volume() -> ApiResource {
 
 /// A kind of KubeVirt object an [`Observed`] stands for.
 pub trait ObservedKind: Clone + std::fmt::Debug + Default + Send + Sync + 'static {
+    /// The API group.
+    const GROUP: &'static str = "kubevirt.io";
+    /// The API version.
+    const VERSION: &'static str = "v1";
+    /// `group/version`.
+    const API_VERSION: &'static str = "kubevirt.io/v1";
     /// The kind, e.g. `VirtualMachine`.
     const KIND: &'static str;
     /// Its plural, e.g. `virtualmachines`.
@@ -58,6 +64,19 @@ impl ObservedKind for VirtualMachineInstanceKind {
     const PLURAL: &'static str = "virtualmachineinstances";
 }
 
+/// Marks an [`Observed`] `cdi.kubevirt.io/v1beta1` DataVolume (metadata only: autonodes
+/// reads none of its status).
+#[derive(Clone, Debug, Default)]
+pub struct DataVolumeKind;
+
+impl ObservedKind for DataVolumeKind {
+    const GROUP: &'static str = "cdi.kubevirt.io";
+    const VERSION: &'static str = "v1beta1";
+    const API_VERSION: &'static str = "cdi.kubevirt.io/v1beta1";
+    const KIND: &'static str = "DataVolume";
+    const PLURAL: &'static str = "datavolumes";
+}
+
 /// A VirtualMachine or VirtualMachineInstance as the controller reads it: its metadata
 /// (without `managedFields`, annotations, owner references and finalizers) and the status
 /// fields autonodes acts on. Reading a KubeVirt object into this type skips the rest of it
@@ -79,6 +98,8 @@ pub struct Observed<K: ObservedKind> {
 pub type ObservedVm = Observed<VirtualMachineKind>;
 /// An observed VirtualMachineInstance.
 pub type ObservedVmi = Observed<VirtualMachineInstanceKind>;
+/// An observed DataVolume.
+pub type ObservedDataVolume = Observed<DataVolumeKind>;
 
 /// The status fields of a VirtualMachine or VirtualMachineInstance autonodes reads.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
@@ -157,11 +178,11 @@ impl<K: ObservedKind> Resource for Observed<K> {
     type Scope = NamespaceResourceScope;
 
     fn group(_: &()) -> Cow<'_, str> {
-        "kubevirt.io".into()
+        K::GROUP.into()
     }
 
     fn version(_: &()) -> Cow<'_, str> {
-        "v1".into()
+        K::VERSION.into()
     }
 
     fn kind(_: &()) -> Cow<'_, str> {
@@ -169,7 +190,7 @@ impl<K: ObservedKind> Resource for Observed<K> {
     }
 
     fn api_version(_: &()) -> Cow<'_, str> {
-        "kubevirt.io/v1".into()
+        K::API_VERSION.into()
     }
 
     fn plural(_: &()) -> Cow<'_, str> {
@@ -308,10 +329,27 @@ mod tests {
     }
 
     #[test]
-    fn observed_kinds_name_kubevirts_resources() {
+    fn observed_kinds_name_kubevirts_and_cdis_resources() {
         assert_eq!(ObservedVm::plural(&()), virtual_machine().plural);
         assert_eq!(ObservedVmi::plural(&()), virtual_machine_instance().plural);
         assert_eq!(ObservedVmi::kind(&()), virtual_machine_instance().kind);
         assert_eq!(ObservedVm::api_version(&()), virtual_machine().api_version);
+        let dv = data_volume();
+        assert_eq!(
+            (
+                ObservedDataVolume::group(&()),
+                ObservedDataVolume::version(&()),
+                ObservedDataVolume::api_version(&()),
+                ObservedDataVolume::kind(&()),
+                ObservedDataVolume::plural(&())
+            ),
+            (
+                dv.group.as_str().into(),
+                dv.version.as_str().into(),
+                dv.api_version.as_str().into(),
+                dv.kind.as_str().into(),
+                dv.plural.as_str().into()
+            )
+        );
     }
 }

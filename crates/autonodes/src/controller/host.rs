@@ -11,6 +11,7 @@ use kube::ResourceExt;
 
 use super::calls::{claim_selector, get_opt, not_found, read, remote_call};
 use super::{Context, Error};
+use crate::api::LABEL_NODECLAIM_UID;
 use crate::clients::Remote;
 use crate::kubevirt::{self, ObservedVm, ObservedVmi};
 use crate::template;
@@ -138,50 +139,51 @@ impl<'a> Host<'a> {
         ignore_not_found(deleted)
     }
 
-    /// Deletes the user-data Secret of VM `vm_name` by its name, then any other Secret the
-    /// claim's UID labels. The list is served from the API server's watch cache: deleting
-    /// 1,000 claims must not read every Secret of the namespace from etcd 1,000 times. The
-    /// Secret was created before the VM, which is gone by now, so the cache has seen it;
-    /// anything it still missed is the orphan sweep's.
-    pub async fn delete_user_data(&self, ns: &str, vm_name: &str, uid: &str) -> Result<(), Error> {
-        let secrets = self.secrets(ns);
+    /// Deletes the user-data Secret of VM `vm_name`, by its name: the VM's name is a
+    /// function of the claim ([`template::vm_name_for_claim`]), written to the claim's status
+    /// before anything is created, so every attempt used that one name. A Secret labelled
+    /// with the claim under another name is the orphan sweep's once the claim is gone.
+    pub async fn delete_user_data(&self, ns: &str, vm_name: &str) -> Result<(), Error> {
         let name = template::user_data_secret_name(vm_name);
         self.delete_each(
-            &secrets,
+            &self.secrets(ns),
             std::iter::once(name),
             "deleting the user-data Secret",
         )
-        .await?;
-        let listed = remote_call(
-            self.ctx,
-            self.remote,
-            "listing user-data Secrets",
-            secrets.list_metadata(&by_claim(uid)),
-        )
-        .await?;
-        let names = listed.items.iter().map(|s| s.name_any());
-        self.delete_each(&secrets, names, "deleting the user-data Secret")
-            .await
+        .await
     }
 
-    /// Deletes the DataVolumes the claim's UID labels (a host without CDI has none).
+    /// Deletes the DataVolumes the claim's UID labels (a host without CDI has none): from
+    /// the host's DataVolume cache while its watch is live, else listed from the API
+    /// server's watch cache.
     pub async fn delete_data_volumes(&self, ns: &str, uid: &str) -> Result<(), Error> {
         let dvs: Api<DynamicObject> =
             Api::namespaced_with(self.remote.client.clone(), ns, &kubevirt::data_volume());
-        let listed = match remote_call(
-            self.ctx,
-            self.remote,
-            "listing DataVolumes",
-            dvs.list_metadata(&by_claim(uid)),
-        )
-        .await
-        {
-            Ok(list) => list.items,
-            Err(e) if not_found(&e) => return Ok(()),
-            Err(e) => return Err(e),
+        let ours = |dv: &kubevirt::ObservedDataVolume| {
+            dv.metadata.namespace.as_deref() == Some(ns)
+                && dv.labels().get(LABEL_NODECLAIM_UID).map(String::as_str) == Some(uid)
         };
-        let names = listed.iter().map(|dv| dv.name_any());
-        self.delete_each(&dvs, names, "deleting a DataVolume").await
+        let cached = self
+            .remote
+            .host_cache()
+            .and_then(|c| c.data_volumes.filter(ours));
+        let names: Vec<String> = match cached {
+            Some(found) => found.iter().map(|dv| dv.name_any()).collect(),
+            None => match remote_call(
+                self.ctx,
+                self.remote,
+                "listing DataVolumes",
+                dvs.list_metadata(&by_claim(uid)),
+            )
+            .await
+            {
+                Ok(list) => list.items.iter().map(|dv| dv.name_any()).collect(),
+                Err(e) if not_found(&e) => return Ok(()),
+                Err(e) => return Err(e),
+            },
+        };
+        self.delete_each(&dvs, names.into_iter(), "deleting a DataVolume")
+            .await
     }
 
     /// Deletes the objects `names` of `api`, one at a time (those already gone are done).

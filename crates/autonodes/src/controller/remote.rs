@@ -33,7 +33,7 @@ use crate::api::{
     MANAGED_BY,
 };
 use crate::clients::{ClusterKey, Connected, OnConnect, Remote, RemoteCache};
-use crate::kubevirt::{Observed, ObservedKind, ObservedVm, ObservedVmi};
+use crate::kubevirt::{Observed, ObservedDataVolume, ObservedKind, ObservedVm, ObservedVmi};
 
 /// Namespace of bootstrap-token Secrets in a tenant.
 pub const TOKEN_NAMESPACE: &str = "kube-system";
@@ -287,6 +287,9 @@ pub struct HostCache {
     pub vms: Watched<ObservedVm>,
     /// Their VirtualMachineInstances, as [`ObservedVmi`]s.
     pub vmis: Watched<ObservedVmi>,
+    /// DataVolumes labelled `managed-by=autonodes` (the VMs' `dataVolumeTemplates`), by
+    /// metadata only; never live on a host without CDI.
+    pub data_volumes: Watched<ObservedDataVolume>,
 }
 
 /// Watch caches of a tenant cluster.
@@ -315,19 +318,31 @@ pub fn watch_hook(
                     &cluster,
                     Api::<ObservedVm>::all(remote.client.clone()),
                     &managed,
-                    waker.clone(),
+                    Some(waker.clone()),
                     trim_observed,
                 );
                 let (vmis, vmi_task) = spawn_typed(
                     &cluster,
                     Api::<ObservedVmi>::all(remote.client.clone()),
                     &managed,
-                    waker,
+                    Some(waker),
+                    trim_observed,
+                );
+                // Read only when a claim is deleted: its changes wake nobody.
+                let (data_volumes, dv_task) = spawn_typed(
+                    &cluster,
+                    Api::<ObservedDataVolume>::all(remote.client.clone()),
+                    &managed,
+                    None,
                     trim_observed,
                 );
                 Connected {
-                    tasks: vec![vm_task, vmi_task],
-                    cache: RemoteCache::Host(Arc::new(HostCache { vms, vmis })),
+                    tasks: vec![vm_task, vmi_task, dv_task],
+                    cache: RemoteCache::Host(Arc::new(HostCache {
+                        vms,
+                        vmis,
+                        data_volumes,
+                    })),
                 }
             }
             ClusterKey::Tenant { .. } => {
@@ -335,14 +350,14 @@ pub fn watch_hook(
                     &cluster,
                     Api::<Node>::all(remote.client.clone()),
                     LABEL_NODECLAIM,
-                    waker.clone(),
+                    Some(waker.clone()),
                     trim_node,
                 );
                 let (tokens, token_task) = spawn_typed(
                     &cluster,
                     Api::<Secret>::namespaced(remote.client.clone(), TOKEN_NAMESPACE),
                     &managed,
-                    waker,
+                    Some(waker),
                     trim_meta,
                 );
                 Connected {
@@ -369,11 +384,18 @@ impl Waker {
     }
 }
 
+/// Wakes the claim an object belongs to, if the watch wakes claims at all.
+fn wake(waker: &Option<Waker>, labels: &std::collections::BTreeMap<String, String>) {
+    if let Some(w) = waker {
+        w.wake(labels)
+    }
+}
+
 fn spawn_typed<K>(
     cluster: &str,
     api: Api<K>,
     selector: &str,
-    waker: Waker,
+    waker: Option<Waker>,
     trim: fn(&mut K),
 ) -> (Watched<K>, JoinHandle<()>)
 where
@@ -410,7 +432,7 @@ fn spawn_reflector<K>(
     selector: String,
     writer: Writer<K>,
     watched: &Watched<K>,
-    waker: Waker,
+    waker: Option<Waker>,
 ) -> JoinHandle<()>
 where
     K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
@@ -443,15 +465,15 @@ where
                         // Once ours arrived, the store is at least as new.
                         w.delivered(obj.to_object_ref(dyntype.clone()), resource_version(&obj));
                     }
-                    waker.wake(obj.labels())
+                    wake(&waker, obj.labels())
                 }
                 Ok(watcher::Event::Delete(obj)) => {
                     if let Ok(mut w) = written.lock() {
                         w.gone(&obj.to_object_ref(dyntype.clone()));
                     }
-                    waker.wake(obj.labels())
+                    wake(&waker, obj.labels())
                 }
-                Ok(watcher::Event::InitApply(obj)) => waker.wake(obj.labels()),
+                Ok(watcher::Event::InitApply(obj)) => wake(&waker, obj.labels()),
                 Ok(watcher::Event::Init) => {}
                 Err(e) => {
                     live.store(false, Ordering::Release);

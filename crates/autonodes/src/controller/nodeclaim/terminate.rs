@@ -99,7 +99,7 @@ pub(super) async fn remove_remote_objects(
             "VirtualMachine {vm_ns}/{vm_name} is being deleted"
         )));
     }
-    host.delete_user_data(&vm_ns, &vm_name, &uid).await?;
+    host.delete_user_data(&vm_ns, &vm_name).await?;
     host.delete_data_volumes(&vm_ns, &uid).await?;
 
     // The tenant again: the Node (its VM is gone, nothing re-registers it) and the tokens.

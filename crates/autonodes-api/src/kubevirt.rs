@@ -64,8 +64,8 @@ impl ObservedKind for VirtualMachineInstanceKind {
     const PLURAL: &'static str = "virtualmachineinstances";
 }
 
-/// Marks an [`Observed`] `cdi.kubevirt.io/v1beta1` DataVolume (metadata only: autonodes
-/// reads none of its status).
+/// Marks an [`Observed`] `cdi.kubevirt.io/v1beta1` DataVolume (autonodes reads only its
+/// metadata; its `status.phase` is decoded like a VMI's and left unread).
 #[derive(Clone, Debug, Default)]
 pub struct DataVolumeKind;
 

@@ -287,8 +287,8 @@ pub struct HostCache {
     pub vms: Watched<ObservedVm>,
     /// Their VirtualMachineInstances, as [`ObservedVmi`]s.
     pub vmis: Watched<ObservedVmi>,
-    /// DataVolumes labelled `managed-by=autonodes` (the VMs' `dataVolumeTemplates`), by
-    /// metadata only; never live on a host without CDI.
+    /// DataVolumes labelled `managed-by=autonodes` (the VMs' `dataVolumeTemplates`), of
+    /// which only the metadata is read; never live on a host without CDI.
     pub data_volumes: Watched<ObservedDataVolume>,
 }
 
@@ -485,10 +485,9 @@ where
 }
 
 /// Keeps only autonodes' own labels of an observed KubeVirt object (which claim it belongs
-/// to); KubeVirt's and the template's go. The rest was left out when it was read
-/// ([`Observed`]).
+/// to); KubeVirt's and the template's go. What [`trim_meta`] drops was never read into an
+/// [`Observed`] one.
 fn trim_observed<K: ObservedKind>(obj: &mut Observed<K>) {
-    trim_meta(obj);
     if let Some(labels) = obj.metadata.labels.as_mut() {
         labels.retain(|k, _| k.starts_with(AUTONODES_LABEL_PREFIX) || k == LABEL_MANAGED_BY);
     }

@@ -10,7 +10,8 @@
 #  1. starts the playground (`autonodes-dev dev`) and replaces its KubeVirt CRDs with DIR's;
 #  2. sends every VirtualMachine the example providers' node types render to the host API
 #     server as a server-side dry run and prints any field the API server pruned or changed
-#     ("unchanged" when it stored exactly what autonodes wrote);
+#     ("unchanged" when it stored exactly what autonodes wrote), and likewise the DataVolume
+#     each of its DataVolume templates becomes;
 #  3. claims a node from the playground's provider and waits until the claim is Available,
 #     the simulator having booted its VM on KubeVirt's CRDs (the VMI's status written with
 #     the VMI, which has no status subresource there);
@@ -66,7 +67,7 @@ for provider in examples/nodeprovider-*.yaml; do
   types=$(python3 - "$provider" << 'EOF'
 import sys, re
 text = open(sys.argv[1]).read()
-print(" ".join(re.findall(r'^      - name: "([^"]+)"', text, re.M)))
+print(" ".join(re.findall(r'^      - name: "?([^"\s]+)"?\s*$', text, re.M)))
 EOF
 )
   for t in $types; do
@@ -100,6 +101,25 @@ walk(sent["spec"], stored["spec"], "spec")
 walk(sent["metadata"].get("labels", {}), stored["metadata"].get("labels", {}), "metadata/labels")
 print(f"  {what}: " + ("unchanged" if not diffs else "; ".join(diffs)))
 EOF
+    # Each DataVolume template, as the DataVolume KubeVirt makes from it, on CDI's CRD.
+    python3 - "$WORK/vm.json" "$WORK/dv" << 'EOF'
+import json, sys
+vm = json.load(open(sys.argv[1]))
+for i, t in enumerate(vm["spec"].get("dataVolumeTemplates", [])):
+    dv = {"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+          "metadata": {"name": t["metadata"]["name"], "namespace": "default"}, "spec": t["spec"]}
+    json.dump(dv, open(f"{sys.argv[2]}-{i}.json", "w"))
+EOF
+    for dv in "$WORK"/dv-*.json; do
+      [ -e "$dv" ] || continue
+      "$KUBECTL" --kubeconfig "$HOST" create --dry-run=server -o json -f "$dv" > "$WORK/stored.json"
+      python3 - "$dv" "$WORK/stored.json" << 'EOF'
+import json, sys
+sent, stored = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+print(f"    DataVolume {sent['metadata']['name']}: " + ("unchanged" if sent["spec"] == stored["spec"] else f"CHANGED: {json.dumps(stored['spec'])}"))
+EOF
+      rm -f "$dv"
+    done
   done
 done
 

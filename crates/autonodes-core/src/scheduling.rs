@@ -67,6 +67,10 @@ pub const CONFIG_PROPERTIES: &[&str] = &[
     PROP_VCLUSTER_SSH_KEYS,
     PROP_IMAGE_URL,
     PROP_ROOT_DISK_SIZE,
+    template::disks::PROP_ROOT_DISK_STORAGE_CLASS,
+    template::disks::PROP_DATA_DISKS,
+    template::networks::PROP_NETWORKS,
+    template::networks::PROP_DEFAULT_NETWORK,
 ];
 
 /// A configuration property in autonodes' spelling, else in vCluster's.
@@ -400,14 +404,7 @@ fn fill_prepared(
         replacement: spec.virtual_machine_template.as_ref(),
         resources: &spec.resources,
     })?;
-    if let Some(url) = t.properties.get(PROP_IMAGE_URL) {
-        template::add_root_disk(
-            &mut composed.template,
-            url,
-            t.properties.get(PROP_ROOT_DISK_SIZE).map(String::as_str),
-            &t.name,
-        )?;
-    }
+    add_property_devices(&mut composed.template, &t.properties, &t.name)?;
     // What rendering a claim's VM (or KubeVirt's admission) would refuse is found here, so
     // the type is Failed and never chosen rather than failing every claim sent to it.
     template::check_vm_template(&composed.template, &t.name)?;
@@ -421,6 +418,46 @@ fn fill_prepared(
     t.taints = merge_taints([spec.taints.as_slice(), composed.taints.as_slice()]);
     t.template = composed.template;
     Ok(())
+}
+
+/// The devices a type's configuration properties add to its template: the root disk from
+/// `kubevirt.vcluster.com/image-url`, blank data disks, Multus networks. A value autonodes
+/// cannot use is an error naming the property (the type is Failed).
+fn add_property_devices(
+    template: &mut Value,
+    properties: &Properties,
+    node_type: &str,
+) -> Result<(), TemplateError> {
+    use template::{disks, networks};
+    let bad = |property: &str, message: String| TemplateError::BadName {
+        node_type: node_type.to_string(),
+        field: format!("property {property}"),
+        message,
+    };
+    let prop = |key: &str| properties.get(key).map(String::as_str);
+    if let Some(url) = prop(PROP_IMAGE_URL) {
+        template::add_root_disk(
+            template,
+            url,
+            prop(PROP_ROOT_DISK_SIZE),
+            prop(disks::PROP_ROOT_DISK_STORAGE_CLASS),
+            node_type,
+        )?;
+    }
+    if let Some(value) = prop(disks::PROP_DATA_DISKS) {
+        let data = disks::parse_data_disks(value).map_err(|m| bad(disks::PROP_DATA_DISKS, m))?;
+        disks::add_data_disks(template, &data, node_type)?;
+    }
+    let default_network = prop(networks::PROP_DEFAULT_NETWORK)
+        .map(networks::parse_default_network)
+        .transpose()
+        .map_err(|m| bad(networks::PROP_DEFAULT_NETWORK, m))?;
+    let secondary = prop(networks::PROP_NETWORKS)
+        .map(networks::parse_networks)
+        .transpose()
+        .map_err(|m| bad(networks::PROP_NETWORKS, m))?
+        .unwrap_or_default();
+    networks::add_networks(template, default_network.as_deref(), &secondary, node_type)
 }
 
 impl PreparedType {

@@ -8,6 +8,13 @@
 //!
 //! Steps 1–3 depend only on the node type, so they are done once per type
 //! ([`compose_type_template`]); step 4 depends on the claim and is cheap.
+//!
+//! Between steps 3 and 4, a type's configuration properties add devices to its template:
+//! a root disk from an image ([`add_root_disk`]), blank data disks ([`disks`]) and Multus
+//! networks ([`networks`]).
+
+pub mod disks;
+pub mod networks;
 
 use std::collections::BTreeMap;
 
@@ -762,14 +769,16 @@ pub const ROOT_DISK: &str = "rootdisk";
 
 /// Gives a template without a root disk (no volume but cloud-init) one: a DataVolume
 /// template importing `image_url` (`docker://…` from a registry, `http(s)://…` over HTTP)
-/// into `size` of storage, its volume and a virtio disk, as vCluster's KubeVirt properties
-/// `kubevirt.vcluster.com/image-url` and `root-disk-size` ask. A template that has a disk
-/// already is left alone (`Ok(false)`). An image URL or size autonodes cannot use is an
-/// error naming the property.
+/// into `size` of storage (of `storage_class`, else the host's default class), its volume
+/// and a virtio disk, as vCluster's KubeVirt properties `kubevirt.vcluster.com/image-url`
+/// and `root-disk-size` (and autonodes' `autonodes.io/root-disk-storage-class`) ask. A
+/// template that has a disk already is left alone (`Ok(false)`). An image URL, size or
+/// storage class autonodes cannot use is an error naming the property.
 pub fn add_root_disk(
     template: &mut Value,
     image_url: &str,
     size: Option<&str>,
+    storage_class: Option<&str>,
     node_type: &str,
 ) -> Result<bool, TemplateError> {
     let bad = |field: &str, message: String| TemplateError::BadName {
@@ -806,6 +815,14 @@ pub fn add_root_disk(
             ))
         }
     }
+    if let Some(class) = storage_class {
+        disks::check_storage_class(class).map_err(|m| {
+            bad(
+                &format!("property {}", disks::PROP_ROOT_DISK_STORAGE_CLASS),
+                m,
+            )
+        })?;
+    }
     let has_disk = template
         .pointer("/spec/template/spec/volumes")
         .and_then(Value::as_array)
@@ -813,10 +830,14 @@ pub fn add_root_disk(
     if has_disk {
         return Ok(false);
     }
+    let mut storage = json!({"resources": {"requests": {"storage": size}}});
+    if let Some(class) = storage_class {
+        storage["storageClassName"] = json!(class);
+    }
     let patch = json!({"spec": {
         "dataVolumeTemplates": [{"metadata": {"name": ROOT_DISK}, "spec": {
             "source": source,
-            "storage": {"resources": {"requests": {"storage": size}}},
+            "storage": storage,
         }}],
         "template": {"spec": {
             "domain": {"devices": {"disks": [{"name": ROOT_DISK, "disk": {"bus": "virtio"}, "bootOrder": 1}]}},
@@ -1630,6 +1651,7 @@ spec:
             &mut bare,
             "docker://quay.io/containerdisks/ubuntu:22.04",
             Some("15Gi"),
+            None,
             "p.t",
         )
         .expect("adds");
@@ -1656,6 +1678,7 @@ spec:
             &mut http,
             "https://images.example.com/jammy.qcow2",
             None,
+            Some("fast-ssd"),
             "p.t"
         )
         .expect("adds"));
@@ -1668,19 +1691,32 @@ spec:
                 ["storage"],
             DEFAULT_ROOT_DISK_SIZE
         );
+        assert_eq!(
+            http["spec"]["dataVolumeTemplates"][0]["spec"]["storage"]["storageClassName"],
+            "fast-ssd"
+        );
         // A template with a disk keeps it.
         let mut advanced = advanced_base();
         let before = advanced.clone();
-        assert!(!add_root_disk(&mut advanced, "docker://x/y", Some("10Gi"), "p.t").expect("reads"));
+        assert!(
+            !add_root_disk(&mut advanced, "docker://x/y", Some("10Gi"), None, "p.t")
+                .expect("reads")
+        );
         assert_eq!(advanced, before);
         // What cannot be used is an error naming the property.
-        for (url, size, says) in [
-            ("ftp://x/y", None, "image-url"),
-            ("docker://x y", None, "image-url"),
-            ("docker://x/y", Some("big"), "root-disk-size"),
-            ("docker://x/y", Some("0"), "root-disk-size"),
+        for (url, size, class, says) in [
+            ("ftp://x/y", None, None, "image-url"),
+            ("docker://x y", None, None, "image-url"),
+            ("docker://x/y", Some("big"), None, "root-disk-size"),
+            ("docker://x/y", Some("0"), None, "root-disk-size"),
+            (
+                "docker://x/y",
+                None,
+                Some("Fast SSD"),
+                "root-disk-storage-class",
+            ),
         ] {
-            let e = add_root_disk(&mut json!({}), url, size, "p.t").expect_err("refused");
+            let e = add_root_disk(&mut json!({}), url, size, class, "p.t").expect_err("refused");
             assert!(e.to_string().contains(says), "{url} {size:?}: {e}");
         }
     }

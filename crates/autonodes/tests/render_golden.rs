@@ -171,3 +171,26 @@ fn claim_with_user_data_ssh_keys_labels_and_startup_taints_matches_golden() {
         OutputFormat::Yaml,
     );
 }
+
+#[test]
+fn kubevirt_native_storage_node_gets_a_root_disk_on_its_class_data_disks_and_secondary_networks_golden(
+) {
+    check_golden(
+        "kubevirt-native-storage-node.yaml",
+        "nodeprovider-kubevirt-native.yaml",
+        &read(&root().join("examples/nodeclaim-storage.yaml")),
+        None,
+        OutputFormat::Yaml,
+    );
+}
+
+#[test]
+fn kubevirt_native_isolated_node_has_a_tenant_network_instead_of_the_pod_network_golden() {
+    check_golden(
+        "kubevirt-native-isolated-node.yaml",
+        "nodeprovider-kubevirt-native.yaml",
+        &claim("isolated-1", ""),
+        Some("isolated-node"),
+        OutputFormat::Yaml,
+    );
+}

@@ -301,7 +301,7 @@ pub fn data_volume_crd() -> CustomResourceDefinition {
         short_names: &["dv", "dvs"],
         description: "DataVolume is an abstraction on top of PersistentVolumeClaims to allow \
                       easy population of those claims.",
-        spec: preserve("DataVolumeSpec: source, storage or pvc (not checked here)."),
+        spec: data_volume_spec(),
         spec_required: true,
         status,
         status_subresource: true,
@@ -345,6 +345,117 @@ fn template_metadata(description: &str) -> Schema {
     )
 }
 
+/// A DataVolumeSpec: structural for the sources and the `storage` fields autonodes writes
+/// (blank, registry, HTTP and PVC sources; size, storage class, access and volume modes),
+/// preserving the rest (other sources, a full `pvc` spec).
+fn data_volume_spec() -> Schema {
+    let storage = object(
+        "The storage the DataVolume asks for; CDI fills what is missing from the storage profile.",
+        [
+            (
+                "accessModes",
+                array("Access modes.", string("An access mode.")),
+            ),
+            (
+                "resources",
+                object(
+                    "The storage size.",
+                    [
+                        ("requests", quantity_map("Requested size (`storage`).")),
+                        ("limits", quantity_map("Size limits.")),
+                    ],
+                ),
+            ),
+            ("storageClassName", string("Storage class of the volume.")),
+            ("volumeMode", string("Filesystem or Block.")),
+            ("volumeName", string("A PersistentVolume to bind.")),
+            (
+                "selector",
+                preserve("A label selector over PersistentVolumes."),
+            ),
+            ("dataSource", preserve("A data source.")),
+            ("dataSourceRef", preserve("A data source reference.")),
+        ],
+    );
+    let source = object(
+        "Where the data comes from; exactly one source.",
+        [
+            ("blank", empty_object("An empty disk.")),
+            (
+                "registry",
+                object(
+                    "A container disk image from a registry.",
+                    [
+                        ("url", string("`docker://…` or `oci-archive://…`.")),
+                        ("pullMethod", string("pod or node.")),
+                        ("secretRef", string("Secret with registry credentials.")),
+                        ("certConfigMap", string("ConfigMap with a CA bundle.")),
+                        ("imageStream", string("An OpenShift image stream.")),
+                        ("platform", preserve("Image platform.")),
+                    ],
+                ),
+            ),
+            (
+                "http",
+                object(
+                    "A disk image over HTTP(S).",
+                    [
+                        ("url", string("The image URL.")),
+                        ("secretRef", string("Secret with credentials.")),
+                        ("certConfigMap", string("ConfigMap with a CA bundle.")),
+                        ("checksum", string("Expected checksum.")),
+                        ("insecureSkipVerify", boolean("Skip TLS verification.")),
+                        ("extraHeaders", array("Extra headers.", string("A header."))),
+                        (
+                            "secretExtraHeaders",
+                            array("Secrets with extra headers.", string("A Secret name.")),
+                        ),
+                    ],
+                )
+                .required(&["url"]),
+            ),
+            (
+                "pvc",
+                object(
+                    "A PersistentVolumeClaim to clone.",
+                    [
+                        ("name", string("The source claim.")),
+                        ("namespace", string("Its namespace.")),
+                    ],
+                )
+                .required(&["name", "namespace"]),
+            ),
+            ("gcs", preserve("Google Cloud Storage.")),
+            ("imageio", preserve("oVirt imageio.")),
+            ("s3", preserve("S3.")),
+            ("snapshot", preserve("A VolumeSnapshot.")),
+            ("upload", preserve("An upload.")),
+            ("vddk", preserve("VMware VDDK.")),
+        ],
+    );
+    object(
+        "DataVolumeSpec: where the data comes from and the volume it goes to.",
+        [
+            ("source", source),
+            ("sourceRef", preserve("A DataSource reference.")),
+            ("storage", storage),
+            ("pvc", preserve("A full PersistentVolumeClaim spec.")),
+            ("contentType", string("kubevirt or archive.")),
+            ("preallocation", boolean("Preallocate the volume.")),
+            ("priorityClassName", string("Priority of the importer pod.")),
+            (
+                "serviceAccountName",
+                string("Service account of the importer pod."),
+            ),
+            (
+                "checkpoints",
+                array("Checkpoints.", preserve("A checkpoint.")),
+            ),
+            ("finalCheckpoint", boolean("The last checkpoint.")),
+        ],
+    )
+}
+
 fn data_volume_template() -> Schema {
     object(
         "A DataVolume to create for the VirtualMachine.",
@@ -355,10 +466,7 @@ fn data_volume_template() -> Schema {
                 "metadata",
                 template_metadata("Metadata of the DataVolume; `name` is its name."),
             ),
-            (
-                "spec",
-                preserve("DataVolumeSpec: source, storage or pvc (not checked here)."),
-            ),
+            ("spec", data_volume_spec()),
             ("status", preserve("DataVolume status.")),
         ],
     )

@@ -1,0 +1,277 @@
+//! KubeVirt-native node type settings on real API servers (management, host, tenant, the
+//! controller and the KubeVirt simulator): what a type's properties add to its VMs reaches
+//! the host's API server whole, and goes away with the claim.
+//!
+//! The host runs our own KubeVirt and CDI CRDs, structural for every field these settings
+//! write, so a field KubeVirt would not know is pruned here as it is on a real host.
+
+mod common;
+
+use std::time::Duration;
+
+use autonodes::render::render_documents;
+use autonodes::userdata::JoinParams;
+use common::world::*;
+use kube::ResourceExt;
+use serde_json::{json, Value};
+
+const AVAILABLE: Duration = Duration::from_secs(90);
+const GONE: Duration = Duration::from_secs(60);
+
+fn example() -> String {
+    std::fs::read_to_string(common::repo().join("examples/nodeprovider-kubevirt-native.yaml"))
+        .expect("example readable")
+}
+
+/// The VirtualMachine `autonodes render` composes for the claim as created (its UID fixes
+/// the VM name), from the same provider text.
+fn rendered_vm(provider: &str, claim: &autonodes::api::NodeClaim) -> Value {
+    let claim_text = serde_json::to_string(&json!({
+        "apiVersion": "autonodes.io/v1alpha1",
+        "kind": "NodeClaim",
+        "metadata": {"name": claim.name_any(), "namespace": NS, "uid": claim.uid().expect("uid")},
+        "spec": serde_json::to_value(&claim.spec).expect("spec"),
+    }))
+    .expect("claim text");
+    render_documents(
+        provider,
+        "provider.yaml",
+        &claim_text,
+        "claim.yaml",
+        None,
+        &JoinParams::placeholder(),
+    )
+    .expect("renders")
+    .into_iter()
+    .find(|d| d["kind"] == "VirtualMachine")
+    .expect("a VirtualMachine")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_disks_a_root_disk_storage_class_and_multus_networks_reach_the_host_unpruned_and_leave_with_the_claim(
+) {
+    let provider = example();
+    let world = World::with_provider(provider.clone()).await;
+    let mut claims = Vec::new();
+    for (name, type_) in [
+        ("storage-1", "kubevirt-native.storage-node"),
+        ("isolated-1", "kubevirt-native.isolated-node"),
+    ] {
+        claims.push(
+            world
+                .create_claim(json!({"metadata": {"name": name}, "spec": {"typeRef": type_}}))
+                .await,
+        );
+    }
+    let vms_by_claim: Vec<(String, String)> = {
+        let mut out = Vec::new();
+        for c in &claims {
+            let done = world
+                .wait_phase(&c.name_any(), "Available", AVAILABLE)
+                .await;
+            let vm = done
+                .status
+                .and_then(|s| s.vm_name)
+                .expect("the claim names its VM");
+            out.push((c.name_any(), vm));
+        }
+        out
+    };
+    let stored = world.vms().await;
+    for (claim, (name, vm_name)) in claims.iter().zip(&vms_by_claim) {
+        let vm = stored
+            .iter()
+            .find(|v| v.name_any() == *vm_name)
+            .unwrap_or_else(|| panic!("{name}: VM {vm_name} on the host"));
+        let want = rendered_vm(&provider, claim);
+        // Nothing pruned: the host stored the spec the controller composed, field by field.
+        assert_eq!(
+            vm.data["spec"], want["spec"],
+            "{name}: the stored VM differs from what autonodes composes"
+        );
+    }
+
+    // What the settings asked for is in that spec.
+    let (_, storage_vm) = &vms_by_claim[0];
+    let vm = stored
+        .iter()
+        .find(|v| v.name_any() == *storage_vm)
+        .expect("storage VM");
+    let dvts = vm.data["spec"]["dataVolumeTemplates"]
+        .as_array()
+        .expect("DataVolume templates");
+    let dvt = |suffix: &str| {
+        dvts.iter()
+            .find(|d| d["metadata"]["name"] == format!("{storage_vm}-{suffix}").as_str())
+            .unwrap_or_else(|| panic!("DataVolume template {storage_vm}-{suffix}: {dvts:?}"))
+    };
+    assert_eq!(
+        dvt("rootdisk")["spec"]["storage"],
+        json!({"resources": {"requests": {"storage": "30Gi"}}, "storageClassName": "fast-ssd"})
+    );
+    assert_eq!(dvt("data")["spec"]["source"], json!({"blank": {}}));
+    assert_eq!(
+        dvt("data")["spec"]["storage"],
+        json!({"resources": {"requests": {"storage": "100Gi"}}})
+    );
+    assert_eq!(
+        dvt("logs")["spec"]["storage"]["storageClassName"],
+        "standard"
+    );
+    let tspec = &vm.data["spec"]["template"]["spec"];
+    let disks = tspec["domain"]["devices"]["disks"]
+        .as_array()
+        .expect("disks");
+    assert!(
+        disks.contains(&json!({"name": "logs", "disk": {"bus": "scsi"}})),
+        "{disks:?}"
+    );
+    assert!(tspec["volumes"]
+        .as_array()
+        .expect("volumes")
+        .contains(&json!({"name": "data", "dataVolume": {"name": format!("{storage_vm}-data")}})));
+    assert_eq!(
+        tspec["networks"],
+        json!([
+            {"name": "default", "pod": {}},
+            {"name": "multus-1", "multus": {"networkName": "storage-net"}},
+            {"name": "multus-2", "multus": {"networkName": "infra/vlan-20"}},
+        ])
+    );
+    assert_eq!(
+        tspec["domain"]["devices"]["interfaces"],
+        json!([
+            {"name": "default", "masquerade": {}},
+            {"name": "multus-1", "bridge": {}},
+            {"name": "multus-2", "bridge": {}},
+        ])
+    );
+    let (_, isolated_vm) = &vms_by_claim[1];
+    let vm = stored
+        .iter()
+        .find(|v| v.name_any() == *isolated_vm)
+        .expect("isolated VM");
+    let tspec = &vm.data["spec"]["template"]["spec"];
+    assert_eq!(
+        tspec["networks"],
+        json!([{"name": "default", "multus": {"networkName": "tenant-networks/isolated", "default": true}}])
+    );
+    assert_eq!(
+        tspec["domain"]["devices"]["interfaces"],
+        json!([{"name": "default", "bridge": {}}])
+    );
+
+    // The DataVolumes made from those templates keep the storage class and blank source.
+    let dvs = world.data_volumes().await;
+    let logs = dvs
+        .iter()
+        .find(|d| d.name_any() == format!("{storage_vm}-logs"))
+        .unwrap_or_else(|| {
+            panic!(
+                "DataVolume {storage_vm}-logs: {:?}",
+                dvs.iter().map(|d| d.name_any()).collect::<Vec<_>>()
+            )
+        });
+    assert_eq!(
+        logs.data["spec"],
+        json!({"source": {"blank": {}}, "storage": {"resources": {"requests": {"storage": "10Gi"}}, "storageClassName": "standard"}})
+    );
+
+    // Deleting the claims removes the VMs and every DataVolume, data disks included.
+    for (name, _) in &vms_by_claim {
+        world.delete_claim(name).await;
+    }
+    for (name, _) in &vms_by_claim {
+        world.wait_claim_gone(name, GONE).await;
+    }
+    assert!(world.vms().await.is_empty(), "VMs left behind");
+    common::eventually("the DataVolumes to go", GONE, || async {
+        world.data_volumes().await.is_empty().then_some(())
+    })
+    .await;
+    world.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disk_or_network_property_autonodes_cannot_use_fails_its_type_with_the_property_named_and_siblings_serve(
+) {
+    let types = r#"      - name: fine
+        properties:
+          autonodes.io/data-disks: "data:1Gi"
+          autonodes.io/networks: "storage-net"
+      - name: bad-size
+        properties:
+          autonodes.io/data-disks: "data:lots"
+      - name: taken-name
+        properties:
+          autonodes.io/data-disks: "root:1Gi"
+      - name: bad-network
+        properties:
+          autonodes.io/networks: "Not_A_Name"
+      - name: bad-default-network
+        properties:
+          autonodes.io/default-network: "a/b/c"
+      - name: bad-class
+        properties:
+          kubevirt.vcluster.com/image-url: docker://quay.io/containerdisks/ubuntu:22.04
+          autonodes.io/root-disk-storage-class: "Fast SSD"
+        virtualMachineTemplate:
+          spec:
+            template:
+              spec:
+                domain:
+                  resources:
+                    requests:
+                      memory: 1Gi
+"#;
+    let world = World::with_provider(provider_yaml(
+        "native",
+        "test-kubevirt-1",
+        "1",
+        "1Gi",
+        types,
+    ))
+    .await;
+    for (name, property) in [
+        ("native.bad-size", "autonodes.io/data-disks"),
+        ("native.taken-name", "autonodes.io/data-disks"),
+        ("native.bad-network", "autonodes.io/networks"),
+        ("native.bad-default-network", "autonodes.io/default-network"),
+        ("native.bad-class", "autonodes.io/root-disk-storage-class"),
+    ] {
+        let t = world
+            .wait_node_type(name, "phase Failed", |t| {
+                t.status
+                    .as_ref()
+                    .and_then(|s| s.phase)
+                    .map(|p| format!("{p:?}"))
+                    == Some("Failed".into())
+            })
+            .await;
+        let ready = t
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready").cloned())
+            .expect("Ready condition");
+        assert_eq!(ready.reason, "InvalidTemplate", "{name}: {}", ready.message);
+        assert!(
+            ready.message.contains(property),
+            "{name}: the message names {property}: {}",
+            ready.message
+        );
+        assert!(
+            ready.message.len() <= autonodes::api::conditions::MAX_MESSAGE_BYTES,
+            "{name}: message unbounded"
+        );
+    }
+    // The sibling type serves claims meanwhile.
+    world
+        .create_claim(json!({"metadata": {"name": "fine-1"}, "spec": {"providerRef": "native"}}))
+        .await;
+    let placed = world.wait_phase("fine-1", "Available", AVAILABLE).await;
+    assert_eq!(
+        placed.status.and_then(|s| s.type_ref).as_deref(),
+        Some("native.fine")
+    );
+    world.shutdown().await;
+}

@@ -56,6 +56,12 @@ use super::common::*;
         json_path = ".status.hostCluster"
     ),
     printcolumn(
+        name = "ZONE",
+        type_ = "string",
+        priority = 1,
+        json_path = ".status.zone"
+    ),
+    printcolumn(
         name = "PROVIDERID",
         type_ = "string",
         priority = 1,
@@ -152,6 +158,12 @@ pub struct NodeClaimStatus {
     /// The host cluster the VirtualMachine runs on (`clusterRef.cluster` of the provider).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_cluster: Option<String>,
+    /// The zone (`topology.kubernetes.io/zone`) of the host nodes the VirtualMachine may
+    /// run on, fixed when the claim is scheduled: the zone its requirements pin among those
+    /// its node type offers, else the one the type's claims use least. It is the node's
+    /// `topology.kubernetes.io/zone` label. Absent when the type lists no zone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
     /// Namespace of the VirtualMachine on the host cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vm_namespace: Option<String>,

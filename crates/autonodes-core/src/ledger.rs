@@ -4,28 +4,37 @@
 //!
 //! A claim holds one unit of its NodeType's capacity once it is scheduled and until its VM
 //! is gone. The ledger keeps, per claim UID, what the claim store shows (its
-//! `status.typeRef`, none once Failed), what this process decided but the store may not
-//! show yet (a reservation), and whether its cleanup finished (released: it holds nothing,
-//! whatever a cache still shows). A reservation wins over the store, a release over both:
-//! exactly [`crate::scheduling::count_claimed`], checked by a property test.
+//! `status.typeRef` and `status.zone`, none once Failed), what this process decided but the
+//! store may not show yet (a reservation), and whether its cleanup finished (released: it
+//! holds nothing, whatever a cache still shows). A reservation wins over the store, a
+//! release over both: exactly [`crate::scheduling::count_claimed`], checked by a property
+//! test. The same holdings are also counted per type and zone, for
+//! [`crate::zones::choose_zone`].
 
 use std::collections::{BTreeMap, HashMap};
 
 use crate::api::{NodeClaim, NodeClaimPhase};
 
+/// What a claim holds: a unit of a node type, in a zone when the type lists zones.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Hold {
+    node_type: String,
+    zone: Option<String>,
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct Entry {
-    stored: Option<String>,
-    reserved: Option<String>,
+    stored: Option<Hold>,
+    reserved: Option<Hold>,
     released: bool,
 }
 
 impl Entry {
-    fn holds(&self) -> Option<&str> {
+    fn holds(&self) -> Option<&Hold> {
         if self.released {
             return None;
         }
-        self.reserved.as_deref().or(self.stored.as_deref())
+        self.reserved.as_ref().or(self.stored.as_ref())
     }
 
     fn is_empty(&self) -> bool {
@@ -33,11 +42,23 @@ impl Entry {
     }
 }
 
-/// Claims per NodeType that hold capacity, kept incrementally.
+/// Claims per NodeType (and per NodeType and zone) that hold capacity, kept incrementally.
 #[derive(Debug, Clone, Default)]
 pub struct ClaimedLedger {
     entries: HashMap<String, Entry>,
     counts: BTreeMap<String, i64>,
+    zones: BTreeMap<String, BTreeMap<String, i64>>,
+}
+
+/// An empty count, for types without claims in any zone.
+static NO_ZONES: BTreeMap<String, i64> = BTreeMap::new();
+
+fn add(counts: &mut BTreeMap<String, i64>, key: &str, delta: i64) {
+    let n = counts.entry(key.to_string()).or_insert(0);
+    *n += delta;
+    if *n <= 0 {
+        counts.remove(key);
+    }
 }
 
 impl ClaimedLedger {
@@ -56,6 +77,11 @@ impl ClaimedLedger {
         self.counts.get(node_type).copied().unwrap_or(0)
     }
 
+    /// Claims of `node_type` that hold capacity, per zone (zones without any are absent).
+    pub fn zone_counts(&self, node_type: &str) -> &BTreeMap<String, i64> {
+        self.zones.get(node_type).unwrap_or(&NO_ZONES)
+    }
+
     /// The claim as the store now shows it.
     pub fn observe(&mut self, claim: &NodeClaim) {
         let Some(uid) = claim.metadata.uid.as_deref() else {
@@ -65,7 +91,12 @@ impl ClaimedLedger {
         let stored = if status.and_then(|s| s.phase) == Some(NodeClaimPhase::Failed) {
             None
         } else {
-            status.and_then(|s| s.type_ref.clone())
+            status.and_then(|s| {
+                s.type_ref.clone().map(|node_type| Hold {
+                    node_type,
+                    zone: s.zone.clone(),
+                })
+            })
         };
         self.update(uid, |e| e.stored = stored);
     }
@@ -99,9 +130,14 @@ impl ClaimedLedger {
         }
     }
 
-    /// This process scheduled the claim to `node_type` (before the store shows it).
-    pub fn reserve(&mut self, uid: &str, node_type: &str) {
-        self.update(uid, |e| e.reserved = Some(node_type.to_string()));
+    /// This process scheduled the claim to `node_type` (in `zone`), before the store shows
+    /// it.
+    pub fn reserve(&mut self, uid: &str, node_type: &str, zone: Option<&str>) {
+        let hold = Hold {
+            node_type: node_type.to_string(),
+            zone: zone.map(str::to_string),
+        };
+        self.update(uid, |e| e.reserved = Some(hold));
     }
 
     /// The reservation of the claim is withdrawn (its status write failed, or it Failed).
@@ -129,25 +165,25 @@ impl ClaimedLedger {
 
     fn update(&mut self, uid: &str, change: impl FnOnce(&mut Entry)) {
         let entry = self.entries.entry(uid.to_string()).or_default();
-        let before = entry.holds().map(str::to_string);
+        let before = entry.holds().cloned();
         change(entry);
-        let after = entry.holds().map(str::to_string);
+        let after = entry.holds().cloned();
         if entry.is_empty() {
             self.entries.remove(uid);
         }
         if before == after {
             return;
         }
-        if let Some(t) = before {
-            if let Some(n) = self.counts.get_mut(&t) {
-                *n -= 1;
-                if *n <= 0 {
-                    self.counts.remove(&t);
+        for (hold, delta) in [(before, -1), (after, 1)] {
+            let Some(hold) = hold else { continue };
+            add(&mut self.counts, &hold.node_type, delta);
+            if let Some(zone) = &hold.zone {
+                let zones = self.zones.entry(hold.node_type.clone()).or_default();
+                add(zones, zone, delta);
+                if zones.is_empty() {
+                    self.zones.remove(&hold.node_type);
                 }
             }
-        }
-        if let Some(t) = after {
-            *self.counts.entry(t).or_insert(0) += 1;
         }
     }
 }
@@ -160,6 +196,10 @@ mod tests {
     use std::collections::HashSet;
 
     fn claim(uid: u8, type_ref: Option<u8>, failed: bool) -> NodeClaim {
+        zoned_claim(uid, type_ref, None, failed)
+    }
+
+    fn zoned_claim(uid: u8, type_ref: Option<u8>, zone: Option<u8>, failed: bool) -> NodeClaim {
         let mut c: NodeClaim = serde_json::from_value(serde_json::json!({
             "apiVersion": "autonodes.io/v1alpha1", "kind": "NodeClaim",
             "metadata": {"name": format!("c{uid}"), "namespace": "t", "uid": format!("u{uid}")},
@@ -168,6 +208,7 @@ mod tests {
         .expect("claim");
         c.status = Some(NodeClaimStatus {
             type_ref: type_ref.map(|t| format!("p.t{t}")),
+            zone: zone.map(|z| format!("z{z}")),
             phase: failed.then_some(NodeClaimPhase::Failed),
             ..NodeClaimStatus::default()
         });
@@ -176,10 +217,10 @@ mod tests {
 
     #[derive(Debug, Clone)]
     enum Op {
-        Store(u8, Option<u8>, bool),
+        Store(u8, Option<u8>, Option<u8>, bool),
         Delete(u8),
         Relist,
-        Reserve(u8, u8),
+        Reserve(u8, u8, Option<u8>),
         Unreserve(u8),
         Release(u8),
     }
@@ -188,11 +229,17 @@ mod tests {
         let uid = 0u8..6;
         let t = 0u8..3;
         prop_oneof![
-            (uid.clone(), proptest::option::of(t.clone()), any::<bool>())
-                .prop_map(|(u, t, f)| Op::Store(u, t, f)),
+            (
+                uid.clone(),
+                proptest::option::of(t.clone()),
+                proptest::option::of(0u8..2),
+                any::<bool>()
+            )
+                .prop_map(|(u, t, z, f)| Op::Store(u, t, z, f)),
             uid.clone().prop_map(Op::Delete),
             Just(Op::Relist),
-            (uid.clone(), t).prop_map(|(u, t)| Op::Reserve(u, t)),
+            (uid.clone(), t, proptest::option::of(0u8..2))
+                .prop_map(|(u, t, z)| Op::Reserve(u, t, z)),
             uid.clone().prop_map(Op::Unreserve),
             uid.prop_map(Op::Release),
         ]
@@ -205,12 +252,12 @@ mod tests {
         fn the_ledger_always_equals_the_full_recount(ops in proptest::collection::vec(op(), 0..60)) {
             let mut ledger = ClaimedLedger::new();
             let mut store: BTreeMap<u8, NodeClaim> = BTreeMap::new();
-            let mut reserved: HashMap<String, String> = HashMap::new();
+            let mut reserved: HashMap<String, (String, Option<String>)> = HashMap::new();
             let mut released: HashSet<String> = HashSet::new();
             for op in ops {
                 match op {
-                    Op::Store(u, t, f) => {
-                        let c = claim(u, t, f);
+                    Op::Store(u, t, z, f) => {
+                        let c = zoned_claim(u, t, z, f);
                         ledger.observe(&c);
                         store.insert(u, c);
                     }
@@ -231,9 +278,10 @@ mod tests {
                                 || store.values().any(|c| c.metadata.uid.as_deref() == Some(u))
                         });
                     }
-                    Op::Reserve(u, t) => {
-                        ledger.reserve(&format!("u{u}"), &format!("p.t{t}"));
-                        reserved.insert(format!("u{u}"), format!("p.t{t}"));
+                    Op::Reserve(u, t, z) => {
+                        let zone = z.map(|z| format!("z{z}"));
+                        ledger.reserve(&format!("u{u}"), &format!("p.t{t}"), zone.as_deref());
+                        reserved.insert(format!("u{u}"), (format!("p.t{t}"), zone));
                     }
                     Op::Unreserve(u) => {
                         ledger.unreserve(&format!("u{u}"));
@@ -245,16 +293,76 @@ mod tests {
                         released.insert(format!("u{u}"));
                     }
                 }
-                let recount = crate::scheduling::count_claimed(store.values(), &reserved, &released);
+                let types: HashMap<String, String> = reserved
+                    .iter()
+                    .map(|(u, (t, _))| (u.clone(), t.clone()))
+                    .collect();
+                let recount = crate::scheduling::count_claimed(store.values(), &types, &released);
                 prop_assert_eq!(ledger.counts(), &recount);
+                let zones = recount_zones(&store, &reserved, &released);
+                for t in 0..3u8 {
+                    let t = format!("p.t{t}");
+                    prop_assert_eq!(ledger.zone_counts(&t), zones.get(&t).unwrap_or(&NO_ZONES));
+                }
             }
         }
+    }
+
+    /// The per-zone count by the same rule as `count_claimed`, recounted from scratch.
+    fn recount_zones(
+        store: &BTreeMap<u8, NodeClaim>,
+        reserved: &HashMap<String, (String, Option<String>)>,
+        released: &HashSet<String>,
+    ) -> BTreeMap<String, BTreeMap<String, i64>> {
+        let mut by_uid: HashMap<String, (String, Option<String>)> = HashMap::new();
+        for c in store.values() {
+            let (Some(uid), Some(s)) = (c.metadata.uid.clone(), c.status.as_ref()) else {
+                continue;
+            };
+            if s.phase == Some(NodeClaimPhase::Failed) || released.contains(&uid) {
+                continue;
+            }
+            if let Some(t) = &s.type_ref {
+                by_uid.insert(uid, (t.clone(), s.zone.clone()));
+            }
+        }
+        for (uid, held) in reserved {
+            if !released.contains(uid) {
+                by_uid.insert(uid.clone(), held.clone());
+            }
+        }
+        let mut out: BTreeMap<String, BTreeMap<String, i64>> = BTreeMap::new();
+        for (t, z) in by_uid.into_values() {
+            if let Some(z) = z {
+                *out.entry(t).or_default().entry(z).or_insert(0) += 1;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn zone_counts_follow_reservations_the_store_and_releases() {
+        let mut l = ClaimedLedger::new();
+        l.reserve("u1", "p.t0", Some("z0"));
+        l.reserve("u2", "p.t0", Some("z1"));
+        l.observe(&zoned_claim(3, Some(0), Some(1), false));
+        assert_eq!(
+            l.zone_counts("p.t0"),
+            &BTreeMap::from([("z0".to_string(), 1), ("z1".to_string(), 2)])
+        );
+        l.release("u2");
+        l.observe(&zoned_claim(3, Some(0), Some(1), true));
+        assert_eq!(
+            l.zone_counts("p.t0"),
+            &BTreeMap::from([("z0".to_string(), 1)])
+        );
+        assert!(l.zone_counts("p.other").is_empty());
     }
 
     #[test]
     fn a_reservation_counts_until_the_store_shows_it_and_a_release_frees_it() {
         let mut l = ClaimedLedger::new();
-        l.reserve("u1", "p.a");
+        l.reserve("u1", "p.a", None);
         assert_eq!(l.count("p.a"), 1);
         l.observe(&claim(1, None, false));
         assert_eq!(

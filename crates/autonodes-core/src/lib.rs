@@ -18,7 +18,8 @@
 //! - [`kubeversion`]: the tenant's Kubernetes version and the kubeadm API it implies;
 //! - [`orphans`]: which objects belong to no claim any more;
 //! - [`vcluster`]: a vCluster's `vcluster.yaml` (`privateNodes.autoNodes`) as NodePools;
-//! - [`yaml`]: YAML in and out, bounded for untrusted text.
+//! - [`yaml`]: YAML in and out, bounded for untrusted text;
+//! - [`zones`]: the zone a claim's node goes to.
 #![forbid(unsafe_code)]
 
 use autonodes_api as api;
@@ -39,6 +40,7 @@ pub mod template;
 pub mod userdata;
 pub mod vcluster;
 pub mod yaml;
+pub mod zones;
 
 #[cfg(test)]
 mod schema_walk;

@@ -21,6 +21,7 @@ use crate::api::{
 use crate::requirements::{self, RequirementMiss};
 use crate::resources::{self, ResourceAmounts, ResourceError};
 use crate::template::{self, TemplateError, TypeTemplateInput};
+use crate::zones;
 
 /// Built-in property: the short node type name (the entry name in the provider).
 pub const PROP_NODE_TYPE: &str = "autonodes.io/node-type";
@@ -487,14 +488,26 @@ impl PreparedType {
         }
     }
 
-    /// The type's properties as node selector requirements (`key In [value]`).
+    /// The type's properties as node selector requirements: `key In [value]`, `key In
+    /// [a, b]` for a property offering several values (`a,b`), `key Exists` for one
+    /// offering any (`*`).
     pub fn requirements(&self) -> Vec<NodeSelectorRequirement> {
         self.properties
             .iter()
-            .map(|(k, v)| NodeSelectorRequirement {
-                key: k.clone(),
-                operator: "In".to_string(),
-                values: Some(vec![v.clone()]),
+            .map(|(k, v)| {
+                let (operator, values) = match requirements::Offer::parse(v) {
+                    requirements::Offer::One => ("In", Some(vec![v.clone()])),
+                    requirements::Offer::Several(choices) => (
+                        "In",
+                        Some(choices.into_iter().map(str::to_string).collect()),
+                    ),
+                    requirements::Offer::Any => ("Exists", None),
+                };
+                NodeSelectorRequirement {
+                    key: k.clone(),
+                    operator: operator.to_string(),
+                    values,
+                }
             })
             .collect()
     }
@@ -1020,6 +1033,45 @@ pub fn node_properties(
         p.insert(k.to_string(), v);
     }
     p
+}
+
+/// The properties of a claim's node: [`node_properties`], with the zone the claim was
+/// scheduled into (`status.zone`) in place of what its type offers.
+pub fn claim_node_properties(
+    t: &PreparedType,
+    pool: Option<&NodePoolSpec>,
+    claim: &crate::api::NodeClaim,
+) -> Properties {
+    let mut p = node_properties(t, pool, &claim.spec);
+    if let Some(zone) = claim.status.as_ref().and_then(|s| s.zone.as_ref()) {
+        p.insert(zones::PROP_ZONE.to_string(), zone.clone());
+    }
+    p
+}
+
+/// The zone a claim scheduled to `t` goes to: the claim's own `topology.kubernetes.io/zone`
+/// property when it sets one, else [`zones::choose_zone`] over the type's zones, the
+/// claim's requirements on the zone key and `in_use` (the type's claims per zone).
+pub fn zone_for(
+    t: &PreparedType,
+    claim: &NodeClaimSpec,
+    request: &ClaimRequest,
+    in_use: &BTreeMap<String, i64>,
+) -> Option<String> {
+    if let Some(zone) = claim.properties.get(zones::PROP_ZONE) {
+        return Some(zone.clone());
+    }
+    let on_zone: Vec<&requirements::Requirement> = request
+        .requirements()
+        .iter()
+        .map(|r| &r.requirement)
+        .filter(|r| r.key == zones::PROP_ZONE)
+        .collect();
+    zones::choose_zone(
+        t.properties.get(zones::PROP_ZONE).map(String::as_str),
+        &on_zone,
+        in_use,
+    )
 }
 
 /// The single value a property offering several (`a,b`) or any (`*`) takes under

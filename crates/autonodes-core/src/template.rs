@@ -15,6 +15,7 @@
 
 pub mod disks;
 pub mod networks;
+pub mod placement;
 
 use std::collections::BTreeMap;
 

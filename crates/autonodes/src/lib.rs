@@ -16,7 +16,7 @@ pub use autonodes_api as api;
 pub use autonodes_api::{conditions, crdgen, kubevirt};
 pub use autonodes_core::{
     join, kubeconfig, kubeversion, ledger, names, orphans, resources, scheduling, template,
-    userdata, vcluster, yaml,
+    userdata, vcluster, yaml, zones,
 };
 
 pub mod cli;

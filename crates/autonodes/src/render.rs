@@ -25,6 +25,7 @@ use crate::scheduling::{
 };
 use crate::template::{self, TemplateError, VmIdentity, USER_DATA_KEY};
 use crate::userdata::{self, JoinParams, JoinTemplate, UserDataError, UserDataInput};
+use crate::zones;
 
 /// Everything autonodes writes for one claim, and what it sets on the Node afterwards.
 #[derive(Debug, Clone, PartialEq)]
@@ -208,7 +209,7 @@ pub fn render_node(
         });
     }
 
-    let properties = scheduling::node_properties(t, pool, &claim.spec);
+    let properties = scheduling::claim_node_properties(t, pool, claim);
     let identity = template::node_identity_labels(name, namespace, uid);
     let labels = scheduling::node_labels(
         &properties,
@@ -257,7 +258,7 @@ pub fn render_node(
     .map_err(user_data_error)?;
 
     let managed = template::managed_labels(name, namespace, uid);
-    let vm = template::finalize_vm(
+    let mut vm = template::finalize_vm(
         &t.template,
         &VmIdentity {
             name: vm_name,
@@ -270,6 +271,18 @@ pub fn render_node(
         claim: id(),
         source,
     })?;
+    // A node in one zone runs on host nodes of that zone.
+    if let Some(zone) = properties
+        .get(zones::PROP_ZONE)
+        .filter(|z| scheduling::is_valid_label_value(z) && !z.is_empty())
+    {
+        template::placement::require_host_zone(&mut vm, zone, &t.name).map_err(|source| {
+            RenderError::Template {
+                claim: id(),
+                source,
+            }
+        })?;
+    }
 
     let secret = Secret {
         metadata: ObjectMeta {

@@ -275,3 +275,95 @@ async fn a_disk_or_network_property_autonodes_cannot_use_fails_its_type_with_the
     );
     world.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_of_a_type_with_zones_spread_least_used_first_a_requirement_pins_one_and_vm_and_node_carry_the_zone(
+) {
+    let types = r#"      - name: zoned
+        properties:
+          topology.kubernetes.io/zone: "zone-a,zone-b"
+"#;
+    let world =
+        World::with_provider(provider_yaml("zoned", "test-kubevirt-1", "1", "1Gi", types)).await;
+    let spread: Vec<String> = (1..=4).map(|i| format!("spread-{i}")).collect();
+    for name in &spread {
+        world
+            .create_claim(json!({"metadata": {"name": name}, "spec": {"providerRef": "zoned"}}))
+            .await;
+    }
+    let zone_of = |c: &autonodes::api::NodeClaim| c.status.as_ref().and_then(|s| s.zone.clone());
+    let mut zones = Vec::new();
+    for name in &spread {
+        let c = world
+            .wait_claim(name, "a zone", AVAILABLE, |c| zone_of(c).is_some())
+            .await;
+        zones.push(zone_of(&c).expect("zone"));
+    }
+    zones.sort();
+    assert_eq!(
+        zones,
+        ["zone-a", "zone-a", "zone-b", "zone-b"],
+        "four claims of a two-zone type spread two and two"
+    );
+    // A requirement pins the zone, however used it is.
+    world
+        .create_claim(json!({"metadata": {"name": "pinned"}, "spec": {
+            "providerRef": "zoned",
+            "requirements": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["zone-b"]}],
+        }}))
+        .await;
+    let pinned = world.wait_phase("pinned", "Available", AVAILABLE).await;
+    assert_eq!(zone_of(&pinned).as_deref(), Some("zone-b"));
+
+    // The VM requires host nodes of its zone; the tenant Node is labelled with it.
+    let vm_name = pinned
+        .status
+        .as_ref()
+        .and_then(|s| s.vm_name.clone())
+        .expect("vm name");
+    let vm = world
+        .vms()
+        .await
+        .into_iter()
+        .find(|v| v.name_any() == vm_name)
+        .expect("pinned VM");
+    assert_eq!(
+        vm.data
+            .pointer("/spec/template/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms")
+            .cloned(),
+        Some(json!([{"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["zone-b"]}]}])),
+        "the stored VM keeps the zone affinity"
+    );
+    let node = world
+        .nodes()
+        .await
+        .into_iter()
+        .find(|n| n.name_any() == vm_name)
+        .expect("pinned Node");
+    assert_eq!(
+        node.labels()
+            .get("topology.kubernetes.io/zone")
+            .map(String::as_str),
+        Some("zone-b")
+    );
+    for name in &spread {
+        let c = world.wait_phase(name, "Available", AVAILABLE).await;
+        let node_name = c
+            .status
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .expect("node");
+        let node = world
+            .nodes()
+            .await
+            .into_iter()
+            .find(|n| n.name_any() == node_name)
+            .expect("Node");
+        assert_eq!(
+            node.labels().get("topology.kubernetes.io/zone"),
+            zone_of(&c).as_ref(),
+            "{name}: the Node's zone label is the claim's zone"
+        );
+    }
+    world.shutdown().await;
+}

@@ -522,10 +522,7 @@ fn vmi_spec(description: &str) -> Schema {
                 "nodeSelector",
                 string_map("Host node labels the guest must run on."),
             ),
-            (
-                "affinity",
-                preserve("Affinity of the launcher pod (core/v1 Affinity)."),
-            ),
+            ("affinity", affinity()),
             (
                 "tolerations",
                 array("Tolerations of the launcher pod.", toleration),
@@ -581,6 +578,63 @@ fn vmi_spec(description: &str) -> Schema {
         ],
     )
     .required(&["domain"])
+}
+
+/// core/v1 Affinity of the launcher pod: structural for the required node affinity
+/// autonodes writes (zones), preserving the rest.
+fn affinity() -> Schema {
+    let requirement = object(
+        "A node selector requirement.",
+        [
+            ("key", string("The label key.")),
+            (
+                "operator",
+                string("In, NotIn, Exists, DoesNotExist, Gt or Lt."),
+            ),
+            ("values", array("The values.", string("A value."))),
+        ],
+    )
+    .required(&["key", "operator"]);
+    let term = object(
+        "A node selector term: all its requirements hold.",
+        [
+            (
+                "matchExpressions",
+                array("Requirements on node labels.", requirement.clone()),
+            ),
+            (
+                "matchFields",
+                array("Requirements on node fields.", requirement),
+            ),
+        ],
+    );
+    object(
+        "Affinity of the launcher pod (core/v1 Affinity).",
+        [
+            (
+                "nodeAffinity",
+                object(
+                    "Node affinity.",
+                    [
+                        (
+                            "requiredDuringSchedulingIgnoredDuringExecution",
+                            object(
+                                "Host nodes the pod must run on: any term matches.",
+                                [("nodeSelectorTerms", array("The terms.", term))],
+                            )
+                            .required(&["nodeSelectorTerms"]),
+                        ),
+                        (
+                            "preferredDuringSchedulingIgnoredDuringExecution",
+                            array("Preferred host nodes.", preserve("A weighted term.")),
+                        ),
+                    ],
+                ),
+            ),
+            ("podAffinity", preserve("Pod affinity.")),
+            ("podAntiAffinity", preserve("Pod anti-affinity.")),
+        ],
+    )
 }
 
 fn domain() -> Schema {
@@ -962,6 +1016,7 @@ fn volume() -> Schema {
 // Schema and CRD builders.
 
 /// A schema under construction.
+#[derive(Clone)]
 struct Schema(JSONSchemaProps);
 
 impl Schema {

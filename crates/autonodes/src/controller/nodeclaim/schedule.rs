@@ -1,5 +1,6 @@
-//! Schedule: choose the cheapest node type that fits and has capacity, and store it with
-//! the VM's name in the claim's status before anything remote is created.
+//! Schedule: choose the cheapest node type that fits and has capacity (and its zone, when
+//! the type lists zones), and store it with the VM's name in the claim's status before
+//! anything remote is created.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -98,14 +99,24 @@ pub(super) async fn schedule(claim: &NodeClaim, ctx: &Context) -> Result<Option<
         }
         let catalogue = catalogue(ctx);
         ctx.ledger(|ledger| {
-            let decision = scheduling::choose(&catalogue, &request, ledger.counts()).cloned();
-            if let Ok(t) = &decision {
-                ledger.reserve(&uid, &t.name);
+            let decision = scheduling::choose(&catalogue, &request, ledger.counts())
+                .cloned()
+                .map(|t| {
+                    let zone = scheduling::zone_for(
+                        &t,
+                        &claim.spec,
+                        &request,
+                        ledger.zone_counts(&t.name),
+                    );
+                    (t, zone)
+                });
+            if let Ok((t, zone)) = &decision {
+                ledger.reserve(&uid, &t.name, zone.as_deref());
             }
             decision
         })
     };
-    let chosen = match decision {
+    let (chosen, zone) = match decision {
         Ok(t) => t,
         Err(nofit) => {
             let mut w = StatusWriter::new(claim, ctx);
@@ -128,12 +139,17 @@ pub(super) async fn schedule(claim: &NodeClaim, ctx: &Context) -> Result<Option<
     w.new.vm_namespace = Some(chosen.vm_namespace.clone());
     w.new.vm_name = Some(vm_name.clone());
     w.new.provider_id = Some(format!("kubevirt://{vm_name}"));
+    let in_zone = zone
+        .as_deref()
+        .map(|z| format!(" in zone {z}"))
+        .unwrap_or_default();
+    w.new.zone = zone;
     w.set(
         SCHEDULED,
         true,
         ClaimReason::Scheduled,
         format!(
-            "scheduled to node type {} (cost {}) as VM {}/{}",
+            "scheduled to node type {} (cost {}) as VM {}/{}{in_zone}",
             chosen.name, chosen.cost, chosen.vm_namespace, vm_name
         ),
     );

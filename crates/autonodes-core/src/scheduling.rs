@@ -72,6 +72,11 @@ pub const CONFIG_PROPERTIES: &[&str] = &[
     template::disks::PROP_DATA_DISKS,
     template::networks::PROP_NETWORKS,
     template::networks::PROP_DEFAULT_NETWORK,
+    template::placement::PROP_VM_AFFINITY,
+    template::placement::PROP_VM_ANTI_AFFINITY,
+    template::placement::PROP_VM_AFFINITY_SCOPE,
+    template::placement::PROP_HOST_NODE_SELECTOR,
+    template::placement::PROP_HOST_NODE_PREFERENCE,
 ];
 
 /// A configuration property in autonodes' spelling, else in vCluster's.
@@ -422,8 +427,9 @@ fn fill_prepared(
 }
 
 /// The devices a type's configuration properties add to its template: the root disk from
-/// `kubevirt.vcluster.com/image-url`, blank data disks, Multus networks. A value autonodes
-/// cannot use is an error naming the property (the type is Failed).
+/// `kubevirt.vcluster.com/image-url`, blank data disks, Multus networks; and the check of
+/// its placement presets. A value autonodes cannot use is an error naming the property
+/// (the type is Failed).
 fn add_property_devices(
     template: &mut Value,
     properties: &Properties,
@@ -458,7 +464,11 @@ fn add_property_devices(
         .transpose()
         .map_err(|m| bad(networks::PROP_NETWORKS, m))?
         .unwrap_or_default();
-    networks::add_networks(template, default_network.as_deref(), &secondary, node_type)
+    networks::add_networks(template, default_network.as_deref(), &secondary, node_type)?;
+    // Placement is written per claim (its group depends on the claim); checked here so a
+    // type whose presets cannot be used is Failed rather than failing each claim.
+    template::placement::parse_placement(properties).map_err(|(property, m)| bad(property, m))?;
+    Ok(())
 }
 
 impl PreparedType {

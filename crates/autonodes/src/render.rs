@@ -174,6 +174,46 @@ pub fn plan_node(
     render_node(chosen, claim, pool, vm_name, join)
 }
 
+/// Where the claim's VM runs on the host: its launcher pod labelled with its tenant and
+/// pool, the type's placement presets for that group, and the host node affinity of the
+/// claim's zone.
+fn place_vm(
+    vm: &mut Value,
+    t: &PreparedType,
+    claim: &NodeClaim,
+    properties: &crate::api::Properties,
+) -> Result<(), TemplateError> {
+    use template::placement;
+    let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
+    let vcluster = claim.spec.v_cluster_ref.name.as_str();
+    let pool = claim
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(crate::api::LABEL_NODEPOOL))
+        .map(String::as_str);
+    placement::label_launcher_pod(vm, vcluster, pool, &t.name)?;
+    let presets = placement::parse_placement(&t.properties).map_err(|(property, message)| {
+        TemplateError::BadName {
+            node_type: t.name.clone(),
+            field: format!("property {property}"),
+            message,
+        }
+    })?;
+    if !presets.is_empty() {
+        let group = placement::group_labels(presets.scope, namespace, vcluster, pool);
+        placement::apply_placement(vm, &presets, &group, &t.name)?;
+    }
+    // A node in one zone runs on host nodes of that zone.
+    if let Some(zone) = properties
+        .get(zones::PROP_ZONE)
+        .filter(|z| !z.is_empty() && scheduling::is_valid_label_value(z))
+    {
+        placement::require_host_zone(vm, zone, &t.name)?;
+    }
+    Ok(())
+}
+
 /// Renders the Secret and VirtualMachine of a claim for a given node type: node
 /// properties and labels, taints, the user data (template chosen by property
 /// `autonodes.io/user-data-template`), and the VM (forced fields for `vm_name` in the type's
@@ -271,18 +311,10 @@ pub fn render_node(
         claim: id(),
         source,
     })?;
-    // A node in one zone runs on host nodes of that zone.
-    if let Some(zone) = properties
-        .get(zones::PROP_ZONE)
-        .filter(|z| scheduling::is_valid_label_value(z) && !z.is_empty())
-    {
-        template::placement::require_host_zone(&mut vm, zone, &t.name).map_err(|source| {
-            RenderError::Template {
-                claim: id(),
-                source,
-            }
-        })?;
-    }
+    place_vm(&mut vm, t, claim, &properties).map_err(|source| RenderError::Template {
+        claim: id(),
+        source,
+    })?;
 
     let secret = Secret {
         metadata: ObjectMeta {

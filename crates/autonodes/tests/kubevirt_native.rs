@@ -29,7 +29,7 @@ fn rendered_vm(provider: &str, claim: &autonodes::api::NodeClaim) -> Value {
     let claim_text = serde_json::to_string(&json!({
         "apiVersion": "autonodes.io/v1alpha1",
         "kind": "NodeClaim",
-        "metadata": {"name": claim.name_any(), "namespace": NS, "uid": claim.uid().expect("uid")},
+        "metadata": {"name": claim.name_any(), "namespace": NS, "uid": claim.uid().expect("uid"), "labels": claim.labels()},
         "spec": serde_json::to_value(&claim.spec).expect("spec"),
     }))
     .expect("claim text");
@@ -193,7 +193,7 @@ async fn data_disks_a_root_disk_storage_class_and_multus_networks_reach_the_host
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_disk_or_network_property_autonodes_cannot_use_fails_its_type_with_the_property_named_and_siblings_serve(
+async fn a_disk_network_or_placement_property_autonodes_cannot_use_fails_its_type_with_the_property_named_and_siblings_serve(
 ) {
     let types = r#"      - name: fine
         properties:
@@ -211,6 +211,12 @@ async fn a_disk_or_network_property_autonodes_cannot_use_fails_its_type_with_the
       - name: bad-default-network
         properties:
           autonodes.io/default-network: "a/b/c"
+      - name: bad-anti-affinity
+        properties:
+          autonodes.io/vm-anti-affinity: always
+      - name: bad-host-selector
+        properties:
+          autonodes.io/host-node-selector: "bad key=x"
       - name: bad-class
         properties:
           kubevirt.vcluster.com/image-url: docker://quay.io/containerdisks/ubuntu:22.04
@@ -238,6 +244,11 @@ async fn a_disk_or_network_property_autonodes_cannot_use_fails_its_type_with_the
         ("native.bad-network", "autonodes.io/networks"),
         ("native.bad-default-network", "autonodes.io/default-network"),
         ("native.bad-class", "autonodes.io/root-disk-storage-class"),
+        ("native.bad-anti-affinity", "autonodes.io/vm-anti-affinity"),
+        (
+            "native.bad-host-selector",
+            "autonodes.io/host-node-selector",
+        ),
     ] {
         let t = world
             .wait_node_type(name, "phase Failed", |t| {
@@ -363,6 +374,74 @@ async fn claims_of_a_type_with_zones_spread_least_used_first_a_requirement_pins_
             node.labels().get("topology.kubernetes.io/zone"),
             zone_of(&c).as_ref(),
             "{name}: the Node's zone label is the claim's zone"
+        );
+    }
+    world.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_of_a_type_with_hard_anti_affinity_gets_vms_kept_apart_within_the_pool_on_selected_host_nodes(
+) {
+    let provider = example();
+    let world = World::with_provider(provider.clone()).await;
+    world
+        .create_pool(
+            "workers",
+            json!({
+                "providerRef": "kubevirt-native",
+                "requirements": [{"key": "autonodes.io/node-type", "operator": "In", "values": ["spread-node"]}],
+                "replicas": 2,
+            }),
+        )
+        .await;
+    let claims = common::eventually("two Available claims of the pool", AVAILABLE, || async {
+        let claims = common::pools::pool_claims(&world, "workers").await;
+        (claims.len() == 2 && claims.iter().all(common::pools::available)).then_some(claims)
+    })
+    .await;
+    let vms = world.vms().await;
+    let group = json!({
+        "autonodes.io/nodeclaim-namespace": NS,
+        "autonodes.io/nodepool": "workers",
+        "autonodes.io/vcluster": "tenant",
+    });
+    for claim in &claims {
+        let vm_name = claim
+            .status
+            .as_ref()
+            .and_then(|s| s.vm_name.clone())
+            .expect("vm name");
+        let vm = vms
+            .iter()
+            .find(|v| v.name_any() == vm_name)
+            .expect("the claim's VM");
+        // Nothing pruned: the host stored what autonodes composes for this claim.
+        assert_eq!(vm.data["spec"], rendered_vm(&provider, claim)["spec"]);
+        let template = &vm.data["spec"]["template"];
+        for (k, v) in group.as_object().expect("labels") {
+            assert_eq!(
+                &template["metadata"]["labels"][k], v,
+                "launcher pod label {k}"
+            );
+        }
+        let affinity = &template["spec"]["affinity"];
+        assert_eq!(
+            affinity["podAntiAffinity"],
+            json!({"requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchLabels": group}, "topologyKey": "kubernetes.io/hostname"},
+            ]})
+        );
+        assert_eq!(
+            affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"],
+            json!({"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "node-role.kubernetes.io/kubevirt", "operator": "Exists"},
+            ]}]})
+        );
+        assert_eq!(
+            affinity["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"],
+            json!([{"weight": 100, "preference": {"matchExpressions": [
+                {"key": "disktype", "operator": "In", "values": ["nvme"]},
+            ]}}])
         );
     }
     world.shutdown().await;

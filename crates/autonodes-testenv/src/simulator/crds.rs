@@ -580,8 +580,8 @@ fn vmi_spec(description: &str) -> Schema {
     .required(&["domain"])
 }
 
-/// core/v1 Affinity of the launcher pod: structural for the required node affinity
-/// autonodes writes (zones), preserving the rest.
+/// core/v1 Affinity of the launcher pod: structural for the node and pod (anti-)affinity
+/// autonodes writes (zones, placement presets).
 fn affinity() -> Schema {
     let requirement = object(
         "A node selector requirement.",
@@ -620,19 +620,102 @@ fn affinity() -> Schema {
                             "requiredDuringSchedulingIgnoredDuringExecution",
                             object(
                                 "Host nodes the pod must run on: any term matches.",
-                                [("nodeSelectorTerms", array("The terms.", term))],
+                                [("nodeSelectorTerms", array("The terms.", term.clone()))],
                             )
                             .required(&["nodeSelectorTerms"]),
                         ),
                         (
                             "preferredDuringSchedulingIgnoredDuringExecution",
-                            array("Preferred host nodes.", preserve("A weighted term.")),
+                            array(
+                                "Preferred host nodes.",
+                                object(
+                                    "A weighted term.",
+                                    [("weight", int32("1–100.")), ("preference", term)],
+                                )
+                                .required(&["weight", "preference"]),
+                            ),
                         ),
                     ],
                 ),
             ),
-            ("podAffinity", preserve("Pod affinity.")),
-            ("podAntiAffinity", preserve("Pod anti-affinity.")),
+            (
+                "podAffinity",
+                pod_affinity("Pod affinity: run near these pods."),
+            ),
+            (
+                "podAntiAffinity",
+                pod_affinity("Pod anti-affinity: run away from these pods."),
+            ),
+        ],
+    )
+}
+
+/// core/v1 PodAffinity or PodAntiAffinity: structural for the label selector and topology
+/// key autonodes writes.
+fn pod_affinity(description: &str) -> Schema {
+    let selector_requirement = object(
+        "A label selector requirement.",
+        [
+            ("key", string("The label key.")),
+            ("operator", string("In, NotIn, Exists or DoesNotExist.")),
+            ("values", array("The values.", string("A value."))),
+        ],
+    )
+    .required(&["key", "operator"]);
+    let selector = |what: &str| {
+        object(
+            what,
+            [
+                ("matchLabels", string_map("Labels that must match.")),
+                (
+                    "matchExpressions",
+                    array("Requirements.", selector_requirement.clone()),
+                ),
+            ],
+        )
+    };
+    let term = object(
+        "Pods in a topology domain.",
+        [
+            ("labelSelector", selector("The pods.")),
+            ("namespaceSelector", selector("The namespaces of the pods.")),
+            (
+                "namespaces",
+                array("The namespaces of the pods.", string("A namespace.")),
+            ),
+            (
+                "topologyKey",
+                string("The node label that defines a domain."),
+            ),
+            (
+                "matchLabelKeys",
+                array("Pod label keys added to the selector.", string("A key.")),
+            ),
+            (
+                "mismatchLabelKeys",
+                array("Pod label keys excluded by the selector.", string("A key.")),
+            ),
+        ],
+    )
+    .required(&["topologyKey"]);
+    object(
+        description,
+        [
+            (
+                "requiredDuringSchedulingIgnoredDuringExecution",
+                array("Terms that must hold.", term.clone()),
+            ),
+            (
+                "preferredDuringSchedulingIgnoredDuringExecution",
+                array(
+                    "Terms preferred.",
+                    object(
+                        "A weighted term.",
+                        [("weight", int32("1–100.")), ("podAffinityTerm", term)],
+                    )
+                    .required(&["weight", "podAffinityTerm"]),
+                ),
+            ),
         ],
     )
 }

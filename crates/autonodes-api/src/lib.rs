@@ -16,6 +16,7 @@ pub mod kubevirt;
 pub mod nodeclaim;
 pub mod nodepool;
 pub mod nodeprovider;
+pub mod nodequota;
 pub mod nodetype;
 pub mod reasons;
 pub mod schema;
@@ -24,6 +25,7 @@ pub use common::*;
 pub use nodeclaim::*;
 pub use nodepool::*;
 pub use nodeprovider::*;
+pub use nodequota::*;
 pub use nodetype::*;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -62,6 +64,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         NodeClaim::crd(),
         NodePool::crd(),
         NodeProvider::crd(),
+        NodeQuota::crd(),
         NodeType::crd(),
         capi::MachinePool::crd(),
         capi::Machine::crd(),
@@ -95,6 +98,18 @@ mod tests {
                 "{file} has node types"
             );
         }
+    }
+
+    #[test]
+    fn the_node_quota_example_deserializes_with_its_selector_and_limits() {
+        let q: NodeQuota = serde_saphyr::from_str(&example("nodequota.yaml")).expect("example");
+        assert_eq!(q.spec.namespaces, ["team-a", "team-b"]);
+        assert_eq!(q.spec.limits["memory"].0, "20Gi");
+        let selector = q.spec.node_type_selector.expect("selector");
+        assert_eq!(
+            selector.match_labels.expect("labels")["autonodes.io/node-type"],
+            "standard-node"
+        );
     }
 
     #[test]

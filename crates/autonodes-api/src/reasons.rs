@@ -103,6 +103,9 @@ names! {
         NoMatchingNodeType,
         /// Every fitting node type is full.
         InsufficientCapacity,
+        /// A NodeQuota of the claim's namespace allows none of the fitting node types, or
+        /// the claim would take the namespace over one of its limits.
+        QuotaExceeded,
         /// The claim's requirements or resources cannot be read.
         InvalidRequest,
         /// A label no Node may carry.
@@ -288,6 +291,17 @@ impl From<ClusterReason> for PoolReason {
             ClusterReason::InvalidKubeconfig => PoolReason::InvalidKubeconfig,
             ClusterReason::KubeconfigSecretUnreadable => PoolReason::KubeconfigSecretUnreadable,
         }
+    }
+}
+
+names! {
+    /// Why a NodeQuota's `Ready` condition is what it is.
+    QuotaReason {
+        /// `Ready=True`: the quota is applied to the claims of the namespaces it covers.
+        Enforced,
+        /// `Ready=False`: a limit cannot be read; the quota lets no claim of its namespaces
+        /// be scheduled until it is fixed.
+        InvalidQuota,
     }
 }
 

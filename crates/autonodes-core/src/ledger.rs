@@ -9,15 +9,17 @@
 //! holds nothing, whatever a cache still shows). A reservation wins over the store, a
 //! release over both: exactly [`crate::scheduling::count_claimed`], checked by a property
 //! test. The same holdings are also counted per type and zone, for
-//! [`crate::zones::choose_zone`].
+//! [`crate::zones::choose_zone`], and per namespace and type, for [`crate::quota`].
 
 use std::collections::{BTreeMap, HashMap};
 
 use crate::api::{NodeClaim, NodeClaimPhase};
 
-/// What a claim holds: a unit of a node type, in a zone when the type lists zones.
+/// What a claim holds: a unit of a node type, in a zone when the type lists zones, for
+/// the claim's namespace.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct Hold {
+    namespace: String,
     node_type: String,
     zone: Option<String>,
 }
@@ -48,6 +50,7 @@ pub struct ClaimedLedger {
     entries: HashMap<String, Entry>,
     counts: BTreeMap<String, i64>,
     zones: BTreeMap<String, BTreeMap<String, i64>>,
+    namespaces: BTreeMap<String, BTreeMap<String, i64>>,
 }
 
 /// An empty count, for types without claims in any zone.
@@ -82,6 +85,17 @@ impl ClaimedLedger {
         self.zones.get(node_type).unwrap_or(&NO_ZONES)
     }
 
+    /// Claims of `namespace` that hold capacity, per NodeType (types without any are
+    /// absent).
+    pub fn namespace_counts(&self, namespace: &str) -> &BTreeMap<String, i64> {
+        self.namespaces.get(namespace).unwrap_or(&NO_ZONES)
+    }
+
+    /// The namespaces whose claims hold capacity.
+    pub fn namespaces(&self) -> impl Iterator<Item = &str> {
+        self.namespaces.keys().map(String::as_str)
+    }
+
     /// The claim as the store now shows it.
     pub fn observe(&mut self, claim: &NodeClaim) {
         let Some(uid) = claim.metadata.uid.as_deref() else {
@@ -93,6 +107,7 @@ impl ClaimedLedger {
         } else {
             status.and_then(|s| {
                 s.type_ref.clone().map(|node_type| Hold {
+                    namespace: claim.metadata.namespace.clone().unwrap_or_default(),
                     node_type,
                     zone: s.zone.clone(),
                 })
@@ -130,10 +145,11 @@ impl ClaimedLedger {
         }
     }
 
-    /// This process scheduled the claim to `node_type` (in `zone`), before the store shows
-    /// it.
-    pub fn reserve(&mut self, uid: &str, node_type: &str, zone: Option<&str>) {
+    /// This process scheduled the claim (of `namespace`) to `node_type` (in `zone`), before
+    /// the store shows it.
+    pub fn reserve(&mut self, uid: &str, namespace: &str, node_type: &str, zone: Option<&str>) {
         let hold = Hold {
+            namespace: namespace.to_string(),
             node_type: node_type.to_string(),
             zone: zone.map(str::to_string),
         };
@@ -177,6 +193,11 @@ impl ClaimedLedger {
         for (hold, delta) in [(before, -1), (after, 1)] {
             let Some(hold) = hold else { continue };
             add(&mut self.counts, &hold.node_type, delta);
+            let by_type = self.namespaces.entry(hold.namespace.clone()).or_default();
+            add(by_type, &hold.node_type, delta);
+            if by_type.is_empty() {
+                self.namespaces.remove(&hold.namespace);
+            }
             if let Some(zone) = &hold.zone {
                 let zones = self.zones.entry(hold.node_type.clone()).or_default();
                 add(zones, zone, delta);
@@ -280,7 +301,7 @@ mod tests {
                     }
                     Op::Reserve(u, t, z) => {
                         let zone = z.map(|z| format!("z{z}"));
-                        ledger.reserve(&format!("u{u}"), &format!("p.t{t}"), zone.as_deref());
+                        ledger.reserve(&format!("u{u}"), "t", &format!("p.t{t}"), zone.as_deref());
                         reserved.insert(format!("u{u}"), (format!("p.t{t}"), zone));
                     }
                     Op::Unreserve(u) => {
@@ -304,6 +325,8 @@ mod tests {
                     let t = format!("p.t{t}");
                     prop_assert_eq!(ledger.zone_counts(&t), zones.get(&t).unwrap_or(&NO_ZONES));
                 }
+                // Every claim here is in namespace `t`: its counts are the type counts.
+                prop_assert_eq!(ledger.namespace_counts("t"), &recount);
             }
         }
     }
@@ -341,10 +364,29 @@ mod tests {
     }
 
     #[test]
+    fn namespace_counts_keep_namespaces_apart() {
+        let mut l = ClaimedLedger::new();
+        l.reserve("u1", "a", "p.t0", None);
+        l.reserve("u2", "b", "p.t0", None);
+        l.reserve("u3", "a", "p.t1", None);
+        assert_eq!(
+            l.namespace_counts("a"),
+            &BTreeMap::from([("p.t0".to_string(), 1), ("p.t1".to_string(), 1)])
+        );
+        assert_eq!(
+            l.namespace_counts("b"),
+            &BTreeMap::from([("p.t0".to_string(), 1)])
+        );
+        l.release("u2");
+        assert!(l.namespace_counts("b").is_empty());
+        assert_eq!(l.count("p.t0"), 1);
+    }
+
+    #[test]
     fn zone_counts_follow_reservations_the_store_and_releases() {
         let mut l = ClaimedLedger::new();
-        l.reserve("u1", "p.t0", Some("z0"));
-        l.reserve("u2", "p.t0", Some("z1"));
+        l.reserve("u1", "t", "p.t0", Some("z0"));
+        l.reserve("u2", "t", "p.t0", Some("z1"));
         l.observe(&zoned_claim(3, Some(0), Some(1), false));
         assert_eq!(
             l.zone_counts("p.t0"),
@@ -362,7 +404,7 @@ mod tests {
     #[test]
     fn a_reservation_counts_until_the_store_shows_it_and_a_release_frees_it() {
         let mut l = ClaimedLedger::new();
-        l.reserve("u1", "p.a", None);
+        l.reserve("u1", "t", "p.a", None);
         assert_eq!(l.count("p.a"), 1);
         l.observe(&claim(1, None, false));
         assert_eq!(

@@ -13,6 +13,7 @@
 //! - [`userdata`]: cloud-init rendering;
 //! - [`claim`]: the claim's phase ladder;
 //! - [`join`]: what a joined Node still needs (labels, the registration taint gone);
+//! - [`quota`]: tenant quotas (NodeQuota): the types a namespace may claim, its limits;
 //! - [`capi`]: the `capi.autonodes.io` mirror (replicas both ways, MachinePool, Machines);
 //! - [`kubeconfig`]: the check of kubeconfig Secrets;
 //! - [`kubeversion`]: the tenant's Kubernetes version and the kubeadm API it implies;
@@ -33,6 +34,7 @@ pub mod ledger;
 pub mod names;
 pub mod orphans;
 pub mod pool;
+pub mod quota;
 pub mod requirements;
 pub mod resources;
 pub mod scheduling;

@@ -96,6 +96,8 @@ pub const REGISTRATION_TAINT_KEY: &str = "autonodes.io/unregistered";
 
 /// Condition reason when no node type fits a claim.
 pub const REASON_NO_MATCHING_NODE_TYPE: &str = "NoMatchingNodeType";
+/// Reason: the tenant's quotas allow none of the fitting node types with capacity.
+pub const REASON_QUOTA_EXCEEDED: &str = "QuotaExceeded";
 /// Condition reason when fitting node types exist but none has capacity left.
 pub const REASON_INSUFFICIENT_CAPACITY: &str = "InsufficientCapacity";
 
@@ -920,7 +922,8 @@ pub fn fits(t: &PreparedType, req: &ClaimRequest) -> bool {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{reason}: {message}")]
 pub struct NoFit {
-    /// [`REASON_NO_MATCHING_NODE_TYPE`] or [`REASON_INSUFFICIENT_CAPACITY`].
+    /// [`REASON_NO_MATCHING_NODE_TYPE`], [`REASON_INSUFFICIENT_CAPACITY`] or
+    /// [`REASON_QUOTA_EXCEEDED`].
     pub reason: &'static str,
     /// Human-readable detail: the nearest type and what failed, or the exhausted types.
     pub message: String,
@@ -938,15 +941,43 @@ pub fn choose<'c>(
     req: &ClaimRequest,
     claimed: &BTreeMap<String, i64>,
 ) -> Result<&'c PreparedType, NoFit> {
+    choose_within(catalogue, req, claimed, |_| Ok(()))
+}
+
+/// [`choose`] among the types `admit` allows (the tenant's quotas, [`crate::quota`]): a
+/// fitting type with capacity that `admit` refuses is passed over for the next one. When
+/// every fitting type with capacity is refused: [`REASON_QUOTA_EXCEEDED`] with the first
+/// refusal.
+pub fn choose_within<'c>(
+    catalogue: &'c Catalogue,
+    req: &ClaimRequest,
+    claimed: &BTreeMap<String, i64>,
+    admit: impl Fn(&PreparedType) -> Result<(), String>,
+) -> Result<&'c PreparedType, NoFit> {
     let count = |t: &PreparedType| claimed.get(&t.name).copied().unwrap_or(0);
     let mut full: Vec<&PreparedType> = Vec::new();
+    let mut refused: Vec<String> = Vec::new();
     for t in catalogue.types.iter().filter(|t| req.considers(t)) {
         if fits(t, req) {
-            if t.has_capacity(count(t)) {
-                return Ok(t);
+            if !t.has_capacity(count(t)) {
+                full.push(t);
+                continue;
             }
-            full.push(t);
+            match admit(t) {
+                Ok(()) => return Ok(t),
+                Err(why) => refused.push(why),
+            }
         }
+    }
+    if let Some(first) = refused.first() {
+        let more = match refused.len() {
+            1 => String::new(),
+            n => format!(" (and {} more fitting node type(s) refused)", n - 1),
+        };
+        return Err(NoFit {
+            reason: REASON_QUOTA_EXCEEDED,
+            message: format!("{first}{more}"),
+        });
     }
     if !full.is_empty() {
         let list: Vec<String> = full
@@ -1500,6 +1531,33 @@ mod tests {
             hash(&spec(&[("cpu", "2")]), &provider),
             base,
             "the provider's base template"
+        );
+    }
+
+    #[test]
+    fn a_type_the_quota_refuses_is_passed_over_for_the_next_and_all_refused_is_quota_exceeded() {
+        let cat = Catalogue::from_provider(&example_provider("nodeprovider-advanced.yaml"));
+        let no_standard = |t: &PreparedType| {
+            if t.short_name == "standard-node" {
+                Err("NodeQuota q does not allow node type standard-node".to_string())
+            } else {
+                Ok(())
+            }
+        };
+        let chosen =
+            choose_within(&cat, &request(&claim()), &BTreeMap::new(), no_standard).expect("fits");
+        assert_eq!(chosen.short_name, "high-memory-node");
+        let e = choose_within(
+            &cat,
+            &request(&claim()),
+            &BTreeMap::new(),
+            |t: &PreparedType| Err(format!("refused {}", t.short_name)),
+        )
+        .expect_err("all refused");
+        assert_eq!(e.reason, REASON_QUOTA_EXCEEDED);
+        assert_eq!(
+            e.message,
+            "refused standard-node (and 1 more fitting node type(s) refused)"
         );
     }
 

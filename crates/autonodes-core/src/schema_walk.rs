@@ -92,6 +92,9 @@ const PARSERS: &[(&str, Parser)] = &[
     (".kubeReserved.*", Parser::Quantity),
     (".desiredCapacity.*", Parser::Quantity),
     ("NodePool.spec.limits.*", Parser::Quantity),
+    ("NodeQuota.spec.limits.*", Parser::Quantity),
+    ("NodeQuota.spec.namespaces[]", Parser::Free("compared as text with claims' namespaces")),
+    ("NodeQuota.spec.nodeTypeSelector.", Parser::Free("a label selector matched as text against node type properties; an unknown operator selects nothing")),
     ("NodePool.spec.terminationGracePeriod", Parser::Duration),
     (".disruption.consolidationPolicy", Parser::Free("an enum: decoding checks it (whole-object test)")),
     (".disruption.budgets[].nodes", Parser::BudgetNodes),
@@ -416,6 +419,7 @@ fn every_object_a_crd_schema_admits_decodes_into_its_rust_type() {
                     serde_json::from_value::<api::NodeProvider>(object.clone()).map(drop)
                 }
                 "NodeType" => serde_json::from_value::<api::NodeType>(object.clone()).map(drop),
+                "NodeQuota" => serde_json::from_value::<api::NodeQuota>(object.clone()).map(drop),
                 "MachinePool" => {
                     serde_json::from_value::<api::capi::MachinePool>(object.clone()).map(drop)
                 }

@@ -15,7 +15,7 @@
 pub use autonodes_api as api;
 pub use autonodes_api::{conditions, crdgen, kubevirt};
 pub use autonodes_core::{
-    join, kubeconfig, kubeversion, ledger, names, orphans, resources, scheduling, template,
+    join, kubeconfig, kubeversion, ledger, names, orphans, quota, resources, scheduling, template,
     userdata, vcluster, yaml, zones,
 };
 

@@ -51,6 +51,7 @@ fn there_is_one_crd_file_per_kind_named_by_plural_and_group() {
             "nodeclaims.autonodes.io.yaml",
             "nodepools.autonodes.io.yaml",
             "nodeproviders.autonodes.io.yaml",
+            "nodequotas.autonodes.io.yaml",
             "nodetypes.autonodes.io.yaml",
             "machinepools.capi.autonodes.io.yaml",
             "machines.capi.autonodes.io.yaml",

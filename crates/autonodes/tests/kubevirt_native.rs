@@ -446,3 +446,107 @@ async fn a_pool_of_a_type_with_hard_anti_affinity_gets_vms_kept_apart_within_the
     }
     world.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_quota_keeps_claims_over_its_limits_or_of_types_it_does_not_select_pending_and_shows_use(
+) {
+    let types = r#"      - name: small
+      - name: big
+        resources:
+          cpu: "4"
+          memory: 8Gi
+"#;
+    let world =
+        World::with_provider(provider_yaml("quota", "test-kubevirt-1", "1", "1Gi", types)).await;
+    let quota: autonodes::api::NodeQuota = serde_json::from_value(json!({
+        "apiVersion": "autonodes.io/v1alpha1",
+        "kind": "NodeQuota",
+        "metadata": {"name": "team"},
+        "spec": {
+            "namespaces": [NS],
+            "nodeTypeSelector": {"matchLabels": {"autonodes.io/node-type": "small"}},
+            "limits": {"nodes": "2", "memory": "3Gi"},
+        },
+    }))
+    .expect("quota");
+    let quotas: kube::Api<autonodes::api::NodeQuota> = kube::Api::all(world.mgmt.clone());
+    quotas
+        .create(&kube::api::PostParams::default(), &quota)
+        .await
+        .expect("quota created");
+    for name in ["q-1", "q-2"] {
+        world
+            .create_claim(json!({"metadata": {"name": name}, "spec": {"providerRef": "quota"}}))
+            .await;
+        let c = world.wait_phase(name, "Available", AVAILABLE).await;
+        assert_eq!(
+            c.status.and_then(|s| s.type_ref).as_deref(),
+            Some("quota.small"),
+            "the quota's selector leaves only the small type"
+        );
+    }
+    // A third claim would make three nodes: it waits, saying which limit.
+    world
+        .create_claim(json!({"metadata": {"name": "q-3"}, "spec": {"providerRef": "quota"}}))
+        .await;
+    let waiting = world
+        .wait_claim("q-3", "QuotaExceeded", AVAILABLE, |c| {
+            condition(c, "Scheduled").is_some_and(|(_, reason, _)| reason == "QuotaExceeded")
+        })
+        .await;
+    let (status, _, message) = condition(&waiting, "Scheduled").expect("Scheduled");
+    assert_eq!(status, "False");
+    assert!(
+        message.contains("NodeQuota team limits nodes to 2"),
+        "{message}"
+    );
+    assert!(message.contains("2 used"), "{message}");
+    // A claim pinned to a type the quota does not select waits too.
+    world
+        .create_claim(json!({"metadata": {"name": "q-big"}, "spec": {"typeRef": "quota.big"}}))
+        .await;
+    let big = world
+        .wait_claim("q-big", "QuotaExceeded", AVAILABLE, |c| {
+            condition(c, "Scheduled").is_some_and(|(_, reason, _)| reason == "QuotaExceeded")
+        })
+        .await;
+    let (_, _, message) = condition(&big, "Scheduled").expect("Scheduled");
+    assert!(
+        message.contains("does not allow node type quota.big"),
+        "{message}"
+    );
+    // The quota shows what the namespace holds.
+    let shown = common::eventually("the quota's use", AVAILABLE, || async {
+        let q = quotas.get("team").await.ok()?;
+        let status = q.status?;
+        let used = status
+            .namespaces
+            .iter()
+            .find(|n| n.namespace == NS)?
+            .used
+            .clone();
+        (used.get("nodes").map(|q| q.0.as_str()) == Some("2")).then_some((used, status.conditions))
+    })
+    .await;
+    assert_eq!(shown.0["memory"].0, "2Gi");
+    let ready = shown.1.iter().find(|c| c.type_ == "Ready").expect("Ready");
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("True", "Enforced")
+    );
+    // A node given back lets the waiting claim through.
+    world.delete_claim("q-1").await;
+    world.wait_claim_gone("q-1", GONE).await;
+    let through = world.wait_phase("q-3", "Available", AVAILABLE).await;
+    assert_eq!(
+        through.status.and_then(|s| s.type_ref).as_deref(),
+        Some("quota.small")
+    );
+    let big = world.claims().get("q-big").await.expect("q-big");
+    assert_eq!(
+        condition(&big, "Scheduled").map(|c| c.1).as_deref(),
+        Some("QuotaExceeded"),
+        "a type the quota does not select stays refused"
+    );
+    world.shutdown().await;
+}

@@ -19,6 +19,7 @@ pub mod host;
 pub mod lenient;
 pub mod nodeclaim;
 pub mod nodepool;
+pub mod nodequota;
 pub mod nodetype;
 pub mod provider;
 pub mod reflectors;
@@ -46,7 +47,7 @@ use serde::Serialize;
 use tokio::sync::Mutex;
 
 use crate::api::capi::{Machine, MachinePool};
-use crate::api::{NodeClaim, NodePool, NodeProvider, NodeType};
+use crate::api::{NodeClaim, NodePool, NodeProvider, NodeQuota, NodeType};
 use crate::clients::{remote_error_text, ClientError, ClusterClients};
 use crate::kubeconfig::KubeconfigPolicy;
 use crate::metrics::Metrics;
@@ -198,6 +199,8 @@ pub struct Context {
     pub types: Store<NodeType>,
     /// All NodeProviders.
     pub providers: Store<NodeProvider>,
+    /// All NodeQuotas.
+    pub quotas: Store<NodeQuota>,
     /// Serializes scheduling decisions so capacity is never exceeded (held only while a
     /// decision is made in memory, never across an API call).
     pub scheduling: Mutex<nodeclaim::Reservations>,
@@ -548,6 +551,8 @@ pub struct Reflectors {
     pub machine_pools: Reflector<MachinePool>,
     /// `capi.autonodes.io` Machines.
     pub machines: Reflector<Machine>,
+    /// NodeQuotas.
+    pub quotas: Reflector<NodeQuota>,
 }
 
 impl Reflectors {
@@ -559,6 +564,7 @@ impl Reflectors {
             pools: Reflector::new(),
             machine_pools: Reflector::new(),
             machines: Reflector::new(),
+            quotas: Reflector::new(),
         }
     }
 
@@ -570,8 +576,10 @@ impl Reflectors {
             self.types.run(client.clone(), Some(reports.clone())),
             self.providers.run(client.clone(), Some(reports.clone())),
             self.pools.run(client.clone(), Some(reports.clone())),
-            self.machine_pools.run(client.clone(), Some(reports)),
-            self.machines.run(client, None),
+            self.machine_pools
+                .run(client.clone(), Some(reports.clone())),
+            self.machines.run(client.clone(), None),
+            self.quotas.run(client, Some(reports)),
         );
     }
 }
@@ -643,6 +651,7 @@ pub async fn run(
         claims: r.claims.store(),
         types: r.types.store(),
         providers: r.providers.store(),
+        quotas: r.quotas.store(),
         scheduling: Mutex::new(nodeclaim::Reservations::default()),
         claimed,
         published_joins: Default::default(),
@@ -716,6 +725,26 @@ pub async fn run(
                 .map(|c| ObjectRef::from_obj(&*c))
                 .collect::<Vec<_>>()
         })
+        .watches_shared_stream(r.quotas.touched_objects(), {
+            // A quota that appeared, went or changed may let pending claims of the
+            // namespaces it covers schedule (or tell them why not).
+            let claims = ctx.claims.clone();
+            move |q: Arc<NodeQuota>| {
+                let prepared = crate::quota::PreparedQuota::new(&q.name_any(), &q.spec);
+                claims
+                    .state()
+                    .into_iter()
+                    .filter(|c| {
+                        c.status
+                            .as_ref()
+                            .and_then(|s| s.type_ref.as_ref())
+                            .is_none()
+                            && prepared.covers(&c.namespace().unwrap_or_default())
+                    })
+                    .map(|c| ObjectRef::from_obj(&*c))
+                    .collect::<Vec<_>>()
+            }
+        })
         .reconcile_on(claim_wakeups)
         .with_config(RunConfig::default().concurrency(CLAIM_CONCURRENCY))
         .graceful_shutdown_on(shutdown.clone())
@@ -777,11 +806,34 @@ pub async fn run(
                 });
             futures::future::ready(provider)
         }))
-        .graceful_shutdown_on(shutdown)
+        .graceful_shutdown_on(shutdown.clone())
         .run(provider::reconcile, provider::error_policy, ctx.clone())
         .for_each(log_run_error);
 
-    tokio::join!(claims, types, providers, pools, machine_pools, imports);
+    let quotas_of_claims = ctx.quotas.clone();
+    let quotas = Controller::for_shared_stream(r.quotas.applied(), r.quotas.store())
+        .watches_shared_stream(r.claims.touched_objects(), move |c: Arc<NodeClaim>| {
+            let namespace = c.namespace().unwrap_or_default();
+            quotas_of_claims
+                .state()
+                .into_iter()
+                .filter(|q| q.spec.namespaces.is_empty() || q.spec.namespaces.contains(&namespace))
+                .map(|q| ObjectRef::from_obj(&*q))
+                .collect::<Vec<_>>()
+        })
+        .graceful_shutdown_on(shutdown)
+        .run(nodequota::reconcile, nodequota::error_policy, ctx.clone())
+        .for_each(log_run_error);
+
+    tokio::join!(
+        claims,
+        types,
+        providers,
+        pools,
+        machine_pools,
+        imports,
+        quotas
+    );
     Ok(())
 }
 

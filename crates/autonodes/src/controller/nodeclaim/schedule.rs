@@ -15,6 +15,7 @@ use crate::api::NodeClaim;
 use crate::conditions;
 use crate::controller::catalogue::catalogue;
 use crate::controller::{Context, Error};
+use crate::quota::{self, PreparedQuota, Usage};
 use crate::scheduling::{self, ClaimRequest, PreparedType};
 use crate::template;
 
@@ -98,8 +99,26 @@ pub(super) async fn schedule(claim: &NodeClaim, ctx: &Context) -> Result<Option<
             )));
         }
         let catalogue = catalogue(ctx);
+        let namespace = claim.namespace().unwrap_or_default();
+        let quotas: Vec<PreparedQuota> = ctx
+            .quotas
+            .state()
+            .iter()
+            .map(|q| PreparedQuota::new(&q.name_any(), &q.spec))
+            .filter(|q| q.covers(&namespace))
+            .collect();
         ctx.ledger(|ledger| {
-            let decision = scheduling::choose(&catalogue, &request, ledger.counts())
+            // What the namespace's claims hold, this process's decisions included (only
+            // when a quota covers it: without quotas nothing is counted).
+            let used = if quotas.is_empty() {
+                Usage::default()
+            } else {
+                Usage::of_counts(ledger.namespace_counts(&namespace), |n| {
+                    catalogue.types().iter().find(|t| t.name == n)
+                })
+            };
+            let admit = |t: &PreparedType| quota::admits(&quotas, &namespace, &used, t);
+            let decision = scheduling::choose_within(&catalogue, &request, ledger.counts(), admit)
                 .cloned()
                 .map(|t| {
                     let zone = scheduling::zone_for(
@@ -111,7 +130,7 @@ pub(super) async fn schedule(claim: &NodeClaim, ctx: &Context) -> Result<Option<
                     (t, zone)
                 });
             if let Ok((t, zone)) = &decision {
-                ledger.reserve(&uid, &t.name, zone.as_deref());
+                ledger.reserve(&uid, &namespace, &t.name, zone.as_deref());
             }
             decision
         })
@@ -175,9 +194,9 @@ pub(super) async fn schedule(claim: &NodeClaim, ctx: &Context) -> Result<Option<
 
 /// The claim reason for a scheduling failure ([`scheduling::NoFit::reason`]).
 pub(super) fn nofit_reason(reason: &str) -> ClaimReason {
-    if reason == scheduling::REASON_INSUFFICIENT_CAPACITY {
-        ClaimReason::InsufficientCapacity
-    } else {
-        ClaimReason::NoMatchingNodeType
+    match reason {
+        scheduling::REASON_INSUFFICIENT_CAPACITY => ClaimReason::InsufficientCapacity,
+        scheduling::REASON_QUOTA_EXCEEDED => ClaimReason::QuotaExceeded,
+        _ => ClaimReason::NoMatchingNodeType,
     }
 }

@@ -77,6 +77,7 @@ pub const CONFIG_PROPERTIES: &[&str] = &[
     template::placement::PROP_VM_AFFINITY_SCOPE,
     template::placement::PROP_HOST_NODE_SELECTOR,
     template::placement::PROP_HOST_NODE_PREFERENCE,
+    template::golden::PROP_GOLDEN_IMAGE,
 ];
 
 /// A configuration property in autonodes' spelling, else in vCluster's.
@@ -283,6 +284,9 @@ pub struct PreparedType {
     /// A hash of what the type's VMs are made from ([`definition_hash`]); claims record it
     /// and have drifted when it changes.
     pub definition: String,
+    /// The golden volumes the type's VMs clone their images from
+    /// ([`template::golden`]); empty unless `autonodes.io/golden-image` is `true`.
+    pub golden: Vec<template::golden::GoldenVolume>,
 }
 
 /// A hash (16 hex digits of SHA-256) of what a type's VMs are made from, as the user wrote
@@ -382,6 +386,7 @@ pub fn prepare_type(
         template: Value::Null,
         problem: None,
         definition: String::new(),
+        golden: Vec::new(),
     };
     if let Err(problem) = fill_prepared(&mut prepared, spec, provider) {
         prepared.problem = Some(problem);
@@ -413,6 +418,24 @@ fn fill_prepared(
         resources: &spec.resources,
     })?;
     add_property_devices(&mut composed.template, &t.properties, &t.name)?;
+    let golden = template::golden::wanted(
+        t.properties
+            .get(template::golden::PROP_GOLDEN_IMAGE)
+            .map(String::as_str),
+    )
+    .map_err(|message| TemplateError::BadName {
+        node_type: t.name.clone(),
+        field: format!("property {}", template::golden::PROP_GOLDEN_IMAGE),
+        message,
+    })?;
+    if golden {
+        t.golden = template::golden::use_golden_images(
+            &mut composed.template,
+            &t.provider,
+            &t.vm_namespace,
+            &t.name,
+        )?;
+    }
     // What rendering a claim's VM (or KubeVirt's admission) would refuse is found here, so
     // the type is Failed and never chosen rather than failing every claim sent to it.
     template::check_vm_template(&composed.template, &t.name)?;

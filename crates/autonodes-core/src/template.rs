@@ -10,10 +10,12 @@
 //! ([`compose_type_template`]); step 4 depends on the claim and is cheap.
 //!
 //! Between steps 3 and 4, a type's configuration properties add devices to its template:
-//! a root disk from an image ([`add_root_disk`]), blank data disks ([`disks`]) and Multus
-//! networks ([`networks`]).
+//! a root disk from an image ([`add_root_disk`]), blank data disks ([`disks`]), Multus
+//! networks ([`networks`]), and image imports turned into clones of golden volumes
+//! ([`golden`]).
 
 pub mod disks;
+pub mod golden;
 pub mod networks;
 pub mod placement;
 

@@ -177,7 +177,8 @@ async fn data_disks_a_root_disk_storage_class_and_multus_networks_reach_the_host
         json!({"source": {"blank": {}}, "storage": {"resources": {"requests": {"storage": "10Gi"}}, "storageClassName": "standard"}})
     );
 
-    // Deleting the claims removes the VMs and every DataVolume, data disks included.
+    // Deleting the claims removes the VMs and every DataVolume made for them, data disks
+    // included; the provider's golden volume stays while its types use it.
     for (name, _) in &vms_by_claim {
         world.delete_claim(name).await;
     }
@@ -185,8 +186,10 @@ async fn data_disks_a_root_disk_storage_class_and_multus_networks_reach_the_host
         world.wait_claim_gone(name, GONE).await;
     }
     assert!(world.vms().await.is_empty(), "VMs left behind");
-    common::eventually("the DataVolumes to go", GONE, || async {
-        world.data_volumes().await.is_empty().then_some(())
+    common::eventually("the claims' DataVolumes to go", GONE, || async {
+        let left = world.data_volumes().await;
+        (left.len() == 1 && left[0].labels().contains_key("autonodes.io/golden-image"))
+            .then_some(())
     })
     .await;
     world.shutdown().await;
@@ -548,5 +551,156 @@ async fn a_node_quota_keeps_claims_over_its_limits_or_of_types_it_does_not_selec
         Some("QuotaExceeded"),
         "a type the quota does not select stays refused"
     );
+    world.shutdown().await;
+}
+
+/// A provider whose types boot from one image, made golden or not.
+fn golden_provider(golden: bool) -> String {
+    format!(
+        r#"
+apiVersion: autonodes.io/v1alpha1
+kind: NodeProvider
+metadata:
+  name: golden
+spec:
+  properties:
+    kubevirt.vcluster.com/image-url: docker://quay.io/containerdisks/ubuntu:22.04
+    kubevirt.vcluster.com/root-disk-size: 10Gi
+    autonodes.io/golden-image: "{golden}"
+  kubeVirt:
+    clusterRef:
+      cluster: test-kubevirt-1
+      namespace: vcluster-platform
+    virtualMachineTemplate:
+      spec:
+        template:
+          spec:
+            domain:
+              resources:
+                requests:
+                  cpu: "1"
+                  memory: 1Gi
+    nodeTypes:
+      - name: small
+      - name: big
+        resources:
+          cpu: "2"
+          memory: 2Gi
+"#
+    )
+}
+
+/// The golden DataVolumes on the host.
+async fn golden_volumes(world: &World) -> Vec<kube::api::DynamicObject> {
+    world
+        .data_volumes()
+        .await
+        .into_iter()
+        .filter(|dv| {
+            dv.labels()
+                .get("autonodes.io/golden-image")
+                .map(String::as_str)
+                == Some("golden")
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_golden_image_is_imported_once_per_provider_cloned_by_every_vm_and_removed_when_no_type_uses_it(
+) {
+    let world = World::with_provider(golden_provider(true)).await;
+    for (name, type_) in [
+        ("g-1", "golden.small"),
+        ("g-2", "golden.small"),
+        ("g-3", "golden.big"),
+    ] {
+        world
+            .create_claim(json!({"metadata": {"name": name}, "spec": {"typeRef": type_}}))
+            .await;
+    }
+    let mut vm_names = Vec::new();
+    for name in ["g-1", "g-2", "g-3"] {
+        let c = world.wait_phase(name, "Available", AVAILABLE).await;
+        vm_names.push(c.status.and_then(|s| s.vm_name).expect("vm name"));
+    }
+    // One golden volume for both types (same image, same size), labelled, importing it.
+    let golden = golden_volumes(&world).await;
+    assert_eq!(
+        golden.len(),
+        1,
+        "{:?}",
+        golden.iter().map(|d| d.name_any()).collect::<Vec<_>>()
+    );
+    let golden_name = golden[0].name_any();
+    assert!(
+        golden_name.starts_with("autonodes-golden-"),
+        "{golden_name}"
+    );
+    assert_eq!(
+        golden[0]
+            .labels()
+            .get("app.kubernetes.io/managed-by")
+            .map(String::as_str),
+        Some("autonodes")
+    );
+    assert_eq!(
+        golden[0].data["spec"],
+        json!({"source": {"registry": {"url": "docker://quay.io/containerdisks/ubuntu:22.04"}},
+               "storage": {"resources": {"requests": {"storage": "10Gi"}}}})
+    );
+    // Every VM's root disk clones it; none imports the image itself.
+    let vms = world.vms().await;
+    for vm_name in &vm_names {
+        let vm = vms.iter().find(|v| v.name_any() == *vm_name).expect("VM");
+        let root = &vm.data["spec"]["dataVolumeTemplates"][0];
+        assert_eq!(
+            root["metadata"]["name"],
+            format!("{vm_name}-rootdisk").as_str()
+        );
+        assert_eq!(
+            root["spec"]["source"],
+            json!({"pvc": {"namespace": "vcluster-platform", "name": golden_name}})
+        );
+    }
+    // Golden images turned off: no type uses the volume any more, and it goes; the
+    // running nodes keep their disks.
+    world.apply_provider(&golden_provider(false)).await;
+    common::eventually("the unused golden volume to go", GONE, || async {
+        golden_volumes(&world).await.is_empty().then_some(())
+    })
+    .await;
+    for name in ["g-1", "g-2", "g-3"] {
+        world.wait_phase(name, "Available", AVAILABLE).await;
+    }
+    // Turned on again, then the provider deleted: its golden volume goes with it.
+    world.apply_provider(&golden_provider(true)).await;
+    world
+        .create_claim(json!({"metadata": {"name": "g-4"}, "spec": {"typeRef": "golden.small"}}))
+        .await;
+    world.wait_phase("g-4", "Available", AVAILABLE).await;
+    assert_eq!(golden_volumes(&world).await.len(), 1);
+    for name in ["g-1", "g-2", "g-3", "g-4"] {
+        world.delete_claim(name).await;
+    }
+    for name in ["g-1", "g-2", "g-3", "g-4"] {
+        world.wait_claim_gone(name, GONE).await;
+    }
+    let providers: kube::Api<autonodes::api::NodeProvider> = kube::Api::all(world.mgmt.clone());
+    providers
+        .delete("golden", &kube::api::DeleteParams::default())
+        .await
+        .expect("provider deletion accepted");
+    common::eventually("the provider to go", GONE, || async {
+        matches!(providers.get_opt("golden").await, Ok(None)).then_some(())
+    })
+    .await;
+    assert!(
+        golden_volumes(&world).await.is_empty(),
+        "the golden volume outlived its provider"
+    );
+    common::eventually("every DataVolume to go", GONE, || async {
+        world.data_volumes().await.is_empty().then_some(())
+    })
+    .await;
     world.shutdown().await;
 }

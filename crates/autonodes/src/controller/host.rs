@@ -11,10 +11,11 @@ use kube::ResourceExt;
 
 use super::calls::{claim_selector, get_opt, not_found, read, remote_call};
 use super::{Context, Error};
-use crate::api::LABEL_NODECLAIM_UID;
+use crate::api::{LABEL_MANAGED_BY, LABEL_NODECLAIM_UID, MANAGED_BY};
 use crate::clients::Remote;
 use crate::kubevirt::{self, ObservedVm, ObservedVmi};
 use crate::template;
+use crate::template::golden::{self, GoldenVolume};
 
 /// What creating a VirtualMachine found.
 pub enum VmCreate {
@@ -184,6 +185,104 @@ impl<'a> Host<'a> {
         };
         self.delete_each(&dvs, names.into_iter(), "deleting a DataVolume")
             .await
+    }
+
+    /// DataVolumes to write.
+    fn data_volumes(&self, ns: &str) -> Api<DynamicObject> {
+        Api::namespaced_with(self.remote.client.clone(), ns, &kubevirt::data_volume())
+    }
+
+    /// Makes sure the golden volume `g` of `provider` exists: created (labelled
+    /// `managed-by` and with the provider) unless the DataVolume cache shows it; one that
+    /// exists already is kept (a golden volume is never rewritten).
+    pub async fn ensure_golden_volume(
+        &self,
+        g: &GoldenVolume,
+        provider: &str,
+    ) -> Result<(), Error> {
+        let cached = self
+            .remote
+            .host_cache()
+            .and_then(|c| c.data_volumes.get(Some(&g.namespace), &g.name));
+        if matches!(cached, Some(Some(_))) {
+            return Ok(());
+        }
+        let body: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "cdi.kubevirt.io/v1beta1",
+            "kind": "DataVolume",
+            "metadata": {
+                "name": g.name,
+                "namespace": g.namespace,
+                "labels": {
+                    LABEL_MANAGED_BY: MANAGED_BY,
+                    golden::LABEL_GOLDEN_IMAGE: crate::names::label_value(provider),
+                },
+            },
+            "spec": g.spec,
+        }))
+        .map_err(|e| Error::Internal(format!("the golden DataVolume {}: {e}", g.name)))?;
+        let created = remote_call(
+            self.ctx,
+            self.remote,
+            "creating a golden DataVolume",
+            self.data_volumes(&g.namespace)
+                .create(&PostParams::default(), &body),
+        )
+        .await;
+        match created {
+            Ok(dv) => {
+                if let Some(cache) = self.remote.host_cache() {
+                    cache
+                        .data_volumes
+                        .wrote(kubevirt::ObservedDataVolume::from_object(&dv));
+                }
+                Ok(())
+            }
+            Err(e) if e.is_remote_conflict() => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The golden volumes of `provider` on this host, as `(namespace, name)`: from the
+    /// DataVolume cache while its watch is live, else listed by label.
+    pub async fn golden_volumes(&self, provider: &str) -> Result<Vec<(String, String)>, Error> {
+        let label = crate::names::label_value(provider);
+        let ours = |dv: &kubevirt::ObservedDataVolume| {
+            dv.labels().get(golden::LABEL_GOLDEN_IMAGE) == Some(&label)
+        };
+        let key =
+            |dv: &kubevirt::ObservedDataVolume| (dv.namespace().unwrap_or_default(), dv.name_any());
+        if let Some(found) = self
+            .remote
+            .host_cache()
+            .and_then(|c| c.data_volumes.filter(ours))
+        {
+            return Ok(found.iter().map(|dv| key(dv)).collect());
+        }
+        let all: Api<kubevirt::ObservedDataVolume> = Api::all(self.remote.client.clone());
+        let selector = format!("{}={label}", golden::LABEL_GOLDEN_IMAGE);
+        match remote_call(
+            self.ctx,
+            self.remote,
+            "listing golden DataVolumes",
+            all.list(&ListParams::default().labels(&selector)),
+        )
+        .await
+        {
+            Ok(list) => Ok(list.items.iter().map(key).collect()),
+            Err(e) if not_found(&e) => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Deletes the DataVolume `ns/name` (one already gone is done).
+    pub async fn delete_data_volume(&self, ns: &str, name: &str) -> Result<(), Error> {
+        self.delete_each(
+            &self.data_volumes(ns),
+            std::iter::once(name.to_string()),
+            "deleting a golden DataVolume",
+        )
+        .await
     }
 
     /// Deletes the objects `names` of `api`, one at a time (those already gone are done).

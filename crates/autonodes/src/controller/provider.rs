@@ -15,6 +15,7 @@ use kube::runtime::finalizer::{finalizer, Event as Finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 
+use super::host::Host;
 use super::{apply_status, now, Context, Error, FIELD_MANAGER};
 use crate::api::{
     NodeProvider, NodeProviderStatus, NodeType, ProviderPhase, FINALIZER, LABEL_MANAGED_BY,
@@ -179,6 +180,16 @@ async fn apply(p: &NodeProvider, ctx: &Context) -> Result<Action, Error> {
     let (reachable, host_reason, host_message) = host_check(p, ctx).await;
     let template_errors = validate_templates(p);
     let synced = sync_node_types(p, ctx).await?;
+    if reachable {
+        let wanted = golden_volumes_wanted(p);
+        if let Err(e) = remove_golden_volumes(p, ctx, |ns, name| {
+            !wanted.contains(&(ns.to_string(), name.to_string()))
+        })
+        .await
+        {
+            tracing::warn!(provider = %name, error = %e, "removing unused golden DataVolumes failed; retried at the next reconcile");
+        }
+    }
 
     let old = p.status.clone().unwrap_or_default();
     let mut status = old.clone();
@@ -380,6 +391,40 @@ async fn sync_node_types(p: &NodeProvider, ctx: &Context) -> Result<Synced, Erro
     })
 }
 
+/// The golden volumes the provider's node types use now, as `(namespace, name)`.
+fn golden_volumes_wanted(p: &NodeProvider) -> BTreeSet<(String, String)> {
+    let ctx = ProviderContext::from_provider(p);
+    scheduling::node_types_from_provider(p)
+        .iter()
+        .flat_map(|nt| scheduling::prepare_type(&nt.name_any(), &nt.spec, Some(&ctx)).golden)
+        .map(|g| (g.namespace, g.name))
+        .collect()
+}
+
+/// Deletes the provider's golden volumes on its host for which `unused` holds; returns
+/// how many it deleted (zero once none is left to delete).
+async fn remove_golden_volumes(
+    p: &NodeProvider,
+    ctx: &Context,
+    unused: impl Fn(&str, &str) -> bool,
+) -> Result<usize, Error> {
+    let provider = p.name_any();
+    let remote = ctx
+        .clients
+        .host(&p.spec.kube_virt.cluster_ref.cluster)
+        .await
+        .map_err(Error::Client)?;
+    let host = Host::new(ctx, &remote);
+    let found = host.golden_volumes(&provider).await?;
+    let mut removed = 0;
+    for (ns, name) in found.iter().filter(|(ns, name)| unused(ns, name)) {
+        host.delete_data_volume(ns, name).await?;
+        removed += 1;
+        tracing::info!(provider = %provider, datavolume = %format!("{ns}/{name}"), "deleted a golden DataVolume no node type uses");
+    }
+    Ok(removed)
+}
+
 async fn delete_node_type(api: &Api<NodeType>, name: &str) -> Result<(), Error> {
     match api.delete(name, &DeleteParams::default()).await {
         Ok(_) => Ok(()),
@@ -424,6 +469,19 @@ async fn cleanup(p: &NodeProvider, ctx: &Context) -> Result<Action, Error> {
         }
         // An error keeps the finalizer (Ok would release it).
         return Err(Error::Waiting(message));
+    }
+    // The golden volumes of a provider that uses them go with it; the finalizer stays
+    // until the host shows none left to delete (a host that cannot be reached keeps such a
+    // provider waiting). Those of types it no longer has were removed while it lived.
+    let deleted = if golden_volumes_wanted(p).is_empty() {
+        0
+    } else {
+        remove_golden_volumes(p, ctx, |_, _| true).await?
+    };
+    if deleted > 0 {
+        return Err(Error::Waiting(format!(
+            "deletion waits until the provider's {deleted} golden DataVolume(s) are gone"
+        )));
     }
     let api: Api<NodeType> = Api::all(ctx.client.clone());
     let existing = api

@@ -1,5 +1,5 @@
-//! Launch: the tenant's bootstrap token, the host's user-data Secret and VirtualMachine
-//! (each only created, never rewritten; a create that finds the object exists is an
+//! Launch: the tenant's bootstrap token, the host's user-data Secret, the golden volumes
+//! its type clones, and the VirtualMachine (each only created, never rewritten; a create that finds the object exists is an
 //! earlier attempt's and is kept), and `Provisioned` once the VM runs — or the launch
 //! timeout fails the claim.
 
@@ -118,6 +118,12 @@ async fn create_host_objects(
     p.host()
         .create_user_data(&p.vm_ns, &rendered.secret)
         .await?;
+    // The golden volumes the VM's disks clone, before the VM (a cache hit once made).
+    for golden in &p.node_type.golden {
+        p.host()
+            .ensure_golden_volume(golden, &p.node_type.provider)
+            .await?;
+    }
     let vm_obj: DynamicObject = serde_json::from_value(rendered.vm)
         .map_err(|e| Error::Internal(format!("rendered VM is not an object: {e}")))?;
     let created = p.host().create_vm(&p.vm_ns, &vm_obj).await;

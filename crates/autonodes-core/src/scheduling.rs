@@ -78,6 +78,8 @@ pub const CONFIG_PROPERTIES: &[&str] = &[
     template::placement::PROP_HOST_NODE_SELECTOR,
     template::placement::PROP_HOST_NODE_PREFERENCE,
     template::golden::PROP_GOLDEN_IMAGE,
+    template::instancetype::PROP_INSTANCETYPE,
+    template::instancetype::PROP_PREFERENCE,
 ];
 
 /// A configuration property in autonodes' spelling, else in vCluster's.
@@ -233,6 +235,17 @@ pub enum TypeProblem {
         /// What is wrong.
         message: String,
     },
+    /// The type's instance type could not be read from the host (not there, unreadable,
+    /// or without a guest CPU and memory), so its resources are unknown.
+    #[error("node type {node_type}: instance type {instancetype}: {message}")]
+    Instancetype {
+        /// The node type.
+        node_type: String,
+        /// The instance type, `<kind>/<name>`.
+        instancetype: String,
+        /// Why its resources are unknown.
+        message: String,
+    },
 }
 
 impl TypeProblem {
@@ -245,6 +258,7 @@ impl TypeProblem {
             TypeProblem::Template(_) => "InvalidTemplate",
             TypeProblem::Resources { .. } => "InvalidResources",
             TypeProblem::Taints { .. } => "InvalidTaints",
+            TypeProblem::Instancetype { .. } => "InstancetypeUnavailable",
         }
     }
 }
@@ -287,6 +301,9 @@ pub struct PreparedType {
     /// The golden volumes the type's VMs clone their images from
     /// ([`template::golden`]); empty unless `autonodes.io/golden-image` is `true`.
     pub golden: Vec<template::golden::GoldenVolume>,
+    /// The instance type the type's VMs use (`autonodes.io/instancetype`), if any: its
+    /// resources come from the host ([`prepare_type_with`]).
+    pub instancetype: Option<template::instancetype::Matcher>,
 }
 
 /// A hash (16 hex digits of SHA-256) of what a type's VMs are made from, as the user wrote
@@ -360,6 +377,18 @@ pub fn prepare_type(
     spec: &NodeTypeSpec,
     provider: Option<&ProviderContext>,
 ) -> PreparedType {
+    prepare_type_with(name, spec, provider, Err("not read from the host yet"))
+}
+
+/// [`prepare_type`] for a type whose instance type's resources were read from the host
+/// (`Ok`), or could not be (`Err`, why). Only a type with `autonodes.io/instancetype`
+/// reads it.
+pub fn prepare_type_with(
+    name: &str,
+    spec: &NodeTypeSpec,
+    provider: Option<&ProviderContext>,
+    instancetype: Result<&ResourceList, &str>,
+) -> PreparedType {
     let provider_name = spec.provider_ref.clone();
     let short = short_type_name(name, &provider_name).to_string();
     let empty = Properties::new();
@@ -387,8 +416,9 @@ pub fn prepare_type(
         problem: None,
         definition: String::new(),
         golden: Vec::new(),
+        instancetype: None,
     };
-    if let Err(problem) = fill_prepared(&mut prepared, spec, provider) {
+    if let Err(problem) = fill_prepared(&mut prepared, spec, provider, instancetype) {
         prepared.problem = Some(problem);
     }
     prepared.definition = definition_hash(spec, provider);
@@ -399,6 +429,7 @@ fn fill_prepared(
     t: &mut PreparedType,
     spec: &NodeTypeSpec,
     provider: Option<&ProviderContext>,
+    instancetype_resources: Result<&ResourceList, &str>,
 ) -> Result<(), TypeProblem> {
     let provider = provider.ok_or_else(|| TypeProblem::ProviderNotFound {
         node_type: t.name.clone(),
@@ -436,10 +467,27 @@ fn fill_prepared(
             &t.name,
         )?;
     }
+    let instancetype = use_instancetype(&mut composed.template, &t.properties, spec, &t.name)?;
+    t.instancetype = instancetype.clone();
     // What rendering a claim's VM (or KubeVirt's admission) would refuse is found here, so
     // the type is Failed and never chosen rather than failing every claim sent to it.
     template::check_vm_template(&composed.template, &t.name)?;
-    t.resources = template::effective_resources(&t.name, &spec.resources, &composed.template)?;
+    t.resources = match &instancetype {
+        None => template::effective_resources(&t.name, &spec.resources, &composed.template)?,
+        Some(it) => {
+            let mut resources =
+                instancetype_resources
+                    .cloned()
+                    .map_err(|message| TypeProblem::Instancetype {
+                        node_type: t.name.clone(),
+                        instancetype: format!("{}/{}", it.kind, it.name),
+                        message: message.to_string(),
+                    })?;
+            // Extended resources the type lists count too (the instance type has none).
+            resources.extend(spec.resources.clone());
+            resources
+        }
+    };
     t.amounts =
         ResourceAmounts::from_list(&t.resources).map_err(|source| TypeProblem::Resources {
             node_type: t.name.clone(),
@@ -449,6 +497,50 @@ fn fill_prepared(
     t.taints = merge_taints([spec.taints.as_slice(), composed.taints.as_slice()]);
     t.template = composed.template;
     Ok(())
+}
+
+/// Points the template at the type's instance type and preference
+/// (`autonodes.io/instancetype`, `autonodes.io/preference`), taking out the cpu and memory
+/// the instance type sets; returns the instance type. A type that names one and also gives
+/// cpu or memory in `resources` is an error.
+fn use_instancetype(
+    template: &mut Value,
+    properties: &Properties,
+    spec: &NodeTypeSpec,
+    node_type: &str,
+) -> Result<Option<template::instancetype::Matcher>, TemplateError> {
+    use template::instancetype as it;
+    let bad = |property: &str, message: String| TemplateError::BadName {
+        node_type: node_type.to_string(),
+        field: format!("property {property}"),
+        message,
+    };
+    let instancetype = properties
+        .get(it::PROP_INSTANCETYPE)
+        .map(|v| it::parse_instancetype(v))
+        .transpose()
+        .map_err(|m| bad(it::PROP_INSTANCETYPE, m))?;
+    let preference = properties
+        .get(it::PROP_PREFERENCE)
+        .map(|v| it::parse_preference(v))
+        .transpose()
+        .map_err(|m| bad(it::PROP_PREFERENCE, m))?;
+    match (&instancetype, &preference) {
+        (Some(i), p) => {
+            it::check_no_own_resources(&spec.resources, node_type)?;
+            it::use_instancetype(template, i, p.as_ref());
+        }
+        (None, Some(p)) => {
+            if let Some(spec) = template.get_mut("spec").and_then(Value::as_object_mut) {
+                spec.insert(
+                    "preference".to_string(),
+                    serde_json::json!({"kind": p.kind, "name": p.name}),
+                );
+            }
+        }
+        (None, None) => {}
+    }
+    Ok(instancetype)
 }
 
 /// The devices a type's configuration properties add to its template: the root disk from
@@ -623,17 +715,21 @@ impl Catalogue {
         Self { types }
     }
 
-    /// The catalogue of one NodeProvider's entries (what `autonodes render` uses).
+    /// The catalogue of one NodeProvider's entries (what `autonodes render` uses). Read
+    /// without a host: a type's instance type counts as no cpu and memory (its VM is the
+    /// same whatever they are).
     pub fn from_provider(provider: &NodeProvider) -> Self {
         let ctx = ProviderContext::from_provider(provider);
+        let offline = ResourceList::new();
         Self::new(
             node_types_from_provider(provider)
                 .iter()
                 .map(|nt| {
-                    prepare_type(
+                    prepare_type_with(
                         nt.metadata.name.as_deref().unwrap_or_default(),
                         &nt.spec,
                         Some(&ctx),
+                        Ok(&offline),
                     )
                 })
                 .collect(),

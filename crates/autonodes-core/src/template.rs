@@ -16,6 +16,7 @@
 
 pub mod disks;
 pub mod golden;
+pub mod instancetype;
 pub mod networks;
 pub mod placement;
 

@@ -114,6 +114,7 @@ pub async fn wire(
 
     install_crds(&mgmt_client, &crate::api::crds()).await?;
     install_crds(&host_client, &crate::simulator::kubevirt_crds()).await?;
+    install_crds(&host_client, &crate::simulator::instancetype_crds()).await?;
     ensure_namespace(&host_client, &provider.spec.kube_virt.cluster_ref.namespace).await?;
     put_kubeconfig_secret(
         &mgmt_client,

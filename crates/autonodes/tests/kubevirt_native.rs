@@ -704,3 +704,119 @@ async fn a_golden_image_is_imported_once_per_provider_cloned_by_every_vm_and_rem
     .await;
     world.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_type_naming_an_instancetype_schedules_and_costs_by_its_guest_resources_and_its_vm_names_it(
+) {
+    let types = r#"      - name: medium
+        properties:
+          autonodes.io/instancetype: u1.medium
+          autonodes.io/preference: ubuntu
+      - name: missing
+        properties:
+          autonodes.io/instancetype: VirtualMachineInstancetype/nowhere
+      - name: both
+        resources:
+          cpu: "2"
+        properties:
+          autonodes.io/instancetype: u1.medium
+"#;
+    let mut world = World::start_clusters(&WorldOptions {
+        provider: provider_yaml("it", "test-kubevirt-1", "1", "1Gi", types),
+        ..WorldOptions::default()
+    })
+    .await;
+    // The host's instance type, before the controller starts.
+    let resource = kube::api::ApiResource {
+        group: "instancetype.kubevirt.io".into(),
+        version: "v1beta1".into(),
+        api_version: "instancetype.kubevirt.io/v1beta1".into(),
+        kind: "VirtualMachineClusterInstancetype".into(),
+        plural: "virtualmachineclusterinstancetypes".into(),
+    };
+    let instancetypes: kube::Api<kube::api::DynamicObject> =
+        kube::Api::all_with(world.host.clone(), &resource);
+    let it: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "instancetype.kubevirt.io/v1beta1",
+        "kind": "VirtualMachineClusterInstancetype",
+        "metadata": {"name": "u1.medium"},
+        "spec": {"cpu": {"guest": 2}, "memory": {"guest": "3Gi"}},
+    }))
+    .expect("instancetype");
+    instancetypes
+        .create(&kube::api::PostParams::default(), &it)
+        .await
+        .expect("instancetype created");
+    world
+        .start_simulator(autonodes_testenv::simulator::SimMode::Normal)
+        .await;
+    world.start_controller();
+
+    // Its guest cpu and memory are the type's resources and cost (10 × 2 + 2 × 3).
+    let t = world
+        .wait_node_type("it.medium", "resources from the instance type", |t| {
+            t.status
+                .as_ref()
+                .is_some_and(|s| s.resources.contains_key("memory"))
+        })
+        .await;
+    let status = t.status.expect("status");
+    assert_eq!(status.resources["cpu"].0, "2");
+    assert_eq!(status.resources["memory"].0, "3Gi");
+    assert_eq!(status.cost, Some(26));
+    // A claim asking 3Gi fits it; its VM names the instance type and sets no cpu or memory.
+    world
+        .create_claim(json!({"metadata": {"name": "it-1"}, "spec": {
+            "providerRef": "it", "desiredCapacity": {"memory": "3Gi"},
+        }}))
+        .await;
+    let claim = world.wait_phase("it-1", "Available", AVAILABLE).await;
+    let s = claim.status.clone().expect("status");
+    assert_eq!(s.type_ref.as_deref(), Some("it.medium"));
+    assert_eq!(s.cost, Some(26));
+    let vm = world
+        .vms()
+        .await
+        .into_iter()
+        .find(|v| Some(v.name_any()) == s.vm_name)
+        .expect("VM");
+    assert_eq!(
+        vm.data["spec"]["instancetype"],
+        json!({"kind": "VirtualMachineClusterInstancetype", "name": "u1.medium"})
+    );
+    assert_eq!(
+        vm.data["spec"]["preference"],
+        json!({"kind": "VirtualMachineClusterPreference", "name": "ubuntu"})
+    );
+    let domain = &vm.data["spec"]["template"]["spec"]["domain"];
+    for field in ["cpu", "memory", "resources"] {
+        assert!(domain.get(field).is_none(), "domain.{field} set: {domain}");
+    }
+    // A type whose instance type is not on the host, or that also sets cpu, is Failed.
+    for (name, reason, says) in [
+        (
+            "it.missing",
+            "InstancetypeUnavailable",
+            "not found on host cluster",
+        ),
+        ("it.both", "InvalidTemplate", "sets cpu and memory itself"),
+    ] {
+        let t = world
+            .wait_node_type(name, "phase Failed", |t| {
+                t.status
+                    .as_ref()
+                    .and_then(|s| s.phase)
+                    .map(|p| format!("{p:?}"))
+                    == Some("Failed".into())
+            })
+            .await;
+        let ready = t
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready").cloned())
+            .expect("Ready");
+        assert_eq!(ready.reason, reason, "{name}: {}", ready.message);
+        assert!(ready.message.contains(says), "{name}: {}", ready.message);
+    }
+    world.shutdown().await;
+}

@@ -207,3 +207,14 @@ fn kubevirt_native_spread_node_of_a_pool_gets_anti_affinity_within_its_pool_and_
         OutputFormat::Yaml,
     );
 }
+
+#[test]
+fn kubevirt_native_instancetype_node_names_its_instancetype_and_preference_golden() {
+    check_golden(
+        "kubevirt-native-instancetype-node.yaml",
+        "nodeprovider-kubevirt-native.yaml",
+        &claim("instancetype-1", ""),
+        Some("instancetype-node"),
+        OutputFormat::Yaml,
+    );
+}

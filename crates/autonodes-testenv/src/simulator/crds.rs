@@ -61,6 +61,98 @@ pub fn kubevirt_crds() -> Vec<CustomResourceDefinition> {
     ]
 }
 
+/// KubeVirt's instance type CRDs (`instancetype.kubevirt.io/v1beta1`): the cluster-scoped
+/// `VirtualMachineClusterInstancetype` and the namespaced `VirtualMachineInstancetype`,
+/// structural for the guest cpu and memory autonodes reads, preserving the rest.
+pub fn instancetype_crds() -> Vec<CustomResourceDefinition> {
+    let spec = || {
+        object(
+            "VirtualMachineInstancetypeSpec: the resources of the VMs that use it.",
+            [
+                (
+                    "cpu",
+                    object(
+                        "The guest's CPUs.",
+                        [
+                            ("guest", int32("Number of vCPUs.")),
+                            ("model", string("CPU model.")),
+                            ("dedicatedCPUPlacement", boolean("Pin vCPUs to host CPUs.")),
+                        ],
+                    )
+                    .required(&["guest"]),
+                ),
+                (
+                    "memory",
+                    object(
+                        "The guest's memory.",
+                        [
+                            ("guest", quantity("Memory the guest sees.")),
+                            ("hugepages", preserve("Hugepages.")),
+                            ("overcommitPercent", int32("Overcommit.")),
+                        ],
+                    )
+                    .required(&["guest"]),
+                ),
+                ("gpus", array("GPUs.", preserve("A GPU."))),
+                ("hostDevices", array("Host devices.", preserve("A device."))),
+                ("ioThreadsPolicy", string("IO threads policy.")),
+                ("launchSecurity", preserve("Launch security.")),
+                ("nodeSelector", string_map("Host node labels.")),
+                ("schedulerName", string("Scheduler.")),
+                ("annotations", string_map("Annotations.")),
+            ],
+        )
+        .required(&["cpu", "memory"])
+    };
+    let mut cluster = crd(CrdParts {
+        group: "instancetype.kubevirt.io",
+        version: "v1beta1",
+        kind: "VirtualMachineClusterInstancetype",
+        plural: "virtualmachineclusterinstancetypes",
+        singular: "virtualmachineclusterinstancetype",
+        short_names: &["vmclusterinstancetype", "vmcf"],
+        description: "The cpu and memory (and more) VMs of any namespace may take by name.",
+        spec: spec(),
+        spec_required: true,
+        status: preserve("Unused."),
+        status_subresource: false,
+        columns: Vec::new(),
+    });
+    cluster.spec.scope = "Cluster".to_string();
+    let namespaced = crd(CrdParts {
+        group: "instancetype.kubevirt.io",
+        version: "v1beta1",
+        kind: "VirtualMachineInstancetype",
+        plural: "virtualmachineinstancetypes",
+        singular: "virtualmachineinstancetype",
+        short_names: &["vminstancetype", "vmf"],
+        description: "The cpu and memory (and more) VMs of its namespace may take by name.",
+        spec: spec(),
+        spec_required: true,
+        status: preserve("Unused."),
+        status_subresource: false,
+        columns: Vec::new(),
+    });
+    vec![cluster, namespaced]
+}
+
+/// A VM's `spec.instancetype` or `spec.preference`: which object, by kind and name.
+fn matcher(description: &str) -> Schema {
+    object(
+        description,
+        [
+            ("kind", string("The kind (cluster-scoped or namespaced).")),
+            ("name", string("The object's name.")),
+            ("revisionName", string("The ControllerRevision captured.")),
+            ("inferFromVolume", string("A volume to infer it from.")),
+            (
+                "inferFromVolumeFailurePolicy",
+                string("What an inference failure does."),
+            ),
+        ],
+    )
+}
+
 /// The `virtualmachines.kubevirt.io` CRD.
 pub fn virtual_machine_crd() -> CustomResourceDefinition {
     let spec = object(
@@ -87,11 +179,11 @@ pub fn virtual_machine_crd() -> CustomResourceDefinition {
             ("template", vmi_template()),
             (
                 "instancetype",
-                preserve("Instancetype matcher (not written by autonodes)."),
+                matcher("The instance type the VM's cpu and memory come from."),
             ),
             (
                 "preference",
-                preserve("Preference matcher (not written by autonodes)."),
+                matcher("The preference the VM's defaults come from."),
             ),
             (
                 "updateVolumesStrategy",
@@ -1376,6 +1468,14 @@ mod tests {
             ".spec.template.spec.volumes[]",
             ".spec.template.spec.volumes[].cloudInitNoCloud",
             ".spec.template.spec.volumes[].cloudInitNoCloud.secretRef",
+            ".spec.template.spec.affinity",
+            ".spec.template.spec.affinity.nodeAffinity",
+            ".spec.template.spec.affinity.podAntiAffinity",
+            ".spec.dataVolumeTemplates[].spec",
+            ".spec.dataVolumeTemplates[].spec.source",
+            ".spec.dataVolumeTemplates[].spec.storage",
+            ".spec.instancetype",
+            ".spec.preference",
             ".status",
         ];
         for p in written {
@@ -1384,7 +1484,7 @@ mod tests {
                 "{p} preserves unknown fields"
             );
         }
-        assert!(paths.contains(&".spec.template.spec.affinity".to_string()));
+        assert!(paths.contains(&".spec.template.spec.readinessProbe".to_string()));
     }
 
     #[test]

@@ -61,8 +61,8 @@ use serde_json::json;
 use cache::Cache;
 
 pub use crds::{
-    data_volume_crd, kubevirt_crds, virtual_machine_crd, virtual_machine_instance_crd,
-    RUN_STRATEGIES, VMI_PHASES,
+    data_volume_crd, instancetype_crds, kubevirt_crds, virtual_machine_crd,
+    virtual_machine_instance_crd, RUN_STRATEGIES, VMI_PHASES,
 };
 
 /// The label selector of the VirtualMachines the simulator plays KubeVirt for.

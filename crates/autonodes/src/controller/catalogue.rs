@@ -46,7 +46,16 @@ fn prepare_catalogue(ctx: &Context) -> Catalogue {
             .map(|t| {
                 let provider = provider_of(ctx, t);
                 let pctx = provider.as_deref().map(ProviderContext::from_provider);
-                let mut prepared = scheduling::prepare_type(&t.name_any(), &t.spec, pctx.as_ref());
+                // A type's instance type was read from the host by its controller, which
+                // wrote the resources into its status.
+                let read = t
+                    .status
+                    .as_ref()
+                    .map(|s| &s.resources)
+                    .filter(|r| r.contains_key("cpu") && r.contains_key("memory"))
+                    .ok_or("not read from the host yet");
+                let mut prepared =
+                    scheduling::prepare_type_with(&t.name_any(), &t.spec, pctx.as_ref(), read);
                 if prepared.problem.is_none() {
                     if let Some((_, message)) = unusable(t, provider.as_deref()) {
                         prepared.problem = Some(scheduling::TypeProblem::ProviderNotReady {

@@ -232,6 +232,9 @@ pub struct Context {
     /// ([`nodetype::COUNT_WRITE_GAP`]).
     pub type_status_written:
         std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
+    /// Each NodeType's instance type as last read from its host, and when
+    /// ([`nodetype::INSTANCETYPE_READ_GAP`]).
+    pub instancetypes_read: std::sync::Mutex<std::collections::HashMap<String, InstancetypeRead>>,
     /// Wakes claims (remote changes, freed capacity).
     pub wake_claims: mpsc::UnboundedSender<ObjectRef<NodeClaim>>,
     /// Wakes node types (capacity changes).
@@ -243,6 +246,9 @@ pub struct Context {
     /// Where watches send objects they cannot decode ([`lenient::report`]).
     pub reports: lenient::Reports,
 }
+
+/// An instance type as read from a host, and when: its cpu and memory, or why not.
+pub type InstancetypeRead = (std::time::Instant, Result<crate::api::ResourceList, String>);
 
 /// A prepared catalogue and the versions of the type and provider stores it came from.
 pub type PreparedCatalogue = ((u64, u64), Arc<crate::scheduling::Catalogue>);
@@ -661,6 +667,7 @@ pub async fn run(
         written: Default::default(),
         status_pending: Default::default(),
         type_status_written: Default::default(),
+        instancetypes_read: Default::default(),
         wake_claims,
         wake_types,
         metrics,

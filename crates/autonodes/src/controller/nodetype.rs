@@ -10,9 +10,13 @@ use kube::ResourceExt;
 
 use super::catalogue::{provider_of, unusable};
 use super::{apply_status, now, Context, Error};
+use crate::api::ResourceList;
 use crate::api::{NodeType, NodeTypePhase};
+use crate::clients::{remote_error_text, REMOTE_TIMEOUT};
 use crate::conditions::{self, status_of};
 use crate::scheduling::{self, ProviderContext, TypeProblem};
+use crate::template::instancetype::{instancetype_resources, Matcher, INSTANCETYPE_API_VERSION};
+use kube::api::{ApiResource, DynamicObject};
 
 /// Condition: the type can take claims.
 pub const READY: &str = "Ready";
@@ -22,6 +26,73 @@ pub const READY: &str = "Ready";
 /// status write per second, not one per claim. Scheduling never reads this status (it counts
 /// claims itself), so the count shown lags by at most this much.
 pub const COUNT_WRITE_GAP: Duration = Duration::from_secs(1);
+
+/// How long an instance type read from the host is used before it is read again (a
+/// type is reconciled once per claim change; its instance type is not read each time).
+pub const INSTANCETYPE_READ_GAP: Duration = Duration::from_secs(60);
+
+/// The cpu and memory of the type's instance type, read from the provider's host (once per
+/// [`INSTANCETYPE_READ_GAP`] and generation), or why they are unknown.
+async fn read_instancetype(
+    t: &NodeType,
+    it: &Matcher,
+    p: &crate::api::NodeProvider,
+    ctx: &Context,
+) -> Result<ResourceList, String> {
+    let key = format!(
+        "{}@{}",
+        t.name_any(),
+        t.metadata.generation.unwrap_or_default()
+    );
+    if let Some((at, read)) = ctx
+        .instancetypes_read
+        .lock()
+        .ok()
+        .and_then(|m| m.get(&key).cloned())
+    {
+        if at.elapsed() < INSTANCETYPE_READ_GAP {
+            return read;
+        }
+    }
+    let cluster = &p.spec.kube_virt.cluster_ref.cluster;
+    let read = async {
+        let remote = ctx.clients.host(cluster).await.map_err(|e| e.to_string())?;
+        let resource = ApiResource {
+            group: "instancetype.kubevirt.io".into(),
+            version: "v1beta1".into(),
+            api_version: INSTANCETYPE_API_VERSION.into(),
+            kind: it.kind.clone(),
+            plural: it.plural(),
+        };
+        let api: Api<DynamicObject> = if it.is_cluster_scoped() {
+            Api::all_with(remote.client.clone(), &resource)
+        } else {
+            Api::namespaced_with(
+                remote.client.clone(),
+                &p.spec.kube_virt.cluster_ref.namespace,
+                &resource,
+            )
+        };
+        let got = tokio::time::timeout(REMOTE_TIMEOUT, api.get_opt(&it.name))
+            .await
+            .map_err(|_| format!("host cluster {cluster} did not answer"))?;
+        ctx.metrics.remote_request(&remote.key.metric_label(), &got);
+        match got {
+            Ok(Some(obj)) => instancetype_resources(&obj.data),
+            Ok(None) => Err(format!("not found on host cluster {cluster}")),
+            Err(e) => Err(format!(
+                "reading it from host cluster {cluster}: {}",
+                remote_error_text(&e)
+            )),
+        }
+    }
+    .await;
+    if let Ok(mut m) = ctx.instancetypes_read.lock() {
+        m.retain(|k, _| !k.starts_with(&format!("{}@", t.name_any())));
+        m.insert(key, (Instant::now(), read.clone()));
+    }
+    read
+}
 
 /// Reconciles one NodeType.
 pub async fn reconcile(t: Arc<NodeType>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -56,6 +127,15 @@ async fn apply(t: &NodeType, ctx: &Context) -> Result<Action, Error> {
     }
     let pctx = provider.as_deref().map(ProviderContext::from_provider);
     let mut prepared = scheduling::prepare_type(&name, &t.spec, pctx.as_ref());
+    if let (Some(it), Some(p)) = (prepared.instancetype.clone(), provider.as_deref()) {
+        let read = read_instancetype(t, &it, p, ctx).await;
+        prepared = scheduling::prepare_type_with(
+            &name,
+            &t.spec,
+            pctx.as_ref(),
+            read.as_ref().map_err(String::as_str),
+        );
+    }
     if prepared.problem.is_none() {
         if let Some((_, message)) = unusable(t, provider.as_deref()) {
             prepared.problem = Some(TypeProblem::ProviderNotReady {

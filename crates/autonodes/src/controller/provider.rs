@@ -46,8 +46,11 @@ pub fn validate_templates(p: &NodeProvider) -> Vec<String> {
     }
     for nt in scheduling::node_types_from_provider(p) {
         let prepared = scheduling::prepare_type(&nt.name_any(), &nt.spec, Some(&ctx));
-        if let Some(problem) = prepared.problem {
-            errors.push(problem.to_string());
+        match prepared.problem {
+            // An instance type is read from the host by the type's own controller: not a
+            // template error.
+            Some(scheduling::TypeProblem::Instancetype { .. }) | None => {}
+            Some(problem) => errors.push(problem.to_string()),
         }
     }
     errors

@@ -253,20 +253,7 @@ async fn a_disk_network_or_placement_property_autonodes_cannot_use_fails_its_typ
             "autonodes.io/host-node-selector",
         ),
     ] {
-        let t = world
-            .wait_node_type(name, "phase Failed", |t| {
-                t.status
-                    .as_ref()
-                    .and_then(|s| s.phase)
-                    .map(|p| format!("{p:?}"))
-                    == Some("Failed".into())
-            })
-            .await;
-        let ready = t
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready").cloned())
-            .expect("Ready condition");
+        let ready = world.wait_type_phase(name, "Failed").await;
         assert_eq!(ready.reason, "InvalidTemplate", "{name}: {}", ready.message);
         assert!(
             ready.message.contains(property),
@@ -754,11 +741,16 @@ async fn a_type_naming_an_instancetype_schedules_and_costs_by_its_guest_resource
 
     // Its guest cpu and memory are the type's resources and cost (10 × 2 + 2 × 3).
     let t = world
-        .wait_node_type("it.medium", "resources from the instance type", |t| {
-            t.status
-                .as_ref()
-                .is_some_and(|s| s.resources.contains_key("memory"))
-        })
+        .wait_node_type(
+            "it.medium",
+            "Available with the instance type's resources",
+            |t| {
+                t.status.as_ref().is_some_and(|s| {
+                    s.resources.contains_key("memory")
+                        && s.phase.map(|p| format!("{p:?}")) == Some("Available".into())
+                })
+            },
+        )
         .await;
     let status = t.status.expect("status");
     assert_eq!(status.resources["cpu"].0, "2");
@@ -801,20 +793,7 @@ async fn a_type_naming_an_instancetype_schedules_and_costs_by_its_guest_resource
         ),
         ("it.both", "InvalidTemplate", "sets cpu and memory itself"),
     ] {
-        let t = world
-            .wait_node_type(name, "phase Failed", |t| {
-                t.status
-                    .as_ref()
-                    .and_then(|s| s.phase)
-                    .map(|p| format!("{p:?}"))
-                    == Some("Failed".into())
-            })
-            .await;
-        let ready = t
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready").cloned())
-            .expect("Ready");
+        let ready = world.wait_type_phase(name, "Failed").await;
         assert_eq!(ready.reason, reason, "{name}: {}", ready.message);
         assert!(ready.message.contains(says), "{name}: {}", ready.message);
     }

@@ -242,20 +242,7 @@ async fn bad_host_clusters_and_templates_give_conditions_and_events_while_good_c
         ("mixed.run-twice", "Failed", "InvalidTemplate"),
         ("mixed.fine", "Available", "Available"),
     ] {
-        let t = world
-            .wait_node_type(name, phase, |t| {
-                t.status
-                    .as_ref()
-                    .and_then(|s| s.phase)
-                    .map(|p| format!("{p:?}"))
-                    == Some(phase.into())
-            })
-            .await;
-        let ready = t
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready").cloned())
-            .expect("Ready");
+        let ready = world.wait_type_phase(name, phase).await;
         assert_eq!(ready.reason, reason, "{name}: {}", ready.message);
     }
     world

@@ -460,12 +460,7 @@ impl Context {
     pub fn wake_pending_claims(&self) {
         let mut woken = 0;
         for claim in self.claims.state() {
-            let scheduled = claim
-                .status
-                .as_ref()
-                .and_then(|s| s.type_ref.as_ref())
-                .is_some();
-            if !scheduled && claim.meta().deletion_timestamp.is_none() {
+            if unscheduled(&claim) && claim.meta().deletion_timestamp.is_none() {
                 let _ = self
                     .wake_claims
                     .unbounded_send(ObjectRef::from_obj(&*claim));
@@ -474,6 +469,14 @@ impl Context {
         }
         tracing::debug!(woken, "woke pending claims");
     }
+}
+
+/// Whether a claim has no node type yet (`status.typeRef` unset).
+fn unscheduled(c: &NodeClaim) -> bool {
+    c.status
+        .as_ref()
+        .and_then(|s| s.type_ref.as_ref())
+        .is_none()
 }
 
 /// Cuts `s` to at most `max` bytes on a character boundary.
@@ -723,12 +726,7 @@ pub async fn run(
             claims_for_types
                 .state()
                 .into_iter()
-                .filter(|c| {
-                    c.status
-                        .as_ref()
-                        .and_then(|s| s.type_ref.as_ref())
-                        .is_none()
-                })
+                .filter(|c| unscheduled(c))
                 .map(|c| ObjectRef::from_obj(&*c))
                 .collect::<Vec<_>>()
         })
@@ -742,11 +740,7 @@ pub async fn run(
                     .state()
                     .into_iter()
                     .filter(|c| {
-                        c.status
-                            .as_ref()
-                            .and_then(|s| s.type_ref.as_ref())
-                            .is_none()
-                            && prepared.covers(&c.namespace().unwrap_or_default())
+                        unscheduled(c) && prepared.covers(&c.namespace().unwrap_or_default())
                     })
                     .map(|c| ObjectRef::from_obj(&*c))
                     .collect::<Vec<_>>()

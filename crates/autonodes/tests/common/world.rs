@@ -504,6 +504,27 @@ impl World {
         }
     }
 
+    /// Waits until a NodeType's phase is `phase` and returns its `Ready` condition.
+    pub async fn wait_type_phase(
+        &self,
+        name: &str,
+        phase: &str,
+    ) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+        let t = self
+            .wait_node_type(name, phase, |t| {
+                t.status
+                    .as_ref()
+                    .and_then(|s| s.phase)
+                    .map(|p| format!("{p:?}"))
+                    == Some(phase.into())
+            })
+            .await;
+        t.status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready").cloned())
+            .unwrap_or_else(|| panic!("NodeType {name} has no Ready condition"))
+    }
+
     /// Applies a NodeProvider from YAML.
     pub async fn apply_provider(&self, yaml: &str) -> NodeProvider {
         let p: NodeProvider = autonodes_core::yaml::from_str(yaml).expect("provider YAML");

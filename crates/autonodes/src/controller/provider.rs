@@ -184,7 +184,7 @@ async fn apply(p: &NodeProvider, ctx: &Context) -> Result<Action, Error> {
     let template_errors = validate_templates(p);
     let synced = sync_node_types(p, ctx).await?;
     if reachable {
-        let wanted = golden_volumes_wanted(p);
+        let wanted = golden_volumes_wanted(p, ctx);
         if let Err(e) = remove_golden_volumes(p, ctx, |ns, name| {
             !wanted.contains(&(ns.to_string(), name.to_string()))
         })
@@ -394,12 +394,22 @@ async fn sync_node_types(p: &NodeProvider, ctx: &Context) -> Result<Synced, Erro
     })
 }
 
-/// The golden volumes the provider's node types use now, as `(namespace, name)`.
-fn golden_volumes_wanted(p: &NodeProvider) -> BTreeSet<(String, String)> {
-    let ctx = ProviderContext::from_provider(p);
+/// The golden volumes the provider's node types use now, as `(namespace, name)`: its
+/// entries' and those of NodeTypes created directly with `spec.providerRef` naming it.
+fn golden_volumes_wanted(p: &NodeProvider, ctx: &Context) -> BTreeSet<(String, String)> {
+    let pctx = ProviderContext::from_provider(p);
+    let provider = p.name_any();
+    let direct: Vec<NodeType> = ctx
+        .types
+        .state()
+        .iter()
+        .filter(|t| t.spec.provider_ref == provider && t.metadata.deletion_timestamp.is_none())
+        .map(|t| (**t).clone())
+        .collect();
     scheduling::node_types_from_provider(p)
         .iter()
-        .flat_map(|nt| scheduling::prepare_type(&nt.name_any(), &nt.spec, Some(&ctx)).golden)
+        .chain(direct.iter())
+        .flat_map(|nt| scheduling::prepare_type(&nt.name_any(), &nt.spec, Some(&pctx)).golden)
         .map(|g| (g.namespace, g.name))
         .collect()
 }
@@ -476,7 +486,7 @@ async fn cleanup(p: &NodeProvider, ctx: &Context) -> Result<Action, Error> {
     // The golden volumes of a provider that uses them go with it; the finalizer stays
     // until the host shows none left to delete (a host that cannot be reached keeps such a
     // provider waiting). Those of types it no longer has were removed while it lived.
-    let deleted = if golden_volumes_wanted(p).is_empty() {
+    let deleted = if golden_volumes_wanted(p, ctx).is_empty() {
         0
     } else {
         remove_golden_volumes(p, ctx, |_, _| true).await?

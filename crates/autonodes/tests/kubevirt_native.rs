@@ -278,7 +278,7 @@ async fn a_disk_network_or_placement_property_autonodes_cannot_use_fails_its_typ
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn claims_of_a_type_with_zones_spread_least_used_first_a_requirement_pins_one_and_vm_and_node_carry_the_zone(
+async fn a_pool_of_a_type_with_zones_spreads_least_used_first_a_requirement_pins_one_and_vm_and_node_carry_the_zone(
 ) {
     let types = r#"      - name: zoned
         properties:
@@ -286,25 +286,27 @@ async fn claims_of_a_type_with_zones_spread_least_used_first_a_requirement_pins_
 "#;
     let world =
         World::with_provider(provider_yaml("zoned", "test-kubevirt-1", "1", "1Gi", types)).await;
-    let spread: Vec<String> = (1..=4).map(|i| format!("spread-{i}")).collect();
-    for name in &spread {
-        world
-            .create_claim(json!({"metadata": {"name": name}, "spec": {"providerRef": "zoned"}}))
-            .await;
-    }
+    // A pool of four over the type's two zones.
+    world
+        .create_pool("spread", json!({"providerRef": "zoned", "replicas": 4}))
+        .await;
     let zone_of = |c: &autonodes::api::NodeClaim| c.status.as_ref().and_then(|s| s.zone.clone());
-    let mut zones = Vec::new();
-    for name in &spread {
-        let c = world
-            .wait_claim(name, "a zone", AVAILABLE, |c| zone_of(c).is_some())
-            .await;
-        zones.push(zone_of(&c).expect("zone"));
-    }
+    let pool_claims = common::eventually(
+        "four claims of the pool with a zone each",
+        AVAILABLE,
+        || async {
+            let claims = common::pools::pool_claims(&world, "spread").await;
+            (claims.len() == 4 && claims.iter().all(|c| zone_of(c).is_some())).then_some(claims)
+        },
+    )
+    .await;
+    let spread: Vec<String> = pool_claims.iter().map(|c| c.name_any()).collect();
+    let mut zones: Vec<String> = pool_claims.iter().filter_map(zone_of).collect();
     zones.sort();
     assert_eq!(
         zones,
         ["zone-a", "zone-a", "zone-b", "zone-b"],
-        "four claims of a two-zone type spread two and two"
+        "a pool of four over a two-zone type spreads two and two"
     );
     // A requirement pins the zone, however used it is.
     world
@@ -784,6 +786,16 @@ async fn a_type_naming_an_instancetype_schedules_and_costs_by_its_guest_resource
     for field in ["cpu", "memory", "resources"] {
         assert!(domain.get(field).is_none(), "domain.{field} set: {domain}");
     }
+    // The node has the instance type's size (the simulator sizes it as KubeVirt would).
+    let node = world
+        .nodes()
+        .await
+        .into_iter()
+        .find(|n| Some(n.name_any()) == s.node_name)
+        .expect("Node");
+    let capacity = node.status.and_then(|st| st.capacity).expect("capacity");
+    assert_eq!(capacity["cpu"].0, "2");
+    assert_eq!(capacity["memory"].0, "3Gi");
     // A type whose instance type is not on the host, or that also sets cpu, is Failed.
     for (name, reason, says) in [
         (

@@ -529,7 +529,8 @@ async fn join(
         .map(str::to_string)
         .unwrap_or_else(|| vm.name_any());
     let node_name = plan.node_name.clone().unwrap_or(hostname);
-    register_node(entry, vm, vmi, &plan, &node_name).await?;
+    let sized = instancetype_capacity(ctx, vm, ns).await;
+    register_node(entry, vm, vmi, &plan, &node_name, sized).await?;
     Ok((node_name, index))
 }
 
@@ -659,12 +660,49 @@ pub(crate) fn capacity(vm: &DynamicObject) -> BTreeMap<String, String> {
     out
 }
 
+/// The guest cpu and memory of the VM's instance type (`spec.instancetype`), which KubeVirt
+/// would give its VMI; `None` for a VM without one, or when it cannot be read (the Node's
+/// capacity then comes from the VM alone). One GET per joining guest of such a VM.
+async fn instancetype_capacity(
+    ctx: &Ctx,
+    vm: &DynamicObject,
+    ns: &str,
+) -> Option<(String, String)> {
+    let matcher = vm.data.pointer("/spec/instancetype")?;
+    let kind = matcher
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or("VirtualMachineClusterInstancetype");
+    let name = matcher.get("name").and_then(Value::as_str)?;
+    let resource = kube::api::ApiResource {
+        group: "instancetype.kubevirt.io".into(),
+        version: "v1beta1".into(),
+        api_version: "instancetype.kubevirt.io/v1beta1".into(),
+        kind: kind.to_string(),
+        plural: format!("{}s", kind.to_lowercase()),
+    };
+    let api: kube::Api<DynamicObject> = if kind == "VirtualMachineClusterInstancetype" {
+        kube::Api::all_with(ctx.host.clone(), &resource)
+    } else {
+        kube::Api::namespaced_with(ctx.host.clone(), ns, &resource)
+    };
+    let found = api.get_opt(name).await.ok()??;
+    let cpu = found.data.pointer("/spec/cpu/guest")?.as_i64()?.to_string();
+    let memory = found
+        .data
+        .pointer("/spec/memory/guest")?
+        .as_str()?
+        .to_string();
+    Some((cpu, memory))
+}
+
 async fn register_node(
     entry: &TenantEntry,
     vm: &DynamicObject,
     vmi: &DynamicObject,
     plan: &JoinPlan,
     node_name: &str,
+    instancetype: Option<(String, String)>,
 ) -> Result<(), JoinError> {
     let nodes = entry.nodes_api();
     let arch = vm
@@ -689,7 +727,11 @@ async fn register_node(
         .and_then(Value::as_str)
         .map(str::to_string)
         .unwrap_or(ip);
-    let capacity = capacity(vm);
+    let mut capacity = capacity(vm);
+    if let Some((cpu, memory)) = instancetype {
+        capacity.insert("cpu".into(), cpu);
+        capacity.insert("memory".into(), memory);
+    }
     let now = Timestamp::now().to_string();
     let machine_id = vm.uid().unwrap_or_default().replace('-', "");
     let status = json!({

@@ -232,6 +232,10 @@ pub struct Context {
     /// ([`nodetype::COUNT_WRITE_GAP`]).
     pub type_status_written:
         std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
+    /// When each NodeQuota's status was last written, by name
+    /// ([`nodequota::USE_WRITE_GAP`]).
+    pub quota_status_written:
+        std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
     /// Each NodeType's instance type as last read from its host, and when
     /// ([`nodetype::INSTANCETYPE_READ_GAP`]).
     pub instancetypes_read: std::sync::Mutex<std::collections::HashMap<String, InstancetypeRead>>,
@@ -671,6 +675,7 @@ pub async fn run(
         status_pending: Default::default(),
         type_status_written: Default::default(),
         instancetypes_read: Default::default(),
+        quota_status_written: Default::default(),
         wake_claims,
         wake_types,
         metrics,

@@ -20,6 +20,11 @@ use crate::quota::{PreparedQuota, Usage};
 /// Condition: the quota can be applied.
 pub const READY: &str = "Ready";
 
+/// How long a change of the use alone (a claim more or less in a covered namespace) waits
+/// after the quota's last status write: a burst of claims costs a status write per second,
+/// not one per claim. Scheduling never reads this status (it counts from the ledger).
+pub const USE_WRITE_GAP: Duration = Duration::from_secs(1);
+
 /// Reconciles one NodeQuota.
 pub async fn reconcile(q: Arc<NodeQuota>, ctx: Arc<Context>) -> Result<Action, Error> {
     let started = Instant::now();
@@ -90,7 +95,25 @@ async fn apply(q: &NodeQuota, ctx: &Context) -> Result<Action, Error> {
         now(),
     );
     if status != old {
+        let only_use = NodeQuotaStatus {
+            namespaces: old.namespaces.clone(),
+            ..status.clone()
+        } == old;
+        let last = ctx
+            .quota_status_written
+            .lock()
+            .ok()
+            .and_then(|w| w.get(&name).copied());
+        if let Some(wait) = last
+            .map(|at| USE_WRITE_GAP.saturating_sub(at.elapsed()))
+            .filter(|wait| only_use && !wait.is_zero())
+        {
+            return Ok(Action::requeue(wait));
+        }
         apply_status(&Api::<NodeQuota>::all(ctx.client.clone()), q, &status).await?;
+        if let Ok(mut w) = ctx.quota_status_written.lock() {
+            w.insert(name.clone(), Instant::now());
+        }
         super::status::report_changes(
             ctx,
             q,

@@ -454,10 +454,8 @@ fn fill_prepared(
             .get(template::golden::PROP_GOLDEN_IMAGE)
             .map(String::as_str),
     )
-    .map_err(|message| TemplateError::BadName {
-        node_type: t.name.clone(),
-        field: format!("property {}", template::golden::PROP_GOLDEN_IMAGE),
-        message,
+    .map_err(|message| {
+        TemplateError::property(&t.name, template::golden::PROP_GOLDEN_IMAGE, message)
     })?;
     if golden {
         t.golden = template::golden::use_golden_images(
@@ -510,11 +508,8 @@ fn use_instancetype(
     node_type: &str,
 ) -> Result<Option<template::instancetype::Matcher>, TemplateError> {
     use template::instancetype as it;
-    let bad = |property: &str, message: String| TemplateError::BadName {
-        node_type: node_type.to_string(),
-        field: format!("property {property}"),
-        message,
-    };
+    let bad =
+        |property: &str, message: String| TemplateError::property(node_type, property, message);
     let instancetype = properties
         .get(it::PROP_INSTANCETYPE)
         .map(|v| it::parse_instancetype(v))
@@ -553,11 +548,8 @@ fn add_property_devices(
     node_type: &str,
 ) -> Result<(), TemplateError> {
     use template::{disks, networks};
-    let bad = |property: &str, message: String| TemplateError::BadName {
-        node_type: node_type.to_string(),
-        field: format!("property {property}"),
-        message,
-    };
+    let bad =
+        |property: &str, message: String| TemplateError::property(node_type, property, message);
     let prop = |key: &str| properties.get(key).map(String::as_str);
     if let Some(url) = prop(PROP_IMAGE_URL) {
         template::add_root_disk(

@@ -185,6 +185,17 @@ pub enum TemplateError {
     },
 }
 
+impl TemplateError {
+    /// A type property autonodes cannot use (`field` is `property <key>`).
+    pub fn property(node_type: &str, property: &str, message: impl Into<String>) -> Self {
+        TemplateError::BadName {
+            node_type: node_type.to_string(),
+            field: format!("property {property}"),
+            message: message.into(),
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Strategic merge
 // ---------------------------------------------------------------------------------------
@@ -785,24 +796,21 @@ pub fn add_root_disk(
     storage_class: Option<&str>,
     node_type: &str,
 ) -> Result<bool, TemplateError> {
-    let bad = |field: &str, message: String| TemplateError::BadName {
-        node_type: node_type.to_string(),
-        field: field.to_string(),
-        message,
-    };
+    let bad =
+        |property: &str, message: String| TemplateError::property(node_type, property, message);
     let source = if image_url.starts_with("docker://") {
         json!({"registry": {"url": image_url}})
     } else if image_url.starts_with("https://") || image_url.starts_with("http://") {
         json!({"http": {"url": image_url}})
     } else {
         return Err(bad(
-            "property kubevirt.vcluster.com/image-url",
+            crate::scheduling::PROP_IMAGE_URL,
             "not a docker://, https:// or http:// URL".to_string(),
         ));
     };
     if image_url.len() > 2048 || image_url.chars().any(char::is_whitespace) {
         return Err(bad(
-            "property kubevirt.vcluster.com/image-url",
+            crate::scheduling::PROP_IMAGE_URL,
             "longer than 2048 characters or with blanks".to_string(),
         ));
     }
@@ -811,7 +819,7 @@ pub fn add_root_disk(
         Ok(bytes) if bytes > 0 => {}
         _ => {
             return Err(bad(
-                "property kubevirt.vcluster.com/root-disk-size",
+                crate::scheduling::PROP_ROOT_DISK_SIZE,
                 format!(
                     "{:?} is not a positive quantity such as 20Gi",
                     size.chars().take(64).collect::<String>()
@@ -820,12 +828,8 @@ pub fn add_root_disk(
         }
     }
     if let Some(class) = storage_class {
-        disks::check_storage_class(class).map_err(|m| {
-            bad(
-                &format!("property {}", disks::PROP_ROOT_DISK_STORAGE_CLASS),
-                m,
-            )
-        })?;
+        disks::check_storage_class(class)
+            .map_err(|m| bad(disks::PROP_ROOT_DISK_STORAGE_CLASS, m))?;
     }
     let has_disk = template
         .pointer("/spec/template/spec/volumes")

@@ -193,13 +193,8 @@ fn place_vm(
         .and_then(|l| l.get(crate::api::LABEL_NODEPOOL))
         .map(String::as_str);
     placement::label_launcher_pod(vm, vcluster, pool, &t.name)?;
-    let presets = placement::parse_placement(&t.properties).map_err(|(property, message)| {
-        TemplateError::BadName {
-            node_type: t.name.clone(),
-            field: format!("property {property}"),
-            message,
-        }
-    })?;
+    let presets = placement::parse_placement(&t.properties)
+        .map_err(|(property, message)| TemplateError::property(&t.name, property, message))?;
     if !presets.is_empty() {
         let group = placement::group_labels(presets.scope, namespace, vcluster, pool);
         placement::apply_placement(vm, &presets, &group, &t.name)?;

@@ -172,14 +172,14 @@ pub fn add_data_disks(
     }
     let used = names_in_use(template);
     if let Some(taken) = disks.iter().find(|d| used.contains(&d.name)) {
-        return Err(TemplateError::BadName {
-            node_type: node_type.to_string(),
-            field: format!("property {PROP_DATA_DISKS}"),
-            message: format!(
+        return Err(TemplateError::property(
+            node_type,
+            PROP_DATA_DISKS,
+            format!(
                 "the template already has a disk, volume or DataVolume named {}",
                 taken.name
             ),
-        });
+        ));
     }
     let templates: Vec<Value> = disks
         .iter()

@@ -166,14 +166,14 @@ pub fn check_no_own_resources(
     if own.is_empty() {
         Ok(())
     } else {
-        Err(TemplateError::BadName {
-            node_type: node_type.to_string(),
-            field: format!("property {PROP_INSTANCETYPE}"),
-            message: format!(
+        Err(TemplateError::property(
+            node_type,
+            PROP_INSTANCETYPE,
+            format!(
                 "the type also sets resources {}; an instance type sets cpu and memory itself",
                 own.join(", ")
             ),
-        })
+        ))
     }
 }
 

@@ -128,11 +128,8 @@ pub fn add_networks(
     if default_network.is_none() && secondary.is_empty() {
         return Ok(());
     }
-    let bad = |property: &str, message: String| TemplateError::BadName {
-        node_type: node_type.to_string(),
-        field: format!("property {property}"),
-        message,
-    };
+    let bad =
+        |property: &str, message: String| TemplateError::property(node_type, property, message);
     let mut work = template.clone();
     let networks = list(&mut work, NETWORKS).map_err(|m| bad(PROP_NETWORKS, m))?;
     let had_networks = !networks.is_empty();

@@ -55,7 +55,7 @@ impl PreparedQuota {
 
     /// Whether the quota covers `namespace`.
     pub fn covers(&self, namespace: &str) -> bool {
-        self.spec.namespaces.is_empty() || self.spec.namespaces.iter().any(|n| n == namespace)
+        covers(&self.spec, namespace)
     }
 
     /// Whether the quota lets a claim of its namespaces be scheduled to `t`, given what
@@ -91,6 +91,11 @@ impl PreparedQuota {
         }
         Ok(())
     }
+}
+
+/// Whether a quota covers `namespace`: it lists it, or lists none (every namespace).
+pub fn covers(spec: &NodeQuotaSpec, namespace: &str) -> bool {
+    spec.namespaces.is_empty() || spec.namespaces.iter().any(|n| n == namespace)
 }
 
 /// What claims hold, in milli-units per resource name ([`NODES`], [`COST`], `cpu`,

@@ -520,21 +520,10 @@ fn use_instancetype(
         .map(|v| it::parse_preference(v))
         .transpose()
         .map_err(|m| bad(it::PROP_PREFERENCE, m))?;
-    match (&instancetype, &preference) {
-        (Some(i), p) => {
-            it::check_no_own_resources(&spec.resources, node_type)?;
-            it::use_instancetype(template, i, p.as_ref());
-        }
-        (None, Some(p)) => {
-            if let Some(spec) = template.get_mut("spec").and_then(Value::as_object_mut) {
-                spec.insert(
-                    "preference".to_string(),
-                    serde_json::json!({"kind": p.kind, "name": p.name}),
-                );
-            }
-        }
-        (None, None) => {}
+    if instancetype.is_some() {
+        it::check_no_own_resources(&spec.resources, node_type)?;
     }
+    it::use_instancetype(template, instancetype.as_ref(), preference.as_ref());
     Ok(instancetype)
 }
 
@@ -733,9 +722,15 @@ impl Catalogue {
         &self.types
     }
 
+    /// The type of exactly this NodeType name (no short names: a ledger's or claim's
+    /// `typeRef`).
+    pub fn named(&self, name: &str) -> Option<&PreparedType> {
+        self.types.iter().find(|t| t.name == name)
+    }
+
     /// A type by NodeType name, or by short name when that is unambiguous.
     pub fn get(&self, name: &str) -> Option<&PreparedType> {
-        self.types.iter().find(|t| t.name == name).or_else(|| {
+        self.named(name).or_else(|| {
             let mut by_short = self.types.iter().filter(|t| t.short_name == name);
             match (by_short.next(), by_short.next()) {
                 (Some(t), None) => Some(t),

@@ -86,25 +86,23 @@ pub fn parse_preference(value: &str) -> Result<Matcher, String> {
     parse(value, CLUSTER_PREFERENCE, NAMESPACED_PREFERENCE)
 }
 
-/// Points a type's template at its instance type (and preference) and takes out what the
-/// instance type sets: `domain.cpu`, `domain.memory` and the cpu and memory of
-/// `domain.resources` (requests and limits).
+/// Points a type's template at its instance type and preference (either may be absent)
+/// and, with an instance type, takes out what it sets: `domain.cpu`, `domain.memory` and
+/// the cpu and memory of `domain.resources` (requests and limits).
 pub fn use_instancetype(
     template: &mut Value,
-    instancetype: &Matcher,
+    instancetype: Option<&Matcher>,
     preference: Option<&Matcher>,
 ) {
     if let Some(spec) = template.get_mut("spec").and_then(Value::as_object_mut) {
-        spec.insert(
-            "instancetype".to_string(),
-            json!({"kind": instancetype.kind, "name": instancetype.name}),
-        );
-        if let Some(p) = preference {
-            spec.insert(
-                "preference".to_string(),
-                json!({"kind": p.kind, "name": p.name}),
-            );
+        for (field, matcher) in [("instancetype", instancetype), ("preference", preference)] {
+            if let Some(m) = matcher {
+                spec.insert(field.to_string(), json!({"kind": m.kind, "name": m.name}));
+            }
         }
+    }
+    if instancetype.is_none() {
+        return;
     }
     if let Some(domain) = template
         .pointer_mut("/spec/template/spec/domain")
@@ -212,7 +210,7 @@ mod tests {
         }}}}});
         let it = parse_instancetype("u1.medium").expect("ok");
         let pref = parse_preference("ubuntu").expect("ok");
-        use_instancetype(&mut t, &it, Some(&pref));
+        use_instancetype(&mut t, Some(&it), Some(&pref));
         assert_eq!(
             t["spec"]["instancetype"],
             json!({"kind": "VirtualMachineClusterInstancetype", "name": "u1.medium"})

@@ -740,12 +740,12 @@ pub async fn run(
             // namespaces it covers schedule (or tell them why not).
             let claims = ctx.claims.clone();
             move |q: Arc<NodeQuota>| {
-                let prepared = crate::quota::PreparedQuota::new(&q.name_any(), &q.spec);
                 claims
                     .state()
                     .into_iter()
                     .filter(|c| {
-                        unscheduled(c) && prepared.covers(&c.namespace().unwrap_or_default())
+                        unscheduled(c)
+                            && crate::quota::covers(&q.spec, &c.namespace().unwrap_or_default())
                     })
                     .map(|c| ObjectRef::from_obj(&*c))
                     .collect::<Vec<_>>()
@@ -823,7 +823,7 @@ pub async fn run(
             quotas_of_claims
                 .state()
                 .into_iter()
-                .filter(|q| q.spec.namespaces.is_empty() || q.spec.namespaces.contains(&namespace))
+                .filter(|q| crate::quota::covers(&q.spec, &namespace))
                 .map(|q| ObjectRef::from_obj(&*q))
                 .collect::<Vec<_>>()
         })

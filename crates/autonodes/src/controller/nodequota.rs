@@ -51,7 +51,7 @@ async fn apply(q: &NodeQuota, ctx: &Context) -> Result<Action, Error> {
     let name = q.name_any();
     let prepared = PreparedQuota::new(&name, &q.spec);
     let catalogue = catalogue(ctx);
-    let type_named = |n: &str| catalogue.types().iter().find(|t| t.name == n);
+    let type_named = |n: &str| catalogue.named(n);
     let namespaces: Vec<String> = if q.spec.namespaces.is_empty() {
         ctx.ledger(|l| l.namespaces().map(str::to_string).collect())
     } else {

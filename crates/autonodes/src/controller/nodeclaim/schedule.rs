@@ -113,9 +113,7 @@ pub(super) async fn schedule(claim: &NodeClaim, ctx: &Context) -> Result<Option<
             let used = if quotas.is_empty() {
                 Usage::default()
             } else {
-                Usage::of_counts(ledger.namespace_counts(&namespace), |n| {
-                    catalogue.types().iter().find(|t| t.name == n)
-                })
+                Usage::of_counts(ledger.namespace_counts(&namespace), |n| catalogue.named(n))
             };
             let admit = |t: &PreparedType| quota::admits(&quotas, &namespace, &used, t);
             let decision = scheduling::choose_within(&catalogue, &request, ledger.counts(), admit)

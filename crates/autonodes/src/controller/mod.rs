@@ -230,12 +230,10 @@ pub struct Context {
     pub status_pending: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
     /// When each NodeType's status was last written, by name
     /// ([`nodetype::COUNT_WRITE_GAP`]).
-    pub type_status_written:
-        std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
+    pub type_status_written: status::WriteGap,
     /// When each NodeQuota's status was last written, by name
     /// ([`nodequota::USE_WRITE_GAP`]).
-    pub quota_status_written:
-        std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
+    pub quota_status_written: status::WriteGap,
     /// Each NodeType's instance type as last read from its host, and when
     /// ([`nodetype::INSTANCETYPE_READ_GAP`]).
     pub instancetypes_read: std::sync::Mutex<std::collections::HashMap<String, InstancetypeRead>>,

@@ -99,21 +99,14 @@ async fn apply(q: &NodeQuota, ctx: &Context) -> Result<Action, Error> {
             namespaces: old.namespaces.clone(),
             ..status.clone()
         } == old;
-        let last = ctx
+        if let Some(wait) = ctx
             .quota_status_written
-            .lock()
-            .ok()
-            .and_then(|w| w.get(&name).copied());
-        if let Some(wait) = last
-            .map(|at| USE_WRITE_GAP.saturating_sub(at.elapsed()))
-            .filter(|wait| only_use && !wait.is_zero())
+            .wait(&name, USE_WRITE_GAP, only_use)
         {
             return Ok(Action::requeue(wait));
         }
         apply_status(&Api::<NodeQuota>::all(ctx.client.clone()), q, &status).await?;
-        if let Ok(mut w) = ctx.quota_status_written.lock() {
-            w.insert(name.clone(), Instant::now());
-        }
+        ctx.quota_status_written.wrote(&name);
         super::status::report_changes(
             ctx,
             q,

@@ -219,21 +219,14 @@ async fn apply(t: &NodeType, ctx: &Context) -> Result<Action, Error> {
             same.capacity = old.capacity.clone();
             same == old
         };
-        let last = ctx
+        if let Some(wait) = ctx
             .type_status_written
-            .lock()
-            .ok()
-            .and_then(|w| w.get(&name).copied());
-        if let Some(wait) = last
-            .map(|at| COUNT_WRITE_GAP.saturating_sub(at.elapsed()))
-            .filter(|wait| only_count && !wait.is_zero())
+            .wait(&name, COUNT_WRITE_GAP, only_count)
         {
             return Ok(Action::requeue(wait));
         }
         apply_status(&Api::<NodeType>::all(ctx.client.clone()), t, &status).await?;
-        if let Ok(mut w) = ctx.type_status_written.lock() {
-            w.insert(name.clone(), Instant::now());
-        }
+        ctx.type_status_written.wrote(&name);
         // A type that turns unusable is a Warning; one that is usable needs no Event.
         super::status::report_changes(
             ctx,

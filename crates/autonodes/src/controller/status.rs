@@ -4,12 +4,43 @@
 //! that worked on a stale copy loses its write to a conflict and reports nothing, so every
 //! change is reported once.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
 use super::Context;
 use crate::conditions;
+
+/// When each object's status was last written, by name: what keeps a burst of changes to
+/// counts alone (a claim more or less on a NodeType, in a NodeQuota's namespace) to one
+/// status write per gap. Whatever else changes is written at once.
+#[derive(Debug, Default)]
+pub struct WriteGap {
+    written: Mutex<HashMap<String, Instant>>,
+}
+
+impl WriteGap {
+    /// How long the status write of `name` still waits: the rest of `gap` since its last
+    /// write when only counts changed (`counts_only`), else `None` (write now).
+    pub fn wait(&self, name: &str, gap: Duration, counts_only: bool) -> Option<Duration> {
+        if !counts_only {
+            return None;
+        }
+        let last = self.written.lock().ok()?.get(name).copied()?;
+        Some(gap.saturating_sub(last.elapsed())).filter(|wait| !wait.is_zero())
+    }
+
+    /// The status of `name` was just written.
+    pub fn wrote(&self, name: &str) {
+        if let Ok(mut w) = self.written.lock() {
+            w.insert(name.to_string(), Instant::now());
+        }
+    }
+}
 
 /// The conditions of `new` that differ from `old` in status or reason (or are new), each
 /// with its earlier version.

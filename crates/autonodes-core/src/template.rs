@@ -530,6 +530,26 @@ fn object_at<'v>(root: &'v mut Value, path: &[&str]) -> Option<&'v mut Map<Strin
     cur.as_object_mut()
 }
 
+/// The object at the JSON `pointer` in `root`, made (with its parents) where missing or
+/// `null`; `None` when something on the way is not an object. What the property devices
+/// ([`networks`], [`placement`]) write into a template goes through it.
+pub(crate) fn ensure_object<'v>(
+    root: &'v mut Value,
+    pointer: &str,
+) -> Option<&'v mut Map<String, Value>> {
+    let mut at = root;
+    for part in pointer.split('/').filter(|p| !p.is_empty()) {
+        if at.is_null() {
+            *at = Value::Object(Map::new());
+        }
+        at = at.as_object_mut()?.entry(part).or_insert(Value::Null);
+    }
+    if at.is_null() {
+        *at = Value::Object(Map::new());
+    }
+    at.as_object_mut()
+}
+
 /// Step 3: writes the type's resources into `spec.template.spec.domain.resources.requests`,
 /// and into `limits` for each resource the template already limits. When the template
 /// fixes the guest topology (`domain.cpu`) or `domain.memory.guest`, those follow the

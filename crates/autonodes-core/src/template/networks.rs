@@ -86,22 +86,7 @@ pub fn parse_default_network(value: &str) -> Result<String, String> {
 
 fn list<'v>(template: &'v mut Value, pointer: &str) -> Result<&'v mut Vec<Value>, String> {
     let (parent, key) = pointer.rsplit_once('/').unwrap_or(("", pointer));
-    let mut at = template;
-    for part in parent.split('/').filter(|p| !p.is_empty()) {
-        if at.is_null() {
-            *at = json!({});
-        }
-        at = at
-            .as_object_mut()
-            .ok_or_else(|| format!("{parent} is not an object"))?
-            .entry(part)
-            .or_insert_with(|| json!({}));
-    }
-    if at.is_null() {
-        *at = json!({});
-    }
-    let slot = at
-        .as_object_mut()
+    let slot = super::ensure_object(template, parent)
         .ok_or_else(|| format!("{parent} is not an object"))?
         .entry(key)
         .or_insert_with(|| json!([]));

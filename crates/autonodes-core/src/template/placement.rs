@@ -254,26 +254,10 @@ fn object_at<'v>(
     pointer: &str,
     node_type: &str,
 ) -> Result<&'v mut Map<String, Value>, TemplateError> {
-    let field = pointer.trim_start_matches('/').replace('/', ".");
-    let not_object = || TemplateError::NotAnObject {
+    super::ensure_object(root, pointer).ok_or_else(|| TemplateError::NotAnObject {
         node_type: node_type.to_string(),
-        field: field.clone(),
-    };
-    let mut at = root;
-    for part in pointer.split('/').filter(|p| !p.is_empty()) {
-        if at.is_null() {
-            *at = Value::Object(Map::new());
-        }
-        at = at
-            .as_object_mut()
-            .ok_or_else(not_object)?
-            .entry(part)
-            .or_insert(Value::Null);
-    }
-    if at.is_null() {
-        *at = Value::Object(Map::new());
-    }
-    at.as_object_mut().ok_or_else(not_object)
+        field: pointer.trim_start_matches('/').replace('/', "."),
+    })
 }
 
 /// The list at `pointer`, made (with its parents) when missing.

@@ -53,8 +53,8 @@ pub struct ClaimedLedger {
     namespaces: BTreeMap<String, BTreeMap<String, i64>>,
 }
 
-/// An empty count, for types without claims in any zone.
-static NO_ZONES: BTreeMap<String, i64> = BTreeMap::new();
+/// An empty count: what a type without claims in any zone, or a namespace without claims, has.
+static NONE_COUNTED: BTreeMap<String, i64> = BTreeMap::new();
 
 fn add(counts: &mut BTreeMap<String, i64>, key: &str, delta: i64) {
     let n = counts.entry(key.to_string()).or_insert(0);
@@ -82,13 +82,13 @@ impl ClaimedLedger {
 
     /// Claims of `node_type` that hold capacity, per zone (zones without any are absent).
     pub fn zone_counts(&self, node_type: &str) -> &BTreeMap<String, i64> {
-        self.zones.get(node_type).unwrap_or(&NO_ZONES)
+        self.zones.get(node_type).unwrap_or(&NONE_COUNTED)
     }
 
     /// Claims of `namespace` that hold capacity, per NodeType (types without any are
     /// absent).
     pub fn namespace_counts(&self, namespace: &str) -> &BTreeMap<String, i64> {
-        self.namespaces.get(namespace).unwrap_or(&NO_ZONES)
+        self.namespaces.get(namespace).unwrap_or(&NONE_COUNTED)
     }
 
     /// The namespaces whose claims hold capacity.
@@ -323,7 +323,7 @@ mod tests {
                 let zones = recount_zones(&store, &reserved, &released);
                 for t in 0..3u8 {
                     let t = format!("p.t{t}");
-                    prop_assert_eq!(ledger.zone_counts(&t), zones.get(&t).unwrap_or(&NO_ZONES));
+                    prop_assert_eq!(ledger.zone_counts(&t), zones.get(&t).unwrap_or(&NONE_COUNTED));
                 }
                 // Every claim here is in namespace `t`: its counts are the type counts.
                 prop_assert_eq!(ledger.namespace_counts("t"), &recount);

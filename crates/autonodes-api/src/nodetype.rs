@@ -40,6 +40,12 @@ use super::common::*;
     printcolumn(name = "COST", type_ = "integer", json_path = ".status.cost"),
     printcolumn(name = "PHASE", type_ = "string", json_path = ".status.phase"),
     printcolumn(
+        name = "HOST-ROOM",
+        type_ = "integer",
+        json_path = ".status.host.headroom",
+        priority = 1
+    ),
+    printcolumn(
         name = "AGE",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
@@ -145,8 +151,35 @@ pub struct NodeTypeStatus {
     /// claim whose type's hash changed has drifted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub definition_hash: Option<String>,
+    /// Room for more of the type's VMs on its host cluster's nodes, as autonodes' watch of
+    /// the host sees it (absent until autonodes has seen the host's Nodes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<NodeTypeHost>,
     /// Conditions, among them `Ready` with the reason when the type cannot be used.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "crate::schema::conditions")]
     pub conditions: Conditions,
+}
+
+/// A node type's room on its host cluster: its VM's launcher pod request against the
+/// host's schedulable nodes, after what is bound to them and the type's and its host's
+/// other claims still on the way.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeTypeHost {
+    /// How many more of the type's VMs the host's nodes have room for (over all zones the
+    /// type offers); absent when it is not known (see `message`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headroom: Option<i64>,
+    /// Host nodes the type's VM may go to (ready, not cordoned, matching its zones,
+    /// host node selector, node affinity and tolerations), room or not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eligible_nodes: Option<i64>,
+    /// Headroom per zone, for a type that lists zones.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub zones: BTreeMap<String, i64>,
+    /// Why the headroom is not known (the host's Nodes or pods cannot be watched), or
+    /// why there is none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }

@@ -106,6 +106,10 @@ names! {
         /// A NodeQuota of the claim's namespace allows none of the fitting node types, or
         /// the claim would take the namespace over one of its limits.
         QuotaExceeded,
+        /// No node of the host cluster has room for the VM of any fitting node type (its
+        /// zone and host node placement included): the claim waits rather than leaving a
+        /// VM Pending on the host.
+        HostCapacityExhausted,
         /// The claim's requirements or resources cannot be read.
         InvalidRequest,
         /// A label no Node may carry.

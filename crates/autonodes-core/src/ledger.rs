@@ -161,6 +161,14 @@ impl ClaimedLedger {
         self.update(uid, |e| e.reserved = None);
     }
 
+    /// The node type and zone the claim holds a unit of, if it holds one.
+    pub fn holding(&self, uid: &str) -> Option<(&str, Option<&str>)> {
+        self.entries
+            .get(uid)
+            .and_then(Entry::holds)
+            .map(|h| (h.node_type.as_str(), h.zone.as_deref()))
+    }
+
     /// Whether this process holds a reservation for the claim.
     pub fn is_reserved(&self, uid: &str) -> bool {
         self.entries.get(uid).is_some_and(|e| e.reserved.is_some())
@@ -361,6 +369,16 @@ mod tests {
             }
         }
         out
+    }
+
+    #[test]
+    fn a_claim_holds_its_reserved_type_and_zone_until_released() {
+        let mut ledger = ClaimedLedger::new();
+        assert_eq!(ledger.holding("u1"), None);
+        ledger.reserve("u1", "t", "p.a", Some("zone-b"));
+        assert_eq!(ledger.holding("u1"), Some(("p.a", Some("zone-b"))));
+        ledger.release("u1");
+        assert_eq!(ledger.holding("u1"), None);
     }
 
     #[test]

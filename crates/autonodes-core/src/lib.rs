@@ -6,6 +6,8 @@
 //! - [`requirements`]: the one matcher of requirements against labels or properties, and
 //!   of tolerations against taints (claims and pods alike);
 //! - [`scheduling`]: properties, requirements, cost, capacity, the choice of a node type;
+//! - [`host_capacity`]: whether a type's VM fits a node of its host cluster, and the
+//!   host's headroom;
 //! - [`ledger`]: the claimed capacity per node type, kept up to date as claims change;
 //! - [`pool`]: node pools: claim template, claims to keep/delete/create, pending pods packed
 //!   onto nodes;
@@ -27,6 +29,7 @@ use autonodes_api as api;
 
 pub mod capi;
 pub mod claim;
+pub mod host_capacity;
 pub mod join;
 pub mod kubeconfig;
 pub mod kubeversion;

@@ -101,6 +101,8 @@ pub const REGISTRATION_TAINT_KEY: &str = "autonodes.io/unregistered";
 pub const REASON_NO_MATCHING_NODE_TYPE: &str = "NoMatchingNodeType";
 /// Reason: the tenant's quotas allow none of the fitting node types with capacity.
 pub const REASON_QUOTA_EXCEEDED: &str = "QuotaExceeded";
+/// Reason: no node of the host cluster has room for the VM of any fitting node type.
+pub const REASON_HOST_CAPACITY_EXHAUSTED: &str = "HostCapacityExhausted";
 /// Condition reason when fitting node types exist but none has capacity left.
 pub const REASON_INSUFFICIENT_CAPACITY: &str = "InsufficientCapacity";
 
@@ -566,6 +568,8 @@ fn add_property_devices(
     // Placement is written per claim (its group depends on the claim); checked here so a
     // type whose presets cannot be used is Failed rather than failing each claim.
     template::placement::parse_placement(properties).map_err(|(property, m)| bad(property, m))?;
+    crate::host_capacity::host_overhead(properties)
+        .map_err(|m| bad(crate::host_capacity::PROP_HOST_OVERHEAD, m))?;
     Ok(())
 }
 
@@ -620,8 +624,8 @@ impl PreparedType {
             .collect()
     }
 
-    /// The status fields autonodes computes for a NodeType (all but conditions and
-    /// observedGeneration, which the controller sets).
+    /// The status fields autonodes computes for a NodeType (all but conditions,
+    /// observedGeneration and the host's room, which the controller sets).
     pub fn status(&self, claimed: i64) -> crate::api::NodeTypeStatus {
         crate::api::NodeTypeStatus {
             phase: Some(self.phase(claimed)),
@@ -631,6 +635,7 @@ impl PreparedType {
             resources: self.resources.clone(),
             requirements: self.requirements(),
             definition_hash: Some(self.definition.clone()),
+            host: None,
             conditions: Vec::new(),
         }
     }
@@ -928,7 +933,7 @@ impl ClaimRequest {
     }
 
     /// Whether the claim considers the type at all (provider and pinned type).
-    fn considers(&self, t: &PreparedType) -> bool {
+    pub fn considers(&self, t: &PreparedType) -> bool {
         self.provider_ref.as_deref().is_none_or(|p| p == t.provider)
             && self.type_ref.as_ref().is_none_or(|_| self.pins(t))
     }
@@ -1028,8 +1033,8 @@ pub fn fits(t: &PreparedType, req: &ClaimRequest) -> bool {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{reason}: {message}")]
 pub struct NoFit {
-    /// [`REASON_NO_MATCHING_NODE_TYPE`], [`REASON_INSUFFICIENT_CAPACITY`] or
-    /// [`REASON_QUOTA_EXCEEDED`].
+    /// [`REASON_NO_MATCHING_NODE_TYPE`], [`REASON_INSUFFICIENT_CAPACITY`],
+    /// [`REASON_QUOTA_EXCEEDED`] or [`REASON_HOST_CAPACITY_EXHAUSTED`].
     pub reason: &'static str,
     /// Human-readable detail: the nearest type and what failed, or the exhausted types.
     pub message: String,
@@ -1050,19 +1055,20 @@ pub fn choose<'c>(
     choose_within(catalogue, req, claimed, |_| Ok(()))
 }
 
-/// [`choose`] among the types `admit` allows (the tenant's quotas, [`crate::quota`]): a
-/// fitting type with capacity that `admit` refuses is passed over for the next one. When
-/// every fitting type with capacity is refused: [`REASON_QUOTA_EXCEEDED`] with the first
-/// refusal.
+/// [`choose`] among the types `admit` allows (the tenant's quotas, [`crate::quota`]; the
+/// host's room, [`crate::host_capacity`]): a fitting type with capacity that `admit`
+/// refuses is passed over for the next one. When every fitting type with capacity is
+/// refused: the first refusal, its reason kept ([`REASON_QUOTA_EXCEEDED`],
+/// [`REASON_HOST_CAPACITY_EXHAUSTED`]).
 pub fn choose_within<'c>(
     catalogue: &'c Catalogue,
     req: &ClaimRequest,
     claimed: &BTreeMap<String, i64>,
-    admit: impl Fn(&PreparedType) -> Result<(), String>,
+    mut admit: impl FnMut(&PreparedType) -> Result<(), NoFit>,
 ) -> Result<&'c PreparedType, NoFit> {
     let count = |t: &PreparedType| claimed.get(&t.name).copied().unwrap_or(0);
     let mut full: Vec<&PreparedType> = Vec::new();
-    let mut refused: Vec<String> = Vec::new();
+    let mut refused: Vec<NoFit> = Vec::new();
     for t in catalogue.types.iter().filter(|t| req.considers(t)) {
         if fits(t, req) {
             if !t.has_capacity(count(t)) {
@@ -1075,14 +1081,15 @@ pub fn choose_within<'c>(
             }
         }
     }
-    if let Some(first) = refused.first() {
-        let more = match refused.len() {
-            1 => String::new(),
-            n => format!(" (and {} more fitting node type(s) refused)", n - 1),
+    let others = refused.len().saturating_sub(1);
+    if let Some(first) = refused.into_iter().next() {
+        let more = match others {
+            0 => String::new(),
+            n => format!(" (and {n} more fitting node type(s) refused)"),
         };
         return Err(NoFit {
-            reason: REASON_QUOTA_EXCEEDED,
-            message: format!("{first}{more}"),
+            reason: first.reason,
+            message: format!("{}{more}", first.message),
         });
     }
     if !full.is_empty() {
@@ -1205,8 +1212,20 @@ pub fn zone_for(
     request: &ClaimRequest,
     in_use: &BTreeMap<String, i64>,
 ) -> Option<String> {
+    zone_for_where(t, claim, request, in_use, |_| true)
+}
+
+/// [`zone_for`] among the zones `allowed` accepts (those where the host has room): `None`
+/// when the claim's own zone, or every zone the type offers it, is refused.
+pub fn zone_for_where(
+    t: &PreparedType,
+    claim: &NodeClaimSpec,
+    request: &ClaimRequest,
+    in_use: &BTreeMap<String, i64>,
+    allowed: impl Fn(&str) -> bool,
+) -> Option<String> {
     if let Some(zone) = claim.properties.get(zones::PROP_ZONE) {
-        return Some(zone.clone());
+        return Some(zone.clone()).filter(|z| allowed(z));
     }
     let on_zone: Vec<&requirements::Requirement> = request
         .requirements()
@@ -1214,10 +1233,11 @@ pub fn zone_for(
         .map(|r| &r.requirement)
         .filter(|r| r.key == zones::PROP_ZONE)
         .collect();
-    zones::choose_zone(
+    zones::choose_zone_where(
         t.properties.get(zones::PROP_ZONE).map(String::as_str),
         &on_zone,
         in_use,
+        allowed,
     )
 }
 
@@ -1641,11 +1661,15 @@ mod tests {
     }
 
     #[test]
-    fn a_type_the_quota_refuses_is_passed_over_for_the_next_and_all_refused_is_quota_exceeded() {
+    fn a_type_admit_refuses_is_passed_over_for_the_next_and_all_refused_keeps_the_first_refusals_reason(
+    ) {
         let cat = Catalogue::from_provider(&example_provider("nodeprovider-advanced.yaml"));
         let no_standard = |t: &PreparedType| {
             if t.short_name == "standard-node" {
-                Err("NodeQuota q does not allow node type standard-node".to_string())
+                Err(NoFit {
+                    reason: REASON_QUOTA_EXCEEDED,
+                    message: "NodeQuota q does not allow node type standard-node".to_string(),
+                })
             } else {
                 Ok(())
             }
@@ -1657,10 +1681,18 @@ mod tests {
             &cat,
             &request(&claim()),
             &BTreeMap::new(),
-            |t: &PreparedType| Err(format!("refused {}", t.short_name)),
+            |t: &PreparedType| {
+                Err(NoFit {
+                    reason: REASON_HOST_CAPACITY_EXHAUSTED,
+                    message: format!("refused {}", t.short_name),
+                })
+            },
         )
         .expect_err("all refused");
-        assert_eq!(e.reason, REASON_QUOTA_EXCEEDED);
+        assert_eq!(
+            e.reason, REASON_HOST_CAPACITY_EXHAUSTED,
+            "the refusal's reason is kept"
+        );
         assert_eq!(
             e.message,
             "refused standard-node (and 1 more fitting node type(s) refused)"

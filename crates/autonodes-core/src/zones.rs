@@ -23,6 +23,16 @@ pub fn choose_zone(
     requirements: &[&Requirement],
     in_use: &BTreeMap<String, i64>,
 ) -> Option<String> {
+    choose_zone_where(offer, requirements, in_use, |_| true)
+}
+
+/// [`choose_zone`] among the zones `allowed` accepts (where the host has room for the VM).
+pub fn choose_zone_where(
+    offer: Option<&str>,
+    requirements: &[&Requirement],
+    in_use: &BTreeMap<String, i64>,
+    allowed: impl Fn(&str) -> bool,
+) -> Option<String> {
     let offer_value = offer?;
     let accepted = |zone: &str| {
         let single = BTreeMap::from([(PROP_ZONE.to_string(), zone.to_string())]);
@@ -41,7 +51,7 @@ pub fn choose_zone(
     };
     candidates
         .into_iter()
-        .filter(|z| !z.is_empty() && accepted(z))
+        .filter(|z| !z.is_empty() && accepted(z) && allowed(z))
         .enumerate()
         .min_by_key(|(i, z)| (in_use.get(*z).copied().unwrap_or(0), *i))
         .map(|(_, z)| z.to_string())
@@ -115,6 +125,17 @@ mod tests {
             choose_zone(Some("*"), &[&either], &used(&[("zone-x", 1)])).as_deref(),
             Some("zone-y")
         );
+    }
+
+    #[test]
+    fn a_zone_the_host_has_no_room_in_is_passed_over_whatever_its_use() {
+        let offer = Some("zone-a,zone-b");
+        let no_room_in_a = |z: &str| z != "zone-a";
+        assert_eq!(
+            choose_zone_where(offer, &[], &used(&[("zone-b", 5)]), no_room_in_a).as_deref(),
+            Some("zone-b")
+        );
+        assert_eq!(choose_zone_where(offer, &[], &used(&[]), |_| false), None);
     }
 
     proptest! {

@@ -1,6 +1,7 @@
 //! The playground's clusters: management, host and tenant API servers (real etcd +
 //! kube-apiserver, see [`crate::testenv`]) wired like a real installation — the CRDs
-//! installed, the host and tenant kubeconfigs stored as Secrets, the provider applied.
+//! installed, the host's worker nodes registered, the host and tenant kubeconfigs stored as
+//! Secrets, the provider applied.
 //! `autonodes-dev dev` and the integration tests start from here.
 
 use anyhow::Context as _;
@@ -65,6 +66,71 @@ pub async fn put_kubeconfig_secret(
     Ok(())
 }
 
+/// The host's stand-in worker nodes (name, zone): Node objects without a kubelet, each
+/// `Ready`, labelled `node-role.kubernetes.io/kubevirt` and with room for thousands of
+/// VMs ([`HOST_NODE_ALLOCATABLE`]), so autonodes' host capacity check has nodes to place VMs
+/// on: one without a zone (the one the simulator reports VMIs running on), one in each of
+/// the example zones.
+pub const HOST_NODES: [(&str, Option<&str>); 3] = [
+    ("kubevirt-host-0", None),
+    ("kubevirt-host-zone-a", Some("zone-a")),
+    ("kubevirt-host-zone-b", Some("zone-b")),
+];
+
+/// The allocatable cpu, memory and pods of each of [`HOST_NODES`].
+pub const HOST_NODE_ALLOCATABLE: [(&str, &str); 3] =
+    [("cpu", "100k"), ("memory", "64Ti"), ("pods", "100k")];
+
+/// Registers a host node `name` (in `zone`, with `labels` and `allocatable`) that is
+/// `Ready` and untainted, as a kubelet and the node-lifecycle controller would leave it.
+pub async fn put_host_node(
+    client: &Client,
+    name: &str,
+    zone: Option<&str>,
+    labels: &[(&str, &str)],
+    allocatable: &[(&str, &str)],
+) -> anyhow::Result<()> {
+    let mut all: serde_json::Map<String, serde_json::Value> = labels
+        .iter()
+        .map(|(k, v)| (k.to_string(), serde_json::Value::from(*v)))
+        .collect();
+    all.insert("kubernetes.io/hostname".into(), name.into());
+    if let Some(z) = zone {
+        all.insert("topology.kubernetes.io/zone".into(), z.into());
+    }
+    let allocatable: serde_json::Map<String, serde_json::Value> = allocatable
+        .iter()
+        .map(|(k, v)| (k.to_string(), serde_json::Value::from(*v)))
+        .collect();
+    let node = serde_json::json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": all},
+        "status": {
+            "allocatable": allocatable,
+            "capacity": allocatable,
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
+        },
+    });
+    let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    let params = PatchParams::apply("autonodes-dev").force();
+    api.patch(name, &params, &Patch::Apply(&node))
+        .await
+        .with_context(|| format!("registering host node {name}"))?;
+    api.patch_status(name, &params, &Patch::Apply(&node))
+        .await
+        .with_context(|| format!("writing the status of host node {name}"))?;
+    // The API server taints a new Node `node.kubernetes.io/not-ready` and no node-lifecycle
+    // controller runs to take it off: these nodes are as ready as a kubelet's.
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"taints": null}})),
+    )
+    .await
+    .with_context(|| format!("untainting host node {name}"))?;
+    Ok(())
+}
+
 /// What the playground set up, for printing and for tests.
 pub struct Playground {
     /// The clusters.
@@ -93,7 +159,8 @@ impl Playground {
 }
 
 /// Starts the clusters in `env` (already running) and wires them like a real installation:
-/// CRDs on management, KubeVirt CRDs and the VM namespace on the host, the host kubeconfig
+/// CRDs on management, KubeVirt CRDs, [`HOST_NODES`] and the VM namespace on the host, the
+/// host kubeconfig
 /// Secret in the service namespace, the tenant kubeconfig Secret `vc-<vcluster>`, and the
 /// provider applied.
 pub async fn wire(
@@ -115,6 +182,10 @@ pub async fn wire(
     install_crds(&mgmt_client, &crate::api::crds()).await?;
     install_crds(&host_client, &crate::simulator::kubevirt_crds()).await?;
     install_crds(&host_client, &crate::simulator::instancetype_crds()).await?;
+    for (name, zone) in HOST_NODES {
+        let role = [("node-role.kubernetes.io/kubevirt", "")];
+        put_host_node(&host_client, name, zone, &role, &HOST_NODE_ALLOCATABLE).await?;
+    }
     ensure_namespace(&host_client, &provider.spec.kube_virt.cluster_ref.namespace).await?;
     put_kubeconfig_secret(
         &mgmt_client,

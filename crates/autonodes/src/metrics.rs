@@ -25,6 +25,9 @@ pub struct Metrics {
     pub nodetype_capacity: IntGaugeVec,
     /// `autonodes_nodetype_cost{nodetype,provider}`.
     pub nodetype_cost: IntGaugeVec,
+    /// `autonodes_nodetype_host_headroom{nodetype,provider}`: how many more of the type's
+    /// VMs its host cluster's nodes have room for; absent while unknown.
+    pub nodetype_host_headroom: IntGaugeVec,
     /// `autonodes_nodeclaims{phase,nodetype,provider}`.
     pub nodeclaims: IntGaugeVec,
     /// `autonodes_nodeclaims_cost{vcluster,provider}`.
@@ -85,6 +88,10 @@ impl Metrics {
             ))?,
             nodetype_cost: register(r, IntGaugeVec::new(
                 Opts::new("nodetype_cost", "Effective cost of one node of the type."),
+                &["nodetype", "provider"],
+            ))?,
+            nodetype_host_headroom: register(r, IntGaugeVec::new(
+                Opts::new("nodetype_host_headroom", "How many more VMs of the node type the nodes of its host cluster have room for."),
                 &["nodetype", "provider"],
             ))?,
             nodeclaims: register(r, IntGaugeVec::new(
@@ -158,11 +165,12 @@ impl Metrics {
     /// of metrics that have no sample yet; for checks of dashboards and alerts.
     pub fn descs(&self) -> Vec<prometheus::core::Desc> {
         use prometheus::core::Collector;
-        let collectors: [&dyn Collector; 15] = [
+        let collectors: [&dyn Collector; 16] = [
             &self.reconcile_total,
             &self.reconcile_duration,
             &self.nodetype_capacity,
             &self.nodetype_cost,
+            &self.nodetype_host_headroom,
             &self.nodeclaims,
             &self.nodeclaims_cost,
             &self.nodeclaims_oldest,

@@ -811,3 +811,168 @@ async fn a_type_naming_an_instancetype_schedules_and_costs_by_its_guest_resource
     }
     world.shutdown().await;
 }
+
+/// A pod bound to host node `node` asking `cpu` and `memory` (no kubelet runs it: bound and
+/// Pending, it holds its node's room as a running one does).
+async fn bind_host_pod(
+    world: &World,
+    name: &str,
+    namespace: &str,
+    labels: Value,
+    node: &str,
+    cpu: &str,
+    memory: &str,
+) {
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(world.host.clone(), namespace);
+    let pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"nodeName": node, "containers": [{"name": "compute", "image": "virt-launcher",
+            "resources": {"requests": {"cpu": cpu, "memory": memory}}}]},
+    }))
+    .expect("pod");
+    pods.create(&kube::api::PostParams::default(), &pod)
+        .await
+        .expect("pod created");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_wait_with_host_capacity_exhausted_while_no_host_node_has_room_and_go_when_room_comes_back(
+) {
+    let types = r#"      - name: tight
+        resources:
+          cpu: "2"
+          memory: 4Gi
+        properties:
+          topology.kubernetes.io/zone: "zone-c,zone-d"
+          autonodes.io/host-node-selector: "autonodes.test/rack=tight"
+"#;
+    let mut world = World::start_clusters(&WorldOptions {
+        provider: provider_yaml("room", "test-kubevirt-1", "1", "1Gi", types),
+        ..WorldOptions::default()
+    })
+    .await;
+    // The type's VM asks 2 cpu and 4Gi, plus the default launcher overhead (100m, 256Mi):
+    // zone-c's node has room for two of them, zone-d's for one beside another workload.
+    let rack = [("autonodes.test/rack", "tight")];
+    let size = [("cpu", "5"), ("memory", "9Gi"), ("pods", "110")];
+    for (node, zone) in [("tight-c", "zone-c"), ("tight-d", "zone-d")] {
+        autonodes_testenv::playground::put_host_node(&world.host, node, Some(zone), &rack, &size)
+            .await
+            .expect("host node");
+    }
+    bind_host_pod(
+        &world,
+        "other-workload",
+        "default",
+        json!({}),
+        "tight-d",
+        "1",
+        "4Gi",
+    )
+    .await;
+    world
+        .start_simulator(autonodes_testenv::simulator::SimMode::Normal)
+        .await;
+    world.start_controller();
+
+    // The NodeType shows the room: two VMs in zone-c, one in zone-d, on two host nodes.
+    let t = world
+        .wait_node_type("room.tight", "its host room", |t| {
+            t.status
+                .as_ref()
+                .and_then(|s| s.host.as_ref())
+                .is_some_and(|h| h.headroom == Some(3))
+        })
+        .await;
+    let host = t.status.and_then(|s| s.host).expect("host");
+    assert_eq!(host.eligible_nodes, Some(2));
+    assert_eq!(
+        host.zones,
+        [("zone-c".to_string(), 2), ("zone-d".to_string(), 1)].into()
+    );
+
+    // The first VM runs: its launcher pod is bound in zone-c, and counted once, by its pod.
+    world
+        .create_claim(json!({"metadata": {"name": "r-1"}, "spec": {"typeRef": "room.tight"}}))
+        .await;
+    let first = world.wait_phase("r-1", "Available", AVAILABLE).await;
+    let s = first.status.expect("status");
+    assert_eq!(s.zone.as_deref(), Some("zone-c"));
+    let vm = s.vm_name.expect("VM name");
+    bind_host_pod(
+        &world,
+        &format!("virt-launcher-{vm}-x7k2p"),
+        "vcluster-platform",
+        json!({"kubevirt.io": "virt-launcher", "vm.kubevirt.io/name": vm}),
+        "tight-c",
+        "2100m",
+        "4352Mi",
+    )
+    .await;
+    // Two more fit: one in each zone (zone-c would be full had the first counted twice).
+    for (name, zone) in [("r-2", "zone-d"), ("r-3", "zone-c")] {
+        world
+            .create_claim(json!({"metadata": {"name": name}, "spec": {"typeRef": "room.tight"}}))
+            .await;
+        let c = world.wait_phase(name, "Available", AVAILABLE).await;
+        assert_eq!(
+            c.status.and_then(|s| s.zone).as_deref(),
+            Some(zone),
+            "{name}"
+        );
+    }
+    // A fourth fits no host node: it waits, saying so, and no VM is made for it.
+    world
+        .create_claim(json!({"metadata": {"name": "r-4"}, "spec": {"typeRef": "room.tight"}}))
+        .await;
+    let waiting = world
+        .wait_claim("r-4", "HostCapacityExhausted", AVAILABLE, |c| {
+            condition(c, "Scheduled")
+                .is_some_and(|(_, reason, _)| reason == "HostCapacityExhausted")
+        })
+        .await;
+    let (status, _, message) = condition(&waiting, "Scheduled").expect("Scheduled");
+    assert_eq!(status, "False");
+    assert!(
+        message.contains("node type room.tight on host cluster test-kubevirt-1")
+            && message.contains(
+                "(2100m cpu, 4352Mi memory) fits none of 1 eligible host node(s) in zone"
+            ),
+        "{message}"
+    );
+    assert_eq!(world.vms().await.len(), 3, "no VM for the waiting claim");
+    let full = world
+        .wait_node_type("room.tight", "no host room", |t| {
+            t.status
+                .as_ref()
+                .and_then(|s| s.host.as_ref())
+                .is_some_and(|h| h.headroom == Some(0))
+        })
+        .await;
+    let message = full.status.and_then(|s| s.host).and_then(|h| h.message);
+    assert!(
+        message
+            .as_deref()
+            .is_some_and(|m| m.contains("fits none of")),
+        "{message:?}"
+    );
+
+    // The other workload ends: zone-d has room again, and the waiting claim goes there.
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(world.host.clone(), "default");
+    // (At once: no kubelet confirms a graceful deletion.)
+    let now = kube::api::DeleteParams {
+        grace_period_seconds: Some(0),
+        ..Default::default()
+    };
+    pods.delete("other-workload", &now)
+        .await
+        .expect("pod deleted");
+    let through = world.wait_phase("r-4", "Available", AVAILABLE).await;
+    assert_eq!(
+        through.status.and_then(|s| s.zone).as_deref(),
+        Some("zone-d")
+    );
+    world.shutdown().await;
+}

@@ -16,6 +16,7 @@ pub mod capi;
 pub mod catalogue;
 pub mod gauges;
 pub mod host;
+pub mod host_room;
 pub mod lenient;
 pub mod nodeclaim;
 pub mod nodepool;

@@ -1,4 +1,5 @@
-//! NodeType controller: effective resources, cost, capacity and phase of each node type.
+//! NodeType controller: effective resources, cost, capacity, phase and host room of each
+//! node type.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -8,10 +9,11 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::ResourceExt;
 
-use super::catalogue::{provider_of, unusable};
+use super::catalogue::{catalogue, provider_of, unusable};
+use super::host_room;
 use super::{apply_status, now, Context, Error};
 use crate::api::ResourceList;
-use crate::api::{NodeType, NodeTypePhase};
+use crate::api::{NodeType, NodeTypeHost, NodeTypePhase};
 use crate::clients::{remote_error_text, REMOTE_TIMEOUT};
 use crate::conditions::{self, status_of};
 use crate::scheduling::{self, ProviderContext, TypeProblem};
@@ -159,6 +161,9 @@ async fn apply(t: &NodeType, ctx: &Context) -> Result<Action, Error> {
     }
     let mut status = prepared.status(claimed);
     status.observed_generation = t.metadata.generation;
+    if prepared.is_usable() {
+        status.host = Some(host_room(ctx, &prepared).await);
+    }
     status.conditions = old.conditions.clone();
     let phase = prepared.phase(claimed);
     let (reason, message) = match (&prepared.problem, phase) {
@@ -211,12 +216,26 @@ async fn apply(t: &NodeType, ctx: &Context) -> Result<Action, Error> {
             .with_label_values(&[&name, &provider_name])
             .set(cost);
     }
+    let headroom = status.host.as_ref().and_then(|h| h.headroom);
+    match headroom {
+        Some(h) => m
+            .nodetype_host_headroom
+            .with_label_values(&[&name, &provider_name])
+            .set(h),
+        None => {
+            let _ = m
+                .nodetype_host_headroom
+                .remove_label_values(&[&name, &provider_name]);
+        }
+    }
 
     if status != old {
-        // Equal to the old status but for the capacity: only the claimed count moved.
+        // Equal to the old status but for the capacity (only the claimed count moved), or
+        // equal but for the host's room, which moves with every claim and host pod too.
         let only_count = {
             let mut same = status.clone();
             same.capacity = old.capacity.clone();
+            same.host = old.host.clone();
             same == old
         };
         if let Some(wait) = ctx
@@ -240,9 +259,24 @@ async fn apply(t: &NodeType, ctx: &Context) -> Result<Action, Error> {
         // Pending claims may now fit (or learn why they cannot) when the type turned
         // usable, unusable, full or free again; a claim more or less on a type that has
         // room changes nothing for them (and happens once per claim scheduled).
-        if old.phase != status.phase {
+        // Claims waiting for room on the host may go once the type has room again.
+        let room_back = old.host.as_ref().and_then(|h| h.headroom) == Some(0)
+            && headroom.is_some_and(|h| h > 0);
+        if old.phase != status.phase || room_back {
             ctx.wake_pending_claims();
         }
     }
-    Ok(Action::requeue(Duration::from_secs(300)))
+    // The host's room changes without the type changing: look again now and then.
+    Ok(Action::requeue(HOST_ROOM_RECHECK))
+}
+
+/// How often a NodeType's host room is recomputed without any change of the type.
+pub const HOST_ROOM_RECHECK: Duration = Duration::from_secs(30);
+
+/// The type's `status.host`: its room on its host cluster now.
+async fn host_room(ctx: &Context, t: &scheduling::PreparedType) -> NodeTypeHost {
+    let snapshot = host_room::snapshot(ctx, &t.host_cluster).await;
+    let catalogue = catalogue(ctx);
+    let model = snapshot.map(|s| ctx.ledger(|l| s.model(ctx, &catalogue, l)));
+    host_room::type_host_status(t, model.as_ref().map_err(String::as_str))
 }

@@ -1,5 +1,6 @@
-//! Watch caches of remote clusters: VirtualMachines and VirtualMachineInstances on host
-//! clusters, Nodes and bootstrap-token Secrets on tenant clusters.
+//! Watch caches of remote clusters: VirtualMachines, VirtualMachineInstances, DataVolumes,
+//! Nodes and bound pods on host clusters (the last two for host capacity,
+//! [`super::host_room`]), Nodes and bootstrap-token Secrets on tenant clusters.
 //!
 //! One watch per kind and cluster (labelled objects only) fills a store the claim
 //! controller reads instead of sending a GET or LIST per reconcile; every change also wakes
@@ -20,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use futures::channel::mpsc::UnboundedSender;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Secret};
+use k8s_openapi::api::core::v1::{Node, Pod, Secret};
 use kube::api::Api;
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{Lookup, ObjectRef, Store};
@@ -33,6 +34,7 @@ use crate::api::{
     MANAGED_BY,
 };
 use crate::clients::{ClusterKey, Connected, OnConnect, Remote, RemoteCache};
+use crate::host_capacity;
 use crate::kubevirt::{Observed, ObservedDataVolume, ObservedKind, ObservedVm, ObservedVmi};
 
 /// Namespace of bootstrap-token Secrets in a tenant.
@@ -290,6 +292,12 @@ pub struct HostCache {
     /// DataVolumes labelled `managed-by=autonodes` (the VMs' `dataVolumeTemplates`), of
     /// which only the metadata is read; never live on a host without CDI.
     pub data_volumes: Watched<ObservedDataVolume>,
+    /// Every Node of the host: labels, taints, cordon, allocatable and readiness only.
+    pub nodes: Watched<Node>,
+    /// Every pod bound to a host node that has not ended, reduced to its node, its
+    /// request ([`host_capacity::pod_request`]) and KubeVirt's VM name label; never live
+    /// when autonodes may not watch the host's pods (then host capacity is unknown).
+    pub pods: Watched<Pod>,
 }
 
 /// Watch caches of a tenant cluster.
@@ -336,12 +344,27 @@ pub fn watch_hook(
                     None,
                     trim_observed,
                 );
+                // Read when a claim is scheduled and when a NodeType's host room is shown.
+                let (nodes, host_node_task) = spawn_watch(
+                    &cluster,
+                    Api::<Node>::all(remote.client.clone()),
+                    watcher::Config::default().any_semantic(),
+                    trim_host_node,
+                );
+                let (pods, pod_task) = spawn_watch(
+                    &cluster,
+                    Api::<Pod>::all(remote.client.clone()),
+                    watcher::Config::default().fields(BOUND_PODS).any_semantic(),
+                    trim_pod,
+                );
                 Connected {
-                    tasks: vec![vm_task, vmi_task, dv_task],
+                    tasks: vec![vm_task, vmi_task, dv_task, host_node_task, pod_task],
                     cache: RemoteCache::Host(Arc::new(HostCache {
                         vms,
                         vmis,
                         data_volumes,
+                        nodes,
+                        pods,
                     })),
                 }
             }
@@ -391,10 +414,52 @@ fn wake(waker: &Option<Waker>, labels: &std::collections::BTreeMap<String, Strin
     }
 }
 
+/// The pods that take room on a host node: bound, and not ended.
+const BOUND_PODS: &str = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed";
+
+/// A watch of `api` with `config` that wakes no claim.
+fn spawn_watch<K>(
+    cluster: &str,
+    api: Api<K>,
+    config: watcher::Config,
+    trim: fn(&mut K),
+) -> (Watched<K>, JoinHandle<()>)
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    spawn_configured(cluster, api, config, None, trim)
+}
+
 fn spawn_typed<K>(
     cluster: &str,
     api: Api<K>,
     selector: &str,
+    waker: Option<Waker>,
+    trim: fn(&mut K),
+) -> (Watched<K>, JoinHandle<()>)
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let config = watcher::Config::default().labels(selector).any_semantic();
+    spawn_configured(cluster, api, config, waker, trim)
+}
+
+fn spawn_configured<K>(
+    cluster: &str,
+    api: Api<K>,
+    config: watcher::Config,
     waker: Option<Waker>,
     trim: fn(&mut K),
 ) -> (Watched<K>, JoinHandle<()>)
@@ -415,21 +480,14 @@ where
         written: Arc::new(Mutex::new(Own::new())),
         trim,
     };
-    let task = spawn_reflector(
-        cluster.to_string(),
-        api,
-        selector.to_string(),
-        writer,
-        &watched,
-        waker,
-    );
+    let task = spawn_reflector(cluster.to_string(), api, config, writer, &watched, waker);
     (watched, task)
 }
 
 fn spawn_reflector<K>(
     cluster: String,
     api: Api<K>,
-    selector: String,
+    config: watcher::Config,
     writer: Writer<K>,
     watched: &Watched<K>,
     waker: Option<Waker>,
@@ -445,7 +503,6 @@ where
         watched.trim,
     );
     tokio::spawn(async move {
-        let config = watcher::Config::default().labels(&selector).any_semantic();
         let mut stream = watcher(api, config)
             .default_backoff()
             .modify(trim)
@@ -531,6 +588,67 @@ fn trim_node(node: &mut Node) {
         });
         *s = k8s_openapi::api::core::v1::NodeStatus {
             conditions,
+            ..Default::default()
+        };
+    }
+}
+
+/// Keeps of a host Node what placing a VM reads ([`host_capacity::HostNode::from_node`]):
+/// its name, labels, taints, cordon, allocatable and `Ready` condition.
+fn trim_host_node(node: &mut Node) {
+    trim_meta(node);
+    if let Some(spec) = node.spec.as_mut() {
+        *spec = k8s_openapi::api::core::v1::NodeSpec {
+            taints: spec.taints.take(),
+            unschedulable: spec.unschedulable,
+            ..Default::default()
+        };
+    }
+    if let Some(s) = node.status.as_mut() {
+        let conditions = s.conditions.take().map(|cs| {
+            cs.into_iter()
+                .filter(|c| c.type_ == "Ready")
+                .map(|c| k8s_openapi::api::core::v1::NodeCondition {
+                    type_: c.type_,
+                    status: c.status,
+                    ..Default::default()
+                })
+                .collect()
+        });
+        *s = k8s_openapi::api::core::v1::NodeStatus {
+            allocatable: s.allocatable.take(),
+            conditions,
+            ..Default::default()
+        };
+    }
+}
+
+/// Keeps of a pod what host capacity reads: its node, its request folded into one
+/// container ([`host_capacity::pod_request`]) and KubeVirt's VM name label.
+fn trim_pod(pod: &mut Pod) {
+    use k8s_openapi::api::core::v1::{Container, PodSpec, ResourceRequirements};
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    trim_meta(pod);
+    if let Some(labels) = pod.metadata.labels.as_mut() {
+        labels.retain(|k, _| k == host_capacity::LABEL_LAUNCHER_VM);
+    }
+    pod.status = None;
+    if let Some(spec) = pod.spec.as_mut() {
+        let r = host_capacity::pod_request(spec);
+        let requests = std::collections::BTreeMap::from([
+            ("cpu".to_string(), Quantity(format!("{}m", r.cpu_millis))),
+            ("memory".to_string(), Quantity(r.memory.to_string())),
+        ]);
+        *spec = PodSpec {
+            node_name: spec.node_name.take(),
+            containers: vec![Container {
+                name: "request".into(),
+                resources: Some(ResourceRequirements {
+                    requests: Some(requests),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
             ..Default::default()
         };
     }
@@ -636,6 +754,56 @@ mod tests {
             ("Ready", "True")
         );
         assert!(conditions[0].message.is_none());
+    }
+
+    #[test]
+    fn a_cached_host_pod_keeps_its_node_its_request_and_the_vm_it_launches() {
+        let spec = |v: serde_json::Value| -> Pod { serde_json::from_value(v).expect("pod") };
+        let mut p = spec(serde_json::json!({
+            "metadata": {"name": "virt-launcher-vm-x", "namespace": "vms",
+                         "labels": {"kubevirt.io": "virt-launcher", "vm.kubevirt.io/name": "vm",
+                                    "kubevirt.io/created-by": "u"},
+                         "annotations": {"a": "b"}},
+            "spec": {"nodeName": "host-1", "containers": [
+                {"name": "compute", "image": "virt-launcher", "resources": {"requests": {"cpu": "2", "memory": "4Gi"}}},
+                {"name": "guest-console-log", "resources": {"requests": {"cpu": "5m", "memory": "35M"}}}],
+                     "overhead": {"memory": "1Mi"}},
+            "status": {"phase": "Running"},
+        }));
+        let before = host_capacity::pod_request(p.spec.as_ref().expect("spec"));
+        trim_pod(&mut p);
+        let s = p.spec.as_ref().expect("spec");
+        assert_eq!(host_capacity::pod_request(s), before, "the same request");
+        assert_eq!(s.node_name.as_deref(), Some("host-1"));
+        assert_eq!(s.containers.len(), 1);
+        assert!(s.containers[0].image.is_none());
+        assert_eq!(
+            p.labels().keys().collect::<Vec<_>>(),
+            ["vm.kubevirt.io/name"]
+        );
+        assert!(p.status.is_none() && p.metadata.annotations.is_none());
+    }
+
+    #[test]
+    fn a_cached_host_node_keeps_what_placing_a_vm_reads() {
+        let mut n: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "h", "labels": {"kubernetes.io/hostname": "h", "topology.kubernetes.io/zone": "a"}},
+            "spec": {"podCIDR": "10.0.0.0/24", "unschedulable": true,
+                     "taints": [{"key": "k", "effect": "NoSchedule"}]},
+            "status": {"allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110"},
+                       "capacity": {"cpu": "8"},
+                       "conditions": [{"type": "Ready", "status": "True", "message": "m"},
+                                      {"type": "DiskPressure", "status": "False"}],
+                       "images": [{"names": ["x"], "sizeBytes": 1}]},
+        }))
+        .expect("node");
+        let before = host_capacity::HostNode::from_node(&n);
+        trim_host_node(&mut n);
+        assert_eq!(host_capacity::HostNode::from_node(&n), before);
+        let status = n.status.as_ref().expect("status");
+        assert!(status.images.is_none() && status.capacity.is_none());
+        assert_eq!(status.conditions.as_ref().map(Vec::len), Some(1));
+        assert!(n.spec.as_ref().expect("spec").pod_cidr.is_none());
     }
 
     #[test]

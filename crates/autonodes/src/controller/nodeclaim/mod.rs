@@ -51,7 +51,7 @@ use crate::clients::Remote;
 use crate::conditions;
 use crate::scheduling::PreparedType;
 use crate::template;
-use schedule::schedule;
+use schedule::{schedule, Schedule};
 pub use status::refresh_claim_gauges;
 use status::StatusWriter;
 use terminate::{cleanup, remove_remote_objects, Removal};
@@ -178,8 +178,9 @@ async fn apply(claim: &NodeClaim, ctx: &Context) -> Result<Action, Error> {
         }
     };
 
-    let Some(scheduled) = schedule(claim, ctx).await? else {
-        return Ok(Action::requeue(Duration::from_secs(60)));
+    let scheduled = match schedule(claim, ctx).await? {
+        Schedule::Chosen(s) => s,
+        Schedule::Waiting(wait) => return Ok(Action::requeue(wait)),
     };
     provision(&scheduled.claim, ctx, &scheduled.node_type, &tenant).await
 }

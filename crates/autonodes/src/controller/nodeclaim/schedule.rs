@@ -1,9 +1,11 @@
-//! Schedule: choose the cheapest node type that fits and has capacity (and its zone, when
-//! the type lists zones), and store it with the VM's name in the claim's status before
+//! Schedule: choose the cheapest node type that fits, has capacity, is allowed by the
+//! tenant's quotas and whose VM the host has room for (and its zone, when the type lists
+//! zones: one with room), and store it with the VM's name in the claim's status before
 //! anything remote is created.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
+use std::time::Duration;
 
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
@@ -12,11 +14,15 @@ use super::status::StatusWriter;
 use super::{uid, PROVISIONED, SCHEDULED};
 use crate::api::reasons::ClaimReason;
 use crate::api::NodeClaim;
+use crate::api::NodeClaimSpec;
 use crate::conditions;
 use crate::controller::catalogue::catalogue;
+use crate::controller::host_room::{self, HostSnapshot};
 use crate::controller::{Context, Error};
+use crate::host_capacity::{HostModel, VmShape};
+use crate::ledger::ClaimedLedger;
 use crate::quota::{self, PreparedQuota, Usage};
-use crate::scheduling::{self, ClaimRequest, PreparedType};
+use crate::scheduling::{self, ClaimRequest, NoFit, PreparedType};
 use crate::template;
 
 /// The outcome of scheduling: the chosen type, prepared.
@@ -27,8 +33,23 @@ pub struct Scheduled {
     pub claim: Arc<NodeClaim>,
 }
 
+/// What scheduling came to.
+pub enum Schedule {
+    /// A type is chosen (now, or before).
+    Chosen(Box<Scheduled>),
+    /// None yet (the claim's status says why): look again after this long, or when the
+    /// types change.
+    Waiting(Duration),
+}
+
+/// How long a claim no type fits waits before it is looked at again (types changing wake
+/// it sooner).
+const RETRY: Duration = Duration::from_secs(60);
+/// How long a claim waiting for room on the host waits before it is looked at again.
+const HOST_CAPACITY_RETRY: Duration = Duration::from_secs(10);
+
 /// Chooses a type for the claim (or returns the one already chosen).
-pub(super) async fn schedule(claim: &NodeClaim, ctx: &Context) -> Result<Option<Scheduled>, Error> {
+pub(super) async fn schedule(claim: &NodeClaim, ctx: &Context) -> Result<Schedule, Error> {
     let status = claim.status.clone().unwrap_or_default();
     if let Some(type_ref) = status.type_ref.clone() {
         let catalogue = catalogue(ctx);
@@ -37,10 +58,12 @@ pub(super) async fn schedule(claim: &NodeClaim, ctx: &Context) -> Result<Option<
         // type any more, and the claim goes on watching its VM and Node.
         let provisioned = conditions::is_true(&status.conditions, PROVISIONED);
         return match catalogue.get(&type_ref).filter(|t| t.name == type_ref) {
-            Some(t) if t.problem.is_none() || provisioned => Ok(Some(Scheduled {
-                node_type: t.clone(),
-                claim: Arc::new(claim.clone()),
-            })),
+            Some(t) if t.problem.is_none() || provisioned => {
+                Ok(Schedule::Chosen(Box::new(Scheduled {
+                    node_type: t.clone(),
+                    claim: Arc::new(claim.clone()),
+                })))
+            }
             found => {
                 // Already scheduled, but the type is gone or unusable: wait, keep capacity.
                 let mut w = StatusWriter::new(claim, ctx);
@@ -57,7 +80,7 @@ pub(super) async fn schedule(claim: &NodeClaim, ctx: &Context) -> Result<Option<
                     message,
                 );
                 w.write().await?;
-                Ok(None)
+                Ok(Schedule::Waiting(RETRY))
             }
         };
     }
@@ -69,7 +92,7 @@ pub(super) async fn schedule(claim: &NodeClaim, ctx: &Context) -> Result<Option<
             let mut w = StatusWriter::new(claim, ctx);
             w.set(SCHEDULED, false, ClaimReason::InvalidRequest, e.to_string());
             w.write().await?;
-            return Ok(None);
+            return Ok(Schedule::Waiting(RETRY));
         }
     };
     // Labels no node could carry (invalid, or owned by the kubelet or autonodes) keep the
@@ -83,12 +106,13 @@ pub(super) async fn schedule(claim: &NodeClaim, ctx: &Context) -> Result<Option<
         let mut w = StatusWriter::new(claim, ctx);
         w.set(SCHEDULED, false, ClaimReason::InvalidLabels, e.to_string());
         w.write().await?;
-        return Ok(None);
+        return Ok(Schedule::Waiting(RETRY));
     }
     // One decision at a time, on complete caches, so maxCapacity holds under concurrency.
     // The decision is reserved in memory before the lock is released; the status write
     // happens outside it and gives the reservation back if it fails.
     ctx.wait_synced().await;
+    let hosts = host_snapshots(ctx, &request).await;
     let decision = {
         let _one_at_a_time = ctx.scheduling.lock().await;
         if ctx.ledger(|l| l.is_reserved(&uid)) {
@@ -115,16 +139,42 @@ pub(super) async fn schedule(claim: &NodeClaim, ctx: &Context) -> Result<Option<
             } else {
                 Usage::of_counts(ledger.namespace_counts(&namespace), |n| catalogue.named(n))
             };
-            let admit = |t: &PreparedType| quota::admits(&quotas, &namespace, &used, t);
+            // The room of each host (unknown ones are not checked).
+            let rooms: HashMap<&str, HostModel> = hosts
+                .iter()
+                .filter_map(|(cluster, snapshot)| {
+                    let model = snapshot.as_ref().ok()?.model(ctx, &catalogue, ledger);
+                    Some((cluster.as_str(), model))
+                })
+                .collect();
+            let room = |t: &PreparedType| {
+                let model = rooms.get(t.host_cluster.as_str())?;
+                Some((model, VmShape::of(t).ok()?))
+            };
+            let admit = |t: &PreparedType| -> Result<(), NoFit> {
+                quota::admits(&quotas, &namespace, &used, t).map_err(|message| NoFit {
+                    reason: scheduling::REASON_QUOTA_EXCEEDED,
+                    message,
+                })?;
+                match room(t) {
+                    Some((model, shape)) => {
+                        host_admits(t, &claim.spec, &request, ledger, model, &shape)
+                    }
+                    None => Ok(()),
+                }
+            };
             let decision = scheduling::choose_within(&catalogue, &request, ledger.counts(), admit)
                 .cloned()
                 .map(|t| {
-                    let zone = scheduling::zone_for(
-                        &t,
-                        &claim.spec,
-                        &request,
-                        ledger.zone_counts(&t.name),
-                    );
+                    let in_use = ledger.zone_counts(&t.name);
+                    let zone = match room(&t) {
+                        Some((model, shape)) => {
+                            scheduling::zone_for_where(&t, &claim.spec, &request, in_use, |z| {
+                                model.fits(&shape, Some(z))
+                            })
+                        }
+                        None => scheduling::zone_for(&t, &claim.spec, &request, in_use),
+                    };
                     (t, zone)
                 });
             if let Ok((t, zone)) = &decision {
@@ -139,7 +189,12 @@ pub(super) async fn schedule(claim: &NodeClaim, ctx: &Context) -> Result<Option<
             let mut w = StatusWriter::new(claim, ctx);
             w.set(SCHEDULED, false, nofit_reason(nofit.reason), nofit.message);
             w.write().await?;
-            return Ok(None);
+            // Room on the host comes back without any change autonodes watches for.
+            let retry = match nofit.reason {
+                scheduling::REASON_HOST_CAPACITY_EXHAUSTED => HOST_CAPACITY_RETRY,
+                _ => RETRY,
+            };
+            return Ok(Schedule::Waiting(retry));
         }
     };
     let vm_name = template::vm_name_for_claim(
@@ -184,10 +239,63 @@ pub(super) async fn schedule(claim: &NodeClaim, ctx: &Context) -> Result<Option<
         }
     };
     let _ = ctx.wake_types.unbounded_send(ObjectRef::new(&chosen.name));
-    Ok(Some(Scheduled {
+    Ok(Schedule::Chosen(Box::new(Scheduled {
         node_type: chosen,
         claim: written,
-    }))
+    })))
+}
+
+/// The watch caches of the host clusters the claim's candidate types use (each read once
+/// per decision; an unknown host is not checked).
+async fn host_snapshots(
+    ctx: &Context,
+    request: &ClaimRequest,
+) -> HashMap<String, Result<HostSnapshot, String>> {
+    let clusters: BTreeSet<String> = catalogue(ctx)
+        .types()
+        .iter()
+        .filter(|t| t.is_usable() && request.considers(t))
+        .map(|t| t.host_cluster.clone())
+        .collect();
+    let mut hosts = HashMap::new();
+    for cluster in clusters {
+        let snapshot = host_room::snapshot(ctx, &cluster).await;
+        hosts.insert(cluster, snapshot);
+    }
+    hosts
+}
+
+/// Whether the host has room for a VM of `t` (in the zone the claim would get: its own, or
+/// one of the type's it may use): else `HostCapacityExhausted` saying what is missing.
+fn host_admits(
+    t: &PreparedType,
+    claim: &NodeClaimSpec,
+    request: &ClaimRequest,
+    ledger: &ClaimedLedger,
+    model: &HostModel,
+    shape: &VmShape,
+) -> Result<(), NoFit> {
+    let in_use = ledger.zone_counts(&t.name);
+    let refused = |zone: Option<&str>| NoFit {
+        reason: scheduling::REASON_HOST_CAPACITY_EXHAUSTED,
+        message: format!(
+            "node type {} on host cluster {}: {}",
+            t.name,
+            t.host_cluster,
+            model.refusal(shape, zone)
+        ),
+    };
+    match scheduling::zone_for(t, claim, request, in_use) {
+        // A type without zones: any host node.
+        None if model.fits(shape, None) => Ok(()),
+        None => Err(refused(None)),
+        // A zone: the claim's, or one the type offers it that has room.
+        Some(first) => {
+            scheduling::zone_for_where(t, claim, request, in_use, |z| model.fits(shape, Some(z)))
+                .map(|_| ())
+                .ok_or_else(|| refused(Some(&first)))
+        }
+    }
 }
 
 /// The claim reason for a scheduling failure ([`scheduling::NoFit::reason`]).
@@ -195,6 +303,7 @@ pub(super) fn nofit_reason(reason: &str) -> ClaimReason {
     match reason {
         scheduling::REASON_INSUFFICIENT_CAPACITY => ClaimReason::InsufficientCapacity,
         scheduling::REASON_QUOTA_EXCEEDED => ClaimReason::QuotaExceeded,
+        scheduling::REASON_HOST_CAPACITY_EXHAUSTED => ClaimReason::HostCapacityExhausted,
         _ => ClaimReason::NoMatchingNodeType,
     }
 }

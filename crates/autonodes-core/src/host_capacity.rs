@@ -458,14 +458,9 @@ mod tests {
         .expect("pod")
     }
 
-    fn shape(cpu: &str, memory: &str, properties: Value, template: Value) -> VmShape {
-        let spec = serde_json::from_value(json!({
-            "providerRef": "p",
-            "resources": {"cpu": cpu, "memory": memory},
-            "properties": properties,
-            "mergeVirtualMachineTemplate": template,
-        }))
-        .expect("spec");
+    /// The type `name` of provider `p` (host `h`) with the NodeType spec `spec`.
+    fn prepared(name: &str, spec: Value) -> PreparedType {
+        let spec = serde_json::from_value(spec).expect("spec");
         let ctx = ProviderContext {
             name: "p".into(),
             host_cluster: "h".into(),
@@ -473,8 +468,21 @@ mod tests {
             properties: Properties::new(),
             base_template: Some(json!({"spec": {"template": {"spec": {}}}})),
         };
-        let t = prepare_type("p.t", &spec, Some(&ctx));
+        let t = prepare_type(name, &spec, Some(&ctx));
         assert!(t.problem.is_none(), "{:?}", t.problem);
+        t
+    }
+
+    fn shape(cpu: &str, memory: &str, properties: Value, template: Value) -> VmShape {
+        let t = prepared(
+            "p.t",
+            json!({
+                "providerRef": "p",
+                "resources": {"cpu": cpu, "memory": memory},
+                "properties": properties,
+                "mergeVirtualMachineTemplate": template,
+            }),
+        );
         VmShape::of(&t).expect("shape")
     }
 
@@ -628,22 +636,13 @@ mod tests {
             node("h1", Some("a"), "8", "8Gi"),
             node("h2", Some("b"), "8", "8Gi"),
         ];
-        let t = |name: &str| {
-            let spec = serde_json::from_value(json!({
+        let small = prepared(
+            "p.small",
+            json!({
                 "providerRef": "p", "resources": {"cpu": "1", "memory": "2Gi"},
                 "properties": {PROP_HOST_OVERHEAD: "memory=0,cpu=0", PROP_ZONE: "a,b"},
-            }))
-            .expect("spec");
-            let ctx = ProviderContext {
-                name: "p".into(),
-                host_cluster: "h".into(),
-                vm_namespace: "vms".into(),
-                properties: Properties::new(),
-                base_template: Some(json!({"spec": {"template": {"spec": {}}}})),
-            };
-            prepare_type(name, &spec, Some(&ctx))
-        };
-        let small = t("p.small");
+            }),
+        );
         let shape = VmShape::of(&small).expect("shape");
         let mut ledger = ClaimedLedger::new();
         for (uid, zone) in [("u1", "a"), ("u2", "a"), ("u3", "b")] {

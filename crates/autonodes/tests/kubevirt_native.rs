@@ -481,12 +481,7 @@ async fn a_node_quota_keeps_claims_over_its_limits_or_of_types_it_does_not_selec
     world
         .create_claim(json!({"metadata": {"name": "q-3"}, "spec": {"providerRef": "quota"}}))
         .await;
-    let waiting = world
-        .wait_claim("q-3", "QuotaExceeded", AVAILABLE, |c| {
-            condition(c, "Scheduled").is_some_and(|(_, reason, _)| reason == "QuotaExceeded")
-        })
-        .await;
-    let (status, _, message) = condition(&waiting, "Scheduled").expect("Scheduled");
+    let (status, message) = wait_unscheduled(&world, "q-3", "QuotaExceeded").await;
     assert_eq!(status, "False");
     assert!(
         message.contains("NodeQuota team limits nodes to 2"),
@@ -497,12 +492,7 @@ async fn a_node_quota_keeps_claims_over_its_limits_or_of_types_it_does_not_selec
     world
         .create_claim(json!({"metadata": {"name": "q-big"}, "spec": {"typeRef": "quota.big"}}))
         .await;
-    let big = world
-        .wait_claim("q-big", "QuotaExceeded", AVAILABLE, |c| {
-            condition(c, "Scheduled").is_some_and(|(_, reason, _)| reason == "QuotaExceeded")
-        })
-        .await;
-    let (_, _, message) = condition(&big, "Scheduled").expect("Scheduled");
+    let (_, message) = wait_unscheduled(&world, "q-big", "QuotaExceeded").await;
     assert!(
         message.contains("does not allow node type quota.big"),
         "{message}"
@@ -812,6 +802,18 @@ async fn a_type_naming_an_instancetype_schedules_and_costs_by_its_guest_resource
     world.shutdown().await;
 }
 
+/// Waits until claim `name` is not scheduled for `reason`; its `Scheduled` status and
+/// message.
+async fn wait_unscheduled(world: &World, name: &str, reason: &str) -> (String, String) {
+    let waiting = world
+        .wait_claim(name, reason, AVAILABLE, |c| {
+            condition(c, "Scheduled").is_some_and(|(_, r, _)| r == reason)
+        })
+        .await;
+    let (status, _, message) = condition(&waiting, "Scheduled").expect("Scheduled");
+    (status, message)
+}
+
 /// A pod bound to host node `node` asking `cpu` and `memory` (no kubelet runs it: bound and
 /// Pending, it holds its node's room as a running one does).
 async fn bind_host_pod(
@@ -926,13 +928,7 @@ async fn claims_wait_with_host_capacity_exhausted_while_no_host_node_has_room_an
     world
         .create_claim(json!({"metadata": {"name": "r-4"}, "spec": {"typeRef": "room.tight"}}))
         .await;
-    let waiting = world
-        .wait_claim("r-4", "HostCapacityExhausted", AVAILABLE, |c| {
-            condition(c, "Scheduled")
-                .is_some_and(|(_, reason, _)| reason == "HostCapacityExhausted")
-        })
-        .await;
-    let (status, _, message) = condition(&waiting, "Scheduled").expect("Scheduled");
+    let (status, message) = wait_unscheduled(&world, "r-4", "HostCapacityExhausted").await;
     assert_eq!(status, "False");
     assert!(
         message.contains("node type room.tight on host cluster test-kubevirt-1")

@@ -29,6 +29,7 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Resource, ResourceExt};
 use tokio::task::JoinHandle;
 
+use super::reflectors::Kind;
 use crate::api::{
     NodeClaim, LABEL_MANAGED_BY, LABEL_NODECLAIM, LABEL_NODECLAIM_NAMESPACE, LABEL_NODECLAIM_UID,
     MANAGED_BY,
@@ -345,16 +346,18 @@ pub fn watch_hook(
                     trim_observed,
                 );
                 // Read when a claim is scheduled and when a NodeType's host room is shown.
-                let (nodes, host_node_task) = spawn_watch(
+                let (nodes, host_node_task) = spawn_configured(
                     &cluster,
                     Api::<Node>::all(remote.client.clone()),
                     watcher::Config::default().any_semantic(),
+                    None,
                     trim_host_node,
                 );
-                let (pods, pod_task) = spawn_watch(
+                let (pods, pod_task) = spawn_configured(
                     &cluster,
                     Api::<Pod>::all(remote.client.clone()),
                     watcher::Config::default().fields(BOUND_PODS).any_semantic(),
+                    None,
                     trim_pod,
                 );
                 Connected {
@@ -417,61 +420,27 @@ fn wake(waker: &Option<Waker>, labels: &std::collections::BTreeMap<String, Strin
 /// The pods that take room on a host node: bound, and not ended.
 const BOUND_PODS: &str = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed";
 
-/// A watch of `api` with `config` that wakes no claim.
-fn spawn_watch<K>(
-    cluster: &str,
-    api: Api<K>,
-    config: watcher::Config,
-    trim: fn(&mut K),
-) -> (Watched<K>, JoinHandle<()>)
-where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
-    spawn_configured(cluster, api, config, None, trim)
-}
-
-fn spawn_typed<K>(
+/// A watch of the objects `selector` labels.
+fn spawn_typed<K: Kind>(
     cluster: &str,
     api: Api<K>,
     selector: &str,
     waker: Option<Waker>,
     trim: fn(&mut K),
-) -> (Watched<K>, JoinHandle<()>)
-where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
+) -> (Watched<K>, JoinHandle<()>) {
     let config = watcher::Config::default().labels(selector).any_semantic();
     spawn_configured(cluster, api, config, waker, trim)
 }
 
-fn spawn_configured<K>(
+/// A watch of `api` with `config` filling a [`Watched`] store, waking the claims of what
+/// changes when `waker` is given.
+fn spawn_configured<K: Kind>(
     cluster: &str,
     api: Api<K>,
     config: watcher::Config,
     waker: Option<Waker>,
     trim: fn(&mut K),
-) -> (Watched<K>, JoinHandle<()>)
-where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
+) -> (Watched<K>, JoinHandle<()>) {
     let writer = Writer::<K>::default();
     let watched = Watched {
         store: writer.as_reader(),
@@ -575,19 +544,8 @@ fn trim_node(node: &mut Node) {
     }
     if let Some(s) = node.status.as_mut() {
         // Only `Ready` is read (initialize's readiness); the kubelet's pressure conditions go.
-        let conditions = s.conditions.take().map(|cs| {
-            cs.into_iter()
-                .filter(|c| c.type_ == "Ready")
-                .map(|c| k8s_openapi::api::core::v1::NodeCondition {
-                    type_: c.type_,
-                    status: c.status,
-                    reason: c.reason,
-                    ..Default::default()
-                })
-                .collect()
-        });
         *s = k8s_openapi::api::core::v1::NodeStatus {
-            conditions,
+            conditions: ready_only(s.conditions.take()),
             ..Default::default()
         };
     }
@@ -605,22 +563,29 @@ fn trim_host_node(node: &mut Node) {
         };
     }
     if let Some(s) = node.status.as_mut() {
-        let conditions = s.conditions.take().map(|cs| {
-            cs.into_iter()
-                .filter(|c| c.type_ == "Ready")
-                .map(|c| k8s_openapi::api::core::v1::NodeCondition {
-                    type_: c.type_,
-                    status: c.status,
-                    ..Default::default()
-                })
-                .collect()
-        });
         *s = k8s_openapi::api::core::v1::NodeStatus {
             allocatable: s.allocatable.take(),
-            conditions,
+            conditions: ready_only(s.conditions.take()),
             ..Default::default()
         };
     }
+}
+
+/// A Node's `Ready` condition, without its message and times.
+fn ready_only(
+    conditions: Option<Vec<k8s_openapi::api::core::v1::NodeCondition>>,
+) -> Option<Vec<k8s_openapi::api::core::v1::NodeCondition>> {
+    conditions.map(|cs| {
+        cs.into_iter()
+            .filter(|c| c.type_ == "Ready")
+            .map(|c| k8s_openapi::api::core::v1::NodeCondition {
+                type_: c.type_,
+                status: c.status,
+                reason: c.reason,
+                ..Default::default()
+            })
+            .collect()
+    })
 }
 
 /// Keeps of a pod what host capacity reads: its node, its request folded into one

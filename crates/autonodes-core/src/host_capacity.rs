@@ -16,8 +16,10 @@
 //!
 //! Claims in flight (scheduled, launcher pod not bound yet) are placed first, largest VMs
 //! first, each kind onto the eligible nodes with the most free memory; what is left is the
-//! headroom. Not modelled: hard VM anti-affinity (each VM of a group on its own host node)
-//! and pod affinity, which the host's scheduler still enforces.
+//! headroom. A claim whose type has hard VM anti-affinity also needs an eligible node with
+//! room that runs no VM of its group, one more than the group has on its way
+//! ([`HostModel::fits_apart`]). Not modelled: pod affinity (soft or hard), which the host's
+//! scheduler still enforces.
 
 use std::collections::BTreeMap;
 
@@ -25,7 +27,11 @@ use k8s_openapi::api::core::v1::{Node, NodeSelectorTerm, Pod, PodSpec, Taint, To
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::Value;
 
-use crate::api::Properties;
+use std::collections::HashSet;
+
+use crate::api::{
+    NodeClaim, Properties, LABEL_NODECLAIM_NAMESPACE, LABEL_NODECLAIM_UID, LABEL_NODEPOOL,
+};
 use crate::ledger::ClaimedLedger;
 use crate::requirements::{selector_matches, term_matches, tolerates_taints};
 use crate::resources::{parse_quantity, ResourceAmounts};
@@ -39,8 +45,14 @@ pub const PROP_HOST_OVERHEAD: &str = "autonodes.io/host-overhead";
 /// The launcher overhead when [`PROP_HOST_OVERHEAD`] is not set: about what KubeVirt adds
 /// to a small VM's launcher pod.
 pub const DEFAULT_HOST_OVERHEAD: &str = "cpu=100m,memory=256Mi";
-/// The label KubeVirt puts on a VM's launcher pod: the VM's name.
-pub const LABEL_LAUNCHER_VM: &str = "vm.kubevirt.io/name";
+/// The labels of a launcher pod autonodes reads: its claim (from the VMI template, which
+/// KubeVirt copies to the pod), and the group labels VM (anti-)affinity selects on.
+pub const LAUNCHER_LABELS: [&str; 4] = [
+    LABEL_NODECLAIM_UID,
+    LABEL_NODECLAIM_NAMESPACE,
+    placement::LABEL_VCLUSTER,
+    LABEL_NODEPOOL,
+];
 
 const TEMPLATE_SPEC: &str = "/spec/template/spec";
 
@@ -91,6 +103,9 @@ pub struct HostNode {
     pub schedulable: bool,
     /// Its room left (allocatable less the requests of its pods).
     pub room: Room,
+    /// The group labels ([`LAUNCHER_LABELS`]) of the autonodes VMs' launcher pods bound to
+    /// it.
+    pub groups: Vec<BTreeMap<String, String>>,
 }
 
 impl HostNode {
@@ -117,6 +132,7 @@ impl HostNode {
                 memory: amount("memory", bytes),
                 pods: amount("pods", units),
             },
+            groups: Vec::new(),
         }
     }
 }
@@ -300,7 +316,12 @@ impl HostModel {
                 continue;
             };
             if let Ok(i) = model.nodes.binary_search_by(|n| n.name.as_str().cmp(on)) {
-                model.nodes[i].room.take(&pod_request(spec), 1);
+                let node = &mut model.nodes[i];
+                node.room.take(&pod_request(spec), 1);
+                let labels = pod.metadata.labels.as_ref();
+                if let Some(l) = labels.filter(|l| l.contains_key(placement::LABEL_VCLUSTER)) {
+                    node.groups.push(l.clone());
+                }
             }
         }
         model
@@ -351,9 +372,34 @@ impl HostModel {
             .any(|n| shape.may_use(n, zone) && n.room.holds(&shape.request) > 0)
     }
 
-    /// Why one more VM of `shape` fits nowhere (in `zone`): a bounded message naming the
-    /// request and what the host's eligible nodes have left.
-    pub fn refusal(&self, shape: &VmShape, zone: Option<&str>) -> String {
+    /// Whether one more VM of `shape` (in `zone`) that must keep apart from `apart`'s group
+    /// fits: an eligible node with room running no VM of the group, for it and for each of
+    /// the group's VMs on their way.
+    pub fn fits_apart(&self, shape: &VmShape, zone: Option<&str>, apart: &Apart) -> bool {
+        self.apart_nodes(shape, zone, apart) > apart.on_the_way
+    }
+
+    /// Eligible nodes with room for `shape` that run no VM of `apart`'s group.
+    fn apart_nodes(&self, shape: &VmShape, zone: Option<&str>, apart: &Apart) -> i64 {
+        let free = self.nodes.iter().filter(|n| {
+            shape.may_use(n, zone)
+                && n.room.holds(&shape.request) > 0
+                && !n.groups.iter().any(|g| apart.selects(g))
+        });
+        i64::try_from(free.count()).unwrap_or(i64::MAX)
+    }
+
+    /// Why one more VM of `shape` fits nowhere (in `zone`, apart from `apart`'s group when
+    /// given): a bounded message naming the request and what the eligible nodes have left.
+    pub fn refusal(&self, shape: &VmShape, zone: Option<&str>, apart: Option<&Apart>) -> String {
+        if let Some(a) = apart.filter(|_| self.fits(shape, zone)) {
+            let in_zone = zone.map(|z| format!(" in zone {z}")).unwrap_or_default();
+            return format!(
+                "hard VM anti-affinity: {} eligible host node(s){in_zone} with room run no VM of the claim's group, and {} of the group are on their way",
+                self.apart_nodes(shape, zone, a),
+                a.on_the_way
+            );
+        }
         let want = format!(
             "{} cpu, {} memory",
             crate::resources::format_cpu(shape.request.cpu_millis),
@@ -391,9 +437,114 @@ impl HostModel {
     }
 }
 
-/// Claims of a type (in a zone, `None` for a type without zones) whose VMs' launcher pods
-/// are bound to a host node already (and counted by their pods).
-pub type Bound = BTreeMap<(String, Option<String>), i64>;
+/// A claim's group its VM must keep apart from (hard VM anti-affinity, see
+/// [`placement::group_labels`]), and how many VMs of the group are on their way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Apart {
+    /// The labels that select the group's launcher pods.
+    pub group: BTreeMap<String, String>,
+    /// The group's claims scheduled to this host whose launcher pod is not bound yet.
+    pub on_the_way: i64,
+}
+
+impl Apart {
+    /// Whether a launcher pod with `labels` is of the group.
+    fn selects(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.group.iter().all(|(k, v)| labels.get(k) == Some(v))
+    }
+}
+
+/// The claims whose VMs' launcher pods are bound to a host node already (and counted by
+/// their pods): by UID, and per type and zone (`None` for a type without zones).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Bound {
+    /// Their UIDs.
+    pub uids: HashSet<String>,
+    /// How many per type and zone.
+    pub per_type: BTreeMap<(String, Option<String>), i64>,
+}
+
+impl Bound {
+    /// The claims of `pods` (by their [`LABEL_NODECLAIM_UID`]) bound to a node that hold a
+    /// unit in `ledger`.
+    pub fn of<'a>(pods: impl IntoIterator<Item = &'a Pod>, ledger: &ClaimedLedger) -> Bound {
+        let mut bound = Bound::default();
+        for pod in pods {
+            let on_node = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.as_deref())
+                .is_some_and(|n| !n.is_empty());
+            let uid = pod
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(LABEL_NODECLAIM_UID));
+            let (true, Some(uid)) = (on_node, uid) else {
+                continue;
+            };
+            let Some((node_type, zone)) = ledger.holding(uid) else {
+                continue;
+            };
+            if bound.uids.insert(uid.clone()) {
+                *bound
+                    .per_type
+                    .entry((node_type.to_string(), zone.map(str::to_string)))
+                    .or_default() += 1;
+            }
+        }
+        bound
+    }
+
+    fn count(&self, node_type: &str, zone: Option<&str>) -> i64 {
+        self.per_type
+            .get(&(node_type.to_string(), zone.map(str::to_string)))
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+/// How many of `group`'s claims (`claims`, grouped by `scope` as
+/// [`placement::group_labels`] does) hold a unit of one of `types` in `ledger` (in `zone`,
+/// when given) and have no bound launcher pod yet.
+pub fn group_on_the_way<'a>(
+    claims: impl IntoIterator<Item = &'a NodeClaim>,
+    types: &HashSet<&str>,
+    ledger: &ClaimedLedger,
+    bound: &Bound,
+    group: &BTreeMap<String, String>,
+    scope: placement::Scope,
+    zone: Option<&str>,
+) -> i64 {
+    let mut n = 0;
+    for c in claims {
+        let Some(uid) = c.metadata.uid.as_deref() else {
+            continue;
+        };
+        let Some((t, z)) = ledger.holding(uid) else {
+            continue;
+        };
+        if !types.contains(t) || bound.uids.contains(uid) || zone.is_some_and(|w| z != Some(w)) {
+            continue;
+        }
+        let pool = c
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(LABEL_NODEPOOL))
+            .map(String::as_str);
+        let theirs = placement::group_labels(
+            scope,
+            c.metadata.namespace.as_deref().unwrap_or_default(),
+            &c.spec.v_cluster_ref.name,
+            pool,
+        );
+        if &theirs == group {
+            n += 1;
+        }
+    }
+    n
+}
 
 /// Places on `model` what the claims of `types` (the types of the model's host) hold in
 /// `ledger` but whose VMs' launcher pods are not bound yet (`bound` are): the VMs on their
@@ -407,12 +558,7 @@ pub fn place_in_flight(
     let mut waiting: Vec<(VmShape, Option<String>, i64)> = Vec::new();
     for t in types {
         let Ok(shape) = VmShape::of(t) else { continue };
-        let bound_in = |zone: Option<&str>| {
-            bound
-                .get(&(t.name.clone(), zone.map(str::to_string)))
-                .copied()
-                .unwrap_or(0)
-        };
+        let bound_in = |zone: Option<&str>| bound.count(&t.name, zone);
         let zones = ledger.zone_counts(&t.name);
         let zoned: i64 = zones.values().sum();
         for (zone, n) in zones {
@@ -507,7 +653,7 @@ mod tests {
         let big = shape("2", "5Gi", json!({}), json!({}));
         assert!(!model.fits(&big, None), "5Gi + 256Mi is more than 5Gi left");
         assert!(model
-            .refusal(&big, None)
+            .refusal(&big, None, None)
             .contains("fits none of 1 eligible host node(s)"));
     }
 
@@ -614,7 +760,7 @@ mod tests {
         );
         assert_eq!(eligible(&tolerant, Some("a")), ["plain", "tainted"]);
         assert!(model
-            .refusal(&selected, Some("a"))
+            .refusal(&selected, Some("a"), None)
             .starts_with("no schedulable host node in zone a matches"));
     }
 
@@ -648,23 +794,112 @@ mod tests {
         for (uid, zone) in [("u1", "a"), ("u2", "a"), ("u3", "b")] {
             ledger.reserve(uid, "t", "p.small", Some(zone));
         }
-        let room = |pods: &[Pod], bound: &Bound| {
+        let room = |pods: &[Pod]| {
             let mut model = HostModel::new(&nodes, pods);
-            place_in_flight(&mut model, &[&small], &ledger, bound);
+            let bound = Bound::of(pods, &ledger);
+            place_in_flight(&mut model, &[&small], &ledger, &bound);
             (
                 model.headroom(&shape, Some("a")).vms,
                 model.headroom(&shape, Some("b")).vms,
             )
         };
-        assert_eq!(
-            room(&[], &Bound::new()),
-            (2, 3),
-            "4 per zone less the claims"
-        );
+        assert_eq!(room(&[]), (2, 3), "4 per zone less the claims");
         // u1's launcher pod is bound on h1: counted once, by its pod.
-        let launcher = pod("h1", "1", "2Gi");
-        let bound = Bound::from([(("p.small".to_string(), Some("a".to_string())), 1)]);
-        assert_eq!(room(&[launcher], &bound), (2, 3));
+        let mut launcher = pod("h1", "1", "2Gi");
+        launcher.metadata.labels =
+            Some([(LABEL_NODECLAIM_UID.to_string(), "u1".to_string())].into());
+        assert_eq!(room(std::slice::from_ref(&launcher)), (2, 3));
+        assert_eq!(
+            Bound::of([&launcher], &ledger).uids,
+            HashSet::from(["u1".to_string()])
+        );
+    }
+
+    #[test]
+    fn hard_anti_affinity_needs_a_node_with_room_free_of_the_group_for_each_vm_on_its_way() {
+        let nodes = [node("h1", None, "8", "8Gi"), node("h2", None, "8", "8Gi")];
+        let group =
+            placement::group_labels(placement::Scope::Pool, "tenant", "vc", Some("workers"));
+        let mut theirs = pod("h1", "1", "1Gi");
+        let mut labels = group.clone();
+        labels.insert(LABEL_NODECLAIM_UID.to_string(), "u1".to_string());
+        theirs.metadata.labels = Some(labels);
+        let mut other_pool = pod("h2", "1", "1Gi");
+        other_pool.metadata.labels = Some(placement::group_labels(
+            placement::Scope::Pool,
+            "tenant",
+            "vc",
+            Some("other"),
+        ));
+        let model = HostModel::new(&nodes, &[theirs, other_pool]);
+        let s = plain("1", "1Gi");
+        let apart = |on_the_way| Apart {
+            group: group.clone(),
+            on_the_way,
+        };
+        assert!(
+            model.fits_apart(&s, None, &apart(0)),
+            "h2 runs another pool's VM only"
+        );
+        assert!(
+            !model.fits_apart(&s, None, &apart(1)),
+            "h2 is taken by the one on its way"
+        );
+        assert!(model.fits(&s, None), "room alone is there");
+        let why = model.refusal(&s, None, Some(&apart(1)));
+        assert!(
+            why.starts_with("hard VM anti-affinity: 1 eligible host node(s) with room"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn a_groups_claims_on_their_way_are_those_held_on_the_hosts_types_without_a_bound_pod() {
+        let claim = |uid: &str, ns: &str, pool: Option<&str>| -> NodeClaim {
+            let mut c: NodeClaim = serde_json::from_value(json!({
+                "apiVersion": "autonodes.io/v1alpha1", "kind": "NodeClaim",
+                "metadata": {"name": uid, "namespace": ns, "uid": uid},
+                "spec": {"vClusterRef": {"name": "vc"}},
+            }))
+            .expect("claim");
+            if let Some(p) = pool {
+                c.metadata.labels = Some([(LABEL_NODEPOOL.to_string(), p.to_string())].into());
+            }
+            c
+        };
+        let claims = [
+            claim("u1", "tenant", Some("workers")),
+            claim("u2", "tenant", Some("workers")),
+            claim("u3", "tenant", Some("other")),
+            claim("u4", "elsewhere", Some("workers")),
+            claim("u5", "tenant", Some("workers")),
+            claim("u6", "tenant", Some("workers")),
+        ];
+        let mut ledger = ClaimedLedger::new();
+        for uid in ["u1", "u2", "u3", "u4"] {
+            ledger.reserve(uid, "tenant", "p.t", Some("a"));
+        }
+        ledger.reserve("u5", "tenant", "q.t", Some("a")); // a type of another host
+        ledger.reserve("u6", "tenant", "p.t", Some("b"));
+        let mut bound = Bound::default();
+        bound.uids.insert("u2".to_string());
+        let types = HashSet::from(["p.t"]);
+        let count = |scope, group: &BTreeMap<String, String>, zone| {
+            group_on_the_way(&claims, &types, &ledger, &bound, group, scope, zone)
+        };
+        let pool = placement::group_labels(placement::Scope::Pool, "tenant", "vc", Some("workers"));
+        assert_eq!(
+            count(placement::Scope::Pool, &pool, Some("a")),
+            1,
+            "u1 only"
+        );
+        assert_eq!(count(placement::Scope::Pool, &pool, None), 2, "u1 and u6");
+        let tenant = placement::group_labels(placement::Scope::Tenant, "tenant", "vc", None);
+        assert_eq!(
+            count(placement::Scope::Tenant, &tenant, Some("a")),
+            2,
+            "u1 and u3"
+        );
     }
 
     #[test]

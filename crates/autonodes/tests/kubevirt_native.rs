@@ -899,14 +899,16 @@ async fn claims_wait_with_host_capacity_exhausted_while_no_host_node_has_room_an
         .create_claim(json!({"metadata": {"name": "r-1"}, "spec": {"typeRef": "room.tight"}}))
         .await;
     let first = world.wait_phase("r-1", "Available", AVAILABLE).await;
-    let s = first.status.expect("status");
+    let s = first.status.clone().expect("status");
     assert_eq!(s.zone.as_deref(), Some("zone-c"));
     let vm = s.vm_name.expect("VM name");
     bind_host_pod(
         &world,
         &format!("virt-launcher-{vm}-x7k2p"),
         "vcluster-platform",
-        json!({"kubevirt.io": "virt-launcher", "vm.kubevirt.io/name": vm}),
+        // What KubeVirt gives a launcher pod: its own labels and the VM template's.
+        json!({"kubevirt.io": "virt-launcher", "vm.kubevirt.io/name": vm,
+               "autonodes.io/nodeclaim-uid": first.uid().expect("uid")}),
         "tight-c",
         "2100m",
         "4352Mi",
@@ -970,5 +972,75 @@ async fn claims_wait_with_host_capacity_exhausted_while_no_host_node_has_room_an
         through.status.and_then(|s| s.zone).as_deref(),
         Some("zone-d")
     );
+    world.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_type_with_hard_anti_affinity_takes_no_more_claims_than_host_nodes_free_of_their_group() {
+    let types = r#"      - name: spread
+        properties:
+          autonodes.io/vm-anti-affinity: hard
+          autonodes.io/host-node-selector: "autonodes.test/rack=spread"
+"#;
+    let mut world = World::start_clusters(&WorldOptions {
+        provider: provider_yaml("apart", "test-kubevirt-1", "1", "1Gi", types),
+        ..WorldOptions::default()
+    })
+    .await;
+    let rack = [("autonodes.test/rack", "spread")];
+    let size = [("cpu", "64"), ("memory", "256Gi"), ("pods", "110")];
+    for node in ["spread-1", "spread-2"] {
+        autonodes_testenv::playground::put_host_node(&world.host, node, None, &rack, &size)
+            .await
+            .expect("host node");
+    }
+    world
+        .start_simulator(autonodes_testenv::simulator::SimMode::Normal)
+        .await;
+    world.start_controller();
+
+    // Room for dozens, but each VM of the tenant needs a host node of its own: two fit.
+    let mut first = None;
+    for name in ["s-1", "s-2"] {
+        world
+            .create_claim(json!({"metadata": {"name": name}, "spec": {"typeRef": "apart.spread"}}))
+            .await;
+        let c = world.wait_phase(name, "Available", AVAILABLE).await;
+        first.get_or_insert(c);
+    }
+    world
+        .create_claim(json!({"metadata": {"name": "s-3"}, "spec": {"typeRef": "apart.spread"}}))
+        .await;
+    let (_, message) = wait_unscheduled(&world, "s-3", "HostCapacityExhausted").await;
+    assert!(
+        message.contains("hard VM anti-affinity: 2 eligible host node(s) with room run no VM of the claim's group, and 2 of the group are on their way"),
+        "{message}"
+    );
+    // Once s-1's launcher pod is bound, it holds its node by its labels instead.
+    let first = first.expect("s-1");
+    let uid = first.uid().expect("uid");
+    bind_host_pod(
+        &world,
+        "virt-launcher-s-1",
+        "vcluster-platform",
+        json!({"autonodes.io/nodeclaim-uid": uid, "autonodes.io/nodeclaim-namespace": NS,
+               "autonodes.io/vcluster": "tenant"}),
+        "spread-1",
+        "1100m",
+        "1280Mi",
+    )
+    .await;
+    common::eventually("the refusal counting s-1 by its pod", AVAILABLE, || async {
+        let c = world.claims().get("s-3").await.ok()?;
+        let (_, _, m) = condition(&c, "Scheduled")?;
+        m.contains("1 eligible host node(s) with room run no VM of the claim's group, and 1 of the group are on their way")
+            .then_some(())
+    })
+    .await;
+    // A third host node of the rack: the third claim gets it.
+    autonodes_testenv::playground::put_host_node(&world.host, "spread-3", None, &rack, &size)
+        .await
+        .expect("host node");
+    world.wait_phase("s-3", "Available", AVAILABLE).await;
     world.shutdown().await;
 }

@@ -12,14 +12,15 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::ResourceExt;
 
 use super::Context;
 use crate::api::NodeTypeHost;
-use crate::host_capacity::{self, Bound, HostModel, VmShape, LABEL_LAUNCHER_VM};
+use crate::api::{NodeClaim, LABEL_NODEPOOL};
+use crate::host_capacity::{self, Apart, Bound, HostModel, VmShape};
 use crate::ledger::ClaimedLedger;
 use crate::requirements::Offer;
 use crate::scheduling::{Catalogue, PreparedType};
+use crate::template::placement;
 use crate::zones::PROP_ZONE;
 
 /// The most characters of a message shown in a NodeType's `status.host`.
@@ -55,10 +56,20 @@ pub async fn snapshot(ctx: &Context, cluster: &str) -> Result<HostSnapshot, Stri
     })
 }
 
+/// A host's room for one decision: its model, and which claims' launcher pods are bound.
+pub struct HostRoom {
+    /// The nodes and the room left on each.
+    pub model: HostModel,
+    /// The claims counted by their bound launcher pods.
+    pub bound: Bound,
+    /// The catalogue's types on this host.
+    pub types: HashSet<String>,
+}
+
 impl HostSnapshot {
     /// The host's room: its nodes less their bound pods, less the VMs on their way (claims
     /// of the host's types in `ledger` whose launcher pod is not bound yet).
-    pub fn model(&self, ctx: &Context, catalogue: &Catalogue, ledger: &ClaimedLedger) -> HostModel {
+    pub fn room(&self, catalogue: &Catalogue, ledger: &ClaimedLedger) -> HostRoom {
         let mut model = HostModel::new(
             self.nodes.iter().map(|n| &**n),
             self.pods.iter().map(|p| &**p),
@@ -68,46 +79,84 @@ impl HostSnapshot {
             .iter()
             .filter(|t| t.host_cluster == self.cluster)
             .collect();
-        host_capacity::place_in_flight(&mut model, &types, ledger, &self.bound(ctx, ledger));
-        model
+        let bound = Bound::of(self.pods.iter().map(|p| &**p), ledger);
+        host_capacity::place_in_flight(&mut model, &types, ledger, &bound);
+        HostRoom {
+            model,
+            bound,
+            types: types.iter().map(|t| t.name.clone()).collect(),
+        }
+    }
+}
+
+/// Whether the host has room for one claim's VM of one type: the type's VM shape on the
+/// host's room and, for a type with hard VM anti-affinity, the claim's group.
+pub struct ClaimRoom<'a> {
+    room: &'a HostRoom,
+    shape: VmShape,
+    /// The claim's group and how they are grouped, when its VM must keep apart from it.
+    apart: Option<(placement::Scope, BTreeMap<String, String>)>,
+}
+
+impl<'a> ClaimRoom<'a> {
+    /// The room for `claim`'s VM of type `t` on `room` (`None` when the type's VM shape
+    /// cannot be read; the type is Failed then).
+    pub fn new(room: &'a HostRoom, t: &PreparedType, claim: &NodeClaim) -> Option<Self> {
+        let shape = VmShape::of(t).ok()?;
+        let presets = placement::parse_placement(&t.properties).ok()?;
+        let apart = match presets.vm_affinity {
+            Some((true, placement::Strength::Hard)) => {
+                let pool = claim
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(LABEL_NODEPOOL))
+                    .map(String::as_str);
+                let group = placement::group_labels(
+                    presets.scope,
+                    claim.metadata.namespace.as_deref().unwrap_or_default(),
+                    &claim.spec.v_cluster_ref.name,
+                    pool,
+                );
+                Some((presets.scope, group))
+            }
+            _ => None,
+        };
+        Some(ClaimRoom { room, shape, apart })
     }
 
-    /// Claims of this host whose VM's launcher pod is bound, per type and zone.
-    fn bound(&self, ctx: &Context, ledger: &ClaimedLedger) -> Bound {
-        let launched: HashSet<(&str, &str)> = self
-            .pods
-            .iter()
-            .filter_map(|p| {
-                let vm = p.labels().get(LABEL_LAUNCHER_VM)?;
-                Some((p.metadata.namespace.as_deref()?, vm.as_str()))
-            })
-            .collect();
-        let mut bound = Bound::new();
-        if launched.is_empty() {
-            return bound;
+    /// The group to keep apart from in `zone`, with its VMs on their way.
+    fn apart(&self, ctx: &Context, ledger: &ClaimedLedger, zone: Option<&str>) -> Option<Apart> {
+        let (scope, group) = self.apart.as_ref()?;
+        let types: HashSet<&str> = self.room.types.iter().map(String::as_str).collect();
+        let claims = ctx.claims.state();
+        let on_the_way = host_capacity::group_on_the_way(
+            claims.iter().map(|c| &**c),
+            &types,
+            ledger,
+            &self.room.bound,
+            group,
+            *scope,
+            zone,
+        );
+        Some(Apart {
+            group: group.clone(),
+            on_the_way,
+        })
+    }
+
+    /// Whether the VM fits in `zone` (anywhere when `None`).
+    pub fn fits(&self, ctx: &Context, ledger: &ClaimedLedger, zone: Option<&str>) -> bool {
+        match self.apart(ctx, ledger, zone) {
+            Some(a) => self.room.model.fits_apart(&self.shape, zone, &a),
+            None => self.room.model.fits(&self.shape, zone),
         }
-        for claim in ctx.claims.state() {
-            let Some(s) = claim.status.as_ref() else {
-                continue;
-            };
-            let (Some(ns), Some(vm)) = (s.vm_namespace.as_deref(), s.vm_name.as_deref()) else {
-                continue;
-            };
-            if s.host_cluster.as_deref() != Some(self.cluster.as_str())
-                || !launched.contains(&(ns, vm))
-            {
-                continue;
-            }
-            let Some((node_type, zone)) = claim.uid().and_then(|u| {
-                ledger
-                    .holding(&u)
-                    .map(|(t, z)| (t.to_string(), z.map(str::to_string)))
-            }) else {
-                continue;
-            };
-            *bound.entry((node_type, zone)).or_default() += 1;
-        }
-        bound
+    }
+
+    /// Why the VM does not fit in `zone`.
+    pub fn refusal(&self, ctx: &Context, ledger: &ClaimedLedger, zone: Option<&str>) -> String {
+        let apart = self.apart(ctx, ledger, zone);
+        self.room.model.refusal(&self.shape, zone, apart.as_ref())
     }
 }
 
@@ -154,7 +203,7 @@ pub fn type_host_status(t: &PreparedType, model: Result<&HostModel, &str>) -> No
     status.eligible_nodes = Some(nodes);
     if vms == 0 {
         let zone = offered.first().map(String::as_str);
-        status.message = Some(bounded(model.refusal(&shape, zone)));
+        status.message = Some(bounded(model.refusal(&shape, zone, None)));
     }
     status
 }

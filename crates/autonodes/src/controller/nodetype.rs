@@ -277,6 +277,7 @@ pub const HOST_ROOM_RECHECK: Duration = Duration::from_secs(30);
 async fn host_room(ctx: &Context, t: &scheduling::PreparedType) -> NodeTypeHost {
     let snapshot = host_room::snapshot(ctx, &t.host_cluster).await;
     let catalogue = catalogue(ctx);
-    let model = snapshot.map(|s| ctx.ledger(|l| s.model(ctx, &catalogue, l)));
-    host_room::type_host_status(t, model.as_ref().map_err(String::as_str))
+    let room = snapshot.map(|s| ctx.ledger(|l| s.room(&catalogue, l)));
+    let model = room.as_ref().map(|r| &r.model).map_err(String::as_str);
+    host_room::type_host_status(t, model)
 }

@@ -296,7 +296,7 @@ pub struct HostCache {
     /// Every Node of the host: labels, taints, cordon, allocatable and readiness only.
     pub nodes: Watched<Node>,
     /// Every pod bound to a host node that has not ended, reduced to its node, its
-    /// request ([`host_capacity::pod_request`]) and KubeVirt's VM name label; never live
+    /// request ([`host_capacity::pod_request`]) and its claim and group labels; never live
     /// when autonodes may not watch the host's pods (then host capacity is unknown).
     pub pods: Watched<Pod>,
 }
@@ -589,13 +589,14 @@ fn ready_only(
 }
 
 /// Keeps of a pod what host capacity reads: its node, its request folded into one
-/// container ([`host_capacity::pod_request`]) and KubeVirt's VM name label.
+/// container ([`host_capacity::pod_request`]) and, of a VM's launcher pod, its claim and
+/// group labels ([`host_capacity::LAUNCHER_LABELS`]).
 fn trim_pod(pod: &mut Pod) {
     use k8s_openapi::api::core::v1::{Container, PodSpec, ResourceRequirements};
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     trim_meta(pod);
     if let Some(labels) = pod.metadata.labels.as_mut() {
-        labels.retain(|k, _| k == host_capacity::LABEL_LAUNCHER_VM);
+        labels.retain(|k, _| host_capacity::LAUNCHER_LABELS.contains(&k.as_str()));
     }
     pod.status = None;
     if let Some(spec) = pod.spec.as_mut() {
@@ -727,7 +728,8 @@ mod tests {
         let mut p = spec(serde_json::json!({
             "metadata": {"name": "virt-launcher-vm-x", "namespace": "vms",
                          "labels": {"kubevirt.io": "virt-launcher", "vm.kubevirt.io/name": "vm",
-                                    "kubevirt.io/created-by": "u"},
+                                    "kubevirt.io/created-by": "u", "autonodes.io/nodeclaim-uid": "c-u",
+                                    "autonodes.io/vcluster": "vc", "autonodes.io/nodeclaim": "c"},
                          "annotations": {"a": "b"}},
             "spec": {"nodeName": "host-1", "containers": [
                 {"name": "compute", "image": "virt-launcher", "resources": {"requests": {"cpu": "2", "memory": "4Gi"}}},

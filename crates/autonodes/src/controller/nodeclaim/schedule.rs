@@ -13,13 +13,11 @@ use kube::ResourceExt;
 use super::status::StatusWriter;
 use super::{uid, PROVISIONED, SCHEDULED};
 use crate::api::reasons::ClaimReason;
-use crate::api::NodeClaim;
-use crate::api::NodeClaimSpec;
+use crate::api::{NodeClaim, NodeClaimSpec};
 use crate::conditions;
 use crate::controller::catalogue::catalogue;
-use crate::controller::host_room::{self, HostSnapshot};
+use crate::controller::host_room::{self, ClaimRoom, HostRoom, HostSnapshot};
 use crate::controller::{Context, Error};
-use crate::host_capacity::{HostModel, VmShape};
 use crate::ledger::ClaimedLedger;
 use crate::quota::{self, PreparedQuota, Usage};
 use crate::scheduling::{self, ClaimRequest, NoFit, PreparedType};
@@ -140,26 +138,22 @@ pub(super) async fn schedule(claim: &NodeClaim, ctx: &Context) -> Result<Schedul
                 Usage::of_counts(ledger.namespace_counts(&namespace), |n| catalogue.named(n))
             };
             // The room of each host (unknown ones are not checked).
-            let rooms: HashMap<&str, HostModel> = hosts
+            let rooms: HashMap<&str, HostRoom> = hosts
                 .iter()
                 .filter_map(|(cluster, snapshot)| {
-                    let model = snapshot.as_ref().ok()?.model(ctx, &catalogue, ledger);
-                    Some((cluster.as_str(), model))
+                    let room = snapshot.as_ref().ok()?.room(&catalogue, ledger);
+                    Some((cluster.as_str(), room))
                 })
                 .collect();
-            let room = |t: &PreparedType| {
-                let model = rooms.get(t.host_cluster.as_str())?;
-                Some((model, VmShape::of(t).ok()?))
-            };
+            let room =
+                |t: &PreparedType| ClaimRoom::new(rooms.get(t.host_cluster.as_str())?, t, claim);
             let admit = |t: &PreparedType| -> Result<(), NoFit> {
                 quota::admits(&quotas, &namespace, &used, t).map_err(|message| NoFit {
                     reason: scheduling::REASON_QUOTA_EXCEEDED,
                     message,
                 })?;
                 match room(t) {
-                    Some((model, shape)) => {
-                        host_admits(t, &claim.spec, &request, ledger, model, &shape)
-                    }
+                    Some(r) => host_admits(ctx, t, &claim.spec, &request, ledger, &r),
                     None => Ok(()),
                 }
             };
@@ -168,9 +162,9 @@ pub(super) async fn schedule(claim: &NodeClaim, ctx: &Context) -> Result<Schedul
                 .map(|t| {
                     let in_use = ledger.zone_counts(&t.name);
                     let zone = match room(&t) {
-                        Some((model, shape)) => {
+                        Some(r) => {
                             scheduling::zone_for_where(&t, &claim.spec, &request, in_use, |z| {
-                                model.fits(&shape, Some(z))
+                                r.fits(ctx, ledger, Some(z))
                             })
                         }
                         None => scheduling::zone_for(&t, &claim.spec, &request, in_use),
@@ -268,12 +262,12 @@ async fn host_snapshots(
 /// Whether the host has room for a VM of `t` (in the zone the claim would get: its own, or
 /// one of the type's it may use): else `HostCapacityExhausted` saying what is missing.
 fn host_admits(
+    ctx: &Context,
     t: &PreparedType,
     claim: &NodeClaimSpec,
     request: &ClaimRequest,
     ledger: &ClaimedLedger,
-    model: &HostModel,
-    shape: &VmShape,
+    room: &ClaimRoom<'_>,
 ) -> Result<(), NoFit> {
     let in_use = ledger.zone_counts(&t.name);
     let refused = |zone: Option<&str>| NoFit {
@@ -282,19 +276,19 @@ fn host_admits(
             "node type {} on host cluster {}: {}",
             t.name,
             t.host_cluster,
-            model.refusal(shape, zone)
+            room.refusal(ctx, ledger, zone)
         ),
     };
     match scheduling::zone_for(t, claim, request, in_use) {
         // A type without zones: any host node.
-        None if model.fits(shape, None) => Ok(()),
+        None if room.fits(ctx, ledger, None) => Ok(()),
         None => Err(refused(None)),
         // A zone: the claim's, or one the type offers it that has room.
-        Some(first) => {
-            scheduling::zone_for_where(t, claim, request, in_use, |z| model.fits(shape, Some(z)))
-                .map(|_| ())
-                .ok_or_else(|| refused(Some(&first)))
-        }
+        Some(first) => scheduling::zone_for_where(t, claim, request, in_use, |z| {
+            room.fits(ctx, ledger, Some(z))
+        })
+        .map(|_| ())
+        .ok_or_else(|| refused(Some(&first))),
     }
 }
 

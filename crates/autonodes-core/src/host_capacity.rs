@@ -604,8 +604,9 @@ mod tests {
         .expect("pod")
     }
 
-    /// The type `name` of provider `p` (host `h`) with the NodeType spec `spec`.
-    fn prepared(name: &str, spec: Value) -> PreparedType {
+    /// The type `name` of provider `p` (host `h`) with the NodeType spec `spec`, usable or
+    /// Failed.
+    fn prepared_any(name: &str, spec: Value) -> PreparedType {
         let spec = serde_json::from_value(spec).expect("spec");
         let ctx = ProviderContext {
             name: "p".into(),
@@ -614,7 +615,12 @@ mod tests {
             properties: Properties::new(),
             base_template: Some(json!({"spec": {"template": {"spec": {}}}})),
         };
-        let t = prepare_type(name, &spec, Some(&ctx));
+        prepare_type(name, &spec, Some(&ctx))
+    }
+
+    /// [`prepared_any`], usable.
+    fn prepared(name: &str, spec: Value) -> PreparedType {
+        let t = prepared_any(name, spec);
         assert!(t.problem.is_none(), "{:?}", t.problem);
         t
     }
@@ -921,6 +927,16 @@ mod tests {
                 pods: 0
             })
         );
+        // A type with a wrong one is Failed, naming the property.
+        let failed = prepared_any(
+            "p.t",
+            json!({
+                "providerRef": "p", "resources": {"cpu": "1", "memory": "1Gi"},
+                "properties": {PROP_HOST_OVERHEAD: "memory=lots"},
+            }),
+        );
+        let problem = failed.problem.expect("Failed").to_string();
+        assert!(problem.contains(PROP_HOST_OVERHEAD), "{problem}");
         for wrong in ["memory", "gpu=1", "memory=lots", "cpu=-1"] {
             let e = host_overhead(&p(wrong)).expect_err(wrong);
             assert!(!e.is_empty() && e.len() < 200, "{e}");

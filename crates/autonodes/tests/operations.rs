@@ -156,6 +156,18 @@ async fn metrics_show_capacity_cost_claims_and_stage_durations_once_a_claim_is_a
         28.0,
     );
     has("autonodes_nodeclaims_created_total", 1.0);
+    // The type's room on the playground's host: three nodes of 64Ti each hold 15,420 VMs of
+    // 4Gi + 256Mi launcher overhead; the claim's VM (no launcher pod here) takes one.
+    let headroom = format!("autonodes_nodetype_host_headroom{{nodetype=\"{t}\",provider=\"{p}\"}}");
+    let shown = common::eventually("the type's host room", Duration::from_secs(60), || {
+        let headroom = headroom.clone();
+        async move {
+            let (_, s) = http_get(addr, "/metrics").await.ok()?;
+            sample(&s, &headroom)
+        }
+    })
+    .await;
+    assert_eq!(shown, 46_259.0);
     for stage in ["scheduled", "provisioned", "joined", "ready"] {
         has(
             &format!("autonodes_nodeclaim_duration_seconds_count{{stage=\"{stage}\"}}"),

@@ -723,7 +723,7 @@ mod tests {
     }
 
     #[test]
-    fn a_cached_host_pod_keeps_its_node_its_request_and_the_vm_it_launches() {
+    fn a_cached_host_pod_keeps_its_node_its_request_and_its_claim_and_group_labels() {
         let spec = |v: serde_json::Value| -> Pod { serde_json::from_value(v).expect("pod") };
         let mut p = spec(serde_json::json!({
             "metadata": {"name": "virt-launcher-vm-x", "namespace": "vms",
@@ -746,7 +746,8 @@ mod tests {
         assert!(s.containers[0].image.is_none());
         assert_eq!(
             p.labels().keys().collect::<Vec<_>>(),
-            ["vm.kubevirt.io/name"]
+            ["autonodes.io/nodeclaim-uid", "autonodes.io/vcluster"],
+            "its claim and its group"
         );
         assert!(p.status.is_none() && p.metadata.annotations.is_none());
     }

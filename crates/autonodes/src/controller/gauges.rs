@@ -23,7 +23,11 @@ pub fn sweep(ctx: &Context) {
         .map(|t| t.name_any())
         .collect();
     let m = &ctx.metrics;
-    for vec in [&m.nodetype_capacity, &m.nodetype_cost] {
+    for vec in [
+        &m.nodetype_capacity,
+        &m.nodetype_cost,
+        &m.nodetype_host_headroom,
+    ] {
         for family in vec.collect() {
             for metric in family.get_metric() {
                 let labels: std::collections::HashMap<&str, &str> = metric

@@ -18,16 +18,13 @@
 //! first, each kind onto the eligible nodes with the most free memory; what is left is the
 //! headroom. A claim whose type has hard VM anti-affinity also needs an eligible node with
 //! room that runs no VM of its group, one more than the group has on its way
-//! ([`HostModel::fits_apart`]). Not modelled: pod affinity (soft or hard), which the host's
-//! scheduler still enforces.
+//! ([`HostModel::fits_apart`]). Not modelled: VM affinity (soft or hard) and the soft
+//! presets, which the host's scheduler still weighs.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use k8s_openapi::api::core::v1::{Node, NodeSelectorTerm, Pod, PodSpec, Taint, Toleration};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use serde_json::Value;
-
-use std::collections::HashSet;
 
 use crate::api::{
     NodeClaim, Properties, LABEL_NODECLAIM_NAMESPACE, LABEL_NODECLAIM_UID, LABEL_NODEPOOL,
@@ -103,8 +100,8 @@ pub struct HostNode {
     pub schedulable: bool,
     /// Its room left (allocatable less the requests of its pods).
     pub room: Room,
-    /// The group labels ([`LAUNCHER_LABELS`]) of the autonodes VMs' launcher pods bound to
-    /// it.
+    /// The labels of the autonodes VMs' launcher pods bound to it (the pods that carry a
+    /// group label), for hard VM anti-affinity.
     pub groups: Vec<BTreeMap<String, String>>,
 }
 
@@ -195,21 +192,24 @@ impl VmShape {
     pub fn of(t: &PreparedType) -> Result<VmShape, String> {
         let overhead =
             host_overhead(&t.properties).map_err(|m| format!("{PROP_HOST_OVERHEAD}: {m}"))?;
-        let at = |field: &str| t.template.pointer(&format!("{TEMPLATE_SPEC}/{field}"));
-        let read = |field: &str| -> Result<Option<Value>, String> { Ok(at(field).cloned()) };
-        let node_selector = match read("nodeSelector")? {
+        let read = |field: &str| {
+            t.template
+                .pointer(&format!("{TEMPLATE_SPEC}/{field}"))
+                .cloned()
+        };
+        let node_selector = match read("nodeSelector") {
             Some(v) => serde_json::from_value(v)
                 .map_err(|e| format!("spec.template.spec.nodeSelector: {e}"))?,
             None => BTreeMap::new(),
         };
         let required_terms = match read(
             "affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms",
-        )? {
+        ) {
             Some(v) => serde_json::from_value(v)
                 .map_err(|e| format!("the template's required node affinity: {e}"))?,
             None => Vec::new(),
         };
-        let tolerations = match read("tolerations")? {
+        let tolerations = match read("tolerations") {
             Some(v) => serde_json::from_value(v)
                 .map_err(|e| format!("spec.template.spec.tolerations: {e}"))?,
             None => Vec::new(),
@@ -578,7 +578,7 @@ mod tests {
     use super::*;
     use crate::scheduling::{prepare_type, ProviderContext};
     use proptest::prelude::*;
-    use serde_json::json;
+    use serde_json::{json, Value};
 
     fn node(name: &str, zone: Option<&str>, cpu: &str, memory: &str) -> Node {
         let mut labels = json!({"kubernetes.io/hostname": name});

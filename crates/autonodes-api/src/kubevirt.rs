@@ -32,6 +32,16 @@ pub fn data_volume() -> ApiResource {
     )
 }
 
+/// `instancetype.kubevirt.io/v1beta1` instance types and preferences of `kind`
+/// (`VirtualMachineClusterInstancetype`, `VirtualMachineInstancetype`,
+/// `VirtualMachineClusterPreference`, `VirtualMachinePreference`).
+pub fn instancetype(kind: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("instancetype.kubevirt.io", "v1beta1", kind),
+        &format!("{}s", kind.to_lowercase()),
+    )
+}
+
 /// A kind of KubeVirt object an [`Observed`] stands for.
 pub trait ObservedKind: Clone + std::fmt::Debug + Default + Send + Sync + 'static {
     /// The API group.
@@ -247,6 +257,14 @@ fn lean_meta<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Er
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn an_instance_type_kind_is_served_under_its_lowercase_plural() {
+        let r = instancetype("VirtualMachineInstancetype");
+        assert_eq!(r.plural, "virtualmachineinstancetypes");
+        assert_eq!(r.api_version, "instancetype.kubevirt.io/v1beta1");
+        assert_eq!(r.kind, "VirtualMachineInstancetype");
+    }
 
     #[test]
     fn readiness_is_read_from_vm_status_and_vmi_phase() {

@@ -706,13 +706,7 @@ async fn a_type_naming_an_instancetype_schedules_and_costs_by_its_guest_resource
     })
     .await;
     // The host's instance type, before the controller starts.
-    let resource = kube::api::ApiResource {
-        group: "instancetype.kubevirt.io".into(),
-        version: "v1beta1".into(),
-        api_version: "instancetype.kubevirt.io/v1beta1".into(),
-        kind: "VirtualMachineClusterInstancetype".into(),
-        plural: "virtualmachineclusterinstancetypes".into(),
-    };
+    let resource = autonodes::kubevirt::instancetype("VirtualMachineClusterInstancetype");
     let instancetypes: kube::Api<kube::api::DynamicObject> =
         kube::Api::all_with(world.host.clone(), &resource);
     let it: kube::api::DynamicObject = serde_json::from_value(json!({

@@ -20,8 +20,6 @@ pub const PROP_INSTANCETYPE: &str = "autonodes.io/instancetype";
 /// Property: the preference, `[<kind>/]<name>`; the kind is
 /// `VirtualMachineClusterPreference` (default) or `VirtualMachinePreference`.
 pub const PROP_PREFERENCE: &str = "autonodes.io/preference";
-/// The API group and version of instance types and preferences.
-pub const INSTANCETYPE_API_VERSION: &str = "instancetype.kubevirt.io/v1beta1";
 /// The cluster-scoped instance type kind.
 pub const CLUSTER_INSTANCETYPE: &str = "VirtualMachineClusterInstancetype";
 /// The namespaced instance type kind.
@@ -44,11 +42,6 @@ impl Matcher {
     /// Whether the kind is cluster-scoped (else it lives in the VM's namespace).
     pub fn is_cluster_scoped(&self) -> bool {
         self.kind == CLUSTER_INSTANCETYPE || self.kind == CLUSTER_PREFERENCE
-    }
-
-    /// The plural resource name of the kind.
-    pub fn plural(&self) -> String {
-        format!("{}s", self.kind.to_lowercase())
     }
 }
 
@@ -190,7 +183,6 @@ mod tests {
         );
         let m = parse_instancetype("VirtualMachineInstancetype/small").expect("ok");
         assert!(!m.is_cluster_scoped());
-        assert_eq!(m.plural(), "virtualmachineinstancetypes");
         assert_eq!(
             parse_preference("ubuntu").expect("ok").kind,
             CLUSTER_PREFERENCE

@@ -668,25 +668,23 @@ async fn instancetype_capacity(
     vm: &DynamicObject,
     ns: &str,
 ) -> Option<(String, String)> {
-    let matcher = vm.data.pointer("/spec/instancetype")?;
-    let kind = matcher
-        .get("kind")
-        .and_then(Value::as_str)
-        .unwrap_or("VirtualMachineClusterInstancetype");
-    let name = matcher.get("name").and_then(Value::as_str)?;
-    let resource = kube::api::ApiResource {
-        group: "instancetype.kubevirt.io".into(),
-        version: "v1beta1".into(),
-        api_version: "instancetype.kubevirt.io/v1beta1".into(),
-        kind: kind.to_string(),
-        plural: format!("{}s", kind.to_lowercase()),
+    use autonodes_core::template::instancetype::{Matcher, CLUSTER_INSTANCETYPE};
+    let on_vm = vm.data.pointer("/spec/instancetype")?;
+    let it = Matcher {
+        kind: on_vm
+            .get("kind")
+            .and_then(Value::as_str)
+            .unwrap_or(CLUSTER_INSTANCETYPE)
+            .to_string(),
+        name: on_vm.get("name").and_then(Value::as_str)?.to_string(),
     };
-    let api: kube::Api<DynamicObject> = if kind == "VirtualMachineClusterInstancetype" {
+    let resource = crate::kubevirt::instancetype(&it.kind);
+    let api: kube::Api<DynamicObject> = if it.is_cluster_scoped() {
         kube::Api::all_with(ctx.host.clone(), &resource)
     } else {
         kube::Api::namespaced_with(ctx.host.clone(), ns, &resource)
     };
-    let found = api.get_opt(name).await.ok()??;
+    let found = api.get_opt(&it.name).await.ok()??;
     let cpu = found.data.pointer("/spec/cpu/guest")?.as_i64()?.to_string();
     let memory = found
         .data

@@ -17,8 +17,8 @@ use crate::api::{NodeType, NodeTypeHost, NodeTypePhase};
 use crate::clients::{remote_error_text, REMOTE_TIMEOUT};
 use crate::conditions::{self, status_of};
 use crate::scheduling::{self, ProviderContext, TypeProblem};
-use crate::template::instancetype::{instancetype_resources, Matcher, INSTANCETYPE_API_VERSION};
-use kube::api::{ApiResource, DynamicObject};
+use crate::template::instancetype::{instancetype_resources, Matcher};
+use kube::api::DynamicObject;
 
 /// Condition: the type can take claims.
 pub const READY: &str = "Ready";
@@ -59,13 +59,7 @@ async fn read_instancetype(
     let cluster = &p.spec.kube_virt.cluster_ref.cluster;
     let read = async {
         let remote = ctx.clients.host(cluster).await.map_err(|e| e.to_string())?;
-        let resource = ApiResource {
-            group: "instancetype.kubevirt.io".into(),
-            version: "v1beta1".into(),
-            api_version: INSTANCETYPE_API_VERSION.into(),
-            kind: it.kind.clone(),
-            plural: it.plural(),
-        };
+        let resource = crate::kubevirt::instancetype(&it.kind);
         let api: Api<DynamicObject> = if it.is_cluster_scoped() {
             Api::all_with(remote.client.clone(), &resource)
         } else {

@@ -145,30 +145,29 @@ pub(super) async fn schedule(claim: &NodeClaim, ctx: &Context) -> Result<Schedul
                     Some((cluster.as_str(), room))
                 })
                 .collect();
-            let room =
-                |t: &PreparedType| ClaimRoom::new(rooms.get(t.host_cluster.as_str())?, t, claim);
+            // The zone of each admitted type, as its admission found it.
+            let mut zones: HashMap<String, Option<String>> = HashMap::new();
             let admit = |t: &PreparedType| -> Result<(), NoFit> {
                 quota::admits(&quotas, &namespace, &used, t).map_err(|message| NoFit {
                     reason: scheduling::REASON_QUOTA_EXCEEDED,
                     message,
                 })?;
-                match room(t) {
-                    Some(r) => host_admits(ctx, t, &claim.spec, &request, ledger, &r),
-                    None => Ok(()),
-                }
+                let in_use = ledger.zone_counts(&t.name);
+                let room = rooms
+                    .get(t.host_cluster.as_str())
+                    .and_then(|r| ClaimRoom::new(r, t, claim));
+                let zone = match room {
+                    Some(r) => host_zone(ctx, t, &claim.spec, &request, ledger, &r)?,
+                    None => scheduling::zone_for(t, &claim.spec, &request, in_use),
+                };
+                zones.insert(t.name.clone(), zone);
+                Ok(())
             };
             let decision = scheduling::choose_within(&catalogue, &request, ledger.counts(), admit)
                 .cloned()
                 .map(|t| {
-                    let in_use = ledger.zone_counts(&t.name);
-                    let zone = match room(&t) {
-                        Some(r) => {
-                            scheduling::zone_for_where(&t, &claim.spec, &request, in_use, |z| {
-                                r.fits(ctx, ledger, Some(z))
-                            })
-                        }
-                        None => scheduling::zone_for(&t, &claim.spec, &request, in_use),
-                    };
+                    // A chosen type is one `admit` let through.
+                    let zone = zones.remove(&t.name).flatten();
                     (t, zone)
                 });
             if let Ok((t, zone)) = &decision {
@@ -259,16 +258,17 @@ async fn host_snapshots(
     hosts
 }
 
-/// Whether the host has room for a VM of `t` (in the zone the claim would get: its own, or
-/// one of the type's it may use): else `HostCapacityExhausted` saying what is missing.
-fn host_admits(
+/// The zone a VM of `t` goes to when the host has room for it (`None` for a type without
+/// zones): the claim's own zone, or the least-used one the type offers it that has room;
+/// else `HostCapacityExhausted` saying what is missing.
+fn host_zone(
     ctx: &Context,
     t: &PreparedType,
     claim: &NodeClaimSpec,
     request: &ClaimRequest,
     ledger: &ClaimedLedger,
     room: &ClaimRoom<'_>,
-) -> Result<(), NoFit> {
+) -> Result<Option<String>, NoFit> {
     let in_use = ledger.zone_counts(&t.name);
     let refused = |zone: Option<&str>| NoFit {
         reason: scheduling::REASON_HOST_CAPACITY_EXHAUSTED,
@@ -281,13 +281,13 @@ fn host_admits(
     };
     match scheduling::zone_for(t, claim, request, in_use) {
         // A type without zones: any host node.
-        None if room.fits(ctx, ledger, None) => Ok(()),
+        None if room.fits(ctx, ledger, None) => Ok(None),
         None => Err(refused(None)),
         // A zone: the claim's, or one the type offers it that has room.
         Some(first) => scheduling::zone_for_where(t, claim, request, in_use, |z| {
             room.fits(ctx, ledger, Some(z))
         })
-        .map(|_| ())
+        .map(Some)
         .ok_or_else(|| refused(Some(&first))),
     }
 }

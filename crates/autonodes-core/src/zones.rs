@@ -26,6 +26,16 @@ pub fn choose_zone(
     choose_zone_where(offer, requirements, in_use, |_| true)
 }
 
+/// The zones a zone property value lists (`zone-a` or `zone-a,zone-b`); `None` when it
+/// offers any zone (`*`).
+pub fn listed(offer: &str) -> Option<Vec<&str>> {
+    match Offer::parse(offer) {
+        Offer::One => Some(vec![offer.trim()]),
+        Offer::Several(zones) => Some(zones),
+        Offer::Any => None,
+    }
+}
+
 /// [`choose_zone`] among the zones `allowed` accepts (where the host has room for the VM).
 pub fn choose_zone_where(
     offer: Option<&str>,
@@ -38,10 +48,9 @@ pub fn choose_zone_where(
         let single = BTreeMap::from([(PROP_ZONE.to_string(), zone.to_string())]);
         requirements.iter().all(|r| r.matches(&single).is_ok())
     };
-    let candidates: Vec<&str> = match Offer::parse(offer_value) {
-        Offer::One => vec![offer_value.trim()],
-        Offer::Several(zones) => zones,
-        Offer::Any => requirements
+    let candidates: Vec<&str> = match listed(offer_value) {
+        Some(zones) => zones,
+        None => requirements
             .iter()
             .flat_map(|r| match &r.operator {
                 Operator::In(values) => values.iter().map(String::as_str).collect(),

@@ -15,8 +15,8 @@
 pub use autonodes_api as api;
 pub use autonodes_api::{conditions, crdgen, kubevirt};
 pub use autonodes_core::{
-    host_capacity, join, kubeconfig, kubeversion, ledger, names, orphans, quota, requirements,
-    resources, scheduling, template, userdata, vcluster, yaml, zones,
+    host_capacity, join, kubeconfig, kubeversion, ledger, names, orphans, quota, resources,
+    scheduling, template, userdata, vcluster, yaml, zones,
 };
 
 pub mod cli;

@@ -18,10 +18,9 @@ use crate::api::NodeTypeHost;
 use crate::api::{NodeClaim, LABEL_NODEPOOL};
 use crate::host_capacity::{self, Apart, Bound, HostModel, VmShape};
 use crate::ledger::ClaimedLedger;
-use crate::requirements::Offer;
 use crate::scheduling::{Catalogue, PreparedType};
 use crate::template::placement;
-use crate::zones::PROP_ZONE;
+use crate::zones::{self, PROP_ZONE};
 
 /// The most characters of a message shown in a NodeType's `status.host`.
 const MESSAGE_MAX: usize = 300;
@@ -210,12 +209,9 @@ pub fn type_host_status(t: &PreparedType, model: Result<&HostModel, &str>) -> No
 
 /// The zones a type lists (none for a type without zones or one offering any, `*`).
 fn type_zones(t: &PreparedType) -> Vec<String> {
-    let Some(value) = t.properties.get(PROP_ZONE) else {
-        return Vec::new();
-    };
-    match Offer::parse(value) {
-        Offer::One => vec![value.trim().to_string()],
-        Offer::Several(zones) => zones.into_iter().map(str::to_string).collect(),
-        Offer::Any => Vec::new(),
-    }
+    t.properties
+        .get(PROP_ZONE)
+        .and_then(|value| zones::listed(value))
+        .map(|zones| zones.into_iter().map(str::to_string).collect())
+        .unwrap_or_default()
 }

@@ -527,19 +527,7 @@ pub fn group_on_the_way<'a>(
         if !types.contains(t) || bound.uids.contains(uid) || zone.is_some_and(|w| z != Some(w)) {
             continue;
         }
-        let pool = c
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(LABEL_NODEPOOL))
-            .map(String::as_str);
-        let theirs = placement::group_labels(
-            scope,
-            c.metadata.namespace.as_deref().unwrap_or_default(),
-            &c.spec.v_cluster_ref.name,
-            pool,
-        );
-        if &theirs == group {
+        if &placement::claim_group(scope, c) == group {
             n += 1;
         }
     }

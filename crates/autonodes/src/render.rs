@@ -184,19 +184,12 @@ fn place_vm(
     properties: &crate::api::Properties,
 ) -> Result<(), TemplateError> {
     use template::placement;
-    let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
     let vcluster = claim.spec.v_cluster_ref.name.as_str();
-    let pool = claim
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(crate::api::LABEL_NODEPOOL))
-        .map(String::as_str);
-    placement::label_launcher_pod(vm, vcluster, pool, &t.name)?;
+    placement::label_launcher_pod(vm, vcluster, placement::claim_pool(claim), &t.name)?;
     let presets = placement::parse_placement(&t.properties)
         .map_err(|(property, message)| TemplateError::property(&t.name, property, message))?;
     if !presets.is_empty() {
-        let group = placement::group_labels(presets.scope, namespace, vcluster, pool);
+        let group = placement::claim_group(presets.scope, claim);
         placement::apply_placement(vm, &presets, &group, &t.name)?;
     }
     // A node in one zone runs on host nodes of that zone.

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use serde_json::{json, Map, Value};
 
 use super::TemplateError;
-use crate::api::{Properties, LABEL_NODECLAIM_NAMESPACE, LABEL_NODEPOOL};
+use crate::api::{NodeClaim, Properties, LABEL_NODECLAIM_NAMESPACE, LABEL_NODEPOOL};
 use crate::names::{is_label_value, is_qualified_name};
 use crate::zones::PROP_ZONE;
 
@@ -224,6 +224,27 @@ pub fn group_labels(
         labels.insert(LABEL_NODEPOOL.to_string(), crate::names::label_value(pool));
     }
     labels
+}
+
+/// The node pool a claim belongs to (its `autonodes.io/nodepool` label), if any.
+pub fn claim_pool(claim: &NodeClaim) -> Option<&str> {
+    claim
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(LABEL_NODEPOOL))
+        .map(String::as_str)
+}
+
+/// [`group_labels`] of a claim: its namespace, its tenant cluster (`vClusterRef`) and its
+/// pool ([`claim_pool`]).
+pub fn claim_group(scope: Scope, claim: &NodeClaim) -> BTreeMap<String, String> {
+    group_labels(
+        scope,
+        claim.metadata.namespace.as_deref().unwrap_or_default(),
+        &claim.spec.v_cluster_ref.name,
+        claim_pool(claim),
+    )
 }
 
 /// Puts the labels a group selector matches on the VM's launcher pod (its VMI template):

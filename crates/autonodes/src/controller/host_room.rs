@@ -14,8 +14,8 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{Node, Pod};
 
 use super::Context;
+use crate::api::NodeClaim;
 use crate::api::NodeTypeHost;
-use crate::api::{NodeClaim, LABEL_NODEPOOL};
 use crate::host_capacity::{self, Apart, Bound, HostModel, VmShape};
 use crate::ledger::ClaimedLedger;
 use crate::scheduling::{Catalogue, PreparedType};
@@ -105,19 +105,7 @@ impl<'a> ClaimRoom<'a> {
         let presets = placement::parse_placement(&t.properties).ok()?;
         let apart = match presets.vm_affinity {
             Some((true, placement::Strength::Hard)) => {
-                let pool = claim
-                    .metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get(LABEL_NODEPOOL))
-                    .map(String::as_str);
-                let group = placement::group_labels(
-                    presets.scope,
-                    claim.metadata.namespace.as_deref().unwrap_or_default(),
-                    &claim.spec.v_cluster_ref.name,
-                    pool,
-                );
-                Some((presets.scope, group))
+                Some((presets.scope, placement::claim_group(presets.scope, claim)))
             }
             _ => None,
         };

@@ -2,7 +2,9 @@
 //! deletion with live claims, and a controller killed mid-provisioning.
 
 mod common;
+mod opscommon;
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use autonodes::api::NodeProvider;
@@ -453,5 +455,85 @@ async fn a_node_type_removed_from_its_provider_is_kept_while_a_claim_uses_it_and
             .is_none(),
         "the provider stays"
     );
+    world.shutdown().await;
+}
+
+/// The controller process's `autonodes_kube_requests_total` for (`cluster`, `verb`,
+/// `resource`): all answers, and the 404s apart.
+async fn controller_requests(
+    addr: SocketAddr,
+    cluster: &str,
+    verb: &str,
+    resource: &str,
+) -> (u64, u64) {
+    let (code, text) = opscommon::http_get(addr, "/metrics")
+        .await
+        .expect("GET /metrics");
+    assert_eq!(code, 200, "GET /metrics: {text}");
+    let (mut all, mut not_found) = (0, 0);
+    for line in text.lines() {
+        let Some((labels, value)) = line
+            .strip_prefix("autonodes_kube_requests_total{")
+            .and_then(|l| l.rsplit_once("} "))
+        else {
+            continue;
+        };
+        let labels: std::collections::BTreeMap<&str, &str> = labels
+            .split(',')
+            .filter_map(|pair| pair.split_once('='))
+            .map(|(k, v)| (k, v.trim_matches('"')))
+            .collect();
+        let wanted = [("cluster", cluster), ("verb", verb), ("resource", resource)];
+        if !wanted.iter().all(|(k, v)| labels.get(k) == Some(v)) {
+            continue;
+        }
+        let n: u64 = value.trim().parse().expect("a count");
+        all += n;
+        if labels.get("code") == Some(&"404") {
+            not_found += n;
+        }
+    }
+    (all, not_found)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_claims_releases_each_finalizer_once_and_deletes_each_vm_once() {
+    let mut world = World::start_clusters(&WorldOptions::default()).await;
+    world.start_simulator(SimMode::Normal).await;
+    let port = autonodes_testenv::testenv::free_port().expect("free port");
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let _controller =
+        world.spawn_controller_process_on(1, env!("CARGO_BIN_EXE_autonodes"), &addr.to_string());
+    const N: u64 = 8;
+    let names: Vec<String> = (0..N).map(|i| format!("goes-{i}")).collect();
+    for name in &names {
+        world
+            .create_claim(serde_json::json!({"metadata": {"name": name}, "spec": {}}))
+            .await;
+    }
+    for name in &names {
+        world.wait_phase(name, "Available", WAIT).await;
+    }
+    let patches = controller_requests(addr, "management", "patch", "nodeclaims").await;
+    let vm_deletes = controller_requests(addr, "host", "delete", "virtualmachines").await;
+    for name in &names {
+        world.delete_claim(name).await;
+    }
+    for name in &names {
+        world.wait_claim_gone(name, WAIT).await;
+    }
+    assert!(world.vms().await.is_empty(), "every VM is gone");
+    // Each claim's finalizer is released by one patch: a reconcile woken before the store
+    // showed the claim gone does not send it again (it would be answered 404).
+    let (all, not_found) = controller_requests(addr, "management", "patch", "nodeclaims").await;
+    assert_eq!(
+        (all - patches.0, not_found - patches.1),
+        (N, 0),
+        "finalizer patches of {N} deleted claims (all, 404)"
+    );
+    // Each VM is deleted once: the reconcile after the delete reads the VM as marked deleted,
+    // not the cache's copy from before (which would drain and delete again).
+    let (all, _) = controller_requests(addr, "host", "delete", "virtualmachines").await;
+    assert_eq!(all - vm_deletes.0, N, "VM deletes of {N} deleted claims");
     world.shutdown().await;
 }

@@ -679,7 +679,14 @@ async fn teardown(vm: &DynamicObject, ns: &str, ctx: &Ctx) -> Result<Action, Sim
         .filter(|f| *f != FINALIZER && *f != "foregroundDeletion")
         .cloned()
         .collect();
+    let last = remaining.is_empty();
     set_finalizers(ctx, vm, ns, remaining).await?;
+    if last {
+        // The API server deleted the VM with its last finalizer and answered with the copy
+        // from before (no newer version to remember): a reconcile woken meanwhile must not
+        // find that copy and release the finalizer once more.
+        ctx.vms.deleted(vm);
+    }
     tracing::info!(vm = %format!("{ns}/{name}"), "VM torn down");
     Ok(Action::await_change())
 }

@@ -137,6 +137,14 @@ impl<'a> Host<'a> {
             self.vms(ns).delete(name, &DeleteParams::background()),
         )
         .await;
+        if let (Ok(answer), Some(cache)) = (&deleted, self.remote.host_cache()) {
+            // Still there (KubeVirt's finalizer holds it), now marked deleted: the next
+            // reconcile reads that, not the cache's copy from before, which would drain and
+            // delete again.
+            if let Some(vm) = answer.as_ref().left() {
+                cache.vms.wrote(ObservedVm::from_object(vm));
+            }
+        }
         ignore_not_found(deleted)
     }
 

@@ -226,6 +226,9 @@ pub struct Context {
     pub expected_claims: std::sync::Mutex<ClaimExpectations>,
     /// Claims as this process last wrote them, until the store catches up ([`Context::fresher`]).
     pub written: std::sync::Mutex<std::collections::HashMap<String, Written<NodeClaim>>>,
+    /// UIDs of deleted claims whose finalizer this process saw released
+    /// ([`Context::finalized`]).
+    pub finalized: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Since when each claim has had progress this process has not written yet, by UID
     /// ([`nodeclaim::status::STATUS_WRITE_GAP`]).
     pub status_pending: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
@@ -348,6 +351,27 @@ impl Context {
         if let Ok(mut pending) = self.status_pending.lock() {
             pending.remove(uid);
         }
+    }
+
+    /// True when this process saw the finalizer of the deleted claim `uid` released: a
+    /// reconcile of the store's older copy (woken by a watch event that came first) has
+    /// nothing left to do, and its patch to release the finalizer once more would only be
+    /// answered 404. `release` records it (a `true` answer).
+    pub fn finalized(&self, uid: &str, release: bool) -> bool {
+        let Ok(mut finalized) = self.finalized.lock() else {
+            return false;
+        };
+        if !release {
+            return finalized.contains(uid);
+        }
+        finalized.insert(uid.to_string());
+        // Now and then, forget claims the store no longer holds.
+        if finalized.len() % 256 == 0 {
+            let live: std::collections::HashSet<String> =
+                self.claims.state().iter().filter_map(|c| c.uid()).collect();
+            finalized.retain(|u| live.contains(u));
+        }
+        true
     }
 
     /// Since when the claim with `uid` has had progress not written yet (from now on, if
@@ -671,6 +695,7 @@ pub async fn run(
         wake_pools,
         expected_claims: Default::default(),
         written: Default::default(),
+        finalized: Default::default(),
         status_pending: Default::default(),
         type_status_written: Default::default(),
         instancetypes_read: Default::default(),

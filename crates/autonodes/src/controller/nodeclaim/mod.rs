@@ -86,6 +86,24 @@ pub struct Reservations {
 pub async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Action, Error> {
     let started = Instant::now();
     let claim = ctx.fresher(claim);
+    let deleted = claim
+        .metadata
+        .deletion_timestamp
+        .is_some()
+        .then(|| claim.uid())
+        .flatten();
+    if deleted
+        .as_deref()
+        .is_some_and(|uid| ctx.finalized(uid, false))
+    {
+        // Released already; the store still shows the claim from before.
+        ctx.metrics.observe_reconcile(
+            "nodeclaim",
+            started,
+            &Ok::<_, Error>(Action::await_change()),
+        );
+        return Ok(Action::await_change());
+    }
     let ns = claim.namespace().unwrap_or_default();
     let api: Api<NodeClaim> = Api::namespaced(ctx.client.clone(), &ns);
     let result = finalizer(&api, FINALIZER, claim, |event| async {
@@ -102,6 +120,11 @@ pub async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Actio
         Err(e) if e.is_gone() => Ok(Action::await_change()),
         r => r,
     };
+    // A deleted claim's reconcile that ended well leaves no finalizer of ours: the helper
+    // released it after the cleanup, or found it released.
+    if let (Ok(_), Some(uid)) = (&result, &deleted) {
+        ctx.finalized(uid, true);
+    }
     ctx.metrics.observe_reconcile("nodeclaim", started, &result);
     result
 }

@@ -8,7 +8,11 @@
 //!     status and Node, the Node's labels and the token's deletion — and, second, the same
 //!     with the two writes the simulator makes per claim as KubeVirt and the node lifecycle
 //!     controller do (KubeVirt's finalizer on the VM, the not-ready taint's removal), which
-//!     the minimal call set leaves out; each with the servers' and the client's CPU per claim;
+//!     the minimal call set leaves out; each with the servers' and the client's CPU per claim.
+//!     The replayed objects are those of one claim the product ran on these clusters first
+//!     (its status, Events, user-data Secret, VM, VMI and Node), renamed per claim, so each
+//!     replayed call carries what the product's carries; the small stand-in objects this
+//!     bench replayed before are replayed once more for comparison;
 //! (c) the **product**: N claims created at once with the real `autonodes run` binary and
 //!     the KubeVirt simulator booting VMs at once: time until all are Available, claims/s,
 //!     requests per claim (the API servers' `apiserver_request_total`, and the controller's
@@ -446,6 +450,258 @@ fn event(name: &str, reason: &str, i: usize) -> serde_json::Value {
     })
 }
 
+/// The placeholder name in the stand-in objects, replaced by each replayed claim's name.
+const STAND_IN: &str = "stand-in-claim";
+
+/// What a replayed claim writes: one set of objects, renamed for each claim.
+///
+/// [`Templates::sampled`] takes them from one claim the product ran on these clusters (its
+/// status, Events, user-data Secret and VM as the controller wrote them, the VMI, VM status
+/// and Node as the simulator wrote them), so that each replayed call carries what the
+/// product's call carries. [`Templates::stand_in`] are the small objects this bench replayed
+/// before it sampled the product's (a 2 KiB user-data Secret, a Node without status, a
+/// one-condition status), still printed for comparison.
+struct Templates {
+    /// Which objects these are, for the printed lines.
+    what: &'static str,
+    /// The names in the objects that become the replayed claim's name, longest first.
+    names: Vec<String>,
+    /// The claim's `status`, applied three times with the phase changed.
+    claim_status: serde_json::Value,
+    /// Events (each one's metadata, `regarding`, note and reason), replayed round robin.
+    events: Vec<serde_json::Value>,
+    /// The user-data Secret.
+    user_data: serde_json::Value,
+    /// The VirtualMachine as created (no finalizer).
+    vm: serde_json::Value,
+    /// The VirtualMachine's `status` as the simulator patches it.
+    vm_status: serde_json::Value,
+    /// The VirtualMachineInstance as the simulator creates it.
+    vmi: serde_json::Value,
+    /// The Node as registered (no taints: the API server adds the not-ready one).
+    node: serde_json::Value,
+    /// The labels the controller's Node patch writes.
+    node_labels: serde_json::Value,
+}
+
+/// Metadata a replayed object keeps of a sampled one: name, labels (with `bench: replay`,
+/// and `managed-by` no longer `autonodes`, so no product sweep or test helper counts it)
+/// and annotations.
+fn replay_meta(meta: &serde_json::Value) -> serde_json::Value {
+    let mut labels = meta["labels"].as_object().cloned().unwrap_or_default();
+    if labels.contains_key("app.kubernetes.io/managed-by") {
+        labels.insert(
+            "app.kubernetes.io/managed-by".into(),
+            "autonodes-replay".into(),
+        );
+    }
+    labels.insert("bench".into(), "replay".into());
+    let mut out = serde_json::json!({"name": meta["name"], "labels": labels});
+    if meta["annotations"].is_object() {
+        out["annotations"] = meta["annotations"].clone();
+    }
+    out
+}
+
+impl Templates {
+    /// The small stand-in objects of earlier versions of this bench.
+    fn stand_in() -> Templates {
+        let name = STAND_IN;
+        let status = status_patch("Pending")["status"].clone();
+        let node = serde_json::json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"bench": "replay", "kubernetes.io/hostname": name}},
+            "spec": {"providerID": format!("kubevirt://{name}")},
+        });
+        let vm = replay_vm(name);
+        Templates {
+            what: "small stand-in objects",
+            names: vec![name.to_string()],
+            claim_status: status,
+            events: ["Scheduled", "Launched", "Joined", "Available"]
+                .iter()
+                .map(|r| event(name, r, 0))
+                .collect(),
+            user_data: serde_json::json!({
+                "apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": format!("{name}-userdata"), "labels": {"bench": "replay"}},
+                "stringData": {"userdata": "#cloud-config\n".to_string() + &"x".repeat(2000)},
+            }),
+            vmi: serde_json::json!({
+                "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+                "metadata": {"name": name, "labels": {"bench": "replay"}},
+                "spec": vm["spec"]["template"]["spec"].clone(),
+                "status": {"phase": "Running", "nodeName": "kubevirt-host-0",
+                           "interfaces": [{"name": "default", "ipAddress": "10.0.0.1"}]},
+            }),
+            vm,
+            vm_status: serde_json::json!({"ready": true, "printableStatus": "Running"}),
+            node,
+            node_labels: serde_json::json!({
+                "autonodes.io/nodeclaim": name, "autonodes.io/node-type": "bench.small"}),
+        }
+    }
+
+    /// The objects of one claim the product ran on these clusters: a controller and the
+    /// simulator are started, the claim is created, read back once Available with
+    /// everything it made, then deleted; both stop again before any replay.
+    async fn sampled(world: &mut World) -> Templates {
+        let claim_name = "replay-sample";
+        world.start_simulator(SimMode::Normal).await;
+        let controller = Controller::start(world, 0).await;
+        world
+            .create_claim(serde_json::json!({"metadata": {"name": claim_name}, "spec": {}}))
+            .await;
+        let claim = world
+            .wait_phase(claim_name, "Available", Duration::from_secs(120))
+            .await;
+        let status = claim.status.clone().expect("status");
+        let vm_ns = status.vm_namespace.clone().expect("VM namespace");
+        let vm_name = status.vm_name.clone().expect("VM name");
+        let node_name = status.node_name.clone().expect("Node name");
+        let dynamic = |client: &kube::Client, ar: &kube::api::ApiResource| {
+            Api::<DynamicObject>::namespaced_with(client.clone(), &vm_ns, ar)
+        };
+        let value = |v: DynamicObject| serde_json::to_value(v).expect("JSON");
+        let vm = value(
+            dynamic(&world.host, &autonodes::kubevirt::virtual_machine())
+                .get(&vm_name)
+                .await
+                .expect("the sample's VM"),
+        );
+        let vmi = value(
+            dynamic(
+                &world.host,
+                &autonodes::kubevirt::virtual_machine_instance(),
+            )
+            .get(&vm_name)
+            .await
+            .expect("the sample's VMI"),
+        );
+        let secret = serde_json::to_value(
+            Api::<Secret>::namespaced(world.host.clone(), &vm_ns)
+                .get(&format!("{vm_name}-userdata"))
+                .await
+                .expect("the sample's user-data Secret"),
+        )
+        .expect("JSON");
+        let node = serde_json::to_value(
+            Api::<Node>::all(world.tenant.clone())
+                .get(&node_name)
+                .await
+                .expect("the sample's Node"),
+        )
+        .expect("JSON");
+        let events: Vec<serde_json::Value> =
+            Api::<k8s_openapi::api::events::v1::Event>::namespaced(world.mgmt.clone(), NS)
+                .list(&ListParams::default())
+                .await
+                .expect("events listed")
+                .items
+                .into_iter()
+                .filter(|e| {
+                    e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(claim_name)
+                })
+                .map(|e| {
+                    let mut v = serde_json::to_value(e).expect("JSON");
+                    v["metadata"] = serde_json::json!({});
+                    v["regarding"]["namespace"] = REPLAY_NS.into();
+                    v
+                })
+                .collect();
+        assert!(!events.is_empty(), "the sample claim got no Event");
+        world.delete_claim(claim_name).await;
+        world
+            .wait_claim_gone(claim_name, Duration::from_secs(120))
+            .await;
+        drop(controller);
+        world.stop_simulator().await;
+
+        let mut node_meta = replay_meta(&node["metadata"]);
+        let labels = node_meta["labels"].as_object_mut().expect("labels");
+        let node_labels: serde_json::Map<String, serde_json::Value> = labels
+            .iter()
+            .filter(|(k, _)| k.starts_with("autonodes.io/"))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        labels.retain(|k, _| !k.starts_with("autonodes.io/"));
+        let mut node_spec = node["spec"].clone();
+        if let Some(spec) = node_spec.as_object_mut() {
+            spec.remove("taints");
+        }
+        let mut names = vec![vm_name.clone(), node_name, claim_name.to_string()];
+        names.sort_by_key(|n| std::cmp::Reverse(n.len()));
+        names.dedup();
+        Templates {
+            what: "the objects of a product claim",
+            names,
+            claim_status: serde_json::to_value(&status).expect("JSON"),
+            events,
+            user_data: serde_json::json!({
+                "apiVersion": "v1", "kind": "Secret",
+                "metadata": replay_meta(&secret["metadata"]),
+                "type": secret["type"], "data": secret["data"],
+            }),
+            vm: serde_json::json!({
+                "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+                "metadata": replay_meta(&vm["metadata"]), "spec": vm["spec"],
+            }),
+            vm_status: vm["status"].clone(),
+            vmi: serde_json::json!({
+                "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+                "metadata": replay_meta(&vmi["metadata"]),
+                "spec": vmi["spec"], "status": vmi["status"],
+            }),
+            node: serde_json::json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": node_meta, "spec": node_spec, "status": node["status"],
+            }),
+            node_labels: serde_json::Value::Object(node_labels),
+        }
+    }
+
+    /// `v` with the sample's names replaced by `name`.
+    fn for_claim<T: serde::de::DeserializeOwned>(&self, v: &serde_json::Value, name: &str) -> T {
+        let mut text = v.to_string();
+        for n in &self.names {
+            text = text.replace(n.as_str(), name);
+        }
+        serde_json::from_str(&text).expect("a renamed object")
+    }
+
+    /// The claim's status apply with `phase`.
+    fn status(&self, phase: &str) -> serde_json::Value {
+        let mut status = self.claim_status.clone();
+        status["phase"] = phase.into();
+        serde_json::json!({
+            "apiVersion": "autonodes.io/v1alpha1", "kind": "NodeClaim", "status": status,
+        })
+    }
+
+    /// The `k`th Event of the claim `name`.
+    fn event(&self, name: &str, k: usize) -> DynamicObject {
+        let mut e: serde_json::Value = self.for_claim(&self.events[k % self.events.len()], name);
+        e["apiVersion"] = "events.k8s.io/v1".into();
+        e["kind"] = "Event".into();
+        e["metadata"] = serde_json::json!({"name": format!("{name}.{k}"), "namespace": REPLAY_NS});
+        serde_json::from_value(e).expect("an Event")
+    }
+
+    /// The byte sizes of what one replayed claim writes, for the printed line.
+    fn sizes(&self) -> String {
+        let len = |v: &serde_json::Value| v.to_string().len();
+        format!(
+            "user-data Secret {} B, VM {} B, VMI {} B, Node {} B, status {} B, Event {} B",
+            len(&self.user_data),
+            len(&self.vm),
+            len(&self.vmi),
+            len(&self.node),
+            len(&self.claim_status),
+            self.events.iter().map(len).sum::<usize>() / self.events.len().max(1),
+        )
+    }
+}
+
 /// Which calls a replayed claim makes.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum CallSet {
@@ -472,7 +728,7 @@ impl CallSet {
 const KUBEVIRT_FINALIZER: &str = "kubevirt.io/virtualMachineControllerFinalize";
 
 /// One claim's call set, in order.
-async fn replay_claim(world: &World, i: usize, calls: CallSet) {
+async fn replay_claim(world: &World, i: usize, calls: CallSet, t: &Templates) {
     let name = format!("r-{i:05}");
     let pp = PostParams::default();
     let claims: Api<DynamicObject> = Api::namespaced_with(
@@ -501,7 +757,6 @@ async fn replay_claim(world: &World, i: usize, calls: CallSet) {
     let apply = PatchParams::apply("autonodes-replay").force();
     let dynamic =
         |v: serde_json::Value| -> DynamicObject { serde_json::from_value(v).expect("object") };
-    let ev = |reason: &str, n: usize| dynamic(event(&name, reason, n));
 
     claims
         .create(
@@ -524,18 +779,14 @@ async fn replay_claim(world: &World, i: usize, calls: CallSet) {
         .await
         .expect("finalizer patch");
     claims
-        .patch_status(&name, &apply, &Patch::Apply(status_patch("Pending")))
+        .patch_status(&name, &apply, &Patch::Apply(t.status("Pending")))
         .await
         .expect("status 1");
     events
-        .create(&pp, &ev("Scheduled", 1))
+        .create(&pp, &t.event(&name, 0))
         .await
         .expect("event 1");
-    let userdata: Secret = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": format!("{name}-userdata"), "labels": {"bench": "replay"}},
-        "stringData": {"userdata": "#cloud-config\n".to_string() + &"x".repeat(2000)},
-    }))
-    .expect("user data");
+    let userdata: Secret = t.for_claim(&t.user_data, &name);
     host_secrets
         .create(&pp, &userdata)
         .await
@@ -553,9 +804,8 @@ async fn replay_claim(world: &World, i: usize, calls: CallSet) {
     }))
     .expect("token");
     tokens.create(&pp, &token).await.expect("token");
-    vms.create(&pp, &dynamic(replay_vm(&name)))
-        .await
-        .expect("vm");
+    let vm: DynamicObject = t.for_claim(&t.vm, &name);
+    vms.create(&pp, &vm).await.expect("vm");
     if calls == CallSet::WithSimulatorDuties {
         let add: json_patch::Patch = serde_json::from_value(serde_json::json!([
             {"op": "add", "path": "/metadata/finalizers", "value": [KUBEVIRT_FINALIZER]},
@@ -566,38 +816,25 @@ async fn replay_claim(world: &World, i: usize, calls: CallSet) {
             .expect("vm finalizer");
     }
     claims
-        .patch_status(&name, &apply, &Patch::Apply(status_patch("Provisioning")))
+        .patch_status(&name, &apply, &Patch::Apply(t.status("Provisioning")))
         .await
         .expect("status 2");
     events
-        .create(&pp, &ev("Launched", 2))
+        .create(&pp, &t.event(&name, 1))
         .await
         .expect("event 2");
     // The simulator: the VMI, the VM's status, the Node.
-    vmis.create(
-        &pp,
-        &dynamic(serde_json::json!({
-            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
-            "metadata": {"name": name, "labels": {"bench": "replay"}},
-            "spec": replay_vm(&name)["spec"]["template"]["spec"].clone(),
-            "status": {"phase": "Running", "nodeName": "kubevirt-host-0",
-                       "interfaces": [{"name": "default", "ipAddress": "10.0.0.1"}]},
-        })),
-    )
-    .await
-    .expect("vmi");
+    let vmi: DynamicObject = t.for_claim(&t.vmi, &name);
+    vmis.create(&pp, &vmi).await.expect("vmi");
+    let vm_status: serde_json::Value = t.for_claim(&t.vm_status, &name);
     vms.patch_status(
         &name,
         &PatchParams::default(),
-        &Patch::Merge(serde_json::json!({"status": {"ready": true, "printableStatus": "Running"}})),
+        &Patch::Merge(serde_json::json!({ "status": vm_status })),
     )
     .await
     .expect("vm status");
-    let node: Node = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": name, "labels": {"bench": "replay", "kubernetes.io/hostname": name}},
-        "spec": {"providerID": format!("kubevirt://{name}")},
-    }))
-    .expect("node");
+    let node: Node = t.for_claim(&t.node, &name);
     nodes.create(&pp, &node).await.expect("node");
     if calls == CallSet::WithSimulatorDuties {
         // The API server put the not-ready taint on the new Node (its only taint here).
@@ -612,12 +849,12 @@ async fn replay_claim(world: &World, i: usize, calls: CallSet) {
             .expect("not-ready taint removed");
     }
     // The controller: the Node's labels, the token's deletion, Ready.
+    let labels: serde_json::Value = t.for_claim(&t.node_labels, &name);
     nodes
         .patch(
             &name,
             &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"metadata": {"labels": {
-                "autonodes.io/nodeclaim": name, "autonodes.io/node-type": "bench.small"}}})),
+            &Patch::Merge(serde_json::json!({ "metadata": { "labels": labels } })),
         )
         .await
         .expect("node labels");
@@ -629,12 +866,15 @@ async fn replay_claim(world: &World, i: usize, calls: CallSet) {
         .await
         .expect("token deleted");
     claims
-        .patch_status(&name, &apply, &Patch::Apply(status_patch("Available")))
+        .patch_status(&name, &apply, &Patch::Apply(t.status("Available")))
         .await
         .expect("status 3");
-    events.create(&pp, &ev("Joined", 3)).await.expect("event 3");
     events
-        .create(&pp, &ev("Available", 4))
+        .create(&pp, &t.event(&name, 2))
+        .await
+        .expect("event 3");
+    events
+        .create(&pp, &t.event(&name, 3))
         .await
         .expect("event 4");
 }
@@ -646,7 +886,7 @@ struct Replay {
     cpu_ms_per_claim: f64,
 }
 
-async fn replay_bound(world: &World, n: usize, calls: CallSet) -> Replay {
+async fn replay_bound(world: &World, n: usize, calls: CallSet, t: &Templates) -> Replay {
     for client in [&world.mgmt, &world.host] {
         ensure_namespace(client, REPLAY_NS)
             .await
@@ -655,18 +895,38 @@ async fn replay_bound(world: &World, n: usize, calls: CallSet) -> Replay {
     let cpu_before = server_cpu_by_process(world);
     let bench_cpu_before = cpu_seconds(std::process::id());
     let started = Instant::now();
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
+    let run = format!(
+        "replay{}-{n}-{}-{}",
+        RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        if calls == CallSet::Minimal {
+            "minimal"
+        } else {
+            "duties"
+        },
+        if t.names.iter().any(|n| n == STAND_IN) {
+            "stand-in"
+        } else {
+            "sampled"
+        },
+    );
+    let mut profiles = profile_servers(world, &run, (n as u64 / 50).clamp(5, 30));
     futures::stream::iter(0..n)
-        .map(|i| replay_claim(world, i, calls))
+        .map(|i| replay_claim(world, i, calls, t))
         .buffer_unordered(IN_FLIGHT)
         .collect::<Vec<_>>()
         .await;
     let rate = n as f64 / started.elapsed().as_secs_f64();
     let used = cpu_used(&server_cpu_by_process(world), &cpu_before);
+    for p in profiles.iter_mut() {
+        let _ = p.wait();
+    }
     let bench_cpu = cpu_seconds(std::process::id()) - bench_cpu_before;
     let server_ms = used.values().sum::<f64>() * 1000.0 / n as f64;
     println!(
-        "    {}, N = {n}: API-server + etcd CPU {server_ms:.0} ms per claim ({}), client {:.1} ms per claim",
+        "    {} ({}), N = {n}: API-server + etcd CPU {server_ms:.0} ms per claim ({}), client {:.1} ms per claim",
         calls.label(),
+        t.what,
         cpu_split(&used, n as f64),
         bench_cpu * 1000.0 / n as f64
     );
@@ -1112,11 +1372,16 @@ fn main() {
         let secrets = secret_bound(&world).await;
         println!();
         println!("(a) Secret write bound:            {secrets:.0} creates/s (2 KiB, {IN_FLIGHT} in flight, {SECRETS})");
+        let sampled = Templates::sampled(&mut world).await;
+        let stand_in = Templates::stand_in();
+        println!("    replayed objects, {}: {}", sampled.what, sampled.sizes());
+        println!("    ({} of earlier versions of this bench: {})", stand_in.what, stand_in.sizes());
         let mut replays = Vec::new();
+        let mut small = Vec::new();
         for &n in &sizes {
             let mut pair = Vec::new();
             for calls in [CallSet::Minimal, CallSet::WithSimulatorDuties] {
-                let r = replay_bound(&world, n, calls).await;
+                let r = replay_bound(&world, n, calls, &sampled).await;
                 println!(
                     "(b) {}, N = {n}:{}{:.1} claims/s ({:.0} Secret-creates' worth per claim)",
                     calls.label(),
@@ -1127,6 +1392,12 @@ fn main() {
                 pair.push(r);
             }
             replays.push([pair[0], pair[1]]);
+            let r = replay_bound(&world, n, CallSet::Minimal, &stand_in).await;
+            println!(
+                "    for comparison, the replay bound with {}, N = {n}: {:.1} claims/s",
+                stand_in.what, r.claims_per_s
+            );
+            small.push(r.claims_per_s);
         }
         world.start_simulator(SimMode::Normal).await;
         let (seen, watch) = watch_claims(&world);
@@ -1144,7 +1415,7 @@ fn main() {
         println!();
         let mut after = Vec::new();
         for &n in &sizes {
-            let r = replay_bound(&world, n, CallSet::Minimal).await;
+            let r = replay_bound(&world, n, CallSet::Minimal, &sampled).await;
             println!(
                 "(b) replay bound again, after the product runs, N = {n}: {:.1} claims/s",
                 r.claims_per_s
@@ -1154,16 +1425,20 @@ fn main() {
         world.shutdown().await;
         println!();
         let mut last = None;
-        for (((&n, pair), after), product) in sizes.iter().zip(&replays).zip(&after).zip(&products) {
+        for ((((&n, pair), after), product), small) in
+            sizes.iter().zip(&replays).zip(&after).zip(&products).zip(&small)
+        {
             let before = pair[0].claims_per_s;
             let mean = (before + after.claims_per_s) / 2.0;
             println!(
                 "N = {n}: product {product:.1} claims/s; ÷ replay bound before {:.2}, after {:.2}, \
-                 mean {:.2}; ÷ replay + simulator duties {:.2}",
+                 mean {:.2}; ÷ replay + simulator duties {:.2}; ÷ the replay of {} {:.2}",
                 product / before,
                 product / after.claims_per_s,
                 product / mean,
                 product / pair[1].claims_per_s,
+                stand_in.what,
+                product / small,
             );
             last = Some((n, product / mean, product / pair[1].claims_per_s));
         }

@@ -1,5 +1,6 @@
 //! The paths that are not the happy one, on real API servers: timeouts, bad input, provider
-//! deletion with live claims, and a controller killed mid-provisioning.
+//! deletion with live claims, a controller killed mid-provisioning, and the calls a deletion
+//! makes (each once).
 
 mod common;
 mod opscommon;

@@ -484,6 +484,11 @@ struct Templates {
     node_labels: serde_json::Value,
 }
 
+/// `v` as JSON.
+fn json(v: impl serde::Serialize) -> serde_json::Value {
+    serde_json::to_value(v).expect("an object serializes to JSON")
+}
+
 /// Metadata a replayed object keeps of a sampled one: name, labels (with `bench: replay`,
 /// and `managed-by` no longer `autonodes`, so no product sweep or test helper counts it)
 /// and annotations.
@@ -562,14 +567,13 @@ impl Templates {
         let dynamic = |client: &kube::Client, ar: &kube::api::ApiResource| {
             Api::<DynamicObject>::namespaced_with(client.clone(), &vm_ns, ar)
         };
-        let value = |v: DynamicObject| serde_json::to_value(v).expect("JSON");
-        let vm = value(
+        let vm = json(
             dynamic(&world.host, &autonodes::kubevirt::virtual_machine())
                 .get(&vm_name)
                 .await
                 .expect("the sample's VM"),
         );
-        let vmi = value(
+        let vmi = json(
             dynamic(
                 &world.host,
                 &autonodes::kubevirt::virtual_machine_instance(),
@@ -578,20 +582,18 @@ impl Templates {
             .await
             .expect("the sample's VMI"),
         );
-        let secret = serde_json::to_value(
+        let secret = json(
             Api::<Secret>::namespaced(world.host.clone(), &vm_ns)
-                .get(&format!("{vm_name}-userdata"))
+                .get(&autonodes::template::user_data_secret_name(&vm_name))
                 .await
                 .expect("the sample's user-data Secret"),
-        )
-        .expect("JSON");
-        let node = serde_json::to_value(
+        );
+        let node = json(
             Api::<Node>::all(world.tenant.clone())
                 .get(&node_name)
                 .await
                 .expect("the sample's Node"),
-        )
-        .expect("JSON");
+        );
         let events: Vec<serde_json::Value> =
             Api::<k8s_openapi::api::events::v1::Event>::namespaced(world.mgmt.clone(), NS)
                 .list(&ListParams::default())
@@ -603,7 +605,7 @@ impl Templates {
                     e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(claim_name)
                 })
                 .map(|e| {
-                    let mut v = serde_json::to_value(e).expect("JSON");
+                    let mut v = json(e);
                     v["metadata"] = serde_json::json!({});
                     v["regarding"]["namespace"] = REPLAY_NS.into();
                     v
@@ -635,7 +637,7 @@ impl Templates {
         Templates {
             what: "the objects of a product claim",
             names,
-            claim_status: serde_json::to_value(&status).expect("JSON"),
+            claim_status: json(&status),
             events,
             user_data: serde_json::json!({
                 "apiVersion": "v1", "kind": "Secret",

@@ -104,7 +104,7 @@ pub struct MachinePoolSpec {
     /// directions: a write here (e.g. the autoscaler's PUT on `/scale`) becomes the
     /// NodePool's, and a `kubectl scale npool` shows here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0))]
+    #[schemars(range(min = 0, max = crate::nodepool::MAX_REPLICAS))]
     pub replicas: Option<i32>,
     /// What the pool's Machines look like, shaped like Cluster API's MachineTemplateSpec
     /// (without `spec.infrastructureRef`).
@@ -304,7 +304,7 @@ pub struct MachineSetSpec {
     pub cluster_name: String,
     /// Desired number of machines.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0))]
+    #[schemars(range(min = 0, max = crate::nodepool::MAX_REPLICAS))]
     pub replicas: Option<i32>,
     /// Label selector of the set's Machines.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -243,7 +243,7 @@ impl std::str::FromStr for DurationOrNever {
 /// A Go duration without a sign: `0`, or numbers (decimals allowed) each followed by a
 /// unit (`ns`, `us`, `µs`, `μs`, `ms`, `s`, `m`, `h`). Never panics: a value too large for a
 /// `Duration` is an error.
-fn parse_go_duration(s: &str) -> Result<std::time::Duration, &'static str> {
+pub fn parse_go_duration(s: &str) -> Result<std::time::Duration, &'static str> {
     if s == "0" {
         return Ok(std::time::Duration::ZERO);
     }

@@ -48,6 +48,10 @@ pub const LABEL_NODECLAIM: &str = "autonodes.io/nodeclaim";
 pub const LABEL_NODECLAIM_NAMESPACE: &str = "autonodes.io/nodeclaim-namespace";
 /// Label holding the UID of the NodeClaim an object was created for.
 pub const LABEL_NODECLAIM_UID: &str = "autonodes.io/nodeclaim-uid";
+/// Label holding the id of the autonodes installation that created an object on a host or
+/// tenant cluster (`--installation-id`): only that installation sweeps, adopts or deletes
+/// it, so two installations sharing a host namespace leave each other's objects alone.
+pub const LABEL_INSTALLATION: &str = "autonodes.io/installation";
 /// Label naming the NodePool a NodeClaim belongs to.
 pub const LABEL_NODEPOOL: &str = "autonodes.io/nodepool";
 /// Key of the host kubeconfig in its Secret.

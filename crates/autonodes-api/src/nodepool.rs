@@ -10,6 +10,11 @@ use serde::{Deserialize, Serialize};
 
 use super::common::*;
 
+/// The most replicas a NodePool (and a `capi.autonodes.io` MachinePool or MachineSet) may
+/// ask for: the CRDs refuse more. How many claims a namespace holds is bounded apart from
+/// it, by the controller's `--max-claims-per-namespace` and the namespace's NodeQuotas.
+pub const MAX_REPLICAS: i32 = 1000;
+
 /// A pool of nodes for one tenant cluster: a claim template plus either a static
 /// `replicas` count (driven by `kubectl scale`, HPA or KEDA through the scale subresource)
 /// or `limits` for demand-driven growth from the tenant's unschedulable pods.
@@ -77,9 +82,10 @@ pub struct NodePoolSpec {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(schema_with = "crate::schema::string_map")]
     pub kubelet_args: BTreeMap<String, String>,
-    /// Static pool: how many nodes to keep. Absent for a dynamic pool driven by `limits`.
+    /// Static pool: how many nodes to keep, at most 1000. Absent for a dynamic pool driven
+    /// by `limits`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0))]
+    #[schemars(range(min = 0, max = MAX_REPLICAS))]
     pub replicas: Option<i32>,
     /// Dynamic pool: the most the pool may grow to, by resource: `nodes`, `cpu`, `memory`,
     /// `pods` or an extended resource such as `nvidia.com/gpu`; values are quantities,
@@ -184,10 +190,10 @@ pub struct Budget {
 #[serde(rename_all = "camelCase")]
 pub struct Autoscaling {
     /// Fewest replicas the autoscaler may set.
-    #[schemars(range(min = 0))]
+    #[schemars(range(min = 0, max = MAX_REPLICAS))]
     pub min_replicas: i32,
-    /// Most replicas the autoscaler may set.
-    #[schemars(range(min = 1))]
+    /// Most replicas the autoscaler may set, at most 1000.
+    #[schemars(range(min = 1, max = MAX_REPLICAS))]
     pub max_replicas: i32,
 }
 

@@ -136,6 +136,9 @@ names! {
         TenantForbidden,
         /// The host's API server refused the VirtualMachine.
         VirtualMachineRejected,
+        /// A VirtualMachine or user-data Secret with the claim's VM name exists on the host
+        /// and belongs to another claim or installation: autonodes leaves it alone.
+        NameTaken,
         /// The user data exceeds what a Secret may hold.
         UserDataTooLarge,
         /// The user data cannot be rendered.
@@ -258,6 +261,14 @@ names! {
         WithinLimits,
         /// `LimitReached=True`: pending pods need nodes beyond `spec.limits`.
         LimitReached,
+        /// `LimitReached=True`: the pool's namespace holds as many claims as the
+        /// controller allows one namespace (`--max-claims-per-namespace`); the pool creates
+        /// no more until it holds fewer.
+        NamespaceClaimLimit,
+        /// `LimitReached=True`: a NodeQuota covering the pool's namespace limits `nodes`,
+        /// and the namespace's claims reached it; the pool creates no more until they are
+        /// fewer.
+        QuotaExceeded,
         /// `Autoscaling=True`: the MachinePool mirrors the pool.
         MachinePoolMirrored,
         /// `Autoscaling=False`: `spec.autoscaling` has bounds the autoscaler cannot use.

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use crate::api::{LABEL_MANAGED_BY, LABEL_NODECLAIM_UID, MANAGED_BY};
+use crate::api::{LABEL_INSTALLATION, LABEL_MANAGED_BY, LABEL_NODECLAIM_UID, MANAGED_BY};
 
 /// Kinds of objects the sweep removes (the `kind` label of
 /// `autonodes_orphans_removed_total`).
@@ -61,14 +61,24 @@ pub struct Found {
     pub labels: BTreeMap<String, String>,
 }
 
-/// The objects that autonodes made (managed-by label) for a claim (claim-UID label) whose
-/// UID is not in `live_claims`. `live_claims` must be listed after `found`: an object can
-/// only exist once its claim does, so a claim missing from a later list is gone. Objects
-/// without the claim-UID label are never picked (autonodes did not make them for a claim).
-pub fn orphans<'a>(found: &'a [Found], live_claims: &HashSet<String>) -> Vec<&'a Found> {
+/// The objects that this installation of autonodes made (managed-by label, and
+/// [`LABEL_INSTALLATION`] equal to `installation`) for a claim (claim-UID label) whose UID
+/// is not in `live_claims`. `live_claims` must be listed after `found`: an object can only
+/// exist once its claim does, so a claim missing from a later list is gone. Objects without
+/// the claim-UID label are never picked (autonodes did not make them for a claim), nor are
+/// those of another installation (its claims live in another management cluster, or another
+/// namespace of it) or without an installation label (made before installations were
+/// labelled: removed by hand, see the README).
+pub fn orphans<'a>(
+    found: &'a [Found],
+    live_claims: &HashSet<String>,
+    installation: &str,
+) -> Vec<&'a Found> {
+    let installation = crate::names::label_value(installation);
     found
         .iter()
         .filter(|f| f.labels.get(LABEL_MANAGED_BY).map(String::as_str) == Some(MANAGED_BY))
+        .filter(|f| f.labels.get(LABEL_INSTALLATION) == Some(&installation))
         .filter(|f| {
             f.labels
                 .get(LABEL_NODECLAIM_UID)
@@ -95,38 +105,53 @@ mod tests {
     }
 
     #[test]
-    fn only_managed_objects_of_vanished_claims_are_orphans() {
+    fn only_managed_objects_of_vanished_claims_of_this_installation_are_orphans() {
         let m = (LABEL_MANAGED_BY, MANAGED_BY);
+        let i = (LABEL_INSTALLATION, "prod");
         let objects = [
             found(
                 OrphanKind::VirtualMachine,
                 "live",
-                &[m, (LABEL_NODECLAIM_UID, "u1")],
+                &[m, i, (LABEL_NODECLAIM_UID, "u1")],
             ),
             found(
                 OrphanKind::VirtualMachine,
                 "gone",
-                &[m, (LABEL_NODECLAIM_UID, "u2")],
+                &[m, i, (LABEL_NODECLAIM_UID, "u2")],
             ),
             found(
                 OrphanKind::UserDataSecret,
                 "gone-userdata",
-                &[m, (LABEL_NODECLAIM_UID, "u2")],
+                &[m, i, (LABEL_NODECLAIM_UID, "u2")],
             ),
             found(
                 OrphanKind::VirtualMachine,
                 "someone-elses",
                 &[(LABEL_NODECLAIM_UID, "u3")],
             ),
-            found(OrphanKind::BootstrapToken, "no-uid", &[m]),
+            found(OrphanKind::BootstrapToken, "no-uid", &[m, i]),
+            found(
+                OrphanKind::VirtualMachine,
+                "staging",
+                &[
+                    m,
+                    (LABEL_INSTALLATION, "staging"),
+                    (LABEL_NODECLAIM_UID, "u2"),
+                ],
+            ),
+            found(
+                OrphanKind::VirtualMachine,
+                "unlabelled-installation",
+                &[m, (LABEL_NODECLAIM_UID, "u2")],
+            ),
             found(
                 OrphanKind::BootstrapToken,
                 "empty-uid",
-                &[m, (LABEL_NODECLAIM_UID, "")],
+                &[m, i, (LABEL_NODECLAIM_UID, "")],
             ),
         ];
         let live = HashSet::from(["u1".to_string()]);
-        let names: Vec<&str> = orphans(&objects, &live)
+        let names: Vec<&str> = orphans(&objects, &live, "prod")
             .iter()
             .map(|f| f.name.as_str())
             .collect();

@@ -9,6 +9,8 @@
 //! - [`repair`]: which claims whose node stopped being Ready are replaced, and when the
 //!   pool stops repairing (more than a fifth unhealthy);
 //! - [`plan`]: the claims of a pool to delete and create (scale, replace, roll);
+//! - [`limits`]: how many claims one reconcile may create (a batch, the namespace's cap,
+//!   its NodeQuotas' `nodes`);
 //! - [`pack`]: pending pods packed onto the room of existing nodes and onto new nodes of the
 //!   cheapest accepting type, within the pool's limits;
 //! - [`dynamic`]: a dynamic pool's new claims for pending pods (by weight among the
@@ -28,6 +30,7 @@ pub mod consolidate;
 pub mod do_not_disrupt;
 pub mod dynamic;
 pub mod expectations;
+pub mod limits;
 pub mod pack;
 pub mod plan;
 pub mod reconcile;

@@ -187,6 +187,27 @@ pub fn admits(
         .try_for_each(|q| q.admits(t, used, namespace))
 }
 
+/// The tightest `nodes` limit of the quotas covering `namespace`, with the quota's name:
+/// how many claims the namespace may hold. A quota whose limits cannot be read limits
+/// `nodes` to 0 (a broken limit never lets claims through).
+pub fn nodes_limit<'q>(quotas: &'q [PreparedQuota], namespace: &str) -> Option<(&'q str, usize)> {
+    quotas
+        .iter()
+        .filter(|q| q.covers(namespace))
+        .filter_map(|q| {
+            let nodes = if q.problem.is_some() {
+                0
+            } else {
+                q.spec
+                    .limits
+                    .contains_key(NODES)
+                    .then(|| usize::try_from(q.limits.milli(NODES) / 1000).unwrap_or(usize::MAX))?
+            };
+            Some((q.name.as_str(), nodes))
+        })
+        .min_by_key(|(_, nodes)| *nodes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -215,6 +236,33 @@ mod tests {
 
     fn quota(spec: serde_json::Value) -> PreparedQuota {
         PreparedQuota::new("team", &serde_json::from_value(spec).expect("quota spec"))
+    }
+
+    #[test]
+    fn the_tightest_nodes_limit_of_the_quotas_covering_a_namespace_bounds_its_claims() {
+        let quotas = [
+            PreparedQuota::new(
+                "wide",
+                &serde_json::from_value(json!({"limits": {"nodes": "10"}})).expect("spec"),
+            ),
+            PreparedQuota::new(
+                "narrow",
+                &serde_json::from_value(json!({"namespaces": ["a"], "limits": {"nodes": "3"}}))
+                    .expect("spec"),
+            ),
+            PreparedQuota::new(
+                "cpu-only",
+                &serde_json::from_value(json!({"limits": {"cpu": "1"}})).expect("spec"),
+            ),
+        ];
+        assert_eq!(nodes_limit(&quotas, "a"), Some(("narrow", 3)));
+        assert_eq!(nodes_limit(&quotas, "b"), Some(("wide", 10)));
+        assert_eq!(nodes_limit(&quotas[2..], "b"), None);
+        let broken = [PreparedQuota::new(
+            "broken",
+            &serde_json::from_value(json!({"limits": {"memory": "lots"}})).expect("spec"),
+        )];
+        assert_eq!(nodes_limit(&broken, "b"), Some(("broken", 0)));
     }
 
     #[test]

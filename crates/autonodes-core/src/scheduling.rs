@@ -1343,6 +1343,9 @@ pub fn reserved_label(key: &str) -> Option<&'static str> {
         LABEL_NODECLAIM | LABEL_NODECLAIM_NAMESPACE | LABEL_NODECLAIM_UID | LABEL_NODEPOOL => {
             Some("autonodes sets it to name the node's claim")
         }
+        crate::api::LABEL_INSTALLATION => {
+            Some("autonodes sets it to the installation that made the node")
+        }
         k if USER_NODE_LABELS.contains(&k) => None,
         _ if namespace == "beta.kubernetes.io" => Some("the kubelet sets it"),
         _ if under("node.kubernetes.io") => Some("the kubelet or the node controller owns it"),

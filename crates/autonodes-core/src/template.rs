@@ -27,7 +27,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::{json, Map, Value};
 
 use crate::api::{
-    ResourceList, LABEL_MANAGED_BY, LABEL_NODECLAIM, LABEL_NODECLAIM_NAMESPACE,
+    ResourceList, LABEL_INSTALLATION, LABEL_MANAGED_BY, LABEL_NODECLAIM, LABEL_NODECLAIM_NAMESPACE,
     LABEL_NODECLAIM_UID, MANAGED_BY,
 };
 use crate::resources::{self, QuantityError, CPU, MEMORY};
@@ -723,16 +723,22 @@ pub struct VmIdentity<'a> {
     pub labels: &'a BTreeMap<String, String>,
 }
 
-/// The labels every object autonodes creates carries: managed-by and the claim's
-/// name (shortened with a hash when longer than a label value may be, see
+/// The labels every object autonodes creates for a claim carries: managed-by, the
+/// installation's id ([`LABEL_INSTALLATION`], shortened like a name when too long), and the
+/// claim's name (shortened with a hash when longer than a label value may be, see
 /// [`crate::names::label_value`]), namespace and UID.
 pub fn managed_labels(
     claim_name: &str,
     claim_namespace: &str,
     claim_uid: &str,
+    installation: &str,
 ) -> BTreeMap<String, String> {
     BTreeMap::from([
         (LABEL_MANAGED_BY.to_string(), MANAGED_BY.to_string()),
+        (
+            LABEL_INSTALLATION.to_string(),
+            crate::names::label_value(installation),
+        ),
         (
             LABEL_NODECLAIM.to_string(),
             crate::names::label_value(claim_name),
@@ -746,14 +752,15 @@ pub fn managed_labels(
 }
 
 /// The labels naming a node's claim, which the kubelet registers the Node with (so tenant
-/// Node events find the claim): its name (shortened with a hash when longer than a label
-/// value may be), namespace and UID.
+/// Node events find the claim): the installation, and the claim's name (shortened with a
+/// hash when longer than a label value may be), namespace and UID.
 pub fn node_identity_labels(
     claim_name: &str,
     claim_namespace: &str,
     claim_uid: &str,
+    installation: &str,
 ) -> BTreeMap<String, String> {
-    let mut labels = managed_labels(claim_name, claim_namespace, claim_uid);
+    let mut labels = managed_labels(claim_name, claim_namespace, claim_uid, installation);
     labels.remove(LABEL_MANAGED_BY);
     labels
 }
@@ -1076,7 +1083,7 @@ pub fn finalize_vm(
 /// a claim can get, so a template no claim could use is found when the type is evaluated.
 pub fn check_vm_template(template: &Value, node_type: &str) -> Result<(), TemplateError> {
     let longest = "n".repeat(MAX_DNS_LABEL);
-    let labels = managed_labels("check", "check", "check");
+    let labels = managed_labels("check", "check", "check", "check");
     let id = VmIdentity {
         name: &longest,
         namespace: "check",
@@ -1159,7 +1166,7 @@ spec:
     }
 
     fn labels() -> BTreeMap<String, String> {
-        managed_labels("claim-1", "tenant", "uid-1")
+        managed_labels("claim-1", "tenant", "uid-1", "default")
     }
 
     fn id<'a>(labels: &'a BTreeMap<String, String>) -> VmIdentity<'a> {
@@ -1642,6 +1649,7 @@ spec:
         let expect_labels = json!({
             "provider": "kubevirt",
             "app.kubernetes.io/managed-by": "autonodes",
+            "autonodes.io/installation": "default",
             "autonodes.io/nodeclaim": "claim-1",
             "autonodes.io/nodeclaim-namespace": "tenant",
             "autonodes.io/nodeclaim-uid": "uid-1",

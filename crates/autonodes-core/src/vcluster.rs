@@ -467,10 +467,14 @@ fn static_spec(
     let mut spec = base_spec(vcluster, auto, &s.pool, path, at)?;
     let replicas = i32::try_from(s.quantity)
         .ok()
-        .filter(|q| *q >= 0)
+        .filter(|q| (0..=crate::api::MAX_REPLICAS).contains(q))
         .ok_or_else(|| EntryError {
             path: format!("{path}.quantity"),
-            message: format!("{} is not a node count", s.quantity),
+            message: format!(
+                "{} is not a node count from 0 to {} (the most a NodePool holds)",
+                s.quantity,
+                crate::api::MAX_REPLICAS
+            ),
         })?;
     spec.replicas = Some(replicas);
     Ok(spec)

@@ -161,6 +161,7 @@ fn summary() {
         &claimed,
         "tenant-bench-1-abcdef",
         &join,
+        "bench",
     )
     .expect("the bench claim fits");
     let t = catalogue
@@ -177,6 +178,7 @@ fn summary() {
                 &claimed,
                 "tenant-bench-1-abcdef",
                 &join,
+                "bench",
             )
             .expect("renders"),
         );
@@ -185,7 +187,7 @@ fn summary() {
         let req = ClaimRequest::new(&claim.spec, None).expect("valid");
         black_box(scheduling::choose(&catalogue, &req, &claimed).expect("fits"));
     });
-    let labels = template::managed_labels("bench-1", "tenant", "uid");
+    let labels = template::managed_labels("bench-1", "tenant", "uid", "bench");
     let vm = time_per_call(n, || {
         black_box(
             template::finalize_vm(
@@ -221,7 +223,9 @@ fn summary() {
         );
     });
     let render_only = time_per_call(n, || {
-        black_box(render_node(t, &claim, None, "tenant-bench-1-abcdef", &join).expect("renders"));
+        black_box(
+            render_node(t, &claim, None, "tenant-bench-1-abcdef", &join, "bench").expect("renders"),
+        );
     });
     let prepare = time_per_call(200, || {
         black_box(Catalogue::from_provider(&provider));
@@ -283,6 +287,7 @@ fn benches(c: &mut Criterion) {
                 &claimed,
                 "tenant-bench-1-abcdef",
                 &join,
+                "bench",
             )
             .expect("renders")
         })

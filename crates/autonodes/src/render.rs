@@ -160,6 +160,7 @@ pub fn plan_node(
     claimed: &BTreeMap<String, i64>,
     vm_name: &str,
     join: &JoinParams,
+    installation: &str,
 ) -> Result<RenderedNode, RenderError> {
     let id = || claim_id(claim);
     let request = ClaimRequest::new(&claim.spec, pool).map_err(|source| RenderError::Request {
@@ -171,7 +172,7 @@ pub fn plan_node(
             claim: id(),
             source,
         })?;
-    render_node(chosen, claim, pool, vm_name, join)
+    render_node(chosen, claim, pool, vm_name, join, installation)
 }
 
 /// Where the claim's VM runs on the host: its launcher pod labelled with its tenant and
@@ -212,6 +213,7 @@ pub fn render_node(
     pool: Option<&NodePoolSpec>,
     vm_name: &str,
     join: &JoinParams,
+    installation: &str,
 ) -> Result<RenderedNode, RenderError> {
     let id = || claim_id(claim);
     let missing = |field| RenderError::MissingField { claim: id(), field };
@@ -238,7 +240,7 @@ pub fn render_node(
     }
 
     let properties = scheduling::claim_node_properties(t, pool, claim);
-    let identity = template::node_identity_labels(name, namespace, uid);
+    let identity = template::node_identity_labels(name, namespace, uid, installation);
     let labels = scheduling::node_labels(
         &properties,
         pool.map(|p| &p.labels),
@@ -285,7 +287,7 @@ pub fn render_node(
     })
     .map_err(user_data_error)?;
 
-    let managed = template::managed_labels(name, namespace, uid);
+    let managed = template::managed_labels(name, namespace, uid, installation);
     let mut vm = template::finalize_vm(
         &t.template,
         &VmIdentity {
@@ -381,6 +383,10 @@ pub struct RenderArgs {
     pub output: OutputFormat,
 }
 
+/// The installation id `autonodes render` labels objects with (`autonodes run` uses its
+/// `--installation-id`): the one of the default controller settings.
+pub const PLACEHOLDER_INSTALLATION: &str = crate::controller::DEFAULT_INSTALLATION;
+
 /// UID given to a claim file without `metadata.uid`.
 pub const PLACEHOLDER_UID: &str = "00000000-0000-0000-0000-000000000000";
 
@@ -457,8 +463,16 @@ pub fn render_documents(
     );
     let vm_name = template::vm_name_for_claim(namespace, name, uid);
     // Flattened: the message already carries the cause, so no repeated "Caused by".
-    let rendered = plan_node(&catalogue, &claim, None, &BTreeMap::new(), &vm_name, join)
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let rendered = plan_node(
+        &catalogue,
+        &claim,
+        None,
+        &BTreeMap::new(),
+        &vm_name,
+        join,
+        PLACEHOLDER_INSTALLATION,
+    )
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
 
     let prepared = catalogue
         .get(&rendered.node_type)
@@ -766,10 +780,12 @@ mod tests {
         );
         claim.metadata.namespace = Some("ns".into());
         let t = &cat.types()[0];
-        let e = render_node(t, &claim, None, "vm", &JoinParams::placeholder()).expect_err("no uid");
+        let e = render_node(t, &claim, None, "vm", &JoinParams::placeholder(), "test")
+            .expect_err("no uid");
         assert_eq!(e.to_string(), "NodeClaim ns/c: metadata.uid is not set");
         claim.metadata.uid = Some("u".into());
-        let r = render_node(t, &claim, None, "vm", &JoinParams::placeholder()).expect("renders");
+        let r = render_node(t, &claim, None, "vm", &JoinParams::placeholder(), "test")
+            .expect("renders");
         assert_eq!(r.provider_id, "kubevirt://vm");
         assert_eq!(r.vm_namespace, "vcluster-platform");
         assert_eq!(r.host_cluster, "test-kubevirt-1");
@@ -797,6 +813,7 @@ mod tests {
             &BTreeMap::new(),
             "vm",
             &JoinParams::placeholder(),
+            "test",
         )
         .expect("renders");
         assert_eq!(

@@ -97,6 +97,20 @@ pub struct RunArgs {
     #[arg(long, env = "AUTONODES_KUBERNETES_DOWNLOAD_URL", default_value = crate::userdata::DEFAULT_DOWNLOAD_URL,
           value_parser = parse_download_url)]
     pub kubernetes_download_url: String,
+    /// The most live NodeClaims pools may bring one namespace to; a pool at the cap
+    /// reports `LimitReached=True` (reason `NamespaceClaimLimit`) and creates no more.
+    /// Claims written by hand are bounded by a Kubernetes ResourceQuota on
+    /// `count/nodeclaims.autonodes.io`.
+    #[arg(long, env = "AUTONODES_MAX_CLAIMS_PER_NAMESPACE",
+          default_value_t = autonodes_core::pool::limits::DEFAULT_MAX_CLAIMS_PER_NAMESPACE)]
+    pub max_claims_per_namespace: usize,
+    /// This installation's id: every VM, Secret, DataVolume, token and Node autonodes
+    /// creates carries it in the label `autonodes.io/installation`, and only this
+    /// installation sweeps, adopts or deletes what carries it. Give installations that share
+    /// a host namespace different ids. Empty: the UID of `--namespace`.
+    #[arg(long, env = "AUTONODES_INSTALLATION_ID", default_value = "",
+          value_parser = parse_installation_id)]
+    pub installation_id: String,
 }
 
 /// Accepts a download base URL the user data can use ([`crate::userdata::is_download_url`]).
@@ -108,18 +122,42 @@ pub fn parse_download_url(s: &str) -> Result<String, String> {
     }
 }
 
-/// Parses `90s`, `10m`, `1h30m`, `500ms` or plain seconds.
+/// Accepts an installation id: empty (the namespace's UID), or a label value (at most 63
+/// letters, digits, `-`, `_` or `.`, starting and ending with a letter or digit).
+pub fn parse_installation_id(s: &str) -> Result<String, String> {
+    if s.is_empty() || autonodes_core::names::is_label_value(s) {
+        Ok(s.to_string())
+    } else {
+        Err("expected a label value: at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit".to_string())
+    }
+}
+
+/// The longest duration a flag takes: a year. Longer ones mean "never" in practice and
+/// overflow the clock arithmetic they feed.
+pub const MAX_FLAG_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
+
+/// Parses `90s`, `10m`, `1h30m`, `500ms` or plain seconds, at most [`MAX_FLAG_DURATION`].
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    if let Ok(secs) = s.parse::<u64>() {
+    let d = parse_any_duration(s)?;
+    if d > MAX_FLAG_DURATION {
+        return Err(format!(
+            "`{s}` is longer than the most a duration flag takes, 8784h (a year)"
+        ));
+    }
+    Ok(d)
+}
+
+fn parse_any_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    if let Ok(secs) = t.parse::<u64>() {
         return Ok(Duration::from_secs(secs));
     }
-    if s.trim_start().starts_with('-') {
+    if t.starts_with('-') {
         return Err(format!("`{s}` must not be negative"));
     }
-    let d: kube::core::Duration = s
-        .parse()
-        .map_err(|e| format!("`{s}` is not a duration such as 90s, 10m or 1h: {e}"))?;
-    Ok(d.into())
+    // The API crate's parser never panics (a value too large for a Duration is an error).
+    crate::api::parse_go_duration(t)
+        .map_err(|why| format!("`{s}` is not a duration such as 90s, 10m or 1h: {why}"))
 }
 
 /// Sets up logging (text or JSON, level from RUST_LOG, default `default_filter`).
@@ -198,6 +236,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             allow_insecure_skip_tls_verify: args.allow_insecure_skip_tls_verify,
         },
         kubernetes_download_url: args.kubernetes_download_url.clone(),
+        max_claims_per_namespace: args.max_claims_per_namespace,
+        installation: args.installation_id.clone(),
     };
     let leader = args.leader_elect.then(|| {
         LeaderConfig::new(
@@ -419,5 +459,20 @@ mod tests {
         assert_eq!(parse_duration("45"), Ok(Duration::from_secs(45)));
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn an_absurd_duration_is_refused_with_a_message_instead_of_a_panic() {
+        for absurd in [
+            "99999999999h",
+            "999999999999999999999s",
+            "9223372036854775807h",
+            "8785h",
+            "18446744073709551615",
+        ] {
+            let e = parse_duration(absurd).expect_err(absurd);
+            assert!(e.contains(absurd), "{e}");
+        }
+        assert_eq!(parse_duration("8784h"), Ok(MAX_FLAG_DURATION));
     }
 }

@@ -151,14 +151,18 @@ pub struct Allowance {
     pub disrupt: usize,
     /// For a scale-down: what the budgets allow, but at least one.
     pub scale_down: usize,
+    /// How many claims the plan may create at all ([`super::limits::claim_room`]):
+    /// replacements first, then new replicas.
+    pub create: usize,
 }
 
 impl Allowance {
-    /// The same `n` for both (a scale-down at least one).
+    /// The same `n` for both disruptions (a scale-down at least one), creations unbounded.
     pub fn uniform(n: usize) -> Self {
         Allowance {
             disrupt: n,
             scale_down: n.max(1),
+            create: usize::MAX,
         }
     }
 }
@@ -170,6 +174,8 @@ pub struct Plan {
     pub create: Vec<Option<String>>,
     /// Claims to delete, with why.
     pub delete: Vec<(String, DeleteReason)>,
+    /// Claims wanted beyond [`Allowance::create`], not planned.
+    pub short: usize,
 }
 
 /// Plans the claims of a pool: Failed claims go; `desired` (static pools) is met by
@@ -177,7 +183,9 @@ pub struct Plan {
 /// [`ANNOTATION_DELETE_FIRST`] first, then not Available, then outdated, then newest), never
 /// more Available ones draining than `allowed.scale_down`; outdated claims are rolled by
 /// surge, at most `allowed.disrupt` replacements in flight and old claims draining, each old
-/// claim deleted only once its replacement is Available.
+/// claim deleted only once its replacement is Available. At most `allowed.create` claims
+/// are created; the rest is counted in [`Plan::short`] (never allocated: a pool asking for
+/// two billion replicas costs what `allowed.create` does).
 pub fn plan_claims(claims: &[ClaimView], desired: Option<usize>, allowed: Allowance) -> Plan {
     let mut plan = Plan::default();
     for c in claims.iter().filter(|c| c.failed && !c.terminating) {
@@ -290,10 +298,16 @@ pub fn plan_claims(claims: &[ClaimView], desired: Option<usize>, allowed: Allowa
             }
         }
     }
+    if plan.create.len() > allowed.create {
+        plan.short += plan.create.len() - allowed.create;
+        plan.create.truncate(allowed.create);
+    }
     if let Some(desired) = desired {
-        for _ in slots..desired {
-            plan.create.push(None);
-        }
+        let wanted = desired.saturating_sub(slots);
+        let room = allowed.create.saturating_sub(plan.create.len());
+        let n = wanted.min(room);
+        plan.create.extend(std::iter::repeat_n(None, n));
+        plan.short += wanted - n;
     }
     plan
 }
@@ -457,12 +471,44 @@ mod tests {
     }
 
     #[test]
+    fn a_pool_asking_for_two_billion_replicas_plans_only_the_claims_it_may_create() {
+        let allowed = Allowance {
+            create: 20,
+            ..Allowance::uniform(1)
+        };
+        let plan = plan_claims(&[view("a", 1, true)], Some(i32::MAX as usize), allowed);
+        assert_eq!(plan.create.len(), 20);
+        assert_eq!(plan.short, i32::MAX as usize - 21);
+        let none = Allowance {
+            create: 0,
+            ..allowed
+        };
+        let plan = plan_claims(&[view("a", 1, true)], Some(3), none);
+        assert!(plan.create.is_empty());
+        assert_eq!(plan.short, 2);
+    }
+
+    #[test]
+    fn replacements_take_the_room_for_creations_before_new_replicas() {
+        let mut broken = view("broken", 1, false);
+        broken.repair = true;
+        let allowed = Allowance {
+            create: 1,
+            ..Allowance::uniform(1)
+        };
+        let plan = plan_claims(&[broken], Some(3), allowed);
+        assert_eq!(plan.create, vec![Some("broken".to_string())]);
+        assert_eq!(plan.short, 2);
+    }
+
+    #[test]
     fn a_budget_of_zero_holds_a_roll_out_but_a_scale_down_still_goes_one_node_at_a_time() {
         let mut a = view("a", 1, true);
         a.outdated = true;
         let closed = Allowance {
             disrupt: 0,
             scale_down: 1,
+            create: usize::MAX,
         };
         assert_eq!(
             plan_claims(&[a.clone(), view("b", 2, true)], Some(2), closed),
@@ -485,6 +531,7 @@ mod tests {
         let closed = Allowance {
             disrupt: 0,
             scale_down: 1,
+            create: usize::MAX,
         };
         let plan = plan_claims(&[broken.clone(), view("b", 2, true)], Some(2), closed);
         assert_eq!(plan.create, vec![Some("broken".to_string())]);

@@ -20,6 +20,7 @@ use crate::scheduling::{self, Catalogue, ClaimRequest};
 
 use super::do_not_disrupt;
 use super::dynamic::{self, DynamicInput, Tenant};
+use super::limits::ClaimRoom;
 use super::plan::{claim_views, is_live, plan_claims, Allowance, DeleteReason};
 use super::status::Verdict;
 use super::{
@@ -54,6 +55,8 @@ pub struct Observed<'a> {
     pub catalogue: &'a Catalogue,
     /// How long a node may stay not Ready before it is replaced (`None`: never).
     pub repair_after: Option<Duration>,
+    /// How many claims the pool may create now ([`super::limits::claim_room`]).
+    pub room: &'a ClaimRoom,
     /// The time of the observation.
     pub now: Timestamp,
 }
@@ -185,6 +188,7 @@ pub fn plan_pool(observed: &Observed) -> PoolPlan {
     let allowed = Allowance {
         disrupt: allowed_disruptions(spec, nodes, observed.now),
         scale_down: scale_down_pace(spec, nodes, observed.now),
+        create: observed.room.create,
     };
     let planned = plan_claims(&views, desired, allowed);
     let find = |name: &str| {
@@ -193,6 +197,7 @@ pub fn plan_pool(observed: &Observed) -> PoolPlan {
             .iter()
             .find(|c| c.metadata.name.as_deref() == Some(name))
     };
+    let mut short = planned.short;
     let mut out = PoolPlan {
         delete: planned
             .delete
@@ -249,7 +254,9 @@ pub fn plan_pool(observed: &Observed) -> PoolPlan {
                 catalogue: observed.catalogue,
                 now: observed.now,
             });
-            out.create.extend(d.create);
+            let room = observed.room.create.saturating_sub(out.create.len());
+            short += d.create.len().saturating_sub(room);
+            out.create.extend(d.create.into_iter().take(room));
             out.delete.extend(d.delete);
             out.empty_since = d.empty_since;
             out.underutilized_since = d.underutilized_since;
@@ -258,6 +265,14 @@ pub fn plan_pool(observed: &Observed) -> PoolPlan {
             out.pending_pods = Some(d.pending_pods);
             out.requeue = d.requeue;
         }
+    }
+    if short > 0 {
+        // More wanted than one reconcile may create: a bound of the namespace says so,
+        // the batch only looks again soon.
+        if let Some(v) = observed.room.verdict(short) {
+            out.limit = Some(v);
+        }
+        out.requeue = out.requeue.min(BUSY_RECHECK);
     }
     out.repair = Some(repair.verdict());
     if let Some(next) = repair.next_check {

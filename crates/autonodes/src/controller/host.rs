@@ -25,6 +25,23 @@ pub enum VmCreate {
     Existed(Arc<ObservedVm>),
     /// The VM existed when created and was gone when read: look again shortly.
     Vanished,
+    /// A VM of that name exists and belongs to another claim (its claim-UID label differs):
+    /// it is left alone.
+    Taken,
+}
+
+/// Whether two label sets name the same claim: both carry the claim-UID label, equal.
+fn same_claim(
+    a: &std::collections::BTreeMap<String, String>,
+    b: &std::collections::BTreeMap<String, String>,
+) -> bool {
+    matches!((a.get(LABEL_NODECLAIM_UID), b.get(LABEL_NODECLAIM_UID)), (Some(x), Some(y)) if x == y)
+}
+
+/// Whether the host object `labels` belong to the claim with UID `uid`: only then does
+/// autonodes adopt, wait for or delete it.
+pub fn is_claims(labels: &std::collections::BTreeMap<String, String>, uid: &str) -> bool {
+    labels.get(LABEL_NODECLAIM_UID).map(String::as_str) == Some(uid)
 }
 
 /// A KubeVirt host cluster.
@@ -77,19 +94,59 @@ impl<'a> Host<'a> {
         read(self.ctx, self.remote, cache, &api, Some(ns), name, what).await
     }
 
-    /// Creates a user-data Secret. One that exists already is an earlier attempt's and is
-    /// kept (a Secret is never rewritten).
-    pub async fn create_user_data(&self, ns: &str, secret: &Secret) -> Result<(), Error> {
+    /// Creates a user-data Secret. One that exists already is an earlier attempt's: it is
+    /// kept (with the token it carries), unless `rewrite` says that token was re-minted
+    /// since — then the Secret is replaced, so the VM boots with a token that still works.
+    /// A Secret of the same name labelled with another claim's UID is never touched or
+    /// used: the answer is `false` then.
+    pub async fn create_user_data(
+        &self,
+        ns: &str,
+        secret: &Secret,
+        rewrite: bool,
+    ) -> Result<bool, Error> {
+        let api = self.secrets(ns);
         let created = remote_call(
             self.ctx,
             self.remote,
             "creating the user-data Secret",
-            self.secrets(ns).create(&PostParams::default(), secret),
+            api.create(&PostParams::default(), secret),
         )
         .await;
         match created {
-            Ok(_) => Ok(()),
-            Err(e) if e.is_remote_conflict() => Ok(()),
+            Ok(_) => Ok(true),
+            Err(e) if e.is_remote_conflict() => {
+                let name = secret.name_any();
+                let existing = remote_call(
+                    self.ctx,
+                    self.remote,
+                    "reading the user-data Secret",
+                    api.get_opt(&name),
+                )
+                .await?;
+                let Some(existing) = existing else {
+                    return Err(Error::Waiting(format!(
+                        "user-data Secret {ns}/{name} went while it was rewritten"
+                    )));
+                };
+                if !same_claim(existing.labels(), secret.labels()) {
+                    return Ok(false);
+                }
+                if !rewrite {
+                    return Ok(true);
+                }
+                let mut replacement = secret.clone();
+                replacement.metadata.resource_version = existing.metadata.resource_version;
+                remote_call(
+                    self.ctx,
+                    self.remote,
+                    "rewriting the user-data Secret with a re-minted token",
+                    api.replace(&name, &PostParams::default(), &replacement),
+                )
+                .await?;
+                tracing::info!(secret = %format!("{ns}/{name}"), cluster = %self.remote.key, "user-data Secret rewritten: its bootstrap token was re-minted");
+                Ok(true)
+            }
             Err(e) => Err(e),
         }
     }
@@ -122,19 +179,32 @@ impl<'a> Host<'a> {
                     "reading the VirtualMachine",
                 )
                 .await?;
-                Ok(found.map_or(VmCreate::Vanished, |vm| VmCreate::Existed(Arc::new(vm))))
+                Ok(match found {
+                    None => VmCreate::Vanished,
+                    Some(found) if !same_claim(found.labels(), vm.labels()) => VmCreate::Taken,
+                    Some(found) => VmCreate::Existed(Arc::new(found)),
+                })
             }
             Err(e) => Err(e),
         }
     }
 
-    /// Deletes the VirtualMachine `ns/name` (in the background: its VMI goes with it).
-    pub async fn delete_vm(&self, ns: &str, name: &str) -> Result<(), Error> {
+    /// Deletes the VirtualMachine `ns/name` whose UID is `uid` (in the background: its VMI
+    /// goes with it). The UID is a precondition: a VM made since under the same name (by
+    /// another claim or installation) is not deleted.
+    pub async fn delete_vm(&self, ns: &str, name: &str, uid: Option<String>) -> Result<(), Error> {
+        let params = DeleteParams {
+            preconditions: uid.map(|uid| kube::api::Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..DeleteParams::background()
+        };
         let deleted = remote_call(
             self.ctx,
             self.remote,
             "deleting the VirtualMachine",
-            self.vms(ns).delete(name, &DeleteParams::background()),
+            self.vms(ns).delete(name, &params),
         )
         .await;
         if let (Ok(answer), Some(cache)) = (&deleted, self.remote.host_cache()) {

@@ -82,7 +82,30 @@ pub struct ControllerConfig {
     pub vcluster_import: vcluster_import::ImportScope,
     /// Where stock images download the kubelet and kubeadm (`--kubernetes-download-url`).
     pub kubernetes_download_url: String,
+    /// The most live claims pools may bring one namespace to
+    /// (`--max-claims-per-namespace`).
+    pub max_claims_per_namespace: usize,
+    /// This installation's id (`--installation-id`): the value of the
+    /// `autonodes.io/installation` label on everything it creates in host and tenant
+    /// clusters. Empty: the UID of the namespace in `namespace`, read at start.
+    pub installation: String,
 }
+
+/// The default installation id: the UID of the controller's namespace, unique to this
+/// management cluster and namespace and stable for as long as the installation lives.
+async fn installation_of_namespace(client: &Client, namespace: &str) -> anyhow::Result<String> {
+    use anyhow::Context as _;
+    let api: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(client.clone());
+    let ns = api.get(namespace).await.with_context(|| {
+        format!("reading namespace {namespace} for the installation id (set --installation-id, or let autonodes get that namespace)")
+    })?;
+    ns.metadata
+        .uid
+        .with_context(|| format!("namespace {namespace} has no UID"))
+}
+
+/// The installation id of [`ControllerConfig::default`] (tests and the playground).
+pub const DEFAULT_INSTALLATION: &str = "default";
 
 impl Default for ControllerConfig {
     fn default() -> Self {
@@ -97,6 +120,9 @@ impl Default for ControllerConfig {
             orphan_sweep_interval: Duration::from_secs(300),
             vcluster_import: vcluster_import::ImportScope::Off,
             kubernetes_download_url: crate::userdata::DEFAULT_DOWNLOAD_URL.to_string(),
+            max_claims_per_namespace:
+                autonodes_core::pool::limits::DEFAULT_MAX_CLAIMS_PER_NAMESPACE,
+            installation: DEFAULT_INSTALLATION.to_string(),
         }
     }
 }
@@ -642,6 +668,11 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,
     ready: Arc<std::sync::atomic::AtomicBool>,
 ) -> anyhow::Result<()> {
+    let mut config = config;
+    if config.installation.is_empty() {
+        config.installation = installation_of_namespace(&client, &config.namespace).await?;
+    }
+    tracing::info!(installation = %config.installation, "installation id (label autonodes.io/installation)");
     let reflectors = Arc::new(Reflectors::new());
     let r = &reflectors;
     let claimed = Arc::new(std::sync::Mutex::new(crate::ledger::ClaimedLedger::new()));
@@ -912,6 +943,11 @@ impl Error {
             },
             _ => return None,
         })
+    }
+
+    /// True for a failed call to a tenant cluster.
+    pub fn is_tenant_error(&self) -> bool {
+        matches!(self, Error::Remote { on_host: false, .. })
     }
 
     /// True for a 409 from a host or tenant cluster (the object exists, or changed).

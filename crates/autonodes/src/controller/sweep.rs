@@ -207,7 +207,7 @@ pub async fn sweep(ctx: &Context, tenants: &mut BTreeSet<(String, String)>) -> u
         }
     };
     let mut removed = 0;
-    for o in orphans(&found, &live) {
+    for o in orphans(&found, &live, &ctx.config.installation) {
         let Some((_, remote)) = remotes.iter().find(|(c, _)| *c == o.cluster) else {
             continue;
         };

@@ -129,6 +129,7 @@ struct Scene {
     problem: Option<Verdict>,
     unreachable: Option<Verdict>,
     catalogue: Catalogue,
+    room: ClaimRoom,
 }
 
 impl Scene {
@@ -143,6 +144,7 @@ impl Scene {
             problem: None,
             unreachable: None,
             catalogue: catalogue(),
+            room: ClaimRoom::UNBOUNDED,
         }
     }
 
@@ -169,6 +171,7 @@ impl Scene {
             tenant,
             catalogue: &self.catalogue,
             repair_after: None,
+            room: &self.room,
             now: at(NOW),
         })
     }
@@ -321,6 +324,58 @@ fn a_replacement_keeps_the_old_claim_s_capacity_and_its_type_only_for_an_unchang
 }
 
 // --- dynamic pools --------------------------------------------------------------------
+
+#[test]
+fn a_static_pool_asking_for_two_billion_replicas_creates_one_batch_and_then_stops_at_the_namespace_cap(
+) {
+    let mut scene = Scene::new(json!({"replicas": i32::MAX}));
+    scene.room = crate::pool::limits::claim_room(&crate::pool::limits::NamespaceClaims {
+        namespace: "t",
+        live: 0,
+        max: 1000,
+        quota_nodes: None,
+    });
+    let plan = scene.plan();
+    assert_eq!(plan.create.len(), crate::pool::limits::CREATE_BATCH);
+    assert_eq!(plan.limit, None, "the batch alone is no limit");
+    assert_eq!(plan.requeue, BUSY_RECHECK);
+
+    scene.room = crate::pool::limits::claim_room(&crate::pool::limits::NamespaceClaims {
+        namespace: "t",
+        live: 1000,
+        max: 1000,
+        quota_nodes: None,
+    });
+    let plan = scene.plan();
+    assert!(plan.create.is_empty());
+    let s = scene.status(&plan);
+    assert_eq!(
+        condition(&s, PoolCondition::LimitReached),
+        ("True", "NamespaceClaimLimit")
+    );
+    let problems: Vec<&str> = new_problems(&NodePoolStatus::default(), &s)
+        .iter()
+        .map(|c| c.reason.as_str())
+        .collect();
+    assert_eq!(problems, ["NamespaceClaimLimit"]);
+}
+
+#[test]
+fn a_dynamic_pool_creates_no_more_claims_than_the_namespace_s_quota_leaves() {
+    let mut scene = Scene::new(json!({}));
+    scene.pods = (0..12).map(|i| pending(&format!("p{i:02}"), "1")).collect();
+    scene.room = crate::pool::limits::claim_room(&crate::pool::limits::NamespaceClaims {
+        namespace: "t",
+        live: 4,
+        max: 1000,
+        quota_nodes: Some(("q", 5)),
+    });
+    let plan = scene.plan();
+    assert_eq!(plan.create.len(), 1);
+    let limit = plan.limit.clone().expect("limit");
+    assert_eq!(limit.reason, PoolReason::QuotaExceeded);
+    assert!(limit.message.contains("NodeQuota q"), "{}", limit.message);
+}
 
 #[test]
 fn twelve_pending_one_cpu_pods_get_three_claims_pinned_to_the_cheapest_type() {

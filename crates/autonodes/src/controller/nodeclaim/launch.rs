@@ -15,7 +15,7 @@ use super::{elapsed_since, remaining, Provisioning, Step, PROVISIONED, SCHEDULED
 use crate::api::reasons::ClaimReason;
 use crate::api::NodeClaim;
 use crate::clients::{status_message, Remote};
-use crate::controller::host::VmCreate;
+use crate::controller::host::{is_claims, VmCreate};
 use crate::controller::tenant::JoinInfo;
 use crate::controller::{now, Error};
 use crate::kubevirt::ObservedVm;
@@ -25,7 +25,9 @@ use crate::userdata::{self, BootstrapToken, JoinParams, UserDataError};
 
 /// The launch stage.
 pub(super) async fn launch(p: &mut Provisioning<'_>) -> Result<Step, Error> {
+    let uid = p.claim.uid().unwrap_or_default();
     let vm = match p.host().vm(&p.vm_ns, &p.vm_name).await? {
+        Some(vm) if !is_claims(vm.labels(), &uid) => return Ok(name_taken(p, "VirtualMachine")),
         Some(vm) => vm,
         None if p.status.was_true(PROVISIONED) => {
             // The VM vanished after it ran: the claim failed.
@@ -98,14 +100,22 @@ async fn create_host_objects(
     let token = ensure_token(p.claim, p.ctx, &p.tenant()).await?;
     let info = p.tenant().join_info().await?;
     let download_url = p.ctx.config.kubernetes_download_url.clone();
-    let join = match join_params(p.tenant, &token, info, download_url) {
+    let join = match join_params(p.tenant, &token.token, info, download_url) {
         Ok(j) => j,
         Err((reason, message)) => {
             p.status.set(PROVISIONED, false, reason, message);
             return Ok(Err(Step::Stop(Action::requeue(Duration::from_secs(30)))));
         }
     };
-    let rendered = match render_for(p.claim, p.node_type, &p.vm_name, &p.vm_ns, &join) {
+    let installation = p.ctx.config.installation.as_str();
+    let rendered = match render_for(
+        p.claim,
+        p.node_type,
+        &p.vm_name,
+        &p.vm_ns,
+        &join,
+        installation,
+    ) {
         Ok(r) => r,
         Err(e) => {
             p.status
@@ -114,10 +124,16 @@ async fn create_host_objects(
         }
     };
     // The Secret before the VM, which names it. An existing one is an earlier attempt's:
-    // it is kept, and so is the token it carries.
-    p.host()
-        .create_user_data(&p.vm_ns, &rendered.secret)
+    // it is kept with the token it carries — unless that token was replaced since (the
+    // launch retried for longer than its life), when it is rewritten with the new one.
+    // Another claim's Secret of that name is left alone.
+    let ours = p
+        .host()
+        .create_user_data(&p.vm_ns, &rendered.secret, token.fresh)
         .await?;
+    if !ours {
+        return Ok(Err(name_taken(p, "user-data Secret")));
+    }
     // The golden volumes the VM's disks clone, before the VM (a cache hit once made).
     for golden in &p.node_type.golden {
         p.host()
@@ -140,6 +156,7 @@ async fn create_host_objects(
         }
         Ok(VmCreate::Existed(vm)) => Ok(Ok(vm)),
         Ok(VmCreate::Vanished) => Ok(Err(Step::Stop(Action::requeue(Duration::from_secs(1))))),
+        Ok(VmCreate::Taken) => Ok(Err(name_taken(p, "VirtualMachine"))),
         // The API server refused the VM (e.g. an invalid template for this host).
         Err(Error::Remote {
             source: kube::Error::Api(s),
@@ -158,6 +175,18 @@ async fn create_host_objects(
         }
         Err(e) => Err(e),
     }
+}
+
+/// `Provisioned=False` with `NameTaken`: a host object of the claim's VM name (`what`)
+/// belongs to another claim or installation; autonodes leaves it alone and looks again.
+fn name_taken(p: &mut Provisioning<'_>, what: &str) -> Step {
+    let message = format!(
+        "a {what} named after VM {}/{} exists on {} and belongs to another claim or installation; it is left alone",
+        p.vm_ns, p.vm_name, p.host_cluster
+    );
+    p.status
+        .set(PROVISIONED, false, ClaimReason::NameTaken, message);
+    Step::Stop(Action::requeue(Duration::from_secs(60)))
 }
 
 /// Join parameters for the tenant: the endpoint it publishes (else its kubeconfig's
@@ -223,10 +252,11 @@ fn render_for(
     vm_name: &str,
     vm_ns: &str,
     join: &JoinParams,
+    installation: &str,
 ) -> Result<RenderedNode, RenderError> {
     let mut t = t.clone();
     t.vm_namespace = vm_ns.to_string();
-    render::render_node(&t, claim, None, vm_name, join)
+    render::render_node(&t, claim, None, vm_name, join, installation)
 }
 
 /// The condition reason for a render error.

@@ -157,12 +157,13 @@ fn uid(claim: &NodeClaim) -> Result<String, Error> {
         .ok_or_else(|| Error::Missing(format!("NodeClaim {}", claim.name_any()), "metadata.uid"))
 }
 
-/// The labels of every object autonodes creates for `claim`.
-pub fn claim_labels(claim: &NodeClaim) -> BTreeMap<String, String> {
+/// The labels of every object autonodes creates for `claim`, as `installation` makes it.
+pub fn claim_labels(claim: &NodeClaim, installation: &str) -> BTreeMap<String, String> {
     template::managed_labels(
         &claim.name_any(),
         &claim.namespace().unwrap_or_default(),
         claim.uid().as_deref().unwrap_or_default(),
+        installation,
     )
 }
 

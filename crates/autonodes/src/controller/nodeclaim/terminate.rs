@@ -17,7 +17,7 @@ use super::{elapsed_since, uid, READY};
 use crate::api::reasons::ClaimReason;
 use crate::api::{NodeClaim, NodeClaimPhase};
 use crate::clients::ClientError;
-use crate::controller::host::Host;
+use crate::controller::host::{is_claims, Host};
 use crate::controller::tenant::Tenant;
 use crate::controller::{now, Context, Error};
 
@@ -35,6 +35,11 @@ pub(super) enum Removal {
 /// the VM and wait until it is gone, then delete the Node (deleting it earlier would let a
 /// still-running kubelet register it again), the user-data Secret, the DataVolumes and the
 /// bootstrap tokens.
+///
+/// The tenant cannot hold this up: once the claim has been going for `--drain-timeout`
+/// (deleted, or Failed), a tenant whose kubeconfig is refused or whose API server errors is
+/// skipped with a Warning Event (`TenantCleanupSkipped`): the VM is deleted without a
+/// drain, and the Node and token left in the tenant are the tenant's (the token expires).
 pub(super) async fn remove_remote_objects(
     claim: &NodeClaim,
     ctx: &Context,
@@ -48,6 +53,8 @@ pub(super) async fn remove_remote_objects(
     let ns = claim.namespace().unwrap_or_default();
     let provider_id = format!("kubevirt://{vm_name}");
     let node_name = status.node_name.clone().unwrap_or_else(|| vm_name.clone());
+    let tenant_grace_over =
+        going_since(claim).is_some_and(|since| elapsed_since(since) > ctx.config.drain_timeout);
 
     // The tenant. A vCluster whose kubeconfig Secret is gone has been deleted with its
     // nodes: nothing is left there to clean.
@@ -59,6 +66,10 @@ pub(super) async fn remove_remote_objects(
         Ok(t) => Some(t),
         Err(ClientError::SecretNotFound { .. }) => {
             tracing::info!(nodeclaim = %claim.name_any(), "tenant kubeconfig Secret is gone; skipping tenant cleanup");
+            None
+        }
+        Err(e) if tenant_grace_over => {
+            skip_tenant(claim, ctx, &e.into()).await;
             None
         }
         Err(e) => return Err(e.into()),
@@ -74,18 +85,34 @@ pub(super) async fn remove_remote_objects(
     let vm_ns = status.vm_namespace.clone().unwrap_or_default();
     let host_remote = ctx.clients.host(&host_cluster).await?;
     let host = Host::new(ctx, &host_remote);
-    if let Some(vm) = host.vm(&vm_ns, &vm_name).await? {
+    // A VM of that name labelled with another claim's UID is not this claim's: left alone.
+    let vm = host
+        .vm(&vm_ns, &vm_name)
+        .await?
+        .filter(|vm| is_claims(vm.labels(), &uid));
+    if let Some(vm) = vm {
         if vm.metadata.deletion_timestamp.is_none() {
             if let (Some(tenant), true) = (&tenant, drain) {
-                if let Some(node) = tenant.node(&node_name).await? {
-                    if our_node(&node) {
-                        if let Some(waiting) = drain_node(claim, ctx, tenant, &node).await? {
-                            return Ok(Removal::Waiting(waiting));
+                let drained = async {
+                    match tenant.node(&node_name).await? {
+                        Some(node) if our_node(&node) => {
+                            drain_node(claim, ctx, tenant, &node).await
                         }
+                        _ => Ok(None),
                     }
                 }
+                .await;
+                match drained {
+                    Ok(Some(waiting)) => return Ok(Removal::Waiting(waiting)),
+                    Ok(None) => {}
+                    Err(e) if tenant_grace_over && e.is_tenant_error() => {
+                        skip_tenant(claim, ctx, &e).await
+                    }
+                    Err(e) => return Err(e),
+                }
             }
-            host.delete_vm(&vm_ns, &vm_name).await?;
+            host.delete_vm(&vm_ns, &vm_name, vm.metadata.uid.clone())
+                .await?;
             ctx.event(
                 claim,
                 EventType::Normal,
@@ -104,21 +131,60 @@ pub(super) async fn remove_remote_objects(
 
     // The tenant again: the Node (its VM is gone, nothing re-registers it) and the tokens.
     if let Some(tenant) = &tenant {
-        if let Some(node) = tenant.node(&node_name).await? {
-            if our_node(&node) && tenant.delete_node(&node_name).await? {
-                ctx.event(
-                    claim,
-                    EventType::Normal,
-                    "NodeDeleted",
-                    "Delete",
-                    format!("deleted Node {node_name} from the tenant"),
-                )
-                .await
+        let cleaned = async {
+            if let Some(node) = tenant.node(&node_name).await? {
+                if our_node(&node) && tenant.delete_node(&node_name).await? {
+                    ctx.event(
+                        claim,
+                        EventType::Normal,
+                        "NodeDeleted",
+                        "Delete",
+                        format!("deleted Node {node_name} from the tenant"),
+                    )
+                    .await
+                }
             }
+            delete_tokens(tenant, &uid).await.map(|_| ())
         }
-        delete_tokens(tenant, &uid).await?;
+        .await;
+        match cleaned {
+            Ok(()) => {}
+            Err(e) if tenant_grace_over && e.is_tenant_error() => skip_tenant(claim, ctx, &e).await,
+            Err(e) => return Err(e),
+        }
     }
     Ok(Removal::Done)
+}
+
+/// Since when the claim has been going: its deletion, else (a Failed claim) when its
+/// `Ready` condition last changed.
+fn going_since(claim: &NodeClaim) -> Option<k8s_openapi::jiff::Timestamp> {
+    if let Some(t) = &claim.metadata.deletion_timestamp {
+        return Some(t.0);
+    }
+    let status = claim.status.as_ref()?;
+    (status.phase == Some(NodeClaimPhase::Failed))
+        .then(|| crate::api::conditions::get(&status.conditions, READY))
+        .flatten()
+        .map(|c| c.last_transition_time.0)
+}
+
+/// Records that the tenant's part of the cleanup is skipped: the tenant kept failing
+/// (`e`, shown by its coarse reason only) for longer than `--drain-timeout`.
+async fn skip_tenant(claim: &NodeClaim, ctx: &Context, e: &Error) {
+    let reason = e.cluster_reason().map_or("an error", ClaimReason::as_str);
+    tracing::warn!(nodeclaim = %claim.name_any(), namespace = %claim.namespace().unwrap_or_default(), %reason, error = %e, "the tenant blocks the cleanup; going on without it");
+    ctx.event(
+        claim,
+        EventType::Warning,
+        "TenantCleanupSkipped",
+        "Delete",
+        format!(
+            "the tenant cluster kept failing ({reason}) for more than {}s: the VM is removed without a drain; its Node and bootstrap token are left in the tenant (the token expires)",
+            ctx.config.drain_timeout.as_secs()
+        ),
+    )
+    .await;
 }
 
 /// Cordons the Node and evicts its pods (DaemonSet and mirror pods stay, and pods marked

@@ -2,6 +2,7 @@
 //! claim waits, deleted once its Node joined.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -32,16 +33,37 @@ fn secret_text(s: &Secret, key: &str) -> Option<String> {
         .and_then(|b| String::from_utf8(b.0.clone()).ok())
 }
 
+/// A token is reused while it has more than this left; with less it is replaced.
+const TOKEN_MIN_LEFT: Duration = Duration::from_secs(60);
+
+/// How long a bootstrap token lives: long enough for the VM to be launched and its Node
+/// to register (`--launch-timeout` + `--registration-timeout`), plus the margin under
+/// which a token is replaced. A token minted at the start of a launch thus outlives every
+/// claim that does not time out.
+pub fn token_lifetime(launch_timeout: Duration, registration_timeout: Duration) -> Duration {
+    launch_timeout
+        .saturating_add(registration_timeout)
+        .saturating_add(TOKEN_MIN_LEFT)
+}
+
+/// The claim's live bootstrap token, and whether it was minted just now.
+pub(super) struct Token {
+    /// The token.
+    pub token: BootstrapToken,
+    /// Minted by this call: user data written with an earlier token must be rewritten.
+    pub fresh: bool,
+}
+
 /// Returns the claim's live bootstrap token in the tenant, creating one if needed, and
 /// deleting any other (at most one live token per claim).
 pub(super) async fn ensure_token(
     claim: &NodeClaim,
     ctx: &Context,
     tenant: &Tenant<'_>,
-) -> Result<BootstrapToken, Error> {
+) -> Result<Token, Error> {
     let uid = uid(claim)?;
     let existing = tenant.tokens(&uid).await?;
-    let min_left = now().as_second() + 60;
+    let min_left = now().as_second() + TOKEN_MIN_LEFT.as_secs() as i64;
     let mut found = None;
     for s in existing {
         let expires = secret_text(&s, "expiration")
@@ -65,14 +87,18 @@ pub(super) async fn ensure_token(
         }
     }
     if let Some(token) = found {
-        return Ok(token);
+        return Ok(Token {
+            token,
+            fresh: false,
+        });
     }
     let token = new_token();
+    let lifetime = token_lifetime(ctx.config.launch_timeout, ctx.config.registration_timeout);
     let expiration = now()
         .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(
-            ctx.config.registration_timeout.as_secs() as i64,
+            i64::try_from(lifetime.as_secs()).unwrap_or(i64::MAX),
         ))
-        .map_err(|e| Error::Internal(e.to_string()))?;
+        .map_err(|e| Error::Internal(format!("a token expiring in {lifetime:?}: {e}")))?;
     let data: BTreeMap<String, ByteString> = [
         ("token-id", token.id().to_string()),
         ("token-secret", token.secret().to_string()),
@@ -96,7 +122,7 @@ pub(super) async fn ensure_token(
         metadata: ObjectMeta {
             name: Some(token.secret_name()),
             namespace: Some(TOKEN_NAMESPACE.into()),
-            labels: Some(claim_labels(claim)),
+            labels: Some(claim_labels(claim, &ctx.config.installation)),
             ..Default::default()
         },
         type_: Some("bootstrap.kubernetes.io/token".into()),
@@ -105,7 +131,7 @@ pub(super) async fn ensure_token(
     };
     tenant.create_token(&secret).await?;
     tracing::info!(nodeclaim = %claim.name_any(), token_id = %token.id(), "created bootstrap token");
-    Ok(token)
+    Ok(Token { token, fresh: true })
 }
 
 /// Deletes the claim's bootstrap tokens; returns how many there were.
@@ -115,4 +141,20 @@ pub(super) async fn delete_tokens(tenant: &Tenant<'_>, uid: &str) -> Result<usiz
         tenant.delete_token(s, "deleting a bootstrap token").await?;
     }
     Ok(existing.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_outlives_the_launch_and_the_registration_with_the_margin_to_spare() {
+        let m = |s: u64| Duration::from_secs(s * 60);
+        assert_eq!(token_lifetime(m(10), m(15)), m(26));
+        assert_eq!(
+            token_lifetime(Duration::MAX, m(1)),
+            Duration::MAX,
+            "saturates instead of overflowing"
+        );
+    }
 }

@@ -129,6 +129,7 @@ async fn reconcile_pool(pool: &NodePool, pctx: &PoolContext) -> Result<Action, E
     };
     let catalogue = super::catalogue::catalogue(ctx);
     let claims = observe::claims(ctx, &ns, &uid);
+    let room = observe::room(ctx, &ns, &claims);
     let pools = pctx
         .pools
         .state_filter(|p| p.metadata.namespace.as_deref() == Some(ns.as_str()));
@@ -143,6 +144,7 @@ async fn reconcile_pool(pool: &NodePool, pctx: &PoolContext) -> Result<Action, E
             .map(|t| t.as_ref().map(|t| t.view(&claims.others, &pools))),
         catalogue: &catalogue,
         repair_after: ctx.config.node_repair_after,
+        room: &room,
         now: now(),
     });
 

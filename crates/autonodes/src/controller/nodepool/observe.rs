@@ -6,9 +6,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use autonodes_core::pool::dynamic::Tenant;
+use autonodes_core::pool::limits::{claim_room, ClaimRoom, NamespaceClaims};
 use autonodes_core::pool::owned_by;
+use autonodes_core::pool::plan::is_live;
 use autonodes_core::pool::reconcile::template_problem;
 use autonodes_core::pool::status::Verdict;
+use autonodes_core::quota::{nodes_limit, PreparedQuota};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
@@ -33,6 +36,30 @@ pub(super) fn claims(ctx: &Context, ns: &str, uid: &str) -> Claims {
         .into_iter()
         .partition(|c| owned_by(c, uid));
     Claims { mine, others }
+}
+
+/// How many claims the pool may create now: the batch, the controller's cap on claims per
+/// namespace, and the `nodes` limit of the namespace's NodeQuotas, against the
+/// namespace's live claims (`claims`: the pool's and the others').
+pub(super) fn room(ctx: &Context, ns: &str, claims: &Claims) -> ClaimRoom {
+    let quotas: Vec<PreparedQuota> = ctx
+        .quotas
+        .state()
+        .iter()
+        .map(|q| PreparedQuota::new(&q.name_any(), &q.spec))
+        .collect();
+    let live = claims
+        .mine
+        .iter()
+        .chain(&claims.others)
+        .filter(|c| is_live(c))
+        .count();
+    claim_room(&NamespaceClaims {
+        namespace: ns,
+        live,
+        max: ctx.config.max_claims_per_namespace,
+        quota_nodes: nodes_limit(&quotas, ns),
+    })
 }
 
 /// Why the pool cannot be worked on: its template (provider, requirements, labels), or —

@@ -1,0 +1,385 @@
+//! One tenant cannot hurt the others, on real API servers: what a hostile tenant writes is
+//! bounded by the CRDs and by the controller, and the other tenants keep being served.
+//!
+//! Run with `--nocapture` to see the figures each test prints.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use autonodes::api::{NodeClaim, NodePool, NodeQuota};
+use autonodes_testenv::playground::put_kubeconfig_secret;
+use autonodes_testenv::simulator::SimMode;
+use common::pools::*;
+use common::world::*;
+use kube::api::{Api, ListParams, PostParams};
+use kube::ResourceExt;
+use serde_json::json;
+
+const WAIT: Duration = Duration::from_secs(120);
+
+/// A provider with one cheap type, `small`.
+fn provider() -> String {
+    provider_yaml(
+        "pools",
+        "test-kubevirt-1",
+        "1",
+        "1Gi",
+        "      - name: small\n        resources:\n          cpu: 1\n          memory: 1Gi",
+    )
+}
+
+/// A world whose controller allows `max_claims` live claims per namespace, with a second
+/// tenant namespace `other` whose `vc-tenant` Secret points at the same tenant cluster.
+async fn world(max_claims: usize) -> World {
+    let mut world = World::start_clusters(&WorldOptions {
+        provider: provider(),
+        ..WorldOptions::default()
+    })
+    .await;
+    world.config.max_claims_per_namespace = max_claims;
+    world.mgmt_namespace("other").await;
+    let tenant = world.playground.tenant().expect("tenant");
+    put_kubeconfig_secret(
+        &world.mgmt,
+        "other",
+        "vc-tenant",
+        autonodes::api::TENANT_KUBECONFIG_KEY,
+        &tenant.kubeconfig_yaml().expect("tenant kubeconfig"),
+    )
+    .await
+    .expect("the second tenant's kubeconfig Secret");
+    world.start_simulator(SimMode::Normal).await;
+    world.start_controller();
+    world
+}
+
+fn pool_object(namespace: &str, name: &str, replicas: i64) -> NodePool {
+    serde_json::from_value(json!({
+        "apiVersion": "autonodes.io/v1alpha1", "kind": "NodePool",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"vClusterRef": {"name": "tenant"}, "providerRef": "pools", "replicas": replicas},
+    }))
+    .expect("NodePool")
+}
+
+fn limit_reason(p: &NodePool) -> Option<(String, String)> {
+    p.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "LimitReached" && c.status == "True")
+        .map(|c| (c.reason.clone(), c.message.clone()))
+}
+
+async fn claims_in(world: &World, namespace: &str) -> Vec<NodeClaim> {
+    Api::<NodeClaim>::namespaced(world.mgmt.clone(), namespace)
+        .list(&ListParams::default())
+        .await
+        .expect("list claims")
+        .items
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_of_two_billion_replicas_is_refused_and_one_of_a_thousand_stops_at_the_namespace_cap_while_another_tenant_is_served(
+) {
+    let world = world(5).await;
+
+    // The CRD refuses what no platform would mean.
+    let refused = world
+        .pools()
+        .create(
+            &PostParams::default(),
+            &pool_object(NS, "huge", 2_147_483_647),
+        )
+        .await
+        .expect_err("2^31-1 replicas refused");
+    let text = refused.to_string();
+    println!("replicas 2147483647: {text}");
+    assert!(text.contains("1000"), "the error names the maximum: {text}");
+
+    // The most the CRD takes, against a cap of 5 live claims per namespace.
+    world
+        .pools()
+        .create(&PostParams::default(), &pool_object(NS, "big", 1000))
+        .await
+        .expect("1000 replicas accepted");
+    let pool = world
+        .wait_pool("big", "LimitReached=True", |p| limit_reason(p).is_some())
+        .await;
+    let (reason, message) = limit_reason(&pool).expect("limit");
+    println!("LimitReached: {reason}: {message}");
+    assert_eq!(reason, "NamespaceClaimLimit");
+    assert!(message.contains("--max-claims-per-namespace"), "{message}");
+    assert_pool_event(&world, "big", "NamespaceClaimLimit").await;
+
+    // Another tenant's claim is served while the first pool sits at the cap.
+    let started = Instant::now();
+    let other: Api<NodeClaim> = Api::namespaced(world.mgmt.clone(), "other");
+    let claim: NodeClaim = serde_json::from_value(json!({
+        "apiVersion": "autonodes.io/v1alpha1", "kind": "NodeClaim",
+        "metadata": {"name": "b", "namespace": "other"},
+        "spec": {"vClusterRef": {"name": "tenant"}, "providerRef": "pools"},
+    }))
+    .expect("claim");
+    other
+        .create(&PostParams::default(), &claim)
+        .await
+        .expect("the other tenant's claim");
+    common::eventually("the other tenant's claim Available", WAIT, || {
+        let other = other.clone();
+        async move {
+            let c = other.get("b").await.ok()?;
+            (phase(&c) == Some(autonodes::api::NodeClaimPhase::Available)).then_some(())
+        }
+    })
+    .await;
+    println!(
+        "the other tenant's claim was Available after {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+
+    // The capped pool never went beyond the cap.
+    for _ in 0..10 {
+        let n = claims_in(&world, NS).await.len();
+        assert!(n <= 5, "{n} claims in a namespace capped at 5");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert_eq!(pool_claims(&world, "big").await.len(), 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_quota_s_nodes_bounds_the_claims_a_pool_creates_counting_claims_written_by_hand() {
+    let world = world(1000).await;
+    let quota: NodeQuota = serde_json::from_value(json!({
+        "apiVersion": "autonodes.io/v1alpha1", "kind": "NodeQuota",
+        "metadata": {"name": "three"},
+        "spec": {"namespaces": [NS], "limits": {"nodes": "3"}},
+    }))
+    .expect("quota");
+    Api::<NodeQuota>::all(world.mgmt.clone())
+        .create(&PostParams::default(), &quota)
+        .await
+        .expect("quota created");
+    world
+        .create_claim(json!({"metadata": {"name": "by-hand"}, "spec": {"providerRef": "pools"}}))
+        .await;
+    // The pool is created once the controller has seen the claim written by hand.
+    world
+        .wait_claim("by-hand", "a phase", WAIT, |c| phase(c).is_some())
+        .await;
+    world
+        .pools()
+        .create(&PostParams::default(), &pool_object(NS, "workers", 10))
+        .await
+        .expect("pool");
+    let pool = world
+        .wait_pool("workers", "LimitReached=True", |p| {
+            limit_reason(p).is_some()
+        })
+        .await;
+    let (reason, message) = limit_reason(&pool).expect("limit");
+    println!("LimitReached: {reason}: {message}");
+    assert_eq!(reason, "QuotaExceeded");
+    assert!(message.contains("NodeQuota three"), "{message}");
+    for _ in 0..10 {
+        let n = claims_in(&world, NS).await.len();
+        assert!(
+            n <= 3,
+            "{n} claims in a namespace whose quota allows 3 nodes"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert_eq!(pool_claims(&world, "workers").await.len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_vm_boots_after_the_registration_timeout_still_joins_with_its_token() {
+    // Tokens used to live as long as the registration timeout (15 s here), counted from the
+    // start of the launch; this guest boots 25 s after its VM is made. A token now lives for
+    // the launch (60 s) and the registration, plus a minute.
+    let boot = Duration::from_secs(25);
+    let world = World::start(WorldOptions {
+        provider: provider(),
+        mode: SimMode::SlowBoot(boot),
+        launch_timeout: Duration::from_secs(60),
+        registration_timeout: Duration::from_secs(15),
+        ..WorldOptions::default()
+    })
+    .await;
+    let started = Instant::now();
+    world
+        .create_claim(json!({"metadata": {"name": "slow"}, "spec": {"providerRef": "pools"}}))
+        .await;
+    let claim = world.wait_phase("slow", "Available", WAIT).await;
+    println!(
+        "claim Available after {:.0} s (guest boot {} s, registration timeout 15 s) on node {:?}",
+        started.elapsed().as_secs_f64(),
+        boot.as_secs(),
+        claim.status.and_then(|s| s.node_name)
+    );
+    assert!(started.elapsed() > boot);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_whose_kubeconfig_turns_invalid_cannot_keep_its_deleted_claim_s_vm_alive() {
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::api::{Patch, PatchParams};
+    let world = world(1000).await;
+    world
+        .create_claim(json!({"metadata": {"name": "held"}, "spec": {"providerRef": "pools"}}))
+        .await;
+    world.wait_phase("held", "Available", WAIT).await;
+    assert_eq!(world.vms().await.len(), 1);
+
+    // The tenant rewrites its kubeconfig Secret into one autonodes refuses (an exec
+    // plugin), then deletes the claim.
+    let hostile = "apiVersion: v1\nkind: Config\ncurrent-context: c\ncontexts:\n- name: c\n  context: {cluster: c, user: u}\nclusters:\n- name: c\n  cluster: {server: 'https://127.0.0.1:1'}\nusers:\n- name: u\n  user:\n    exec: {command: /bin/sh, apiVersion: client.authentication.k8s.io/v1}\n";
+    Api::<Secret>::namespaced(world.mgmt.clone(), NS)
+        .patch(
+            "vc-tenant",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"stringData": {autonodes::api::TENANT_KUBECONFIG_KEY: hostile}})),
+        )
+        .await
+        .expect("kubeconfig Secret rewritten");
+    // Past the controller's recheck of kubeconfig Secrets, the tenant is refused.
+    tokio::time::sleep(autonodes::clients::SECRET_RECHECK + Duration::from_secs(2)).await;
+    let started = Instant::now();
+    world.delete_claim("held").await;
+    // The drain timeout of this world is 20 s: the VM goes after it, the claim with it.
+    world.wait_claim_gone("held", WAIT).await;
+    let took = started.elapsed();
+    println!(
+        "the claim was gone {:.0} s after its deletion",
+        took.as_secs_f64()
+    );
+    assert!(
+        took + Duration::from_secs(2) >= world.config.drain_timeout,
+        "the cleanup waited for the tenant for the drain timeout first ({took:?})"
+    );
+    assert!(world.vms().await.is_empty(), "the VM was deleted");
+    assert!(world.host_secrets().await.is_empty(), "the user data too");
+    let events = world.events_for(NS, "held").await;
+    assert!(
+        events.iter().any(|e| e.starts_with("TenantCleanupSkipped")),
+        "{events:?}"
+    );
+}
+
+/// An object on the host labelled as autonodes makes them, for `installation` (none: made
+/// before installations were labelled) and the claim UID `uid`.
+fn host_labels(installation: Option<&str>, uid: &str) -> serde_json::Value {
+    let mut labels = json!({
+        "app.kubernetes.io/managed-by": "autonodes",
+        "autonodes.io/nodeclaim-uid": uid,
+    });
+    if let Some(i) = installation {
+        labels["autonodes.io/installation"] = json!(i);
+    }
+    labels
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweep_removes_only_its_own_installation_s_orphans_and_a_claim_never_adopts_or_deletes_another_s_vm(
+) {
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::api::DynamicObject;
+    let world = World::start(WorldOptions {
+        provider: provider(),
+        orphan_sweep_interval: Duration::from_secs(2),
+        ..WorldOptions::default()
+    })
+    .await;
+    let installation = world.config.installation.clone();
+    let secrets: Api<Secret> = Api::namespaced(world.host.clone(), "vcluster-platform");
+    for (name, owner) in [
+        ("ours-orphaned", Some(installation.as_str())),
+        ("production-s", Some("production")),
+        ("unlabelled", None),
+    ] {
+        let s: Secret = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": host_labels(owner, &format!("uid-of-{name}"))},
+            "stringData": {"userdata": "#cloud-config\n"},
+        }))
+        .expect("secret");
+        secrets
+            .create(&PostParams::default(), &s)
+            .await
+            .expect("host Secret");
+    }
+    common::eventually("this installation's orphan swept", WAIT, || {
+        let secrets = secrets.clone();
+        async move { matches!(secrets.get_opt("ours-orphaned").await, Ok(None)).then_some(()) }
+    })
+    .await;
+    for name in ["production-s", "unlabelled"] {
+        assert!(
+            secrets.get_opt(name).await.expect("get").is_some(),
+            "{name} is not this installation's and stays"
+        );
+    }
+    println!("swept ours-orphaned; production-s and unlabelled stay");
+
+    // A claim whose VM name another installation's VM holds: not adopted, not deleted.
+    world
+        .create_claim(json!({"metadata": {"name": "clash"}, "spec": {"providerRef": "later"}}))
+        .await;
+    let claim = world
+        .wait_claim("clash", "a phase", WAIT, |c| phase(c).is_some())
+        .await;
+    let vm_name = autonodes::template::vm_name_for_claim(
+        NS,
+        "clash",
+        claim.metadata.uid.as_deref().expect("uid"),
+    );
+    let vms: Api<DynamicObject> = Api::namespaced_with(
+        world.host.clone(),
+        "vcluster-platform",
+        &autonodes::kubevirt::virtual_machine(),
+    );
+    let foreign: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+        "metadata": {"name": vm_name, "labels": host_labels(Some("production"), "uid-of-another-claim")},
+        "spec": {"runStrategy": "Halted", "template": {"spec": {"domain": {"devices": {}, "resources": {"requests": {"memory": "1Gi"}}}}}},
+    }))
+    .expect("VM");
+    let foreign = vms
+        .create(&PostParams::default(), &foreign)
+        .await
+        .expect("the other installation's VM");
+    world
+        .apply_provider(&provider().replace("name: pools", "name: later"))
+        .await;
+    let claim = world
+        .wait_claim("clash", "NameTaken", WAIT, |c| {
+            c.status.as_ref().is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|x| x.type_ == "Provisioned" && x.reason == "NameTaken")
+            })
+        })
+        .await;
+    let message = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|x| x.reason == "NameTaken"))
+        .map(|x| x.message.clone())
+        .unwrap_or_default();
+    println!("Provisioned=False NameTaken: {message}");
+    world.delete_claim("clash").await;
+    world.wait_claim_gone("clash", WAIT).await;
+    let still = vms
+        .get(&vm_name)
+        .await
+        .expect("the foreign VM is still there");
+    assert_eq!(still.metadata.uid, foreign.metadata.uid, "the very same VM");
+    assert_eq!(
+        still
+            .labels()
+            .get("autonodes.io/nodeclaim-uid")
+            .map(String::as_str),
+        Some("uid-of-another-claim"),
+        "and not relabelled"
+    );
+}

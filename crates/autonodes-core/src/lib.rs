@@ -27,6 +27,7 @@
 
 use autonodes_api as api;
 
+pub mod address_policy;
 pub mod capi;
 pub mod claim;
 pub mod host_capacity;

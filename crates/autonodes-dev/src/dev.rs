@@ -153,6 +153,14 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         namespace: SERVICE_NAMESPACE.into(),
         launch_timeout: args.launch_timeout,
         registration_timeout: args.registration_timeout,
+        // The playground's clusters listen on loopback, which the address policy refuses
+        // by default; the management API server stays refused.
+        egress: autonodes::egress::Egress::allowing_list("127.0.0.1")
+            .map_err(|e| anyhow::anyhow!(e))?,
+        management_server: playground
+            .mgmt()
+            .map(|m| format!("127.0.0.1:{}", m.port))
+            .ok(),
         ..Default::default()
     };
     let controller = tokio::spawn(autonodes::run::run_with(

@@ -28,7 +28,7 @@ pub enum Command {
     /// touching no cluster.
     ImportVcluster(crate::import_vcluster::ImportArgs),
     /// Run the controller.
-    Run(crate::run::RunArgs),
+    Run(Box<crate::run::RunArgs>),
 }
 
 /// Runs the parsed command line.
@@ -42,7 +42,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Render(args) => crate::render::run(args),
         Command::ImportVcluster(args) => crate::import_vcluster::run(args),
-        Command::Run(args) => runtime()?.block_on(crate::run::run(args)),
+        Command::Run(args) => runtime()?.block_on(crate::run::run(*args)),
     }
 }
 

@@ -34,7 +34,7 @@ use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
 
 use crate::kubeconfig::{self, CheckedKubeconfig, KubeconfigPolicy};
-use crate::request_metrics::{ClusterKind, CountRequests};
+use crate::request_metrics::ClusterKind;
 
 /// The name that makes a provider's VMs go to the management cluster itself.
 pub const LOCAL_CLUSTER: &str = "local";
@@ -233,15 +233,18 @@ pub struct ClusterClients {
     /// One lock per cluster, held while its Secret is read.
     readers: Mutex<HashMap<ClusterKey, Arc<Mutex<()>>>>,
     on_connect: std::sync::RwLock<Option<OnConnect>>,
+    egress: crate::egress::Egress,
 }
 
 impl ClusterClients {
-    /// A cache reading host kubeconfigs from `service_namespace` on the management cluster
-    /// and accepting kubeconfig Secrets under `policy`.
+    /// A cache reading host kubeconfigs from `service_namespace` on the management cluster,
+    /// accepting kubeconfig Secrets under `policy`, whose clients connect only where
+    /// `egress` allows.
     pub fn new(
         mgmt: Client,
         service_namespace: impl Into<String>,
         policy: KubeconfigPolicy,
+        egress: crate::egress::Egress,
     ) -> Self {
         ClusterClients {
             mgmt,
@@ -251,6 +254,7 @@ impl ClusterClients {
             refused: Mutex::new(HashMap::new()),
             readers: Mutex::new(HashMap::new()),
             on_connect: std::sync::RwLock::new(None),
+            egress,
         }
     }
 
@@ -378,7 +382,7 @@ impl ClusterClients {
                 return Err(invalid(refusal.to_string()));
             }
         };
-        let remote = match build_remote(key.clone(), &checked) {
+        let remote = match build_remote(key.clone(), &checked, &self.egress) {
             Ok(r) => r,
             Err(why) => {
                 // E.g. a client certificate TLS cannot use (X.509 v1, an unknown key type).
@@ -470,17 +474,20 @@ impl ClusterClients {
 }
 
 /// Builds a client from a checked kubeconfig, field by field: the server, the inline CA,
-/// the inline token or client certificate. No file is read, no command run, no proxy used.
-fn build_remote(key: ClusterKey, kc: &CheckedKubeconfig) -> Result<Remote, String> {
+/// the inline token or client certificate. No file is read, no command run, no proxy used;
+/// every connection goes only where `egress` allows ([`crate::egress`]).
+fn build_remote(
+    key: ClusterKey,
+    kc: &CheckedKubeconfig,
+    egress: &crate::egress::Egress,
+) -> Result<Remote, String> {
     let config = client_config(kc)?;
-    let kind = match &key {
-        ClusterKey::Host(_) => ClusterKind::Host,
-        ClusterKey::Tenant { .. } => ClusterKind::Tenant,
+    let (kind, policy) = match &key {
+        ClusterKey::Host(_) => (ClusterKind::Host, egress.host.clone()),
+        ClusterKey::Tenant { .. } => (ClusterKind::Tenant, egress.tenant.clone()),
     };
-    let client = kube::client::ClientBuilder::try_from(config)
-        .map_err(|e| format!("cannot build a client: {}", redact(&e.to_string())))?
-        .with_layer(&CountRequests(kind))
-        .build();
+    let client = crate::egress::guarded_client(&config, policy, kind)
+        .map_err(|e| format!("cannot build a client: {}", redact(&e.to_string())))?;
     Ok(Remote {
         key,
         client,
@@ -544,7 +551,9 @@ pub fn remote_error_text(e: &kube::Error) -> String {
             de.column()
         ),
         kube::Error::FromUtf8(_) => "the answer was not UTF-8".to_string(),
-        other => bounded(&redact(&other.to_string()), MAX_REMOTE_TEXT),
+        // Before an answer: only whether the address was refused, TLS failed, or the
+        // server could not be reached (a tenant must not learn which ports are open).
+        other => crate::egress::coarse_error(other).to_string(),
     }
 }
 
@@ -749,7 +758,11 @@ mod tests {
         );
         let checked = crate::kubeconfig::check(text.as_bytes(), &KubeconfigPolicy::default())
             .expect("accepted");
-        let remote = build_remote(ClusterKey::Host("c".into()), &checked);
+        let remote = build_remote(
+            ClusterKey::Host("c".into()),
+            &checked,
+            &crate::egress::Egress::default(),
+        );
         assert!(remote.is_ok(), "{:?}", remote.err());
     }
 

@@ -22,6 +22,7 @@ pub use autonodes_core::{
 pub mod cli;
 pub mod clients;
 pub mod controller;
+pub mod egress;
 pub mod import_vcluster;
 pub mod leader;
 pub mod metrics;

@@ -12,10 +12,12 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 
 use crate::controller::{self, ControllerConfig};
+use crate::egress::Egress;
 use crate::leader::{LeaderConfig, LeaderElector};
 use crate::metrics::Metrics;
 use crate::request_metrics::{ClusterKind, CountRequests};
 use crate::server::{self, ServerState};
+use autonodes_core::address_policy::{AddressPolicy, Cidr};
 
 /// Log output format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -111,7 +113,28 @@ pub struct RunArgs {
     #[arg(long, env = "AUTONODES_INSTALLATION_ID", default_value = "",
           value_parser = parse_installation_id)]
     pub installation_id: String,
+    /// Addresses (comma-separated networks such as `10.0.0.0/8` or single addresses)
+    /// tenant kubeconfigs may point at although the built-in list refuses them (loopback,
+    /// unspecified, link-local, multicast). The management API server stays refused.
+    #[arg(long, env = "AUTONODES_TENANT_ALLOW_CIDRS", default_value = "",
+          value_parser = Cidr::parse_list)]
+    pub tenant_allow_cidrs: CidrList,
+    /// Addresses tenant kubeconfigs may never point at, beyond the built-in list.
+    #[arg(long, env = "AUTONODES_TENANT_DENY_CIDRS", default_value = "",
+          value_parser = Cidr::parse_list)]
+    pub tenant_deny_cidrs: CidrList,
+    /// As `--tenant-allow-cidrs`, for host (KubeVirt) kubeconfigs.
+    #[arg(long, env = "AUTONODES_HOST_ALLOW_CIDRS", default_value = "",
+          value_parser = Cidr::parse_list)]
+    pub host_allow_cidrs: CidrList,
+    /// As `--tenant-deny-cidrs`, for host (KubeVirt) kubeconfigs.
+    #[arg(long, env = "AUTONODES_HOST_DENY_CIDRS", default_value = "",
+          value_parser = Cidr::parse_list)]
+    pub host_deny_cidrs: CidrList,
 }
+
+/// A list of networks, as a flag takes it.
+pub type CidrList = Vec<Cidr>;
 
 /// Accepts a download base URL the user data can use ([`crate::userdata::is_download_url`]).
 pub fn parse_download_url(s: &str) -> Result<String, String> {
@@ -178,6 +201,14 @@ pub fn init_tracing(format: LogFormat) {
 
 /// A management-cluster client from a kubeconfig path, else the environment.
 pub async fn management_client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<Client> {
+    Ok(management_client_and_server(kubeconfig).await?.0)
+}
+
+/// A management-cluster client, and its API server as `host:port` (which host and tenant
+/// clients are never let connect to).
+pub async fn management_client_and_server(
+    kubeconfig: Option<&PathBuf>,
+) -> anyhow::Result<(Client, Option<String>)> {
     let config = match kubeconfig {
         Some(path) => {
             let kc = Kubeconfig::read_from(path)
@@ -190,10 +221,25 @@ pub async fn management_client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<C
             .await
             .context("no --kubeconfig, no in-cluster config and no usable $KUBECONFIG")?,
     };
-    Ok(kube::client::ClientBuilder::try_from(config)
+    let server = server_address(&config.cluster_url);
+    let client = kube::client::ClientBuilder::try_from(config)
         .context("building the management-cluster client")?
         .with_layer(&CountRequests(ClusterKind::Management))
-        .build())
+        .build();
+    Ok((client, server))
+}
+
+/// `host:port` of a server URL (the scheme's port when none is written).
+pub fn server_address(url: &http::Uri) -> Option<String> {
+    let host = url.host()?;
+    let port = url
+        .port_u16()
+        .unwrap_or(if url.scheme_str() == Some("http") {
+            80
+        } else {
+            443
+        });
+    Some(format!("{host}:{port}"))
 }
 
 /// Resolves when SIGTERM or Ctrl-C arrives.
@@ -222,7 +268,24 @@ pub async fn shutdown_signal() {
 /// Runs the controller until SIGTERM or Ctrl-C.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     init_tracing(args.log_format);
-    let client = management_client(args.kubeconfig.as_ref()).await?;
+    let (client, management_server) =
+        management_client_and_server(args.kubeconfig.as_ref()).await?;
+    let cidrs = |flag: &str, list: &[Cidr]| -> Vec<Cidr> {
+        tracing::debug!(flag, ?list, "address policy");
+        list.to_vec()
+    };
+    let egress = Egress {
+        host: Arc::new(AddressPolicy {
+            allow: cidrs("--host-allow-cidrs", &args.host_allow_cidrs),
+            deny: cidrs("--host-deny-cidrs", &args.host_deny_cidrs),
+            protected: Vec::new(),
+        }),
+        tenant: Arc::new(AddressPolicy {
+            allow: cidrs("--tenant-allow-cidrs", &args.tenant_allow_cidrs),
+            deny: cidrs("--tenant-deny-cidrs", &args.tenant_deny_cidrs),
+            protected: Vec::new(),
+        }),
+    };
     let config = ControllerConfig {
         namespace: args.namespace.clone(),
         launch_timeout: args.launch_timeout,
@@ -238,6 +301,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         kubernetes_download_url: args.kubernetes_download_url.clone(),
         max_claims_per_namespace: args.max_claims_per_namespace,
         installation: args.installation_id.clone(),
+        egress,
+        management_server,
     };
     let leader = args.leader_elect.then(|| {
         LeaderConfig::new(

@@ -189,6 +189,10 @@ async fn a_prepared_and_a_stock_image_join_the_tenant_with_a_real_kubelet_and_le
         namespace: SERVICE_NAMESPACE.into(),
         registration_timeout: READY,
         kubernetes_download_url: format!("http://{}:{}", qemu::HOST_ADDRESS, mirror.port),
+        // The clusters listen on loopback, which the address policy refuses by default.
+        egress: autonodes::egress::Egress::allowing(&[
+            autonodes_core::address_policy::Cidr::parse("127.0.0.1").expect("cidr"),
+        ]),
         ..ControllerConfig::default()
     };
     let metrics = format!("127.0.0.1:{}", free_port().expect("port"))

@@ -383,3 +383,82 @@ async fn the_sweep_removes_only_its_own_installation_s_orphans_and_a_claim_never
         "and not relabelled"
     );
 }
+
+/// Creates namespace `ns` with a `vc-tenant` Secret holding `kubeconfig`, and a claim `c`
+/// there; returns the claim's `Provisioned` (or `Scheduled`) condition once it says why the
+/// tenant cannot be used.
+async fn claim_of_tenant_at(world: &World, ns: &str, kubeconfig: &str) -> (String, String) {
+    world.mgmt_namespace(ns).await;
+    put_kubeconfig_secret(
+        &world.mgmt,
+        ns,
+        "vc-tenant",
+        autonodes::api::TENANT_KUBECONFIG_KEY,
+        kubeconfig,
+    )
+    .await
+    .expect("kubeconfig Secret");
+    let api: Api<NodeClaim> = Api::namespaced(world.mgmt.clone(), ns);
+    let claim: NodeClaim = serde_json::from_value(json!({
+        "apiVersion": "autonodes.io/v1alpha1", "kind": "NodeClaim",
+        "metadata": {"name": "c", "namespace": ns},
+        "spec": {"vClusterRef": {"name": "tenant"}, "providerRef": "pools"},
+    }))
+    .expect("claim");
+    api.create(&PostParams::default(), &claim)
+        .await
+        .expect("claim created");
+    common::eventually(&format!("claim {ns}/c TenantUnreachable"), WAIT, || {
+        let api = api.clone();
+        async move {
+            let c = api.get("c").await.ok()?;
+            c.status?
+                .conditions
+                .iter()
+                .find(|x| x.reason == "TenantUnreachable")
+                .map(|x| (x.reason.clone(), x.message.clone()))
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_kubeconfig_naming_the_management_api_server_or_a_closed_port_gets_a_coarse_condition_and_no_connection(
+) {
+    let world = world(1000).await;
+    let mgmt = world.playground.mgmt().expect("mgmt");
+    // The management API server by a name that resolves to it (loopback is allowed in this
+    // world, the management server never is).
+    let by_name = mgmt
+        .kubeconfig_yaml()
+        .expect("kubeconfig")
+        .replace("https://127.0.0.1:", "https://localhost:");
+    let (reason, message) = claim_of_tenant_at(&world, "at-mgmt", &by_name).await;
+    println!(
+        "kubeconfig at https://localhost:{}: {reason}: {message}",
+        mgmt.port
+    );
+    assert!(
+        message.contains("refused by autonodes' address policy"),
+        "{message}"
+    );
+    // A closed port on an allowed address: unreachable, and not a word of the OS's error.
+    let closed = mgmt
+        .kubeconfig_yaml()
+        .expect("kubeconfig")
+        .replace(&format!("127.0.0.1:{}", mgmt.port), "127.0.0.1:1");
+    let (reason, message) = claim_of_tenant_at(&world, "at-closed", &closed).await;
+    println!("kubeconfig at https://127.0.0.1:1: {reason}: {message}");
+    assert!(message.contains("cannot be reached"), "{message}");
+    for leak in [
+        "refused (os",
+        "Connection refused",
+        "tcp connect",
+        "os error",
+    ] {
+        assert!(!message.contains(leak), "{leak:?} in {message}");
+    }
+    // The management API server saw no request from autonodes with the tenant's identity
+    // beyond its own: the claims there never got a token.
+    assert!(world.tokens().await.is_empty());
+}

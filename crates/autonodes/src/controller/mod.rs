@@ -89,6 +89,70 @@ pub struct ControllerConfig {
     /// `autonodes.io/installation` label on everything it creates in host and tenant
     /// clusters. Empty: the UID of the namespace in `namespace`, read at start.
     pub installation: String,
+    /// Where host and tenant clients may connect ([`crate::egress`]); the management
+    /// cluster's API server (its `kubernetes` Service, that Service's endpoints, and
+    /// `management_server`) is added at start.
+    pub egress: crate::egress::Egress,
+    /// The management cluster's API server as this process reaches it (`host:port`), also
+    /// refused to host and tenant clients.
+    pub management_server: Option<String>,
+}
+
+/// The addresses of the management cluster's API server: `server` (`host:port`, resolved)
+/// and the `default/kubernetes` Service's cluster IPs and endpoints, each with its ports.
+/// What cannot be read is logged and left out.
+async fn management_api_server(client: &Client, server: Option<&str>) -> Vec<std::net::SocketAddr> {
+    use k8s_openapi::api::core::v1::{Endpoints, Service};
+    let mut out = Vec::new();
+    if let Some(server) = server {
+        match tokio::net::lookup_host(server).await {
+            Ok(addrs) => out.extend(addrs),
+            Err(e) => {
+                tracing::warn!(%server, error = %e, "cannot resolve the management API server")
+            }
+        }
+    }
+    match kube::Api::<Service>::namespaced(client.clone(), "default")
+        .get("kubernetes")
+        .await
+    {
+        Ok(svc) => {
+            let spec = svc.spec.unwrap_or_default();
+            let ips = spec.cluster_ips.unwrap_or_default();
+            for port in spec.ports.unwrap_or_default() {
+                for ip in &ips {
+                    if let (Ok(ip), Ok(port)) = (ip.parse(), u16::try_from(port.port)) {
+                        out.push(std::net::SocketAddr::new(ip, port));
+                    }
+                }
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot read the default/kubernetes Service"),
+    }
+    match kube::Api::<Endpoints>::namespaced(client.clone(), "default")
+        .get("kubernetes")
+        .await
+    {
+        Ok(ep) => {
+            for subset in ep.subsets.unwrap_or_default() {
+                let ports: Vec<u16> = subset
+                    .ports
+                    .unwrap_or_default()
+                    .iter()
+                    .filter_map(|p| u16::try_from(p.port).ok())
+                    .collect();
+                for a in subset.addresses.unwrap_or_default() {
+                    if let Ok(ip) = a.ip.parse() {
+                        out.extend(ports.iter().map(|p| std::net::SocketAddr::new(ip, *p)));
+                    }
+                }
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot read the default/kubernetes Endpoints"),
+    }
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// The default installation id: the UID of the controller's namespace, unique to this
@@ -123,6 +187,8 @@ impl Default for ControllerConfig {
             max_claims_per_namespace:
                 autonodes_core::pool::limits::DEFAULT_MAX_CLAIMS_PER_NAMESPACE,
             installation: DEFAULT_INSTALLATION.to_string(),
+            egress: crate::egress::Egress::default(),
+            management_server: None,
         }
     }
 }
@@ -673,6 +739,9 @@ pub async fn run(
         config.installation = installation_of_namespace(&client, &config.namespace).await?;
     }
     tracing::info!(installation = %config.installation, "installation id (label autonodes.io/installation)");
+    let protected = management_api_server(&client, config.management_server.as_deref()).await;
+    tracing::info!(addresses = ?protected, "host and tenant clients never connect to the management API server");
+    config.egress = config.egress.protecting(&protected);
     let reflectors = Arc::new(Reflectors::new());
     let r = &reflectors;
     let claimed = Arc::new(std::sync::Mutex::new(crate::ledger::ClaimedLedger::new()));
@@ -700,6 +769,7 @@ pub async fn run(
         client.clone(),
         config.namespace.clone(),
         config.kubeconfig_policy,
+        config.egress.clone(),
     ));
     clients.set_on_connect(remote::watch_hook(wake_claims.clone(), r.claims.store()));
 

@@ -116,6 +116,13 @@ spec:
     )
 }
 
+/// Host and tenant clients allowed to connect to 127.0.0.1, where the test clusters listen.
+pub fn loopback_egress() -> autonodes::egress::Egress {
+    autonodes::egress::Egress::allowing(&[
+        autonodes_core::address_policy::Cidr::parse("127.0.0.1").expect("cidr")
+    ])
+}
+
 /// The tenant namespace of the claims.
 pub const NS: &str = "tenant";
 
@@ -192,6 +199,13 @@ impl World {
             node_repair_after: opts.node_repair_after,
             drain_timeout: Duration::from_secs(20),
             orphan_sweep_interval: opts.orphan_sweep_interval,
+            // Every cluster here listens on loopback, which the address policy refuses by
+            // default: allowed as a lab would (the management API server stays refused).
+            egress: loopback_egress(),
+            management_server: Some(format!(
+                "127.0.0.1:{}",
+                playground.mgmt().expect("mgmt").port
+            )),
             ..Default::default()
         };
         World {
@@ -250,6 +264,10 @@ impl World {
             "5m",
             "--registration-timeout",
             "5m",
+            "--tenant-allow-cidrs",
+            "127.0.0.1",
+            "--host-allow-cidrs",
+            "127.0.0.1",
         ]
         .iter()
         .map(|s| s.to_string())

@@ -186,6 +186,10 @@ pub fn spawn_controller(dir: &Path, name: &str, args: &[&str]) -> Proc {
     let child = Command::new(env!("CARGO_BIN_EXE_autonodes"))
         .arg("run")
         .args(args)
+        .args([
+            "--tenant-allow-cidrs=127.0.0.1",
+            "--host-allow-cidrs=127.0.0.1",
+        ])
         .env("POD_NAME", name)
         .env("RUST_LOG", "info,kube_client::client::builder=off")
         .stdin(Stdio::null())

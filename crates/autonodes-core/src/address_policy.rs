@@ -1,0 +1,294 @@
+//! Which addresses autonodes may connect to for a tenant or host cluster: checked on every
+//! connection, after DNS, so a kubeconfig whose server name resolves to a forbidden address
+//! is refused as surely as one that names it. Pure: the controller's connector resolves
+//! and asks [`AddressPolicy::check`].
+//!
+//! In this order:
+//! 1. the management cluster's own API server ([`AddressPolicy::protected`]: the
+//!    `kubernetes` Service and its endpoints, the server autonodes itself talks to), by
+//!    address and port — always refused;
+//! 2. the deny list (`--tenant-deny-cidrs`, `--host-deny-cidrs`) — refused;
+//! 3. the allow list (`--tenant-allow-cidrs`, `--host-allow-cidrs`) — accepted, over the
+//!    built-in list below (so a lab can allow one loopback address);
+//! 4. the built-in list: loopback, unspecified, link-local (where cloud metadata services
+//!    answer), multicast and broadcast addresses, also written as IPv4-mapped IPv6 —
+//!    refused;
+//! 5. anything else — accepted. Private ranges and the Service CIDR are not refused by
+//!    default: a vCluster's kubeconfig usually names its Service.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+/// An IPv4 or IPv6 network: an address and a prefix length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cidr {
+    network: IpAddr,
+    prefix: u8,
+}
+
+impl Cidr {
+    /// Parses `10.0.0.0/8`, `fd00::/8`, or a single address (`127.0.0.1`, a /32 or /128).
+    pub fn parse(s: &str) -> Result<Cidr, String> {
+        let s = s.trim();
+        let (addr, prefix) = match s.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (s, None),
+        };
+        let network: IpAddr = addr
+            .parse()
+            .map_err(|_| format!("{s:?} is not an address or network such as 10.0.0.0/8"))?;
+        let max = if network.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            None => max,
+            Some(p) => p
+                .parse::<u8>()
+                .ok()
+                .filter(|p| *p <= max)
+                .ok_or_else(|| format!("{s:?}: the prefix length must be 0 to {max}"))?,
+        };
+        Ok(Cidr { network, prefix })
+    }
+
+    /// Parses a comma-separated list (empty: none).
+    pub fn parse_list(s: &str) -> Result<Vec<Cidr>, String> {
+        s.split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(Cidr::parse)
+            .collect()
+    }
+
+    /// Whether `ip` lies in the network (an IPv4-mapped IPv6 address counts as its IPv4).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match (self.network, canonical(ip)) {
+            (IpAddr::V4(n), IpAddr::V4(a)) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u32::from(n) & mask == u32::from(a) & mask
+            }
+            (IpAddr::V6(n), IpAddr::V6(a)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u128::from(n) & mask == u128::from(a) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.network, self.prefix)
+    }
+}
+
+/// An IPv4-mapped IPv6 address as the IPv4 address it is; others unchanged.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// Why an address is refused (coarse: what a tenant may be told).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The management cluster's own API server.
+    ManagementApiServer,
+    /// An address of the deny list.
+    Denied,
+    /// Loopback.
+    Loopback,
+    /// `0.0.0.0` or `::`.
+    Unspecified,
+    /// Link-local (cloud metadata services answer there).
+    LinkLocal,
+    /// Multicast or broadcast.
+    Multicast,
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Refusal::ManagementApiServer => "it is the management cluster's API server",
+            Refusal::Denied => "it is on the deny list",
+            Refusal::Loopback => "it is a loopback address",
+            Refusal::Unspecified => "it is the unspecified address",
+            Refusal::LinkLocal => "it is link-local (where cloud metadata services answer)",
+            Refusal::Multicast => "it is a multicast or broadcast address",
+        })
+    }
+}
+
+/// The addresses connections to one kind of cluster (tenant or host) may go to.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AddressPolicy {
+    /// Accepted over the built-in list.
+    pub allow: Vec<Cidr>,
+    /// Refused.
+    pub deny: Vec<Cidr>,
+    /// The management cluster's API server: refused whatever the lists say.
+    pub protected: Vec<SocketAddr>,
+}
+
+impl AddressPolicy {
+    /// Whether a connection to `addr` may be made.
+    pub fn check(&self, addr: SocketAddr) -> Result<(), Refusal> {
+        let ip = canonical(addr.ip());
+        if self
+            .protected
+            .iter()
+            .any(|p| canonical(p.ip()) == ip && p.port() == addr.port())
+        {
+            return Err(Refusal::ManagementApiServer);
+        }
+        if self.deny.iter().any(|c| c.contains(ip)) {
+            return Err(Refusal::Denied);
+        }
+        if self.allow.iter().any(|c| c.contains(ip)) {
+            return Ok(());
+        }
+        match built_in(ip) {
+            Some(r) => Err(r),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The built-in refusal of `ip`, if any.
+fn built_in(ip: IpAddr) -> Option<Refusal> {
+    match ip {
+        IpAddr::V4(v4) => {
+            if v4.is_loopback() {
+                Some(Refusal::Loopback)
+            } else if v4.is_unspecified() {
+                Some(Refusal::Unspecified)
+            } else if v4.is_link_local() {
+                Some(Refusal::LinkLocal)
+            } else if v4.is_multicast() || v4 == Ipv4Addr::BROADCAST {
+                Some(Refusal::Multicast)
+            } else {
+                None
+            }
+        }
+        IpAddr::V6(v6) => {
+            if v6.is_loopback() {
+                Some(Refusal::Loopback)
+            } else if v6.is_unspecified() {
+                Some(Refusal::Unspecified)
+            } else if is_link_local_v6(v6) {
+                Some(Refusal::LinkLocal)
+            } else if v6.is_multicast() {
+                Some(Refusal::Multicast)
+            } else {
+                None
+            }
+        }
+    }
+}
+
+fn is_link_local_v6(v6: Ipv6Addr) -> bool {
+    v6.segments()[0] & 0xffc0 == 0xfe80
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn addr(s: &str) -> SocketAddr {
+        s.parse().expect("socket address")
+    }
+
+    #[test]
+    fn networks_parse_with_or_without_a_prefix_and_bad_ones_say_why() {
+        assert_eq!(
+            Cidr::parse("10.0.0.0/8").expect("v4").to_string(),
+            "10.0.0.0/8"
+        );
+        assert_eq!(
+            Cidr::parse("127.0.0.1").expect("host").to_string(),
+            "127.0.0.1/32"
+        );
+        assert_eq!(Cidr::parse("fd00::/8").expect("v6").to_string(), "fd00::/8");
+        assert!(Cidr::parse("10.0.0.0/33").is_err());
+        assert!(Cidr::parse("example.com").is_err());
+        assert_eq!(
+            Cidr::parse_list(" 10.0.0.0/8, ,192.168.0.0/16")
+                .expect("list")
+                .len(),
+            2
+        );
+    }
+
+    #[test]
+    fn loopback_link_local_unspecified_and_multicast_are_refused_by_default_in_every_spelling() {
+        let p = AddressPolicy::default();
+        for (a, why) in [
+            ("127.0.0.1:443", Refusal::Loopback),
+            ("127.9.9.9:6443", Refusal::Loopback),
+            ("[::1]:443", Refusal::Loopback),
+            ("[::ffff:127.0.0.1]:443", Refusal::Loopback),
+            ("169.254.169.254:80", Refusal::LinkLocal),
+            ("[::ffff:169.254.169.254]:80", Refusal::LinkLocal),
+            ("[fe80::1]:443", Refusal::LinkLocal),
+            ("0.0.0.0:443", Refusal::Unspecified),
+            ("[::]:443", Refusal::Unspecified),
+            ("224.0.0.1:443", Refusal::Multicast),
+            ("255.255.255.255:443", Refusal::Multicast),
+        ] {
+            assert_eq!(p.check(addr(a)), Err(why), "{a}");
+        }
+        for a in [
+            "10.96.0.10:443",
+            "192.168.1.5:6443",
+            "203.0.113.7:443",
+            "[fd00::5]:443",
+        ] {
+            assert_eq!(
+                p.check(addr(a)),
+                Ok(()),
+                "{a}: private ranges and Services stay"
+            );
+        }
+    }
+
+    #[test]
+    fn the_allow_list_wins_over_the_built_in_list_but_never_over_the_deny_list_or_the_management_server(
+    ) {
+        let p = AddressPolicy {
+            allow: vec![Cidr::parse("127.0.0.1").expect("cidr")],
+            deny: vec![Cidr::parse("10.0.0.0/8").expect("cidr")],
+            protected: vec![addr("127.0.0.1:6443"), addr("10.96.0.1:443")],
+        };
+        assert_eq!(p.check(addr("127.0.0.1:8443")), Ok(()));
+        assert_eq!(p.check(addr("127.0.0.2:8443")), Err(Refusal::Loopback));
+        assert_eq!(
+            p.check(addr("127.0.0.1:6443")),
+            Err(Refusal::ManagementApiServer)
+        );
+        assert_eq!(
+            p.check(addr("[::ffff:10.96.0.1]:443")),
+            Err(Refusal::ManagementApiServer)
+        );
+        assert_eq!(p.check(addr("10.1.2.3:443")), Err(Refusal::Denied));
+    }
+
+    proptest! {
+        #[test]
+        fn an_ipv4_address_and_its_mapped_ipv6_spelling_get_the_same_answer(
+            a in any::<u32>(), port in any::<u16>(), allow in any::<u32>(), prefix in 0u8..=32
+        ) {
+            let v4 = Ipv4Addr::from(a);
+            let p = AddressPolicy {
+                allow: vec![Cidr { network: IpAddr::V4(Ipv4Addr::from(allow)), prefix }],
+                ..AddressPolicy::default()
+            };
+            let plain = SocketAddr::new(IpAddr::V4(v4), port);
+            let mapped = SocketAddr::new(IpAddr::V6(v4.to_ipv6_mapped()), port);
+            prop_assert_eq!(p.check(plain), p.check(mapped));
+        }
+    }
+}

@@ -1,0 +1,247 @@
+//! Clients of host and tenant clusters whose every connection goes only where the
+//! [`AddressPolicy`] allows: the server's name is resolved here, each address is checked,
+//! and the connection is made to a checked address (never resolved a second time), so a
+//! name that resolves to loopback, a metadata service or the management API server is
+//! refused like the address itself. TLS still verifies the server's name, and redirects are
+//! never followed (the HTTP client does not follow them).
+//!
+//! A refused address is an error whose text says only that the address was refused; what a
+//! tenant is shown of any connection failure is coarse ([`coarse_error`]): refused,
+//! unreachable, or TLS — never the connect or handshake text, so a tenant kubeconfig cannot
+//! tell an open port from a closed one.
+
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use autonodes_core::address_policy::{AddressPolicy, Refusal};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use kube::client::ConfigExt;
+use kube::{Client, Config};
+use tower::{BoxError, ServiceBuilder};
+
+use crate::request_metrics::{ClusterKind, CountRequests};
+
+/// The address policies of host and tenant clusters' clients.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Egress {
+    /// For host (KubeVirt) clusters (`--host-allow-cidrs`, `--host-deny-cidrs`).
+    pub host: Arc<AddressPolicy>,
+    /// For tenant clusters (`--tenant-allow-cidrs`, `--tenant-deny-cidrs`).
+    pub tenant: Arc<AddressPolicy>,
+}
+
+impl Egress {
+    /// Both policies with `addrs` (the management cluster's API server) protected.
+    pub fn protecting(&self, addrs: &[SocketAddr]) -> Egress {
+        let with = |p: &AddressPolicy| {
+            let mut p = p.clone();
+            p.protected.extend_from_slice(addrs);
+            Arc::new(p)
+        };
+        Egress {
+            host: with(&self.host),
+            tenant: with(&self.tenant),
+        }
+    }
+
+    /// [`Egress::allowing`] the comma-separated networks of `list` (`127.0.0.1`).
+    pub fn allowing_list(list: &str) -> Result<Egress, String> {
+        Ok(Egress::allowing(
+            &autonodes_core::address_policy::Cidr::parse_list(list)?,
+        ))
+    }
+
+    /// Both policies allowing `cidrs` over the built-in list (the test environment and the
+    /// playground, whose clusters all listen on loopback).
+    pub fn allowing(cidrs: &[autonodes_core::address_policy::Cidr]) -> Egress {
+        let p = Arc::new(AddressPolicy {
+            allow: cidrs.to_vec(),
+            ..AddressPolicy::default()
+        });
+        Egress {
+            host: p.clone(),
+            tenant: p,
+        }
+    }
+}
+
+/// How long a TCP connect may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A connection refused by the address policy.
+#[derive(Debug, thiserror::Error)]
+#[error("the server's address is refused: {0}")]
+pub struct AddressRefused(pub Refusal);
+
+/// A TCP connector that resolves the server's name itself and connects only to addresses
+/// the policy allows.
+#[derive(Clone)]
+pub struct GuardedConnector {
+    http: HttpConnector,
+    policy: Arc<AddressPolicy>,
+}
+
+impl GuardedConnector {
+    /// A connector for `policy`.
+    pub fn new(policy: Arc<AddressPolicy>) -> Self {
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        GuardedConnector { http, policy }
+    }
+}
+
+/// The first of `addrs` the policy allows, else the refusal of the first.
+pub fn first_allowed(
+    policy: &AddressPolicy,
+    addrs: impl IntoIterator<Item = SocketAddr>,
+) -> Result<SocketAddr, Refusal> {
+    let mut refusal = Refusal::Denied;
+    for a in addrs {
+        match policy.check(a) {
+            Ok(()) => return Ok(a),
+            Err(r) => refusal = r,
+        }
+    }
+    Err(refusal)
+}
+
+impl tower::Service<http::Uri> for GuardedConnector {
+    type Response = <HttpConnector as tower::Service<http::Uri>>::Response;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        tower::Service::<http::Uri>::poll_ready(&mut self.http, cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, uri: http::Uri) -> Self::Future {
+        let mut http = self.http.clone();
+        let policy = self.policy.clone();
+        Box::pin(async move {
+            let host = uri
+                .host()
+                .ok_or("the server URL has no host")?
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string();
+            let port = uri.port_u16().unwrap_or(match uri.scheme_str() {
+                Some("http") => 80,
+                _ => 443,
+            });
+            let addrs: Vec<SocketAddr> = match host.parse::<IpAddr>() {
+                Ok(ip) => vec![SocketAddr::new(ip, port)],
+                Err(_) => tokio::net::lookup_host((host.as_str(), port))
+                    .await?
+                    .collect(),
+            };
+            let addr = first_allowed(&policy, addrs).map_err(AddressRefused)?;
+            let ip = match addr.ip() {
+                IpAddr::V4(v4) => v4.to_string(),
+                IpAddr::V6(v6) => format!("[{v6}]"),
+            };
+            // The checked address, not the name: nothing is resolved again.
+            let checked: http::Uri = format!("http://{ip}:{port}").parse()?;
+            Ok(tower::Service::call(&mut http, checked).await?)
+        })
+    }
+}
+
+/// A client for `config` whose connections `policy` guards: kube's own stack (base URI,
+/// authentication, TLS from the kubeconfig) over the [`GuardedConnector`], each request
+/// counted for `kind`.
+pub fn guarded_client(
+    config: &Config,
+    policy: Arc<AddressPolicy>,
+    kind: ClusterKind,
+) -> Result<Client, kube::Error> {
+    let https = config.rustls_https_connector_with_connector(GuardedConnector::new(policy))?;
+    let http_client: hyper_util::client::legacy::Client<_, kube::client::Body> =
+        hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(https);
+    let service = ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        .map_err(BoxError::from)
+        .service(http_client);
+    Ok(
+        kube::client::ClientBuilder::new(service, config.default_namespace.clone())
+            .with_layer(&CountRequests(kind))
+            .build(),
+    )
+}
+
+/// What a tenant or host is shown of a failure that is not an answer of its API server:
+/// refused by the address policy, a TLS failure, or unreachable — nothing else.
+pub fn coarse_error(e: &(dyn std::error::Error + 'static)) -> &'static str {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    let mut tls = false;
+    while let Some(err) = cur {
+        if err.downcast_ref::<AddressRefused>().is_some() {
+            return "the server's address is refused by autonodes' address policy";
+        }
+        let text = err.to_string();
+        if text.contains("certificate") || text.contains("tls") || text.contains("TLS") {
+            tls = true;
+        }
+        cur = err.source();
+    }
+    if tls {
+        "the TLS handshake with the server failed"
+    } else {
+        "the server cannot be reached"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use autonodes_core::address_policy::Cidr;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("client error (Connect)")]
+    struct Wrapper(#[source] Box<dyn std::error::Error + Send + Sync>);
+
+    #[test]
+    fn a_failure_before_an_answer_shows_only_refused_tls_or_unreachable() {
+        let refused = Wrapper(Box::new(AddressRefused(Refusal::Loopback)));
+        assert_eq!(
+            coarse_error(&refused),
+            "the server's address is refused by autonodes' address policy"
+        );
+        let closed = Wrapper(Box::new(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "tcp connect error: Connection refused (os error 111)",
+        )));
+        assert_eq!(coarse_error(&closed), "the server cannot be reached");
+        let tls = Wrapper(Box::new(std::io::Error::other(
+            "invalid peer certificate: UnknownIssuer",
+        )));
+        assert_eq!(
+            coarse_error(&tls),
+            "the TLS handshake with the server failed"
+        );
+    }
+
+    #[test]
+    fn the_first_allowed_address_of_a_name_is_used_and_a_name_with_none_is_refused() {
+        let policy = AddressPolicy {
+            allow: vec![Cidr::parse("127.0.0.1").expect("cidr")],
+            ..AddressPolicy::default()
+        };
+        let a = |s: &str| s.parse::<SocketAddr>().expect("addr");
+        assert_eq!(
+            first_allowed(&policy, [a("[::1]:443"), a("127.0.0.1:443")]),
+            Ok(a("127.0.0.1:443"))
+        );
+        assert_eq!(
+            first_allowed(&policy, [a("169.254.169.254:80")]),
+            Err(Refusal::LinkLocal)
+        );
+    }
+}

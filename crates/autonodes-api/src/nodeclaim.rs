@@ -90,6 +90,7 @@ pub struct NodeClaimSpec {
     pub v_cluster_ref: VClusterRef,
     /// Properties with the highest precedence (over provider, type and pool).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "crate::schema::properties")]
     pub properties: Properties,
     /// Taints the node keeps.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

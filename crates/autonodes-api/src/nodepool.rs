@@ -65,6 +65,7 @@ pub struct NodePoolSpec {
     pub requirements: Vec<Requirement>,
     /// Properties of the pool's claims (over provider and type, under the claim's own).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "crate::schema::properties")]
     pub properties: Properties,
     /// Taints every node of the pool keeps.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

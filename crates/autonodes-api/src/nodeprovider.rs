@@ -52,6 +52,7 @@ pub struct NodeProviderSpec {
     /// Properties every node type of this provider has, with the lowest precedence
     /// (NodeProvider < NodeType < NodePool < NodeClaim).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "crate::schema::properties")]
     pub properties: Properties,
     /// The KubeVirt host cluster, base template and node types.
     pub kube_virt: KubeVirtProvider,
@@ -106,6 +107,7 @@ pub struct ProviderNodeType {
     pub cost: Option<i64>,
     /// Properties of this type, over the provider's.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "crate::schema::properties")]
     pub properties: Properties,
     /// Taints every node of this type gets.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

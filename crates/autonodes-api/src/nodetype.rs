@@ -78,6 +78,7 @@ pub struct NodeTypeSpec {
     pub max_capacity: Option<i64>,
     /// Properties of this type, over the provider's.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "crate::schema::properties")]
     pub properties: Properties,
     /// Taints every node of this type gets.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

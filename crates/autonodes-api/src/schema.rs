@@ -29,12 +29,33 @@ pub fn quantity(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
-/// Node labels: values are label values (keys are checked when the node is built).
+/// The most entries of a label, kubelet-argument or property map, and of a taint list.
+pub const MAX_MAP_ENTRIES: u32 = 64;
+/// The longest kubelet argument value.
+pub const MAX_KUBELET_ARG: u32 = 1024;
+/// The longest property value (room for a user cloud-config in `autonodes.io/user-data`;
+/// the rendered user data has its own bound).
+pub const MAX_PROPERTY_VALUE: u32 = 65536;
+
+/// Node labels: values are label values (keys are checked when the node is built), at most
+/// [`MAX_MAP_ENTRIES`].
 pub fn label_map(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "type": "object",
-        "description": "Labels: keys are qualified names (`example.com/role`), values at most 63 characters of letters, digits, `-`, `_` and `.`.",
+        "description": "Labels: keys are qualified names (`example.com/role`), values at most 63 characters of letters, digits, `-`, `_` and `.`; at most 64.",
+        "maxProperties": MAX_MAP_ENTRIES,
         "additionalProperties": {"type": "string", "maxLength": 63, "pattern": LABEL_VALUE_PATTERN}
+    })
+}
+
+/// Properties: string values of at most [`MAX_PROPERTY_VALUE`] characters, at most
+/// [`MAX_MAP_ENTRIES`] of them.
+pub fn properties(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "object",
+        "description": "Properties by key: at most 64, each value at most 65536 characters.",
+        "maxProperties": MAX_MAP_ENTRIES,
+        "additionalProperties": {"type": "string", "maxLength": MAX_PROPERTY_VALUE}
     })
 }
 
@@ -43,7 +64,8 @@ pub fn label_map(_: &mut SchemaGenerator) -> Schema {
 pub fn taints(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "type": "array",
-        "description": "Taints, as in a Kubernetes Node's spec.taints.",
+        "description": "Taints, as in a Kubernetes Node's spec.taints; at most 64.",
+        "maxItems": MAX_MAP_ENTRIES,
         "items": {
             "type": "object",
             "required": ["key", "effect"],
@@ -135,10 +157,12 @@ pub fn vm_template(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
-/// Kubelet arguments, free-form string map.
+/// Kubelet arguments, a string map: at most [`MAX_MAP_ENTRIES`], each value at most
+/// [`MAX_KUBELET_ARG`] characters.
 pub fn string_map(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "type": "object",
-        "additionalProperties": {"type": "string"}
+        "maxProperties": MAX_MAP_ENTRIES,
+        "additionalProperties": {"type": "string", "maxLength": MAX_KUBELET_ARG}
     })
 }

@@ -205,8 +205,9 @@ impl BootstrapToken {
     }
 }
 
-/// How a node finds and authenticates to the tenant API server.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// How a node finds and authenticates to the tenant API server. Its `Debug` leaves the
+/// token out.
+#[derive(Clone, PartialEq, Eq)]
 pub struct JoinParams {
     /// `host:port` of the tenant API server (an IPv6 host in brackets).
     pub api_server_endpoint: String,
@@ -227,6 +228,19 @@ pub struct JoinParams {
     /// `--kubernetes-download-url`, [`DEFAULT_DOWNLOAD_URL`] by default; a node type's
     /// `autonodes.io/kubernetes-download-url` property wins).
     pub download_url: String,
+}
+
+impl std::fmt::Debug for JoinParams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JoinParams")
+            .field("api_server_endpoint", &self.api_server_endpoint)
+            .field("token", &"<redacted>")
+            .field("ca_cert_hashes", &self.ca_cert_hashes)
+            .field("join_script_url", &self.join_script_url)
+            .field("kubernetes_version", &self.kubernetes_version)
+            .field("download_url", &self.download_url)
+            .finish_non_exhaustive()
+    }
 }
 
 impl JoinParams {
@@ -390,8 +404,9 @@ impl JoinTemplate {
     }
 }
 
-/// Everything the user data of one node depends on.
-#[derive(Debug, Clone, Copy)]
+/// Everything the user data of one node depends on. Its `Debug` shows the join parameters
+/// without their token and the user's cloud-config by length only.
+#[derive(Clone, Copy)]
 pub struct UserDataInput<'a> {
     /// Which built-in template.
     pub template: JoinTemplate,
@@ -415,6 +430,28 @@ pub struct UserDataInput<'a> {
     /// The node type's `autonodes.io/kubernetes-download-url`, which replaces
     /// [`JoinParams::download_url`].
     pub download_url: Option<&'a str>,
+}
+
+impl std::fmt::Debug for UserDataInput<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UserDataInput")
+            .field("template", &self.template)
+            .field("node_name", &self.node_name)
+            .field("join", self.join)
+            .field("node_labels", self.node_labels)
+            .field("taints", &self.taints)
+            .field("kubelet_args", self.kubelet_args)
+            .field(
+                "user_cloud_config",
+                &self
+                    .user_cloud_config
+                    .map(|c| format!("<{} bytes>", c.len())),
+            )
+            .field("ssh_keys", &self.ssh_keys.len())
+            .field("image_prepared", &self.image_prepared)
+            .field("download_url", &self.download_url)
+            .finish()
+    }
 }
 
 /// SSH keys from the `autonodes.io/ssh-keys` property: one per line; blank lines and
@@ -1429,6 +1466,33 @@ ALSCkSTyQaInuL6DucynDnEnDn3BmFrDIP2T88gG8jFaAiEAs2mkVzuGZG/sIDbD
                 "ssh-ed25519 AAAA a".to_string(),
                 "ssh-rsa BBBB b".to_string()
             ]
+        );
+    }
+
+    #[test]
+    fn debug_output_of_join_parameters_and_user_data_input_never_shows_the_token() {
+        let mut join = JoinParams::placeholder();
+        join.token = "abcdef.0123456789abcdef".into();
+        let shown = format!("{join:?}");
+        assert!(!shown.contains("0123456789abcdef"), "{shown}");
+        assert!(shown.contains("<redacted>"), "{shown}");
+        let labels = BTreeMap::new();
+        let input = UserDataInput {
+            template: JoinTemplate::Kubeadm,
+            node_name: "n",
+            join: &join,
+            node_labels: &labels,
+            taints: &[],
+            kubelet_args: &labels,
+            user_cloud_config: Some("password: hunter2"),
+            ssh_keys: &[],
+            image_prepared: false,
+            download_url: None,
+        };
+        let shown = format!("{input:?}");
+        assert!(
+            !shown.contains("0123456789abcdef") && !shown.contains("hunter2"),
+            "{shown}"
         );
     }
 }

@@ -27,8 +27,9 @@ use crate::template::{self, TemplateError, VmIdentity, USER_DATA_KEY};
 use crate::userdata::{self, JoinParams, JoinTemplate, UserDataError, UserDataInput};
 use crate::zones;
 
-/// Everything autonodes writes for one claim, and what it sets on the Node afterwards.
-#[derive(Debug, Clone, PartialEq)]
+/// Everything autonodes writes for one claim, and what it sets on the Node afterwards. Its
+/// `Debug` leaves the user data (which holds the bootstrap token) out.
+#[derive(Clone, PartialEq)]
 pub struct RenderedNode {
     /// The chosen NodeType (`<provider>.<type>`).
     pub node_type: String,
@@ -55,6 +56,23 @@ pub struct RenderedNode {
     /// Node taints: the ones kept and the startup taints (the join configuration holds both
     /// plus the registration taint).
     pub taints: NodeTaints,
+}
+
+impl std::fmt::Debug for RenderedNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RenderedNode")
+            .field("node_type", &self.node_type)
+            .field("cost", &self.cost)
+            .field("host_cluster", &self.host_cluster)
+            .field("vm_namespace", &self.vm_namespace)
+            .field("vm_name", &self.vm_name)
+            .field("provider_id", &self.provider_id)
+            .field("secret", &self.secret.metadata.name)
+            .field("user_data", &format!("<{} bytes>", self.user_data.len()))
+            .field("labels", &self.labels)
+            .field("taints", &self.taints)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Why a claim cannot be planned or rendered. Every message names the claim (and the
@@ -787,6 +805,15 @@ mod tests {
         let r = render_node(t, &claim, None, "vm", &JoinParams::placeholder(), "test")
             .expect("renders");
         assert_eq!(r.provider_id, "kubevirt://vm");
+        let mut join = JoinParams::placeholder();
+        join.token = "abcdef.0123456789abcdef".into();
+        let secret = render_node(t, &claim, None, "vm", &join, "test").expect("renders");
+        assert!(secret.user_data.contains("0123456789abcdef"));
+        let shown = format!("{secret:?}");
+        assert!(
+            !shown.contains("0123456789abcdef"),
+            "Debug shows no token: {shown}"
+        );
         assert_eq!(r.vm_namespace, "vcluster-platform");
         assert_eq!(r.host_cluster, "test-kubevirt-1");
         assert_eq!(r.cost, 14);

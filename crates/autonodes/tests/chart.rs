@@ -338,8 +338,27 @@ async fn a_controller_with_only_the_charts_rbac_provisions_a_claim_and_cleans_it
     let env = &world.playground.env;
     let mgmt = world.playground.mgmt().expect("mgmt");
 
-    // The chart's ServiceAccount and RBAC, for real.
-    let rendered = render_chart(&values_for_1_20(json!({})));
+    // The default install reads no Secret outside its own namespace: no ClusterRole grants
+    // Secrets at all.
+    let defaults = documents(&render_chart(&values_for_1_20(json!({}))));
+    for d in defaults.iter().filter(|d| d["kind"] == "ClusterRole") {
+        for rule in d["rules"].as_array().into_iter().flatten() {
+            assert!(
+                !rule["resources"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|r| r == "secrets"),
+                "the default ClusterRole {} grants {rule}",
+                d["metadata"]["name"]
+            );
+        }
+    }
+
+    // The chart's ServiceAccount and RBAC, for real, with the tenant's namespace listed.
+    let rendered = render_chart(&values_for_1_20(
+        json!({"rbac": {"tenantNamespaces": [NS]}}),
+    ));
     let rbac: Vec<serde_json::Value> = documents(&rendered)
         .into_iter()
         .filter(|d| {
@@ -374,6 +393,19 @@ async fn a_controller_with_only_the_charts_rbac_provisions_a_claim_and_cleans_it
         .await
         .expect("client");
 
+    // It really is the ServiceAccount: what the chart does not grant is refused — Secrets
+    // are listed nowhere but in the tenant namespace it names.
+    let can = |args: &[&str]| {
+        let out = kubectl(
+            env,
+            mgmt,
+            &[&["auth", "can-i"][..], args, &["--as", user]].concat(),
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    assert_eq!(can(&["list", "secrets", "--all-namespaces"]), "no");
+    assert_eq!(can(&["get", "secrets", "-n", "default"]), "no");
+    assert_eq!(can(&["get", "secrets", "-n", NS]), "yes");
     // It really is the ServiceAccount: what the chart does not grant is refused.
     let denied = Api::<Secret>::namespaced(client.clone(), "kube-system")
         .delete("anything", &Default::default())
@@ -387,9 +419,10 @@ async fn a_controller_with_only_the_charts_rbac_provisions_a_claim_and_cleans_it
 
     world.start_simulator(opts.mode).await;
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
-    // As the chart runs it: the vCluster import on, in every namespace.
+    // As the chart runs it: the vCluster import on, in the listed tenant namespace.
     let mut config = world.config.clone();
-    config.vcluster_import = autonodes::controller::vcluster_import::ImportScope::All;
+    config.vcluster_import =
+        autonodes::controller::vcluster_import::ImportScope::Namespaces(vec![NS.to_string()]);
     let task = tokio::spawn(async move {
         let options = RunOptions {
             metrics_addr: "127.0.0.1:0".parse().expect("address"),

@@ -264,10 +264,12 @@ async fn the_orphan_sweep_removes_what_a_vanished_claim_left_and_keeps_what_live
     world.delete_claim("leaked").await;
     world.wait_claim_gone("leaked", WAIT).await;
     assert_eq!(world.vms().await.len(), 2);
-    // A DataVolume and a bootstrap token of the vanished claim, and a managed Secret of no
-    // claim at all (never touched: autonodes did not make it for a claim).
+    // A DataVolume and a bootstrap token of the vanished claim, as this installation makes
+    // them, and a managed Secret of no claim at all (never touched: autonodes did not make
+    // it for a claim).
     let labels = serde_json::json!({
         "app.kubernetes.io/managed-by": "autonodes",
+        "autonodes.io/installation": world.config.installation,
         "autonodes.io/nodeclaim-uid": leaked_uid,
     });
     let dvs: Api<DynamicObject> = Api::namespaced_with(

@@ -751,6 +751,12 @@ pub fn managed_labels(
     ])
 }
 
+/// Whether an object's `labels` name the claim with UID `uid` ([`LABEL_NODECLAIM_UID`]):
+/// only then does autonodes adopt, wait for or delete it for that claim.
+pub fn labelled_for_claim(labels: &BTreeMap<String, String>, uid: &str) -> bool {
+    labels.get(LABEL_NODECLAIM_UID).map(String::as_str) == Some(uid)
+}
+
 /// The labels naming a node's claim, which the kubelet registers the Node with (so tenant
 /// Node events find the claim): the installation, and the claim's name (shortened with a
 /// hash when longer than a label value may be), namespace and UID.

@@ -35,13 +35,8 @@ fn same_claim(
     a: &std::collections::BTreeMap<String, String>,
     b: &std::collections::BTreeMap<String, String>,
 ) -> bool {
-    matches!((a.get(LABEL_NODECLAIM_UID), b.get(LABEL_NODECLAIM_UID)), (Some(x), Some(y)) if x == y)
-}
-
-/// Whether the host object `labels` belong to the claim with UID `uid`: only then does
-/// autonodes adopt, wait for or delete it.
-pub fn is_claims(labels: &std::collections::BTreeMap<String, String>, uid: &str) -> bool {
-    labels.get(LABEL_NODECLAIM_UID).map(String::as_str) == Some(uid)
+    b.get(LABEL_NODECLAIM_UID)
+        .is_some_and(|uid| template::labelled_for_claim(a, uid))
 }
 
 /// A KubeVirt host cluster.
@@ -240,7 +235,7 @@ impl<'a> Host<'a> {
             Api::namespaced_with(self.remote.client.clone(), ns, &kubevirt::data_volume());
         let ours = |dv: &kubevirt::ObservedDataVolume| {
             dv.metadata.namespace.as_deref() == Some(ns)
-                && dv.labels().get(LABEL_NODECLAIM_UID).map(String::as_str) == Some(uid)
+                && template::labelled_for_claim(dv.labels(), uid)
         };
         let cached = self
             .remote

@@ -15,7 +15,6 @@ use super::calls::{claim_selector, read, remote_call};
 use super::host::ignore_not_found;
 use super::remote::TOKEN_NAMESPACE;
 use super::{Context, Error};
-use crate::api::LABEL_NODECLAIM_UID;
 use crate::clients::Remote;
 
 /// How long a tenant's published join address is used before it is read again.
@@ -222,8 +221,7 @@ impl<'a> Tenant<'a> {
 
     /// The bootstrap-token Secrets of the claim with `uid`.
     pub async fn tokens(&self, uid: &str) -> Result<Vec<Arc<Secret>>, Error> {
-        let ours =
-            |s: &Secret| s.labels().get(LABEL_NODECLAIM_UID).map(String::as_str) == Some(uid);
+        let ours = |s: &Secret| crate::template::labelled_for_claim(s.labels(), uid);
         if let Some(found) = self
             .remote
             .tenant_cache()

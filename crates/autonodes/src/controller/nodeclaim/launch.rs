@@ -15,7 +15,7 @@ use super::{elapsed_since, remaining, Provisioning, Step, PROVISIONED, SCHEDULED
 use crate::api::reasons::ClaimReason;
 use crate::api::NodeClaim;
 use crate::clients::{status_message, Remote};
-use crate::controller::host::{is_claims, VmCreate};
+use crate::controller::host::VmCreate;
 use crate::controller::tenant::JoinInfo;
 use crate::controller::{now, Error};
 use crate::kubevirt::ObservedVm;
@@ -27,7 +27,9 @@ use crate::userdata::{self, BootstrapToken, JoinParams, UserDataError};
 pub(super) async fn launch(p: &mut Provisioning<'_>) -> Result<Step, Error> {
     let uid = p.claim.uid().unwrap_or_default();
     let vm = match p.host().vm(&p.vm_ns, &p.vm_name).await? {
-        Some(vm) if !is_claims(vm.labels(), &uid) => return Ok(name_taken(p, "VirtualMachine")),
+        Some(vm) if !crate::template::labelled_for_claim(vm.labels(), &uid) => {
+            return Ok(name_taken(p, "VirtualMachine"))
+        }
         Some(vm) => vm,
         None if p.status.was_true(PROVISIONED) => {
             // The VM vanished after it ran: the claim failed.

@@ -17,7 +17,7 @@ use super::{elapsed_since, uid, READY};
 use crate::api::reasons::ClaimReason;
 use crate::api::{NodeClaim, NodeClaimPhase};
 use crate::clients::ClientError;
-use crate::controller::host::{is_claims, Host};
+use crate::controller::host::Host;
 use crate::controller::tenant::Tenant;
 use crate::controller::{now, Context, Error};
 
@@ -89,7 +89,7 @@ pub(super) async fn remove_remote_objects(
     let vm = host
         .vm(&vm_ns, &vm_name)
         .await?
-        .filter(|vm| is_claims(vm.labels(), &uid));
+        .filter(|vm| crate::template::labelled_for_claim(vm.labels(), &uid));
     if let Some(vm) = vm {
         if vm.metadata.deletion_timestamp.is_none() {
             if let (Some(tenant), true) = (&tenant, drain) {

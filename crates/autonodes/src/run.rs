@@ -270,19 +270,15 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     init_tracing(args.log_format);
     let (client, management_server) =
         management_client_and_server(args.kubeconfig.as_ref()).await?;
-    let cidrs = |flag: &str, list: &[Cidr]| -> Vec<Cidr> {
-        tracing::debug!(flag, ?list, "address policy");
-        list.to_vec()
-    };
     let egress = Egress {
         host: Arc::new(AddressPolicy {
-            allow: cidrs("--host-allow-cidrs", &args.host_allow_cidrs),
-            deny: cidrs("--host-deny-cidrs", &args.host_deny_cidrs),
+            allow: args.host_allow_cidrs.clone(),
+            deny: args.host_deny_cidrs.clone(),
             protected: Vec::new(),
         }),
         tenant: Arc::new(AddressPolicy {
-            allow: cidrs("--tenant-allow-cidrs", &args.tenant_allow_cidrs),
-            deny: cidrs("--tenant-deny-cidrs", &args.tenant_deny_cidrs),
+            allow: args.tenant_allow_cidrs.clone(),
+            deny: args.tenant_deny_cidrs.clone(),
             protected: Vec::new(),
         }),
     };

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube_derive::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -56,6 +57,13 @@ pub struct NodeProviderSpec {
     pub properties: Properties,
     /// The KubeVirt host cluster, base template and node types.
     pub kube_virt: KubeVirtProvider,
+    /// The tenant namespaces that may use this provider's node types, selected by the
+    /// namespaces' labels: NodeClaims, NodePools and vCluster imports in any other
+    /// namespace cannot be scheduled to them (`Scheduled=False`, reason
+    /// `ProviderNotAllowed`). Absent: every namespace. An empty selector (`{}`) also
+    /// selects every namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_namespace_selector: Option<LabelSelector>,
 }
 
 /// KubeVirt settings of a NodeProvider.

@@ -106,6 +106,12 @@ names! {
         /// A NodeQuota of the claim's namespace allows none of the fitting node types, or
         /// the claim would take the namespace over one of its limits.
         QuotaExceeded,
+        /// The NodeProvider of every fitting node type serves other namespaces only (its
+        /// `tenantNamespaceSelector` does not select the claim's namespace).
+        ProviderNotAllowed,
+        /// The controller runs with `--require-quota` and no NodeQuota covers the claim's
+        /// namespace.
+        NoQuota,
         /// No node of the host cluster has room for the VM of any fitting node type (its
         /// zone and host node placement included): the claim waits rather than leaving a
         /// VM Pending on the host.
@@ -269,6 +275,12 @@ names! {
         /// and the namespace's claims reached it; the pool creates no more until they are
         /// fewer.
         QuotaExceeded,
+        /// `LimitReached=True`: the controller runs with `--require-quota` and no NodeQuota
+        /// covers the pool's namespace; the pool creates no claims until one does.
+        NoQuota,
+        /// The pool's `providerRef` names a NodeProvider whose `tenantNamespaceSelector`
+        /// does not select the pool's namespace.
+        ProviderNotAllowed,
         /// `Autoscaling=True`: the MachinePool mirrors the pool.
         MachinePoolMirrored,
         /// `Autoscaling=False`: `spec.autoscaling` has bounds the autoscaler cannot use.

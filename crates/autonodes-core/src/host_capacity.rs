@@ -600,6 +600,7 @@ mod tests {
             name: "p".into(),
             host_cluster: "h".into(),
             vm_namespace: "vms".into(),
+            tenant_namespaces: None,
             properties: Properties::new(),
             base_template: Some(json!({"spec": {"template": {"spec": {}}}})),
         };

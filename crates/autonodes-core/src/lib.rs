@@ -15,6 +15,7 @@
 //! - [`userdata`]: cloud-init rendering;
 //! - [`claim`]: the claim's phase ladder;
 //! - [`join`]: what a joined Node still needs (labels, the registration taint gone);
+//! - [`access`]: which tenant namespaces may use a provider, and `--require-quota`;
 //! - [`quota`]: tenant quotas (NodeQuota): the types a namespace may claim, its limits;
 //! - [`capi`]: the `capi.autonodes.io` mirror (replicas both ways, MachinePool, Machines);
 //! - [`kubeconfig`]: the check of kubeconfig Secrets;
@@ -27,6 +28,7 @@
 
 use autonodes_api as api;
 
+pub mod access;
 pub mod address_policy;
 pub mod capi;
 pub mod claim;

@@ -228,6 +228,7 @@ mod tests {
             base_template: Some(json!({"spec": {"template": {"spec": {}}}})),
             host_cluster: "h".into(),
             vm_namespace: "vms".into(),
+            tenant_namespaces: None,
         };
         let t = prepare_type(&format!("p.{name}"), &spec, Some(&provider));
         assert!(t.problem.is_none(), "{:?}", t.problem);

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, Taint};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use serde_json::Value;
 
 use crate::api::{
@@ -134,6 +134,9 @@ pub struct ProviderContext {
     pub host_cluster: String,
     /// `clusterRef.namespace`: where VMs and their Secrets go.
     pub vm_namespace: String,
+    /// `tenantNamespaceSelector`: the tenant namespaces that may use the provider's types
+    /// (`None`: every namespace).
+    pub tenant_namespaces: Option<LabelSelector>,
 }
 
 impl ProviderContext {
@@ -146,6 +149,7 @@ impl ProviderContext {
             base_template: spec.kube_virt.virtual_machine_template.clone(),
             host_cluster: spec.kube_virt.cluster_ref.cluster.clone(),
             vm_namespace: spec.kube_virt.cluster_ref.namespace.clone(),
+            tenant_namespaces: spec.tenant_namespace_selector.clone(),
         }
     }
 }
@@ -281,6 +285,9 @@ pub struct PreparedType {
     pub host_cluster: String,
     /// Namespace of the VMs on the host cluster (empty when the provider is missing).
     pub vm_namespace: String,
+    /// The tenant namespaces that may use the type: its provider's
+    /// `tenantNamespaceSelector` (`None`: every namespace; see [`crate::access`]).
+    pub tenant_namespaces: Option<LabelSelector>,
     /// The type's properties: built-in defaults < provider < type < built-in identity.
     pub properties: Properties,
     /// Effective resources: from the spec, else discovered from the template.
@@ -408,6 +415,7 @@ pub fn prepare_type_with(
         display_name: spec.display_name.clone(),
         host_cluster: provider.map(|p| p.host_cluster.clone()).unwrap_or_default(),
         vm_namespace: provider.map(|p| p.vm_namespace.clone()).unwrap_or_default(),
+        tenant_namespaces: provider.and_then(|p| p.tenant_namespaces.clone()),
         properties,
         resources: spec.resources.clone(),
         amounts: ResourceAmounts::default(),
@@ -1604,6 +1612,7 @@ mod tests {
                 "resources": {"requests": {"cpu": "2", "memory": "4Gi"}}}}}}})),
             host_cluster: "host".into(),
             vm_namespace: "vms".into(),
+            tenant_namespaces: None,
         }
     }
 

@@ -106,6 +106,11 @@ pub struct RunArgs {
     #[arg(long, env = "AUTONODES_MAX_CLAIMS_PER_NAMESPACE",
           default_value_t = autonodes_core::pool::limits::DEFAULT_MAX_CLAIMS_PER_NAMESPACE)]
     pub max_claims_per_namespace: usize,
+    /// Let a namespace claim nodes only while a NodeQuota covers it: claims elsewhere stay
+    /// `Scheduled=False` (reason `NoQuota`) and pools create none (`LimitReached=True`,
+    /// reason `NoQuota`). Off: a namespace no quota covers is not limited.
+    #[arg(long, env = "AUTONODES_REQUIRE_QUOTA")]
+    pub require_quota: bool,
     /// This installation's id: every VM, Secret, DataVolume, token and Node autonodes
     /// creates carries it in the label `autonodes.io/installation`, and only this
     /// installation sweeps, adopts or deletes what carries it. Give installations that share
@@ -296,6 +301,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         },
         kubernetes_download_url: args.kubernetes_download_url.clone(),
         max_claims_per_namespace: args.max_claims_per_namespace,
+        require_quota: args.require_quota,
         installation: args.installation_id.clone(),
         egress,
         management_server,

@@ -8,6 +8,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use autonodes::api::{NodeClaim, NodePool, NodeQuota};
+use autonodes::controller::ControllerConfig;
 use autonodes_testenv::playground::put_kubeconfig_secret;
 use autonodes_testenv::simulator::SimMode;
 use common::pools::*;
@@ -32,12 +33,17 @@ fn provider() -> String {
 /// A world whose controller allows `max_claims` live claims per namespace, with a second
 /// tenant namespace `other` whose `vc-tenant` Secret points at the same tenant cluster.
 async fn world(max_claims: usize) -> World {
+    world_with(provider(), |c| c.max_claims_per_namespace = max_claims).await
+}
+
+/// [`world`] with this provider, and the controller's configuration changed by `tweak`.
+async fn world_with(provider: String, tweak: impl FnOnce(&mut ControllerConfig)) -> World {
     let mut world = World::start_clusters(&WorldOptions {
-        provider: provider(),
+        provider,
         ..WorldOptions::default()
     })
     .await;
-    world.config.max_claims_per_namespace = max_claims;
+    tweak(&mut world.config);
     world.mgmt_namespace("other").await;
     let tenant = world.playground.tenant().expect("tenant");
     put_kubeconfig_secret(
@@ -191,6 +197,140 @@ async fn a_node_quota_s_nodes_bounds_the_claims_a_pool_creates_counting_claims_w
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     assert_eq!(pool_claims(&world, "workers").await.len(), 2);
+}
+
+/// A claim in `namespace` of the tenant, for provider `pools`.
+async fn claim_in(world: &World, namespace: &str, name: &str) -> Api<NodeClaim> {
+    let api: Api<NodeClaim> = Api::namespaced(world.mgmt.clone(), namespace);
+    let claim: NodeClaim = serde_json::from_value(json!({
+        "apiVersion": "autonodes.io/v1alpha1", "kind": "NodeClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"vClusterRef": {"name": "tenant"}, "providerRef": "pools"},
+    }))
+    .expect("claim");
+    api.create(&PostParams::default(), &claim)
+        .await
+        .expect("claim created");
+    api
+}
+
+/// Waits until the claim's `Scheduled` condition is False with `reason` (before the node
+/// types are read it may say that there are none), and returns its message.
+async fn unscheduled(api: &Api<NodeClaim>, name: &str, reason: &str) -> String {
+    common::eventually(&format!("Scheduled=False {reason}"), WAIT, || {
+        let api = api.clone();
+        async move {
+            let c = api.get(name).await.ok()?;
+            let (status, found, message) = condition(&c, "Scheduled")?;
+            (status == "False" && found == reason).then_some(message)
+        }
+    })
+    .await
+}
+
+/// Waits until the claim is Available.
+async fn available(api: &Api<NodeClaim>, name: &str) {
+    common::eventually("Available", WAIT, || {
+        let api = api.clone();
+        async move {
+            let c = api.get(name).await.ok()?;
+            (phase(&c) == Some(autonodes::api::NodeClaimPhase::Available)).then_some(())
+        }
+    })
+    .await;
+}
+
+fn pool_condition(p: &NodePool, type_: &str) -> Option<(String, String, String)> {
+    find_condition(&p.status.as_ref()?.conditions, type_)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_serves_only_the_tenant_namespaces_its_selector_selects() {
+    let restricted = provider().replacen(
+        "\nspec:\n",
+        "\nspec:\n  tenantNamespaceSelector:\n    matchLabels:\n      team: ml\n",
+        1,
+    );
+    let world = world_with(restricted, |_| {}).await;
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(world.mgmt.clone());
+    namespaces
+        .patch(
+            "other",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"labels": {"team": "ml"}}})),
+        )
+        .await
+        .expect("label namespace other");
+
+    // A claim in a namespace the provider does not serve waits, and says why.
+    let refused = claim_in(&world, NS, "outside").await;
+    let message = unscheduled(&refused, "outside", "ProviderNotAllowed").await;
+    println!("{NS}: Scheduled=False ProviderNotAllowed: {message}");
+    assert!(
+        message.contains(&format!("NodeProvider pools does not serve namespace {NS}")),
+        "{message}"
+    );
+
+    // A pool there names the provider: it says so and creates nothing.
+    world
+        .pools()
+        .create(&PostParams::default(), &pool_object(NS, "workers", 2))
+        .await
+        .expect("pool");
+    let pool = world
+        .wait_pool("workers", "ProviderNotAllowed", |p| {
+            p.status
+                .iter()
+                .flat_map(|s| &s.conditions)
+                .any(|c| c.reason == "ProviderNotAllowed")
+        })
+        .await;
+    println!("pool: {:?}", pool_condition(&pool, "Ready"));
+    assert!(pool_claims(&world, "workers").await.is_empty());
+
+    // The namespace it serves gets its node.
+    let served = claim_in(&world, "other", "inside").await;
+    available(&served, "inside").await;
+    unscheduled(&refused, "outside", "ProviderNotAllowed").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_require_quota_only_a_namespace_a_node_quota_covers_gets_nodes() {
+    let world = world_with(provider(), |c| c.require_quota = true).await;
+    let quota: NodeQuota = serde_json::from_value(json!({
+        "apiVersion": "autonodes.io/v1alpha1", "kind": "NodeQuota",
+        "metadata": {"name": "other-only"},
+        "spec": {"namespaces": ["other"], "limits": {"nodes": "5"}},
+    }))
+    .expect("quota");
+    Api::<NodeQuota>::all(world.mgmt.clone())
+        .create(&PostParams::default(), &quota)
+        .await
+        .expect("quota created");
+
+    let refused = claim_in(&world, NS, "uncovered").await;
+    let message = unscheduled(&refused, "uncovered", "NoQuota").await;
+    println!("{NS}: Scheduled=False NoQuota: {message}");
+    assert!(message.contains("--require-quota"), "{message}");
+
+    world
+        .pools()
+        .create(&PostParams::default(), &pool_object(NS, "workers", 3))
+        .await
+        .expect("pool");
+    let pool = world
+        .wait_pool("workers", "LimitReached=True", |p| {
+            limit_reason(p).is_some()
+        })
+        .await;
+    let (reason, message) = limit_reason(&pool).expect("limit");
+    println!("pool LimitReached: {reason}: {message}");
+    assert_eq!(reason, "NoQuota");
+    assert_pool_event(&world, "workers", "NoQuota").await;
+    assert!(pool_claims(&world, "workers").await.is_empty());
+
+    let covered = claim_in(&world, "other", "covered").await;
+    available(&covered, "covered").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

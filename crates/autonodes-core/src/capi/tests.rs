@@ -82,6 +82,7 @@ fn prepared(name: &str, spec: serde_json::Value) -> PreparedType {
         properties: Default::default(),
         host_cluster: "h".into(),
         vm_namespace: "vms".into(),
+        tenant_namespaces: None,
         base_template: Some(json!({"spec": {"template": {"spec": {"domain": {"devices": {}}}}}})),
     };
     let t = scheduling::prepare_type(name, &spec, Some(&provider));

@@ -31,6 +31,9 @@ pub struct NamespaceClaims<'a> {
     /// The smallest `nodes` limit of the NodeQuotas covering the namespace, with the
     /// quota's name, if any limits `nodes`.
     pub quota_nodes: Option<(&'a str, usize)>,
+    /// The controller requires a NodeQuota (`--require-quota`) and none covers the
+    /// namespace: it may hold no claims at all.
+    pub quota_missing: bool,
 }
 
 /// Why a pool may create no more claims than [`ClaimRoom::create`].
@@ -57,6 +60,12 @@ pub enum Bound {
         nodes: usize,
         /// The namespace's live claims.
         live: usize,
+    },
+    /// The controller requires a NodeQuota (`--require-quota`) and none covers the
+    /// namespace.
+    NoQuota {
+        /// The namespace.
+        namespace: String,
     },
 }
 
@@ -110,6 +119,13 @@ impl ClaimRoom {
                     live + self.create
                 ),
             )),
+            Bound::NoQuota { namespace } => Some(Verdict::new(
+                true,
+                PoolReason::NoQuota,
+                format!(
+                    "{short} more claim(s) wanted, but no NodeQuota covers namespace {namespace}, and the controller requires one (--require-quota)"
+                ),
+            )),
         }
     }
 }
@@ -118,6 +134,14 @@ impl ClaimRoom {
 /// the namespace's cap and its quota's `nodes`, whichever is least (the cap or quota named
 /// when it is what binds, or when it leaves no room at all).
 pub fn claim_room(ns: &NamespaceClaims) -> ClaimRoom {
+    if ns.quota_missing {
+        return ClaimRoom {
+            create: 0,
+            bound: Bound::NoQuota {
+                namespace: ns.namespace.to_string(),
+            },
+        };
+    }
     let mut room = ClaimRoom {
         create: CREATE_BATCH,
         bound: Bound::Batch,
@@ -164,7 +188,24 @@ mod tests {
             live,
             max,
             quota_nodes: quota,
+            quota_missing: false,
         }
+    }
+
+    #[test]
+    fn a_namespace_without_the_quota_the_controller_requires_gets_no_claims() {
+        let mut missing = ns(0, 1000, None);
+        missing.quota_missing = true;
+        let room = claim_room(&missing);
+        assert_eq!(room.create, 0);
+        let verdict = room.verdict(3).expect("a limit");
+        assert!(verdict.status);
+        assert_eq!(verdict.reason, PoolReason::NoQuota);
+        assert!(
+            verdict.message.contains("--require-quota"),
+            "{}",
+            verdict.message
+        );
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //! Each reconcile reads, validates, builds (pure code in `template`, `scheduling`,
 //! `requirements`, `pool`, `userdata`), applies, and writes status with server-side apply.
 
+pub mod access;
 pub mod calls;
 pub mod capi;
 pub mod catalogue;
@@ -85,6 +86,9 @@ pub struct ControllerConfig {
     /// The most live claims pools may bring one namespace to
     /// (`--max-claims-per-namespace`).
     pub max_claims_per_namespace: usize,
+    /// Whether a namespace needs a NodeQuota covering it to claim anything
+    /// (`--require-quota`).
+    pub require_quota: bool,
     /// This installation's id (`--installation-id`): the value of the
     /// `autonodes.io/installation` label on everything it creates in host and tenant
     /// clusters. Empty: the UID of the namespace in `namespace`, read at start.
@@ -186,6 +190,7 @@ impl Default for ControllerConfig {
             kubernetes_download_url: crate::userdata::DEFAULT_DOWNLOAD_URL.to_string(),
             max_claims_per_namespace:
                 autonodes_core::pool::limits::DEFAULT_MAX_CLAIMS_PER_NAMESPACE,
+            require_quota: false,
             installation: DEFAULT_INSTALLATION.to_string(),
             egress: crate::egress::Egress::default(),
             management_server: None,

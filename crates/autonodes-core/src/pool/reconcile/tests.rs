@@ -334,6 +334,7 @@ fn a_static_pool_asking_for_two_billion_replicas_creates_one_batch_and_then_stop
         live: 0,
         max: 1000,
         quota_nodes: None,
+        quota_missing: false,
     });
     let plan = scene.plan();
     assert_eq!(plan.create.len(), crate::pool::limits::CREATE_BATCH);
@@ -345,6 +346,7 @@ fn a_static_pool_asking_for_two_billion_replicas_creates_one_batch_and_then_stop
         live: 1000,
         max: 1000,
         quota_nodes: None,
+        quota_missing: false,
     });
     let plan = scene.plan();
     assert!(plan.create.is_empty());
@@ -369,6 +371,7 @@ fn a_dynamic_pool_creates_no_more_claims_than_the_namespace_s_quota_leaves() {
         live: 4,
         max: 1000,
         quota_nodes: Some(("q", 5)),
+        quota_missing: false,
     });
     let plan = scene.plan();
     assert_eq!(plan.create.len(), 1);

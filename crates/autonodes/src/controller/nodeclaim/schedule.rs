@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use autonodes_core::access::{self, TenantNamespace};
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 
@@ -110,6 +111,27 @@ pub(super) async fn schedule(claim: &NodeClaim, ctx: &Context) -> Result<Schedul
     // The decision is reserved in memory before the lock is released; the status write
     // happens outside it and gives the reservation back if it fails.
     ctx.wait_synced().await;
+    let namespace = claim.namespace().unwrap_or_default();
+    // With `--require-quota`, a namespace no NodeQuota covers claims nothing.
+    let all_quotas: Vec<PreparedQuota> = ctx
+        .quotas
+        .state()
+        .iter()
+        .map(|q| PreparedQuota::new(&q.name_any(), &q.spec))
+        .collect();
+    if let Err(message) = access::quota_admits(ctx.config.require_quota, &all_quotas, &namespace) {
+        let mut w = StatusWriter::new(claim, ctx);
+        w.set(SCHEDULED, false, ClaimReason::NoQuota, message);
+        w.write().await?;
+        return Ok(Schedule::Waiting(RETRY));
+    }
+    // The namespace's labels, when some provider serves only some namespaces.
+    let labels =
+        crate::controller::access::namespace_labels(ctx, &catalogue(ctx), &namespace).await;
+    let tenant = TenantNamespace {
+        name: &namespace,
+        labels: labels.as_ref(),
+    };
     let hosts = host_snapshots(ctx, &request).await;
     let decision = {
         let _one_at_a_time = ctx.scheduling.lock().await;
@@ -121,12 +143,8 @@ pub(super) async fn schedule(claim: &NodeClaim, ctx: &Context) -> Result<Schedul
             )));
         }
         let catalogue = catalogue(ctx);
-        let namespace = claim.namespace().unwrap_or_default();
-        let quotas: Vec<PreparedQuota> = ctx
-            .quotas
-            .state()
-            .iter()
-            .map(|q| PreparedQuota::new(&q.name_any(), &q.spec))
+        let quotas: Vec<PreparedQuota> = all_quotas
+            .into_iter()
             .filter(|q| q.covers(&namespace))
             .collect();
         ctx.ledger(|ledger| {
@@ -148,6 +166,7 @@ pub(super) async fn schedule(claim: &NodeClaim, ctx: &Context) -> Result<Schedul
             // The zone of each admitted type, as its admission found it.
             let mut zones: HashMap<String, Option<String>> = HashMap::new();
             let admit = |t: &PreparedType| -> Result<(), NoFit> {
+                access::provider_admits(t, &tenant)?;
                 quota::admits(&quotas, &namespace, &used, t).map_err(|message| NoFit {
                     reason: scheduling::REASON_QUOTA_EXCEEDED,
                     message,
@@ -297,6 +316,7 @@ pub(super) fn nofit_reason(reason: &str) -> ClaimReason {
     match reason {
         scheduling::REASON_INSUFFICIENT_CAPACITY => ClaimReason::InsufficientCapacity,
         scheduling::REASON_QUOTA_EXCEEDED => ClaimReason::QuotaExceeded,
+        access::REASON_PROVIDER_NOT_ALLOWED => ClaimReason::ProviderNotAllowed,
         scheduling::REASON_HOST_CAPACITY_EXHAUSTED => ClaimReason::HostCapacityExhausted,
         _ => ClaimReason::NoMatchingNodeType,
     }

@@ -127,7 +127,8 @@ async fn reconcile_pool(pool: &NodePool, pctx: &PoolContext) -> Result<Action, E
         (None, None) => Some(observe::tenant(pctx, pool).await),
         _ => None,
     };
-    let catalogue = super::catalogue::catalogue(ctx);
+    // Only the types whose provider serves the pool's namespace.
+    let catalogue = super::access::catalogue_for(ctx, &ns).await;
     let claims = observe::claims(ctx, &ns, &uid);
     let room = observe::room(ctx, &ns, &claims);
     let pools = pctx

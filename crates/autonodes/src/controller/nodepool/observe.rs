@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use autonodes_core::access::{provider_admits, quota_admits, TenantNamespace};
 use autonodes_core::pool::dynamic::Tenant;
 use autonodes_core::pool::limits::{claim_room, ClaimRoom, NamespaceClaims};
 use autonodes_core::pool::owned_by;
@@ -17,6 +18,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 
 use super::{tenant, PoolContext};
+use crate::api::reasons::PoolReason;
 use crate::api::{NodeClaim, NodePool, Overhead};
 use crate::controller::Context;
 
@@ -59,26 +61,54 @@ pub(super) fn room(ctx: &Context, ns: &str, claims: &Claims) -> ClaimRoom {
         live,
         max: ctx.config.max_claims_per_namespace,
         quota_nodes: nodes_limit(&quotas, ns),
+        quota_missing: quota_admits(ctx.config.require_quota, &quotas, ns).is_err(),
     })
 }
 
-/// Why the pool cannot be worked on: its template (provider, requirements, labels), or —
+/// Why the pool cannot be worked on: its template (provider, requirements, labels), a
+/// provider that does not serve its namespace, or —
 /// for a static pool, which needs no tenant watch — a tenant that cannot be reached (its
 /// claims would only wait: say so on the pool and leave them as they are).
 pub(super) async fn problem(ctx: &Context, pool: &NodePool) -> Option<Verdict> {
     let problem = template_problem(&pool.spec, |p| {
         ctx.providers.get(&ObjectRef::new(p)).is_some()
     });
-    if problem.is_some() || pool.spec.replicas.is_none() {
+    if problem.is_some() {
         return problem;
     }
     let ns = pool.namespace().unwrap_or_default();
+    if let Some(refused) = provider_refusal(ctx, pool, &ns).await {
+        return Some(refused);
+    }
+    // A dynamic pool reads its tenant in `tenant`.
+    pool.spec.replicas?;
     let e = ctx
         .clients
         .tenant(&ns, &pool.spec.v_cluster_ref.name)
         .await
         .err()?;
     Some(Verdict::problem(e.reason(), e.to_string()))
+}
+
+/// `ProviderNotAllowed` when the pool's `providerRef` names a provider that does not serve
+/// the pool's namespace.
+async fn provider_refusal(ctx: &Context, pool: &NodePool, ns: &str) -> Option<Verdict> {
+    let provider = pool.spec.provider_ref.as_deref()?;
+    let catalogue = crate::controller::catalogue::catalogue(ctx);
+    let labels = crate::controller::access::namespace_labels(ctx, &catalogue, ns).await;
+    let tenant = TenantNamespace {
+        name: ns,
+        labels: labels.as_ref(),
+    };
+    let refusal = catalogue
+        .types()
+        .iter()
+        .filter(|t| t.provider == provider)
+        .find_map(|t| provider_admits(t, &tenant).err())?;
+    Some(Verdict::problem(
+        PoolReason::ProviderNotAllowed,
+        refusal.message,
+    ))
 }
 
 /// What a dynamic pool reads of its tenant, and of the node types.

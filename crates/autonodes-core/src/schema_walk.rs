@@ -95,6 +95,7 @@ const PARSERS: &[(&str, Parser)] = &[
     ("NodeQuota.spec.limits.*", Parser::Quantity),
     ("NodeQuota.spec.namespaces[]", Parser::Free("compared as text with claims' namespaces")),
     ("NodeQuota.spec.nodeTypeSelector.", Parser::Free("a label selector matched as text against node type properties; an unknown operator selects nothing")),
+    ("NodeProvider.spec.tenantNamespaceSelector.", Parser::Free("a label selector matched as text against a namespace's labels (access::provider_admits); an unknown operator selects nothing")),
     ("NodePool.spec.terminationGracePeriod", Parser::Duration),
     (".disruption.consolidationPolicy", Parser::Free("an enum: decoding checks it (whole-object test)")),
     (".disruption.budgets[].nodes", Parser::BudgetNodes),

@@ -18,6 +18,9 @@ pub enum OrphanKind {
     DataVolume,
     /// A bootstrap-token Secret on a tenant cluster.
     BootstrapToken,
+    /// A Node a claim's VM registered on a tenant cluster (the kubelet made it with the
+    /// installation and claim-UID labels autonodes gave it, without the managed-by label).
+    Node,
 }
 
 impl OrphanKind {
@@ -28,6 +31,7 @@ impl OrphanKind {
             OrphanKind::UserDataSecret => "Secret",
             OrphanKind::DataVolume => "DataVolume",
             OrphanKind::BootstrapToken => "BootstrapToken",
+            OrphanKind::Node => "Node",
         }
     }
 }
@@ -61,9 +65,9 @@ pub struct Found {
     pub labels: BTreeMap<String, String>,
 }
 
-/// The objects that this installation of autonodes made (managed-by label, and
-/// [`LABEL_INSTALLATION`] equal to `installation`) for a claim (claim-UID label) whose UID
-/// is not in `live_claims`. `live_claims` must be listed after `found`: an object can only
+/// The objects that this installation of autonodes made (managed-by label — a Node has
+/// none, its kubelet made it — and [`LABEL_INSTALLATION`] equal to `installation`) for a
+/// claim (claim-UID label) whose UID is not in `live_claims`. `live_claims` must be listed after `found`: an object can only
 /// exist once its claim does, so a claim missing from a later list is gone. Objects without
 /// the claim-UID label are never picked (autonodes did not make them for a claim), nor are
 /// those of another installation (its claims live in another management cluster, or another
@@ -77,7 +81,10 @@ pub fn orphans<'a>(
     let installation = crate::names::label_value(installation);
     found
         .iter()
-        .filter(|f| f.labels.get(LABEL_MANAGED_BY).map(String::as_str) == Some(MANAGED_BY))
+        .filter(|f| {
+            f.kind == OrphanKind::Node
+                || f.labels.get(LABEL_MANAGED_BY).map(String::as_str) == Some(MANAGED_BY)
+        })
         .filter(|f| f.labels.get(LABEL_INSTALLATION) == Some(&installation))
         .filter(|f| {
             f.labels
@@ -102,6 +109,28 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
         }
+    }
+
+    #[test]
+    fn a_tenant_node_of_a_vanished_claim_of_this_installation_is_an_orphan_without_the_managed_by_label(
+    ) {
+        let i = (LABEL_INSTALLATION, "prod");
+        let nodes = [
+            found(OrphanKind::Node, "gone", &[i, (LABEL_NODECLAIM_UID, "u2")]),
+            found(OrphanKind::Node, "live", &[i, (LABEL_NODECLAIM_UID, "u1")]),
+            found(
+                OrphanKind::Node,
+                "staging",
+                &[(LABEL_INSTALLATION, "staging"), (LABEL_NODECLAIM_UID, "u3")],
+            ),
+            found(OrphanKind::Node, "tenant-own", &[]),
+        ];
+        let live: HashSet<String> = ["u1".to_string()].into();
+        let names: Vec<&str> = orphans(&nodes, &live, "prod")
+            .iter()
+            .map(|f| f.name.as_str())
+            .collect();
+        assert_eq!(names, ["gone"]);
     }
 
     #[test]

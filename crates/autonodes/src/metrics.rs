@@ -132,7 +132,7 @@ impl Metrics {
                 &["nodepool", "state"],
             ))?,
             orphans_removed: register(r, IntCounterVec::new(
-                Opts::new("orphans_removed_total", "Objects autonodes made whose NodeClaim no longer exists, removed by the orphan sweep, by kind (VirtualMachine, Secret, DataVolume, BootstrapToken)."),
+                Opts::new("orphans_removed_total", "Objects autonodes made whose NodeClaim no longer exists, removed by the orphan sweep, by kind (VirtualMachine, Secret, DataVolume, BootstrapToken, Node)."),
                 &["kind"],
             ))?,
             kube_requests: register(r, Ok(crate::request_metrics::KUBE_REQUESTS.clone()))?,
@@ -154,7 +154,13 @@ impl Metrics {
         for reason in ["deleted", "failed"] {
             self.nodeclaims_terminated.with_label_values(&[reason]);
         }
-        for kind in ["VirtualMachine", "Secret", "DataVolume", "BootstrapToken"] {
+        for kind in [
+            "VirtualMachine",
+            "Secret",
+            "DataVolume",
+            "BootstrapToken",
+            "Node",
+        ] {
             self.orphans_removed.with_label_values(&[kind]);
         }
         self.nodeclaims_created.with_label_values::<&str>(&[]);
@@ -246,6 +252,7 @@ mod tests {
             "autonodes_reconcile_total{controller=\"nodepool\",result=\"error\"} 0",
             "autonodes_nodeclaims_terminated_total{reason=\"failed\"} 0",
             "autonodes_orphans_removed_total{kind=\"BootstrapToken\"} 0",
+            "autonodes_orphans_removed_total{kind=\"Node\"} 0",
         ] {
             assert!(text.contains(series), "{series}: {text}");
         }

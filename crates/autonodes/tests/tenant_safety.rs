@@ -602,3 +602,69 @@ async fn a_tenant_kubeconfig_naming_the_management_api_server_or_a_closed_port_g
     // beyond its own: the claims there never got a token.
     assert!(world.tokens().await.is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweep_removes_tenant_nodes_of_this_installation_whose_claim_is_gone_and_no_other_node()
+{
+    use k8s_openapi::api::core::v1::Node;
+    let world = World::start(WorldOptions {
+        provider: provider(),
+        orphan_sweep_interval: Duration::from_secs(2),
+        ..WorldOptions::default()
+    })
+    .await;
+    // A live claim: the sweep looks at the tenants claims name, and its Node stays.
+    world
+        .create_claim(json!({"metadata": {"name": "live"}, "spec": {"providerRef": "pools"}}))
+        .await;
+    let live = world.wait_phase("live", "Available", WAIT).await;
+    let live_node = live
+        .status
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .expect("the live claim's Node");
+
+    let installation = world.config.installation.clone();
+    let nodes: Api<Node> = Api::all(world.tenant.clone());
+    for (name, labels) in [
+        (
+            "left-behind",
+            json!({"autonodes.io/installation": installation, "autonodes.io/nodeclaim-uid": "uid-of-a-gone-claim"}),
+        ),
+        (
+            "production-node",
+            json!({"autonodes.io/installation": "production", "autonodes.io/nodeclaim-uid": "uid-of-another-claim"}),
+        ),
+        ("tenant-own", json!({"team": "web"})),
+    ] {
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": labels},
+        }))
+        .expect("node");
+        nodes
+            .create(&PostParams::default(), &node)
+            .await
+            .expect("tenant Node");
+    }
+    common::eventually("the Node of a gone claim swept", WAIT, || {
+        let nodes = nodes.clone();
+        async move { matches!(nodes.get_opt("left-behind").await, Ok(None)).then_some(()) }
+    })
+    .await;
+    // A few more sweeps: nothing else goes.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for name in ["production-node", "tenant-own", live_node.as_str()] {
+        assert!(
+            nodes.get_opt(name).await.expect("get").is_some(),
+            "{name} stays"
+        );
+    }
+    let events = world.events_for(NS, "vc-tenant").await;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.starts_with("OrphanRemoved") && e.contains("Node /left-behind")),
+        "{events:?}"
+    );
+    println!("swept left-behind; production-node, tenant-own and {live_node} stay");
+}

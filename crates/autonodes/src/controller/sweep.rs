@@ -2,7 +2,8 @@
 //! start), list what autonodes made on every known host and tenant cluster
 //! (`app.kubernetes.io/managed-by=autonodes`), then the NodeClaims, and delete the
 //! VirtualMachines, user-data Secrets, DataVolumes and bootstrap tokens whose claim no
-//! longer exists (`crate::orphans` picks them). Each removal is an Event, a log line and
+//! longer exists, and the tenant Nodes their VMs registered (labelled with this
+//! installation; `crate::orphans` picks them). Each removal is an Event, a log line and
 //! `autonodes_orphans_removed_total{kind}`. A cluster that cannot be read is skipped until
 //! the next sweep; nothing is deleted without a fresh list of the claims.
 
@@ -10,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, ObjectMeta};
 use kube::runtime::events::EventType;
 use kube::ResourceExt;
@@ -18,7 +19,7 @@ use kube::ResourceExt;
 use super::calls::{not_found, remote_call};
 use super::remote::TOKEN_NAMESPACE;
 use super::Context;
-use crate::api::{NodeClaim, LABEL_MANAGED_BY, MANAGED_BY};
+use crate::api::{NodeClaim, LABEL_INSTALLATION, LABEL_MANAGED_BY, MANAGED_BY};
 use crate::clients::{ClientError, Remote};
 use crate::kubevirt;
 use crate::orphans::{orphans, Cluster, Found, OrphanKind};
@@ -75,12 +76,16 @@ fn targets(
     hosts
 }
 
-/// The API of one kind of object the sweep removes, in `namespace` of `remote`.
+/// The API of one kind of object the sweep removes, in `namespace` of `remote` (Nodes are
+/// cluster-scoped).
 fn api_for(remote: &Remote, kind: OrphanKind, namespace: &str) -> Api<DynamicObject> {
+    if kind == OrphanKind::Node {
+        return Api::all_with(remote.client.clone(), &ApiResource::erase::<Node>(&()));
+    }
     let resource = match kind {
         OrphanKind::VirtualMachine => kubevirt::virtual_machine(),
         OrphanKind::DataVolume => kubevirt::data_volume(),
-        OrphanKind::UserDataSecret | OrphanKind::BootstrapToken => {
+        OrphanKind::UserDataSecret | OrphanKind::BootstrapToken | OrphanKind::Node => {
             ApiResource::erase::<Secret>(&())
         }
     };
@@ -99,13 +104,22 @@ async fn list_into(
     found: &mut Vec<Found>,
 ) {
     let managed = ListParams::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"));
+    // Nodes carry no managed-by label (their kubelet made them): this installation's.
+    let installed = ListParams::default().labels(&format!(
+        "{LABEL_INSTALLATION}={}",
+        crate::names::label_value(&ctx.config.installation)
+    ));
     for &kind in kinds {
         let api = api_for(remote, kind, namespace);
+        let selector = match kind {
+            OrphanKind::Node => &installed,
+            _ => &managed,
+        };
         match remote_call(
             ctx,
             remote,
             "listing for the orphan sweep",
-            api.list_metadata(&managed),
+            api.list_metadata(selector),
         )
         .await
         {
@@ -178,7 +192,7 @@ pub async fn sweep(ctx: &Context, tenants: &mut BTreeSet<(String, String)>) -> u
             &remote,
             &cluster,
             TOKEN_NAMESPACE,
-            &[OrphanKind::BootstrapToken],
+            &[OrphanKind::BootstrapToken, OrphanKind::Node],
             &mut found,
         )
         .await;

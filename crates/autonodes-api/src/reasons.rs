@@ -259,6 +259,9 @@ names! {
         KubeconfigSecretUnreadable,
         /// The tenant cluster does not answer.
         TenantUnreachable,
+        /// A dynamic pool's tenant has more pods or nodes than autonodes plans for (20,000
+        /// of each); the pool creates nothing until it has fewer.
+        TenantTooLarge,
         /// No node type fits the pool's template.
         NoMatchingNodeType,
         /// Pending pods fit node types that are all at `maxCapacity`.

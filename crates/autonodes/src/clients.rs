@@ -316,6 +316,20 @@ impl ClusterClients {
             .collect()
     }
 
+    /// Forgets the clients of tenants `keep` does not keep (no claim or pool names them any
+    /// more), stopping their watches; returns how many were forgotten. Host clients stay.
+    pub async fn retain_tenants(&self, keep: impl Fn(&ClusterKey) -> bool) -> usize {
+        let gone = |k: &ClusterKey| matches!(k, ClusterKey::Tenant { .. }) && !keep(k);
+        let mut cache = self.cache.lock().await;
+        let before = cache.len();
+        cache.retain(|k, _| !gone(k));
+        let forgotten = before - cache.len();
+        drop(cache);
+        self.refused.lock().await.retain(|k, _| !gone(k));
+        self.readers.lock().await.retain(|k, _| !gone(k));
+        forgotten
+    }
+
     /// Forgets a cached client (e.g. after it turned out unreachable), stopping its tasks.
     pub async fn forget(&self, key: &ClusterKey) {
         self.cache.lock().await.remove(key);

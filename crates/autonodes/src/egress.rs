@@ -152,14 +152,27 @@ impl tower::Service<http::Uri> for GuardedConnector {
     }
 }
 
+/// The most bytes one answer of a tenant's API server may have: a single list (paged, as
+/// every list autonodes makes of a tenant is) or the stream of one watch connection (which
+/// is then opened again, from where it was). A larger answer is an error that says so.
+pub const TENANT_BODY_LIMIT: usize = 16 * 1024 * 1024;
+/// The most bytes one answer of a host's API server may have (hosts are the platform's
+/// own, and hold every tenant's VMs).
+pub const HOST_BODY_LIMIT: usize = 256 * 1024 * 1024;
+
 /// A client for `config` whose connections `policy` guards: kube's own stack (base URI,
 /// authentication, TLS from the kubeconfig) over the [`GuardedConnector`], each request
-/// counted for `kind`.
+/// counted for `kind`, each answer's body at most [`TENANT_BODY_LIMIT`] or
+/// [`HOST_BODY_LIMIT`] bytes.
 pub fn guarded_client(
     config: &Config,
     policy: Arc<AddressPolicy>,
     kind: ClusterKind,
 ) -> Result<Client, kube::Error> {
+    let limit = match kind {
+        ClusterKind::Tenant => TENANT_BODY_LIMIT,
+        _ => HOST_BODY_LIMIT,
+    };
     let https = config.rustls_https_connector_with_connector(GuardedConnector::new(policy))?;
     let http_client: hyper_util::client::legacy::Client<_, kube::client::Body> =
         hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(https);
@@ -168,6 +181,9 @@ pub fn guarded_client(
         .option_layer(config.auth_layer()?)
         .layer(config.extra_headers_layer()?)
         .map_err(BoxError::from)
+        .map_response(move |r: http::Response<_>| {
+            r.map(|body| http_body_util::Limited::new(body, limit))
+        })
         .service(http_client);
     Ok(
         kube::client::ClientBuilder::new(service, config.default_namespace.clone())
@@ -184,6 +200,12 @@ pub fn coarse_error(e: &(dyn std::error::Error + 'static)) -> &'static str {
     while let Some(err) = cur {
         if err.downcast_ref::<AddressRefused>().is_some() {
             return "the server's address is refused by autonodes' address policy";
+        }
+        if err
+            .downcast_ref::<http_body_util::LengthLimitError>()
+            .is_some()
+        {
+            return "the server's answer is larger than autonodes accepts";
         }
         let text = err.to_string();
         if text.contains("certificate") || text.contains("tls") || text.contains("TLS") {

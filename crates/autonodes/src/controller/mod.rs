@@ -776,7 +776,11 @@ pub async fn run(
         config.kubeconfig_policy,
         config.egress.clone(),
     ));
-    clients.set_on_connect(remote::watch_hook(wake_claims.clone(), r.claims.store()));
+    clients.set_on_connect(remote::watch_hook(
+        wake_claims.clone(),
+        r.claims.store(),
+        &config.installation,
+    ));
 
     let (synced_tx, synced_rx) = tokio::sync::watch::channel(false);
     let reporter = Reporter {

@@ -31,8 +31,8 @@ use tokio::task::JoinHandle;
 
 use super::reflectors::Kind;
 use crate::api::{
-    NodeClaim, LABEL_MANAGED_BY, LABEL_NODECLAIM, LABEL_NODECLAIM_NAMESPACE, LABEL_NODECLAIM_UID,
-    MANAGED_BY,
+    NodeClaim, LABEL_INSTALLATION, LABEL_MANAGED_BY, LABEL_NODECLAIM, LABEL_NODECLAIM_NAMESPACE,
+    LABEL_NODECLAIM_UID, MANAGED_BY,
 };
 use crate::clients::{ClusterKey, Connected, OnConnect, Remote, RemoteCache};
 use crate::host_capacity;
@@ -313,7 +313,14 @@ pub struct TenantCache {
 pub fn watch_hook(
     wake: UnboundedSender<ObjectRef<NodeClaim>>,
     claims: Store<NodeClaim>,
+    installation: &str,
 ) -> OnConnect {
+    // What a tenant's caches hold carries this installation's label: Nodes its VMs
+    // registered and the tokens it minted; nothing else a tenant writes is cached.
+    let installed = format!(
+        "{LABEL_INSTALLATION}={}",
+        crate::names::label_value(installation)
+    );
     Arc::new(move |remote: &Remote| -> Connected {
         let cluster = remote.key.to_string();
         let managed = format!("{LABEL_MANAGED_BY}={MANAGED_BY}");
@@ -372,19 +379,25 @@ pub fn watch_hook(
                 }
             }
             ClusterKey::Tenant { .. } => {
-                let (nodes, node_task) = spawn_typed(
+                let (nodes, node_task) = spawn_configured(
                     &cluster,
                     Api::<Node>::all(remote.client.clone()),
-                    LABEL_NODECLAIM,
+                    watcher::Config::default()
+                        .labels(&format!("{LABEL_NODECLAIM},{installed}"))
+                        .page_size(TENANT_PAGE)
+                        .any_semantic(),
                     Some(waker.clone()),
                     trim_node,
                 );
-                let (tokens, token_task) = spawn_typed(
+                let (tokens, token_task) = spawn_configured(
                     &cluster,
                     Api::<Secret>::namespaced(remote.client.clone(), TOKEN_NAMESPACE),
-                    &managed,
+                    watcher::Config::default()
+                        .labels(&format!("{managed},{installed}"))
+                        .page_size(TENANT_PAGE)
+                        .any_semantic(),
                     Some(waker),
-                    trim_meta,
+                    trim_token,
                 );
                 Connected {
                     tasks: vec![node_task, token_task],
@@ -617,6 +630,27 @@ fn trim_pod(pod: &mut Pod) {
             }],
             ..Default::default()
         };
+    }
+}
+
+/// Objects per page when a tenant's caches are listed: a page of objects a tenant may have
+/// made large stays well under [`crate::egress::TENANT_BODY_LIMIT`].
+const TENANT_PAGE: u32 = 100;
+
+/// The data keys of a bootstrap-token Secret autonodes reads (`tokens::ensure_token`).
+const TOKEN_KEYS: [&str; 3] = ["token-id", "token-secret", "expiration"];
+/// The longest value of those keys kept (a token id is 6 characters, a secret 16, an
+/// RFC 3339 time about 25).
+const TOKEN_VALUE_MAX: usize = 64;
+
+/// Keeps of a tenant's bootstrap-token Secret what autonodes reads: its metadata (trimmed)
+/// and [`TOKEN_KEYS`] of at most [`TOKEN_VALUE_MAX`] bytes. Anything else a Secret that
+/// carries autonodes' labels holds is not kept, however large.
+fn trim_token(secret: &mut Secret) {
+    trim_meta(secret);
+    secret.string_data = None;
+    if let Some(data) = secret.data.as_mut() {
+        data.retain(|k, v| TOKEN_KEYS.contains(&k.as_str()) && v.0.len() <= TOKEN_VALUE_MAX);
     }
 }
 

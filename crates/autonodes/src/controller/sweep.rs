@@ -20,7 +20,7 @@ use super::calls::{not_found, remote_call};
 use super::remote::TOKEN_NAMESPACE;
 use super::Context;
 use crate::api::{NodeClaim, LABEL_INSTALLATION, LABEL_MANAGED_BY, MANAGED_BY};
-use crate::clients::{ClientError, Remote};
+use crate::clients::{ClientError, ClusterKey, Remote};
 use crate::kubevirt;
 use crate::orphans::{orphans, Cluster, Found, OrphanKind};
 
@@ -39,12 +39,57 @@ pub async fn run(
     let mut tenants = BTreeSet::new();
     loop {
         let removed = sweep(&ctx, &mut tenants).await;
-        tracing::debug!(removed, "orphan sweep done");
+        let forgotten = forget_gone_tenants(&ctx).await;
+        tracing::debug!(removed, forgotten, "orphan sweep done");
         tokio::select! {
             _ = &mut stop => return,
             _ = tokio::time::sleep(interval) => {}
         }
     }
+}
+
+/// The tenants some claim or pool names now.
+fn named_tenants(ctx: &Context) -> BTreeSet<(String, String)> {
+    let claims = ctx
+        .claims
+        .state()
+        .iter()
+        .map(|c| {
+            (
+                c.namespace().unwrap_or_default(),
+                c.spec.v_cluster_ref.name.clone(),
+            )
+        })
+        .collect::<Vec<_>>();
+    let pools = ctx
+        .reflectors
+        .pools
+        .store()
+        .state()
+        .iter()
+        .map(|p| {
+            (
+                p.namespace().unwrap_or_default(),
+                p.spec.v_cluster_ref.name.clone(),
+            )
+        })
+        .collect::<Vec<_>>();
+    claims.into_iter().chain(pools).collect()
+}
+
+/// Drops the clients (and their watches) of tenants no claim or pool names any more, so
+/// what a tenant that is gone had cached does not stay.
+async fn forget_gone_tenants(ctx: &Context) -> usize {
+    let named = named_tenants(ctx);
+    ctx.clients
+        .retain_tenants(|k| match k {
+            ClusterKey::Tenant {
+                namespace,
+                vcluster,
+            } => named.contains(&(namespace.clone(), vcluster.clone())),
+            ClusterKey::Host(_) => true,
+        })
+        .await
 }
 
 /// The host clusters (each with the namespaces to look in), and the tenants, the sweep
@@ -201,6 +246,19 @@ pub async fn sweep(ctx: &Context, tenants: &mut BTreeSet<(String, String)>) -> u
     for t in gone_tenants {
         tenants.remove(&t);
     }
+    // A tenant no claim names any more is looked at again only while it still holds
+    // something of autonodes (a leaked token, a Node left behind).
+    let named = named_tenants(ctx);
+    tenants.retain(|(namespace, vcluster)| {
+        named.contains(&(namespace.clone(), vcluster.clone()))
+            || found.iter().any(|f| {
+                f.cluster
+                    == Cluster::Tenant {
+                        namespace: namespace.clone(),
+                        vcluster: vcluster.clone(),
+                    }
+            })
+    });
     if found.is_empty() {
         return 0;
     }

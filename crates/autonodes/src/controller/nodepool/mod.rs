@@ -112,6 +112,7 @@ async fn reconcile_pool(pool: &NodePool, pctx: &PoolContext) -> Result<Action, E
     let ctx = &pctx.ctx;
     if pool.meta().deletion_timestamp.is_some() {
         // The garbage collector removes the owned claims; their finalizers drain the nodes.
+        tenant::forget_unused_watches(pctx).await;
         return Ok(Action::await_change());
     }
     ctx.wait_synced().await;

@@ -7,6 +7,7 @@ use autonodes_core::pool::status::Verdict;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams};
+use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::ResourceExt;
@@ -15,7 +16,7 @@ use super::PoolContext;
 use crate::api::reasons::PoolReason;
 use crate::clients::{ClusterKey, Remote};
 use crate::controller::calls::remote_call;
-use crate::controller::{Context, Error};
+use crate::controller::Context;
 
 /// The watches of one tenant: the client they use and their tasks (stopped when dropped).
 pub(super) struct TenantWatch {
@@ -31,36 +32,96 @@ impl Drop for TenantWatch {
     }
 }
 
-/// Every pod and node of a tenant, or why they could not be read (`TenantUnreachable`).
+/// Objects per page when a dynamic pool lists its tenant's pods and nodes.
+const PAGE: u32 = 200;
+/// The most pods, and the most nodes, a dynamic pool reads of its tenant; a tenant with
+/// more gets `TenantTooLarge` instead of being planned for.
+pub const MAX_TENANT_OBJECTS: usize = 20_000;
+
+/// Every pod and node of a tenant, or why they could not be read (`TenantUnreachable`;
+/// `TenantTooLarge` past [`MAX_TENANT_OBJECTS`]). Listed in pages, each object trimmed
+/// of what planning does not read as it arrives.
 pub(super) async fn pods_and_nodes(
     ctx: &Context,
     remote: &Remote,
 ) -> Result<(Vec<Pod>, Vec<Node>), Verdict> {
-    let pods: Api<Pod> = Api::all(remote.client.clone());
-    let nodes: Api<Node> = Api::all(remote.client.clone());
-    let unreachable = |e: Error| Verdict::problem(PoolReason::TenantUnreachable, e.to_string());
-    let pods = remote_call(
+    let pods = list_paged(ctx, remote, Api::<Pod>::all(remote.client.clone()), "pods").await?;
+    let nodes = list_paged(
         ctx,
         remote,
-        "listing pods",
-        pods.list(&ListParams::default()),
+        Api::<Node>::all(remote.client.clone()),
+        "nodes",
     )
-    .await
-    .map_err(unreachable)?;
-    let nodes = remote_call(
-        ctx,
-        remote,
-        "listing nodes",
-        nodes.list(&ListParams::default()),
-    )
-    .await
-    .map_err(unreachable)?;
-    Ok((pods.items, nodes.items))
+    .await?;
+    Ok((pods, nodes))
 }
 
-/// Starts (or keeps) the pod and node watches on the pool's tenant.
+/// Every object of `api`, page by page, trimmed of managed fields and annotations.
+async fn list_paged<K>(
+    ctx: &Context,
+    remote: &Remote,
+    api: Api<K>,
+    what: &str,
+) -> Result<Vec<K>, Verdict>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    let mut out = Vec::new();
+    let mut params = ListParams::default().limit(PAGE);
+    loop {
+        let page = remote_call(ctx, remote, &format!("listing {what}"), api.list(&params))
+            .await
+            .map_err(|e| Verdict::problem(PoolReason::TenantUnreachable, e.to_string()))?;
+        out.extend(page.items.into_iter().map(|mut o| {
+            let meta = o.meta_mut();
+            meta.managed_fields = None;
+            meta.annotations = None;
+            o
+        }));
+        if out.len() > MAX_TENANT_OBJECTS {
+            return Err(Verdict::problem(
+                PoolReason::TenantTooLarge,
+                format!(
+                    "the tenant has more than {MAX_TENANT_OBJECTS} {what}; dynamic pools plan only for tenants with fewer"
+                ),
+            ));
+        }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(out),
+        }
+    }
+}
+
+/// Whether a dynamic pool that is not being deleted reads the tenant `key`.
+fn watched_by_a_pool(pctx: &PoolContext, key: &ClusterKey) -> bool {
+    let ClusterKey::Tenant {
+        namespace,
+        vcluster,
+    } = key
+    else {
+        return false;
+    };
+    pctx.pools.state().iter().any(|p| {
+        p.namespace().as_deref() == Some(namespace.as_str())
+            && p.spec.v_cluster_ref.name == *vcluster
+            && p.spec.replicas.is_none()
+            && p.metadata.deletion_timestamp.is_none()
+    })
+}
+
+/// Stops the pod and node watches of tenants no dynamic pool reads any more (their pools
+/// were deleted or made static).
+pub(super) async fn forget_unused_watches(pctx: &PoolContext) {
+    let mut watches = pctx.watches.lock().await;
+    watches.retain(|key, _| watched_by_a_pool(pctx, key));
+}
+
+/// Starts (or keeps) the pod and node watches on the pool's tenant, and stops those of
+/// tenants no dynamic pool reads any more.
 pub(super) async fn ensure_watch(pctx: &PoolContext, remote: &Arc<Remote>) {
     let mut watches = pctx.watches.lock().await;
+    watches.retain(|key, _| *key == remote.key || watched_by_a_pool(pctx, key));
     if watches
         .get(&remote.key)
         .is_some_and(|w| Arc::ptr_eq(&w.remote, remote))
@@ -88,8 +149,9 @@ pub(super) async fn ensure_watch(pctx: &PoolContext, remote: &Arc<Remote>) {
             }
         }
     };
-    let pods: Api<Pod> = Api::all(remote.client.clone());
-    let nodes: Api<Node> = Api::all(remote.client.clone());
+    // Only that something changed matters here: the watches read metadata alone.
+    let pods: Api<PartialObjectMeta<Pod>> = Api::all(remote.client.clone());
+    let nodes: Api<PartialObjectMeta<Node>> = Api::all(remote.client.clone());
     let tasks = vec![
         spawn_wake_watch(remote.key.to_string(), pods, wake_pools.clone()),
         spawn_wake_watch(remote.key.to_string(), nodes, wake_pools),
@@ -114,9 +176,12 @@ where
 {
     tokio::spawn(async move {
         use kube::runtime::WatchStreamExt;
-        let mut stream = watcher(api, watcher::Config::default().any_semantic())
-            .default_backoff()
-            .boxed();
+        let mut stream = watcher(
+            api,
+            watcher::Config::default().page_size(500).any_semantic(),
+        )
+        .default_backoff()
+        .boxed();
         while let Some(event) = stream.next().await {
             match event {
                 Ok(watcher::Event::Init) | Ok(watcher::Event::InitApply(_)) => {}

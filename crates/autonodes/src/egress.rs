@@ -155,7 +155,11 @@ impl tower::Service<http::Uri> for GuardedConnector {
 /// The most bytes one answer of a tenant's API server may have: a single list (paged, as
 /// every list autonodes makes of a tenant is) or the stream of one watch connection (which
 /// is then opened again, from where it was). A larger answer is an error that says so.
-pub const TENANT_BODY_LIMIT: usize = 16 * 1024 * 1024;
+pub const TENANT_BODY_LIMIT: usize = 8 * 1024 * 1024;
+/// How many answers (watches aside) of one cluster are read at once: the others wait,
+/// unread, so what one tenant's answers take in memory is at most this many times its
+/// body limit, however many claims and pools ask at once.
+pub const BODIES_AT_ONCE: usize = 4;
 /// The most bytes one answer of a host's API server may have (hosts are the platform's
 /// own, and hold every tenant's VMs).
 pub const HOST_BODY_LIMIT: usize = 256 * 1024 * 1024;
@@ -181,6 +185,10 @@ pub fn guarded_client(
         .option_layer(config.auth_layer()?)
         .layer(config.extra_headers_layer()?)
         .map_err(BoxError::from)
+        .layer_fn(|inner| BodyPermits {
+            inner,
+            permits: Arc::new(tokio::sync::Semaphore::new(BODIES_AT_ONCE)),
+        })
         .map_response(move |r: http::Response<_>| {
             r.map(|body| http_body_util::Limited::new(body, limit))
         })
@@ -190,6 +198,69 @@ pub fn guarded_client(
             .with_layer(&CountRequests(kind))
             .build(),
     )
+}
+
+/// A redirect from a remote API server: never followed, an error.
+#[derive(Debug, thiserror::Error)]
+#[error("the server answered with a redirect (HTTP {0}), which autonodes does not follow")]
+pub struct Redirected(u16);
+
+/// Lets at most [`BODIES_AT_ONCE`] answers of a cluster be read at once (watch streams
+/// are not counted: they live as long as the watch), and turns a redirect into an error.
+#[derive(Clone)]
+struct BodyPermits<S> {
+    inner: S,
+    permits: Arc<tokio::sync::Semaphore>,
+}
+
+/// The body [`BodyPermits`] hands on.
+type PermittedBody = http_body_util::combinators::UnsyncBoxBody<bytes::Bytes, BoxError>;
+
+impl<S, Req, B> tower::Service<http::Request<Req>> for BodyPermits<S>
+where
+    S: tower::Service<http::Request<Req>, Response = http::Response<B>>,
+    S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Response = http::Response<PermittedBody>;
+    type Error = BoxError;
+    type Future =
+        Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send + 'static>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, req: http::Request<Req>) -> Self::Future {
+        use http_body_util::BodyExt;
+        let watch = req
+            .uri()
+            .query()
+            .is_some_and(|q| q.split('&').any(|p| p == "watch=true" || p == "watch=1"));
+        let answer = self.inner.call(req);
+        let permits = self.permits.clone();
+        Box::pin(async move {
+            let resp = answer.await.map_err(Into::into)?;
+            if resp.status().is_redirection() {
+                return Err(Redirected(resp.status().as_u16()).into());
+            }
+            if watch {
+                return Ok(resp.map(|b| b.map_err(Into::into).boxed_unsync()));
+            }
+            // Unread, the answer waits in the socket: the server cannot push more.
+            let permit = permits.acquire_owned().await?;
+            Ok(resp.map(move |b| {
+                b.map_err(Into::into)
+                    .map_frame(move |frame| {
+                        let _held_until_the_body_is_read = &permit;
+                        frame
+                    })
+                    .boxed_unsync()
+            }))
+        })
+    }
 }
 
 /// What a tenant or host is shown of a failure that is not an answer of its API server:
@@ -206,6 +277,9 @@ pub fn coarse_error(e: &(dyn std::error::Error + 'static)) -> &'static str {
             .is_some()
         {
             return "the server's answer is larger than autonodes accepts";
+        }
+        if err.downcast_ref::<Redirected>().is_some() {
+            return "the server answered with a redirect, which autonodes does not follow";
         }
         let text = err.to_string();
         if text.contains("certificate") || text.contains("tls") || text.contains("TLS") {

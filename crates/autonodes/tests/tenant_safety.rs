@@ -4,6 +4,7 @@
 //! Run with `--nocapture` to see the figures each test prints.
 
 mod common;
+mod hostile;
 
 use std::time::{Duration, Instant};
 
@@ -667,4 +668,224 @@ async fn the_sweep_removes_tenant_nodes_of_this_installation_whose_claim_is_gone
         "{events:?}"
     );
     println!("swept left-behind; production-node, tenant-own and {live_node} stay");
+}
+
+/// Claims of `ns` written for tenant `vcluster`.
+async fn claims_of(world: &World, ns: &str) -> usize {
+    claims_in(world, ns).await.len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soak_a_hostile_tenant_neither_starves_another_nor_grows_the_controller_past_its_bounds() {
+    use autonodes_testenv::testenv::process_memory;
+    use hostile::{Hostile, HostileServer};
+    const CAP: usize = 20;
+    let mut world = World::start_clusters(&WorldOptions {
+        provider: provider(),
+        ..WorldOptions::default()
+    })
+    .await;
+    world.start_simulator(SimMode::Normal).await;
+
+    // Tenant A's API server: a 1 GB Node list, and 1,000 Secrets of 100 KiB in kube-system
+    // carrying autonodes' labels (its own installation's, as a tenant could copy them).
+    let hostile = HostileServer::start(
+        &world.playground.env.dir.join("hostile"),
+        Hostile::Huge {
+            node_bytes: 1 << 30,
+            secrets: 1000,
+            secret_bytes: 100 * 1024,
+            installation: "soak".into(),
+        },
+    )
+    .await;
+    world.mgmt_namespace("tenant-a").await;
+    put_kubeconfig_secret(
+        &world.mgmt,
+        "tenant-a",
+        "vc-tenant",
+        autonodes::api::TENANT_KUBECONFIG_KEY,
+        &hostile.kubeconfig(),
+    )
+    .await
+    .expect("tenant A's kubeconfig Secret");
+
+    let cap = CAP.to_string();
+    let controller = world.spawn_controller_process_with(
+        0,
+        env!("CARGO_BIN_EXE_autonodes"),
+        "127.0.0.1:0",
+        &[
+            "--installation-id",
+            "soak",
+            "--max-claims-per-namespace",
+            &cap,
+        ],
+    );
+    let pid = controller.pid().expect("controller pid");
+
+    // Tenant A asks for 2^31-1 nodes (refused by the API server), then for the most the CRD
+    // takes, and runs a dynamic pool that must read its 1 GB of Nodes.
+    let a_pools: Api<NodePool> = Api::namespaced(world.mgmt.clone(), "tenant-a");
+    let refused = a_pools
+        .create(
+            &PostParams::default(),
+            &pool_object("tenant-a", "flood", 2_147_483_647),
+        )
+        .await
+        .expect_err("2^31-1 replicas refused")
+        .to_string();
+    a_pools
+        .create(
+            &PostParams::default(),
+            &pool_object("tenant-a", "flood", 1000),
+        )
+        .await
+        .expect("1000 replicas");
+    let mut demand = pool_object("tenant-a", "demand", 0);
+    demand.spec.replicas = None;
+    a_pools
+        .create(&PostParams::default(), &demand)
+        .await
+        .expect("dynamic pool");
+    // Let the controller chew on tenant A for a while.
+    tokio::time::sleep(Duration::from_secs(15)).await;
+
+    // Tenant B's ordinary claim.
+    let started = Instant::now();
+    world
+        .create_claim(json!({"metadata": {"name": "b"}, "spec": {"providerRef": "pools"}}))
+        .await;
+    world.wait_phase("b", "Available", WAIT).await;
+    let b_available = started.elapsed();
+
+    // Tenant A keeps at it a little longer.
+    let mut most_claims = 0;
+    for _ in 0..20 {
+        most_claims = most_claims.max(claims_of(&world, "tenant-a").await);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let (rss, peak) = process_memory(pid).expect("controller memory");
+    let demand = a_pools.get("demand").await.expect("dynamic pool");
+    let demand_ready = pool_condition(&demand, "Ready");
+    let flood = a_pools.get("flood").await.expect("static pool");
+    println!("soak: replicas 2147483647 refused: {refused}");
+    println!(
+        "soak: tenant A's server sent {:.1} MiB in {} requests (it offered a 1 GiB Node list and 1,000 Secrets of 100 KiB)",
+        hostile.sent() as f64 / (1 << 20) as f64,
+        hostile.requests.load(std::sync::atomic::Ordering::Relaxed)
+    );
+    println!("soak: tenant A's claims: at most {most_claims} (cap {CAP})");
+    println!("soak: tenant A's dynamic pool Ready: {demand_ready:?}");
+    println!(
+        "soak: tenant A's static pool LimitReached: {:?}",
+        limit_reason(&flood)
+    );
+    println!(
+        "soak: tenant B's claim Available after {:.1} s",
+        b_available.as_secs_f64()
+    );
+    println!(
+        "soak: controller RSS {:.1} MiB, peak {:.1} MiB",
+        rss as f64 / (1 << 20) as f64,
+        peak as f64 / (1 << 20) as f64
+    );
+    assert!(refused.contains("1000"), "{refused}");
+    assert!(
+        most_claims <= CAP,
+        "{most_claims} claims over the cap {CAP}"
+    );
+    assert!(
+        demand_ready
+            .as_ref()
+            .is_some_and(|(status, _, message)| status == "False"
+                && message.contains("larger than autonodes accepts")),
+        "the dynamic pool says the tenant's answer was too large: {demand_ready:?}"
+    );
+    assert!(peak <= 128 << 20, "peak RSS {peak} bytes over 128 MiB");
+    drop(controller);
+}
+
+/// Creates claim `c` in `ns` for a tenant at `kubeconfig` and waits until one of its
+/// conditions has a reason starting with `Tenant`; returns that reason and message.
+async fn tenant_condition(world: &World, ns: &str, kubeconfig: &str) -> (String, String) {
+    world.mgmt_namespace(ns).await;
+    put_kubeconfig_secret(
+        &world.mgmt,
+        ns,
+        "vc-tenant",
+        autonodes::api::TENANT_KUBECONFIG_KEY,
+        kubeconfig,
+    )
+    .await
+    .expect("kubeconfig Secret");
+    let api = claim_in(world, ns, "c").await;
+    common::eventually(&format!("claim {ns}/c with a Tenant* reason"), WAIT, || {
+        let api = api.clone();
+        async move {
+            let c = api.get("c").await.ok()?;
+            c.status?
+                .conditions
+                .iter()
+                .find(|x| x.reason.starts_with("Tenant"))
+                .map(|x| (x.reason.clone(), x.message.clone()))
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_servers_that_trickle_or_redirect_to_loopback_get_a_condition_and_no_request_reaches_the_redirect_target(
+) {
+    use hostile::{Hostile, HostileServer};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let world = world(1000).await;
+    let dir = world.playground.env.dir.join("hostile");
+
+    // Where a redirect points: a loopback port that counts who connects.
+    let target = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let target_port = target.local_addr().expect("addr").port();
+    let reached = std::sync::Arc::new(AtomicU64::new(0));
+    let counter = reached.clone();
+    let target_task = tokio::spawn(async move {
+        while target.accept().await.is_ok() {
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+    });
+
+    let redirect = HostileServer::start(
+        &dir.join("redirect"),
+        Hostile::Redirect {
+            location: format!("https://127.0.0.1:{target_port}/api/v1/nodes"),
+        },
+    )
+    .await;
+    let trickle = HostileServer::start(&dir.join("trickle"), Hostile::Trickle).await;
+
+    let started = Instant::now();
+    let (reason, message) = tenant_condition(&world, "at-redirect", &redirect.kubeconfig()).await;
+    println!("redirecting tenant: {reason}: {message}");
+    assert!(message.contains("redirect"), "{message}");
+    let (reason, message) = tenant_condition(&world, "at-trickle", &trickle.kubeconfig()).await;
+    println!(
+        "trickling tenant after {:.1} s: {reason}: {message}",
+        started.elapsed().as_secs_f64()
+    );
+
+    // Meanwhile another tenant is served.
+    let served = claim_in(&world, "other", "b").await;
+    available(&served, "b").await;
+    println!(
+        "the other tenant's claim Available {:.1} s after the hostile tenants' claims",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(redirect.requests.load(Ordering::Relaxed) > 0);
+    assert_eq!(
+        reached.load(Ordering::Relaxed),
+        0,
+        "nobody followed the redirect to loopback"
+    );
+    target_task.abort();
 }

@@ -394,7 +394,7 @@ pub fn watch_hook(
                     Api::<Secret>::namespaced(remote.client.clone(), TOKEN_NAMESPACE),
                     watcher::Config::default()
                         .labels(&format!("{managed},{installed}"))
-                        .page_size(TENANT_PAGE)
+                        .page_size(TOKEN_PAGE)
                         .any_semantic(),
                     Some(waker),
                     trim_token,
@@ -636,6 +636,10 @@ fn trim_pod(pod: &mut Pod) {
 /// Objects per page when a tenant's caches are listed: a page of objects a tenant may have
 /// made large stays well under [`crate::egress::TENANT_BODY_LIMIT`].
 const TENANT_PAGE: u32 = 100;
+
+/// Secrets per page when a tenant's bootstrap tokens are listed: Secrets may be large (up
+/// to 1 MiB), tokens are a few hundred bytes.
+const TOKEN_PAGE: u32 = 25;
 
 /// The data keys of a bootstrap-token Secret autonodes reads (`tokens::ensure_token`).
 const TOKEN_KEYS: [&str; 3] = ["token-id", "token-secret", "expiration"];

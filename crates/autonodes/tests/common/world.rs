@@ -250,6 +250,17 @@ impl World {
         exe: &str,
         metrics_addr: &str,
     ) -> autonodes_testenv::testenv::ManagedProcess {
+        self.spawn_controller_process_with(n, exe, metrics_addr, &[])
+    }
+
+    /// [`World::spawn_controller_process_on`] with `extra` flags.
+    pub fn spawn_controller_process_with(
+        &self,
+        n: u32,
+        exe: &str,
+        metrics_addr: &str,
+        extra: &[&str],
+    ) -> autonodes_testenv::testenv::ManagedProcess {
         let mgmt = self.playground.mgmt().expect("mgmt");
         let log = self.playground.env.dir.join(format!("controller-{n}.log"));
         let args: Vec<String> = [
@@ -270,6 +281,7 @@ impl World {
             "127.0.0.1",
         ]
         .iter()
+        .chain(extra)
         .map(|s| s.to_string())
         .collect();
         autonodes_testenv::testenv::ManagedProcess::spawn(

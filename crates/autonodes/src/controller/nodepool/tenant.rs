@@ -33,7 +33,7 @@ impl Drop for TenantWatch {
 }
 
 /// Objects per page when a dynamic pool lists its tenant's pods and nodes.
-const PAGE: u32 = 200;
+const PAGE: u32 = 100;
 /// The most pods, and the most nodes, a dynamic pool reads of its tenant; a tenant with
 /// more gets `TenantTooLarge` instead of being planned for.
 pub const MAX_TENANT_OBJECTS: usize = 20_000;

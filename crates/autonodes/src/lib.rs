@@ -26,6 +26,8 @@ pub mod egress;
 pub mod import_vcluster;
 pub mod leader;
 pub mod metrics;
+pub mod metrics_auth;
+pub mod metrics_tls;
 pub mod render;
 pub mod request_metrics;
 pub mod run;

@@ -67,6 +67,12 @@ pub struct RunArgs {
     /// Address of the /metrics, /healthz and /readyz server.
     #[arg(long, env = "AUTONODES_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     pub metrics_addr: SocketAddr,
+    /// Serve /metrics only to callers with a bearer token the management cluster's API
+    /// server authenticates (TokenReview) and authorizes to `get` the non-resource URL
+    /// `/metrics` (SubjectAccessReview), over HTTPS with a self-signed certificate;
+    /// /healthz and /readyz stay open (on the same HTTPS port).
+    #[arg(long, env = "AUTONODES_METRICS_AUTH")]
+    pub metrics_auth: bool,
     /// Log format.
     #[arg(long, env = "AUTONODES_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
@@ -315,6 +321,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     });
     let options = RunOptions {
         metrics_addr: args.metrics_addr,
+        metrics_auth: args.metrics_auth,
         leader,
         bound: None,
     };
@@ -326,6 +333,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 pub struct RunOptions {
     /// Address of the /metrics, /healthz and /readyz server (port 0 picks a free port).
     pub metrics_addr: SocketAddr,
+    /// Authenticate and authorize `/metrics` callers, over HTTPS (`--metrics-auth`).
+    pub metrics_auth: bool,
     /// Leader election; `None` runs the controllers at once.
     pub leader: Option<LeaderConfig>,
     /// Receives the address the server bound (useful with port 0).
@@ -342,6 +351,7 @@ pub async fn run_with(
 ) -> anyhow::Result<()> {
     let options = RunOptions {
         metrics_addr,
+        metrics_auth: false,
         leader: None,
         bound: None,
     };
@@ -382,21 +392,39 @@ pub async fn run_with_options(
         metrics: metrics.clone(),
         ready: ready.clone(),
         alive: alive.clone(),
+        auth: options
+            .metrics_auth
+            .then(|| Arc::new(crate::metrics_auth::MetricsAuth::new(client.clone()))),
     };
     let listener = tokio::net::TcpListener::bind(metrics_addr)
         .await
         .with_context(|| format!("binding the metrics server to {metrics_addr}"))?;
     let bound = listener.local_addr().unwrap_or(metrics_addr);
-    tracing::info!(addr = %bound, "serving /metrics, /healthz, /readyz");
+    let tls = if options.metrics_auth {
+        Some(crate::metrics_tls::self_signed_acceptor()?)
+    } else {
+        None
+    };
+    tracing::info!(addr = %bound, authenticated = tls.is_some(), "serving /metrics, /healthz, /readyz");
     if let Some(tx) = options.bound {
         let _ = tx.send(bound);
     }
     let http = tokio::spawn({
         let stop = stopped();
         async move {
-            axum::serve(listener, server::router(state))
-                .with_graceful_shutdown(stop)
-                .await
+            match tls {
+                Some(acceptor) => {
+                    let listener = crate::metrics_tls::TlsListener::new(listener, acceptor)?;
+                    axum::serve(listener, server::router(state))
+                        .with_graceful_shutdown(stop)
+                        .await
+                }
+                None => {
+                    axum::serve(listener, server::router(state))
+                        .with_graceful_shutdown(stop)
+                        .await
+                }
+            }
         }
     });
     tracing::info!(namespace = %config.namespace, "autonodes controller starting");

@@ -1,14 +1,18 @@
-//! The HTTP server of `autonodes run`: `/metrics`, `/healthz`, `/readyz` (axum).
+//! The HTTP server of `autonodes run`: `/metrics`, `/healthz`, `/readyz` (axum). With
+//! `--metrics-auth`, `/metrics` answers only callers the management cluster authorizes
+//! ([`crate::metrics_auth`]) and the server speaks HTTPS ([`crate::metrics_tls`]); the
+//! probes stay open.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
 use axum::Router;
 
 use crate::metrics::Metrics;
+use crate::metrics_auth::{MetricsAuth, Verdict};
 
 /// What the handlers read.
 #[derive(Clone)]
@@ -19,6 +23,8 @@ pub struct ServerState {
     pub ready: Arc<AtomicBool>,
     /// True while the controller loops run.
     pub alive: Arc<AtomicBool>,
+    /// Who may read `/metrics` (`None`: anybody).
+    pub auth: Option<Arc<MetricsAuth>>,
 }
 
 /// The router with all endpoints.
@@ -32,7 +38,25 @@ pub fn router(state: ServerState) -> Router {
 
 async fn metrics(
     State(s): State<ServerState>,
+    headers: HeaderMap,
 ) -> (StatusCode, [(&'static str, &'static str); 1], String) {
+    if let Some(auth) = &s.auth {
+        let header = headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|h| h.to_str().ok());
+        let refused = match auth.check(header).await {
+            Verdict::Allowed => None,
+            Verdict::Unauthenticated => Some((StatusCode::UNAUTHORIZED, "Unauthorized\n")),
+            Verdict::Forbidden => Some((StatusCode::FORBIDDEN, "Forbidden\n")),
+            Verdict::Unavailable => Some((
+                StatusCode::SERVICE_UNAVAILABLE,
+                "cannot review the caller now\n",
+            )),
+        };
+        if let Some((status, text)) = refused {
+            return (status, [("content-type", "text/plain")], text.to_string());
+        }
+    }
     (
         StatusCode::OK,
         [("content-type", "text/plain; version=0.0.4")],

@@ -251,6 +251,12 @@ async fn chart_lints_renders_and_passes_a_server_side_dry_run_on_the_api_server(
             .unwrap_or_else(|| panic!("no {kind} rendered"))
             .clone()
     };
+    let find_named = |kind: &str, name: &str| {
+        docs.iter()
+            .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no {kind} {name} rendered"))
+            .clone()
+    };
     let deploy = find("Deployment");
     assert_eq!(deploy["spec"]["replicas"], 2);
     let pod = &deploy["spec"]["template"]["spec"];
@@ -267,11 +273,17 @@ async fn chart_lints_renders_and_passes_a_server_side_dry_run_on_the_api_server(
         "--namespace=autonodes-system",
         "--log-format=json",
         "--leader-election-lease-duration=15s",
+        "--metrics-auth",
     ] {
         assert!(args.contains(&want), "{want} missing from {args:?}");
     }
     assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
     assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    // /metrics is authenticated by default: HTTPS, and the probes use it too.
+    assert_eq!(c["livenessProbe"]["httpGet"]["scheme"], "HTTPS");
+    assert_eq!(c["readinessProbe"]["httpGet"]["scheme"], "HTTPS");
+    let reader = find_named("ClusterRole", "autonodes-metrics-reader");
+    assert_eq!(reader["rules"][0]["nonResourceURLs"], json!(["/metrics"]));
     assert!(c["resources"]["requests"].is_object() && c["resources"]["limits"].is_object());
     let sc = &c["securityContext"];
     assert_eq!(sc["readOnlyRootFilesystem"], true);
@@ -289,6 +301,22 @@ async fn chart_lints_renders_and_passes_a_server_side_dry_run_on_the_api_server(
         .find(|d| d["kind"] == "ServiceMonitor")
         .expect("ServiceMonitor when enabled");
     assert_eq!(sm["spec"]["endpoints"][0]["port"], "metrics");
+    assert_eq!(sm["spec"]["endpoints"][0]["scheme"], "https");
+    assert_eq!(
+        sm["spec"]["endpoints"][0]["bearerTokenFile"],
+        "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    );
+    let open = documents(&render_chart(&json!({"metricsAuth": false})));
+    let open_c = &open
+        .iter()
+        .find(|d| d["kind"] == "Deployment")
+        .expect("Deployment")["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(open_c["livenessProbe"]["httpGet"]["scheme"], "HTTP");
+    assert!(!open_c["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .any(|a| a == "--metrics-auth"));
     let cm = documents(&render_chart(&json!({"dashboard": {"enabled": true}})));
     let cm = cm
         .iter()
@@ -426,6 +454,7 @@ async fn a_controller_with_only_the_charts_rbac_provisions_a_claim_and_cleans_it
     let task = tokio::spawn(async move {
         let options = RunOptions {
             metrics_addr: "127.0.0.1:0".parse().expect("address"),
+            metrics_auth: false,
             leader: Some(LeaderConfig::new(
                 "autonodes-system",
                 "autonodes",

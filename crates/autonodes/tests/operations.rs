@@ -27,6 +27,7 @@ async fn start_controller(
     let task = tokio::spawn(async move {
         let options = RunOptions {
             metrics_addr: "127.0.0.1:0".parse().expect("address"),
+            metrics_auth: false,
             leader: None,
             bound: Some(bound_tx),
         };
@@ -76,6 +77,7 @@ async fn readyz_stays_unavailable_while_the_watches_cannot_sync_and_healthz_repo
     let task = tokio::spawn(async move {
         let options = RunOptions {
             metrics_addr: "127.0.0.1:0".parse().expect("address"),
+            metrics_auth: false,
             leader: None,
             bound: Some(bound_tx),
         };

@@ -889,3 +889,193 @@ async fn tenant_servers_that_trickle_or_redirect_to_loopback_get_a_condition_and
     );
     target_task.abort();
 }
+
+/// GET `path` on the metrics server at `port` over HTTPS (its certificate is self-signed:
+/// not checked here), with `token` as bearer; the status and body.
+async fn https_get(port: u16, path: &str, token: Option<&str>) -> (u16, String) {
+    use std::sync::Arc;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_rustls::rustls::client::danger::{
+        HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier,
+    };
+    use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+    use tokio_rustls::rustls::{ClientConfig, DigitallySignedStruct, SignatureScheme};
+
+    #[derive(Debug)]
+    struct AnyCertificate;
+    impl ServerCertVerifier for AnyCertificate {
+        fn verify_server_cert(
+            &self,
+            _: &CertificateDer<'_>,
+            _: &[CertificateDer<'_>],
+            _: &ServerName<'_>,
+            _: &[u8],
+            _: UnixTime,
+        ) -> Result<ServerCertVerified, tokio_rustls::rustls::Error> {
+            Ok(ServerCertVerified::assertion())
+        }
+        fn verify_tls12_signature(
+            &self,
+            _: &[u8],
+            _: &CertificateDer<'_>,
+            _: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, tokio_rustls::rustls::Error> {
+            Ok(HandshakeSignatureValid::assertion())
+        }
+        fn verify_tls13_signature(
+            &self,
+            _: &[u8],
+            _: &CertificateDer<'_>,
+            _: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, tokio_rustls::rustls::Error> {
+            Ok(HandshakeSignatureValid::assertion())
+        }
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            tokio_rustls::rustls::crypto::ring::default_provider()
+                .signature_verification_algorithms
+                .supported_schemes()
+        }
+    }
+
+    let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+    let config = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyCertificate))
+        .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect to the metrics server");
+    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from("localhost").expect("name"), tcp)
+        .await
+        .expect("TLS with the metrics server");
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    tls.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n{auth}Connection: close\r\n\r\n")
+            .as_bytes(),
+    )
+    .await
+    .expect("request");
+    let mut answer = Vec::new();
+    let _ = tls.read_to_end(&mut answer).await;
+    let text = String::from_utf8_lossy(&answer).to_string();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// A token of a new ServiceAccount `name` in `default` (TokenRequest).
+async fn service_account_token(world: &World, name: &str) -> String {
+    use k8s_openapi::api::authentication::v1::TokenRequest;
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let accounts: Api<ServiceAccount> = Api::namespaced(world.mgmt.clone(), "default");
+    let sa: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": name}})).expect("sa");
+    accounts
+        .create(&PostParams::default(), &sa)
+        .await
+        .expect("ServiceAccount");
+    let request: TokenRequest =
+        serde_json::from_value(json!({"spec": {"audiences": [], "expirationSeconds": 3600}}))
+            .expect("token request");
+    accounts
+        .create_token_request(name, &PostParams::default(), &request)
+        .await
+        .expect("token")
+        .status
+        .expect("token status")
+        .token
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_metrics_auth_only_callers_the_cluster_authorizes_read_metrics_and_the_probes_stay_open(
+) {
+    let world = World::start_clusters(&WorldOptions {
+        provider: provider(),
+        ..WorldOptions::default()
+    })
+    .await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("a free port")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let _controller = world.spawn_controller_process_with(
+        0,
+        env!("CARGO_BIN_EXE_autonodes"),
+        &addr,
+        &["--metrics-auth"],
+    );
+    let healthz = common::eventually("the metrics server answers", WAIT, || async move {
+        let probe = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()?;
+        drop(probe);
+        let (status, _) = https_get(port, "/healthz", None).await;
+        (status != 0).then_some(status)
+    })
+    .await;
+    let (no_token, _) = https_get(port, "/metrics", None).await;
+    let (bad_token, _) = https_get(port, "/metrics", Some("not-a-token")).await;
+    let stranger = service_account_token(&world, "stranger").await;
+    let (not_allowed, _) = https_get(port, "/metrics", Some(&stranger)).await;
+
+    // The chart's metrics-reader rule, bound to a scraper's ServiceAccount.
+    let scraper = service_account_token(&world, "scraper").await;
+    let rbac: Vec<serde_json::Value> = vec![
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+               "metadata": {"name": "autonodes-metrics-reader"},
+               "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": "scraper-reads-metrics"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "autonodes-metrics-reader"},
+               "subjects": [{"kind": "ServiceAccount", "name": "scraper", "namespace": "default"}]}),
+    ];
+    for object in rbac {
+        let kind = object["kind"].as_str().expect("kind").to_string();
+        let api: Api<kube::api::DynamicObject> = Api::all_with(
+            world.mgmt.clone(),
+            &kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+                "rbac.authorization.k8s.io",
+                "v1",
+                &kind,
+            )),
+        );
+        api.create(
+            &PostParams::default(),
+            &serde_json::from_value(object).expect("rbac object"),
+        )
+        .await
+        .expect("rbac");
+    }
+    let (allowed, body) = common::eventually("the scraper is allowed", WAIT, || {
+        let scraper = scraper.clone();
+        async move {
+            let (status, body) = https_get(port, "/metrics", Some(&scraper)).await;
+            (status == 200).then_some((status, body))
+        }
+    })
+    .await;
+    let (readyz, _) = https_get(port, "/readyz", None).await;
+    println!(
+        "/healthz {healthz}, /readyz {readyz} without a token; /metrics: no token {no_token}, unknown token {bad_token}, a ServiceAccount without the rule {not_allowed}, with it {allowed}"
+    );
+    assert_eq!(healthz, 200);
+    assert!(readyz == 200 || readyz == 503, "{readyz}");
+    assert_eq!(no_token, 401);
+    assert_eq!(bad_token, 401);
+    assert_eq!(not_allowed, 403);
+    assert!(body.contains("autonodes_reconcile_total"), "{body}");
+}

@@ -21,7 +21,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::{watcher, Controller};
+use kube::runtime::{watcher, Controller, WatchStreamExt};
 use kube::{Resource, ResourceExt};
 
 use super::{Context, Error};
@@ -90,16 +90,44 @@ pub async fn run(
     let runs = apis.into_iter().map(|api| {
         let config = watcher::Config::default()
             .labels(CHART_SELECTOR)
+            .page_size(50)
             .any_semantic();
+        // The chart labels its other Secrets (kubeconfigs, certificates) the same way: the
+        // cache keeps only what the import reads, the configuration of `vc-config-*`.
+        let (reader, writer) = kube::runtime::reflector::store();
+        let secrets = watcher(api, config)
+            .default_backoff()
+            .modify(keep_only_configuration)
+            .reflect(writer)
+            .applied_objects();
         // A pool's spec changed or it went: put it back as the configuration says (its
         // status writes do not concern the import).
-        Controller::new(api, config)
+        Controller::for_stream(secrets, reader)
             .owns_shared_stream(ctx.reflectors.pools.spec_touched())
             .graceful_shutdown_on(shutdown.clone())
             .run(reconcile, error_policy, ictx.clone())
             .for_each(super::log_run_error)
     });
     futures::future::join_all(runs).await;
+}
+
+/// Keeps of a Secret the vCluster chart labelled what the import reads: its metadata
+/// (without managed fields and annotations) and, for a `vc-config-<name>` Secret, its
+/// configuration; every other key, and every other Secret's data, is dropped before it is
+/// cached.
+fn keep_only_configuration(secret: &mut Secret) {
+    secret.metadata.managed_fields = None;
+    secret.metadata.annotations = None;
+    secret.string_data = None;
+    let is_config = secret
+        .metadata
+        .name
+        .as_deref()
+        .is_some_and(|n| n.starts_with(CONFIG_SECRET_PREFIX));
+    match secret.data.as_mut() {
+        Some(data) if is_config => data.retain(|k, _| k == CONFIG_SECRET_KEY),
+        _ => secret.data = None,
+    }
 }
 
 /// What a reconcile of the import sees.
@@ -351,4 +379,39 @@ async fn reconcile(secret: Arc<Secret>, ictx: Arc<ImportContext>) -> Result<Acti
         .await;
     }
     Ok(Action::await_change())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::ByteString;
+
+    fn secret(name: &str, keys: &[&str]) -> Secret {
+        Secret {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                annotations: Some([("a".to_string(), "b".repeat(1000))].into()),
+                ..Default::default()
+            },
+            data: Some(
+                keys.iter()
+                    .map(|k| (k.to_string(), ByteString(vec![b'x'; 100 * 1024])))
+                    .collect(),
+            ),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_import_cache_keeps_only_the_configuration_of_vc_config_secrets() {
+        let mut config = secret("vc-config-a", &[CONFIG_SECRET_KEY, "other"]);
+        keep_only_configuration(&mut config);
+        let kept: Vec<&String> = config.data.iter().flat_map(|d| d.keys()).collect();
+        assert_eq!(kept, [CONFIG_SECRET_KEY]);
+        assert!(config.metadata.annotations.is_none());
+
+        let mut kubeconfig = secret("vc-a", &["config", "certificate-authority"]);
+        keep_only_configuration(&mut kubeconfig);
+        assert!(kubeconfig.data.is_none(), "no data of any other Secret");
+    }
 }

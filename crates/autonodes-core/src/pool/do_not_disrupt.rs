@@ -75,6 +75,20 @@ mod tests {
         .expect("pod")
     }
 
+    #[test]
+    fn the_annotations_a_pool_keeps_of_a_tenant_s_pods_still_hold_a_marked_node() {
+        let mut p = pod(
+            json!({KARPENTER_DO_NOT_DISRUPT: "true", "kubectl.kubernetes.io/last-applied-configuration": "{}"}),
+            "n1",
+            "Running",
+        );
+        if let Some(a) = p.metadata.annotations.as_mut() {
+            a.retain(|k, _| super::super::pack::annotation_read_by_planning(k));
+        }
+        assert_eq!(p.metadata.annotations.as_ref().map(|a| a.len()), Some(1));
+        assert!(pod_holds_node(&p));
+    }
+
     fn claim(name: &str, node: &str, annotations: serde_json::Value) -> NodeClaim {
         serde_json::from_value(json!({
             "apiVersion": "autonodes.io/v1alpha1", "kind": "NodeClaim",

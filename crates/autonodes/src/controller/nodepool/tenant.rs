@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use autonodes_core::pool::pack::annotation_read_by_planning;
 use autonodes_core::pool::status::Verdict;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -40,7 +41,7 @@ pub const MAX_TENANT_OBJECTS: usize = 20_000;
 
 /// Every pod and node of a tenant, or why they could not be read (`TenantUnreachable`;
 /// `TenantTooLarge` past [`MAX_TENANT_OBJECTS`]). Listed in pages, each object trimmed
-/// of what planning does not read as it arrives.
+/// of managed fields and of the annotations planning does not read as it arrives.
 pub(super) async fn pods_and_nodes(
     ctx: &Context,
     remote: &Remote,
@@ -56,7 +57,8 @@ pub(super) async fn pods_and_nodes(
     Ok((pods, nodes))
 }
 
-/// Every object of `api`, page by page, trimmed of managed fields and annotations.
+/// Every object of `api`, page by page, trimmed of managed fields and of the annotations
+/// planning does not read.
 async fn list_paged<K>(
     ctx: &Context,
     remote: &Remote,
@@ -75,7 +77,9 @@ where
         out.extend(page.items.into_iter().map(|mut o| {
             let meta = o.meta_mut();
             meta.managed_fields = None;
-            meta.annotations = None;
+            if let Some(a) = meta.annotations.as_mut() {
+                a.retain(|k, _| annotation_read_by_planning(k));
+            }
             o
         }));
         if out.len() > MAX_TENANT_OBJECTS {

@@ -22,16 +22,37 @@ pub fn is_progress(reason: &str) -> bool {
     ClaimReason::parse(reason).is_some_and(ClaimReason::is_progress)
 }
 
-/// `message` cut to at most [`MAX_MESSAGE_BYTES`] on a character boundary, `…` marking a cut.
+/// `message` cut to at most [`MAX_MESSAGE_BYTES`] ([`cut`]).
 pub fn bounded_message(message: String) -> String {
     if message.len() <= MAX_MESSAGE_BYTES {
         return message;
     }
-    let mut end = MAX_MESSAGE_BYTES - '…'.len_utf8();
-    while !message.is_char_boundary(end) {
+    cut(&message, MAX_MESSAGE_BYTES)
+}
+
+/// The one way autonodes shortens text it writes or shows (condition messages, Event
+/// fields, a remote server's words): at most `max_bytes` bytes, cut on a character
+/// boundary, a `…` marking a cut (within the bound). Text that fits is returned as it is.
+pub fn cut(text: &str, max_bytes: usize) -> String {
+    if text.len() <= max_bytes {
+        return text.to_string();
+    }
+    let ellipsis = '…'.len_utf8();
+    if max_bytes < ellipsis {
+        return String::new();
+    }
+    let mut end = max_bytes - ellipsis;
+    while !text.is_char_boundary(end) {
         end -= 1;
     }
-    format!("{}…", &message[..end])
+    format!("{}…", &text[..end])
+}
+
+/// `text` on one line: every control character (newlines, tabs, escapes) becomes a space.
+pub fn one_line(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
 }
 
 /// "`n` of `total` `what` invalid: " and the first few problems, so a message stays short
@@ -127,6 +148,26 @@ pub fn status_of(ok: bool) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn cut_text_fits_its_bound_and_keeps_a_prefix(text in ".{0,200}", max in 0usize..300) {
+            let out = cut(&text, max);
+            prop_assert!(out.len() <= max || (text.len() <= max && out == text));
+            if text.len() <= max {
+                prop_assert_eq!(&out, &text);
+            } else if !out.is_empty() {
+                let kept = out.strip_suffix('…').expect("a cut is marked");
+                prop_assert!(text.starts_with(kept));
+            }
+        }
+    }
+
+    #[test]
+    fn one_line_turns_control_characters_into_spaces() {
+        assert_eq!(one_line("a\nb\tc\u{1b}[31m"), "a b c [31m");
+    }
 
     #[test]
     fn a_long_message_is_cut_on_a_character_boundary_with_an_ellipsis() {

@@ -580,18 +580,9 @@ pub fn status_message(s: &kube::core::Status) -> String {
     bounded(&s.message, MAX_REMOTE_TEXT)
 }
 
-/// `text` on one line, at most `max` characters (an ellipsis marks a cut).
+/// `text` on one line, at most `max` bytes (an ellipsis marks a cut).
 fn bounded(text: &str, max: usize) -> String {
-    let one_line: String = text
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
-    if one_line.chars().count() <= max {
-        return one_line;
-    }
-    let mut cut: String = one_line.chars().take(max).collect();
-    cut.push('…');
-    cut
+    crate::conditions::cut(&crate::conditions::one_line(text), max)
 }
 
 /// The server URL and CA PEM of the current context of a kubeconfig *file the operator

@@ -150,7 +150,7 @@ impl<'a> ClaimRoom<'a> {
 /// A NodeType's `status.host`: the headroom of its VM on `model` (over the zones it
 /// offers), or why it is not known.
 pub fn type_host_status(t: &PreparedType, model: Result<&HostModel, &str>) -> NodeTypeHost {
-    let bounded = |m: String| m.chars().take(MESSAGE_MAX).collect::<String>();
+    let bounded = |m: String| crate::conditions::cut(&m, MESSAGE_MAX);
     let model = match model {
         Ok(m) => m,
         Err(why) => {

@@ -537,9 +537,9 @@ impl Context {
                 namespace: Some(namespace.clone()),
                 ..Default::default()
             },
-            action: Some(truncate(action, 128)),
-            reason: Some(truncate(reason, 128)),
-            note: Some(truncate(&note, 1000)),
+            action: Some(crate::conditions::cut(action, 128)),
+            reason: Some(crate::conditions::cut(reason, 128)),
+            note: Some(crate::conditions::cut(&note, 1000)),
             type_: Some(match type_ {
                 EventType::Normal => "Normal".into(),
                 EventType::Warning => "Warning".into(),
@@ -601,18 +601,6 @@ fn unscheduled(c: &NodeClaim) -> bool {
         .as_ref()
         .and_then(|s| s.type_ref.as_ref())
         .is_none()
-}
-
-/// Cuts `s` to at most `max` bytes on a character boundary.
-pub fn truncate(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
 }
 
 /// The current time.

@@ -115,3 +115,13 @@ pub fn unusable(t: &NodeType, provider: Option<&NodeProvider>) -> Option<(&'stat
         }
     }
 }
+
+/// Every NodeQuota in the store, prepared (what claim scheduling and pools' claim room
+/// check against).
+pub fn prepared_quotas(ctx: &Context) -> Vec<crate::quota::PreparedQuota> {
+    ctx.quotas
+        .state()
+        .iter()
+        .map(|q| crate::quota::PreparedQuota::new(&q.name_any(), &q.spec))
+        .collect()
+}

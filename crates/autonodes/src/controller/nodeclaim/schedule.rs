@@ -113,12 +113,7 @@ pub(super) async fn schedule(claim: &NodeClaim, ctx: &Context) -> Result<Schedul
     ctx.wait_synced().await;
     let namespace = claim.namespace().unwrap_or_default();
     // With `--require-quota`, a namespace no NodeQuota covers claims nothing.
-    let all_quotas: Vec<PreparedQuota> = ctx
-        .quotas
-        .state()
-        .iter()
-        .map(|q| PreparedQuota::new(&q.name_any(), &q.spec))
-        .collect();
+    let all_quotas = crate::controller::catalogue::prepared_quotas(ctx);
     if let Err(message) = access::quota_admits(ctx.config.require_quota, &all_quotas, &namespace) {
         let mut w = StatusWriter::new(claim, ctx);
         w.set(SCHEDULED, false, ClaimReason::NoQuota, message);

@@ -12,7 +12,7 @@ use autonodes_core::pool::owned_by;
 use autonodes_core::pool::plan::is_live;
 use autonodes_core::pool::reconcile::template_problem;
 use autonodes_core::pool::status::Verdict;
-use autonodes_core::quota::{nodes_limit, PreparedQuota};
+use autonodes_core::quota::nodes_limit;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
@@ -44,12 +44,7 @@ pub(super) fn claims(ctx: &Context, ns: &str, uid: &str) -> Claims {
 /// namespace, and the `nodes` limit of the namespace's NodeQuotas, against the
 /// namespace's live claims (`claims`: the pool's and the others').
 pub(super) fn room(ctx: &Context, ns: &str, claims: &Claims) -> ClaimRoom {
-    let quotas: Vec<PreparedQuota> = ctx
-        .quotas
-        .state()
-        .iter()
-        .map(|q| PreparedQuota::new(&q.name_any(), &q.spec))
-        .collect();
+    let quotas = crate::controller::catalogue::prepared_quotas(ctx);
     let live = claims
         .mine
         .iter()

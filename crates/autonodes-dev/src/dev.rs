@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use autonodes::controller::ControllerConfig;
+use autonodes::controller::config::ControllerConfig;
 use autonodes_testenv::playground::{wire, Playground, SERVICE_NAMESPACE};
 use autonodes_testenv::simulator;
 use autonodes_testenv::testenv::{Binaries, TestEnv, TestEnvError};
@@ -155,7 +155,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         registration_timeout: args.registration_timeout,
         // The playground's clusters listen on loopback, which the address policy refuses
         // by default; the management API server stays refused.
-        egress: autonodes::egress::Egress::allowing_list("127.0.0.1")
+        egress: autonodes::remote::egress::Egress::allowing_list("127.0.0.1")
             .map_err(|e| anyhow::anyhow!(e))?,
         management_server: playground
             .mgmt()

@@ -157,7 +157,7 @@ impl LeaderElector {
     }
 
     fn spec(&self, acquire_time: Option<MicroTime>, transitions: i32) -> LeaseSpec {
-        let now = MicroTime(crate::controller::now());
+        let now = MicroTime(crate::controller::context::now());
         LeaseSpec {
             holder_identity: Some(self.config.identity.clone()),
             lease_duration_seconds: Some(self.config.duration_seconds()),
@@ -331,7 +331,7 @@ impl LeaderElector {
         if spec.holder_identity.as_deref() != Some(self.config.identity.as_str()) {
             return Ok(());
         }
-        let now = MicroTime(crate::controller::now());
+        let now = MicroTime(crate::controller::context::now());
         lease.spec = Some(LeaseSpec {
             holder_identity: None,
             lease_duration_seconds: Some(1),

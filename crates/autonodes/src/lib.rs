@@ -20,15 +20,13 @@ pub use autonodes_core::{
 };
 
 pub mod cli;
-pub mod clients;
 pub mod controller;
-pub mod egress;
 pub mod import_vcluster;
 pub mod leader;
 pub mod metrics;
 pub mod metrics_auth;
 pub mod metrics_tls;
+pub mod remote;
 pub mod render;
-pub mod request_metrics;
 pub mod run;
 pub mod server;

@@ -51,7 +51,7 @@ pub struct Metrics {
     /// `autonodes_orphans_removed_total{kind}`: objects the orphan sweep removed.
     pub orphans_removed: IntCounterVec,
     /// `autonodes_kube_requests_total{cluster,verb,resource,code}`: every request of the
-    /// controller's clients ([`crate::request_metrics`]).
+    /// controller's clients ([`crate::remote::request_metrics`]).
     pub kube_requests: IntCounterVec,
     /// `autonodes_leader`: 1 while this replica holds the leader Lease (and runs the
     /// controllers), else 0.
@@ -135,7 +135,7 @@ impl Metrics {
                 Opts::new("orphans_removed_total", "Objects autonodes made whose NodeClaim no longer exists, removed by the orphan sweep, by kind (VirtualMachine, Secret, DataVolume, BootstrapToken, Node)."),
                 &["kind"],
             ))?,
-            kube_requests: register(r, Ok(crate::request_metrics::KUBE_REQUESTS.clone()))?,
+            kube_requests: register(r, Ok(crate::remote::request_metrics::KUBE_REQUESTS.clone()))?,
             registry,
         }
         .with_zero_series())

@@ -403,7 +403,7 @@ pub struct RenderArgs {
 
 /// The installation id `autonodes render` labels objects with (`autonodes run` uses its
 /// `--installation-id`): the one of the default controller settings.
-pub const PLACEHOLDER_INSTALLATION: &str = crate::controller::DEFAULT_INSTALLATION;
+pub const PLACEHOLDER_INSTALLATION: &str = crate::controller::config::DEFAULT_INSTALLATION;
 
 /// UID given to a claim file without `metadata.uid`.
 pub const PLACEHOLDER_UID: &str = "00000000-0000-0000-0000-000000000000";
@@ -558,15 +558,15 @@ pub fn join_params_from_kubeconfig(path: &Path) -> anyhow::Result<JoinParams> {
     let kc: kube::config::Kubeconfig = autonodes_core::yaml::from_str(&text)
         .with_context(|| format!("{source}: not a kubeconfig"))?;
     let (server, ca) =
-        crate::clients::server_and_ca(&kc, Some(path.parent().unwrap_or(Path::new("."))))
+        crate::remote::clients::server_and_ca(&kc, Some(path.parent().unwrap_or(Path::new("."))))
             .map_err(|e| anyhow::anyhow!("{source}: {e}"))?;
     let ca = ca.with_context(|| {
         format!("{source}: the cluster has neither certificate-authority-data nor certificate-authority")
     })?;
     let hash = userdata::ca_cert_hash(&ca)
         .map_err(|e| anyhow::anyhow!("{source}: the cluster's certificate authority: {e}"))?;
-    let endpoint =
-        crate::clients::endpoint_of(&server).map_err(|e| anyhow::anyhow!("{source}: {e}"))?;
+    let endpoint = crate::remote::clients::endpoint_of(&server)
+        .map_err(|e| anyhow::anyhow!("{source}: {e}"))?;
     Ok(JoinParams {
         api_server_endpoint: endpoint,
         token: userdata::PLACEHOLDER_TOKEN.to_string(),

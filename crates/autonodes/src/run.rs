@@ -11,11 +11,12 @@ use clap::{Args, ValueEnum};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 
-use crate::controller::{self, ControllerConfig};
-use crate::egress::Egress;
+use crate::controller;
+use crate::controller::config::ControllerConfig;
 use crate::leader::{LeaderConfig, LeaderElector};
 use crate::metrics::Metrics;
-use crate::request_metrics::{ClusterKind, CountRequests};
+use crate::remote::egress::Egress;
+use crate::remote::request_metrics::{ClusterKind, CountRequests};
 use crate::server::{self, ServerState};
 use autonodes_core::address_policy::{AddressPolicy, Cidr};
 

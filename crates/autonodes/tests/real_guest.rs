@@ -12,7 +12,7 @@
 use std::time::{Duration, Instant};
 
 use autonodes::api::{NodeClaim, NodeProvider};
-use autonodes::controller::ControllerConfig;
+use autonodes::controller::config::ControllerConfig;
 use autonodes_testenv::download_mirror::DownloadMirror;
 use autonodes_testenv::kubeadm_tenant;
 use autonodes_testenv::playground::{self, SERVICE_NAMESPACE};
@@ -190,7 +190,7 @@ async fn a_prepared_and_a_stock_image_join_the_tenant_with_a_real_kubelet_and_le
         registration_timeout: READY,
         kubernetes_download_url: format!("http://{}:{}", qemu::HOST_ADDRESS, mirror.port),
         // The clusters listen on loopback, which the address policy refuses by default.
-        egress: autonodes::egress::Egress::allowing(&[
+        egress: autonodes::remote::egress::Egress::allowing(&[
             autonodes_core::address_policy::Cidr::parse("127.0.0.1").expect("cidr"),
         ]),
         ..ControllerConfig::default()

@@ -30,7 +30,7 @@ async fn a_cleanup_that_cannot_reach_the_host_keeps_the_claim_until_its_vm_is_go
         .expect("host kubeconfig Secret deleted");
     // The controller reads a kubeconfig Secret at most once per SECRET_RECHECK; until then
     // it keeps the client it has (and a cleanup in that window would simply succeed).
-    tokio::time::sleep(autonodes::clients::SECRET_RECHECK + Duration::from_secs(1)).await;
+    tokio::time::sleep(autonodes::remote::clients::SECRET_RECHECK + Duration::from_secs(1)).await;
     for name in ["keep-a", "keep-b"] {
         world.delete_claim(name).await;
     }

@@ -9,7 +9,7 @@ mod hostile;
 use std::time::{Duration, Instant};
 
 use autonodes::api::{NodeClaim, NodePool, NodeQuota};
-use autonodes::controller::ControllerConfig;
+use autonodes::controller::config::ControllerConfig;
 use autonodes_testenv::playground::put_kubeconfig_secret;
 use autonodes_testenv::simulator::SimMode;
 use common::pools::*;
@@ -385,7 +385,7 @@ async fn a_tenant_whose_kubeconfig_turns_invalid_cannot_keep_its_deleted_claim_s
         .await
         .expect("kubeconfig Secret rewritten");
     // Past the controller's recheck of kubeconfig Secrets, the tenant is refused.
-    tokio::time::sleep(autonodes::clients::SECRET_RECHECK + Duration::from_secs(2)).await;
+    tokio::time::sleep(autonodes::remote::clients::SECRET_RECHECK + Duration::from_secs(2)).await;
     let started = Instant::now();
     world.delete_claim("held").await;
     // The drain timeout of this world is 20 s: the VM goes after it, the claim with it.

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
 
 use crate::controller::catalogue::catalogue;
-use crate::controller::Context;
+use crate::controller::context::Context;
 use crate::scheduling::Catalogue;
 
 /// The labels of namespace `ns`, read only when some provider serves only some namespaces

@@ -47,9 +47,10 @@ use kube::{Resource, ResourceExt};
 
 use super::lenient;
 use super::reflectors::Touched;
-use super::{Context, Error};
 use crate::api::capi::*;
 use crate::api::{NodeClaim, NodePool, NodeType};
+use crate::controller::context::Context;
+use crate::controller::error::Error;
 
 mod removal;
 mod write;
@@ -97,7 +98,7 @@ pub struct CapiContext {
 /// a sweep removes the mirrors of NodePools that are gone.
 pub async fn run(
     ctx: Arc<Context>,
-    reflectors: &super::Reflectors,
+    reflectors: &crate::controller::reflectors::Reflectors,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,
 ) {
     let (sweep_tx, sweep_rx) = mpsc::unbounded::<String>();
@@ -157,7 +158,7 @@ pub async fn run(
     .with_config(RunConfig::default().debounce(Duration::from_millis(200)))
     .graceful_shutdown_on(shutdown)
     .run(reconcile, error_policy, cctx)
-    .for_each(super::log_run_error)
+    .for_each(crate::controller::reconciler::log_run_error)
     .await;
     drop(sweep_tx);
     sweeper.abort();
@@ -185,7 +186,7 @@ pub fn error_policy(pool: Arc<NodePool>, error: &Error, _cctx: Arc<CapiContext>)
             "mirroring NodePool as MachinePool failed"
         );
     }
-    super::error_requeue(error)
+    crate::controller::error::error_requeue(error)
 }
 
 async fn reconcile_pool(pool: &NodePool, cctx: &CapiContext) -> Result<Action, Error> {
@@ -344,7 +345,8 @@ async fn reconcile_pool(pool: &NodePool, cctx: &CapiContext) -> Result<Action, E
     sync_machines(ctx, pool, &mp_uid, &claims, &machines).await?;
 
     // 5. Status of the MachinePool.
-    let status = capi::machine_pool_status(&mp, &claims, sync.target, super::now());
+    let status =
+        capi::machine_pool_status(&mp, &claims, sync.target, crate::controller::context::now());
     if mp.status.as_ref() != Some(&status) {
         write_status(&mp_api, &mp, &status).await?;
     }

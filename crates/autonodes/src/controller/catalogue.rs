@@ -9,9 +9,9 @@ use std::sync::Arc;
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 
-use super::Context;
 use crate::api::{NodeProvider, NodeType, ProviderPhase};
 use crate::conditions;
+use crate::controller::context::Context;
 use crate::scheduling::{self, Catalogue, ProviderContext};
 
 /// The catalogue of every NodeType, with types whose provider cannot be used marked as

@@ -7,7 +7,7 @@ use std::time::Duration;
 use kube::ResourceExt;
 use prometheus::core::Collector;
 
-use super::Context;
+use crate::controller::context::Context;
 
 /// How often the gauges are swept.
 pub const SWEEP_INTERVAL: Duration = Duration::from_secs(5);

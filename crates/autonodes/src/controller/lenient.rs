@@ -22,8 +22,8 @@ use serde::{Deserialize, Deserializer};
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use super::Context;
 use crate::conditions;
+use crate::controller::context::Context;
 
 /// Condition reason (and Event reason) of an object the controller cannot decode.
 pub const REASON: &str = "InvalidSpec";
@@ -183,20 +183,23 @@ where
     K: 'static,
 {
     let resource = ApiResource::erase::<K>(&());
-    watcher(api_all::<K>(client), super::watch_config())
-        .default_backoff()
-        .map_ok(move |event| {
-            let (event, stale, invalid) = split(event, &cache);
-            if let (Some(object), Some(reports)) = (invalid, reports.as_ref()) {
-                let _ = reports.unbounded_send(Report {
-                    resource: resource.clone(),
-                    object,
-                });
-            }
-            let stale = stale.map(watcher::Event::Delete);
-            futures::stream::iter(stale.into_iter().chain(event).map(Ok))
-        })
-        .try_flatten()
+    watcher(
+        api_all::<K>(client),
+        crate::controller::reflectors::watch_config(),
+    )
+    .default_backoff()
+    .map_ok(move |event| {
+        let (event, stale, invalid) = split(event, &cache);
+        if let (Some(object), Some(reports)) = (invalid, reports.as_ref()) {
+            let _ = reports.unbounded_send(Report {
+                resource: resource.clone(),
+                object,
+            });
+        }
+        let stale = stale.map(watcher::Event::Delete);
+        futures::stream::iter(stale.into_iter().chain(event).map(Ok))
+    })
+    .try_flatten()
 }
 
 /// A watch event of `Lenient<K>` as the typed event to pass on (none for an undecodable
@@ -293,7 +296,7 @@ async fn write_condition(client: &Client, r: &Report, message: &str) -> Result<(
             "status": conditions::FALSE,
             "reason": REASON,
             "message": message,
-            "lastTransitionTime": super::now().to_string(),
+            "lastTransitionTime": crate::controller::context::now().to_string(),
             "observedGeneration": r.object.meta.generation,
         }]},
     });

@@ -11,10 +11,12 @@ use kube::runtime::events::EventType;
 use kube::ResourceExt;
 
 use super::catalogue::catalogue;
-use super::{apply_status, now, Context, Error};
 use crate::api::reasons::QuotaReason;
 use crate::api::{NamespaceUsage, NodeQuota, NodeQuotaStatus};
 use crate::conditions::{self, status_of};
+use crate::controller::context::{now, Context};
+use crate::controller::error::Error;
+use crate::controller::status::apply_status;
 use crate::quota::{PreparedQuota, Usage};
 
 /// Condition: the quota can be applied.
@@ -37,10 +39,10 @@ pub async fn reconcile(q: Arc<NodeQuota>, ctx: Arc<Context>) -> Result<Action, E
 pub fn error_policy(q: Arc<NodeQuota>, error: &Error, _ctx: Arc<Context>) -> Action {
     if error.is_conflict() {
         tracing::debug!(%error, "stale read; reconciling again");
-        return super::error_requeue(error);
+        return crate::controller::error::error_requeue(error);
     }
     tracing::warn!(nodequota = %q.name_any(), %error, "reconciling NodeQuota failed");
-    super::error_requeue(error)
+    crate::controller::error::error_requeue(error)
 }
 
 async fn apply(q: &NodeQuota, ctx: &Context) -> Result<Action, Error> {

@@ -10,12 +10,14 @@ use kube::runtime::events::EventType;
 use kube::ResourceExt;
 
 use super::catalogue::{catalogue, provider_of, unusable};
-use super::host_room;
-use super::{apply_status, now, Context, Error};
 use crate::api::ResourceList;
 use crate::api::{NodeType, NodeTypeHost, NodeTypePhase};
-use crate::clients::{remote_error_text, REMOTE_TIMEOUT};
 use crate::conditions::{self, status_of};
+use crate::controller::context::{now, Context};
+use crate::controller::error::Error;
+use crate::controller::status::apply_status;
+use crate::remote::clients::{remote_error_text, REMOTE_TIMEOUT};
+use crate::remote::host_room;
 use crate::scheduling::{self, ProviderContext, TypeProblem};
 use crate::template::instancetype::{instancetype_resources, Matcher};
 use kube::api::DynamicObject;
@@ -102,10 +104,10 @@ pub async fn reconcile(t: Arc<NodeType>, ctx: Arc<Context>) -> Result<Action, Er
 pub fn error_policy(t: Arc<NodeType>, error: &Error, _ctx: Arc<Context>) -> Action {
     if error.is_conflict() {
         tracing::debug!(%error, "stale read; reconciling again");
-        return super::error_requeue(error);
+        return crate::controller::error::error_requeue(error);
     }
     tracing::warn!(nodetype = %t.name_any(), %error, "reconciling NodeType failed");
-    super::error_requeue(error)
+    crate::controller::error::error_requeue(error)
 }
 
 async fn apply(t: &NodeType, ctx: &Context) -> Result<Action, Error> {

@@ -15,15 +15,17 @@ use kube::runtime::finalizer::{finalizer, Event as Finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 
-use super::host::Host;
-use super::{apply_status, now, Context, Error, FIELD_MANAGER};
 use crate::api::{
     NodeProvider, NodeProviderStatus, NodeType, ProviderPhase, FINALIZER, LABEL_MANAGED_BY,
     LABEL_PROVIDER, MANAGED_BY,
 };
-use crate::clients::{remote_error_text, REMOTE_TIMEOUT};
 use crate::conditions::{self, status_of, FALSE};
+use crate::controller::context::{now, Context, FIELD_MANAGER};
+use crate::controller::error::Error;
+use crate::controller::status::apply_status;
 use crate::kubevirt;
+use crate::remote::clients::{remote_error_text, REMOTE_TIMEOUT};
+use crate::remote::host::Host;
 use crate::scheduling::{self, ProviderContext};
 
 /// Condition: the host cluster answers and serves KubeVirt.
@@ -91,10 +93,10 @@ pub async fn reconcile(p: Arc<NodeProvider>, ctx: Arc<Context>) -> Result<Action
 pub fn error_policy(p: Arc<NodeProvider>, error: &Error, _ctx: Arc<Context>) -> Action {
     if error.is_conflict() {
         tracing::debug!(%error, "stale read; reconciling again");
-        return super::error_requeue(error);
+        return crate::controller::error::error_requeue(error);
     }
     tracing::warn!(provider = %p.name_any(), %error, "reconciling NodeProvider failed");
-    super::error_requeue(error)
+    crate::controller::error::error_requeue(error)
 }
 
 async fn host_check(p: &NodeProvider, ctx: &Context) -> (bool, &'static str, String) {

@@ -28,6 +28,9 @@ use kube::runtime::watcher;
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
 
+use crate::api::capi::{Machine, MachinePool};
+use crate::api::{NodeClaim, NodePool, NodeProvider, NodeQuota, NodeType};
+
 use super::lenient::{self, Reports};
 
 /// What a kind needs to be watched and shared: a typed Kubernetes object that crosses
@@ -282,5 +285,57 @@ fn key_of<K: Resource>(obj: &K) -> String {
 impl<K: Kind> Default for Reflector<K> {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// The watcher configuration of every controller.
+pub fn watch_config() -> watcher::Config {
+    watcher::Config::default().any_semantic()
+}
+
+/// The one watch and store of each of autonodes' kinds ([`reflectors`]).
+pub struct Reflectors {
+    /// NodeClaims.
+    pub claims: Reflector<NodeClaim>,
+    /// NodeTypes.
+    pub types: Reflector<NodeType>,
+    /// NodeProviders.
+    pub providers: Reflector<NodeProvider>,
+    /// NodePools.
+    pub pools: Reflector<NodePool>,
+    /// `capi.autonodes.io` MachinePools.
+    pub machine_pools: Reflector<MachinePool>,
+    /// `capi.autonodes.io` Machines.
+    pub machines: Reflector<Machine>,
+    /// NodeQuotas.
+    pub quotas: Reflector<NodeQuota>,
+}
+
+impl Reflectors {
+    pub fn new() -> Self {
+        Reflectors {
+            claims: Reflector::new(),
+            types: Reflector::new(),
+            providers: Reflector::new(),
+            pools: Reflector::new(),
+            machine_pools: Reflector::new(),
+            machines: Reflector::new(),
+            quotas: Reflector::new(),
+        }
+    }
+
+    /// Runs every watch. Undecodable objects are reported (a Machine is only ever written
+    /// by autonodes and gets no condition).
+    pub async fn run(&self, client: Client, reports: lenient::Reports) {
+        tokio::join!(
+            self.claims.run(client.clone(), Some(reports.clone())),
+            self.types.run(client.clone(), Some(reports.clone())),
+            self.providers.run(client.clone(), Some(reports.clone())),
+            self.pools.run(client.clone(), Some(reports.clone())),
+            self.machine_pools
+                .run(client.clone(), Some(reports.clone())),
+            self.machines.run(client.clone(), None),
+            self.quotas.run(client, Some(reports)),
+        );
     }
 }

@@ -1,5 +1,5 @@
 //! Status writes of every kind, one rule: the status is written with one conditional
-//! server-side apply ([`super::apply_status`]), and only once that write succeeded is each
+//! server-side apply ([`crate::controller::status::apply_status`]), and only once that write succeeded is each
 //! condition that changed reported — an Event and, for a problem, a log line. A reconcile
 //! that worked on a stale copy loses its write to a conflict and reports nothing, so every
 //! change is reported once.
@@ -9,10 +9,13 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
+use serde::Serialize;
 
-use super::Context;
+use super::context::{Context, FIELD_MANAGER};
+use super::error::Error;
 use crate::conditions;
 
 /// When each object's status was last written, by name: what keeps a burst of changes to
@@ -133,4 +136,49 @@ mod tests {
         let types: Vec<&str> = changed(&old, &new).map(|(c, _)| c.type_.as_str()).collect();
         assert_eq!(types, ["B", "C", "D"]);
     }
+}
+
+/// Writes `status` of `obj` with server-side apply on the status subresource; returns the
+/// object as written.
+pub async fn apply_status<K, S>(api: &Api<K>, obj: &K, status: &S) -> Result<K, Error>
+where
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    S: Serialize,
+{
+    apply_status_as(api, obj, status, FIELD_MANAGER).await
+}
+
+/// [`apply_status`] with another field manager (a controller whose status fields must not
+/// be taken over by the others').
+pub async fn apply_status_as<K, S>(
+    api: &Api<K>,
+    obj: &K,
+    status: &S,
+    manager: &str,
+) -> Result<K, Error>
+where
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    S: Serialize,
+{
+    let name = obj.name_any();
+    // The object's resourceVersion makes the write conditional: a reconcile that worked on
+    // a stale copy (the cache lags behind our own writes) gets a conflict instead of
+    // overwriting newer status, and runs again on the current object.
+    let patch = serde_json::json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "metadata": {"resourceVersion": obj.resource_version()},
+        "status": status,
+    });
+    api.patch_status(
+        &name,
+        &PatchParams::apply(manager).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map_err(|e| match e {
+        // Expected: the cache was behind our own last write. Not a failure.
+        kube::Error::Api(s) if s.code == 409 => Error::Conflict(format!("{} {name}", K::kind(&()))),
+        e => Error::kube(format!("writing status of {} {name}", K::kind(&())))(e),
+    })
 }

@@ -16,13 +16,13 @@ use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Objec
 use kube::runtime::events::EventType;
 use kube::ResourceExt;
 
-use super::calls::{not_found, remote_call};
-use super::remote::TOKEN_NAMESPACE;
-use super::Context;
 use crate::api::{NodeClaim, LABEL_INSTALLATION, LABEL_MANAGED_BY, MANAGED_BY};
-use crate::clients::{ClientError, ClusterKey, Remote};
+use crate::controller::context::Context;
 use crate::kubevirt;
 use crate::orphans::{orphans, Cluster, Found, OrphanKind};
+use crate::remote::calls::{not_found, remote_call};
+use crate::remote::clients::{ClientError, ClusterKey, Remote};
+use crate::remote::watched::TOKEN_NAMESPACE;
 
 /// Runs the sweep until `stop` resolves: first once the caches have synced, then every
 /// `interval`.

@@ -24,8 +24,9 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{watcher, Controller, WatchStreamExt};
 use kube::{Resource, ResourceExt};
 
-use super::{Context, Error};
 use crate::api::NodePool;
+use crate::controller::context::Context;
+use crate::controller::error::Error;
 use crate::vcluster::{self, CONFIG_SECRET_KEY, CONFIG_SECRET_PREFIX};
 
 /// The field manager of the pools this controller writes.
@@ -106,7 +107,7 @@ pub async fn run(
             .owns_shared_stream(ctx.reflectors.pools.spec_touched())
             .graceful_shutdown_on(shutdown.clone())
             .run(reconcile, error_policy, ictx.clone())
-            .for_each(super::log_run_error)
+            .for_each(crate::controller::reconciler::log_run_error)
     });
     futures::future::join_all(runs).await;
 }
@@ -159,7 +160,7 @@ impl ImportContext {
 
 fn error_policy(secret: Arc<Secret>, error: &Error, _ctx: Arc<ImportContext>) -> Action {
     tracing::warn!(secret = %secret.name_any(), namespace = %secret.namespace().unwrap_or_default(), %error, "importing a vCluster configuration failed");
-    super::error_requeue(error)
+    crate::controller::error::error_requeue(error)
 }
 
 /// The owner reference an imported pool carries: the configuration Secret.

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use autonodes::api::{NodeClaim, NodePool, NodeProvider, NodeType, LABEL_MANAGED_BY, MANAGED_BY};
-use autonodes::controller::ControllerConfig;
+use autonodes::controller::config::ControllerConfig;
 use autonodes_testenv::playground::{wire, Playground, SERVICE_NAMESPACE};
 use autonodes_testenv::simulator::{SimMode, SimOptions, Tenant};
 use k8s_openapi::api::core::v1::{Namespace, Node, Secret};
@@ -117,10 +117,11 @@ spec:
 }
 
 /// Host and tenant clients allowed to connect to 127.0.0.1, where the test clusters listen.
-pub fn loopback_egress() -> autonodes::egress::Egress {
-    autonodes::egress::Egress::allowing(&[
-        autonodes_core::address_policy::Cidr::parse("127.0.0.1").expect("cidr")
-    ])
+pub fn loopback_egress() -> autonodes::remote::egress::Egress {
+    autonodes::remote::egress::Egress::allowing(&[autonodes_core::address_policy::Cidr::parse(
+        "127.0.0.1",
+    )
+    .expect("cidr")])
 }
 
 /// The tenant namespace of the claims.

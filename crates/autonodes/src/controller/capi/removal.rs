@@ -16,8 +16,9 @@ use super::write::{delete_machine, write_mark};
 use super::{CapiContext, CLAIM_NAMES};
 use crate::api::capi::{Machine, MachinePool, LABEL_POOL_NAME};
 use crate::api::{NodeClaim, NodePool};
+use crate::controller::context::Context;
+use crate::controller::error::Error;
 use crate::controller::lenient::{self, Lenient};
-use crate::controller::{Context, Error};
 
 /// Deletes the MachinePool `name` and its Machines in `ns` (when the stores show any) and
 /// clears the claims' delete-first marks.

@@ -12,7 +12,8 @@ use serde_json::json;
 use super::{AUTOSCALING, FIELD_MANAGER};
 use crate::api::capi::{Machine, ANNOTATION_SYNCED_REPLICAS};
 use crate::api::{NodeClaim, NodePool};
-use crate::controller::{Context, Error};
+use crate::controller::context::Context;
+use crate::controller::error::Error;
 use autonodes_core::pool::ANNOTATION_DELETE_FIRST;
 
 /// Parameters of the mirror's merge patches (its own field manager).
@@ -55,13 +56,13 @@ pub(super) async fn write_node_pool_replicas(
     Ok(p.resource_version())
 }
 
-/// Writes `status` of `obj` as the mirror's field manager ([`crate::controller::apply_status_as`]).
+/// Writes `status` of `obj` as the mirror's field manager ([`crate::controller::status::apply_status_as`]).
 pub(super) async fn write_status<K, S>(api: &Api<K>, obj: &K, status: &S) -> Result<K, Error>
 where
     K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
     S: serde::Serialize,
 {
-    crate::controller::apply_status_as(api, obj, status, FIELD_MANAGER).await
+    crate::controller::status::apply_status_as(api, obj, status, FIELD_MANAGER).await
 }
 
 /// Deletes the Machine `ns/name`; false when it was gone already.
@@ -122,7 +123,7 @@ pub(super) async fn set_condition(
         conditions_of(pool),
         &condition,
         pool.metadata.generation,
-        crate::controller::now(),
+        crate::controller::context::now(),
     ) else {
         return Ok(());
     };

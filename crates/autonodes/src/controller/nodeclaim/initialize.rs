@@ -11,7 +11,8 @@ use kube::ResourceExt;
 use super::{elapsed_since, remaining, Provisioning, Step, INITIALIZED, READY};
 use crate::api::reasons::ClaimReason;
 use crate::api::NodeClaim;
-use crate::controller::{now, Error};
+use crate::controller::context::now;
+use crate::controller::error::Error;
 
 /// The initialize stage (the last: it always stops the walk).
 pub(super) async fn initialize(p: &mut Provisioning<'_>) -> Result<Step, Error> {

@@ -42,13 +42,14 @@ use kube::runtime::finalizer::{finalizer, Event as Finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 
-use super::host::Host;
-use super::tenant::Tenant;
-use super::{now, Context, Error};
 use crate::api::reasons::{ClaimCondition, ClaimReason};
 use crate::api::{NodeClaim, NodeClaimPhase, FINALIZER};
-use crate::clients::Remote;
 use crate::conditions;
+use crate::controller::context::{now, Context};
+use crate::controller::error::Error;
+use crate::remote::clients::Remote;
+use crate::remote::host::Host;
+use crate::remote::tenant::Tenant;
 use crate::scheduling::PreparedType;
 use crate::template;
 use schedule::{schedule, Schedule};
@@ -70,7 +71,7 @@ pub const READY: ClaimCondition = ClaimCondition::Ready;
 pub const DRIFTED: ClaimCondition = ClaimCondition::Drifted;
 
 /// Namespace of bootstrap-token Secrets in the tenant.
-pub use super::remote::TOKEN_NAMESPACE;
+pub use crate::remote::watched::TOKEN_NAMESPACE;
 /// Group a bootstrap token authenticates as (kubeadm's default node token group).
 pub const TOKEN_GROUP: &str = "system:bootstrappers:kubeadm:default-node-token";
 
@@ -133,13 +134,14 @@ pub async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Actio
 pub fn error_policy(claim: Arc<NodeClaim>, error: &Error, _ctx: Arc<Context>) -> Action {
     if let Error::CleanupBlocked { .. } = error.inner() {
         // Already reported by the condition, an Event and a log line.
-        let delay = super::cleanup_backoff(claim.metadata.deletion_timestamp.as_ref());
+        let delay =
+            crate::controller::error::cleanup_backoff(claim.metadata.deletion_timestamp.as_ref());
         tracing::debug!(nodeclaim = %claim.name_any(), ?delay, "cleanup blocked; retrying");
         return Action::requeue(delay);
     }
     if error.is_conflict() {
         tracing::debug!(%error, "stale read; reconciling again");
-        return super::error_requeue(error);
+        return crate::controller::error::error_requeue(error);
     }
     tracing::warn!(
         nodeclaim = %claim.name_any(),
@@ -147,7 +149,7 @@ pub fn error_policy(claim: Arc<NodeClaim>, error: &Error, _ctx: Arc<Context>) ->
         %error,
         "reconciling NodeClaim failed"
     );
-    super::error_requeue(error)
+    crate::controller::error::error_requeue(error)
 }
 
 /// The claim's UID (the API server always sets it).

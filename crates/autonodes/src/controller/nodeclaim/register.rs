@@ -13,7 +13,8 @@ use kube::ResourceExt;
 use super::tokens::delete_tokens;
 use super::{elapsed_since, remaining, uid, Provisioning, Step, JOINED, PROVISIONED};
 use crate::api::reasons::ClaimReason;
-use crate::controller::{now, Error};
+use crate::controller::context::now;
+use crate::controller::error::Error;
 use crate::join;
 use crate::scheduling;
 

@@ -17,10 +17,11 @@ use crate::api::reasons::ClaimReason;
 use crate::api::{NodeClaim, NodeClaimSpec};
 use crate::conditions;
 use crate::controller::catalogue::catalogue;
-use crate::controller::host_room::{self, ClaimRoom, HostRoom, HostSnapshot};
-use crate::controller::{Context, Error};
+use crate::controller::context::Context;
+use crate::controller::error::Error;
 use crate::ledger::ClaimedLedger;
 use crate::quota::{self, PreparedQuota, Usage};
+use crate::remote::host_room::{self, ClaimRoom, HostRoom, HostSnapshot};
 use crate::scheduling::{self, ClaimRequest, NoFit, PreparedType};
 use crate::template;
 

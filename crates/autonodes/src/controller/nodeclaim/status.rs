@@ -15,8 +15,10 @@ use super::{JOINED, PROVISIONED, READY, SCHEDULED};
 use crate::api::reasons::{ClaimCondition, ClaimReason};
 use crate::api::{NodeClaim, NodeClaimPhase, NodeClaimStatus};
 use crate::conditions::{self, status_of, TRUE};
+use crate::controller::context::{now, Context};
+use crate::controller::error::Error;
+use crate::controller::status::apply_status;
 use crate::controller::status::report_changes;
-use crate::controller::{apply_status, now, Context, Error};
 
 /// How long a stage reached before the last one (the VM running, the Node joined but not
 /// Ready yet) waits before it is written: stages reached meanwhile go out with it (a VM

@@ -16,10 +16,11 @@ use super::tokens::delete_tokens;
 use super::{elapsed_since, uid, READY};
 use crate::api::reasons::ClaimReason;
 use crate::api::{NodeClaim, NodeClaimPhase};
-use crate::clients::ClientError;
-use crate::controller::host::Host;
-use crate::controller::tenant::Tenant;
-use crate::controller::{now, Context, Error};
+use crate::controller::context::{now, Context};
+use crate::controller::error::Error;
+use crate::remote::clients::ClientError;
+use crate::remote::host::Host;
+use crate::remote::tenant::Tenant;
 
 /// Progress of removing a claim's remote objects.
 pub(super) enum Removal {

@@ -11,8 +11,9 @@ use kube::ResourceExt;
 
 use super::{claim_labels, uid, TOKEN_GROUP, TOKEN_NAMESPACE};
 use crate::api::NodeClaim;
-use crate::controller::tenant::Tenant;
-use crate::controller::{now, Context, Error};
+use crate::controller::context::{now, Context};
+use crate::controller::error::Error;
+use crate::remote::tenant::Tenant;
 use crate::userdata::BootstrapToken;
 
 /// A fresh random bootstrap token.

@@ -20,8 +20,10 @@ use serde_json::json;
 
 use super::PoolContext;
 use crate::api::{NodeClaim, NodePool, NodePoolStatus};
+use crate::controller::context::{now, Context};
+use crate::controller::error::Error;
+use crate::controller::status::apply_status;
 use crate::controller::status::report_changes;
-use crate::controller::{apply_status, now, Context, Error};
 use crate::scheduling::Catalogue;
 
 /// `<pool>-<5 random [a-z0-9]>`.

@@ -35,9 +35,10 @@ use kube::runtime::Controller;
 use kube::{Resource, ResourceExt};
 use tokio::sync::Mutex;
 
-use super::{now, Context, Error};
 use crate::api::NodePool;
-use crate::clients::ClusterKey;
+use crate::controller::context::{now, Context};
+use crate::controller::error::Error;
+use crate::remote::clients::ClusterKey;
 
 mod act;
 mod observe;
@@ -61,7 +62,7 @@ pub struct PoolContext {
 /// change wakes its pool) and is woken by the tenant pod and node watches of dynamic pools.
 pub async fn run(
     ctx: Arc<Context>,
-    reflectors: &super::Reflectors,
+    reflectors: &crate::controller::reflectors::Reflectors,
     wakeups: mpsc::UnboundedReceiver<ObjectRef<NodePool>>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,
 ) {
@@ -79,7 +80,7 @@ pub async fn run(
         .with_config(RunConfig::default().debounce(Duration::from_millis(300)))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, pctx)
-        .for_each(super::log_run_error)
+        .for_each(crate::controller::reconciler::log_run_error)
         .await;
 }
 
@@ -105,7 +106,7 @@ pub fn error_policy(pool: Arc<NodePool>, error: &Error, _pctx: Arc<PoolContext>)
             "reconciling NodePool failed"
         );
     }
-    super::error_requeue(error)
+    crate::controller::error::error_requeue(error)
 }
 
 async fn reconcile_pool(pool: &NodePool, pctx: &PoolContext) -> Result<Action, Error> {

@@ -20,7 +20,7 @@ use kube::ResourceExt;
 use super::{tenant, PoolContext};
 use crate::api::reasons::PoolReason;
 use crate::api::{NodeClaim, NodePool, Overhead};
-use crate::controller::Context;
+use crate::controller::context::Context;
 
 /// The pool's claims and the namespace's other claims.
 pub(super) struct Claims {

@@ -15,9 +15,9 @@ use kube::ResourceExt;
 
 use super::PoolContext;
 use crate::api::reasons::PoolReason;
-use crate::clients::{ClusterKey, Remote};
-use crate::controller::calls::remote_call;
-use crate::controller::Context;
+use crate::controller::context::Context;
+use crate::remote::calls::remote_call;
+use crate::remote::clients::{ClusterKey, Remote};
 
 /// The watches of one tenant: the client they use and their tasks (stopped when dropped).
 pub(super) struct TenantWatch {

@@ -34,7 +34,7 @@ use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
 
 use crate::kubeconfig::{self, CheckedKubeconfig, KubeconfigPolicy};
-use crate::request_metrics::ClusterKind;
+use crate::remote::request_metrics::ClusterKind;
 
 /// The name that makes a provider's VMs go to the management cluster itself.
 pub const LOCAL_CLUSTER: &str = "local";
@@ -154,14 +154,14 @@ pub enum RemoteCache {
     #[default]
     None,
     /// A host cluster's VirtualMachines and VirtualMachineInstances.
-    Host(Arc<crate::controller::remote::HostCache>),
+    Host(Arc<crate::remote::watched::HostCache>),
     /// A tenant cluster's Nodes and bootstrap tokens.
-    Tenant(Arc<crate::controller::remote::TenantCache>),
+    Tenant(Arc<crate::remote::watched::TenantCache>),
 }
 
 impl Remote {
     /// The host caches, if this is a host client with caches.
-    pub fn host_cache(&self) -> Option<&crate::controller::remote::HostCache> {
+    pub fn host_cache(&self) -> Option<&crate::remote::watched::HostCache> {
         match &self.cache {
             RemoteCache::Host(c) => Some(c),
             _ => None,
@@ -169,7 +169,7 @@ impl Remote {
     }
 
     /// The tenant caches, if this is a tenant client with caches.
-    pub fn tenant_cache(&self) -> Option<&crate::controller::remote::TenantCache> {
+    pub fn tenant_cache(&self) -> Option<&crate::remote::watched::TenantCache> {
         match &self.cache {
             RemoteCache::Tenant(c) => Some(c),
             _ => None,
@@ -233,7 +233,7 @@ pub struct ClusterClients {
     /// One lock per cluster, held while its Secret is read.
     readers: Mutex<HashMap<ClusterKey, Arc<Mutex<()>>>>,
     on_connect: std::sync::RwLock<Option<OnConnect>>,
-    egress: crate::egress::Egress,
+    egress: crate::remote::egress::Egress,
 }
 
 impl ClusterClients {
@@ -244,7 +244,7 @@ impl ClusterClients {
         mgmt: Client,
         service_namespace: impl Into<String>,
         policy: KubeconfigPolicy,
-        egress: crate::egress::Egress,
+        egress: crate::remote::egress::Egress,
     ) -> Self {
         ClusterClients {
             mgmt,
@@ -489,18 +489,18 @@ impl ClusterClients {
 
 /// Builds a client from a checked kubeconfig, field by field: the server, the inline CA,
 /// the inline token or client certificate. No file is read, no command run, no proxy used;
-/// every connection goes only where `egress` allows ([`crate::egress`]).
+/// every connection goes only where `egress` allows ([`crate::remote::egress`]).
 fn build_remote(
     key: ClusterKey,
     kc: &CheckedKubeconfig,
-    egress: &crate::egress::Egress,
+    egress: &crate::remote::egress::Egress,
 ) -> Result<Remote, String> {
     let config = client_config(kc)?;
     let (kind, policy) = match &key {
         ClusterKey::Host(_) => (ClusterKind::Host, egress.host.clone()),
         ClusterKey::Tenant { .. } => (ClusterKind::Tenant, egress.tenant.clone()),
     };
-    let client = crate::egress::guarded_client(&config, policy, kind)
+    let client = crate::remote::egress::guarded_client(&config, policy, kind)
         .map_err(|e| format!("cannot build a client: {}", redact(&e.to_string())))?;
     Ok(Remote {
         key,
@@ -567,7 +567,7 @@ pub fn remote_error_text(e: &kube::Error) -> String {
         kube::Error::FromUtf8(_) => "the answer was not UTF-8".to_string(),
         // Before an answer: only whether the address was refused, TLS failed, or the
         // server could not be reached (a tenant must not learn which ports are open).
-        other => crate::egress::coarse_error(other).to_string(),
+        other => crate::remote::egress::coarse_error(other).to_string(),
     }
 }
 
@@ -732,7 +732,7 @@ mod tests {
 
     #[test]
     fn a_client_config_carries_only_what_the_checked_kubeconfig_holds() {
-        let ca = include_str!("../../autonodes-core/src/kubeconfig/testdata/ca.pem");
+        let ca = include_str!("../../../autonodes-core/src/kubeconfig/testdata/ca.pem");
         let b64 = base64::engine::general_purpose::STANDARD;
         let text = format!(
             "clusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:6443\n    certificate-authority-data: {}\nusers:\n- name: u\n  user:\n    token: abc\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n",
@@ -757,16 +757,16 @@ mod tests {
         let b64 = base64::engine::general_purpose::STANDARD;
         let text = format!(
             "clusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:6443\n    certificate-authority-data: {}\nusers:\n- name: u\n  user:\n    client-certificate-data: {}\n    client-key-data: {}\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n",
-            b64.encode(include_str!("../../autonodes-core/src/kubeconfig/testdata/ca.pem")),
-            b64.encode(include_str!("../../autonodes-core/src/kubeconfig/testdata/client.pem")),
-            b64.encode(include_str!("../../autonodes-core/src/kubeconfig/testdata/client.key")),
+            b64.encode(include_str!("../../../autonodes-core/src/kubeconfig/testdata/ca.pem")),
+            b64.encode(include_str!("../../../autonodes-core/src/kubeconfig/testdata/client.pem")),
+            b64.encode(include_str!("../../../autonodes-core/src/kubeconfig/testdata/client.key")),
         );
         let checked = crate::kubeconfig::check(text.as_bytes(), &KubeconfigPolicy::default())
             .expect("accepted");
         let remote = build_remote(
             ClusterKey::Host("c".into()),
             &checked,
-            &crate::egress::Egress::default(),
+            &crate::remote::egress::Egress::default(),
         );
         assert!(remote.is_ok(), "{:?}", remote.err());
     }

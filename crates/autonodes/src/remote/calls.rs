@@ -7,9 +7,10 @@ use std::sync::Arc;
 use kube::api::Api;
 use kube::runtime::reflector::Lookup;
 
-use super::remote::Watched;
-use super::{Context, Error};
-use crate::clients::{ClusterKey, Remote, REMOTE_TIMEOUT};
+use crate::controller::context::Context;
+use crate::controller::error::Error;
+use crate::remote::clients::{ClusterKey, Remote, REMOTE_TIMEOUT};
+use crate::remote::watched::Watched;
 
 fn remote_err(
     remote: &Remote,

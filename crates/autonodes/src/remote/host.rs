@@ -1,6 +1,6 @@
 //! The host interface: what the claim lifecycle asks of a KubeVirt host cluster. Reads come
 //! from the host's watch caches while they are live ([`super::remote`]), else from the API
-//! server; every call is bounded in time and counted ([`super::calls::remote_call`]); what
+//! server; every call is bounded in time and counted ([`crate::remote::calls::remote_call`]); what
 //! this process creates is remembered until the watch shows it.
 
 use std::sync::Arc;
@@ -9,11 +9,12 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
 use kube::ResourceExt;
 
-use super::calls::{claim_selector, get_opt, not_found, read, remote_call};
-use super::{Context, Error};
 use crate::api::{LABEL_MANAGED_BY, LABEL_NODECLAIM_UID, MANAGED_BY};
-use crate::clients::Remote;
+use crate::controller::context::Context;
+use crate::controller::error::Error;
 use crate::kubevirt::{self, ObservedVm, ObservedVmi};
+use crate::remote::calls::{claim_selector, get_opt, not_found, read, remote_call};
+use crate::remote::clients::Remote;
 use crate::template;
 use crate::template::golden::{self, GoldenVolume};
 

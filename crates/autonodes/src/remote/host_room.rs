@@ -1,5 +1,5 @@
 //! Host capacity as the controller reads it: a host cluster's Nodes and bound pods from its
-//! watch caches ([`super::remote::HostCache`]), and which claims' VMs have a bound launcher
+//! watch caches ([`crate::remote::watched::HostCache`]), and which claims' VMs have a bound launcher
 //! pod, handed to the pure model ([`crate::host_capacity`]). Scheduling asks it whether a
 //! type's VM fits (reason `HostCapacityExhausted` when not); the NodeType controller shows
 //! the headroom in the type's status and metrics.
@@ -13,9 +13,9 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 
-use super::Context;
 use crate::api::NodeClaim;
 use crate::api::NodeTypeHost;
+use crate::controller::context::Context;
 use crate::host_capacity::{self, Apart, Bound, HostModel, VmShape};
 use crate::ledger::ClaimedLedger;
 use crate::scheduling::{Catalogue, PreparedType};

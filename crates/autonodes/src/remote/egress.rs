@@ -24,7 +24,7 @@ use kube::client::ConfigExt;
 use kube::{Client, Config};
 use tower::{BoxError, ServiceBuilder};
 
-use crate::request_metrics::{ClusterKind, CountRequests};
+use crate::remote::request_metrics::{ClusterKind, CountRequests};
 
 /// The address policies of host and tenant clusters' clients.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

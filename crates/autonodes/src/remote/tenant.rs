@@ -1,7 +1,7 @@
 //! The tenant interface: what the claim lifecycle asks of a tenant (Kubernetes) cluster —
 //! its Nodes, bootstrap tokens and pods. Reads come from the tenant's watch caches while
 //! they are live ([`super::remote`]), else from the API server; every call is bounded in
-//! time and counted ([`super::calls::remote_call`]); what this process writes is remembered
+//! time and counted ([`crate::remote::calls::remote_call`]); what this process writes is remembered
 //! until the watch shows it.
 
 use std::sync::Arc;
@@ -11,11 +11,12 @@ use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, 
 use kube::ResourceExt;
 use serde_json::json;
 
-use super::calls::{claim_selector, read, remote_call};
-use super::host::ignore_not_found;
-use super::remote::TOKEN_NAMESPACE;
-use super::{Context, Error};
-use crate::clients::Remote;
+use crate::controller::context::Context;
+use crate::controller::error::Error;
+use crate::remote::calls::{claim_selector, read, remote_call};
+use crate::remote::clients::Remote;
+use crate::remote::host::ignore_not_found;
+use crate::remote::watched::TOKEN_NAMESPACE;
 
 /// How long a tenant's published join address is used before it is read again.
 pub const PUBLISHED_JOIN_TTL: std::time::Duration = std::time::Duration::from_secs(60);
@@ -77,7 +78,7 @@ impl<'a> Tenant<'a> {
                 }
             }
             Ok(None) => crate::join::Published::default(),
-            Err(Error::Remote { ref source, .. }) if super::calls::forbidden(source) => {
+            Err(Error::Remote { ref source, .. }) if crate::remote::calls::forbidden(source) => {
                 tracing::debug!(cluster = %self.remote.key, "kube-system/kubeadm-config is not readable; joining at the kubeconfig's server");
                 crate::join::Published::default()
             }
@@ -174,7 +175,7 @@ impl<'a> Tenant<'a> {
         .await;
         match deleted {
             Ok(_) => Ok(true),
-            Err(e) if super::calls::not_found(&e) => Ok(false),
+            Err(e) if crate::remote::calls::not_found(&e) => Ok(false),
             Err(e) => Err(e),
         }
     }

@@ -1,0 +1,76 @@
+//! The controllers' settings (from `autonodes run` flags) and their defaults.
+
+use std::time::Duration;
+
+use super::vcluster_import;
+use crate::kubeconfig::KubeconfigPolicy;
+
+/// Settings of the controllers (from `autonodes run` flags).
+#[derive(Clone, Debug)]
+pub struct ControllerConfig {
+    /// Namespace holding host-cluster kubeconfig Secrets (and the leader Lease).
+    pub namespace: String,
+    /// How long a VM may take to run before its claim fails.
+    pub launch_timeout: Duration,
+    /// How long a running VM's Node may take to join before its claim fails.
+    pub registration_timeout: Duration,
+    /// How long a joined Node may take to be Ready without startup taints before its
+    /// claim fails.
+    pub initialization_timeout: Duration,
+    /// How long an initialized Node may stay not Ready before a pool replaces it (`None`:
+    /// never).
+    pub node_repair_after: Option<Duration>,
+    /// How long draining a Node may take before it is deleted anyway.
+    pub drain_timeout: Duration,
+    /// What kubeconfig Secrets may contain beyond the defaults.
+    pub kubeconfig_policy: KubeconfigPolicy,
+    /// How often the orphan sweep looks for objects whose claim is gone.
+    pub orphan_sweep_interval: Duration,
+    /// Which namespaces' vCluster configurations (`vc-config-*` Secrets) become NodePools.
+    pub vcluster_import: vcluster_import::ImportScope,
+    /// Where stock images download the kubelet and kubeadm (`--kubernetes-download-url`).
+    pub kubernetes_download_url: String,
+    /// The most live claims pools may bring one namespace to
+    /// (`--max-claims-per-namespace`).
+    pub max_claims_per_namespace: usize,
+    /// Whether a namespace needs a NodeQuota covering it to claim anything
+    /// (`--require-quota`).
+    pub require_quota: bool,
+    /// This installation's id (`--installation-id`): the value of the
+    /// `autonodes.io/installation` label on everything it creates in host and tenant
+    /// clusters. Empty: the UID of the namespace in `namespace`, read at start.
+    pub installation: String,
+    /// Where host and tenant clients may connect ([`crate::remote::egress`]); the management
+    /// cluster's API server (its `kubernetes` Service, that Service's endpoints, and
+    /// `management_server`) is added at start.
+    pub egress: crate::remote::egress::Egress,
+    /// The management cluster's API server as this process reaches it (`host:port`), also
+    /// refused to host and tenant clients.
+    pub management_server: Option<String>,
+}
+
+/// The installation id of [`ControllerConfig::default`] (tests and the playground).
+pub const DEFAULT_INSTALLATION: &str = "default";
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        ControllerConfig {
+            namespace: "autonodes-system".into(),
+            launch_timeout: Duration::from_secs(600),
+            registration_timeout: Duration::from_secs(900),
+            initialization_timeout: Duration::from_secs(900),
+            node_repair_after: Some(Duration::from_secs(600)),
+            drain_timeout: Duration::from_secs(120),
+            kubeconfig_policy: KubeconfigPolicy::default(),
+            orphan_sweep_interval: Duration::from_secs(300),
+            vcluster_import: vcluster_import::ImportScope::Off,
+            kubernetes_download_url: crate::userdata::DEFAULT_DOWNLOAD_URL.to_string(),
+            max_claims_per_namespace:
+                autonodes_core::pool::limits::DEFAULT_MAX_CLAIMS_PER_NAMESPACE,
+            require_quota: false,
+            installation: DEFAULT_INSTALLATION.to_string(),
+            egress: crate::remote::egress::Egress::default(),
+            management_server: None,
+        }
+    }
+}

@@ -1,0 +1,368 @@
+//! What every controller shares: the management client, the remote clients, the stores,
+//! the capacity ledger, the claims this process expects, wake-up channels, metrics and
+//! Events.
+
+use std::sync::Arc;
+
+use autonodes_core::pool::expectations::ClaimExpectations;
+use futures::channel::mpsc;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::Api;
+use kube::runtime::events::{EventType, Reporter};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Client, Resource, ResourceExt};
+use tokio::sync::Mutex;
+
+use super::config::ControllerConfig;
+use super::lenient;
+use super::nodeclaim;
+use super::reflectors::Reflectors;
+use super::status;
+use crate::api::{NodeClaim, NodePool, NodeProvider, NodeQuota, NodeType};
+use crate::metrics::Metrics;
+use crate::remote::clients::ClusterClients;
+
+/// Field manager of every write autonodes makes.
+pub const FIELD_MANAGER: &str = "autonodes";
+
+/// Shared state of the controllers.
+pub struct Context {
+    /// Management-cluster client.
+    pub client: Client,
+    /// Remote cluster clients.
+    pub clients: Arc<ClusterClients>,
+    /// Settings.
+    pub config: ControllerConfig,
+    /// Who records Events (events.k8s.io/v1).
+    pub reporter: Reporter,
+    /// The one watch and store of each kind.
+    pub reflectors: Arc<Reflectors>,
+    /// The catalogue as last prepared, and the versions of the type and provider stores it
+    /// was prepared from ([`catalogue::catalogue`]).
+    pub catalogue: std::sync::Mutex<Option<PreparedCatalogue>>,
+    /// All NodeClaims (the claim controller's reflector).
+    pub claims: Store<NodeClaim>,
+    /// All NodeTypes.
+    pub types: Store<NodeType>,
+    /// All NodeProviders.
+    pub providers: Store<NodeProvider>,
+    /// All NodeQuotas.
+    pub quotas: Store<NodeQuota>,
+    /// Serializes scheduling decisions so capacity is never exceeded (held only while a
+    /// decision is made in memory, never across an API call).
+    pub scheduling: Mutex<nodeclaim::Reservations>,
+    /// The claimed capacity per NodeType, kept up to date by the claim store's watch
+    /// (before [`Context::wait_synced`] resolves) and by this process's scheduling
+    /// decisions and releases. Locked only briefly, never across an await.
+    pub claimed: Arc<std::sync::Mutex<crate::ledger::ClaimedLedger>>,
+    /// Per vCluster (`<namespace>/<name>`) and imported pool name, why its configuration
+    /// could not be imported for that pool ([`vcluster_import`]); read by the pool
+    /// controller for the pools' `VClusterConfig` condition.
+    pub import_problems: std::sync::Mutex<
+        std::collections::HashMap<String, std::collections::BTreeMap<String, String>>,
+    >,
+    /// Wakes a NodePool's reconcile.
+    pub wake_pools: mpsc::UnboundedSender<ObjectRef<NodePool>>,
+    /// Each tenant's published join address and version, and when they were read
+    /// ([`crate::remote::tenant::Tenant::join_info`]).
+    pub published_joins: std::sync::Mutex<
+        std::collections::HashMap<String, (std::time::Instant, crate::remote::tenant::JoinInfo)>,
+    >,
+    /// Claims this process created, deleted or annotated that the claim store does not show
+    /// yet ([`Context::claims_in`]).
+    pub expected_claims: std::sync::Mutex<ClaimExpectations>,
+    /// Claims as this process last wrote them, until the store catches up ([`Context::fresher`]).
+    pub written: std::sync::Mutex<std::collections::HashMap<String, Written<NodeClaim>>>,
+    /// UIDs of deleted claims whose finalizer this process saw released
+    /// ([`Context::finalized`]).
+    pub finalized: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Since when each claim has had progress this process has not written yet, by UID
+    /// ([`nodeclaim::status::STATUS_WRITE_GAP`]).
+    pub status_pending: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
+    /// When each NodeType's status was last written, by name
+    /// ([`nodetype::COUNT_WRITE_GAP`]).
+    pub type_status_written: status::WriteGap,
+    /// When each NodeQuota's status was last written, by name
+    /// ([`nodequota::USE_WRITE_GAP`]).
+    pub quota_status_written: status::WriteGap,
+    /// Each NodeType's instance type as last read from its host, and when
+    /// ([`nodetype::INSTANCETYPE_READ_GAP`]).
+    pub instancetypes_read: std::sync::Mutex<std::collections::HashMap<String, InstancetypeRead>>,
+    /// Wakes claims (remote changes, freed capacity).
+    pub wake_claims: mpsc::UnboundedSender<ObjectRef<NodeClaim>>,
+    /// Wakes node types (capacity changes).
+    pub wake_types: mpsc::UnboundedSender<ObjectRef<NodeType>>,
+    /// Prometheus metrics.
+    pub metrics: Arc<Metrics>,
+    /// True once the claim, type and provider stores hold their first full list.
+    pub synced: tokio::sync::watch::Receiver<bool>,
+    /// Where watches send objects they cannot decode ([`lenient::report`]).
+    pub reports: lenient::Reports,
+}
+
+/// An instance type as read from a host, and when: its cpu and memory, or why not.
+pub type InstancetypeRead = (std::time::Instant, Result<crate::api::ResourceList, String>);
+
+/// A prepared catalogue and the versions of the type and provider stores it came from.
+pub type PreparedCatalogue = ((u64, u64), Arc<crate::scheduling::Catalogue>);
+
+/// An object as a status write returned it, and the version that write replaced.
+pub struct Written<K> {
+    /// The `resourceVersion` the write was conditional on.
+    pub replaced: String,
+    /// The object the API server returned.
+    pub object: Arc<K>,
+}
+
+impl Context {
+    /// Runs `f` on the capacity ledger (a poisoned lock still holds a consistent ledger:
+    /// every change is one call).
+    pub fn ledger<T>(&self, f: impl FnOnce(&mut crate::ledger::ClaimedLedger) -> T) -> T {
+        f(&mut ledger_guard(&self.claimed))
+    }
+
+    /// The newer of `claim` (from the store) and the claim as this process last wrote it.
+    ///
+    /// The store lags behind our own writes by a watch event; a reconcile that ran on the
+    /// store's copy would write on a stale version and get a conflict. While the store
+    /// still shows the version a write replaced, the written object is the current one.
+    pub fn fresher(&self, claim: Arc<NodeClaim>) -> Arc<NodeClaim> {
+        let (Some(uid), Some(rv)) = (claim.uid(), claim.resource_version()) else {
+            return claim;
+        };
+        let Ok(mut written) = self.written.lock() else {
+            return claim;
+        };
+        match written.get(&uid) {
+            Some(w) if w.replaced == rv => w.object.clone(),
+            Some(_) => {
+                written.remove(&uid);
+                claim
+            }
+            None => claim,
+        }
+    }
+
+    /// The claims of `namespace` as they are: the claim store's copies, with the claims
+    /// this process created, deleted or annotated that the store does not show yet
+    /// ([`ClaimExpectations::view`]), sorted by name. No request to the API server.
+    pub fn claims_in(&self, namespace: &str) -> Vec<Arc<NodeClaim>> {
+        let stored = self
+            .claims
+            .state_filter(|c| c.metadata.namespace.as_deref() == Some(namespace));
+        self.expected_claims
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .view(namespace, stored, std::time::Instant::now())
+    }
+
+    /// Records a write to claims that [`Context::claims_in`] shows until the store does.
+    pub fn expect_claims(&self, record: impl FnOnce(&mut ClaimExpectations, std::time::Instant)) {
+        let mut expected = self
+            .expected_claims
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        record(&mut expected, std::time::Instant::now());
+    }
+
+    /// Remembers a claim as a status write returned it (see [`Context::fresher`]).
+    pub fn remember_written(
+        &self,
+        replaced: Option<String>,
+        mut object: NodeClaim,
+    ) -> Arc<NodeClaim> {
+        object.metadata.managed_fields = None;
+        let object = Arc::new(object);
+        if let (Some(uid), Ok(mut pending)) = (object.uid(), self.status_pending.lock()) {
+            pending.remove(&uid);
+        }
+        if let (Some(uid), Some(replaced), Ok(mut written)) =
+            (object.uid(), replaced, self.written.lock())
+        {
+            written.insert(
+                uid,
+                Written {
+                    replaced,
+                    object: object.clone(),
+                },
+            );
+        }
+        object
+    }
+
+    /// Forgets what [`Context::remember_written`] kept of a claim (its cleanup finished).
+    pub fn forget_written(&self, uid: &str) {
+        if let Ok(mut written) = self.written.lock() {
+            written.remove(uid);
+        }
+        if let Ok(mut pending) = self.status_pending.lock() {
+            pending.remove(uid);
+        }
+    }
+
+    /// True when this process saw the finalizer of the deleted claim `uid` released: a
+    /// reconcile of the store's older copy (woken by a watch event that came first) has
+    /// nothing left to do, and its patch to release the finalizer once more would only be
+    /// answered 404. `release` records it (a `true` answer).
+    pub fn finalized(&self, uid: &str, release: bool) -> bool {
+        let Ok(mut finalized) = self.finalized.lock() else {
+            return false;
+        };
+        if !release {
+            return finalized.contains(uid);
+        }
+        finalized.insert(uid.to_string());
+        // Now and then, forget claims the store no longer holds.
+        if finalized.len() % 256 == 0 {
+            let live: std::collections::HashSet<String> =
+                self.claims.state().iter().filter_map(|c| c.uid()).collect();
+            finalized.retain(|u| live.contains(u));
+        }
+        true
+    }
+
+    /// Since when the claim with `uid` has had progress not written yet (from now on, if
+    /// it had none); `done` forgets it (the status needs no write).
+    pub fn progress_pending(&self, uid: &str, done: bool) -> Option<std::time::Instant> {
+        let mut pending = self.status_pending.lock().ok()?;
+        if done {
+            pending.remove(uid);
+            return None;
+        }
+        Some(
+            *pending
+                .entry(uid.to_string())
+                .or_insert_with(std::time::Instant::now),
+        )
+    }
+
+    /// Waits until the claim, type and provider stores hold their first full list.
+    ///
+    /// Use this rather than `Store::wait_until_ready`: kube-runtime's readiness future keeps
+    /// a single waker, so of several tasks waiting on one store only the last one to poll
+    /// is woken and the others hang.
+    pub async fn wait_synced(&self) {
+        let mut rx = self.synced.clone();
+        let _ = rx.wait_for(|s| *s).await;
+    }
+
+    /// Records an Event (events.k8s.io/v1) about `obj`; failures to record are logged,
+    /// never fatal. Events about cluster-scoped objects go to `kube-system`, the namespace
+    /// every API server version accepts for them.
+    pub async fn event<K>(
+        &self,
+        obj: &K,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) where
+        K: Resource<DynamicType = ()>,
+    {
+        self.event_about(obj.object_ref(&()), type_, reason, action, note)
+            .await;
+    }
+
+    /// Records an Event about the object `regarding` refers to (see [`Context::event`]).
+    pub async fn event_about(
+        &self,
+        regarding: k8s_openapi::api::core::v1::ObjectReference,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        let namespace = regarding
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "kube-system".into());
+        let now = now();
+        let name = crate::names::event_name(
+            regarding.name.as_deref().unwrap_or("autonodes"),
+            now.as_nanosecond(),
+        );
+        let event = k8s_openapi::api::events::v1::Event {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name),
+                namespace: Some(namespace.clone()),
+                ..Default::default()
+            },
+            action: Some(crate::conditions::cut(action, 128)),
+            reason: Some(crate::conditions::cut(reason, 128)),
+            note: Some(crate::conditions::cut(&note, 1000)),
+            type_: Some(match type_ {
+                EventType::Normal => "Normal".into(),
+                EventType::Warning => "Warning".into(),
+            }),
+            event_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                now,
+            )),
+            regarding: Some(regarding.clone()),
+            reporting_controller: Some(self.reporter.controller.clone()),
+            reporting_instance: Some(
+                self.reporter
+                    .instance
+                    .clone()
+                    .unwrap_or_else(|| self.reporter.controller.clone()),
+            ),
+            ..Default::default()
+        };
+        let api: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(self.client.clone(), &namespace);
+        if let Err(e) = api.create(&kube::api::PostParams::default(), &event).await {
+            tracing::warn!(object = %regarding.name.unwrap_or_default(), error = %e, "recording an event failed");
+        }
+    }
+
+    /// Wakes the live claims scheduled to NodeType `name` (its definition changed: they
+    /// may have drifted).
+    pub fn wake_claims_of_type(&self, name: &str) {
+        let mut woken = 0;
+        for claim in self.claims.state() {
+            let of_type = claim.status.as_ref().and_then(|s| s.type_ref.as_deref()) == Some(name);
+            if of_type && claim.meta().deletion_timestamp.is_none() {
+                let _ = self
+                    .wake_claims
+                    .unbounded_send(ObjectRef::from_obj(&*claim));
+                woken += 1;
+            }
+        }
+        tracing::debug!(nodetype = %name, woken, "woke the claims of a changed node type");
+    }
+
+    /// Wakes every claim that is not scheduled yet (capacity or types changed).
+    pub fn wake_pending_claims(&self) {
+        let mut woken = 0;
+        for claim in self.claims.state() {
+            if unscheduled(&claim) && claim.meta().deletion_timestamp.is_none() {
+                let _ = self
+                    .wake_claims
+                    .unbounded_send(ObjectRef::from_obj(&*claim));
+                woken += 1;
+            }
+        }
+        tracing::debug!(woken, "woke pending claims");
+    }
+}
+
+/// Whether a claim has no node type yet (`status.typeRef` unset).
+pub fn unscheduled(c: &NodeClaim) -> bool {
+    c.status
+        .as_ref()
+        .and_then(|s| s.type_ref.as_ref())
+        .is_none()
+}
+
+/// The current time.
+pub fn now() -> Timestamp {
+    Timestamp::now()
+}
+
+/// The ledger behind its lock; a poisoned lock still holds a consistent ledger (every
+/// change is one call), so the watch keeps feeding it and scheduling keeps reading it.
+pub fn ledger_guard(
+    lock: &std::sync::Mutex<crate::ledger::ClaimedLedger>,
+) -> std::sync::MutexGuard<'_, crate::ledger::ClaimedLedger> {
+    lock.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}

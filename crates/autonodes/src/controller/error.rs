@@ -1,0 +1,187 @@
+//! The error a reconcile returns, and how soon what failed is tried again.
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+
+use crate::remote::calls;
+use crate::remote::clients::{remote_error_text, ClientError};
+
+/// Errors a reconcile returns (transient: the object is retried with backoff). Bad input
+/// never ends up here: it becomes a status condition and an Event instead.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A call to the management cluster failed.
+    #[error("{context}: {source}")]
+    Kube {
+        /// What was being done.
+        context: String,
+        /// The API error.
+        source: kube::Error,
+    },
+    /// A call to a remote cluster failed.
+    #[error("{cluster}: {context}: {}", remote_error_text(.source))]
+    Remote {
+        /// The cluster.
+        cluster: String,
+        /// True for a host cluster, false for a tenant.
+        on_host: bool,
+        /// What was being done.
+        context: String,
+        /// The API error.
+        source: kube::Error,
+    },
+    /// A remote client could not be built.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    /// The finalizer helper failed.
+    #[error("finalizer: {0}")]
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
+    /// The object changed since it was read; the reconcile runs again on the new version.
+    #[error("{0} changed while it was reconciled")]
+    Conflict(String),
+    /// A cleanup is still waiting (for a VM to go, a Node to drain, claims to end). The
+    /// finalizer stays; the object is looked at again shortly.
+    #[error("waiting: {0}")]
+    Waiting(String),
+    /// A cleanup step failed (a cluster unreachable, a 403, a kubeconfig Secret missing or
+    /// refused). The finalizer stays — what the step guards may still exist — and the
+    /// cleanup is retried with backoff ([`cleanup_backoff`]).
+    #[error("cleanup blocked ({reason}): {message}")]
+    CleanupBlocked {
+        /// The condition reason.
+        reason: &'static str,
+        /// What failed.
+        message: String,
+    },
+    /// An object lacks a field the API server always sets.
+    #[error("{0} lacks {1}")]
+    Missing(String, &'static str),
+    /// Rendering failed for a reason that is not the user's input.
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl Error {
+    /// A management-cluster error with context.
+    pub fn kube(context: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+        let context = context.into();
+        move |source| Error::Kube { context, source }
+    }
+
+    /// A short label for metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Kube { .. } => "kube",
+            Error::Remote { .. } => "remote",
+            Error::Client(_) => "client",
+            Error::Finalizer(_) => "finalizer",
+            Error::Conflict(_) => "conflict",
+            Error::Waiting(_) => "waiting",
+            Error::CleanupBlocked { .. } => "cleanup_blocked",
+            Error::Missing(..) => "missing",
+            Error::Internal(_) => "internal",
+        }
+    }
+}
+
+impl Error {
+    /// The error a reconcile returned, unwrapped from the finalizer helper's error.
+    pub fn inner(&self) -> &Error {
+        use kube::runtime::finalizer::Error as F;
+        match self {
+            Error::Finalizer(f) => match f.as_ref() {
+                F::ApplyFailed(e) | F::CleanupFailed(e) => e,
+                _ => self,
+            },
+            e => e,
+        }
+    }
+
+    /// The claim reason of an error reaching a host or tenant cluster or reading its
+    /// kubeconfig Secret: `{Host,Tenant}Forbidden` for a 401/403, else
+    /// `{Host,Tenant}Unreachable`; `None` for other errors.
+    pub fn cluster_reason(&self) -> Option<crate::api::reasons::ClaimReason> {
+        use crate::api::reasons::ClaimReason as R;
+        Some(match self {
+            Error::Client(c) => c.reason().into(),
+            Error::Remote {
+                on_host, source, ..
+            } => match (on_host, calls::forbidden(source)) {
+                (true, true) => R::HostForbidden,
+                (true, false) => R::HostUnreachable,
+                (false, true) => R::TenantForbidden,
+                (false, false) => R::TenantUnreachable,
+            },
+            _ => return None,
+        })
+    }
+
+    /// True for a failed call to a tenant cluster.
+    pub fn is_tenant_error(&self) -> bool {
+        matches!(self, Error::Remote { on_host: false, .. })
+    }
+
+    /// True for a 409 from a host or tenant cluster (the object exists, or changed).
+    pub fn is_remote_conflict(&self) -> bool {
+        matches!(self, Error::Remote { source: kube::Error::Api(s), .. } if s.code == 409)
+    }
+
+    /// True when removing the finalizer found the object deleted already (a reconcile that
+    /// ran on a cached copy from before the finalizer was released).
+    pub fn is_gone(&self) -> bool {
+        use kube::runtime::finalizer::Error as F;
+        match self {
+            Error::Finalizer(f) => {
+                matches!(f.as_ref(), F::RemoveFinalizer(kube::Error::Api(s)) if s.code == 404)
+            }
+            _ => false,
+        }
+    }
+
+    /// True for a write conflict (stale read) or a cleanup that is waiting, wrapped or
+    /// not: expected states, retried soon and not logged as failures.
+    pub fn is_conflict(&self) -> bool {
+        use kube::runtime::finalizer::Error as F;
+        let expected = |e: &Error| matches!(e, Error::Conflict(_) | Error::Waiting(_));
+        match self {
+            Error::Finalizer(f) => match f.as_ref() {
+                F::ApplyFailed(e) | F::CleanupFailed(e) => expected(e),
+                // The finalizer is added and removed with a JSON patch that tests the
+                // object's version: a changed object fails the test (422) or conflicts (409).
+                F::AddFinalizer(kube::Error::Api(s)) | F::RemoveFinalizer(kube::Error::Api(s)) => {
+                    s.code == 409 || s.code == 422
+                }
+                _ => false,
+            },
+            e => expected(e),
+        }
+    }
+}
+
+/// How soon a blocked cleanup is tried again: 5 s at first, then a tenth of the time the
+/// object has been waiting for deletion, at most 60 s — quick after a blip, and no storm
+/// of retries against a cluster that stays away.
+pub fn cleanup_backoff(deletion_requested: Option<&Time>) -> Duration {
+    let waited = deletion_requested
+        .map(|t| {
+            let secs = Timestamp::now().as_second() - t.0.as_second();
+            Duration::from_secs(u64::try_from(secs).unwrap_or(0))
+        })
+        .unwrap_or_default();
+    (waited / 10).clamp(Duration::from_secs(5), Duration::from_secs(60))
+}
+
+/// Requeue delay after an error: at once for a conflict (a stale cache catches up within
+/// milliseconds), after a few seconds for a cleanup that waits (the watch on what it waits
+/// for — a VM going, a Node draining — usually wakes it sooner), else with a pause.
+pub fn error_requeue(error: &Error) -> kube::runtime::controller::Action {
+    use kube::runtime::controller::Action;
+    match error.inner() {
+        Error::Conflict(_) => Action::requeue(Duration::from_millis(200)),
+        Error::Waiting(_) => Action::requeue(Duration::from_secs(3)),
+        _ if error.is_conflict() => Action::requeue(Duration::from_millis(1000)),
+        _ => Action::requeue(Duration::from_secs(5)),
+    }
+}

@@ -311,7 +311,14 @@ pub struct Reflectors {
     pub quotas: Reflector<NodeQuota>,
 }
 
+impl Default for Reflectors {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Reflectors {
+    /// Reflectors with empty stores, their watches not started ([`Reflectors::run`]).
     pub fn new() -> Self {
         Reflectors {
             claims: Reflector::new(),

@@ -105,39 +105,6 @@ pub fn true_is_normal(c: &Condition, _before: Option<&Condition>) -> Option<Even
     })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use k8s_openapi::jiff::Timestamp;
-
-    fn set(cs: &mut Vec<Condition>, type_: &str, ok: bool, reason: &str, message: &str) {
-        conditions::set(
-            cs,
-            type_,
-            conditions::status_of(ok),
-            reason,
-            message,
-            None,
-            Timestamp::UNIX_EPOCH,
-        );
-    }
-
-    #[test]
-    fn a_condition_changed_when_it_is_new_or_its_status_or_reason_differs_not_its_message() {
-        let mut old = Vec::new();
-        set(&mut old, "A", true, "Fine", "one");
-        set(&mut old, "B", false, "Broken", "one");
-        set(&mut old, "C", false, "Broken", "one");
-        let mut new = old.clone();
-        set(&mut new, "A", true, "Fine", "another message");
-        set(&mut new, "B", true, "Fine", "one");
-        set(&mut new, "C", false, "Worse", "one");
-        set(&mut new, "D", false, "New", "one");
-        let types: Vec<&str> = changed(&old, &new).map(|(c, _)| c.type_.as_str()).collect();
-        assert_eq!(types, ["B", "C", "D"]);
-    }
-}
-
 /// Writes `status` of `obj` with server-side apply on the status subresource; returns the
 /// object as written.
 pub async fn apply_status<K, S>(api: &Api<K>, obj: &K, status: &S) -> Result<K, Error>
@@ -181,4 +148,37 @@ where
         kube::Error::Api(s) if s.code == 409 => Error::Conflict(format!("{} {name}", K::kind(&()))),
         e => Error::kube(format!("writing status of {} {name}", K::kind(&())))(e),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::jiff::Timestamp;
+
+    fn set(cs: &mut Vec<Condition>, type_: &str, ok: bool, reason: &str, message: &str) {
+        conditions::set(
+            cs,
+            type_,
+            conditions::status_of(ok),
+            reason,
+            message,
+            None,
+            Timestamp::UNIX_EPOCH,
+        );
+    }
+
+    #[test]
+    fn a_condition_changed_when_it_is_new_or_its_status_or_reason_differs_not_its_message() {
+        let mut old = Vec::new();
+        set(&mut old, "A", true, "Fine", "one");
+        set(&mut old, "B", false, "Broken", "one");
+        set(&mut old, "C", false, "Broken", "one");
+        let mut new = old.clone();
+        set(&mut new, "A", true, "Fine", "another message");
+        set(&mut new, "B", true, "Fine", "one");
+        set(&mut new, "C", false, "Worse", "one");
+        set(&mut new, "D", false, "New", "one");
+        let types: Vec<&str> = changed(&old, &new).map(|(c, _)| c.type_.as_str()).collect();
+        assert_eq!(types, ["B", "C", "D"]);
+    }
 }

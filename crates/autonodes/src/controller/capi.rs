@@ -48,6 +48,7 @@ use kube::{Resource, ResourceExt};
 use super::lenient;
 use super::reflectors::Touched;
 use crate::api::capi::*;
+use crate::api::reasons::ClaimCondition;
 use crate::api::{NodeClaim, NodePool, NodeType};
 use crate::controller::context::Context;
 use crate::controller::error::Error;
@@ -72,8 +73,8 @@ pub const FIELD_MANAGER: &str = "autonodes-capi";
 /// What the mirror reads on NodeClaims, as the claim and pool controllers name it.
 const CLAIM_NAMES: ClaimNames = ClaimNames {
     delete_first: ANNOTATION_DELETE_FIRST,
-    ready: super::nodeclaim::READY.as_str(),
-    provisioned: super::nodeclaim::PROVISIONED.as_str(),
+    ready: ClaimCondition::Ready.as_str(),
+    provisioned: ClaimCondition::Provisioned.as_str(),
 };
 
 /// [`capi::owner_named`] of any object (the watches map Machines and claims to their pool).

@@ -10,14 +10,11 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::runtime::events::{EventType, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Client, Resource, ResourceExt};
-use tokio::sync::Mutex;
+use kube::{Client, Resource};
 
 use super::config::ControllerConfig;
 use super::lenient;
-use super::nodeclaim;
 use super::reflectors::Reflectors;
-use super::status;
 use crate::api::{NodeClaim, NodePool, NodeProvider, NodeQuota, NodeType};
 use crate::metrics::Metrics;
 use crate::remote::clients::ClusterClients;
@@ -48,9 +45,6 @@ pub struct Context {
     pub providers: Store<NodeProvider>,
     /// All NodeQuotas.
     pub quotas: Store<NodeQuota>,
-    /// Serializes scheduling decisions so capacity is never exceeded (held only while a
-    /// decision is made in memory, never across an API call).
-    pub scheduling: Mutex<nodeclaim::Reservations>,
     /// The claimed capacity per NodeType, kept up to date by the claim store's watch
     /// (before [`Context::wait_synced`] resolves) and by this process's scheduling
     /// decisions and releases. Locked only briefly, never across an await.
@@ -71,23 +65,6 @@ pub struct Context {
     /// Claims this process created, deleted or annotated that the claim store does not show
     /// yet ([`Context::claims_in`]).
     pub expected_claims: std::sync::Mutex<ClaimExpectations>,
-    /// Claims as this process last wrote them, until the store catches up ([`Context::fresher`]).
-    pub written: std::sync::Mutex<std::collections::HashMap<String, Written<NodeClaim>>>,
-    /// UIDs of deleted claims whose finalizer this process saw released
-    /// ([`Context::finalized`]).
-    pub finalized: std::sync::Mutex<std::collections::HashSet<String>>,
-    /// Since when each claim has had progress this process has not written yet, by UID
-    /// ([`nodeclaim::status::STATUS_WRITE_GAP`]).
-    pub status_pending: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
-    /// When each NodeType's status was last written, by name
-    /// ([`nodetype::COUNT_WRITE_GAP`]).
-    pub type_status_written: status::WriteGap,
-    /// When each NodeQuota's status was last written, by name
-    /// ([`nodequota::USE_WRITE_GAP`]).
-    pub quota_status_written: status::WriteGap,
-    /// Each NodeType's instance type as last read from its host, and when
-    /// ([`nodetype::INSTANCETYPE_READ_GAP`]).
-    pub instancetypes_read: std::sync::Mutex<std::collections::HashMap<String, InstancetypeRead>>,
     /// Wakes claims (remote changes, freed capacity).
     pub wake_claims: mpsc::UnboundedSender<ObjectRef<NodeClaim>>,
     /// Wakes node types (capacity changes).
@@ -100,47 +77,14 @@ pub struct Context {
     pub reports: lenient::Reports,
 }
 
-/// An instance type as read from a host, and when: its cpu and memory, or why not.
-pub type InstancetypeRead = (std::time::Instant, Result<crate::api::ResourceList, String>);
-
 /// A prepared catalogue and the versions of the type and provider stores it came from.
 pub type PreparedCatalogue = ((u64, u64), Arc<crate::scheduling::Catalogue>);
-
-/// An object as a status write returned it, and the version that write replaced.
-pub struct Written<K> {
-    /// The `resourceVersion` the write was conditional on.
-    pub replaced: String,
-    /// The object the API server returned.
-    pub object: Arc<K>,
-}
 
 impl Context {
     /// Runs `f` on the capacity ledger (a poisoned lock still holds a consistent ledger:
     /// every change is one call).
     pub fn ledger<T>(&self, f: impl FnOnce(&mut crate::ledger::ClaimedLedger) -> T) -> T {
         f(&mut ledger_guard(&self.claimed))
-    }
-
-    /// The newer of `claim` (from the store) and the claim as this process last wrote it.
-    ///
-    /// The store lags behind our own writes by a watch event; a reconcile that ran on the
-    /// store's copy would write on a stale version and get a conflict. While the store
-    /// still shows the version a write replaced, the written object is the current one.
-    pub fn fresher(&self, claim: Arc<NodeClaim>) -> Arc<NodeClaim> {
-        let (Some(uid), Some(rv)) = (claim.uid(), claim.resource_version()) else {
-            return claim;
-        };
-        let Ok(mut written) = self.written.lock() else {
-            return claim;
-        };
-        match written.get(&uid) {
-            Some(w) if w.replaced == rv => w.object.clone(),
-            Some(_) => {
-                written.remove(&uid);
-                claim
-            }
-            None => claim,
-        }
     }
 
     /// The claims of `namespace` as they are: the claim store's copies, with the claims
@@ -163,77 +107,6 @@ impl Context {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         record(&mut expected, std::time::Instant::now());
-    }
-
-    /// Remembers a claim as a status write returned it (see [`Context::fresher`]).
-    pub fn remember_written(
-        &self,
-        replaced: Option<String>,
-        mut object: NodeClaim,
-    ) -> Arc<NodeClaim> {
-        object.metadata.managed_fields = None;
-        let object = Arc::new(object);
-        if let (Some(uid), Ok(mut pending)) = (object.uid(), self.status_pending.lock()) {
-            pending.remove(&uid);
-        }
-        if let (Some(uid), Some(replaced), Ok(mut written)) =
-            (object.uid(), replaced, self.written.lock())
-        {
-            written.insert(
-                uid,
-                Written {
-                    replaced,
-                    object: object.clone(),
-                },
-            );
-        }
-        object
-    }
-
-    /// Forgets what [`Context::remember_written`] kept of a claim (its cleanup finished).
-    pub fn forget_written(&self, uid: &str) {
-        if let Ok(mut written) = self.written.lock() {
-            written.remove(uid);
-        }
-        if let Ok(mut pending) = self.status_pending.lock() {
-            pending.remove(uid);
-        }
-    }
-
-    /// True when this process saw the finalizer of the deleted claim `uid` released: a
-    /// reconcile of the store's older copy (woken by a watch event that came first) has
-    /// nothing left to do, and its patch to release the finalizer once more would only be
-    /// answered 404. `release` records it (a `true` answer).
-    pub fn finalized(&self, uid: &str, release: bool) -> bool {
-        let Ok(mut finalized) = self.finalized.lock() else {
-            return false;
-        };
-        if !release {
-            return finalized.contains(uid);
-        }
-        finalized.insert(uid.to_string());
-        // Now and then, forget claims the store no longer holds.
-        if finalized.len() % 256 == 0 {
-            let live: std::collections::HashSet<String> =
-                self.claims.state().iter().filter_map(|c| c.uid()).collect();
-            finalized.retain(|u| live.contains(u));
-        }
-        true
-    }
-
-    /// Since when the claim with `uid` has had progress not written yet (from now on, if
-    /// it had none); `done` forgets it (the status needs no write).
-    pub fn progress_pending(&self, uid: &str, done: bool) -> Option<std::time::Instant> {
-        let mut pending = self.status_pending.lock().ok()?;
-        if done {
-            pending.remove(uid);
-            return None;
-        }
-        Some(
-            *pending
-                .entry(uid.to_string())
-                .or_insert_with(std::time::Instant::now),
-        )
     }
 
     /// Waits until the claim, type and provider stores hold their first full list.

@@ -3,7 +3,7 @@
 //! stage, from the capacity ledger); this status is what users read.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kube::api::Api;
 use kube::runtime::controller::Action;
@@ -12,12 +12,20 @@ use kube::ResourceExt;
 
 use super::catalogue::catalogue;
 use crate::api::reasons::QuotaReason;
+use crate::api::NodeClaim;
 use crate::api::{NamespaceUsage, NodeQuota, NodeQuotaStatus};
 use crate::conditions::{self, status_of};
 use crate::controller::context::{now, Context};
 use crate::controller::error::Error;
+use crate::controller::reconciler::{self, log_run_error, Reconciler};
+use crate::controller::reflectors::Reflectors;
 use crate::controller::status::apply_status;
+use crate::controller::status::WriteGap;
 use crate::quota::{PreparedQuota, Usage};
+use futures::StreamExt;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::Controller;
+use std::ops::Deref;
 
 /// Condition: the quota can be applied.
 pub const READY: &str = "Ready";
@@ -27,25 +35,69 @@ pub const READY: &str = "Ready";
 /// not one per claim. Scheduling never reads this status (it counts from the ledger).
 pub const USE_WRITE_GAP: Duration = Duration::from_secs(1);
 
-/// Reconciles one NodeQuota.
-pub async fn reconcile(q: Arc<NodeQuota>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let started = Instant::now();
-    let result = apply(&q, &ctx).await;
-    ctx.metrics.observe_reconcile("nodequota", started, &result);
-    result
+/// The NodeQuota controller's context: the shared one ([`Deref`]) and when each quota's
+/// status was last written.
+pub struct QuotaContext {
+    /// The context every controller shares.
+    pub ctx: Arc<Context>,
+    /// When each NodeQuota's status was last written, by name ([`USE_WRITE_GAP`]).
+    pub status_written: WriteGap,
 }
 
-/// Logs the error; the quota is retried with backoff.
-pub fn error_policy(q: Arc<NodeQuota>, error: &Error, _ctx: Arc<Context>) -> Action {
-    if error.is_conflict() {
-        tracing::debug!(%error, "stale read; reconciling again");
-        return crate::controller::error::error_requeue(error);
+impl Deref for QuotaContext {
+    type Target = Context;
+
+    fn deref(&self) -> &Context {
+        &self.ctx
     }
-    tracing::warn!(nodequota = %q.name_any(), %error, "reconciling NodeQuota failed");
-    crate::controller::error::error_requeue(error)
 }
 
-async fn apply(q: &NodeQuota, ctx: &Context) -> Result<Action, Error> {
+/// Runs the NodeQuota controller until `shutdown` resolves: a quota is woken by the claims
+/// of the namespaces it covers.
+pub async fn run(
+    ctx: Arc<Context>,
+    r: &Reflectors,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,
+) {
+    let quotas_of_claims = ctx.quotas.clone();
+    Controller::for_shared_stream(r.quotas.applied(), r.quotas.store())
+        .watches_shared_stream(r.claims.touched_objects(), move |c: Arc<NodeClaim>| {
+            let namespace = c.namespace().unwrap_or_default();
+            quotas_of_claims
+                .state()
+                .into_iter()
+                .filter(|q| crate::quota::covers(&q.spec, &namespace))
+                .map(|q| ObjectRef::from_obj(&*q))
+                .collect::<Vec<_>>()
+        })
+        .graceful_shutdown_on(shutdown)
+        .run(
+            reconciler::reconcile::<QuotaContext>,
+            reconciler::error_policy::<QuotaContext>,
+            Arc::new(QuotaContext {
+                ctx,
+                status_written: WriteGap::default(),
+            }),
+        )
+        .for_each(log_run_error)
+        .await;
+}
+
+impl Reconciler for QuotaContext {
+    type Object = NodeQuota;
+    const NAME: &'static str = "nodequota";
+    const DOING: &'static str = "reconciling NodeQuota";
+
+    fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    async fn reconcile(&self, obj: Arc<NodeQuota>) -> Result<Action, Error> {
+        apply(&obj, self).await
+    }
+}
+
+async fn apply(q: &NodeQuota, ctx: &QuotaContext) -> Result<Action, Error> {
     if q.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
@@ -101,14 +153,11 @@ async fn apply(q: &NodeQuota, ctx: &Context) -> Result<Action, Error> {
             namespaces: old.namespaces.clone(),
             ..status.clone()
         } == old;
-        if let Some(wait) = ctx
-            .quota_status_written
-            .wait(&name, USE_WRITE_GAP, only_use)
-        {
+        if let Some(wait) = ctx.status_written.wait(&name, USE_WRITE_GAP, only_use) {
             return Ok(Action::requeue(wait));
         }
         apply_status(&Api::<NodeQuota>::all(ctx.client.clone()), q, &status).await?;
-        ctx.quota_status_written.wrote(&name);
+        ctx.status_written.wrote(&name);
         super::status::report_changes(
             ctx,
             q,

@@ -11,16 +11,25 @@ use kube::ResourceExt;
 
 use super::catalogue::{catalogue, provider_of, unusable};
 use crate::api::ResourceList;
+use crate::api::{NodeClaim, NodeProvider};
 use crate::api::{NodeType, NodeTypeHost, NodeTypePhase};
 use crate::conditions::{self, status_of};
 use crate::controller::context::{now, Context};
 use crate::controller::error::Error;
+use crate::controller::reconciler::{self, log_run_error, Reconciler};
+use crate::controller::reflectors::Reflectors;
 use crate::controller::status::apply_status;
+use crate::controller::status::WriteGap;
 use crate::remote::clients::{remote_error_text, REMOTE_TIMEOUT};
 use crate::remote::host_room;
 use crate::scheduling::{self, ProviderContext, TypeProblem};
 use crate::template::instancetype::{instancetype_resources, Matcher};
+use futures::channel::mpsc::UnboundedReceiver;
+use futures::StreamExt;
 use kube::api::DynamicObject;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::Controller;
+use std::ops::Deref;
 
 /// Condition: the type can take claims.
 pub const READY: &str = "Ready";
@@ -41,7 +50,7 @@ async fn read_instancetype(
     t: &NodeType,
     it: &Matcher,
     p: &crate::api::NodeProvider,
-    ctx: &Context,
+    ctx: &TypeContext,
 ) -> Result<ResourceList, String> {
     let key = format!(
         "{}@{}",
@@ -92,25 +101,86 @@ async fn read_instancetype(
     read
 }
 
-/// Reconciles one NodeType.
-pub async fn reconcile(t: Arc<NodeType>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let started = Instant::now();
-    let result = apply(&t, &ctx).await;
-    ctx.metrics.observe_reconcile("nodetype", started, &result);
-    result
+/// The NodeType controller's context: the shared one ([`Deref`]) and the types' own state.
+pub struct TypeContext {
+    /// The context every controller shares.
+    pub ctx: Arc<Context>,
+    /// When each NodeType's status was last written, by name ([`COUNT_WRITE_GAP`]).
+    pub status_written: WriteGap,
+    /// Each NodeType's instance type as last read from its host, and when
+    /// ([`INSTANCETYPE_READ_GAP`]).
+    pub instancetypes_read: std::sync::Mutex<std::collections::HashMap<String, InstancetypeRead>>,
 }
 
-/// Logs the error; the type is retried with backoff.
-pub fn error_policy(t: Arc<NodeType>, error: &Error, _ctx: Arc<Context>) -> Action {
-    if error.is_conflict() {
-        tracing::debug!(%error, "stale read; reconciling again");
-        return crate::controller::error::error_requeue(error);
+/// An instance type as read from a host, and when: its cpu and memory, or why not.
+pub type InstancetypeRead = (Instant, Result<ResourceList, String>);
+
+impl Deref for TypeContext {
+    type Target = Context;
+
+    fn deref(&self) -> &Context {
+        &self.ctx
     }
-    tracing::warn!(nodetype = %t.name_any(), %error, "reconciling NodeType failed");
-    crate::controller::error::error_requeue(error)
 }
 
-async fn apply(t: &NodeType, ctx: &Context) -> Result<Action, Error> {
+/// Runs the NodeType controller until `shutdown` resolves: a type is woken by its claims
+/// (their count changes its capacity), by its provider, and by `wakeups`.
+pub async fn run(
+    ctx: Arc<Context>,
+    r: &Reflectors,
+    wakeups: UnboundedReceiver<ObjectRef<NodeType>>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,
+) {
+    let types_store = ctx.types.clone();
+    Controller::for_shared_stream(r.types.applied(), r.types.store())
+        .watches_shared_stream(r.claims.touched_objects(), move |c: Arc<NodeClaim>| {
+            c.status
+                .as_ref()
+                .and_then(|s| s.type_ref.as_ref())
+                .map(|t| ObjectRef::<NodeType>::new(t))
+        })
+        .watches_shared_stream(
+            r.providers.touched_objects(),
+            move |p: Arc<NodeProvider>| {
+                let name = p.name_any();
+                types_store
+                    .state()
+                    .into_iter()
+                    .filter(|t| t.spec.provider_ref == name)
+                    .map(|t| ObjectRef::from_obj(&*t))
+                    .collect::<Vec<_>>()
+            },
+        )
+        .reconcile_on(wakeups)
+        .graceful_shutdown_on(shutdown)
+        .run(
+            reconciler::reconcile::<TypeContext>,
+            reconciler::error_policy::<TypeContext>,
+            Arc::new(TypeContext {
+                ctx,
+                status_written: WriteGap::default(),
+                instancetypes_read: Default::default(),
+            }),
+        )
+        .for_each(log_run_error)
+        .await;
+}
+
+impl Reconciler for TypeContext {
+    type Object = NodeType;
+    const NAME: &'static str = "nodetype";
+    const DOING: &'static str = "reconciling NodeType";
+
+    fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    async fn reconcile(&self, obj: Arc<NodeType>) -> Result<Action, Error> {
+        apply(&obj, self).await
+    }
+}
+
+async fn apply(t: &NodeType, ctx: &TypeContext) -> Result<Action, Error> {
     if t.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
@@ -234,14 +304,11 @@ async fn apply(t: &NodeType, ctx: &Context) -> Result<Action, Error> {
             same.host = old.host.clone();
             same == old
         };
-        if let Some(wait) = ctx
-            .type_status_written
-            .wait(&name, COUNT_WRITE_GAP, only_count)
-        {
+        if let Some(wait) = ctx.status_written.wait(&name, COUNT_WRITE_GAP, only_count) {
             return Ok(Action::requeue(wait));
         }
         apply_status(&Api::<NodeType>::all(ctx.client.clone()), t, &status).await?;
-        ctx.type_status_written.wrote(&name);
+        ctx.status_written.wrote(&name);
         // A type that turns unusable is a Warning; one that is usable needs no Event.
         super::status::report_changes(
             ctx,
@@ -270,7 +337,7 @@ async fn apply(t: &NodeType, ctx: &Context) -> Result<Action, Error> {
 pub const HOST_ROOM_RECHECK: Duration = Duration::from_secs(30);
 
 /// The type's `status.host`: its room on its host cluster now.
-async fn host_room(ctx: &Context, t: &scheduling::PreparedType) -> NodeTypeHost {
+async fn host_room(ctx: &TypeContext, t: &scheduling::PreparedType) -> NodeTypeHost {
     let snapshot = host_room::snapshot(ctx, &t.host_cluster).await;
     let catalogue = catalogue(ctx);
     let room = snapshot.map(|s| ctx.ledger(|l| s.room(&catalogue, l)));

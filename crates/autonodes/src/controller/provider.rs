@@ -4,9 +4,13 @@
 //! Deleting a provider whose node types still have live claims waits (finalizer, condition
 //! `Ready=False` reason `InUse`) until those claims are gone; then its NodeTypes are deleted.
 
+use crate::controller::reconciler::{self, log_run_error, Reconciler};
+use crate::controller::reflectors::{Reflectors, Touched};
+use futures::StreamExt;
+use kube::runtime::Controller;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -72,31 +76,76 @@ pub fn waits_for_claims_of(p: &NodeProvider, node_type: &str) -> bool {
             .any(|e| scheduling::node_type_name(&provider, &e.name) == node_type)
 }
 
-/// Reconciles one NodeProvider.
-pub async fn reconcile(p: Arc<NodeProvider>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let started = Instant::now();
-    let api: Api<NodeProvider> = Api::all(ctx.client.clone());
-    let result = finalizer(&api, FINALIZER, p, |event| async {
-        match event {
-            Finalizer::Apply(p) => apply(&p, &ctx).await,
-            Finalizer::Cleanup(p) => cleanup(&p, &ctx).await,
-        }
-    })
-    .await
-    .map_err(|e| Error::Finalizer(Box::new(e)));
-    ctx.metrics
-        .observe_reconcile("nodeprovider", started, &result);
-    result
+/// The NodeProvider controller: it keeps no state of its own beside the shared context.
+pub struct ProviderController {
+    /// The context every controller shares.
+    pub ctx: Arc<Context>,
 }
 
-/// Logs the error; the provider is retried with backoff.
-pub fn error_policy(p: Arc<NodeProvider>, error: &Error, _ctx: Arc<Context>) -> Action {
-    if error.is_conflict() {
-        tracing::debug!(%error, "stale read; reconciling again");
-        return crate::controller::error::error_requeue(error);
+/// Runs the NodeProvider controller until `shutdown` resolves: a provider is woken by its
+/// NodeTypes and by a claim of one of its types going away.
+pub async fn run(
+    ctx: Arc<Context>,
+    r: &Reflectors,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,
+) {
+    let types_of_claims = ctx.types.clone();
+    let providers_of_claims = ctx.providers.clone();
+    Controller::for_shared_stream(r.providers.applied(), r.providers.store())
+        .owns_shared_stream(r.types.spec_touched())
+        .reconcile_on(r.claims.touched().filter_map(move |t| {
+            // A claim going away may unblock a provider's deletion or the removal of a type
+            // gone from its spec; nothing else a claim does concerns its provider (and
+            // deleting a thousand claims must not check the host a thousand times).
+            let c = match t {
+                Touched::Deleted(c) => Some(c),
+                Touched::Applied(c) if c.metadata.deletion_timestamp.is_some() => Some(c),
+                Touched::Applied(_) => None,
+            };
+            let provider = c
+                .and_then(|c| c.status.clone())
+                .and_then(|s| s.type_ref)
+                .and_then(|t| {
+                    let nt = types_of_claims.get(&ObjectRef::new(&t))?;
+                    let key = ObjectRef::<NodeProvider>::new(&nt.spec.provider_ref);
+                    let waits = providers_of_claims
+                        .get(&key)
+                        .is_none_or(|p| waits_for_claims_of(&p, &t));
+                    waits.then_some(key)
+                });
+            futures::future::ready(provider)
+        }))
+        .graceful_shutdown_on(shutdown)
+        .run(
+            reconciler::reconcile::<ProviderController>,
+            reconciler::error_policy::<ProviderController>,
+            Arc::new(ProviderController { ctx }),
+        )
+        .for_each(log_run_error)
+        .await;
+}
+
+impl Reconciler for ProviderController {
+    type Object = NodeProvider;
+    const NAME: &'static str = "nodeprovider";
+    const DOING: &'static str = "reconciling NodeProvider";
+
+    fn context(&self) -> &Context {
+        &self.ctx
     }
-    tracing::warn!(provider = %p.name_any(), %error, "reconciling NodeProvider failed");
-    crate::controller::error::error_requeue(error)
+
+    async fn reconcile(&self, obj: Arc<NodeProvider>) -> Result<Action, Error> {
+        let ctx = &*self.ctx;
+        let api: Api<NodeProvider> = Api::all(ctx.client.clone());
+        finalizer(&api, FINALIZER, obj, |event| async {
+            match event {
+                Finalizer::Apply(p) => apply(&p, ctx).await,
+                Finalizer::Cleanup(p) => cleanup(&p, ctx).await,
+            }
+        })
+        .await
+        .map_err(|e| Error::Finalizer(Box::new(e)))
+    }
 }
 
 async fn host_check(p: &NodeProvider, ctx: &Context) -> (bool, &'static str, String) {

@@ -1,7 +1,73 @@
-//! What every controller's reconcile shares.
+//! What every controller's reconcile shares: the reconcile metrics, the error policy (a
+//! stale read retried at once and quietly, anything else logged and retried after a
+//! pause) and the log of the controller runtime's own errors. A controller implements
+//! [`Reconciler`] and runs with [`reconcile`] and [`error_policy`].
 
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant;
+
+use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
-use kube::Resource;
+use kube::{Resource, ResourceExt};
+
+use super::context::Context;
+use super::error::{error_requeue, Error};
+
+/// One controller's reconcile of one kind, and its own state.
+pub trait Reconciler: Send + Sync + 'static {
+    /// The kind this controller reconciles.
+    type Object: Resource<DynamicType = ()> + Send + Sync + 'static;
+    /// The controller's name in metrics and log lines (`nodeclaim`).
+    const NAME: &'static str;
+    /// What it does to one object, for the log line of a failure (`reconciling NodeClaim`).
+    const DOING: &'static str;
+
+    /// The context every controller shares.
+    fn context(&self) -> &Context;
+
+    /// Reconciles one object.
+    fn reconcile(
+        &self,
+        obj: Arc<Self::Object>,
+    ) -> impl Future<Output = Result<Action, Error>> + Send;
+
+    /// How this controller retries an error in a way of its own (a cleanup that waits
+    /// for a cluster), or `None` for the common policy.
+    fn retry(&self, _obj: &Self::Object, _error: &Error) -> Option<Action> {
+        None
+    }
+}
+
+/// Runs `R`'s reconcile and records its duration and outcome.
+pub async fn reconcile<R: Reconciler>(obj: Arc<R::Object>, r: Arc<R>) -> Result<Action, Error> {
+    let started = Instant::now();
+    let result = r.reconcile(obj).await;
+    r.context()
+        .metrics
+        .observe_reconcile(R::NAME, started, &result);
+    result
+}
+
+/// Logs a failed reconcile (a stale read only at debug level) and says when to retry.
+pub fn error_policy<R: Reconciler>(obj: Arc<R::Object>, error: &Error, r: Arc<R>) -> Action {
+    if let Some(action) = r.retry(&obj, error) {
+        return action;
+    }
+    if error.is_conflict() {
+        tracing::debug!(controller = R::NAME, %error, "stale read; reconciling again");
+    } else {
+        tracing::warn!(
+            controller = R::NAME,
+            name = %obj.name_any(),
+            namespace = %obj.namespace().unwrap_or_default(),
+            %error,
+            "{} failed",
+            R::DOING
+        );
+    }
+    error_requeue(error)
+}
 
 /// Logs what the controller runtime reports besides reconcile results (queue errors,
 /// objects missing from the cache).

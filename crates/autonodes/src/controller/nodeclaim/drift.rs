@@ -4,7 +4,8 @@
 //! Normal Event); a pool rolls drifted claims by surge within its budgets. The condition
 //! goes when the type is back to what the claim was made from.
 
-use super::{Provisioning, DRIFTED};
+use super::provisioning::Provisioning;
+use super::status::DRIFTED;
 use crate::api::reasons::ClaimReason;
 
 /// Sets or clears `Drifted` on the claim's status as this reconcile changes it.

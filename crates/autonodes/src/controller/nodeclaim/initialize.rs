@@ -8,7 +8,8 @@ use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::runtime::controller::Action;
 use kube::ResourceExt;
 
-use super::{elapsed_since, remaining, Provisioning, Step, INITIALIZED, READY};
+use super::provisioning::{elapsed_since, remaining, Provisioning, Step};
+use super::status::{INITIALIZED, READY};
 use crate::api::reasons::ClaimReason;
 use crate::api::NodeClaim;
 use crate::controller::context::now;

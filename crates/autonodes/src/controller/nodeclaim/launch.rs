@@ -10,8 +10,9 @@ use kube::api::DynamicObject;
 use kube::runtime::controller::Action;
 use kube::ResourceExt;
 
+use super::provisioning::{elapsed_since, remaining, Provisioning, Step};
+use super::status::{PROVISIONED, SCHEDULED};
 use super::tokens::ensure_token;
-use super::{elapsed_since, remaining, Provisioning, Step, PROVISIONED, SCHEDULED};
 use crate::api::reasons::ClaimReason;
 use crate::api::NodeClaim;
 use crate::controller::context::now;

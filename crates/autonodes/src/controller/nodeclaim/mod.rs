@@ -21,6 +21,8 @@
 //! condition. [`terminate`] (finalizer `autonodes.io/cleanup`) drains the Node and removes
 //! the VM, the Node, the Secret, the DataVolumes and the token, in that order.
 
+pub mod context;
+pub mod provisioning;
 pub mod schedule;
 pub mod status;
 
@@ -31,146 +33,163 @@ mod register;
 mod terminate;
 mod tokens;
 
-use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Node;
+use futures::channel::mpsc::UnboundedReceiver;
+use futures::StreamExt;
 use kube::api::Api;
-use kube::runtime::controller::Action;
+use kube::runtime::controller::{Action, Config as RunConfig};
 use kube::runtime::finalizer::{finalizer, Event as Finalizer};
 use kube::runtime::reflector::ObjectRef;
+use kube::runtime::Controller;
 use kube::ResourceExt;
 
-use crate::api::reasons::{ClaimCondition, ClaimReason};
-use crate::api::{NodeClaim, NodeClaimPhase, FINALIZER};
+use crate::api::reasons::ClaimReason;
+use crate::api::{NodeClaim, NodeClaimPhase, NodeQuota, NodeType, FINALIZER};
 use crate::conditions;
-use crate::controller::context::{now, Context};
-use crate::controller::error::Error;
+use crate::controller::context::{unscheduled, Context};
+use crate::controller::error::{cleanup_backoff, Error};
+use crate::controller::reconciler::{self, log_run_error, Reconciler};
+use crate::controller::reflectors::Reflectors;
 use crate::remote::clients::Remote;
-use crate::remote::host::Host;
-use crate::remote::tenant::Tenant;
 use crate::scheduling::PreparedType;
-use crate::template;
+use context::ClaimContext;
+use provisioning::{uid, Provisioning, Step};
 use schedule::{schedule, Schedule};
 pub use status::refresh_claim_gauges;
-use status::StatusWriter;
+use status::{StatusWriter, JOINED, PROVISIONED, READY, SCHEDULED};
 use terminate::{cleanup, remove_remote_objects, Removal};
 
-/// Condition: a node type was chosen.
-pub const SCHEDULED: ClaimCondition = ClaimCondition::Scheduled;
-/// Condition: the VM runs.
-pub const PROVISIONED: ClaimCondition = ClaimCondition::Provisioned;
-/// Condition: the VM's Node registered in the tenant.
-pub const JOINED: ClaimCondition = ClaimCondition::Joined;
-/// Condition: the Node was Ready without startup taints once (stays True).
-pub const INITIALIZED: ClaimCondition = ClaimCondition::Initialized;
-/// Condition: the Node is Ready and no startup taint is left.
-pub const READY: ClaimCondition = ClaimCondition::Ready;
-/// Condition (only while True): the node type changed since the claim was scheduled.
-pub const DRIFTED: ClaimCondition = ClaimCondition::Drifted;
+/// How many claims are reconciled at once. Each reconcile mostly waits on API servers; a
+/// bound keeps a burst of thousands of new claims from opening thousands of requests at
+/// once (which slows every one of them) and bounds the memory they hold.
+const CLAIM_CONCURRENCY: u16 = 64;
 
-/// Namespace of bootstrap-token Secrets in the tenant.
-pub use crate::remote::watched::TOKEN_NAMESPACE;
-/// Group a bootstrap token authenticates as (kubeadm's default node token group).
-pub const TOKEN_GROUP: &str = "system:bootstrappers:kubeadm:default-node-token";
-
-/// Claims whose cleanup this process finished, so a reconcile of a cached copy from before
-/// does not clean up again (the capacity they held is the ledger's: [`Context::ledger`]).
-#[derive(Debug, Default)]
-pub struct Reservations {
-    /// UIDs of claims whose cleanup finished (their capacity is free).
-    pub released: HashSet<String>,
+/// Runs the NodeClaim controller until `shutdown` resolves. Besides its own changes, a
+/// claim is woken by `wakeups` (remote watches, freed capacity), and a pending claim by a
+/// NodeType that appeared, went or changed, and by a NodeQuota of its namespace.
+pub async fn run(
+    ctx: Arc<Context>,
+    r: &Reflectors,
+    wakeups: UnboundedReceiver<ObjectRef<NodeClaim>>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,
+) {
+    let claims_for_types = ctx.claims.clone();
+    let type_states = std::sync::Mutex::new(std::collections::HashMap::new());
+    let claims_for_quotas = ctx.claims.clone();
+    Controller::for_shared_stream(r.claims.applied(), r.claims.store())
+        .watches_shared_stream(r.types.touched_objects(), move |t: Arc<NodeType>| {
+            // A type that appeared, went, or changed its spec or phase may let pending
+            // claims schedule; its claimed count changing (every scheduling decision) may
+            // not: that would wake every pending claim once per claim scheduled.
+            let state = (
+                t.metadata.generation,
+                t.metadata.deletion_timestamp.is_some(),
+                t.status.as_ref().and_then(|s| s.phase),
+            );
+            let changed = type_states
+                .lock()
+                .map(|mut m| m.insert(t.name_any(), state) != Some(state))
+                .unwrap_or(true);
+            if !changed {
+                return Vec::new();
+            }
+            claims_for_types
+                .state()
+                .into_iter()
+                .filter(|c| unscheduled(c))
+                .map(|c| ObjectRef::from_obj(&*c))
+                .collect::<Vec<_>>()
+        })
+        .watches_shared_stream(r.quotas.touched_objects(), move |q: Arc<NodeQuota>| {
+            // A quota that appeared, went or changed may let pending claims of the
+            // namespaces it covers schedule (or tell them why not).
+            claims_for_quotas
+                .state()
+                .into_iter()
+                .filter(|c| {
+                    unscheduled(c)
+                        && crate::quota::covers(&q.spec, &c.namespace().unwrap_or_default())
+                })
+                .map(|c| ObjectRef::from_obj(&*c))
+                .collect::<Vec<_>>()
+        })
+        .reconcile_on(wakeups)
+        .with_config(RunConfig::default().concurrency(CLAIM_CONCURRENCY))
+        .graceful_shutdown_on(shutdown)
+        .run(
+            reconciler::reconcile::<ClaimContext>,
+            reconciler::error_policy::<ClaimContext>,
+            Arc::new(ClaimContext::new(ctx)),
+        )
+        .for_each(log_run_error)
+        .await;
 }
 
-/// Reconciles one NodeClaim.
-pub async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let started = Instant::now();
-    let claim = ctx.fresher(claim);
-    let deleted = claim
-        .metadata
-        .deletion_timestamp
-        .is_some()
-        .then(|| claim.uid())
-        .flatten();
-    if deleted
-        .as_deref()
-        .is_some_and(|uid| ctx.finalized(uid, false))
-    {
-        // Released already; the store still shows the claim from before.
-        ctx.metrics.observe_reconcile(
-            "nodeclaim",
-            started,
-            &Ok::<_, Error>(Action::await_change()),
-        );
-        return Ok(Action::await_change());
+impl Reconciler for ClaimContext {
+    type Object = NodeClaim;
+    const NAME: &'static str = "nodeclaim";
+    const DOING: &'static str = "reconciling NodeClaim";
+
+    fn context(&self) -> &Context {
+        &self.ctx
     }
-    let ns = claim.namespace().unwrap_or_default();
-    let api: Api<NodeClaim> = Api::namespaced(ctx.client.clone(), &ns);
-    let result = finalizer(&api, FINALIZER, claim, |event| async {
-        match event {
-            Finalizer::Apply(c) => apply(&c, &ctx).await,
-            Finalizer::Cleanup(c) => cleanup(&c, &ctx).await,
+
+    async fn reconcile(&self, claim: Arc<NodeClaim>) -> Result<Action, Error> {
+        let ctx = self;
+        let claim = ctx.fresher(claim);
+        let deleted = claim
+            .metadata
+            .deletion_timestamp
+            .is_some()
+            .then(|| claim.uid())
+            .flatten();
+        if deleted
+            .as_deref()
+            .is_some_and(|uid| ctx.finalized(uid, false))
+        {
+            // Released already; the store still shows the claim from before.
+            return Ok(Action::await_change());
         }
-    })
-    .await
-    .map_err(|e| Error::Finalizer(Box::new(e)));
-    // A reconcile that ran on a cached copy older than the release of the finalizer finds
-    // the claim gone when it removes the finalizer again: nothing is left to do.
-    let result = match result {
-        Err(e) if e.is_gone() => Ok(Action::await_change()),
-        r => r,
-    };
-    // A deleted claim's reconcile that ended well leaves no finalizer of ours: the helper
-    // released it after the cleanup, or found it released.
-    if let (Ok(_), Some(uid)) = (&result, &deleted) {
-        ctx.finalized(uid, true);
+        let ns = claim.namespace().unwrap_or_default();
+        let api: Api<NodeClaim> = Api::namespaced(ctx.client.clone(), &ns);
+        let result = finalizer(&api, FINALIZER, claim, |event| async {
+            match event {
+                Finalizer::Apply(c) => apply(&c, ctx).await,
+                Finalizer::Cleanup(c) => cleanup(&c, ctx).await,
+            }
+        })
+        .await
+        .map_err(|e| Error::Finalizer(Box::new(e)));
+        // A reconcile that ran on a cached copy older than the release of the finalizer
+        // finds the claim gone when it removes the finalizer again: nothing is left to do.
+        let result = match result {
+            Err(e) if e.is_gone() => Ok(Action::await_change()),
+            r => r,
+        };
+        // A deleted claim's reconcile that ended well leaves no finalizer of ours: the
+        // helper released it after the cleanup, or found it released.
+        if let (Ok(_), Some(uid)) = (&result, &deleted) {
+            ctx.finalized(uid, true);
+        }
+        result
     }
-    ctx.metrics.observe_reconcile("nodeclaim", started, &result);
-    result
-}
 
-/// Logs the error; the claim is retried with backoff.
-pub fn error_policy(claim: Arc<NodeClaim>, error: &Error, _ctx: Arc<Context>) -> Action {
-    if let Error::CleanupBlocked { .. } = error.inner() {
-        // Already reported by the condition, an Event and a log line.
-        let delay =
-            crate::controller::error::cleanup_backoff(claim.metadata.deletion_timestamp.as_ref());
+    /// A blocked cleanup (already reported by the condition, an Event and a log line) is
+    /// retried with [`cleanup_backoff`].
+    fn retry(&self, claim: &NodeClaim, error: &Error) -> Option<Action> {
+        let Error::CleanupBlocked { .. } = error.inner() else {
+            return None;
+        };
+        let delay = cleanup_backoff(claim.metadata.deletion_timestamp.as_ref());
         tracing::debug!(nodeclaim = %claim.name_any(), ?delay, "cleanup blocked; retrying");
-        return Action::requeue(delay);
+        Some(Action::requeue(delay))
     }
-    if error.is_conflict() {
-        tracing::debug!(%error, "stale read; reconciling again");
-        return crate::controller::error::error_requeue(error);
-    }
-    tracing::warn!(
-        nodeclaim = %claim.name_any(),
-        namespace = %claim.namespace().unwrap_or_default(),
-        %error,
-        "reconciling NodeClaim failed"
-    );
-    crate::controller::error::error_requeue(error)
-}
-
-/// The claim's UID (the API server always sets it).
-fn uid(claim: &NodeClaim) -> Result<String, Error> {
-    claim
-        .uid()
-        .ok_or_else(|| Error::Missing(format!("NodeClaim {}", claim.name_any()), "metadata.uid"))
-}
-
-/// The labels of every object autonodes creates for `claim`, as `installation` makes it.
-pub fn claim_labels(claim: &NodeClaim, installation: &str) -> BTreeMap<String, String> {
-    template::managed_labels(
-        &claim.name_any(),
-        &claim.namespace().unwrap_or_default(),
-        claim.uid().as_deref().unwrap_or_default(),
-        installation,
-    )
 }
 
 /// A claim that is not being deleted: schedule it, then walk its stages.
-async fn apply(claim: &NodeClaim, ctx: &Context) -> Result<Action, Error> {
+async fn apply(claim: &NodeClaim, ctx: &ClaimContext) -> Result<Action, Error> {
     let status = claim.status.clone().unwrap_or_default();
     if status.phase == Some(NodeClaimPhase::Failed) {
         // Terminal: make sure its remote objects are gone.
@@ -211,68 +230,10 @@ async fn apply(claim: &NodeClaim, ctx: &Context) -> Result<Action, Error> {
     provision(&scheduled.claim, ctx, &scheduled.node_type, &tenant).await
 }
 
-/// One reconcile of a scheduled claim: what its stages read, and the status they change.
-pub(super) struct Provisioning<'a> {
-    /// The claim as this reconcile saw it.
-    claim: &'a NodeClaim,
-    /// The controllers' context.
-    ctx: &'a Context,
-    /// The node type the claim was scheduled to.
-    node_type: &'a PreparedType,
-    /// The tenant cluster.
-    tenant: &'a Remote,
-    /// The host cluster.
-    host: Arc<Remote>,
-    /// The host cluster's name.
-    host_cluster: String,
-    /// The VM's namespace on the host.
-    vm_ns: String,
-    /// The VM's name.
-    vm_name: String,
-    /// The claim's status as this reconcile changes it.
-    status: StatusWriter<'a>,
-    /// The claim's Node, once [`register`] found it.
-    node: Option<Arc<Node>>,
-}
-
-impl Provisioning<'_> {
-    /// The host cluster, as the stages use it.
-    fn host(&self) -> Host<'_> {
-        Host::new(self.ctx, &self.host)
-    }
-
-    /// The tenant cluster, as the stages use it.
-    fn tenant(&self) -> Tenant<'_> {
-        Tenant::new(self.ctx, self.tenant)
-    }
-
-    /// The provider ID the claim's Node carries.
-    fn provider_id(&self) -> String {
-        format!("kubevirt://{}", self.vm_name)
-    }
-}
-
-/// What a stage decided.
-pub(super) enum Step {
-    /// The stage is done: the next one runs.
-    Next,
-    /// The walk stops here: the status is written and the claim comes back as `Action` says
-    /// (or sooner, when a watch sees a change).
-    Stop(Action),
-    /// The claim failed for good (a timeout, its VM gone): it is marked Failed and its
-    /// remote objects are removed.
-    Fail {
-        /// The condition reason.
-        reason: ClaimReason,
-        /// What happened.
-        message: String,
-    },
-}
-
 /// Walks the stages of a scheduled claim and writes its status once.
 async fn provision(
     claim: &NodeClaim,
-    ctx: &Context,
+    ctx: &ClaimContext,
     node_type: &PreparedType,
     tenant: &Remote,
 ) -> Result<Action, Error> {
@@ -366,7 +327,7 @@ async fn remote_failure(
 /// Marks the claim Failed and removes its VM, Secret and token.
 async fn fail(
     claim: &NodeClaim,
-    ctx: &Context,
+    ctx: &ClaimContext,
     mut w: StatusWriter<'_>,
     reason: ClaimReason,
     message: String,
@@ -387,15 +348,4 @@ async fn fail(
         let _ = ctx.wake_types.unbounded_send(ObjectRef::new(t));
     }
     Ok(Action::requeue(Duration::from_secs(1)))
-}
-fn elapsed_since(since: k8s_openapi::jiff::Timestamp) -> Duration {
-    let ms = now().as_millisecond() - since.as_millisecond();
-    Duration::from_millis(ms.max(0) as u64)
-}
-
-fn remaining(limit: Duration, waited: Duration, cap: Duration) -> Duration {
-    limit
-        .saturating_sub(waited)
-        .min(cap)
-        .max(Duration::from_millis(500))
 }

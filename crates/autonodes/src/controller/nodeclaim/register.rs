@@ -10,8 +10,9 @@ use k8s_openapi::api::core::v1::Node;
 use kube::runtime::controller::Action;
 use kube::ResourceExt;
 
+use super::provisioning::{elapsed_since, remaining, uid, Provisioning, Step};
+use super::status::{JOINED, PROVISIONED};
 use super::tokens::delete_tokens;
-use super::{elapsed_since, remaining, uid, Provisioning, Step, JOINED, PROVISIONED};
 use crate::api::reasons::ClaimReason;
 use crate::controller::context::now;
 use crate::controller::error::Error;

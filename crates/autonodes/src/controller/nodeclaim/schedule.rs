@@ -11,13 +11,14 @@ use autonodes_core::access::{self, TenantNamespace};
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 
+use super::context::ClaimContext;
+use super::provisioning::uid;
 use super::status::StatusWriter;
-use super::{uid, PROVISIONED, SCHEDULED};
+use super::status::{PROVISIONED, SCHEDULED};
 use crate::api::reasons::ClaimReason;
 use crate::api::{NodeClaim, NodeClaimSpec};
 use crate::conditions;
 use crate::controller::catalogue::catalogue;
-use crate::controller::context::Context;
 use crate::controller::error::Error;
 use crate::ledger::ClaimedLedger;
 use crate::quota::{self, PreparedQuota, Usage};
@@ -49,7 +50,7 @@ const RETRY: Duration = Duration::from_secs(60);
 const HOST_CAPACITY_RETRY: Duration = Duration::from_secs(10);
 
 /// Chooses a type for the claim (or returns the one already chosen).
-pub(super) async fn schedule(claim: &NodeClaim, ctx: &Context) -> Result<Schedule, Error> {
+pub(super) async fn schedule(claim: &NodeClaim, ctx: &ClaimContext) -> Result<Schedule, Error> {
     let status = claim.status.clone().unwrap_or_default();
     if let Some(type_ref) = status.type_ref.clone() {
         let catalogue = catalogue(ctx);
@@ -256,7 +257,7 @@ pub(super) async fn schedule(claim: &NodeClaim, ctx: &Context) -> Result<Schedul
 /// The watch caches of the host clusters the claim's candidate types use (each read once
 /// per decision; an unknown host is not checked).
 async fn host_snapshots(
-    ctx: &Context,
+    ctx: &ClaimContext,
     request: &ClaimRequest,
 ) -> HashMap<String, Result<HostSnapshot, String>> {
     let clusters: BTreeSet<String> = catalogue(ctx)
@@ -277,7 +278,7 @@ async fn host_snapshots(
 /// zones): the claim's own zone, or the least-used one the type offers it that has room;
 /// else `HostCapacityExhausted` saying what is missing.
 fn host_zone(
-    ctx: &Context,
+    ctx: &ClaimContext,
     t: &PreparedType,
     claim: &NodeClaimSpec,
     request: &ClaimRequest,

@@ -11,7 +11,7 @@ use kube::api::Api;
 use kube::runtime::events::EventType;
 use kube::ResourceExt;
 
-use super::{JOINED, PROVISIONED, READY, SCHEDULED};
+use super::context::ClaimContext;
 use crate::api::reasons::{ClaimCondition, ClaimReason};
 use crate::api::{NodeClaim, NodeClaimPhase, NodeClaimStatus};
 use crate::conditions::{self, status_of, TRUE};
@@ -19,6 +19,19 @@ use crate::controller::context::{now, Context};
 use crate::controller::error::Error;
 use crate::controller::status::apply_status;
 use crate::controller::status::report_changes;
+
+/// Condition: a node type was chosen.
+pub const SCHEDULED: ClaimCondition = ClaimCondition::Scheduled;
+/// Condition: the VM runs.
+pub const PROVISIONED: ClaimCondition = ClaimCondition::Provisioned;
+/// Condition: the VM's Node registered in the tenant.
+pub const JOINED: ClaimCondition = ClaimCondition::Joined;
+/// Condition: the Node was Ready without startup taints once (stays True).
+pub const INITIALIZED: ClaimCondition = ClaimCondition::Initialized;
+/// Condition: the Node is Ready and no startup taint is left.
+pub const READY: ClaimCondition = ClaimCondition::Ready;
+/// Condition (only while True): the node type changed since the claim was scheduled.
+pub const DRIFTED: ClaimCondition = ClaimCondition::Drifted;
 
 /// How long a stage reached before the last one (the VM running, the Node joined but not
 /// Ready yet) waits before it is written: stages reached meanwhile go out with it (a VM
@@ -28,15 +41,15 @@ use crate::controller::status::report_changes;
 pub const STATUS_WRITE_GAP: Duration = Duration::from_secs(5);
 
 /// Collects the changes of one reconcile to a claim's status and writes them at once.
-pub(super) struct StatusWriter<'a> {
+pub struct StatusWriter<'a> {
     claim: &'a NodeClaim,
-    ctx: &'a Context,
+    ctx: &'a ClaimContext,
     old: NodeClaimStatus,
     pub(super) new: NodeClaimStatus,
 }
 
 impl<'a> StatusWriter<'a> {
-    pub(super) fn new(claim: &'a NodeClaim, ctx: &'a Context) -> Self {
+    pub(super) fn new(claim: &'a NodeClaim, ctx: &'a ClaimContext) -> Self {
         let old = claim.status.clone().unwrap_or_default();
         StatusWriter {
             claim,

@@ -11,12 +11,14 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 
+use super::context::ClaimContext;
+use super::provisioning::{elapsed_since, uid};
 use super::status::StatusWriter;
+use super::status::READY;
 use super::tokens::delete_tokens;
-use super::{elapsed_since, uid, READY};
 use crate::api::reasons::ClaimReason;
 use crate::api::{NodeClaim, NodeClaimPhase};
-use crate::controller::context::{now, Context};
+use crate::controller::context::now;
 use crate::controller::error::Error;
 use crate::remote::clients::ClientError;
 use crate::remote::host::Host;
@@ -43,7 +45,7 @@ pub(super) enum Removal {
 /// drain, and the Node and token left in the tenant are the tenant's (the token expires).
 pub(super) async fn remove_remote_objects(
     claim: &NodeClaim,
-    ctx: &Context,
+    ctx: &ClaimContext,
     drain: bool,
 ) -> Result<Removal, Error> {
     let status = claim.status.clone().unwrap_or_default();
@@ -172,7 +174,7 @@ fn going_since(claim: &NodeClaim) -> Option<k8s_openapi::jiff::Timestamp> {
 
 /// Records that the tenant's part of the cleanup is skipped: the tenant kept failing
 /// (`e`, shown by its coarse reason only) for longer than `--drain-timeout`.
-async fn skip_tenant(claim: &NodeClaim, ctx: &Context, e: &Error) {
+async fn skip_tenant(claim: &NodeClaim, ctx: &ClaimContext, e: &Error) {
     let reason = e.cluster_reason().map_or("an error", ClaimReason::as_str);
     tracing::warn!(nodeclaim = %claim.name_any(), namespace = %claim.namespace().unwrap_or_default(), %reason, error = %e, "the tenant blocks the cleanup; going on without it");
     ctx.event(
@@ -193,7 +195,7 @@ async fn skip_tenant(claim: &NodeClaim, ctx: &Context, e: &Error) {
 /// waits for, or None when the Node may be deleted (drained, or the drain timed out).
 async fn drain_node(
     claim: &NodeClaim,
-    ctx: &Context,
+    ctx: &ClaimContext,
     tenant: &Tenant<'_>,
     node: &Node,
 ) -> Result<Option<String>, Error> {
@@ -274,7 +276,7 @@ async fn evict_all(tenant: &Tenant<'_>, pods: &[&Pod]) -> Result<(), Error> {
 
 /// How long the claim's drain may take: its pool's `terminationGracePeriod` (`None` for
 /// `Never`), else the controller's `--drain-timeout`.
-fn drain_timeout(claim: &NodeClaim, ctx: &Context) -> Option<std::time::Duration> {
+fn drain_timeout(claim: &NodeClaim, ctx: &ClaimContext) -> Option<std::time::Duration> {
     let pool = claim
         .labels()
         .get(crate::api::LABEL_NODEPOOL)
@@ -300,7 +302,7 @@ fn evictable(p: &Pod) -> bool {
 }
 
 /// Removes everything the claim has in other clusters; `Ok` releases the finalizer.
-pub(super) async fn cleanup(claim: &NodeClaim, ctx: &Context) -> Result<Action, Error> {
+pub(super) async fn cleanup(claim: &NodeClaim, ctx: &ClaimContext) -> Result<Action, Error> {
     if let Some(uid) = claim.uid() {
         if ctx.scheduling.lock().await.released.contains(&uid) {
             // Cleaned up already; this run saw a cached copy from before the finalizer was

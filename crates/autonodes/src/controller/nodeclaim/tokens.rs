@@ -9,12 +9,27 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::ByteString;
 use kube::ResourceExt;
 
-use super::{claim_labels, uid, TOKEN_GROUP, TOKEN_NAMESPACE};
+use super::context::ClaimContext;
+use super::provisioning::uid;
 use crate::api::NodeClaim;
-use crate::controller::context::{now, Context};
+use crate::controller::context::now;
 use crate::controller::error::Error;
 use crate::remote::tenant::Tenant;
+use crate::remote::watched::TOKEN_NAMESPACE;
 use crate::userdata::BootstrapToken;
+
+/// Group a bootstrap token authenticates as (kubeadm's default node token group).
+pub const TOKEN_GROUP: &str = "system:bootstrappers:kubeadm:default-node-token";
+
+/// The labels of every object autonodes creates for `claim`, as `installation` makes it.
+pub fn claim_labels(claim: &NodeClaim, installation: &str) -> BTreeMap<String, String> {
+    crate::template::managed_labels(
+        &claim.name_any(),
+        &claim.namespace().unwrap_or_default(),
+        claim.uid().as_deref().unwrap_or_default(),
+        installation,
+    )
+}
 
 /// A fresh random bootstrap token.
 fn new_token() -> BootstrapToken {
@@ -59,7 +74,7 @@ pub(super) struct Token {
 /// deleting any other (at most one live token per claim).
 pub(super) async fn ensure_token(
     claim: &NodeClaim,
-    ctx: &Context,
+    ctx: &ClaimContext,
     tenant: &Tenant<'_>,
 ) -> Result<Token, Error> {
     let uid = uid(claim)?;

@@ -1,0 +1,99 @@
+//! What the stages of one reconcile of a scheduled claim share ([`Provisioning`]), what a
+//! stage decides ([`Step`]), and the small helpers they have in common.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::runtime::controller::Action;
+use kube::ResourceExt;
+
+use super::context::ClaimContext;
+use super::status::StatusWriter;
+use crate::api::reasons::ClaimReason;
+use crate::api::NodeClaim;
+use crate::controller::context::now;
+use crate::controller::error::Error;
+use crate::remote::clients::Remote;
+use crate::remote::host::Host;
+use crate::remote::tenant::Tenant;
+use crate::scheduling::PreparedType;
+
+/// One reconcile of a scheduled claim: what its stages read, and the status they change.
+pub struct Provisioning<'a> {
+    /// The claim as this reconcile saw it.
+    pub claim: &'a NodeClaim,
+    /// The controllers' context.
+    pub ctx: &'a ClaimContext,
+    /// The node type the claim was scheduled to.
+    pub node_type: &'a PreparedType,
+    /// The tenant cluster.
+    pub tenant: &'a Remote,
+    /// The host cluster.
+    pub host: Arc<Remote>,
+    /// The host cluster's name.
+    pub host_cluster: String,
+    /// The VM's namespace on the host.
+    pub vm_ns: String,
+    /// The VM's name.
+    pub vm_name: String,
+    /// The claim's status as this reconcile changes it.
+    pub status: StatusWriter<'a>,
+    /// The claim's Node, once [`register`] found it.
+    pub node: Option<Arc<Node>>,
+}
+
+impl Provisioning<'_> {
+    /// The host cluster, as the stages use it.
+    pub fn host(&self) -> Host<'_> {
+        Host::new(self.ctx, &self.host)
+    }
+
+    /// The tenant cluster, as the stages use it.
+    pub fn tenant(&self) -> Tenant<'_> {
+        Tenant::new(self.ctx, self.tenant)
+    }
+
+    /// The provider ID the claim's Node carries.
+    pub fn provider_id(&self) -> String {
+        format!("kubevirt://{}", self.vm_name)
+    }
+}
+
+/// What a stage decided.
+pub enum Step {
+    /// The stage is done: the next one runs.
+    Next,
+    /// The walk stops here: the status is written and the claim comes back as `Action` says
+    /// (or sooner, when a watch sees a change).
+    Stop(Action),
+    /// The claim failed for good (a timeout, its VM gone): it is marked Failed and its
+    /// remote objects are removed.
+    Fail {
+        /// The condition reason.
+        reason: ClaimReason,
+        /// What happened.
+        message: String,
+    },
+}
+
+/// The claim's UID (the API server always sets it).
+pub fn uid(claim: &NodeClaim) -> Result<String, Error> {
+    claim
+        .uid()
+        .ok_or_else(|| Error::Missing(format!("NodeClaim {}", claim.name_any()), "metadata.uid"))
+}
+
+/// How long ago `since` was (zero for a time in the future).
+pub fn elapsed_since(since: k8s_openapi::jiff::Timestamp) -> Duration {
+    let ms = now().as_millisecond() - since.as_millisecond();
+    Duration::from_millis(ms.max(0) as u64)
+}
+
+/// How long to wait for a stage with `limit` after `waited`: what is left, at most `cap`, at least half a second.
+pub fn remaining(limit: Duration, waited: Duration, cap: Duration) -> Duration {
+    limit
+        .saturating_sub(waited)
+        .min(cap)
+        .max(Duration::from_millis(500))
+}

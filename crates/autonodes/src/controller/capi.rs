@@ -30,31 +30,34 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use autonodes_core::capi::{
-    self, ClaimNames, MachineWrite, NodePoolWrite, PoolMirror, ReplicaSource,
-};
+use autonodes_core::capi::{self, MachineWrite, NodePoolWrite, PoolMirror, ReplicaSource};
 use autonodes_core::pool::{pack::MAX_PODS_PER_NODE, template_spec, ANNOTATION_DELETE_FIRST};
 use futures::channel::mpsc;
 use futures::StreamExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as RunConfig};
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::Controller;
 use kube::{Resource, ResourceExt};
 
 use super::lenient;
 use super::reflectors::Touched;
 use crate::api::capi::*;
-use crate::api::reasons::ClaimCondition;
 use crate::api::{NodeClaim, NodePool, NodeType};
 use crate::controller::context::Context;
 use crate::controller::error::Error;
 
+pub mod context;
+
 mod removal;
 mod write;
+
+use crate::controller::reconciler::{self, Reconciler};
+pub use context::FIELD_MANAGER;
+use context::{CapiContext, CLAIM_NAMES};
 
 use removal::{remove_mirror, sweep_loop};
 use write::{
@@ -66,32 +69,9 @@ pub use autonodes_core::capi::{
     format_taint, AUTOSCALING, REASON_INVALID_BOUNDS, REASON_MIRRORED, REASON_REPLICAS_REQUIRED,
 };
 
-/// Field manager of the mirror's writes (distinct from the other controllers', so
-/// server-side apply never drops what they own).
-pub const FIELD_MANAGER: &str = "autonodes-capi";
-
-/// What the mirror reads on NodeClaims, as the claim and pool controllers name it.
-const CLAIM_NAMES: ClaimNames = ClaimNames {
-    delete_first: ANNOTATION_DELETE_FIRST,
-    ready: ClaimCondition::Ready.as_str(),
-    provisioned: ClaimCondition::Provisioned.as_str(),
-};
-
 /// [`capi::owner_named`] of any object (the watches map Machines and claims to their pool).
 fn owner_named<K: Resource>(obj: &K, kind: &str) -> Option<String> {
     capi::owner_named(obj.meta(), kind)
-}
-
-/// Shared state of the mirror.
-pub struct CapiContext {
-    /// The controllers' shared context.
-    pub ctx: Arc<Context>,
-    /// Every NodePool (the mirror's own reflector).
-    pub pools: Store<NodePool>,
-    /// Every MachinePool.
-    pub machine_pools: Store<MachinePool>,
-    /// Every Machine.
-    pub machines: Store<Machine>,
 }
 
 /// Runs the mirror until `shutdown` resolves. It is woken by its NodePools, their
@@ -158,36 +138,29 @@ pub async fn run(
     )
     .with_config(RunConfig::default().debounce(Duration::from_millis(200)))
     .graceful_shutdown_on(shutdown)
-    .run(reconcile, error_policy, cctx)
+    .run(
+        reconciler::reconcile::<CapiContext>,
+        reconciler::error_policy::<CapiContext>,
+        cctx,
+    )
     .for_each(crate::controller::reconciler::log_run_error)
     .await;
     drop(sweep_tx);
     sweeper.abort();
 }
 
-/// Reconciles the mirror of one NodePool.
-pub async fn reconcile(pool: Arc<NodePool>, cctx: Arc<CapiContext>) -> Result<Action, Error> {
-    let started = Instant::now();
-    let result = reconcile_pool(&pool, &cctx).await;
-    cctx.ctx
-        .metrics
-        .observe_reconcile("machinepool", started, &result);
-    result
-}
+impl Reconciler for CapiContext {
+    type Object = NodePool;
+    const NAME: &'static str = "machinepool";
+    const DOING: &'static str = "mirroring NodePool as MachinePool";
 
-/// Logs the error; the pool is retried with backoff.
-pub fn error_policy(pool: Arc<NodePool>, error: &Error, _cctx: Arc<CapiContext>) -> Action {
-    if error.is_conflict() {
-        tracing::debug!(%error, "stale read; mirroring the pool again");
-    } else {
-        tracing::warn!(
-            nodepool = %pool.name_any(),
-            namespace = %pool.namespace().unwrap_or_default(),
-            %error,
-            "mirroring NodePool as MachinePool failed"
-        );
+    fn context(&self) -> &Context {
+        &self.ctx
     }
-    crate::controller::error::error_requeue(error)
+
+    async fn reconcile(&self, pool: Arc<NodePool>) -> Result<Action, Error> {
+        reconcile_pool(&pool, self).await
+    }
 }
 
 async fn reconcile_pool(pool: &NodePool, cctx: &CapiContext) -> Result<Action, Error> {

@@ -12,8 +12,8 @@ use kube::api::{Api, DeleteParams, ListParams};
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 
+use super::context::{CapiContext, CLAIM_NAMES};
 use super::write::{delete_machine, write_mark};
-use super::{CapiContext, CLAIM_NAMES};
 use crate::api::capi::{Machine, MachinePool, LABEL_POOL_NAME};
 use crate::api::{NodeClaim, NodePool};
 use crate::controller::context::Context;

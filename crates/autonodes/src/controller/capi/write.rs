@@ -9,11 +9,12 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::{AUTOSCALING, FIELD_MANAGER};
+use super::context::FIELD_MANAGER;
 use crate::api::capi::{Machine, ANNOTATION_SYNCED_REPLICAS};
 use crate::api::{NodeClaim, NodePool};
 use crate::controller::context::Context;
 use crate::controller::error::Error;
+use autonodes_core::capi::AUTOSCALING;
 use autonodes_core::pool::ANNOTATION_DELETE_FIRST;
 
 /// Parameters of the mirror's merge patches (its own field manager).

@@ -18,7 +18,7 @@ use kube::runtime::events::EventType;
 use kube::ResourceExt;
 use serde_json::json;
 
-use super::PoolContext;
+use super::context::PoolContext;
 use crate::api::{NodeClaim, NodePool, NodePoolStatus};
 use crate::controller::context::{now, Context};
 use crate::controller::error::Error;

@@ -24,13 +24,13 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use autonodes_core::pool::reconcile::{plan_pool, Observed};
-use futures::channel::mpsc::{self, UnboundedSender};
+use futures::channel::mpsc::{self};
 use futures::StreamExt;
 use kube::runtime::controller::{Action, Config as RunConfig};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::Controller;
 use kube::{Resource, ResourceExt};
 use tokio::sync::Mutex;
@@ -38,25 +38,15 @@ use tokio::sync::Mutex;
 use crate::api::NodePool;
 use crate::controller::context::{now, Context};
 use crate::controller::error::Error;
-use crate::remote::clients::ClusterKey;
+
+pub mod context;
 
 mod act;
 mod observe;
 mod tenant;
 
-/// Shared state of the NodePool controller.
-pub struct PoolContext {
-    /// The controllers' shared context.
-    pub ctx: Arc<Context>,
-    /// Every NodePool (the controller's reflector).
-    pub pools: Store<NodePool>,
-    /// Wakes pools (tenant pod and node changes).
-    pub wake: UnboundedSender<ObjectRef<NodePool>>,
-    /// Watches on tenant clusters, by tenant: the client they use and their tasks.
-    watches: Mutex<HashMap<ClusterKey, tenant::TenantWatch>>,
-    /// Pools whose gauges are set (to remove those of deleted pools).
-    gauges: std::sync::Mutex<BTreeSet<String>>,
-}
+use crate::controller::reconciler::{self, Reconciler};
+use context::PoolContext;
 
 /// Runs the NodePool controller until `shutdown` resolves: it owns NodeClaims (a claim's
 /// change wakes its pool) and is woken by the tenant pod and node watches of dynamic pools.
@@ -79,34 +69,27 @@ pub async fn run(
         .reconcile_on(wakeups)
         .with_config(RunConfig::default().debounce(Duration::from_millis(300)))
         .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, pctx)
+        .run(
+            reconciler::reconcile::<PoolContext>,
+            reconciler::error_policy::<PoolContext>,
+            pctx,
+        )
         .for_each(crate::controller::reconciler::log_run_error)
         .await;
 }
 
-/// Reconciles one NodePool.
-pub async fn reconcile(pool: Arc<NodePool>, pctx: Arc<PoolContext>) -> Result<Action, Error> {
-    let started = Instant::now();
-    let result = reconcile_pool(&pool, &pctx).await;
-    pctx.ctx
-        .metrics
-        .observe_reconcile("nodepool", started, &result);
-    result
-}
+impl Reconciler for PoolContext {
+    type Object = NodePool;
+    const NAME: &'static str = "nodepool";
+    const DOING: &'static str = "reconciling NodePool";
 
-/// Logs the error; the pool is retried with backoff.
-pub fn error_policy(pool: Arc<NodePool>, error: &Error, _pctx: Arc<PoolContext>) -> Action {
-    if error.is_conflict() {
-        tracing::debug!(%error, "stale read; reconciling the pool again");
-    } else {
-        tracing::warn!(
-            nodepool = %pool.name_any(),
-            namespace = %pool.namespace().unwrap_or_default(),
-            %error,
-            "reconciling NodePool failed"
-        );
+    fn context(&self) -> &Context {
+        &self.ctx
     }
-    crate::controller::error::error_requeue(error)
+
+    async fn reconcile(&self, pool: Arc<NodePool>) -> Result<Action, Error> {
+        reconcile_pool(&pool, self).await
+    }
 }
 
 async fn reconcile_pool(pool: &NodePool, pctx: &PoolContext) -> Result<Action, Error> {

@@ -17,7 +17,8 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 
-use super::{tenant, PoolContext};
+use super::context::PoolContext;
+use super::tenant;
 use crate::api::reasons::PoolReason;
 use crate::api::{NodeClaim, NodePool, Overhead};
 use crate::controller::context::Context;

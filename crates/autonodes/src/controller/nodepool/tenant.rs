@@ -13,25 +13,11 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::ResourceExt;
 
-use super::PoolContext;
+use super::context::{PoolContext, TenantWatch};
 use crate::api::reasons::PoolReason;
 use crate::controller::context::Context;
 use crate::remote::calls::remote_call;
 use crate::remote::clients::{ClusterKey, Remote};
-
-/// The watches of one tenant: the client they use and their tasks (stopped when dropped).
-pub(super) struct TenantWatch {
-    remote: Arc<Remote>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl Drop for TenantWatch {
-    fn drop(&mut self) {
-        for t in &self.tasks {
-            t.abort();
-        }
-    }
-}
 
 /// Objects per page when a dynamic pool lists its tenant's pods and nodes.
 const PAGE: u32 = 100;

@@ -1,0 +1,35 @@
+//! The mirror's state beside the shared [`Context`], and the names its files share.
+
+use std::sync::Arc;
+
+use autonodes_core::capi::ClaimNames;
+use autonodes_core::pool::ANNOTATION_DELETE_FIRST;
+use kube::runtime::reflector::Store;
+
+use crate::api::capi::{Machine, MachinePool};
+use crate::api::reasons::ClaimCondition;
+use crate::api::NodePool;
+use crate::controller::context::Context;
+
+/// Field manager of the mirror's writes (distinct from the other controllers', so
+/// server-side apply never drops what they own).
+pub const FIELD_MANAGER: &str = "autonodes-capi";
+
+/// What the mirror reads on NodeClaims, as the claim and pool controllers name it.
+pub const CLAIM_NAMES: ClaimNames = ClaimNames {
+    delete_first: ANNOTATION_DELETE_FIRST,
+    ready: ClaimCondition::Ready.as_str(),
+    provisioned: ClaimCondition::Provisioned.as_str(),
+};
+
+/// Shared state of the mirror.
+pub struct CapiContext {
+    /// The controllers' shared context.
+    pub ctx: Arc<Context>,
+    /// Every NodePool (the mirror's own reflector).
+    pub pools: Store<NodePool>,
+    /// Every MachinePool.
+    pub machine_pools: Store<MachinePool>,
+    /// Every Machine.
+    pub machines: Store<Machine>,
+}

@@ -1,0 +1,42 @@
+//! The NodePool controller's state beside the shared [`Context`].
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use futures::channel::mpsc::UnboundedSender;
+use kube::runtime::reflector::{ObjectRef, Store};
+use tokio::sync::Mutex;
+
+use crate::api::NodePool;
+use crate::controller::context::Context;
+use crate::remote::clients::{ClusterKey, Remote};
+
+/// Shared state of the NodePool controller.
+pub struct PoolContext {
+    /// The controllers' shared context.
+    pub ctx: Arc<Context>,
+    /// Every NodePool (the controller's reflector).
+    pub pools: Store<NodePool>,
+    /// Wakes pools (tenant pod and node changes).
+    pub wake: UnboundedSender<ObjectRef<NodePool>>,
+    /// Watches on tenant clusters, by tenant: the client they use and their tasks.
+    pub(super) watches: Mutex<HashMap<ClusterKey, TenantWatch>>,
+    /// Pools whose gauges are set (to remove those of deleted pools).
+    pub(super) gauges: std::sync::Mutex<BTreeSet<String>>,
+}
+
+/// The watches of one tenant: the client they use and their tasks (stopped when dropped).
+pub struct TenantWatch {
+    /// The tenant client the watches use.
+    pub(super) remote: Arc<Remote>,
+    /// The watch tasks.
+    pub(super) tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for TenantWatch {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}

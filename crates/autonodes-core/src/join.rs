@@ -65,6 +65,16 @@ fn json_pointer_escape(key: &str) -> String {
     key.replace('~', "~0").replace('/', "~1")
 }
 
+/// What a node must know of its tenant before it joins, read at most once a minute per
+/// tenant (by the controller, from the tenant).
+#[derive(Clone, Debug)]
+pub struct JoinInfo {
+    /// Where the tenant says nodes join.
+    pub published: Published,
+    /// The tenant's Kubernetes version (its `/version`), or why it is not one.
+    pub version: Result<crate::kubeversion::KubeVersion, String>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

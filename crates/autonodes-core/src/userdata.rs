@@ -855,6 +855,15 @@ pub fn render_user_data(input: &UserDataInput<'_>) -> Result<String, UserDataErr
     Ok(text)
 }
 
+/// Accepts a download base URL the user data can use ([`is_download_url`]).
+pub fn parse_download_url(s: &str) -> Result<String, String> {
+    if is_download_url(s) {
+        Ok(s.trim_end_matches('/').to_string())
+    } else {
+        Err("expected http(s)://host[:port][/path] of letters, digits and .-_/:[]~%".to_string())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

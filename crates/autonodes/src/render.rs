@@ -394,7 +394,7 @@ pub struct RenderArgs {
     /// Where a stock image downloads the kubelet and kubeadm (as `autonodes run
     /// --kubernetes-download-url`).
     #[arg(long = "kubernetes-download-url", value_name = "URL", default_value = userdata::DEFAULT_DOWNLOAD_URL,
-          value_parser = crate::run::parse_download_url)]
+          value_parser = crate::userdata::parse_download_url)]
     pub kubernetes_download_url: String,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Yaml)]

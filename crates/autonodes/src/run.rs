@@ -63,8 +63,8 @@ pub struct RunArgs {
     /// `vc-<name>` kubeconfig Secret) become NodePools: `*` every namespace, a
     /// comma-separated list, or `off`.
     #[arg(long, env = "AUTONODES_VCLUSTER_CONFIG_NAMESPACES", default_value = "*",
-          value_parser = crate::controller::vcluster_import::ImportScope::parse)]
-    pub vcluster_config_namespaces: crate::controller::vcluster_import::ImportScope,
+          value_parser = crate::controller::config::ImportScope::parse)]
+    pub vcluster_config_namespaces: crate::controller::config::ImportScope,
     /// Address of the /metrics, /healthz and /readyz server.
     #[arg(long, env = "AUTONODES_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     pub metrics_addr: SocketAddr,
@@ -104,7 +104,7 @@ pub struct RunArgs {
     /// of dl.k8s.io); point it at a mirror for air-gapped sites. A node type's
     /// `autonodes.io/kubernetes-download-url` property wins.
     #[arg(long, env = "AUTONODES_KUBERNETES_DOWNLOAD_URL", default_value = crate::userdata::DEFAULT_DOWNLOAD_URL,
-          value_parser = parse_download_url)]
+          value_parser = crate::userdata::parse_download_url)]
     pub kubernetes_download_url: String,
     /// The most live NodeClaims pools may bring one namespace to; a pool at the cap
     /// reports `LimitReached=True` (reason `NamespaceClaimLimit`) and creates no more.
@@ -147,15 +147,6 @@ pub struct RunArgs {
 
 /// A list of networks, as a flag takes it.
 pub type CidrList = Vec<Cidr>;
-
-/// Accepts a download base URL the user data can use ([`crate::userdata::is_download_url`]).
-pub fn parse_download_url(s: &str) -> Result<String, String> {
-    if crate::userdata::is_download_url(s) {
-        Ok(s.trim_end_matches('/').to_string())
-    } else {
-        Err("expected http(s)://host[:port][/path] of letters, digits and .-_/:[]~%".to_string())
-    }
-}
 
 /// Accepts an installation id: empty (the namespace's UID), or a label value (at most 63
 /// letters, digits, `-`, `_` or `.`, starting and ending with a letter or digit).

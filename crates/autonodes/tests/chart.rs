@@ -450,7 +450,7 @@ async fn a_controller_with_only_the_charts_rbac_provisions_a_claim_and_cleans_it
     // As the chart runs it: the vCluster import on, in the listed tenant namespace.
     let mut config = world.config.clone();
     config.vcluster_import =
-        autonodes::controller::vcluster_import::ImportScope::Namespaces(vec![NS.to_string()]);
+        autonodes::controller::config::ImportScope::Namespaces(vec![NS.to_string()]);
     let task = tokio::spawn(async move {
         let options = RunOptions {
             metrics_addr: "127.0.0.1:0".parse().expect("address"),

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use autonodes::api::NodePool;
-use autonodes::controller::vcluster_import::ImportScope;
+use autonodes::controller::config::ImportScope;
 use autonodes_testenv::simulator::SimMode;
 use common::world::*;
 use k8s_openapi::api::core::v1::{Node, Secret};

@@ -2,7 +2,6 @@
 
 use std::time::Duration;
 
-use super::vcluster_import;
 use crate::kubeconfig::KubeconfigPolicy;
 
 /// Settings of the controllers (from `autonodes run` flags).
@@ -27,7 +26,7 @@ pub struct ControllerConfig {
     /// How often the orphan sweep looks for objects whose claim is gone.
     pub orphan_sweep_interval: Duration,
     /// Which namespaces' vCluster configurations (`vc-config-*` Secrets) become NodePools.
-    pub vcluster_import: vcluster_import::ImportScope,
+    pub vcluster_import: ImportScope,
     /// Where stock images download the kubelet and kubeadm (`--kubernetes-download-url`).
     pub kubernetes_download_url: String,
     /// The most live claims pools may bring one namespace to
@@ -63,7 +62,7 @@ impl Default for ControllerConfig {
             drain_timeout: Duration::from_secs(120),
             kubeconfig_policy: KubeconfigPolicy::default(),
             orphan_sweep_interval: Duration::from_secs(300),
-            vcluster_import: vcluster_import::ImportScope::Off,
+            vcluster_import: ImportScope::Off,
             kubernetes_download_url: crate::userdata::DEFAULT_DOWNLOAD_URL.to_string(),
             max_claims_per_namespace:
                 autonodes_core::pool::limits::DEFAULT_MAX_CLAIMS_PER_NAMESPACE,
@@ -72,5 +71,41 @@ impl Default for ControllerConfig {
             egress: crate::remote::egress::Egress::default(),
             management_server: None,
         }
+    }
+}
+
+/// Which namespaces' vCluster configurations are imported.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ImportScope {
+    /// None: the import is off.
+    #[default]
+    Off,
+    /// Every namespace.
+    All,
+    /// These namespaces.
+    Namespaces(Vec<String>),
+}
+
+impl ImportScope {
+    /// Reads the flag: empty or `off` is off, `*` every namespace, else a comma-separated
+    /// list of namespaces.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        if s.is_empty() || s == "off" {
+            return Ok(ImportScope::Off);
+        }
+        if s == "*" {
+            return Ok(ImportScope::All);
+        }
+        let namespaces: Vec<String> = s
+            .split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .map(str::to_string)
+            .collect();
+        if let Some(bad) = namespaces.iter().find(|n| !crate::names::is_dns_label(n)) {
+            return Err(format!("{bad:?} is not a namespace name"));
+        }
+        Ok(ImportScope::Namespaces(namespaces))
     }
 }

@@ -60,7 +60,7 @@ pub struct Context {
     /// Each tenant's published join address and version, and when they were read
     /// ([`crate::remote::tenant::Tenant::join_info`]).
     pub published_joins: std::sync::Mutex<
-        std::collections::HashMap<String, (std::time::Instant, crate::remote::tenant::JoinInfo)>,
+        std::collections::HashMap<String, (std::time::Instant, crate::join::JoinInfo)>,
     >,
     /// Claims this process created, deleted or annotated that the claim store does not show
     /// yet ([`Context::claims_in`]).
@@ -73,7 +73,7 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// True once the claim, type and provider stores hold their first full list.
     pub synced: tokio::sync::watch::Receiver<bool>,
-    /// Where watches send objects they cannot decode ([`lenient::report`]).
+    /// Where watches send objects they cannot decode ([`super::invalid::report`]).
     pub reports: lenient::Reports,
 }
 

@@ -5,7 +5,6 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
-use crate::remote::calls;
 use crate::remote::clients::{remote_error_text, ClientError};
 
 /// Errors a reconcile returns (transient: the object is retried with backoff). Bad input
@@ -108,7 +107,7 @@ impl Error {
             Error::Client(c) => c.reason().into(),
             Error::Remote {
                 on_host, source, ..
-            } => match (on_host, calls::forbidden(source)) {
+            } => match (on_host, crate::remote::clients::forbidden(source)) {
                 (true, true) => R::HostForbidden,
                 (true, false) => R::HostUnreachable,
                 (false, true) => R::TenantForbidden,

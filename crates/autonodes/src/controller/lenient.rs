@@ -9,28 +9,23 @@
 //! error, a Warning Event, and a log line.
 
 use futures::channel::mpsc;
-use futures::{Stream, StreamExt, TryStreamExt};
+use futures::{Stream, TryStreamExt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::NamespaceResourceScope;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams};
-use kube::runtime::events::EventType;
+use kube::api::{Api, ApiResource, ListParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, Resource};
 use serde::de::{DeserializeOwned, Error as _};
 use serde::{Deserialize, Deserializer};
 use std::borrow::Cow;
-use std::sync::Arc;
-
-use crate::conditions;
-use crate::controller::context::Context;
 
 /// Condition reason (and Event reason) of an object the controller cannot decode.
 pub const REASON: &str = "InvalidSpec";
 
 /// Field manager of the `InvalidSpec` condition: apart from the controller's own, so
 /// writing it never drops status fields (a claim's VM and type) the controller owns.
-const FIELD_MANAGER: &str = "autonodes-invalid-spec";
+pub const FIELD_MANAGER: &str = "autonodes-invalid-spec";
 
 /// An object of kind `K` as read from the API: decoded, or its metadata and why not.
 #[derive(Clone, Debug)]
@@ -183,23 +178,20 @@ where
     K: 'static,
 {
     let resource = ApiResource::erase::<K>(&());
-    watcher(
-        api_all::<K>(client),
-        crate::controller::reflectors::watch_config(),
-    )
-    .default_backoff()
-    .map_ok(move |event| {
-        let (event, stale, invalid) = split(event, &cache);
-        if let (Some(object), Some(reports)) = (invalid, reports.as_ref()) {
-            let _ = reports.unbounded_send(Report {
-                resource: resource.clone(),
-                object,
-            });
-        }
-        let stale = stale.map(watcher::Event::Delete);
-        futures::stream::iter(stale.into_iter().chain(event).map(Ok))
-    })
-    .try_flatten()
+    watcher(api_all::<K>(client), watch_config())
+        .default_backoff()
+        .map_ok(move |event| {
+            let (event, stale, invalid) = split(event, &cache);
+            if let (Some(object), Some(reports)) = (invalid, reports.as_ref()) {
+                let _ = reports.unbounded_send(Report {
+                    resource: resource.clone(),
+                    object,
+                });
+            }
+            let stale = stale.map(watcher::Event::Delete);
+            futures::stream::iter(stale.into_iter().chain(event).map(Ok))
+        })
+        .try_flatten()
 }
 
 /// A watch event of `Lenient<K>` as the typed event to pass on (none for an undecodable
@@ -232,81 +224,9 @@ where
     }
 }
 
-/// Reports undecodable objects until the channel closes: an object whose stored status
-/// already says `InvalidSpec` with the same error is left alone, so each change is
-/// reported once (writing the condition changes the object, and the watch sees it again).
-pub async fn report(ctx: Arc<Context>, mut reports: mpsc::UnboundedReceiver<Report>) {
-    while let Some(r) = reports.next().await {
-        let message = conditions::bounded_message(format!("cannot be read: {}", r.object.error));
-        if already_reported(r.object.status.as_ref(), &message) {
-            continue;
-        }
-        let name = r.object.meta.name.clone().unwrap_or_default();
-        let namespace = r.object.meta.namespace.clone();
-        tracing::warn!(
-            kind = %r.resource.kind,
-            name = %name,
-            namespace = %namespace.clone().unwrap_or_default(),
-            error = %r.object.error,
-            "object cannot be decoded; it is not served until it is fixed"
-        );
-        if let Err(e) = write_condition(&ctx.client, &r, &message).await {
-            tracing::warn!(kind = %r.resource.kind, %name, error = %e, "writing the InvalidSpec condition failed");
-        }
-        let regarding = k8s_openapi::api::core::v1::ObjectReference {
-            api_version: Some(r.resource.api_version.clone()),
-            kind: Some(r.resource.kind.clone()),
-            name: Some(name),
-            namespace,
-            uid: r.object.meta.uid.clone(),
-            ..Default::default()
-        };
-        ctx.event_about(regarding, EventType::Warning, REASON, "Decode", message)
-            .await;
-    }
-}
-
-/// True when `status` holds `Ready=False` with reason [`REASON`] and `message`.
-fn already_reported(status: Option<&serde_json::Value>, message: &str) -> bool {
-    status
-        .and_then(|s| s.get("conditions"))
-        .and_then(|c| c.as_array())
-        .is_some_and(|list| {
-            list.iter().any(|c| {
-                c.get("type").and_then(|v| v.as_str()) == Some("Ready")
-                    && c.get("status").and_then(|v| v.as_str()) == Some(conditions::FALSE)
-                    && c.get("reason").and_then(|v| v.as_str()) == Some(REASON)
-                    && c.get("message").and_then(|v| v.as_str()) == Some(message)
-            })
-        })
-}
-
-/// Applies `Ready=False/InvalidSpec` to the object's status with this module's own field
-/// manager (the conditions are a list-map keyed by type: only `Ready` changes hands).
-async fn write_condition(client: &Client, r: &Report, message: &str) -> Result<(), kube::Error> {
-    let api: Api<DynamicObject> = match &r.object.meta.namespace {
-        Some(ns) => Api::namespaced_with(client.clone(), ns, &r.resource),
-        None => Api::all_with(client.clone(), &r.resource),
-    };
-    let patch = serde_json::json!({
-        "apiVersion": r.resource.api_version,
-        "kind": r.resource.kind,
-        "status": {"conditions": [{
-            "type": "Ready",
-            "status": conditions::FALSE,
-            "reason": REASON,
-            "message": message,
-            "lastTransitionTime": crate::controller::context::now().to_string(),
-            "observedGeneration": r.object.meta.generation,
-        }]},
-    });
-    api.patch_status(
-        r.object.meta.name.as_deref().unwrap_or_default(),
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await
-    .map(|_| ())
+/// The watcher configuration of every controller.
+pub fn watch_config() -> watcher::Config {
+    watcher::Config::default().any_semantic()
 }
 
 #[cfg(test)]
@@ -342,8 +262,6 @@ mod tests {
             "{}",
             i.error
         );
-        assert!(already_reported(i.status.as_ref(), "m"));
-        assert!(!already_reported(i.status.as_ref(), "other"));
     }
 
     #[test]

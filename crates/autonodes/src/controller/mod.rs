@@ -18,6 +18,7 @@ pub mod config;
 pub mod context;
 pub mod error;
 pub mod gauges;
+pub mod invalid;
 pub mod lenient;
 pub mod nodeclaim;
 pub mod nodepool;
@@ -123,7 +124,7 @@ pub async fn run(
         synced: synced_rx,
         reports: reports.clone(),
     });
-    tokio::spawn(lenient::report(ctx.clone(), reported));
+    tokio::spawn(invalid::report(ctx.clone(), reported));
     {
         let reflectors = reflectors.clone();
         let client = client.clone();

@@ -288,11 +288,6 @@ impl<K: Kind> Default for Reflector<K> {
     }
 }
 
-/// The watcher configuration of every controller.
-pub fn watch_config() -> watcher::Config {
-    watcher::Config::default().any_semantic()
-}
-
 /// The one watch and store of each of autonodes' kinds ([`reflectors`]).
 pub struct Reflectors {
     /// NodeClaims.

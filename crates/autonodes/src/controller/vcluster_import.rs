@@ -25,6 +25,7 @@ use kube::runtime::{watcher, Controller, WatchStreamExt};
 use kube::{Resource, ResourceExt};
 
 use crate::api::NodePool;
+use crate::controller::config::ImportScope;
 use crate::controller::context::Context;
 use crate::controller::error::Error;
 use crate::vcluster::{self, CONFIG_SECRET_KEY, CONFIG_SECRET_PREFIX};
@@ -33,42 +34,6 @@ use crate::vcluster::{self, CONFIG_SECRET_KEY, CONFIG_SECRET_PREFIX};
 const MANAGER: &str = "autonodes-vcluster-import";
 /// The label the vCluster chart puts on its Secrets (`app: vcluster`).
 const CHART_SELECTOR: &str = "app=vcluster";
-
-/// Which namespaces' vCluster configurations are imported.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum ImportScope {
-    /// None: the import is off.
-    #[default]
-    Off,
-    /// Every namespace.
-    All,
-    /// These namespaces.
-    Namespaces(Vec<String>),
-}
-
-impl ImportScope {
-    /// Reads the flag: empty or `off` is off, `*` every namespace, else a comma-separated
-    /// list of namespaces.
-    pub fn parse(s: &str) -> Result<Self, String> {
-        let s = s.trim();
-        if s.is_empty() || s == "off" {
-            return Ok(ImportScope::Off);
-        }
-        if s == "*" {
-            return Ok(ImportScope::All);
-        }
-        let namespaces: Vec<String> = s
-            .split(',')
-            .map(str::trim)
-            .filter(|n| !n.is_empty())
-            .map(str::to_string)
-            .collect();
-        if let Some(bad) = namespaces.iter().find(|n| !crate::names::is_dns_label(n)) {
-            return Err(format!("{bad:?} is not a namespace name"));
-        }
-        Ok(ImportScope::Namespaces(namespaces))
-    }
-}
 
 /// Runs the import until `shutdown` resolves (at once when the scope is off).
 pub async fn run(

@@ -43,11 +43,6 @@ pub async fn remote_call<T>(
     result.map_err(remote_err(remote, what))
 }
 
-/// A 401 or 403 from a cluster.
-pub fn forbidden(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == 401 || s.code == 403)
-}
-
 /// A 404 from a cluster.
 pub fn not_found(e: &Error) -> bool {
     matches!(e, Error::Remote { source: kube::Error::Api(s), .. } if s.code == 404)

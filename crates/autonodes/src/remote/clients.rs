@@ -667,6 +667,11 @@ fn redact(text: &str) -> String {
         .join(" ")
 }
 
+/// A 401 or 403 from a cluster.
+pub fn forbidden(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 401 || s.code == 403)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -21,16 +21,6 @@ use crate::remote::watched::TOKEN_NAMESPACE;
 /// How long a tenant's published join address is used before it is read again.
 pub const PUBLISHED_JOIN_TTL: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// What a node must know of its tenant before it joins, read at most once a minute per
-/// tenant ([`Tenant::join_info`]).
-#[derive(Clone, Debug)]
-pub struct JoinInfo {
-    /// Where the tenant says nodes join.
-    pub published: crate::join::Published,
-    /// The tenant's Kubernetes version (its `/version`), or why it is not one.
-    pub version: Result<crate::kubeversion::KubeVersion, String>,
-}
-
 /// A tenant cluster.
 pub struct Tenant<'a> {
     ctx: &'a Context,
@@ -48,7 +38,7 @@ impl<'a> Tenant<'a> {
     /// without that ConfigMap, or that does not let autonodes read it, publishes nothing
     /// (its kubeconfig's server is the join address); what it publishes in a form autonodes
     /// refuses is logged and not used. With it, the tenant's version from its `/version`.
-    pub async fn join_info(&self) -> Result<JoinInfo, Error> {
+    pub async fn join_info(&self) -> Result<crate::join::JoinInfo, Error> {
         let key = self.remote.key.to_string();
         if let Ok(cache) = self.ctx.published_joins.lock() {
             if let Some((at, info)) = cache.get(&key) {
@@ -78,7 +68,7 @@ impl<'a> Tenant<'a> {
                 }
             }
             Ok(None) => crate::join::Published::default(),
-            Err(Error::Remote { ref source, .. }) if crate::remote::calls::forbidden(source) => {
+            Err(Error::Remote { ref source, .. }) if crate::remote::clients::forbidden(source) => {
                 tracing::debug!(cluster = %self.remote.key, "kube-system/kubeadm-config is not readable; joining at the kubeconfig's server");
                 crate::join::Published::default()
             }
@@ -93,7 +83,7 @@ impl<'a> Tenant<'a> {
         .await?;
         let version = crate::kubeversion::KubeVersion::parse(&info.git_version)
             .map_err(|why| format!("the {} reports version {why}", self.remote.key));
-        let info = JoinInfo { published, version };
+        let info = crate::join::JoinInfo { published, version };
         if let Ok(mut cache) = self.ctx.published_joins.lock() {
             cache.insert(key, (std::time::Instant::now(), info.clone()));
         }

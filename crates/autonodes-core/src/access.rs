@@ -8,9 +8,10 @@
 
 use std::collections::BTreeMap;
 
+use crate::catalogue::{Catalogue, PreparedType};
 use crate::quota::PreparedQuota;
 use crate::requirements::label_selector_matches;
-use crate::scheduling::{Catalogue, NoFit, PreparedType};
+use crate::scheduling::NoFit;
 
 /// Reason: the provider of every fitting node type serves other namespaces only.
 pub const REASON_PROVIDER_NOT_ALLOWED: &str = "ProviderNotAllowed";
@@ -90,7 +91,7 @@ pub fn quota_admits(
 mod tests {
     use super::*;
     use crate::api::NodeQuotaSpec;
-    use crate::scheduling::{prepare_type, ProviderContext};
+    use crate::catalogue::{prepare_type, ProviderContext};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
     fn typed(provider: &str, selector: Option<LabelSelector>) -> PreparedType {

@@ -26,22 +26,16 @@ use std::collections::{BTreeMap, HashSet};
 use k8s_openapi::api::core::v1::{Node, NodeSelectorTerm, Pod, PodSpec, Taint, Toleration};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use crate::api::{
-    NodeClaim, Properties, LABEL_NODECLAIM_NAMESPACE, LABEL_NODECLAIM_UID, LABEL_NODEPOOL,
-};
+use crate::api::{NodeClaim, LABEL_NODECLAIM_NAMESPACE, LABEL_NODECLAIM_UID, LABEL_NODEPOOL};
+use crate::catalogue::PreparedType;
 use crate::ledger::ClaimedLedger;
+use crate::properties::PROP_ZONE;
+use crate::properties::{host_overhead, PROP_HOST_OVERHEAD};
 use crate::requirements::{selector_matches, term_matches, tolerates_taints};
-use crate::resources::{parse_quantity, ResourceAmounts};
-use crate::scheduling::PreparedType;
+use crate::resources::parse_quantity;
+use crate::resources::Room;
 use crate::template::placement::{self, HostRequirement};
-use crate::zones::PROP_ZONE;
 
-/// Property: what a VM's launcher pod asks of a host node beyond the guest's cpu and memory
-/// (KubeVirt's virt-launcher, QEMU and page tables), as `cpu=<quantity>,memory=<quantity>`.
-pub const PROP_HOST_OVERHEAD: &str = "autonodes.io/host-overhead";
-/// The launcher overhead when [`PROP_HOST_OVERHEAD`] is not set: about what KubeVirt adds
-/// to a small VM's launcher pod.
-pub const DEFAULT_HOST_OVERHEAD: &str = "cpu=100m,memory=256Mi";
 /// The labels of a launcher pod autonodes reads: its claim (from the VMI template, which
 /// KubeVirt copies to the pod), and the group labels VM (anti-)affinity selects on.
 pub const LAUNCHER_LABELS: [&str; 4] = [
@@ -52,40 +46,6 @@ pub const LAUNCHER_LABELS: [&str; 4] = [
 ];
 
 const TEMPLATE_SPEC: &str = "/spec/template/spec";
-
-/// What a host node still has room for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Room {
-    /// Millicores.
-    pub cpu_millis: i128,
-    /// Bytes.
-    pub memory: i128,
-    /// Pods.
-    pub pods: i128,
-}
-
-impl Room {
-    fn take(&mut self, r: &Room, n: i128) {
-        self.cpu_millis -= r.cpu_millis * n;
-        self.memory -= r.memory * n;
-        self.pods -= r.pods * n;
-    }
-
-    /// How many of `r` fit in this room.
-    fn holds(&self, r: &Room) -> i128 {
-        let each = |have: i128, want: i128| {
-            if want <= 0 {
-                i128::MAX
-            } else {
-                (have / want).max(0)
-            }
-        };
-        each(self.cpu_millis, r.cpu_millis)
-            .min(each(self.memory, r.memory))
-            .min(each(self.pods, r.pods))
-            .max(0)
-    }
-}
 
 /// A node of a host cluster, as far as placing a VM on it goes.
 #[derive(Debug, Clone, PartialEq)]
@@ -249,38 +209,6 @@ impl VmShape {
                 })
             && tolerates_taints(&self.tolerations, &node.taints)
     }
-}
-
-/// Reads [`PROP_HOST_OVERHEAD`] (or its default); the error says what is wrong with it.
-pub fn host_overhead(properties: &Properties) -> Result<Room, String> {
-    let value = properties
-        .get(PROP_HOST_OVERHEAD)
-        .map(String::as_str)
-        .unwrap_or(DEFAULT_HOST_OVERHEAD);
-    let mut room = Room::default();
-    for entry in value.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-        let shown: String = entry.chars().take(48).collect();
-        let (name, quantity) = entry
-            .split_once('=')
-            .ok_or_else(|| format!("{shown:?} is not name=quantity"))?;
-        let mut list = BTreeMap::new();
-        list.insert(
-            name.trim().to_string(),
-            Quantity(quantity.trim().to_string()),
-        );
-        let amounts = ResourceAmounts::from_list(&list).map_err(|e| e.to_string())?;
-        match name.trim() {
-            "cpu" => room.cpu_millis = amounts.cpu_millis(),
-            "memory" => room.memory = amounts.memory_bytes(),
-            other => {
-                return Err(format!(
-                    "{:?} is neither cpu nor memory",
-                    other.chars().take(32).collect::<String>()
-                ))
-            }
-        }
-    }
-    Ok(room)
 }
 
 /// How many more VMs of a shape the host takes.
@@ -564,7 +492,8 @@ pub fn place_in_flight(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scheduling::{prepare_type, ProviderContext};
+    use crate::api::Properties;
+    use crate::catalogue::{prepare_type, ProviderContext};
     use proptest::prelude::*;
     use serde_json::{json, Value};
 
@@ -724,7 +653,7 @@ mod tests {
         let selected = shape(
             "1",
             "1Gi",
-            json!({placement::PROP_HOST_NODE_SELECTOR: "node-role.kubernetes.io/kubevirt"}),
+            json!({crate::properties::PROP_HOST_NODE_SELECTOR: "node-role.kubernetes.io/kubevirt"}),
             json!({}),
         );
         assert_eq!(eligible(&selected, None), ["labelled"]);

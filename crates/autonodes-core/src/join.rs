@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Node, Taint};
 use serde_json::{json, Value};
 
-use crate::scheduling::REGISTRATION_TAINT_KEY;
+use crate::node_config::REGISTRATION_TAINT_KEY;
 
 /// The JSON-patch operations that give `node` the `labels` it lacks and remove the
 /// registration taint, or `None` when it needs neither.

@@ -1,4 +1,4 @@
-//! The capacity ledger: [`crate::scheduling::count_claimed`]'s rule kept up to date as
+//! The capacity ledger: [`crate::catalogue::count_claimed`]'s rule kept up to date as
 //! claims change, instead of recounted over every claim for each decision (with 10,000
 //! claims, recounting made each scheduling decision O(N) and the whole run O(N²)).
 //!
@@ -7,7 +7,7 @@
 //! `status.typeRef` and `status.zone`, none once Failed), what this process decided but the
 //! store may not show yet (a reservation), and whether its cleanup finished (released: it
 //! holds nothing, whatever a cache still shows). A reservation wins over the store, a
-//! release over both: exactly [`crate::scheduling::count_claimed`], checked by a property
+//! release over both: exactly [`crate::catalogue::count_claimed`], checked by a property
 //! test. The same holdings are also counted per type and zone, for
 //! [`crate::zones::choose_zone`], and per namespace and type, for [`crate::quota`].
 
@@ -326,7 +326,7 @@ mod tests {
                     .iter()
                     .map(|(u, (t, _))| (u.clone(), t.clone()))
                     .collect();
-                let recount = crate::scheduling::count_claimed(store.values(), &types, &released);
+                let recount = crate::catalogue::count_claimed(store.values(), &types, &released);
                 prop_assert_eq!(ledger.counts(), &recount);
                 let zones = recount_zones(&store, &reserved, &released);
                 for t in 0..3u8 {

@@ -11,9 +11,9 @@
 use std::collections::BTreeMap;
 
 use crate::api::{NodeQuotaSpec, ResourceList};
+use crate::catalogue::PreparedType;
 use crate::requirements::label_selector_matches;
 use crate::resources::{self, ResourceAmounts, CPU, MEMORY};
-use crate::scheduling::PreparedType;
 
 /// The limit on the number of claims (nodes) a namespace holds.
 pub const NODES: &str = "nodes";
@@ -212,7 +212,7 @@ pub fn nodes_limit<'q>(quotas: &'q [PreparedQuota], namespace: &str) -> Option<(
 mod tests {
     use super::*;
     use crate::api::NodeTypeSpec;
-    use crate::scheduling::{prepare_type, ProviderContext};
+    use crate::catalogue::{prepare_type, ProviderContext};
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use serde_json::json;
 

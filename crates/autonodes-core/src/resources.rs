@@ -355,6 +355,40 @@ impl fmt::Display for Shortfall<'_> {
     }
 }
 
+/// What a host node still has room for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Room {
+    /// Millicores.
+    pub cpu_millis: i128,
+    /// Bytes.
+    pub memory: i128,
+    /// Pods.
+    pub pods: i128,
+}
+
+impl Room {
+    pub(crate) fn take(&mut self, r: &Room, n: i128) {
+        self.cpu_millis -= r.cpu_millis * n;
+        self.memory -= r.memory * n;
+        self.pods -= r.pods * n;
+    }
+
+    /// How many of `r` fit in this room.
+    pub(crate) fn holds(&self, r: &Room) -> i128 {
+        let each = |have: i128, want: i128| {
+            if want <= 0 {
+                i128::MAX
+            } else {
+                (have / want).max(0)
+            }
+        };
+        each(self.cpu_millis, r.cpu_millis)
+            .min(each(self.memory, r.memory))
+            .min(each(self.pods, r.pods))
+            .max(0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,10 +7,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::properties::PROP_ZONE;
 use crate::requirements::{Offer, Operator, Requirement};
-
-/// The property (and node label, and host node label) naming a zone.
-pub const PROP_ZONE: &str = "topology.kubernetes.io/zone";
 
 /// The zone a new claim of a type goes to. `offer` is the type's zone property value;
 /// `requirements` are the claim's (and its pool's) requirements on [`PROP_ZONE`]; `in_use`

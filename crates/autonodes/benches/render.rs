@@ -11,9 +11,12 @@ use std::time::{Duration, Instant};
 
 use autonodes::api::{NodeClaim, NodeProvider};
 use autonodes::render::{plan_node, render_node};
-use autonodes::scheduling::{self, Catalogue, ClaimRequest};
-use autonodes::template::{self, strategic_merge, VmIdentity};
+use autonodes::scheduling::{self, ClaimRequest};
+use autonodes::template;
 use autonodes::userdata::{self, JoinParams, JoinTemplate, UserDataInput};
+use autonodes_core::catalogue::Catalogue;
+use autonodes_core::template::merge::strategic_merge;
+use autonodes_core::template::names::VmIdentity;
 use criterion::{criterion_group, Criterion, Throughput};
 use serde_json::{json, Value};
 
@@ -187,7 +190,8 @@ fn summary() {
         let req = ClaimRequest::new(&claim.spec, None).expect("valid");
         black_box(scheduling::choose(&catalogue, &req, &claimed).expect("fits"));
     });
-    let labels = template::managed_labels("bench-1", "tenant", "uid", "bench");
+    let labels =
+        autonodes_core::template::names::managed_labels("bench-1", "tenant", "uid", "bench");
     let vm = time_per_call(n, || {
         black_box(
             template::finalize_vm(

@@ -584,7 +584,9 @@ impl Templates {
         );
         let secret = json(
             Api::<Secret>::namespaced(world.host.clone(), &vm_ns)
-                .get(&autonodes::template::user_data_secret_name(&vm_name))
+                .get(&autonodes_core::template::names::user_data_secret_name(
+                    &vm_name,
+                ))
                 .await
                 .expect("the sample's user-data Secret"),
         );

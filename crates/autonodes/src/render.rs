@@ -4,7 +4,7 @@
 //!
 //! The core is pure: [`plan_node`] (choose a type, then render) and [`render_node`] (render
 //! for a type already chosen, e.g. the claim's `status.typeRef`). The controller calls them
-//! with the NodeTypes it lists, prepared with [`crate::scheduling::prepare_type`], and the
+//! with the NodeTypes it lists, prepared with [`autonodes_core::catalogue::prepare_type`], and the
 //! join parameters of the tenant (endpoint, a freshly minted bootstrap token, the CA hash).
 //! Only [`run`] does I/O: it reads the files named on the command line and prints.
 
@@ -18,14 +18,17 @@ use k8s_openapi::ByteString;
 use serde_json::Value;
 
 use crate::api::{NodeClaim, NodePoolSpec, NodeProvider};
-use crate::scheduling::{
-    self, Catalogue, ClaimRequest, LabelError, NoFit, NodeLabels, NodeTaints, PreparedType,
-    RequestError, TaintError, TypeProblem, PROP_IMAGE_PREPARED, PROP_KUBERNETES_DOWNLOAD_URL,
-    PROP_SSH_KEYS, PROP_USER_DATA, PROP_USER_DATA_TEMPLATE,
-};
-use crate::template::{self, TemplateError, VmIdentity, USER_DATA_KEY};
+use crate::scheduling::{self, ClaimRequest, NoFit, RequestError};
+use crate::template;
 use crate::userdata::{self, JoinParams, JoinTemplate, UserDataError, UserDataInput};
-use crate::zones;
+use autonodes_core::catalogue::{Catalogue, PreparedType, TypeProblem};
+use autonodes_core::node_config::{LabelError, NodeLabels, NodeTaints, TaintError};
+use autonodes_core::properties::{
+    PROP_IMAGE_PREPARED, PROP_KUBERNETES_DOWNLOAD_URL, PROP_SSH_KEYS, PROP_USER_DATA,
+    PROP_USER_DATA_TEMPLATE,
+};
+use autonodes_core::template::error::TemplateError;
+use autonodes_core::template::names::{VmIdentity, USER_DATA_KEY};
 
 /// Everything autonodes writes for one claim, and what it sets on the Node afterwards. Its
 /// `Debug` leaves the user data (which holds the bootstrap token) out.
@@ -169,7 +172,7 @@ fn claim_id(claim: &NodeClaim) -> String {
 }
 
 /// Chooses the node type for a claim ([`scheduling::choose`]) and renders what it gets
-/// ([`render_node`]). `claimed` counts the claims per NodeType ([`scheduling::count_claimed`]);
+/// ([`render_node`]). `claimed` counts the claims per NodeType ([`autonodes_core::catalogue::count_claimed`]);
 /// `pool` is the claim's NodePool spec when it has one.
 pub fn plan_node(
     catalogue: &Catalogue,
@@ -213,8 +216,8 @@ fn place_vm(
     }
     // A node in one zone runs on host nodes of that zone.
     if let Some(zone) = properties
-        .get(zones::PROP_ZONE)
-        .filter(|z| !z.is_empty() && scheduling::is_valid_label_value(z))
+        .get(autonodes_core::properties::PROP_ZONE)
+        .filter(|z| !z.is_empty() && autonodes_core::node_config::is_valid_label_value(z))
     {
         placement::require_host_zone(vm, zone, &t.name)?;
     }
@@ -257,9 +260,10 @@ pub fn render_node(
         });
     }
 
-    let properties = scheduling::claim_node_properties(t, pool, claim);
-    let identity = template::node_identity_labels(name, namespace, uid, installation);
-    let labels = scheduling::node_labels(
+    let properties = autonodes_core::node_config::claim_node_properties(t, pool, claim);
+    let identity =
+        autonodes_core::template::names::node_identity_labels(name, namespace, uid, installation);
+    let labels = autonodes_core::node_config::node_labels(
         &properties,
         pool.map(|p| &p.labels),
         &claim.spec.labels,
@@ -270,9 +274,11 @@ pub fn render_node(
         source,
     })?;
     let taints =
-        scheduling::node_taints(t, pool, &claim.spec).map_err(|source| RenderError::Taints {
-            claim: id(),
-            source,
+        autonodes_core::node_config::node_taints(t, pool, &claim.spec).map_err(|source| {
+            RenderError::Taints {
+                claim: id(),
+                source,
+            }
         })?;
     let user_data_error = |source| RenderError::UserData {
         claim: id(),
@@ -281,11 +287,11 @@ pub fn render_node(
     let template =
         JoinTemplate::from_property(properties.get(PROP_USER_DATA_TEMPLATE).map(String::as_str))
             .map_err(user_data_error)?;
-    let ssh_keys = scheduling::config_property(&properties, PROP_SSH_KEYS)
+    let ssh_keys = autonodes_core::properties::config_property(&properties, PROP_SSH_KEYS)
         .map(|v| userdata::parse_ssh_keys(v))
         .unwrap_or_default();
     let registration_taints = taints.registration();
-    let kubelet_args = scheduling::kubelet_args(pool, &claim.spec);
+    let kubelet_args = autonodes_core::node_config::kubelet_args(pool, &claim.spec);
     let user_data = userdata::render_user_data(&UserDataInput {
         template,
         node_name: vm_name,
@@ -293,7 +299,7 @@ pub fn render_node(
         node_labels: &labels.join,
         taints: &registration_taints,
         kubelet_args: &kubelet_args,
-        user_cloud_config: scheduling::config_property(&properties, PROP_USER_DATA)
+        user_cloud_config: autonodes_core::properties::config_property(&properties, PROP_USER_DATA)
             .map(String::as_str),
         ssh_keys: &ssh_keys,
         image_prepared: properties
@@ -305,7 +311,8 @@ pub fn render_node(
     })
     .map_err(user_data_error)?;
 
-    let managed = template::managed_labels(name, namespace, uid, installation);
+    let managed =
+        autonodes_core::template::names::managed_labels(name, namespace, uid, installation);
     let mut vm = template::finalize_vm(
         &t.template,
         &VmIdentity {
@@ -326,7 +333,9 @@ pub fn render_node(
 
     let secret = Secret {
         metadata: ObjectMeta {
-            name: Some(template::user_data_secret_name(vm_name)),
+            name: Some(autonodes_core::template::names::user_data_secret_name(
+                vm_name,
+            )),
             namespace: Some(t.vm_namespace.clone()),
             labels: Some(managed),
             ..ObjectMeta::default()
@@ -479,7 +488,7 @@ pub fn render_documents(
         claim.metadata.namespace.as_deref().unwrap_or_default(),
         claim.metadata.uid.as_deref().unwrap_or_default(),
     );
-    let vm_name = template::vm_name_for_claim(namespace, name, uid);
+    let vm_name = autonodes_core::template::names::vm_name_for_claim(namespace, name, uid);
     // Flattened: the message already carries the cause, so no repeated "Caused by".
     let rendered = plan_node(
         &catalogue,
@@ -495,7 +504,7 @@ pub fn render_documents(
     let prepared = catalogue
         .get(&rendered.node_type)
         .with_context(|| format!("node type {} vanished", rendered.node_type))?;
-    let mut node_type_obj = scheduling::node_types_from_provider(&provider)
+    let mut node_type_obj = autonodes_core::catalogue::node_types_from_provider(&provider)
         .into_iter()
         .find(|nt| nt.metadata.name.as_deref() == Some(rendered.node_type.as_str()))
         .with_context(|| format!("node type {} vanished", rendered.node_type))?;

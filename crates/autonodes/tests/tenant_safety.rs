@@ -469,7 +469,7 @@ async fn the_sweep_removes_only_its_own_installation_s_orphans_and_a_claim_never
     let claim = world
         .wait_claim("clash", "a phase", WAIT, |c| phase(c).is_some())
         .await;
-    let vm_name = autonodes::template::vm_name_for_claim(
+    let vm_name = autonodes_core::template::names::vm_name_for_claim(
         NS,
         "clash",
         claim.metadata.uid.as_deref().expect("uid"),

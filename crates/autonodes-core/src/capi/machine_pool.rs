@@ -16,9 +16,10 @@ use crate::api::{
     NodeClaim, NodeClaimSpec, NodePool, Overhead, GROUP, LABEL_MANAGED_BY, LABEL_NODEPOOL,
     MANAGED_BY, VERSION,
 };
+use crate::catalogue::{Catalogue, PreparedType};
 use crate::names::label_value;
 use crate::resources::{self, ResourceAmounts};
-use crate::scheduling::{self, Catalogue, ClaimRequest, PreparedType};
+use crate::scheduling::{self, ClaimRequest};
 
 /// A taint as the provider's `taints` annotation writes it: `key=value:Effect`, or
 /// `key:Effect` without a value.
@@ -53,9 +54,9 @@ pub fn capacity_annotations(
         out.insert(CAPACITY_GPU_COUNT.to_string(), count.to_string());
         out.insert(CAPACITY_GPU_TYPE.to_string(), name.to_string());
     }
-    let properties = scheduling::node_properties(t, None, template);
+    let properties = crate::node_config::node_properties(t, None, template);
     if let Ok(labels) =
-        scheduling::node_labels(&properties, None, &template.labels, &BTreeMap::new())
+        crate::node_config::node_labels(&properties, None, &template.labels, &BTreeMap::new())
     {
         let text: Vec<String> = labels
             .all()
@@ -64,7 +65,7 @@ pub fn capacity_annotations(
             .collect();
         out.insert(CAPACITY_LABELS.to_string(), text.join(","));
     }
-    if let Ok(taints) = scheduling::node_taints(t, None, template) {
+    if let Ok(taints) = crate::node_config::node_taints(t, None, template) {
         if !taints.taints.is_empty() {
             let text: Vec<String> = taints.taints.iter().map(format_taint).collect();
             out.insert(CAPACITY_TAINTS.to_string(), text.join(","));

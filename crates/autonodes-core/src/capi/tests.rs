@@ -9,8 +9,8 @@ use serde_json::json;
 use super::*;
 use crate::api::capi::*;
 use crate::api::{NodeClaim, NodeClaimSpec, NodePool, NodeTypeSpec, Overhead};
+use crate::catalogue::{Catalogue, PreparedType};
 use crate::resources::ResourceAmounts;
-use crate::scheduling::{self, Catalogue, PreparedType};
 
 const NAMES: ClaimNames = ClaimNames {
     delete_first: "autonodes.io/delete-first",
@@ -77,7 +77,7 @@ fn annotated<M: serde::Serialize + serde::de::DeserializeOwned>(
 
 fn prepared(name: &str, spec: serde_json::Value) -> PreparedType {
     let spec: NodeTypeSpec = serde_json::from_value(spec).expect("spec");
-    let provider = scheduling::ProviderContext {
+    let provider = crate::catalogue::ProviderContext {
         name: "p".into(),
         properties: Default::default(),
         host_cluster: "h".into(),
@@ -85,7 +85,7 @@ fn prepared(name: &str, spec: serde_json::Value) -> PreparedType {
         tenant_namespaces: None,
         base_template: Some(json!({"spec": {"template": {"spec": {"domain": {"devices": {}}}}}})),
     };
-    let t = scheduling::prepare_type(name, &spec, Some(&provider));
+    let t = crate::catalogue::prepare_type(name, &spec, Some(&provider));
     assert!(t.problem.is_none(), "{:?}", t.problem);
     t
 }

@@ -19,9 +19,10 @@ use crate::api::reasons::{ClaimCondition, PoolReason};
 use crate::api::{
     NodeClaim, NodeClaimSpec, NodePool, NodePoolSpec, Operator, Overhead, Requirement,
 };
+use crate::catalogue::{Catalogue, PreparedType};
 use crate::requirements::Offer;
 use crate::resources::ResourceAmounts;
-use crate::scheduling::{self, Catalogue, ClaimRequest, Mismatch, PreparedType};
+use crate::scheduling::{self, ClaimRequest, Mismatch};
 
 use super::consolidate::{self, ConsolidationInput, NodeUse};
 use super::do_not_disrupt;

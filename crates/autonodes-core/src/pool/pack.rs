@@ -12,9 +12,10 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use crate::api::{NodeClaim, NodeClaimSpec, Requirement, ResourceList};
+use crate::catalogue::{Catalogue, PreparedType};
 use crate::requirements;
 use crate::resources::{self, ResourceAmounts, CPU, MEMORY};
-use crate::scheduling::{self, Catalogue, ClaimRequest, PreparedType};
+use crate::scheduling::{self, ClaimRequest};
 
 /// Pods a node takes at most (the kubelet's default `maxPods`).
 pub const MAX_PODS_PER_NODE: i128 = 110;
@@ -127,15 +128,15 @@ impl NodeShape {
     /// The labels and taints a node of type `t` made from the claim `spec` gets; `None` if
     /// the spec's labels or taints cannot be used.
     pub fn of_type(t: &PreparedType, spec: &NodeClaimSpec) -> Option<NodeShape> {
-        let labels = scheduling::node_labels(
-            &scheduling::node_properties(t, None, spec),
+        let labels = crate::node_config::node_labels(
+            &crate::node_config::node_properties(t, None, spec),
             None,
             &spec.labels,
             &BTreeMap::new(),
         )
         .ok()?
         .all();
-        let taints = scheduling::node_taints(t, None, spec).ok()?.taints;
+        let taints = crate::node_config::node_taints(t, None, spec).ok()?.taints;
         Some(NodeShape { labels, taints })
     }
 }

@@ -16,7 +16,8 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::api::reasons::PoolReason;
 use crate::api::{NodeClaim, NodeClaimSpec, NodePool, NodePoolSpec, ResourceList};
-use crate::scheduling::{self, Catalogue, ClaimRequest};
+use crate::catalogue::Catalogue;
+use crate::scheduling::ClaimRequest;
 
 use super::do_not_disrupt;
 use super::dynamic::{self, DynamicInput, Tenant};
@@ -118,7 +119,7 @@ pub fn template_problem(
     if let Err(e) = ClaimRequest::new(&template, None) {
         return Some(Verdict::problem(PoolReason::InvalidTemplate, e.to_string()));
     }
-    if let Err(e) = scheduling::node_labels(
+    if let Err(e) = crate::node_config::node_labels(
         &Default::default(),
         None,
         &template.labels,

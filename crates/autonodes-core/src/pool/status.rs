@@ -13,8 +13,8 @@ use k8s_openapi::jiff::Timestamp;
 use crate::api::conditions::{self, status_of, TRUE};
 use crate::api::reasons::{ClaimCondition, PoolCondition, PoolReason};
 use crate::api::{NodeClaim, NodeClaimPhase, NodePool, NodePoolResources, NodePoolStatus};
+use crate::catalogue::Catalogue;
 use crate::resources;
-use crate::scheduling::Catalogue;
 
 use super::pack::Amount;
 use super::plan::is_live;

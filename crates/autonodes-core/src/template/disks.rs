@@ -9,14 +9,13 @@
 
 use serde_json::{json, Value};
 
-use super::{merge_into, TemplateError, CLOUD_INIT_VOLUME, ROOT_DISK};
+use super::error::TemplateError;
+use super::merge::merge_into;
+use super::names::{CLOUD_INIT_VOLUME, ROOT_DISK};
 use crate::names::{is_dns_label, is_dns_subdomain};
+use crate::properties::PROP_DATA_DISKS;
 use crate::resources::parse_quantity;
 
-/// The property listing a node type's blank data disks.
-pub const PROP_DATA_DISKS: &str = "autonodes.io/data-disks";
-/// The property naming the storage class of the root disk autonodes makes from an image.
-pub const PROP_ROOT_DISK_STORAGE_CLASS: &str = "autonodes.io/root-disk-storage-class";
 /// The most data disks one node type may ask for.
 pub const MAX_DATA_DISKS: usize = 16;
 /// The longest data disk name: the VM name (≤ 63) and a dash in front stay within a

@@ -7,11 +7,10 @@
 
 use serde_json::{json, Value};
 
-use super::TemplateError;
+use super::error::TemplateError;
 use crate::names::fnv1a;
+use crate::properties::PROP_GOLDEN_IMAGE;
 
-/// Property: `"true"` makes a type's image imports golden (see the module documentation).
-pub const PROP_GOLDEN_IMAGE: &str = "autonodes.io/golden-image";
 /// Label on a golden DataVolume: the provider it was made for (as a label value).
 pub const LABEL_GOLDEN_IMAGE: &str = "autonodes.io/golden-image";
 /// What a golden DataVolume's name starts with.

@@ -9,17 +9,12 @@
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::{json, Value};
 
-use super::TemplateError;
+use super::error::TemplateError;
 use crate::api::ResourceList;
 use crate::names::is_dns_subdomain;
+use crate::properties::PROP_INSTANCETYPE;
 use crate::resources::{parse_quantity, CPU, MEMORY};
 
-/// Property: the instance type, `[<kind>/]<name>`; the kind is
-/// `VirtualMachineClusterInstancetype` (default) or `VirtualMachineInstancetype`.
-pub const PROP_INSTANCETYPE: &str = "autonodes.io/instancetype";
-/// Property: the preference, `[<kind>/]<name>`; the kind is
-/// `VirtualMachineClusterPreference` (default) or `VirtualMachinePreference`.
-pub const PROP_PREFERENCE: &str = "autonodes.io/preference";
 /// The cluster-scoped instance type kind.
 pub const CLUSTER_INSTANCETYPE: &str = "VirtualMachineClusterInstancetype";
 /// The namespaced instance type kind.

@@ -13,13 +13,10 @@
 
 use serde_json::{json, Value};
 
-use super::TemplateError;
+use super::error::TemplateError;
 use crate::names::{is_dns_label, is_dns_subdomain};
+use crate::properties::{PROP_DEFAULT_NETWORK, PROP_NETWORKS};
 
-/// The property listing secondary networks.
-pub const PROP_NETWORKS: &str = "autonodes.io/networks";
-/// The property naming the network that replaces the pod network.
-pub const PROP_DEFAULT_NETWORK: &str = "autonodes.io/default-network";
 /// The most secondary networks one node type may ask for.
 pub const MAX_NETWORKS: usize = 16;
 /// The name autonodes gives the pod network (or the network replacing it) when the
@@ -86,7 +83,7 @@ pub fn parse_default_network(value: &str) -> Result<String, String> {
 
 fn list<'v>(template: &'v mut Value, pointer: &str) -> Result<&'v mut Vec<Value>, String> {
     let (parent, key) = pointer.rsplit_once('/').unwrap_or(("", pointer));
-    let slot = super::ensure_object(template, parent)
+    let slot = super::merge::ensure_object(template, parent)
         .ok_or_else(|| format!("{parent} is not an object"))?
         .entry(key)
         .or_insert_with(|| json!([]));

@@ -16,25 +16,15 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Map, Value};
 
-use super::TemplateError;
+use super::error::TemplateError;
 use crate::api::{NodeClaim, Properties, LABEL_NODECLAIM_NAMESPACE, LABEL_NODEPOOL};
 use crate::names::{is_label_value, is_qualified_name};
-use crate::zones::PROP_ZONE;
+use crate::properties::PROP_ZONE;
+use crate::properties::{
+    PROP_HOST_NODE_PREFERENCE, PROP_HOST_NODE_SELECTOR, PROP_VM_AFFINITY, PROP_VM_AFFINITY_SCOPE,
+    PROP_VM_ANTI_AFFINITY,
+};
 
-/// Property: `soft` or `hard` pod affinity between the VMs of a group (on one host node).
-pub const PROP_VM_AFFINITY: &str = "autonodes.io/vm-affinity";
-/// Property: `soft` or `hard` pod anti-affinity between the VMs of a group (each on its own
-/// host node).
-pub const PROP_VM_ANTI_AFFINITY: &str = "autonodes.io/vm-anti-affinity";
-/// Property: the group (anti-)affinity is about: `tenant` (default: the VMs of the claim's
-/// tenant cluster) or `pool` (the VMs of the claim's node pool; a claim without a pool is
-/// grouped with its tenant).
-pub const PROP_VM_AFFINITY_SCOPE: &str = "autonodes.io/vm-affinity-scope";
-/// Property: host node labels the VM must run on: `key=value`, `key=v1|v2` or `key` (any
-/// value), separated by commas.
-pub const PROP_HOST_NODE_SELECTOR: &str = "autonodes.io/host-node-selector";
-/// Property: host node labels the VM prefers, in the same form.
-pub const PROP_HOST_NODE_PREFERENCE: &str = "autonodes.io/host-node-preference";
 /// Label on every VM's launcher pod (its VMI template): the claim's tenant cluster
 /// (`vClusterRef.name`), for the group selectors.
 pub const LABEL_VCLUSTER: &str = "autonodes.io/vcluster";
@@ -275,7 +265,7 @@ fn object_at<'v>(
     pointer: &str,
     node_type: &str,
 ) -> Result<&'v mut Map<String, Value>, TemplateError> {
-    super::ensure_object(root, pointer).ok_or_else(|| TemplateError::NotAnObject {
+    super::merge::ensure_object(root, pointer).ok_or_else(|| TemplateError::NotAnObject {
         node_type: node_type.to_string(),
         field: pointer.trim_start_matches('/').replace('/', "."),
     })

@@ -11,7 +11,7 @@ use kube::Api;
 
 use crate::controller::catalogue::catalogue;
 use crate::controller::context::Context;
-use crate::scheduling::Catalogue;
+use autonodes_core::catalogue::Catalogue;
 
 /// The labels of namespace `ns`, read only when some provider serves only some namespaces
 /// (`None` when not needed or not readable; a read that fails is logged, and only

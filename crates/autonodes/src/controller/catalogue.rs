@@ -12,7 +12,7 @@ use kube::ResourceExt;
 use crate::api::{NodeProvider, NodeType, ProviderPhase};
 use crate::conditions;
 use crate::controller::context::Context;
-use crate::scheduling::{self, Catalogue, ProviderContext};
+use autonodes_core::catalogue::{Catalogue, ProviderContext};
 
 /// The catalogue of every NodeType, with types whose provider cannot be used marked as
 /// problems. It is prepared once per change of the NodeTypes or NodeProviders (every
@@ -54,14 +54,19 @@ fn prepare_catalogue(ctx: &Context) -> Catalogue {
                     .map(|s| &s.resources)
                     .filter(|r| r.contains_key("cpu") && r.contains_key("memory"))
                     .ok_or("not read from the host yet");
-                let mut prepared =
-                    scheduling::prepare_type_with(&t.name_any(), &t.spec, pctx.as_ref(), read);
+                let mut prepared = autonodes_core::catalogue::prepare_type_with(
+                    &t.name_any(),
+                    &t.spec,
+                    pctx.as_ref(),
+                    read,
+                );
                 if prepared.problem.is_none() {
                     if let Some((_, message)) = unusable(t, provider.as_deref()) {
-                        prepared.problem = Some(scheduling::TypeProblem::ProviderNotReady {
-                            node_type: t.name_any(),
-                            message,
-                        });
+                        prepared.problem =
+                            Some(autonodes_core::catalogue::TypeProblem::ProviderNotReady {
+                                node_type: t.name_any(),
+                                message,
+                            });
                     }
                 }
                 prepared
@@ -70,7 +75,7 @@ fn prepare_catalogue(ctx: &Context) -> Catalogue {
     )
 }
 
-/// Claims per NodeType that hold capacity, by the one rule ([`scheduling::count_claimed`]),
+/// Claims per NodeType that hold capacity, by the one rule ([`autonodes_core::catalogue::count_claimed`]),
 /// with this process's reservations: the ledger's counts ([`crate::ledger`]).
 pub fn claimed_counts(ctx: &Context) -> BTreeMap<String, i64> {
     ctx.ledger(|l| l.counts().clone())

@@ -78,7 +78,7 @@ pub struct Context {
 }
 
 /// A prepared catalogue and the versions of the type and provider stores it came from.
-pub type PreparedCatalogue = ((u64, u64), Arc<crate::scheduling::Catalogue>);
+pub type PreparedCatalogue = ((u64, u64), Arc<autonodes_core::catalogue::Catalogue>);
 
 impl Context {
     /// Runs `f` on the capacity ledger (a poisoned lock still holds a consistent ledger:

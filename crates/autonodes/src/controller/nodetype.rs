@@ -22,8 +22,8 @@ use crate::controller::status::apply_status;
 use crate::controller::status::WriteGap;
 use crate::remote::clients::{remote_error_text, REMOTE_TIMEOUT};
 use crate::remote::host_room;
-use crate::scheduling::{self, ProviderContext, TypeProblem};
 use crate::template::instancetype::{instancetype_resources, Matcher};
+use autonodes_core::catalogue::{ProviderContext, TypeProblem};
 use futures::channel::mpsc::UnboundedReceiver;
 use futures::StreamExt;
 use kube::api::DynamicObject;
@@ -194,10 +194,10 @@ async fn apply(t: &NodeType, ctx: &TypeContext) -> Result<Action, Error> {
         ctx.wake_pending_claims();
     }
     let pctx = provider.as_deref().map(ProviderContext::from_provider);
-    let mut prepared = scheduling::prepare_type(&name, &t.spec, pctx.as_ref());
+    let mut prepared = autonodes_core::catalogue::prepare_type(&name, &t.spec, pctx.as_ref());
     if let (Some(it), Some(p)) = (prepared.instancetype.clone(), provider.as_deref()) {
         let read = read_instancetype(t, &it, p, ctx).await;
-        prepared = scheduling::prepare_type_with(
+        prepared = autonodes_core::catalogue::prepare_type_with(
             &name,
             &t.spec,
             pctx.as_ref(),
@@ -337,7 +337,7 @@ async fn apply(t: &NodeType, ctx: &TypeContext) -> Result<Action, Error> {
 pub const HOST_ROOM_RECHECK: Duration = Duration::from_secs(30);
 
 /// The type's `status.host`: its room on its host cluster now.
-async fn host_room(ctx: &TypeContext, t: &scheduling::PreparedType) -> NodeTypeHost {
+async fn host_room(ctx: &TypeContext, t: &autonodes_core::catalogue::PreparedType) -> NodeTypeHost {
     let snapshot = host_room::snapshot(ctx, &t.host_cluster).await;
     let catalogue = catalogue(ctx);
     let room = snapshot.map(|s| ctx.ledger(|l| s.room(&catalogue, l)));

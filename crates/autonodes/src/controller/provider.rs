@@ -30,7 +30,7 @@ use crate::controller::status::apply_status;
 use crate::kubevirt;
 use crate::remote::clients::{remote_error_text, REMOTE_TIMEOUT};
 use crate::remote::host::Host;
-use crate::scheduling::{self, ProviderContext};
+use autonodes_core::catalogue::ProviderContext;
 
 /// Condition: the host cluster answers and serves KubeVirt.
 pub const HOST_REACHABLE: &str = "HostReachable";
@@ -50,12 +50,13 @@ pub fn validate_templates(p: &NodeProvider) -> Vec<String> {
             errors.push(format!("node type {} is listed twice", entry.name));
         }
     }
-    for nt in scheduling::node_types_from_provider(p) {
-        let prepared = scheduling::prepare_type(&nt.name_any(), &nt.spec, Some(&ctx));
+    for nt in autonodes_core::catalogue::node_types_from_provider(p) {
+        let prepared =
+            autonodes_core::catalogue::prepare_type(&nt.name_any(), &nt.spec, Some(&ctx));
         match prepared.problem {
             // An instance type is read from the host by the type's own controller: not a
             // template error.
-            Some(scheduling::TypeProblem::Instancetype { .. }) | None => {}
+            Some(autonodes_core::catalogue::TypeProblem::Instancetype { .. }) | None => {}
             Some(problem) => errors.push(problem.to_string()),
         }
     }
@@ -73,7 +74,7 @@ pub fn waits_for_claims_of(p: &NodeProvider, node_type: &str) -> bool {
             .kube_virt
             .node_types
             .iter()
-            .any(|e| scheduling::node_type_name(&provider, &e.name) == node_type)
+            .any(|e| autonodes_core::catalogue::node_type_name(&provider, &e.name) == node_type)
 }
 
 /// The NodeProvider controller: it keeps no state of its own beside the shared context.
@@ -384,7 +385,7 @@ async fn sync_node_types(p: &NodeProvider, ctx: &Context) -> Result<Synced, Erro
     let provider = p.name_any();
     let api: Api<NodeType> = Api::all(ctx.client.clone());
     let mut wanted = BTreeSet::new();
-    for mut desired in scheduling::node_types_from_provider(p) {
+    for mut desired in autonodes_core::catalogue::node_types_from_provider(p) {
         let name = desired.name_any();
         wanted.insert(name.clone());
         desired
@@ -457,10 +458,12 @@ fn golden_volumes_wanted(p: &NodeProvider, ctx: &Context) -> BTreeSet<(String, S
         .filter(|t| t.spec.provider_ref == provider && t.metadata.deletion_timestamp.is_none())
         .map(|t| (**t).clone())
         .collect();
-    scheduling::node_types_from_provider(p)
+    autonodes_core::catalogue::node_types_from_provider(p)
         .iter()
         .chain(direct.iter())
-        .flat_map(|nt| scheduling::prepare_type(&nt.name_any(), &nt.spec, Some(&pctx)).golden)
+        .flat_map(|nt| {
+            autonodes_core::catalogue::prepare_type(&nt.name_any(), &nt.spec, Some(&pctx)).golden
+        })
         .map(|g| (g.namespace, g.name))
         .collect()
 }

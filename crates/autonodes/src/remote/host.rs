@@ -15,7 +15,6 @@ use crate::controller::error::Error;
 use crate::kubevirt::{self, ObservedVm, ObservedVmi};
 use crate::remote::calls::{claim_selector, get_opt, not_found, read, remote_call};
 use crate::remote::clients::Remote;
-use crate::template;
 use crate::template::golden::{self, GoldenVolume};
 
 /// What creating a VirtualMachine found.
@@ -37,7 +36,7 @@ fn same_claim(
     b: &std::collections::BTreeMap<String, String>,
 ) -> bool {
     b.get(LABEL_NODECLAIM_UID)
-        .is_some_and(|uid| template::labelled_for_claim(a, uid))
+        .is_some_and(|uid| autonodes_core::template::names::labelled_for_claim(a, uid))
 }
 
 /// A KubeVirt host cluster.
@@ -215,11 +214,11 @@ impl<'a> Host<'a> {
     }
 
     /// Deletes the user-data Secret of VM `vm_name`, by its name: the VM's name is a
-    /// function of the claim ([`template::vm_name_for_claim`]), written to the claim's status
+    /// function of the claim ([`autonodes_core::template::names::vm_name_for_claim`]), written to the claim's status
     /// before anything is created, so every attempt used that one name. A Secret labelled
     /// with the claim under another name is the orphan sweep's once the claim is gone.
     pub async fn delete_user_data(&self, ns: &str, vm_name: &str) -> Result<(), Error> {
-        let name = template::user_data_secret_name(vm_name);
+        let name = autonodes_core::template::names::user_data_secret_name(vm_name);
         self.delete_each(
             &self.secrets(ns),
             std::iter::once(name),
@@ -236,7 +235,7 @@ impl<'a> Host<'a> {
             Api::namespaced_with(self.remote.client.clone(), ns, &kubevirt::data_volume());
         let ours = |dv: &kubevirt::ObservedDataVolume| {
             dv.metadata.namespace.as_deref() == Some(ns)
-                && template::labelled_for_claim(dv.labels(), uid)
+                && autonodes_core::template::names::labelled_for_claim(dv.labels(), uid)
         };
         let cached = self
             .remote

@@ -18,9 +18,10 @@ use crate::api::NodeTypeHost;
 use crate::controller::context::Context;
 use crate::host_capacity::{self, Apart, Bound, HostModel, VmShape};
 use crate::ledger::ClaimedLedger;
-use crate::scheduling::{Catalogue, PreparedType};
 use crate::template::placement;
-use crate::zones::{self, PROP_ZONE};
+use crate::zones;
+use autonodes_core::catalogue::{Catalogue, PreparedType};
+use autonodes_core::properties::PROP_ZONE;
 
 /// The most characters of a message shown in a NodeType's `status.host`.
 const MESSAGE_MAX: usize = 300;

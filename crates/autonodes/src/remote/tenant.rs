@@ -212,7 +212,8 @@ impl<'a> Tenant<'a> {
 
     /// The bootstrap-token Secrets of the claim with `uid`.
     pub async fn tokens(&self, uid: &str) -> Result<Vec<Arc<Secret>>, Error> {
-        let ours = |s: &Secret| crate::template::labelled_for_claim(s.labels(), uid);
+        let ours =
+            |s: &Secret| autonodes_core::template::names::labelled_for_claim(s.labels(), uid);
         if let Some(found) = self
             .remote
             .tenant_cache()

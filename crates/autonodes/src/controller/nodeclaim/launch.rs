@@ -22,14 +22,14 @@ use crate::kubevirt::ObservedVm;
 use crate::remote::clients::{status_message, Remote};
 use crate::remote::host::VmCreate;
 use crate::render::{self, RenderError, RenderedNode};
-use crate::scheduling::PreparedType;
 use crate::userdata::{self, BootstrapToken, JoinParams, UserDataError};
+use autonodes_core::catalogue::PreparedType;
 
 /// The launch stage.
 pub(super) async fn launch(p: &mut Provisioning<'_>) -> Result<Step, Error> {
     let uid = p.claim.uid().unwrap_or_default();
     let vm = match p.host().vm(&p.vm_ns, &p.vm_name).await? {
-        Some(vm) if !crate::template::labelled_for_claim(vm.labels(), &uid) => {
+        Some(vm) if !autonodes_core::template::names::labelled_for_claim(vm.labels(), &uid) => {
             return Ok(name_taken(p, "VirtualMachine"))
         }
         Some(vm) => vm,

@@ -53,7 +53,7 @@ use crate::controller::error::{cleanup_backoff, Error};
 use crate::controller::reconciler::{self, log_run_error, Reconciler};
 use crate::controller::reflectors::Reflectors;
 use crate::remote::clients::Remote;
-use crate::scheduling::PreparedType;
+use autonodes_core::catalogue::PreparedType;
 use context::ClaimContext;
 use provisioning::{uid, Provisioning, Step};
 use schedule::{schedule, Schedule};

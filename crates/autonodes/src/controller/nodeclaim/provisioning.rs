@@ -17,7 +17,7 @@ use crate::controller::error::Error;
 use crate::remote::clients::Remote;
 use crate::remote::host::Host;
 use crate::remote::tenant::Tenant;
-use crate::scheduling::PreparedType;
+use autonodes_core::catalogue::PreparedType;
 
 /// One reconcile of a scheduled claim: what its stages read, and the status they change.
 pub struct Provisioning<'a> {

@@ -17,7 +17,6 @@ use crate::api::reasons::ClaimReason;
 use crate::controller::context::now;
 use crate::controller::error::Error;
 use crate::join;
-use crate::scheduling;
 
 /// The register stage.
 pub(super) async fn register(p: &mut Provisioning<'_>) -> Result<Step, Error> {
@@ -69,9 +68,14 @@ pub(super) async fn register(p: &mut Provisioning<'_>) -> Result<Step, Error> {
 /// Sets the labels the kubelet could not, and removes the registration taint
 /// ([`join::node_patch`]). Returns the Node as patched, or None when it needed nothing.
 async fn sync_node(p: &Provisioning<'_>, node: &Node) -> Result<Option<Node>, Error> {
-    let properties = scheduling::claim_node_properties(p.node_type, None, p.claim);
-    let labels = scheduling::node_labels(&properties, None, &p.claim.spec.labels, &BTreeMap::new())
-        .map_err(|e| Error::Internal(e.to_string()))?;
+    let properties = autonodes_core::node_config::claim_node_properties(p.node_type, None, p.claim);
+    let labels = autonodes_core::node_config::node_labels(
+        &properties,
+        None,
+        &p.claim.spec.labels,
+        &BTreeMap::new(),
+    )
+    .map_err(|e| Error::Internal(e.to_string()))?;
     let Some(ops) = join::node_patch(node, &labels.after_join) else {
         return Ok(None);
     };

@@ -23,8 +23,8 @@ use crate::controller::error::Error;
 use crate::ledger::ClaimedLedger;
 use crate::quota::{self, PreparedQuota, Usage};
 use crate::remote::host_room::{self, ClaimRoom, HostRoom, HostSnapshot};
-use crate::scheduling::{self, ClaimRequest, NoFit, PreparedType};
-use crate::template;
+use crate::scheduling::{self, ClaimRequest, NoFit};
+use autonodes_core::catalogue::PreparedType;
 
 /// The outcome of scheduling: the chosen type, prepared.
 pub struct Scheduled {
@@ -98,7 +98,7 @@ pub(super) async fn schedule(claim: &NodeClaim, ctx: &ClaimContext) -> Result<Sc
     };
     // Labels no node could carry (invalid, or owned by the kubelet or autonodes) keep the
     // claim from being scheduled at all.
-    if let Err(e) = scheduling::node_labels(
+    if let Err(e) = autonodes_core::node_config::node_labels(
         &Default::default(),
         None,
         &claim.spec.labels,
@@ -206,7 +206,7 @@ pub(super) async fn schedule(claim: &NodeClaim, ctx: &ClaimContext) -> Result<Sc
             return Ok(Schedule::Waiting(retry));
         }
     };
-    let vm_name = template::vm_name_for_claim(
+    let vm_name = autonodes_core::template::names::vm_name_for_claim(
         &claim.namespace().unwrap_or_default(),
         &claim.name_any(),
         &uid,

@@ -92,7 +92,7 @@ pub(super) async fn remove_remote_objects(
     let vm = host
         .vm(&vm_ns, &vm_name)
         .await?
-        .filter(|vm| crate::template::labelled_for_claim(vm.labels(), &uid));
+        .filter(|vm| autonodes_core::template::names::labelled_for_claim(vm.labels(), &uid));
     if let Some(vm) = vm {
         if vm.metadata.deletion_timestamp.is_none() {
             if let (Some(tenant), true) = (&tenant, drain) {

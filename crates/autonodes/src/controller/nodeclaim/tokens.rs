@@ -23,7 +23,7 @@ pub const TOKEN_GROUP: &str = "system:bootstrappers:kubeadm:default-node-token";
 
 /// The labels of every object autonodes creates for `claim`, as `installation` makes it.
 pub fn claim_labels(claim: &NodeClaim, installation: &str) -> BTreeMap<String, String> {
-    crate::template::managed_labels(
+    autonodes_core::template::names::managed_labels(
         &claim.name_any(),
         &claim.namespace().unwrap_or_default(),
         claim.uid().as_deref().unwrap_or_default(),

@@ -24,7 +24,7 @@ use crate::controller::context::{now, Context};
 use crate::controller::error::Error;
 use crate::controller::status::apply_status;
 use crate::controller::status::report_changes;
-use crate::scheduling::Catalogue;
+use autonodes_core::catalogue::Catalogue;
 
 /// `<pool>-<5 random [a-z0-9]>`.
 fn claim_name(pool: &str) -> String {

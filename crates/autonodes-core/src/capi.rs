@@ -32,21 +32,22 @@
 //! resourceVersion read, so a crash or a conflict between the two writes is resolved by the
 //! same rule on the next reconcile and the two objects never fight.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::capi::{CAPI_GROUP, LABEL_POOL_NAME};
+use crate::api::capi::CAPI_GROUP;
 use crate::api::conditions::{self, status_of};
 use crate::api::reasons::{PoolCondition, PoolReason};
-use crate::api::{Autoscaling, NodePool, LABEL_NODEPOOL};
-use crate::names::label_value;
+use crate::api::{Autoscaling, NodePool};
 
 mod machine_pool;
 mod machines;
+mod ownership;
 mod replicas;
 
 pub use machine_pool::*;
 pub use machines::*;
+pub use ownership::*;
 pub use replicas::*;
 
 /// NodePool condition: whether the pool is mirrored for the cluster-autoscaler.
@@ -57,19 +58,6 @@ pub const REASON_INVALID_BOUNDS: &str = PoolReason::InvalidAutoscalingBounds.as_
 pub const REASON_REPLICAS_REQUIRED: &str = PoolReason::ReplicasRequired.as_str();
 /// Reason of `Autoscaling=True`.
 pub const REASON_MIRRORED: &str = PoolReason::MachinePoolMirrored.as_str();
-
-/// Names the mirror reads on NodeClaims that the claim and pool controllers define. They
-/// are passed in, so each stays defined once, beside the controller that owns it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ClaimNames {
-    /// The claim annotation that makes the pool controller remove the claim first on
-    /// scale-down (the pool controller's `ANNOTATION_DELETE_FIRST`).
-    pub delete_first: &'static str,
-    /// The claim condition: its node is Ready.
-    pub ready: &'static str,
-    /// The claim condition: its VM runs.
-    pub provisioned: &'static str,
-}
 
 /// What becomes of a NodePool's mirror.
 #[derive(Clone, Debug, PartialEq)]
@@ -198,45 +186,6 @@ pub fn clear_autoscaling(old: &[Condition]) -> Option<Vec<Condition>> {
             .cloned()
             .collect(),
     )
-}
-
-/// The name of the controlling owner of kind `kind` (owner references hold full names;
-/// labels may hold shortened ones).
-pub fn owner_named(meta: &ObjectMeta, kind: &str) -> Option<String> {
-    meta.owner_references
-        .iter()
-        .flatten()
-        .find(|o| o.kind == kind && o.controller == Some(true))
-        .map(|o| o.name.clone())
-}
-
-/// Whether an owner of kind `kind` with uid `uid` is among the owners in `meta`.
-pub fn owned_by(meta: &ObjectMeta, kind: &str, uid: &str) -> bool {
-    meta.owner_references
-        .iter()
-        .flatten()
-        .any(|o| o.kind == kind && o.uid == uid)
-}
-
-/// The label selector of the Machines of the pool `pool`.
-pub fn machine_selector(pool: &str) -> String {
-    format!("{LABEL_POOL_NAME}={}", label_value(pool))
-}
-
-/// The label selector of the NodeClaims of the pool `pool`.
-pub fn claim_selector(pool: &str) -> String {
-    format!("{LABEL_NODEPOOL}={}", label_value(pool))
-}
-
-/// Whether `meta` is in namespace `ns` and labelled `key` for the pool `pool`.
-fn labelled_for(meta: &ObjectMeta, ns: &str, key: &str, pool: &str) -> bool {
-    meta.namespace.as_deref() == Some(ns)
-        && meta.labels.as_ref().and_then(|l| l.get(key)) == Some(&label_value(pool))
-}
-
-/// Whether `meta` is of a Machine of the pool `pool` in `ns`.
-pub fn is_machine_of(meta: &ObjectMeta, ns: &str, pool: &str) -> bool {
-    labelled_for(meta, ns, LABEL_POOL_NAME, pool)
 }
 
 #[cfg(test)]

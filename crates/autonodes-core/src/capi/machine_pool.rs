@@ -8,8 +8,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{json, Value};
 
-use super::machine_selector;
 use super::machines::{is_available, is_live, node_ref};
+use super::ownership::machine_selector;
 use crate::api::capi::*;
 use crate::api::conditions::{self, status_of};
 use crate::api::{

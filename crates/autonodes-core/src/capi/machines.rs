@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use serde_json::{json, Value};
 
-use super::{labelled_for, ClaimNames};
+use super::ownership::{labelled_for, ClaimNames};
 use crate::api::capi::{
     Bootstrap, Machine, MachineSpec, MachineStatus, ANNOTATION_DELETE_MACHINE, CAPI_GROUP,
     CAPI_VERSION, LABEL_CLUSTER_NAME, LABEL_POOL_NAME,

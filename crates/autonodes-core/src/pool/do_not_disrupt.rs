@@ -61,6 +61,18 @@ pub fn protected<'a>(
         .collect()
 }
 
+/// Whether planning reads the pod or Node annotation `key` (do-not-disrupt in both
+/// spellings, the mirror-pod mark): what a dynamic pool keeps of a tenant's pods and
+/// nodes' annotations, all others being dropped as they are listed.
+pub fn annotation_read_by_planning(key: &str) -> bool {
+    [
+        ANNOTATION_DO_NOT_DISRUPT,
+        KARPENTER_DO_NOT_DISRUPT,
+        super::pack::MIRROR_POD_ANNOTATION,
+    ]
+    .contains(&key)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -83,7 +95,7 @@ mod tests {
             "Running",
         );
         if let Some(a) = p.metadata.annotations.as_mut() {
-            a.retain(|k, _| super::super::pack::annotation_read_by_planning(k));
+            a.retain(|k, _| annotation_read_by_planning(k));
         }
         assert_eq!(p.metadata.annotations.as_ref().map(|a| a.len()), Some(1));
         assert!(pod_holds_node(&p));

@@ -30,9 +30,9 @@ use super::pack::{
     accepts, claim_type, is_unschedulable, opens_for, pack, Amount, Bin, Candidate, Limits,
     NodeShape, Packing, PendingPod, ZONE_TOPOLOGY,
 };
+use super::plan::NewClaim;
+use super::plan::Verdict;
 use super::plan::{is_live, DeleteReason};
-use super::reconcile::NewClaim;
-use super::status::Verdict;
 use super::{due_for_removal, owned_by, template_spec, READY_NODE_GRACE};
 
 /// The longest a dynamic pool waits before it looks again.

@@ -10,7 +10,7 @@
 
 use crate::api::reasons::PoolReason;
 
-use super::status::Verdict;
+use super::plan::Verdict;
 
 /// The most claims one reconcile of a pool creates; a pool that wants more creates the
 /// rest in the reconciles that follow (each claim it creates wakes it again).

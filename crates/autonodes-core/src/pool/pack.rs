@@ -158,18 +158,6 @@ pub fn claim_type<'c>(
 /// The annotation the kubelet puts on the mirror pod of a static pod.
 pub const MIRROR_POD_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
-/// Whether planning reads the pod or Node annotation `key` (do-not-disrupt in both
-/// spellings, the mirror-pod mark): what a dynamic pool keeps of a tenant's pods and
-/// nodes' annotations, all others being dropped as they are listed.
-pub fn annotation_read_by_planning(key: &str) -> bool {
-    [
-        super::do_not_disrupt::ANNOTATION_DO_NOT_DISRUPT,
-        super::do_not_disrupt::KARPENTER_DO_NOT_DISRUPT,
-        MIRROR_POD_ANNOTATION,
-    ]
-    .contains(&key)
-}
-
 /// Whether the pod keeps its node busy: neither a DaemonSet's nor a mirror pod, and not
 /// finished.
 pub fn non_daemon_running(p: &Pod) -> bool {

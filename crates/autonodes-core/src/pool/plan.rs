@@ -11,6 +11,9 @@ use crate::api::reasons::ClaimCondition;
 use crate::api::{NodeClaim, NodeClaimPhase};
 
 use super::{ANNOTATION_DELETE_FIRST, ANNOTATION_REPLACES, LABEL_TEMPLATE_HASH};
+use crate::api::reasons::PoolReason;
+use crate::api::NodeClaimSpec;
+use k8s_openapi::jiff::Timestamp;
 
 /// What the planner knows about one claim of a pool.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -310,6 +313,69 @@ pub fn plan_claims(claims: &[ClaimView], desired: Option<usize>, allowed: Allowa
         plan.short += wanted - n;
     }
     plan
+}
+
+/// A claim to create.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewClaim {
+    /// Its spec: the pool's template, with `typeRef` and `desiredCapacity` when chosen.
+    pub spec: NodeClaimSpec,
+    /// The claim it replaces (rolling update, expiry).
+    pub replaces: Option<String>,
+    /// The pending pods it is for (dynamic pools).
+    pub pods: Vec<String>,
+}
+
+/// What one reconcile of a pool does.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PoolPlan {
+    /// Claims to delete (by name), with why.
+    pub delete: Vec<(String, DeleteReason)>,
+    /// Claims to create.
+    pub create: Vec<NewClaim>,
+    /// `autonodes.io/empty-since` to set (`Some`) or remove (`None`), by claim name.
+    pub empty_since: Vec<(String, Option<Timestamp>)>,
+    /// `autonodes.io/underutilized-since` to set or remove, by claim name.
+    pub underutilized_since: Vec<(String, Option<Timestamp>)>,
+    /// `Ready`, when decided here (else the status works it out from the claims).
+    pub ready: Option<Verdict>,
+    /// `LimitReached`, when decided here.
+    pub limit: Option<Verdict>,
+    /// Unschedulable pods the pool would take (dynamic pools).
+    pub pending_pods: Option<i32>,
+    /// `VClusterConfig`, for a pool made from a vCluster's configuration.
+    pub imported: Option<Verdict>,
+    /// `NodeRepair`.
+    pub repair: Option<Verdict>,
+    /// When to look again.
+    pub requeue: Duration,
+}
+
+/// A pool condition as a reconcile decided it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    /// The condition's status: `True` when set.
+    pub status: bool,
+    /// Why.
+    pub reason: PoolReason,
+    /// For people.
+    pub message: String,
+}
+
+impl Verdict {
+    /// A condition with `status`, `reason` and `message`.
+    pub fn new(status: bool, reason: PoolReason, message: impl Into<String>) -> Verdict {
+        Verdict {
+            status,
+            reason,
+            message: message.into(),
+        }
+    }
+
+    /// `Ready=False` for `reason`: something keeps the pool from working.
+    pub fn problem(reason: impl Into<PoolReason>, message: impl Into<String>) -> Verdict {
+        Verdict::new(false, reason.into(), message)
+    }
 }
 
 #[cfg(test)]

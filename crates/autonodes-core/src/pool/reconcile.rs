@@ -22,8 +22,9 @@ use crate::scheduling::ClaimRequest;
 use super::do_not_disrupt;
 use super::dynamic::{self, DynamicInput, Tenant};
 use super::limits::ClaimRoom;
-use super::plan::{claim_views, is_live, plan_claims, Allowance, DeleteReason};
-use super::status::Verdict;
+use super::plan::Verdict;
+use super::plan::{claim_views, is_live, plan_claims, Allowance};
+use super::plan::{NewClaim, PoolPlan};
 use super::{
     budget::{allowed_disruptions, scale_down_pace},
     claim_object, expire_after, template_hash, template_spec, LABEL_TEMPLATE_HASH,
@@ -60,42 +61,6 @@ pub struct Observed<'a> {
     pub room: &'a ClaimRoom,
     /// The time of the observation.
     pub now: Timestamp,
-}
-
-/// A claim to create.
-#[derive(Clone, Debug, PartialEq)]
-pub struct NewClaim {
-    /// Its spec: the pool's template, with `typeRef` and `desiredCapacity` when chosen.
-    pub spec: NodeClaimSpec,
-    /// The claim it replaces (rolling update, expiry).
-    pub replaces: Option<String>,
-    /// The pending pods it is for (dynamic pools).
-    pub pods: Vec<String>,
-}
-
-/// What one reconcile of a pool does.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct PoolPlan {
-    /// Claims to delete (by name), with why.
-    pub delete: Vec<(String, DeleteReason)>,
-    /// Claims to create.
-    pub create: Vec<NewClaim>,
-    /// `autonodes.io/empty-since` to set (`Some`) or remove (`None`), by claim name.
-    pub empty_since: Vec<(String, Option<Timestamp>)>,
-    /// `autonodes.io/underutilized-since` to set or remove, by claim name.
-    pub underutilized_since: Vec<(String, Option<Timestamp>)>,
-    /// `Ready`, when decided here (else the status works it out from the claims).
-    pub ready: Option<Verdict>,
-    /// `LimitReached`, when decided here.
-    pub limit: Option<Verdict>,
-    /// Unschedulable pods the pool would take (dynamic pools).
-    pub pending_pods: Option<i32>,
-    /// `VClusterConfig`, for a pool made from a vCluster's configuration.
-    pub imported: Option<Verdict>,
-    /// `NodeRepair`.
-    pub repair: Option<Verdict>,
-    /// When to look again.
-    pub requeue: Duration,
 }
 
 /// Why the pool's template cannot be used: its provider does not exist

@@ -16,7 +16,7 @@ use crate::api::reasons::{ClaimCondition, ClaimReason, PoolReason};
 use crate::api::NodeClaim;
 
 use super::plan::is_live;
-use super::status::Verdict;
+use super::plan::Verdict;
 
 /// Above this share of unhealthy live claims (in percent) a pool repairs none, as Karpenter.
 pub const UNHEALTHY_LIMIT_PERCENT: usize = 20;

@@ -18,35 +18,9 @@ use crate::resources;
 
 use super::pack::Amount;
 use super::plan::is_live;
-use super::reconcile::PoolPlan;
+use super::plan::PoolPlan;
+use super::plan::Verdict;
 use super::{selector, template_hash, LABEL_TEMPLATE_HASH};
-
-/// A pool condition as a reconcile decided it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Verdict {
-    /// The condition's status: `True` when set.
-    pub status: bool,
-    /// Why.
-    pub reason: PoolReason,
-    /// For people.
-    pub message: String,
-}
-
-impl Verdict {
-    /// A condition with `status`, `reason` and `message`.
-    pub fn new(status: bool, reason: PoolReason, message: impl Into<String>) -> Verdict {
-        Verdict {
-            status,
-            reason,
-            message: message.into(),
-        }
-    }
-
-    /// `Ready=False` for `reason`: something keeps the pool from working.
-    pub fn problem(reason: impl Into<PoolReason>, message: impl Into<String>) -> Verdict {
-        Verdict::new(false, reason.into(), message)
-    }
-}
 
 /// `VClusterConfig` of a pool made from a vCluster's configuration: False with the
 /// `problem` when there is one (the configuration cannot be read, or this pool's entry

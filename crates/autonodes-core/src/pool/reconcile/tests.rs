@@ -15,7 +15,8 @@ use super::*;
 use crate::api::conditions;
 use crate::api::reasons::{PoolCondition, PoolReason};
 use crate::api::{NodePoolStatus, NodeProvider, Overhead};
-use crate::pool::status::{new_problems, pool_status, Verdict};
+use crate::pool::plan::{DeleteReason, Verdict};
+use crate::pool::status::{new_problems, pool_status};
 use crate::pool::{ANNOTATION_EMPTY_SINCE, ANNOTATION_UNDERUTILIZED_SINCE, LABEL_TEMPLATE_HASH};
 
 fn at(secs: i64) -> Timestamp {

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use autonodes_core::pool::plan::DeleteReason;
-use autonodes_core::pool::reconcile::{NewClaim, PoolPlan};
+use autonodes_core::pool::plan::{NewClaim, PoolPlan};
 use autonodes_core::pool::status::{is_problem, pool_status};
 use autonodes_core::pool::{
     self, claim_object, ANNOTATION_EMPTY_SINCE, ANNOTATION_UNDERUTILIZED_SINCE,

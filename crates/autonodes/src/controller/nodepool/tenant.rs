@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use autonodes_core::pool::pack::annotation_read_by_planning;
-use autonodes_core::pool::status::Verdict;
+use autonodes_core::pool::do_not_disrupt::annotation_read_by_planning;
+use autonodes_core::pool::plan::Verdict;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams};

@@ -44,6 +44,7 @@ pub mod orphans;
 pub mod pool;
 pub mod properties;
 pub mod quota;
+pub mod render;
 pub mod requirements;
 pub mod resources;
 pub mod scheduling;

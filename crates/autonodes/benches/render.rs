@@ -10,11 +10,11 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use autonodes::api::{NodeClaim, NodeProvider};
-use autonodes::render::{plan_node, render_node};
 use autonodes::scheduling::{self, ClaimRequest};
 use autonodes::template;
 use autonodes::userdata::{self, JoinParams, JoinTemplate, UserDataInput};
 use autonodes_core::catalogue::Catalogue;
+use autonodes_core::render::{plan_node, render_node};
 use autonodes_core::template::merge::strategic_merge;
 use autonodes_core::template::names::VmIdentity;
 use criterion::{criterion_group, Criterion, Throughput};

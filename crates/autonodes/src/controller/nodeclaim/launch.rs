@@ -21,9 +21,9 @@ use crate::join::JoinInfo;
 use crate::kubevirt::ObservedVm;
 use crate::remote::clients::{status_message, Remote};
 use crate::remote::host::VmCreate;
-use crate::render::{self, RenderError, RenderedNode};
 use crate::userdata::{self, BootstrapToken, JoinParams, UserDataError};
 use autonodes_core::catalogue::PreparedType;
+use autonodes_core::render::{self, RenderError, RenderedNode};
 
 /// The launch stage.
 pub(super) async fn launch(p: &mut Provisioning<'_>) -> Result<Step, Error> {

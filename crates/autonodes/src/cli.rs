@@ -35,7 +35,7 @@ pub enum Command {
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Crdgen { out } => {
-            for path in crate::crdgen::write_all(&out)? {
+            for path in autonodes_api::crdgen::write_all(&out)? {
                 println!("wrote {}", path.display());
             }
             Ok(())

@@ -8,11 +8,11 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 use serde_json::Value;
 
-use crate::api::{NodeClaim, NodeProvider};
-use crate::userdata::{self, JoinParams};
+use autonodes_api::{NodeClaim, NodeProvider};
 use autonodes_core::catalogue::Catalogue;
 use autonodes_core::render::plan_node;
 use autonodes_core::template::names::USER_DATA_KEY;
+use autonodes_core::userdata::{self, JoinParams};
 
 // ---------------------------------------------------------------------------------------
 // `autonodes render`
@@ -49,12 +49,12 @@ pub struct RenderArgs {
     /// the kubelet and kubeadm a stock image installs (at provisioning it is read from the
     /// tenant's `/version`).
     #[arg(long = "kubernetes-version", value_name = "V", default_value = "v1.33.0",
-          value_parser = crate::kubeversion::KubeVersion::parse)]
-    pub kubernetes_version: crate::kubeversion::KubeVersion,
+          value_parser = autonodes_core::kubeversion::KubeVersion::parse)]
+    pub kubernetes_version: autonodes_core::kubeversion::KubeVersion,
     /// Where a stock image downloads the kubelet and kubeadm (as `autonodes run
     /// --kubernetes-download-url`).
     #[arg(long = "kubernetes-download-url", value_name = "URL", default_value = userdata::DEFAULT_DOWNLOAD_URL,
-          value_parser = crate::userdata::parse_download_url)]
+          value_parser = autonodes_core::userdata::parse_download_url)]
     pub kubernetes_download_url: String,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Yaml)]
@@ -264,7 +264,7 @@ pub fn run(args: RenderArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{NodeClaimSpec, VClusterRef};
+    use autonodes_api::{NodeClaimSpec, VClusterRef};
     use autonodes_core::render::render_node;
     use k8s_openapi::ByteString;
     use serde_json::json;

@@ -103,8 +103,8 @@ pub struct RunArgs {
     /// (`<url>/<version>/bin/linux/<arch>/<binary>` with a `.sha256` beside each, the layout
     /// of dl.k8s.io); point it at a mirror for air-gapped sites. A node type's
     /// `autonodes.io/kubernetes-download-url` property wins.
-    #[arg(long, env = "AUTONODES_KUBERNETES_DOWNLOAD_URL", default_value = crate::userdata::DEFAULT_DOWNLOAD_URL,
-          value_parser = crate::userdata::parse_download_url)]
+    #[arg(long, env = "AUTONODES_KUBERNETES_DOWNLOAD_URL", default_value = autonodes_core::userdata::DEFAULT_DOWNLOAD_URL,
+          value_parser = autonodes_core::userdata::parse_download_url)]
     pub kubernetes_download_url: String,
     /// The most live NodeClaims pools may bring one namespace to; a pool at the cap
     /// reports `LimitReached=True` (reason `NamespaceClaimLimit`) and creates no more.
@@ -182,7 +182,7 @@ fn parse_any_duration(s: &str) -> Result<Duration, String> {
         return Err(format!("`{s}` must not be negative"));
     }
     // The API crate's parser never panics (a value too large for a Duration is an error).
-    crate::api::parse_go_duration(t)
+    autonodes_api::parse_go_duration(t)
         .map_err(|why| format!("`{s}` is not a duration such as 90s, 10m or 1h: {why}"))
 }
 
@@ -294,7 +294,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         drain_timeout: args.drain_timeout,
         orphan_sweep_interval: args.orphan_sweep_interval,
         vcluster_import: args.vcluster_config_namespaces.clone(),
-        kubeconfig_policy: crate::kubeconfig::KubeconfigPolicy {
+        kubeconfig_policy: autonodes_core::kubeconfig::KubeconfigPolicy {
             allow_insecure_skip_tls_verify: args.allow_insecure_skip_tls_verify,
         },
         kubernetes_download_url: args.kubernetes_download_url.clone(),

@@ -45,10 +45,10 @@ use kube::{Resource, ResourceExt};
 
 use super::lenient;
 use super::reflectors::Touched;
-use crate::api::capi::*;
-use crate::api::{NodeClaim, NodePool, NodeType};
 use crate::controller::context::Context;
 use crate::controller::error::Error;
+use autonodes_api::capi::*;
+use autonodes_api::{NodeClaim, NodePool, NodeType};
 
 pub mod context;
 

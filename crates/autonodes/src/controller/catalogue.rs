@@ -9,9 +9,9 @@ use std::sync::Arc;
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 
-use crate::api::{NodeProvider, NodeType, ProviderPhase};
-use crate::conditions;
 use crate::controller::context::Context;
+use autonodes_api::conditions;
+use autonodes_api::{NodeProvider, NodeType, ProviderPhase};
 use autonodes_core::catalogue::{Catalogue, ProviderContext};
 
 /// The catalogue of every NodeType, with types whose provider cannot be used marked as
@@ -76,7 +76,7 @@ fn prepare_catalogue(ctx: &Context) -> Catalogue {
 }
 
 /// Claims per NodeType that hold capacity, by the one rule ([`autonodes_core::catalogue::count_claimed`]),
-/// with this process's reservations: the ledger's counts ([`crate::ledger`]).
+/// with this process's reservations: the ledger's counts ([`autonodes_core::ledger`]).
 pub fn claimed_counts(ctx: &Context) -> BTreeMap<String, i64> {
     ctx.ledger(|l| l.counts().clone())
 }
@@ -123,10 +123,10 @@ pub fn unusable(t: &NodeType, provider: Option<&NodeProvider>) -> Option<(&'stat
 
 /// Every NodeQuota in the store, prepared (what claim scheduling and pools' claim room
 /// check against).
-pub fn prepared_quotas(ctx: &Context) -> Vec<crate::quota::PreparedQuota> {
+pub fn prepared_quotas(ctx: &Context) -> Vec<autonodes_core::quota::PreparedQuota> {
     ctx.quotas
         .state()
         .iter()
-        .map(|q| crate::quota::PreparedQuota::new(&q.name_any(), &q.spec))
+        .map(|q| autonodes_core::quota::PreparedQuota::new(&q.name_any(), &q.spec))
         .collect()
 }

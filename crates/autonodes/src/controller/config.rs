@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::kubeconfig::KubeconfigPolicy;
+use autonodes_core::kubeconfig::KubeconfigPolicy;
 
 /// Settings of the controllers (from `autonodes run` flags).
 #[derive(Clone, Debug)]
@@ -63,7 +63,7 @@ impl Default for ControllerConfig {
             kubeconfig_policy: KubeconfigPolicy::default(),
             orphan_sweep_interval: Duration::from_secs(300),
             vcluster_import: ImportScope::Off,
-            kubernetes_download_url: crate::userdata::DEFAULT_DOWNLOAD_URL.to_string(),
+            kubernetes_download_url: autonodes_core::userdata::DEFAULT_DOWNLOAD_URL.to_string(),
             max_claims_per_namespace:
                 autonodes_core::pool::limits::DEFAULT_MAX_CLAIMS_PER_NAMESPACE,
             require_quota: false,
@@ -103,7 +103,10 @@ impl ImportScope {
             .filter(|n| !n.is_empty())
             .map(str::to_string)
             .collect();
-        if let Some(bad) = namespaces.iter().find(|n| !crate::names::is_dns_label(n)) {
+        if let Some(bad) = namespaces
+            .iter()
+            .find(|n| !autonodes_core::names::is_dns_label(n))
+        {
             return Err(format!("{bad:?} is not a namespace name"));
         }
         Ok(ImportScope::Namespaces(namespaces))

@@ -15,9 +15,9 @@ use kube::{Client, Resource};
 use super::config::ControllerConfig;
 use super::lenient;
 use super::reflectors::Reflectors;
-use crate::api::{NodeClaim, NodePool, NodeProvider, NodeQuota, NodeType};
 use crate::metrics::Metrics;
 use crate::remote::clients::ClusterClients;
+use autonodes_api::{NodeClaim, NodePool, NodeProvider, NodeQuota, NodeType};
 
 /// Field manager of every write autonodes makes.
 pub const FIELD_MANAGER: &str = "autonodes";
@@ -48,7 +48,7 @@ pub struct Context {
     /// The claimed capacity per NodeType, kept up to date by the claim store's watch
     /// (before [`Context::wait_synced`] resolves) and by this process's scheduling
     /// decisions and releases. Locked only briefly, never across an await.
-    pub claimed: Arc<std::sync::Mutex<crate::ledger::ClaimedLedger>>,
+    pub claimed: Arc<std::sync::Mutex<autonodes_core::ledger::ClaimedLedger>>,
     /// Per vCluster (`<namespace>/<name>`) and imported pool name, why its configuration
     /// could not be imported for that pool ([`vcluster_import`]); read by the pool
     /// controller for the pools' `VClusterConfig` condition.
@@ -60,7 +60,7 @@ pub struct Context {
     /// Each tenant's published join address and version, and when they were read
     /// ([`crate::remote::tenant::Tenant::join_info`]).
     pub published_joins: std::sync::Mutex<
-        std::collections::HashMap<String, (std::time::Instant, crate::join::JoinInfo)>,
+        std::collections::HashMap<String, (std::time::Instant, autonodes_core::join::JoinInfo)>,
     >,
     /// Claims this process created, deleted or annotated that the claim store does not show
     /// yet ([`Context::claims_in`]).
@@ -83,7 +83,7 @@ pub type PreparedCatalogue = ((u64, u64), Arc<autonodes_core::catalogue::Catalog
 impl Context {
     /// Runs `f` on the capacity ledger (a poisoned lock still holds a consistent ledger:
     /// every change is one call).
-    pub fn ledger<T>(&self, f: impl FnOnce(&mut crate::ledger::ClaimedLedger) -> T) -> T {
+    pub fn ledger<T>(&self, f: impl FnOnce(&mut autonodes_core::ledger::ClaimedLedger) -> T) -> T {
         f(&mut ledger_guard(&self.claimed))
     }
 
@@ -150,7 +150,7 @@ impl Context {
             .clone()
             .unwrap_or_else(|| "kube-system".into());
         let now = now();
-        let name = crate::names::event_name(
+        let name = autonodes_core::names::event_name(
             regarding.name.as_deref().unwrap_or("autonodes"),
             now.as_nanosecond(),
         );
@@ -160,9 +160,9 @@ impl Context {
                 namespace: Some(namespace.clone()),
                 ..Default::default()
             },
-            action: Some(crate::conditions::cut(action, 128)),
-            reason: Some(crate::conditions::cut(reason, 128)),
-            note: Some(crate::conditions::cut(&note, 1000)),
+            action: Some(autonodes_api::conditions::cut(action, 128)),
+            reason: Some(autonodes_api::conditions::cut(reason, 128)),
+            note: Some(autonodes_api::conditions::cut(&note, 1000)),
             type_: Some(match type_ {
                 EventType::Normal => "Normal".into(),
                 EventType::Warning => "Warning".into(),
@@ -234,8 +234,8 @@ pub fn now() -> Timestamp {
 /// The ledger behind its lock; a poisoned lock still holds a consistent ledger (every
 /// change is one call), so the watch keeps feeding it and scheduling keeps reading it.
 pub fn ledger_guard(
-    lock: &std::sync::Mutex<crate::ledger::ClaimedLedger>,
-) -> std::sync::MutexGuard<'_, crate::ledger::ClaimedLedger> {
+    lock: &std::sync::Mutex<autonodes_core::ledger::ClaimedLedger>,
+) -> std::sync::MutexGuard<'_, autonodes_core::ledger::ClaimedLedger> {
     lock.lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }

@@ -101,8 +101,8 @@ impl Error {
     /// The claim reason of an error reaching a host or tenant cluster or reading its
     /// kubeconfig Secret: `{Host,Tenant}Forbidden` for a 401/403, else
     /// `{Host,Tenant}Unreachable`; `None` for other errors.
-    pub fn cluster_reason(&self) -> Option<crate::api::reasons::ClaimReason> {
-        use crate::api::reasons::ClaimReason as R;
+    pub fn cluster_reason(&self) -> Option<autonodes_api::reasons::ClaimReason> {
+        use autonodes_api::reasons::ClaimReason as R;
         Some(match self {
             Error::Client(c) => c.reason().into(),
             Error::Remote {

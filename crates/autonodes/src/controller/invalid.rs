@@ -10,8 +10,8 @@ use kube::runtime::events::EventType;
 use kube::Client;
 
 use super::lenient::{Report, FIELD_MANAGER, REASON};
-use crate::conditions;
 use crate::controller::context::Context;
+use autonodes_api::conditions;
 
 /// Reports undecodable objects until the channel closes: an object whose stored status
 /// already says `InvalidSpec` with the same error is left alone, so each change is

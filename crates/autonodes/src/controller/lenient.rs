@@ -232,7 +232,7 @@ pub fn watch_config() -> watcher::Config {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::NodePool;
+    use autonodes_api::NodePool;
 
     fn pool(consolidate_after: &str) -> serde_json::Value {
         serde_json::json!({

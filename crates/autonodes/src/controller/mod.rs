@@ -64,7 +64,9 @@ pub async fn run(
     config.egress = config.egress.protecting(&protected);
     let reflectors = Arc::new(Reflectors::new());
     let r = &reflectors;
-    let claimed = Arc::new(std::sync::Mutex::new(crate::ledger::ClaimedLedger::new()));
+    let claimed = Arc::new(std::sync::Mutex::new(
+        autonodes_core::ledger::ClaimedLedger::new(),
+    ));
     {
         let claimed = claimed.clone();
         r.claims.observe(move |change| {

@@ -1,5 +1,5 @@
 //! NodeQuota controller: what the claims of each namespace a quota covers hold, in the
-//! quota's status. Scheduling enforces quotas itself ([`crate::quota`], in the schedule
+//! quota's status. Scheduling enforces quotas itself ([`autonodes_core::quota`], in the schedule
 //! stage, from the capacity ledger); this status is what users read.
 
 use std::sync::Arc;
@@ -11,17 +11,17 @@ use kube::runtime::events::EventType;
 use kube::ResourceExt;
 
 use super::catalogue::catalogue;
-use crate::api::reasons::QuotaReason;
-use crate::api::NodeClaim;
-use crate::api::{NamespaceUsage, NodeQuota, NodeQuotaStatus};
-use crate::conditions::{self, status_of};
 use crate::controller::context::{now, Context};
 use crate::controller::error::Error;
 use crate::controller::reconciler::{self, log_run_error, Reconciler};
 use crate::controller::reflectors::Reflectors;
 use crate::controller::status::apply_status;
 use crate::controller::status::WriteGap;
-use crate::quota::{PreparedQuota, Usage};
+use autonodes_api::conditions::{self, status_of};
+use autonodes_api::reasons::QuotaReason;
+use autonodes_api::NodeClaim;
+use autonodes_api::{NamespaceUsage, NodeQuota, NodeQuotaStatus};
+use autonodes_core::quota::{PreparedQuota, Usage};
 use futures::StreamExt;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::Controller;
@@ -66,7 +66,7 @@ pub async fn run(
             quotas_of_claims
                 .state()
                 .into_iter()
-                .filter(|q| crate::quota::covers(&q.spec, &namespace))
+                .filter(|q| autonodes_core::quota::covers(&q.spec, &namespace))
                 .map(|q| ObjectRef::from_obj(&*q))
                 .collect::<Vec<_>>()
         })

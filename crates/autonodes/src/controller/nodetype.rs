@@ -10,10 +10,6 @@ use kube::runtime::events::EventType;
 use kube::ResourceExt;
 
 use super::catalogue::{catalogue, provider_of, unusable};
-use crate::api::ResourceList;
-use crate::api::{NodeClaim, NodeProvider};
-use crate::api::{NodeType, NodeTypeHost, NodeTypePhase};
-use crate::conditions::{self, status_of};
 use crate::controller::context::{now, Context};
 use crate::controller::error::Error;
 use crate::controller::reconciler::{self, log_run_error, Reconciler};
@@ -22,8 +18,12 @@ use crate::controller::status::apply_status;
 use crate::controller::status::WriteGap;
 use crate::remote::clients::{remote_error_text, REMOTE_TIMEOUT};
 use crate::remote::host_room;
-use crate::template::instancetype::{instancetype_resources, Matcher};
+use autonodes_api::conditions::{self, status_of};
+use autonodes_api::ResourceList;
+use autonodes_api::{NodeClaim, NodeProvider};
+use autonodes_api::{NodeType, NodeTypeHost, NodeTypePhase};
 use autonodes_core::catalogue::{ProviderContext, TypeProblem};
+use autonodes_core::template::instancetype::{instancetype_resources, Matcher};
 use futures::channel::mpsc::UnboundedReceiver;
 use futures::StreamExt;
 use kube::api::DynamicObject;
@@ -49,7 +49,7 @@ pub const INSTANCETYPE_READ_GAP: Duration = Duration::from_secs(60);
 async fn read_instancetype(
     t: &NodeType,
     it: &Matcher,
-    p: &crate::api::NodeProvider,
+    p: &autonodes_api::NodeProvider,
     ctx: &TypeContext,
 ) -> Result<ResourceList, String> {
     let key = format!(
@@ -70,7 +70,7 @@ async fn read_instancetype(
     let cluster = &p.spec.kube_virt.cluster_ref.cluster;
     let read = async {
         let remote = ctx.clients.host(cluster).await.map_err(|e| e.to_string())?;
-        let resource = crate::kubevirt::instancetype(&it.kind);
+        let resource = autonodes_api::kubevirt::instancetype(&it.kind);
         let api: Api<DynamicObject> = if it.is_cluster_scoped() {
             Api::all_with(remote.client.clone(), &resource)
         } else {

@@ -19,17 +19,17 @@ use kube::runtime::finalizer::{finalizer, Event as Finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 
-use crate::api::{
-    NodeProvider, NodeProviderStatus, NodeType, ProviderPhase, FINALIZER, LABEL_MANAGED_BY,
-    LABEL_PROVIDER, MANAGED_BY,
-};
-use crate::conditions::{self, status_of, FALSE};
 use crate::controller::context::{now, Context, FIELD_MANAGER};
 use crate::controller::error::Error;
 use crate::controller::status::apply_status;
-use crate::kubevirt;
 use crate::remote::clients::{remote_error_text, REMOTE_TIMEOUT};
 use crate::remote::host::Host;
+use autonodes_api::conditions::{self, status_of, FALSE};
+use autonodes_api::kubevirt;
+use autonodes_api::{
+    NodeProvider, NodeProviderStatus, NodeType, ProviderPhase, FINALIZER, LABEL_MANAGED_BY,
+    LABEL_PROVIDER, MANAGED_BY,
+};
 use autonodes_core::catalogue::ProviderContext;
 
 /// Condition: the host cluster answers and serves KubeVirt.

@@ -28,8 +28,8 @@ use kube::runtime::watcher;
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
 
-use crate::api::capi::{Machine, MachinePool};
-use crate::api::{NodeClaim, NodePool, NodeProvider, NodeQuota, NodeType};
+use autonodes_api::capi::{Machine, MachinePool};
+use autonodes_api::{NodeClaim, NodePool, NodeProvider, NodeQuota, NodeType};
 
 use super::lenient::{self, Reports};
 

@@ -16,7 +16,7 @@ use serde::Serialize;
 
 use super::context::{Context, FIELD_MANAGER};
 use super::error::Error;
-use crate::conditions;
+use autonodes_api::conditions;
 
 /// When each object's status was last written, by name: what keeps a burst of changes to
 /// counts alone (a claim more or less on a NodeType, in a NodeQuota's namespace) to one

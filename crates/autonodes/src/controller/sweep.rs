@@ -3,7 +3,7 @@
 //! (`app.kubernetes.io/managed-by=autonodes`), then the NodeClaims, and delete the
 //! VirtualMachines, user-data Secrets, DataVolumes and bootstrap tokens whose claim no
 //! longer exists, and the tenant Nodes their VMs registered (labelled with this
-//! installation; `crate::orphans` picks them). Each removal is an Event, a log line and
+//! installation; `autonodes_core::orphans` picks them). Each removal is an Event, a log line and
 //! `autonodes_orphans_removed_total{kind}`. A cluster that cannot be read is skipped until
 //! the next sweep; nothing is deleted without a fresh list of the claims.
 
@@ -16,13 +16,13 @@ use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Objec
 use kube::runtime::events::EventType;
 use kube::ResourceExt;
 
-use crate::api::{NodeClaim, LABEL_INSTALLATION, LABEL_MANAGED_BY, MANAGED_BY};
 use crate::controller::context::Context;
-use crate::kubevirt;
-use crate::orphans::{orphans, Cluster, Found, OrphanKind};
 use crate::remote::calls::{not_found, remote_call};
 use crate::remote::clients::{ClientError, ClusterKey, Remote};
 use crate::remote::watched::TOKEN_NAMESPACE;
+use autonodes_api::kubevirt;
+use autonodes_api::{NodeClaim, LABEL_INSTALLATION, LABEL_MANAGED_BY, MANAGED_BY};
+use autonodes_core::orphans::{orphans, Cluster, Found, OrphanKind};
 
 /// Runs the sweep until `stop` resolves: first once the caches have synced, then every
 /// `interval`.
@@ -152,7 +152,7 @@ async fn list_into(
     // Nodes carry no managed-by label (their kubelet made them): this installation's.
     let installed = ListParams::default().labels(&format!(
         "{LABEL_INSTALLATION}={}",
-        crate::names::label_value(&ctx.config.installation)
+        autonodes_core::names::label_value(&ctx.config.installation)
     ));
     for &kind in kinds {
         let api = api_for(remote, kind, namespace);

@@ -1,5 +1,5 @@
 //! vCluster import: a vCluster's own configuration, the Secret `vc-config-<name>` its chart
-//! writes, kept as NodePools (the mapping is the core's [`crate::vcluster`]).
+//! writes, kept as NodePools (the mapping is the core's [`autonodes_core::vcluster`]).
 //!
 //! observe (the Secret, the vCluster's kubeconfig Secret `vc-<name>` next to it, the pools
 //! it owns) → plan (core: the pools of the configuration) → act (server-side apply of each
@@ -24,11 +24,11 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{watcher, Controller, WatchStreamExt};
 use kube::{Resource, ResourceExt};
 
-use crate::api::NodePool;
 use crate::controller::config::ImportScope;
 use crate::controller::context::Context;
 use crate::controller::error::Error;
-use crate::vcluster::{self, CONFIG_SECRET_KEY, CONFIG_SECRET_PREFIX};
+use autonodes_api::NodePool;
+use autonodes_core::vcluster::{self, CONFIG_SECRET_KEY, CONFIG_SECRET_PREFIX};
 
 /// The field manager of the pools this controller writes.
 const MANAGER: &str = "autonodes-vcluster-import";
@@ -182,7 +182,7 @@ async fn remove_claims_of(ctx: &Context, pool: &NodePool) -> Result<(), Error> {
     let Some(pool_uid) = pool.uid() else {
         return Ok(());
     };
-    let claims: Api<crate::api::NodeClaim> = Api::namespaced(ctx.client.clone(), &ns);
+    let claims: Api<autonodes_api::NodeClaim> = Api::namespaced(ctx.client.clone(), &ns);
     for c in ctx.claims_in(&ns).iter().filter(|c| {
         autonodes_core::pool::owned_by(c, &pool_uid) && c.meta().deletion_timestamp.is_none()
     }) {
@@ -235,7 +235,7 @@ async fn reconcile(secret: Arc<Secret>, ictx: Arc<ImportContext>) -> Result<Acti
         .and_then(|d| d.get(CONFIG_SECRET_KEY))
         .map(|b| b.0.as_slice())
         .unwrap_or_default();
-    let key = format!("{ns}/{}", crate::names::label_value(vcluster));
+    let key = format!("{ns}/{}", autonodes_core::names::label_value(vcluster));
     let config = match vcluster::parse(text) {
         Ok(c) => c,
         Err(e) => {

@@ -85,6 +85,6 @@ where
 
 /// The label selector of the objects autonodes made for the claim with `uid`.
 pub fn claim_selector(uid: &str) -> String {
-    use crate::api::{LABEL_MANAGED_BY, LABEL_NODECLAIM_UID, MANAGED_BY};
+    use autonodes_api::{LABEL_MANAGED_BY, LABEL_NODECLAIM_UID, MANAGED_BY};
     format!("{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_NODECLAIM_UID}={uid}")
 }

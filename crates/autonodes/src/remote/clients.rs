@@ -6,7 +6,7 @@
 //!   namespace, or the management cluster itself for `local`;
 //! - tenant clusters: the Secret `vc-<vcluster>` (key `config`) in the claim's namespace.
 //!
-//! Their bytes are untrusted: they go through [`crate::kubeconfig::check`] and only what it
+//! Their bytes are untrusted: they go through [`autonodes_core::kubeconfig::check`] and only what it
 //! accepts becomes a client (built field by field here, never by kube's kubeconfig loader,
 //! which would run `exec` plugins, read files and follow proxies). A refused Secret is a
 //! [`ClientError::InvalidKubeconfig`] naming the field, logged once per Secret version.
@@ -19,7 +19,7 @@
 //! [`OnConnect`] hook; the tasks it returns are aborted when the client is replaced or
 //! dropped, and the caches it returns travel with the client ([`Remote::cache`]).
 
-use crate::api::reasons::ClusterReason;
+use autonodes_api::reasons::ClusterReason;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
@@ -33,12 +33,12 @@ use kube::{Client, Config};
 use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
 
-use crate::kubeconfig::{self, CheckedKubeconfig, KubeconfigPolicy};
 use crate::remote::request_metrics::ClusterKind;
+use autonodes_core::kubeconfig::{self, CheckedKubeconfig, KubeconfigPolicy};
 
 /// The name that makes a provider's VMs go to the management cluster itself.
 pub const LOCAL_CLUSTER: &str = "local";
-pub use crate::api::{HOST_KUBECONFIG_KEY, TENANT_KUBECONFIG_KEY};
+pub use autonodes_api::{HOST_KUBECONFIG_KEY, TENANT_KUBECONFIG_KEY};
 /// How long a remote API call may take before the cluster counts as unreachable.
 pub const REMOTE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a kubeconfig Secret read stays good before the next use reads it again.
@@ -582,14 +582,14 @@ pub fn status_message(s: &kube::core::Status) -> String {
 
 /// `text` on one line, at most `max` bytes (an ellipsis marks a cut).
 fn bounded(text: &str, max: usize) -> String {
-    crate::conditions::cut(&crate::conditions::one_line(text), max)
+    autonodes_api::conditions::cut(&autonodes_api::conditions::one_line(text), max)
 }
 
 /// The server URL and CA PEM of the current context of a kubeconfig *file the operator
 /// names* (`autonodes render --tenant-kubeconfig`). The CA comes from
 /// `certificate-authority-data`, or, when `base_dir` is given, from the
 /// `certificate-authority` file relative to it. Never used for kubeconfig Secrets: those go
-/// through [`crate::kubeconfig::check`].
+/// through [`autonodes_core::kubeconfig::check`].
 pub fn server_and_ca(
     kc: &Kubeconfig,
     base_dir: Option<&std::path::Path>,
@@ -743,8 +743,9 @@ mod tests {
             "clusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:6443\n    certificate-authority-data: {}\nusers:\n- name: u\n  user:\n    token: abc\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n",
             b64.encode(ca)
         );
-        let checked = crate::kubeconfig::check(text.as_bytes(), &KubeconfigPolicy::default())
-            .expect("accepted");
+        let checked =
+            autonodes_core::kubeconfig::check(text.as_bytes(), &KubeconfigPolicy::default())
+                .expect("accepted");
         let config = client_config(&checked).expect("config");
         assert_eq!(config.cluster_url.to_string(), "https://127.0.0.1:6443/");
         assert_eq!(config.root_cert.as_ref().map(Vec::len), Some(1));
@@ -766,8 +767,9 @@ mod tests {
             b64.encode(include_str!("../../../autonodes-core/src/kubeconfig/testdata/client.pem")),
             b64.encode(include_str!("../../../autonodes-core/src/kubeconfig/testdata/client.key")),
         );
-        let checked = crate::kubeconfig::check(text.as_bytes(), &KubeconfigPolicy::default())
-            .expect("accepted");
+        let checked =
+            autonodes_core::kubeconfig::check(text.as_bytes(), &KubeconfigPolicy::default())
+                .expect("accepted");
         let remote = build_remote(
             ClusterKey::Host("c".into()),
             &checked,

@@ -9,13 +9,13 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
 use kube::ResourceExt;
 
-use crate::api::{LABEL_MANAGED_BY, LABEL_NODECLAIM_UID, MANAGED_BY};
 use crate::controller::context::Context;
 use crate::controller::error::Error;
-use crate::kubevirt::{self, ObservedVm, ObservedVmi};
 use crate::remote::calls::{claim_selector, get_opt, not_found, read, remote_call};
 use crate::remote::clients::Remote;
-use crate::template::golden::{self, GoldenVolume};
+use autonodes_api::kubevirt::{self, ObservedVm, ObservedVmi};
+use autonodes_api::{LABEL_MANAGED_BY, LABEL_NODECLAIM_UID, MANAGED_BY};
+use autonodes_core::template::golden::{self, GoldenVolume};
 
 /// What creating a VirtualMachine found.
 pub enum VmCreate {
@@ -288,7 +288,7 @@ impl<'a> Host<'a> {
                 "namespace": g.namespace,
                 "labels": {
                     LABEL_MANAGED_BY: MANAGED_BY,
-                    golden::LABEL_GOLDEN_IMAGE: crate::names::label_value(provider),
+                    golden::LABEL_GOLDEN_IMAGE: autonodes_core::names::label_value(provider),
                 },
             },
             "spec": g.spec,
@@ -319,7 +319,7 @@ impl<'a> Host<'a> {
     /// The golden volumes of `provider` on this host, as `(namespace, name)`: from the
     /// DataVolume cache while its watch is live, else listed by label.
     pub async fn golden_volumes(&self, provider: &str) -> Result<Vec<(String, String)>, Error> {
-        let label = crate::names::label_value(provider);
+        let label = autonodes_core::names::label_value(provider);
         let ours = |dv: &kubevirt::ObservedDataVolume| {
             dv.labels().get(golden::LABEL_GOLDEN_IMAGE) == Some(&label)
         };

@@ -1,6 +1,6 @@
 //! Host capacity as the controller reads it: a host cluster's Nodes and bound pods from its
 //! watch caches ([`crate::remote::watched::HostCache`]), and which claims' VMs have a bound launcher
-//! pod, handed to the pure model ([`crate::host_capacity`]). Scheduling asks it whether a
+//! pod, handed to the pure model ([`autonodes_core::host_capacity`]). Scheduling asks it whether a
 //! type's VM fits (reason `HostCapacityExhausted` when not); the NodeType controller shows
 //! the headroom in the type's status and metrics.
 //!
@@ -13,15 +13,15 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 
-use crate::api::NodeClaim;
-use crate::api::NodeTypeHost;
 use crate::controller::context::Context;
-use crate::host_capacity::{self, Apart, Bound, HostModel, VmShape};
-use crate::ledger::ClaimedLedger;
-use crate::template::placement;
-use crate::zones;
+use autonodes_api::NodeClaim;
+use autonodes_api::NodeTypeHost;
 use autonodes_core::catalogue::{Catalogue, PreparedType};
+use autonodes_core::host_capacity::{self, Apart, Bound, HostModel, VmShape};
+use autonodes_core::ledger::ClaimedLedger;
 use autonodes_core::properties::PROP_ZONE;
+use autonodes_core::template::placement;
+use autonodes_core::zones;
 
 /// The most characters of a message shown in a NodeType's `status.host`.
 const MESSAGE_MAX: usize = 300;
@@ -151,7 +151,7 @@ impl<'a> ClaimRoom<'a> {
 /// A NodeType's `status.host`: the headroom of its VM on `model` (over the zones it
 /// offers), or why it is not known.
 pub fn type_host_status(t: &PreparedType, model: Result<&HostModel, &str>) -> NodeTypeHost {
-    let bounded = |m: String| crate::conditions::cut(&m, MESSAGE_MAX);
+    let bounded = |m: String| autonodes_api::conditions::cut(&m, MESSAGE_MAX);
     let model = match model {
         Ok(m) => m,
         Err(why) => {

@@ -33,12 +33,12 @@ impl<'a> Tenant<'a> {
         Tenant { ctx, remote }
     }
 
-    /// Where the tenant says nodes join ([`crate::join::published`], from
+    /// Where the tenant says nodes join ([`autonodes_core::join::published`], from
     /// `kube-system/kubeadm-config`), read at most once a minute per tenant. A tenant
     /// without that ConfigMap, or that does not let autonodes read it, publishes nothing
     /// (its kubeconfig's server is the join address); what it publishes in a form autonodes
     /// refuses is logged and not used. With it, the tenant's version from its `/version`.
-    pub async fn join_info(&self) -> Result<crate::join::JoinInfo, Error> {
+    pub async fn join_info(&self) -> Result<autonodes_core::join::JoinInfo, Error> {
         let key = self.remote.key.to_string();
         if let Ok(cache) = self.ctx.published_joins.lock() {
             if let Some((at, info)) = cache.get(&key) {
@@ -47,7 +47,7 @@ impl<'a> Tenant<'a> {
                 }
             }
         }
-        let (ns, name) = crate::join::KUBEADM_CONFIG;
+        let (ns, name) = autonodes_core::join::KUBEADM_CONFIG;
         let api: Api<ConfigMap> = Api::namespaced(self.remote.client.clone(), ns);
         let read = remote_call(
             self.ctx,
@@ -59,18 +59,18 @@ impl<'a> Tenant<'a> {
         let published = match read {
             Ok(Some(cm)) => {
                 let data = cm.data.clone().unwrap_or_default();
-                match crate::join::published(&data, cm.annotations()) {
+                match autonodes_core::join::published(&data, cm.annotations()) {
                     Ok(p) => p,
                     Err(why) => {
                         tracing::warn!(cluster = %self.remote.key, %why, "kube-system/kubeadm-config: the published join address is not used");
-                        crate::join::Published::default()
+                        autonodes_core::join::Published::default()
                     }
                 }
             }
-            Ok(None) => crate::join::Published::default(),
+            Ok(None) => autonodes_core::join::Published::default(),
             Err(Error::Remote { ref source, .. }) if crate::remote::clients::forbidden(source) => {
                 tracing::debug!(cluster = %self.remote.key, "kube-system/kubeadm-config is not readable; joining at the kubeconfig's server");
-                crate::join::Published::default()
+                autonodes_core::join::Published::default()
             }
             Err(e) => return Err(e),
         };
@@ -81,9 +81,9 @@ impl<'a> Tenant<'a> {
             self.remote.client.apiserver_version(),
         )
         .await?;
-        let version = crate::kubeversion::KubeVersion::parse(&info.git_version)
+        let version = autonodes_core::kubeversion::KubeVersion::parse(&info.git_version)
             .map_err(|why| format!("the {} reports version {why}", self.remote.key));
-        let info = crate::join::JoinInfo { published, version };
+        let info = autonodes_core::join::JoinInfo { published, version };
         if let Ok(mut cache) = self.ctx.published_joins.lock() {
             cache.insert(key, (std::time::Instant::now(), info.clone()));
         }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Node, Pod, Secret};
 use kube::runtime::reflector::{Lookup, ObjectRef, Store};
 
-use crate::kubevirt::{ObservedDataVolume, ObservedVm, ObservedVmi};
+use autonodes_api::kubevirt::{ObservedDataVolume, ObservedVm, ObservedVmi};
 
 /// Namespace of bootstrap-token Secrets in a tenant.
 pub const TOKEN_NAMESPACE: &str = "kube-system";

@@ -28,14 +28,16 @@ use kube::{Resource, ResourceExt};
 use tokio::task::JoinHandle;
 
 use super::watched::{resource_version, HostCache, Own, TenantCache, Watched, TOKEN_NAMESPACE};
-use crate::api::{
+use crate::controller::reflectors::Kind;
+use crate::remote::clients::{ClusterKey, Connected, OnConnect, Remote, RemoteCache};
+use autonodes_api::kubevirt::{
+    Observed, ObservedDataVolume, ObservedKind, ObservedVm, ObservedVmi,
+};
+use autonodes_api::{
     NodeClaim, LABEL_INSTALLATION, LABEL_MANAGED_BY, LABEL_NODECLAIM, LABEL_NODECLAIM_NAMESPACE,
     LABEL_NODECLAIM_UID, MANAGED_BY,
 };
-use crate::controller::reflectors::Kind;
-use crate::host_capacity;
-use crate::kubevirt::{Observed, ObservedDataVolume, ObservedKind, ObservedVm, ObservedVmi};
-use crate::remote::clients::{ClusterKey, Connected, OnConnect, Remote, RemoteCache};
+use autonodes_core::host_capacity;
 
 /// The claim an object belongs to, from its `autonodes.io/nodeclaim{,-namespace}` labels;
 /// when the name label is a shortened one (a claim name longer than a label value may be),
@@ -66,7 +68,7 @@ pub fn watch_hook(
     // registered and the tokens it minted; nothing else a tenant writes is cached.
     let installed = format!(
         "{LABEL_INSTALLATION}={}",
-        crate::names::label_value(installation)
+        autonodes_core::names::label_value(installation)
     );
     Arc::new(move |remote: &Remote| -> Connected {
         let cluster = remote.key.to_string();

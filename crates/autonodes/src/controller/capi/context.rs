@@ -6,10 +6,10 @@ use autonodes_core::capi::ClaimNames;
 use autonodes_core::pool::ANNOTATION_DELETE_FIRST;
 use kube::runtime::reflector::Store;
 
-use crate::api::capi::{Machine, MachinePool};
-use crate::api::reasons::ClaimCondition;
-use crate::api::NodePool;
 use crate::controller::context::Context;
+use autonodes_api::capi::{Machine, MachinePool};
+use autonodes_api::reasons::ClaimCondition;
+use autonodes_api::NodePool;
 
 /// Field manager of the mirror's writes (distinct from the other controllers', so
 /// server-side apply never drops what they own).

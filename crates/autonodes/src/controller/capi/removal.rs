@@ -14,11 +14,11 @@ use kube::ResourceExt;
 
 use super::context::{CapiContext, CLAIM_NAMES};
 use super::write::{delete_machine, write_mark};
-use crate::api::capi::{Machine, MachinePool, LABEL_POOL_NAME};
-use crate::api::{NodeClaim, NodePool};
 use crate::controller::context::Context;
 use crate::controller::error::Error;
 use crate::controller::lenient::{self, Lenient};
+use autonodes_api::capi::{Machine, MachinePool, LABEL_POOL_NAME};
+use autonodes_api::{NodeClaim, NodePool};
 
 /// Deletes the MachinePool `name` and its Machines in `ns` (when the stores show any) and
 /// clears the claims' delete-first marks.

@@ -10,10 +10,10 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::context::FIELD_MANAGER;
-use crate::api::capi::{Machine, ANNOTATION_SYNCED_REPLICAS};
-use crate::api::{NodeClaim, NodePool};
 use crate::controller::context::Context;
 use crate::controller::error::Error;
+use autonodes_api::capi::{Machine, ANNOTATION_SYNCED_REPLICAS};
+use autonodes_api::{NodeClaim, NodePool};
 use autonodes_core::capi::AUTOSCALING;
 use autonodes_core::pool::ANNOTATION_DELETE_FIRST;
 

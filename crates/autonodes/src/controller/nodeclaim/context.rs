@@ -9,8 +9,8 @@ use std::sync::Arc;
 use kube::ResourceExt;
 use tokio::sync::Mutex;
 
-use crate::api::NodeClaim;
 use crate::controller::context::Context;
+use autonodes_api::NodeClaim;
 
 /// Claims whose cleanup this process finished, so a reconcile of a cached copy from before
 /// does not clean up again (the capacity they held is the ledger's: [`Context::ledger`]).

@@ -6,7 +6,7 @@
 
 use super::provisioning::Provisioning;
 use super::status::DRIFTED;
-use crate::api::reasons::ClaimReason;
+use autonodes_api::reasons::ClaimReason;
 
 /// Sets or clears `Drifted` on the claim's status as this reconcile changes it.
 pub(super) fn drift(p: &mut Provisioning) {

@@ -10,10 +10,10 @@ use kube::ResourceExt;
 
 use super::provisioning::{elapsed_since, remaining, Provisioning, Step};
 use super::status::{INITIALIZED, READY};
-use crate::api::reasons::ClaimReason;
-use crate::api::NodeClaim;
 use crate::controller::context::now;
 use crate::controller::error::Error;
+use autonodes_api::reasons::ClaimReason;
+use autonodes_api::NodeClaim;
 
 /// The initialize stage (the last: it always stops the walk).
 pub(super) async fn initialize(p: &mut Provisioning<'_>) -> Result<Step, Error> {

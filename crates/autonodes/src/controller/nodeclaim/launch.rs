@@ -13,17 +13,17 @@ use kube::ResourceExt;
 use super::provisioning::{elapsed_since, remaining, Provisioning, Step};
 use super::status::{PROVISIONED, SCHEDULED};
 use super::tokens::ensure_token;
-use crate::api::reasons::ClaimReason;
-use crate::api::NodeClaim;
 use crate::controller::context::now;
 use crate::controller::error::Error;
-use crate::join::JoinInfo;
-use crate::kubevirt::ObservedVm;
 use crate::remote::clients::{status_message, Remote};
 use crate::remote::host::VmCreate;
-use crate::userdata::{self, BootstrapToken, JoinParams, UserDataError};
+use autonodes_api::kubevirt::ObservedVm;
+use autonodes_api::reasons::ClaimReason;
+use autonodes_api::NodeClaim;
 use autonodes_core::catalogue::PreparedType;
+use autonodes_core::join::JoinInfo;
 use autonodes_core::render::{self, RenderError, RenderedNode};
+use autonodes_core::userdata::{self, BootstrapToken, JoinParams, UserDataError};
 
 /// The launch stage.
 pub(super) async fn launch(p: &mut Provisioning<'_>) -> Result<Step, Error> {
@@ -210,7 +210,7 @@ fn join_params(
             format!(
                 "the {} runs Kubernetes {kubernetes_version}; nodes join {} or newer",
                 tenant.key,
-                crate::kubeversion::OLDEST_JOINABLE
+                autonodes_core::kubeversion::OLDEST_JOINABLE
             ),
         ));
     }

@@ -45,14 +45,14 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::Controller;
 use kube::ResourceExt;
 
-use crate::api::reasons::ClaimReason;
-use crate::api::{NodeClaim, NodeClaimPhase, NodeQuota, NodeType, FINALIZER};
-use crate::conditions;
 use crate::controller::context::{unscheduled, Context};
 use crate::controller::error::{cleanup_backoff, Error};
 use crate::controller::reconciler::{self, log_run_error, Reconciler};
 use crate::controller::reflectors::Reflectors;
 use crate::remote::clients::Remote;
+use autonodes_api::conditions;
+use autonodes_api::reasons::ClaimReason;
+use autonodes_api::{NodeClaim, NodeClaimPhase, NodeQuota, NodeType, FINALIZER};
 use autonodes_core::catalogue::PreparedType;
 use context::ClaimContext;
 use provisioning::{uid, Provisioning, Step};
@@ -110,7 +110,10 @@ pub async fn run(
                 .into_iter()
                 .filter(|c| {
                     unscheduled(c)
-                        && crate::quota::covers(&q.spec, &c.namespace().unwrap_or_default())
+                        && autonodes_core::quota::covers(
+                            &q.spec,
+                            &c.namespace().unwrap_or_default(),
+                        )
                 })
                 .map(|c| ObjectRef::from_obj(&*c))
                 .collect::<Vec<_>>()

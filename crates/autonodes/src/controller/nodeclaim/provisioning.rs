@@ -10,13 +10,13 @@ use kube::ResourceExt;
 
 use super::context::ClaimContext;
 use super::status::StatusWriter;
-use crate::api::reasons::ClaimReason;
-use crate::api::NodeClaim;
 use crate::controller::context::now;
 use crate::controller::error::Error;
 use crate::remote::clients::Remote;
 use crate::remote::host::Host;
 use crate::remote::tenant::Tenant;
+use autonodes_api::reasons::ClaimReason;
+use autonodes_api::NodeClaim;
 use autonodes_core::catalogue::PreparedType;
 
 /// One reconcile of a scheduled claim: what its stages read, and the status they change.

@@ -13,10 +13,10 @@ use kube::ResourceExt;
 use super::provisioning::{elapsed_since, remaining, uid, Provisioning, Step};
 use super::status::{JOINED, PROVISIONED};
 use super::tokens::delete_tokens;
-use crate::api::reasons::ClaimReason;
 use crate::controller::context::now;
 use crate::controller::error::Error;
-use crate::join;
+use autonodes_api::reasons::ClaimReason;
+use autonodes_core::join;
 
 /// The register stage.
 pub(super) async fn register(p: &mut Provisioning<'_>) -> Result<Step, Error> {

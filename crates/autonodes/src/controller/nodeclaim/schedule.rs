@@ -15,16 +15,16 @@ use super::context::ClaimContext;
 use super::provisioning::uid;
 use super::status::StatusWriter;
 use super::status::{PROVISIONED, SCHEDULED};
-use crate::api::reasons::ClaimReason;
-use crate::api::{NodeClaim, NodeClaimSpec};
-use crate::conditions;
 use crate::controller::catalogue::catalogue;
 use crate::controller::error::Error;
-use crate::ledger::ClaimedLedger;
-use crate::quota::{self, PreparedQuota, Usage};
 use crate::remote::host_room::{self, ClaimRoom, HostRoom, HostSnapshot};
-use crate::scheduling::{self, ClaimRequest, NoFit};
+use autonodes_api::conditions;
+use autonodes_api::reasons::ClaimReason;
+use autonodes_api::{NodeClaim, NodeClaimSpec};
 use autonodes_core::catalogue::PreparedType;
+use autonodes_core::ledger::ClaimedLedger;
+use autonodes_core::quota::{self, PreparedQuota, Usage};
+use autonodes_core::scheduling::{self, ClaimRequest, NoFit};
 
 /// The outcome of scheduling: the chosen type, prepared.
 pub struct Scheduled {

@@ -12,13 +12,13 @@ use kube::runtime::events::EventType;
 use kube::ResourceExt;
 
 use super::context::ClaimContext;
-use crate::api::reasons::{ClaimCondition, ClaimReason};
-use crate::api::{NodeClaim, NodeClaimPhase, NodeClaimStatus};
-use crate::conditions::{self, status_of, TRUE};
 use crate::controller::context::{now, Context};
 use crate::controller::error::Error;
 use crate::controller::status::apply_status;
 use crate::controller::status::report_changes;
+use autonodes_api::conditions::{self, status_of, TRUE};
+use autonodes_api::reasons::{ClaimCondition, ClaimReason};
+use autonodes_api::{NodeClaim, NodeClaimPhase, NodeClaimStatus};
 
 /// Condition: a node type was chosen.
 pub const SCHEDULED: ClaimCondition = ClaimCondition::Scheduled;

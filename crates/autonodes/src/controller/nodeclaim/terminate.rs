@@ -16,13 +16,13 @@ use super::provisioning::{elapsed_since, uid};
 use super::status::StatusWriter;
 use super::status::READY;
 use super::tokens::delete_tokens;
-use crate::api::reasons::ClaimReason;
-use crate::api::{NodeClaim, NodeClaimPhase};
 use crate::controller::context::now;
 use crate::controller::error::Error;
 use crate::remote::clients::ClientError;
 use crate::remote::host::Host;
 use crate::remote::tenant::Tenant;
+use autonodes_api::reasons::ClaimReason;
+use autonodes_api::{NodeClaim, NodeClaimPhase};
 
 /// Progress of removing a claim's remote objects.
 pub(super) enum Removal {
@@ -167,7 +167,7 @@ fn going_since(claim: &NodeClaim) -> Option<k8s_openapi::jiff::Timestamp> {
     }
     let status = claim.status.as_ref()?;
     (status.phase == Some(NodeClaimPhase::Failed))
-        .then(|| crate::api::conditions::get(&status.conditions, READY))
+        .then(|| autonodes_api::conditions::get(&status.conditions, READY))
         .flatten()
         .map(|c| c.last_transition_time.0)
 }
@@ -279,7 +279,7 @@ async fn evict_all(tenant: &Tenant<'_>, pods: &[&Pod]) -> Result<(), Error> {
 fn drain_timeout(claim: &NodeClaim, ctx: &ClaimContext) -> Option<std::time::Duration> {
     let pool = claim
         .labels()
-        .get(crate::api::LABEL_NODEPOOL)
+        .get(autonodes_api::LABEL_NODEPOOL)
         .and_then(|name| {
             let key = ObjectRef::new(name).within(&claim.namespace().unwrap_or_default());
             ctx.reflectors.pools.store().get(&key)

@@ -11,12 +11,12 @@ use kube::ResourceExt;
 
 use super::context::ClaimContext;
 use super::provisioning::uid;
-use crate::api::NodeClaim;
 use crate::controller::context::now;
 use crate::controller::error::Error;
 use crate::remote::tenant::Tenant;
 use crate::remote::watched::TOKEN_NAMESPACE;
-use crate::userdata::BootstrapToken;
+use autonodes_api::NodeClaim;
+use autonodes_core::userdata::BootstrapToken;
 
 /// Group a bootstrap token authenticates as (kubeadm's default node token group).
 pub const TOKEN_GROUP: &str = "system:bootstrappers:kubeadm:default-node-token";

@@ -19,11 +19,11 @@ use kube::ResourceExt;
 use serde_json::json;
 
 use super::context::PoolContext;
-use crate::api::{NodeClaim, NodePool, NodePoolStatus};
 use crate::controller::context::{now, Context};
 use crate::controller::error::Error;
 use crate::controller::status::apply_status;
 use crate::controller::status::report_changes;
+use autonodes_api::{NodeClaim, NodePool, NodePoolStatus};
 use autonodes_core::catalogue::Catalogue;
 
 /// `<pool>-<5 random [a-z0-9]>`.

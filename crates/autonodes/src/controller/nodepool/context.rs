@@ -7,9 +7,9 @@ use futures::channel::mpsc::UnboundedSender;
 use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::Mutex;
 
-use crate::api::NodePool;
 use crate::controller::context::Context;
 use crate::remote::clients::{ClusterKey, Remote};
+use autonodes_api::NodePool;
 
 /// Shared state of the NodePool controller.
 pub struct PoolContext {

@@ -35,9 +35,9 @@ use kube::runtime::Controller;
 use kube::{Resource, ResourceExt};
 use tokio::sync::Mutex;
 
-use crate::api::NodePool;
 use crate::controller::context::{now, Context};
 use crate::controller::error::Error;
+use autonodes_api::NodePool;
 
 pub mod context;
 
@@ -134,7 +134,7 @@ async fn reconcile_pool(pool: &NodePool, pctx: &PoolContext) -> Result<Action, E
         now: now(),
     });
 
-    if let Some(vcluster) = pool.labels().get(crate::vcluster::LABEL_VCLUSTER) {
+    if let Some(vcluster) = pool.labels().get(autonodes_core::vcluster::LABEL_VCLUSTER) {
         let problem = ctx.import_problems.lock().ok().and_then(|p| {
             p.get(&format!("{ns}/{vcluster}"))
                 .and_then(|m| m.get(&name))

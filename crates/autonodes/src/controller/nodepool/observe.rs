@@ -19,9 +19,9 @@ use kube::ResourceExt;
 
 use super::context::PoolContext;
 use super::tenant;
-use crate::api::reasons::PoolReason;
-use crate::api::{NodeClaim, NodePool, Overhead};
 use crate::controller::context::Context;
+use autonodes_api::reasons::PoolReason;
+use autonodes_api::{NodeClaim, NodePool, Overhead};
 
 /// The pool's claims and the namespace's other claims.
 pub(super) struct Claims {

@@ -14,10 +14,10 @@ use kube::runtime::watcher;
 use kube::ResourceExt;
 
 use super::context::{PoolContext, TenantWatch};
-use crate::api::reasons::PoolReason;
 use crate::controller::context::Context;
 use crate::remote::calls::remote_call;
 use crate::remote::clients::{ClusterKey, Remote};
+use autonodes_api::reasons::PoolReason;
 
 /// Objects per page when a dynamic pool lists its tenant's pods and nodes.
 const PAGE: u32 = 100;

@@ -426,10 +426,12 @@ async fn the_sweep_removes_only_its_own_installation_s_orphans_and_a_claim_never
             .await
             .expect("host Secret");
     }
-    common::eventually("this installation's orphan swept", WAIT, || {
-        let secrets = secrets.clone();
-        async move { matches!(secrets.get_opt("ours-orphaned").await, Ok(None)).then_some(()) }
-    })
+    common::wait_gone(
+        "this installation's orphan swept",
+        &secrets,
+        "ours-orphaned",
+        WAIT,
+    )
     .await;
     for name in ["production-s", "unlabelled"] {
         assert!(
@@ -581,10 +583,12 @@ async fn the_sweep_removes_tenant_nodes_of_this_installation_whose_claim_is_gone
             .await
             .expect("tenant Node");
     }
-    common::eventually("the Node of a gone claim swept", WAIT, || {
-        let nodes = nodes.clone();
-        async move { matches!(nodes.get_opt("left-behind").await, Ok(None)).then_some(()) }
-    })
+    common::wait_gone(
+        "the Node of a gone claim swept",
+        &nodes,
+        "left-behind",
+        WAIT,
+    )
     .await;
     // A few more sweeps: nothing else goes.
     tokio::time::sleep(Duration::from_secs(5)).await;

@@ -462,13 +462,8 @@ impl World {
 
     /// Waits until the claim is gone.
     pub async fn wait_claim_gone(&self, name: &str, timeout: Duration) {
-        let api = self.claims();
-        super::eventually(&format!("claim {name} to be gone"), timeout, || {
-            let api = api.clone();
-            let name = name.to_string();
-            async move { matches!(api.get_opt(&name).await, Ok(None)).then_some(()) }
-        })
-        .await
+        let what = format!("claim {name} to be gone");
+        super::wait_gone(&what, &self.claims(), name, timeout).await
     }
 
     /// Deletes a claim (the finalizer runs the cleanup).

@@ -4,11 +4,10 @@
 # and buildah, podman and runc (the image test). Idempotent; as root on Debian only, and a
 # failure here only makes those tests say why they cannot run.
 set -euo pipefail
+# shellcheck source=lib/apt.sh
+. "$(dirname "$0")/lib/apt.sh"
 want=(cloud-init buildah podman runc)
-missing=()
-for p in "${want[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2> /dev/null | grep -q "install ok installed" || missing+=("$p")
-done
+read -r -a missing <<< "$(missing_pkgs "${want[@]}")"
 if [ "${#missing[@]}" -eq 0 ]; then
   echo "test-tools: ${want[*]} installed"
   exit 0

@@ -1,6 +1,6 @@
-# Shared by scripts/test-env.sh and scripts/guest-image.sh (sourced, not run): installing
-# Debian packages and finding the machine's Debian archive. The sourcing script defines
-# `log` first.
+# Shared by scripts/test-env.sh, scripts/guest-image.sh and scripts/test-tools.sh (sourced,
+# not run): installing Debian packages and finding the machine's Debian archive. A script
+# that calls need_pkgs or debian_archive_uri defines `log` first.
 
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
@@ -14,12 +14,19 @@ apt_update_once() {
   fi
 }
 
-# Installs those of the given packages that are not installed yet.
-need_pkgs() {
+# Prints those of the given packages that are not installed, on one line.
+missing_pkgs() {
   local missing=()
   for p in "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
+  echo "${missing[*]}"
+}
+
+# Installs those of the given packages that are not installed yet.
+need_pkgs() {
+  local -a missing
+  read -r -a missing <<< "$(missing_pkgs "$@")"
   if [ "${#missing[@]}" -gt 0 ]; then
     apt_update_once
     log "installing ${missing[*]}"

@@ -21,8 +21,7 @@ use autonodes::controller::capi::{AUTOSCALING, REASON_INVALID_BOUNDS};
 use autonodes::resources::{self, ResourceAmounts};
 use autonodes_core::pool::plan::{plan_claims, Allowance, ClaimView};
 use autonodes_core::pool::ANNOTATION_DELETE_FIRST;
-use autonodes_testenv::testenv::ManagedProcess;
-use common::pools::pool_claims;
+use common::pools::{kubectl, large, pool_claims, pools_provider, scheduler, small, WAIT};
 use common::world::*;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -34,20 +33,11 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::ResourceExt;
 use serde_json::json;
 
-const WAIT: Duration = Duration::from_secs(150);
-
 /// Types `small` (4 CPU, 8Gi, 500m/1Gi kubeReserved, a PreferNoSchedule taint; the
 /// cheapest) and `large` (8 CPU, 32Gi).
 fn provider() -> String {
-    provider_yaml(
-        "pools",
-        "test-kubevirt-1",
-        "4",
-        "8Gi",
-        r#"      - name: small
-        resources:
-          cpu: 4
-          memory: 8Gi
+    let small = small()
+        + r#"
         overhead:
           kubeReserved:
             cpu: 500m
@@ -55,28 +45,12 @@ fn provider() -> String {
         taints:
           - key: example.com/tier
             value: small
-            effect: PreferNoSchedule
-      - name: large
-        resources:
-          cpu: 8
-          memory: 32Gi"#,
-    )
+            effect: PreferNoSchedule"#;
+    pools_provider(&[small, large()])
 }
 
 async fn world() -> World {
-    World::start(WorldOptions {
-        provider: provider(),
-        ..WorldOptions::default()
-    })
-    .await
-}
-
-fn scheduler(world: &World) -> ManagedProcess {
-    world
-        .playground
-        .env
-        .start_scheduler("tenant")
-        .expect("kube-scheduler started")
+    World::with_provider(provider()).await
 }
 
 fn machine_pools(world: &World) -> Api<MachinePool> {
@@ -85,14 +59,6 @@ fn machine_pools(world: &World) -> Api<MachinePool> {
 
 fn machines(world: &World) -> Api<Machine> {
     Api::namespaced(world.mgmt.clone(), NS)
-}
-
-fn kubectl(world: &World, args: &[&str]) -> String {
-    common::kubectl_ok(
-        &world.playground.env,
-        world.playground.mgmt().expect("mgmt"),
-        args,
-    )
 }
 
 /// `kubectl get machinepools,machines -o wide -n tenant`, with a title, for the transcript.

@@ -19,17 +19,9 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::ResourceExt;
 use serde_json::json;
 
-const WAIT: Duration = Duration::from_secs(150);
-
 /// A provider on the playground's host with one type, `small` (4 CPU, 8Gi).
 fn provider() -> String {
-    provider_yaml(
-        "pools",
-        "test-kubevirt-1",
-        "4",
-        "8Gi",
-        "      - name: small\n        resources:\n          cpu: 4\n          memory: 8Gi",
-    )
+    pools_provider(&[small()])
 }
 
 async fn set_budgets(world: &World, pool: &str, budgets: serde_json::Value) {
@@ -553,13 +545,7 @@ async fn a_changed_node_type_marks_its_claims_drifted_and_the_pool_rolls_them_wi
     );
 
     // The type changes what its VMs are made from (a property, which becomes a node label).
-    let changed = provider_yaml(
-        "pools",
-        "test-kubevirt-1",
-        "4",
-        "8Gi",
-        "      - name: small\n        resources:\n          cpu: 4\n          memory: 8Gi\n        properties:\n          tier: gold",
-    );
+    let changed = pools_provider(&[small() + "\n        properties:\n          tier: gold"]);
     world.apply_provider(&changed).await;
     let after = common::eventually("a new definition hash", WAIT, || async {
         definition_hash(&world, "pools.small")
@@ -640,14 +626,7 @@ async fn a_changed_node_type_marks_its_claims_drifted_and_the_pool_rolls_them_wi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_a_cheaper_type_could_replace_is_replaced_first_and_then_removed() {
-    let world = World::with_provider(provider_yaml(
-        "pools",
-        "test-kubevirt-1",
-        "4",
-        "8Gi",
-        "      - name: small\n        resources:\n          cpu: 4\n          memory: 8Gi\n      - name: large\n        resources:\n          cpu: 8\n          memory: 32Gi",
-    ))
-    .await;
+    let world = World::with_provider(pools_provider(&[small(), large()])).await;
     let _scheduler = scheduler(&world);
     world
         .create_pool(

@@ -18,26 +18,14 @@ use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams
 use kube::ResourceExt;
 use serde_json::json;
 
-const WAIT: Duration = Duration::from_secs(150);
-
 /// A provider on the playground's host with two types: `small` (4 CPU, 8Gi, the cheapest)
 /// and `large` (8 CPU, 32Gi).
 fn provider() -> String {
-    provider_yaml(
-        "pools",
-        "test-kubevirt-1",
-        "4",
-        "8Gi",
-        "      - name: small\n        resources:\n          cpu: 4\n          memory: 8Gi\n      - name: large\n        resources:\n          cpu: 8\n          memory: 32Gi",
-    )
+    pools_provider(&[small(), large()])
 }
 
 async fn world() -> World {
-    World::start(WorldOptions {
-        provider: provider(),
-        ..WorldOptions::default()
-    })
-    .await
+    World::with_provider(provider()).await
 }
 
 /// Waits until the pool has exactly `n` claims, all Available, `n` Ready tenant Nodes, and

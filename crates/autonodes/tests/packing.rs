@@ -17,18 +17,13 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use serde_json::json;
 
-const WAIT: Duration = Duration::from_secs(150);
-
 /// A provider on the playground's host with `small` (4 CPU, 8Gi) and `gpu` (8 CPU, 32Gi,
 /// two `nvidia.com/gpu`).
 fn provider() -> String {
-    provider_yaml(
-        "pools",
-        "test-kubevirt-1",
-        "4",
-        "8Gi",
-        "      - name: small\n        resources:\n          cpu: 4\n          memory: 8Gi\n      - name: gpu\n        resources:\n          cpu: 8\n          memory: 32Gi\n          nvidia.com/gpu: 2",
-    )
+    pools_provider(&[
+        small(),
+        node_type("gpu", "8", "32Gi") + "\n          nvidia.com/gpu: 2",
+    ])
 }
 
 /// A pause pod asking for 1 CPU and one GPU (as a limit, which the API server copies to
@@ -295,13 +290,9 @@ async fn pods_with_required_anti_affinity_on_the_hostname_get_a_node_each_in_one
 
 /// A provider whose one type, `small` (4 CPU, 8Gi), offers two zones.
 fn zoned_provider() -> String {
-    provider_yaml(
-        "pools",
-        "test-kubevirt-1",
-        "4",
-        "8Gi",
-        "      - name: small\n        resources:\n          cpu: 4\n          memory: 8Gi\n        properties:\n          topology.kubernetes.io/zone: zone-a,zone-b",
-    )
+    pools_provider(&[
+        small() + "\n        properties:\n          topology.kubernetes.io/zone: zone-a,zone-b"
+    ])
 }
 
 /// A pause pod `app=web`, 1 CPU, spread over zones with `maxSkew: 1`.

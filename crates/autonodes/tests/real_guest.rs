@@ -9,21 +9,21 @@
 //! server: preinstalled on the prepared image, downloaded by autonodes' user data on the
 //! stock one. Skipped, with the reason, where KVM or the guest images are missing.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
-use autonodes::api::{NodeClaim, NodeProvider};
 use autonodes::controller::config::ControllerConfig;
 use autonodes_testenv::download_mirror::DownloadMirror;
 use autonodes_testenv::kubeadm_tenant;
-use autonodes_testenv::playground::{self, SERVICE_NAMESPACE};
 use autonodes_testenv::qemu::{self, BootOptions, GuestImage, GuestNetwork, Variant};
-use autonodes_testenv::simulator::{self, real_guest::RealGuests, SimOptions};
-use autonodes_testenv::testenv::{free_port, TestEnv};
-use k8s_openapi::api::core::v1::{Node, Secret};
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use autonodes_testenv::simulator::{real_guest::RealGuests, SimOptions};
+use autonodes_testenv::testenv::TestEnv;
+use common::world::*;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, DynamicObject, ListParams};
 use kube::ResourceExt;
 
-const TENANT_NS: &str = "tenant";
 const VM_NS: &str = "vcluster-platform";
 const READY: Duration = Duration::from_secs(900);
 
@@ -71,20 +71,6 @@ spec:
         node_type("prepared", true),
         node_type("stock", false)
     )
-}
-
-fn claim(name: &str, node_type: &str) -> NodeClaim {
-    serde_json::from_value(serde_json::json!({
-        "apiVersion": "autonodes.io/v1alpha1",
-        "kind": "NodeClaim",
-        "metadata": {"name": name, "namespace": TENANT_NS},
-        "spec": {
-            "providerRef": "real-guests",
-            "vClusterRef": {"name": "tenant"},
-            "requirements": [{"key": "autonodes.io/node-type", "operator": "In", "values": [node_type]}],
-        },
-    }))
-    .expect("claim")
 }
 
 /// The guest's cloud-init verdict from its serial console.
@@ -139,80 +125,50 @@ async fn a_prepared_and_a_stock_image_join_the_tenant_with_a_real_kubelet_and_le
     let mirror = DownloadMirror::start(&bin_dir, &version, &["kubelet", "kubeadm"])
         .await
         .expect("download mirror");
-    let pg = playground::wire(env, &provider(), TENANT_NS, "tenant")
-        .await
-        .expect("wired");
-    let mgmt = pg
-        .mgmt()
-        .expect("mgmt")
-        .client()
-        .await
-        .expect("mgmt client");
-    let host = pg
-        .host()
-        .expect("host")
-        .client()
-        .await
-        .expect("host client");
-    let tenant = pg
-        .tenant()
-        .expect("tenant")
-        .client()
-        .await
-        .expect("tenant client");
-
-    let guests_dir = pg.env.dir.join("guests");
+    // The controller's own timeouts: a real guest boots and joins in minutes.
+    let defaults = ControllerConfig::default();
+    let mut world = World::on(
+        env,
+        &WorldOptions {
+            provider: provider(),
+            launch_timeout: defaults.launch_timeout,
+            registration_timeout: READY,
+            initialization_timeout: defaults.initialization_timeout,
+            ..WorldOptions::default()
+        },
+    )
+    .await;
+    world.config.kubernetes_download_url = format!("http://{}:{}", qemu::HOST_ADDRESS, mirror.port);
     let real = RealGuests::new(
-        guests_dir,
+        world.playground.env.dir.join("guests"),
         BootOptions {
             network: GuestNetwork::HostPorts(vec![tenant_port, mirror.port]),
             ..BootOptions::default()
         },
     );
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let stopped = move || {
-        let mut rx = stop_rx.clone();
-        async move {
-            let _ = rx.wait_for(|s| *s).await;
-        }
-    };
-    let sim = tokio::spawn(simulator::run(
-        host.clone(),
+    // The guests' own kubelets join the tenant: the simulator plays KubeVirt only.
+    world.start_simulator_with(
         Vec::new(),
         SimOptions {
             real_guests: Some(real.clone()),
             ..SimOptions::default()
         },
-        stopped(),
-    ));
-    let config = ControllerConfig {
-        namespace: SERVICE_NAMESPACE.into(),
-        registration_timeout: READY,
-        kubernetes_download_url: format!("http://{}:{}", qemu::HOST_ADDRESS, mirror.port),
-        // The clusters listen on loopback, which the address policy refuses by default.
-        egress: autonodes::remote::egress::Egress::allowing(&[
-            autonodes_core::address_policy::Cidr::parse("127.0.0.1").expect("cidr"),
-        ]),
-        ..ControllerConfig::default()
-    };
-    let metrics = format!("127.0.0.1:{}", free_port().expect("port"))
-        .parse()
-        .expect("addr");
-    let controller = tokio::spawn(autonodes::run::run_with(
-        mgmt.clone(),
-        config,
-        metrics,
-        stopped(),
-    ));
+    );
+    world.start_controller();
 
-    let claims: Api<NodeClaim> = Api::namespaced(mgmt.clone(), TENANT_NS);
-    let nodes: Api<Node> = Api::all(tenant.clone());
+    let claims = world.claims();
+    let nodes: Api<Node> = Api::all(world.tenant.clone());
     let created = Instant::now();
     for (name, node_type) in [("prepared-1", "prepared"), ("stock-1", "stock")] {
-        claims
-            .create(&PostParams::default(), &claim(name, node_type))
-            .await
-            .expect("claim created");
+        world
+            .create_claim(serde_json::json!({
+                "metadata": {"name": name},
+                "spec": {
+                    "providerRef": "real-guests",
+                    "requirements": [{"key": "autonodes.io/node-type", "operator": "In", "values": [node_type]}],
+                },
+            }))
+            .await;
     }
     let mut ready_after = std::collections::BTreeMap::new();
     while ready_after.len() < 2 {
@@ -330,15 +286,9 @@ async fn a_prepared_and_a_stock_image_join_the_tenant_with_a_real_kubelet_and_le
             cloud_init_result(&serial)
         );
     }
-    let tokens: Api<Secret> = Api::namespaced(tenant.clone(), "kube-system");
     let started = Instant::now();
     loop {
-        let left = tokens
-            .list(&ListParams::default().labels("app.kubernetes.io/managed-by=autonodes"))
-            .await
-            .expect("tokens")
-            .items
-            .len();
+        let left = world.tokens().await.len();
         if left == 0 {
             break;
         }
@@ -352,21 +302,13 @@ async fn a_prepared_and_a_stock_image_join_the_tenant_with_a_real_kubelet_and_le
 
     // Deleting both claims drains and removes everything, and powers the guests off.
     for name in ["prepared-1", "stock-1"] {
-        claims
-            .delete(name, &DeleteParams::default())
-            .await
-            .expect("delete");
+        world.delete_claim(name).await;
     }
-    let vms: Api<kube::api::DynamicObject> = Api::namespaced_with(
-        host.clone(),
+    let vms: Api<DynamicObject> = Api::namespaced_with(
+        world.host.clone(),
         VM_NS,
-        &kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
-            "kubevirt.io",
-            "v1",
-            "VirtualMachine",
-        )),
+        &autonodes::kubevirt::virtual_machine(),
     );
-    let secrets: Api<Secret> = Api::namespaced(host.clone(), VM_NS);
     let started = Instant::now();
     loop {
         let claims_left = claims
@@ -381,18 +323,8 @@ async fn a_prepared_and_a_stock_image_join_the_tenant_with_a_real_kubelet_and_le
             .expect("vms")
             .items
             .len();
-        let secrets_left = secrets
-            .list(&ListParams::default().labels("app.kubernetes.io/managed-by=autonodes"))
-            .await
-            .expect("secrets")
-            .items
-            .len();
-        let nodes_left = nodes
-            .list(&ListParams::default())
-            .await
-            .expect("nodes")
-            .items
-            .len();
+        let secrets_left = world.host_secrets().await.len();
+        let nodes_left = world.nodes().await.len();
         let guests_left = real.running() + real.qemu_alive().len();
         if claims_left + vms_left + secrets_left + nodes_left + guests_left == 0 {
             println!("real-guest: after deletion: 0 claims, 0 VirtualMachines, 0 user-data Secrets, 0 Nodes, 0 guests running");
@@ -404,9 +336,6 @@ async fn a_prepared_and_a_stock_image_join_the_tenant_with_a_real_kubelet_and_le
         );
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    let _ = stop_tx.send(true);
-    let _ = tokio::time::timeout(Duration::from_secs(10), controller).await;
-    let _ = tokio::time::timeout(Duration::from_secs(10), sim).await;
+    world.shutdown().await;
     drop(control_plane);
-    let _: &NodeProvider = &pg.provider;
 }

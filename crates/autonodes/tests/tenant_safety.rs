@@ -39,26 +39,79 @@ async fn world(max_claims: usize) -> World {
 
 /// [`world`] with this provider, and the controller's configuration changed by `tweak`.
 async fn world_with(provider: String, tweak: impl FnOnce(&mut ControllerConfig)) -> World {
-    let mut world = World::start_clusters(&WorldOptions {
-        provider,
-        ..WorldOptions::default()
-    })
-    .await;
+    let mut world = clusters(provider).await;
     tweak(&mut world.config);
-    world.mgmt_namespace("other").await;
     let tenant = world.playground.tenant().expect("tenant");
-    put_kubeconfig_secret(
-        &world.mgmt,
-        "other",
-        "vc-tenant",
-        autonodes::api::TENANT_KUBECONFIG_KEY,
-        &tenant.kubeconfig_yaml().expect("tenant kubeconfig"),
-    )
-    .await
-    .expect("the second tenant's kubeconfig Secret");
+    let kubeconfig = tenant.kubeconfig_yaml().expect("tenant kubeconfig");
+    tenant_namespace(&world, "other", &kubeconfig).await;
     world.start_simulator(SimMode::Normal).await;
     world.start_controller();
     world
+}
+
+/// The clusters with this provider, no controller and no simulator yet.
+async fn clusters(provider: String) -> World {
+    World::start_clusters(&WorldOptions {
+        provider,
+        ..WorldOptions::default()
+    })
+    .await
+}
+
+/// A world whose controller sweeps orphans every 2 seconds.
+async fn sweeping_world() -> World {
+    World::start(WorldOptions {
+        provider: provider(),
+        orphan_sweep_interval: Duration::from_secs(2),
+        ..WorldOptions::default()
+    })
+    .await
+}
+
+/// Makes `ns` a tenant namespace on the management cluster whose `vc-tenant` Secret holds
+/// `kubeconfig`.
+async fn tenant_namespace(world: &World, ns: &str, kubeconfig: &str) {
+    world.mgmt_namespace(ns).await;
+    put_kubeconfig_secret(
+        &world.mgmt,
+        ns,
+        "vc-tenant",
+        autonodes::api::TENANT_KUBECONFIG_KEY,
+        kubeconfig,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("the kubeconfig Secret of {ns}: {e}"));
+}
+
+/// Creates a static pool `name` of provider `pools` in [`NS`].
+async fn static_pool(world: &World, name: &str, replicas: i64) {
+    world
+        .create_pool(name, json!({"providerRef": "pools", "replicas": replicas}))
+        .await;
+}
+
+/// Waits until the pool `name` in [`NS`] says LimitReached=True; its reason and message.
+async fn limit_reached(world: &World, name: &str) -> (String, String) {
+    let pool = world
+        .wait_pool(name, "LimitReached=True", |p| limit_reason(p).is_some())
+        .await;
+    let (reason, message) = limit_reason(&pool).expect("limit");
+    println!("pool {name} LimitReached: {reason}: {message}");
+    (reason, message)
+}
+
+/// Creates a NodeQuota `name` allowing the `namespaces` `nodes` nodes.
+async fn node_quota(world: &World, name: &str, namespaces: &[&str], nodes: &str) {
+    let quota: NodeQuota = serde_json::from_value(json!({
+        "apiVersion": "autonodes.io/v1alpha1", "kind": "NodeQuota",
+        "metadata": {"name": name},
+        "spec": {"namespaces": namespaces, "limits": {"nodes": nodes}},
+    }))
+    .expect("quota");
+    Api::<NodeQuota>::all(world.mgmt.clone())
+        .create(&PostParams::default(), &quota)
+        .await
+        .expect("quota created");
 }
 
 fn pool_object(namespace: &str, name: &str, replicas: i64) -> NodePool {
@@ -106,41 +159,16 @@ async fn a_pool_of_two_billion_replicas_is_refused_and_one_of_a_thousand_stops_a
     assert!(text.contains("1000"), "the error names the maximum: {text}");
 
     // The most the CRD takes, against a cap of 5 live claims per namespace.
-    world
-        .pools()
-        .create(&PostParams::default(), &pool_object(NS, "big", 1000))
-        .await
-        .expect("1000 replicas accepted");
-    let pool = world
-        .wait_pool("big", "LimitReached=True", |p| limit_reason(p).is_some())
-        .await;
-    let (reason, message) = limit_reason(&pool).expect("limit");
-    println!("LimitReached: {reason}: {message}");
+    static_pool(&world, "big", 1000).await;
+    let (reason, message) = limit_reached(&world, "big").await;
     assert_eq!(reason, "NamespaceClaimLimit");
     assert!(message.contains("--max-claims-per-namespace"), "{message}");
     assert_pool_event(&world, "big", "NamespaceClaimLimit").await;
 
     // Another tenant's claim is served while the first pool sits at the cap.
     let started = Instant::now();
-    let other: Api<NodeClaim> = Api::namespaced(world.mgmt.clone(), "other");
-    let claim: NodeClaim = serde_json::from_value(json!({
-        "apiVersion": "autonodes.io/v1alpha1", "kind": "NodeClaim",
-        "metadata": {"name": "b", "namespace": "other"},
-        "spec": {"vClusterRef": {"name": "tenant"}, "providerRef": "pools"},
-    }))
-    .expect("claim");
-    other
-        .create(&PostParams::default(), &claim)
-        .await
-        .expect("the other tenant's claim");
-    common::eventually("the other tenant's claim Available", WAIT, || {
-        let other = other.clone();
-        async move {
-            let c = other.get("b").await.ok()?;
-            (phase(&c) == Some(autonodes::api::NodeClaimPhase::Available)).then_some(())
-        }
-    })
-    .await;
+    let other = claim_in(&world, "other", "b").await;
+    available(&other, "b").await;
     println!(
         "the other tenant's claim was Available after {:.1} s",
         started.elapsed().as_secs_f64()
@@ -158,16 +186,7 @@ async fn a_pool_of_two_billion_replicas_is_refused_and_one_of_a_thousand_stops_a
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_quota_s_nodes_bounds_the_claims_a_pool_creates_counting_claims_written_by_hand() {
     let world = world(1000).await;
-    let quota: NodeQuota = serde_json::from_value(json!({
-        "apiVersion": "autonodes.io/v1alpha1", "kind": "NodeQuota",
-        "metadata": {"name": "three"},
-        "spec": {"namespaces": [NS], "limits": {"nodes": "3"}},
-    }))
-    .expect("quota");
-    Api::<NodeQuota>::all(world.mgmt.clone())
-        .create(&PostParams::default(), &quota)
-        .await
-        .expect("quota created");
+    node_quota(&world, "three", &[NS], "3").await;
     world
         .create_claim(json!({"metadata": {"name": "by-hand"}, "spec": {"providerRef": "pools"}}))
         .await;
@@ -175,18 +194,8 @@ async fn a_node_quota_s_nodes_bounds_the_claims_a_pool_creates_counting_claims_w
     world
         .wait_claim("by-hand", "a phase", WAIT, |c| phase(c).is_some())
         .await;
-    world
-        .pools()
-        .create(&PostParams::default(), &pool_object(NS, "workers", 10))
-        .await
-        .expect("pool");
-    let pool = world
-        .wait_pool("workers", "LimitReached=True", |p| {
-            limit_reason(p).is_some()
-        })
-        .await;
-    let (reason, message) = limit_reason(&pool).expect("limit");
-    println!("LimitReached: {reason}: {message}");
+    static_pool(&world, "workers", 10).await;
+    let (reason, message) = limit_reached(&world, "workers").await;
     assert_eq!(reason, "QuotaExceeded");
     assert!(message.contains("NodeQuota three"), "{message}");
     for _ in 0..10 {
@@ -241,10 +250,6 @@ async fn available(api: &Api<NodeClaim>, name: &str) {
     .await;
 }
 
-fn pool_condition(p: &NodePool, type_: &str) -> Option<(String, String, String)> {
-    find_condition(&p.status.as_ref()?.conditions, type_)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_provider_serves_only_the_tenant_namespaces_its_selector_selects() {
     let restricted = provider().replacen(
@@ -273,11 +278,7 @@ async fn a_provider_serves_only_the_tenant_namespaces_its_selector_selects() {
     );
 
     // A pool there names the provider: it says so and creates nothing.
-    world
-        .pools()
-        .create(&PostParams::default(), &pool_object(NS, "workers", 2))
-        .await
-        .expect("pool");
+    static_pool(&world, "workers", 2).await;
     let pool = world
         .wait_pool("workers", "ProviderNotAllowed", |p| {
             p.status
@@ -298,34 +299,15 @@ async fn a_provider_serves_only_the_tenant_namespaces_its_selector_selects() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_require_quota_only_a_namespace_a_node_quota_covers_gets_nodes() {
     let world = world_with(provider(), |c| c.require_quota = true).await;
-    let quota: NodeQuota = serde_json::from_value(json!({
-        "apiVersion": "autonodes.io/v1alpha1", "kind": "NodeQuota",
-        "metadata": {"name": "other-only"},
-        "spec": {"namespaces": ["other"], "limits": {"nodes": "5"}},
-    }))
-    .expect("quota");
-    Api::<NodeQuota>::all(world.mgmt.clone())
-        .create(&PostParams::default(), &quota)
-        .await
-        .expect("quota created");
+    node_quota(&world, "other-only", &["other"], "5").await;
 
     let refused = claim_in(&world, NS, "uncovered").await;
     let message = unscheduled(&refused, "uncovered", "NoQuota").await;
     println!("{NS}: Scheduled=False NoQuota: {message}");
     assert!(message.contains("--require-quota"), "{message}");
 
-    world
-        .pools()
-        .create(&PostParams::default(), &pool_object(NS, "workers", 3))
-        .await
-        .expect("pool");
-    let pool = world
-        .wait_pool("workers", "LimitReached=True", |p| {
-            limit_reason(p).is_some()
-        })
-        .await;
-    let (reason, message) = limit_reason(&pool).expect("limit");
-    println!("pool LimitReached: {reason}: {message}");
+    static_pool(&world, "workers", 3).await;
+    let (reason, _) = limit_reached(&world, "workers").await;
     assert_eq!(reason, "NoQuota");
     assert_pool_event(&world, "workers", "NoQuota").await;
     assert!(pool_claims(&world, "workers").await.is_empty());
@@ -426,12 +408,7 @@ async fn the_sweep_removes_only_its_own_installation_s_orphans_and_a_claim_never
 ) {
     use k8s_openapi::api::core::v1::Secret;
     use kube::api::DynamicObject;
-    let world = World::start(WorldOptions {
-        provider: provider(),
-        orphan_sweep_interval: Duration::from_secs(2),
-        ..WorldOptions::default()
-    })
-    .await;
+    let world = sweeping_world().await;
     let installation = world.config.installation.clone();
     let secrets: Api<Secret> = Api::namespaced(world.host.clone(), "vcluster-platform");
     for (name, owner) in [
@@ -449,10 +426,12 @@ async fn the_sweep_removes_only_its_own_installation_s_orphans_and_a_claim_never
             .await
             .expect("host Secret");
     }
-    common::eventually("this installation's orphan swept", WAIT, || {
-        let secrets = secrets.clone();
-        async move { matches!(secrets.get_opt("ours-orphaned").await, Ok(None)).then_some(()) }
-    })
+    common::wait_gone(
+        "this installation's orphan swept",
+        &secrets,
+        "ours-orphaned",
+        WAIT,
+    )
     .await;
     for name in ["production-s", "unlabelled"] {
         assert!(
@@ -525,44 +504,6 @@ async fn the_sweep_removes_only_its_own_installation_s_orphans_and_a_claim_never
     );
 }
 
-/// Creates namespace `ns` with a `vc-tenant` Secret holding `kubeconfig`, and a claim `c`
-/// there; returns the claim's `Provisioned` (or `Scheduled`) condition once it says why the
-/// tenant cannot be used.
-async fn claim_of_tenant_at(world: &World, ns: &str, kubeconfig: &str) -> (String, String) {
-    world.mgmt_namespace(ns).await;
-    put_kubeconfig_secret(
-        &world.mgmt,
-        ns,
-        "vc-tenant",
-        autonodes::api::TENANT_KUBECONFIG_KEY,
-        kubeconfig,
-    )
-    .await
-    .expect("kubeconfig Secret");
-    let api: Api<NodeClaim> = Api::namespaced(world.mgmt.clone(), ns);
-    let claim: NodeClaim = serde_json::from_value(json!({
-        "apiVersion": "autonodes.io/v1alpha1", "kind": "NodeClaim",
-        "metadata": {"name": "c", "namespace": ns},
-        "spec": {"vClusterRef": {"name": "tenant"}, "providerRef": "pools"},
-    }))
-    .expect("claim");
-    api.create(&PostParams::default(), &claim)
-        .await
-        .expect("claim created");
-    common::eventually(&format!("claim {ns}/c TenantUnreachable"), WAIT, || {
-        let api = api.clone();
-        async move {
-            let c = api.get("c").await.ok()?;
-            c.status?
-                .conditions
-                .iter()
-                .find(|x| x.reason == "TenantUnreachable")
-                .map(|x| (x.reason.clone(), x.message.clone()))
-        }
-    })
-    .await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_kubeconfig_naming_the_management_api_server_or_a_closed_port_gets_a_coarse_condition_and_no_connection(
 ) {
@@ -574,7 +515,7 @@ async fn a_tenant_kubeconfig_naming_the_management_api_server_or_a_closed_port_g
         .kubeconfig_yaml()
         .expect("kubeconfig")
         .replace("https://127.0.0.1:", "https://localhost:");
-    let (reason, message) = claim_of_tenant_at(&world, "at-mgmt", &by_name).await;
+    let (reason, message) = tenant_unreachable(&world, "at-mgmt", &by_name).await;
     println!(
         "kubeconfig at https://localhost:{}: {reason}: {message}",
         mgmt.port
@@ -588,7 +529,7 @@ async fn a_tenant_kubeconfig_naming_the_management_api_server_or_a_closed_port_g
         .kubeconfig_yaml()
         .expect("kubeconfig")
         .replace(&format!("127.0.0.1:{}", mgmt.port), "127.0.0.1:1");
-    let (reason, message) = claim_of_tenant_at(&world, "at-closed", &closed).await;
+    let (reason, message) = tenant_unreachable(&world, "at-closed", &closed).await;
     println!("kubeconfig at https://127.0.0.1:1: {reason}: {message}");
     assert!(message.contains("cannot be reached"), "{message}");
     for leak in [
@@ -608,12 +549,7 @@ async fn a_tenant_kubeconfig_naming_the_management_api_server_or_a_closed_port_g
 async fn the_sweep_removes_tenant_nodes_of_this_installation_whose_claim_is_gone_and_no_other_node()
 {
     use k8s_openapi::api::core::v1::Node;
-    let world = World::start(WorldOptions {
-        provider: provider(),
-        orphan_sweep_interval: Duration::from_secs(2),
-        ..WorldOptions::default()
-    })
-    .await;
+    let world = sweeping_world().await;
     // A live claim: the sweep looks at the tenants claims name, and its Node stays.
     world
         .create_claim(json!({"metadata": {"name": "live"}, "spec": {"providerRef": "pools"}}))
@@ -647,10 +583,12 @@ async fn the_sweep_removes_tenant_nodes_of_this_installation_whose_claim_is_gone
             .await
             .expect("tenant Node");
     }
-    common::eventually("the Node of a gone claim swept", WAIT, || {
-        let nodes = nodes.clone();
-        async move { matches!(nodes.get_opt("left-behind").await, Ok(None)).then_some(()) }
-    })
+    common::wait_gone(
+        "the Node of a gone claim swept",
+        &nodes,
+        "left-behind",
+        WAIT,
+    )
     .await;
     // A few more sweeps: nothing else goes.
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -680,11 +618,7 @@ async fn soak_a_hostile_tenant_neither_starves_another_nor_grows_the_controller_
     use autonodes_testenv::testenv::process_memory;
     use hostile::{Hostile, HostileServer};
     const CAP: usize = 20;
-    let mut world = World::start_clusters(&WorldOptions {
-        provider: provider(),
-        ..WorldOptions::default()
-    })
-    .await;
+    let mut world = clusters(provider()).await;
     world.start_simulator(SimMode::Normal).await;
 
     // Tenant A's API server: a 1 GB Node list, and 1,000 Secrets of 100 KiB in kube-system
@@ -699,16 +633,7 @@ async fn soak_a_hostile_tenant_neither_starves_another_nor_grows_the_controller_
         },
     )
     .await;
-    world.mgmt_namespace("tenant-a").await;
-    put_kubeconfig_secret(
-        &world.mgmt,
-        "tenant-a",
-        "vc-tenant",
-        autonodes::api::TENANT_KUBECONFIG_KEY,
-        &hostile.kubeconfig(),
-    )
-    .await
-    .expect("tenant A's kubeconfig Secret");
+    tenant_namespace(&world, "tenant-a", &hostile.kubeconfig()).await;
 
     let cap = CAP.to_string();
     let controller = world.spawn_controller_process_with(
@@ -806,30 +731,44 @@ async fn soak_a_hostile_tenant_neither_starves_another_nor_grows_the_controller_
     drop(controller);
 }
 
-/// Creates claim `c` in `ns` for a tenant at `kubeconfig` and waits until one of its
-/// conditions has a reason starting with `Tenant`; returns that reason and message.
-async fn tenant_condition(world: &World, ns: &str, kubeconfig: &str) -> (String, String) {
-    world.mgmt_namespace(ns).await;
-    put_kubeconfig_secret(
-        &world.mgmt,
-        ns,
-        "vc-tenant",
-        autonodes::api::TENANT_KUBECONFIG_KEY,
-        kubeconfig,
-    )
-    .await
-    .expect("kubeconfig Secret");
+/// Creates namespace `ns` with a `vc-tenant` Secret holding `kubeconfig`, and a claim `c`
+/// there; waits until one of the claim's conditions has a reason `wanted` accepts (`what`
+/// names it) and returns that reason and message: why the tenant cannot be used.
+async fn tenant_condition(
+    world: &World,
+    ns: &str,
+    kubeconfig: &str,
+    what: &str,
+    wanted: fn(&str) -> bool,
+) -> (String, String) {
+    tenant_namespace(world, ns, kubeconfig).await;
     let api = claim_in(world, ns, "c").await;
-    common::eventually(&format!("claim {ns}/c with a Tenant* reason"), WAIT, || {
+    common::eventually(&format!("claim {ns}/c {what}"), WAIT, || {
         let api = api.clone();
         async move {
             let c = api.get("c").await.ok()?;
             c.status?
                 .conditions
                 .iter()
-                .find(|x| x.reason.starts_with("Tenant"))
+                .find(|x| wanted(&x.reason))
                 .map(|x| (x.reason.clone(), x.message.clone()))
         }
+    })
+    .await
+}
+
+/// [`tenant_condition`] for the reason `TenantUnreachable`.
+async fn tenant_unreachable(world: &World, ns: &str, kubeconfig: &str) -> (String, String) {
+    tenant_condition(world, ns, kubeconfig, "TenantUnreachable", |r| {
+        r == "TenantUnreachable"
+    })
+    .await
+}
+
+/// [`tenant_condition`] for any reason starting with `Tenant`.
+async fn any_tenant_reason(world: &World, ns: &str, kubeconfig: &str) -> (String, String) {
+    tenant_condition(world, ns, kubeconfig, "with a Tenant* reason", |r| {
+        r.starts_with("Tenant")
     })
     .await
 }
@@ -865,10 +804,10 @@ async fn tenant_servers_that_trickle_or_redirect_to_loopback_get_a_condition_and
     let trickle = HostileServer::start(&dir.join("trickle"), Hostile::Trickle).await;
 
     let started = Instant::now();
-    let (reason, message) = tenant_condition(&world, "at-redirect", &redirect.kubeconfig()).await;
+    let (reason, message) = any_tenant_reason(&world, "at-redirect", &redirect.kubeconfig()).await;
     println!("redirecting tenant: {reason}: {message}");
     assert!(message.contains("redirect"), "{message}");
-    let (reason, message) = tenant_condition(&world, "at-trickle", &trickle.kubeconfig()).await;
+    let (reason, message) = any_tenant_reason(&world, "at-trickle", &trickle.kubeconfig()).await;
     println!(
         "trickling tenant after {:.1} s: {reason}: {message}",
         started.elapsed().as_secs_f64()
@@ -1001,11 +940,7 @@ async fn service_account_token(world: &World, name: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_metrics_auth_only_callers_the_cluster_authorizes_read_metrics_and_the_probes_stay_open(
 ) {
-    let world = World::start_clusters(&WorldOptions {
-        provider: provider(),
-        ..WorldOptions::default()
-    })
-    .await;
+    let world = clusters(provider()).await;
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .expect("a free port")
         .local_addr()

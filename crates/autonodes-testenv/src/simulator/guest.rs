@@ -664,9 +664,28 @@ pub fn pin_matches(pin: &str, hashes: &[String]) -> bool {
         })
 }
 
+/// A stable `10.a.b.c` address and a locally administered MAC for a VM.
+pub(crate) fn guest_address(vm_uid: &str) -> (String, String) {
+    let d = sha2::Sha256::digest(vm_uid.as_bytes());
+    let b = d.as_slice();
+    let ip = format!("10.{}.{}.{}", b[0], b[1], 2 + b[2] % 252);
+    let mac = format!("02:00:{:02x}:{:02x}:{:02x}:{:02x}", b[3], b[4], b[5], b[6]);
+    (ip, mac)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn guest_addresses_are_stable_10_x_addresses() {
+        let (ip, mac) = guest_address("3f1c2a");
+        assert_eq!(guest_address("3f1c2a").0, ip);
+        assert!(ip.starts_with("10."), "{ip}");
+        assert_eq!(ip.split('.').count(), 4);
+        assert!(mac.starts_with("02:00:"));
+        assert_ne!(guest_address("other").0, ip);
+    }
 
     const JOIN: &str = "apiVersion: kubeadm.k8s.io/v1beta3
 kind: JoinConfiguration

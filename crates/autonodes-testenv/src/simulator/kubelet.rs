@@ -11,26 +11,24 @@
 //! tenants' Node caches after a restart, so the simulator writes nothing on the host to
 //! remember a join.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine;
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Secret, Taint};
+use k8s_openapi::api::core::v1::{Node, Secret, Taint};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::runtime::watcher;
-use kube::{Client, Config, ResourceExt};
+use kube::ResourceExt;
 use serde_json::{json, Value};
-use tokio::task::JoinHandle;
 
-use super::cache::{self, Cache};
-use super::guest::{self, JoinPlan};
-use super::reconcile::{guest_address, publish};
-use super::{Ctx, SimError, Tenant, GAVE_UP_PREFIX, JOIN_ERROR_ANNOTATION};
+use super::context::{publish, Ctx};
+use super::error::SimError;
+use super::guest::{self, guest_address, JoinPlan};
+use super::markers::{GAVE_UP_PREFIX, JOIN_ERROR_ANNOTATION, KUBELET_STOPPED_ANNOTATION};
+use super::tenant_entry::{TenantEntry, TOKEN_NAMESPACE};
 
 /// The group kubeadm binds for node bootstrap (CSR creation and auto-approval).
 const NODE_BOOTSTRAP_GROUP: &str = "system:bootstrappers:kubeadm:default-node-token";
@@ -38,167 +36,6 @@ const NODE_BOOTSTRAP_GROUP: &str = "system:bootstrappers:kubeadm:default-node-to
 const NOT_READY_TAINT: &str = "node.kubernetes.io/not-ready";
 /// How long one request to a tenant may take.
 const TENANT_TIMEOUT: Duration = Duration::from_secs(15);
-/// Namespace of the bootstrap-token Secrets.
-const TOKEN_NAMESPACE: &str = "kube-system";
-/// The type of a bootstrap-token Secret.
-const TOKEN_TYPE: &str = "bootstrap.kubernetes.io/token";
-
-/// A tenant with what the guest compares against, and its watch caches.
-pub(crate) struct TenantEntry {
-    pub(crate) tenant: Tenant,
-    endpoint: Option<(String, u16)>,
-    ca_hashes: Result<Vec<String>, String>,
-    /// The tenant's Nodes (all of them: in a simulated tenant the guests make every one).
-    nodes: Arc<Cache<Node>>,
-    /// Node names by `status.nodeInfo.bootID`, as the Node watch delivered them: which
-    /// guest a Node belongs to without a scan of every Node per guest (O(N²) over a burst of
-    /// N VMs). An entry can outlive its Node; [`TenantEntry::node_booted_by`] checks it
-    /// against the cache and drops it then.
-    boot_ids: Arc<Mutex<HashMap<String, String>>>,
-    /// Bootstrap-token Secrets in `kube-system`.
-    tokens: Arc<Cache<Secret>>,
-    /// The tenant's version, read once (the kubelet's and kube-proxy's version).
-    version: tokio::sync::OnceCell<String>,
-    /// A client with the tenant's CA and no credentials of its own: each request carries
-    /// the bootstrap token it checks in its `Authorization` header. The API server
-    /// authenticates every request on its own, so this checks what a kubelet's first request
-    /// does, over one reused connection instead of a TLS handshake per guest.
-    anonymous: tokio::sync::OnceCell<Client>,
-    /// `kube-system/kubeadm-config` as last read, and when.
-    kubeadm_config: std::sync::Mutex<Option<(std::time::Instant, Option<Arc<ConfigMap>>)>>,
-}
-
-impl TenantEntry {
-    /// The entry and its caches' tasks (the caller stops them).
-    pub(crate) fn start(tenant: Tenant) -> (Self, Vec<JoinHandle<()>>) {
-        let endpoint = guest::endpoint_of_url(&tenant.url);
-        if endpoint.is_none() {
-            tracing::warn!(url = %tenant.url, "tenant URL is not https://host:port; no guest can join it");
-        }
-        let ca_hashes = guest::ca_cert_hashes(&tenant.ca_pem).map_err(|e| e.0);
-        let boot_ids: Arc<Mutex<HashMap<String, String>>> = Arc::default();
-        let (nodes, node_task) = cache::spawn(
-            format!("Nodes of {}", tenant.url),
-            Api::<Node>::all(tenant.client.clone()),
-            watcher::Config::default(),
-            (),
-            trim_node,
-            {
-                let boot_ids = boot_ids.clone();
-                move |node: &Node| {
-                    if let Some(boot_id) = boot_id(node).filter(|b| !b.is_empty()) {
-                        boot_ids
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .insert(boot_id.to_string(), node.name_any());
-                    }
-                }
-            },
-        );
-        let (tokens, token_task) = cache::spawn(
-            format!("bootstrap tokens of {}", tenant.url),
-            Api::<Secret>::namespaced(tenant.client.clone(), TOKEN_NAMESPACE),
-            watcher::Config::default().fields(&format!("type={TOKEN_TYPE}")),
-            (),
-            cache::trim_meta,
-            |_: &Secret| {},
-        );
-        let entry = TenantEntry {
-            tenant,
-            endpoint,
-            ca_hashes,
-            nodes,
-            boot_ids,
-            tokens,
-            version: tokio::sync::OnceCell::new(),
-            anonymous: tokio::sync::OnceCell::new(),
-            kubeadm_config: Default::default(),
-        };
-        (entry, vec![node_task, token_task])
-    }
-
-    fn nodes_api(&self) -> Api<Node> {
-        Api::all(self.tenant.client.clone())
-    }
-
-    /// The client without credentials (built once).
-    async fn anonymous_client(&self) -> Result<Client, String> {
-        self.anonymous
-            .get_or_try_init(|| anonymous_client(&self.tenant))
-            .await
-            .cloned()
-    }
-
-    /// The Node of the guest whose VMI has UID `vmi_uid`, from the cache: the one whose
-    /// boot ID is that UID (found by the boot-ID index, checked against the cache).
-    fn node_booted_by(&self, vmi_uid: &str) -> Option<String> {
-        let mut index = self.boot_ids.lock().unwrap_or_else(PoisonError::into_inner);
-        let name = index.get(vmi_uid)?.clone();
-        let current = self.nodes.get(None, &name);
-        if current.as_deref().and_then(boot_id) == Some(vmi_uid) {
-            Some(name)
-        } else {
-            // The Node went, or was registered again by another boot.
-            index.remove(vmi_uid);
-            None
-        }
-    }
-
-    /// The tenant's `gitVersion` (asked once).
-    async fn version(&self) -> Result<String, kube::Error> {
-        self.version
-            .get_or_try_init(|| async {
-                let info = self.tenant.client.apiserver_version().await?;
-                Ok(info.git_version)
-            })
-            .await
-            .cloned()
-    }
-
-    /// The tenant's `kube-system/kubeadm-config`, read at most every 2 seconds.
-    async fn kubeadm_config(&self) -> Option<Arc<ConfigMap>> {
-        if let Ok(cached) = self.kubeadm_config.lock() {
-            if let Some((at, cm)) = cached.as_ref() {
-                if at.elapsed() < Duration::from_secs(2) {
-                    return cm.clone();
-                }
-            }
-        }
-        let api: Api<ConfigMap> = Api::namespaced(self.tenant.client.clone(), "kube-system");
-        let cm = api
-            .get_opt("kubeadm-config")
-            .await
-            .ok()
-            .flatten()
-            .map(Arc::new);
-        if let Ok(mut cached) = self.kubeadm_config.lock() {
-            *cached = Some((std::time::Instant::now(), cm.clone()));
-        }
-        cm
-    }
-
-    /// The join address the tenant publishes (`controlPlaneEndpoint`), if any.
-    async fn published(&self) -> Option<(String, u16)> {
-        let cm = self.kubeadm_config().await?;
-        let text = cm.data.as_ref()?.get("ClusterConfiguration")?;
-        guest::published_endpoint(text)
-    }
-
-    /// The join script URL the tenant publishes (vCluster's annotation), if any.
-    async fn published_script_url(&self) -> Option<String> {
-        let cm = self.kubeadm_config().await?;
-        cm.annotations()
-            .get("vcluster.loft.sh/join-script-endpoint")
-            .cloned()
-    }
-
-    fn endpoint_string(&self) -> String {
-        match &self.endpoint {
-            Some((host, port)) => format!("{host}:{port}"),
-            None => self.tenant.url.clone(),
-        }
-    }
-}
 
 /// Why a join attempt failed.
 #[derive(Debug)]
@@ -219,17 +56,6 @@ fn fatal(reason: impl Into<String>) -> JoinError {
     JoinError {
         reason: reason.into(),
         retryable: false,
-    }
-}
-
-/// The guests that joined, by VMI UID: the tenant (its index in `Ctx::tenants`) and the
-/// Node's name.
-#[derive(Default)]
-pub(crate) struct Joined(Mutex<HashMap<String, (usize, String)>>);
-
-impl Joined {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (usize, String)>> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -304,10 +130,9 @@ pub(crate) async fn guest(
     ns: &str,
 ) -> Result<Action, SimError> {
     let vm_key = format!("{ns}/{}", vm.name_any());
-    if let (Some(_), Some((entry, node))) = (
-        annotation(vm, super::KUBELET_STOPPED_ANNOTATION),
-        joined(ctx, vmi),
-    ) {
+    if let (Some(_), Some((entry, node))) =
+        (annotation(vm, KUBELET_STOPPED_ANNOTATION), joined(ctx, vmi))
+    {
         // The kubelet stopped posting: what the node lifecycle controller then shows.
         if let Err(e) = set_ready(entry, &node, "Unknown").await {
             tracing::warn!(vm = %vm_key, node, error = %e, "marking the Node Unknown failed");
@@ -532,24 +357,6 @@ async fn join(
     let sized = instancetype_capacity(ctx, vm, ns).await;
     register_node(entry, vm, vmi, &plan, &node_name, sized).await?;
     Ok((node_name, index))
-}
-
-/// A client that trusts the tenant's CA and authenticates with nothing.
-async fn anonymous_client(tenant: &Tenant) -> Result<Client, String> {
-    let ca = base64::engine::general_purpose::STANDARD.encode(&tenant.ca_pem);
-    let kc: Kubeconfig = serde_json::from_value(json!({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "tenant", "cluster": {"server": tenant.url, "certificate-authority-data": ca}}],
-        "users": [{"name": "anonymous", "user": {}}],
-        "contexts": [{"name": "anonymous", "context": {"cluster": "tenant", "user": "anonymous"}}],
-        "current-context": "anonymous",
-    }))
-    .map_err(|e| e.to_string())?;
-    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-        .await
-        .map_err(|e| e.to_string())?;
-    Client::try_from(config).map_err(|e| e.to_string())
 }
 
 /// The tokens work as kubeadm needs them: the TLS-bootstrap token authenticates against the
@@ -902,15 +709,6 @@ fn without_not_ready_taint(node: &Node) -> Option<Value> {
     ]))
 }
 
-/// A Node's `status.nodeInfo.bootID`.
-fn boot_id(node: &Node) -> Option<&str> {
-    node.status
-        .as_ref()?
-        .node_info
-        .as_ref()
-        .map(|i| i.boot_id.as_str())
-}
-
 fn ready_status(node: &Node) -> Option<String> {
     node.status
         .as_ref()?
@@ -978,16 +776,6 @@ pub(crate) async fn stop_guest(ctx: &Ctx, vmi: &DynamicObject) {
         }
         Err(kube::Error::Api(s)) if s.is_not_found() => {}
         Err(e) => tracing::warn!(node, error = %e, "marking the Node NotReady failed"),
-    }
-}
-
-/// Drops what the simulator never reads of a Node: images and volumes.
-fn trim_node(node: &mut Node) {
-    cache::trim_meta(node);
-    if let Some(status) = node.status.as_mut() {
-        status.images = None;
-        status.volumes_attached = None;
-        status.volumes_in_use = None;
     }
 }
 

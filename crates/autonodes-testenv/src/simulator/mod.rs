@@ -33,279 +33,55 @@
 //! rather than by watches of their own. What remains read per VM is the user-data Secret
 //! (once per join attempt); the owners of an apparent orphan are read before it is
 //! deleted, and an object is read again after a write on it conflicted.
+//!
+//! This file declares the parts and starts a run. The parts import only what lies below
+//! them, never this file: `reconcile` (KubeVirt, CDI and the garbage collector) uses
+//! `kubelet` (the guest), both use `context` (a run's shared state), which holds the
+//! `tenant_entry`s (a tenant's caches) of each `tenant`, the `options`, and the `cache`s;
+//! `error`, `markers` (the label, finalizer and annotations), `guest` (what a guest reads,
+//! pure) and `crds` are the leaves.
 
 mod cache;
+mod context;
 mod crds;
+mod error;
 pub mod guest;
 mod kubelet;
+mod markers;
+mod options;
 pub mod real_guest;
 mod reconcile;
+mod tenant;
+mod tenant_entry;
 
 use std::future::Future;
-use std::path::{Path, PathBuf};
-use std::str::FromStr;
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
-use base64::Engine;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::config::Kubeconfig;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{watcher, Controller};
-use kube::{Client, Config, ResourceExt};
+use kube::{Client, ResourceExt};
 use serde_json::json;
 
-use cache::Cache;
+use context::{Ctx, Joined};
+use tenant::client_from;
+use tenant_entry::TenantEntry;
 
 pub use crds::{
     data_volume_crd, instancetype_crds, kubevirt_crds, virtual_machine_crd,
     virtual_machine_instance_crd, RUN_STRATEGIES, VMI_PHASES,
 };
-
-/// The label selector of the VirtualMachines the simulator plays KubeVirt for.
-pub const MANAGED_SELECTOR: &str = "app.kubernetes.io/managed-by=autonodes";
-/// The finalizer the simulator keeps on VirtualMachines until it has torn them down.
-pub const FINALIZER: &str = "simulator.autonodes.io/teardown";
-/// VMI annotation: why the guest did not join (absent once it joined).
-pub const JOIN_ERROR_ANNOTATION: &str = "simulator.autonodes.io/join-error";
-/// VM annotation (set by tests, or by hand in the playground): the guest's kubelet has
-/// stopped — its joined Node turns `Ready=Unknown` and stays so until the annotation goes.
-pub const KUBELET_STOPPED_ANNOTATION: &str = "simulator.autonodes.io/kubelet-stopped";
-/// Prefix of a join error the guest no longer retries.
-pub const GAVE_UP_PREFIX: &str = "gave up: ";
-
-/// Errors of the simulator.
-#[derive(Debug, thiserror::Error)]
-pub enum SimError {
-    /// A request to a cluster failed.
-    #[error("{context}: {source}")]
-    Kube {
-        /// What was being done.
-        context: String,
-        /// The underlying error.
-        #[source]
-        source: kube::Error,
-    },
-    /// A kubeconfig could not be read or used.
-    #[error("kubeconfig {path}: {message}")]
-    Kubeconfig {
-        /// The file (or a description of the kubeconfig).
-        path: String,
-        /// What went wrong.
-        message: String,
-    },
-    /// The host cluster does not serve a KubeVirt kind.
-    #[error(
-        "the host cluster does not serve {0}: install the KubeVirt CRDs (autonodes::simulator::kubevirt_crds) first"
-    )]
-    CrdsMissing(String),
-    /// An object the simulator read is not what it expects.
-    #[error("{0}")]
-    Invalid(String),
-}
-
-impl SimError {
-    pub(crate) fn kube(context: impl Into<String>) -> impl FnOnce(kube::Error) -> SimError {
-        let context = context.into();
-        move |source| SimError::Kube { context, source }
-    }
-}
-
-/// How the simulated VMs behave.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum SimMode {
-    /// Boot at once and join.
-    #[default]
-    Normal,
-    /// Never boot: the VMI stays `Scheduling`, the VM never turns ready.
-    NeverBoot,
-    /// Boot (VMI `Running`, VM ready) but never register a Node.
-    NeverJoin,
-    /// Boot only after this long (counted from the VMI's creation), then join.
-    SlowBoot(Duration),
-}
-
-impl SimMode {
-    /// How long after its VMI is created a guest boots; None for never.
-    pub fn boot_delay(&self) -> Option<Duration> {
-        match self {
-            SimMode::Normal | SimMode::NeverJoin => Some(Duration::ZERO),
-            SimMode::NeverBoot => None,
-            SimMode::SlowBoot(d) => Some(*d),
-        }
-    }
-}
-
-impl FromStr for SimMode {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "normal" => Ok(SimMode::Normal),
-            "never-boot" => Ok(SimMode::NeverBoot),
-            "never-join" => Ok(SimMode::NeverJoin),
-            _ => {
-                let delay = s.strip_prefix("slow-boot=").ok_or_else(|| {
-                    format!(
-                        "unknown mode {s:?}: use normal, never-boot, never-join or slow-boot=DURATION"
-                    )
-                })?;
-                guest::parse_duration(delay)
-                    .map(SimMode::SlowBoot)
-                    .ok_or_else(|| {
-                        format!("slow-boot: {delay:?} is not a duration like 20s or 1m30s")
-                    })
-            }
-        }
-    }
-}
-
-impl std::fmt::Display for SimMode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            SimMode::Normal => f.write_str("normal"),
-            SimMode::NeverBoot => f.write_str("never-boot"),
-            SimMode::NeverJoin => f.write_str("never-join"),
-            SimMode::SlowBoot(d) => write!(f, "slow-boot={}ms", d.as_millis()),
-        }
-    }
-}
-
-/// Options of a simulator run.
-#[derive(Debug, Clone)]
-pub struct SimOptions {
-    /// How the VMs behave.
-    pub mode: SimMode,
-    /// Only VMs in this namespace (default: all namespaces).
-    pub namespace: Option<String>,
-    /// The host node name reported in VMI `status.nodeName`.
-    pub host_node_name: String,
-    /// How often a failed join is retried until kubeadm's discovery timeout.
-    pub join_retry_interval: Duration,
-    /// How often running VMs are looked at again (Node still Ready, …).
-    pub resync_interval: Duration,
-    /// How often objects whose VirtualMachine is gone are swept (garbage collection).
-    pub sweep_interval: Duration,
-    /// Boot real guests with QEMU instead of playing the kubelet (`None`: simulated).
-    pub real_guests: Option<Arc<real_guest::RealGuests>>,
-}
-
-impl Default for SimOptions {
-    fn default() -> Self {
-        SimOptions {
-            mode: SimMode::Normal,
-            namespace: None,
-            host_node_name: "kubevirt-host-0".to_string(),
-            join_retry_interval: Duration::from_secs(1),
-            resync_interval: Duration::from_secs(120),
-            sweep_interval: Duration::from_secs(10),
-            real_guests: None,
-        }
-    }
-}
-
-/// A tenant cluster the simulated guests may join.
-#[derive(Clone)]
-pub struct Tenant {
-    /// A client with admin rights (stands in for the kubelet once it has its certificate).
-    pub client: Client,
-    /// The API server URL (`https://host:port`), matched against `apiServerEndpoint`.
-    pub url: String,
-    /// PEM of the tenant's CA bundle (what kubeadm pins with `caCertHashes`).
-    pub ca_pem: Vec<u8>,
-}
-
-impl std::fmt::Debug for Tenant {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tenant").field("url", &self.url).finish()
-    }
-}
-
-impl Tenant {
-    /// A tenant from its parts.
-    pub fn new(client: Client, url: impl Into<String>, ca_pem: impl Into<Vec<u8>>) -> Self {
-        Tenant {
-            client,
-            url: url.into(),
-            ca_pem: ca_pem.into(),
-        }
-    }
-
-    /// A tenant from an admin kubeconfig file: its current context's server and CA.
-    pub async fn from_kubeconfig_file(path: &Path) -> Result<Self, SimError> {
-        let kc = Kubeconfig::read_from(path).map_err(|e| SimError::Kubeconfig {
-            path: path.display().to_string(),
-            message: e.to_string(),
-        })?;
-        Self::from_kubeconfig(kc, &path.display().to_string(), path.parent()).await
-    }
-
-    /// A tenant from a parsed admin kubeconfig; `origin` names it in errors, `base_dir`
-    /// resolves a relative `certificate-authority` path.
-    pub async fn from_kubeconfig(
-        kc: Kubeconfig,
-        origin: &str,
-        base_dir: Option<&Path>,
-    ) -> Result<Self, SimError> {
-        let err = |message: String| SimError::Kubeconfig {
-            path: origin.to_string(),
-            message,
-        };
-        let context_name = kc
-            .current_context
-            .clone()
-            .or_else(|| kc.contexts.first().map(|c| c.name.clone()))
-            .ok_or_else(|| err("no context".into()))?;
-        let cluster_name = kc
-            .contexts
-            .iter()
-            .find(|c| c.name == context_name)
-            .and_then(|c| c.context.as_ref())
-            .map(|c| c.cluster.clone())
-            .ok_or_else(|| err(format!("context {context_name} not found")))?;
-        let cluster = kc
-            .clusters
-            .iter()
-            .find(|c| c.name == cluster_name)
-            .and_then(|c| c.cluster.as_ref())
-            .ok_or_else(|| err(format!("cluster {cluster_name} not found")))?;
-        let url = cluster
-            .server
-            .clone()
-            .ok_or_else(|| err(format!("cluster {cluster_name} has no server")))?;
-        let ca_pem = if let Some(data) = &cluster.certificate_authority_data {
-            base64::engine::general_purpose::STANDARD
-                .decode(data.trim())
-                .map_err(|e| err(format!("certificate-authority-data: {e}")))?
-        } else if let Some(file) = &cluster.certificate_authority {
-            let file = PathBuf::from(file);
-            let file = match base_dir {
-                Some(dir) if file.is_relative() => dir.join(file),
-                _ => file,
-            };
-            std::fs::read(&file).map_err(|e| err(format!("reading {}: {e}", file.display())))?
-        } else {
-            return Err(err(format!(
-                "cluster {cluster_name} has no certificate authority: the guest needs it to check caCertHashes"
-            )));
-        };
-        let client = client_from(kc, origin).await?;
-        Ok(Tenant::new(client, url, ca_pem))
-    }
-}
-
-async fn client_from(kc: Kubeconfig, origin: &str) -> Result<Client, SimError> {
-    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-        .await
-        .map_err(|e| SimError::Kubeconfig {
-            path: origin.to_string(),
-            message: e.to_string(),
-        })?;
-    Client::try_from(config).map_err(SimError::kube(format!("building a client for {origin}")))
-}
+pub use error::SimError;
+pub use markers::{
+    FINALIZER, GAVE_UP_PREFIX, JOIN_ERROR_ANNOTATION, KUBELET_STOPPED_ANNOTATION, MANAGED_SELECTOR,
+};
+pub use options::{SimMode, SimOptions};
+pub use tenant::Tenant;
 
 /// Command-line arguments of `autonodes-dev simulate`.
 #[derive(Debug, Clone, clap::Args)]
@@ -376,34 +152,6 @@ async fn shutdown_signal() {
     #[cfg(not(unix))]
     {
         let _ = tokio::signal::ctrl_c().await;
-    }
-}
-
-/// Shared state of one simulator run.
-pub(crate) struct Ctx {
-    pub(crate) host: Client,
-    pub(crate) tenants: Vec<kubelet::TenantEntry>,
-    pub(crate) opts: SimOptions,
-    pub(crate) recorder: Recorder,
-    pub(crate) vm: ApiResource,
-    pub(crate) vmi: ApiResource,
-    pub(crate) dv: ApiResource,
-    /// The managed VirtualMachines.
-    pub(crate) vms: Arc<Cache<DynamicObject>>,
-    /// VirtualMachineInstances (metadata and status).
-    pub(crate) vmis: Arc<Cache<DynamicObject>>,
-    /// DataVolumes (metadata and status).
-    pub(crate) dvs: Arc<Cache<DynamicObject>>,
-    /// autonodes' Secrets (the user data a guest reads; the sweep's and a foreground
-    /// deletion's view).
-    pub(crate) secrets: Arc<Cache<Secret>>,
-    /// The guests that joined a tenant.
-    pub(crate) joined: kubelet::Joined,
-}
-
-impl Ctx {
-    pub(crate) fn api(&self, ar: &ApiResource, ns: &str) -> Api<DynamicObject> {
-        Api::namespaced_with(self.host.clone(), ns, ar)
     }
 }
 
@@ -509,7 +257,7 @@ pub async fn run(
     tasks.push(task);
     let mut entries = Vec::new();
     for tenant in tenants {
-        let (entry, tenant_tasks) = kubelet::TenantEntry::start(tenant);
+        let (entry, tenant_tasks) = TenantEntry::start(tenant);
         entries.push(entry);
         tasks.extend(tenant_tasks);
     }
@@ -531,7 +279,7 @@ pub async fn run(
         vmis,
         dvs,
         secrets,
-        joined: kubelet::Joined::default(),
+        joined: Joined::default(),
     });
     let result = serve(ctx, woken, shutdown).await;
     for task in tasks {
@@ -597,21 +345,9 @@ async fn serve(
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::time::Duration;
 
-    #[test]
-    fn modes_parse_from_the_command_line() {
-        assert_eq!("normal".parse::<SimMode>(), Ok(SimMode::Normal));
-        assert_eq!("never-boot".parse::<SimMode>(), Ok(SimMode::NeverBoot));
-        assert_eq!("never-join".parse::<SimMode>(), Ok(SimMode::NeverJoin));
-        assert_eq!(
-            "slow-boot=20s".parse::<SimMode>(),
-            Ok(SimMode::SlowBoot(Duration::from_secs(20)))
-        );
-        assert!("slow-boot=soon".parse::<SimMode>().is_err());
-        assert!("fast".parse::<SimMode>().is_err());
-        assert_eq!(SimMode::NeverBoot.boot_delay(), None);
-    }
+    use super::*;
 
     #[test]
     fn simulate_arguments_parse() {

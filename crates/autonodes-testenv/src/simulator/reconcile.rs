@@ -12,13 +12,18 @@ use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions,
 };
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType};
+use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
 use super::cache::Cache;
-use super::{kubelet, Ctx, SimError, SimMode, FINALIZER};
+use super::context::{publish, Ctx};
+use super::error::SimError;
+use super::guest::guest_address;
+use super::kubelet;
+use super::markers::FINALIZER;
+use super::options::SimMode;
 
 /// Outcome of a request where "not found" is fine.
 fn ignore_not_found<T>(r: Result<T, kube::Error>) -> Result<(), kube::Error> {
@@ -107,27 +112,6 @@ fn owned_by(obj: &impl Resource, uid: &str) -> bool {
         .iter()
         .flatten()
         .any(|o| o.uid == uid)
-}
-
-pub(crate) async fn publish(
-    ctx: &Ctx,
-    vm: &DynamicObject,
-    type_: EventType,
-    reason: &str,
-    note: &str,
-) {
-    let reference = vm.object_ref(&ctx.vm);
-    let note: String = note.chars().take(1000).collect();
-    let event = Event {
-        type_,
-        reason: reason.to_string(),
-        note: Some(note),
-        action: reason.to_string(),
-        secondary: None,
-    };
-    if let Err(e) = ctx.recorder.publish(&event, &reference).await {
-        tracing::warn!(error = %e, reason, "recording an Event failed");
-    }
 }
 
 async fn reconcile_vm(mut vm: Arc<DynamicObject>, ns: &str, ctx: &Ctx) -> Result<Action, SimError> {
@@ -547,16 +531,6 @@ async fn ensure_scheduling(ctx: &Ctx, vmi: &DynamicObject, ns: &str) -> Result<(
     Ok(())
 }
 
-/// A stable `10.a.b.c` address and a locally administered MAC for a VM.
-pub(crate) fn guest_address(vm_uid: &str) -> (String, String) {
-    use sha2::Digest;
-    let d = sha2::Sha256::digest(vm_uid.as_bytes());
-    let b = d.as_slice();
-    let ip = format!("10.{}.{}.{}", b[0], b[1], 2 + b[2] % 252);
-    let mac = format!("02:00:{:02x}:{:02x}:{:02x}:{:02x}", b[3], b[4], b[5], b[6]);
-    (ip, mac)
-}
-
 async fn boot(
     ctx: &Ctx,
     vm: &DynamicObject,
@@ -805,15 +779,5 @@ mod tests {
         assert_eq!(desired(&vm(json!({"running": true}))), Ok(Desired::Run));
         assert_eq!(desired(&vm(json!({}))), Ok(Desired::Stop));
         assert!(desired(&vm(json!({"running": true, "runStrategy": "Always"}))).is_err());
-    }
-
-    #[test]
-    fn guest_addresses_are_stable_10_x_addresses() {
-        let (ip, mac) = guest_address("3f1c2a");
-        assert_eq!(guest_address("3f1c2a").0, ip);
-        assert!(ip.starts_with("10."), "{ip}");
-        assert_eq!(ip.split('.').count(), 4);
-        assert!(mac.starts_with("02:00:"));
-        assert_ne!(guest_address("other").0, ip);
     }
 }

@@ -118,6 +118,17 @@ where
     }
 }
 
+/// Waits until `api` has no object `name`; `what` names the wait when it times out.
+pub async fn wait_gone<K>(what: &str, api: &kube::Api<K>, name: &str, timeout: Duration)
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    eventually(what, timeout, || async move {
+        matches!(api.get_opt(name).await, Ok(None)).then_some(())
+    })
+    .await
+}
+
 /// True while a process with this pid exists (and is not a zombie).
 pub fn pid_alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {

@@ -1,5 +1,7 @@
-//! What the NodePool tests share: a pool's claims, the tenant's pods and nodes, a real
-//! `kube-scheduler` on the tenant, `kubectl` on the management cluster.
+//! What the NodePool tests share: their provider `pools`, a pool's claims, the tenant's pods
+//! and nodes, a real `kube-scheduler` on the tenant, `kubectl` on the management cluster.
+
+use std::time::Duration;
 
 use autonodes::api::{NodeClaim, NodeClaimPhase, LABEL_NODEPOOL};
 use autonodes_testenv::testenv::ManagedProcess;
@@ -8,7 +10,38 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::ResourceExt;
 use serde_json::json;
 
-use super::world::World;
+use super::world::{provider_yaml, World};
+
+/// How long a pool test waits for one step.
+pub const WAIT: Duration = Duration::from_secs(150);
+
+/// The NodeProvider `pools` on the playground's host (`test-kubevirt-1`, a base template of
+/// 4 CPU and 8Gi) with these `nodeTypes` entries (as [`node_type`] makes them).
+pub fn pools_provider(node_types: &[String]) -> String {
+    provider_yaml(
+        "pools",
+        "test-kubevirt-1",
+        "4",
+        "8Gi",
+        &node_types.join("\n"),
+    )
+}
+
+/// A `nodeTypes` entry `name` of `cpu` and `memory`; more of its fields (or more resources)
+/// may follow as lines indented as its `resources` (or their entries).
+pub fn node_type(name: &str, cpu: &str, memory: &str) -> String {
+    format!("      - name: {name}\n        resources:\n          cpu: {cpu}\n          memory: {memory}")
+}
+
+/// The type `small`: 4 CPU, 8Gi.
+pub fn small() -> String {
+    node_type("small", "4", "8Gi")
+}
+
+/// The type `large`: 8 CPU, 32Gi.
+pub fn large() -> String {
+    node_type("large", "8", "32Gi")
+}
 
 /// The claims labelled with `pool`.
 pub async fn pool_claims(world: &World, pool: &str) -> Vec<NodeClaim> {

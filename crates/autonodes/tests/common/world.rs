@@ -1,5 +1,7 @@
 //! A whole autonodes installation on real API servers: management, host and tenant
-//! clusters, the controller and the KubeVirt simulator, in-process.
+//! clusters, the controller and the KubeVirt simulator, in-process. A world is built on a
+//! test environment: the default one ([`World::start_clusters`]), or one a test prepared
+//! itself ([`World::on`]), e.g. with a kubeadm tenant that real guests join.
 
 use std::time::Duration;
 
@@ -7,6 +9,7 @@ use autonodes::api::{NodeClaim, NodePool, NodeProvider, NodeType, LABEL_MANAGED_
 use autonodes::controller::config::ControllerConfig;
 use autonodes_testenv::playground::{wire, Playground, SERVICE_NAMESPACE};
 use autonodes_testenv::simulator::{SimMode, SimOptions, Tenant};
+use autonodes_testenv::testenv::TestEnv;
 use k8s_openapi::api::core::v1::{Namespace, Node, Secret};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::ObjectRef;
@@ -161,8 +164,15 @@ impl World {
         world
     }
 
-    /// Starts and wires the clusters only (no controller, no simulator).
+    /// Starts the default test environment (`mgmt`, `host` and `tenant` API servers) and
+    /// wires its clusters only (no controller, no simulator).
     pub async fn start_clusters(opts: &WorldOptions) -> World {
+        World::on(super::start(&["mgmt", "host", "tenant"]).await, opts).await
+    }
+
+    /// Wires the clusters of `env`, which has `mgmt`, `host` and `tenant` API servers, and
+    /// applies the provider of `opts` (no controller, no simulator).
+    pub async fn on(env: TestEnv, opts: &WorldOptions) -> World {
         let _ = tracing_subscriber::fmt()
             .with_test_writer()
             .with_env_filter(
@@ -170,7 +180,6 @@ impl World {
                     .unwrap_or_else(|_| "warn,kube_client::client::builder=off".into()),
             )
             .try_init();
-        let env = super::start(&["mgmt", "host", "tenant"]).await;
         let playground = wire(env, &opts.provider, NS, "tenant")
             .await
             .expect("wiring the clusters");
@@ -301,25 +310,29 @@ impl World {
         }
     }
 
-    /// Runs the simulator in this process.
+    /// Runs the simulator in this process, playing the guests that join the tenant.
     pub async fn start_simulator(&mut self, mode: SimMode) {
         let tenant = Tenant::from_kubeconfig_file(
             &self.playground.tenant().expect("tenant").kubeconfig_path,
         )
         .await
         .expect("tenant for the simulator");
-        let (stop, stopped) = stopper();
-        let host = self.host.clone();
         let opts = SimOptions {
             mode,
             join_retry_interval: Duration::from_secs(1),
             sweep_interval: Duration::from_secs(2),
             ..Default::default()
         };
+        self.start_simulator_with(vec![tenant], opts);
+    }
+
+    /// Runs the simulator in this process with `opts`, playing the guests that join
+    /// `tenants` (none where real guests join with their own kubelet).
+    pub fn start_simulator_with(&mut self, tenants: Vec<Tenant>, opts: SimOptions) {
+        let (stop, stopped) = stopper();
+        let host = self.host.clone();
         let task = tokio::spawn(async move {
-            if let Err(e) =
-                autonodes_testenv::simulator::run(host, vec![tenant], opts, stopped).await
-            {
+            if let Err(e) = autonodes_testenv::simulator::run(host, tenants, opts, stopped).await {
                 panic!("simulator failed: {e}");
             }
         });
@@ -450,13 +463,8 @@ impl World {
 
     /// Waits until the claim is gone.
     pub async fn wait_claim_gone(&self, name: &str, timeout: Duration) {
-        let api = self.claims();
-        super::eventually(&format!("claim {name} to be gone"), timeout, || {
-            let api = api.clone();
-            let name = name.to_string();
-            async move { matches!(api.get_opt(&name).await, Ok(None)).then_some(()) }
-        })
-        .await
+        let what = format!("claim {name} to be gone");
+        super::wait_gone(&what, &self.claims(), name, timeout).await
     }
 
     /// Deletes a claim (the finalizer runs the cleanup).

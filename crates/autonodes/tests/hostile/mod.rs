@@ -72,21 +72,31 @@ fn openssl(dir: &Path, args: &[&str]) {
     );
 }
 
+/// `openssl req` with a new unencrypted P-256 key written to `key`; `args` say the rest
+/// (`-x509` for a self-signed certificate, `-out`, `-subj`, …).
+fn request_with_new_key(dir: &Path, key: &str, args: &[&str]) {
+    let mut all = vec![
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-keyout",
+        key,
+    ];
+    all.extend_from_slice(args);
+    openssl(dir, &all);
+}
+
 /// A CA and a serving certificate for 127.0.0.1 signed by it, in `dir`.
 fn certificates(dir: &Path) -> (String, String, String) {
     std::fs::create_dir_all(dir).expect("dir");
-    openssl(
+    request_with_new_key(
         dir,
+        "ca.key",
         &[
-            "req",
             "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
-            "ca.key",
             "-out",
             "ca.crt",
             "-days",
@@ -95,23 +105,7 @@ fn certificates(dir: &Path) -> (String, String, String) {
             "/CN=hostile-ca",
         ],
     );
-    openssl(
-        dir,
-        &[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
-            "tls.key",
-            "-out",
-            "tls.csr",
-            "-subj",
-            "/CN=hostile",
-        ],
-    );
+    request_with_new_key(dir, "tls.key", &["-out", "tls.csr", "-subj", "/CN=hostile"]);
     std::fs::write(
         dir.join("ext.cnf"),
         "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1\n",

@@ -1,0 +1,78 @@
+//! The shared state of one simulator run ([`Ctx`]): the host client and its caches, the
+//! tenants, the options, the Event recorder and the guests that joined.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, ApiResource, DynamicObject};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::{Client, Resource};
+
+use super::cache::Cache;
+use super::options::SimOptions;
+use super::tenant_entry::TenantEntry;
+
+/// Shared state of one simulator run.
+pub(crate) struct Ctx {
+    pub(crate) host: Client,
+    pub(crate) tenants: Vec<TenantEntry>,
+    pub(crate) opts: SimOptions,
+    pub(crate) recorder: Recorder,
+    pub(crate) vm: ApiResource,
+    pub(crate) vmi: ApiResource,
+    pub(crate) dv: ApiResource,
+    /// The managed VirtualMachines.
+    pub(crate) vms: Arc<Cache<DynamicObject>>,
+    /// VirtualMachineInstances (metadata and status).
+    pub(crate) vmis: Arc<Cache<DynamicObject>>,
+    /// DataVolumes (metadata and status).
+    pub(crate) dvs: Arc<Cache<DynamicObject>>,
+    /// autonodes' Secrets (the user data a guest reads; the sweep's and a foreground
+    /// deletion's view).
+    pub(crate) secrets: Arc<Cache<Secret>>,
+    /// The guests that joined a tenant.
+    pub(crate) joined: Joined,
+}
+
+impl Ctx {
+    /// The host's API of the kind `ar` in namespace `ns`.
+    pub(crate) fn api(&self, ar: &ApiResource, ns: &str) -> Api<DynamicObject> {
+        Api::namespaced_with(self.host.clone(), ns, ar)
+    }
+}
+
+/// The guests that joined, by VMI UID: the tenant (its index in `Ctx::tenants`) and the
+/// Node's name.
+#[derive(Default)]
+pub(crate) struct Joined(Mutex<HashMap<String, (usize, String)>>);
+
+impl Joined {
+    /// The map, whether or not a holder panicked.
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (usize, String)>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Records an Event of `type_` about the VirtualMachine `vm` (the note cut to 1000
+/// characters); a failure is logged, not returned.
+pub(crate) async fn publish(
+    ctx: &Ctx,
+    vm: &DynamicObject,
+    type_: EventType,
+    reason: &str,
+    note: &str,
+) {
+    let reference = vm.object_ref(&ctx.vm);
+    let note: String = note.chars().take(1000).collect();
+    let event = Event {
+        type_,
+        reason: reason.to_string(),
+        note: Some(note),
+        action: reason.to_string(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &reference).await {
+        tracing::warn!(error = %e, reason, "recording an Event failed");
+    }
+}

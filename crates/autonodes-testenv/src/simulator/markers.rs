@@ -1,0 +1,14 @@
+//! The names the simulator marks objects with and looks for: the label selector of the
+//! VirtualMachines it plays KubeVirt for, its finalizer and its annotations.
+
+/// The label selector of the VirtualMachines the simulator plays KubeVirt for.
+pub const MANAGED_SELECTOR: &str = "app.kubernetes.io/managed-by=autonodes";
+/// The finalizer the simulator keeps on VirtualMachines until it has torn them down.
+pub const FINALIZER: &str = "simulator.autonodes.io/teardown";
+/// VMI annotation: why the guest did not join (absent once it joined).
+pub const JOIN_ERROR_ANNOTATION: &str = "simulator.autonodes.io/join-error";
+/// VM annotation (set by tests, or by hand in the playground): the guest's kubelet has
+/// stopped — its joined Node turns `Ready=Unknown` and stays so until the annotation goes.
+pub const KUBELET_STOPPED_ANNOTATION: &str = "simulator.autonodes.io/kubelet-stopped";
+/// Prefix of a join error the guest no longer retries.
+pub const GAVE_UP_PREFIX: &str = "gave up: ";

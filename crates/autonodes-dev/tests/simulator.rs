@@ -7,7 +7,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use autonodes::userdata::{self, JoinParams, JoinTemplate, UserDataInput};
+use autonodes_core::userdata::{self, JoinParams, JoinTemplate, UserDataInput};
 use autonodes_testenv::simulator::{
     self, kubevirt_crds, SimError, SimMode, SimOptions, Tenant, FINALIZER, JOIN_ERROR_ANNOTATION,
 };
@@ -85,7 +85,7 @@ impl Clusters {
         Api::namespaced_with(
             self.host.clone(),
             NS,
-            &autonodes::kubevirt::virtual_machine(),
+            &autonodes_api::kubevirt::virtual_machine(),
         )
     }
 
@@ -93,12 +93,16 @@ impl Clusters {
         Api::namespaced_with(
             self.host.clone(),
             NS,
-            &autonodes::kubevirt::virtual_machine_instance(),
+            &autonodes_api::kubevirt::virtual_machine_instance(),
         )
     }
 
     fn dvs(&self) -> Api<DynamicObject> {
-        Api::namespaced_with(self.host.clone(), NS, &autonodes::kubevirt::data_volume())
+        Api::namespaced_with(
+            self.host.clone(),
+            NS,
+            &autonodes_api::kubevirt::data_volume(),
+        )
     }
 
     fn nodes(&self) -> Api<Node> {
@@ -403,7 +407,7 @@ async fn a_misspelt_user_data_secret_ref_is_pruned_while_secret_ref_survives() {
     let api: Api<DynamicObject> = Api::namespaced_with(
         host.clone(),
         "default",
-        &autonodes::kubevirt::virtual_machine(),
+        &autonodes_api::kubevirt::virtual_machine(),
     );
     let mut vm = vm_object("typo");
     let volumes = vm
@@ -510,7 +514,7 @@ async fn a_vm_built_like_the_advanced_example_round_trips_unchanged() {
     let api: Api<DynamicObject> = Api::namespaced_with(
         host.clone(),
         "default",
-        &autonodes::kubevirt::virtual_machine(),
+        &autonodes_api::kubevirt::virtual_machine(),
     );
     let stored = api
         .create(&PostParams::default(), &vm)

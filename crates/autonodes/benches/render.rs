@@ -9,14 +9,14 @@ use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use autonodes::api::{NodeClaim, NodeProvider};
-use autonodes::scheduling::{self, ClaimRequest};
-use autonodes::template;
-use autonodes::userdata::{self, JoinParams, JoinTemplate, UserDataInput};
+use autonodes_api::{NodeClaim, NodeProvider};
 use autonodes_core::catalogue::Catalogue;
 use autonodes_core::render::{plan_node, render_node};
+use autonodes_core::scheduling::{self, ClaimRequest};
+use autonodes_core::template;
 use autonodes_core::template::merge::strategic_merge;
 use autonodes_core::template::names::VmIdentity;
+use autonodes_core::userdata::{self, JoinParams, JoinTemplate, UserDataInput};
 use criterion::{criterion_group, Criterion, Throughput};
 use serde_json::{json, Value};
 

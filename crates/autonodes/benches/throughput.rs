@@ -41,7 +41,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use autonodes::api::NodeClaim;
+use autonodes_api::NodeClaim;
 use autonodes_testenv::playground::ensure_namespace;
 use autonodes_testenv::simulator::SimMode;
 use autonodes_testenv::testenv::{process_memory, ManagedProcess};
@@ -568,7 +568,7 @@ impl Templates {
             Api::<DynamicObject>::namespaced_with(client.clone(), &vm_ns, ar)
         };
         let vm = json(
-            dynamic(&world.host, &autonodes::kubevirt::virtual_machine())
+            dynamic(&world.host, &autonodes_api::kubevirt::virtual_machine())
                 .get(&vm_name)
                 .await
                 .expect("the sample's VM"),
@@ -576,7 +576,7 @@ impl Templates {
         let vmi = json(
             dynamic(
                 &world.host,
-                &autonodes::kubevirt::virtual_machine_instance(),
+                &autonodes_api::kubevirt::virtual_machine_instance(),
             )
             .get(&vm_name)
             .await
@@ -750,12 +750,12 @@ async fn replay_claim(world: &World, i: usize, calls: CallSet, t: &Templates) {
     let vms: Api<DynamicObject> = Api::namespaced_with(
         world.host.clone(),
         REPLAY_NS,
-        &autonodes::kubevirt::virtual_machine(),
+        &autonodes_api::kubevirt::virtual_machine(),
     );
     let vmis: Api<DynamicObject> = Api::namespaced_with(
         world.host.clone(),
         REPLAY_NS,
-        &autonodes::kubevirt::virtual_machine_instance(),
+        &autonodes_api::kubevirt::virtual_machine_instance(),
     );
     let nodes: Api<Node> = Api::all(world.tenant.clone());
     let apply = PatchParams::apply("autonodes-replay").force();
@@ -944,7 +944,7 @@ async fn replay_bound(world: &World, n: usize, calls: CallSet, t: &Templates) ->
         let vms: Api<DynamicObject> = Api::namespaced_with(
             world.host.clone(),
             REPLAY_NS,
-            &autonodes::kubevirt::virtual_machine(),
+            &autonodes_api::kubevirt::virtual_machine(),
         );
         futures::stream::iter(0..n)
             .map(|i| {
@@ -983,12 +983,12 @@ async fn replay_bound(world: &World, n: usize, calls: CallSet, t: &Templates) ->
         Api::<DynamicObject>::namespaced_with(
             world.host.clone(),
             REPLAY_NS,
-            &autonodes::kubevirt::virtual_machine(),
+            &autonodes_api::kubevirt::virtual_machine(),
         ),
         Api::<DynamicObject>::namespaced_with(
             world.host.clone(),
             REPLAY_NS,
-            &autonodes::kubevirt::virtual_machine_instance(),
+            &autonodes_api::kubevirt::virtual_machine_instance(),
         ),
     ] {
         let _ = api.delete_collection(&dp, &all).await;

@@ -1,23 +1,17 @@
 //! autonodes, the controller: the only code that talks to clusters.
 //!
-//! - [`controller`]: the controllers (provider, node type, claim, pool, Cluster-API mirror),
-//!   remote watches, gauges, lenient watches;
-//! - [`clients`]: the one place that builds and caches clients for host and tenant clusters;
-//! - [`run`], [`leader`], [`server`], [`metrics`]: `autonodes run`;
-//! - [`render`], [`cli`]: the other subcommands.
+//! - [`controller`]: the controllers (provider, node type, claim, pool, Cluster-API mirror,
+//!   vCluster import), each wiring itself; the context they share; the generic reconcile
+//!   wrapper; the one watch and store per kind;
+//! - [`remote`]: everything that talks to host and tenant clusters (clients and their
+//!   egress rules, watch caches, the calls a claim makes on its host and tenant);
+//! - [`run`], [`leader`], [`server`], [`metrics`], [`metrics_auth`], [`metrics_tls`]:
+//!   `autonodes run`;
+//! - [`render`], [`import_vcluster`], [`cli`]: the other subcommands.
 //!
-//! The types and the pure core live in their own crates, re-exported here under the names
-//! the controller's code uses: [`api`], [`conditions`], [`kubevirt`], [`crdgen`] from
-//! `autonodes-api`; [`names`], [`resources`], [`scheduling`], [`template`], [`userdata`],
-//! [`orphans`], [`kubeconfig`] from `autonodes-core`.
+//! The types live in `autonodes-api` and every decision in the pure `autonodes-core`; the
+//! controller names them by those names.
 #![forbid(unsafe_code)]
-
-pub use autonodes_api as api;
-pub use autonodes_api::{conditions, crdgen, kubevirt};
-pub use autonodes_core::{
-    host_capacity, join, kubeconfig, kubeversion, ledger, names, orphans, quota, resources,
-    scheduling, template, userdata, vcluster, yaml, zones,
-};
 
 pub mod cli;
 pub mod controller;

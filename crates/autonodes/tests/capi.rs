@@ -15,12 +15,12 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use autonodes::api::capi::*;
-use autonodes::api::{NodeClaimPhase, NodePool, NodeType};
 use autonodes::controller::capi::{AUTOSCALING, REASON_INVALID_BOUNDS};
-use autonodes::resources::{self, ResourceAmounts};
+use autonodes_api::capi::*;
+use autonodes_api::{NodeClaimPhase, NodePool, NodeType};
 use autonodes_core::pool::plan::{plan_claims, Allowance, ClaimView};
 use autonodes_core::pool::ANNOTATION_DELETE_FIRST;
+use autonodes_core::resources::{self, ResourceAmounts};
 use common::pools::{kubectl, large, pool_claims, pools_provider, scheduler, small, WAIT};
 use common::world::*;
 use futures::StreamExt;

@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-use autonodes::api::{NodeClaim, NodeClaimPhase, LABEL_NODECLAIM_UID};
+use autonodes_api::{NodeClaim, NodeClaimPhase, LABEL_NODECLAIM_UID};
 use autonodes_testenv::testenv::ManagedProcess;
 use common::world::*;
 use kube::api::{DeleteParams, ListParams, PostParams};

@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 
-use autonodes::kubeversion::KubeVersion;
-use autonodes::userdata::{self, JoinParams, JoinTemplate, UserDataInput};
+use autonodes_core::kubeversion::KubeVersion;
+use autonodes_core::userdata::{self, JoinParams, JoinTemplate, UserDataInput};
 use common::repo;
 use k8s_openapi::api::core::v1::Taint;
 use serde_json::Value;
@@ -123,7 +123,7 @@ fn the_user_data_of_every_golden_file_is_a_cloud_config_cloud_init_accepts() {
             let list: Value = serde_json::from_str(&text).expect("golden JSON");
             list["items"].as_array().cloned().unwrap_or_default()
         } else {
-            autonodes::yaml::from_multiple(&text).expect("golden YAML")
+            autonodes_core::yaml::from_multiple(&text).expect("golden YAML")
         };
         for doc in docs.iter().filter(|d| d["kind"] == "Secret") {
             let ud = doc["stringData"]["userdata"]

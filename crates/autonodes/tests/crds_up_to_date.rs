@@ -21,7 +21,7 @@ fn committed_crds_match_what_crdgen_writes() {
             )
         })
         .collect();
-    let generated: BTreeMap<String, String> = autonodes::crdgen::files()
+    let generated: BTreeMap<String, String> = autonodes_api::crdgen::files()
         .expect("CRDs serialize")
         .into_iter()
         .collect();
@@ -40,7 +40,7 @@ fn committed_crds_match_what_crdgen_writes() {
 
 #[test]
 fn there_is_one_crd_file_per_kind_named_by_plural_and_group() {
-    let names: Vec<String> = autonodes::crdgen::files()
+    let names: Vec<String> = autonodes_api::crdgen::files()
         .expect("CRDs serialize")
         .into_iter()
         .map(|(n, _)| n)

@@ -125,7 +125,7 @@ async fn a_budget_of_zero_in_its_window_holds_consolidation_and_roll_outs_and_a_
         (claims.len() == 2 && claims.iter().all(available)).then_some(())
     })
     .await;
-    let hashes = |claims: &[autonodes::api::NodeClaim]| -> Vec<String> {
+    let hashes = |claims: &[autonodes_api::NodeClaim]| -> Vec<String> {
         let mut h: Vec<String> = claims
             .iter()
             .filter_map(|c| c.labels().get(LABEL_TEMPLATE_HASH).cloned())
@@ -185,7 +185,7 @@ async fn a_node_whose_startup_taint_never_goes_fails_its_claim_by_initialization
     world.create_claim(claim("stuck")).await;
     world.create_claim(claim("healthy")).await;
     let joined =
-        |c: &autonodes::api::NodeClaim| condition(c, "Joined").is_some_and(|(s, _, _)| s == "True");
+        |c: &autonodes_api::NodeClaim| condition(c, "Joined").is_some_and(|(s, _, _)| s == "True");
     world.wait_claim("stuck", "joined", WAIT, joined).await;
     let healthy = world.wait_claim("healthy", "joined", WAIT, joined).await;
     assert_eq!(
@@ -233,7 +233,7 @@ async fn a_node_whose_startup_taint_never_goes_fails_its_claim_by_initialization
 }
 
 /// Stops (`true`) or restarts the simulated kubelet of the claim's VM.
-async fn kubelet_stopped(world: &World, claim: &autonodes::api::NodeClaim, stopped: bool) {
+async fn kubelet_stopped(world: &World, claim: &autonodes_api::NodeClaim, stopped: bool) {
     let s = claim.status.clone().expect("status");
     let (ns, vm) = (
         s.vm_namespace.expect("vm namespace"),
@@ -242,7 +242,7 @@ async fn kubelet_stopped(world: &World, claim: &autonodes::api::NodeClaim, stopp
     let api: kube::Api<kube::api::DynamicObject> = kube::Api::namespaced_with(
         world.host.clone(),
         &ns,
-        &autonodes::kubevirt::virtual_machine(),
+        &autonodes_api::kubevirt::virtual_machine(),
     );
     let value = stopped.then_some("true");
     api.patch(

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use autonodes::api::{NodePool, NodeProvider};
+use autonodes_api::{NodePool, NodeProvider};
 use common::*;
 use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};

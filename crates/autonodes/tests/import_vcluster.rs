@@ -5,7 +5,7 @@ mod common;
 
 use std::process::Command;
 
-use autonodes::api::NodePool;
+use autonodes_api::NodePool;
 use common::*;
 use kube::api::Api;
 

@@ -10,7 +10,7 @@ mod common;
 use std::time::Duration;
 
 use autonodes::render::render_documents;
-use autonodes::userdata::JoinParams;
+use autonodes_core::userdata::JoinParams;
 use common::world::*;
 use kube::ResourceExt;
 use serde_json::{json, Value};
@@ -25,7 +25,7 @@ fn example() -> String {
 
 /// The VirtualMachine `autonodes render` composes for the claim as created (its UID fixes
 /// the VM name), from the same provider text.
-fn rendered_vm(provider: &str, claim: &autonodes::api::NodeClaim) -> Value {
+fn rendered_vm(provider: &str, claim: &autonodes_api::NodeClaim) -> Value {
     let claim_text = serde_json::to_string(&json!({
         "apiVersion": "autonodes.io/v1alpha1",
         "kind": "NodeClaim",
@@ -261,7 +261,7 @@ async fn a_disk_network_or_placement_property_autonodes_cannot_use_fails_its_typ
             ready.message
         );
         assert!(
-            ready.message.len() <= autonodes::api::conditions::MAX_MESSAGE_BYTES,
+            ready.message.len() <= autonodes_api::conditions::MAX_MESSAGE_BYTES,
             "{name}: message unbounded"
         );
     }
@@ -290,7 +290,7 @@ async fn a_pool_of_a_type_with_zones_spreads_least_used_first_a_requirement_pins
     world
         .create_pool("spread", json!({"providerRef": "zoned", "replicas": 4}))
         .await;
-    let zone_of = |c: &autonodes::api::NodeClaim| c.status.as_ref().and_then(|s| s.zone.clone());
+    let zone_of = |c: &autonodes_api::NodeClaim| c.status.as_ref().and_then(|s| s.zone.clone());
     let pool_claims = common::eventually(
         "four claims of the pool with a zone each",
         AVAILABLE,
@@ -450,7 +450,7 @@ async fn a_node_quota_keeps_claims_over_its_limits_or_of_types_it_does_not_selec
 "#;
     let world =
         World::with_provider(provider_yaml("quota", "test-kubevirt-1", "1", "1Gi", types)).await;
-    let quota: autonodes::api::NodeQuota = serde_json::from_value(json!({
+    let quota: autonodes_api::NodeQuota = serde_json::from_value(json!({
         "apiVersion": "autonodes.io/v1alpha1",
         "kind": "NodeQuota",
         "metadata": {"name": "team"},
@@ -461,7 +461,7 @@ async fn a_node_quota_keeps_claims_over_its_limits_or_of_types_it_does_not_selec
         },
     }))
     .expect("quota");
-    let quotas: kube::Api<autonodes::api::NodeQuota> = kube::Api::all(world.mgmt.clone());
+    let quotas: kube::Api<autonodes_api::NodeQuota> = kube::Api::all(world.mgmt.clone());
     quotas
         .create(&kube::api::PostParams::default(), &quota)
         .await
@@ -664,7 +664,7 @@ async fn a_golden_image_is_imported_once_per_provider_cloned_by_every_vm_and_rem
     for name in ["g-1", "g-2", "g-3", "g-4"] {
         world.wait_claim_gone(name, GONE).await;
     }
-    let providers: kube::Api<autonodes::api::NodeProvider> = kube::Api::all(world.mgmt.clone());
+    let providers: kube::Api<autonodes_api::NodeProvider> = kube::Api::all(world.mgmt.clone());
     providers
         .delete("golden", &kube::api::DeleteParams::default())
         .await
@@ -706,7 +706,7 @@ async fn a_type_naming_an_instancetype_schedules_and_costs_by_its_guest_resource
     })
     .await;
     // The host's instance type, before the controller starts.
-    let resource = autonodes::kubevirt::instancetype("VirtualMachineClusterInstancetype");
+    let resource = autonodes_api::kubevirt::instancetype("VirtualMachineClusterInstancetype");
     let instancetypes: kube::Api<kube::api::DynamicObject> =
         kube::Api::all_with(world.host.clone(), &resource);
     let it: kube::api::DynamicObject = serde_json::from_value(json!({

@@ -8,7 +8,7 @@ mod opscommon;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use autonodes::api::NodeProvider;
+use autonodes_api::NodeProvider;
 use autonodes_testenv::playground::{put_kubeconfig_secret, SERVICE_NAMESPACE};
 use autonodes_testenv::simulator::SimMode;
 use common::world::*;
@@ -389,7 +389,7 @@ async fn deleting_a_provider_with_live_claims_waits_for_them_and_orphans_nothing
         .then_some(())
     })
     .await;
-    let types: Api<autonodes::api::NodeType> = Api::all(world.mgmt.clone());
+    let types: Api<autonodes_api::NodeType> = Api::all(world.mgmt.clone());
     common::eventually("its node types to be gone", WAIT, || async {
         types
             .list(&Default::default())
@@ -432,7 +432,7 @@ async fn a_node_type_removed_from_its_provider_is_kept_while_a_claim_uses_it_and
             provider_condition(p, "Ready").is_some_and(|c| c.2.contains(&removed))
         })
         .await;
-    let types: Api<autonodes::api::NodeType> = Api::all(world.mgmt.clone());
+    let types: Api<autonodes_api::NodeType> = Api::all(world.mgmt.clone());
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(
         types.get_opt(&removed).await.expect("read").is_some(),

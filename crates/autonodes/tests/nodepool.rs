@@ -242,7 +242,7 @@ async fn a_failed_claim_is_replaced_and_bad_pools_get_conditions_while_others_ke
     let vms: Api<DynamicObject> = Api::namespaced_with(
         world.host.clone(),
         s.vm_namespace.as_deref().expect("vm namespace"),
-        &autonodes::kubevirt::virtual_machine(),
+        &autonodes_api::kubevirt::virtual_machine(),
     );
     vms.delete(s.vm_name.as_deref().expect("vm"), &DeleteParams::default())
         .await
@@ -389,7 +389,7 @@ async fn a_dynamic_pool_packs_twelve_pending_one_cpu_pods_onto_three_nodes_and_r
         );
         // desiredCapacity covers the pods packed when the claim was made (the scheduler
         // marks pods one by one, so the first claim may be made for fewer than 4).
-        let cpu = autonodes::resources::cpu_millis(&c.spec.desired_capacity["cpu"])
+        let cpu = autonodes_core::resources::cpu_millis(&c.spec.desired_capacity["cpu"])
             .expect("cpu quantity");
         assert!((1000..=4000).contains(&cpu), "desiredCapacity cpu {cpu}m");
     }

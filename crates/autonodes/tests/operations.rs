@@ -267,7 +267,7 @@ async fn claims_and_providers_get_one_event_per_state_change_and_a_healthy_claim
     // Make the controllers reconcile the claim and the provider many more times without
     // changing their state (a metadata-only change wakes the controllers).
     let claims = world.claims();
-    let providers: Api<autonodes::api::NodeProvider> = Api::all(world.mgmt.clone());
+    let providers: Api<autonodes_api::NodeProvider> = Api::all(world.mgmt.clone());
     for i in 0..5 {
         let patch = serde_json::json!({"metadata": {"annotations": {"test/poke": i.to_string()}}});
         claims
@@ -344,7 +344,7 @@ async fn claims_and_providers_get_one_event_per_state_change_and_a_healthy_claim
         // e.g. no node type yet while the provider's types were being made).
         if e.type_.as_deref() == Some("Warning") {
             let reason = e.reason.clone().unwrap_or_default();
-            assert!(!autonodes::conditions::is_progress(&reason), "{e:?}");
+            assert!(!autonodes_api::conditions::is_progress(&reason), "{e:?}");
         }
         if e.reason.as_deref() == Some("NodeReady") {
             assert_eq!(e.type_.as_deref(), Some("Normal"), "{e:?}");

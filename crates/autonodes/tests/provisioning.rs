@@ -401,8 +401,8 @@ async fn fifty_claims_at_once_never_exceed_a_max_capacity_of_ten() {
     // Claims created before the provider is ready wait with NoMatchingNodeType; once it
     // is, exactly ten get scheduled and the other forty wait for capacity.
     let scheduled =
-        |c: &autonodes::api::NodeClaim| condition(c, "Scheduled").is_some_and(|x| x.0 == "True");
-    let waiting = |c: &autonodes::api::NodeClaim| {
+        |c: &autonodes_api::NodeClaim| condition(c, "Scheduled").is_some_and(|x| x.0 == "True");
+    let waiting = |c: &autonodes_api::NodeClaim| {
         condition(c, "Scheduled").is_some_and(|x| x.0 == "False" && x.1 == "InsufficientCapacity")
     };
     let claims = common::eventually(

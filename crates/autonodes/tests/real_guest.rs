@@ -226,7 +226,7 @@ async fn a_prepared_and_a_stock_image_join_the_tenant_with_a_real_kubelet_and_le
         let claim = loop {
             let c = claims.get(name).await.expect("claim");
             if c.status.as_ref().and_then(|s| s.phase)
-                == Some(autonodes::api::NodeClaimPhase::Available)
+                == Some(autonodes_api::NodeClaimPhase::Available)
             {
                 break c;
             }
@@ -252,7 +252,7 @@ async fn a_prepared_and_a_stock_image_join_the_tenant_with_a_real_kubelet_and_le
         let labels = node.labels();
         assert_eq!(
             labels
-                .get(autonodes::api::LABEL_NODECLAIM)
+                .get(autonodes_api::LABEL_NODECLAIM)
                 .map(String::as_str),
             Some(name)
         );
@@ -307,7 +307,7 @@ async fn a_prepared_and_a_stock_image_join_the_tenant_with_a_real_kubelet_and_le
     let vms: Api<DynamicObject> = Api::namespaced_with(
         world.host.clone(),
         VM_NS,
-        &autonodes::kubevirt::virtual_machine(),
+        &autonodes_api::kubevirt::virtual_machine(),
     );
     let started = Instant::now();
     loop {

@@ -275,7 +275,7 @@ async fn the_orphan_sweep_removes_what_a_vanished_claim_left_and_keeps_what_live
     let dvs: Api<DynamicObject> = Api::namespaced_with(
         world.host.clone(),
         "vcluster-platform",
-        &autonodes::kubevirt::data_volume(),
+        &autonodes_api::kubevirt::data_volume(),
     );
     dvs.create(
         &PostParams::default(),
@@ -396,7 +396,7 @@ async fn a_pool_that_never_consolidates_is_served_and_durations_no_controller_co
     );
     // The API server itself refuses what the controller could not read (the CRD's pattern
     // is at least as strict as the parser), so no such object is ever stored.
-    let pools = untyped::<autonodes::api::NodePool>(&world);
+    let pools = untyped::<autonodes_api::NodePool>(&world);
     for bad in ["5 minutes", "-5m", "99999999999999999999h", "never"] {
         let body = serde_json::json!({
             "apiVersion": "autonodes.io/v1alpha1", "kind": "NodePool",
@@ -406,7 +406,7 @@ async fn a_pool_that_never_consolidates_is_served_and_durations_no_controller_co
         assert_refused(&pools, body, "consolidateAfter").await;
     }
     // Likewise for the other fields the controller parses (see `src/api/schema_walk.rs`).
-    let claims = untyped::<autonodes::api::NodeClaim>(&world);
+    let claims = untyped::<autonodes_api::NodeClaim>(&world);
     for (field, spec) in [
         (
             "effect",
@@ -519,7 +519,7 @@ async fn wait_invalid_spec(api: &Api<DynamicObject>, name: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_object_the_controller_cannot_decode_gets_invalid_spec_and_every_other_object_is_served()
 {
-    use autonodes::api::{NodeClaim, NodePool};
+    use autonodes_api::{NodeClaim, NodePool};
     let world = World::start(WorldOptions::default()).await;
     // CRDs without patterns or enums, as an outdated installation might have.
     let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use autonodes::render::{format_documents, render_documents, OutputFormat};
-use autonodes::userdata::JoinParams;
+use autonodes_core::userdata::JoinParams;
 
 /// The workspace root (this crate lives in `crates/autonodes`).
 fn root() -> PathBuf {

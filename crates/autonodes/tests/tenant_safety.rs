@@ -8,8 +8,8 @@ mod hostile;
 
 use std::time::{Duration, Instant};
 
-use autonodes::api::{NodeClaim, NodePool, NodeQuota};
 use autonodes::controller::config::ControllerConfig;
+use autonodes_api::{NodeClaim, NodePool, NodeQuota};
 use autonodes_testenv::playground::put_kubeconfig_secret;
 use autonodes_testenv::simulator::SimMode;
 use common::pools::*;
@@ -76,7 +76,7 @@ async fn tenant_namespace(world: &World, ns: &str, kubeconfig: &str) {
         &world.mgmt,
         ns,
         "vc-tenant",
-        autonodes::api::TENANT_KUBECONFIG_KEY,
+        autonodes_api::TENANT_KUBECONFIG_KEY,
         kubeconfig,
     )
     .await
@@ -244,7 +244,7 @@ async fn available(api: &Api<NodeClaim>, name: &str) {
         let api = api.clone();
         async move {
             let c = api.get(name).await.ok()?;
-            (phase(&c) == Some(autonodes::api::NodeClaimPhase::Available)).then_some(())
+            (phase(&c) == Some(autonodes_api::NodeClaimPhase::Available)).then_some(())
         }
     })
     .await;
@@ -362,7 +362,7 @@ async fn a_tenant_whose_kubeconfig_turns_invalid_cannot_keep_its_deleted_claim_s
         .patch(
             "vc-tenant",
             &PatchParams::default(),
-            &Patch::Merge(json!({"stringData": {autonodes::api::TENANT_KUBECONFIG_KEY: hostile}})),
+            &Patch::Merge(json!({"stringData": {autonodes_api::TENANT_KUBECONFIG_KEY: hostile}})),
         )
         .await
         .expect("kubeconfig Secret rewritten");
@@ -456,7 +456,7 @@ async fn the_sweep_removes_only_its_own_installation_s_orphans_and_a_claim_never
     let vms: Api<DynamicObject> = Api::namespaced_with(
         world.host.clone(),
         "vcluster-platform",
-        &autonodes::kubevirt::virtual_machine(),
+        &autonodes_api::kubevirt::virtual_machine(),
     );
     let foreign: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",

@@ -6,8 +6,8 @@ mod common;
 
 use std::time::Duration;
 
-use autonodes::api::NodePool;
 use autonodes::controller::config::ImportScope;
+use autonodes_api::NodePool;
 use autonodes_testenv::simulator::SimMode;
 use common::world::*;
 use k8s_openapi::api::core::v1::{Node, Secret};
@@ -67,7 +67,7 @@ async fn wait_nodes(world: &World, pool: &str, n: usize) {
             .filter(|c| {
                 c.metadata.deletion_timestamp.is_none()
                     && c.status.as_ref().and_then(|s| s.phase)
-                        == Some(autonodes::api::NodeClaimPhase::Available)
+                        == Some(autonodes_api::NodeClaimPhase::Available)
             })
             .count();
         let nodes: Vec<Node> = Api::<Node>::all(world.tenant.clone())
@@ -139,7 +139,7 @@ async fn a_vcluster_config_secret_becomes_pools_and_nodes_and_follows_its_edits(
             .disruption
             .as_ref()
             .and_then(|d| d.consolidate_after),
-        Some(autonodes::api::DurationOrNever::Never)
+        Some(autonodes_api::DurationOrNever::Never)
     );
     let fixed = pools.get("tenant-fixed").await.expect("static pool");
     assert_eq!(fixed.owner_references()[0].name, "vc-config-tenant");

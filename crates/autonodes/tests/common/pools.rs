@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use autonodes::api::{NodeClaim, NodeClaimPhase, LABEL_NODEPOOL};
+use autonodes_api::{NodeClaim, NodeClaimPhase, LABEL_NODEPOOL};
 use autonodes_testenv::testenv::ManagedProcess;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use autonodes::api::{NodeClaim, NodePool, NodeProvider, NodeType, LABEL_MANAGED_BY, MANAGED_BY};
 use autonodes::controller::config::ControllerConfig;
+use autonodes_api::{NodeClaim, NodePool, NodeProvider, NodeType, LABEL_MANAGED_BY, MANAGED_BY};
 use autonodes_testenv::playground::{wire, Playground, SERVICE_NAMESPACE};
 use autonodes_testenv::simulator::{SimMode, SimOptions, Tenant};
 use autonodes_testenv::testenv::TestEnv;
@@ -352,7 +352,7 @@ impl World {
     }
 
     /// The NodePool API of the tenant namespace.
-    pub fn pools(&self) -> Api<autonodes::api::NodePool> {
+    pub fn pools(&self) -> Api<autonodes_api::NodePool> {
         Api::namespaced(self.mgmt.clone(), NS)
     }
 
@@ -361,11 +361,11 @@ impl World {
         &self,
         name: &str,
         mut spec: serde_json::Value,
-    ) -> autonodes::api::NodePool {
+    ) -> autonodes_api::NodePool {
         if spec["vClusterRef"].is_null() {
             spec["vClusterRef"] = serde_json::json!({"name": "tenant"});
         }
-        let pool: autonodes::api::NodePool = serde_json::from_value(serde_json::json!({
+        let pool: autonodes_api::NodePool = serde_json::from_value(serde_json::json!({
             "apiVersion": "autonodes.io/v1alpha1",
             "kind": "NodePool",
             "metadata": {"name": name, "namespace": NS},
@@ -477,15 +477,17 @@ impl World {
 
     /// Every VirtualMachine autonodes manages on the host.
     pub async fn vms(&self) -> Vec<DynamicObject> {
-        let api: Api<DynamicObject> =
-            Api::all_with(self.host.clone(), &autonodes::kubevirt::virtual_machine());
+        let api: Api<DynamicObject> = Api::all_with(
+            self.host.clone(),
+            &autonodes_api::kubevirt::virtual_machine(),
+        );
         api.list(&managed()).await.expect("list VMs").items
     }
 
     /// Every DataVolume on the host.
     pub async fn data_volumes(&self) -> Vec<DynamicObject> {
         let api: Api<DynamicObject> =
-            Api::all_with(self.host.clone(), &autonodes::kubevirt::data_volume());
+            Api::all_with(self.host.clone(), &autonodes_api::kubevirt::data_volume());
         api.list(&ListParams::default())
             .await
             .expect("list DataVolumes")

@@ -147,7 +147,7 @@ pub struct Remote {
     pub cache: RemoteCache,
 }
 
-/// The watch caches a remote client carries (see `controller::remote`).
+/// The watch caches a remote client carries (see [`super::watches`]).
 #[derive(Clone, Default)]
 pub enum RemoteCache {
     /// No caches: every read goes to the API server.

@@ -4,6 +4,7 @@
 //! ([`tenant`]) with their shared helpers ([`calls`]), and the room on host nodes
 //! ([`host_room`]).
 
+pub mod api;
 pub mod calls;
 pub mod clients;
 pub mod egress;

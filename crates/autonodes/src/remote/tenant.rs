@@ -33,6 +33,11 @@ impl<'a> Tenant<'a> {
         Tenant { ctx, remote }
     }
 
+    /// The tenant's client and what its kubeconfig says.
+    pub fn remote(&self) -> &Remote {
+        self.remote
+    }
+
     /// Where the tenant says nodes join ([`autonodes_core::join::published`], from
     /// `kube-system/kubeadm-config`), read at most once a minute per tenant. A tenant
     /// without that ConfigMap, or that does not let autonodes read it, publishes nothing

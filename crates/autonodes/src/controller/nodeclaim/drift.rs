@@ -6,10 +6,11 @@
 
 use super::provisioning::Provisioning;
 use super::status::DRIFTED;
+use crate::remote::api::{HostApi, TenantApi};
 use autonodes_api::reasons::ClaimReason;
 
 /// Sets or clears `Drifted` on the claim's status as this reconcile changes it.
-pub(super) fn drift(p: &mut Provisioning) {
+pub(super) fn drift<H: HostApi, T: TenantApi>(p: &mut Provisioning<'_, H, T>) {
     let current = &p.node_type.definition;
     match p.status.new.node_type_hash.as_deref() {
         // Claims scheduled before autonodes recorded the hash: what runs now is the

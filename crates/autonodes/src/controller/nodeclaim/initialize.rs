@@ -12,11 +12,14 @@ use super::provisioning::{elapsed_since, remaining, Provisioning, Step};
 use super::status::{INITIALIZED, READY};
 use crate::controller::context::now;
 use crate::controller::error::Error;
+use crate::remote::api::{HostApi, TenantApi};
 use autonodes_api::reasons::ClaimReason;
 use autonodes_api::NodeClaim;
 
 /// The initialize stage (the last: it always stops the walk).
-pub(super) async fn initialize(p: &mut Provisioning<'_>) -> Result<Step, Error> {
+pub(super) async fn initialize<H: HostApi, T: TenantApi>(
+    p: &mut Provisioning<'_, H, T>,
+) -> Result<Step, Error> {
     let Some(node) = p.node.clone() else {
         return Err(Error::Internal("initialize ran before register".into()));
     };

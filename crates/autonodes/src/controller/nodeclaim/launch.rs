@@ -15,6 +15,7 @@ use super::status::{PROVISIONED, SCHEDULED};
 use super::tokens::ensure_token;
 use crate::controller::context::now;
 use crate::controller::error::Error;
+use crate::remote::api::{HostApi, TenantApi};
 use crate::remote::clients::{status_message, Remote};
 use crate::remote::host::VmCreate;
 use autonodes_api::kubevirt::ObservedVm;
@@ -26,7 +27,9 @@ use autonodes_core::render::{self, RenderError, RenderedNode};
 use autonodes_core::userdata::{self, BootstrapToken, JoinParams, UserDataError};
 
 /// The launch stage.
-pub(super) async fn launch(p: &mut Provisioning<'_>) -> Result<Step, Error> {
+pub(super) async fn launch<H: HostApi, T: TenantApi>(
+    p: &mut Provisioning<'_, H, T>,
+) -> Result<Step, Error> {
     let uid = p.claim.uid().unwrap_or_default();
     let vm = match p.host().vm(&p.vm_ns, &p.vm_name).await? {
         Some(vm) if !autonodes_core::template::names::labelled_for_claim(vm.labels(), &uid) => {
@@ -98,13 +101,13 @@ pub(super) async fn launch(p: &mut Provisioning<'_>) -> Result<Step, Error> {
 
 /// Creates the token, the user-data Secret and the VM; returns the VM, or the step to stop
 /// at when the claim's input cannot become a VM.
-async fn create_host_objects(
-    p: &mut Provisioning<'_>,
+async fn create_host_objects<H: HostApi, T: TenantApi>(
+    p: &mut Provisioning<'_, H, T>,
 ) -> Result<Result<Arc<ObservedVm>, Step>, Error> {
-    let token = ensure_token(p.claim, p.ctx, &p.tenant()).await?;
+    let token = ensure_token(p.claim, p.ctx, p.tenant()).await?;
     let info = p.tenant().join_info().await?;
     let download_url = p.ctx.config.kubernetes_download_url.clone();
-    let join = match join_params(p.tenant, &token.token, info, download_url) {
+    let join = match join_params(p.tenant().remote(), &token.token, info, download_url) {
         Ok(j) => j,
         Err((reason, message)) => {
             p.status.set(PROVISIONED, false, reason, message);
@@ -183,7 +186,7 @@ async fn create_host_objects(
 
 /// `Provisioned=False` with `NameTaken`: a host object of the claim's VM name (`what`)
 /// belongs to another claim or installation; autonodes leaves it alone and looks again.
-fn name_taken(p: &mut Provisioning<'_>, what: &str) -> Step {
+fn name_taken<H: HostApi, T: TenantApi>(p: &mut Provisioning<'_, H, T>, what: &str) -> Step {
     let message = format!(
         "a {what} named after VM {}/{} exists on {} and belongs to another claim or installation; it is left alone",
         p.vm_ns, p.vm_name, p.host_cluster

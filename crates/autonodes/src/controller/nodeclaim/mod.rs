@@ -49,7 +49,10 @@ use crate::controller::context::{unscheduled, Context};
 use crate::controller::error::{cleanup_backoff, Error};
 use crate::controller::reconciler::{self, log_run_error, Reconciler};
 use crate::controller::reflectors::Reflectors;
+use crate::remote::api::{HostApi, TenantApi};
 use crate::remote::clients::Remote;
+use crate::remote::host::Host;
+use crate::remote::tenant::Tenant;
 use autonodes_api::conditions;
 use autonodes_api::reasons::ClaimReason;
 use autonodes_api::{NodeClaim, NodeClaimPhase, NodeQuota, NodeType, FINALIZER};
@@ -266,23 +269,15 @@ async fn provision(
         claim,
         ctx,
         node_type,
-        tenant,
-        host,
+        tenant: Tenant::new(ctx, tenant),
+        host: Host::new(ctx, &host),
         host_cluster,
         vm_ns,
         vm_name,
         status: w,
         node: None,
     };
-    drift::drift(&mut p);
-    let mut step = launch::launch(&mut p).await;
-    if let Ok(Step::Next) = step {
-        step = register::register(&mut p).await;
-    }
-    if let Ok(Step::Next) = step {
-        step = initialize::initialize(&mut p).await;
-    }
-    match step {
+    match walk(&mut p).await {
         Ok(Step::Next) => match p.status.write_or_defer().await? {
             Some(wait) => Ok(Action::requeue(wait)),
             None => Ok(Action::await_change()),
@@ -295,6 +290,22 @@ async fn provision(
         Err(e @ Error::Remote { .. }) => remote_failure(claim, p.status, e).await,
         Err(e) => Err(e),
     }
+}
+
+/// Walks the stages of a scheduled claim: drift, then launch, register and initialize as
+/// long as each lets the next one run.
+pub(crate) async fn walk<H: HostApi, T: TenantApi>(
+    p: &mut Provisioning<'_, H, T>,
+) -> Result<Step, Error> {
+    drift::drift(p);
+    let mut step = launch::launch(p).await;
+    if let Ok(Step::Next) = step {
+        step = register::register(p).await;
+    }
+    if let Ok(Step::Next) = step {
+        step = initialize::initialize(p).await;
+    }
+    step
 }
 
 /// Records a failed host or tenant call on the condition of the stage the claim is in

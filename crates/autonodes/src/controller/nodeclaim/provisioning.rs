@@ -12,15 +12,13 @@ use super::context::ClaimContext;
 use super::status::StatusWriter;
 use crate::controller::context::now;
 use crate::controller::error::Error;
-use crate::remote::clients::Remote;
-use crate::remote::host::Host;
-use crate::remote::tenant::Tenant;
+use crate::remote::api::{HostApi, TenantApi};
 use autonodes_api::reasons::ClaimReason;
 use autonodes_api::NodeClaim;
 use autonodes_core::catalogue::PreparedType;
 
 /// One reconcile of a scheduled claim: what its stages read, and the status they change.
-pub struct Provisioning<'a> {
+pub struct Provisioning<'a, H, T> {
     /// The claim as this reconcile saw it.
     pub claim: &'a NodeClaim,
     /// The controllers' context.
@@ -28,9 +26,9 @@ pub struct Provisioning<'a> {
     /// The node type the claim was scheduled to.
     pub node_type: &'a PreparedType,
     /// The tenant cluster.
-    pub tenant: &'a Remote,
+    pub tenant: T,
     /// The host cluster.
-    pub host: Arc<Remote>,
+    pub host: H,
     /// The host cluster's name.
     pub host_cluster: String,
     /// The VM's namespace on the host.
@@ -43,15 +41,15 @@ pub struct Provisioning<'a> {
     pub node: Option<Arc<Node>>,
 }
 
-impl Provisioning<'_> {
+impl<H: HostApi, T: TenantApi> Provisioning<'_, H, T> {
     /// The host cluster, as the stages use it.
-    pub fn host(&self) -> Host<'_> {
-        Host::new(self.ctx, &self.host)
+    pub fn host(&self) -> &H {
+        &self.host
     }
 
     /// The tenant cluster, as the stages use it.
-    pub fn tenant(&self) -> Tenant<'_> {
-        Tenant::new(self.ctx, self.tenant)
+    pub fn tenant(&self) -> &T {
+        &self.tenant
     }
 
     /// The provider ID the claim's Node carries.

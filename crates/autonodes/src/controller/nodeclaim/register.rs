@@ -15,11 +15,14 @@ use super::status::{JOINED, PROVISIONED};
 use super::tokens::delete_tokens;
 use crate::controller::context::now;
 use crate::controller::error::Error;
+use crate::remote::api::{HostApi, TenantApi};
 use autonodes_api::reasons::ClaimReason;
 use autonodes_core::join;
 
 /// The register stage.
-pub(super) async fn register(p: &mut Provisioning<'_>) -> Result<Step, Error> {
+pub(super) async fn register<H: HostApi, T: TenantApi>(
+    p: &mut Provisioning<'_, H, T>,
+) -> Result<Step, Error> {
     let provider_id = p.provider_id();
     let node = p.tenant().node(&p.vm_name).await?.filter(|n| {
         n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(provider_id.as_str())
@@ -59,7 +62,7 @@ pub(super) async fn register(p: &mut Provisioning<'_>) -> Result<Step, Error> {
         let message = format!("Node {node_name} joined the tenant");
         p.status.set(JOINED, true, ClaimReason::NodeJoined, message);
         // The token has done its job.
-        delete_tokens(&p.tenant(), &uid(p.claim)?).await?;
+        delete_tokens(p.tenant(), &uid(p.claim)?).await?;
     }
     p.node = Some(node);
     Ok(Step::Next)
@@ -67,7 +70,10 @@ pub(super) async fn register(p: &mut Provisioning<'_>) -> Result<Step, Error> {
 
 /// Sets the labels the kubelet could not, and removes the registration taint
 /// ([`join::node_patch`]). Returns the Node as patched, or None when it needed nothing.
-async fn sync_node(p: &Provisioning<'_>, node: &Node) -> Result<Option<Node>, Error> {
+async fn sync_node<H: HostApi, T: TenantApi>(
+    p: &Provisioning<'_, H, T>,
+    node: &Node,
+) -> Result<Option<Node>, Error> {
     let properties = autonodes_core::node_config::claim_node_properties(p.node_type, None, p.claim);
     let labels = autonodes_core::node_config::node_labels(
         &properties,

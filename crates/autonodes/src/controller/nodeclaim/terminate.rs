@@ -18,6 +18,7 @@ use super::status::READY;
 use super::tokens::delete_tokens;
 use crate::controller::context::now;
 use crate::controller::error::Error;
+use crate::remote::api::{HostApi, TenantApi};
 use crate::remote::clients::ClientError;
 use crate::remote::host::Host;
 use crate::remote::tenant::Tenant;
@@ -54,7 +55,6 @@ pub(super) async fn remove_remote_objects(
     };
     let uid = uid(claim)?;
     let ns = claim.namespace().unwrap_or_default();
-    let provider_id = format!("kubevirt://{vm_name}");
     let node_name = status.node_name.clone().unwrap_or_else(|| vm_name.clone());
     let tenant_grace_over =
         going_since(claim).is_some_and(|since| elapsed_since(since) > ctx.config.drain_timeout);
@@ -78,26 +78,73 @@ pub(super) async fn remove_remote_objects(
         Err(e) => return Err(e.into()),
     };
     let tenant = tenant_remote.as_deref().map(|r| Tenant::new(ctx, r));
+    let host_cluster = status.host_cluster.clone().unwrap_or_default();
+    let host_remote = ctx.clients.host(&host_cluster).await?;
+    let host = Host::new(ctx, &host_remote);
+    let vm_ns = status.vm_namespace.clone().unwrap_or_default();
+    let names = RemoteNames {
+        uid,
+        vm_ns,
+        vm_name,
+        node_name,
+    };
+    remove_from(
+        claim,
+        ctx,
+        drain,
+        tenant_grace_over,
+        &names,
+        &host,
+        tenant.as_ref(),
+    )
+    .await
+}
+
+/// The names of a claim's remote objects.
+pub(super) struct RemoteNames {
+    /// The claim's UID (its objects' label).
+    pub uid: String,
+    /// The VM's namespace on the host.
+    pub vm_ns: String,
+    /// The VM's name.
+    pub vm_name: String,
+    /// The Node's name in the tenant.
+    pub node_name: String,
+}
+
+/// [`remove_remote_objects`] on the host and (unless skipped) the tenant.
+pub(super) async fn remove_from(
+    claim: &NodeClaim,
+    ctx: &ClaimContext,
+    drain: bool,
+    tenant_grace_over: bool,
+    names: &RemoteNames,
+    host: &impl HostApi,
+    tenant: Option<&impl TenantApi>,
+) -> Result<Removal, Error> {
+    let RemoteNames {
+        uid,
+        vm_ns,
+        vm_name,
+        node_name,
+    } = names;
+    let provider_id = format!("kubevirt://{vm_name}");
     let our_node = |n: &Node| {
         n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(provider_id.as_str())
     };
 
     // The host: drain, delete the VM and wait until it is gone, then its Secret and
     // DataVolumes.
-    let host_cluster = status.host_cluster.clone().unwrap_or_default();
-    let vm_ns = status.vm_namespace.clone().unwrap_or_default();
-    let host_remote = ctx.clients.host(&host_cluster).await?;
-    let host = Host::new(ctx, &host_remote);
     // A VM of that name labelled with another claim's UID is not this claim's: left alone.
     let vm = host
-        .vm(&vm_ns, &vm_name)
+        .vm(vm_ns, vm_name)
         .await?
-        .filter(|vm| autonodes_core::template::names::labelled_for_claim(vm.labels(), &uid));
+        .filter(|vm| autonodes_core::template::names::labelled_for_claim(vm.labels(), uid));
     if let Some(vm) = vm {
         if vm.metadata.deletion_timestamp.is_none() {
-            if let (Some(tenant), true) = (&tenant, drain) {
+            if let (Some(tenant), true) = (tenant, drain) {
                 let drained = async {
-                    match tenant.node(&node_name).await? {
+                    match tenant.node(node_name).await? {
                         Some(node) if our_node(&node) => {
                             drain_node(claim, ctx, tenant, &node).await
                         }
@@ -114,7 +161,7 @@ pub(super) async fn remove_remote_objects(
                     Err(e) => return Err(e),
                 }
             }
-            host.delete_vm(&vm_ns, &vm_name, vm.metadata.uid.clone())
+            host.delete_vm(vm_ns, vm_name, vm.metadata.uid.clone())
                 .await?;
             ctx.event(
                 claim,
@@ -129,14 +176,14 @@ pub(super) async fn remove_remote_objects(
             "VirtualMachine {vm_ns}/{vm_name} is being deleted"
         )));
     }
-    host.delete_user_data(&vm_ns, &vm_name).await?;
-    host.delete_data_volumes(&vm_ns, &uid).await?;
+    host.delete_user_data(vm_ns, vm_name).await?;
+    host.delete_data_volumes(vm_ns, uid).await?;
 
     // The tenant again: the Node (its VM is gone, nothing re-registers it) and the tokens.
-    if let Some(tenant) = &tenant {
+    if let Some(tenant) = tenant {
         let cleaned = async {
-            if let Some(node) = tenant.node(&node_name).await? {
-                if our_node(&node) && tenant.delete_node(&node_name).await? {
+            if let Some(node) = tenant.node(node_name).await? {
+                if our_node(&node) && tenant.delete_node(node_name).await? {
                     ctx.event(
                         claim,
                         EventType::Normal,
@@ -147,7 +194,7 @@ pub(super) async fn remove_remote_objects(
                     .await
                 }
             }
-            delete_tokens(tenant, &uid).await.map(|_| ())
+            delete_tokens(tenant, uid).await.map(|_| ())
         }
         .await;
         match cleaned {
@@ -196,7 +243,7 @@ async fn skip_tenant(claim: &NodeClaim, ctx: &ClaimContext, e: &Error) {
 async fn drain_node(
     claim: &NodeClaim,
     ctx: &ClaimContext,
-    tenant: &Tenant<'_>,
+    tenant: &impl TenantApi,
     node: &Node,
 ) -> Result<Option<String>, Error> {
     let name = node.name_any();
@@ -265,7 +312,7 @@ async fn drain_node(
 }
 
 /// Evicts the pods not already on their way out.
-async fn evict_all(tenant: &Tenant<'_>, pods: &[&Pod]) -> Result<(), Error> {
+async fn evict_all(tenant: &impl TenantApi, pods: &[&Pod]) -> Result<(), Error> {
     for p in pods {
         if p.metadata.deletion_timestamp.is_none() {
             tenant.evict(p).await?;

@@ -13,7 +13,7 @@ use super::context::ClaimContext;
 use super::provisioning::uid;
 use crate::controller::context::now;
 use crate::controller::error::Error;
-use crate::remote::tenant::Tenant;
+use crate::remote::api::TenantApi;
 use crate::remote::watched::TOKEN_NAMESPACE;
 use autonodes_api::NodeClaim;
 use autonodes_core::userdata::BootstrapToken;
@@ -75,7 +75,7 @@ pub(super) struct Token {
 pub(super) async fn ensure_token(
     claim: &NodeClaim,
     ctx: &ClaimContext,
-    tenant: &Tenant<'_>,
+    tenant: &impl TenantApi,
 ) -> Result<Token, Error> {
     let uid = uid(claim)?;
     let existing = tenant.tokens(&uid).await?;
@@ -151,7 +151,7 @@ pub(super) async fn ensure_token(
 }
 
 /// Deletes the claim's bootstrap tokens; returns how many there were.
-pub(super) async fn delete_tokens(tenant: &Tenant<'_>, uid: &str) -> Result<usize, Error> {
+pub(super) async fn delete_tokens(tenant: &impl TenantApi, uid: &str) -> Result<usize, Error> {
     let existing = tenant.tokens(uid).await?;
     for s in &existing {
         tenant.delete_token(s, "deleting a bootstrap token").await?;

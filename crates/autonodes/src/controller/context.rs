@@ -218,6 +218,55 @@ impl Context {
     }
 }
 
+impl Context {
+    /// A context for unit tests: no store is filled and its management client reaches
+    /// nothing (a status write or an Event fails at once and is logged), so code given
+    /// in-memory clusters ([`crate::remote::memory`]) runs without an API server. The
+    /// channels' receivers are dropped: wake-ups go nowhere.
+    #[cfg(test)]
+    pub fn for_unit_tests(config: ControllerConfig) -> Arc<Context> {
+        let url = "http://127.0.0.1:9".parse().expect("a valid URL");
+        let client = Client::try_from(kube::Config::new(url)).expect("a client can be built");
+        let reflectors = Arc::new(Reflectors::new());
+        let clients = Arc::new(ClusterClients::new(
+            client.clone(),
+            config.namespace.clone(),
+            config.kubeconfig_policy,
+            config.egress.clone(),
+        ));
+        let (reports, _) = mpsc::unbounded();
+        let (wake_claims, _) = mpsc::unbounded();
+        let (wake_types, _) = mpsc::unbounded();
+        let (wake_pools, _) = mpsc::unbounded();
+        let (_, synced) = tokio::sync::watch::channel(true);
+        Arc::new(Context {
+            client,
+            clients,
+            config,
+            reporter: Reporter {
+                controller: "autonodes".into(),
+                instance: None,
+            },
+            claims: reflectors.claims.store(),
+            types: reflectors.types.store(),
+            providers: reflectors.providers.store(),
+            quotas: reflectors.quotas.store(),
+            reflectors,
+            catalogue: Default::default(),
+            claimed: Default::default(),
+            import_problems: Default::default(),
+            wake_pools,
+            published_joins: Default::default(),
+            expected_claims: Default::default(),
+            wake_claims,
+            wake_types,
+            metrics: Arc::new(Metrics::new().expect("metrics register")),
+            synced,
+            reports,
+        })
+    }
+}
+
 /// Whether a claim has no node type yet (`status.typeRef` unset).
 pub fn unscheduled(c: &NodeClaim) -> bool {
     c.status

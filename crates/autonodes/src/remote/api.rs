@@ -215,3 +215,93 @@ impl TenantApi for Tenant<'_> {
         Tenant::delete_token(self, secret, what).await
     }
 }
+
+impl<H: HostApi> HostApi for &H {
+    async fn vm(&self, ns: &str, name: &str) -> Result<Option<Arc<ObservedVm>>, Error> {
+        (**self).vm(ns, name).await
+    }
+
+    async fn vmi(&self, ns: &str, name: &str) -> Result<Option<Arc<ObservedVmi>>, Error> {
+        (**self).vmi(ns, name).await
+    }
+
+    async fn create_user_data(
+        &self,
+        ns: &str,
+        secret: &Secret,
+        rewrite: bool,
+    ) -> Result<bool, Error> {
+        (**self).create_user_data(ns, secret, rewrite).await
+    }
+
+    async fn create_vm(&self, ns: &str, vm: &DynamicObject) -> Result<VmCreate, Error> {
+        (**self).create_vm(ns, vm).await
+    }
+
+    async fn delete_vm(&self, ns: &str, name: &str, uid: Option<String>) -> Result<(), Error> {
+        (**self).delete_vm(ns, name, uid).await
+    }
+
+    async fn delete_user_data(&self, ns: &str, vm_name: &str) -> Result<(), Error> {
+        (**self).delete_user_data(ns, vm_name).await
+    }
+
+    async fn delete_data_volumes(&self, ns: &str, uid: &str) -> Result<(), Error> {
+        (**self).delete_data_volumes(ns, uid).await
+    }
+
+    async fn ensure_golden_volume(&self, g: &GoldenVolume, provider: &str) -> Result<(), Error> {
+        (**self).ensure_golden_volume(g, provider).await
+    }
+}
+
+impl<T: TenantApi> TenantApi for &T {
+    fn remote(&self) -> &Remote {
+        (**self).remote()
+    }
+
+    async fn join_info(&self) -> Result<JoinInfo, Error> {
+        (**self).join_info().await
+    }
+
+    async fn node(&self, name: &str) -> Result<Option<Arc<Node>>, Error> {
+        (**self).node(name).await
+    }
+
+    async fn patch_node(
+        &self,
+        node: &Node,
+        patch: json_patch::Patch,
+        what: &str,
+    ) -> Result<Node, Error> {
+        (**self).patch_node(node, patch, what).await
+    }
+
+    async fn cordon(&self, name: &str) -> Result<(), Error> {
+        (**self).cordon(name).await
+    }
+
+    async fn delete_node(&self, name: &str) -> Result<bool, Error> {
+        (**self).delete_node(name).await
+    }
+
+    async fn pods_on(&self, name: &str) -> Result<Vec<Pod>, Error> {
+        (**self).pods_on(name).await
+    }
+
+    async fn evict(&self, pod: &Pod) -> Result<(), Error> {
+        (**self).evict(pod).await
+    }
+
+    async fn tokens(&self, uid: &str) -> Result<Vec<Arc<Secret>>, Error> {
+        (**self).tokens(uid).await
+    }
+
+    async fn create_token(&self, secret: &Secret) -> Result<(), Error> {
+        (**self).create_token(secret).await
+    }
+
+    async fn delete_token(&self, secret: &Secret, what: &str) -> Result<(), Error> {
+        (**self).delete_token(secret, what).await
+    }
+}

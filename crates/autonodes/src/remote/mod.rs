@@ -10,6 +10,8 @@ pub mod clients;
 pub mod egress;
 pub mod host;
 pub mod host_room;
+#[cfg(test)]
+pub mod memory;
 pub mod request_metrics;
 pub mod tenant;
 pub mod watched;

@@ -33,6 +33,9 @@ mod register;
 mod terminate;
 mod tokens;
 
+#[cfg(test)]
+mod tests;
+
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -59,6 +59,7 @@ impl<H: HostApi, T: TenantApi> Provisioning<'_, H, T> {
 }
 
 /// What a stage decided.
+#[derive(Debug)]
 pub enum Step {
     /// The stage is done: the next one runs.
     Next,

@@ -1,0 +1,531 @@
+//! The stages of a claim's life on a host and a tenant held in memory
+//! ([`crate::remote::memory`]): what each stage creates, waits for, decides and removes,
+//! and what it does when a cluster answers 409, 404, 403 or 422, does not answer, or loses
+//! the VM. No API server runs here; the integration tests run the same stages against real
+//! ones.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::ResourceExt;
+
+use super::context::ClaimContext;
+use super::provisioning::{Provisioning, Step};
+use super::status::{StatusWriter, JOINED, PROVISIONED, READY};
+use super::terminate::{remove_from, RemoteNames, Removal};
+use super::tokens::ensure_token;
+use crate::controller::config::ControllerConfig;
+use crate::controller::context::Context;
+use crate::controller::error::Error;
+use crate::remote::memory::{Failure, MemoryHost, MemoryTenant};
+use autonodes_api::reasons::ClaimReason;
+use autonodes_api::{conditions, NodeClaim, NodeProvider};
+use autonodes_core::catalogue::{Catalogue, PreparedType};
+
+const NS: &str = "tenant";
+const UID: &str = "claim-uid-1";
+const VM: &str = "tenant-claim-1";
+const VM_NS: &str = "vcluster-platform";
+const HOST: &str = "test-kubevirt-1";
+
+/// The minimal example provider's first type.
+fn node_type() -> PreparedType {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples/nodeprovider-minimal.yaml");
+    let text = std::fs::read_to_string(path).expect("the example exists");
+    let provider: NodeProvider = autonodes_core::yaml::from_str(&text).expect("it parses");
+    let catalogue = Catalogue::from_provider(&provider);
+    catalogue.types().first().expect("a type").clone()
+}
+
+/// A claim scheduled to `t` `scheduled_ago` ago, with `conditions` besides `Scheduled`.
+fn claim(t: &PreparedType, scheduled_ago: Duration, conditions: serde_json::Value) -> NodeClaim {
+    let at = |ago: Duration| {
+        let t = k8s_openapi::jiff::Timestamp::now()
+            - k8s_openapi::jiff::SignedDuration::from_secs(ago.as_secs() as i64);
+        t.to_string()
+    };
+    let mut all = vec![
+        serde_json::json!({"type": "Scheduled", "status": "True", "reason": "Scheduled",
+        "message": "m", "lastTransitionTime": at(scheduled_ago)}),
+    ];
+    all.extend(conditions.as_array().cloned().unwrap_or_default());
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "autonodes.io/v1alpha1", "kind": "NodeClaim",
+        "metadata": {"name": "claim-1", "namespace": NS, "uid": UID, "resourceVersion": "1"},
+        "spec": {"vClusterRef": {"name": "vc"}},
+        "status": {"typeRef": t.name, "vmName": VM, "vmNamespace": VM_NS, "hostCluster": HOST,
+                   "conditions": all},
+    }))
+    .expect("a claim")
+}
+
+fn ctx() -> ClaimContext {
+    ClaimContext::new(Context::for_unit_tests(ControllerConfig::default()))
+}
+
+/// Runs the stages once on `claim`; returns the step and the claim's new status.
+async fn walk_once(
+    ctx: &ClaimContext,
+    claim: &NodeClaim,
+    t: &PreparedType,
+    host: &MemoryHost,
+    tenant: &MemoryTenant,
+) -> (Result<Step, Error>, autonodes_api::NodeClaimStatus) {
+    let mut p = Provisioning {
+        claim,
+        ctx,
+        node_type: t,
+        tenant,
+        host,
+        host_cluster: HOST.into(),
+        vm_ns: VM_NS.into(),
+        vm_name: VM.into(),
+        status: StatusWriter::new(claim, ctx),
+        node: None,
+    };
+    let step = super::walk(&mut p).await;
+    (step, p.status.new.clone())
+}
+
+/// `claim` with the status a walk left.
+fn with_status(claim: &NodeClaim, status: autonodes_api::NodeClaimStatus) -> NodeClaim {
+    let mut c = claim.clone();
+    c.status = Some(status);
+    c
+}
+
+fn condition(
+    s: &autonodes_api::NodeClaimStatus,
+    c: autonodes_api::reasons::ClaimCondition,
+) -> (&str, &str) {
+    let found = conditions::get(&s.conditions, c).expect("the condition is set");
+    (found.status.as_str(), found.reason.as_str())
+}
+
+/// The Node the VM's kubelet registers: `ready`, with the registration taint.
+fn node(ready: bool) -> Node {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": VM, "labels": {}},
+        "spec": {"providerID": format!("kubevirt://{VM}"),
+                 "taints": [{"key": "autonodes.io/unregistered", "effect": "NoExecute"}]},
+        "status": {"conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]},
+    }))
+    .expect("a Node")
+}
+
+#[tokio::test]
+async fn launch_creates_the_token_the_user_data_and_the_vm_then_waits_for_the_vm_to_run() {
+    let (ctx, t) = (ctx(), node_type());
+    let (host, tenant) = (
+        MemoryHost::new(HOST),
+        MemoryTenant::new(NS, "vc", "v1.31.2"),
+    );
+    let c = claim(&t, Duration::from_secs(5), serde_json::json!([]));
+    let (step, status) = walk_once(&ctx, &c, &t, &host, &tenant).await;
+    assert!(matches!(step, Ok(Step::Stop(_))), "{step:?}");
+    assert_eq!(condition(&status, PROVISIONED), ("False", "Booting"));
+    assert_eq!(host.vms.lock().unwrap().len(), 1, "one VM");
+    let secrets = host.secrets.lock().unwrap();
+    let secret = secrets.values().next().expect("the user-data Secret");
+    assert!(secret.labels().get(autonodes_api::LABEL_NODECLAIM_UID) == Some(&UID.to_string()));
+    assert_eq!(
+        tenant.tokens.lock().unwrap().len(),
+        1,
+        "one bootstrap token"
+    );
+}
+
+#[tokio::test]
+async fn a_claim_walks_from_a_running_vm_to_a_joined_and_ready_node_and_its_token_goes() {
+    let (ctx, t) = (ctx(), node_type());
+    let (host, tenant) = (
+        MemoryHost::new(HOST),
+        MemoryTenant::new(NS, "vc", "v1.31.2"),
+    );
+    let c = claim(&t, Duration::from_secs(5), serde_json::json!([]));
+    let (_, status) = walk_once(&ctx, &c, &t, &host, &tenant).await;
+    host.run_vm(VM_NS, VM, "10.0.0.7");
+    let c = with_status(&c, status);
+    let (step, status) = walk_once(&ctx, &c, &t, &host, &tenant).await;
+    assert!(matches!(step, Ok(Step::Stop(_))), "{step:?}");
+    assert_eq!(condition(&status, PROVISIONED), ("True", "Running"));
+    assert_eq!(condition(&status, JOINED), ("False", "WaitingForNode"));
+
+    tenant.nodes.lock().unwrap().insert(VM.into(), node(false));
+    let c = with_status(&c, status);
+    let (_, status) = walk_once(&ctx, &c, &t, &host, &tenant).await;
+    assert_eq!(condition(&status, JOINED), ("True", "NodeJoined"));
+    assert!(
+        tenant.tokens.lock().unwrap().is_empty(),
+        "the token is deleted once joined"
+    );
+    let taints = {
+        let nodes = tenant.nodes.lock().unwrap();
+        nodes[VM]
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.clone())
+            .unwrap_or_default()
+    };
+    assert!(
+        taints.iter().all(|t| t.key != "autonodes.io/unregistered"),
+        "the registration taint is removed: {taints:?}"
+    );
+
+    tenant.nodes.lock().unwrap().insert(VM.into(), node(true));
+    let c = with_status(&c, status);
+    let (_, status) = walk_once(&ctx, &c, &t, &host, &tenant).await;
+    assert_eq!(condition(&status, READY), ("True", "NodeReady"));
+}
+
+#[tokio::test]
+async fn a_vm_of_that_name_belonging_to_another_claim_is_left_alone_as_name_taken() {
+    let (ctx, t) = (ctx(), node_type());
+    let (host, tenant) = (
+        MemoryHost::new(HOST),
+        MemoryTenant::new(NS, "vc", "v1.31.2"),
+    );
+    let other = [(
+        autonodes_api::LABEL_NODECLAIM_UID.to_string(),
+        "other".to_string(),
+    )];
+    host.put_vm(VM_NS, VM, other.into_iter().collect());
+    let c = claim(&t, Duration::from_secs(5), serde_json::json!([]));
+    let (step, status) = walk_once(&ctx, &c, &t, &host, &tenant).await;
+    assert!(matches!(step, Ok(Step::Stop(_))), "{step:?}");
+    assert_eq!(condition(&status, PROVISIONED), ("False", "NameTaken"));
+    let vms = host.vms.lock().unwrap();
+    assert_eq!(vms.len(), 1);
+    assert!(vms
+        .values()
+        .all(|vm| vm.labels()[autonodes_api::LABEL_NODECLAIM_UID] == "other"));
+}
+
+#[tokio::test]
+async fn a_create_that_conflicts_with_this_claims_own_vm_keeps_it_and_one_whose_vm_vanished_looks_again(
+) {
+    let (ctx, t) = (ctx(), node_type());
+    let (host, tenant) = (
+        MemoryHost::new(HOST),
+        MemoryTenant::new(NS, "vc", "v1.31.2"),
+    );
+    let c = claim(&t, Duration::from_secs(5), serde_json::json!([]));
+    host.fail_next("create_vm", Failure::Vanish);
+    let (step, _) = walk_once(&ctx, &c, &t, &host, &tenant).await;
+    let Ok(Step::Stop(action)) = step else {
+        panic!("{step:?}")
+    };
+    assert_eq!(
+        action,
+        kube::runtime::controller::Action::requeue(Duration::from_secs(1))
+    );
+    assert!(host.vms.lock().unwrap().is_empty(), "nothing was made");
+    // The next attempt creates it; the one after finds its own VM (a 409) and keeps it.
+    walk_once(&ctx, &c, &t, &host, &tenant)
+        .await
+        .0
+        .expect("a step");
+    let first = host
+        .vms
+        .lock()
+        .unwrap()
+        .values()
+        .next()
+        .cloned()
+        .expect("a VM");
+    host.vms.lock().unwrap().clear();
+    host.vms
+        .lock()
+        .unwrap()
+        .insert((VM_NS.into(), VM.into()), first.clone());
+    walk_once(&ctx, &c, &t, &host, &tenant)
+        .await
+        .0
+        .expect("a step");
+    let vms = host.vms.lock().unwrap();
+    assert_eq!(vms.len(), 1);
+    assert_eq!(
+        vms.values().next().and_then(|v| v.metadata.uid.clone()),
+        first.metadata.uid
+    );
+}
+
+#[tokio::test]
+async fn a_vm_the_host_refuses_with_422_stops_with_virtual_machine_rejected() {
+    let (ctx, t) = (ctx(), node_type());
+    let (host, tenant) = (
+        MemoryHost::new(HOST),
+        MemoryTenant::new(NS, "vc", "v1.31.2"),
+    );
+    host.fail_next("create_vm", Failure::Status(422));
+    let c = claim(&t, Duration::from_secs(5), serde_json::json!([]));
+    let (step, status) = walk_once(&ctx, &c, &t, &host, &tenant).await;
+    assert!(matches!(step, Ok(Step::Stop(_))), "{step:?}");
+    assert_eq!(
+        condition(&status, PROVISIONED),
+        ("False", "VirtualMachineRejected")
+    );
+}
+
+#[tokio::test]
+async fn a_vm_that_vanishes_after_it_ran_fails_the_claim_as_virtual_machine_lost() {
+    let (ctx, t) = (ctx(), node_type());
+    let (host, tenant) = (
+        MemoryHost::new(HOST),
+        MemoryTenant::new(NS, "vc", "v1.31.2"),
+    );
+    let provisioned = serde_json::json!([{"type": "Provisioned", "status": "True", "reason": "Running",
+        "message": "m", "lastTransitionTime": "2026-01-01T00:00:00Z"}]);
+    let c = claim(&t, Duration::from_secs(60), provisioned);
+    let (step, _) = walk_once(&ctx, &c, &t, &host, &tenant).await;
+    let Ok(Step::Fail { reason, .. }) = step else {
+        panic!("{step:?}")
+    };
+    assert_eq!(reason, ClaimReason::VirtualMachineLost);
+}
+
+#[tokio::test]
+async fn a_vm_that_does_not_run_within_the_launch_timeout_fails_the_claim() {
+    let (ctx, t) = (ctx(), node_type());
+    let (host, tenant) = (
+        MemoryHost::new(HOST),
+        MemoryTenant::new(NS, "vc", "v1.31.2"),
+    );
+    let c = claim(&t, Duration::from_secs(3600), serde_json::json!([]));
+    let (step, _) = walk_once(&ctx, &c, &t, &host, &tenant).await;
+    let Ok(Step::Fail { reason, message }) = step else {
+        panic!("{step:?}")
+    };
+    assert_eq!(reason, ClaimReason::LaunchTimeout);
+    assert!(message.contains("did not run within 600s"), "{message}");
+}
+
+#[tokio::test]
+async fn a_node_that_never_registers_fails_the_claim_after_the_registration_timeout() {
+    let (ctx, t) = (ctx(), node_type());
+    let (host, tenant) = (
+        MemoryHost::new(HOST),
+        MemoryTenant::new(NS, "vc", "v1.31.2"),
+    );
+    let provisioned = serde_json::json!([{"type": "Provisioned", "status": "True", "reason": "Running",
+        "message": "m", "lastTransitionTime": "2026-01-01T00:00:00Z"}]);
+    let c = claim(&t, Duration::from_secs(7200), provisioned);
+    host.put_vm(
+        VM_NS,
+        VM,
+        [(
+            autonodes_api::LABEL_NODECLAIM_UID.to_string(),
+            UID.to_string(),
+        )]
+        .into(),
+    );
+    host.run_vm(VM_NS, VM, "10.0.0.7");
+    let (step, _) = walk_once(&ctx, &c, &t, &host, &tenant).await;
+    let Ok(Step::Fail { reason, .. }) = step else {
+        panic!("{step:?}")
+    };
+    assert_eq!(reason, ClaimReason::RegistrationTimeout);
+}
+
+#[tokio::test]
+async fn a_host_that_does_not_answer_or_refuses_stops_the_walk_with_the_clusters_reason() {
+    let (ctx, t) = (ctx(), node_type());
+    let (host, tenant) = (
+        MemoryHost::new(HOST),
+        MemoryTenant::new(NS, "vc", "v1.31.2"),
+    );
+    let c = claim(&t, Duration::from_secs(5), serde_json::json!([]));
+    host.fail_next("vm", Failure::Timeout);
+    let (step, _) = walk_once(&ctx, &c, &t, &host, &tenant).await;
+    let err = step.expect_err("the host did not answer");
+    assert_eq!(err.cluster_reason(), Some(ClaimReason::HostUnreachable));
+    host.fail_next("vm", Failure::Status(403));
+    let err = walk_once(&ctx, &c, &t, &host, &tenant)
+        .await
+        .0
+        .expect_err("refused");
+    assert_eq!(err.cluster_reason(), Some(ClaimReason::HostForbidden));
+    assert!(host.vms.lock().unwrap().is_empty(), "nothing was created");
+}
+
+#[tokio::test]
+async fn a_tenant_that_refuses_the_token_stops_the_launch_before_anything_is_made_on_the_host() {
+    let (ctx, t) = (ctx(), node_type());
+    let (host, tenant) = (
+        MemoryHost::new(HOST),
+        MemoryTenant::new(NS, "vc", "v1.31.2"),
+    );
+    tenant.fail_next("create_token", Failure::Status(403));
+    let c = claim(&t, Duration::from_secs(5), serde_json::json!([]));
+    let err = walk_once(&ctx, &c, &t, &host, &tenant)
+        .await
+        .0
+        .expect_err("refused");
+    assert_eq!(err.cluster_reason(), Some(ClaimReason::TenantForbidden));
+    assert!(host.secrets.lock().unwrap().is_empty() && host.vms.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_tenant_too_old_to_join_stops_the_launch_with_unsupported_tenant_version() {
+    let (ctx, t) = (ctx(), node_type());
+    let (host, tenant) = (
+        MemoryHost::new(HOST),
+        MemoryTenant::new(NS, "vc", "v1.12.0"),
+    );
+    let c = claim(&t, Duration::from_secs(5), serde_json::json!([]));
+    let (step, status) = walk_once(&ctx, &c, &t, &host, &tenant).await;
+    assert!(matches!(step, Ok(Step::Stop(_))), "{step:?}");
+    assert_eq!(
+        condition(&status, PROVISIONED).1,
+        "UnsupportedTenantVersion"
+    );
+    assert!(host.vms.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_live_token_is_reused_and_a_stale_one_is_replaced_by_a_fresh_one() {
+    let (ctx, t) = (ctx(), node_type());
+    let tenant = MemoryTenant::new(NS, "vc", "v1.31.2");
+    let c = claim(&t, Duration::from_secs(5), serde_json::json!([]));
+    let first = ensure_token(&c, &ctx, &tenant).await.expect("a token");
+    assert!(first.fresh);
+    let again = ensure_token(&c, &ctx, &tenant)
+        .await
+        .expect("the same token");
+    assert!(!again.fresh);
+    assert_eq!(again.token.token(), first.token.token());
+    // Expire it: the next call deletes it and mints another.
+    for s in tenant.tokens.lock().unwrap().values_mut() {
+        let data = s.data.get_or_insert_with(Default::default);
+        data.insert(
+            "expiration".into(),
+            k8s_openapi::ByteString(b"2020-01-01T00:00:00Z".to_vec()),
+        );
+    }
+    let fresh = ensure_token(&c, &ctx, &tenant).await.expect("a new token");
+    assert!(fresh.fresh);
+    assert_ne!(fresh.token.token(), first.token.token());
+    assert_eq!(
+        tenant.tokens.lock().unwrap().len(),
+        1,
+        "the stale one is gone"
+    );
+}
+
+#[tokio::test]
+async fn removal_drains_deletes_the_vm_and_waits_then_removes_the_secret_volumes_node_and_token() {
+    let (ctx, t) = (ctx(), node_type());
+    let (host, tenant) = (
+        MemoryHost::new(HOST),
+        MemoryTenant::new(NS, "vc", "v1.31.2"),
+    );
+    let c = claim(&t, Duration::from_secs(5), serde_json::json!([]));
+    walk_once(&ctx, &c, &t, &host, &tenant)
+        .await
+        .0
+        .expect("launched");
+    host.data_volumes.lock().unwrap().insert(
+        (VM_NS.into(), format!("{VM}-root")),
+        [(
+            autonodes_api::LABEL_NODECLAIM_UID.to_string(),
+            UID.to_string(),
+        )]
+        .into(),
+    );
+    tenant.nodes.lock().unwrap().insert(VM.into(), node(true));
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "web", "namespace": "default", "ownerReferences": [
+            {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web", "uid": "rs", "controller": true}]},
+        "spec": {"nodeName": VM, "containers": [{"name": "c", "image": "i"}]},
+    }))
+    .expect("a pod");
+    tenant
+        .pods
+        .lock()
+        .unwrap()
+        .insert(("default".into(), "web".into()), pod);
+    let names = RemoteNames {
+        uid: UID.into(),
+        vm_ns: VM_NS.into(),
+        vm_name: VM.into(),
+        node_name: VM.into(),
+    };
+    let first = remove_from(&c, &ctx, true, false, &names, &host, Some(&tenant))
+        .await
+        .expect("a step");
+    assert!(
+        matches!(first, Removal::Waiting(_)),
+        "the drain comes first"
+    );
+    let cordoned = {
+        let nodes = tenant.nodes.lock().unwrap();
+        nodes[VM].spec.as_ref().and_then(|s| s.unschedulable)
+    };
+    assert_eq!(cordoned, Some(true), "cordoned");
+    assert!(tenant.pods.lock().unwrap().is_empty(), "the pod is evicted");
+    let mut rounds = 0;
+    loop {
+        rounds += 1;
+        assert!(rounds < 5, "removal never finished");
+        match remove_from(&c, &ctx, true, false, &names, &host, Some(&tenant)).await {
+            Ok(Removal::Done) => break,
+            Ok(Removal::Waiting(_)) => continue,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(host.vms.lock().unwrap().is_empty(), "the VM is gone");
+    assert!(
+        host.secrets.lock().unwrap().is_empty(),
+        "the user-data Secret is gone"
+    );
+    assert!(
+        host.data_volumes.lock().unwrap().is_empty(),
+        "the DataVolumes are gone"
+    );
+    assert!(tenant.nodes.lock().unwrap().is_empty(), "the Node is gone");
+    assert!(
+        tenant.tokens.lock().unwrap().is_empty(),
+        "the token is gone"
+    );
+}
+
+#[tokio::test]
+async fn a_removal_that_cannot_reach_the_tenant_keeps_everything_and_says_so() {
+    let (ctx, t) = (ctx(), node_type());
+    let (host, tenant) = (
+        MemoryHost::new(HOST),
+        MemoryTenant::new(NS, "vc", "v1.31.2"),
+    );
+    let c = claim(&t, Duration::from_secs(5), serde_json::json!([]));
+    walk_once(&ctx, &c, &t, &host, &tenant)
+        .await
+        .0
+        .expect("launched");
+    tenant.nodes.lock().unwrap().insert(VM.into(), node(true));
+    tenant.fail_next("node", Failure::Status(500));
+    let names = RemoteNames {
+        uid: UID.into(),
+        vm_ns: VM_NS.into(),
+        vm_name: VM.into(),
+        node_name: VM.into(),
+    };
+    let err = remove_from(&c, &ctx, true, false, &names, &host, Some(&tenant))
+        .await
+        .err()
+        .expect("the tenant error stops the removal within the grace time");
+    assert_eq!(err.cluster_reason(), Some(ClaimReason::TenantUnreachable));
+    assert_eq!(
+        host.vms.lock().unwrap().len(),
+        1,
+        "the VM stays until the drain"
+    );
+    // Once the tenant answers (the Node gone already), the VM is deleted.
+    tenant.nodes.lock().unwrap().clear();
+    let step = remove_from(&c, &ctx, true, false, &names, &host, Some(&tenant)).await;
+    assert!(
+        matches!(step, Ok(Removal::Waiting(_))),
+        "the VM is deleted now"
+    );
+    assert!(host.vms.lock().unwrap().is_empty());
+}

@@ -358,7 +358,8 @@ impl LeaderElector {
 
 /// `d` plus up to 20% random jitter, so followers do not poll in lockstep.
 fn jitter(d: Duration) -> Duration {
-    let r = uuid::Uuid::new_v4().as_u128() % 1000;
+    // No randomness (the OS failed to give any): no jitter.
+    let r = crate::random::bytes::<2>().map_or(0, u16::from_le_bytes) % 1000;
     d + d.mul_f64(0.2 * (r as f64) / 1000.0)
 }
 

@@ -20,6 +20,7 @@ pub mod leader;
 pub mod metrics;
 pub mod metrics_auth;
 pub mod metrics_tls;
+pub mod random;
 pub mod remote;
 pub mod render;
 pub mod run;

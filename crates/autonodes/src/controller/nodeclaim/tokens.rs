@@ -32,14 +32,24 @@ pub fn claim_labels(claim: &NodeClaim, installation: &str) -> BTreeMap<String, S
 }
 
 /// A fresh random bootstrap token.
-fn new_token() -> BootstrapToken {
+fn new_token() -> Result<BootstrapToken, Error> {
     let mut bytes = Vec::new();
-    BootstrapToken::from_random(|| {
+    let mut failed = None;
+    let token = BootstrapToken::from_random(|| {
         if bytes.is_empty() {
-            bytes.extend_from_slice(uuid::Uuid::new_v4().as_bytes());
+            match crate::random::bytes::<32>() {
+                Ok(b) => bytes.extend_from_slice(&b),
+                Err(e) => failed = Some(e),
+            }
         }
         bytes.pop().unwrap_or(0)
-    })
+    });
+    match failed {
+        Some(e) => Err(Error::Internal(format!(
+            "the operating system gave no random bytes for a bootstrap token: {e}"
+        ))),
+        None => Ok(token),
+    }
 }
 
 fn secret_text(s: &Secret, key: &str) -> Option<String> {
@@ -108,7 +118,7 @@ pub(super) async fn ensure_token(
             fresh: false,
         });
     }
-    let token = new_token();
+    let token = new_token()?;
     let lifetime = token_lifetime(ctx.config.launch_timeout, ctx.config.registration_timeout);
     let expiration = now()
         .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(

@@ -27,8 +27,13 @@ use autonodes_api::{NodeClaim, NodePool, NodePoolStatus};
 use autonodes_core::catalogue::Catalogue;
 
 /// `<pool>-<5 random [a-z0-9]>`.
-fn claim_name(pool: &str) -> String {
-    pool::claim_name(pool, uuid::Uuid::new_v4().as_bytes())
+fn claim_name(pool: &str) -> Result<String, Error> {
+    let random = crate::random::bytes::<16>().map_err(|e| {
+        Error::Internal(format!(
+            "the operating system gave no random bytes for a claim name: {e}"
+        ))
+    })?;
+    Ok(pool::claim_name(pool, &random))
 }
 
 /// Carries out `plan` on the pool's claims `mine`: deletions that scale, replace or roll,
@@ -77,7 +82,7 @@ async fn create_claim(pctx: &PoolContext, pool: &NodePool, new: &NewClaim) -> Re
     let replaces = new.replaces.as_deref();
     // A name collision (1 in 36^5) gets another name.
     for attempt in 0..3 {
-        let claim = claim_object(pool, &claim_name(&pool_name), new.spec.clone(), replaces);
+        let claim = claim_object(pool, &claim_name(&pool_name)?, new.spec.clone(), replaces);
         match api.create(&PostParams::default(), &claim).await {
             Ok(c) => {
                 let name = c.name_any();
@@ -289,12 +294,15 @@ mod tests {
 
     #[test]
     fn claim_names_are_the_pool_name_and_five_random_characters() {
-        let n = claim_name("workers");
+        let n = claim_name("workers").expect("a name");
         let suffix = n.strip_prefix("workers-").expect("prefix");
         assert_eq!(suffix.len(), 5);
         assert!(suffix
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()));
-        assert_ne!(claim_name("workers"), claim_name("workers"));
+        assert_ne!(
+            claim_name("workers").expect("a name"),
+            claim_name("workers").expect("a name")
+        );
     }
 }

@@ -114,7 +114,7 @@ pub async fn run(
     // The pool store is the trigger of the NodePool controller too, and kube-runtime's
     // readiness future wakes only one of several waiters: start once it has listed.
     reflectors.pools.wait_synced().await;
-    Controller::for_shared_stream(
+    let controller = Controller::for_shared_stream(
         futures::stream::select(reflectors.pools.applied(), deleted_pools),
         pools,
     )
@@ -137,14 +137,8 @@ pub async fn run(
         move |_t: Arc<NodeType>| autoscaled(),
     )
     .with_config(RunConfig::default().debounce(Duration::from_millis(200)))
-    .graceful_shutdown_on(shutdown)
-    .run(
-        reconciler::reconcile::<CapiContext>,
-        reconciler::error_policy::<CapiContext>,
-        cctx,
-    )
-    .for_each(crate::controller::reconciler::log_run_error)
-    .await;
+    .graceful_shutdown_on(shutdown);
+    reconciler::run(controller, cctx).await;
     drop(sweep_tx);
     sweeper.abort();
 }

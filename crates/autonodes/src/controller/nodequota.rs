@@ -13,7 +13,7 @@ use kube::ResourceExt;
 use super::catalogue::catalogue;
 use crate::controller::context::{now, Context};
 use crate::controller::error::Error;
-use crate::controller::reconciler::{self, log_run_error, Reconciler};
+use crate::controller::reconciler::{self, Reconciler};
 use crate::controller::reflectors::Reflectors;
 use crate::controller::status::apply_status;
 use crate::controller::status::WriteGap;
@@ -22,7 +22,6 @@ use autonodes_api::reasons::QuotaReason;
 use autonodes_api::NodeClaim;
 use autonodes_api::{NamespaceUsage, NodeQuota, NodeQuotaStatus};
 use autonodes_core::quota::{PreparedQuota, Usage};
-use futures::StreamExt;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::Controller;
 use std::ops::Deref;
@@ -60,7 +59,7 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,
 ) {
     let quotas_of_claims = ctx.quotas.clone();
-    Controller::for_shared_stream(r.quotas.applied(), r.quotas.store())
+    let controller = Controller::for_shared_stream(r.quotas.applied(), r.quotas.store())
         .watches_shared_stream(r.claims.touched_objects(), move |c: Arc<NodeClaim>| {
             let namespace = c.namespace().unwrap_or_default();
             quotas_of_claims
@@ -70,17 +69,15 @@ pub async fn run(
                 .map(|q| ObjectRef::from_obj(&*q))
                 .collect::<Vec<_>>()
         })
-        .graceful_shutdown_on(shutdown)
-        .run(
-            reconciler::reconcile::<QuotaContext>,
-            reconciler::error_policy::<QuotaContext>,
-            Arc::new(QuotaContext {
-                ctx,
-                status_written: WriteGap::default(),
-            }),
-        )
-        .for_each(log_run_error)
-        .await;
+        .graceful_shutdown_on(shutdown);
+    reconciler::run(
+        controller,
+        Arc::new(QuotaContext {
+            ctx,
+            status_written: WriteGap::default(),
+        }),
+    )
+    .await;
 }
 
 impl Reconciler for QuotaContext {

@@ -12,7 +12,7 @@ use kube::ResourceExt;
 use super::catalogue::{catalogue, provider_of, unusable};
 use crate::controller::context::{now, Context};
 use crate::controller::error::Error;
-use crate::controller::reconciler::{self, log_run_error, Reconciler};
+use crate::controller::reconciler::{self, Reconciler};
 use crate::controller::reflectors::Reflectors;
 use crate::controller::status::apply_status;
 use crate::controller::status::WriteGap;
@@ -25,7 +25,6 @@ use autonodes_api::{NodeType, NodeTypeHost, NodeTypePhase};
 use autonodes_core::catalogue::{ProviderContext, TypeProblem};
 use autonodes_core::template::instancetype::{instancetype_resources, Matcher};
 use futures::channel::mpsc::UnboundedReceiver;
-use futures::StreamExt;
 use kube::api::DynamicObject;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::Controller;
@@ -132,7 +131,7 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,
 ) {
     let types_store = ctx.types.clone();
-    Controller::for_shared_stream(r.types.applied(), r.types.store())
+    let controller = Controller::for_shared_stream(r.types.applied(), r.types.store())
         .watches_shared_stream(r.claims.touched_objects(), move |c: Arc<NodeClaim>| {
             c.status
                 .as_ref()
@@ -152,18 +151,16 @@ pub async fn run(
             },
         )
         .reconcile_on(wakeups)
-        .graceful_shutdown_on(shutdown)
-        .run(
-            reconciler::reconcile::<TypeContext>,
-            reconciler::error_policy::<TypeContext>,
-            Arc::new(TypeContext {
-                ctx,
-                status_written: WriteGap::default(),
-                instancetypes_read: Default::default(),
-            }),
-        )
-        .for_each(log_run_error)
-        .await;
+        .graceful_shutdown_on(shutdown);
+    reconciler::run(
+        controller,
+        Arc::new(TypeContext {
+            ctx,
+            status_written: WriteGap::default(),
+            instancetypes_read: Default::default(),
+        }),
+    )
+    .await;
 }
 
 impl Reconciler for TypeContext {

@@ -4,7 +4,7 @@
 //! Deleting a provider whose node types still have live claims waits (finalizer, condition
 //! `Ready=False` reason `InUse`) until those claims are gone; then its NodeTypes are deleted.
 
-use crate::controller::reconciler::{self, log_run_error, Reconciler};
+use crate::controller::reconciler::{self, Reconciler};
 use crate::controller::reflectors::{Reflectors, Touched};
 use futures::StreamExt;
 use kube::runtime::Controller;
@@ -92,7 +92,7 @@ pub async fn run(
 ) {
     let types_of_claims = ctx.types.clone();
     let providers_of_claims = ctx.providers.clone();
-    Controller::for_shared_stream(r.providers.applied(), r.providers.store())
+    let controller = Controller::for_shared_stream(r.providers.applied(), r.providers.store())
         .owns_shared_stream(r.types.spec_touched())
         .reconcile_on(r.claims.touched().filter_map(move |t| {
             // A claim going away may unblock a provider's deletion or the removal of a type
@@ -116,14 +116,8 @@ pub async fn run(
                 });
             futures::future::ready(provider)
         }))
-        .graceful_shutdown_on(shutdown)
-        .run(
-            reconciler::reconcile::<ProviderController>,
-            reconciler::error_policy::<ProviderController>,
-            Arc::new(ProviderController { ctx }),
-        )
-        .for_each(log_run_error)
-        .await;
+        .graceful_shutdown_on(shutdown);
+    reconciler::run(controller, Arc::new(ProviderController { ctx })).await;
 }
 
 impl Reconciler for ProviderController {

@@ -7,9 +7,12 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
+use futures::StreamExt;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
+use kube::runtime::Controller;
 use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
 
 use super::context::Context;
 use super::error::{error_requeue, Error};
@@ -17,7 +20,13 @@ use super::error::{error_requeue, Error};
 /// One controller's reconcile of one kind, and its own state.
 pub trait Reconciler: Send + Sync + 'static {
     /// The kind this controller reconciles.
-    type Object: Resource<DynamicType = ()> + Send + Sync + 'static;
+    type Object: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static;
     /// The controller's name in metrics and log lines (`nodeclaim`).
     const NAME: &'static str;
     /// What it does to one object, for the log line of a failure (`reconciling NodeClaim`).
@@ -37,6 +46,15 @@ pub trait Reconciler: Send + Sync + 'static {
     fn retry(&self, _obj: &Self::Object, _error: &Error) -> Option<Action> {
         None
     }
+}
+
+/// Runs `controller` (its watches and shutdown set) with `R`'s reconcile and error policy
+/// until it shuts down.
+pub async fn run<R: Reconciler>(controller: Controller<R::Object>, r: Arc<R>) {
+    controller
+        .run(reconcile::<R>, error_policy::<R>, r)
+        .for_each(log_run_error)
+        .await;
 }
 
 /// Runs `R`'s reconcile and records its duration and outcome.

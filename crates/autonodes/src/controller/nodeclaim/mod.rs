@@ -40,7 +40,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::channel::mpsc::UnboundedReceiver;
-use futures::StreamExt;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Config as RunConfig};
 use kube::runtime::finalizer::{finalizer, Event as Finalizer};
@@ -50,7 +49,7 @@ use kube::ResourceExt;
 
 use crate::controller::context::{unscheduled, Context};
 use crate::controller::error::{cleanup_backoff, Error};
-use crate::controller::reconciler::{self, log_run_error, Reconciler};
+use crate::controller::reconciler::{self, Reconciler};
 use crate::controller::reflectors::Reflectors;
 use crate::remote::api::{HostApi, TenantApi};
 use crate::remote::clients::Remote;
@@ -84,7 +83,7 @@ pub async fn run(
     let claims_for_types = ctx.claims.clone();
     let type_states = std::sync::Mutex::new(std::collections::HashMap::new());
     let claims_for_quotas = ctx.claims.clone();
-    Controller::for_shared_stream(r.claims.applied(), r.claims.store())
+    let controller = Controller::for_shared_stream(r.claims.applied(), r.claims.store())
         .watches_shared_stream(r.types.touched_objects(), move |t: Arc<NodeType>| {
             // A type that appeared, went, or changed its spec or phase may let pending
             // claims schedule; its claimed count changing (every scheduling decision) may
@@ -126,14 +125,8 @@ pub async fn run(
         })
         .reconcile_on(wakeups)
         .with_config(RunConfig::default().concurrency(CLAIM_CONCURRENCY))
-        .graceful_shutdown_on(shutdown)
-        .run(
-            reconciler::reconcile::<ClaimContext>,
-            reconciler::error_policy::<ClaimContext>,
-            Arc::new(ClaimContext::new(ctx)),
-        )
-        .for_each(log_run_error)
-        .await;
+        .graceful_shutdown_on(shutdown);
+    reconciler::run(controller, Arc::new(ClaimContext::new(ctx))).await;
 }
 
 impl Reconciler for ClaimContext {

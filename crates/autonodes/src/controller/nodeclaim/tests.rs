@@ -60,8 +60,30 @@ fn claim(t: &PreparedType, scheduled_ago: Duration, conditions: serde_json::Valu
     .expect("a claim")
 }
 
-fn ctx() -> ClaimContext {
-    ClaimContext::new(Context::for_unit_tests(ControllerConfig::default()))
+/// A claim context, the example type, an empty host and an empty tenant on 1.31.
+fn setup() -> (ClaimContext, PreparedType, MemoryHost, MemoryTenant) {
+    (
+        ClaimContext::new(Context::for_unit_tests(ControllerConfig::default())),
+        node_type(),
+        MemoryHost::new(HOST),
+        MemoryTenant::new(NS, "vc", "v1.31.2"),
+    )
+}
+
+/// The names of the example claim's remote objects.
+fn names() -> RemoteNames {
+    RemoteNames {
+        uid: UID.into(),
+        vm_ns: VM_NS.into(),
+        vm_name: VM.into(),
+        node_name: VM.into(),
+    }
+}
+
+/// The condition list of a claim whose VM ran (long ago).
+fn provisioned() -> serde_json::Value {
+    serde_json::json!([{"type": "Provisioned", "status": "True", "reason": "Running",
+        "message": "m", "lastTransitionTime": "2026-01-01T00:00:00Z"}])
 }
 
 /// Runs the stages once on `claim`; returns the step and the claim's new status.
@@ -116,11 +138,7 @@ fn node(ready: bool) -> Node {
 
 #[tokio::test]
 async fn launch_creates_the_token_the_user_data_and_the_vm_then_waits_for_the_vm_to_run() {
-    let (ctx, t) = (ctx(), node_type());
-    let (host, tenant) = (
-        MemoryHost::new(HOST),
-        MemoryTenant::new(NS, "vc", "v1.31.2"),
-    );
+    let (ctx, t, host, tenant) = setup();
     let c = claim(&t, Duration::from_secs(5), serde_json::json!([]));
     let (step, status) = walk_once(&ctx, &c, &t, &host, &tenant).await;
     assert!(matches!(step, Ok(Step::Stop(_))), "{step:?}");
@@ -138,11 +156,7 @@ async fn launch_creates_the_token_the_user_data_and_the_vm_then_waits_for_the_vm
 
 #[tokio::test]
 async fn a_claim_walks_from_a_running_vm_to_a_joined_and_ready_node_and_its_token_goes() {
-    let (ctx, t) = (ctx(), node_type());
-    let (host, tenant) = (
-        MemoryHost::new(HOST),
-        MemoryTenant::new(NS, "vc", "v1.31.2"),
-    );
+    let (ctx, t, host, tenant) = setup();
     let c = claim(&t, Duration::from_secs(5), serde_json::json!([]));
     let (_, status) = walk_once(&ctx, &c, &t, &host, &tenant).await;
     host.run_vm(VM_NS, VM, "10.0.0.7");
@@ -181,11 +195,7 @@ async fn a_claim_walks_from_a_running_vm_to_a_joined_and_ready_node_and_its_toke
 
 #[tokio::test]
 async fn a_vm_of_that_name_belonging_to_another_claim_is_left_alone_as_name_taken() {
-    let (ctx, t) = (ctx(), node_type());
-    let (host, tenant) = (
-        MemoryHost::new(HOST),
-        MemoryTenant::new(NS, "vc", "v1.31.2"),
-    );
+    let (ctx, t, host, tenant) = setup();
     let other = [(
         autonodes_api::LABEL_NODECLAIM_UID.to_string(),
         "other".to_string(),
@@ -205,11 +215,7 @@ async fn a_vm_of_that_name_belonging_to_another_claim_is_left_alone_as_name_take
 #[tokio::test]
 async fn a_create_that_conflicts_with_this_claims_own_vm_keeps_it_and_one_whose_vm_vanished_looks_again(
 ) {
-    let (ctx, t) = (ctx(), node_type());
-    let (host, tenant) = (
-        MemoryHost::new(HOST),
-        MemoryTenant::new(NS, "vc", "v1.31.2"),
-    );
+    let (ctx, t, host, tenant) = setup();
     let c = claim(&t, Duration::from_secs(5), serde_json::json!([]));
     host.fail_next("create_vm", Failure::Vanish);
     let (step, _) = walk_once(&ctx, &c, &t, &host, &tenant).await;
@@ -253,11 +259,7 @@ async fn a_create_that_conflicts_with_this_claims_own_vm_keeps_it_and_one_whose_
 
 #[tokio::test]
 async fn a_vm_the_host_refuses_with_422_stops_with_virtual_machine_rejected() {
-    let (ctx, t) = (ctx(), node_type());
-    let (host, tenant) = (
-        MemoryHost::new(HOST),
-        MemoryTenant::new(NS, "vc", "v1.31.2"),
-    );
+    let (ctx, t, host, tenant) = setup();
     host.fail_next("create_vm", Failure::Status(422));
     let c = claim(&t, Duration::from_secs(5), serde_json::json!([]));
     let (step, status) = walk_once(&ctx, &c, &t, &host, &tenant).await;
@@ -270,14 +272,8 @@ async fn a_vm_the_host_refuses_with_422_stops_with_virtual_machine_rejected() {
 
 #[tokio::test]
 async fn a_vm_that_vanishes_after_it_ran_fails_the_claim_as_virtual_machine_lost() {
-    let (ctx, t) = (ctx(), node_type());
-    let (host, tenant) = (
-        MemoryHost::new(HOST),
-        MemoryTenant::new(NS, "vc", "v1.31.2"),
-    );
-    let provisioned = serde_json::json!([{"type": "Provisioned", "status": "True", "reason": "Running",
-        "message": "m", "lastTransitionTime": "2026-01-01T00:00:00Z"}]);
-    let c = claim(&t, Duration::from_secs(60), provisioned);
+    let (ctx, t, host, tenant) = setup();
+    let c = claim(&t, Duration::from_secs(60), provisioned());
     let (step, _) = walk_once(&ctx, &c, &t, &host, &tenant).await;
     let Ok(Step::Fail { reason, .. }) = step else {
         panic!("{step:?}")
@@ -287,11 +283,7 @@ async fn a_vm_that_vanishes_after_it_ran_fails_the_claim_as_virtual_machine_lost
 
 #[tokio::test]
 async fn a_vm_that_does_not_run_within_the_launch_timeout_fails_the_claim() {
-    let (ctx, t) = (ctx(), node_type());
-    let (host, tenant) = (
-        MemoryHost::new(HOST),
-        MemoryTenant::new(NS, "vc", "v1.31.2"),
-    );
+    let (ctx, t, host, tenant) = setup();
     let c = claim(&t, Duration::from_secs(3600), serde_json::json!([]));
     let (step, _) = walk_once(&ctx, &c, &t, &host, &tenant).await;
     let Ok(Step::Fail { reason, message }) = step else {
@@ -303,14 +295,8 @@ async fn a_vm_that_does_not_run_within_the_launch_timeout_fails_the_claim() {
 
 #[tokio::test]
 async fn a_node_that_never_registers_fails_the_claim_after_the_registration_timeout() {
-    let (ctx, t) = (ctx(), node_type());
-    let (host, tenant) = (
-        MemoryHost::new(HOST),
-        MemoryTenant::new(NS, "vc", "v1.31.2"),
-    );
-    let provisioned = serde_json::json!([{"type": "Provisioned", "status": "True", "reason": "Running",
-        "message": "m", "lastTransitionTime": "2026-01-01T00:00:00Z"}]);
-    let c = claim(&t, Duration::from_secs(7200), provisioned);
+    let (ctx, t, host, tenant) = setup();
+    let c = claim(&t, Duration::from_secs(7200), provisioned());
     host.put_vm(
         VM_NS,
         VM,
@@ -330,11 +316,7 @@ async fn a_node_that_never_registers_fails_the_claim_after_the_registration_time
 
 #[tokio::test]
 async fn a_host_that_does_not_answer_or_refuses_stops_the_walk_with_the_clusters_reason() {
-    let (ctx, t) = (ctx(), node_type());
-    let (host, tenant) = (
-        MemoryHost::new(HOST),
-        MemoryTenant::new(NS, "vc", "v1.31.2"),
-    );
+    let (ctx, t, host, tenant) = setup();
     let c = claim(&t, Duration::from_secs(5), serde_json::json!([]));
     host.fail_next("vm", Failure::Timeout);
     let (step, _) = walk_once(&ctx, &c, &t, &host, &tenant).await;
@@ -351,11 +333,7 @@ async fn a_host_that_does_not_answer_or_refuses_stops_the_walk_with_the_clusters
 
 #[tokio::test]
 async fn a_tenant_that_refuses_the_token_stops_the_launch_before_anything_is_made_on_the_host() {
-    let (ctx, t) = (ctx(), node_type());
-    let (host, tenant) = (
-        MemoryHost::new(HOST),
-        MemoryTenant::new(NS, "vc", "v1.31.2"),
-    );
+    let (ctx, t, host, tenant) = setup();
     tenant.fail_next("create_token", Failure::Status(403));
     let c = claim(&t, Duration::from_secs(5), serde_json::json!([]));
     let err = walk_once(&ctx, &c, &t, &host, &tenant)
@@ -368,11 +346,8 @@ async fn a_tenant_that_refuses_the_token_stops_the_launch_before_anything_is_mad
 
 #[tokio::test]
 async fn a_tenant_too_old_to_join_stops_the_launch_with_unsupported_tenant_version() {
-    let (ctx, t) = (ctx(), node_type());
-    let (host, tenant) = (
-        MemoryHost::new(HOST),
-        MemoryTenant::new(NS, "vc", "v1.12.0"),
-    );
+    let (ctx, t, host, _) = setup();
+    let tenant = MemoryTenant::new(NS, "vc", "v1.12.0");
     let c = claim(&t, Duration::from_secs(5), serde_json::json!([]));
     let (step, status) = walk_once(&ctx, &c, &t, &host, &tenant).await;
     assert!(matches!(step, Ok(Step::Stop(_))), "{step:?}");
@@ -385,8 +360,7 @@ async fn a_tenant_too_old_to_join_stops_the_launch_with_unsupported_tenant_versi
 
 #[tokio::test]
 async fn a_live_token_is_reused_and_a_stale_one_is_replaced_by_a_fresh_one() {
-    let (ctx, t) = (ctx(), node_type());
-    let tenant = MemoryTenant::new(NS, "vc", "v1.31.2");
+    let (ctx, t, _, tenant) = setup();
     let c = claim(&t, Duration::from_secs(5), serde_json::json!([]));
     let first = ensure_token(&c, &ctx, &tenant).await.expect("a token");
     assert!(first.fresh);
@@ -415,11 +389,7 @@ async fn a_live_token_is_reused_and_a_stale_one_is_replaced_by_a_fresh_one() {
 
 #[tokio::test]
 async fn removal_drains_deletes_the_vm_and_waits_then_removes_the_secret_volumes_node_and_token() {
-    let (ctx, t) = (ctx(), node_type());
-    let (host, tenant) = (
-        MemoryHost::new(HOST),
-        MemoryTenant::new(NS, "vc", "v1.31.2"),
-    );
+    let (ctx, t, host, tenant) = setup();
     let c = claim(&t, Duration::from_secs(5), serde_json::json!([]));
     walk_once(&ctx, &c, &t, &host, &tenant)
         .await
@@ -445,12 +415,7 @@ async fn removal_drains_deletes_the_vm_and_waits_then_removes_the_secret_volumes
         .lock()
         .unwrap()
         .insert(("default".into(), "web".into()), pod);
-    let names = RemoteNames {
-        uid: UID.into(),
-        vm_ns: VM_NS.into(),
-        vm_name: VM.into(),
-        node_name: VM.into(),
-    };
+    let names = names();
     let first = remove_from(&c, &ctx, true, false, &names, &host, Some(&tenant))
         .await
         .expect("a step");
@@ -492,11 +457,7 @@ async fn removal_drains_deletes_the_vm_and_waits_then_removes_the_secret_volumes
 
 #[tokio::test]
 async fn a_removal_that_cannot_reach_the_tenant_keeps_everything_and_says_so() {
-    let (ctx, t) = (ctx(), node_type());
-    let (host, tenant) = (
-        MemoryHost::new(HOST),
-        MemoryTenant::new(NS, "vc", "v1.31.2"),
-    );
+    let (ctx, t, host, tenant) = setup();
     let c = claim(&t, Duration::from_secs(5), serde_json::json!([]));
     walk_once(&ctx, &c, &t, &host, &tenant)
         .await
@@ -504,12 +465,7 @@ async fn a_removal_that_cannot_reach_the_tenant_keeps_everything_and_says_so() {
         .expect("launched");
     tenant.nodes.lock().unwrap().insert(VM.into(), node(true));
     tenant.fail_next("node", Failure::Status(500));
-    let names = RemoteNames {
-        uid: UID.into(),
-        vm_ns: VM_NS.into(),
-        vm_name: VM.into(),
-        node_name: VM.into(),
-    };
+    let names = names();
     let err = remove_from(&c, &ctx, true, false, &names, &host, Some(&tenant))
         .await
         .err()

@@ -28,7 +28,6 @@ use std::time::Duration;
 
 use autonodes_core::pool::reconcile::{plan_pool, Observed};
 use futures::channel::mpsc::{self};
-use futures::StreamExt;
 use kube::runtime::controller::{Action, Config as RunConfig};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::Controller;
@@ -64,18 +63,13 @@ pub async fn run(
         watches: Mutex::new(HashMap::new()),
         gauges: std::sync::Mutex::new(BTreeSet::new()),
     });
-    Controller::for_shared_stream(reflectors.pools.applied(), reflectors.pools.store())
-        .owns_shared_stream(reflectors.claims.touched_objects())
-        .reconcile_on(wakeups)
-        .with_config(RunConfig::default().debounce(Duration::from_millis(300)))
-        .graceful_shutdown_on(shutdown)
-        .run(
-            reconciler::reconcile::<PoolContext>,
-            reconciler::error_policy::<PoolContext>,
-            pctx,
-        )
-        .for_each(crate::controller::reconciler::log_run_error)
-        .await;
+    let controller =
+        Controller::for_shared_stream(reflectors.pools.applied(), reflectors.pools.store())
+            .owns_shared_stream(reflectors.claims.touched_objects())
+            .reconcile_on(wakeups)
+            .with_config(RunConfig::default().debounce(Duration::from_millis(300)))
+            .graceful_shutdown_on(shutdown);
+    reconciler::run(controller, pctx).await;
 }
 
 impl Reconciler for PoolContext {

@@ -28,7 +28,7 @@ pub fn node_type_name(provider: &str, short_name: &str) -> String {
 
 /// The short name of a NodeType: its name without the `<provider>.` prefix (or the whole
 /// name when it does not have that prefix, e.g. a NodeType created by hand).
-pub fn short_type_name<'a>(node_type: &'a str, provider: &str) -> &'a str {
+pub(crate) fn short_type_name<'a>(node_type: &'a str, provider: &str) -> &'a str {
     node_type
         .strip_prefix(provider)
         .and_then(|rest| rest.strip_prefix('.'))
@@ -273,7 +273,7 @@ pub(crate) fn identity_properties(
 /// `karpenter.sh/capacity-type=on-demand` as defaults, then the provider's, then the
 /// type's, then the identity (`autonodes.io/node-type`, `vcluster.com/node-type`,
 /// `autonodes.io/provider`, `node.kubernetes.io/instance-type`), which nothing overrides.
-pub fn type_properties(
+pub(crate) fn type_properties(
     name: &str,
     short: &str,
     provider: &str,
@@ -679,7 +679,7 @@ impl Catalogue {
 
 /// Merges taint lists, keeping one taint per (key, effect): a later list's taint replaces
 /// an earlier one's value in place (Kubernetes rejects duplicates).
-pub fn merge_taints<'a>(lists: impl IntoIterator<Item = &'a [Taint]>) -> Vec<Taint> {
+pub(crate) fn merge_taints<'a>(lists: impl IntoIterator<Item = &'a [Taint]>) -> Vec<Taint> {
     let mut out: Vec<Taint> = Vec::new();
     for t in lists.into_iter().flatten() {
         match out

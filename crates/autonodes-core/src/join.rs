@@ -209,9 +209,9 @@ mod tests {
 /// publishes its cluster configuration: `kube-system/kubeadm-config`.
 pub const KUBEADM_CONFIG: (&str, &str) = ("kube-system", "kubeadm-config");
 /// Annotation on that ConfigMap with the URL vCluster serves its node join script at.
-pub const ANNOTATION_JOIN_SCRIPT_ENDPOINT: &str = "vcluster.loft.sh/join-script-endpoint";
+pub(crate) const ANNOTATION_JOIN_SCRIPT_ENDPOINT: &str = "vcluster.loft.sh/join-script-endpoint";
 /// The port kubeadm puts behind a `controlPlaneEndpoint` written without one.
-pub const DEFAULT_CONTROL_PLANE_PORT: u16 = 6443;
+pub(crate) const DEFAULT_CONTROL_PLANE_PORT: u16 = 6443;
 
 /// Where the tenant says nodes join, read from its `kube-system/kubeadm-config`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -31,7 +31,7 @@ use serde_json::{Map, Value};
 type Mapping = Map<String, Value>;
 
 /// The largest kubeconfig accepted (a Secret holds at most 1 MiB anyway).
-pub const MAX_KUBECONFIG_BYTES: usize = 1024 * 1024;
+pub(crate) const MAX_KUBECONFIG_BYTES: usize = 1024 * 1024;
 
 /// What the operator allows beyond the defaults (flags of `autonodes run`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -467,7 +467,7 @@ fn has_private_key(pem: &[u8]) -> bool {
 
 /// Checks an API server URL: `https://`, a host, no user info, no query or fragment, and
 /// a host that is not link-local.
-pub fn check_server(server: &str) -> Result<(), &'static str> {
+pub(crate) fn check_server(server: &str) -> Result<(), &'static str> {
     if !server.starts_with("https://") {
         return Err("must be an https:// URL");
     }
@@ -497,7 +497,7 @@ pub fn check_server(server: &str) -> Result<(), &'static str> {
 /// True when `host` (as written in a URL) is a link-local address in any form a resolver
 /// would accept: dotted quad, the short and octal/hex forms of `inet_aton`, an IPv6
 /// address in brackets, or an IPv4 address mapped into IPv6.
-pub fn is_link_local_host(host: &str) -> bool {
+pub(crate) fn is_link_local_host(host: &str) -> bool {
     let host = host.trim_start_matches('[').trim_end_matches(']');
     if let Ok(v6) = host.parse::<Ipv6Addr>() {
         return is_link_local(IpAddr::V6(v6));

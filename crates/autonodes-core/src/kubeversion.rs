@@ -24,7 +24,7 @@ pub const OLDEST_JOINABLE: KubeVersion = KubeVersion::new(1, 15, 0);
 
 /// The version `autonodes render` assumes when no tenant is asked (`--kubernetes-version`
 /// changes it).
-pub const DEFAULT_RENDER_VERSION: KubeVersion = KubeVersion::new(1, 33, 0);
+pub(crate) const DEFAULT_RENDER_VERSION: KubeVersion = KubeVersion::new(1, 33, 0);
 
 impl KubeVersion {
     /// `v<major>.<minor>.<patch>`.

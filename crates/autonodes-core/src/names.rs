@@ -5,15 +5,15 @@
 //! across restarts and valid. Pure: no I/O.
 
 /// Longest label value Kubernetes accepts.
-pub const MAX_LABEL_VALUE: usize = 63;
+pub(crate) const MAX_LABEL_VALUE: usize = 63;
 /// Longest object name (a DNS-1123 subdomain) Kubernetes accepts.
-pub const MAX_NAME: usize = 253;
+pub(crate) const MAX_NAME: usize = 253;
 /// Hex digits of the hash appended to a shortened name.
 const HASH_DIGITS: usize = 10;
 
 /// 64-bit FNV-1a over `parts`, each followed by a 0 byte (so `("ab","c")` and `("a","bc")`
 /// differ). Stable across versions and platforms: names derived from it are stored.
-pub fn fnv1a(parts: &[&str]) -> u64 {
+pub(crate) fn fnv1a(parts: &[&str]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for part in parts {
         for b in part.bytes().chain(std::iter::once(0)) {
@@ -76,7 +76,7 @@ pub fn is_qualified_name(s: &str) -> bool {
 }
 
 /// Longest qualified name (label or taint key) autonodes accepts.
-pub const MAX_QUALIFIED_NAME: usize = 253;
+pub(crate) const MAX_QUALIFIED_NAME: usize = 253;
 
 fn is_lower_alnum(c: u8) -> bool {
     c.is_ascii_lowercase() || c.is_ascii_digit()
@@ -121,7 +121,7 @@ pub fn label_value(name: &str) -> String {
 
 /// `<base><suffix>` when it fits in an object name, else `base` shortened (with its hash)
 /// so that the whole is at most 253 characters. `suffix` is short and valid, e.g. `-x7k2p`.
-pub fn child_name(base: &str, suffix: &str) -> String {
+pub(crate) fn child_name(base: &str, suffix: &str) -> String {
     if base.len() + suffix.len() <= MAX_NAME {
         format!("{base}{suffix}")
     } else {

@@ -20,7 +20,7 @@ use crate::scheduling::{narrow_offer, CheckedRequirement};
 use crate::template;
 
 /// The taint every node registers with until autonodes has seen it join.
-pub const REGISTRATION_TAINT_KEY: &str = "autonodes.io/unregistered";
+pub(crate) const REGISTRATION_TAINT_KEY: &str = "autonodes.io/unregistered";
 
 // ---------------------------------------------------------------------------------------
 // Node properties, labels, taints
@@ -30,7 +30,7 @@ pub const REGISTRATION_TAINT_KEY: &str = "autonodes.io/unregistered";
 /// then the claim's; the type identity properties are kept whatever pool or claim say.
 /// A type property that offers several values (`a,b`) or any (`*`) becomes the one value
 /// the claim's and pool's requirements pick ([`narrow_offer`]).
-pub fn node_properties(
+pub(crate) fn node_properties(
     t: &PreparedType,
     pool: Option<&NodePoolSpec>,
     claim: &NodeClaimSpec,
@@ -77,12 +77,12 @@ pub fn claim_node_properties(
 
 /// Whether `key` is a valid label key: an optional DNS subdomain prefix and `/`, then a
 /// name of at most 63 characters of `[A-Za-z0-9-_.]` starting and ending alphanumeric.
-pub fn is_valid_label_key(key: &str) -> bool {
+pub(crate) fn is_valid_label_key(key: &str) -> bool {
     crate::names::is_qualified_name(key)
 }
 
 /// Whether `value` is a valid label value (empty, or like a label name).
-pub fn is_valid_label_value(value: &str) -> bool {
+pub(crate) fn is_valid_label_value(value: &str) -> bool {
     value.is_empty() || crate::names::is_label_value(value)
 }
 
@@ -90,7 +90,7 @@ pub fn is_valid_label_value(value: &str) -> bool {
 /// `k8s.io` namespaces (or their subdomains) are refused unless they are one of the
 /// well-known labels the kubelet sets itself or lie under `kubelet.kubernetes.io` or
 /// `node.kubernetes.io` (e.g. `node-role.kubernetes.io/worker` is refused).
-pub fn kubelet_may_set_label(key: &str) -> bool {
+pub(crate) fn kubelet_may_set_label(key: &str) -> bool {
     const ALLOWED: &[&str] = &[
         "kubernetes.io/hostname",
         "kubernetes.io/os",
@@ -119,7 +119,7 @@ pub fn kubelet_may_set_label(key: &str) -> bool {
 /// kubelet, the node controller or autonodes itself own. Of `node.kubernetes.io/*`, only
 /// `exclude-from-external-load-balancers` and `exclude-disruption` (meant for
 /// administrators) may be set.
-pub fn reserved_label(key: &str) -> Option<&'static str> {
+pub(crate) fn reserved_label(key: &str) -> Option<&'static str> {
     const USER_NODE_LABELS: &[&str] = &[
         "node.kubernetes.io/exclude-from-external-load-balancers",
         "node.kubernetes.io/exclude-disruption",
@@ -234,7 +234,7 @@ pub fn node_labels(
 }
 
 /// The registration taint, `autonodes.io/unregistered:NoExecute`.
-pub fn registration_taint() -> Taint {
+pub(crate) fn registration_taint() -> Taint {
     Taint {
         key: REGISTRATION_TAINT_KEY.to_string(),
         effect: "NoExecute".to_string(),

@@ -37,9 +37,7 @@ pub mod reconcile;
 pub mod repair;
 pub mod status;
 
-pub use budget::{
-    allowed_disruptions, budget_duration, budget_nodes, disruption_problem, BudgetNodes,
-};
+pub(crate) use budget::{allowed_disruptions, disruption_problem};
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -56,7 +54,7 @@ use crate::api::{
 /// Label on a pool's claims: hash of the claim template they were made from.
 pub const LABEL_TEMPLATE_HASH: &str = "autonodes.io/nodepool-template-hash";
 /// Annotation on a replacement claim: the claim it replaces (rolling update, expiry).
-pub const ANNOTATION_REPLACES: &str = "autonodes.io/replaces";
+pub(crate) const ANNOTATION_REPLACES: &str = "autonodes.io/replaces";
 /// Annotation on a claim: remove this claim first when the pool scales down. The
 /// `capi.autonodes.io` mirror sets it from the Machine's `capi.autonodes.io/delete-machine`.
 pub const ANNOTATION_DELETE_FIRST: &str = "autonodes.io/delete-first";
@@ -66,11 +64,11 @@ pub const ANNOTATION_EMPTY_SINCE: &str = "autonodes.io/empty-since";
 /// room of the tenant's other nodes ([`consolidate`]).
 pub const ANNOTATION_UNDERUTILIZED_SINCE: &str = "autonodes.io/underutilized-since";
 /// Default of `disruption.consolidateAfter`.
-pub const DEFAULT_CONSOLIDATE_AFTER: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_CONSOLIDATE_AFTER: Duration = Duration::from_secs(30);
 /// How long after a node became Ready its free room still counts for pods the scheduler
 /// marked unschedulable (it may not have retried them yet). Afterwards such pods evidently
 /// do not fit for reasons autonodes does not model, and new nodes are made for them.
-pub const READY_NODE_GRACE: Duration = Duration::from_secs(30);
+pub(crate) const READY_NODE_GRACE: Duration = Duration::from_secs(30);
 
 /// The claim spec every claim of the pool starts from (without `desiredCapacity`/`typeRef`).
 pub fn template_spec(pool: &NodePoolSpec) -> NodeClaimSpec {
@@ -90,7 +88,7 @@ pub fn template_spec(pool: &NodePoolSpec) -> NodeClaimSpec {
 }
 
 /// A short stable hash of the pool's claim template: claims whose label differs are rolled.
-pub fn template_hash(pool: &NodePoolSpec) -> String {
+pub(crate) fn template_hash(pool: &NodePoolSpec) -> String {
     let bytes = serde_json::to_vec(&template_spec(pool)).unwrap_or_default();
     let digest = Sha256::digest(&bytes);
     digest.iter().take(5).map(|b| format!("{b:02x}")).collect()
@@ -180,7 +178,7 @@ pub fn expire_after(pool: &NodePoolSpec) -> Option<Duration> {
 }
 
 /// Whether a node empty since `since` is due for removal at `now`.
-pub fn due_for_removal(since: Timestamp, now: Timestamp, after: Duration) -> bool {
+pub(crate) fn due_for_removal(since: Timestamp, now: Timestamp, after: Duration) -> bool {
     let waited = now.as_millisecond() - since.as_millisecond();
     waited >= i64::try_from(after.as_millis()).unwrap_or(i64::MAX)
 }

@@ -16,7 +16,7 @@ use crate::requirements::label_selector_matches;
 use crate::resources::{self, ResourceAmounts, CPU, MEMORY};
 
 /// The limit on the number of claims (nodes) a namespace holds.
-pub const NODES: &str = "nodes";
+pub(crate) const NODES: &str = "nodes";
 /// The limit on the sum of the costs of the types a namespace's claims hold.
 pub const COST: &str = "cost";
 

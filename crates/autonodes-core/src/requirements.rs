@@ -172,7 +172,7 @@ impl Requirement {
 /// What a node type's property value offers: one value, several (`a,b`: either), or any
 /// value (`*`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Offer<'a> {
+pub(crate) enum Offer<'a> {
     /// A single value (no comma, not `*`).
     One,
     /// Either of these (the value split at commas, blanks trimmed, empty parts dropped).
@@ -204,7 +204,7 @@ impl<'a> Offer<'a> {
 }
 
 /// Whether a pod's `nodeSelector` matches `labels`: every key set to exactly its value.
-pub fn selector_matches(
+pub(crate) fn selector_matches(
     node_selector: &BTreeMap<String, String>,
     labels: &BTreeMap<String, String>,
 ) -> bool {
@@ -221,7 +221,10 @@ pub fn selector_matches(
 /// Whether a label selector (`matchLabels` and `matchExpressions`) selects `labels`; an
 /// empty selector selects everything, as in Kubernetes. An operator it does not know
 /// selects nothing.
-pub fn label_selector_matches(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+pub(crate) fn label_selector_matches(
+    selector: &LabelSelector,
+    labels: &BTreeMap<String, String>,
+) -> bool {
     let by_labels = selector
         .match_labels
         .as_ref()
@@ -248,7 +251,7 @@ pub fn label_selector_matches(selector: &LabelSelector, labels: &BTreeMap<String
 /// Whether a required node-affinity term matches `labels`: every match expression holds.
 /// A term with `matchFields` names a node (`metadata.name`), which a node yet to be made
 /// cannot meet; an empty term matches nothing (as in the scheduler).
-pub fn term_matches(term: &NodeSelectorTerm, labels: &BTreeMap<String, String>) -> bool {
+pub(crate) fn term_matches(term: &NodeSelectorTerm, labels: &BTreeMap<String, String>) -> bool {
     let exprs = term.match_expressions.as_deref().unwrap_or_default();
     let fields = term.match_fields.as_deref().unwrap_or_default();
     fields.is_empty()
@@ -259,7 +262,7 @@ pub fn term_matches(term: &NodeSelectorTerm, labels: &BTreeMap<String, String>) 
 }
 
 /// Whether `toleration` tolerates `taint` (the scheduler's rules).
-pub fn tolerates(toleration: &Toleration, taint: &Taint) -> bool {
+pub(crate) fn tolerates(toleration: &Toleration, taint: &Taint) -> bool {
     let effect_ok = toleration
         .effect
         .as_deref()
@@ -280,7 +283,7 @@ pub fn tolerates(toleration: &Toleration, taint: &Taint) -> bool {
 
 /// Whether a pod with `tolerations` may be scheduled onto a node with `taints`: every
 /// `NoSchedule` and `NoExecute` taint is tolerated (`PreferNoSchedule` only steers).
-pub fn tolerates_taints(tolerations: &[Toleration], taints: &[Taint]) -> bool {
+pub(crate) fn tolerates_taints(tolerations: &[Toleration], taints: &[Taint]) -> bool {
     taints
         .iter()
         .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")

@@ -15,10 +15,10 @@ use crate::api::ResourceList;
 /// The resource name for CPU.
 pub const CPU: &str = "cpu";
 /// The resource name for memory.
-pub const MEMORY: &str = "memory";
+pub(crate) const MEMORY: &str = "memory";
 
 /// One GiB in bytes.
-pub const GIB: i128 = 1 << 30;
+pub(crate) const GIB: i128 = 1 << 30;
 
 /// A quantity string that is not a valid Kubernetes quantity.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -59,7 +59,7 @@ fn err(input: &str, reason: &'static str) -> QuantityError {
 }
 
 /// Largest magnitude of a quantity in milli-units: Kubernetes caps quantities at 2^63-1.
-pub const MAX_QUANTITY_MILLIS: i128 = i64::MAX as i128 * 1000;
+pub(crate) const MAX_QUANTITY_MILLIS: i128 = i64::MAX as i128 * 1000;
 
 /// Parses a Kubernetes quantity (`4`, `500m`, `16Gi`, `1.5`, `2e3`, `1k`) into milli-units,
 /// rounding anything finer than a milli-unit up (away from zero) and capping the magnitude
@@ -209,7 +209,7 @@ fn ceil_div(a: i128, b: i128) -> i128 {
 /// Whether a resource name is an extended resource (a domain-qualified name outside
 /// `kubernetes.io`, such as `nvidia.com/gpu`), as opposed to a native one (`cpu`, `memory`,
 /// `ephemeral-storage`, `hugepages-2Mi`, ...).
-pub fn is_extended_resource(name: &str) -> bool {
+pub(crate) fn is_extended_resource(name: &str) -> bool {
     match name.split_once('/') {
         Some((domain, _)) => domain != "kubernetes.io" && !domain.ends_with(".kubernetes.io"),
         None => false,
@@ -217,7 +217,7 @@ pub fn is_extended_resource(name: &str) -> bool {
 }
 
 /// Formats millicores the way Kubernetes prints CPU (`2`, `1500m`).
-pub fn format_cpu(millis: i128) -> String {
+pub(crate) fn format_cpu(millis: i128) -> String {
     if millis % 1000 == 0 {
         (millis / 1000).to_string()
     } else {
@@ -226,7 +226,7 @@ pub fn format_cpu(millis: i128) -> String {
 }
 
 /// Formats bytes with the largest binary suffix that divides them exactly (`16Gi`, `512Mi`).
-pub fn format_memory(bytes: i128) -> String {
+pub(crate) fn format_memory(bytes: i128) -> String {
     const SUFFIXES: [(&str, u32); 6] = [
         ("Ei", 60),
         ("Pi", 50),

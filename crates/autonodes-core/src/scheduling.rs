@@ -13,7 +13,7 @@ use crate::resources::{ResourceAmounts, ResourceError};
 use crate::zones;
 
 /// Condition reason when no node type fits a claim.
-pub const REASON_NO_MATCHING_NODE_TYPE: &str = "NoMatchingNodeType";
+pub(crate) const REASON_NO_MATCHING_NODE_TYPE: &str = "NoMatchingNodeType";
 /// Reason: the tenant's quotas allow none of the fitting node types with capacity.
 pub const REASON_QUOTA_EXCEEDED: &str = "QuotaExceeded";
 /// Reason: no node of the host cluster has room for the VM of any fitting node type.
@@ -213,7 +213,7 @@ impl ClaimRequest {
 
 /// One reason a type does not fit a claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Mismatch {
+pub(crate) enum Mismatch {
     /// The type cannot be used at all.
     Failed(String),
     /// A requirement does not hold.
@@ -258,7 +258,7 @@ impl fmt::Display for Mismatch {
 }
 
 /// Every reason `t` does not fit `req` (empty when it fits). Capacity is not checked here.
-pub fn mismatches(t: &PreparedType, req: &ClaimRequest) -> Vec<Mismatch> {
+pub(crate) fn mismatches(t: &PreparedType, req: &ClaimRequest) -> Vec<Mismatch> {
     let mut out = Vec::new();
     if let Some(p) = &t.problem {
         out.push(Mismatch::Failed(p.to_string()));
@@ -468,7 +468,10 @@ pub fn zone_for_where(
 /// `None` leaves the property as it is: a single value, or no choice fits (then the type
 /// did not fit either), or `*` that nothing pins (it stays `*`, which is no label value,
 /// so the node gets no label for it).
-pub fn narrow_offer(value: &str, requirements: &[&requirements::Requirement]) -> Option<String> {
+pub(crate) fn narrow_offer(
+    value: &str,
+    requirements: &[&requirements::Requirement],
+) -> Option<String> {
     let offer = requirements::Offer::parse(value);
     let accepted = |candidate: &str| {
         requirements.iter().all(|r| {

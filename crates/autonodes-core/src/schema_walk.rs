@@ -36,9 +36,9 @@ enum Parser {
     TaintEffect,
     /// `DurationOrNever::from_str`.
     Duration,
-    /// `pool::budget_nodes`.
+    /// `pool::budget::budget_nodes`.
     BudgetNodes,
-    /// `pool::budget_duration`.
+    /// `pool::budget::budget_duration`.
     BudgetDuration,
     /// Any text is read as it is; the reason says why.
     Free(&'static str),
@@ -61,8 +61,8 @@ impl Parser {
                 .is_ok()
             }
             Parser::Duration => s.parse::<DurationOrNever>().is_ok(),
-            Parser::BudgetNodes => crate::pool::budget_nodes(s).is_some(),
-            Parser::BudgetDuration => crate::pool::budget_duration(s).is_some(),
+            Parser::BudgetNodes => crate::pool::budget::budget_nodes(s).is_some(),
+            Parser::BudgetDuration => crate::pool::budget::budget_duration(s).is_some(),
             Parser::Free(_) => true,
         }
     }

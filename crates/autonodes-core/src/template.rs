@@ -60,7 +60,7 @@ pub struct TypeTemplateInput<'a> {
 /// The per-type part of a VirtualMachine: steps 1–3 of the composition done, with
 /// `spec.template.spec.taints` taken out.
 #[derive(Debug, Clone, PartialEq)]
-pub struct TypeTemplate {
+pub(crate) struct TypeTemplate {
     /// The template (`metadata` + `spec`) after merge and resources.
     pub template: Value,
     /// The taints found in `spec.template.spec.taints`.
@@ -70,7 +70,9 @@ pub struct TypeTemplate {
 /// Steps 1–3 of the composition for one node type: pick the base or replacement template,
 /// strategic-merge `mergeVirtualMachineTemplate`, write `resources` into the domain, and
 /// take `spec.template.spec.taints` out of the template (returned as node taints).
-pub fn compose_type_template(input: &TypeTemplateInput<'_>) -> Result<TypeTemplate, TemplateError> {
+pub(crate) fn compose_type_template(
+    input: &TypeTemplateInput<'_>,
+) -> Result<TypeTemplate, TemplateError> {
     let node_type = input.node_type;
     if input.merge.is_some() && input.replacement.is_some() {
         return Err(TemplateError::BothTemplates {
@@ -112,7 +114,10 @@ pub fn compose_type_template(input: &TypeTemplateInput<'_>) -> Result<TypeTempla
 
 /// Removes `spec.template.spec.taints` (not a KubeVirt field, but used in published
 /// examples) and returns its entries as taints.
-pub fn take_taints(template: &mut Value, node_type: &str) -> Result<Vec<Taint>, TemplateError> {
+pub(crate) fn take_taints(
+    template: &mut Value,
+    node_type: &str,
+) -> Result<Vec<Taint>, TemplateError> {
     let Some(vmi_spec) = template
         .pointer_mut("/spec/template/spec")
         .and_then(Value::as_object_mut)
@@ -141,7 +146,7 @@ pub fn take_taints(template: &mut Value, node_type: &str) -> Result<Vec<Taint>, 
 /// Checks a taint as the API server checks a Node's: its key a qualified name, its value
 /// a label value (or empty), its effect one of the three Kubernetes knows. The CRDs' taint
 /// schema (`api::schema::taints`) admits exactly these.
-pub fn check_taint(t: &Taint) -> Result<(), String> {
+pub(crate) fn check_taint(t: &Taint) -> Result<(), String> {
     if t.key.is_empty() {
         return Err("a taint has an empty key".to_string());
     }
@@ -185,7 +190,7 @@ fn object_at<'v>(root: &'v mut Value, path: &[&str]) -> Option<&'v mut Map<Strin
 /// fixes the guest topology (`domain.cpu`) or `domain.memory.guest`, those follow the
 /// type's cpu (as `cores`, one socket, one thread) and memory, so the guest sees what the
 /// type promises.
-pub fn apply_resources(
+pub(crate) fn apply_resources(
     template: &mut Value,
     resources: &ResourceList,
     node_type: &str,
@@ -255,7 +260,7 @@ pub fn apply_resources(
 ///   `domain.resources.limits.memory`; none of these is [`TemplateError::MemoryNotFound`].
 ///
 /// `template` is the type's template after merge (see [`compose_type_template`]).
-pub fn effective_resources(
+pub(crate) fn effective_resources(
     node_type: &str,
     spec_resources: &ResourceList,
     template: &Value,
@@ -344,7 +349,7 @@ fn quantity_from_json(v: &Value) -> Option<Quantity> {
 /// and `root-disk-size` (and autonodes' `autonodes.io/root-disk-storage-class`) ask. A
 /// template that has a disk already is left alone (`Ok(false)`). An image URL, size or
 /// storage class autonodes cannot use is an error naming the property.
-pub fn add_root_disk(
+pub(crate) fn add_root_disk(
     template: &mut Value,
     image_url: &str,
     size: Option<&str>,
@@ -609,7 +614,7 @@ pub fn finalize_vm(
 /// Runs the checks of step 4 (and those KubeVirt's admission makes on what it forces, such
 /// as `running` together with `runStrategy`) on a type's template, with the longest VM name
 /// a claim can get, so a template no claim could use is found when the type is evaluated.
-pub fn check_vm_template(template: &Value, node_type: &str) -> Result<(), TemplateError> {
+pub(crate) fn check_vm_template(template: &Value, node_type: &str) -> Result<(), TemplateError> {
     let longest = "n".repeat(MAX_DNS_LABEL);
     let labels = managed_labels("check", "check", "check", "check");
     let id = VmIdentity {

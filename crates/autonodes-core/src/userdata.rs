@@ -35,15 +35,15 @@ pub const JOIN_CONFIG_PATH: &str = "/etc/kubernetes/kubeadm-join.yaml";
 /// applies only to inline `userData`; a Secret-backed `cloudInitNoCloud.secretRef` is not
 /// counted by KubeVirt and is bounded by the 1 MiB Secret limit. 64 KiB keeps the Secret
 /// small while leaving ample room for a user's cloud-config.
-pub const USER_DATA_MAX_BYTES: usize = 64 * 1024;
+pub(crate) const USER_DATA_MAX_BYTES: usize = 64 * 1024;
 
 /// Bootstrap token `autonodes render` shows when it has no tenant cluster to mint one in.
 pub const PLACEHOLDER_TOKEN: &str = "abcdef.0123456789abcdef";
 /// CA certificate hash `autonodes render` shows when it has no tenant kubeconfig.
-pub const PLACEHOLDER_CA_HASH: &str =
+pub(crate) const PLACEHOLDER_CA_HASH: &str =
     "sha256:0000000000000000000000000000000000000000000000000000000000000000";
 /// API server endpoint `autonodes render` shows when it has no tenant kubeconfig.
-pub const PLACEHOLDER_ENDPOINT: &str = "tenant-api-server.invalid:443";
+pub(crate) const PLACEHOLDER_ENDPOINT: &str = "tenant-api-server.invalid:443";
 
 const KUBEADM_TEMPLATE: &str = include_str!("../templates/kubeadm.hbs");
 const VCLUSTER_TEMPLATE: &str = include_str!("../templates/vcluster.hbs");
@@ -51,10 +51,10 @@ const JOIN_CONFIGURATION_PARTIAL: &str = include_str!("../templates/join-configu
 const PREPARE_SCRIPT_TEMPLATE: &str = include_str!("../templates/prepare-node.sh.hbs");
 
 /// Where the user data writes the script that prepares the node before `kubeadm join`.
-pub const PREPARE_SCRIPT_PATH: &str = "/etc/autonodes/prepare-node.sh";
+pub(crate) const PREPARE_SCRIPT_PATH: &str = "/etc/autonodes/prepare-node.sh";
 
 /// The container runtime socket the node's kubelet uses (containerd).
-pub const CRI_SOCKET: &str = "unix:///run/containerd/containerd.sock";
+pub(crate) const CRI_SOCKET: &str = "unix:///run/containerd/containerd.sock";
 
 /// Where stock images download the kubelet and kubeadm from by default
 /// (`<url>/<version>/bin/linux/<arch>/<binary>`, with a `.sha256` beside each).
@@ -338,7 +338,7 @@ impl JoinParams {
 /// Whether `url` is a join script base URL autonodes puts into a shell command:
 /// `https://`, then a host (and port, path) of letters, digits and `.-_/:[]` only (no
 /// quotes, spaces, `?`, `&` or `$`).
-pub fn is_join_script_url(url: &str) -> bool {
+pub(crate) fn is_join_script_url(url: &str) -> bool {
     let Some(rest) = url.strip_prefix("https://") else {
         return false;
     };
@@ -353,7 +353,7 @@ pub fn is_join_script_url(url: &str) -> bool {
 /// Whether `url` is a download base URL autonodes puts into the prepare script: `https://`
 /// or `http://` (a mirror on a private network), then a host (and port, path) of letters,
 /// digits and `.-_/:[]~%` only (no quotes, spaces, `?`, `&` or `$`).
-pub fn is_download_url(url: &str) -> bool {
+pub(crate) fn is_download_url(url: &str) -> bool {
     let Some(rest) = url
         .strip_prefix("https://")
         .or_else(|| url.strip_prefix("http://"))
@@ -373,7 +373,7 @@ pub fn is_download_url(url: &str) -> bool {
 }
 
 /// Where the `vcluster` template writes the tenant's CA for fetching the join script.
-pub const JOIN_CA_PATH: &str = "/etc/autonodes/tenant-ca.crt";
+pub(crate) const JOIN_CA_PATH: &str = "/etc/autonodes/tenant-ca.crt";
 
 /// The built-in user data templates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -456,7 +456,7 @@ impl std::fmt::Debug for UserDataInput<'_> {
 
 /// SSH keys from the `autonodes.io/ssh-keys` property: one per line; blank lines and
 /// lines starting with `#` are skipped.
-pub fn parse_ssh_keys(value: &str) -> Vec<String> {
+pub(crate) fn parse_ssh_keys(value: &str) -> Vec<String> {
     value
         .lines()
         .map(str::trim)
@@ -559,7 +559,7 @@ fn parse_user_cloud_config(text: &str) -> Result<UserCloudConfig, UserDataError>
 /// Writes `s` as a double-quoted YAML scalar, escaping `"`, `\`, control characters,
 /// DEL and the C1 range, the unicode line separators, the BOM and non-characters — all
 /// that YAML (1.1 and 1.2) does not accept raw or would read as a line break.
-pub fn yaml_string(s: &str, out: &mut String) {
+pub(crate) fn yaml_string(s: &str, out: &mut String) {
     out.reserve(s.len() + 2);
     out.push('"');
     for c in s.chars() {
@@ -587,7 +587,7 @@ pub fn yaml_string(s: &str, out: &mut String) {
 /// Writes a JSON value as single-line YAML flow: strings double-quoted (see
 /// [`yaml_string`]), numbers, booleans and null as is, lists `[..]`, maps `{..}`.
 /// The result is valid YAML wherever a value may stand.
-pub fn to_flow_yaml(v: &Value) -> String {
+pub(crate) fn to_flow_yaml(v: &Value) -> String {
     let mut out = String::new();
     write_flow(v, &mut out);
     out
@@ -669,7 +669,7 @@ fn block_helper(
 /// `text` as a YAML literal block scalar whose lines are indented by `indent` spaces (at
 /// most 32), or `None` when a block scalar cannot hold it as is (empty, leading blanks,
 /// control characters other than tab and newline).
-pub fn to_block_yaml(text: &str, indent: usize) -> Option<String> {
+pub(crate) fn to_block_yaml(text: &str, indent: usize) -> Option<String> {
     let plain = !text.is_empty()
         && !text.starts_with([' ', '\t', '\n'])
         && text

@@ -23,13 +23,13 @@ use crate::{names, pool, resources, template};
 /// Label on an imported NodePool: the vCluster whose configuration it comes from.
 pub const LABEL_VCLUSTER: &str = "autonodes.io/vcluster";
 /// Label on an imported NodePool: the name of its `static[]`/`dynamic[]` entry.
-pub const LABEL_VCLUSTER_POOL: &str = "autonodes.io/vcluster-pool";
+pub(crate) const LABEL_VCLUSTER_POOL: &str = "autonodes.io/vcluster-pool";
 /// Prefix of the Secret holding a vCluster's configuration (`vc-config-<release>`).
 pub const CONFIG_SECRET_PREFIX: &str = "vc-config-";
 /// Key of the configuration in that Secret.
 pub const CONFIG_SECRET_KEY: &str = "config.yaml";
 /// Largest configuration read (the chart's values are a few tens of KiB).
-pub const MAX_CONFIG_BYTES: usize = 1 << 20;
+pub(crate) const MAX_CONFIG_BYTES: usize = 1 << 20;
 
 /// The part of `vcluster.yaml` autonodes reads. Everything else is ignored.
 #[derive(Deserialize, Debug, Default, Clone, PartialEq)]

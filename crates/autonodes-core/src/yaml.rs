@@ -15,7 +15,7 @@ use serde::Serialize;
 pub type Error = serde_saphyr::Error;
 
 /// A value that could not be written as YAML.
-pub type WriteError = serde_saphyr::SerializeError;
+pub(crate) type WriteError = serde_saphyr::SerializeError;
 
 /// The options every read uses (see the module documentation).
 fn options() -> serde_saphyr::Options {
@@ -48,7 +48,7 @@ pub fn from_str_with_path<T: DeserializeOwned>(text: &str) -> Result<T, Error> {
 }
 
 /// Reads one YAML document from bytes (UTF-8).
-pub fn from_slice<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
+pub(crate) fn from_slice<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
     serde_saphyr::from_slice_with_options(bytes, options())
 }
 

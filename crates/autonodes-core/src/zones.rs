@@ -35,7 +35,7 @@ pub fn listed(offer: &str) -> Option<Vec<&str>> {
 }
 
 /// [`choose_zone`] among the zones `allowed` accepts (where the host has room for the VM).
-pub fn choose_zone_where(
+pub(crate) fn choose_zone_where(
     offer: Option<&str>,
     requirements: &[&Requirement],
     in_use: &BTreeMap<String, i64>,

@@ -34,7 +34,7 @@ pub fn format_taint(t: &Taint) -> String {
 /// allocatable cpu and memory (resources less `reserved`), `max_pods`, GPUs (the first
 /// extended resource whose name contains `gpu`), and the labels and taints (without
 /// startup taints, which go once the node is ready) a node of the pool carries.
-pub fn capacity_annotations(
+pub(crate) fn capacity_annotations(
     t: &PreparedType,
     reserved: &ResourceAmounts,
     template: &NodeClaimSpec,

@@ -20,7 +20,7 @@ use crate::api::{
 use crate::names::label_value;
 
 /// The Cluster API phase of a Machine for its claim.
-pub fn machine_phase(claim: &NodeClaim) -> &'static str {
+pub(crate) fn machine_phase(claim: &NodeClaim) -> &'static str {
     if claim.metadata.deletion_timestamp.is_some() {
         return "Deleting";
     }
@@ -45,7 +45,7 @@ pub(super) fn node_ref(name: String) -> ObjectReference {
 }
 
 /// The Machine status mirroring `claim`.
-pub fn machine_status(claim: &NodeClaim, names: &ClaimNames) -> MachineStatus {
+pub(crate) fn machine_status(claim: &NodeClaim, names: &ClaimNames) -> MachineStatus {
     let s = claim.status.clone().unwrap_or_default();
     let failed = s.phase == Some(NodeClaimPhase::Failed);
     let failure = failed
@@ -75,7 +75,7 @@ pub fn is_live(c: &NodeClaim) -> bool {
 }
 
 /// Whether the claim is live and Available.
-pub fn is_available(c: &NodeClaim) -> bool {
+pub(crate) fn is_available(c: &NodeClaim) -> bool {
     is_live(c) && c.status.as_ref().and_then(|s| s.phase) == Some(NodeClaimPhase::Available)
 }
 

@@ -18,11 +18,11 @@ use crate::api::{Budget, NodePoolSpec};
 
 /// The budget of a pool that sets neither `disruption.budgets` nor `disruption.budget`:
 /// 10 % of its nodes (at least one node of a pool that has any), as Karpenter defaults it.
-pub const DEFAULT_BUDGET: BudgetNodes = BudgetNodes::Percent(10);
+pub(crate) const DEFAULT_BUDGET: BudgetNodes = BudgetNodes::Percent(10);
 
 /// How many of the pool's `pool_nodes` nodes may be disrupted at `now` (before the nodes
 /// draining already are subtracted): the least any active budget allows.
-pub fn allowed_disruptions(pool: &NodePoolSpec, pool_nodes: usize, now: Timestamp) -> usize {
+pub(crate) fn allowed_disruptions(pool: &NodePoolSpec, pool_nodes: usize, now: Timestamp) -> usize {
     let nodes = u64::try_from(pool_nodes).unwrap_or(u64::MAX);
     let disruption = pool.disruption.as_ref();
     let budgets = disruption.map(|d| d.budgets.as_slice()).unwrap_or_default();
@@ -46,14 +46,14 @@ pub fn allowed_disruptions(pool: &NodePoolSpec, pool_nodes: usize, now: Timestam
 /// How many nodes a scale-down (a lower `replicas`, `kubectl scale`, the cluster-autoscaler)
 /// may drain at once: what the budgets allow, but at least one — the user asked for fewer
 /// nodes, so a budget of `"0"` slows a scale-down to one node at a time instead of refusing it.
-pub fn scale_down_pace(pool: &NodePoolSpec, pool_nodes: usize, now: Timestamp) -> usize {
+pub(crate) fn scale_down_pace(pool: &NodePoolSpec, pool_nodes: usize, now: Timestamp) -> usize {
     allowed_disruptions(pool, pool_nodes, now).max(1)
 }
 
 /// Whether `budget` is active at `now`: always without a schedule; with one, from each time
 /// the schedule fires (UTC) for `duration`. A budget that does not read is not active (the
 /// pool's condition says why, [`disruption_problem`]).
-pub fn is_active(budget: &Budget, now: Timestamp) -> bool {
+pub(crate) fn is_active(budget: &Budget, now: Timestamp) -> bool {
     let (Some(schedule), Some(duration)) = (&budget.schedule, &budget.duration) else {
         return budget.schedule.is_none() && budget.duration.is_none();
     };
@@ -71,7 +71,7 @@ pub fn is_active(budget: &Budget, now: Timestamp) -> bool {
 
 /// Reads a budget's `schedule`: five cron fields (minute hour day-of-month month
 /// day-of-week) or a macro such as `@daily`; `None` for anything else.
-pub fn budget_schedule(s: &str) -> Option<Cron> {
+pub(crate) fn budget_schedule(s: &str) -> Option<Cron> {
     let fields = s.split_whitespace().count();
     let five_or_macro = fields == 5 || (fields == 1 && s.trim_start().starts_with('@'));
     if !five_or_macro {
@@ -86,7 +86,7 @@ pub fn budget_schedule(s: &str) -> Option<Cron> {
 
 /// A budget's `nodes`: a count, or a percentage of the pool (`10%`, at most 100).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BudgetNodes {
+pub(crate) enum BudgetNodes {
     /// At most this many nodes.
     Count(u64),
     /// At most this share of the pool's nodes, rounded up.
@@ -104,7 +104,7 @@ impl BudgetNodes {
 }
 
 /// Reads a budget's `nodes` (`3`, `10%`); `None` for anything else.
-pub fn budget_nodes(s: &str) -> Option<BudgetNodes> {
+pub(crate) fn budget_nodes(s: &str) -> Option<BudgetNodes> {
     match s.strip_suffix('%') {
         Some(p) => p
             .parse::<u8>()
@@ -121,7 +121,7 @@ pub fn budget_nodes(s: &str) -> Option<BudgetNodes> {
 
 /// Reads a budget's `duration`: hours and minutes (`8h`, `1h30m`, `90m`) as Karpenter
 /// accepts; `None` for anything else, or nothing at all.
-pub fn budget_duration(s: &str) -> Option<Duration> {
+pub(crate) fn budget_duration(s: &str) -> Option<Duration> {
     if s.is_empty() {
         return None;
     }
@@ -148,7 +148,7 @@ pub fn budget_duration(s: &str) -> Option<Duration> {
 
 /// What is wrong with the pool's `spec.disruption`: a budget whose `schedule` and
 /// `duration` do not come together, or whose fields do not read (the schema refuses most).
-pub fn disruption_problem(pool: &NodePoolSpec) -> Option<String> {
+pub(crate) fn disruption_problem(pool: &NodePoolSpec) -> Option<String> {
     let budgets = pool.disruption.as_ref().map(|d| d.budgets.as_slice());
     for (i, b) in budgets.unwrap_or_default().iter().enumerate() {
         let at = format!("spec.disruption.budgets[{i}]");

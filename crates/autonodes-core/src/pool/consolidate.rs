@@ -113,7 +113,7 @@ pub struct Target {
 
 /// What consolidation does this time.
 #[derive(Debug, Default)]
-pub struct Consolidation {
+pub(crate) struct Consolidation {
     /// Claims to remove, with why ([`DeleteReason::Empty`], [`DeleteReason::Underutilized`]).
     pub delete: Vec<(String, DeleteReason)>,
     /// [`ANNOTATION_EMPTY_SINCE`] to set (`Some`) or remove (`None`), by claim name.
@@ -129,7 +129,7 @@ pub struct Consolidation {
 /// A cheaper node to move a node's pods to: a new claim of `node_type` asking for
 /// `request`, with `requirements` beside the pool's, replacing the claim `replaces`.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Replacement {
+pub(crate) struct Replacement {
     /// The claim replaced.
     pub replaces: String,
     /// The cheaper node type.
@@ -141,7 +141,7 @@ pub struct Replacement {
 }
 
 /// The inputs of [`consolidate`].
-pub struct ConsolidationInput<'a, 'p> {
+pub(crate) struct ConsolidationInput<'a, 'p> {
     /// The pool's spec.
     pub spec: &'a NodePoolSpec,
     /// The pool's claims.
@@ -197,7 +197,7 @@ fn movable(p: &&Pod) -> bool {
 /// The cheapest candidate cheaper than `cost` one new node of which takes all `pods`
 /// (selectors, tolerations, extended resources, their summed requests) within the pool's
 /// limits, with what the pods ask for.
-pub fn cheaper_node(
+pub(crate) fn cheaper_node(
     pods: &[&Pod],
     cost: i64,
     candidates: &[Candidate],
@@ -229,7 +229,7 @@ pub fn cheaper_node(
 /// Whether every pod on `node` (claim `claim`) fits the room of the other targets, first
 /// fit, largest first; pods with pod anti-affinity or topology spread constraints do not
 /// count as movable.
-pub fn fits_elsewhere(pods: &[&Pod], claim: &str, targets: &[Target]) -> bool {
+pub(crate) fn fits_elsewhere(pods: &[&Pod], claim: &str, targets: &[Target]) -> bool {
     if !pods.iter().all(movable) {
         return false;
     }
@@ -258,7 +258,7 @@ pub fn fits_elsewhere(pods: &[&Pod], claim: &str, targets: &[Target]) -> bool {
 
 /// Empty and underutilized nodes: marks to set and clear, claims due for removal within
 /// the budget, and when the next one falls due.
-pub fn consolidate(input: &ConsolidationInput) -> Consolidation {
+pub(crate) fn consolidate(input: &ConsolidationInput) -> Consolidation {
     let mut out = Consolidation::default();
     // `consolidateAfter: Never`: nodes stay.
     let Some(after) = consolidate_after(input.spec) else {

@@ -13,9 +13,9 @@ use crate::api::NodeClaim;
 use super::pack::non_daemon_running;
 
 /// autonodes' spelling of the annotation.
-pub const ANNOTATION_DO_NOT_DISRUPT: &str = "autonodes.io/do-not-disrupt";
+pub(crate) const ANNOTATION_DO_NOT_DISRUPT: &str = "autonodes.io/do-not-disrupt";
 /// Karpenter's spelling, read as well.
-pub const KARPENTER_DO_NOT_DISRUPT: &str = "karpenter.sh/do-not-disrupt";
+pub(crate) const KARPENTER_DO_NOT_DISRUPT: &str = "karpenter.sh/do-not-disrupt";
 
 /// Whether annotations carry either spelling with the value `"true"`.
 pub fn marked(annotations: Option<&BTreeMap<String, String>>) -> bool {

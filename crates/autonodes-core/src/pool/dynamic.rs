@@ -36,7 +36,7 @@ use super::plan::{is_live, DeleteReason};
 use super::{due_for_removal, owned_by, template_spec, READY_NODE_GRACE};
 
 /// The longest a dynamic pool waits before it looks again.
-pub const MAX_RECHECK: Duration = Duration::from_secs(30);
+pub(crate) const MAX_RECHECK: Duration = Duration::from_secs(30);
 
 /// What the controller observed of the tenant and the namespace for a dynamic pool.
 #[derive(Clone, Copy, Debug)]

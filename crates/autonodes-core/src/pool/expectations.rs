@@ -26,7 +26,7 @@ use crate::api::NodeClaim;
 
 /// How long an expectation waits for the store at most (controller-runtime's
 /// `ExpectationsTimeout`).
-pub const EXPECTATION_TTL: Duration = Duration::from_secs(300);
+pub(crate) const EXPECTATION_TTL: Duration = Duration::from_secs(300);
 
 /// Writes to NodeClaims this process made that the claim store does not show yet, by UID.
 #[derive(Debug, Default)]

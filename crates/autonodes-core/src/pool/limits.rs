@@ -14,7 +14,7 @@ use super::plan::Verdict;
 
 /// The most claims one reconcile of a pool creates; a pool that wants more creates the
 /// rest in the reconciles that follow (each claim it creates wakes it again).
-pub const CREATE_BATCH: usize = 20;
+pub(crate) const CREATE_BATCH: usize = 20;
 
 /// The default of the controller's `--max-claims-per-namespace`.
 pub const DEFAULT_MAX_CLAIMS_PER_NAMESPACE: usize = 1000;

@@ -156,11 +156,11 @@ pub fn claim_type<'c>(
 }
 
 /// The annotation the kubelet puts on the mirror pod of a static pod.
-pub const MIRROR_POD_ANNOTATION: &str = "kubernetes.io/config.mirror";
+pub(crate) const MIRROR_POD_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
 /// Whether the pod keeps its node busy: neither a DaemonSet's nor a mirror pod, and not
 /// finished.
-pub fn non_daemon_running(p: &Pod) -> bool {
+pub(crate) fn non_daemon_running(p: &Pod) -> bool {
     let daemon = p
         .metadata
         .owner_references
@@ -180,7 +180,7 @@ pub fn non_daemon_running(p: &Pod) -> bool {
 }
 
 /// Whether the scheduler gave up on the pod for now: PodScheduled=False, Unschedulable.
-pub fn is_unschedulable(p: &Pod) -> bool {
+pub(crate) fn is_unschedulable(p: &Pod) -> bool {
     let unbound = p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_none();
     let pending = p.metadata.deletion_timestamp.is_none()
         && !matches!(
@@ -202,10 +202,10 @@ pub fn is_unschedulable(p: &Pod) -> bool {
 }
 
 /// The topology key of one node: the only one pod anti-affinity is packed for.
-pub const HOSTNAME_TOPOLOGY: &str = "kubernetes.io/hostname";
+pub(crate) const HOSTNAME_TOPOLOGY: &str = "kubernetes.io/hostname";
 /// The topology key of a zone: the only one topology spread is packed for (a node type
 /// gets it from its `topology.kubernetes.io/zone` property).
-pub const ZONE_TOPOLOGY: &str = "topology.kubernetes.io/zone";
+pub(crate) const ZONE_TOPOLOGY: &str = "topology.kubernetes.io/zone";
 
 /// A `topologySpreadConstraints` entry on [`ZONE_TOPOLOGY`] with `whenUnsatisfiable:
 /// DoNotSchedule`: the pods it selects (in the pod's namespace) differ by at most
@@ -400,7 +400,7 @@ pub fn accepts(shape: &NodeShape, pod: &PendingPod) -> bool {
 }
 
 /// Whether `a`'s anti-affinity keeps `b` off its node.
-pub fn repels(a: &PendingPod, b: &PendingPod) -> bool {
+pub(crate) fn repels(a: &PendingPod, b: &PendingPod) -> bool {
     a.anti_affinity.iter().any(|t| {
         t.namespaces.contains(&b.namespace)
             && requirements::label_selector_matches(&t.selector, &b.labels)
@@ -463,7 +463,7 @@ pub struct Limits {
 }
 
 /// The key of `spec.limits` that limits the number of nodes.
-pub const LIMIT_NODES: &str = "nodes";
+pub(crate) const LIMIT_NODES: &str = "nodes";
 
 impl Limits {
     /// Parses `spec.limits`: `nodes`, `cpu`, `memory`, `pods` and extended resources
@@ -554,7 +554,7 @@ pub struct Packing {
 /// Whether a new node of `c` may be opened for `pod`: a type with extended resources
 /// (`nvidia.com/gpu`) only for a pod that asks for one of them, as a claim gets such a type
 /// only when it asks for it; other pods may still use the room left on it.
-pub fn opens_for(c: &Candidate, pod: &PendingPod) -> bool {
+pub(crate) fn opens_for(c: &Candidate, pod: &PendingPod) -> bool {
     !c.resources.has_extended()
         || pod
             .request

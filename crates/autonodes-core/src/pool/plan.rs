@@ -50,7 +50,7 @@ pub struct ClaimView {
 /// claim is outdated when its [`LABEL_TEMPLATE_HASH`] is not `hash`, it has drifted from its
 /// node type (`Drifted=True`), or it is older than `expire` (`expireAfter`); a claim
 /// without a creation time counts as made now.
-pub fn claim_views<C: Borrow<NodeClaim>>(
+pub(crate) fn claim_views<C: Borrow<NodeClaim>>(
     claims: &[C],
     hash: &str,
     expire: Option<Duration>,
@@ -104,7 +104,7 @@ pub fn is_live(c: &NodeClaim) -> bool {
 
 /// Whether the claim is being deleted and has (had) a node: deleting it drains that node,
 /// which counts against the disruption budget.
-pub fn is_draining(c: &NodeClaim) -> bool {
+pub(crate) fn is_draining(c: &NodeClaim) -> bool {
     c.metadata.deletion_timestamp.is_some()
         && c.status
             .as_ref()

@@ -31,13 +31,13 @@ use super::{
 };
 
 /// When a pool with nothing under way is looked at again.
-pub const IDLE_RECHECK: Duration = Duration::from_secs(60);
+pub(crate) const IDLE_RECHECK: Duration = Duration::from_secs(60);
 /// When a static pool that created or deleted claims is looked at again.
-pub const BUSY_RECHECK: Duration = Duration::from_secs(5);
+pub(crate) const BUSY_RECHECK: Duration = Duration::from_secs(5);
 /// When a pool whose template or tenant cannot be used is looked at again.
-pub const PROBLEM_RECHECK: Duration = Duration::from_secs(30);
+pub(crate) const PROBLEM_RECHECK: Duration = Duration::from_secs(30);
 /// When a dynamic pool whose tenant did not answer is looked at again.
-pub const UNREACHABLE_RECHECK: Duration = Duration::from_secs(15);
+pub(crate) const UNREACHABLE_RECHECK: Duration = Duration::from_secs(15);
 
 /// What the controller observed for one reconcile of a pool.
 #[derive(Clone, Copy, Debug)]

@@ -19,13 +19,13 @@ use super::plan::is_live;
 use super::plan::Verdict;
 
 /// Above this share of unhealthy live claims (in percent) a pool repairs none, as Karpenter.
-pub const UNHEALTHY_LIMIT_PERCENT: usize = 20;
+pub(crate) const UNHEALTHY_LIMIT_PERCENT: usize = 20;
 
 /// Since when the claim's Node has been unhealthy: it was initialized once
 /// (`Initialized=True`) and is not Ready now (`Ready=False` with `NodeNotReady`, which the
 /// claim controller writes when the Node is NotReady or Unknown). A tenant that cannot be
 /// reached is no node's fault and counts as healthy here.
-pub fn unhealthy_since(claim: &NodeClaim) -> Option<Timestamp> {
+pub(crate) fn unhealthy_since(claim: &NodeClaim) -> Option<Timestamp> {
     let cs = &claim.status.as_ref()?.conditions;
     if !conditions::is_true(cs, ClaimCondition::Initialized) {
         return None;
@@ -37,7 +37,7 @@ pub fn unhealthy_since(claim: &NodeClaim) -> Option<Timestamp> {
 
 /// What repair decided for a pool.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Repair {
+pub(crate) struct Repair {
     /// Claims to replace now.
     pub due: BTreeSet<String>,
     /// Live claims whose Node is unhealthy.
@@ -78,7 +78,7 @@ impl Repair {
 
 /// Which of the pool's `claims` to repair at `now`, with nodes unhealthy for `after` due
 /// (`None`: repair is off).
-pub fn assess<C: Borrow<NodeClaim>>(
+pub(crate) fn assess<C: Borrow<NodeClaim>>(
     claims: &[C],
     after: Option<Duration>,
     now: Timestamp,

@@ -17,16 +17,16 @@ use crate::properties::PROP_DATA_DISKS;
 use crate::resources::parse_quantity;
 
 /// The most data disks one node type may ask for.
-pub const MAX_DATA_DISKS: usize = 16;
+pub(crate) const MAX_DATA_DISKS: usize = 16;
 /// The longest data disk name: the VM name (≤ 63) and a dash in front stay within a
 /// DataVolume name, and the name stays readable in `virtctl` output.
-pub const MAX_DATA_DISK_NAME: usize = 40;
+pub(crate) const MAX_DATA_DISK_NAME: usize = 40;
 /// The longest value of [`PROP_DATA_DISKS`] read.
 const MAX_PROPERTY_LEN: usize = 4096;
 
 /// The bus a data disk is attached with, as KubeVirt's `disk.bus`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DiskBus {
+pub(crate) enum DiskBus {
     /// `virtio` (the default): the paravirtualised bus every cloud image drives.
     Virtio,
     /// `sata`: for guests without virtio drivers.
@@ -48,7 +48,7 @@ impl DiskBus {
 
 /// One blank data disk of a node type.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DataDisk {
+pub(crate) struct DataDisk {
     /// Name of the disk, its volume and its DataVolume template (before the VM's name is
     /// put in front of the DataVolume's).
     pub name: String,
@@ -62,7 +62,7 @@ pub struct DataDisk {
 
 /// Reads the value of [`PROP_DATA_DISKS`]. An empty value means no disk. The error says
 /// which entry is wrong and why, in at most a line.
-pub fn parse_data_disks(value: &str) -> Result<Vec<DataDisk>, String> {
+pub(crate) fn parse_data_disks(value: &str) -> Result<Vec<DataDisk>, String> {
     if value.len() > MAX_PROPERTY_LEN {
         return Err(format!("longer than {MAX_PROPERTY_LEN} characters"));
     }
@@ -126,7 +126,7 @@ pub fn parse_data_disks(value: &str) -> Result<Vec<DataDisk>, String> {
 }
 
 /// Whether a storage class name is one autonodes writes into a DataVolume.
-pub fn check_storage_class(class: &str) -> Result<(), String> {
+pub(crate) fn check_storage_class(class: &str) -> Result<(), String> {
     if is_dns_subdomain(class, 253) {
         Ok(())
     } else {
@@ -161,7 +161,7 @@ fn names_in_use(template: &Value) -> Vec<String> {
 /// and the size (and storage class) asked, a volume using it and a disk on the bus asked,
 /// after the template's own. A name the template already uses is an error naming the
 /// property, never a silent merge into the template's disk.
-pub fn add_data_disks(
+pub(crate) fn add_data_disks(
     template: &mut Value,
     disks: &[DataDisk],
     node_type: &str,

@@ -14,7 +14,7 @@ use crate::properties::PROP_GOLDEN_IMAGE;
 /// Label on a golden DataVolume: the provider it was made for (as a label value).
 pub const LABEL_GOLDEN_IMAGE: &str = "autonodes.io/golden-image";
 /// What a golden DataVolume's name starts with.
-pub const GOLDEN_PREFIX: &str = "autonodes-golden-";
+pub(crate) const GOLDEN_PREFIX: &str = "autonodes-golden-";
 
 /// A golden DataVolume: imported once, cloned by each VM's disk.
 #[derive(Debug, Clone, PartialEq)]
@@ -44,7 +44,7 @@ pub fn wanted(value: Option<&str>) -> Result<bool, String> {
 /// volumes (one per distinct source and storage; templates that share them share the
 /// volume). The clone keeps the template's storage, so it is at least as large as the
 /// golden volume.
-pub fn use_golden_images(
+pub(crate) fn use_golden_images(
     template: &mut Value,
     provider: &str,
     namespace: &str,

@@ -18,11 +18,11 @@ use crate::resources::{parse_quantity, CPU, MEMORY};
 /// The cluster-scoped instance type kind.
 pub const CLUSTER_INSTANCETYPE: &str = "VirtualMachineClusterInstancetype";
 /// The namespaced instance type kind.
-pub const NAMESPACED_INSTANCETYPE: &str = "VirtualMachineInstancetype";
+pub(crate) const NAMESPACED_INSTANCETYPE: &str = "VirtualMachineInstancetype";
 /// The cluster-scoped preference kind.
-pub const CLUSTER_PREFERENCE: &str = "VirtualMachineClusterPreference";
+pub(crate) const CLUSTER_PREFERENCE: &str = "VirtualMachineClusterPreference";
 /// The namespaced preference kind.
-pub const NAMESPACED_PREFERENCE: &str = "VirtualMachinePreference";
+pub(crate) const NAMESPACED_PREFERENCE: &str = "VirtualMachinePreference";
 
 /// A reference to an instance type or preference.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,19 +65,19 @@ fn parse(value: &str, cluster: &str, namespaced: &str) -> Result<Matcher, String
 }
 
 /// Reads [`PROP_INSTANCETYPE`].
-pub fn parse_instancetype(value: &str) -> Result<Matcher, String> {
+pub(crate) fn parse_instancetype(value: &str) -> Result<Matcher, String> {
     parse(value, CLUSTER_INSTANCETYPE, NAMESPACED_INSTANCETYPE)
 }
 
 /// Reads [`PROP_PREFERENCE`].
-pub fn parse_preference(value: &str) -> Result<Matcher, String> {
+pub(crate) fn parse_preference(value: &str) -> Result<Matcher, String> {
     parse(value, CLUSTER_PREFERENCE, NAMESPACED_PREFERENCE)
 }
 
 /// Points a type's template at its instance type and preference (either may be absent)
 /// and, with an instance type, takes out what it sets: `domain.cpu`, `domain.memory` and
 /// the cpu and memory of `domain.resources` (requests and limits).
-pub fn use_instancetype(
+pub(crate) fn use_instancetype(
     template: &mut Value,
     instancetype: Option<&Matcher>,
     preference: Option<&Matcher>,
@@ -140,7 +140,7 @@ pub fn instancetype_resources(object: &Value) -> Result<ResourceList, String> {
 
 /// The error of a type that names an instance type and also gives resources: those would
 /// be written into the VM, which KubeVirt refuses with an instance type.
-pub fn check_no_own_resources(
+pub(crate) fn check_no_own_resources(
     spec_resources: &ResourceList,
     node_type: &str,
 ) -> Result<(), TemplateError> {

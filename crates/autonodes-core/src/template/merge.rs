@@ -5,7 +5,7 @@ use serde_json::{Map, Value};
 
 /// Lists that merge element by element, keyed by a field, instead of being replaced:
 /// `(path of the list, path of the key inside each element)`.
-pub const MERGE_KEYS: &[(&[&str], &[&str])] = &[
+pub(crate) const MERGE_KEYS: &[(&[&str], &[&str])] = &[
     (
         &["spec", "template", "spec", "domain", "devices", "disks"],
         &["name"],
@@ -27,7 +27,7 @@ pub const MERGE_KEYS: &[(&[&str], &[&str])] = &[
 ];
 
 /// The directive key of a strategic merge patch (`$patch: delete | replace | merge`).
-pub const PATCH_DIRECTIVE: &str = "$patch";
+pub(crate) const PATCH_DIRECTIVE: &str = "$patch";
 
 /// Why a strategic merge failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -82,7 +82,7 @@ pub fn strategic_merge(base: &Value, patch: &Value) -> Result<Value, MergeError>
 }
 
 /// In-place form of [`strategic_merge`].
-pub fn merge_into(base: &mut Value, patch: &Value) -> Result<(), MergeError> {
+pub(crate) fn merge_into(base: &mut Value, patch: &Value) -> Result<(), MergeError> {
     let mut path = Vec::new();
     merge_value(base, patch, &mut path)
 }

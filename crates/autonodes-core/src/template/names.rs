@@ -9,23 +9,23 @@ use crate::api::{
 };
 
 /// Name of the cloud-init volume and disk autonodes adds to every VirtualMachine.
-pub const CLOUD_INIT_VOLUME: &str = "cloudinitdisk";
+pub(crate) const CLOUD_INIT_VOLUME: &str = "cloudinitdisk";
 /// Key of the user data in the `<vm>-userdata` Secret.
 pub const USER_DATA_KEY: &str = "userdata";
 /// API version of the VirtualMachines autonodes writes.
-pub const VM_API_VERSION: &str = "kubevirt.io/v1";
+pub(crate) const VM_API_VERSION: &str = "kubevirt.io/v1";
 /// Kind of the VirtualMachines autonodes writes.
-pub const VM_KIND: &str = "VirtualMachine";
+pub(crate) const VM_KIND: &str = "VirtualMachine";
 /// The longest name Kubernetes accepts for a DNS-1123 label (VM names, hostnames).
-pub const MAX_DNS_LABEL: usize = 63;
+pub(crate) const MAX_DNS_LABEL: usize = 63;
 /// The longest DataVolume / PersistentVolumeClaim name (a DNS-1123 subdomain).
-pub const MAX_DNS_SUBDOMAIN: usize = 253;
+pub(crate) const MAX_DNS_SUBDOMAIN: usize = 253;
 
 /// The default size of a root disk made from [`super::add_root_disk`] without a size.
-pub const DEFAULT_ROOT_DISK_SIZE: &str = "20Gi";
+pub(crate) const DEFAULT_ROOT_DISK_SIZE: &str = "20Gi";
 /// The name of the root disk, its volume and its DataVolume template (before the VM name
 /// is put in front of the DataVolume's).
-pub const ROOT_DISK: &str = "rootdisk";
+pub(crate) const ROOT_DISK: &str = "rootdisk";
 
 // ---------------------------------------------------------------------------------------
 // Forced fields
@@ -80,7 +80,7 @@ pub fn labelled_for_claim(labels: &BTreeMap<String, String>, uid: &str) -> bool 
 /// The labels naming a node's claim, which the kubelet registers the Node with (so tenant
 /// Node events find the claim): the installation, and the claim's name (shortened with a
 /// hash when longer than a label value may be), namespace and UID.
-pub fn node_identity_labels(
+pub(crate) fn node_identity_labels(
     claim_name: &str,
     claim_namespace: &str,
     claim_uid: &str,

@@ -18,12 +18,12 @@ use crate::names::{is_dns_label, is_dns_subdomain};
 use crate::properties::{PROP_DEFAULT_NETWORK, PROP_NETWORKS};
 
 /// The most secondary networks one node type may ask for.
-pub const MAX_NETWORKS: usize = 16;
+pub(crate) const MAX_NETWORKS: usize = 16;
 /// The name autonodes gives the pod network (or the network replacing it) when the
 /// template has none.
-pub const POD_NETWORK: &str = "default";
+pub(crate) const POD_NETWORK: &str = "default";
 /// What the name of the n-th secondary network starts with.
-pub const SECONDARY_PREFIX: &str = "multus-";
+pub(crate) const SECONDARY_PREFIX: &str = "multus-";
 /// The longest property value read.
 const MAX_PROPERTY_LEN: usize = 4096;
 
@@ -47,7 +47,7 @@ fn check_reference(reference: &str) -> Result<(), String> {
 
 /// Reads the value of [`PROP_NETWORKS`]: the references in order. The error says which
 /// entry is wrong and why, in at most a line.
-pub fn parse_networks(value: &str) -> Result<Vec<String>, String> {
+pub(crate) fn parse_networks(value: &str) -> Result<Vec<String>, String> {
     if value.len() > MAX_PROPERTY_LEN {
         return Err(format!("longer than {MAX_PROPERTY_LEN} characters"));
     }
@@ -72,7 +72,7 @@ pub fn parse_networks(value: &str) -> Result<Vec<String>, String> {
 }
 
 /// Reads the value of [`PROP_DEFAULT_NETWORK`]: one reference.
-pub fn parse_default_network(value: &str) -> Result<String, String> {
+pub(crate) fn parse_default_network(value: &str) -> Result<String, String> {
     let reference = value.trim();
     if reference.is_empty() {
         return Err("empty".to_string());
@@ -101,7 +101,7 @@ fn name_of(v: &Value) -> Option<&str> {
 /// Attaches a type's VMs to Multus networks: `default_network` replaces the pod network,
 /// `secondary` are added after the template's networks (see the module documentation).
 /// A network or interface name the template already uses is an error naming the property.
-pub fn add_networks(
+pub(crate) fn add_networks(
     template: &mut Value,
     default_network: Option<&str>,
     secondary: &[String],

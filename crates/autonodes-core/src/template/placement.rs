@@ -29,9 +29,9 @@ use crate::properties::{
 /// (`vClusterRef.name`), for the group selectors.
 pub const LABEL_VCLUSTER: &str = "autonodes.io/vcluster";
 /// The topology of VM (anti-)affinity: one host node.
-pub const HOST_TOPOLOGY: &str = "kubernetes.io/hostname";
+pub(crate) const HOST_TOPOLOGY: &str = "kubernetes.io/hostname";
 /// The weight of the preferred terms autonodes writes.
-pub const PREFERRED_WEIGHT: i32 = 100;
+pub(crate) const PREFERRED_WEIGHT: i32 = 100;
 /// The most requirements one host node property may hold.
 const MAX_HOST_REQUIREMENTS: usize = 16;
 
@@ -110,7 +110,7 @@ fn strength(value: &str) -> Result<Strength, String> {
 
 /// Reads a host node property: requirements `key`, `key=value` or `key=v1|v2`, separated
 /// by commas. Keys are qualified names (label keys), values label values.
-pub fn parse_host_requirements(value: &str) -> Result<Vec<HostRequirement>, String> {
+pub(crate) fn parse_host_requirements(value: &str) -> Result<Vec<HostRequirement>, String> {
     let mut out: Vec<HostRequirement> = Vec::new();
     for entry in value.split(',').map(str::trim).filter(|e| !e.is_empty()) {
         let shown: String = entry.chars().take(64).collect();
@@ -194,7 +194,7 @@ pub fn parse_placement(properties: &Properties) -> Result<Placement, (&'static s
 
 /// The labels that select a claim's group of VMs: its namespace and tenant cluster, and
 /// for [`Scope::Pool`] its node pool (when it has one).
-pub fn group_labels(
+pub(crate) fn group_labels(
     scope: Scope,
     claim_namespace: &str,
     vcluster: &str,
@@ -217,7 +217,7 @@ pub fn group_labels(
 }
 
 /// The node pool a claim belongs to (its `autonodes.io/nodepool` label), if any.
-pub fn claim_pool(claim: &NodeClaim) -> Option<&str> {
+pub(crate) fn claim_pool(claim: &NodeClaim) -> Option<&str> {
     claim
         .metadata
         .labels
@@ -239,7 +239,7 @@ pub fn claim_group(scope: Scope, claim: &NodeClaim) -> BTreeMap<String, String> 
 
 /// Puts the labels a group selector matches on the VM's launcher pod (its VMI template):
 /// the tenant cluster, and the node pool when the claim has one.
-pub fn label_launcher_pod(
+pub(crate) fn label_launcher_pod(
     vm: &mut Value,
     vcluster: &str,
     pool: Option<&str>,
@@ -292,7 +292,7 @@ fn list_at<'v>(
 /// Makes the VM's launcher pod run only on host nodes matching `requirements`: match
 /// expressions added to every required node selector term of the template (one term
 /// made when it has none), replacing expressions on the same keys there.
-pub fn require_host_labels(
+pub(crate) fn require_host_labels(
     vm: &mut Value,
     requirements: &[HostRequirement],
     node_type: &str,
@@ -335,7 +335,11 @@ pub fn require_host_labels(
 
 /// Makes the VM's launcher pod run only on host nodes labelled `topology.kubernetes.io/zone
 /// = zone` ([`require_host_labels`]).
-pub fn require_host_zone(vm: &mut Value, zone: &str, node_type: &str) -> Result<(), TemplateError> {
+pub(crate) fn require_host_zone(
+    vm: &mut Value,
+    zone: &str,
+    node_type: &str,
+) -> Result<(), TemplateError> {
     require_host_labels(
         vm,
         &[HostRequirement {
@@ -348,7 +352,7 @@ pub fn require_host_zone(vm: &mut Value, zone: &str, node_type: &str) -> Result<
 
 /// Writes a type's placement presets into a claim's VM; `group` selects the claim's group
 /// of VMs ([`group_labels`]).
-pub fn apply_placement(
+pub(crate) fn apply_placement(
     vm: &mut Value,
     placement: &Placement,
     group: &BTreeMap<String, String>,

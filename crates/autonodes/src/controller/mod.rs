@@ -6,10 +6,13 @@
 //! - [`nodepool`]: NodePool → claims kept alive, scaled by `replicas` or by pending pods
 //!   (planned by `autonodes_core::pool`).
 //! - [`capi`]: NodePool with `spec.autoscaling` → `capi.autonodes.io` MachinePool + Machines.
-//! - [`remote`]: watches on host (VM, VMI) and tenant (Node) clusters that wake claims.
+//! - [`nodequota`]: NodeQuota → its use in its status.
+//! - [`vcluster_import`]: a vCluster's configuration → NodePools.
 //!
-//! Each reconcile reads, validates, builds (pure code in `template`, `scheduling`,
-//! `requirements`, `pool`, `userdata`), applies, and writes status with server-side apply.
+//! Each wires itself (`run`: its watches, its own state, [`reconciler::run`]); this module
+//! builds the [`context::Context`] they share and starts them. Each reconcile reads,
+//! validates, builds (pure code in `autonodes_core`), applies (through [`crate::remote`]
+//! for host and tenant clusters), and writes status with server-side apply.
 
 pub mod access;
 pub mod capi;

@@ -10,11 +10,11 @@
 //! it had and is named in a Warning Event; a NodePool of the same name that the Secret does
 //! not own is never touched. Other vClusters are served as before.
 
+use crate::controller::reconciler::{self, Reconciler};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
@@ -68,11 +68,10 @@ pub async fn run(
             .applied_objects();
         // A pool's spec changed or it went: put it back as the configuration says (its
         // status writes do not concern the import).
-        Controller::for_stream(secrets, reader)
+        let controller = Controller::for_stream(secrets, reader)
             .owns_shared_stream(ctx.reflectors.pools.spec_touched())
-            .graceful_shutdown_on(shutdown.clone())
-            .run(reconcile, error_policy, ictx.clone())
-            .for_each(crate::controller::reconciler::log_run_error)
+            .graceful_shutdown_on(shutdown.clone());
+        reconciler::run(controller, ictx.clone())
     });
     futures::future::join_all(runs).await;
 }
@@ -97,7 +96,7 @@ fn keep_only_configuration(secret: &mut Secret) {
 }
 
 /// What a reconcile of the import sees.
-struct ImportContext {
+pub struct ImportContext {
     ctx: Arc<Context>,
     /// The problems last reported per Secret UID: the same problems are not reported
     /// again on each wake-up.
@@ -123,9 +122,18 @@ impl ImportContext {
     }
 }
 
-fn error_policy(secret: Arc<Secret>, error: &Error, _ctx: Arc<ImportContext>) -> Action {
-    tracing::warn!(secret = %secret.name_any(), namespace = %secret.namespace().unwrap_or_default(), %error, "importing a vCluster configuration failed");
-    crate::controller::error::error_requeue(error)
+impl Reconciler for ImportContext {
+    type Object = Secret;
+    const NAME: &'static str = "vcluster_import";
+    const DOING: &'static str = "importing a vCluster configuration";
+
+    fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    async fn reconcile(&self, secret: Arc<Secret>) -> Result<Action, Error> {
+        import(&secret, self).await
+    }
 }
 
 /// The owner reference an imported pool carries: the configuration Secret.
@@ -203,7 +211,8 @@ async fn remove_claims_of(ctx: &Context, pool: &NodePool) -> Result<(), Error> {
     Ok(())
 }
 
-async fn reconcile(secret: Arc<Secret>, ictx: Arc<ImportContext>) -> Result<Action, Error> {
+/// Keeps the pools of one vCluster configuration Secret as its configuration says.
+async fn import(secret: &Secret, ictx: &ImportContext) -> Result<Action, Error> {
     let ctx = &ictx.ctx;
     let name = secret.name_any();
     let Some(vcluster) = name.strip_prefix(CONFIG_SECRET_PREFIX) else {

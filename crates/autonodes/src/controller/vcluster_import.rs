@@ -223,7 +223,7 @@ async fn import(secret: &Secret, ictx: &ImportContext) -> Result<Action, Error> 
         return Ok(Action::await_change());
     }
     let ns = secret.namespace().unwrap_or_default();
-    let (Some(owner), Some(uid)) = (owner_of(&secret), secret.uid()) else {
+    let (Some(owner), Some(uid)) = (owner_of(secret), secret.uid()) else {
         return Ok(Action::await_change());
     };
     // Only vClusters whose kubeconfig Secret autonodes can use.
@@ -264,7 +264,7 @@ async fn import(secret: &Secret, ictx: &ImportContext) -> Result<Action, Error> 
             }
             tracing::warn!(%ns, %vcluster, error = %e, "vCluster configuration not imported");
             ctx.event(
-                &*secret,
+                secret,
                 EventType::Warning,
                 "InvalidVClusterConfig",
                 "Import",
@@ -334,7 +334,7 @@ async fn import(secret: &Secret, ictx: &ImportContext) -> Result<Action, Error> 
     if !changed.is_empty() {
         tracing::info!(%ns, %vcluster, changes = ?changed, "vCluster configuration imported");
         ctx.event(
-            &*secret,
+            secret,
             EventType::Normal,
             "VClusterConfigImported",
             "Import",
@@ -345,7 +345,7 @@ async fn import(secret: &Secret, ictx: &ImportContext) -> Result<Action, Error> 
     if ictx.is_news(&uid, &problems.join("; ")) && !problems.is_empty() {
         tracing::warn!(%ns, %vcluster, problems = ?problems, "vCluster pools not imported");
         ctx.event(
-            &*secret,
+            secret,
             EventType::Warning,
             "InvalidVClusterPool",
             "Import",

@@ -449,6 +449,11 @@ async fn a_misspelt_user_data_secret_ref_is_pruned_while_secret_ref_survives() {
     vm.data["spec"]["template"]["spec"]["domain"]["resource"] = json!({"requests": {"cpu": "1"}});
     vm.data["spec"]["template"]["spec"]["domain"]["devices"]["interfaces"][0]["masquerade"] =
         json!({"ports": [22]});
+    // A data volume template as KubeVirt's VM schema has it: a misspelt claim field and the
+    // fields of newer CDI types are pruned.
+    let dvt = &mut vm.data["spec"]["dataVolumeTemplates"][0]["spec"];
+    dvt["pvc"]["storageClass"] = json!("fast");
+    dvt["serviceAccountName"] = json!("importer");
     vm.metadata.namespace = Some("default".into());
     let stored = api
         .create(&PostParams::default(), &vm)
@@ -475,6 +480,13 @@ async fn a_misspelt_user_data_secret_ref_is_pruned_while_secret_ref_survives() {
         "domain.resource kept: {domain}"
     );
     assert_eq!(domain["devices"]["interfaces"][0]["masquerade"], json!({}));
+    let dvt = &stored.data["spec"]["dataVolumeTemplates"][0]["spec"];
+    assert_eq!(
+        dvt["pvc"],
+        json!({"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "20Gi"}}}),
+        "pvc.storageClass must be pruned"
+    );
+    assert!(dvt.get("serviceAccountName").is_none(), "{dvt}");
 
     // Values outside the documented run strategies are refused outright.
     let mut bad = vm_object("bad-strategy");
@@ -484,6 +496,51 @@ async fn a_misspelt_user_data_secret_ref_is_pruned_while_secret_ref_survives() {
         Err(kube::Error::Api(s)) => assert_eq!(s.code, 422, "{s:?}"),
         other => panic!("runStrategy Sometimes was not refused: {other:?}"),
     }
+}
+
+#[tokio::test]
+async fn a_vm_whose_user_data_secret_reference_was_pruned_never_joins_and_says_why() {
+    let c = Clusters::start().await;
+    c.write_token(TOKEN, SignedDuration::from_mins(15)).await;
+    let sim = c.spawn(SimMode::Normal);
+    let ud = user_data(c.version, "pruned", &c.endpoint(), TOKEN, &c.ca_hash());
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {
+            "name": "pruned-userdata",
+            "labels": {"app.kubernetes.io/managed-by": "autonodes"},
+        },
+        "stringData": {"userdata": ud},
+    }))
+    .expect("secret");
+    Api::<Secret>::namespaced(c.host.clone(), NS)
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("user-data Secret created");
+    // The Secret named under a key KubeVirt does not know: the API server drops it.
+    let mut vm = vm_object("pruned");
+    vm.data["spec"]["template"]["spec"]["volumes"][1]["cloudInitNoCloud"] =
+        json!({"userDataSecretRef": {"name": "pruned-userdata"}});
+    let stored = c
+        .vms()
+        .create(&PostParams::default(), &vm)
+        .await
+        .expect("VM created");
+    assert_eq!(
+        stored.data["spec"]["template"]["spec"]["volumes"][1]["cloudInitNoCloud"],
+        json!({})
+    );
+    let error = c.wait_join_error("pruned", "the join error").await;
+    assert!(
+        error.starts_with(simulator::GAVE_UP_PREFIX) && error.contains("no secretRef"),
+        "{error}"
+    );
+    eventually("a JoinFailed Event", WAIT, || async {
+        let events = c.events_for("pruned", "JoinFailed").await;
+        (!events.is_empty()).then_some(())
+    })
+    .await;
+    assert!(c.nodes().get_opt("pruned").await.expect("read").is_none());
+    sim.stop().await;
 }
 
 #[tokio::test]

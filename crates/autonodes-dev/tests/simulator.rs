@@ -7,6 +7,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use autonodes_core::kubeversion::KubeVersion;
 use autonodes_core::userdata::{self, JoinParams, JoinTemplate, UserDataInput};
 use autonodes_testenv::simulator::{
     self, kubevirt_crds, SimError, SimMode, SimOptions, Tenant, FINALIZER, JOIN_ERROR_ANNOTATION,
@@ -28,6 +29,8 @@ struct Clusters {
     env: TestEnv,
     host: Client,
     tenant: Client,
+    /// The tenant's version (its `/version`), as autonodes reads it to render user data.
+    version: KubeVersion,
 }
 
 impl Clusters {
@@ -53,7 +56,14 @@ impl Clusters {
             .create(&PostParams::default(), &ns)
             .await
             .expect("namespace");
-        Clusters { env, host, tenant }
+        let info = tenant.apiserver_version().await.expect("tenant /version");
+        let version = KubeVersion::parse(&info.git_version).expect("a Kubernetes version");
+        Clusters {
+            env,
+            host,
+            tenant,
+            version,
+        }
     }
 
     fn tenant_server(&self) -> &ApiServer {
@@ -314,11 +324,27 @@ fn taint(key: &str, value: Option<&str>, effect: &str) -> Taint {
 }
 
 /// User data rendered by autonodes' own renderer (the `kubeadm` template).
-fn user_data(name: &str, endpoint: &str, token: &str, ca_hash: &str) -> String {
-    user_data_with(JoinTemplate::Kubeadm, name, endpoint, token, ca_hash)
+fn user_data(
+    version: KubeVersion,
+    name: &str,
+    endpoint: &str,
+    token: &str,
+    ca_hash: &str,
+) -> String {
+    user_data_with(
+        version,
+        JoinTemplate::Kubeadm,
+        name,
+        endpoint,
+        token,
+        ca_hash,
+    )
 }
 
+/// User data rendered by autonodes' own renderer for a tenant of `version` (which picks the
+/// JoinConfiguration's apiVersion).
 fn user_data_with(
+    version: KubeVersion,
     template: JoinTemplate,
     name: &str,
     endpoint: &str,
@@ -345,6 +371,7 @@ fn user_data_with(
         ca_cert_hashes: vec![ca_hash.to_string()],
         join_script_url: None,
         ca_pem: None,
+        kubernetes_version: version,
         ..JoinParams::placeholder()
     };
     userdata::render_user_data(&UserDataInput {
@@ -422,6 +449,11 @@ async fn a_misspelt_user_data_secret_ref_is_pruned_while_secret_ref_survives() {
     vm.data["spec"]["template"]["spec"]["domain"]["resource"] = json!({"requests": {"cpu": "1"}});
     vm.data["spec"]["template"]["spec"]["domain"]["devices"]["interfaces"][0]["masquerade"] =
         json!({"ports": [22]});
+    // A data volume template as KubeVirt's VM schema has it: a misspelt claim field and the
+    // fields of newer CDI types are pruned.
+    let dvt = &mut vm.data["spec"]["dataVolumeTemplates"][0]["spec"];
+    dvt["pvc"]["storageClass"] = json!("fast");
+    dvt["serviceAccountName"] = json!("importer");
     vm.metadata.namespace = Some("default".into());
     let stored = api
         .create(&PostParams::default(), &vm)
@@ -448,6 +480,13 @@ async fn a_misspelt_user_data_secret_ref_is_pruned_while_secret_ref_survives() {
         "domain.resource kept: {domain}"
     );
     assert_eq!(domain["devices"]["interfaces"][0]["masquerade"], json!({}));
+    let dvt = &stored.data["spec"]["dataVolumeTemplates"][0]["spec"];
+    assert_eq!(
+        dvt["pvc"],
+        json!({"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "20Gi"}}}),
+        "pvc.storageClass must be pruned"
+    );
+    assert!(dvt.get("serviceAccountName").is_none(), "{dvt}");
 
     // Values outside the documented run strategies are refused outright.
     let mut bad = vm_object("bad-strategy");
@@ -457,6 +496,51 @@ async fn a_misspelt_user_data_secret_ref_is_pruned_while_secret_ref_survives() {
         Err(kube::Error::Api(s)) => assert_eq!(s.code, 422, "{s:?}"),
         other => panic!("runStrategy Sometimes was not refused: {other:?}"),
     }
+}
+
+#[tokio::test]
+async fn a_vm_whose_user_data_secret_reference_was_pruned_never_joins_and_says_why() {
+    let c = Clusters::start().await;
+    c.write_token(TOKEN, SignedDuration::from_mins(15)).await;
+    let sim = c.spawn(SimMode::Normal);
+    let ud = user_data(c.version, "pruned", &c.endpoint(), TOKEN, &c.ca_hash());
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {
+            "name": "pruned-userdata",
+            "labels": {"app.kubernetes.io/managed-by": "autonodes"},
+        },
+        "stringData": {"userdata": ud},
+    }))
+    .expect("secret");
+    Api::<Secret>::namespaced(c.host.clone(), NS)
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("user-data Secret created");
+    // The Secret named under a key KubeVirt does not know: the API server drops it.
+    let mut vm = vm_object("pruned");
+    vm.data["spec"]["template"]["spec"]["volumes"][1]["cloudInitNoCloud"] =
+        json!({"userDataSecretRef": {"name": "pruned-userdata"}});
+    let stored = c
+        .vms()
+        .create(&PostParams::default(), &vm)
+        .await
+        .expect("VM created");
+    assert_eq!(
+        stored.data["spec"]["template"]["spec"]["volumes"][1]["cloudInitNoCloud"],
+        json!({})
+    );
+    let error = c.wait_join_error("pruned", "the join error").await;
+    assert!(
+        error.starts_with(simulator::GAVE_UP_PREFIX) && error.contains("no secretRef"),
+        "{error}"
+    );
+    eventually("a JoinFailed Event", WAIT, || async {
+        let events = c.events_for("pruned", "JoinFailed").await;
+        (!events.is_empty()).then_some(())
+    })
+    .await;
+    assert!(c.nodes().get_opt("pruned").await.expect("read").is_none());
+    sim.stop().await;
 }
 
 #[tokio::test]
@@ -558,7 +642,7 @@ async fn the_node_registers_with_the_given_name_provider_id_labels_and_taints_an
     let c = Clusters::start().await;
     c.write_token(TOKEN, SignedDuration::from_mins(15)).await;
     let sim = c.spawn(SimMode::Normal);
-    let ud = user_data("node-a", &c.endpoint(), TOKEN, &c.ca_hash());
+    let ud = user_data(c.version, "node-a", &c.endpoint(), TOKEN, &c.ca_hash());
     c.write_vm("node-a", &ud).await;
 
     // The Node is created Ready with the not-ready taint the API server adds; the taint goes
@@ -653,6 +737,7 @@ async fn a_wrong_bootstrap_token_does_not_join_and_leaves_the_join_error_and_an_
     c.write_token(TOKEN, SignedDuration::from_mins(15)).await;
     let sim = c.spawn(SimMode::Normal);
     let ud = user_data(
+        c.version,
         "wrong-token",
         &c.endpoint(),
         "abcdef.ffffffffffffffff",
@@ -710,7 +795,13 @@ async fn a_tenant_that_publishes_a_join_address_is_joined_there_and_not_at_its_k
     let sim = c.spawn(SimMode::Normal);
     c.write_vm(
         "at-kubeconfig",
-        &user_data("at-kubeconfig", &c.endpoint(), TOKEN, &c.ca_hash()),
+        &user_data(
+            c.version,
+            "at-kubeconfig",
+            &c.endpoint(),
+            TOKEN,
+            &c.ca_hash(),
+        ),
     )
     .await;
     for (name, template) in [
@@ -719,7 +810,7 @@ async fn a_tenant_that_publishes_a_join_address_is_joined_there_and_not_at_its_k
     ] {
         c.write_vm(
             name,
-            &user_data_with(template, name, &published, TOKEN, &c.ca_hash()),
+            &user_data_with(c.version, template, name, &published, TOKEN, &c.ca_hash()),
         )
         .await;
     }
@@ -755,12 +846,65 @@ async fn an_expired_bootstrap_token_does_not_join() {
     let sim = c.spawn(SimMode::Normal);
     c.write_vm(
         "expired",
-        &user_data("expired", &c.endpoint(), TOKEN, &c.ca_hash()),
+        &user_data(c.version, "expired", &c.endpoint(), TOKEN, &c.ca_hash()),
     )
     .await;
     let error = c.wait_join_error("expired", "the join error").await;
     assert!(error.contains("401"), "{error}");
     assert!(c.nodes().get_opt("expired").await.expect("read").is_none());
+    sim.stop().await;
+}
+
+#[tokio::test]
+async fn a_join_configuration_the_tenants_kubeadm_cannot_read_does_not_join() {
+    let c = Clusters::start().await;
+    c.write_token(TOKEN, SignedDuration::from_mins(15)).await;
+    let sim = c.spawn(SimMode::Normal);
+    // What autonodes writes for 1.22 to 1.30 (v1beta3) and from 1.31 (v1beta4), sent to a
+    // tenant whose kubeadm is older; and v1beta2 written with v1beta4's kubeletExtraArgs.
+    let newer = |minor| KubeVersion::new(1, minor, 0);
+    assert!(
+        c.version < newer(22),
+        "the tests' tenants are older than 1.22: {:?}",
+        c.version
+    );
+    let v1beta4 = user_data(newer(31), "v1beta4", &c.endpoint(), TOKEN, &c.ca_hash());
+    let list_args = user_data(newer(31), "list-args", &c.endpoint(), TOKEN, &c.ca_hash())
+        .replace("kubeadm.k8s.io/v1beta4", "kubeadm.k8s.io/v1beta2");
+    assert!(list_args.contains("- name: \"provider-id\""), "{list_args}");
+    let cases = [
+        (
+            "v1beta3",
+            user_data(newer(22), "v1beta3", &c.endpoint(), TOKEN, &c.ca_hash()),
+            "kubeadm.k8s.io/v1beta3",
+        ),
+        ("v1beta4", v1beta4, "kubeadm.k8s.io/v1beta4"),
+        ("list-args", list_args, "cannot unmarshal array"),
+    ];
+    for (name, ud, _) in &cases {
+        c.write_vm(name, ud).await;
+    }
+    for (name, _, why) in &cases {
+        let error = c.wait_join_error(name, "the join error").await;
+        println!("{name}: {error}");
+        assert!(
+            error.starts_with(simulator::GAVE_UP_PREFIX) && error.contains(why),
+            "{error}"
+        );
+    }
+    // The same token and tenant with what autonodes writes for the tenant's version joins.
+    c.write_vm(
+        "readable",
+        &user_data(c.version, "readable", &c.endpoint(), TOKEN, &c.ca_hash()),
+    )
+    .await;
+    eventually("the readable one to register", WAIT, || async {
+        c.nodes().get_opt("readable").await.expect("read node")
+    })
+    .await;
+    for (name, _, _) in &cases {
+        assert!(c.nodes().get_opt(name).await.expect("read").is_none());
+    }
     sim.stop().await;
 }
 
@@ -772,7 +916,7 @@ async fn a_wrong_ca_hash_does_not_join() {
     let wrong = format!("sha256:{}", "0".repeat(64));
     c.write_vm(
         "wrong-ca",
-        &user_data("wrong-ca", &c.endpoint(), TOKEN, &wrong),
+        &user_data(c.version, "wrong-ca", &c.endpoint(), TOKEN, &wrong),
     )
     .await;
     let error = c.wait_join_error("wrong-ca", "the join error").await;
@@ -797,7 +941,7 @@ async fn never_boot_leaves_the_vmi_scheduling_and_the_vm_not_ready() {
     let sim = c.spawn(SimMode::NeverBoot);
     c.write_vm(
         "stuck",
-        &user_data("stuck", &c.endpoint(), TOKEN, &c.ca_hash()),
+        &user_data(c.version, "stuck", &c.endpoint(), TOKEN, &c.ca_hash()),
     )
     .await;
     eventually("the VM to report Starting", WAIT, || async {
@@ -826,7 +970,7 @@ async fn never_join_gives_a_running_vmi_and_no_node() {
     let sim = c.spawn(SimMode::NeverJoin);
     c.write_vm(
         "lonely",
-        &user_data("lonely", &c.endpoint(), TOKEN, &c.ca_hash()),
+        &user_data(c.version, "lonely", &c.endpoint(), TOKEN, &c.ca_hash()),
     )
     .await;
     c.wait_vmi_running("lonely").await;
@@ -854,7 +998,7 @@ async fn slow_boot_keeps_the_vmi_scheduling_until_the_delay_has_passed() {
     let sim = c.spawn(SimMode::SlowBoot(Duration::from_secs(5)));
     c.write_vm(
         "slow",
-        &user_data("slow", &c.endpoint(), TOKEN, &c.ca_hash()),
+        &user_data(c.version, "slow", &c.endpoint(), TOKEN, &c.ca_hash()),
     )
     .await;
     eventually("the VMI to be Scheduling", WAIT, || async {
@@ -886,7 +1030,7 @@ async fn deleting_the_vm_removes_its_vmi_and_data_volumes_and_the_vm_disappears(
     let sim = c.spawn(SimMode::Normal);
     c.write_vm(
         "doomed",
-        &user_data("doomed", &c.endpoint(), TOKEN, &c.ca_hash()),
+        &user_data(c.version, "doomed", &c.endpoint(), TOKEN, &c.ca_hash()),
     )
     .await;
     eventually("the Node to be Ready", WAIT, || async {
@@ -951,7 +1095,7 @@ async fn restarting_the_simulator_creates_nothing_twice() {
     let sim = c.spawn(SimMode::Normal);
     c.write_vm(
         "first",
-        &user_data("first", &c.endpoint(), TOKEN, &c.ca_hash()),
+        &user_data(c.version, "first", &c.endpoint(), TOKEN, &c.ca_hash()),
     )
     .await;
     let node = eventually("the first Node", WAIT, || async {
@@ -969,7 +1113,7 @@ async fn restarting_the_simulator_creates_nothing_twice() {
     let sim = c.spawn(SimMode::Normal);
     c.write_vm(
         "second",
-        &user_data("second", &c.endpoint(), TOKEN, &c.ca_hash()),
+        &user_data(c.version, "second", &c.endpoint(), TOKEN, &c.ca_hash()),
     )
     .await;
     eventually("the second Node", WAIT, || async {
@@ -1046,8 +1190,11 @@ async fn the_simulate_command_plays_kubevirt_until_it_is_interrupted() {
         .expect("autonodes-dev simulate starts");
     autonodes_testenv::testenv::record_pid(child.id(), "autonodes-dev simulate");
     let mut child = KillOnDrop(child);
-    c.write_vm("cli", &user_data("cli", &c.endpoint(), TOKEN, &c.ca_hash()))
-        .await;
+    c.write_vm(
+        "cli",
+        &user_data(c.version, "cli", &c.endpoint(), TOKEN, &c.ca_hash()),
+    )
+    .await;
     let vmi = c.wait_vmi_running("cli").await;
     assert!(vmi.data["status"]["interfaces"][0]["ipAddress"]
         .as_str()
@@ -1128,7 +1275,7 @@ async fn fifty_vms_boot_and_join_with_no_list_and_no_node_read_per_vm() {
         let c = &c;
         async move {
             let name = format!("vm-{i:02}");
-            let ud = user_data(&name, &c.endpoint(), TOKEN, &c.ca_hash());
+            let ud = user_data(c.version, &name, &c.endpoint(), TOKEN, &c.ca_hash());
             c.write_vm(&name, &ud).await;
         }
     }))

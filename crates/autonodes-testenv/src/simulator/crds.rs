@@ -393,7 +393,7 @@ pub fn data_volume_crd() -> CustomResourceDefinition {
         short_names: &["dv", "dvs"],
         description: "DataVolume is an abstraction on top of PersistentVolumeClaims to allow \
                       easy population of those claims.",
-        spec: data_volume_spec(),
+        spec: data_volume_spec(DataVolumeIn::Cdi),
         spec_required: true,
         status,
         status_subresource: true,
@@ -437,38 +437,77 @@ fn template_metadata(description: &str) -> Schema {
     )
 }
 
-/// A DataVolumeSpec: structural for the sources and the `storage` fields autonodes writes
-/// (blank, registry, HTTP and PVC sources; size, storage class, access and volume modes),
-/// preserving the rest (other sources, a full `pvc` spec).
-fn data_volume_spec() -> Schema {
+/// The fields of a DataVolume's `storage` (CDI fills what is missing from the storage
+/// profile), and with `volumeAttributesClassName` of its `pvc` (a full claim spec).
+fn claim_fields() -> [(&'static str, Schema); 8] {
+    [
+        (
+            "accessModes",
+            array("Access modes.", string("An access mode.")),
+        ),
+        (
+            "resources",
+            object(
+                "The storage size.",
+                [
+                    ("requests", quantity_map("Requested size (`storage`).")),
+                    ("limits", quantity_map("Size limits.")),
+                ],
+            ),
+        ),
+        ("storageClassName", string("Storage class of the volume.")),
+        ("volumeMode", string("Filesystem or Block.")),
+        ("volumeName", string("A PersistentVolume to bind.")),
+        (
+            "selector",
+            preserve("A label selector over PersistentVolumes."),
+        ),
+        ("dataSource", preserve("A data source.")),
+        ("dataSourceRef", preserve("A data source reference.")),
+    ]
+}
+
+/// Where a DataVolumeSpec is used: a DataVolume of CDI's CRD, or a VirtualMachine's
+/// `dataVolumeTemplates[]`, whose schema KubeVirt generates from an older CDI API (without
+/// `serviceAccountName` and the HTTP source's `checksum` and `insecureSkipVerify`, which
+/// a real KubeVirt therefore prunes from a VM).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum DataVolumeIn {
+    Cdi,
+    VmTemplate,
+}
+
+/// A DataVolumeSpec: structural for the sources and the `storage` and `pvc` fields autonodes
+/// writes (blank, registry, HTTP and PVC sources; size, storage class, access and volume
+/// modes; a golden volume copies a template's `pvc`), preserving the rest (other sources).
+fn data_volume_spec(used_in: DataVolumeIn) -> Schema {
     let storage = object(
         "The storage the DataVolume asks for; CDI fills what is missing from the storage profile.",
-        [
-            (
-                "accessModes",
-                array("Access modes.", string("An access mode.")),
-            ),
-            (
-                "resources",
-                object(
-                    "The storage size.",
-                    [
-                        ("requests", quantity_map("Requested size (`storage`).")),
-                        ("limits", quantity_map("Size limits.")),
-                    ],
-                ),
-            ),
-            ("storageClassName", string("Storage class of the volume.")),
-            ("volumeMode", string("Filesystem or Block.")),
-            ("volumeName", string("A PersistentVolume to bind.")),
-            (
-                "selector",
-                preserve("A label selector over PersistentVolumes."),
-            ),
-            ("dataSource", preserve("A data source.")),
-            ("dataSourceRef", preserve("A data source reference.")),
-        ],
+        claim_fields(),
     );
+    let pvc = object("A full PersistentVolumeClaim spec.", claim_fields()).with_property(
+        "volumeAttributesClassName",
+        string("A VolumeAttributesClass."),
+    );
+    let mut http = object(
+        "A disk image over HTTP(S).",
+        [
+            ("url", string("The image URL.")),
+            ("secretRef", string("Secret with credentials.")),
+            ("certConfigMap", string("ConfigMap with a CA bundle.")),
+            ("extraHeaders", array("Extra headers.", string("A header."))),
+            (
+                "secretExtraHeaders",
+                array("Secrets with extra headers.", string("A Secret name.")),
+            ),
+        ],
+    )
+    .required(&["url"]);
+    if used_in == DataVolumeIn::Cdi {
+        http = http
+            .with_property("checksum", string("Expected checksum."))
+            .with_property("insecureSkipVerify", boolean("Skip TLS verification."));
+    }
     let source = object(
         "Where the data comes from; exactly one source.",
         [
@@ -487,25 +526,7 @@ fn data_volume_spec() -> Schema {
                     ],
                 ),
             ),
-            (
-                "http",
-                object(
-                    "A disk image over HTTP(S).",
-                    [
-                        ("url", string("The image URL.")),
-                        ("secretRef", string("Secret with credentials.")),
-                        ("certConfigMap", string("ConfigMap with a CA bundle.")),
-                        ("checksum", string("Expected checksum.")),
-                        ("insecureSkipVerify", boolean("Skip TLS verification.")),
-                        ("extraHeaders", array("Extra headers.", string("A header."))),
-                        (
-                            "secretExtraHeaders",
-                            array("Secrets with extra headers.", string("A Secret name.")),
-                        ),
-                    ],
-                )
-                .required(&["url"]),
-            ),
+            ("http", http),
             (
                 "pvc",
                 object(
@@ -525,27 +546,30 @@ fn data_volume_spec() -> Schema {
             ("vddk", preserve("VMware VDDK.")),
         ],
     );
-    object(
+    let spec = object(
         "DataVolumeSpec: where the data comes from and the volume it goes to.",
         [
             ("source", source),
             ("sourceRef", preserve("A DataSource reference.")),
             ("storage", storage),
-            ("pvc", preserve("A full PersistentVolumeClaim spec.")),
+            ("pvc", pvc),
             ("contentType", string("kubevirt or archive.")),
             ("preallocation", boolean("Preallocate the volume.")),
             ("priorityClassName", string("Priority of the importer pod.")),
-            (
-                "serviceAccountName",
-                string("Service account of the importer pod."),
-            ),
             (
                 "checkpoints",
                 array("Checkpoints.", preserve("A checkpoint.")),
             ),
             ("finalCheckpoint", boolean("The last checkpoint.")),
         ],
-    )
+    );
+    match used_in {
+        DataVolumeIn::VmTemplate => spec,
+        DataVolumeIn::Cdi => spec.with_property(
+            "serviceAccountName",
+            string("Service account of the importer pod."),
+        ),
+    }
 }
 
 fn data_volume_template() -> Schema {
@@ -558,7 +582,7 @@ fn data_volume_template() -> Schema {
                 "metadata",
                 template_metadata("Metadata of the DataVolume; `name` is its name."),
             ),
-            ("spec", data_volume_spec()),
+            ("spec", data_volume_spec(DataVolumeIn::VmTemplate)),
             ("status", preserve("DataVolume status.")),
         ],
     )
@@ -1474,6 +1498,8 @@ mod tests {
             ".spec.dataVolumeTemplates[].spec",
             ".spec.dataVolumeTemplates[].spec.source",
             ".spec.dataVolumeTemplates[].spec.storage",
+            ".spec.dataVolumeTemplates[].spec.pvc",
+            ".spec.dataVolumeTemplates[].spec.pvc.resources",
             ".spec.instancetype",
             ".spec.preference",
             ".status",
@@ -1485,6 +1511,59 @@ mod tests {
             );
         }
         assert!(paths.contains(&".spec.template.spec.readinessProbe".to_string()));
+    }
+
+    /// The property names at `path` (`a.b.c`, through `items` for a list) of a schema.
+    fn fields_at(schema: &JSONSchemaProps, path: &str) -> Vec<String> {
+        let mut at = schema;
+        for step in path.split('.').filter(|s| !s.is_empty()) {
+            if let Some(JSONSchemaPropsOrArray::Schema(items)) = &at.items {
+                at = items;
+            }
+            at = &at.properties.as_ref().expect("properties")[step];
+        }
+        at.properties
+            .iter()
+            .flatten()
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
+    #[test]
+    fn a_vms_data_volume_templates_drop_what_kubevirts_older_cdi_types_lack_and_pvc_is_structural()
+    {
+        let vm = root(&virtual_machine_crd()).clone();
+        let dv = root(&data_volume_crd()).clone();
+        let in_vm = fields_at(&vm, "spec.dataVolumeTemplates.spec");
+        let in_cdi = fields_at(&dv, "spec");
+        assert!(
+            !in_vm.contains(&"serviceAccountName".to_string()),
+            "{in_vm:?}"
+        );
+        assert!(
+            in_cdi.contains(&"serviceAccountName".to_string()),
+            "{in_cdi:?}"
+        );
+        let http = fields_at(&vm, "spec.dataVolumeTemplates.spec.source.http");
+        assert!(!http
+            .iter()
+            .any(|f| f == "checksum" || f == "insecureSkipVerify"));
+        let http = fields_at(&dv, "spec.source.http");
+        assert!(http.contains(&"checksum".to_string()), "{http:?}");
+        // A golden volume's DataVolume copies a template's `pvc`: pruned like CDI's.
+        let mut paths = Vec::new();
+        preserving_paths(&dv, String::new(), &mut paths);
+        for p in [".spec", ".spec.pvc", ".spec.pvc.resources", ".spec.storage"] {
+            assert!(
+                !paths.iter().any(|q| q == p),
+                "{p} preserves unknown fields"
+            );
+        }
+        let pvc = fields_at(&dv, "spec.pvc");
+        assert!(
+            pvc.contains(&"volumeAttributesClassName".to_string()),
+            "{pvc:?}"
+        );
     }
 
     #[test]

@@ -15,6 +15,8 @@ use serde::Deserialize;
 use serde_json::Value;
 use sha2::Digest;
 
+pub use super::kubeadm::{discovery_token_problem, ConfigApi};
+
 /// Where the kubeadm join configuration must be written.
 pub const JOIN_CONFIG_PATH: &str = "/etc/kubernetes/kubeadm-join.yaml";
 
@@ -33,6 +35,9 @@ fn bad(message: impl Into<String>) -> UserDataError {
 /// What the guest will do to join, read from its user data.
 #[derive(Debug, Clone, PartialEq)]
 pub struct JoinPlan {
+    /// The configuration API the JoinConfiguration is written in (`apiVersion`): the
+    /// guest's kubeadm must read it ([`ConfigApi::readable_by`]).
+    pub config_api: ConfigApi,
     /// `discovery.bootstrapToken.apiServerEndpoint` (`host:port`).
     pub api_server_endpoint: String,
     /// The token used for discovery.
@@ -219,7 +224,6 @@ struct JoinConfiguration {
 struct Discovery {
     bootstrap_token: Option<BootstrapTokenDiscovery>,
     tls_bootstrap_token: Option<String>,
-    timeout: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -244,7 +248,8 @@ struct NodeRegistration {
     taints: Option<Vec<Taint>>,
 }
 
-/// `kubeletExtraArgs`: a map in v1beta2 and v1beta3, a list of `{name, value}` in v1beta4.
+/// `kubeletExtraArgs`: a map in v1beta2 and v1beta3, a list of `{name, value}` in v1beta4
+/// (the shape was checked against the apiVersion before).
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
 enum ExtraArgs {
@@ -278,48 +283,6 @@ struct NamedArg {
     value: String,
 }
 
-const KNOWN_TOP: &[&str] = &[
-    "apiVersion",
-    "kind",
-    "dryRun",
-    "caCertPath",
-    "discovery",
-    "nodeRegistration",
-    "controlPlane",
-    "skipPhases",
-    "patches",
-    "timeouts",
-];
-const KNOWN_DISCOVERY: &[&str] = &["bootstrapToken", "file", "tlsBootstrapToken", "timeout"];
-const KNOWN_BOOTSTRAP: &[&str] = &[
-    "token",
-    "apiServerEndpoint",
-    "caCertHashes",
-    "unsafeSkipCAVerification",
-];
-const KNOWN_REGISTRATION: &[&str] = &[
-    "name",
-    "criSocket",
-    "taints",
-    "kubeletExtraArgs",
-    "ignorePreflightErrors",
-    "imagePullPolicy",
-    "imagePullSerial",
-];
-
-fn unknown_keys(value: Option<&Value>, known: &[&str], at: &str) -> Vec<String> {
-    value
-        .and_then(|v| v.as_object())
-        .map(|m| {
-            m.keys()
-                .map(String::as_str)
-                .filter(|k| !known.contains(k))
-                .map(|k| format!("unknown field {at}{k}"))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// Parses the kubeadm configuration file (possibly several YAML documents) and returns the
 /// join its `JoinConfiguration` describes.
 pub fn parse_join_configuration(text: &str) -> Result<JoinPlan, UserDataError> {
@@ -337,30 +300,14 @@ pub fn parse_join_configuration(text: &str) -> Result<JoinPlan, UserDataError> {
         .get("apiVersion")
         .and_then(|v| v.as_str())
         .unwrap_or_default();
-    if !matches!(
-        api_version,
-        "kubeadm.k8s.io/v1beta2" | "kubeadm.k8s.io/v1beta3" | "kubeadm.k8s.io/v1beta4"
-    ) {
-        return Err(bad(format!(
+    let config_api = ConfigApi::parse(api_version).ok_or_else(|| {
+        bad(format!(
             "JoinConfiguration apiVersion {api_version:?} is not kubeadm.k8s.io/v1beta2, v1beta3 or v1beta4"
-        )));
-    }
-    let mut warnings = unknown_keys(Some(&value), KNOWN_TOP, "");
-    warnings.extend(unknown_keys(
-        value.get("discovery"),
-        KNOWN_DISCOVERY,
-        "discovery.",
-    ));
-    warnings.extend(unknown_keys(
-        value.get("discovery").and_then(|d| d.get("bootstrapToken")),
-        KNOWN_BOOTSTRAP,
-        "discovery.bootstrapToken.",
-    ));
-    warnings.extend(unknown_keys(
-        value.get("nodeRegistration"),
-        KNOWN_REGISTRATION,
-        "nodeRegistration.",
-    ));
+        ))
+    })?;
+    config_api.check_kubelet_extra_args(&value).map_err(bad)?;
+    let warnings = config_api.unknown_fields(&value);
+    let timeout = config_api.discovery_timeout(&value).cloned();
     let config: JoinConfiguration = serde_json::from_value(value)
         .map_err(|e| bad(format!("JoinConfiguration does not parse: {e}")))?;
     let bootstrap = config.discovery.bootstrap_token.ok_or_else(|| {
@@ -383,10 +330,12 @@ pub fn parse_join_configuration(text: &str) -> Result<JoinPlan, UserDataError> {
             "discovery.bootstrapToken.caCertHashes is empty and unsafeSkipCAVerification is not set",
         ));
     }
-    let discovery_timeout = match &config.discovery.timeout {
+    let discovery_timeout = match timeout {
         None => DEFAULT_DISCOVERY_TIMEOUT,
-        Some(t) => parse_duration(t)
-            .ok_or_else(|| bad(format!("discovery.timeout {t:?} is not a duration")))?,
+        Some(t) => t
+            .as_str()
+            .and_then(parse_duration)
+            .ok_or_else(|| bad(format!("the discovery timeout {t} is not a duration")))?,
     };
     let args = &config.node_registration.kubelet_extra_args;
     let node_labels = match args.get("node-labels") {
@@ -399,6 +348,7 @@ pub fn parse_join_configuration(text: &str) -> Result<JoinPlan, UserDataError> {
         .filter(|t| !t.is_empty())
         .unwrap_or_else(|| bootstrap.token.clone());
     Ok(JoinPlan {
+        config_api,
         api_server_endpoint: bootstrap.api_server_endpoint,
         discovery_token: bootstrap.token,
         tls_bootstrap_token,
@@ -756,6 +706,62 @@ nodeRegistration:
         assert_eq!(plan.warnings, ["unknown field nodeRegistration.nodeLabels"]);
         let old = JOIN.replace("v1beta3", "v1beta1");
         assert!(parse_join_configuration(&old).is_err());
+    }
+
+    #[test]
+    fn kubelet_extra_args_as_a_map_in_v1beta4_or_a_list_in_v1beta3_are_refused() {
+        let v1beta4 = JOIN.replace("v1beta3", "v1beta4");
+        let err = parse_join_configuration(&v1beta4).unwrap_err();
+        assert!(err.0.contains("cannot unmarshal object"), "{err}");
+        let list = JOIN.replace(
+            "    provider-id: kubevirt://vm-1\n    node-labels: a=b,node.kubernetes.io/instance-type=x\n",
+            "  - name: provider-id\n    value: kubevirt://vm-1\n",
+        );
+        let err = parse_join_configuration(&list).unwrap_err();
+        assert!(err.0.contains("cannot unmarshal array"), "{err}");
+        let plan = parse_join_configuration(&list.replace("v1beta3", "v1beta4")).expect("valid");
+        assert_eq!(plan.provider_id.as_deref(), Some("kubevirt://vm-1"));
+        assert_eq!(plan.config_api, ConfigApi::V1beta4);
+    }
+
+    #[test]
+    fn autonodes_user_data_for_each_release_is_read_by_that_releases_kubeadm() {
+        use crate::userdata::{render_user_data, JoinParams, JoinTemplate, UserDataInput};
+        use autonodes_core::kubeversion::KubeVersion;
+        let labels = BTreeMap::from([("autonodes.io/node-type".to_string(), "n".to_string())]);
+        for minor in [20, 21, 22, 25, 26, 30, 31, 34] {
+            let version = KubeVersion::new(1, minor, 1);
+            let join = JoinParams {
+                kubernetes_version: version,
+                ..JoinParams::placeholder()
+            };
+            let text = render_user_data(&UserDataInput {
+                template: JoinTemplate::Kubeadm,
+                node_name: "vm-1",
+                join: &join,
+                node_labels: &labels,
+                taints: &[],
+                kubelet_args: &BTreeMap::new(),
+                user_cloud_config: None,
+                ssh_keys: &[],
+                image_prepared: false,
+                download_url: None,
+            })
+            .expect("renders");
+            let plan = parse_user_data(&text).expect("the guest reads it");
+            assert_eq!(plan.config_api.readable_by(version), Ok(()), "1.{minor}");
+            assert!(plan.warnings.is_empty(), "1.{minor}: {:?}", plan.warnings);
+            assert_eq!(plan.node_labels["autonodes.io/node-type"], "n");
+            assert_eq!(plan.provider_id.as_deref(), Some("kubevirt://vm-1"));
+            // The tests' tenants are v1.20: their kubeadm reads only what autonodes writes
+            // for releases below 1.22 (v1beta2).
+            let old = KubeVersion::new(1, 20, 2);
+            assert_eq!(
+                plan.config_api.readable_by(old).is_ok(),
+                minor < 22,
+                "1.{minor}"
+            );
+        }
     }
 
     #[test]

@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use autonodes_core::kubeversion::KubeVersion;
 use base64::Engine;
 use k8s_openapi::api::core::v1::{Node, Secret, Taint};
 use k8s_openapi::jiff::Timestamp;
@@ -305,6 +306,15 @@ async fn join(
                     .join(", ")
             ))
         })?;
+    // The guest runs the tenant's release of kubeadm (and of the kubelet, which the Node
+    // reports): it must read the JoinConfiguration's apiVersion, or `kubeadm join` stops.
+    let version = entry
+        .version()
+        .await
+        .map_err(|e| retry(format!("reading the tenant's version: {e}")))?;
+    let kubeadm =
+        KubeVersion::parse(&version).map_err(|e| fatal(format!("the tenant's version: {e}")))?;
+    plan.config_api.readable_by(kubeadm).map_err(fatal)?;
     if !plan.unsafe_skip_ca_verification {
         let hashes = entry
             .ca_hashes
@@ -360,8 +370,10 @@ async fn join(
 }
 
 /// The tokens work as kubeadm needs them: the TLS-bootstrap token authenticates against the
-/// tenant (`GET /api` answers 200, not 401), and the token Secrets carry the signing usage
-/// (discovery) and the kubeadm node-bootstrap group (CSR creation).
+/// tenant (`GET /api` answers 200, not 401); the discovery token's Secret has that token's
+/// secret, has not expired and carries the signing usage (so cluster-info is signed for it);
+/// and the TLS-bootstrap token's Secret carries the kubeadm node-bootstrap group (CSR
+/// creation).
 async fn check_tokens(entry: &TenantEntry, plan: &JoinPlan) -> Result<(), JoinError> {
     let client = entry
         .anonymous_client()
@@ -408,11 +420,11 @@ async fn check_tokens(entry: &TenantEntry, plan: &JoinPlan) -> Result<(), JoinEr
             Ok::<_, JoinError>((name, data))
         }
     };
-    let (name, data) = read(&plan.discovery_token).await?;
-    if data.get("usage-bootstrap-signing").map(String::as_str) != Some("true") {
-        return Err(retry(format!(
-            "{name} lacks usage-bootstrap-signing: \"true\", so cluster-info is never signed for it and discovery cannot finish"
-        )));
+    let (_, data) = read(&plan.discovery_token).await?;
+    if let Some(problem) =
+        guest::discovery_token_problem(&plan.discovery_token, &data, Timestamp::now())
+    {
+        return Err(retry(problem));
     }
     let (name, data) = read(&plan.tls_bootstrap_token).await?;
     let groups = data.get("auth-extra-groups").cloned().unwrap_or_default();

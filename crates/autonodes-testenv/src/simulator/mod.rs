@@ -12,7 +12,8 @@
 //!   `ready`/`created`/`printableStatus` on the VM's status subresource;
 //! - plays the guest: reads the `#cloud-config` from the Secret of the `cloudInitNoCloud`
 //!   volume, checks the kubeadm `JoinConfiguration` it writes and the `kubeadm join` it runs,
-//!   picks the tenant by `apiServerEndpoint`, checks the CA pin and that the bootstrap token
+//!   picks the tenant by `apiServerEndpoint`, checks that the tenant's kubeadm release (its
+//!   `/version`) reads that JoinConfiguration's apiVersion, the CA pin and that the bootstrap token
 //!   authenticates, then registers the Node in the tenant with the tenant's admin client
 //!   (standing in for the kubelet after its TLS bootstrap) and marks it Ready. Failures are
 //!   recorded as a Warning Event `JoinFailed` on the VM and the annotation
@@ -39,13 +40,15 @@
 //! `kubelet` (the guest), both use `context` (a run's shared state), which holds the
 //! `tenant_entry`s (a tenant's caches) of each `tenant`, the `options`, and the `cache`s;
 //! `error`, `markers` (the label, finalizer and annotations), `guest` (what a guest reads,
-//! pure) and `crds` are the leaves.
+//! pure, with `kubeadm` beneath it: which configuration APIs and fields a kubeadm release
+//! reads) and `crds` are the leaves.
 
 mod cache;
 mod context;
 mod crds;
 mod error;
 pub mod guest;
+mod kubeadm;
 mod kubelet;
 mod markers;
 mod options;

@@ -251,7 +251,7 @@ pub fn parse_go_duration(s: &str) -> Result<std::time::Duration, &'static str> {
         return Err("it is empty");
     }
     let mut rest = s;
-    let mut seconds = 0f64;
+    let mut total = std::time::Duration::ZERO;
     while !rest.is_empty() {
         let number_end = rest
             .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -274,10 +274,14 @@ pub fn parse_go_duration(s: &str) -> Result<std::time::Duration, &'static str> {
             "h" => 3600.0,
             _ => return Err("a unit is not one of ns, us, ms, s, m, h"),
         };
-        seconds += value * scale;
+        // Each part on its own, as Go (and kube's `Duration`) add them; checked, so a value
+        // too large is an error and never a panic.
+        let part =
+            std::time::Duration::try_from_secs_f64(value * scale).map_err(|_| "it is too long")?;
+        total = total.checked_add(part).ok_or("it is too long")?;
         rest = next;
     }
-    std::time::Duration::try_from_secs_f64(seconds).map_err(|_| "it is too long")
+    Ok(total)
 }
 
 impl std::fmt::Display for DurationOrNever {
@@ -333,6 +337,36 @@ impl JsonSchema for DurationOrNever {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        /// One duration grammar: on every Go duration kube's own `Duration` reads without
+        /// overflowing, [`parse_go_duration`] reads the same (to the nanosecond kube's
+        /// float arithmetic rounds to).
+        #[test]
+        fn go_durations_read_the_same_as_kubes_duration_reads_them(
+            parts in proptest::collection::vec((0u32..100_000, 0usize..6, proptest::bool::ANY), 1..4),
+        ) {
+            const UNITS: [&str; 6] = ["ns", "us", "ms", "s", "m", "h"];
+            let text: String = parts
+                .iter()
+                .map(|(n, u, frac)| if *frac { format!("{n}.5{}", UNITS[*u]) } else { format!("{n}{}", UNITS[*u]) })
+                .collect();
+            let ours = parse_go_duration(&text).expect("a Go duration");
+            let kube: kube_core::Duration = text.parse().expect("kube reads it");
+            let kube: std::time::Duration = kube.into();
+            let diff = ours.abs_diff(kube);
+            proptest::prop_assert!(diff <= std::time::Duration::from_nanos(parts.len() as u64), "{text}: {ours:?} vs {kube:?}");
+        }
+    }
+
+    #[test]
+    fn a_duration_too_long_for_a_duration_is_an_error_where_kubes_parser_would_panic() {
+        // kube's `Duration` multiplies with `Duration::mul_f64`, which panics on overflow:
+        // what users and tenants write must never end a reconcile that way.
+        assert!(parse_go_duration("99999999999999999999h").is_err());
+        assert!(parse_go_duration("1e400h").is_err());
+        assert!(parse_go_duration("-5s").is_err());
+    }
     use proptest::prelude::*;
 
     #[test]

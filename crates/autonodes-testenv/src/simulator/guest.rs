@@ -476,42 +476,10 @@ fn is_kubelet_label(key: &str) -> bool {
         .any(|allowed| ns == *allowed || ns.ends_with(&format!(".{allowed}")))
 }
 
-/// Parses a Go duration such as `5m0s`, `1h30m`, `20s`, `500ms`.
+/// Parses a Go duration such as `5m0s`, `1h30m`, `20s`, `500ms`: the one duration grammar
+/// of autonodes ([`autonodes_api::parse_go_duration`]), as the kubelet's configuration reads it.
 pub fn parse_duration(text: &str) -> Option<Duration> {
-    let text = text.trim();
-    if text == "0" {
-        return Some(Duration::ZERO);
-    }
-    let mut total = Duration::ZERO;
-    let mut rest = text;
-    if rest.is_empty() {
-        return None;
-    }
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
-        if digits == 0 {
-            return None;
-        }
-        let number: f64 = rest[..digits].parse().ok()?;
-        rest = &rest[digits..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let seconds = match &rest[..unit_len] {
-            "ns" => 1e-9,
-            "us" | "µs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return None,
-        };
-        rest = &rest[unit_len..];
-        total += Duration::try_from_secs_f64(number * seconds).ok()?;
-    }
-    Some(total)
+    autonodes_api::parse_go_duration(text.trim()).ok()
 }
 
 /// kubeadm's CA pins (`sha256:<hex>`) of every certificate in a PEM bundle.

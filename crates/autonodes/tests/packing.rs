@@ -315,15 +315,35 @@ fn spread_pod(name: &str) -> Pod {
 async fn pods_spread_over_zones_get_one_node_per_zone_of_a_type_offering_two() {
     let world = World::with_provider(zoned_provider()).await;
     let _scheduler = scheduler(&world);
+    // Four 1-CPU pods would fit one 4-CPU node; spread with maxSkew 1 they need both zones.
+    // All four are pending before the pool exists, so its first plan sees them together
+    // (on a loaded machine the scheduler marks them one by one, and a pool that planned
+    // in between would size a claim for fewer pods).
+    create_pods(&world, (0..4).map(|i| spread_pod(&format!("web-{i}")))).await;
+    common::eventually("4 pods marked unschedulable", WAIT, || async {
+        let pods = tenant_pods(&world).await;
+        let unschedulable = pods.iter().filter(|p| {
+            p.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| {
+                    cs.iter().any(|c| {
+                        c.type_ == "PodScheduled"
+                            && c.status == "False"
+                            && c.reason.as_deref() == Some("Unschedulable")
+                    })
+                })
+        });
+        (unschedulable.count() == 4).then_some(())
+    })
+    .await;
     world
         .create_pool("zonal", json!({"providerRef": "pools"}))
         .await;
     show(
         &world,
-        "before: a dynamic pool of a type in zone-a and zone-b",
+        "before: a dynamic pool of a type in zone-a and zone-b, four pending pods",
     );
-    // Four 1-CPU pods would fit one 4-CPU node; spread with maxSkew 1 they need both zones.
-    create_pods(&world, (0..4).map(|i| spread_pod(&format!("web-{i}")))).await;
     let placed = common::eventually("4 pods bound", WAIT, || async {
         let pods = tenant_pods(&world).await;
         let placed: BTreeMap<String, String> = pods

@@ -185,7 +185,8 @@ impl TypeProblem {
 }
 
 /// A node type ready for scheduling and rendering: properties merged, resources
-/// discovered, cost computed, template composed (steps 1–3 of DESIGN §3).
+/// discovered, cost computed, template composed (the steps of VM composition that depend
+/// on the type alone, [`crate::template`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct PreparedType {
     /// NodeType name, `<provider>.<type>`.

@@ -8,6 +8,7 @@
 
 mod common;
 
+use autonodes_core::pool::pack::is_unschedulable;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -320,20 +321,10 @@ async fn pods_spread_over_zones_get_one_node_per_zone_of_a_type_offering_two() {
     // (on a loaded machine the scheduler marks them one by one, and a pool that planned
     // in between would size a claim for fewer pods).
     create_pods(&world, (0..4).map(|i| spread_pod(&format!("web-{i}")))).await;
+    // What a dynamic pool counts as pending: unbound, PodScheduled=False Unschedulable.
     common::eventually("4 pods marked unschedulable", WAIT, || async {
         let pods = tenant_pods(&world).await;
-        let unschedulable = pods.iter().filter(|p| {
-            p.status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|cs| {
-                    cs.iter().any(|c| {
-                        c.type_ == "PodScheduled"
-                            && c.status == "False"
-                            && c.reason.as_deref() == Some("Unschedulable")
-                    })
-                })
-        });
+        let unschedulable = pods.iter().filter(|p| is_unschedulable(p));
         (unschedulable.count() == 4).then_some(())
     })
     .await;

@@ -180,7 +180,7 @@ pub(crate) fn non_daemon_running(p: &Pod) -> bool {
 }
 
 /// Whether the scheduler gave up on the pod for now: PodScheduled=False, Unschedulable.
-pub(crate) fn is_unschedulable(p: &Pod) -> bool {
+pub fn is_unschedulable(p: &Pod) -> bool {
     let unbound = p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_none();
     let pending = p.metadata.deletion_timestamp.is_none()
         && !matches!(

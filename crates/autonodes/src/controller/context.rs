@@ -225,8 +225,7 @@ impl Context {
     /// channels' receivers are dropped: wake-ups go nowhere.
     #[cfg(test)]
     pub fn for_unit_tests(config: ControllerConfig) -> Arc<Context> {
-        let url = "http://127.0.0.1:9".parse().expect("a valid URL");
-        let client = Client::try_from(kube::Config::new(url)).expect("a client can be built");
+        let client = unreachable_client();
         let reflectors = Arc::new(Reflectors::new());
         let clients = Arc::new(ClusterClients::new(
             client.clone(),
@@ -265,6 +264,14 @@ impl Context {
             reports,
         })
     }
+}
+
+/// A client that reaches nothing (port 9 on loopback): unit tests' management client, and
+/// what in-memory clusters carry (never called).
+#[cfg(test)]
+pub fn unreachable_client() -> Client {
+    let url = "http://127.0.0.1:9".parse().expect("a valid URL");
+    Client::try_from(kube::Config::new(url)).expect("a client can be built")
 }
 
 /// Whether a claim has no node type yet (`status.typeRef` unset).

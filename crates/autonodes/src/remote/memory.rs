@@ -72,12 +72,6 @@ fn remote_error(key: &ClusterKey, call: &str, f: Failure) -> Error {
     }
 }
 
-/// A client that reaches nothing: what [`Remote`] carries in memory (never called).
-fn unreachable_client() -> kube::Client {
-    let url = "http://127.0.0.1:9".parse().expect("a valid URL");
-    kube::Client::try_from(kube::Config::new(url)).expect("a client can be built")
-}
-
 type Key = (String, String);
 
 fn key(ns: &str, name: &str) -> Key {
@@ -295,7 +289,7 @@ impl MemoryTenant {
                     namespace: namespace.into(),
                     vcluster: vcluster.into(),
                 },
-                client: unreachable_client(),
+                client: crate::controller::context::unreachable_client(),
                 server: "https://tenant.example:443".into(),
                 ca_pem: Some(TENANT_CA.to_vec()),
                 cache: RemoteCache::None,

@@ -12,7 +12,9 @@ use autonodes_api::NodeProvider;
 use autonodes_testenv::playground::{put_kubeconfig_secret, SERVICE_NAMESPACE};
 use autonodes_testenv::simulator::SimMode;
 use common::world::*;
-use kube::api::{Api, DeleteParams};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::ResourceExt;
 
 const WAIT: Duration = Duration::from_secs(90);
 
@@ -459,19 +461,31 @@ async fn a_node_type_removed_from_its_provider_is_kept_while_a_claim_uses_it_and
     world.shutdown().await;
 }
 
+/// The controller process's requests of one (`cluster`, `verb`, `resource`), from its
+/// `autonodes_kube_requests_total`.
+#[derive(Clone, Copy, Debug, Default)]
+struct Requests {
+    /// Whatever the answer.
+    all: u64,
+    /// Answered 200.
+    ok: u64,
+    /// Answered 404.
+    not_found: u64,
+}
+
 /// The controller process's `autonodes_kube_requests_total` for (`cluster`, `verb`,
-/// `resource`): all answers, and the 404s apart.
+/// `resource`).
 async fn controller_requests(
     addr: SocketAddr,
     cluster: &str,
     verb: &str,
     resource: &str,
-) -> (u64, u64) {
+) -> Requests {
     let (code, text) = opscommon::http_get(addr, "/metrics")
         .await
         .expect("GET /metrics");
     assert_eq!(code, 200, "GET /metrics: {text}");
-    let (mut all, mut not_found) = (0, 0);
+    let mut requests = Requests::default();
     for line in text.lines() {
         let Some((labels, value)) = line
             .strip_prefix("autonodes_kube_requests_total{")
@@ -489,12 +503,14 @@ async fn controller_requests(
             continue;
         }
         let n: u64 = value.trim().parse().expect("a count");
-        all += n;
-        if labels.get("code") == Some(&"404") {
-            not_found += n;
+        requests.all += n;
+        match labels.get("code") {
+            Some(&"200") => requests.ok += n,
+            Some(&"404") => requests.not_found += n,
+            _ => {}
         }
     }
-    (all, not_found)
+    requests
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -526,15 +542,100 @@ async fn deleting_claims_releases_each_finalizer_once_and_deletes_each_vm_once()
     assert!(world.vms().await.is_empty(), "every VM is gone");
     // Each claim's finalizer is released by one patch: a reconcile woken before the store
     // showed the claim gone does not send it again (it would be answered 404).
-    let (all, not_found) = controller_requests(addr, "management", "patch", "nodeclaims").await;
+    let after = controller_requests(addr, "management", "patch", "nodeclaims").await;
     assert_eq!(
-        (all - patches.0, not_found - patches.1),
+        (after.all - patches.all, after.not_found - patches.not_found),
         (N, 0),
         "finalizer patches of {N} deleted claims (all, 404)"
     );
     // Each VM is deleted once: the reconcile after the delete reads the VM as marked deleted,
     // not the cache's copy from before (which would drain and delete again).
-    let (all, _) = controller_requests(addr, "host", "delete", "virtualmachines").await;
-    assert_eq!(all - vm_deletes.0, N, "VM deletes of {N} deleted claims");
+    let after = controller_requests(addr, "host", "delete", "virtualmachines").await;
+    assert_eq!(
+        after.all - vm_deletes.all,
+        N,
+        "VM deletes of {N} deleted claims"
+    );
+    world.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_node_watch_past_its_body_limit_resumes_and_its_cache_keeps_answering() {
+    let mut world = World::start_clusters(&WorldOptions::default()).await;
+    world.start_simulator(SimMode::Normal).await;
+    let port = autonodes_testenv::testenv::free_port().expect("free port");
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let _controller =
+        world.spawn_controller_process_on(1, env!("CARGO_BIN_EXE_autonodes"), &addr.to_string());
+    world
+        .create_claim(serde_json::json!({"metadata": {"name": "busy"}, "spec": {}}))
+        .await;
+    world.wait_phase("busy", "Available", WAIT).await;
+    let lists = controller_requests(addr, "tenant", "list", "nodes").await;
+
+    // The claim's Node changes until its watch has carried more than one connection may
+    // (autonodes' limit on a tenant's answers): 48 versions of about 200 KB each.
+    let nodes: Api<Node> = Api::all(world.tenant.clone());
+    let node = world
+        .nodes()
+        .await
+        .into_iter()
+        .next()
+        .expect("the claim's Node");
+    let filler = "x".repeat(200 * 1024);
+    for i in 0..48 {
+        let patch = serde_json::json!({"metadata": {"annotations": {
+            "example.com/filler": format!("{i}{filler}"),
+        }}});
+        nodes
+            .patch(
+                &node.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .expect("patch the Node");
+    }
+    assert!(
+        48 * filler.len() > autonodes::remote::egress::TENANT_BODY_LIMIT,
+        "the patches pass the limit"
+    );
+    let reads = [("tenant", "nodes"), ("tenant", "secrets")];
+    let mut before = Vec::new();
+    for (cluster, resource) in reads {
+        before.push(
+            controller_requests(addr, cluster, "get", resource)
+                .await
+                .all,
+        );
+    }
+    let names: Vec<String> = (0..4).map(|i| format!("after-{i}")).collect();
+    for name in &names {
+        world
+            .create_claim(serde_json::json!({"metadata": {"name": name}, "spec": {}}))
+            .await;
+    }
+    for name in &names {
+        world.wait_phase(name, "Available", WAIT).await;
+    }
+    // Their Nodes came through the watch after the patches. The claims read Nodes and
+    // tokens from the caches: not one GET (a cache taken for stale after its connection
+    // ended sends one per reconcile), and the watch resumed without listing again.
+    let mut got = Vec::new();
+    for ((cluster, resource), before) in reads.into_iter().zip(before) {
+        let now = controller_requests(addr, cluster, "get", resource)
+            .await
+            .all;
+        got.push((format!("{cluster} get {resource}"), now - before));
+    }
+    let relists = controller_requests(addr, "tenant", "list", "nodes")
+        .await
+        .all
+        - lists.all;
+    got.push(("tenant list nodes".to_string(), relists));
+    assert!(
+        got.iter().all(|(_, n)| *n == 0),
+        "requests while 4 claims turned Available after the watch passed its limit: {got:?}"
+    );
     world.shutdown().await;
 }

@@ -156,6 +156,25 @@ impl tower::Service<http::Uri> for GuardedConnector {
 /// every list autonodes makes of a tenant is) or the stream of one watch connection (which
 /// is then opened again, from where it was). A larger answer is an error that says so.
 pub const TENANT_BODY_LIMIT: usize = 8 * 1024 * 1024;
+/// Whether `error` (or what it wraps) is an answer that passed its body limit
+/// ([`TENANT_BODY_LIMIT`], [`HOST_BODY_LIMIT`]).
+pub fn passed_body_limit(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(error);
+    while let Some(e) = next {
+        if e.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        // An `io::Error`'s `source` skips the error it carries: read that one itself.
+        next = match e.downcast_ref::<std::io::Error>() {
+            Some(io) => io
+                .get_ref()
+                .map(|inner| inner as &(dyn std::error::Error + 'static)),
+            None => e.source(),
+        };
+    }
+    false
+}
+
 /// How many answers (watches aside) of one cluster are read at once: the others wait,
 /// unread, so what one tenant's answers take in memory is at most this many times its
 /// body limit, however many claims and pools ask at once.

@@ -7,8 +7,8 @@
 //! the NodeClaim named by the object's labels, after the store holds the change, so a claim
 //! moves on within seconds and sees what woke it.
 //!
-//! A store answers only while its watch is live (its first full list arrived and no error
-//! since): otherwise [`Watched::get`] says so and the caller asks the API server, which also
+//! A store answers only while its watch is live (its latest full list arrived and no error
+//! since; a watch that fails lists again after a backoff): otherwise [`Watched::get`] says so and the caller asks the API server, which also
 //! turns a cluster that went away into a `…Unreachable` condition as before. Objects are
 //! kept trimmed to what the controller reads (KubeVirt objects are read as
 //! [`Observed`] ones: no spec, no `managedFields`; Nodes lose their images), so the caches
@@ -30,6 +30,7 @@ use tokio::task::JoinHandle;
 use super::watched::{resource_version, HostCache, Own, TenantCache, Watched, TOKEN_NAMESPACE};
 use crate::controller::reflectors::Kind;
 use crate::remote::clients::{ClusterKey, Connected, OnConnect, Remote, RemoteCache};
+use crate::remote::egress::passed_body_limit;
 use autonodes_api::kubevirt::{
     Observed, ObservedDataVolume, ObservedKind, ObservedVm, ObservedVmi,
 };
@@ -234,43 +235,65 @@ where
         watched.trim,
     );
     tokio::spawn(async move {
-        let mut stream = watcher(api, config)
-            .default_backoff()
-            .modify(trim)
-            .reflect(writer)
-            .boxed();
-        while let Some(item) = stream.next().await {
-            match item {
-                Ok(watcher::Event::InitDone) => {
-                    // Everything written before the list is in it.
-                    if let Ok(mut w) = written.lock() {
-                        *w = Own::new();
+        let mut writer = writer;
+        let mut backoff = watcher::DefaultBackoff::default();
+        loop {
+            let mut stream = watcher(api.clone(), config.clone()).modify(trim).boxed();
+            while let Some(item) = stream.next().await {
+                let event = match item {
+                    Ok(event) => event,
+                    Err(e) if passed_body_limit(&e) => {
+                        // The connection ended at its body limit; the watcher opens it again
+                        // from the last version it delivered (an event the limit cut comes
+                        // again), so the store misses nothing and stays live.
+                        tracing::debug!(%cluster, "remote watch passed its body limit (resuming)");
+                        continue;
                     }
-                    live.store(true, Ordering::Release)
-                }
-                Ok(watcher::Event::Apply(obj)) => {
-                    if let Ok(mut w) = written.lock() {
-                        // Once ours arrived, the store is at least as new.
-                        w.delivered(obj.to_object_ref(dyntype.clone()), resource_version(&obj));
+                    Err(e) => {
+                        live.store(false, Ordering::Release);
+                        tracing::debug!(%cluster, error = %e, "remote watch error (listing again)");
+                        break;
                     }
-                    wake(&waker, obj.labels())
-                }
-                Ok(watcher::Event::Delete(obj)) => {
-                    if let Ok(mut w) = written.lock() {
-                        w.gone(&obj.to_object_ref(dyntype.clone()));
+                };
+                // The store holds the change before the claim it wakes reads it.
+                writer.apply_watcher_event(&event);
+                match event {
+                    watcher::Event::InitDone => {
+                        // Everything written before the list is in it.
+                        if let Ok(mut w) = written.lock() {
+                            *w = Own::new();
+                        }
+                        live.store(true, Ordering::Release)
                     }
-                    wake(&waker, obj.labels())
-                }
-                Ok(watcher::Event::InitApply(obj)) => wake(&waker, obj.labels()),
-                Ok(watcher::Event::Init) => {}
-                Err(e) => {
-                    live.store(false, Ordering::Release);
-                    tracing::debug!(%cluster, error = %e, "remote watch error (retrying)");
+                    watcher::Event::Apply(obj) => {
+                        if let Ok(mut w) = written.lock() {
+                            // Once ours arrived, the store is at least as new.
+                            w.delivered(obj.to_object_ref(dyntype.clone()), resource_version(&obj));
+                        }
+                        wake(&waker, obj.labels())
+                    }
+                    watcher::Event::Delete(obj) => {
+                        if let Ok(mut w) = written.lock() {
+                            w.gone(&obj.to_object_ref(dyntype.clone()));
+                        }
+                        wake(&waker, obj.labels())
+                    }
+                    watcher::Event::InitApply(obj) => wake(&waker, obj.labels()),
+                    watcher::Event::Init => {}
                 }
             }
+            // A watch that failed starts over with a full list, after a backoff: resumed
+            // from its last version it would never say when it caught up, and the store
+            // would stay unread (every read a request to the API server) until the next
+            // list. The list costs what a `410 Gone` costs anyway.
+            tokio::time::sleep(backoff.next().unwrap_or(RELIST_BACKOFF_MAX)).await;
         }
     })
 }
+
+/// The longest wait before a failed remote watch lists again (the default backoff's own
+/// cap; it never runs out).
+const RELIST_BACKOFF_MAX: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Keeps only autonodes' own labels of an observed KubeVirt object (which claim it belongs
 /// to); KubeVirt's and the template's go. What [`trim_meta`] drops was never read into an

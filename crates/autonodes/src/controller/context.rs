@@ -122,6 +122,15 @@ impl Context {
     /// Records an Event (events.k8s.io/v1) about `obj`; failures to record are logged,
     /// never fatal. Events about cluster-scoped objects go to `kube-system`, the namespace
     /// every API server version accepts for them.
+    ///
+    /// Written here rather than with kube-runtime's `Recorder`, which on a real API server
+    /// (tried with kube 5.0) loses Events autonodes must record: it names an Event
+    /// `<object name>.<hex time>`, which passes the 253 characters a name may have for
+    /// claims with long names (refused, 422); it sends the note uncut (a note over 1,024
+    /// characters is refused); and it folds a repeated reason into a series that keeps the
+    /// first note, so a second failure's text never shows. Here the name is shortened
+    /// with a hash ([`autonodes_core::names::event_name`]), reason, action and note are
+    /// cut to what the API accepts, and each Event carries its own note.
     pub async fn event<K>(
         &self,
         obj: &K,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checks autonodes and its KubeVirt simulator against KubeVirt's own CRDs. A check run by
-# hand, not a test: the tests use the project's own KubeVirt CRDs (DESIGN §8), and KubeVirt's
+# hand, not a test: the tests use the project's own KubeVirt CRDs , and KubeVirt's
 # generated CRDs are not part of this repository.
 #
 #   scripts/kubevirt-crd-check.sh DIR

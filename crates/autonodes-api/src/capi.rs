@@ -1,5 +1,5 @@
 //! `capi.autonodes.io/v1alpha1`: Cluster-API-shaped mirrors of NodePools and NodeClaims
-//! (DESIGN §2, issue 7).
+//! (see the README's cluster-autoscaler section).
 //!
 //! The stock cluster-autoscaler's `clusterapi` cloud provider drives objects of this shape
 //! in the group named by its `CAPI_GROUP` environment variable. autonodes mirrors every

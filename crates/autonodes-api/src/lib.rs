@@ -1,4 +1,4 @@
-//! The autonodes API: `autonodes.io/v1alpha1` custom resources (DESIGN §2).
+//! The autonodes API: `autonodes.io/v1alpha1` custom resources.
 //!
 //! Pure data types built on `kube-core` (the types half of kube, no client). The CRD YAML
 //! in `crds/` is generated from these types by [`crdgen`] (`autonodes crdgen`). Also here:

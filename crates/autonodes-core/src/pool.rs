@@ -1,4 +1,4 @@
-//! Node pools (DESIGN §2), the pure half of the NodePool controller: what a pool's claims
+//! Node pools, the pure half of the NodePool controller: what a pool's claims
 //! look like, which to keep, delete and create, and the status that follows.
 //!
 //! - here: the claim template and its hash, claim names and objects, ownership, the claims'

@@ -1,4 +1,4 @@
-//! Composing the KubeVirt VirtualMachine of a node (DESIGN §3). Pure code, no I/O.
+//! Composing the KubeVirt VirtualMachine of a node. Pure code, no I/O.
 //!
 //! The order is fixed and deterministic:
 //! 1. the provider's base template, or the node type's replacement `virtualMachineTemplate`;

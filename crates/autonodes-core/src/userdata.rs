@@ -1,4 +1,4 @@
-//! Cloud-init user data for a node (DESIGN §5). Pure code, no I/O.
+//! Cloud-init user data for a node. Pure code, no I/O.
 //!
 //! The user data is a `#cloud-config` rendered from a handlebars template in `templates/`
 //! (strict mode, no HTML escaping; the templates are compiled into the binary). It writes

@@ -670,7 +670,7 @@ impl TestEnv {
     }
 
     /// Starts `kube-scheduler` against the API server `name` with its admin kubeconfig
-    /// (`--leader-elect=false --port=0 --secure-port=0`, DESIGN §8), so pending pods are
+    /// (`--leader-elect=false --port=0 --secure-port=0`), so pending pods are
     /// really bound to nodes. The process is killed when the returned handle is dropped.
     pub fn start_scheduler(&self, name: &str) -> Result<ManagedProcess, TestEnvError> {
         let server = self

@@ -1,4 +1,4 @@
-//! NodePools on real API servers (DESIGN §2, issue 5): management + host + tenant clusters,
+//! NodePools on real API servers: management + host + tenant clusters,
 //! the controller, the KubeVirt simulator and a real `kube-scheduler` on the tenant, so
 //! pending pods are really bound to the nodes the pools create.
 //!

@@ -1,4 +1,4 @@
-//! Operations on real API servers (DESIGN §7, issue 6): the HTTP server (/metrics,
+//! Operations on real API servers: the HTTP server (/metrics,
 //! /healthz, /readyz), the metrics after a claim turned Available, and Events recorded once
 //! per state change rather than once per reconcile.
 

@@ -1,5 +1,5 @@
 //! Provisioning across clusters on real API servers: management + host + tenant, the
-//! controller and the KubeVirt simulator (DESIGN §4–§6).
+//! controller and the KubeVirt simulator (scheduling, launch, join, cleanup).
 
 mod common;
 
@@ -46,7 +46,7 @@ async fn reference_provider_claims_for_standard_and_high_memory_nodes_turn_avail
         );
     }
 
-    // The VM on the host is what DESIGN §3 says.
+    // The VM on the host is the type's template with the claim's fields forced.
     let vms = world.vms().await;
     assert_eq!(vms.len(), 2);
     let vm = vms

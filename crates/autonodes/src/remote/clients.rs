@@ -1,7 +1,7 @@
 //! Clients for the remote clusters autonodes talks to, built from kubeconfig Secrets and
 //! cached until the Secret changes.
 //!
-//! Secrets are read from exactly two places (DESIGN §1):
+//! Secrets are read from exactly two places:
 //! - host clusters: the Secret `<clusterRef.cluster>` (key `kubeconfig`) in the service
 //!   namespace, or the management cluster itself for `local`;
 //! - tenant clusters: the Secret `vc-<vcluster>` (key `config`) in the claim's namespace.

@@ -1,4 +1,5 @@
-//! NodeClaim controller: the lifecycle of DESIGN §4–§6, one stage a file.
+//! NodeClaim controller: a claim's lifecycle (schedule, launch, register, initialize,
+//! terminate), one stage a file.
 //!
 //! A claim that is not being deleted is [`schedule`]d (type and VM name stored in its
 //! status before anything remote exists) and then walks its stages in order, each a

@@ -1,4 +1,4 @@
-//! NodePool controller (DESIGN §2): keeps a pool's NodeClaims alive.
+//! NodePool controller: keeps a pool's NodeClaims alive.
 //!
 //! - **Static pools** (`spec.replicas`): exactly N live claims from the pool's claim
 //!   template. Scale-down removes the least valuable claims first (not yet Available, then

@@ -530,18 +530,7 @@ mod tests {
     #[test]
     fn a_tenant_kubeconfig_gives_the_real_endpoint_and_ca_hash() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let ca = "-----BEGIN CERTIFICATE-----
-MIIBkDCCATWgAwIBAgIUV4rPR2BloFMuSqpw9E22xEUO48gwCgYIKoZIzj0EAwIw
-HDEaMBgGA1UEAwwRYXV0b25vZGVzLXRlc3QtY2EwIBcNMjYxMTIyMTYyMjI2WhgP
-MjEyNjEwMjkxNjIyMjZaMBwxGjAYBgNVBAMMEWF1dG9ub2Rlcy10ZXN0LWNhMFkw
-EwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEoc1K8HRxSUqNnCxLK+m5DMT4qNpduhoX
-7UzK99rdUMtiMhzG7Sqc8QVJheMB9+eAQa1pME5Mixia44nomD9tK6NTMFEwHQYD
-VR0OBBYEFEhD5xdU5035d4rB2OeDLv8o6fA+MB8GA1UdIwQYMBaAFEhD5xdU5035
-d4rB2OeDLv8o6fA+MA8GA1UdEwEB/wQFMAMBAf8wCgYIKoZIzj0EAwIDSQAwRgIh
-ALSCkSTyQaInuL6DucynDnEnDn3BmFrDIP2T88gG8jFaAiEAs2mkVzuGZG/sIDbD
-1jC/wDJJUBTNuNopMyIHQHg2qcQ=
------END CERTIFICATE-----
-";
+        let ca = include_str!("../../autonodes-core/src/userdata/test-ca.pem");
         let b64 = serde_json::to_value(ByteString(ca.as_bytes().to_vec())).expect("encodes");
         let kc = format!(
             "apiVersion: v1\nkind: Config\ncurrent-context: t\ncontexts:\n- name: t\n  context: {{cluster: t, user: u}}\nclusters:\n- name: t\n  cluster:\n    server: https://10.1.2.3:8443\n    certificate-authority-data: {}\nusers:\n- name: u\n  user: {{token: x}}\n",

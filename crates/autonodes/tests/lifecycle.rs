@@ -11,6 +11,7 @@ use std::time::Duration;
 use autonodes_api::NodeProvider;
 use autonodes_testenv::playground::{put_kubeconfig_secret, SERVICE_NAMESPACE};
 use autonodes_testenv::simulator::SimMode;
+use autonodes_testenv::testenv::ManagedProcess;
 use common::world::*;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
@@ -461,6 +462,18 @@ async fn a_node_type_removed_from_its_provider_is_kept_while_a_claim_uses_it_and
     world.shutdown().await;
 }
 
+/// Clusters, the simulator and the real `autonodes run` binary serving its metrics on the
+/// returned address.
+async fn world_with_controller_process() -> (World, ManagedProcess, SocketAddr) {
+    let mut world = World::start_clusters(&WorldOptions::default()).await;
+    world.start_simulator(SimMode::Normal).await;
+    let port = autonodes_testenv::testenv::free_port().expect("free port");
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let controller =
+        world.spawn_controller_process_on(1, env!("CARGO_BIN_EXE_autonodes"), &addr.to_string());
+    (world, controller, addr)
+}
+
 /// The controller process's requests of one (`cluster`, `verb`, `resource`), from its
 /// `autonodes_kube_requests_total`.
 #[derive(Clone, Copy, Debug, Default)]
@@ -515,12 +528,7 @@ async fn controller_requests(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_claims_releases_each_finalizer_once_and_deletes_each_vm_once() {
-    let mut world = World::start_clusters(&WorldOptions::default()).await;
-    world.start_simulator(SimMode::Normal).await;
-    let port = autonodes_testenv::testenv::free_port().expect("free port");
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let _controller =
-        world.spawn_controller_process_on(1, env!("CARGO_BIN_EXE_autonodes"), &addr.to_string());
+    let (world, _controller, addr) = world_with_controller_process().await;
     const N: u64 = 8;
     let names: Vec<String> = (0..N).map(|i| format!("goes-{i}")).collect();
     for name in &names {
@@ -561,12 +569,7 @@ async fn deleting_claims_releases_each_finalizer_once_and_deletes_each_vm_once()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_node_watch_past_its_body_limit_resumes_and_its_cache_keeps_answering() {
-    let mut world = World::start_clusters(&WorldOptions::default()).await;
-    world.start_simulator(SimMode::Normal).await;
-    let port = autonodes_testenv::testenv::free_port().expect("free port");
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let _controller =
-        world.spawn_controller_process_on(1, env!("CARGO_BIN_EXE_autonodes"), &addr.to_string());
+    let (world, _controller, addr) = world_with_controller_process().await;
     world
         .create_claim(serde_json::json!({"metadata": {"name": "busy"}, "spec": {}}))
         .await;

@@ -3,20 +3,10 @@
 use super::*;
 use serde_json::json;
 
-/// An EC test CA; its hash was computed with kubeadm's documented pipeline:
+/// An EC test CA (also read by the controller's render tests); its hash was computed with
+/// kubeadm's documented pipeline:
 /// `openssl x509 -pubkey -noout | openssl pkey -pubin -outform der | sha256sum`.
-const TEST_CA: &str = "-----BEGIN CERTIFICATE-----
-MIIBkDCCATWgAwIBAgIUV4rPR2BloFMuSqpw9E22xEUO48gwCgYIKoZIzj0EAwIw
-HDEaMBgGA1UEAwwRYXV0b25vZGVzLXRlc3QtY2EwIBcNMjYxMTIyMTYyMjI2WhgP
-MjEyNjEwMjkxNjIyMjZaMBwxGjAYBgNVBAMMEWF1dG9ub2Rlcy10ZXN0LWNhMFkw
-EwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEoc1K8HRxSUqNnCxLK+m5DMT4qNpduhoX
-7UzK99rdUMtiMhzG7Sqc8QVJheMB9+eAQa1pME5Mixia44nomD9tK6NTMFEwHQYD
-VR0OBBYEFEhD5xdU5035d4rB2OeDLv8o6fA+MB8GA1UdIwQYMBaAFEhD5xdU5035
-d4rB2OeDLv8o6fA+MA8GA1UdEwEB/wQFMAMBAf8wCgYIKoZIzj0EAwIDSQAwRgIh
-ALSCkSTyQaInuL6DucynDnEnDn3BmFrDIP2T88gG8jFaAiEAs2mkVzuGZG/sIDbD
-1jC/wDJJUBTNuNopMyIHQHg2qcQ=
------END CERTIFICATE-----
-";
+const TEST_CA: &str = include_str!("test-ca.pem");
 const TEST_CA_HASH: &str =
     "sha256:2917f5ab7ab656c6c2585c6a715cfb777c242f7a357a5ba18a4c21849d401d6a";
 

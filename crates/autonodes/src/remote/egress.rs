@@ -359,4 +359,31 @@ mod tests {
             Err(Refusal::LinkLocal)
         );
     }
+
+    #[tokio::test]
+    async fn a_watch_that_ended_at_its_body_limit_is_told_apart_from_other_watch_errors() {
+        use http_body_util::BodyExt;
+        let cut = http_body_util::Limited::new(
+            http_body_util::Full::new(bytes::Bytes::from(vec![b'x'; 64])),
+            16,
+        )
+        .collect()
+        .await
+        .expect_err("64 bytes pass a 16-byte limit");
+        // As kube's watcher reports it: the body's error in an io::Error of the event
+        // reader, in a client error, in a watch error.
+        let past_limit = kube::runtime::watcher::Error::WatchFailed(kube::Error::ReadEvents(
+            std::io::Error::other(cut),
+        ));
+        assert!(passed_body_limit(&past_limit));
+
+        let reset = kube::runtime::watcher::Error::WatchFailed(kube::Error::ReadEvents(
+            std::io::Error::new(std::io::ErrorKind::ConnectionReset, "connection reset"),
+        ));
+        assert!(!passed_body_limit(&reset));
+        let gone = kube::runtime::watcher::Error::WatchFailed(kube::Error::Api(Box::new(
+            kube::core::Status::failure("too old resource version", "Expired").with_code(410),
+        )));
+        assert!(!passed_body_limit(&gone));
+    }
 }

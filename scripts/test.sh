@@ -45,8 +45,16 @@ echo "== cargo test"
 rm -f target/chaos-report.txt
 # A failing test must not end the script here: the leftover check and the totals follow.
 set +e
-cargo test --workspace --all-targets --locked --no-fail-fast 2>&1 | tee target/test-output.txt
-status=${PIPESTATUS[0]}
+# Every test binary is built first, then run in two lanes side by side
+# (scripts/lib/test-lanes.sh): most of them wait on API servers far more than they compute.
+cargo test --workspace --all-targets --locked --no-run --message-format=json-render-diagnostics \
+  > target/test-binaries.json
+status=$?
+: > target/test-output.txt
+if [ "$status" -eq 0 ]; then
+  bash scripts/lib/test-lanes.sh target/test-binaries.json target/test-output.txt
+  status=$?
+fi
 set -e
 results=$(grep -Eo 'test result: [a-zA-Z]+\. [0-9]+ passed; [0-9]+ failed' target/test-output.txt || true)
 passed=$(echo "$results" | awk '{s+=$4} END {print s+0}')
@@ -57,7 +65,7 @@ if [ -f target/chaos-report.txt ]; then
   cat target/chaos-report.txt
 fi
 
-echo "== wall time of each test binary, slowest first (its harness's own figure)"
+echo "== wall time of each test binary, slowest first (its harness's own figure; two lanes ran at once)"
 awk '
   /^ *Running / {
     name = ($2 == "unittests") ? $3 : $2

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Runs the test binaries `cargo test --no-run --message-format=json` reported, in lanes that
+# run side by side: each lane takes the next binary from one queue (the slowest known first)
+# until none is left. Most integration tests spend much of their time waiting for API
+# servers, outages and timeouts, so a second lane uses cores the first leaves idle.
+#
+#   bash scripts/lib/test-lanes.sh CARGO_JSON OUTPUT
+#
+# Each binary runs as `cargo test` would run it: from its package's directory, with CARGO
+# and CARGO_MANIFEST_DIR set. Its whole output goes to OUTPUT in one piece, under the
+# `Running …` line cargo prints (the summary in scripts/test.sh reads it), as soon as it
+# ended; a one-line verdict per binary is printed as it comes, and the whole output of one
+# that failed. AUTONODES_TEST_LANES sets the number of lanes (default 2). The queue is
+# ordered by the wall times of the last run here (target/test-times), else by those in
+# scripts/lib/test-times (a clean checkout). Exits 1 if any binary failed.
+set -uo pipefail
+json=${1:?cargo JSON messages}
+output=${2:?output file}
+lanes=${AUTONODES_TEST_LANES:-2}
+root=$(pwd)
+work=$(mktemp -d "${TMPDIR:-/tmp}/autonodes-lanes.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+times=target/test-times
+: > "$output"
+
+# One line per test binary: executable, package directory, source path relative to it,
+# and whether it is a crate's unit tests.
+while IFS= read -r line; do
+  # A target cargo test runs ("test":true in its target) built as a test harness ("test":
+  # true in its profile): not the plain binaries the tests call, not benches.
+  case "$line" in
+    *'"reason":"compiler-artifact"'*'"test":true},"profile"'*'"test":true},"features"'*) ;;
+    *) continue ;;
+  esac
+  exe=$(sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' <<< "$line")
+  [ -n "$exe" ] || continue
+  manifest=$(sed -n 's/.*"manifest_path":"\([^"]*\)".*/\1/p' <<< "$line")
+  src=$(sed -n 's/.*"src_path":"\([^"]*\)".*/\1/p' <<< "$line")
+  kind=$(sed -n 's/.*"kind":\["\([^"]*\)"\].*/\1/p' <<< "$line")
+  dir=$(dirname "$manifest")
+  printf '%s\t%s\t%s\t%s\n' "$exe" "$dir" "${src#"$dir"/}" "$kind"
+done < "$json" > "$work/binaries"
+
+# The queue: slowest first by the last run's times here, else by the committed ones
+# (binaries timed nowhere go first: they may be slow), then by name.
+while IFS=$'\t' read -r exe dir src kind; do
+  name=$(basename "$exe" | sed 's/-[0-9a-f]*$//')
+  last=$(cat "$times" scripts/lib/test-times 2> /dev/null | awk -v n="$name" '$2 == n {print $1}' | head -n 1)
+  printf '%s\t%s\t%s\t%s\t%s\n' "${last:-99999}" "$exe" "$dir" "$src" "$kind"
+done < "$work/binaries" | sort -t $'\t' -k1,1nr -k2,2 | cut -f2- > "$work/queue"
+total=$(wc -l < "$work/queue")
+echo "== $total test binaries in $lanes lanes"
+echo 0 > "$work/next"
+
+# Takes the next entry of the queue (under a lock), or fails when none is left.
+take() {
+  exec 9> "$work/lock"
+  flock 9
+  local n
+  n=$(cat "$work/next")
+  echo $((n + 1)) > "$work/next"
+  flock -u 9
+  [ "$n" -lt "$total" ] || return 1
+  sed -n "$((n + 1))p" "$work/queue"
+}
+
+lane() {
+  local entry exe dir src kind header log started took rc verdict
+  while entry=$(take); do
+    IFS=$'\t' read -r exe dir src kind <<< "$entry"
+    if [ "$kind" = test ] || [ "$kind" = bench ]; then
+      header="     Running $src (${exe#"$root"/})"
+    else
+      header="     Running unittests $src (${exe#"$root"/})"
+    fi
+    log="$work/$(basename "$exe").log"
+    started=$SECONDS
+    (cd "$dir" && CARGO_MANIFEST_DIR="$dir" CARGO="${CARGO:-cargo}" "$exe") > "$log" 2>&1
+    rc=$?
+    took=$((SECONDS - started))
+    verdict=$(grep -E '^test result: ' "$log" | tail -n 1)
+    [ $rc -eq 0 ] || echo "$rc" >> "$work/failed"
+    {
+      exec 9> "$work/lock"
+      flock 9
+      { echo; echo "$header"; echo; cat "$log"; } >> "$output"
+      echo "$took s  $src ($(basename "$exe" | sed 's/-[0-9a-f]*$//')): ${verdict:-no test result, exit $rc}"
+      # A failed binary's whole output, where the reader of this run looks first.
+      [ $rc -eq 0 ] || { echo "$header"; cat "$log"; }
+      flock -u 9
+    }
+  done
+}
+
+for _ in $(seq "$lanes"); do lane & done
+wait
+
+# The wall time of each binary for the next run's queue (the harness's own figure); those
+# this run did not time keep their earlier figure.
+awk '
+  /^ *Running / { if (match($0, /deps\/[^)]*/)) { bin = substr($0, RSTART + 5, RLENGTH - 5); sub(/-[0-9a-f]+$/, "", bin) } }
+  /^test result: / { t = $0; sub(/.*finished in /, "", t); sub(/s$/, "", t); if (bin != "") print t, bin; bin = "" }
+' "$output" > "$times.new"
+cat "$times" 2> /dev/null | while read -r t n; do
+  grep -q " $n\$" "$times.new" || echo "$t $n"
+done >> "$times.new"
+mv "$times.new" "$times"
+[ ! -s "$work/failed" ]

@@ -474,6 +474,20 @@ async fn world_with_controller_process() -> (World, ManagedProcess, SocketAddr) 
     (world, controller, addr)
 }
 
+/// Creates `n` claims `<prefix>-<i>` at once and waits until all are Available.
+async fn available_claims(world: &World, prefix: &str, n: u64) -> Vec<String> {
+    let names: Vec<String> = (0..n).map(|i| format!("{prefix}-{i}")).collect();
+    for name in &names {
+        world
+            .create_claim(serde_json::json!({"metadata": {"name": name}, "spec": {}}))
+            .await;
+    }
+    for name in &names {
+        world.wait_phase(name, "Available", WAIT).await;
+    }
+    names
+}
+
 /// The controller process's requests of one (`cluster`, `verb`, `resource`), from its
 /// `autonodes_kube_requests_total`.
 #[derive(Clone, Copy, Debug, Default)]
@@ -530,15 +544,7 @@ async fn controller_requests(
 async fn deleting_claims_releases_each_finalizer_once_and_deletes_each_vm_once() {
     let (world, _controller, addr) = world_with_controller_process().await;
     const N: u64 = 8;
-    let names: Vec<String> = (0..N).map(|i| format!("goes-{i}")).collect();
-    for name in &names {
-        world
-            .create_claim(serde_json::json!({"metadata": {"name": name}, "spec": {}}))
-            .await;
-    }
-    for name in &names {
-        world.wait_phase(name, "Available", WAIT).await;
-    }
+    let names = available_claims(&world, "goes", N).await;
     let patches = controller_requests(addr, "management", "patch", "nodeclaims").await;
     let vm_deletes = controller_requests(addr, "host", "delete", "virtualmachines").await;
     for name in &names {
@@ -612,15 +618,7 @@ async fn a_tenant_node_watch_past_its_body_limit_resumes_and_its_cache_keeps_ans
                 .all,
         );
     }
-    let names: Vec<String> = (0..4).map(|i| format!("after-{i}")).collect();
-    for name in &names {
-        world
-            .create_claim(serde_json::json!({"metadata": {"name": name}, "spec": {}}))
-            .await;
-    }
-    for name in &names {
-        world.wait_phase(name, "Available", WAIT).await;
-    }
+    available_claims(&world, "after", 4).await;
     // Their Nodes came through the watch after the patches. The claims read Nodes and
     // tokens from the caches: not one GET (a cache taken for stale after its connection
     // ended sends one per reconcile), and the watch resumed without listing again.

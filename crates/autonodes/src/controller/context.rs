@@ -127,8 +127,11 @@ impl Context {
     /// (tried with kube 5.0) loses Events autonodes must record: it names an Event
     /// `<object name>.<hex time>`, which passes the 253 characters a name may have for
     /// claims with long names (refused, 422); it sends the note uncut (a note over 1,024
-    /// characters is refused); and it folds a repeated reason into a series that keeps the
-    /// first note, so a second failure's text never shows. Here the name is shortened
+    /// characters is refused); it folds a repeated reason into a series that keeps the
+    /// first note, so a second failure's text never shows; and it puts Events about
+    /// cluster-scoped objects in `default`, where a 1.20 API server refuses them (the
+    /// tests' servers: switching to `default` failed every test that reads a provider's
+    /// or a type's Events). Here the name is shortened
     /// with a hash ([`autonodes_core::names::event_name`]), reason, action and note are
     /// cut to what the API accepts, and each Event carries its own note.
     pub async fn event<K>(

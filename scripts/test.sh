@@ -65,19 +65,6 @@ if [ -f target/chaos-report.txt ]; then
   cat target/chaos-report.txt
 fi
 
-echo "== wall time of each test binary, slowest first (its harness's own figure; two lanes ran at once)"
-awk '
-  /^ *Running / {
-    name = ($2 == "unittests") ? $3 : $2
-    if (match($0, /deps\/[^)]*/)) { bin = substr($0, RSTART + 5, RLENGTH - 5); sub(/-[0-9a-f]+$/, "", bin); name = name " (" bin ")" }
-  }
-  /^ *Doc-tests / { name = "doc-tests " $2 }
-  /^test result: / {
-    t = $0; sub(/.*finished in /, "", t); sub(/s$/, "", t)
-    if (name != "") printf "%8.1f s  %s\n", t, name
-    name = ""
-  }' target/test-output.txt | sort -rn
-
 echo "== leftover processes"
 # A recorded pid counts only while its start time is still the recorded one (pids are reused).
 leftover=""

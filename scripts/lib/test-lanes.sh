@@ -9,8 +9,8 @@
 # Each binary runs as `cargo test` would run it: from its package's directory, with CARGO
 # and CARGO_MANIFEST_DIR set. Its whole output goes to OUTPUT in one piece, under the
 # `Running …` line cargo prints (the summary in scripts/test.sh reads it), as soon as it
-# ended; a one-line verdict per binary is printed as it comes, and the whole output of one
-# that failed. AUTONODES_TEST_LANES sets the number of lanes (default 2). The queue is
+# ended; a one-line verdict per binary is printed as it comes, the whole output of one
+# that failed, and at the end the wall time of each, slowest first. AUTONODES_TEST_LANES sets the number of lanes (default 2). The queue is
 # ordered by the wall times of the last run here (target/test-times), else by those in
 # scripts/lib/test-times (a clean checkout). Exits 1 if any binary failed.
 set -uo pipefail
@@ -95,12 +95,21 @@ lane() {
 for _ in $(seq "$lanes"); do lane & done
 wait
 
-# The wall time of each binary for the next run's queue (the harness's own figure); those
-# this run did not time keep their earlier figure.
+# The wall time of each binary (its harness's own figure), slowest first: shown, and kept
+# for the next run's queue (binaries this run did not time keep their earlier figure).
 awk '
-  /^ *Running / { if (match($0, /deps\/[^)]*/)) { bin = substr($0, RSTART + 5, RLENGTH - 5); sub(/-[0-9a-f]+$/, "", bin) } }
-  /^test result: / { t = $0; sub(/.*finished in /, "", t); sub(/s$/, "", t); if (bin != "") print t, bin; bin = "" }
-' "$output" > "$times.new"
+  /^ *Running / {
+    name = ($2 == "unittests") ? $3 : $2
+    if (match($0, /deps\/[^)]*/)) { bin = substr($0, RSTART + 5, RLENGTH - 5); sub(/-[0-9a-f]+$/, "", bin); name = name " (" bin ")" }
+  }
+  /^test result: / {
+    t = $0; sub(/.*finished in /, "", t); sub(/s$/, "", t)
+    if (name != "") printf "%8.1f s  %s\n", t, name
+    name = ""
+  }' "$output" | sort -rn > "$work/wall"
+echo "== wall time of each test binary, slowest first (its harness's own figure; $lanes lanes ran at once)"
+cat "$work/wall"
+sed -n 's/^ *\([0-9.]*\) s .*(\(.*\))$/\1 \2/p' "$work/wall" > "$times.new"
 cat "$times" 2> /dev/null | while read -r t n; do
   grep -q " $n\$" "$times.new" || echo "$t $n"
 done >> "$times.new"

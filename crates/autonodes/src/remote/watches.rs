@@ -8,8 +8,9 @@
 //! moves on within seconds and sees what woke it.
 //!
 //! A store answers only while its watch is live (its latest full list arrived and no error
-//! since; a watch that fails lists again after a backoff): otherwise [`Watched::get`] says so and the caller asks the API server, which also
-//! turns a cluster that went away into a `…Unreachable` condition as before. Objects are
+//! since; a watch that fails lists again after a backoff): otherwise [`Watched::get`] says
+//! so and the caller asks the API server, which also turns a cluster that went away into a
+//! `…Unreachable` condition as before. Objects are
 //! kept trimmed to what the controller reads (KubeVirt objects are read as
 //! [`Observed`] ones: no spec, no `managedFields`; Nodes lose their images), so the caches
 //! stay small with thousands of claims.

@@ -3,7 +3,7 @@
 #   - etcd (Debian package etcd-server), prometheus and promtool (package prometheus)
 #   - kube-apiserver, kube-scheduler, kubectl, and for the real guests (scripts/guest-image.sh)
 #     kubelet, kubeadm and kube-controller-manager, v1.20.2, built from Debian's `kubernetes`
-#     source package (real components, not fakes; see the README's "Run the tests").
+#     source package (real components, not fakes; see docs/src/development.md).
 # Idempotent: binaries are cached in $AUTONODES_K8S_BIN (default
 # /var/cache/autonodes/k8s-1.20.2/bin); each cached binary is reused, only missing ones are built.
 # Prints the bin directory on its last line.

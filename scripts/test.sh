@@ -15,6 +15,9 @@ export AUTONODES_K8S_BIN
 # Helm v4's library for the chart tests (a venv under target/; quick once installed).
 AUTONODES_HELM_PYTHON="$(bash scripts/helm-env.sh | tail -n 1)"
 export AUTONODES_HELM_PYTHON
+# mdBook for the book's build test (tests/docs.rs; built from crates.io once, then cached).
+AUTONODES_MDBOOK="$(bash scripts/docs-tools.sh | tail -n 1)"
+export AUTONODES_MDBOOK
 # cloud-init (schema checks), buildah, podman and runc (the image test) from Debian.
 bash scripts/test-tools.sh || echo "== test tools not installed: the tests that need them say so"
 # The real guests' disk images (Debian via debootstrap, cached after the first run) where

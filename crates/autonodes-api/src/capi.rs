@@ -1,5 +1,5 @@
 //! `capi.autonodes.io/v1alpha1`: Cluster-API-shaped mirrors of NodePools and NodeClaims
-//! (see the README's cluster-autoscaler section).
+//! (see docs/src/cluster-autoscaler.md).
 //!
 //! The stock cluster-autoscaler's `clusterapi` cloud provider drives objects of this shape
 //! in the group named by its `CAPI_GROUP` environment variable. autonodes mirrors every

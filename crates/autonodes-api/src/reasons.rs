@@ -1,6 +1,7 @@
 //! Condition types and reasons as types: one enum of condition types and one of reasons
-//! per kind, so a controller cannot write a reason the README does not list, and a test can
-//! walk every value ([`ClaimReason::ALL`]).
+//! per kind, so a controller cannot write a reason that is not listed here, and a test can
+//! walk every value ([`ClaimReason::ALL`]): `tests/docs.rs` fails when one has no entry
+//! in `docs/src/troubleshooting.md`.
 //!
 //! The API stores them as strings (`metav1.Condition` `type` and `reason`); `as_str` gives
 //! that string, `parse` reads one back.
@@ -17,7 +18,7 @@ macro_rules! names {
         }
 
         impl $name {
-            /// Every value, in the order the README lists them.
+            /// Every value, in the order of their declaration.
             pub const ALL: &'static [$name] = &[$($name::$variant,)*];
 
             /// The name the API stores.
@@ -332,6 +333,70 @@ names! {
         /// `Ready=False`: a limit cannot be read; the quota lets no claim of its namespaces
         /// be scheduled until it is fixed.
         InvalidQuota,
+    }
+}
+
+names! {
+    /// Why a NodeProvider condition (`HostReachable`, `TemplatesValid`, `Ready`) is what it
+    /// is.
+    ProviderReason {
+        /// `HostReachable=True`: the host cluster serves KubeVirt VirtualMachines.
+        HostReachable,
+        /// `TemplatesValid=True`: every node type's template composes.
+        TemplatesValid,
+        /// `Ready=True`: the host is reachable (broken node types fail only themselves).
+        Ready,
+        /// The host's kubeconfig Secret does not exist.
+        KubeconfigSecretNotFound,
+        /// The host's kubeconfig Secret is refused.
+        InvalidKubeconfig,
+        /// The host's kubeconfig Secret could not be read.
+        KubeconfigSecretUnreadable,
+        /// The host cluster does not answer.
+        HostUnreachable,
+        /// The host cluster refuses autonodes' identity.
+        HostForbidden,
+        /// The host cluster does not serve `kubevirt.io/v1` VirtualMachines.
+        KubeVirtNotInstalled,
+        /// `TemplatesValid=False`: some node types' templates do not compose.
+        InvalidTemplate,
+        /// `Ready=False`: the provider is being deleted and claims still use its types.
+        InUse,
+    }
+}
+
+impl From<ClusterReason> for ProviderReason {
+    fn from(r: ClusterReason) -> Self {
+        match r {
+            ClusterReason::KubeconfigSecretNotFound => ProviderReason::KubeconfigSecretNotFound,
+            ClusterReason::InvalidKubeconfig => ProviderReason::InvalidKubeconfig,
+            ClusterReason::KubeconfigSecretUnreadable => ProviderReason::KubeconfigSecretUnreadable,
+        }
+    }
+}
+
+names! {
+    /// Why a NodeType's `Ready` condition is what it is.
+    TypeReason {
+        /// `Ready=True`: claims can be scheduled to the type.
+        Available,
+        /// `Ready=True`: every unit of the type's `maxCapacity` is claimed.
+        Exhausted,
+        /// The type's NodeProvider does not exist.
+        ProviderNotFound,
+        /// The type's NodeProvider exists but cannot be used (its host unreachable, or it
+        /// is being deleted).
+        ProviderNotReady,
+        /// No memory can be found in the type's composed VM template.
+        MemoryNotFound,
+        /// The type's VM template cannot be composed or breaks a rule a VM must keep.
+        InvalidTemplate,
+        /// A resource quantity of the type cannot be read.
+        InvalidResources,
+        /// A taint of the type cannot be used.
+        InvalidTaints,
+        /// The KubeVirt instance type the type names cannot be read from the host.
+        InstancetypeUnavailable,
     }
 }
 

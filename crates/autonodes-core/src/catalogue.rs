@@ -20,6 +20,7 @@ use crate::requirements::{self};
 use crate::resources::{ResourceAmounts, ResourceError};
 use crate::template::error::TemplateError;
 use crate::template::{self, TypeTemplateInput};
+use autonodes_api::reasons::TypeReason;
 
 /// The NodeType name of a provider entry: `<provider>.<type>`.
 pub fn node_type_name(provider: &str, short_name: &str) -> String {
@@ -170,16 +171,18 @@ pub enum TypeProblem {
 }
 
 impl TypeProblem {
-    /// A CamelCase condition reason for the problem.
-    pub fn reason(&self) -> &'static str {
+    /// The NodeType condition reason for the problem.
+    pub fn reason(&self) -> TypeReason {
         match self {
-            TypeProblem::ProviderNotFound { .. } => "ProviderNotFound",
-            TypeProblem::ProviderNotReady { .. } => "ProviderNotReady",
-            TypeProblem::Template(TemplateError::MemoryNotFound { .. }) => "MemoryNotFound",
-            TypeProblem::Template(_) => "InvalidTemplate",
-            TypeProblem::Resources { .. } => "InvalidResources",
-            TypeProblem::Taints { .. } => "InvalidTaints",
-            TypeProblem::Instancetype { .. } => "InstancetypeUnavailable",
+            TypeProblem::ProviderNotFound { .. } => TypeReason::ProviderNotFound,
+            TypeProblem::ProviderNotReady { .. } => TypeReason::ProviderNotReady,
+            TypeProblem::Template(TemplateError::MemoryNotFound { .. }) => {
+                TypeReason::MemoryNotFound
+            }
+            TypeProblem::Template(_) => TypeReason::InvalidTemplate,
+            TypeProblem::Resources { .. } => TypeReason::InvalidResources,
+            TypeProblem::Taints { .. } => TypeReason::InvalidTaints,
+            TypeProblem::Instancetype { .. } => TypeReason::InstancetypeUnavailable,
         }
     }
 }

@@ -72,7 +72,7 @@ pub struct Found {
 /// the claim-UID label are never picked (autonodes did not make them for a claim), nor are
 /// those of another installation (its claims live in another management cluster, or another
 /// namespace of it) or without an installation label (made before installations were
-/// labelled: removed by hand, see the README).
+/// labelled: removed by hand, see docs/src/lifecycle.md).
 pub fn orphans<'a>(
     found: &'a [Found],
     live_claims: &HashSet<String>,

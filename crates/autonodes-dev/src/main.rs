@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand};
 
 /// jemalloc, as the controller binary has: the simulator's watch caches churn small objects
 /// as the controller's do, and with glibc's allocator a fifth of its CPU went to `malloc`
-/// and `free` (README, "Throughput").
+/// and `free` (docs/src/benchmarks.md).
 #[cfg(not(target_env = "msvc"))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;

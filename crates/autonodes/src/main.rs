@@ -4,8 +4,8 @@
 use clap::Parser;
 
 /// jemalloc instead of the system allocator: under the watch caches' steady churn of small
-/// objects it costs the controller about a fifth less CPU and a little less memory (README,
-/// "Throughput").
+/// objects it costs the controller about a fifth less CPU and a little less memory (see
+/// docs/src/benchmarks.md).
 #[cfg(not(target_env = "msvc"))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;

@@ -6,7 +6,7 @@
 //!
 //! Sizes come from the environment (the test command uses the defaults):
 //! `AUTONODES_CHAOS_CLAIMS` (100) claims provisioned under kills, `AUTONODES_CHAOS_OUTAGE`
-//! (60) seconds each API server stays down, `AUTONODES_CHAOS_DELETE` (150; the README's figures use
+//! (60) seconds each API server stays down, `AUTONODES_CHAOS_DELETE` (150; the book's figures use
 //! 1000) claims deleted at once at the end, `AUTONODES_CHAOS_SEED` the kill timing. The figures are printed and
 //! written to `target/chaos-report.txt`, which `scripts/test.sh` shows.
 

@@ -1,6 +1,6 @@
 //! A vCluster's own configuration, stored as its chart stores it (Secret
 //! `vc-config-<name>`, key `config.yaml`), becomes NodePools and nodes; edits, removed
-//! entries and broken configurations behave as the README says.
+//! entries and broken configurations behave as the book's vCluster chapter says.
 
 mod common;
 

@@ -1,6 +1,7 @@
 //! Tests of the catalogue, scheduling and node configuration together.
 
 use super::*;
+use autonodes_api::reasons::TypeReason;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use k8s_openapi::api::core::v1::Taint;
@@ -577,7 +578,7 @@ fn failed_types_are_never_chosen_and_explain_themselves_when_nearest() {
     assert_eq!(both.phase(0), NodeTypePhase::Failed);
     assert_eq!(
         both.problem.as_ref().map(TypeProblem::reason),
-        Some("InvalidTemplate")
+        Some(TypeReason::InvalidTemplate)
     );
     let cat = Catalogue::new(vec![both]);
     let e = choose(&cat, &request(&claim()), &BTreeMap::new()).expect_err("failed");
@@ -594,7 +595,7 @@ fn a_template_kubevirt_would_refuse_fails_its_type_and_claims_go_to_a_valid_sibl
     assert_eq!(both.phase(0), NodeTypePhase::Failed);
     assert_eq!(
         both.problem.as_ref().map(TypeProblem::reason),
-        Some("InvalidTemplate")
+        Some(TypeReason::InvalidTemplate)
     );
     assert!(both
         .problem
@@ -620,7 +621,7 @@ fn a_type_whose_memory_cannot_be_found_is_failed_with_that_reason() {
     assert_eq!(t.phase(0), NodeTypePhase::Failed);
     assert_eq!(
         t.problem.as_ref().map(TypeProblem::reason),
-        Some("MemoryNotFound")
+        Some(TypeReason::MemoryNotFound)
     );
     let status = t.status(0);
     assert_eq!(status.phase, Some(NodeTypePhase::Failed));
@@ -632,7 +633,7 @@ fn a_type_whose_provider_is_missing_is_failed() {
     let t = prepare_type("p.orphan", &spec(&[]), None);
     assert_eq!(
         t.problem.as_ref().map(TypeProblem::reason),
-        Some("ProviderNotFound")
+        Some(TypeReason::ProviderNotFound)
     );
     assert!(t
         .problem

@@ -61,7 +61,7 @@ fn prepare_catalogue(ctx: &Context) -> Catalogue {
                     read,
                 );
                 if prepared.problem.is_none() {
-                    if let Some((_, message)) = unusable(t, provider.as_deref()) {
+                    if let Some(message) = unusable(t, provider.as_deref()) {
                         prepared.problem =
                             Some(autonodes_core::catalogue::TypeProblem::ProviderNotReady {
                                 node_type: t.name_any(),
@@ -86,23 +86,18 @@ pub fn provider_of(ctx: &Context, t: &NodeType) -> Option<Arc<NodeProvider>> {
     ctx.providers.get(&ObjectRef::new(&t.spec.provider_ref))
 }
 
-/// Why a type cannot take claims, if it cannot: (reason, message).
-pub fn unusable(t: &NodeType, provider: Option<&NodeProvider>) -> Option<(&'static str, String)> {
+/// Why a type's provider cannot take claims, if it cannot (the type then reports
+/// `ProviderNotReady` with this message, or `ProviderNotFound` from its evaluation).
+pub fn unusable(t: &NodeType, provider: Option<&NodeProvider>) -> Option<String> {
     let name = t.name_any();
     let Some(p) = provider else {
-        return Some((
-            "ProviderNotFound",
-            format!(
-                "NodeProvider {} of node type {name} does not exist",
-                t.spec.provider_ref
-            ),
+        return Some(format!(
+            "NodeProvider {} of node type {name} does not exist",
+            t.spec.provider_ref
         ));
     };
     if p.metadata.deletion_timestamp.is_some() {
-        return Some((
-            "ProviderDeleting",
-            format!("NodeProvider {} is being deleted", p.name_any()),
-        ));
+        return Some(format!("NodeProvider {} is being deleted", p.name_any()));
     }
     match p.status.as_ref().and_then(|s| s.phase) {
         Some(ProviderPhase::Available) => None,
@@ -113,9 +108,9 @@ pub fn unusable(t: &NodeType, provider: Option<&NodeProvider>) -> Option<(&'stat
                 .and_then(|s| conditions::get(&s.conditions, super::provider::READY))
                 .map(|c| format!("{}: {}", c.reason, c.message))
                 .unwrap_or_else(|| "not checked yet".into());
-            Some((
-                "ProviderNotReady",
-                format!("NodeProvider {} is not ready ({why})", p.name_any()),
+            Some(format!(
+                "NodeProvider {} is not ready ({why})",
+                p.name_any()
             ))
         }
     }

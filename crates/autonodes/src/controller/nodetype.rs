@@ -1,6 +1,7 @@
 //! NodeType controller: effective resources, cost, capacity, phase and host room of each
 //! node type.
 
+use autonodes_api::reasons::TypeReason;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -202,7 +203,7 @@ async fn apply(t: &NodeType, ctx: &TypeContext) -> Result<Action, Error> {
         );
     }
     if prepared.problem.is_none() {
-        if let Some((_, message)) = unusable(t, provider.as_deref()) {
+        if let Some(message) = unusable(t, provider.as_deref()) {
             prepared.problem = Some(TypeProblem::ProviderNotReady {
                 node_type: name.clone(),
                 message,
@@ -232,14 +233,14 @@ async fn apply(t: &NodeType, ctx: &TypeContext) -> Result<Action, Error> {
     let (reason, message) = match (&prepared.problem, phase) {
         (Some(p), _) => (p.reason(), p.to_string()),
         (None, NodeTypePhase::Exhausted) => (
-            "Exhausted",
+            TypeReason::Exhausted,
             format!(
                 "all {} node(s) of {name} are claimed",
                 t.spec.max_capacity.unwrap_or_default()
             ),
         ),
         (None, _) => (
-            "Available",
+            TypeReason::Available,
             "claims can be scheduled to this type".to_string(),
         ),
     };

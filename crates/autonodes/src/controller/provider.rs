@@ -6,6 +6,7 @@
 
 use crate::controller::reconciler::{self, Reconciler};
 use crate::controller::reflectors::{Reflectors, Touched};
+use autonodes_api::reasons::ProviderReason;
 use futures::StreamExt;
 use kube::runtime::Controller;
 use std::collections::{BTreeMap, BTreeSet};
@@ -143,12 +144,12 @@ impl Reconciler for ProviderController {
     }
 }
 
-async fn host_check(p: &NodeProvider, ctx: &Context) -> (bool, &'static str, String) {
+async fn host_check(p: &NodeProvider, ctx: &Context) -> (bool, ProviderReason, String) {
     let cluster = &p.spec.kube_virt.cluster_ref.cluster;
     let namespace = &p.spec.kube_virt.cluster_ref.namespace;
     let remote = match ctx.clients.host(cluster).await {
         Ok(r) => r,
-        Err(e) => return (false, e.reason().as_str(), e.to_string()),
+        Err(e) => return (false, e.reason().into(), e.to_string()),
     };
     let vms: Api<DynamicObject> = Api::namespaced_with(
         remote.client.clone(),
@@ -163,7 +164,7 @@ async fn host_check(p: &NodeProvider, ctx: &Context) -> (bool, &'static str, Str
     match listed {
         Err(_) => (
             false,
-            "HostUnreachable",
+            ProviderReason::HostUnreachable,
             format!(
                 "host cluster {cluster} did not answer within {}s",
                 REMOTE_TIMEOUT.as_secs()
@@ -175,12 +176,12 @@ async fn host_check(p: &NodeProvider, ctx: &Context) -> (bool, &'static str, Str
             match result {
                 Ok(_) => (
                     true,
-                    "HostReachable",
+                    ProviderReason::HostReachable,
                     format!("host cluster {cluster} serves KubeVirt VirtualMachines"),
                 ),
                 Err(e) if matches!(&e, kube::Error::Api(s) if s.code == 404) => (
                     false,
-                    "KubeVirtNotInstalled",
+                    ProviderReason::KubeVirtNotInstalled,
                     format!(
                         "host cluster {cluster} does not serve kubevirt.io/v1 VirtualMachines: {}",
                         remote_error_text(&e)
@@ -188,7 +189,7 @@ async fn host_check(p: &NodeProvider, ctx: &Context) -> (bool, &'static str, Str
                 ),
                 Err(e) if matches!(&e, kube::Error::Api(s) if s.code == 401 || s.code == 403) => (
                     false,
-                    "HostForbidden",
+                    ProviderReason::HostForbidden,
                     format!(
                         "host cluster {cluster} refused to list VirtualMachines in {namespace}: {}",
                         remote_error_text(&e)
@@ -198,7 +199,7 @@ async fn host_check(p: &NodeProvider, ctx: &Context) -> (bool, &'static str, Str
                     ctx.clients.forget(&remote.key).await;
                     (
                         false,
-                        "HostUnreachable",
+                        ProviderReason::HostUnreachable,
                         format!("host cluster {cluster}: {}", remote_error_text(&e)),
                     )
                 }
@@ -256,7 +257,7 @@ async fn apply(p: &NodeProvider, ctx: &Context) -> Result<Action, Error> {
     let templates_ok = template_errors.is_empty();
     let (tr, tm) = if templates_ok {
         (
-            "TemplatesValid",
+            ProviderReason::TemplatesValid,
             format!(
                 "{} node type template(s) compose",
                 p.spec.kube_virt.node_types.len()
@@ -264,7 +265,7 @@ async fn apply(p: &NodeProvider, ctx: &Context) -> Result<Action, Error> {
         )
     } else {
         (
-            "InvalidTemplate",
+            ProviderReason::InvalidTemplate,
             conditions::summarize(
                 &template_errors,
                 p.spec.kube_virt.node_types.len(),
@@ -285,15 +286,15 @@ async fn apply(p: &NodeProvider, ctx: &Context) -> Result<Action, Error> {
     // its siblings: the provider is ready when its host is.
     let ready = reachable;
     let (rr, rm) = if !ready {
-        (host_reason.to_string(), host_message.clone())
+        (host_reason, host_message.clone())
     } else if templates_ok {
         (
-            "Ready".to_string(),
+            ProviderReason::Ready,
             "host reachable and templates valid".to_string(),
         )
     } else {
         (
-            "Ready".to_string(),
+            ProviderReason::Ready,
             format!("host reachable; the other node types are served ({tm})"),
         )
     };
@@ -308,7 +309,7 @@ async fn apply(p: &NodeProvider, ctx: &Context) -> Result<Action, Error> {
         &mut status.conditions,
         READY,
         status_of(ready),
-        &rr,
+        rr,
         rm,
         gen,
         t,
@@ -518,15 +519,21 @@ async fn cleanup(p: &NodeProvider, ctx: &Context) -> Result<Action, Error> {
             &mut status.conditions,
             READY,
             FALSE,
-            "InUse",
+            ProviderReason::InUse,
             message.clone(),
             p.metadata.generation,
             now(),
         );
         if changed {
             apply_status(&Api::<NodeProvider>::all(ctx.client.clone()), p, &status).await?;
-            ctx.event(p, EventType::Warning, "InUse", "Delete", message.clone())
-                .await;
+            ctx.event(
+                p,
+                EventType::Warning,
+                ProviderReason::InUse.as_str(),
+                "Delete",
+                message.clone(),
+            )
+            .await;
         }
         // An error keeps the finalizer (Ok would release it).
         return Err(Error::Waiting(message));

@@ -1,0 +1,577 @@
+//! The book under `docs/` and the READMEs: the book builds with mdBook, every link between
+//! its pages, the READMEs and the repository resolves (anchors included), every condition
+//! reason a user can see has a troubleshooting entry, and the references generated from
+//! the code (the flags of `autonodes`, the chart's values) are what the code says.
+//!
+//! `AUTONODES_UPDATE_DOCS=1` rewrites the generated pages after an intended change.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use autonodes_api::reasons::{ClaimReason, PoolReason, ProviderReason, QuotaReason, TypeReason};
+use clap::CommandFactory;
+use pulldown_cmark::{Event, Parser, Tag, TagEnd};
+
+/// The repository's root.
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+/// Compares a generated file with what is committed; rewrites it with
+/// `AUTONODES_UPDATE_DOCS=1`.
+fn check_generated(path: &Path, generated: &str) {
+    if std::env::var_os("AUTONODES_UPDATE_DOCS").is_some() {
+        std::fs::write(path, generated).unwrap();
+        return;
+    }
+    let committed = read(path);
+    if committed != generated {
+        let first = committed
+            .lines()
+            .zip(generated.lines())
+            .position(|(a, b)| a != b)
+            .map(|i| {
+                format!(
+                    "line {}: committed {:?}, generated {:?}",
+                    i + 1,
+                    committed.lines().nth(i).unwrap_or(""),
+                    generated.lines().nth(i).unwrap_or("")
+                )
+            })
+            .unwrap_or_else(|| "the files differ in length".to_string());
+        panic!(
+            "{} is stale ({first}); run `AUTONODES_UPDATE_DOCS=1 cargo test -p autonodes --test docs` and commit it",
+            path.display()
+        );
+    }
+}
+
+/// Every Markdown file the checks read: the book's sources and the READMEs.
+fn markdown_files() -> Vec<PathBuf> {
+    let mut files = vec![
+        root().join("README.md"),
+        root().join("charts/autonodes/README.md"),
+    ];
+    let mut dirs = vec![root().join("docs/src")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "md") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+/// The anchor mdBook (and GitHub) gives a heading: lower case, spaces to `-`, everything
+/// but letters, digits, `-` and `_` dropped; a repeated anchor gets `-1`, `-2`, ….
+fn anchor_of(text: &str) -> String {
+    text.chars()
+        .filter_map(|c| {
+            if c.is_alphanumeric() || c == '_' || c == '-' {
+                Some(c.to_ascii_lowercase())
+            } else if c.is_whitespace() {
+                Some('-')
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+/// A Markdown file's heading anchors and link targets (with their line numbers).
+struct Page {
+    anchors: BTreeSet<String>,
+    links: Vec<(usize, String)>,
+}
+
+fn parse_page(text: &str) -> Page {
+    let mut anchors = BTreeSet::new();
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    let mut links = Vec::new();
+    let mut heading: Option<String> = None;
+    for (event, range) in Parser::new(text).into_offset_iter() {
+        match event {
+            Event::Start(Tag::Heading { id, .. }) => {
+                if let Some(id) = id {
+                    anchors.insert(id.to_string());
+                }
+                heading = Some(String::new());
+            }
+            Event::End(TagEnd::Heading(_)) => {
+                if let Some(h) = heading.take() {
+                    let base = anchor_of(&h);
+                    let n = seen.entry(base.clone()).or_insert(0);
+                    let anchor = if *n == 0 {
+                        base.clone()
+                    } else {
+                        format!("{base}-{n}")
+                    };
+                    *n += 1;
+                    anchors.insert(anchor);
+                }
+            }
+            Event::Text(t) | Event::Code(t) => {
+                if let Some(h) = heading.as_mut() {
+                    h.push_str(&t);
+                }
+            }
+            Event::Start(Tag::Link { dest_url, .. })
+            | Event::Start(Tag::Image { dest_url, .. }) => {
+                let line = text[..range.start].lines().count().max(1);
+                links.push((line, dest_url.to_string()));
+            }
+            _ => {}
+        }
+    }
+    Page { anchors, links }
+}
+
+#[test]
+fn every_link_of_the_book_and_the_readmes_resolves_to_a_file_and_anchor_that_exist() {
+    let files = markdown_files();
+    let pages: BTreeMap<PathBuf, Page> = files
+        .iter()
+        .map(|f| (f.canonicalize().unwrap(), parse_page(&read(f))))
+        .collect();
+    let mut broken = Vec::new();
+    let mut checked = 0;
+    for (file, page) in &pages {
+        for (line, link) in &page.links {
+            if link.contains("://") || link.starts_with("mailto:") {
+                continue;
+            }
+            checked += 1;
+            let (path, fragment) = match link.split_once('#') {
+                Some((p, f)) => (p, Some(f)),
+                None => (link.as_str(), None),
+            };
+            let target = if path.is_empty() {
+                file.clone()
+            } else {
+                match file.parent().unwrap().join(path).canonicalize() {
+                    Ok(t) => t,
+                    Err(_) => {
+                        broken.push(format!("{}:{line}: {link}: no such file", file.display()));
+                        continue;
+                    }
+                }
+            };
+            if let Some(fragment) = fragment {
+                match pages.get(&target) {
+                    Some(p) if p.anchors.contains(fragment) => {}
+                    Some(_) => broken.push(format!(
+                        "{}:{line}: {link}: no heading with anchor #{fragment}",
+                        file.display()
+                    )),
+                    None => broken.push(format!(
+                        "{}:{line}: {link}: an anchor into a file that is not Markdown",
+                        file.display()
+                    )),
+                }
+            }
+        }
+    }
+    assert!(checked > 50, "only {checked} internal links found");
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}
+
+#[test]
+fn every_chapter_of_the_book_is_in_its_summary_and_every_summary_entry_exists() {
+    let src = root().join("docs/src");
+    let summary = parse_page(&read(&src.join("SUMMARY.md")));
+    let listed: BTreeSet<PathBuf> = summary
+        .links
+        .iter()
+        .map(|(_, l)| src.join(l).canonicalize().unwrap_or_else(|_| src.join(l)))
+        .collect();
+    for chapter in &listed {
+        assert!(
+            chapter.exists(),
+            "SUMMARY.md lists {} which does not exist",
+            chapter.display()
+        );
+    }
+    for file in markdown_files() {
+        let file = file.canonicalize().unwrap();
+        if file.starts_with(src.canonicalize().unwrap()) && !file.ends_with("SUMMARY.md") {
+            assert!(
+                listed.contains(&file),
+                "{} is not in SUMMARY.md",
+                file.display()
+            );
+        }
+    }
+}
+
+#[test]
+fn every_condition_reason_a_user_can_see_has_a_troubleshooting_entry() {
+    let page = read(&root().join("docs/src/troubleshooting.md"));
+    let mut reasons: BTreeSet<&str> = BTreeSet::new();
+    reasons.extend(ClaimReason::ALL.iter().map(|r| r.as_str()));
+    reasons.extend(PoolReason::ALL.iter().map(|r| r.as_str()));
+    reasons.extend(QuotaReason::ALL.iter().map(|r| r.as_str()));
+    reasons.extend(ProviderReason::ALL.iter().map(|r| r.as_str()));
+    reasons.extend(TypeReason::ALL.iter().map(|r| r.as_str()));
+    // Any kind that does not decode (controller/invalid.rs).
+    reasons.insert("InvalidSpec");
+    let missing: Vec<&str> = reasons
+        .iter()
+        .copied()
+        .filter(|r| {
+            !page.contains(&format!("### `{r}`\n")) && !page.contains(&format!("\n| `{r}` |"))
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/src/troubleshooting.md has no entry (a `### `Reason`` heading or a table row) for: {missing:?}"
+    );
+    assert!(reasons.len() > 60, "only {} reasons found", reasons.len());
+}
+
+/// The flags reference, generated from `autonodes`' command line.
+fn flags_reference() -> String {
+    let mut out = String::from(
+        "# Controller flags\n\n\
+         <!-- Generated from the command line (crates/autonodes/src/cli.rs and the argument structs \
+         it names) by `cargo test -p autonodes --test docs`; AUTONODES_UPDATE_DOCS=1 rewrites it. -->\n\n\
+         Every flag of the `autonodes` binary, with the environment variable that sets it too. \
+         Durations are Go-style (`90s`, `10m`, `1h30m`). The chart sets the flags of `autonodes run` \
+         from its [values](chart-values.md).\n",
+    );
+    let cli = autonodes::cli::Cli::command();
+    for sub in cli.get_subcommands() {
+        let name = sub.get_name();
+        out.push_str(&format!("\n## `autonodes {name}`\n\n"));
+        if let Some(about) = sub.get_about() {
+            out.push_str(&format!("{}.\n\n", about.to_string().trim_end_matches('.')));
+        }
+        out.push_str("| flag | environment | default | meaning |\n|---|---|---|---|\n");
+        for arg in sub.get_arguments() {
+            let id = arg.get_id().as_str();
+            if id == "help" || id == "version" {
+                continue;
+            }
+            let flag = match (arg.get_short(), arg.get_long()) {
+                (Some(s), Some(l)) => format!("`-{s}`, `--{l}`"),
+                (None, Some(l)) => format!("`--{l}`"),
+                (Some(s), None) => format!("`-{s}`"),
+                (None, None) => format!("`<{id}>`"),
+            };
+            let env = arg
+                .get_env()
+                .map(|e| format!("`{}`", e.to_string_lossy()))
+                .unwrap_or_default();
+            let defaults: Vec<String> = arg
+                .get_default_values()
+                .iter()
+                .map(|v| v.to_string_lossy().to_string())
+                .collect();
+            let default = if arg.is_required_set() {
+                "required".to_string()
+            } else if defaults.is_empty() || defaults == [""] {
+                String::new()
+            } else {
+                format!("`{}`", defaults.join(","))
+            };
+            let help = arg
+                .get_long_help()
+                .or(arg.get_help())
+                .map(|h| h.to_string())
+                .unwrap_or_default();
+            let mut meaning = help.replace('\n', " ").trim_end_matches('.').to_string();
+            let values: Vec<String> = arg
+                .get_possible_values()
+                .iter()
+                .filter(|v| !v.is_hide_set())
+                .map(|v| format!("`{}`", v.get_name()))
+                .collect();
+            if !values.is_empty() && values != ["`true`", "`false`"] {
+                meaning.push_str(&format!(" ({})", values.join(", ")));
+            }
+            out.push_str(&format!(
+                "| {flag} | {env} | {default} | {} |\n",
+                meaning.replace('|', "\\|")
+            ));
+        }
+    }
+    out
+}
+
+#[test]
+fn the_flags_reference_is_generated_from_the_command_line() {
+    let generated = flags_reference();
+    for flag in [
+        "--launch-timeout",
+        "--require-quota",
+        "--tenant-kubeconfig",
+        "--out",
+    ] {
+        assert!(
+            generated.contains(flag),
+            "{flag} missing from the generated reference"
+        );
+    }
+    check_generated(&root().join("docs/src/reference/flags.md"), &generated);
+}
+
+/// A value the chart documents: its path and its `# --` comment.
+#[derive(Debug)]
+struct DocumentedValue {
+    path: String,
+    description: String,
+}
+
+/// The values of `values.yaml` with a `# --` comment right above them, in file order.
+fn documented_values(text: &str) -> Vec<DocumentedValue> {
+    let mut out = Vec::new();
+    let mut stack: Vec<(usize, String)> = Vec::new();
+    let mut pending: Option<String> = None;
+    for line in text.lines() {
+        let trimmed = line.trim_start();
+        let indent = line.len() - trimmed.len();
+        if trimmed.is_empty() {
+            continue;
+        }
+        if let Some(rest) = trimmed.strip_prefix("# --") {
+            pending = Some(rest.trim().to_string());
+            continue;
+        }
+        if let Some(rest) = trimmed.strip_prefix('#') {
+            if let Some(p) = pending.as_mut() {
+                p.push(' ');
+                p.push_str(rest.trim());
+            }
+            continue;
+        }
+        if trimmed.starts_with('-') {
+            pending = None;
+            continue;
+        }
+        let Some((key, _)) = trimmed.split_once(':') else {
+            continue;
+        };
+        if !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            continue;
+        }
+        while stack.last().is_some_and(|(i, _)| *i >= indent) {
+            stack.pop();
+        }
+        let path = stack
+            .iter()
+            .map(|(_, k)| k.as_str())
+            .chain([key])
+            .collect::<Vec<_>>()
+            .join(".");
+        if let Some(description) = pending.take() {
+            out.push(DocumentedValue { path, description });
+        }
+        stack.push((indent, key.to_string()));
+    }
+    out
+}
+
+/// Every leaf of the values (a scalar, a list, an empty map), as a dotted path.
+fn leaf_paths(value: &serde_json::Value, prefix: &str, out: &mut Vec<String>) {
+    match value {
+        serde_json::Value::Object(map) if !map.is_empty() => {
+            for (k, v) in map {
+                let path = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                leaf_paths(v, &path, out);
+            }
+        }
+        _ => out.push(prefix.to_string()),
+    }
+}
+
+fn value_at<'a>(values: &'a serde_json::Value, path: &str) -> &'a serde_json::Value {
+    path.split('.')
+        .fold(values, |v, k| v.get(k).unwrap_or(&serde_json::Value::Null))
+}
+
+/// The chart's README, generated from `values.yaml`.
+fn chart_readme(values_text: &str) -> String {
+    let values: serde_json::Value = autonodes_core::yaml::from_str(values_text).unwrap();
+    let documented = documented_values(values_text);
+    let mut leaves = Vec::new();
+    leaf_paths(&values, "", &mut leaves);
+    let undocumented: Vec<&String> = leaves
+        .iter()
+        .filter(|leaf| {
+            !documented
+                .iter()
+                .any(|d| **leaf == d.path || leaf.starts_with(&format!("{}.", d.path)))
+        })
+        .collect();
+    assert!(
+        undocumented.is_empty(),
+        "values without a `# --` comment above them (or above a map holding them): {undocumented:?}"
+    );
+    let mut out = String::from(
+        "# The autonodes Helm chart\n\n\
+         <!-- Generated from values.yaml by `cargo test -p autonodes --test docs`; \
+         AUTONODES_UPDATE_DOCS=1 rewrites it. Edit the comments in values.yaml instead. -->\n\n\
+         Installs autonodes, which gives tenant clusters (vClusters and other kubeadm-style \
+         clusters) worker nodes that are KubeVirt virtual machines: its CRDs, the controller \
+         (two replicas with leader election), its RBAC, a metrics Service, and optionally a \
+         ServiceMonitor, a PrometheusRule with the alerts and the Grafana dashboard.\n\n\
+         ```sh\n\
+         helm install autonodes charts/autonodes -n autonodes-system --create-namespace \\\n  \
+         --set image.repository=registry.example.com/autonodes \\\n  \
+         --set 'rbac.tenantNamespaces={tenant-a,tenant-b}'\n\
+         ```\n\n\
+         The book's installation chapter (`docs/src/install.md`) explains the rest: \
+         registering host and tenant clusters, and the rights each needs.\n\n\
+         ## Values\n\n\
+         | key | default | description |\n|---|---|---|\n",
+    );
+    for d in &documented {
+        let default = serde_json::to_string(value_at(&values, &d.path)).unwrap();
+        out.push_str(&format!(
+            "| `{}` | `{}` | {} |\n",
+            d.path,
+            default.replace('|', "\\|"),
+            d.description.replace('|', "\\|")
+        ));
+    }
+    out
+}
+
+#[test]
+fn the_chart_readme_is_generated_from_values_yaml_and_documents_every_value() {
+    let values = read(&root().join("charts/autonodes/values.yaml"));
+    let generated = chart_readme(&values);
+    for key in [
+        "`replicaCount`",
+        "`rbac.tenantNamespaces`",
+        "`controller.launchTimeout`",
+    ] {
+        assert!(
+            generated.contains(key),
+            "{key} missing from the chart README"
+        );
+    }
+    check_generated(&root().join("charts/autonodes/README.md"), &generated);
+}
+
+#[test]
+fn an_undocumented_value_is_found() {
+    let text = "# -- documented\na: 1\nb:\n  # -- inner\n  c: 2\n  d: 3\n";
+    let documented: Vec<String> = documented_values(text)
+        .into_iter()
+        .map(|d| d.path)
+        .collect();
+    assert_eq!(documented, ["a", "b.c"]);
+    let result = std::panic::catch_unwind(|| chart_readme(text));
+    assert!(result.is_err(), "b.d has no comment and must be refused");
+}
+
+/// mdBook, from `AUTONODES_MDBOOK` or installed by `scripts/docs-tools.sh`.
+fn mdbook() -> PathBuf {
+    if let Some(p) = std::env::var_os("AUTONODES_MDBOOK") {
+        return PathBuf::from(p);
+    }
+    let out = Command::new("bash")
+        .arg(root().join("scripts/docs-tools.sh"))
+        .output()
+        .expect("running scripts/docs-tools.sh");
+    assert!(
+        out.status.success(),
+        "scripts/docs-tools.sh failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    PathBuf::from(
+        stdout
+            .lines()
+            .last()
+            .expect("docs-tools.sh printed no path")
+            .trim(),
+    )
+}
+
+#[test]
+fn the_book_builds_with_mdbook_into_one_page_per_chapter() {
+    let dest = tempfile::tempdir().unwrap();
+    let out = Command::new(mdbook())
+        .arg("build")
+        .arg(root().join("docs"))
+        .arg("--dest-dir")
+        .arg(dest.path())
+        .output()
+        .expect("running mdbook");
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "mdbook build failed:\n{log}");
+    for page in [
+        "getting-started.html",
+        "troubleshooting.html",
+        "reference/flags.html",
+        "reference/chart-values.html",
+    ] {
+        assert!(dest.path().join(page).exists(), "{page} not built:\n{log}");
+    }
+    // The chart values page includes the generated chart README.
+    let values = read(&dest.path().join("reference/chart-values.html"));
+    assert!(
+        values.contains("rbac.tenantNamespaces"),
+        "the chart values were not included"
+    );
+    assert!(
+        !log.contains("WARN") && !log.contains("ERROR"),
+        "mdbook warned:\n{log}"
+    );
+}
+
+#[test]
+fn no_file_cites_a_design_document_outside_the_repository() {
+    let mut offenders = Vec::new();
+    let mut dirs = vec![
+        root().join("crates"),
+        root().join("scripts"),
+        root().join("docs"),
+        root().join("charts"),
+    ];
+    let mut files = vec![root().join("README.md")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path
+                .extension()
+                .is_some_and(|e| e == "rs" || e == "sh" || e == "md" || e == "yaml")
+            {
+                files.push(path);
+            }
+        }
+    }
+    let needle = ["DESIGN", ".md"].concat();
+    let section = ["DESIGN", " §"].concat();
+    for f in files {
+        let text = read(&f);
+        if text.contains(&needle) || text.contains(&section) {
+            offenders.push(f.display().to_string());
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "files citing a design document: {offenders:?}"
+    );
+}

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Installs the Debian packages some tests use besides the test environment
-# (scripts/test-env.sh): cloud-init (`cloud-init schema` checks every rendered user data)
-# and buildah, podman and runc (the image test). Idempotent; as root on Debian only, and a
+# (scripts/test-env.sh): cloud-init (`cloud-init schema` checks every rendered user data),
+# buildah, podman and runc (the image test) and docker-registry (the release test pushes to
+# a registry of its own on a loopback port). Idempotent; as root on Debian only, and a
 # failure here only makes those tests say why they cannot run.
 set -euo pipefail
 # shellcheck source=lib/apt.sh
 . "$(dirname "$0")/lib/apt.sh"
-want=(cloud-init buildah podman runc)
+want=(cloud-init buildah podman runc docker-registry)
 read -r -a missing <<< "$(missing_pkgs "${want[@]}")"
 if [ "${#missing[@]}" -eq 0 ]; then
   echo "test-tools: ${want[*]} installed"
@@ -25,5 +26,20 @@ apt-get install -y -q "${missing[@]}" > /dev/null \
 if printf '%s\n' "${missing[@]}" | grep -qx cloud-init; then
   mkdir -p /etc/cloud
   touch /etc/cloud/cloud-init.disabled
+fi
+# docker-registry installed here is for the release test, which starts its own on a free
+# loopback port: the package's service (on :5000, with the package's config) must neither
+# run now nor start at the next boot. Debian's postinst may start it through invoke-rc.d
+# where no policy-rc.d forbids it.
+if printf '%s\n' "${missing[@]}" | grep -qx docker-registry; then
+  # Without systemd as PID 1, `disable` still removes the links and `stop` fails: both quiet.
+  systemctl disable docker-registry > /dev/null 2>&1 || true
+  systemctl stop docker-registry > /dev/null 2>&1 || true
+  if [ -s /var/run/docker-registry.pid ] || ss -Hltnp 'sport = :5000' 2>/dev/null | grep -q docker-registry; then
+    /etc/init.d/docker-registry stop > /dev/null 2>&1 || true
+  fi
+  if ss -Hltnp 'sport = :5000' 2>/dev/null | grep -q docker-registry; then
+    echo "test-tools: the docker-registry service still listens on :5000 (stop it: service docker-registry stop)" >&2
+  fi
 fi
 echo "test-tools: installed ${missing[*]}"

@@ -38,7 +38,21 @@ pub const MAX_REPLICAS: i32 = 1000;
         label_selector_path = ".status.selector"
     ),
     printcolumn(name = "DESIRED", type_ = "integer", json_path = ".spec.replicas"),
-    printcolumn(name = "READY", type_ = "integer", json_path = ".status.readyReplicas"),
+    printcolumn(
+        name = "AVAILABLE",
+        type_ = "integer",
+        json_path = ".status.readyReplicas"
+    ),
+    printcolumn(
+        name = "READY",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "REASON",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].reason"
+    ),
     printcolumn(name = "NODETYPE", type_ = "string", json_path = ".status.nodeType"),
     printcolumn(
         name = "VCLUSTER",

@@ -28,7 +28,7 @@ use super::common::*;
     status = "NodeProviderStatus",
     doc = "A KubeVirt host cluster, a base VirtualMachine template and the node types offered on it.",
     printcolumn(
-        name = "DISPLAY NAME",
+        name = "DISPLAY-NAME",
         type_ = "string",
         json_path = ".spec.displayName"
     ),

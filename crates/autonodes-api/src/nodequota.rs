@@ -24,6 +24,16 @@ use super::common::*;
     category = "autonodes",
     status = "NodeQuotaStatus",
     doc = "Limits on the nodes the claims of each of some tenant namespaces may hold.",
+    printcolumn(
+        name = "READY",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "REASON",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].reason"
+    ),
     printcolumn(name = "NAMESPACES", type_ = "string", json_path = ".spec.namespaces"),
     printcolumn(
         name = "AGE",

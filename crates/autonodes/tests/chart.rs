@@ -293,6 +293,10 @@ async fn chart_lints_renders_and_passes_a_server_side_dry_run_on_the_api_server(
     assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault");
     assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
     assert_eq!(find("PodDisruptionBudget")["spec"]["minAvailable"], 1);
+    assert_eq!(
+        c["image"],
+        "localhost/autonodes:0.1.0".replace("0.1.0", env!("CARGO_PKG_VERSION"))
+    );
     assert_eq!(find("Service")["spec"]["ports"][0]["targetPort"], "metrics");
     find("ServiceAccount");
     let sm = documents(&render_chart(&json!({"serviceMonitor": {"enabled": true}})));
@@ -346,6 +350,111 @@ async fn chart_lints_renders_and_passes_a_server_side_dry_run_on_the_api_server(
     assert_eq!(
         pr["spec"]["groups"][0]["rules"][0]["annotations"]["summary"],
         "A NodeClaim has been {{ $labels.phase }} for {{ $value | humanizeDuration }}"
+    );
+}
+
+#[test]
+fn the_values_schema_makes_helm_refuse_a_wrong_type_or_an_unknown_key() {
+    for (values, field) in [
+        (json!({"replicaCount": "two"}), "replicaCount"),
+        (json!({"controller": {"logFormat": "xml"}}), "logFormat"),
+        (
+            json!({"controller": {"launchTimeout": "soon"}}),
+            "launchTimeout",
+        ),
+        (
+            json!({"rbac": {"tenantNamespaces": "tenant-a"}}),
+            "tenantNamespaces",
+        ),
+        (json!({"metricsAuth": "yes"}), "metricsAuth"),
+        (json!({"replicaCont": 2}), "replicaCont"),
+    ] {
+        let out = helm_chart("render", &values);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{values} was accepted");
+        assert!(
+            err.contains(field),
+            "the refusal of {values} does not name {field}: {err}"
+        );
+        let why = err.lines().filter(|l| l.contains("- at ")).collect::<Vec<_>>();
+        println!("refused {values}: {}", why.join("; "));
+    }
+    let lint = helm_chart("lint", &json!({"replicaCount": "two"}));
+    assert!(!lint.status.success(), "helm lint accepted a wrong type");
+    // Every value values.yaml sets is described by the schema.
+    let values: serde_json::Value = autonodes_core::yaml::from_str(
+        &std::fs::read_to_string(repo().join("charts/autonodes/values.yaml")).expect("values"),
+    )
+    .expect("values.yaml parses");
+    let schema: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(repo().join("charts/autonodes/values.schema.json"))
+            .expect("schema"),
+    )
+    .expect("values.schema.json parses");
+    fn walk(v: &serde_json::Value, s: &serde_json::Value, path: &str, missing: &mut Vec<String>) {
+        let Some(map) = v.as_object() else { return };
+        let Some(props) = s.get("properties").and_then(|p| p.as_object()) else {
+            // A free-form map (resources, affinity, labels): any keys.
+            return;
+        };
+        for (k, x) in map {
+            let here = format!("{path}{k}");
+            match props.get(k) {
+                Some(sub) => walk(x, sub, &format!("{here}."), missing),
+                None => missing.push(here),
+            }
+        }
+    }
+    let mut missing = Vec::new();
+    walk(&values, &schema, "", &mut missing);
+    assert!(
+        missing.is_empty(),
+        "values the schema does not describe: {missing:?}"
+    );
+}
+
+#[test]
+fn the_chart_makes_a_disruption_budget_only_for_more_than_one_replica_and_honours_digest_and_spread(
+) {
+    let kinds = |values: serde_json::Value| -> Vec<serde_json::Value> {
+        documents(&render_chart(&values_for_1_20(values)))
+    };
+    let pdb = |docs: &[serde_json::Value]| {
+        docs.iter()
+            .find(|d| d["kind"] == "PodDisruptionBudget")
+            .cloned()
+    };
+    assert!(
+        pdb(&kinds(json!({"replicaCount": 1}))).is_none(),
+        "one replica: a budget would block every drain"
+    );
+    let max = pdb(&kinds(
+        json!({"podDisruptionBudget": {"maxUnavailable": 1}}),
+    ))
+    .expect("budget");
+    assert_eq!(max["spec"]["maxUnavailable"], 1);
+    assert!(max["spec"].get("minAvailable").is_none());
+    let digest = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    let docs = kinds(json!({
+        "image": {"repository": "registry.example.com/autonodes", "digest": digest},
+        "topologySpreadConstraints": [
+            {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway"}
+        ]
+    }));
+    let deploy = docs
+        .iter()
+        .find(|d| d["kind"] == "Deployment")
+        .expect("Deployment");
+    let pod = &deploy["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["containers"][0]["image"],
+        format!("registry.example.com/autonodes@{digest}")
+    );
+    let spread = &pod["topologySpreadConstraints"][0];
+    assert_eq!(spread["topologyKey"], "topology.kubernetes.io/zone");
+    assert_eq!(
+        spread["labelSelector"]["matchLabels"], deploy["spec"]["selector"]["matchLabels"],
+        "the constraint selects the chart's own pods"
     );
 }
 

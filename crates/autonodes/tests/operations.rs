@@ -287,9 +287,22 @@ async fn claims_and_providers_get_one_event_per_state_change_and_a_healthy_claim
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     let claim_events = world.events_for(NS, "evented").await;
+    // The provider is cluster-scoped: its Events are tried in `default`, which this 1.20
+    // API server refuses, and then recorded in `kube-system`.
     let provider_events = world
         .events_for("kube-system", "kubevirt-provider-advanced")
         .await;
+    assert!(
+        world
+            .events_for("default", "kubevirt-provider-advanced")
+            .await
+            .is_empty(),
+        "a 1.20 API server stores no Event about a cluster-scoped object in default"
+    );
+    assert!(
+        !provider_events.is_empty(),
+        "the provider's Events went to kube-system after default refused them"
+    );
     println!("claim events:\n  {}", claim_events.join("\n  "));
     println!("provider events:\n  {}", provider_events.join("\n  "));
     for (what, events) in [("claim", &claim_events), ("provider", &provider_events)] {

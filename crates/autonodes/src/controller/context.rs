@@ -32,6 +32,10 @@ pub struct Context {
     pub config: ControllerConfig,
     /// Who records Events (events.k8s.io/v1).
     pub reporter: Reporter,
+    /// Where Events about cluster-scoped objects go: `default` (as client-go's and
+    /// kube-runtime's recorders put them) until the management API server refuses one
+    /// there, as 1.20 servers do; then `kube-system` for the rest of the process.
+    pub cluster_events_in_default: std::sync::atomic::AtomicBool,
     /// The one watch and store of each kind.
     pub reflectors: Arc<Reflectors>,
     /// The catalogue as last prepared, and the versions of the type and provider stores it
@@ -120,8 +124,10 @@ impl Context {
     }
 
     /// Records an Event (events.k8s.io/v1) about `obj`; failures to record are logged,
-    /// never fatal. Events about cluster-scoped objects go to `kube-system`, the namespace
-    /// every API server version accepts for them.
+    /// never fatal. Events about cluster-scoped objects go to `default`, where client-go's
+    /// and kube-runtime's recorders put them; an API server that refuses them there (1.20
+    /// answers 422, `involvedObject.namespace: does not match event.namespace`) gets them
+    /// in `kube-system` from then on (see [`Context::cluster_events_in_default`]).
     ///
     /// Written here rather than with kube-runtime's `Recorder`, which on a real API server
     /// (tried with kube 5.0) loses Events autonodes must record: it names an Event
@@ -129,9 +135,8 @@ impl Context {
     /// claims with long names (refused, 422); it sends the note uncut (a note over 1,024
     /// characters is refused); it folds a repeated reason into a series that keeps the
     /// first note, so a second failure's text never shows; and it puts Events about
-    /// cluster-scoped objects in `default`, where a 1.20 API server refuses them (the
-    /// tests' servers: switching to `default` failed every test that reads a provider's
-    /// or a type's Events). Here the name is shortened
+    /// cluster-scoped objects in `default` only, which a 1.20 API server refuses. Here the
+    /// name is shortened
     /// with a hash ([`autonodes_core::names::event_name`]), reason, action and note are
     /// cut to what the API accepts, and each Event carries its own note.
     pub async fn event<K>(
@@ -157,10 +162,13 @@ impl Context {
         action: &str,
         note: String,
     ) {
-        let namespace = regarding
-            .namespace
-            .clone()
-            .unwrap_or_else(|| "kube-system".into());
+        use std::sync::atomic::Ordering;
+        let cluster_scoped = regarding.namespace.is_none();
+        let namespace = match &regarding.namespace {
+            Some(ns) => ns.clone(),
+            None if self.cluster_events_in_default.load(Ordering::Relaxed) => "default".into(),
+            None => "kube-system".into(),
+        };
         let now = now();
         let name = autonodes_core::names::event_name(
             regarding.name.as_deref().unwrap_or("autonodes"),
@@ -194,7 +202,22 @@ impl Context {
         };
         let api: Api<k8s_openapi::api::events::v1::Event> =
             Api::namespaced(self.client.clone(), &namespace);
-        if let Err(e) = api.create(&kube::api::PostParams::default(), &event).await {
+        let mut result = api.create(&kube::api::PostParams::default(), &event).await;
+        let refused_in_default = matches!(&result, Err(kube::Error::Api(s)) if s.code == 422);
+        if cluster_scoped && namespace == "default" && refused_in_default {
+            self.cluster_events_in_default
+                .store(false, Ordering::Relaxed);
+            tracing::info!(
+                "the management API server refuses Events about cluster-scoped objects in \
+                 namespace default (as Kubernetes 1.20 does); recording them in kube-system"
+            );
+            let mut event = event;
+            event.metadata.namespace = Some("kube-system".into());
+            let api: Api<k8s_openapi::api::events::v1::Event> =
+                Api::namespaced(self.client.clone(), "kube-system");
+            result = api.create(&kube::api::PostParams::default(), &event).await;
+        }
+        if let Err(e) = result {
             tracing::warn!(object = %regarding.name.unwrap_or_default(), error = %e, "recording an event failed");
         }
     }
@@ -258,6 +281,7 @@ impl Context {
                 controller: "autonodes".into(),
                 instance: None,
             },
+            cluster_events_in_default: true.into(),
             claims: reflectors.claims.store(),
             types: reflectors.types.store(),
             providers: reflectors.providers.store(),

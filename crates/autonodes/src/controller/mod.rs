@@ -112,6 +112,7 @@ pub async fn run(
         clients,
         config,
         reporter,
+        cluster_events_in_default: true.into(),
         reflectors: reflectors.clone(),
         catalogue: Default::default(),
         claims: r.claims.store(),

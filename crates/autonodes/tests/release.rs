@@ -548,7 +548,8 @@ async fn release_sh_pushes_the_image_its_sbom_and_the_chart_which_installs_from_
         );
     }
     println!(
-        "== SBOM {sbom_tag} ({sbom_digest}): {} components, kube {}, tokio {}",
+        "== SBOM {sbom_tag} ({sbom_digest}): {} components ({} crates), kube {}, tokio {}",
+        sbom["components"].as_array().map_or(0, Vec::len),
         components.len(),
         components["kube"],
         components["tokio"]

@@ -9,11 +9,13 @@
 ARG RUST_IMAGE=docker.io/library/rust:1.95-bookworm
 
 FROM ${RUST_IMAGE} AS build
+ARG REVISION=unknown
 WORKDIR /src
 COPY . .
 # glibc linked statically (`crt-static`): name lookups (files, dns) are built into glibc
-# 2.36, so the binary needs nothing from the image.
-RUN RUSTFLAGS="-C target-feature=+crt-static" \
+# 2.36, so the binary needs nothing from the image. AUTONODES_REVISION becomes the
+# `revision` label of autonodes_build_info.
+RUN AUTONODES_REVISION="${REVISION}" RUSTFLAGS="-C target-feature=+crt-static" \
       cargo build --release --locked -p autonodes --bin autonodes \
         --target x86_64-unknown-linux-gnu \
  && mkdir -p /out \

@@ -71,8 +71,10 @@ fi
 # The static binary: glibc linked in (crt-static), built for the host's target so the
 # flags do not reach build scripts and proc macros.
 target=x86_64-unknown-linux-gnu
+revision=$(git rev-parse HEAD 2> /dev/null || echo unknown)
 say "building the static binary (cargo build --profile $profile --target $target, crt-static)"
-RUSTFLAGS="-C target-feature=+crt-static" \
+# AUTONODES_REVISION becomes the `revision` label of autonodes_build_info.
+AUTONODES_REVISION="$revision" RUSTFLAGS="-C target-feature=+crt-static" \
   cargo build --profile "$profile" --locked -p autonodes --bin autonodes --target "$target"
 target_dir="${CARGO_TARGET_DIR:-$root/target}"
 # Cargo's directory of a profile: `dev` builds into debug/, the others into their name.
@@ -88,7 +90,6 @@ if ! file "$context/out/autonodes" | grep -q 'static'; then
   exit 1
 fi
 
-revision=$(git rev-parse HEAD 2> /dev/null || echo unknown)
 created=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 say "building $name (buildah, FROM scratch; the build stage is the binary above)"
 buildah build --quiet --isolation chroot \

@@ -17,12 +17,22 @@ pub const CONTROLLERS: [&str; 5] = [
 pub struct Metrics {
     /// The registry the metrics live in.
     pub registry: Registry,
+    /// The process's own series (`process_cpu_seconds_total`, `process_resident_memory_bytes`,
+    /// open file descriptors, start time), unprefixed as every Prometheus client exports
+    /// them.
+    pub process_registry: Registry,
     /// `autonodes_reconcile_total{controller,result}`.
     pub reconcile_total: IntCounterVec,
     /// `autonodes_reconcile_duration_seconds{controller}`.
     pub reconcile_duration: HistogramVec,
-    /// `autonodes_nodetype_capacity{nodetype,provider,state}`.
+    /// `autonodes_nodetype_capacity{nodetype,provider}`: the type's `maxCapacity`; absent
+    /// when unlimited.
     pub nodetype_capacity: IntGaugeVec,
+    /// `autonodes_nodetype_claimed{nodetype,provider}`: nodes of the type claims hold.
+    pub nodetype_claimed: IntGaugeVec,
+    /// `autonodes_nodetype_available{nodetype,provider}`: nodes of the type still free
+    /// (capacity minus claimed); absent when unlimited.
+    pub nodetype_available: IntGaugeVec,
     /// `autonodes_nodetype_cost{nodetype,provider}`.
     pub nodetype_cost: IntGaugeVec,
     /// `autonodes_nodetype_host_headroom{nodetype,provider}`: how many more of the type's
@@ -30,7 +40,7 @@ pub struct Metrics {
     pub nodetype_host_headroom: IntGaugeVec,
     /// `autonodes_nodeclaims{phase,nodetype,provider}`.
     pub nodeclaims: IntGaugeVec,
-    /// `autonodes_nodeclaims_cost{vcluster,provider}`.
+    /// `autonodes_nodeclaims_cost{namespace,vcluster,provider}`.
     pub nodeclaims_cost: IntGaugeVec,
     /// `autonodes_nodeclaims_oldest_seconds{phase}`: how long the oldest claim of each phase
     /// on the way (`Pending`, `Provisioning`, `Joining`, `Terminating`) has been there —
@@ -43,11 +53,15 @@ pub struct Metrics {
     pub nodeclaims_terminated: IntCounterVec,
     /// `autonodes_nodeclaim_duration_seconds{stage}`, measured from claim creation.
     pub nodeclaim_duration: HistogramVec,
-    /// `autonodes_cluster_requests_total{cluster,code}`.
+    /// `autonodes_cluster_requests_total{kind,namespace,cluster,code}`: `kind` is `host` or
+    /// `tenant`, `namespace` the tenant's (empty for a host), `cluster` the host's or
+    /// vCluster's name.
     pub cluster_requests: IntCounterVec,
-    /// `autonodes_nodepool_replicas{nodepool,state}`: desired and ready claims per pool
-    /// (`nodepool` is `<namespace>/<name>`).
-    pub nodepool_replicas: IntGaugeVec,
+    /// `autonodes_nodepool_desired_replicas{namespace,nodepool}`: the claims a pool should
+    /// have (`spec.replicas`, or the live claims of a dynamic pool).
+    pub nodepool_desired: IntGaugeVec,
+    /// `autonodes_nodepool_ready_replicas{namespace,nodepool}`: the pool's Available claims.
+    pub nodepool_ready: IntGaugeVec,
     /// `autonodes_orphans_removed_total{kind}`: objects the orphan sweep removed.
     pub orphans_removed: IntCounterVec,
     /// `autonodes_kube_requests_total{cluster,verb,resource,code}`: every request of the
@@ -56,7 +70,16 @@ pub struct Metrics {
     /// `autonodes_leader`: 1 while this replica holds the leader Lease (and runs the
     /// controllers), else 0.
     pub leader: prometheus::IntGauge,
+    /// `autonodes_build_info{version,revision}`: always 1; the labels say which build runs.
+    pub build_info: IntGaugeVec,
 }
+
+/// The git revision the binary was built from (`AUTONODES_REVISION` at build time, which
+/// `scripts/image.sh` sets), else `unknown`.
+pub const REVISION: &str = match option_env!("AUTONODES_REVISION") {
+    Some(r) => r,
+    None => "unknown",
+};
 
 fn register<T: prometheus::core::Collector + Clone + 'static>(
     registry: &Registry,
@@ -83,8 +106,16 @@ impl Metrics {
                 &["controller"],
             ))?,
             nodetype_capacity: register(r, IntGaugeVec::new(
-                Opts::new("nodetype_capacity", "Node type capacity: total, claimed and available nodes (total and available absent when unlimited)."),
-                &["nodetype", "provider", "state"],
+                Opts::new("nodetype_capacity", "Nodes a node type offers at most (its maxCapacity); absent when unlimited."),
+                &["nodetype", "provider"],
+            ))?,
+            nodetype_claimed: register(r, IntGaugeVec::new(
+                Opts::new("nodetype_claimed", "Nodes of a node type that claims hold."),
+                &["nodetype", "provider"],
+            ))?,
+            nodetype_available: register(r, IntGaugeVec::new(
+                Opts::new("nodetype_available", "Nodes of a node type still free (capacity minus claimed); absent when unlimited."),
+                &["nodetype", "provider"],
             ))?,
             nodetype_cost: register(r, IntGaugeVec::new(
                 Opts::new("nodetype_cost", "Effective cost of one node of the type."),
@@ -99,8 +130,8 @@ impl Metrics {
                 &["phase", "nodetype", "provider"],
             ))?,
             nodeclaims_cost: register(r, IntGaugeVec::new(
-                Opts::new("nodeclaims_cost", "Sum of the cost of live node claims, by tenant cluster and provider."),
-                &["vcluster", "provider"],
+                Opts::new("nodeclaims_cost", "Sum of the cost of live (not failed) node claims, by tenant (namespace and vCluster) and provider."),
+                &["namespace", "vcluster", "provider"],
             ))?,
             nodeclaims_oldest: register(r, IntGaugeVec::new(
                 Opts::new("nodeclaims_oldest_seconds", "Seconds the oldest claim of each phase on the way (Pending, Provisioning, Joining, Terminating) has been there: since its creation, for Terminating since its deletion."),
@@ -120,23 +151,36 @@ impl Metrics {
                 &["stage"],
             ))?,
             cluster_requests: register(r, IntCounterVec::new(
-                Opts::new("cluster_requests_total", "Requests autonodes made to host and tenant clusters, by cluster and HTTP status code (or `error`)."),
-                &["cluster", "code"],
+                Opts::new("cluster_requests_total", "Requests autonodes made to host and tenant clusters, by kind (host, tenant), tenant namespace, cluster name and HTTP status code (or `error`)."),
+                &["kind", "namespace", "cluster", "code"],
             ))?,
             leader: register(r, prometheus::IntGauge::new(
                 "leader",
                 "1 while this replica holds the leader Lease and runs the controllers, else 0.",
             ))?,
-            nodepool_replicas: register(r, IntGaugeVec::new(
-                Opts::new("nodepool_replicas", "Claims of a node pool: desired (spec.replicas, or live claims of a dynamic pool) and ready (Available)."),
-                &["nodepool", "state"],
+            nodepool_desired: register(r, IntGaugeVec::new(
+                Opts::new("nodepool_desired_replicas", "Claims a node pool should have: spec.replicas, or the live claims of a dynamic pool."),
+                &["namespace", "nodepool"],
+            ))?,
+            nodepool_ready: register(r, IntGaugeVec::new(
+                Opts::new("nodepool_ready_replicas", "Available claims of a node pool."),
+                &["namespace", "nodepool"],
             ))?,
             orphans_removed: register(r, IntCounterVec::new(
                 Opts::new("orphans_removed_total", "Objects autonodes made whose NodeClaim no longer exists, removed by the orphan sweep, by kind (VirtualMachine, Secret, DataVolume, BootstrapToken, Node)."),
                 &["kind"],
             ))?,
             kube_requests: register(r, Ok(crate::remote::request_metrics::KUBE_REQUESTS.clone()))?,
+            build_info: register(r, IntGaugeVec::new(
+                Opts::new("build_info", "Always 1: the version and git revision of the running build."),
+                &["version", "revision"],
+            ))?,
             registry,
+            process_registry: {
+                let p = Registry::new();
+                p.register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))?;
+                p
+            },
         }
         .with_zero_series())
     }
@@ -164,6 +208,9 @@ impl Metrics {
             self.orphans_removed.with_label_values(&[kind]);
         }
         self.nodeclaims_created.with_label_values::<&str>(&[]);
+        self.build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION"), REVISION])
+            .set(1);
         self
     }
 
@@ -171,10 +218,12 @@ impl Metrics {
     /// of metrics that have no sample yet; for checks of dashboards and alerts.
     pub fn descs(&self) -> Vec<prometheus::core::Desc> {
         use prometheus::core::Collector;
-        let collectors: [&dyn Collector; 16] = [
+        let collectors: [&dyn Collector; 20] = [
             &self.reconcile_total,
             &self.reconcile_duration,
             &self.nodetype_capacity,
+            &self.nodetype_claimed,
+            &self.nodetype_available,
             &self.nodetype_cost,
             &self.nodetype_host_headroom,
             &self.nodeclaims,
@@ -184,8 +233,10 @@ impl Metrics {
             &self.nodeclaims_terminated,
             &self.nodeclaim_duration,
             &self.cluster_requests,
-            &self.nodepool_replicas,
+            &self.nodepool_desired,
+            &self.nodepool_ready,
             &self.leader,
+            &self.build_info,
             &self.orphans_removed,
             &self.kube_requests,
         ];
@@ -197,8 +248,10 @@ impl Metrics {
 
     /// The metrics in Prometheus text format.
     pub fn encode(&self) -> String {
+        let mut families = self.registry.gather();
+        families.extend(self.process_registry.gather());
         TextEncoder::new()
-            .encode_to_string(&self.registry.gather())
+            .encode_to_string(&families)
             .unwrap_or_else(|e| format!("# encoding metrics failed: {e}\n"))
     }
 
@@ -219,14 +272,19 @@ impl Metrics {
     }
 
     /// Counts a request to a remote cluster with its outcome.
-    pub fn remote_request<T>(&self, cluster: &str, result: &Result<T, kube::Error>) {
+    pub fn remote_request<T>(
+        &self,
+        cluster: &crate::remote::clients::ClusterKey,
+        result: &Result<T, kube::Error>,
+    ) {
         let code = match result {
             Ok(_) => "200".to_string(),
             Err(kube::Error::Api(s)) => s.code.to_string(),
             Err(_) => "error".to_string(),
         };
+        let [kind, namespace, name] = cluster.metric_labels();
         self.cluster_requests
-            .with_label_values(&[cluster, &code])
+            .with_label_values(&[kind, namespace, name, &code])
             .inc();
     }
 }
@@ -236,7 +294,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_metric_is_prefixed_and_has_help_text() {
+    fn every_metric_but_the_process_series_is_prefixed_and_has_help_text() {
         let m = Metrics::new().expect("metrics register");
         m.reconcile_total
             .with_label_values(&["nodeclaim", "ok"])
@@ -260,8 +318,19 @@ mod tests {
             text.contains("# HELP autonodes_nodeclaims_created_total "),
             "{text}"
         );
+        assert!(
+            text.contains(&format!(
+                "autonodes_build_info{{revision=\"{REVISION}\",version=\"{}\"}} 1",
+                env!("CARGO_PKG_VERSION")
+            )),
+            "{text}"
+        );
+        assert!(text.contains("\nprocess_cpu_seconds_total "), "{text}");
         for line in text.lines().filter(|l| !l.starts_with('#')) {
-            assert!(line.starts_with("autonodes_"), "unprefixed metric: {line}");
+            assert!(
+                line.starts_with("autonodes_") || line.starts_with("process_"),
+                "unprefixed metric: {line}"
+            );
             assert!(
                 !line.contains("instance=") && !line.contains("job="),
                 "reserved label in {line}"

@@ -133,6 +133,32 @@ fn every_dashboard_panel_query_names_a_metric_the_controller_exports() {
             q * 100.0
         );
     }
+    // Variables to pick the data source, the installation and the tenants; no time series
+    // plots a total over the whole range.
+    let variables: Vec<&str> = dashboard["templating"]["list"]
+        .as_array()
+        .expect("templating")
+        .iter()
+        .filter_map(|v| v["name"].as_str())
+        .collect();
+    assert_eq!(variables, ["datasource", "job", "namespace", "vcluster"]);
+    for panel in panels {
+        let text = panel["targets"].to_string();
+        if panel["type"] == "timeseries" {
+            assert!(
+                !text.contains("$__range"),
+                "{}: a range total plotted over time",
+                panel["title"]
+            );
+        }
+        if !text.is_empty() && text != "null" {
+            assert!(
+                text.contains("job=~\\\"$job\\\""),
+                "{} ignores the job variable: {text}",
+                panel["title"]
+            );
+        }
+    }
     println!(
         "{} panels, {queries} queries, metrics used: {used:?}",
         panels.len()
@@ -376,7 +402,10 @@ fn the_values_schema_makes_helm_refuse_a_wrong_type_or_an_unknown_key() {
             err.contains(field),
             "the refusal of {values} does not name {field}: {err}"
         );
-        let why = err.lines().filter(|l| l.contains("- at ")).collect::<Vec<_>>();
+        let why = err
+            .lines()
+            .filter(|l| l.contains("- at "))
+            .collect::<Vec<_>>();
         println!("refused {values}: {}", why.join("; "));
     }
     let lint = helm_chart("lint", &json!({"replicaCount": "two"}));

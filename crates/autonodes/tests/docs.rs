@@ -575,3 +575,36 @@ fn no_file_cites_a_design_document_outside_the_repository() {
         "files citing a design document: {offenders:?}"
     );
 }
+
+#[test]
+fn every_alert_has_a_runbook_url_into_a_section_of_the_operations_chapter() {
+    const BASE: &str = "https://github.com/autonodes/autonodes/blob/main/docs/src/operations.md#";
+    let rules: serde_json::Value = autonodes_core::yaml::from_str(&read(
+        &root().join("charts/autonodes/alerts/autonodes.rules.yaml"),
+    ))
+    .unwrap();
+    let page = parse_page(&read(&root().join("docs/src/operations.md")));
+    let mut alerts = 0;
+    for group in rules["groups"].as_array().unwrap() {
+        for rule in group["rules"].as_array().unwrap() {
+            let name = rule["alert"].as_str().unwrap();
+            alerts += 1;
+            let url = rule["annotations"]["runbook_url"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{name} has no runbook_url"));
+            let anchor = url
+                .strip_prefix(BASE)
+                .unwrap_or_else(|| panic!("{name}: {url} is not a section of operations.md"));
+            assert!(
+                page.anchors.contains(anchor),
+                "{name}: docs/src/operations.md has no section #{anchor}"
+            );
+            assert_eq!(
+                anchor,
+                name.to_lowercase(),
+                "{name}: the runbook is its own section"
+            );
+        }
+    }
+    assert!(alerts >= 10, "only {alerts} alerts");
+}

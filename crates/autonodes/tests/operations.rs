@@ -123,12 +123,19 @@ async fn metrics_show_capacity_cost_claims_and_stage_durations_once_a_claim_is_a
     let t = "kubevirt-provider-advanced.standard-node";
     let p = "kubevirt-provider-advanced";
     // The gauges follow the stores; give the claimed count a moment to reach the type.
-    let scrape = common::eventually("the metrics to show the claim", Duration::from_secs(30), || async move {
-        let (_, s) = http_get(addr, "/metrics").await.ok()?;
-        let claimed = format!("autonodes_nodetype_capacity{{nodetype=\"{t}\",provider=\"{p}\",state=\"claimed\"}}");
-        let available = format!("autonodes_nodeclaims{{nodetype=\"{t}\",phase=\"Available\",provider=\"{p}\"}}");
-        (sample(&s, &claimed) == Some(1.0) && sample(&s, &available) == Some(1.0)).then_some(s)
-    })
+    let scrape = common::eventually(
+        "the metrics to show the claim",
+        Duration::from_secs(30),
+        || async move {
+            let (_, s) = http_get(addr, "/metrics").await.ok()?;
+            let claimed =
+                format!("autonodes_nodetype_claimed{{nodetype=\"{t}\",provider=\"{p}\"}}");
+            let available = format!(
+                "autonodes_nodeclaims{{nodetype=\"{t}\",phase=\"Available\",provider=\"{p}\"}}"
+            );
+            (sample(&s, &claimed) == Some(1.0) && sample(&s, &available) == Some(1.0)).then_some(s)
+        },
+    )
     .await;
     println!("---- GET /metrics (autonodes_ lines) ----");
     for line in scrape
@@ -146,7 +153,9 @@ async fn metrics_show_capacity_cost_claims_and_stage_durations_once_a_claim_is_a
         28.0,
     );
     has(
-        &format!("autonodes_nodetype_capacity{{nodetype=\"{p}.high-memory-node\",provider=\"{p}\",state=\"claimed\"}}"),
+        &format!(
+            "autonodes_nodetype_claimed{{nodetype=\"{p}.high-memory-node\",provider=\"{p}\"}}"
+        ),
         0.0,
     );
     has(
@@ -154,10 +163,34 @@ async fn metrics_show_capacity_cost_claims_and_stage_durations_once_a_claim_is_a
         1.0,
     );
     has(
-        &format!("autonodes_nodeclaims_cost{{provider=\"{p}\",vcluster=\"tenant\"}}"),
+        &format!(
+            "autonodes_nodeclaims_cost{{namespace=\"{NS}\",provider=\"{p}\",vcluster=\"tenant\"}}"
+        ),
         28.0,
     );
     has("autonodes_nodeclaims_created_total", 1.0);
+    // Totals and their parts are separate series: a type with maxCapacity has all three.
+    let capacity = sample(
+        &scrape,
+        &format!("autonodes_nodetype_capacity{{nodetype=\"{t}\",provider=\"{p}\"}}"),
+    )
+    .expect("the type's capacity");
+    has(
+        &format!("autonodes_nodetype_available{{nodetype=\"{t}\",provider=\"{p}\"}}"),
+        capacity - 1.0,
+    );
+    has(
+        &format!(
+            "autonodes_build_info{{revision=\"{}\",version=\"{}\"}}",
+            autonodes::metrics::REVISION,
+            env!("CARGO_PKG_VERSION")
+        ),
+        1.0,
+    );
+    assert!(
+        sample(&scrape, "process_resident_memory_bytes").unwrap_or(0.0) > 0.0,
+        "the process's own series are exported"
+    );
     // The type's room on the playground's host: three nodes of 64Ti each hold 15,420 VMs of
     // 4Gi + 256Mi launcher overhead; the claim's VM (no launcher pod here) takes one.
     let headroom = format!("autonodes_nodetype_host_headroom{{nodetype=\"{t}\",provider=\"{p}\"}}");
@@ -191,7 +224,9 @@ async fn metrics_show_capacity_cost_claims_and_stage_durations_once_a_claim_is_a
     let remote_ok: f64 = scrape
         .lines()
         .filter(|l| {
-            l.starts_with("autonodes_cluster_requests_total{") && l.contains("code=\"200\"")
+            l.starts_with("autonodes_cluster_requests_total{")
+                && l.contains("code=\"200\"")
+                && (l.contains("kind=\"host\"") || l.contains(&format!("namespace=\"{NS}\"")))
         })
         .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
         .sum();
@@ -203,7 +238,10 @@ async fn metrics_show_capacity_cost_claims_and_stage_durations_once_a_claim_is_a
     // Every family has help text; no sample carries a reserved label.
     for line in scrape.lines().filter(|l| l.starts_with("# TYPE ")) {
         let name = line.split_whitespace().nth(2).expect("family name");
-        assert!(name.starts_with("autonodes_"), "{line}");
+        assert!(
+            name.starts_with("autonodes_") || name.starts_with("process_"),
+            "{line}"
+        );
         assert!(
             scrape.contains(&format!("# HELP {name} ")),
             "no help for {name}"
@@ -235,7 +273,10 @@ async fn metrics_show_capacity_cost_claims_and_stage_durations_once_a_claim_is_a
     )
     .await;
     assert_eq!(
-        sample(&after, &format!("autonodes_nodetype_capacity{{nodetype=\"{t}\",provider=\"{p}\",state=\"claimed\"}}")),
+        sample(
+            &after,
+            &format!("autonodes_nodetype_claimed{{nodetype=\"{t}\",provider=\"{p}\"}}")
+        ),
         Some(0.0)
     );
 

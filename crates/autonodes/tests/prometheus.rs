@@ -90,7 +90,10 @@ fn the_alerting_rules_pass_promtool_and_every_alert_has_a_unit_test_in_which_it_
     );
     for want in [
         "AutonodesNodeClaimStuck",
-        "AutonodesClusterUnreachable",
+        "AutonodesNodeClaimsFailed",
+        "AutonodesNodePoolBelowDesired",
+        "AutonodesHostUnreachable",
+        "AutonodesTenantUnreachable",
         "AutonodesNodeTypeExhausted",
         "AutonodesOrphansRemoved",
         "AutonodesReconcileErrors",
@@ -162,7 +165,12 @@ fn dashboard_queries() -> Vec<(String, String)> {
                 out.push((
                     panel["title"].as_str().unwrap_or("?").to_string(),
                     expr.replace("$__rate_interval", "1m")
-                        .replace("$__range", "5m"),
+                        .replace("$__range", "5m")
+                        // The dashboard's variables, as Grafana fills them in with this
+                        // job and "All" tenants.
+                        .replace("$job", "autonodes")
+                        .replace("$namespace", ".*")
+                        .replace("$vcluster", ".*"),
                 ));
             }
         }
@@ -208,7 +216,7 @@ async fn a_real_prometheus_scrapes_the_controller_and_every_dashboard_query_retu
         format!(
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
              rule_files:\n  - {}\n\
-             scrape_configs:\n  - job_name: autonodes\n    static_configs:\n      - targets: ['{metrics}']\n        labels:\n          pod: autonodes-0\n",
+             scrape_configs:\n  - job_name: autonodes\n    static_configs:\n      - targets: ['{metrics}']\n",
             repo().join(RULES).display()
         ),
     )

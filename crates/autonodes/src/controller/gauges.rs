@@ -25,6 +25,8 @@ pub fn sweep(ctx: &Context) {
     let m = &ctx.metrics;
     for vec in [
         &m.nodetype_capacity,
+        &m.nodetype_claimed,
+        &m.nodetype_available,
         &m.nodetype_cost,
         &m.nodetype_host_headroom,
     ] {

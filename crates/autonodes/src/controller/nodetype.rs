@@ -83,7 +83,7 @@ async fn read_instancetype(
         let got = tokio::time::timeout(REMOTE_TIMEOUT, api.get_opt(&it.name))
             .await
             .map_err(|_| format!("host cluster {cluster} did not answer"))?;
-        ctx.metrics.remote_request(&remote.key.metric_label(), &got);
+        ctx.metrics.remote_request(&remote.key, &got);
         match got {
             Ok(Some(obj)) => instancetype_resources(&obj.data),
             Ok(None) => Err(format!("not found on host cluster {cluster}")),
@@ -258,20 +258,15 @@ async fn apply(t: &NodeType, ctx: &TypeContext) -> Result<Action, Error> {
     let provider_name = t.spec.provider_ref.clone();
     let m = &ctx.metrics;
     let capacity = status.capacity.clone().unwrap_or_default();
-    for (state, value) in [
-        ("total", capacity.total),
-        ("claimed", Some(capacity.claimed)),
-        ("available", capacity.available),
+    for (gauge, value) in [
+        (&m.nodetype_capacity, capacity.total),
+        (&m.nodetype_claimed, Some(capacity.claimed)),
+        (&m.nodetype_available, capacity.available),
     ] {
         match value {
-            Some(v) => m
-                .nodetype_capacity
-                .with_label_values(&[&name, &provider_name, state])
-                .set(v),
+            Some(v) => gauge.with_label_values(&[&name, &provider_name]).set(v),
             None => {
-                let _ = m
-                    .nodetype_capacity
-                    .remove_label_values(&[&name, &provider_name, state]);
+                let _ = gauge.remove_label_values(&[&name, &provider_name]);
             }
         }
     }

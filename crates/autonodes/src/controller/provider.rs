@@ -171,8 +171,7 @@ async fn host_check(p: &NodeProvider, ctx: &Context) -> (bool, ProviderReason, S
             ),
         ),
         Ok(result) => {
-            ctx.metrics
-                .remote_request(&remote.key.metric_label(), &result);
+            ctx.metrics.remote_request(&remote.key, &result);
             match result {
                 Ok(_) => (
                     true,

@@ -38,8 +38,7 @@ pub async fn remote_call<T>(
             format!("no answer within {}s", REMOTE_TIMEOUT.as_secs()).into(),
         )),
     };
-    ctx.metrics
-        .remote_request(&remote.key.metric_label(), &result);
+    ctx.metrics.remote_request(&remote.key, &result);
     result.map_err(remote_err(remote, what))
 }
 

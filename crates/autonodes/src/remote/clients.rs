@@ -59,15 +59,16 @@ pub enum ClusterKey {
 }
 
 impl ClusterKey {
-    /// The value of the `cluster` label in metrics: `host/<name>` or
-    /// `tenant/<namespace>/<vcluster>`.
-    pub fn metric_label(&self) -> String {
+    /// The `kind`, `namespace` and `cluster` labels of this cluster in metrics: `host`, an
+    /// empty namespace and the host's name, or `tenant`, the tenant's namespace and its
+    /// vCluster's name.
+    pub fn metric_labels(&self) -> [&str; 3] {
         match self {
-            ClusterKey::Host(name) => format!("host/{name}"),
+            ClusterKey::Host(name) => ["host", "", name],
             ClusterKey::Tenant {
                 namespace,
                 vcluster,
-            } => format!("tenant/{namespace}/{vcluster}"),
+            } => ["tenant", namespace, vcluster],
         }
     }
 }

@@ -253,7 +253,7 @@ impl<'a> StatusWriter<'a> {
 pub fn refresh_claim_gauges(ctx: &Context) {
     let m = &ctx.metrics;
     let mut by_phase: BTreeMap<(String, String, String), i64> = BTreeMap::new();
-    let mut cost: BTreeMap<(String, String), i64> = BTreeMap::new();
+    let mut cost: BTreeMap<(String, String, String), i64> = BTreeMap::new();
     let mut oldest: BTreeMap<String, i64> = BTreeMap::new();
     let now = k8s_openapi::jiff::Timestamp::now();
     for c in ctx.claims.state() {
@@ -289,7 +289,11 @@ pub fn refresh_claim_gauges(ctx: &Context) {
             .or_default() += 1;
         if phase != "Failed" {
             *cost
-                .entry((c.spec.v_cluster_ref.name.clone(), provider))
+                .entry((
+                    c.namespace().unwrap_or_default(),
+                    c.spec.v_cluster_ref.name.clone(),
+                    provider,
+                ))
                 .or_default() += s.cost.unwrap_or(0);
         }
     }
@@ -304,9 +308,9 @@ pub fn refresh_claim_gauges(ctx: &Context) {
         m.nodeclaims_oldest.with_label_values(&[&phase]).set(secs);
     }
     m.nodeclaims_cost.reset();
-    for ((vcluster, provider), n) in cost {
+    for ((namespace, vcluster, provider), n) in cost {
         m.nodeclaims_cost
-            .with_label_values(&[&vcluster, &provider])
+            .with_label_values(&[&namespace, &vcluster, &provider])
             .set(n);
     }
 }

@@ -256,34 +256,33 @@ fn conflict_or(e: Error) -> Error {
 }
 
 fn set_gauges(pctx: &PoolContext, pool: &NodePool, status: &NodePoolStatus) {
-    let g = &pctx.ctx.metrics.nodepool_replicas;
-    let key = format!(
-        "{}/{}",
-        pool.namespace().unwrap_or_default(),
-        pool.name_any()
-    );
+    let m = &pctx.ctx.metrics;
+    let namespace = pool.namespace().unwrap_or_default();
+    let name = pool.name_any();
     let desired = pool.spec.replicas.unwrap_or(status.replicas);
-    g.with_label_values(&[&key, "desired"])
+    m.nodepool_desired
+        .with_label_values(&[&namespace, &name])
         .set(i64::from(desired));
-    g.with_label_values(&[&key, "ready"])
+    m.nodepool_ready
+        .with_label_values(&[&namespace, &name])
         .set(i64::from(status.ready_replicas));
-    let live: BTreeSet<String> = pctx
+    let live: BTreeSet<(String, String)> = pctx
         .pools
         .state()
         .iter()
-        .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
+        .map(|p| (p.namespace().unwrap_or_default(), p.name_any()))
         .collect();
     if let Ok(mut known) = pctx.gauges.lock() {
-        known.insert(key);
-        let gone: Vec<String> = known
+        known.insert((namespace, name));
+        let gone: Vec<(String, String)> = known
             .iter()
             .filter(|k| !live.contains(*k))
             .cloned()
             .collect();
-        for k in gone {
-            let _ = g.remove_label_values(&[&k, "desired"]);
-            let _ = g.remove_label_values(&[&k, "ready"]);
-            known.remove(&k);
+        for (ns, n) in gone {
+            let _ = m.nodepool_desired.remove_label_values(&[&ns, &n]);
+            let _ = m.nodepool_ready.remove_label_values(&[&ns, &n]);
+            known.remove(&(ns, n));
         }
     }
 }

@@ -21,8 +21,8 @@ pub struct PoolContext {
     pub wake: UnboundedSender<ObjectRef<NodePool>>,
     /// Watches on tenant clusters, by tenant: the client they use and their tasks.
     pub(super) watches: Mutex<HashMap<ClusterKey, TenantWatch>>,
-    /// Pools whose gauges are set (to remove those of deleted pools).
-    pub(super) gauges: std::sync::Mutex<BTreeSet<String>>,
+    /// Pools (namespace, name) whose gauges are set (to remove those of deleted pools).
+    pub(super) gauges: std::sync::Mutex<BTreeSet<(String, String)>>,
 }
 
 /// The watches of one tenant: the client they use and their tasks (stopped when dropped).

@@ -608,3 +608,19 @@ fn every_alert_has_a_runbook_url_into_a_section_of_the_operations_chapter() {
     }
     assert!(alerts >= 10, "only {alerts} alerts");
 }
+
+#[test]
+fn every_metric_the_controller_exports_is_in_the_operations_chapters_table() {
+    let page = read(&root().join("docs/src/operations.md"));
+    let metrics = autonodes::metrics::Metrics::new().unwrap();
+    let missing: Vec<String> = metrics
+        .descs()
+        .iter()
+        .map(|d| format!("autonodes_{}", d.fq_name))
+        .filter(|name| !page.contains(&format!("| `{name}` |")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "metrics without a row in docs/src/operations.md: {missing:?}"
+    );
+}

@@ -146,7 +146,11 @@ async fn kubectl_get_prints_the_declared_columns() {
     let mgmt = env.apiserver("mgmt").expect("mgmt server");
     apply_crds_dir(&env, mgmt);
     kubectl_ok(&env, mgmt, &["create", "namespace", "tenant"]);
-    for f in ["examples/nodeclaim.yaml", "examples/nodepool.yaml"] {
+    for f in [
+        "examples/nodeclaim.yaml",
+        "examples/nodepool.yaml",
+        "examples/nodequota.yaml",
+    ] {
         kubectl_ok(&env, mgmt, &["apply", "-f", path_str(&repo().join(f))]);
     }
     let ntype = json!({
@@ -165,13 +169,13 @@ async fn kubectl_get_prints_the_declared_columns() {
         .await
         .expect("NodeType created");
 
-    let out = kubectl_ok(&env, mgmt, &["get", "ntype,nclaim,npool", "-A"]);
+    let out = kubectl_ok(&env, mgmt, &["get", "ntype,nclaim,npool,nquota", "-A"]);
     let headers: Vec<&str> = out
         .lines()
         .filter(|l| l.starts_with("NAME") || l.starts_with("NAMESPACE"))
         .collect();
-    assert_eq!(headers.len(), 3, "expected three tables:\n{out}");
-    let want: [&[&str]; 3] = [
+    assert_eq!(headers.len(), 4, "expected four tables:\n{out}");
+    let want: [&[&str]; 4] = [
         &[
             "NAME",
             "AVAILABLE",
@@ -195,18 +199,24 @@ async fn kubectl_get_prints_the_declared_columns() {
             "NAMESPACE",
             "NAME",
             "DESIRED",
+            "AVAILABLE",
             "READY",
+            "REASON",
             "NODETYPE",
             "VCLUSTER",
             "AGE",
         ],
+        &["NAMESPACE", "NAME", "READY", "REASON", "NAMESPACES", "AGE"],
     ];
     for (header, want) in headers.iter().zip(want) {
         let got: Vec<&str> = header.split_whitespace().collect();
         assert_eq!(got, want, "columns of:\n{out}");
     }
     assert!(
-        out.contains("manual.small") && out.contains("high-memory-1") && out.contains("standard")
+        out.contains("manual.small")
+            && out.contains("high-memory-1")
+            && out.contains("standard")
+            && out.contains("teams")
     );
 }
 

@@ -562,8 +562,9 @@ fn no_file_cites_a_design_document_outside_the_repository() {
             }
         }
     }
-    let needle = ["DESIGN", ".md"].concat();
-    let section = ["DESIGN", " §"].concat();
+    // Spelled in parts, so this test does not find itself (nor does a grep of the tree).
+    let needle = ["DES", "IGN", ".md"].concat();
+    let section = ["DES", "IGN", " §"].concat();
     for f in files {
         let text = read(&f);
         if text.contains(&needle) || text.contains(&section) {

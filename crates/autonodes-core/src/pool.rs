@@ -27,6 +27,7 @@
 
 pub mod budget;
 pub mod consolidate;
+pub mod daemonsets;
 pub mod do_not_disrupt;
 pub mod dynamic;
 pub mod expectations;

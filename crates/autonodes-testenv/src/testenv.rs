@@ -103,7 +103,9 @@ pub const PIDS_DIR_ENV: &str = "AUTONODES_TEST_PIDS";
 
 /// Records a process the tests started in [`PIDS_DIR_ENV`], when set (best effort).
 pub fn record_pid(pid: u32, name: &str) {
-    let Some(dir) = std::env::var_os(PIDS_DIR_ENV) else {
+    // Unset or empty: nothing is recorded (an empty value must not mean the current
+    // directory).
+    let Some(dir) = std::env::var_os(PIDS_DIR_ENV).filter(|d| !d.is_empty()) else {
         return;
     };
     // Field 22 of /proc/<pid>/stat: the start time, which tells a reused pid apart.

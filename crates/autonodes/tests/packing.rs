@@ -1,5 +1,6 @@
 //! Dynamic pools choosing nodes for pending pods on real API servers (issue 14): extended
-//! resources (GPUs) and the order of a tenant's pools by `weight`. Management + host +
+//! resources (GPUs), the order of a tenant's pools by `weight`, anti-affinity, zone spread,
+//! and room kept for the tenant's DaemonSets. Management + host +
 //! tenant clusters, the controller, the KubeVirt simulator and a real `kube-scheduler` on
 //! the tenant, which binds the pods to the nodes the pools create.
 //!
@@ -14,7 +15,9 @@ use std::time::Duration;
 
 use common::pools::*;
 use common::world::*;
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, PostParams};
 use kube::ResourceExt;
 use serde_json::json;
 
@@ -383,6 +386,71 @@ async fn pods_spread_over_zones_get_one_node_per_zone_of_a_type_offering_two() {
     zones.sort();
     assert_eq!(zones, ["zone-a", "zone-b"]);
     println!("zones: claims {asked:?}; pods on {placed:?}");
+    delete_pods_now(&world).await;
+    world.shutdown().await;
+}
+
+/// A DaemonSet in the tenant's `kube-system` whose pods ask for `cpu` on every node.
+fn daemonset(name: &str, cpu: &str) -> DaemonSet {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "kube-system"},
+        "spec": {
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "agent", "image": "registry.k8s.io/pause:3.9",
+                                         "resources": {"requests": {"cpu": cpu, "memory": "64Mi"}}}]}
+            }
+        }
+    }))
+    .expect("daemonset")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_pod_gets_the_larger_type_when_a_tenant_daemonset_takes_room_on_every_node() {
+    // small (4 CPU, the cheapest) would take the 3-CPU pod alone; with the DaemonSet's 2 CPU
+    // on every node, only large (8 CPU) has room for both.
+    let world = World::with_provider(pools_provider(&[small(), large()])).await;
+    let _scheduler = scheduler(&world);
+    Api::<DaemonSet>::namespaced(world.tenant.clone(), "kube-system")
+        .create(&PostParams::default(), &daemonset("node-agent", "2"))
+        .await
+        .expect("daemonset created");
+    let mut big = pod("big", None);
+    if let Some(c) = big.spec.as_mut().and_then(|s| s.containers.first_mut()) {
+        c.resources
+            .get_or_insert_with(Default::default)
+            .requests
+            .get_or_insert_with(BTreeMap::new)
+            .insert(
+                "cpu".into(),
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity("3".into()),
+            );
+    }
+    create_pods(&world, [big]).await;
+    world
+        .create_pool("burst", json!({"providerRef": "pools"}))
+        .await;
+    let node_type = common::eventually("the pod bound to a new node", WAIT, || async {
+        placement(&world).await.get("big").cloned()
+    })
+    .await;
+    show(
+        &world,
+        "after: the pod on a node with room for the DaemonSet's pod",
+    );
+    assert_eq!(node_type, "large");
+    let claims = pool_claims(&world, "burst").await;
+    assert_eq!(claims.len(), 1, "one node for one pod");
+    assert_eq!(
+        claims[0].spec.type_ref.as_deref(),
+        Some("pools.large"),
+        "the claim is pinned to the type with room for the pod and the DaemonSet's pod"
+    );
+    println!(
+        "daemonset: pod big (3 CPU) beside DaemonSet node-agent (2 CPU) → {node_type}; claim asks for {:?}",
+        claims[0].spec.desired_capacity
+    );
     delete_pods_now(&world).await;
     world.shutdown().await;
 }

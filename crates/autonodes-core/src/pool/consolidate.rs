@@ -78,6 +78,11 @@ impl<'a> NodeUse<'a> {
         }
     }
 
+    /// What the DaemonSet and mirror pods on the node ask for together.
+    pub fn daemons_on(&self, node: &str) -> Amount {
+        self.daemons.get(node).cloned().unwrap_or_default()
+    }
+
     /// Whether a non-DaemonSet pod runs on the node.
     pub fn busy(&self, node: &str) -> bool {
         self.bound.get(node).is_some_and(|b| !b.1.is_empty())

@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 
@@ -25,6 +26,7 @@ use crate::resources::ResourceAmounts;
 use crate::scheduling::{self, ClaimRequest, Mismatch};
 
 use super::consolidate::{self, ConsolidationInput, NodeUse};
+use super::daemonsets::{self, DaemonPod};
 use super::do_not_disrupt;
 use super::pack::{
     accepts, claim_type, is_unschedulable, opens_for, pack, Amount, Bin, Candidate, Limits,
@@ -52,6 +54,9 @@ pub struct Tenant<'a> {
     pub claimed: &'a BTreeMap<String, i64>,
     /// `spec.overhead` by NodeType name (its `kubeReserved` is not allocatable).
     pub overheads: &'a BTreeMap<String, Overhead>,
+    /// The tenant's DaemonSets: their pods take room on every node they would run on
+    /// ([`super::daemonsets`]).
+    pub daemonsets: &'a [DaemonSet],
     /// The namespace's NodePools (the pool itself may be among them): dynamic pools of
     /// the same tenant ranked ahead of this one get first go at pending pods.
     pub pools: &'a [Arc<NodePool>],
@@ -162,7 +167,13 @@ fn claim_nodes<'a>(input: &DynamicInput<'a>) -> Vec<ClaimNode<'a>> {
 /// The free room of the tenant's claims' nodes, for pods the scheduler could not place:
 /// not cordoned nodes, and not nodes Ready for longer than [`READY_NODE_GRACE`] (the
 /// scheduler has seen those: pods it still calls unschedulable do not fit there).
-fn bins(claim_nodes: &[ClaimNode], nodes: &[Node], usage: &NodeUse, now: Timestamp) -> Vec<Bin> {
+fn bins(
+    claim_nodes: &[ClaimNode],
+    nodes: &[Node],
+    usage: &NodeUse,
+    daemons: &[DaemonPod],
+    now: Timestamp,
+) -> Vec<Bin> {
     let nodes: HashMap<&str, &Node> = nodes
         .iter()
         .filter_map(|n| Some((n.metadata.name.as_deref()?, n)))
@@ -183,7 +194,14 @@ fn bins(claim_nodes: &[ClaimNode], nodes: &[Node], usage: &NodeUse, now: Timesta
         if ready_since.is_some_and(|since| due_for_removal(since, now, READY_NODE_GRACE)) {
             continue;
         }
-        let used = node_name.map(|n| usage.used(n)).unwrap_or_default();
+        // What runs there, and the daemon pods still to come (all of them on a node that
+        // has not joined yet).
+        let used = match node_name {
+            Some(n) => usage
+                .used(n)
+                .plus(&daemonsets::still_to_come(&cn.shape, daemons, n, usage)),
+            None => daemonsets::overhead(&cn.shape, daemons),
+        };
         bins.push(Bin {
             claim: name_of(cn.claim).to_string(),
             shape: cn.shape.clone(),
@@ -211,6 +229,7 @@ fn candidates(
     template: &NodeClaimSpec,
     request: &ClaimRequest,
     tenant: &Tenant,
+    daemons: &[DaemonPod],
     catalogue: &Catalogue,
 ) -> Vec<Candidate> {
     catalogue
@@ -231,10 +250,14 @@ fn candidates(
                 .filter_map(|pin| {
                     let mut spec = template.clone();
                     spec.requirements.extend(pin.iter().cloned());
+                    let shape = NodeShape::of_type(t, &spec)?;
+                    // What pods may use once the DaemonSets' pods run there too.
+                    let allocatable = allocatable(t, tenant.overheads.get(&t.name))
+                        .minus(&daemonsets::overhead(&shape, daemons));
                     Some(Candidate {
                         node_type: t.name.clone(),
-                        shape: NodeShape::of_type(t, &spec)?,
-                        allocatable: allocatable(t, tenant.overheads.get(&t.name)),
+                        shape,
+                        allocatable,
                         resources: Amount::of_node(&t.amounts),
                         room: t
                             .max_capacity
@@ -356,7 +379,13 @@ fn pools_ahead(input: &DynamicInput) -> Vec<Ahead> {
                     .map(|c| claim_type(c, input.catalogue, input.tenant.claimed)),
             );
             Some(Ahead {
-                candidates: candidates(&template, &request, &input.tenant, input.catalogue),
+                candidates: candidates(
+                    &template,
+                    &request,
+                    &input.tenant,
+                    &daemonsets::daemon_pods(input.tenant.daemonsets),
+                    input.catalogue,
+                ),
                 limits: Limits::from_spec(p.spec.limits.as_ref()),
                 usage,
             })
@@ -435,10 +464,11 @@ pub fn plan(input: &DynamicInput) -> DynamicPlan {
         .map(PendingPod::from_pod)
         .filter(|p| !ahead.iter().any(|a| a.would_take(p)))
         .collect();
+    let daemons = daemonsets::daemon_pods(tenant.daemonsets);
     let claim_nodes = claim_nodes(input);
-    let bins = bins(&claim_nodes, tenant.nodes, &usage, input.now);
+    let bins = bins(&claim_nodes, tenant.nodes, &usage, &daemons, input.now);
     let candidates = match ClaimRequest::new(input.template, None) {
-        Ok(request) => candidates(input.template, &request, tenant, input.catalogue),
+        Ok(request) => candidates(input.template, &request, tenant, &daemons, input.catalogue),
         Err(_) => Vec::new(),
     };
     // The pool's usage against its limits.

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -125,6 +126,7 @@ struct Scene {
     claims: Vec<Arc<NodeClaim>>,
     pods: Vec<Pod>,
     nodes: Vec<Node>,
+    daemonsets: Vec<DaemonSet>,
     others: Vec<Arc<NodeClaim>>,
     pools: Vec<Arc<NodePool>>,
     problem: Option<Verdict>,
@@ -140,6 +142,7 @@ impl Scene {
             claims: Vec::new(),
             pods: Vec::new(),
             nodes: Vec::new(),
+            daemonsets: Vec::new(),
             others: Vec::new(),
             pools: Vec::new(),
             problem: None,
@@ -158,6 +161,7 @@ impl Scene {
             others: &self.others,
             claimed: &claimed,
             overheads: &overheads,
+            daemonsets: &self.daemonsets,
             pools: &self.pools,
         };
         let tenant = match (&self.unreachable, self.pool.spec.replicas) {
@@ -400,6 +404,50 @@ fn twelve_pending_one_cpu_pods_get_three_claims_pinned_to_the_cheapest_type() {
         (ready.reason.as_str(), ready.message.as_str()),
         ("ScalingUp", "3 new node(s) for 12 pending pod(s)")
     );
+}
+
+/// A DaemonSet in `kube-system` whose pods ask for `cpu`.
+fn daemonset(name: &str, cpu: &str) -> DaemonSet {
+    serde_json::from_value(json!({
+        "metadata": {"namespace": "kube-system", "name": name},
+        "spec": {
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}},
+                         "spec": {"containers": [{"name": "c",
+                             "resources": {"requests": {"cpu": cpu}}}]}}
+        },
+    }))
+    .expect("daemonset")
+}
+
+#[test]
+fn a_pod_that_fits_the_small_type_alone_gets_the_large_one_when_a_daemonset_takes_room_on_every_node(
+) {
+    let mut scene = Scene::new(json!({}));
+    scene.pods = vec![pending("web", "3")];
+    let plan = scene.plan();
+    assert_eq!(plan.create[0].spec.type_ref.as_deref(), Some("p.small"));
+    // A tenant DaemonSet asking for 2 CPU leaves 2 of the small type's 4: too little.
+    scene.daemonsets = vec![daemonset("agent", "2")];
+    let plan = scene.plan();
+    assert_eq!(plan.create.len(), 1, "{:?}", plan.create);
+    assert_eq!(plan.create[0].spec.type_ref.as_deref(), Some("p.large"));
+}
+
+#[test]
+fn a_claim_on_its_way_has_room_only_for_what_its_daemon_pods_leave() {
+    let mut scene = Scene::new(json!({}));
+    scene.claims = vec![claim(
+        &scene.pool,
+        "booting",
+        json!({"phase": "Provisioning", "typeRef": "p.small"}),
+    )];
+    scene.daemonsets = vec![daemonset("agent", "1")];
+    // 4 CPU less the agent's 1: three 1-CPU pods fit, the fourth needs a new node.
+    scene.pods = (0..4).map(|i| pending(&format!("p{i}"), "1")).collect();
+    let plan = scene.plan();
+    assert_eq!(plan.create.len(), 1, "{:?}", plan.create);
+    assert_eq!(plan.create[0].pods.len(), 1);
 }
 
 #[test]

@@ -13,6 +13,7 @@ use autonodes_core::pool::plan::is_live;
 use autonodes_core::pool::plan::Verdict;
 use autonodes_core::pool::reconcile::template_problem;
 use autonodes_core::quota::nodes_limit;
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
@@ -111,6 +112,7 @@ async fn provider_refusal(ctx: &Context, pool: &NodePool, ns: &str) -> Option<Ve
 pub(super) struct TenantState {
     pods: Vec<Pod>,
     nodes: Vec<Node>,
+    daemonsets: Vec<DaemonSet>,
     claimed: BTreeMap<String, i64>,
     overheads: BTreeMap<String, Overhead>,
 }
@@ -129,6 +131,7 @@ impl TenantState {
             others,
             claimed: &self.claimed,
             overheads: &self.overheads,
+            daemonsets: &self.daemonsets,
             pools,
         }
     }
@@ -145,6 +148,7 @@ pub(super) async fn tenant(pctx: &PoolContext, pool: &NodePool) -> Result<Tenant
         .map_err(|e| Verdict::problem(e.reason(), e.to_string()))?;
     tenant::ensure_watch(pctx, &remote).await;
     let (pods, nodes) = tenant::pods_and_nodes(ctx, &remote).await?;
+    let daemonsets = tenant::daemonsets(ctx, &remote).await?;
     let claimed = crate::controller::catalogue::claimed_counts(ctx);
     let overheads = ctx
         .types
@@ -155,6 +159,7 @@ pub(super) async fn tenant(pctx: &PoolContext, pool: &NodePool) -> Result<Tenant
     Ok(TenantState {
         pods,
         nodes,
+        daemonsets,
         claimed,
         overheads,
     })

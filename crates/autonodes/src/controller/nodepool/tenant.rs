@@ -6,6 +6,7 @@ use std::sync::Arc;
 use autonodes_core::pool::do_not_disrupt::annotation_read_by_planning;
 use autonodes_core::pool::plan::Verdict;
 use futures::StreamExt;
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams};
 use kube::core::PartialObjectMeta;
@@ -32,15 +33,68 @@ pub(super) async fn pods_and_nodes(
     ctx: &Context,
     remote: &Remote,
 ) -> Result<(Vec<Pod>, Vec<Node>), Verdict> {
-    let pods = list_paged(ctx, remote, Api::<Pod>::all(remote.client.clone()), "pods").await?;
+    let pods = list_paged(ctx, remote, Api::<Pod>::all(remote.client.clone()), "pods")
+        .await
+        .map_err(ListFailure::verdict)?;
     let nodes = list_paged(
         ctx,
         remote,
         Api::<Node>::all(remote.client.clone()),
         "nodes",
     )
-    .await?;
+    .await
+    .map_err(ListFailure::verdict)?;
     Ok((pods, nodes))
+}
+
+/// The tenant's DaemonSets, whose pods take room on every node they run on. A tenant
+/// identity that may not list them (401, 403), or a tenant that does not serve them (404),
+/// gets none: its pools size nodes for the pending pods alone, and the controller logs why.
+pub(super) async fn daemonsets(ctx: &Context, remote: &Remote) -> Result<Vec<DaemonSet>, Verdict> {
+    let listed = list_paged(
+        ctx,
+        remote,
+        Api::<DaemonSet>::all(remote.client.clone()),
+        "daemonsets",
+    )
+    .await;
+    match listed {
+        Err(ListFailure::Remote(e)) if refused_or_not_served(&e) => {
+            tracing::debug!(tenant = %remote.key, error = %e, "autonodes cannot list the tenant's DaemonSets; dynamic pools size new nodes without their pods");
+            Ok(Vec::new())
+        }
+        other => other.map_err(ListFailure::verdict),
+    }
+}
+
+/// Whether a tenant refused a call (401, 403) or does not serve what it asked for (404).
+fn refused_or_not_served(e: &crate::controller::error::Error) -> bool {
+    matches!(e, crate::controller::error::Error::Remote { source, .. }
+        if crate::remote::clients::forbidden(source)
+            || matches!(source, kube::Error::Api(s) if s.code == 404))
+}
+
+/// Why a tenant's objects could not be listed.
+enum ListFailure {
+    /// The tenant's API server failed or refused.
+    Remote(crate::controller::error::Error),
+    /// More than [`MAX_TENANT_OBJECTS`] of the kind.
+    TooLarge(String),
+}
+
+impl ListFailure {
+    /// The pool's verdict: `TenantUnreachable` or `TenantTooLarge`.
+    fn verdict(self) -> Verdict {
+        match self {
+            ListFailure::Remote(e) => Verdict::problem(PoolReason::TenantUnreachable, e.to_string()),
+            ListFailure::TooLarge(what) => Verdict::problem(
+                PoolReason::TenantTooLarge,
+                format!(
+                    "the tenant has more than {MAX_TENANT_OBJECTS} {what}; dynamic pools plan only for tenants with fewer"
+                ),
+            ),
+        }
+    }
 }
 
 /// Every object of `api`, page by page, trimmed of managed fields and of the annotations
@@ -50,7 +104,7 @@ async fn list_paged<K>(
     remote: &Remote,
     api: Api<K>,
     what: &str,
-) -> Result<Vec<K>, Verdict>
+) -> Result<Vec<K>, ListFailure>
 where
     K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
 {
@@ -59,7 +113,7 @@ where
     loop {
         let page = remote_call(ctx, remote, &format!("listing {what}"), api.list(&params))
             .await
-            .map_err(|e| Verdict::problem(PoolReason::TenantUnreachable, e.to_string()))?;
+            .map_err(ListFailure::Remote)?;
         out.extend(page.items.into_iter().map(|mut o| {
             let meta = o.meta_mut();
             meta.managed_fields = None;
@@ -69,12 +123,7 @@ where
             o
         }));
         if out.len() > MAX_TENANT_OBJECTS {
-            return Err(Verdict::problem(
-                PoolReason::TenantTooLarge,
-                format!(
-                    "the tenant has more than {MAX_TENANT_OBJECTS} {what}; dynamic pools plan only for tenants with fewer"
-                ),
-            ));
+            return Err(ListFailure::TooLarge(what.to_string()));
         }
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(token) => params = params.continue_token(&token),

@@ -51,23 +51,32 @@ fn check_generated(path: &Path, generated: &str) {
     }
 }
 
+/// The files under `dirs` (recursively) whose extension is one of `extensions`.
+fn files_under(mut dirs: Vec<PathBuf>, extensions: &[&str]) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path
+                .extension()
+                .is_some_and(|e| extensions.iter().any(|x| e == *x))
+            {
+                files.push(path);
+            }
+        }
+    }
+    files
+}
+
 /// Every Markdown file the checks read: the book's sources and the READMEs.
 fn markdown_files() -> Vec<PathBuf> {
     let mut files = vec![
         root().join("README.md"),
         root().join("charts/autonodes/README.md"),
     ];
-    let mut dirs = vec![root().join("docs/src")];
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                dirs.push(path);
-            } else if path.extension().is_some_and(|e| e == "md") {
-                files.push(path);
-            }
-        }
-    }
+    files.extend(files_under(vec![root().join("docs/src")], &["md"]));
     files.sort();
     files
 }
@@ -542,26 +551,16 @@ fn the_book_builds_with_mdbook_into_one_page_per_chapter() {
 #[test]
 fn no_file_cites_a_design_document_outside_the_repository() {
     let mut offenders = Vec::new();
-    let mut dirs = vec![
-        root().join("crates"),
-        root().join("scripts"),
-        root().join("docs"),
-        root().join("charts"),
-    ];
     let mut files = vec![root().join("README.md")];
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                dirs.push(path);
-            } else if path
-                .extension()
-                .is_some_and(|e| e == "rs" || e == "sh" || e == "md" || e == "yaml")
-            {
-                files.push(path);
-            }
-        }
-    }
+    files.extend(files_under(
+        vec![
+            root().join("crates"),
+            root().join("scripts"),
+            root().join("docs"),
+            root().join("charts"),
+        ],
+        &["rs", "sh", "md", "yaml"],
+    ));
     // Spelled in parts, so this test does not find itself (nor does a grep of the tree).
     let needle = ["DES", "IGN", ".md"].concat();
     let section = ["DES", "IGN", " §"].concat();

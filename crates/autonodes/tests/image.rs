@@ -11,11 +11,7 @@ use std::process::{Command, Output};
 use common::repo;
 
 fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
+    common::output_text(out)
 }
 
 /// Why buildah cannot build a `FROM scratch` image here, or `None` when it can.
@@ -27,24 +23,7 @@ fn builder_unusable(dir: &Path) -> Option<String> {
             ));
         }
     }
-    std::fs::write(dir.join("probe"), "probe\n").expect("probe file");
-    std::fs::write(dir.join("Dockerfile"), "FROM scratch\nCOPY probe /probe\n")
-        .expect("probe Dockerfile");
-    let tag = format!("localhost/autonodes-probe:{}", std::process::id());
-    let out = Command::new("buildah")
-        .args(["build", "--quiet", "--isolation", "chroot", "--tag", &tag])
-        .arg(dir)
-        .output()
-        .expect("buildah runs");
-    let _ = Command::new("buildah")
-        .args(["rmi", "--force", &tag])
-        .output();
-    (!out.status.success()).then(|| {
-        format!(
-            "buildah cannot build a FROM scratch image on this machine: {}",
-            text(&out).trim()
-        )
-    })
+    common::buildah_cannot_build(dir, "localhost/autonodes-probe")
 }
 
 fn inspect(name: &str, format: &str) -> String {

@@ -28,11 +28,7 @@ fn read(file: &str) -> String {
 }
 
 fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
+    common::output_text(out)
 }
 
 /// The `version` of `[workspace.package]` in the workspace's Cargo.toml.
@@ -220,24 +216,7 @@ fn builder_unusable(dir: &Path) -> Option<String> {
             "buildah is not installed (scripts/test-tools.sh installs Debian's buildah)".into(),
         );
     }
-    std::fs::write(dir.join("probe"), "probe\n").expect("probe file");
-    std::fs::write(dir.join("Dockerfile"), "FROM scratch\nCOPY probe /probe\n")
-        .expect("probe Dockerfile");
-    let tag = format!("localhost/autonodes-release-probe:{}", std::process::id());
-    let out = Command::new("buildah")
-        .args(["build", "--quiet", "--isolation", "chroot", "--tag", &tag])
-        .arg(dir)
-        .output()
-        .expect("buildah runs");
-    let _ = Command::new("buildah")
-        .args(["rmi", "--force", &tag])
-        .output();
-    (!out.status.success()).then(|| {
-        format!(
-            "buildah cannot build a FROM scratch image on this machine: {}",
-            text(&out).trim()
-        )
-    })
+    common::buildah_cannot_build(dir, "localhost/autonodes-release-probe")
 }
 
 /// Debian's registry binary (package `docker-registry`, distribution 2.8).

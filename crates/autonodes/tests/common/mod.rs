@@ -140,5 +140,37 @@ pub fn pid_alive(pid: u32) -> bool {
     }
 }
 
+/// A command's stdout and stderr, one after the other.
+pub fn output_text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Why buildah cannot build a `FROM scratch` image on this machine (`None`: it can): builds
+/// a one-file probe image in `dir`, tagged `<tag>:<this process's id>`, and removes it.
+pub fn buildah_cannot_build(dir: &Path, tag: &str) -> Option<String> {
+    std::fs::write(dir.join("probe"), "probe\n").expect("probe file");
+    std::fs::write(dir.join("Dockerfile"), "FROM scratch\nCOPY probe /probe\n")
+        .expect("probe Dockerfile");
+    let tag = format!("{tag}:{}", std::process::id());
+    let out = std::process::Command::new("buildah")
+        .args(["build", "--quiet", "--isolation", "chroot", "--tag", &tag])
+        .arg(dir)
+        .output()
+        .expect("buildah runs");
+    let _ = std::process::Command::new("buildah")
+        .args(["rmi", "--force", &tag])
+        .output();
+    (!out.status.success()).then(|| {
+        format!(
+            "buildah cannot build a FROM scratch image on this machine: {}",
+            output_text(&out).trim()
+        )
+    })
+}
+
 pub mod pools;
 pub mod world;

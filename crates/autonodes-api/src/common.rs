@@ -37,6 +37,12 @@ pub enum Operator {
     Gt,
     /// The property is an integer less than the single integer in `values`.
     Lt,
+    /// The property is an integer greater than or equal to the single integer in
+    /// `values` (Karpenter's `Gte`).
+    Gte,
+    /// The property is an integer less than or equal to the single integer in `values`
+    /// (Karpenter's `Lte`).
+    Lte,
 }
 
 impl Operator {
@@ -50,6 +56,8 @@ impl Operator {
             Operator::NotExists => "NotExists",
             Operator::Gt => "Gt",
             Operator::Lt => "Lt",
+            Operator::Gte => "Gte",
+            Operator::Lte => "Lte",
         }
     }
 }
@@ -66,12 +74,17 @@ pub struct Requirement {
     /// The property key, e.g. `autonodes.io/node-type` or `topology.kubernetes.io/zone`.
     pub key: String,
     /// How the property is compared with `values`: In, NotIn, Exists, DoesNotExist
-    /// (or its synonym NotExists), Gt, Lt.
+    /// (or its synonym NotExists), Gt, Lt, Gte, Lte.
     pub operator: Operator,
-    /// Values to compare with. In and NotIn take one or more; Gt and Lt exactly one
-    /// integer; Exists and DoesNotExist none.
+    /// Values to compare with. In and NotIn take one or more; Gt, Lt, Gte and Lte exactly
+    /// one integer; Exists and DoesNotExist none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub values: Vec<String>,
+    /// Karpenter's `minValues`: the node types that satisfy every requirement (and, in a
+    /// pool, hold the pods of a new node) must offer at least this many distinct values of
+    /// `key`, or no node is made; 1 to 50.
+    #[serde(default, rename = "minValues", skip_serializing_if = "Option::is_none")]
+    pub min_values: Option<i64>,
 }
 
 /// A requirement as written, in either spelling (see [`Requirement`]).
@@ -82,6 +95,8 @@ struct RequirementShape {
     operator: Option<Operator>,
     value: Option<String>,
     values: Option<Vec<String>>,
+    #[serde(rename = "minValues")]
+    min_values: Option<i64>,
 }
 
 impl TryFrom<RequirementShape> for Requirement {
@@ -108,6 +123,7 @@ impl TryFrom<RequirementShape> for Requirement {
             key,
             operator: s.operator.unwrap_or(Operator::In),
             values,
+            min_values: s.min_values,
         })
     }
 }
@@ -135,13 +151,19 @@ impl JsonSchema for Requirement {
                 "property": key("The property key, as vCluster writes it (instead of `key`)."),
                 "operator": {
                     "type": "string",
-                    "description": "How the property is compared: In (the default), NotIn, Exists, DoesNotExist (or NotExists), Gt, Lt.",
-                    "enum": ["In", "NotIn", "Exists", "DoesNotExist", "NotExists", "Gt", "Lt"],
+                    "description": "How the property is compared: In (the default), NotIn, Exists, DoesNotExist (or NotExists), Gt, Lt, Gte, Lte.",
+                    "enum": ["In", "NotIn", "Exists", "DoesNotExist", "NotExists", "Gt", "Lt", "Gte", "Lte"],
                 },
                 "values": {
                     "type": "array",
-                    "description": "Values to compare with: In and NotIn one or more, Gt and Lt exactly one integer, Exists and DoesNotExist none.",
+                    "description": "Values to compare with: In and NotIn one or more, Gt, Lt, Gte and Lte exactly one integer, Exists and DoesNotExist none.",
                     "items": {"type": "string"},
+                },
+                "minValues": {
+                    "type": "integer",
+                    "description": "Karpenter's minValues: the node types that satisfy every requirement (and, in a pool, hold the pods of a new node) must offer at least this many distinct values of the key, or no node is made.",
+                    "minimum": 1,
+                    "maximum": 50,
                 },
                 "value": {
                     "type": "string",

@@ -267,6 +267,9 @@ names! {
         NoMatchingNodeType,
         /// Pending pods fit node types that are all at `maxCapacity`.
         InsufficientCapacity,
+        /// Pending pods fit the pool's node types, but their pod affinity, anti-affinity or
+        /// topology spread allows no node the pool has or could add.
+        PodRulesUnsatisfiable,
         /// `LimitReached=False`: demand fits within `spec.limits`.
         WithinLimits,
         /// `LimitReached=True`: pending pods need nodes beyond `spec.limits`.

@@ -30,6 +30,10 @@ pub enum Operator {
     Gt(i64),
     /// The key's value is an integer less than this one.
     Lt(i64),
+    /// The key's value is an integer greater than or equal to this one.
+    Gte(i64),
+    /// The key's value is an integer less than or equal to this one.
+    Lte(i64),
 }
 
 /// A requirement on the value of one key of a label or property map.
@@ -49,7 +53,7 @@ pub enum RequirementMiss {
         /// The key's value, if set.
         actual: Option<String>,
     },
-    /// Gt/Lt on a key whose value is not an integer.
+    /// Gt/Lt/Gte/Lte on a key whose value is not an integer.
     NotAnInteger {
         /// The key's value.
         actual: String,
@@ -74,7 +78,10 @@ impl Requirement {
             Operator::NotIn(values) => actual.is_none_or(|a| !values.contains(a)),
             Operator::Exists => actual.is_some(),
             Operator::DoesNotExist => actual.is_none(),
-            Operator::Gt(bound) | Operator::Lt(bound) => {
+            Operator::Gt(bound)
+            | Operator::Lt(bound)
+            | Operator::Gte(bound)
+            | Operator::Lte(bound) => {
                 let Some(a) = actual else {
                     return Err(not_met());
                 };
@@ -82,7 +89,9 @@ impl Requirement {
                     .ok_or_else(|| RequirementMiss::NotAnInteger { actual: a.clone() })?;
                 match self.operator {
                     Operator::Gt(_) => value > *bound,
-                    _ => value < *bound,
+                    Operator::Lt(_) => value < *bound,
+                    Operator::Gte(_) => value >= *bound,
+                    _ => value <= *bound,
                 }
             }
         };

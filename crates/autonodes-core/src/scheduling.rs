@@ -43,11 +43,16 @@ pub enum RequestError {
 }
 
 /// A validated requirement: a [`requirements::Requirement`] and its text for messages.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CheckedRequirement {
     pub(crate) requirement: requirements::Requirement,
     text: String,
+    /// `minValues`: how many distinct values of the key the fitting types must offer.
+    pub(crate) min_values: Option<usize>,
 }
+
+/// The largest `minValues` (Karpenter's bound).
+pub const MAX_MIN_VALUES: i64 = 50;
 
 impl fmt::Display for CheckedRequirement {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -102,6 +107,17 @@ impl CheckedRequirement {
             Operator::DoesNotExist | Operator::NotExists => requirements::Operator::DoesNotExist,
             Operator::Gt => requirements::Operator::Gt(one_integer()?),
             Operator::Lt => requirements::Operator::Lt(one_integer()?),
+            Operator::Gte => requirements::Operator::Gte(one_integer()?),
+            Operator::Lte => requirements::Operator::Lte(one_integer()?),
+        };
+        let min_values = match req.min_values {
+            None => None,
+            Some(n @ 1..=MAX_MIN_VALUES) => usize::try_from(n).ok(),
+            Some(n) => {
+                return Err(invalid(format!(
+                    "minValues must be 1 to {MAX_MIN_VALUES}, got {n}"
+                )))
+            }
         };
         let text = if req.values.is_empty() {
             format!("{} {}", req.key, req.operator.as_str())
@@ -119,7 +135,50 @@ impl CheckedRequirement {
                 operator,
             },
             text,
+            min_values,
         })
+    }
+
+    /// Whether `types` offer at least `minValues` distinct values of the key that meet the
+    /// requirement (a type offering several values counts each; one offering any value
+    /// meets any `minValues`); if not, a message naming what they offer.
+    pub fn min_values_met<'t>(
+        &self,
+        types: impl IntoIterator<Item = &'t Properties>,
+    ) -> Result<(), String> {
+        let Some(want) = self.min_values else {
+            return Ok(());
+        };
+        let mut values: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+        for properties in types {
+            let Some(value) = properties.get(self.key()) else {
+                continue;
+            };
+            match requirements::Offer::parse(value) {
+                requirements::Offer::Any => return Ok(()),
+                requirements::Offer::One => {
+                    values.insert(value.clone());
+                }
+                requirements::Offer::Several(choices) => {
+                    for c in choices {
+                        let single = Properties::from([(self.key().to_string(), c.to_string())]);
+                        if self.requirement.matches(&single).is_ok() {
+                            values.insert(c.to_string());
+                        }
+                    }
+                }
+            }
+        }
+        if values.len() >= want {
+            return Ok(());
+        }
+        let offered: Vec<&str> = values.iter().map(String::as_str).collect();
+        Err(format!(
+            "{self} asks for at least {want} distinct values of {} among the fitting node types; they offer {} ({})",
+            self.key(),
+            values.len(),
+            offered.join(", ")
+        ))
     }
 
     /// The property key.
@@ -339,6 +398,23 @@ pub fn choose_within<'c>(
     mut admit: impl FnMut(&PreparedType) -> Result<(), NoFit>,
 ) -> Result<&'c PreparedType, NoFit> {
     let count = |t: &PreparedType| claimed.get(&t.name).copied().unwrap_or(0);
+    // `minValues`: the fitting types must offer enough values (a claim pinned to its type
+    // by its pool was checked by the pool, among the pool's types).
+    if req.type_ref.is_none() {
+        for r in req.requirements().iter().filter(|r| r.min_values.is_some()) {
+            let fitting = catalogue
+                .types()
+                .iter()
+                .filter(|t| req.considers(t) && fits(t, req))
+                .map(|t| &t.properties);
+            if let Err(message) = r.min_values_met(fitting) {
+                return Err(NoFit {
+                    reason: REASON_NO_MATCHING_NODE_TYPE,
+                    message,
+                });
+            }
+        }
+    }
     let mut full: Vec<&PreparedType> = Vec::new();
     let mut refused: Vec<NoFit> = Vec::new();
     for t in catalogue.types().iter().filter(|t| req.considers(t)) {

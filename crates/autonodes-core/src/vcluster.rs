@@ -628,6 +628,7 @@ fn requirement(r: &VRequirement, path: &str) -> Result<Requirement, EntryError> 
         key: r.property.clone(),
         operator,
         values,
+        min_values: None,
     };
     crate::scheduling::CheckedRequirement::new(&requirement, path)
         .map_err(|e| err(e.to_string()))?;

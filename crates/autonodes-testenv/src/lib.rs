@@ -8,6 +8,8 @@
 //! - [`kubeadm_tenant`]: a tenant API server prepared as a kubeadm control plane, for real
 //!   kubelets to join;
 //! - [`download_mirror`]: dl.k8s.io's layout on loopback, for stock guests to install from;
+//! - [`workloads`]: node types and pending pods in the shape of Karpenter's scheduling
+//!   benchmark, and what the real kube-scheduler makes of packed nodes;
 //! - [`qemu`]: real guests (QEMU, with KVM where it can boot them, else TCG) from the images `scripts/guest-image.sh` builds,
 //!   with a NoCloud seed as KubeVirt makes it.
 #![forbid(unsafe_code)]
@@ -23,3 +25,4 @@ pub mod playground;
 pub mod qemu;
 pub mod simulator;
 pub mod testenv;
+pub mod workloads;

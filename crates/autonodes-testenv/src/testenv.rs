@@ -701,6 +701,46 @@ impl TestEnv {
         Ok(process)
     }
 
+    /// Starts `kube-controller-manager` against the API server `name` with its admin
+    /// kubeconfig, running only `controllers` (e.g. `daemonset`), without leader election
+    /// or serving ports. The process is killed when the returned handle is dropped.
+    pub fn start_controller_manager(
+        &self,
+        name: &str,
+        controllers: &str,
+    ) -> Result<ManagedProcess, TestEnvError> {
+        let server = self
+            .apiserver(name)
+            .ok_or_else(|| TestEnvError::Kubeconfig {
+                name: name.to_string(),
+                message: "no API server of that name".into(),
+            })?;
+        let binary = self
+            .bins
+            .kube_scheduler
+            .with_file_name("kube-controller-manager");
+        let args = vec![
+            format!("--kubeconfig={}", server.kubeconfig_path.display()),
+            format!("--controllers={controllers}"),
+            "--leader-elect=false".to_string(),
+            "--use-service-account-credentials=false".to_string(),
+            "--port=0".to_string(),
+            "--secure-port=0".to_string(),
+            "--v=1".to_string(),
+        ];
+        let log = server.dir.join("kube-controller-manager.log");
+        let mut process = ManagedProcess::spawn(
+            &format!("kube-controller-manager {name}"),
+            &binary,
+            &args,
+            &log,
+        )?;
+        // Like the scheduler, it has no port to probe.
+        std::thread::sleep(Duration::from_millis(300));
+        process.check_running()?;
+        Ok(process)
+    }
+
     /// Process ids of every process the environment runs (etcd first).
     pub fn pids(&self) -> Vec<u32> {
         self.etcd

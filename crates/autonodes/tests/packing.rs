@@ -13,6 +13,8 @@ use autonodes_core::pool::pack::is_unschedulable;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use autonodes_testenv::testenv::TestEnv;
+use autonodes_testenv::workloads;
 use common::pools::*;
 use common::world::*;
 use k8s_openapi::api::apps::v1::DaemonSet;
@@ -407,50 +409,131 @@ fn daemonset(name: &str, cpu: &str) -> DaemonSet {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pending_pod_gets_the_larger_type_when_a_tenant_daemonset_takes_room_on_every_node() {
-    // small (4 CPU, the cheapest) would take the 3-CPU pod alone; with the DaemonSet's 2 CPU
-    // on every node, only large (8 CPU) has room for both.
-    let world = World::with_provider(pools_provider(&[small(), large()])).await;
+async fn a_pod_that_fits_a_two_cpu_node_alone_gets_a_four_cpu_one_beside_a_one_cpu_daemonset_and_both_land_there(
+) {
+    // `two` (2 CPU, the cheapest) would take the 1.5-CPU pod alone; with the DaemonSet's
+    // 1 CPU on every node, only `small` (4 CPU) has room for both. The tenant runs the
+    // real DaemonSet controller, so the DaemonSet's pod is created for the new node and
+    // bound there by the kube-scheduler.
+    let world =
+        World::with_provider(pools_provider(&[node_type("two", "2", "4Gi"), small()])).await;
     let _scheduler = scheduler(&world);
+    let _daemonsets = world
+        .playground
+        .env
+        .start_controller_manager("tenant", "daemonset")
+        .expect("kube-controller-manager started");
     Api::<DaemonSet>::namespaced(world.tenant.clone(), "kube-system")
-        .create(&PostParams::default(), &daemonset("node-agent", "2"))
+        .create(&PostParams::default(), &daemonset("node-agent", "1"))
         .await
         .expect("daemonset created");
-    let mut big = pod("big", None);
-    if let Some(c) = big.spec.as_mut().and_then(|s| s.containers.first_mut()) {
+    let mut web = pod("web", None);
+    if let Some(c) = web.spec.as_mut().and_then(|s| s.containers.first_mut()) {
         c.resources
             .get_or_insert_with(Default::default)
             .requests
             .get_or_insert_with(BTreeMap::new)
             .insert(
                 "cpu".into(),
-                k8s_openapi::apimachinery::pkg::api::resource::Quantity("3".into()),
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity("1500m".into()),
             );
     }
-    create_pods(&world, [big]).await;
+    create_pods(&world, [web]).await;
     world
         .create_pool("burst", json!({"providerRef": "pools"}))
         .await;
-    let node_type = common::eventually("the pod bound to a new node", WAIT, || async {
-        placement(&world).await.get("big").cloned()
+    let node = common::eventually("the pod bound to a new node", WAIT, || async {
+        tenant_pods(&world)
+            .await
+            .iter()
+            .find(|p| p.name_any() == "web")
+            .and_then(bound_to)
+    })
+    .await;
+    let daemon_pods: Api<Pod> = Api::namespaced(world.tenant.clone(), "kube-system");
+    let agent = common::eventually("the DaemonSet's pod bound to the same node", WAIT, || {
+        let daemon_pods = daemon_pods.clone();
+        let node = node.clone();
+        async move {
+            daemon_pods
+                .list(&Default::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|p| {
+                    p.name_any().starts_with("node-agent-") && bound_to(p) == Some(node.clone())
+                })
+                .map(|p| p.name_any())
+        }
     })
     .await;
     show(
         &world,
-        "after: the pod on a node with room for the DaemonSet's pod",
+        "after: the pod and the DaemonSet's pod on one 4-CPU node",
     );
-    assert_eq!(node_type, "large");
+    assert_eq!(
+        placement(&world).await.get("web").map(String::as_str),
+        Some("small")
+    );
     let claims = pool_claims(&world, "burst").await;
     assert_eq!(claims.len(), 1, "one node for one pod");
-    assert_eq!(
-        claims[0].spec.type_ref.as_deref(),
-        Some("pools.large"),
-        "the claim is pinned to the type with room for the pod and the DaemonSet's pod"
-    );
+    assert_eq!(claims[0].spec.type_ref.as_deref(), Some("pools.small"));
     println!(
-        "daemonset: pod big (3 CPU) beside DaemonSet node-agent (2 CPU) → {node_type}; claim asks for {:?}",
-        claims[0].spec.desired_capacity
+        "daemonset: pod web (1.5 CPU) beside DaemonSet node-agent (1 CPU) → small (4 CPU) node {node}, with {agent} bound there too"
     );
     delete_pods_now(&world).await;
     world.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kube_scheduler_binds_every_pod_of_the_diverse_set_on_the_nodes_the_packer_proposed() {
+    // Karpenter's benchmark shape at 300 pods (six kinds, 50 each) over 400 node types: the
+    // packer's nodes are created as Nodes of a real API server, the pods created, and the
+    // real kube-scheduler binds them. Where it placed pods otherwise than the packer and
+    // left some without room, the next round packs those onto the room left and new
+    // nodes, as a dynamic pool does; every pod must bind within four rounds.
+    let env = TestEnv::start(&["tenant"]).await.expect("API server");
+    let _scheduler = env.start_scheduler("tenant").expect("kube-scheduler");
+    let client = env
+        .apiserver("tenant")
+        .expect("tenant")
+        .client()
+        .await
+        .expect("client");
+    let types = workloads::bench_types(400);
+    let pods = workloads::scheduler_order(&workloads::diverse_pods(300, 42));
+    let rounds = workloads::provision(&client, &types, &pods, 4, Duration::from_secs(15))
+        .await
+        .expect("provisioned");
+    for (i, r) in rounds.iter().enumerate() {
+        println!(
+            "diverse: round {}: {} pending, {} nodes added, {} bound after {:.1} s, {} left pending",
+            i + 1,
+            r.pending_before,
+            r.nodes_added,
+            r.bound.len(),
+            r.took.as_secs_f64(),
+            r.pending.len()
+        );
+    }
+    let first = rounds.first().expect("a round");
+    let last = rounds.last().expect("a round");
+    assert!(
+        first.blocked.is_empty(),
+        "the packer finds a node for every pod: {:?}",
+        first.blocked
+    );
+    assert!(
+        last.pending.is_empty(),
+        "every pod bound; pending: {:#?}",
+        last.pending
+    );
+    assert_eq!(last.bound.len(), 300);
+    // Most pods land where the packer put them the first time.
+    assert!(
+        first.bound.len() >= 270,
+        "{} of 300 bound in the first round",
+        first.bound.len()
+    );
 }

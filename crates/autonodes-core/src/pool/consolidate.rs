@@ -17,9 +17,9 @@
 //!   fit its room, so the node goes as underutilized.
 //!
 //! Both stay within the disruption budgets, and leave alone nodes marked do-not-disrupt
-//! ([`super::do_not_disrupt`]). A pod with pod anti-affinity or topology spread
-//! constraints keeps its node from counting as underutilized: those rules are not
-//! simulated here.
+//! ([`super::do_not_disrupt`]). Where the pods would go is decided by the same packing as
+//! for pending pods ([`super::pack`]), so pod affinity, anti-affinity and topology spread
+//! among the pods of the other nodes hold after the move.
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
@@ -29,9 +29,9 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::api::{ConsolidationPolicy, NodeClaim, NodeClaimPhase};
 
+use super::pack::packer::place;
 use super::pack::{
-    accepts, non_daemon_running, opens_for, pod_request, Amount, Candidate, Limits, NodeShape,
-    PendingPod,
+    non_daemon_running, pod_request, Amount, Bin, Candidate, Limits, NodeShape, PendingPod,
 };
 use super::plan::{is_draining, is_live, DeleteReason};
 use super::{
@@ -114,6 +114,8 @@ pub struct Target {
     pub shape: NodeShape,
     /// Room left.
     pub free: Amount,
+    /// The pods on it (what pod affinity, anti-affinity and spread count).
+    pub residents: Vec<PendingPod>,
 }
 
 /// What consolidation does this time.
@@ -185,80 +187,82 @@ fn mark(c: &NodeClaim, key: &str) -> Option<Timestamp> {
         .and_then(|v| v.parse::<Timestamp>().ok())
 }
 
-/// Whether consolidation may move the pod: it has no pod anti-affinity and no topology
-/// spread constraints (which it does not simulate).
-fn movable(p: &&Pod) -> bool {
-    let spec = p.spec.as_ref();
-    let anti = spec
-        .and_then(|s| s.affinity.as_ref())
-        .and_then(|a| a.pod_anti_affinity.as_ref())
-        .is_some();
-    let spread = spec
-        .and_then(|s| s.topology_spread_constraints.as_ref())
-        .is_some_and(|c| !c.is_empty());
-    !anti && !spread
+/// The other targets as nodes packing may use: the room of each (none when `room` is
+/// false: they only count for pod affinity, anti-affinity and spread) and the pods on it.
+fn other_bins(targets: &[Target], claim: &str, room: bool) -> Vec<Bin> {
+    targets
+        .iter()
+        .filter(|t| t.claim != claim)
+        .map(|t| Bin {
+            claim: t.claim.clone(),
+            shape: t.shape.clone(),
+            free: if room {
+                t.free.clone()
+            } else {
+                Amount::default()
+            },
+            residents: t.residents.clone(),
+        })
+        .collect()
 }
 
-/// The cheapest candidate cheaper than `cost` one new node of which takes all `pods`
-/// (selectors, tolerations, extended resources, their summed requests) within the pool's
-/// limits, with what the pods ask for.
+/// The cheapest candidate cheaper than `cost` one new node of which takes all `pods` of
+/// the node of `claim` (selectors, tolerations, extended resources, their summed requests,
+/// and their pod affinity, anti-affinity and spread among the pods of the other targets)
+/// within the pool's limits, with what the pods ask for.
 pub(crate) fn cheaper_node(
     pods: &[&Pod],
+    claim: &str,
     cost: i64,
+    targets: &[Target],
     candidates: &[Candidate],
     limits: &Limits,
     pool_usage: &(i64, Amount),
 ) -> Option<(Candidate, Amount)> {
-    if pods.is_empty() || !pods.iter().all(movable) {
+    if pods.is_empty() {
         return None;
     }
     let moving: Vec<PendingPod> = pods.iter().map(|p| PendingPod::from_pod(p)).collect();
-    let request = moving
-        .iter()
-        .fold(Amount::default(), |sum, p| sum.plus(&p.request));
-    candidates
+    let moving: Vec<&PendingPod> = moving.iter().collect();
+    let cheaper: Vec<Candidate> = candidates
         .iter()
         .filter(|c| c.cost < cost)
-        .filter(|c| c.room.is_none_or(|r| r > 0))
-        .filter(|c| {
-            limits.allow(pool_usage.0 + 1, &pool_usage.1.plus(&c.resources))
-                && c.allocatable.covers(&request)
-                && moving.iter().all(|p| accepts(&c.shape, p))
-                // A type with extended resources only for pods that ask for them.
-                && (!c.resources.has_extended() || moving.iter().any(|p| opens_for(c, p)))
-        })
-        .min_by_key(|c| c.cost)
-        .map(|c| (c.clone(), request.clone()))
-}
-
-/// Whether every pod on `node` (claim `claim`) fits the room of the other targets, first
-/// fit, largest first; pods with pod anti-affinity or topology spread constraints do not
-/// count as movable.
-pub(crate) fn fits_elsewhere(pods: &[&Pod], claim: &str, targets: &[Target]) -> bool {
-    if !pods.iter().all(movable) {
-        return false;
-    }
-    let mut moving: Vec<PendingPod> = pods.iter().map(|p| PendingPod::from_pod(p)).collect();
-    moving.sort_by(|a, b| {
-        (b.request.cpu, b.request.memory)
-            .cmp(&(a.request.cpu, a.request.memory))
-            .then_with(|| a.key.cmp(&b.key))
-    });
-    let mut room: Vec<Target> = targets
-        .iter()
-        .filter(|t| t.claim != claim)
         .cloned()
         .collect();
-    'pods: for pod in &moving {
-        for t in room.iter_mut() {
-            if accepts(&t.shape, pod) && t.free.covers(&pod.request) {
-                t.free = t.free.minus(&pod.request);
-                continue 'pods;
-            }
+    // The replacement stands beside the node it replaces until that one goes: one more
+    // node against the limits.
+    let packing = place(
+        &moving,
+        &other_bins(targets, claim, false),
+        &cheaper,
+        limits,
+        pool_usage.clone(),
+    );
+    match packing.new_nodes.as_slice() {
+        [node] if node.pods.len() == moving.len() => {
+            let c = cheaper
+                .iter()
+                .find(|c| c.node_type == node.node_type && c.requirements == node.requirements)?;
+            Some((c.clone(), node.request.clone()))
         }
-        return false;
+        _ => None,
     }
-    true
+}
+
+/// Whether every pod on the node of `claim` fits the room of the other targets, as
+/// packing would place them (largest first, with their pod affinity, anti-affinity and
+/// spread among the pods already there).
+pub(crate) fn fits_elsewhere(pods: &[&Pod], claim: &str, targets: &[Target]) -> bool {
+    let moving: Vec<PendingPod> = pods.iter().map(|p| PendingPod::from_pod(p)).collect();
+    let moving: Vec<&PendingPod> = moving.iter().collect();
+    let packing = place(
+        &moving,
+        &other_bins(targets, claim, true),
+        &[],
+        &Limits::default(),
+        (0, Amount::default()),
+    );
+    packing.placed.values().map(Vec::len).sum::<usize>() == moving.len()
 }
 
 /// Empty and underutilized nodes: marks to set and clear, claims due for removal within
@@ -341,7 +345,9 @@ pub(crate) fn consolidate(input: &ConsolidationInput) -> Consolidation {
             let found = s.cost.and_then(|cost| {
                 cheaper_node(
                     input.usage.movable(node_name),
+                    name,
                     cost,
+                    input.targets,
                     input.candidates,
                     input.limits,
                     input.pool_usage,
@@ -468,6 +474,11 @@ pub fn targets<'a>(
                 node: node_name.to_string(),
                 shape: shape.clone(),
                 free: allocatable.minus(&usage.used(node_name)),
+                residents: usage
+                    .movable(node_name)
+                    .iter()
+                    .map(|p| PendingPod::from_pod(p))
+                    .collect(),
             })
         })
         .collect()

@@ -28,9 +28,10 @@ use crate::scheduling::{self, ClaimRequest, Mismatch};
 use super::consolidate::{self, ConsolidationInput, NodeUse};
 use super::daemonsets::{self, DaemonPod};
 use super::do_not_disrupt;
+use super::pack::packer::pack;
 use super::pack::{
-    accepts, claim_type, is_unschedulable, opens_for, pack, Amount, Bin, Candidate, Limits,
-    NodeShape, Packing, PendingPod, ZONE_TOPOLOGY,
+    accepts, claim_type, is_unschedulable, opens_for, Amount, Bin, Candidate, Limits, NodeShape,
+    Packing, PendingPod, ZONE_TOPOLOGY,
 };
 use super::plan::NewClaim;
 use super::plan::Verdict;
@@ -285,6 +286,7 @@ fn zone_pins(t: &PreparedType, template: &NodeClaimSpec) -> Vec<Vec<Requirement>
                     key: ZONE_TOPOLOGY.to_string(),
                     operator: Operator::In,
                     values: vec![z.to_string()],
+                    min_values: None,
                 }]
             })
             .collect(),
@@ -420,6 +422,29 @@ fn verdicts(packing: &Packing, limits: &Limits, no_candidates: bool) -> (Verdict
                 packing.blocked_by_capacity.len()
             ),
         )
+    } else if !packing.blocked_by_min_values.is_empty() && packing.new_nodes.is_empty() {
+        Verdict::problem(
+            PoolReason::NoMatchingNodeType,
+            format!(
+                "{} pending pod(s) fit too few node types for the pool's minValues ({})",
+                packing.blocked_by_min_values.len(),
+                limits
+                    .min_values
+                    .iter()
+                    .map(|r| format!("{r}: at least {} values", r.min_values.unwrap_or(0)))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ),
+        )
+    } else if !packing.blocked_by_constraints.is_empty() && packing.new_nodes.is_empty() {
+        Verdict::problem(
+            PoolReason::PodRulesUnsatisfiable,
+            format!(
+                "{} pending pod(s) fit the pool's node types, but their pod affinity, anti-affinity or topology spread allows no node (first: {})",
+                packing.blocked_by_constraints.len(),
+                packing.blocked_by_constraints.first().map(String::as_str).unwrap_or_default()
+            ),
+        )
     } else if no_candidates {
         Verdict::problem(
             PoolReason::NoMatchingNodeType,
@@ -478,7 +503,16 @@ pub fn plan(input: &DynamicInput) -> DynamicPlan {
             .filter(|cn| cn.mine)
             .map(|cn| cn.node_type),
     );
-    let limits = Limits::from_spec(input.spec.limits.as_ref());
+    let mut limits = Limits::from_spec(input.spec.limits.as_ref());
+    limits.min_values = ClaimRequest::new(input.template, None)
+        .map(|r| {
+            r.requirements()
+                .iter()
+                .filter(|r| r.min_values.is_some())
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default();
     let packing = pack(&pending, &bins, &candidates, &limits, usage_of_pool.clone());
     let mut create: Vec<NewClaim> = packing
         .new_nodes

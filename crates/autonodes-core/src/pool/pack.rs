@@ -1,15 +1,15 @@
 //! Pending pods packed onto nodes: what a pod asks for ([`pod_request`]: cpu, memory, pods
 //! and extended resources), whether a node of some labels and taints would take it
-//! ([`accepts`], through [`crate::requirements`]), which pods may not share a node
-//! ([`conflicts`]: required pod anti-affinity on the hostname), and [`pack`],
-//! first-fit-decreasing onto the room of existing and in-flight nodes, then onto new nodes
-//! of the cheapest accepting type within the pool's [`Limits`].
+//! ([`accepts`], through [`crate::requirements`]), the rules a pod sets on other pods
+//! ([`constraints`]: pod affinity, anti-affinity, topology spread), and [`packer::pack`]: largest
+//! first onto the room of existing and in-flight nodes, then onto new nodes of the types
+//! the pool may use within its [`Limits`] (counting pods per topology domain in
+//! [`topology`]).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, NodeSelectorTerm, Pod, Taint, Toleration};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use crate::api::{NodeClaim, NodeClaimSpec, Requirement, ResourceList};
 use crate::catalogue::{Catalogue, PreparedType};
@@ -201,52 +201,32 @@ pub fn is_unschedulable(p: &Pod) -> bool {
     unbound && pending && marked
 }
 
-/// The topology key of one node: the only one pod anti-affinity is packed for.
+/// The topology key of one node.
 pub(crate) const HOSTNAME_TOPOLOGY: &str = "kubernetes.io/hostname";
-/// The topology key of a zone: the only one topology spread is packed for (a node type
-/// gets it from its `topology.kubernetes.io/zone` property).
+/// The topology key of a zone (a node type gets it from its `topology.kubernetes.io/zone`
+/// property).
 pub(crate) const ZONE_TOPOLOGY: &str = "topology.kubernetes.io/zone";
 
-/// A `topologySpreadConstraints` entry on [`ZONE_TOPOLOGY`] with `whenUnsatisfiable:
-/// DoNotSchedule`: the pods it selects (in the pod's namespace) differ by at most
-/// `max_skew` between the zones a node for the pod could be in.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct ZoneSpread {
-    /// `maxSkew` (at least 1).
-    pub max_skew: i64,
-    /// Which pods are counted.
-    pub selector: LabelSelector,
-}
-
-/// A required pod anti-affinity term on [`HOSTNAME_TOPOLOGY`]: the pod shares no node with
-/// a pod its selector selects in these namespaces.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct AntiAffinity {
-    /// Which pods it keeps away.
-    pub selector: LabelSelector,
-    /// Their namespaces (the pod's own when the term names none).
-    pub namespaces: Vec<String>,
-}
-
-/// One unschedulable pod (or one that would have to move).
+/// One unschedulable pod (or one that would have to move, or one already on a node).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PendingPod {
     /// `namespace/name`.
     pub key: String,
     /// Its namespace.
     pub namespace: String,
-    /// Its labels (what other pods' anti-affinity selects).
+    /// Its labels (what other pods' terms select).
     pub labels: BTreeMap<String, String>,
-    /// Its required anti-affinity terms on [`HOSTNAME_TOPOLOGY`].
-    pub anti_affinity: Vec<AntiAffinity>,
-    /// Its hard topology spread constraints over zones.
-    pub zone_spread: Vec<ZoneSpread>,
+    /// Its pod affinity, anti-affinity and topology spread rules.
+    pub rules: PodRules,
     /// Its requests (pods: 1).
     pub request: Amount,
     /// `spec.nodeSelector`.
     pub node_selector: BTreeMap<String, String>,
     /// The required node affinity's terms (any must match), if it has any.
     pub required_terms: Option<Vec<NodeSelectorTerm>>,
+    /// The preferred node affinity's terms (packing honours them first, and drops them
+    /// when the pod fits nowhere with them).
+    pub preferred_terms: Vec<NodeSelectorTerm>,
     /// `spec.tolerations`.
     pub tolerations: Vec<Toleration>,
 }
@@ -256,62 +236,40 @@ impl PendingPod {
     pub fn from_pod(pod: &Pod) -> PendingPod {
         let spec = pod.spec.clone().unwrap_or_default();
         let namespace = pod.metadata.namespace.clone().unwrap_or_default();
-        let anti_affinity = spec
+        let labels = pod.metadata.labels.clone().unwrap_or_default();
+        let node_affinity = spec
             .affinity
             .as_ref()
-            .and_then(|a| a.pod_anti_affinity.as_ref())
-            .and_then(|a| {
-                a.required_during_scheduling_ignored_during_execution
-                    .as_ref()
-            })
-            .into_iter()
-            .flatten()
-            .filter(|t| t.topology_key == HOSTNAME_TOPOLOGY)
-            .filter_map(|t| {
-                Some(AntiAffinity {
-                    // A term without a selector selects no pod.
-                    selector: t.label_selector.clone()?,
-                    namespaces: match t.namespaces.as_ref() {
-                        Some(ns) if !ns.is_empty() => ns.clone(),
-                        _ => vec![namespace.clone()],
-                    },
-                })
-            })
-            .collect();
-        let zone_spread = spec
-            .topology_spread_constraints
-            .iter()
-            .flatten()
-            .filter(|c| c.topology_key == ZONE_TOPOLOGY && c.when_unsatisfiable == "DoNotSchedule")
-            .filter_map(|c| {
-                Some(ZoneSpread {
-                    max_skew: i64::from(c.max_skew.max(1)),
-                    // A constraint without a selector counts no pod: nothing to spread.
-                    selector: c.label_selector.clone()?,
-                })
-            })
-            .collect();
+            .and_then(|a| a.node_affinity.as_ref());
         PendingPod {
-            namespace,
-            labels: pod.metadata.labels.clone().unwrap_or_default(),
-            anti_affinity,
-            zone_spread,
+            rules: PodRules::of(&namespace, &labels, &spec),
             key: format!(
-                "{}/{}",
-                pod.metadata.namespace.as_deref().unwrap_or_default(),
+                "{namespace}/{}",
                 pod.metadata
                     .name
                     .as_deref()
                     .or(pod.metadata.generate_name.as_deref())
                     .unwrap_or_default()
             ),
+            namespace,
+            labels,
             request: pod_request(pod),
+            required_terms: node_affinity
+                .and_then(|a| {
+                    a.required_during_scheduling_ignored_during_execution
+                        .as_ref()
+                })
+                .map(|s| s.node_selector_terms.clone()),
+            preferred_terms: node_affinity
+                .and_then(|a| {
+                    a.preferred_during_scheduling_ignored_during_execution
+                        .as_ref()
+                })
+                .into_iter()
+                .flatten()
+                .map(|w| w.preference.clone())
+                .collect(),
             node_selector: spec.node_selector.unwrap_or_default(),
-            required_terms: spec
-                .affinity
-                .and_then(|a| a.node_affinity)
-                .and_then(|a| a.required_during_scheduling_ignored_during_execution)
-                .map(|s| s.node_selector_terms),
             tolerations: spec.tolerations.unwrap_or_default(),
         }
     }
@@ -399,19 +357,6 @@ pub fn accepts(shape: &NodeShape, pod: &PendingPod) -> bool {
     selected && affine && tolerated
 }
 
-/// Whether `a`'s anti-affinity keeps `b` off its node.
-pub(crate) fn repels(a: &PendingPod, b: &PendingPod) -> bool {
-    a.anti_affinity.iter().any(|t| {
-        t.namespaces.contains(&b.namespace)
-            && requirements::label_selector_matches(&t.selector, &b.labels)
-    })
-}
-
-/// Whether `pod` may not share a node with `residents` (its anti-affinity, or theirs).
-pub fn conflicts(pod: &PendingPod, residents: &[PendingPod]) -> bool {
-    residents.iter().any(|r| repels(pod, r) || repels(r, pod))
-}
-
 /// Room on a node that exists or is on its way (a live claim of the tenant).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Bin {
@@ -421,7 +366,7 @@ pub struct Bin {
     pub shape: NodeShape,
     /// Room left.
     pub free: Amount,
-    /// The pods on it (for pod anti-affinity).
+    /// The pods on it (what pod affinity, anti-affinity and spread count).
     pub residents: Vec<PendingPod>,
 }
 
@@ -460,6 +405,9 @@ pub struct Limits {
     /// Limits on extended resources (`nvidia.com/gpu`), in milli-units, by name; the node
     /// types' extended resources count against them.
     pub extended: BTreeMap<String, i128>,
+    /// The pool's requirements with `minValues`: the types a new node could be (those that
+    /// hold its pods) must offer that many values of their key.
+    pub min_values: Vec<crate::scheduling::CheckedRequirement>,
 }
 
 /// The key of `spec.limits` that limits the number of nodes.
@@ -549,6 +497,12 @@ pub struct Packing {
     pub blocked_by_limits: Vec<String>,
     /// Pods whose fitting node types are all at `maxCapacity`.
     pub blocked_by_capacity: Vec<String>,
+    /// Pods that fit the pool's node types but whose pod affinity, anti-affinity or
+    /// topology spread no node allows (a pod of their affinity missing, say).
+    pub blocked_by_constraints: Vec<String>,
+    /// Pods whose new node's possible types would offer fewer values than a requirement's
+    /// `minValues`.
+    pub blocked_by_min_values: Vec<String>,
 }
 
 /// Whether a new node of `c` may be opened for `pod`: a type with extended resources
@@ -563,186 +517,13 @@ pub(crate) fn opens_for(c: &Candidate, pod: &PendingPod) -> bool {
             .any(|name| c.resources.extended.contains_key(name))
 }
 
-/// Packs pending pods first-fit-decreasing (by cpu, then memory): onto the room of
-/// existing bins first, then onto new nodes, each of the cheapest candidate (candidates
-/// come cheapest first) that accepts the pod, has capacity and stays within `limits`
-/// given the pool's `usage` (nodes, resources). Pods no candidate accepts are not the
-/// pool's business and are skipped.
-pub fn pack(
-    pods: &[PendingPod],
-    bins: &[Bin],
-    candidates: &[Candidate],
-    limits: &Limits,
-    usage: (i64, Amount),
-) -> Packing {
-    let mut out = Packing::default();
-    let mut order: Vec<&PendingPod> = pods
-        .iter()
-        .filter(|p| {
-            candidates.iter().any(|c| {
-                accepts(&c.shape, p) && opens_for(c, p) && c.allocatable.covers(&p.request)
-            })
-        })
-        .collect();
-    out.wanted = order.len();
-    order.sort_by(|a, b| {
-        (b.request.cpu, b.request.memory)
-            .cmp(&(a.request.cpu, a.request.memory))
-            .then_with(|| a.key.cmp(&b.key))
-    });
-    let mut bins: Vec<Bin> = bins.to_vec();
-    // New nodes: (candidate index, free room, request and pods, the pods as packed).
-    let mut fresh: Vec<(usize, Amount, NewNode, Vec<PendingPod>)> = Vec::new();
-    let mut room: BTreeMap<&str, Option<i64>> = candidates
-        .iter()
-        .map(|c| (c.node_type.as_str(), c.room))
-        .collect();
-    let (mut nodes, mut used) = usage;
-    'pods: for pod in order {
-        let zones = allowed_zones(pod, &bins, &fresh, candidates);
-        let in_zone = |shape: &NodeShape| {
-            zones.as_ref().is_none_or(|z| {
-                shape
-                    .labels
-                    .get(ZONE_TOPOLOGY)
-                    .is_some_and(|v| z.contains(v))
-            })
-        };
-        for bin in bins.iter_mut() {
-            if accepts(&bin.shape, pod)
-                && bin.free.covers(&pod.request)
-                && !conflicts(pod, &bin.residents)
-                && in_zone(&bin.shape)
-            {
-                bin.free = bin.free.minus(&pod.request);
-                bin.residents.push(pod.clone());
-                out.placed
-                    .entry(bin.claim.clone())
-                    .or_default()
-                    .push(pod.key.clone());
-                continue 'pods;
-            }
-        }
-        for (i, free, node, residents) in fresh.iter_mut() {
-            if accepts(&candidates[*i].shape, pod)
-                && free.covers(&pod.request)
-                && !conflicts(pod, residents)
-                && in_zone(&candidates[*i].shape)
-            {
-                *free = free.minus(&pod.request);
-                residents.push((*pod).clone());
-                node.request = node.request.plus(&pod.request);
-                node.pods.push(pod.key.clone());
-                continue 'pods;
-            }
-        }
-        let mut limited = false;
-        for (i, c) in candidates.iter().enumerate() {
-            if !accepts(&c.shape, pod)
-                || !opens_for(c, pod)
-                || !c.allocatable.covers(&pod.request)
-                || !in_zone(&c.shape)
-            {
-                continue;
-            }
-            if room
-                .get(c.node_type.as_str())
-                .copied()
-                .flatten()
-                .is_some_and(|r| r <= 0)
-            {
-                continue;
-            }
-            let after = used.plus(&c.resources);
-            if !limits.allow(nodes + 1, &after) {
-                limited = true;
-                continue;
-            }
-            nodes += 1;
-            used = after;
-            if let Some(Some(r)) = room.get_mut(c.node_type.as_str()) {
-                *r -= 1;
-            }
-            fresh.push((
-                i,
-                c.allocatable.minus(&pod.request),
-                NewNode {
-                    node_type: c.node_type.clone(),
-                    request: pod.request.clone(),
-                    pods: vec![pod.key.clone()],
-                    requirements: c.requirements.clone(),
-                },
-                vec![(*pod).clone()],
-            ));
-            continue 'pods;
-        }
-        if limited {
-            out.blocked_by_limits.push(pod.key.clone());
-        } else {
-            out.blocked_by_capacity.push(pod.key.clone());
-        }
-    }
-    out.new_nodes = fresh.into_iter().map(|(_, _, n, _)| n).collect();
-    out
-}
+pub mod constraints;
+pub mod packer;
+pub mod topology;
 
-/// The zones a pod with zone spread constraints may go to now (`None`: it has none): for
-/// each constraint, the zones where one more selected pod keeps the skew — its count there
-/// minus the smallest count over the zones the pod could be in (of existing, in-flight and
-/// possible new nodes that accept it) — within `maxSkew`.
-fn allowed_zones(
-    pod: &PendingPod,
-    bins: &[Bin],
-    fresh: &[(usize, Amount, NewNode, Vec<PendingPod>)],
-    candidates: &[Candidate],
-) -> Option<BTreeSet<String>> {
-    if pod.zone_spread.is_empty() {
-        return None;
-    }
-    let zone = |shape: &NodeShape| shape.labels.get(ZONE_TOPOLOGY).cloned();
-    let nodes: Vec<(Option<String>, &NodeShape, &[PendingPod])> = bins
-        .iter()
-        .map(|b| (zone(&b.shape), &b.shape, b.residents.as_slice()))
-        .chain(fresh.iter().map(|(i, _, _, residents)| {
-            let shape = &candidates[*i].shape;
-            (zone(shape), shape, residents.as_slice())
-        }))
-        .collect();
-    let eligible: BTreeSet<String> = nodes
-        .iter()
-        .filter(|(_, shape, _)| accepts(shape, pod))
-        .filter_map(|(z, _, _)| z.clone())
-        .chain(
-            candidates
-                .iter()
-                .filter(|c| accepts(&c.shape, pod) && opens_for(c, pod))
-                .filter_map(|c| zone(&c.shape)),
-        )
-        .collect();
-    let mut allowed = eligible.clone();
-    for spread in &pod.zone_spread {
-        let mut count: BTreeMap<&str, i64> = eligible.iter().map(|z| (z.as_str(), 0)).collect();
-        for (z, _, residents) in &nodes {
-            let Some(n) = z.as_deref().and_then(|z| count.get_mut(z)) else {
-                continue;
-            };
-            *n += residents
-                .iter()
-                .filter(|r| {
-                    r.namespace == pod.namespace
-                        && requirements::label_selector_matches(&spread.selector, &r.labels)
-                })
-                .count() as i64;
-        }
-        let least = count.values().copied().min().unwrap_or(0);
-        allowed.retain(|z| {
-            count
-                .get(z.as_str())
-                .is_some_and(|n| n + 1 - least <= spread.max_skew)
-        });
-    }
-    Some(allowed)
-}
+pub use constraints::{Namespaces, PodRules, PodTerm, Spread};
 
+#[cfg(test)]
+mod rules_tests;
 #[cfg(test)]
 mod tests;

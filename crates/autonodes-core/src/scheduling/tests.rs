@@ -48,6 +48,7 @@ fn req(key: &str, op: Operator, values: &[&str]) -> Requirement {
         key: key.into(),
         operator: op,
         values: values.iter().map(|s| s.to_string()).collect(),
+        min_values: None,
     }
 }
 
@@ -949,7 +950,7 @@ mod agreement {
         ) {
             let (claim_op, pod_op) = OPERATORS[op];
             let claim = CheckedRequirement::new(
-                &api::Requirement { key: key.clone(), operator: claim_op, values: values.clone() },
+                &api::Requirement { key: key.clone(), operator: claim_op, values: values.clone(), min_values: None },
                 "f",
             );
             // The claim side refuses malformed requirements; those a claim accepts
@@ -968,4 +969,55 @@ mod agreement {
             }
         }
     }
+}
+
+#[test]
+fn gte_and_lte_include_their_bound() {
+    let props = Properties::from([("cores".to_string(), "8".to_string())]);
+    let m = |op: Operator, v: &str| {
+        CheckedRequirement::new(&req("cores", op, &[v]), "f")
+            .expect("valid")
+            .matches(&props)
+            .is_ok()
+    };
+    assert!(m(Operator::Gte, "8") && m(Operator::Lte, "8"));
+    assert!(m(Operator::Gte, "7") && !m(Operator::Gte, "9"));
+    assert!(m(Operator::Lte, "9") && !m(Operator::Lte, "7"));
+    assert!(!m(Operator::Gt, "8") && !m(Operator::Lt, "8"));
+    assert!(CheckedRequirement::new(&req("cores", Operator::Gte, &["x"]), "f").is_err());
+}
+
+#[test]
+fn a_claim_is_scheduled_only_when_the_fitting_types_offer_min_values_of_the_key() {
+    let zoned = |short: &str, zone: &str| {
+        let mut s = spec(&[("cpu", "2"), ("memory", "4Gi")]);
+        s.properties
+            .insert("topology.kubernetes.io/zone".into(), zone.into());
+        prepare_type(&format!("p.{short}"), &s, Some(&ctx()))
+    };
+    let cat = Catalogue::new(vec![zoned("a1", "a"), zoned("a2", "a"), zoned("b1", "b")]);
+    let with = |n: i64| {
+        let mut c = claim();
+        let mut r = req("topology.kubernetes.io/zone", Operator::Exists, &[]);
+        r.min_values = Some(n);
+        c.requirements = vec![r];
+        c
+    };
+    assert!(choose(&cat, &request(&with(2)), &BTreeMap::new()).is_ok());
+    let e = choose(&cat, &request(&with(3)), &BTreeMap::new()).expect_err("too few zones");
+    assert_eq!(e.reason, "NoMatchingNodeType");
+    assert!(
+        e.message.contains("at least 3 distinct values") && e.message.contains("offer 2 (a, b)"),
+        "{}",
+        e.message
+    );
+    // Requirements narrowing the types narrow the values too.
+    let mut narrowed = with(2);
+    narrowed
+        .requirements
+        .push(req("topology.kubernetes.io/zone", Operator::In, &["a"]));
+    assert!(choose(&cat, &request(&narrowed), &BTreeMap::new()).is_err());
+    // Out of Karpenter's range: refused as invalid.
+    assert!(ClaimRequest::new(&with(0), None).is_err());
+    assert!(ClaimRequest::new(&with(51), None).is_err());
 }

@@ -998,3 +998,41 @@ fn an_imported_pool_says_whether_its_vcluster_configuration_could_be_imported() 
     let s = scene.status(&scene.plan());
     assert!(!s.conditions.iter().any(|c| c.type_ == "VClusterConfig"));
 }
+
+#[test]
+fn a_node_whose_pods_carry_anti_affinity_is_consolidated_when_they_may_share_the_other_node_and_kept_when_not(
+) {
+    // `a1` keeps pods labelled `app: db` off its node. Beside `b1` (app web) it may move;
+    // beside a db pod it may not.
+    let anti = |mut p: Pod| {
+        if let Some(s) = p.spec.as_mut() {
+            s.affinity = serde_json::from_value(json!({"podAntiAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [{
+                    "topologyKey": "kubernetes.io/hostname",
+                    "labelSelector": {"matchLabels": {"app": "db"}}}]}}))
+            .ok();
+        }
+        p
+    };
+    let labelled = |mut p: Pod, app: &str| {
+        p.metadata.labels = Some(BTreeMap::from([("app".to_string(), app.to_string())]));
+        p
+    };
+    let mut scene = two_half_empty_nodes(json!({}));
+    scene.pods = vec![
+        anti(labelled(running_cpu("a1", "a", "1"), "db")),
+        labelled(running_cpu("b1", "b", "1"), "web"),
+        labelled(running_cpu("b2", "b", "1"), "web"),
+    ];
+    let plan = scene.plan();
+    assert!(
+        plan.underutilized_since
+            .contains(&("a".to_string(), Some(at(NOW)))),
+        "{:?}",
+        plan.underutilized_since
+    );
+    scene.pods[1] = labelled(running_cpu("b1", "b", "1"), "db");
+    scene.pods[2] = anti(labelled(running_cpu("b2", "b", "1"), "web"));
+    let plan = scene.plan();
+    assert!(plan.underutilized_since.is_empty(), "{plan:?}");
+}

@@ -1,0 +1,509 @@
+//! Tests of packing with the rules pods set on other pods ([`super::constraints`],
+//! [`super::topology`]): pod affinity and anti-affinity on any key, required and preferred,
+//! topology spread with its options, and how new nodes grow.
+
+use std::collections::BTreeMap;
+
+use serde_json::json;
+
+use super::packer::pack;
+use super::*;
+
+/// A pending pod from its JSON `spec` additions, asking for `cpu` millicores and 256Mi.
+fn pod(name: &str, labels: serde_json::Value, cpu: i128, spec: serde_json::Value) -> PendingPod {
+    let mut s = json!({"containers": [{"name": "c", "resources": {"requests": {
+        "cpu": format!("{cpu}m"), "memory": "256Mi"}}}]});
+    if let (Some(s), Some(extra)) = (s.as_object_mut(), spec.as_object()) {
+        s.extend(extra.clone());
+    }
+    let p: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "default", "labels": labels},
+        "spec": s,
+    }))
+    .expect("pod");
+    PendingPod::from_pod(&p)
+}
+
+/// A candidate of `cpu` millicores (16Gi), priced by the core, with `labels`.
+fn candidate(name: &str, cpu: i128, labels: &[(&str, &str)]) -> Candidate {
+    let amount = Amount {
+        cpu,
+        memory: 16 << 30,
+        pods: MAX_PODS_PER_NODE,
+        ..Amount::default()
+    };
+    Candidate {
+        node_type: name.into(),
+        shape: NodeShape {
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            taints: Vec::new(),
+        },
+        allocatable: amount.clone(),
+        resources: amount,
+        room: None,
+        cost: i64::try_from(cpu).unwrap_or(i64::MAX),
+        requirements: Vec::new(),
+    }
+}
+
+/// The pods of each new node, by node type, sorted.
+fn nodes(p: &Packing) -> Vec<(String, Vec<String>)> {
+    let mut out: Vec<(String, Vec<String>)> = p
+        .new_nodes
+        .iter()
+        .map(|n| {
+            let mut pods: Vec<String> = n
+                .pods
+                .iter()
+                .map(|k| k.trim_start_matches("default/").to_string())
+                .collect();
+            pods.sort();
+            (n.node_type.clone(), pods)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+fn required_affinity(kind: &str, key: &str, selects: serde_json::Value) -> serde_json::Value {
+    json!({"affinity": {kind: {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"topologyKey": key, "labelSelector": {"matchLabels": selects}}
+    ]}}})
+}
+
+fn preferred_affinity(kind: &str, key: &str, selects: serde_json::Value) -> serde_json::Value {
+    json!({"affinity": {kind: {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 100, "podAffinityTerm": {"topologyKey": key, "labelSelector": {"matchLabels": selects}}}
+    ]}}})
+}
+
+fn spread(key: &str, selects: serde_json::Value, extra: serde_json::Value) -> serde_json::Value {
+    let mut c = json!({"maxSkew": 1, "topologyKey": key, "whenUnsatisfiable": "DoNotSchedule",
+        "labelSelector": {"matchLabels": selects}});
+    if let (Some(c), Some(extra)) = (c.as_object_mut(), extra.as_object()) {
+        c.extend(extra.clone());
+    }
+    json!({"topologySpreadConstraints": [c]})
+}
+
+const HOST: &str = HOSTNAME_TOPOLOGY;
+const ZONE: &str = ZONE_TOPOLOGY;
+
+#[test]
+fn pods_with_required_affinity_on_the_hostname_join_the_node_of_the_pods_they_select() {
+    // The cache goes first (it selects itself: the first of its kind may go anywhere);
+    // the web pods need a node with a cache pod, and a pod selecting nothing that exists
+    // gets no node.
+    let cache = pod(
+        "cache",
+        json!({"app": "cache"}),
+        500,
+        required_affinity("podAffinity", HOST, json!({"app": "cache"})),
+    );
+    let web = |n: &str| {
+        pod(
+            n,
+            json!({"app": "web"}),
+            2000,
+            required_affinity("podAffinity", HOST, json!({"app": "cache"})),
+        )
+    };
+    let lost = pod(
+        "lost",
+        json!({"app": "web"}),
+        100,
+        required_affinity("podAffinity", HOST, json!({"app": "db"})),
+    );
+    let out = pack(
+        &[web("web-0"), cache, web("web-1"), lost],
+        &[],
+        &[candidate("small", 4000, &[]), candidate("big", 16000, &[])],
+        &Limits::default(),
+        (0, Amount::default()),
+    );
+    assert_eq!(
+        nodes(&out),
+        [(
+            "big".to_string(),
+            vec!["cache".into(), "web-0".into(), "web-1".into()]
+        )],
+        "{out:?}"
+    );
+    assert_eq!(out.blocked_by_constraints, ["default/lost"]);
+}
+
+#[test]
+fn anti_affinity_on_the_zone_keeps_selected_pods_in_different_zones_and_blocks_a_third() {
+    let db = |n: &str| {
+        pod(
+            n,
+            json!({"app": "db"}),
+            500,
+            required_affinity("podAntiAffinity", ZONE, json!({"app": "db"})),
+        )
+    };
+    let out = pack(
+        &[db("db-0"), db("db-1"), db("db-2")],
+        &[],
+        &[
+            candidate("a", 4000, &[(ZONE, "a")]),
+            candidate("b", 4000, &[(ZONE, "b")]),
+        ],
+        &Limits::default(),
+        (0, Amount::default()),
+    );
+    let zones: Vec<String> = nodes(&out).into_iter().map(|(t, _)| t).collect();
+    assert_eq!(zones, ["a", "b"]);
+    assert_eq!(out.blocked_by_constraints.len(), 1);
+    // A running db pod in zone a (on an in-flight node) sends the next one to zone b.
+    let bin = Bin {
+        claim: "in-a".into(),
+        shape: NodeShape {
+            labels: BTreeMap::from([(ZONE.to_string(), "a".to_string())]),
+            taints: Vec::new(),
+        },
+        free: candidate("a", 4000, &[]).allocatable,
+        residents: vec![db("db-old")],
+    };
+    let out = pack(
+        &[db("db-new")],
+        &[bin],
+        &[
+            candidate("a", 4000, &[(ZONE, "a")]),
+            candidate("b", 4000, &[(ZONE, "b")]),
+        ],
+        &Limits::default(),
+        (1, Amount::default()),
+    );
+    assert!(out.placed.is_empty());
+    assert_eq!(nodes(&out), [("b".to_string(), vec!["db-new".to_string()])]);
+}
+
+#[test]
+fn a_running_pods_anti_affinity_keeps_a_pod_it_selects_off_its_node() {
+    // The newcomer has no rule; the resident's term selects it.
+    let resident = pod(
+        "guard",
+        json!({"app": "guard"}),
+        500,
+        required_affinity("podAntiAffinity", HOST, json!({"app": "noisy"})),
+    );
+    let bin = Bin {
+        claim: "c".into(),
+        shape: NodeShape::default(),
+        free: candidate("x", 4000, &[]).allocatable,
+        residents: vec![resident],
+    };
+    let noisy = pod("noisy", json!({"app": "noisy"}), 500, json!({}));
+    let quiet = pod("quiet", json!({"app": "quiet"}), 500, json!({}));
+    let out = pack(
+        &[noisy, quiet],
+        &[bin],
+        &[candidate("small", 4000, &[])],
+        &Limits::default(),
+        (1, Amount::default()),
+    );
+    assert_eq!(
+        out.placed.get("c"),
+        Some(&vec!["default/quiet".to_string()])
+    );
+    assert_eq!(
+        nodes(&out),
+        [("small".to_string(), vec!["noisy".to_string()])]
+    );
+}
+
+#[test]
+fn spread_over_hostnames_with_max_skew_one_gives_each_selected_pod_a_node_and_others_share() {
+    let web = |n: &str| {
+        pod(
+            n,
+            json!({"app": "web"}),
+            500,
+            spread(HOST, json!({"app": "web"}), json!({})),
+        )
+    };
+    let other = pod("other", json!({"app": "other"}), 500, json!({}));
+    let out = pack(
+        &[web("w0"), web("w1"), web("w2"), other],
+        &[],
+        &[candidate("small", 4000, &[])],
+        &Limits::default(),
+        (0, Amount::default()),
+    );
+    let per_node: Vec<usize> = nodes(&out).iter().map(|(_, p)| p.len()).collect();
+    assert_eq!(per_node.len(), 3, "{out:?}");
+    for (_, pods) in nodes(&out) {
+        assert_eq!(pods.iter().filter(|p| p.starts_with('w')).count(), 1);
+    }
+}
+
+#[test]
+fn min_domains_above_the_zones_there_are_caps_each_zone_at_max_skew() {
+    // Two zones and minDomains 3: the least count is taken as zero, so each zone holds at
+    // most one selected pod; without minDomains all four find a place.
+    let web = |n: &str, extra: serde_json::Value| {
+        pod(
+            n,
+            json!({"app": "web"}),
+            500,
+            spread(ZONE, json!({"app": "web"}), extra),
+        )
+    };
+    let zones = [
+        candidate("a", 4000, &[(ZONE, "a")]),
+        candidate("b", 4000, &[(ZONE, "b")]),
+    ];
+    let with: Vec<PendingPod> = (0..4)
+        .map(|i| web(&format!("w{i}"), json!({"minDomains": 3})))
+        .collect();
+    let out = pack(
+        &with,
+        &[],
+        &zones,
+        &Limits::default(),
+        (0, Amount::default()),
+    );
+    assert_eq!(out.new_nodes.iter().map(|n| n.pods.len()).sum::<usize>(), 2);
+    assert_eq!(out.blocked_by_constraints.len(), 2);
+    let without: Vec<PendingPod> = (0..4).map(|i| web(&format!("w{i}"), json!({}))).collect();
+    let out = pack(
+        &without,
+        &[],
+        &zones,
+        &Limits::default(),
+        (0, Amount::default()),
+    );
+    assert_eq!(out.new_nodes.iter().map(|n| n.pods.len()).sum::<usize>(), 4);
+}
+
+#[test]
+fn node_affinity_policy_ignore_counts_zones_the_pod_may_not_go_to() {
+    // The pod may only go to zone a. Honoured (the default), zone b is no domain and the
+    // pods pile up in a; ignored, zone b counts with zero pods and caps a at one.
+    let web = |n: &str, policy: &str| {
+        let mut spec = spread(
+            ZONE,
+            json!({"app": "web"}),
+            json!({"nodeAffinityPolicy": policy}),
+        );
+        spec["nodeSelector"] = json!({ZONE: "a"});
+        pod(n, json!({"app": "web"}), 500, spec)
+    };
+    let zones = [
+        candidate("a", 4000, &[(ZONE, "a")]),
+        candidate("b", 4000, &[(ZONE, "b")]),
+    ];
+    let honour: Vec<PendingPod> = (0..3).map(|i| web(&format!("w{i}"), "Honor")).collect();
+    let out = pack(
+        &honour,
+        &[],
+        &zones,
+        &Limits::default(),
+        (0, Amount::default()),
+    );
+    assert_eq!(out.new_nodes.iter().map(|n| n.pods.len()).sum::<usize>(), 3);
+    let ignore: Vec<PendingPod> = (0..3).map(|i| web(&format!("w{i}"), "Ignore")).collect();
+    let out = pack(
+        &ignore,
+        &[],
+        &zones,
+        &Limits::default(),
+        (0, Amount::default()),
+    );
+    assert_eq!(out.new_nodes.iter().map(|n| n.pods.len()).sum::<usize>(), 1);
+    assert_eq!(out.blocked_by_constraints.len(), 2);
+}
+
+#[test]
+fn preferences_are_honoured_while_nodes_can_be_added_and_dropped_at_the_limit() {
+    let web = |n: &str| {
+        pod(
+            n,
+            json!({"app": "web"}),
+            500,
+            preferred_affinity("podAntiAffinity", HOST, json!({"app": "web"})),
+        )
+    };
+    let soft = |n: &str| {
+        let mut c = spread(HOST, json!({"app": "api"}), json!({}));
+        c["topologySpreadConstraints"][0]["whenUnsatisfiable"] = json!("ScheduleAnyway");
+        pod(n, json!({"app": "api"}), 500, c)
+    };
+    for pods in [
+        vec![web("w0"), web("w1"), web("w2")],
+        vec![soft("a0"), soft("a1"), soft("a2")],
+    ] {
+        let apart = pack(
+            &pods,
+            &[],
+            &[candidate("small", 4000, &[])],
+            &Limits::default(),
+            (0, Amount::default()),
+        );
+        assert_eq!(apart.new_nodes.len(), 3, "{apart:?}");
+        let limits = Limits {
+            nodes: Some(1),
+            ..Limits::default()
+        };
+        let together = pack(
+            &pods,
+            &[],
+            &[candidate("small", 4000, &[])],
+            &limits,
+            (0, Amount::default()),
+        );
+        assert_eq!(nodes(&together).len(), 1);
+        assert_eq!(together.new_nodes[0].pods.len(), 3);
+        assert!(together.blocked_by_limits.is_empty());
+    }
+}
+
+#[test]
+fn preferred_node_affinity_chooses_the_type_it_names_when_it_can() {
+    let mut spec = json!({"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 1, "preference": {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["fast"]}]}}
+    ]}}});
+    let p = pod("p", json!({}), 500, spec.clone());
+    let cands = [
+        candidate("cheap", 4000, &[("tier", "slow")]),
+        candidate("fast", 8000, &[("tier", "fast")]),
+    ];
+    let out = pack(
+        &[p],
+        &[],
+        &cands,
+        &Limits::default(),
+        (0, Amount::default()),
+    );
+    assert_eq!(nodes(&out)[0].0, "fast");
+    // Where no type offers it, the pod still gets a node.
+    spec["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
+        ["preference"]["matchExpressions"][0]["values"] = json!(["gold"]);
+    let out = pack(
+        &[pod("p", json!({}), 500, spec)],
+        &[],
+        &cands,
+        &Limits::default(),
+        (0, Amount::default()),
+    );
+    assert_eq!(nodes(&out)[0].0, "cheap");
+}
+
+#[test]
+fn match_label_keys_spread_each_value_of_the_key_on_its_own() {
+    // Two revisions of one app, spread per revision: each revision gets one pod per node.
+    let web = |n: &str, rev: &str| {
+        pod(
+            n,
+            json!({"app": "web", "rev": rev}),
+            500,
+            spread(
+                HOST,
+                json!({"app": "web"}),
+                json!({"matchLabelKeys": ["rev"]}),
+            ),
+        )
+    };
+    let out = pack(
+        &[
+            web("a0", "1"),
+            web("a1", "1"),
+            web("b0", "2"),
+            web("b1", "2"),
+        ],
+        &[],
+        &[candidate("small", 4000, &[])],
+        &Limits::default(),
+        (0, Amount::default()),
+    );
+    assert_eq!(out.new_nodes.len(), 2, "{out:?}");
+    for (_, pods) in nodes(&out) {
+        assert_eq!(pods.iter().filter(|p| p.starts_with('a')).count(), 1);
+        assert_eq!(pods.iter().filter(|p| p.starts_with('b')).count(), 1);
+    }
+}
+
+#[test]
+fn a_new_node_grows_into_a_larger_type_priced_alike_so_many_pods_need_few_nodes() {
+    // 40 one-CPU pods, types of 4, 16 and 32 cores priced by the core: two nodes (32 and
+    // 8 cores' worth, the second the cheapest that holds it), not ten small ones.
+    let pods: Vec<PendingPod> = (0..40)
+        .map(|i| pod(&format!("p{i:02}"), json!({}), 1000, json!({})))
+        .collect();
+    let cands = [
+        candidate("c4", 4000, &[]),
+        candidate("c16", 16000, &[]),
+        candidate("c32", 32000, &[]),
+    ];
+    let out = pack(
+        &pods,
+        &[],
+        &cands,
+        &Limits::default(),
+        (0, Amount::default()),
+    );
+    let types: Vec<String> = nodes(&out).into_iter().map(|(t, _)| t).collect();
+    assert_eq!(types, ["c16", "c32"]);
+    // A node grows only within the limits: at most 8 cores in all gives two 4-core nodes.
+    let limits = Limits {
+        cpu: Some(8000),
+        ..Limits::default()
+    };
+    let out = pack(&pods, &[], &cands, &limits, (0, Amount::default()));
+    let types: Vec<String> = nodes(&out).into_iter().map(|(t, _)| t).collect();
+    assert_eq!(types, ["c4", "c4"]);
+    assert_eq!(out.blocked_by_limits.len(), 32);
+}
+
+#[test]
+fn a_new_node_is_made_only_while_the_types_that_hold_its_pods_offer_min_values_of_the_key() {
+    // Two types hold a 1-CPU pod, one a 6-CPU pod: with minValues 2 on the type, the small
+    // pod gets a node and the large one none.
+    let cands = [
+        candidate("c4", 4000, &[("autonodes.io/node-type", "c4")]),
+        candidate("c8", 8000, &[("autonodes.io/node-type", "c8")]),
+    ];
+    let mut r = crate::api::Requirement {
+        key: "autonodes.io/node-type".into(),
+        operator: crate::api::Operator::Exists,
+        values: Vec::new(),
+        min_values: Some(2),
+    };
+    let limits = |r: &crate::api::Requirement| Limits {
+        min_values: vec![crate::scheduling::CheckedRequirement::new(r, "f").expect("valid")],
+        ..Limits::default()
+    };
+    let out = pack(
+        &[
+            pod("small", json!({}), 1000, json!({})),
+            pod("large", json!({}), 6000, json!({})),
+        ],
+        &[],
+        &cands,
+        &limits(&r),
+        (0, Amount::default()),
+    );
+    assert_eq!(nodes(&out), [("c4".to_string(), vec!["small".to_string()])]);
+    assert_eq!(out.blocked_by_min_values, ["default/large"]);
+    // A small node that would have to grow beyond what two types hold stays as it is.
+    let pods: Vec<PendingPod> = (0..6)
+        .map(|i| pod(&format!("p{i}"), json!({}), 1000, json!({})))
+        .collect();
+    let out = pack(&pods, &[], &cands, &limits(&r), (0, Amount::default()));
+    assert_eq!(out.new_nodes.len(), 2, "{out:?}");
+    r.min_values = Some(1);
+    let out = pack(&pods, &[], &cands, &limits(&r), (0, Amount::default()));
+    assert_eq!(
+        nodes(&out),
+        [(
+            "c8".to_string(),
+            pods.iter()
+                .map(|p| p.key.trim_start_matches("default/").to_string())
+                .collect::<Vec<_>>()
+        )]
+    );
+}

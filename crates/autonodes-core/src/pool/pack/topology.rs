@@ -1,0 +1,260 @@
+//! Counting pods per topology domain while packing: every distinct pod term (of affinity,
+//! anti-affinity and spread) keeps how many placed pods it selects in each domain of its
+//! key, and how many placed pods carry it as required anti-affinity, so that each check of
+//! a pod against a node is a few map lookups rather than a walk over every placed pod.
+
+use std::collections::HashMap;
+
+use super::constraints::{PodTerm, Spread};
+use super::{PendingPod, HOSTNAME_TOPOLOGY};
+
+/// A domain of one topology key: an interned label value, or one node for the hostname.
+pub(crate) type Domain = u32;
+
+/// The term ids of one pod, and which terms select it.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct PodView {
+    /// Terms that select this pod (it counts towards them once placed).
+    pub matches: Vec<usize>,
+    /// Its required pod affinity terms.
+    pub affinity: Vec<usize>,
+    /// Its required pod anti-affinity terms.
+    pub anti: Vec<usize>,
+    /// Its preferred pod affinity terms.
+    pub preferred_affinity: Vec<usize>,
+    /// Its preferred pod anti-affinity terms.
+    pub preferred_anti: Vec<usize>,
+    /// Its spread constraints: the index in `rules.spread` and the term id.
+    pub spread: Vec<(usize, usize)>,
+    /// Required anti-affinity terms (of any pod) that select this pod.
+    pub repelled_by: Vec<usize>,
+}
+
+/// The counts of every term, by domain.
+#[derive(Debug, Default)]
+pub(crate) struct Topology {
+    keys: Vec<String>,
+    terms: Vec<PodTerm>,
+    term_key: Vec<usize>,
+    by_text: HashMap<String, usize>,
+    counts: Vec<HashMap<Domain, i32>>,
+    totals: Vec<i32>,
+    owners: Vec<HashMap<Domain, i32>>,
+    values: HashMap<(usize, String), Domain>,
+    next: Domain,
+}
+
+impl Topology {
+    /// The topology of `pods` (pending ones and those already on nodes): their terms,
+    /// and each pod's view of them.
+    pub fn new(pods: &[&PendingPod]) -> (Topology, Vec<PodView>) {
+        let mut t = Topology::default();
+        let mut views: Vec<PodView> = pods
+            .iter()
+            .map(|p| {
+                let r = &p.rules;
+                let mut ids = |terms: &[PodTerm]| terms.iter().map(|x| t.intern(x)).collect();
+                PodView {
+                    affinity: ids(&r.affinity),
+                    anti: ids(&r.anti_affinity),
+                    preferred_affinity: ids(&r.preferred_affinity),
+                    preferred_anti: ids(&r.preferred_anti_affinity),
+                    spread: r
+                        .spread
+                        .iter()
+                        .enumerate()
+                        .map(|(i, s)| (i, t.intern(&s.term)))
+                        .collect(),
+                    ..PodView::default()
+                }
+            })
+            .collect();
+        let mut required_anti = vec![false; t.terms.len()];
+        for v in &views {
+            for a in &v.anti {
+                required_anti[*a] = true;
+            }
+        }
+        for (p, v) in pods.iter().zip(views.iter_mut()) {
+            v.matches = (0..t.terms.len())
+                .filter(|i| t.terms[*i].selects(&p.namespace, &p.labels))
+                .collect();
+            v.repelled_by = v
+                .matches
+                .iter()
+                .copied()
+                .filter(|i| required_anti[*i])
+                .collect();
+        }
+        t.counts = vec![HashMap::new(); t.terms.len()];
+        t.owners = vec![HashMap::new(); t.terms.len()];
+        t.totals = vec![0; t.terms.len()];
+        (t, views)
+    }
+
+    fn intern(&mut self, term: &PodTerm) -> usize {
+        let text = format!("{term:?}");
+        if let Some(i) = self.by_text.get(&text) {
+            return *i;
+        }
+        let key = match self.keys.iter().position(|k| *k == term.key) {
+            Some(k) => k,
+            None => {
+                self.keys.push(term.key.clone());
+                self.keys.len() - 1
+            }
+        };
+        self.terms.push(term.clone());
+        self.term_key.push(key);
+        self.by_text.insert(text, self.terms.len() - 1);
+        self.terms.len() - 1
+    }
+
+    /// The topology keys the terms use.
+    pub fn keys(&self) -> &[String] {
+        &self.keys
+    }
+
+    /// The key id of a term.
+    pub fn key_of(&self, term: usize) -> usize {
+        self.term_key[term]
+    }
+
+    /// The domains of a node with `labels` for every key (a new one for the hostname).
+    pub fn domains(
+        &mut self,
+        labels: &std::collections::BTreeMap<String, String>,
+    ) -> Vec<Option<Domain>> {
+        (0..self.keys.len())
+            .map(|k| {
+                if self.keys[k] == HOSTNAME_TOPOLOGY {
+                    Some(self.fresh())
+                } else {
+                    labels.get(&self.keys[k]).map(|v| self.value(k, v))
+                }
+            })
+            .collect()
+    }
+
+    /// The domain of `value` of key `k`.
+    pub fn value(&mut self, k: usize, value: &str) -> Domain {
+        if let Some(d) = self.values.get(&(k, value.to_string())) {
+            return *d;
+        }
+        let d = self.fresh();
+        self.values.insert((k, value.to_string()), d);
+        d
+    }
+
+    fn fresh(&mut self) -> Domain {
+        self.next += 1;
+        self.next
+    }
+
+    /// Whether key `k` is the hostname (every node its own domain).
+    pub fn is_hostname(&self, k: usize) -> bool {
+        self.keys[k] == HOSTNAME_TOPOLOGY
+    }
+
+    /// Placed pods `term` selects in `domain`.
+    pub fn count(&self, term: usize, domain: Domain) -> i32 {
+        self.counts[term].get(&domain).copied().unwrap_or(0)
+    }
+
+    /// Records a pod placed on a node of `domains`.
+    pub fn place(&mut self, view: &PodView, domains: &[Option<Domain>]) {
+        for t in &view.matches {
+            self.totals[*t] += 1;
+            if let Some(d) = domains[self.term_key[*t]] {
+                *self.counts[*t].entry(d).or_insert(0) += 1;
+            }
+        }
+        for t in &view.anti {
+            if let Some(d) = domains[self.term_key[*t]] {
+                *self.owners[*t].entry(d).or_insert(0) += 1;
+            }
+        }
+    }
+
+    /// Whether the pod's pod affinity and anti-affinity allow a node of `domains`
+    /// (preferred terms too when `strict`): no pod its anti-affinity selects there, none
+    /// there whose anti-affinity selects it, and a pod each affinity term selects there —
+    /// or, as the kube-scheduler allows, no such pod anywhere and the pod selected by its
+    /// own term.
+    pub fn pod_terms_allow(
+        &self,
+        view: &PodView,
+        domains: &[Option<Domain>],
+        strict: bool,
+    ) -> bool {
+        let anti = view
+            .anti
+            .iter()
+            .chain(view.preferred_anti.iter().filter(|_| strict));
+        for t in anti {
+            if let Some(d) = domains[self.term_key[*t]] {
+                if self.count(*t, d) > 0 {
+                    return false;
+                }
+            }
+        }
+        for t in &view.repelled_by {
+            if let Some(d) = domains[self.term_key[*t]] {
+                if self.owners[*t].get(&d).copied().unwrap_or(0) > 0 {
+                    return false;
+                }
+            }
+        }
+        let affinity = view
+            .affinity
+            .iter()
+            .chain(view.preferred_affinity.iter().filter(|_| strict));
+        for t in affinity {
+            let first = self.totals[*t] == 0 && view.matches.contains(t);
+            match domains[self.term_key[*t]] {
+                Some(d) if self.count(*t, d) > 0 || first => {}
+                None if first => {}
+                _ => return false,
+            }
+        }
+        true
+    }
+
+    /// Whether one more pod on a node of `domains` keeps the pod's spread constraints
+    /// within their skew (the preferred ones too when `strict`), given the least count of
+    /// each constraint over its eligible domains (`least`, by index in `rules.spread`).
+    pub fn spread_allows(
+        &self,
+        view: &PodView,
+        spreads: &[Spread],
+        domains: &[Option<Domain>],
+        least: &[i32],
+        strict: bool,
+    ) -> bool {
+        view.spread.iter().all(|(i, t)| {
+            let s = &spreads[*i];
+            if !s.hard && !strict {
+                return true;
+            }
+            let Some(d) = domains[self.term_key[*t]] else {
+                // A node without the key is no domain of the constraint.
+                return false;
+            };
+            let own = i32::from(view.matches.contains(t));
+            i64::from(self.count(*t, d) + own - least[*i]) <= s.max_skew
+        })
+    }
+
+    /// How many placed pods the pod's spread constraints count in the domains of a node:
+    /// lower is where they would rather go.
+    pub fn spread_load(&self, view: &PodView, domains: &[Option<Domain>]) -> i64 {
+        view.spread
+            .iter()
+            .map(|(_, t)| {
+                domains[self.term_key[*t]]
+                    .map(|d| i64::from(self.count(*t, d)))
+                    .unwrap_or(0)
+            })
+            .sum()
+    }
+}

@@ -37,6 +37,7 @@ pub mod plan;
 pub mod reconcile;
 pub mod repair;
 pub mod status;
+pub mod tenant_view;
 
 pub(crate) use budget::{allowed_disruptions, disruption_problem};
 

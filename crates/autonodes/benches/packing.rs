@@ -89,6 +89,23 @@ async fn run() {
             &packing,
             workloads::lower_bound(&requests, &types),
         );
+        let mut by_kind: std::collections::BTreeMap<&str, usize> = Default::default();
+        for key in packing
+            .blocked_by_constraints
+            .iter()
+            .chain(&packing.blocked_by_capacity)
+        {
+            let name = key.trim_start_matches("default/");
+            let kind = workloads::KINDS
+                .iter()
+                .find(|k| name.starts_with(*k))
+                .copied()
+                .unwrap_or("other");
+            *by_kind.entry(kind).or_default() += 1;
+        }
+        if !by_kind.is_empty() {
+            println!("         blocked by kind: {by_kind:?}");
+        }
         runs.push((pods, packing));
     }
     for &n in &sizes {
@@ -143,7 +160,7 @@ async fn run() {
             &types,
             &workloads::scheduler_order(&pods),
             4,
-            Duration::from_secs(10),
+            Duration::from_secs(70),
         )
         .await;
         let rounds = match rounds {

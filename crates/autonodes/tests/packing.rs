@@ -537,3 +537,76 @@ async fn the_kube_scheduler_binds_every_pod_of_the_diverse_set_on_the_nodes_the_
         first.bound.len()
     );
 }
+
+/// `LIST` requests the tenant's API server served for `resource` (its
+/// `apiserver_request_total`, summed over scopes and codes).
+async fn tenant_lists(world: &World, resource: &str) -> f64 {
+    let request = http::Request::get("/metrics")
+        .body(Vec::new())
+        .expect("request");
+    let text = world
+        .tenant
+        .request_text(request)
+        .await
+        .expect("tenant metrics");
+    text.lines()
+        .filter(|l| {
+            l.starts_with("apiserver_request_total{")
+                && l.contains("verb=\"LIST\"")
+                && l.contains(&format!("resource=\"{resource}\""))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dynamic_pool_plans_from_its_tenant_watch_caches_without_listing_the_tenant_again() {
+    let world = World::with_provider(pools_provider(&[small()])).await;
+    let _scheduler = scheduler(&world);
+    world
+        .create_pool("burst", json!({"providerRef": "pools"}))
+        .await;
+    create_pods(&world, [pod("first", None)]).await;
+    common::eventually("the first pod bound", WAIT, || async {
+        tenant_pods(&world)
+            .await
+            .iter()
+            .find(|p| p.name_any() == "first")
+            .and_then(bound_to)
+    })
+    .await;
+    let kinds = ["pods", "nodes", "daemonsets"];
+    let mut before = Vec::new();
+    for k in kinds {
+        before.push(tenant_lists(&world, k).await);
+    }
+    // Two more 1-CPU pods fill the 4-CPU node; a 3-CPU pod needs a second one: the pool
+    // sees each through its caches and creates the claim.
+    let sized = |name: &str, cpu: &str| {
+        let mut p = pod(name, None);
+        if let Some(c) = p.spec.as_mut().and_then(|s| s.containers.first_mut()) {
+            c.resources = serde_json::from_value(json!({"requests": {"cpu": cpu}})).ok();
+        }
+        p
+    };
+    create_pods(&world, [sized("second", "1"), sized("third", "1")]).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    create_pods(&world, [sized("big", "3")]).await;
+    common::eventually("a second claim for the 3-CPU pod", WAIT, || async {
+        (pool_claims(&world, "burst").await.len() >= 2).then_some(())
+    })
+    .await;
+    // Read by name: a list here would count as one.
+    let pods: Api<Pod> = Api::namespaced(world.tenant.clone(), "default");
+    common::eventually("the 3-CPU pod bound", WAIT, || async {
+        bound_to(&pods.get("big").await.ok()?)
+    })
+    .await;
+    for (k, b) in kinds.iter().zip(&before) {
+        let after = tenant_lists(&world, k).await;
+        println!("tenant LIST {k}: {b} before, {after} after the pool planned for 3 more pods");
+        assert_eq!(after, *b, "the pool listed the tenant's {k} again");
+    }
+    delete_pods_now(&world).await;
+    world.shutdown().await;
+}

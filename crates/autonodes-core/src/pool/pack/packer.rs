@@ -1,12 +1,15 @@
-//! The packing: pods largest first (cpu, then memory) onto the first node that takes them
+//! The packing: each pod onto the first node that takes it
 //! — the room of existing and in-flight nodes, then new nodes opened in this packing —
 //! else onto a new node.
 //!
 //! A new node is not one node type but the set of candidates that could still be it
 //! (cheapest first): each pod added keeps only those that accept it and hold everything
 //! packed so far, and the node is the cheapest of them in the end. A node grows into a
-//! dearer type only when that costs no more than a node of its own for the pod, and only
-//! within the pool's limits and the types' room.
+//! dearer type only when that type is no dearer for its pods (cost over how often their
+//! cpu and memory fit it) or costs no more than a node of its own for the new pod, and
+//! only within the pool's limits and the types' room. Pods are taken largest and smallest
+//! in turn, so that nodes fill their cpu and their pod slots together; pods with required pod
+//! affinity and the pods their terms select go before the others.
 //!
 //! A pod goes only where its node selector, node affinity, tolerations, pod affinity,
 //! pod anti-affinity (its own terms and those of pods already there) and topology spread
@@ -361,6 +364,51 @@ impl<'a> Packer<'a> {
         out
     }
 
+    /// Places pod `i`, with its preferences first if it has any, then without.
+    fn attempt(&mut self, i: usize) -> Result<(), Blocked> {
+        let pod = self.pods[i];
+        let stages: &[bool] = if pod.rules.has_preferences() || !pod.preferred_terms.is_empty() {
+            &[true, false]
+        } else {
+            &[false]
+        };
+        let mut last = Blocked::Capacity;
+        for strict in stages {
+            match self.try_place(i, *strict) {
+                Ok(()) => return Ok(()),
+                Err(b) => last = b,
+            }
+        }
+        Err(last)
+    }
+
+    /// After pod `i` was placed: tries the pods waiting on a term that selects it (and,
+    /// as those are placed, the pods waiting on them).
+    fn wake_waiters(
+        &mut self,
+        i: usize,
+        waiting: &mut HashMap<usize, Vec<usize>>,
+        placed: &mut [bool],
+    ) {
+        let mut queue = vec![i];
+        while let Some(j) = queue.pop() {
+            for t in self.views[j].matches.clone() {
+                let Some(waiters) = waiting.remove(&t) else {
+                    continue;
+                };
+                for w in waiters {
+                    if placed[w] {
+                        continue;
+                    }
+                    if self.attempt(w).is_ok() {
+                        placed[w] = true;
+                        queue.push(w);
+                    }
+                }
+            }
+        }
+    }
+
     /// Opens a new node for pod `i`.
     fn open(
         &mut self,
@@ -530,42 +578,49 @@ pub(crate) fn place(
         topology,
         places,
     };
-    let mut order: Vec<usize> = (0..pods.len()).collect();
-    order.sort_by(|a, b| {
-        let (a, b) = (pods[*a], pods[*b]);
-        (b.request.cpu, b.request.memory)
-            .cmp(&(a.request.cpu, a.request.memory))
-            .then_with(|| a.key.cmp(&b.key))
-    });
-    let mut order = largest_and_smallest(order);
+    // Pods with required pod affinity, and the pods such terms select, go first: placed
+    // after the rest, they would find their partners' nodes full.
+    let affine = packer.topology.affinity_bound(&packer.views);
+    let mut order = Vec::with_capacity(pods.len());
+    for group in [true, false] {
+        let mut members: Vec<usize> = (0..pods.len()).filter(|i| affine[*i] == group).collect();
+        members.sort_by(|a, b| {
+            let (a, b) = (pods[*a], pods[*b]);
+            (b.request.cpu, b.request.memory)
+                .cmp(&(a.request.cpu, a.request.memory))
+                .then_with(|| a.key.cmp(&b.key))
+        });
+        order.extend(largest_and_smallest(members));
+    }
     let mut out = Packing::default();
+    let mut placed = vec![false; pods.len()];
+    // Pods whose required affinity found no partner yet, by the term they wait on: tried
+    // again as soon as a pod the term selects is placed, while its partner's node has room.
+    let mut waiting: HashMap<usize, Vec<usize>> = HashMap::new();
     loop {
         let mut failed: Vec<(usize, Blocked)> = Vec::new();
         let mut progress = false;
         for i in order {
-            let stages: &[bool] =
-                if pods[i].rules.has_preferences() || !pods[i].preferred_terms.is_empty() {
-                    &[true, false]
-                } else {
-                    &[false]
-                };
-            let mut last = Blocked::Capacity;
-            let mut done = false;
-            for strict in stages {
-                match packer.try_place(i, *strict) {
-                    Ok(()) => {
-                        done = true;
-                        break;
+            if placed[i] {
+                continue;
+            }
+            match packer.attempt(i) {
+                Ok(()) => {
+                    placed[i] = true;
+                    progress = true;
+                    packer.wake_waiters(i, &mut waiting, &mut placed);
+                }
+                Err(why) => {
+                    if why == Blocked::Constraints {
+                        for t in &packer.views[i].affinity {
+                            waiting.entry(*t).or_default().push(i);
+                        }
                     }
-                    Err(b) => last = b,
+                    failed.push((i, why));
                 }
             }
-            if done {
-                progress = true;
-            } else {
-                failed.push((i, last));
-            }
         }
+        failed.retain(|(i, _)| !placed[*i]);
         // Pods waiting for the pods of their affinity go again once those found a node.
         if failed.is_empty() || !progress {
             for (i, why) in failed {

@@ -161,6 +161,21 @@ impl Topology {
         self.counts[term].get(&domain).copied().unwrap_or(0)
     }
 
+    /// For each pod of `views`: whether it has required pod affinity, or a required
+    /// affinity term of some pod selects it.
+    pub fn affinity_bound(&self, views: &[PodView]) -> Vec<bool> {
+        let mut affinity = vec![false; self.terms.len()];
+        for v in views {
+            for t in &v.affinity {
+                affinity[*t] = true;
+            }
+        }
+        views
+            .iter()
+            .map(|v| !v.affinity.is_empty() || v.matches.iter().any(|t| affinity[*t]))
+            .collect()
+    }
+
     /// Records a pod placed on a node of `domains`.
     pub fn place(&mut self, view: &PodView, domains: &[Option<Domain>]) {
         for t in &view.matches {

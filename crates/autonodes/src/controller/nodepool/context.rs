@@ -17,7 +17,7 @@ pub struct PoolContext {
     pub ctx: Arc<Context>,
     /// Every NodePool (the controller's reflector).
     pub pools: Store<NodePool>,
-    /// Wakes pools (tenant pod and node changes).
+    /// Wakes pools (tenant pod, node and DaemonSet changes).
     pub wake: UnboundedSender<ObjectRef<NodePool>>,
     /// Watches on tenant clusters, by tenant: the client they use and their tasks.
     pub(super) watches: Mutex<HashMap<ClusterKey, TenantWatch>>,
@@ -25,10 +25,13 @@ pub struct PoolContext {
     pub(super) gauges: std::sync::Mutex<BTreeSet<(String, String)>>,
 }
 
-/// The watches of one tenant: the client they use and their tasks (stopped when dropped).
+/// The watches of one tenant: the client they use, their caches and their tasks (stopped
+/// when dropped).
 pub struct TenantWatch {
     /// The tenant client the watches use.
     pub(super) remote: Arc<Remote>,
+    /// What they hold.
+    pub(super) caches: Arc<super::tenant_cache::TenantCaches>,
     /// The watch tasks.
     pub(super) tasks: Vec<tokio::task::JoinHandle<()>>,
 }

@@ -43,6 +43,7 @@ pub mod context;
 mod act;
 mod observe;
 mod tenant;
+pub mod tenant_cache;
 
 use crate::controller::reconciler::{self, Reconciler};
 use context::PoolContext;

@@ -1,6 +1,7 @@
 //! What one reconcile of a pool reads: the namespace's claims from the shared claim store
 //! (with this process's writes the store does not show yet; no LIST), whether the pool's
-//! template and tenant can be used, and a dynamic pool's tenant pods and nodes.
+//! template and tenant can be used, and a dynamic pool's tenant pods, nodes and DaemonSets
+//! (from the tenant's watch caches; no LIST either).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -146,9 +147,7 @@ pub(super) async fn tenant(pctx: &PoolContext, pool: &NodePool) -> Result<Tenant
         .tenant(&ns, &pool.spec.v_cluster_ref.name)
         .await
         .map_err(|e| Verdict::problem(e.reason(), e.to_string()))?;
-    tenant::ensure_watch(pctx, &remote).await;
-    let (pods, nodes) = tenant::pods_and_nodes(ctx, &remote).await?;
-    let daemonsets = tenant::daemonsets(ctx, &remote).await?;
+    let (pods, nodes, daemonsets) = tenant::objects(pctx, &remote).await?;
     let claimed = crate::controller::catalogue::claimed_counts(ctx);
     let overheads = ctx
         .types

@@ -1,133 +1,51 @@
-//! The tenant side of dynamic pools: pod and node watches that wake the tenant's dynamic
-//! pools, and the pods and nodes a reconcile reads.
+//! The tenant side of dynamic pools: the watch caches of each tenant's pods, nodes and
+//! DaemonSets ([`super::tenant_cache`]), which wake the tenant's dynamic pools when they
+//! change and are what a reconcile reads.
 
 use std::sync::Arc;
 
-use autonodes_core::pool::do_not_disrupt::annotation_read_by_planning;
 use autonodes_core::pool::plan::Verdict;
-use futures::StreamExt;
+use autonodes_core::pool::tenant_view;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, ListParams};
-use kube::core::PartialObjectMeta;
+use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
 use kube::ResourceExt;
 
 use super::context::{PoolContext, TenantWatch};
-use crate::controller::context::Context;
-use crate::remote::calls::remote_call;
+use super::tenant_cache::{self, TenantCaches};
 use crate::remote::clients::{ClusterKey, Remote};
 use autonodes_api::reasons::PoolReason;
 
-/// Objects per page when a dynamic pool lists its tenant's pods and nodes.
-const PAGE: u32 = 100;
-/// The most pods, and the most nodes, a dynamic pool reads of its tenant; a tenant with
-/// more gets `TenantTooLarge` instead of being planned for.
-pub const MAX_TENANT_OBJECTS: usize = 20_000;
-
-/// Every pod and node of a tenant, or why they could not be read (`TenantUnreachable`;
-/// `TenantTooLarge` past [`MAX_TENANT_OBJECTS`]). Listed in pages, each object trimmed
-/// of managed fields and of the annotations planning does not read as it arrives.
-pub(super) async fn pods_and_nodes(
-    ctx: &Context,
-    remote: &Remote,
-) -> Result<(Vec<Pod>, Vec<Node>), Verdict> {
-    let pods = list_paged(ctx, remote, Api::<Pod>::all(remote.client.clone()), "pods")
-        .await
-        .map_err(ListFailure::verdict)?;
-    let nodes = list_paged(
-        ctx,
-        remote,
-        Api::<Node>::all(remote.client.clone()),
-        "nodes",
-    )
-    .await
-    .map_err(ListFailure::verdict)?;
-    Ok((pods, nodes))
-}
-
-/// The tenant's DaemonSets, whose pods take room on every node they run on. A tenant
-/// identity that may not list them (401, 403), or a tenant that does not serve them (404),
-/// gets none: its pools size nodes for the pending pods alone, and the controller logs why.
-pub(super) async fn daemonsets(ctx: &Context, remote: &Remote) -> Result<Vec<DaemonSet>, Verdict> {
-    let listed = list_paged(
-        ctx,
-        remote,
-        Api::<DaemonSet>::all(remote.client.clone()),
-        "daemonsets",
-    )
-    .await;
-    match listed {
-        Err(ListFailure::Remote(e)) if refused_or_not_served(&e) => {
-            tracing::debug!(tenant = %remote.key, error = %e, "autonodes cannot list the tenant's DaemonSets; dynamic pools size new nodes without their pods");
-            Ok(Vec::new())
-        }
-        other => other.map_err(ListFailure::verdict),
-    }
-}
-
-/// Whether a tenant refused a call (401, 403) or does not serve what it asked for (404).
-fn refused_or_not_served(e: &crate::controller::error::Error) -> bool {
-    matches!(e, crate::controller::error::Error::Remote { source, .. }
-        if crate::remote::clients::forbidden(source)
-            || matches!(source, kube::Error::Api(s) if s.code == 404))
-}
-
-/// Why a tenant's objects could not be listed.
-enum ListFailure {
-    /// The tenant's API server failed or refused.
-    Remote(crate::controller::error::Error),
-    /// More than [`MAX_TENANT_OBJECTS`] of the kind.
-    TooLarge(String),
-}
-
-impl ListFailure {
-    /// The pool's verdict: `TenantUnreachable` or `TenantTooLarge`.
-    fn verdict(self) -> Verdict {
-        match self {
-            ListFailure::Remote(e) => Verdict::problem(PoolReason::TenantUnreachable, e.to_string()),
-            ListFailure::TooLarge(what) => Verdict::problem(
-                PoolReason::TenantTooLarge,
-                format!(
-                    "the tenant has more than {MAX_TENANT_OBJECTS} {what}; dynamic pools plan only for tenants with fewer"
-                ),
-            ),
-        }
-    }
-}
-
-/// Every object of `api`, page by page, trimmed of managed fields and of the annotations
-/// planning does not read.
-async fn list_paged<K>(
-    ctx: &Context,
-    remote: &Remote,
-    api: Api<K>,
-    what: &str,
-) -> Result<Vec<K>, ListFailure>
-where
-    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
-{
-    let mut out = Vec::new();
-    let mut params = ListParams::default().limit(PAGE);
-    loop {
-        let page = remote_call(ctx, remote, &format!("listing {what}"), api.list(&params))
-            .await
-            .map_err(ListFailure::Remote)?;
-        out.extend(page.items.into_iter().map(|mut o| {
-            let meta = o.meta_mut();
-            meta.managed_fields = None;
-            if let Some(a) = meta.annotations.as_mut() {
-                a.retain(|k, _| annotation_read_by_planning(k));
-            }
-            o
-        }));
-        if out.len() > MAX_TENANT_OBJECTS {
-            return Err(ListFailure::TooLarge(what.to_string()));
-        }
-        match page.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(token) => params = params.continue_token(&token),
-            None => return Ok(out),
+/// The tenant's pods, nodes and DaemonSets from its watch caches (started if they were
+/// not), or why they cannot be planned for (`TenantUnreachable`, `TenantTooLarge`).
+pub(super) async fn objects(
+    pctx: &PoolContext,
+    remote: &Arc<Remote>,
+) -> Result<(Vec<Pod>, Vec<Node>, Vec<DaemonSet>), Verdict> {
+    let caches = ensure_watch(pctx, remote).await;
+    let (pods, nodes, daemonsets) = futures::join!(
+        caches.pods.snapshot(),
+        caches.nodes.snapshot(),
+        caches.daemonsets.snapshot()
+    );
+    match (pods, nodes, daemonsets) {
+        (Ok(p), Ok(n), Ok(d)) => Ok((p, n, d)),
+        (p, n, d) => {
+            // Every kind's problem, the most telling reason first (too large, then
+            // unreachable).
+            let mut problems: Vec<Verdict> =
+                [p.err(), n.err(), d.err()].into_iter().flatten().collect();
+            problems.sort_by_key(|v| v.reason != PoolReason::TenantTooLarge);
+            let message = problems
+                .iter()
+                .map(|v| v.message.as_str())
+                .collect::<Vec<_>>()
+                .join("; ");
+            let reason = problems
+                .first()
+                .map_or(PoolReason::TenantUnreachable, |v| v.reason);
+            Err(Verdict::problem(reason, message))
         }
     }
 }
@@ -156,23 +74,24 @@ pub(super) async fn forget_unused_watches(pctx: &PoolContext) {
     watches.retain(|key, _| watched_by_a_pool(pctx, key));
 }
 
-/// Starts (or keeps) the pod and node watches on the pool's tenant, and stops those of
-/// tenants no dynamic pool reads any more.
-pub(super) async fn ensure_watch(pctx: &PoolContext, remote: &Arc<Remote>) {
+/// Starts (or keeps) the watch caches of the pool's tenant, and stops those of tenants no
+/// dynamic pool reads any more; the tenant's caches.
+pub(super) async fn ensure_watch(pctx: &PoolContext, remote: &Arc<Remote>) -> Arc<TenantCaches> {
     let mut watches = pctx.watches.lock().await;
     watches.retain(|key, _| *key == remote.key || watched_by_a_pool(pctx, key));
-    if watches
+    if let Some(w) = watches
         .get(&remote.key)
-        .is_some_and(|w| Arc::ptr_eq(&w.remote, remote))
+        .filter(|w| Arc::ptr_eq(&w.remote, remote) && !w.caches.wants_restart())
     {
-        return;
+        return w.caches.clone();
     }
+    let caches = Arc::new(TenantCaches::new());
     let ClusterKey::Tenant {
         namespace,
         vcluster,
     } = remote.key.clone()
     else {
-        return;
+        return caches;
     };
     let wake_pools = {
         let pools = pctx.pools.clone();
@@ -188,45 +107,38 @@ pub(super) async fn ensure_watch(pctx: &PoolContext, remote: &Arc<Remote>) {
             }
         }
     };
-    // Only that something changed matters here: the watches read metadata alone.
-    let pods: Api<PartialObjectMeta<Pod>> = Api::all(remote.client.clone());
-    let nodes: Api<PartialObjectMeta<Node>> = Api::all(remote.client.clone());
+    let cluster = remote.key.to_string();
     let tasks = vec![
-        spawn_wake_watch(remote.key.to_string(), pods, wake_pools.clone()),
-        spawn_wake_watch(remote.key.to_string(), nodes, wake_pools),
+        tenant_cache::spawn(
+            cluster.clone(),
+            caches.pods.clone(),
+            Api::all(remote.client.clone()),
+            tenant_view::pod,
+            wake_pools.clone(),
+        ),
+        tenant_cache::spawn(
+            cluster.clone(),
+            caches.nodes.clone(),
+            Api::all(remote.client.clone()),
+            tenant_view::node,
+            wake_pools.clone(),
+        ),
+        tenant_cache::spawn(
+            cluster,
+            caches.daemonsets.clone(),
+            Api::all(remote.client.clone()),
+            tenant_view::daemonset,
+            wake_pools,
+        ),
     ];
-    tracing::info!(cluster = %remote.key, "watching tenant pods and nodes for node pools");
+    tracing::info!(cluster = %remote.key, "watching tenant pods, nodes and DaemonSets for node pools");
     watches.insert(
         remote.key.clone(),
         TenantWatch {
             remote: remote.clone(),
+            caches: caches.clone(),
             tasks,
         },
     );
-}
-
-fn spawn_wake_watch<K>(
-    cluster: String,
-    api: Api<K>,
-    wake: impl Fn() + Send + 'static,
-) -> tokio::task::JoinHandle<()>
-where
-    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
-{
-    tokio::spawn(async move {
-        use kube::runtime::WatchStreamExt;
-        let mut stream = watcher(
-            api,
-            watcher::Config::default().page_size(500).any_semantic(),
-        )
-        .default_backoff()
-        .boxed();
-        while let Some(event) = stream.next().await {
-            match event {
-                Ok(watcher::Event::Init) | Ok(watcher::Event::InitApply(_)) => {}
-                Ok(_) => wake(),
-                Err(e) => tracing::debug!(%cluster, error = %e, "tenant watch error (retrying)"),
-            }
-        }
-    })
+    caches
 }

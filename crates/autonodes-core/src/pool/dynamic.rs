@@ -38,6 +38,10 @@ use super::plan::Verdict;
 use super::plan::{is_live, DeleteReason};
 use super::{due_for_removal, owned_by, template_spec, READY_NODE_GRACE};
 
+/// The most unschedulable pods one plan of a dynamic pool packs (the oldest first); the
+/// others are packed in the plans after.
+pub const MAX_PENDING_PER_PLAN: usize = 5_000;
+
 /// The longest a dynamic pool waits before it looks again.
 pub(crate) const MAX_RECHECK: Duration = Duration::from_secs(30);
 
@@ -482,12 +486,26 @@ pub fn plan(input: &DynamicInput) -> DynamicPlan {
     let usage = NodeUse::of(tenant.pods);
     // Pods a pool ranked ahead would create a node for are left to it.
     let ahead = pools_ahead(input);
-    let pending: Vec<PendingPod> = tenant
-        .pods
-        .iter()
-        .filter(|p| is_unschedulable(p))
+    // The oldest unschedulable pods first, at most MAX_PENDING_PER_PLAN of them: the rest
+    // wait for the next plan, so a tenant's flood costs each plan a bounded amount.
+    let mut unschedulable: Vec<&Pod> = tenant.pods.iter().filter(|p| is_unschedulable(p)).collect();
+    unschedulable.sort_by(|a, b| {
+        (
+            &a.metadata.creation_timestamp,
+            &a.metadata.namespace,
+            &a.metadata.name,
+        )
+            .cmp(&(
+                &b.metadata.creation_timestamp,
+                &b.metadata.namespace,
+                &b.metadata.name,
+            ))
+    });
+    let pending: Vec<PendingPod> = unschedulable
+        .into_iter()
         .map(PendingPod::from_pod)
         .filter(|p| !ahead.iter().any(|a| a.would_take(p)))
+        .take(MAX_PENDING_PER_PLAN)
         .collect();
     let daemons = daemonsets::daemon_pods(tenant.daemonsets);
     let claim_nodes = claim_nodes(input);

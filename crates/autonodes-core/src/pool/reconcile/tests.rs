@@ -1036,3 +1036,27 @@ fn a_node_whose_pods_carry_anti_affinity_is_consolidated_when_they_may_share_the
     let plan = scene.plan();
     assert!(plan.underutilized_since.is_empty(), "{plan:?}");
 }
+
+#[test]
+fn one_plan_packs_at_most_five_thousand_pending_pods_the_oldest_first() {
+    let mut scene = Scene::new(json!({}));
+    scene.pods = (0..5_010)
+        .map(|i| {
+            let mut p = pending(&format!("p{i:05}"), "10m");
+            p.metadata.creation_timestamp = Some(Time(at(i)));
+            p
+        })
+        .collect();
+    let plan = scene.plan();
+    assert_eq!(plan.pending_pods, Some(5_000));
+    let packed: BTreeSet<&str> = plan
+        .create
+        .iter()
+        .flat_map(|c| c.pods.iter().map(String::as_str))
+        .collect();
+    assert!(packed.contains("default/p00000") && packed.contains("default/p04999"));
+    assert!(
+        !packed.contains("default/p05000"),
+        "the newest wait for the next plan"
+    );
+}

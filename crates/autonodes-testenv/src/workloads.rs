@@ -283,6 +283,10 @@ pub fn lower_bound(requests: &[Amount], types: &[BenchType]) -> usize {
         .max(need(sum.pods, most(|a| a.pods)))
 }
 
+/// A little more than the kube-scheduler's longest wait before it tries an unschedulable
+/// pod again without a cluster event (`podMaxInUnschedulablePodsDuration`, one minute).
+const UNSCHEDULABLE_RETRY: Duration = Duration::from_secs(70);
+
 /// One round of [`provision`]: the packer's new nodes for the pods still pending, then
 /// what the kube-scheduler bound.
 #[derive(Debug, Default)]
@@ -385,6 +389,16 @@ pub async fn provision(
                 api.create(&PostParams::default(), p).await?;
             }
         }
+        // A round that adds no node gives the scheduler no event to look again at the pods
+        // it found no room for; it retries them on its own within a minute.
+        // A round that found no node at all for its pods has nothing to wait for.
+        let patience = if r == 0 || round.nodes_added > 0 {
+            patience
+        } else if packing.placed.is_empty() {
+            Duration::ZERO
+        } else {
+            patience.max(UNSCHEDULABLE_RETRY)
+        };
         let mut last_progress = Instant::now();
         let mut bound_before = None;
         loop {

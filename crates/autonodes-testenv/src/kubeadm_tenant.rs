@@ -43,24 +43,7 @@ impl KubeadmControlPlane {
     }
 }
 
-/// A Kubernetes binary next to the environment's kube-apiserver (built by
-/// `scripts/test-env.sh`).
-pub fn k8s_binary(env: &TestEnv, name: &str) -> Result<PathBuf, TestEnvError> {
-    let path = env
-        .bins
-        .kube_apiserver
-        .parent()
-        .map(|dir| dir.join(name))
-        .unwrap_or_else(|| PathBuf::from(name));
-    if path.is_file() {
-        Ok(path)
-    } else {
-        Err(TestEnvError::MissingBinary {
-            name: name.to_string(),
-            path,
-        })
-    }
-}
+pub use crate::testenv::k8s_binary;
 
 /// Prepares the API server `name` (started with [`TestEnv::add_apiserver_serving`] for
 /// `guest_host`) as a kubeadm control plane that guests reach at `guest_host`.

@@ -36,6 +36,25 @@ pub use error::TestEnvError;
 /// Where `scripts/test-env.sh` puts the Kubernetes binaries unless `AUTONODES_K8S_BIN` says otherwise.
 pub const DEFAULT_K8S_BIN: &str = "/var/cache/autonodes/k8s-1.20.2/bin";
 
+/// A Kubernetes binary next to the environment's kube-apiserver (built by
+/// `scripts/test-env.sh`).
+pub fn k8s_binary(env: &TestEnv, name: &str) -> Result<PathBuf, TestEnvError> {
+    let path = env
+        .bins
+        .kube_apiserver
+        .parent()
+        .map(|dir| dir.join(name))
+        .unwrap_or_else(|| PathBuf::from(name));
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(TestEnvError::MissingBinary {
+            name: name.to_string(),
+            path,
+        })
+    }
+}
+
 /// How long a process may take to become ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
 
@@ -675,30 +694,8 @@ impl TestEnv {
     /// (`--leader-elect=false --port=0 --secure-port=0`), so pending pods are
     /// really bound to nodes. The process is killed when the returned handle is dropped.
     pub fn start_scheduler(&self, name: &str) -> Result<ManagedProcess, TestEnvError> {
-        let server = self
-            .apiserver(name)
-            .ok_or_else(|| TestEnvError::Kubeconfig {
-                name: name.to_string(),
-                message: "no API server of that name".into(),
-            })?;
-        let args = vec![
-            format!("--kubeconfig={}", server.kubeconfig_path.display()),
-            "--leader-elect=false".to_string(),
-            "--port=0".to_string(),
-            "--secure-port=0".to_string(),
-            "--v=1".to_string(),
-        ];
-        let log = server.dir.join("kube-scheduler.log");
-        let mut process = ManagedProcess::spawn(
-            &format!("kube-scheduler {name}"),
-            &self.bins.kube_scheduler,
-            &args,
-            &log,
-        )?;
-        // It has no port to probe: it is up once it stayed alive for a moment.
-        std::thread::sleep(Duration::from_millis(300));
-        process.check_running()?;
-        Ok(process)
+        let binary = self.bins.kube_scheduler.clone();
+        self.start_component(name, "kube-scheduler", &binary, Vec::new())
     }
 
     /// Starts `kube-controller-manager` against the API server `name` with its admin
@@ -709,33 +706,45 @@ impl TestEnv {
         name: &str,
         controllers: &str,
     ) -> Result<ManagedProcess, TestEnvError> {
+        let binary = k8s_binary(self, "kube-controller-manager")?;
+        let extra = vec![
+            format!("--controllers={controllers}"),
+            "--use-service-account-credentials=false".to_string(),
+        ];
+        self.start_component(name, "kube-controller-manager", &binary, extra)
+    }
+
+    /// Starts the control-plane `component` (`binary`) against the API server `name` with
+    /// its admin kubeconfig, without leader election or serving ports, plus `extra`
+    /// arguments; its log is `<component>.log` beside the server's.
+    fn start_component(
+        &self,
+        name: &str,
+        component: &str,
+        binary: &Path,
+        extra: Vec<String>,
+    ) -> Result<ManagedProcess, TestEnvError> {
         let server = self
             .apiserver(name)
             .ok_or_else(|| TestEnvError::Kubeconfig {
                 name: name.to_string(),
                 message: "no API server of that name".into(),
             })?;
-        let binary = self
-            .bins
-            .kube_scheduler
-            .with_file_name("kube-controller-manager");
-        let args = vec![
-            format!("--kubeconfig={}", server.kubeconfig_path.display()),
-            format!("--controllers={controllers}"),
-            "--leader-elect=false".to_string(),
-            "--use-service-account-credentials=false".to_string(),
-            "--port=0".to_string(),
-            "--secure-port=0".to_string(),
-            "--v=1".to_string(),
-        ];
-        let log = server.dir.join("kube-controller-manager.log");
-        let mut process = ManagedProcess::spawn(
-            &format!("kube-controller-manager {name}"),
-            &binary,
-            &args,
-            &log,
-        )?;
-        // Like the scheduler, it has no port to probe.
+        let mut args = vec![format!("--kubeconfig={}", server.kubeconfig_path.display())];
+        args.extend(extra);
+        args.extend(
+            [
+                "--leader-elect=false",
+                "--port=0",
+                "--secure-port=0",
+                "--v=1",
+            ]
+            .map(String::from),
+        );
+        let log = server.dir.join(format!("{component}.log"));
+        let mut process =
+            ManagedProcess::spawn(&format!("{component} {name}"), binary, &args, &log)?;
+        // It has no port to probe: it is up once it stayed alive for a moment.
         std::thread::sleep(Duration::from_millis(300));
         process.check_running()?;
         Ok(process)

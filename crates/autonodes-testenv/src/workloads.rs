@@ -402,10 +402,8 @@ pub async fn provision(
         let mut last_progress = Instant::now();
         let mut bound_before = None;
         loop {
-            current = api
-                .list(&ListParams::default())
+            current = list_paged(&api)
                 .await?
-                .items
                 .into_iter()
                 .filter(|p| p.metadata.name.as_ref().is_some_and(|n| wanted.contains(n)))
                 .collect();
@@ -449,6 +447,20 @@ pub async fn provision(
         }
     }
     Ok(out)
+}
+
+/// Every pod of `api`, 500 a page.
+async fn list_paged(api: &Api<Pod>) -> Result<Vec<Pod>, kube::Error> {
+    let mut out = Vec::new();
+    let mut params = ListParams::default().limit(500);
+    loop {
+        let page = api.list(&params).await?;
+        out.extend(page.items);
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(out),
+        }
+    }
 }
 
 /// A ready Node of type `t` named `name` (created, then its status written: the API server

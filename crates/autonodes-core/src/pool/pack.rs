@@ -340,21 +340,22 @@ pub fn pod_request(pod: &Pod) -> Amount {
     sum
 }
 
+/// Whether a node with `labels` matches the pod's nodeSelector and required node affinity.
+pub(crate) fn selects_node(labels: &BTreeMap<String, String>, pod: &PendingPod) -> bool {
+    requirements::selector_matches(&pod.node_selector, labels)
+        && pod
+            .required_terms
+            .as_ref()
+            .filter(|terms| !terms.is_empty())
+            .is_none_or(|terms| terms.iter().any(|t| requirements::term_matches(t, labels)))
+}
+
 /// Whether a node of `shape` would accept the pod: its nodeSelector and required node
-/// affinity match the labels, and it tolerates every NoSchedule/NoExecute taint.
+/// affinity match the labels ([`selects_node`]), and it tolerates every NoSchedule/NoExecute
+/// taint.
 pub fn accepts(shape: &NodeShape, pod: &PendingPod) -> bool {
-    let selected = requirements::selector_matches(&pod.node_selector, &shape.labels);
-    let affine = pod
-        .required_terms
-        .as_ref()
-        .filter(|terms| !terms.is_empty())
-        .is_none_or(|terms| {
-            terms
-                .iter()
-                .any(|t| requirements::term_matches(t, &shape.labels))
-        });
-    let tolerated = requirements::tolerates_taints(&pod.tolerations, &shape.taints);
-    selected && affine && tolerated
+    selects_node(&shape.labels, pod)
+        && requirements::tolerates_taints(&pod.tolerations, &shape.taints)
 }
 
 /// Room on a node that exists or is on its way (a live claim of the tenant).

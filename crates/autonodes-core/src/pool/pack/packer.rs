@@ -21,7 +21,8 @@ use std::collections::HashMap;
 
 use super::topology::{Domain, PodView, Topology};
 use super::{
-    accepts, opens_for, Amount, Bin, Candidate, Limits, NewNode, NodeShape, Packing, PendingPod,
+    accepts, opens_for, selects_node, Amount, Bin, Candidate, Limits, NewNode, NodeShape, Packing,
+    PendingPod,
 };
 use crate::requirements;
 
@@ -81,17 +82,7 @@ fn counts_for(
     honor_affinity: bool,
     honor_taints: bool,
 ) -> bool {
-    let affine = !honor_affinity
-        || (requirements::selector_matches(&pod.node_selector, &shape.labels)
-            && pod
-                .required_terms
-                .as_ref()
-                .filter(|terms| !terms.is_empty())
-                .is_none_or(|terms| {
-                    terms
-                        .iter()
-                        .any(|t| requirements::term_matches(t, &shape.labels))
-                }));
+    let affine = !honor_affinity || selects_node(&shape.labels, pod);
     let tolerated =
         !honor_taints || requirements::tolerates_taints(&pod.tolerations, &shape.taints);
     affine && tolerated

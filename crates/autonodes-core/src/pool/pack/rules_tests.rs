@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use serde_json::json;
 
 use super::packer::pack;
+use super::tests::candidate;
 use super::*;
 
 /// A pending pod from its JSON `spec` additions, asking for `cpu` millicores and 256Mi.
@@ -22,31 +23,6 @@ fn pod(name: &str, labels: serde_json::Value, cpu: i128, spec: serde_json::Value
     }))
     .expect("pod");
     PendingPod::from_pod(&p)
-}
-
-/// A candidate of `cpu` millicores (16Gi), priced by the core, with `labels`.
-fn candidate(name: &str, cpu: i128, labels: &[(&str, &str)]) -> Candidate {
-    let amount = Amount {
-        cpu,
-        memory: 16 << 30,
-        pods: MAX_PODS_PER_NODE,
-        ..Amount::default()
-    };
-    Candidate {
-        node_type: name.into(),
-        shape: NodeShape {
-            labels: labels
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            taints: Vec::new(),
-        },
-        allocatable: amount.clone(),
-        resources: amount,
-        room: None,
-        cost: i64::try_from(cpu).unwrap_or(i64::MAX),
-        requirements: Vec::new(),
-    }
 }
 
 /// The pods of each new node, by node type, sorted.

@@ -19,7 +19,8 @@ fn pod(key: &str, cpu: i128) -> PendingPod {
     }
 }
 
-fn candidate(name: &str, cpu: i128, labels: &[(&str, &str)]) -> Candidate {
+/// A candidate of `cpu` millicores (16Gi), priced by the core, with `labels`.
+pub(super) fn candidate(name: &str, cpu: i128, labels: &[(&str, &str)]) -> Candidate {
     let amount = Amount {
         cpu,
         memory: 16 << 30,

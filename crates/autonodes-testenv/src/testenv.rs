@@ -357,6 +357,20 @@ pub fn process_memory(pid: u32) -> Option<(u64, u64)> {
     Some((field("VmRSS:")?, field("VmHWM:")?))
 }
 
+/// CPU seconds (user + system) process `pid` used so far, from `/proc/<pid>/stat` (None when
+/// it cannot be read).
+pub fn process_cpu_seconds(pid: u32) -> Option<f64> {
+    /// Clock ticks per second of `/proc/<pid>/stat` (USER_HZ, 100 on Linux).
+    const TICKS: f64 = 100.0;
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After the command: state is field 3; utime and stime are fields 14 and 15.
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) / TICKS)
+}
+
 /// Waits until the API server answers `/readyz` with `ok`.
 async fn wait_ready(
     name: &str,

@@ -36,21 +36,27 @@ mod common;
 #[path = "../tests/opscommon/mod.rs"]
 mod opscommon;
 
+/// CPU seconds (user + system) a process used so far.
+fn cpu_seconds(pid: u32) -> f64 {
+    process_cpu_seconds(pid).unwrap_or(0.0)
+}
+
 use std::collections::{BTreeMap, HashMap};
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use autonodes_api::NodeClaim;
 use autonodes_testenv::playground::ensure_namespace;
 use autonodes_testenv::simulator::SimMode;
-use autonodes_testenv::testenv::{process_memory, ManagedProcess};
+use autonodes_testenv::testenv::{process_cpu_seconds, process_memory};
 use common::world::{condition, provider_yaml, World, WorldOptions, NS};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
-use opscommon::http_get;
+use opscommon::measure::{
+    breakdown, diff, mb, server_requests, MeteredController as Controller, Totals,
+};
 
 /// jemalloc, as in the `autonodes` and `autonodes-dev` binaries: this process runs the
 /// simulator of the product run, whose CPU counts (with glibc's allocator a fifth of it went
@@ -65,8 +71,6 @@ const IN_FLIGHT: usize = 32;
 const SECRETS: usize = 2_000;
 /// Namespace of the replayed claims (management) and their VMs and Secrets (host).
 const REPLAY_NS: &str = "replay";
-/// Clock ticks per second of `/proc/<pid>/stat` (USER_HZ, 100 on Linux).
-const TICKS: f64 = 100.0;
 
 fn provider() -> String {
     provider_yaml(
@@ -76,191 +80,6 @@ fn provider() -> String {
         "1Gi",
         "      - name: small",
     )
-}
-
-// ---------------------------------------------------------------------------------------
-// Measuring: process CPU and memory, request counters.
-
-/// CPU seconds (user + system) a process used so far.
-fn cpu_seconds(pid: u32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| {
-            let rest = stat.rsplit_once(')')?.1;
-            let fields: Vec<&str> = rest.split_whitespace().collect();
-            // After the command: state is field 3; utime and stime are fields 14 and 15.
-            let utime: f64 = fields.get(11)?.parse().ok()?;
-            let stime: f64 = fields.get(12)?.parse().ok()?;
-            Some((utime + stime) / TICKS)
-        })
-        .unwrap_or(0.0)
-}
-
-fn mb(bytes: u64) -> f64 {
-    bytes as f64 / 1024.0 / 1024.0
-}
-
-/// Parses `name{a="x",b="y"} value` lines of a Prometheus text exposition.
-fn samples(text: &str, name: &str) -> Vec<(BTreeMap<String, String>, f64)> {
-    let prefix = format!("{name}{{");
-    text.lines()
-        .filter_map(|line| {
-            let rest = line.strip_prefix(&prefix)?;
-            let (labels, value) = rest.rsplit_once("} ")?;
-            let value: f64 = value.trim().parse().ok()?;
-            let mut map = BTreeMap::new();
-            for pair in labels.split("\",") {
-                let (k, v) = pair.split_once("=\"")?;
-                map.insert(k.to_string(), v.trim_end_matches('"').to_string());
-            }
-            Some((map, value))
-        })
-        .collect()
-}
-
-/// Request counts keyed by (cluster, VERB, resource[/subresource], code).
-type Requests = BTreeMap<(String, String, String, String), f64>;
-
-/// The API servers' `apiserver_request_total`, by cluster.
-async fn server_requests(world: &World) -> Requests {
-    let mut out = Requests::new();
-    for (cluster, client) in [
-        ("management", &world.mgmt),
-        ("host", &world.host),
-        ("tenant", &world.tenant),
-    ] {
-        let req = http::Request::get("/metrics")
-            .body(Vec::new())
-            .expect("request");
-        let text = client.request_text(req).await.unwrap_or_default();
-        for (labels, value) in samples(&text, "apiserver_request_total") {
-            let get = |k: &str| labels.get(k).cloned().unwrap_or_default();
-            let resource = match get("subresource").as_str() {
-                "" => get("resource"),
-                sub => format!("{}/{sub}", get("resource")),
-            };
-            *out.entry((cluster.into(), get("verb"), resource, get("code")))
-                .or_default() += value;
-        }
-    }
-    out
-}
-
-/// The controller's `autonodes_kube_requests_total` (verbs upper-cased like the servers').
-async fn controller_requests(addr: SocketAddr) -> Requests {
-    let text = match http_get(addr, "/metrics").await {
-        Ok((200, body)) => body,
-        _ => String::new(),
-    };
-    let mut out = Requests::new();
-    for (labels, value) in samples(&text, "autonodes_kube_requests_total") {
-        let get = |k: &str| labels.get(k).cloned().unwrap_or_default();
-        *out.entry((
-            get("cluster"),
-            get("verb").to_uppercase(),
-            get("resource"),
-            get("code"),
-        ))
-        .or_default() += value;
-    }
-    out
-}
-
-fn diff(after: &Requests, before: &Requests) -> Requests {
-    after
-        .iter()
-        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
-        .filter(|(_, v)| *v > 0.0)
-        .collect()
-}
-
-fn is_write(verb: &str) -> bool {
-    matches!(
-        verb,
-        "POST" | "PUT" | "PATCH" | "APPLY" | "DELETE" | "DELETECOLLECTION" | "CREATE" | "UPDATE"
-    )
-}
-
-fn is_read(verb: &str) -> bool {
-    matches!(verb, "GET" | "LIST")
-}
-
-/// Per-claim totals of a request diff.
-struct Totals {
-    writes: f64,
-    reads: f64,
-    lists: f64,
-    watches: f64,
-    events: f64,
-    conflicts: f64,
-}
-
-impl Totals {
-    /// The totals of `r`, divided by `per` (the number of claims).
-    fn per_claim(r: &Requests, per: f64) -> Totals {
-        let mut t = Totals {
-            writes: 0.0,
-            reads: 0.0,
-            lists: 0.0,
-            watches: 0.0,
-            events: 0.0,
-            conflicts: 0.0,
-        };
-        for ((_, verb, resource, code), n) in r {
-            let n = n / per;
-            if is_write(verb) {
-                t.writes += n;
-                if resource == "events" {
-                    t.events += n;
-                }
-            }
-            if is_read(verb) {
-                t.reads += n;
-            }
-            if verb == "LIST" {
-                t.lists += n;
-            }
-            if verb == "WATCH" {
-                t.watches += n;
-            }
-            if code == "409" {
-                t.conflicts += n;
-            }
-        }
-        t
-    }
-
-    /// "w writes (e Events), r reads (l LISTs), w watches, c conflicts (409)".
-    fn line(&self) -> String {
-        format!(
-            "{:.1} writes ({:.1} Events), {:.1} reads ({:.1} LISTs), {:.2} watches, {:.2} conflicts (409)",
-            self.writes, self.events, self.reads, self.lists, self.watches, self.conflicts
-        )
-    }
-}
-
-/// "verb resource n/claim" for the largest entries of a diff.
-fn breakdown(r: &Requests, per: f64) -> String {
-    let mut by: BTreeMap<(String, String, String), f64> = BTreeMap::new();
-    for ((cluster, verb, resource, _), n) in r {
-        *by.entry((cluster.clone(), verb.clone(), resource.clone()))
-            .or_default() += n;
-    }
-    let mut rows: Vec<_> = by.into_iter().collect();
-    rows.sort_by(|a, b| b.1.total_cmp(&a.1));
-    rows.iter()
-        .filter(|(_, n)| n / per >= 0.05)
-        .map(|((cluster, verb, resource), n)| {
-            format!(
-                "      {:<10} {:<16} {:<28} {:>7.2}",
-                cluster,
-                verb,
-                resource,
-                n / per
-            )
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 /// CPU seconds of etcd and of each API server, by name.
@@ -1039,38 +858,6 @@ fn watch_claims(world: &World) -> (Arc<Mutex<Seen>>, tokio::task::JoinHandle<()>
         }
     });
     (seen, task)
-}
-
-struct Controller {
-    process: ManagedProcess,
-    addr: SocketAddr,
-}
-
-impl Controller {
-    async fn start(world: &World, n: u32) -> Controller {
-        let port = autonodes_testenv::testenv::free_port().expect("free port");
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let process = world.spawn_controller_process_on(
-            n,
-            env!("CARGO_BIN_EXE_autonodes"),
-            &addr.to_string(),
-        );
-        common::eventually(
-            "the controller ready",
-            Duration::from_secs(120),
-            || async move { matches!(http_get(addr, "/readyz").await, Ok((200, _))).then_some(()) },
-        )
-        .await;
-        Controller { process, addr }
-    }
-
-    fn pid(&self) -> u32 {
-        self.process.pid().expect("controller running")
-    }
-
-    async fn requests(&self) -> Requests {
-        controller_requests(self.addr).await
-    }
 }
 
 /// Creation → Ready of single claims on idle clusters, one after the other.

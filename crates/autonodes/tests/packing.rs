@@ -8,6 +8,7 @@
 //! before and after each step.
 
 mod common;
+mod opscommon;
 
 use autonodes_core::pool::pack::is_unschedulable;
 use std::collections::BTreeMap;
@@ -625,5 +626,47 @@ async fn a_dynamic_pool_plans_from_its_tenant_watch_caches_without_listing_the_t
         assert_eq!(after, *b, "the pool listed the tenant's {k} again");
     }
     delete_pods_now(&world).await;
+    world.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_dynamic_pools_of_one_tenant_give_every_team_nodes_and_the_kube_scheduler_binds_their_pods(
+) {
+    use opscommon::at_scale;
+    const PODS: usize = 240;
+    let mut world = World::start_clusters(&WorldOptions {
+        provider: at_scale::provider(),
+        ..Default::default()
+    })
+    .await;
+    let figures = at_scale::run(&mut world, PODS, 10, Duration::from_secs(600)).await;
+    for line in figures.lines() {
+        println!("{line}");
+    }
+    // Every team's pool made claims for its own pods.
+    for (pool, claims) in &figures.claims_by_pool {
+        assert!(
+            *claims > 0,
+            "{pool} created no claim: {:?}",
+            figures.claims_by_pool
+        );
+    }
+    assert!(
+        figures.claims() <= figures.nodes + 2,
+        "claims without nodes"
+    );
+    // Every pod is bound, but for those whose required pod affinity selects no pod of their
+    // team (the scheduler's rules let them run nowhere) and at most 1 % that the
+    // kube-scheduler squeezed out of the room beside their affinity partners; for both, their
+    // pool's packer finds no node either, and says so on the pool.
+    let squeezed = figures.pending.iter().filter(|p| !p.can_never_run).count();
+    assert!(squeezed <= PODS / 100, "{squeezed} pods pending");
+    for p in &figures.pending {
+        assert_eq!(
+            p.pool_ready, "False PodRulesUnsatisfiable",
+            "{} pending although its pool could give it a node: {}",
+            p.pod, p.scheduler
+        );
+    }
     world.shutdown().await;
 }

@@ -2,6 +2,9 @@
 //! controller processes that never outlive a test.
 #![allow(dead_code)]
 
+pub mod at_scale;
+pub mod measure;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

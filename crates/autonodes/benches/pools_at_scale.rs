@@ -1,0 +1,67 @@
+//! Dynamic pools at scale on real API servers, printed, never asserted: 2,000 pending pods of
+//! the packing benchmark's six kinds over 10 teams of one tenant, each team with a namespace
+//! and a dynamic pool of its own; management, host and tenant kube-apiservers on one etcd,
+//! `autonodes run` as its own process, the KubeVirt simulator and the tenant's real
+//! kube-scheduler. It prints the time from the last pod created to the last claim created and
+//! to the last pod bound, writes per claim (the controller's, by cluster, and all API
+//! servers'), the controller's CPU and peak RSS, and any pod left pending with the
+//! scheduler's message (`tests/opscommon/at_scale.rs` runs it; `tests/packing.rs` runs it
+//! small as a test).
+//!
+//! `cargo bench --bench pools_at_scale`; `AUTONODES_BENCH_PODS` and `AUTONODES_BENCH_POOLS`
+//! set the sizes (default 2,000 and 10). Under `cargo test` it only says it was skipped.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+#[path = "../tests/opscommon/mod.rs"]
+mod opscommon;
+
+use std::time::Duration;
+
+use common::world::{World, WorldOptions};
+use opscommon::at_scale;
+
+/// jemalloc, as in the `autonodes` binary: this process runs the simulator.
+#[cfg(not(target_env = "msvc"))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+fn size(var: &str, default: usize) -> usize {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(default)
+}
+
+fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("pools_at_scale bench skipped (run it with `cargo bench --bench pools_at_scale`)");
+        return;
+    }
+    let pods = size("AUTONODES_BENCH_PODS", 2000);
+    let pools = size("AUTONODES_BENCH_POOLS", 10).max(1);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let mut world = World::start_clusters(&WorldOptions {
+            provider: at_scale::provider(),
+            ..Default::default()
+        })
+        .await;
+        println!("dynamic pools at scale on real API servers (one etcd; management, host and tenant kube-apiservers), 2 cores");
+        let figures = at_scale::run(
+            &mut world,
+            pods,
+            pools,
+            Duration::from_secs(600 + pods as u64 / 2),
+        )
+        .await;
+        for line in figures.lines() {
+            println!("{line}");
+        }
+        world.shutdown().await;
+    });
+}

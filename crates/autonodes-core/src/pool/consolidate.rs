@@ -339,7 +339,11 @@ pub(crate) fn consolidate(input: &ConsolidationInput) -> Consolidation {
         let receiving = input.receiving.contains(name) || replacing.contains(name);
         let busy = input.usage.busy(node_name) || receiving;
         let empty = !busy && !protected;
-        let candidate = underutilized_too && busy && !protected && !receiving;
+        // While pods wait for a node of the pool, no node counts as underutilized: its room
+        // may be what they need, and none would go meanwhile (nor is the simulation of
+        // every node's pods, the dearest part of a plan, spent on every plan of a burst).
+        let candidate =
+            underutilized_too && busy && !protected && !receiving && !input.pods_waiting;
         let fits = candidate && fits_elsewhere(input.usage.movable(node_name), name, input.targets);
         let replaceable = candidate && !fits && {
             let found = s.cost.and_then(|cost| {

@@ -169,9 +169,11 @@ fn claim_nodes<'a>(input: &DynamicInput<'a>) -> Vec<ClaimNode<'a>> {
         .collect()
 }
 
-/// The free room of the tenant's claims' nodes, for pods the scheduler could not place:
-/// not cordoned nodes, and not nodes Ready for longer than [`READY_NODE_GRACE`] (the
-/// scheduler has seen those: pods it still calls unschedulable do not fit there).
+/// The tenant's claims' nodes with their pods, and their free room for pods the scheduler
+/// could not place: none on cordoned nodes and on nodes Ready for longer than
+/// [`READY_NODE_GRACE`] (the scheduler has seen those: pods it still calls unschedulable do
+/// not fit there). Their pods count all the same: for pod anti-affinity, affinity and
+/// spread, the kube-scheduler counts the pods of every node.
 fn bins(
     claim_nodes: &[ClaimNode],
     nodes: &[Node],
@@ -192,13 +194,8 @@ fn bins(
             .and_then(|n| n.spec.as_ref())
             .and_then(|s| s.unschedulable)
             .unwrap_or(false);
-        if cordoned {
-            continue;
-        }
         let ready_since = conditions::true_since(&status.conditions, ClaimCondition::Ready);
-        if ready_since.is_some_and(|since| due_for_removal(since, now, READY_NODE_GRACE)) {
-            continue;
-        }
+        let seen = ready_since.is_some_and(|since| due_for_removal(since, now, READY_NODE_GRACE));
         // What runs there, and the daemon pods still to come (all of them on a node that
         // has not joined yet).
         let used = match node_name {
@@ -210,7 +207,11 @@ fn bins(
         bins.push(Bin {
             claim: name_of(cn.claim).to_string(),
             shape: cn.shape.clone(),
-            free: cn.allocatable.minus(&used),
+            free: if cordoned || seen {
+                Amount::default()
+            } else {
+                cn.allocatable.minus(&used)
+            },
             residents: node_name
                 .map(|n| {
                     usage

@@ -514,7 +514,7 @@ pub(crate) fn place(
 ) -> Packing {
     let residents: Vec<&PendingPod> = bins.iter().flat_map(|b| b.residents.iter()).collect();
     let everyone: Vec<&PendingPod> = pods.iter().copied().chain(residents).collect();
-    let (mut topology, mut views) = Topology::new(&everyone);
+    let (mut topology, mut views) = Topology::new(&everyone, pods.len());
     let resident_views = views.split_off(pods.len());
     let mut places = Vec::new();
     let mut r = 0;

@@ -4,6 +4,7 @@
 //! a pod against a node is a few map lookups rather than a walk over every placed pod.
 
 use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
 
 use super::constraints::{PodTerm, Spread};
 use super::{PendingPod, HOSTNAME_TOPOLOGY};
@@ -30,13 +31,26 @@ pub(crate) struct PodView {
     pub repelled_by: Vec<usize>,
 }
 
+/// A hash of everything that tells terms apart: key, namespaces and selector.
+fn term_hash(term: &PodTerm) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    term.key.hash(&mut h);
+    term.namespaces.hash(&mut h);
+    term.selector.match_labels.hash(&mut h);
+    for e in term.selector.match_expressions.iter().flatten() {
+        (&e.key, &e.operator, &e.values).hash(&mut h);
+    }
+    h.finish()
+}
+
 /// The counts of every term, by domain.
 #[derive(Debug, Default)]
 pub(crate) struct Topology {
     keys: Vec<String>,
     terms: Vec<PodTerm>,
     term_key: Vec<usize>,
-    by_text: HashMap<String, usize>,
+    /// Term ids by [`term_hash`] (equal hashes are told apart by comparing the terms).
+    by_hash: HashMap<u64, Vec<usize>>,
     counts: Vec<HashMap<Domain, i32>>,
     totals: Vec<i32>,
     owners: Vec<HashMap<Domain, i32>>,
@@ -45,15 +59,25 @@ pub(crate) struct Topology {
 }
 
 impl Topology {
-    /// The topology of `pods` (pending ones and those already on nodes): their terms,
-    /// and each pod's view of them.
-    pub fn new(pods: &[&PendingPod]) -> (Topology, Vec<PodView>) {
+    /// The topology of `pods`: the first `placing` are to be placed, the rest are already
+    /// on nodes. The terms of the pods to place and the required anti-affinity of all, and
+    /// each pod's view of them.
+    pub fn new(pods: &[&PendingPod], placing: usize) -> (Topology, Vec<PodView>) {
         let mut t = Topology::default();
         let mut views: Vec<PodView> = pods
             .iter()
-            .map(|p| {
+            .enumerate()
+            .map(|(i, p)| {
                 let r = &p.rules;
                 let mut ids = |terms: &[PodTerm]| terms.iter().map(|x| t.intern(x)).collect();
+                if i >= placing {
+                    // A pod already placed constrains the others only by its required
+                    // anti-affinity (as the kube-scheduler checks an incoming pod).
+                    return PodView {
+                        anti: ids(&r.anti_affinity),
+                        ..PodView::default()
+                    };
+                }
                 PodView {
                     affinity: ids(&r.affinity),
                     anti: ids(&r.anti_affinity),
@@ -93,8 +117,12 @@ impl Topology {
     }
 
     fn intern(&mut self, term: &PodTerm) -> usize {
-        let text = format!("{term:?}");
-        if let Some(i) = self.by_text.get(&text) {
+        let hash = term_hash(term);
+        if let Some(i) = self
+            .by_hash
+            .get(&hash)
+            .and_then(|ids| ids.iter().find(|i| self.terms[**i] == *term))
+        {
             return *i;
         }
         let key = match self.keys.iter().position(|k| *k == term.key) {
@@ -106,7 +134,10 @@ impl Topology {
         };
         self.terms.push(term.clone());
         self.term_key.push(key);
-        self.by_text.insert(text, self.terms.len() - 1);
+        self.by_hash
+            .entry(hash)
+            .or_default()
+            .push(self.terms.len() - 1);
         self.terms.len() - 1
     }
 

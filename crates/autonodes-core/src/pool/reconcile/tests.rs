@@ -693,6 +693,62 @@ fn pods_spread_over_zones_get_claims_pinned_to_the_zones_of_a_type_that_offers_s
 }
 
 #[test]
+fn a_zone_spread_counts_the_pods_on_nodes_the_scheduler_has_long_seen() {
+    let mut scene = Scene::new(json!({}));
+    scene.catalogue = catalogue_of(json!([
+        {"name": "small", "cost": 1, "resources": {"cpu": "4", "memory": "8Gi"},
+         "properties": {"topology.kubernetes.io/zone": "a,b"}}
+    ]));
+    // A node in zone a, Ready since second 0 (long past the grace in which the scheduler
+    // may not have tried it yet), runs two web pods and has room for more.
+    let mut old = (*available(&scene.pool, "old-a")).clone();
+    old.spec.requirements = serde_json::from_value(json!([
+        {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["a"]}]))
+    .expect("requirements");
+    scene.claims = vec![Arc::new(old)];
+    scene.nodes = vec![node("old-a")];
+    let web = |name: &str, node: Option<&str>| -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"namespace": "default", "name": name, "labels": {"app": "web"}},
+            "spec": {
+                "nodeName": node,
+                "containers": [{"name": "c", "resources": {"requests": {"cpu": "1"}}}],
+                "topologySpreadConstraints": [{
+                    "maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                    "whenUnsatisfiable": "DoNotSchedule",
+                    "labelSelector": {"matchLabels": {"app": "web"}}}]
+            },
+            "status": match node {
+                Some(_) => json!({"phase": "Running"}),
+                None => json!({"phase": "Pending", "conditions": [
+                    {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}),
+            },
+        }))
+        .expect("pod")
+    };
+    scene.pods = vec![
+        web("web-0", Some("old-a")),
+        web("web-1", Some("old-a")),
+        web("web-2", None),
+    ];
+    // The scheduler left web-2 pending: zone a has two, zone b none. Its node goes to b.
+    let plan = scene.plan();
+    let zones: Vec<Vec<String>> = plan
+        .create
+        .iter()
+        .map(|c| {
+            c.spec
+                .requirements
+                .iter()
+                .filter(|r| r.key == "topology.kubernetes.io/zone")
+                .flat_map(|r| r.values.clone())
+                .collect()
+        })
+        .collect();
+    assert_eq!(zones, [vec!["b".to_string()]]);
+}
+
+#[test]
 fn no_fitting_node_type_is_a_problem() {
     let mut scene = Scene::new(json!({"requirements": [
         {"key": "autonodes.io/node-type", "operator": "In", "values": ["huge"]}]}));
@@ -948,7 +1004,7 @@ fn when_empty_pools_and_nodes_marked_do_not_disrupt_are_not_consolidated_while_b
 }
 
 #[test]
-fn no_underutilized_node_goes_while_pending_pods_wait_for_the_pool() {
+fn no_node_is_underutilized_or_goes_while_pending_pods_wait_for_the_pool() {
     let mut scene = two_half_empty_nodes(json!({}));
     let marked =
         |c: Arc<NodeClaim>| with_annotation(c, ANNOTATION_UNDERUTILIZED_SINCE, &at(0).to_string());
@@ -965,6 +1021,14 @@ fn no_underutilized_node_goes_while_pending_pods_wait_for_the_pool() {
             .any(|(_, r)| *r == DeleteReason::Underutilized),
         "{:?}",
         plan.delete
+    );
+    // Their room may be what the waiting pod needs: the marks go, and come back (from
+    // then on) once no pod waits.
+    let mut cleared = plan.underutilized_since.clone();
+    cleared.sort();
+    assert_eq!(
+        cleared,
+        vec![("a".to_string(), None), ("b".to_string(), None)]
     );
 }
 

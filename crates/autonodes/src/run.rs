@@ -55,6 +55,14 @@ pub struct RunArgs {
     /// How long draining a Node may take before it is deleted anyway.
     #[arg(long, env = "AUTONODES_DRAIN_TIMEOUT", default_value = "2m", value_parser = parse_duration)]
     pub drain_timeout: Duration,
+    /// A dynamic pool makes the nodes for a burst of pending pods once no pod was newly
+    /// marked unschedulable for this long (longer packs more pods together).
+    #[arg(long, env = "AUTONODES_BATCH_IDLE_DURATION", default_value = "2s", value_parser = parse_duration)]
+    pub batch_idle_duration: Duration,
+    /// ... or once a pod that needs a new node has waited this long, however long the burst
+    /// (longer packs more pods together, shorter starts nodes sooner).
+    #[arg(long, env = "AUTONODES_BATCH_MAX_DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub batch_max_duration: Duration,
     /// How often to look for (and remove) VMs, Secrets, DataVolumes and tokens whose claim
     /// no longer exists.
     #[arg(long, env = "AUTONODES_ORPHAN_SWEEP_INTERVAL", default_value = "5m", value_parser = parse_duration)]
@@ -292,6 +300,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         initialization_timeout: args.initialization_timeout,
         node_repair_after: (!args.node_repair_after.is_zero()).then_some(args.node_repair_after),
         drain_timeout: args.drain_timeout,
+        batch: autonodes_core::pool::dynamic::Batch {
+            idle: args.batch_idle_duration,
+            max: args.batch_max_duration,
+        },
         orphan_sweep_interval: args.orphan_sweep_interval,
         vcluster_import: args.vcluster_config_namespaces.clone(),
         kubeconfig_policy: autonodes_core::kubeconfig::KubeconfigPolicy {

@@ -639,7 +639,15 @@ async fn ten_dynamic_pools_of_one_tenant_give_every_team_nodes_and_the_kube_sche
         ..Default::default()
     })
     .await;
-    let figures = at_scale::run(&mut world, PODS, 10, Duration::from_secs(600)).await;
+    let figures = at_scale::run(
+        &mut world,
+        PODS,
+        10,
+        at_scale::Order::ByKind,
+        &[],
+        Duration::from_secs(600),
+    )
+    .await;
     for line in figures.lines() {
         println!("{line}");
     }

@@ -45,6 +45,68 @@ pub const MAX_PENDING_PER_PLAN: usize = 5_000;
 /// The longest a dynamic pool waits before it looks again.
 pub(crate) const MAX_RECHECK: Duration = Duration::from_secs(30);
 
+/// How a burst of pending pods is gathered into one batch, packed together: new nodes are
+/// made once no pod of the pool was newly marked unschedulable for `idle` (the marks have a
+/// resolution of one second), or once a pod that needs a new node has waited `max`, however
+/// long the burst. Karpenter's `BATCH_IDLE_DURATION` and `BATCH_MAX_DURATION`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Batch {
+    /// No new mark for this long closes the batch.
+    pub idle: Duration,
+    /// A pod that needs a new node never waits longer than this.
+    pub max: Duration,
+}
+
+impl Default for Batch {
+    fn default() -> Self {
+        Batch {
+            idle: Duration::from_secs(2),
+            max: Duration::from_secs(10),
+        }
+    }
+}
+
+/// When the kube-scheduler marked `p` unschedulable (its `PodScheduled` condition's last
+/// transition).
+fn marked_at(p: &Pod) -> Option<Timestamp> {
+    p.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "PodScheduled")?
+        .last_transition_time
+        .as_ref()
+        .map(|t| t.0)
+}
+
+/// How long the new nodes for `new_pods` wait for the `batch` to close, given when each
+/// pending pod was marked (`marks`, by key): `None` once no pod was marked for `batch.idle`
+/// or one of `new_pods` has waited `batch.max` (pods without a mark count as waiting long).
+fn batch_open(
+    batch: Batch,
+    new_pods: &[&str],
+    marks: &HashMap<String, Timestamp>,
+    now: Timestamp,
+) -> Option<Duration> {
+    let age = |t: &Timestamp| {
+        Duration::from_millis(
+            (now.as_millisecond() - t.as_millisecond())
+                .max(0)
+                .unsigned_abs(),
+        )
+    };
+    let newest = marks.values().map(age).min()?;
+    let oldest = new_pods
+        .iter()
+        .map(|k| marks.get(*k).map_or(batch.max, age))
+        .max()?;
+    if newest >= batch.idle || oldest >= batch.max {
+        return None;
+    }
+    Some((batch.idle - newest).min(batch.max - oldest))
+}
+
 /// What the controller observed of the tenant and the namespace for a dynamic pool.
 #[derive(Clone, Copy, Debug)]
 pub struct Tenant<'a> {
@@ -84,6 +146,8 @@ pub struct DynamicInput<'a> {
     pub tenant: Tenant<'a>,
     /// The node types.
     pub catalogue: &'a Catalogue,
+    /// How bursts of pending pods are batched.
+    pub batch: Batch,
     /// The time of the observation.
     pub now: Timestamp,
 }
@@ -502,11 +566,18 @@ pub fn plan(input: &DynamicInput) -> DynamicPlan {
                 &b.metadata.name,
             ))
     });
+    let mut marks: HashMap<String, Timestamp> = HashMap::new();
     let pending: Vec<PendingPod> = unschedulable
         .into_iter()
-        .map(PendingPod::from_pod)
-        .filter(|p| !ahead.iter().any(|a| a.would_take(p)))
+        .map(|p| (PendingPod::from_pod(p), marked_at(p)))
+        .filter(|(p, _)| !ahead.iter().any(|a| a.would_take(p)))
         .take(MAX_PENDING_PER_PLAN)
+        .map(|(p, mark)| {
+            if let Some(mark) = mark {
+                marks.insert(p.key.clone(), mark);
+            }
+            p
+        })
         .collect();
     let daemons = daemonsets::daemon_pods(tenant.daemonsets);
     let claim_nodes = claim_nodes(input);
@@ -533,9 +604,16 @@ pub fn plan(input: &DynamicInput) -> DynamicPlan {
         })
         .unwrap_or_default();
     let packing = pack(&pending, &bins, &candidates, &limits, usage_of_pool.clone());
+    let new_pods: Vec<&str> = packing
+        .new_nodes
+        .iter()
+        .flat_map(|n| n.pods.iter().map(String::as_str))
+        .collect();
+    let batching = batch_open(input.batch, &new_pods, &marks, input.now);
     let mut create: Vec<NewClaim> = packing
         .new_nodes
         .iter()
+        .filter(|_| batching.is_none())
         .map(|n| NewClaim {
             spec: pinned(input.template, &n.node_type, &n.request, &n.requirements),
             replaces: None,
@@ -577,7 +655,8 @@ pub fn plan(input: &DynamicInput) -> DynamicPlan {
         .next_check
         .map(|d| d.max(Duration::from_millis(500)) + Duration::from_millis(200))
         .unwrap_or(MAX_RECHECK)
-        .min(MAX_RECHECK);
+        .min(MAX_RECHECK)
+        .min(batching.map_or(MAX_RECHECK, |d| d + Duration::from_millis(100)));
     DynamicPlan {
         create,
         delete: consolidation.delete,

@@ -57,6 +57,8 @@ pub struct Observed<'a> {
     pub catalogue: &'a Catalogue,
     /// How long a node may stay not Ready before it is replaced (`None`: never).
     pub repair_after: Option<Duration>,
+    /// How a dynamic pool batches bursts of pending pods.
+    pub batch: super::dynamic::Batch,
     /// How many claims the pool may create now ([`super::limits::claim_room`]).
     pub room: &'a ClaimRoom,
     /// The time of the observation.
@@ -218,6 +220,7 @@ pub fn plan_pool(observed: &Observed) -> PoolPlan {
                 deleted_now: &deleted_now,
                 tenant: *tenant,
                 catalogue: observed.catalogue,
+                batch: observed.batch,
                 now: observed.now,
             });
             let room = observed.room.create.saturating_sub(out.create.len());

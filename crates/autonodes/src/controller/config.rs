@@ -21,6 +21,9 @@ pub struct ControllerConfig {
     pub node_repair_after: Option<Duration>,
     /// How long draining a Node may take before it is deleted anyway.
     pub drain_timeout: Duration,
+    /// How dynamic pools batch bursts of pending pods (`--batch-idle-duration`,
+    /// `--batch-max-duration`).
+    pub batch: autonodes_core::pool::dynamic::Batch,
     /// What kubeconfig Secrets may contain beyond the defaults.
     pub kubeconfig_policy: KubeconfigPolicy,
     /// How often the orphan sweep looks for objects whose claim is gone.
@@ -60,6 +63,7 @@ impl Default for ControllerConfig {
             initialization_timeout: Duration::from_secs(900),
             node_repair_after: Some(Duration::from_secs(600)),
             drain_timeout: Duration::from_secs(120),
+            batch: autonodes_core::pool::dynamic::Batch::default(),
             kubeconfig_policy: KubeconfigPolicy::default(),
             orphan_sweep_interval: Duration::from_secs(300),
             vcluster_import: ImportScope::Off,

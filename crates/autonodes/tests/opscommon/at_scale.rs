@@ -8,13 +8,14 @@
 //! memory, and every pod left pending with the scheduler's reason.
 //!
 //! The integration test (`tests/packing.rs`) runs it small; the benchmark
-//! (`benches/pools_at_scale.rs`) at 2,000 pods over 10 pools.
+//! (`benches/pools_at_scale.rs`) at 2,000 pods over 10 pools, in both [`Order`]s.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use autonodes_api::{NodeClaim, LABEL_NODEPOOL};
+use autonodes_core::pool::pack::is_unschedulable;
 use autonodes_testenv::testenv::{process_cpu_seconds, process_memory};
 use autonodes_testenv::workloads::{self, Seeded};
 use futures::{StreamExt, TryStreamExt};
@@ -55,9 +56,21 @@ fn team(i: usize, pools: usize) -> (String, String) {
     (format!("team-{}", i % pools), format!("pool-{}", i % pools))
 }
 
+/// The order in which a run creates its pods.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Order {
+    /// Kind by kind, as a tenant's deployments would create them: the pods of one kind
+    /// are marked unschedulable close together and mostly packed in one batch.
+    ByKind,
+    /// All kinds mixed at random: pods with required affinity on the hostname come in
+    /// every batch, and some find their partners' nodes, packed in an earlier batch,
+    /// already full.
+    Shuffled,
+}
+
 /// `pods` pods of the six kinds, team by team (pod `i` to team `i % pools`, in the team's
-/// namespace and selecting the team's pool), in a random order from `seed`.
-pub fn team_pods(pods: usize, pools: usize, seed: u64) -> Vec<Pod> {
+/// namespace and selecting the team's pool), in `order` (at random from `seed`).
+pub fn team_pods(pods: usize, pools: usize, seed: u64, order: Order) -> Vec<Pod> {
     let mut out: Vec<Pod> = workloads::diverse_pods(pods, seed)
         .into_iter()
         .enumerate()
@@ -70,9 +83,11 @@ pub fn team_pods(pods: usize, pools: usize, seed: u64) -> Vec<Pod> {
             p
         })
         .collect();
-    let mut r = Seeded::new(seed ^ 0x5eed);
-    for i in (1..out.len()).rev() {
-        out.swap(i, r.below(i + 1));
+    if order == Order::Shuffled {
+        let mut r = Seeded::new(seed ^ 0x5eed);
+        for i in (1..out.len()).rev() {
+            out.swap(i, r.below(i + 1));
+        }
     }
     out
 }
@@ -139,11 +154,12 @@ pub fn can_never_run(pods: &[Pod]) -> BTreeSet<String> {
 #[derive(Default)]
 struct Seen {
     claims: BTreeMap<String, Instant>,
+    marked: BTreeMap<String, Instant>,
     bound: BTreeMap<String, Instant>,
 }
 
 /// Watches the claims and the tenant's pods, recording in `seen` when each claim appeared
-/// and each pod was first seen bound.
+/// and each pod was first seen marked unschedulable by the kube-scheduler, and bound.
 fn watch(world: &World, seen: &Arc<Mutex<Seen>>) -> Vec<tokio::task::JoinHandle<()>> {
     let claims: Api<NodeClaim> = Api::namespaced(world.mgmt.clone(), NS);
     let pods: Api<Pod> = Api::all(world.tenant.clone());
@@ -163,6 +179,9 @@ fn watch(world: &World, seen: &Arc<Mutex<Seen>>) -> Vec<tokio::task::JoinHandle<
         while let Ok(Some(event)) = stream.try_next().await {
             let mut seen = s.lock().expect("lock");
             for p in touched(event) {
+                if is_unschedulable(&p) {
+                    seen.marked.entry(key(&p)).or_insert_with(Instant::now);
+                }
                 if p.spec.as_ref().is_some_and(|s| s.node_name.is_some()) {
                     seen.bound.entry(key(&p)).or_insert_with(Instant::now);
                 }
@@ -191,10 +210,19 @@ pub struct Figures {
     pub pods: usize,
     /// Pools (and teams).
     pub pools: usize,
+    /// The order the pods were created in.
+    pub order: Order,
+    /// The controller's flags beyond the defaults.
+    pub flags: String,
+    /// Seconds from the first pod created to the last.
+    pub created_in: f64,
     /// Claims the pools created, by pool.
     pub claims_by_pool: BTreeMap<String, usize>,
     /// The tenant's Nodes at the end.
     pub nodes: usize,
+    /// Seconds from the last pod created to the last pod the kube-scheduler marked
+    /// unschedulable (dynamic pools plan for such pods only).
+    pub to_last_marked: f64,
     /// Seconds from the last pod created to the first and the last claim created.
     pub to_first_claim: f64,
     /// See [`Figures::to_first_claim`].
@@ -249,19 +277,35 @@ impl Figures {
             self.claims_by_pool.values().min().copied().unwrap_or(0),
             self.claims_by_pool.values().max().copied().unwrap_or(0),
         );
+        let by_pool = self
+            .claims_by_pool
+            .iter()
+            .map(|(pool, n)| format!("{pool} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ");
         let mut out = vec![
             format!(
-                "{} pods over {} pools: {} claims ({fewest} to {most} per pool), {} nodes, {} of {} pods bound",
+                "{} pods over {} pools, created {}{}: {} claims ({fewest} to {most} per pool), {} nodes, {} of {} pods bound",
                 self.pods,
                 self.pools,
+                match self.order {
+                    Order::ByKind => "kind by kind",
+                    Order::Shuffled => "in a random order",
+                },
+                if self.flags.is_empty() {
+                    String::new()
+                } else {
+                    format!(", controller {}", self.flags)
+                },
                 self.claims(),
                 self.nodes,
                 self.bound,
                 self.pods
             ),
+            format!("claims by pool: {by_pool}"),
             format!(
-                "last pod created → first claim created {:.1} s, → last claim created {:.1} s, → last pod bound {:.1} s",
-                self.to_first_claim, self.to_last_claim, self.to_last_bound
+                "pods created in {:.1} s; last pod created → last marked unschedulable {:.1} s, → first claim created {:.1} s, → last claim created {:.1} s, → last pod bound {:.1} s",
+                self.created_in, self.to_last_marked, self.to_first_claim, self.to_last_claim, self.to_last_bound
             ),
             format!(
                 "writes per claim: the controller's {:.1} ({}), all API servers' {:.1} (with the scheduler's bindings and the simulator's VMs and Nodes)",
@@ -311,9 +355,16 @@ fn scheduler_message(p: &Pod) -> String {
 }
 
 /// Runs `pods` pending pods over `pools` teams on `world` (clusters only: this starts the
-/// simulator, the kube-scheduler and the controller), waiting at most `limit` for every pod
-/// to be bound.
-pub async fn run(world: &mut World, pods: usize, pools: usize, limit: Duration) -> Figures {
+/// simulator, the kube-scheduler and the controller with `flags`), created in `order`,
+/// waiting at most `limit` for every pod to be bound.
+pub async fn run(
+    world: &mut World,
+    pods: usize,
+    pools: usize,
+    order: Order,
+    flags: &[&str],
+    limit: Duration,
+) -> Figures {
     world
         .start_simulator(autonodes_testenv::simulator::SimMode::Normal)
         .await;
@@ -322,7 +373,7 @@ pub async fn run(world: &mut World, pods: usize, pools: usize, limit: Duration) 
         .env
         .start_scheduler("tenant")
         .expect("kube-scheduler started");
-    let controller = MeteredController::start(world, 1).await;
+    let controller = MeteredController::start_with(world, 1, flags).await;
     let namespaces: Api<Namespace> = Api::all(world.tenant.clone());
     for i in 0..pools {
         let (namespace, pool) = team(i, pools);
@@ -336,7 +387,13 @@ pub async fn run(world: &mut World, pods: usize, pools: usize, limit: Duration) 
         world
             .create_pool(
                 &pool,
-                serde_json::json!({"providerRef": PROVIDER, "labels": {POOL_LABEL: pool}}),
+                // No consolidation: the tenant runs no controllers that would make the
+                // pods of a drained node again, and the run measures scaling up.
+                serde_json::json!({
+                    "providerRef": PROVIDER,
+                    "labels": {POOL_LABEL: pool},
+                    "disruption": {"consolidateAfter": "Never"},
+                }),
             )
             .await;
     }
@@ -346,7 +403,7 @@ pub async fn run(world: &mut World, pods: usize, pools: usize, limit: Duration) 
     let controller_before = controller.requests().await;
     let cpu_before = process_cpu_seconds(controller.pid()).unwrap_or(0.0);
 
-    let created = team_pods(pods, pools, 42);
+    let created = team_pods(pods, pools, 42, order);
     let never = can_never_run(&created);
     let creates = created.into_iter().map(|p| {
         let api: Api<Pod> =
@@ -357,6 +414,7 @@ pub async fn run(world: &mut World, pods: usize, pools: usize, limit: Duration) 
                 .unwrap_or_else(|e| panic!("creating pod {}: {e}", p.name_any()))
         }
     });
+    let first_created = Instant::now();
     futures::stream::iter(creates)
         .buffer_unordered(32)
         .collect::<Vec<_>>()
@@ -393,9 +451,10 @@ pub async fn run(world: &mut World, pods: usize, pools: usize, limit: Duration) 
             at.saturating_duration_since(last_created).as_secs_f64()
         })
     };
-    let (to_first_claim, to_last_claim, to_last_bound, bound) = {
+    let (to_last_marked, to_first_claim, to_last_claim, to_last_bound, bound) = {
         let seen = seen.lock().expect("lock");
         (
+            since(seen.marked.values().max()),
             since(seen.claims.values().min()),
             since(seen.claims.values().max()),
             since(seen.bound.values().max()),
@@ -447,8 +506,12 @@ pub async fn run(world: &mut World, pods: usize, pools: usize, limit: Duration) 
     Figures {
         pods,
         pools,
+        order,
+        flags: flags.join(" "),
+        created_in: last_created.duration_since(first_created).as_secs_f64(),
         claims_by_pool,
         nodes: world.nodes().await.len(),
+        to_last_marked,
         to_first_claim,
         to_last_claim,
         to_last_bound,

@@ -200,12 +200,18 @@ pub struct MeteredController {
 impl MeteredController {
     /// Starts controller process `n` and waits until it is ready.
     pub async fn start(world: &World, n: u32) -> MeteredController {
+        MeteredController::start_with(world, n, &[]).await
+    }
+
+    /// [`MeteredController::start`] with more flags.
+    pub async fn start_with(world: &World, n: u32, flags: &[&str]) -> MeteredController {
         let port = autonodes_testenv::testenv::free_port().expect("free port");
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let process = world.spawn_controller_process_on(
+        let process = world.spawn_controller_process_with(
             n,
             env!("CARGO_BIN_EXE_autonodes"),
             &addr.to_string(),
+            flags,
         );
         crate::common::eventually(
             "the controller ready",

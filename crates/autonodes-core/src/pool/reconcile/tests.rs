@@ -176,6 +176,7 @@ impl Scene {
             tenant,
             catalogue: &self.catalogue,
             repair_after: None,
+            batch: Default::default(),
             room: &self.room,
             now: at(NOW),
         })
@@ -690,6 +691,42 @@ fn pods_spread_over_zones_get_claims_pinned_to_the_zones_of_a_type_that_offers_s
     scene.pods = vec![pending("p1", "1"), pending("p2", "1")];
     let plan = scene.plan();
     assert_eq!(plan.create.len(), 1);
+}
+
+/// [`pending`], marked unschedulable at second `marked`.
+fn marked(name: &str, cpu: &str, marked: i64) -> Pod {
+    let mut p = pending(name, cpu);
+    if let Some(c) = p
+        .status
+        .as_mut()
+        .and_then(|s| s.conditions.as_mut())
+        .and_then(|cs| cs.first_mut())
+    {
+        c.last_transition_time = Some(Time(at(marked)));
+    }
+    p
+}
+
+#[test]
+fn a_burst_of_pending_pods_gets_its_nodes_once_no_pod_was_marked_for_a_while_or_the_first_waited_long(
+) {
+    let mut scene = Scene::new(json!({}));
+    // Marked a second ago: more may come; the pool looks again when the batch closes.
+    scene.pods = vec![marked("a", "1", NOW - 5), marked("b", "1", NOW - 1)];
+    let plan = scene.plan();
+    assert!(plan.create.is_empty(), "{:?}", plan.create);
+    assert!(
+        plan.requeue <= Duration::from_millis(1200),
+        "{:?}",
+        plan.requeue
+    );
+    assert_eq!(plan.pending_pods, Some(2));
+    // Nothing new for two seconds: one node for both.
+    scene.pods = vec![marked("a", "1", NOW - 5), marked("b", "1", NOW - 2)];
+    assert_eq!(scene.plan().create.len(), 1);
+    // Pods keep coming, but the first has waited ten seconds: the batch closes.
+    scene.pods = vec![marked("a", "1", NOW - 10), marked("b", "1", NOW)];
+    assert_eq!(scene.plan().create.len(), 1);
 }
 
 #[test]

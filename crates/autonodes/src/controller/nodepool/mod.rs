@@ -44,12 +44,14 @@ mod act;
 mod observe;
 mod tenant;
 pub mod tenant_cache;
+pub mod wakeups;
 
 use crate::controller::reconciler::{self, Reconciler};
 use context::PoolContext;
 
-/// Runs the NodePool controller until `shutdown` resolves: it owns NodeClaims (a claim's
-/// change wakes its pool) and is woken by the tenant pod and node watches of dynamic pools.
+/// Runs the NodePool controller until `shutdown` resolves: a change of a pool's claims and
+/// the tenant pod, node and DaemonSet watches of dynamic pools wake it, coalesced
+/// ([`wakeups`]).
 pub async fn run(
     ctx: Arc<Context>,
     reflectors: &crate::controller::reflectors::Reflectors,
@@ -66,9 +68,12 @@ pub async fn run(
     });
     let controller =
         Controller::for_shared_stream(reflectors.pools.applied(), reflectors.pools.store())
-            .owns_shared_stream(reflectors.claims.touched_objects())
-            .reconcile_on(wakeups)
-            .with_config(RunConfig::default().debounce(Duration::from_millis(300)))
+            .reconcile_on(wakeups::coalesced(
+                reflectors.claims.touched_objects(),
+                wakeups,
+            ))
+            // Shorter than the coalescing window, so the pools' wakes cannot hold it off.
+            .with_config(RunConfig::default().debounce(Duration::from_millis(100)))
             .graceful_shutdown_on(shutdown);
     reconciler::run(controller, pctx).await;
 }
@@ -125,6 +130,7 @@ async fn reconcile_pool(pool: &NodePool, pctx: &PoolContext) -> Result<Action, E
             .map(|t| t.as_ref().map(|t| t.view(&claims.others, &pools))),
         catalogue: &catalogue,
         repair_after: ctx.config.node_repair_after,
+        batch: ctx.config.batch,
         room: &room,
         now: now(),
     });

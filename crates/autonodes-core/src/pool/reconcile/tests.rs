@@ -727,6 +727,9 @@ fn a_burst_of_pending_pods_gets_its_nodes_once_no_pod_was_marked_for_a_while_or_
     // Pods keep coming, but the first has waited ten seconds: the batch closes.
     scene.pods = vec![marked("a", "1", NOW - 10), marked("b", "1", NOW)];
     assert_eq!(scene.plan().create.len(), 1);
+    // A mark an hour ahead of the controller's clock holds nothing.
+    scene.pods = vec![marked("a", "1", NOW + 3600)];
+    assert_eq!(scene.plan().create.len(), 1);
 }
 
 #[test]

@@ -449,8 +449,11 @@ pub async fn provision(
     Ok(out)
 }
 
-/// Every pod of `api`, 500 a page.
-async fn list_paged(api: &Api<Pod>) -> Result<Vec<Pod>, kube::Error> {
+/// Every object of `api`, 500 a page.
+pub async fn list_paged<K>(api: &Api<K>) -> Result<Vec<K>, kube::Error>
+where
+    K: Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
     let mut out = Vec::new();
     let mut params = ListParams::default().limit(500);
     loop {

@@ -19,7 +19,6 @@ mod opscommon;
 
 use std::time::Duration;
 
-use common::world::{World, WorldOptions};
 use opscommon::at_scale;
 
 /// jemalloc, as in the `autonodes` binary: this process runs the simulator.
@@ -56,11 +55,7 @@ fn main() {
             (at_scale::Order::Shuffled, &["--batch-max-duration=60s"]),
         ];
         for (order, flags) in runs {
-            let mut world = World::start_clusters(&WorldOptions {
-                provider: at_scale::provider(),
-                ..Default::default()
-            })
-            .await;
+            let mut world = at_scale::world().await;
             let figures = at_scale::run(
                 &mut world,
                 pods,

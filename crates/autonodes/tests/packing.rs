@@ -634,11 +634,7 @@ async fn ten_dynamic_pools_of_one_tenant_give_every_team_nodes_and_the_kube_sche
 ) {
     use opscommon::at_scale;
     const PODS: usize = 240;
-    let mut world = World::start_clusters(&WorldOptions {
-        provider: at_scale::provider(),
-        ..Default::default()
-    })
-    .await;
+    let mut world = at_scale::world().await;
     let figures = at_scale::run(
         &mut world,
         PODS,

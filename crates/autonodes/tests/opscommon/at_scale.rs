@@ -20,12 +20,12 @@ use autonodes_testenv::testenv::{process_cpu_seconds, process_memory};
 use autonodes_testenv::workloads::{self, Seeded};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Pod, PodAffinityTerm};
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, PostParams};
 use kube::runtime::watcher;
 use kube::ResourceExt;
 
 use super::measure::{self, mb, MeteredController, Requests, Totals};
-use crate::common::world::{pool_condition, provider_yaml, World, NS};
+use crate::common::world::{pool_condition, provider_yaml, World, WorldOptions, NS};
 
 /// The node label that tells the teams' pools apart (each pool sets it on its nodes; each
 /// team's pods select it).
@@ -49,6 +49,15 @@ pub fn provider() -> String {
         .collect::<Vec<_>>()
         .join("\n");
     provider_yaml(PROVIDER, "test-kubevirt-1", "4", "8Gi", &types)
+}
+
+/// The test clusters (no controller, no simulator: [`run`] starts them) with [`provider`].
+pub async fn world() -> World {
+    World::start_clusters(&WorldOptions {
+        provider: provider(),
+        ..Default::default()
+    })
+    .await
 }
 
 /// Pod `i`'s team: its namespace and its pool.
@@ -461,12 +470,9 @@ pub async fn run(
             seen.bound.len(),
         )
     };
-    let claims = world
-        .claims()
-        .list(&ListParams::default())
+    let claims = workloads::list_paged(&world.claims())
         .await
-        .expect("claims listed")
-        .items;
+        .expect("claims listed");
     let mut claims_by_pool: BTreeMap<String, usize> =
         (0..pools).map(|i| (team(i, pools).1, 0)).collect();
     for c in &claims {
@@ -475,11 +481,9 @@ pub async fn run(
         }
     }
     let mut pending = Vec::new();
-    for p in Api::<Pod>::all(world.tenant.clone())
-        .list(&ListParams::default())
+    for p in workloads::list_paged(&Api::<Pod>::all(world.tenant.clone()))
         .await
         .expect("pods listed")
-        .items
         .iter()
         .filter(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_none()))
     {

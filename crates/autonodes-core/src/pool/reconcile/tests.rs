@@ -648,6 +648,21 @@ fn a_pending_pod_is_left_to_a_higher_weight_pool_until_that_one_reaches_its_limi
     );
 }
 
+/// The zones each new claim of `plan` is pinned to.
+fn claim_zones(plan: &PoolPlan) -> Vec<Vec<String>> {
+    plan.create
+        .iter()
+        .map(|c| {
+            c.spec
+                .requirements
+                .iter()
+                .filter(|r| r.key == "topology.kubernetes.io/zone")
+                .flat_map(|r| r.values.clone())
+                .collect()
+        })
+        .collect()
+}
+
 #[test]
 fn pods_spread_over_zones_get_claims_pinned_to_the_zones_of_a_type_that_offers_several() {
     let mut scene = Scene::new(json!({}));
@@ -674,18 +689,7 @@ fn pods_spread_over_zones_get_claims_pinned_to_the_zones_of_a_type_that_offers_s
         })
         .collect();
     let plan = scene.plan();
-    let zones: Vec<Vec<String>> = plan
-        .create
-        .iter()
-        .map(|c| {
-            c.spec
-                .requirements
-                .iter()
-                .filter(|r| r.key == "topology.kubernetes.io/zone")
-                .flat_map(|r| r.values.clone())
-                .collect()
-        })
-        .collect();
+    let zones = claim_zones(&plan);
     assert_eq!(zones, [vec!["a".to_string()], vec!["b".to_string()]]);
     // Plain pods use the first zone offered, as one node.
     scene.pods = vec![pending("p1", "1"), pending("p2", "1")];
@@ -773,18 +777,7 @@ fn a_zone_spread_counts_the_pods_on_nodes_the_scheduler_has_long_seen() {
     ];
     // The scheduler left web-2 pending: zone a has two, zone b none. Its node goes to b.
     let plan = scene.plan();
-    let zones: Vec<Vec<String>> = plan
-        .create
-        .iter()
-        .map(|c| {
-            c.spec
-                .requirements
-                .iter()
-                .filter(|r| r.key == "topology.kubernetes.io/zone")
-                .flat_map(|r| r.values.clone())
-                .collect()
-        })
-        .collect();
+    let zones = claim_zones(&plan);
     assert_eq!(zones, [vec!["b".to_string()]]);
 }
 

@@ -88,7 +88,7 @@ if [ -n "$leftover" ]; then
 else
   echo "none (of ${started} processes the tests started)"
 fi
-echo "target/: $(du -sh target 2>/dev/null | cut -f1)"
+echo "target/: $(du -sh target 2>/dev/null | cut -f1); disk: $(df -h . | awk 'NR==2 {print $4}') free"
 echo "tests: ${passed} passed, ${failed} failed"
 echo "whole run: $((SECONDS / 60)) min $((SECONDS % 60)) s"
 exit "$status"

@@ -84,7 +84,8 @@ lane() {
       exec 9> "$work/lock"
       flock 9
       { echo; echo "$header"; echo; cat "$log"; } >> "$output"
-      echo "$took s  $src ($(basename "$exe" | sed 's/-[0-9a-f]*$//')): ${verdict:-no test result, exit $rc}"
+      # The disk's free space after each binary: a run that fills the disk shows where.
+      echo "$took s  $src ($(basename "$exe" | sed 's/-[0-9a-f]*$//')): ${verdict:-no test result, exit $rc} [disk: $(df -h . | awk 'NR==2 {print $4}') free]"
       # A failed binary's whole output, where the reader of this run looks first.
       [ $rc -eq 0 ] || { echo "$header"; cat "$log"; }
       flock -u 9

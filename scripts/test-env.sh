@@ -116,4 +116,15 @@ for b in "${MISSING[@]}"; do
   install -m 0755 "$f" "$BIN_DIR/$b"
 done
 log "built into $BIN_DIR"
+# Once every binary the tests may want is cached, the source tree and Go's build cache
+# (several GB) serve nothing more: a CI machine's disk is not ours to fill.
+all_cached=1
+for b in kube-apiserver kube-scheduler kubectl kubelet kubeadm kube-controller-manager; do
+  [ -x "$BIN_DIR/$b" ] || all_cached=0
+done
+if [ "$all_cached" = 1 ]; then
+  log "removing the build tree $WORK_DIR ($(du -sh "$WORK_DIR" 2>/dev/null | cut -f1))"
+  chmod -R u+w "$WORK_DIR" 2>/dev/null || true
+  rm -rf "$WORK_DIR"
+fi
 echo "$BIN_DIR"

@@ -198,6 +198,24 @@ pub struct Budget {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 2, max = 16), regex(pattern = BUDGET_DURATION_PATTERN))]
     pub duration: Option<String>,
+    /// The disruptions the budget limits: `Empty`, `Underutilized`, `Drifted`. Absent or
+    /// empty: all of them, and also expiry and a scale-down's pace.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 3))]
+    pub reasons: Vec<DisruptionReason>,
+}
+
+/// A kind of voluntary disruption a [`Budget`] may be limited to, as Karpenter names them.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, JsonSchema,
+)]
+pub enum DisruptionReason {
+    /// Removing a node that runs no non-DaemonSet pod.
+    Empty,
+    /// Removing a node whose pods fit elsewhere, or replacing it by a cheaper one.
+    Underutilized,
+    /// Replacing a node that no longer matches its pool's template or its node type.
+    Drifted,
 }
 
 /// Replica bounds for the cluster-autoscaler.

@@ -526,6 +526,7 @@ fn dynamic_spec(
             nodes: b.nodes.clone(),
             schedule: (!b.schedule.is_empty()).then(|| b.schedule.clone()),
             duration: (!b.duration.is_empty()).then(|| b.duration.clone()),
+            reasons: Vec::new(),
         };
         let schedule_ok = budget
             .schedule

@@ -41,7 +41,7 @@ async fn draining(world: &World, pool: &str) -> usize {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_budget_of_zero_in_its_window_holds_consolidation_and_roll_outs_and_a_percentage_paces_them_after(
+async fn a_budget_of_zero_in_its_window_holds_consolidation_and_roll_outs_of_its_reasons_and_a_percentage_paces_them_after(
 ) {
     let world = World::with_provider(provider()).await;
     let _scheduler = scheduler(&world);
@@ -90,8 +90,14 @@ async fn a_budget_of_zero_in_its_window_holds_consolidation_and_roll_outs_and_a_
         "empty for 10s, five times consolidateAfter: both nodes kept",
     );
 
-    // The window lifted for 50 %: one of the two nodes at a time.
-    set_budgets(&world, "burst", json!([{"nodes": "50%"}])).await;
+    // The window lifted for 50 %: one of the two nodes at a time. A budget of 0 limited
+    // to other reasons does not hold empty nodes.
+    set_budgets(
+        &world,
+        "burst",
+        json!([{"nodes": "0", "reasons": ["Drifted", "Underutilized"]}, {"nodes": "50%"}]),
+    )
+    .await;
     let lifted = Instant::now();
     let mut most_draining = 0;
     loop {
@@ -112,12 +118,15 @@ async fn a_budget_of_zero_in_its_window_holds_consolidation_and_roll_outs_and_a_
         lifted.elapsed().as_secs_f64()
     );
 
-    // Static pool: a template change is held by the window, a scale-down is not.
+    // Static pool: a template change is held by a window limited to `Drifted`, a
+    // scale-down is not.
+    let drift_closed = json!([{"nodes": "0", "schedule": "* * * * *", "duration": "1h",
+                               "reasons": ["Drifted"]}]);
     world
         .create_pool(
             "workers",
             json!({"providerRef": "pools", "replicas": 2, "labels": {"team": "blue"},
-                   "disruption": {"budgets": closed}}),
+                   "disruption": {"budgets": drift_closed}}),
         )
         .await;
     common::eventually("2 Available workers", WAIT, || async {
@@ -151,7 +160,13 @@ async fn a_budget_of_zero_in_its_window_holds_consolidation_and_roll_outs_and_a_
             .then_some(())
     })
     .await;
-    set_budgets(&world, "workers", json!([{"nodes": "100%"}])).await;
+    // A budget of 0 for the other reasons only: the roll-out goes.
+    set_budgets(
+        &world,
+        "workers",
+        json!([{"nodes": "0", "reasons": ["Empty", "Underutilized"]}]),
+    )
+    .await;
     common::eventually("rolled to the new template", WAIT, || async {
         let claims = pool_claims(&world, "workers").await;
         (claims.len() == 1
@@ -366,7 +381,8 @@ async fn a_node_not_ready_for_the_repair_time_is_replaced_first_and_repair_stops
     world.shutdown().await;
 }
 
-/// Sets (`Some("true")`) or removes (`None`) `karpenter.sh/do-not-disrupt` on a tenant pod.
+/// Sets (`Some("true")`, `Some("90s")`) or removes (`None`) `karpenter.sh/do-not-disrupt` on
+/// a tenant pod.
 async fn mark_do_not_disrupt(world: &World, pod: &str, value: Option<&str>) {
     Api::<Pod>::namespaced(world.tenant.clone(), "default")
         .patch(
@@ -447,11 +463,37 @@ async fn an_underutilized_node_is_held_by_do_not_disrupt_pods_then_drained_onto_
     }
     show(&world, "10s, five times consolidateAfter: both nodes kept");
 
-    // The marks removed: the node with the least to move goes; its pod is evicted and,
-    // recreated as its ReplicaSet would, lands on the other node's room.
+    // The marks become a duration that ends 6s from now (counted from each pod's start):
+    // the nodes stay held until then, and nothing else has to change for them to go.
     for p in &held {
-        mark_do_not_disrupt(&world, p, None).await;
+        let pod = api.get(p).await.expect("held pod");
+        let started = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.start_time.as_ref())
+            .or(pod.metadata.creation_timestamp.as_ref())
+            .expect("the pod's start")
+            .0;
+        let age = k8s_openapi::jiff::Timestamp::now().duration_since(started);
+        let hold = format!("{}s", age.as_secs().max(0) + 6);
+        mark_do_not_disrupt(&world, p, Some(&hold)).await;
     }
+    let marked = Instant::now();
+    while marked.elapsed() < Duration::from_secs(4) {
+        let claims = pool_claims(&world, "burst").await;
+        assert_eq!(claims.len(), 2, "held until the duration ends");
+        assert!(
+            claims
+                .iter()
+                .all(|c| !c.annotations().contains_key(ANNOTATION_UNDERUTILIZED_SINCE)),
+            "a held node is not even marked"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    show(&world, "marks of a duration, 4s in: both nodes kept");
+
+    // The holds ended: the node with the least to move goes; its pod is evicted and,
+    // recreated as its ReplicaSet would, lands on the other node's room.
     let lifted = Instant::now();
     let mut most_claims = 0;
     let survivor = loop {
@@ -492,7 +534,7 @@ async fn an_underutilized_node_is_held_by_do_not_disrupt_pods_then_drained_onto_
     assert_eq!(most_claims, 2, "no new node for the moved pod");
     assert_pool_event(&world, "burst", "ConsolidatedUnderutilized").await;
     println!(
-        "underutilized: held 10s by do-not-disrupt; after the marks went, {first} was drained and removed in {:.1}s and its pod runs on {survivor}",
+        "underutilized: held 10s by do-not-disrupt \"true\", then 6s by a duration; once it ended, {first} was drained and removed in {:.1}s and its pod runs on {survivor}",
         lifted.elapsed().as_secs_f64()
     );
     delete_pods_now(&world).await;

@@ -7,6 +7,11 @@
 //! active; the most restrictive active budget wins, and with none active nothing limits.
 //! Without budgets the older `disruption.budget` (a count) applies, and without that
 //! [`DEFAULT_BUDGET`]. Nodes draining already count against what a budget allows.
+//!
+//! A budget with `reasons` limits only those disruptions (`Empty`, `Underutilized`,
+//! `Drifted`); one without limits them all, and also expiry and the pace of a scale-down,
+//! which no reason names. Whatever disrupts a node, every draining node counts against
+//! every budget, as in Karpenter.
 
 use std::time::Duration;
 
@@ -14,15 +19,22 @@ use croner::parser::{CronParser, Seconds};
 use croner::Cron;
 use k8s_openapi::jiff::{tz::TimeZone, Timestamp};
 
-use crate::api::{Budget, NodePoolSpec};
+use crate::api::{Budget, DisruptionReason, NodePoolSpec};
 
 /// The budget of a pool that sets neither `disruption.budgets` nor `disruption.budget`:
 /// 10 % of its nodes (at least one node of a pool that has any), as Karpenter defaults it.
 pub(crate) const DEFAULT_BUDGET: BudgetNodes = BudgetNodes::Percent(10);
 
-/// How many of the pool's `pool_nodes` nodes may be disrupted at `now` (before the nodes
-/// draining already are subtracted): the least any active budget allows.
-pub(crate) fn allowed_disruptions(pool: &NodePoolSpec, pool_nodes: usize, now: Timestamp) -> usize {
+/// How many of the pool's `pool_nodes` nodes may be disrupted for `reason` at `now` (before
+/// the nodes draining already are subtracted): the least any active budget that applies
+/// allows. `None` is a disruption no reason names (expiry, a scale-down): only budgets
+/// without `reasons` apply to it.
+pub(crate) fn allowed_disruptions(
+    pool: &NodePoolSpec,
+    pool_nodes: usize,
+    now: Timestamp,
+    reason: Option<DisruptionReason>,
+) -> usize {
     let nodes = u64::try_from(pool_nodes).unwrap_or(u64::MAX);
     let disruption = pool.disruption.as_ref();
     let budgets = disruption.map(|d| d.budgets.as_slice()).unwrap_or_default();
@@ -34,7 +46,7 @@ pub(crate) fn allowed_disruptions(pool: &NodePoolSpec, pool_nodes: usize, now: T
     } else {
         budgets
             .iter()
-            .filter(|b| is_active(b, now))
+            .filter(|b| applies(b, reason) && is_active(b, now))
             .filter_map(|b| budget_nodes(&b.nodes))
             .map(|b| b.of(nodes))
             .min()
@@ -43,11 +55,17 @@ pub(crate) fn allowed_disruptions(pool: &NodePoolSpec, pool_nodes: usize, now: T
     usize::try_from(allowed).unwrap_or(usize::MAX)
 }
 
+/// Whether `budget` limits disruptions for `reason`: a budget without reasons limits all.
+fn applies(budget: &Budget, reason: Option<DisruptionReason>) -> bool {
+    budget.reasons.is_empty() || reason.is_some_and(|r| budget.reasons.contains(&r))
+}
+
 /// How many nodes a scale-down (a lower `replicas`, `kubectl scale`, the cluster-autoscaler)
-/// may drain at once: what the budgets allow, but at least one — the user asked for fewer
-/// nodes, so a budget of `"0"` slows a scale-down to one node at a time instead of refusing it.
+/// may drain at once: what the budgets without reasons allow, but at least one — the user
+/// asked for fewer nodes, so a budget of `"0"` slows a scale-down to one node at a time
+/// instead of refusing it.
 pub(crate) fn scale_down_pace(pool: &NodePoolSpec, pool_nodes: usize, now: Timestamp) -> usize {
-    allowed_disruptions(pool, pool_nodes, now).max(1)
+    allowed_disruptions(pool, pool_nodes, now, None).max(1)
 }
 
 /// Whether `budget` is active at `now`: always without a schedule; with one, from each time
@@ -195,10 +213,13 @@ mod tests {
     fn without_budgets_a_pool_may_disrupt_ten_percent_of_its_nodes_rounded_up() {
         let now = at("2026-11-25T10:00:00Z");
         let pool = spec(json!({}));
-        assert_eq!(allowed_disruptions(&pool, 0, now), 0);
-        assert_eq!(allowed_disruptions(&pool, 3, now), 1);
-        assert_eq!(allowed_disruptions(&pool, 25, now), 3);
-        assert_eq!(allowed_disruptions(&spec(json!({"budget": 4})), 25, now), 4);
+        assert_eq!(allowed_disruptions(&pool, 0, now, None), 0);
+        assert_eq!(allowed_disruptions(&pool, 3, now, None), 1);
+        assert_eq!(allowed_disruptions(&pool, 25, now, None), 3);
+        assert_eq!(
+            allowed_disruptions(&spec(json!({"budget": 4})), 25, now, None),
+            4
+        );
     }
 
     #[test]
@@ -209,28 +230,56 @@ mod tests {
         ]}));
         // Wednesday 2026-11-25: inside 09:00–17:00, then after it.
         assert_eq!(
-            allowed_disruptions(&pool, 10, at("2026-11-25T09:00:00Z")),
+            allowed_disruptions(&pool, 10, at("2026-11-25T09:00:00Z"), None),
             0
         );
         assert_eq!(
-            allowed_disruptions(&pool, 10, at("2026-11-25T16:59:59Z")),
+            allowed_disruptions(&pool, 10, at("2026-11-25T16:59:59Z"), None),
             0
         );
         assert_eq!(
-            allowed_disruptions(&pool, 10, at("2026-11-25T17:00:00Z")),
+            allowed_disruptions(&pool, 10, at("2026-11-25T17:00:00Z"), None),
             5
         );
         assert_eq!(
-            allowed_disruptions(&pool, 10, at("2026-11-25T08:59:00Z")),
+            allowed_disruptions(&pool, 10, at("2026-11-25T08:59:00Z"), None),
             5
         );
         // Saturday: the window's schedule does not fire.
         assert_eq!(
-            allowed_disruptions(&pool, 10, at("2026-11-28T10:00:00Z")),
+            allowed_disruptions(&pool, 10, at("2026-11-28T10:00:00Z"), None),
             5
         );
         // A scale-down still goes one node at a time inside the window.
         assert_eq!(scale_down_pace(&pool, 10, at("2026-11-25T10:00:00Z")), 1);
+    }
+
+    #[test]
+    fn a_budget_with_reasons_limits_only_those_and_one_without_limits_every_disruption() {
+        let now = at("2026-11-25T10:00:00Z");
+        let pool = spec(json!({"budgets": [
+            {"nodes": "0", "reasons": ["Drifted"]},
+            {"nodes": "2", "reasons": ["Empty", "Underutilized"]},
+            {"nodes": "50%"},
+        ]}));
+        let allowed = |r| allowed_disruptions(&pool, 10, now, r);
+        assert_eq!(allowed(Some(DisruptionReason::Drifted)), 0);
+        assert_eq!(allowed(Some(DisruptionReason::Empty)), 2);
+        assert_eq!(allowed(Some(DisruptionReason::Underutilized)), 2);
+        // Expiry and a scale-down: only the budget without reasons.
+        assert_eq!(allowed(None), 5);
+        assert_eq!(scale_down_pace(&pool, 10, now), 5);
+        // Only budgets with reasons: what they do not name is not limited.
+        let pool = spec(json!({"budgets": [{"nodes": "1", "reasons": ["Drifted"]}]}));
+        assert_eq!(
+            allowed_disruptions(&pool, 10, now, Some(DisruptionReason::Drifted)),
+            1
+        );
+        assert_eq!(
+            allowed_disruptions(&pool, 10, now, Some(DisruptionReason::Empty)),
+            usize::MAX
+        );
+        assert_eq!(allowed_disruptions(&pool, 10, now, None), usize::MAX);
     }
 
     #[test]
@@ -239,11 +288,11 @@ mod tests {
             {"nodes": "1", "schedule": "@daily", "duration": "1h"},
         ]}));
         assert_eq!(
-            allowed_disruptions(&pool, 10, at("2026-11-25T00:30:00Z")),
+            allowed_disruptions(&pool, 10, at("2026-11-25T00:30:00Z"), None),
             1
         );
         assert_eq!(
-            allowed_disruptions(&pool, 10, at("2026-11-25T01:00:00Z")),
+            allowed_disruptions(&pool, 10, at("2026-11-25T01:00:00Z"), None),
             usize::MAX
         );
     }

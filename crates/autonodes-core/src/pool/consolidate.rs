@@ -27,7 +27,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::{ConsolidationPolicy, NodeClaim, NodeClaimPhase};
+use crate::api::{ConsolidationPolicy, DisruptionReason, NodeClaim, NodeClaimPhase};
 
 use super::pack::packer::place;
 use super::pack::{
@@ -160,7 +160,7 @@ pub(crate) struct ConsolidationInput<'a, 'p> {
     /// Whether pending pods wait for the pool (no underutilized node goes meanwhile).
     pub pods_waiting: bool,
     /// Claims marked do-not-disrupt.
-    pub protected: &'a BTreeSet<String>,
+    pub protected: &'a super::do_not_disrupt::Protected,
     /// What the tenant's pods use.
     pub usage: &'a NodeUse<'p>,
     /// Where moved pods could go.
@@ -282,7 +282,10 @@ pub(crate) fn consolidate(input: &ConsolidationInput) -> Consolidation {
     let now = input.now;
     let draining = input.mine.iter().filter(|c| is_draining(c)).count() + input.deleted_now.len();
     let nodes = input.mine.iter().filter(|c| is_live(c)).count();
-    let mut disrupt = allowed_disruptions(input.spec, nodes, now).saturating_sub(draining);
+    // Empty and underutilized nodes each go within the budgets for their reason.
+    let allowed = |r| allowed_disruptions(input.spec, nodes, now, Some(r)).saturating_sub(draining);
+    let mut disrupt_empty = allowed(DisruptionReason::Empty);
+    let disrupt_underutilized = allowed(DisruptionReason::Underutilized);
     let mut next: Option<Duration> = None;
     let soonest = |next: &mut Option<Duration>, d: Duration| {
         *next = Some(next.map_or(d, |n| n.min(d)));
@@ -406,11 +409,11 @@ pub(crate) fn consolidate(input: &ConsolidationInput) -> Consolidation {
     }
     empties.sort_by_key(|(_, since)| since.as_millisecond());
     for (name, _) in empties {
-        if disrupt == 0 {
+        if disrupt_empty == 0 {
             soonest(&mut next, Duration::from_secs(2));
             break;
         }
-        disrupt -= 1;
+        disrupt_empty -= 1;
         out.delete.push((name, DeleteReason::Empty));
     }
     // One underutilized node at a time, and only while nothing else of the pool drains
@@ -427,7 +430,7 @@ pub(crate) fn consolidate(input: &ConsolidationInput) -> Consolidation {
         let available = |c: &NodeClaim| {
             c.status.as_ref().and_then(|s| s.phase) == Some(NodeClaimPhase::Available)
         };
-        let may = quiet && disrupt > 0;
+        let may = quiet && disrupt_underutilized > 0;
         match (cheaper.remove(&name), replacements.get(name.as_str())) {
             // No replacement needed (the pods fit the room of other nodes, a replacement's
             // among them once it is Available): the node goes.

@@ -622,8 +622,12 @@ pub fn plan(input: &DynamicInput) -> DynamicPlan {
             pods: n.pods.clone(),
         })
         .collect();
-    let protected =
-        do_not_disrupt::protected(input.mine.iter().map(|c| &**c), tenant.nodes, tenant.pods);
+    let protected = do_not_disrupt::protected(
+        input.mine.iter().map(|c| &**c),
+        tenant.nodes,
+        tenant.pods,
+        input.now,
+    );
     let receiving: BTreeSet<String> = packing.placed.keys().cloned().collect();
     let targets = consolidate::targets(
         claim_nodes

@@ -150,8 +150,11 @@ impl DeleteReason {
 /// nodes draining already are subtracted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Allowance {
-    /// For a roll-out or expiry (voluntary disruption): what the active budgets allow.
+    /// For a roll-out of drifted claims (a changed template, `Drifted`): what the active
+    /// budgets for `Drifted` allow.
     pub disrupt: usize,
+    /// For a roll-out of expired claims: what the active budgets without reasons allow.
+    pub expire: usize,
     /// For a scale-down: what the budgets allow, but at least one.
     pub scale_down: usize,
     /// How many claims the plan may create at all ([`super::limits::claim_room`]):
@@ -164,6 +167,7 @@ impl Allowance {
     pub fn uniform(n: usize) -> Self {
         Allowance {
             disrupt: n,
+            expire: n,
             scale_down: n.max(1),
             create: usize::MAX,
         }
@@ -185,7 +189,8 @@ pub struct Plan {
 /// creating claims or by deleting the least valuable ones (those marked
 /// [`ANNOTATION_DELETE_FIRST`] first, then not Available, then outdated, then newest), never
 /// more Available ones draining than `allowed.scale_down`; outdated claims are rolled by
-/// surge, at most `allowed.disrupt` replacements in flight and old claims draining, each old
+/// surge, at most `allowed.disrupt` (drifted) or `allowed.expire` (expired) replacements in
+/// flight and old claims draining, each old
 /// claim deleted only once its replacement is Available. At most `allowed.create` claims
 /// are created; the rest is counted in [`Plan::short`] (never allocated: a pool asking for
 /// two billion replicas costs what `allowed.create` does).
@@ -203,7 +208,10 @@ pub fn plan_claims(claims: &[ClaimView], desired: Option<usize>, allowed: Allowa
         .filter(|c| c.terminating && c.has_node)
         .count();
     let mut scale_down = allowed.scale_down.saturating_sub(draining);
+    // What each kind of roll-out may still drain: expired claims by the budgets for every
+    // disruption, drifted ones by those for `Drifted`.
     let mut disrupt = allowed.disrupt.saturating_sub(draining);
+    let mut expire = allowed.expire.saturating_sub(draining);
     let replacement_of = |o: &ClaimView| -> Option<&ClaimView> {
         live.iter()
             .find(|r| r.replaces.as_deref() == Some(o.name.as_str()) && !r.outdated)
@@ -285,16 +293,21 @@ pub fn plan_claims(claims: &[ClaimView], desired: Option<usize>, allowed: Allowa
             }
             continue;
         }
+        let (left, in_flight) = if o.expired {
+            (&mut expire, allowed.expire)
+        } else {
+            (&mut disrupt, allowed.disrupt)
+        };
         match replacement {
             Some(r) if r.available => {
-                if disrupt > 0 {
-                    disrupt -= 1;
+                if *left > 0 {
+                    *left -= 1;
                     plan.delete.push((o.name.clone(), DeleteReason::Replaced));
                 }
             }
             Some(_) => {}
             None => {
-                if surging < allowed.disrupt {
+                if surging < in_flight {
                     surging += 1;
                     plan.create.push(Some(o.name.clone()));
                 }
@@ -537,6 +550,32 @@ mod tests {
     }
 
     #[test]
+    fn drifted_and_expired_claims_roll_within_their_own_allowances() {
+        let mut drifted = view("drifted", 1, true);
+        drifted.outdated = true;
+        let mut expired = view("expired", 2, true);
+        expired.outdated = true;
+        expired.expired = true;
+        let claims = [drifted.clone(), expired.clone()];
+        let drift_closed = Allowance {
+            disrupt: 0,
+            ..Allowance::uniform(2)
+        };
+        assert_eq!(
+            plan_claims(&claims, Some(2), drift_closed).create,
+            vec![Some("expired".to_string())]
+        );
+        let expiry_closed = Allowance {
+            expire: 0,
+            ..Allowance::uniform(2)
+        };
+        assert_eq!(
+            plan_claims(&claims, Some(2), expiry_closed).create,
+            vec![Some("drifted".to_string())]
+        );
+    }
+
+    #[test]
     fn a_pool_asking_for_two_billion_replicas_plans_only_the_claims_it_may_create() {
         let allowed = Allowance {
             create: 20,
@@ -573,6 +612,7 @@ mod tests {
         a.outdated = true;
         let closed = Allowance {
             disrupt: 0,
+            expire: 0,
             scale_down: 1,
             create: usize::MAX,
         };
@@ -596,6 +636,7 @@ mod tests {
         broken.repair = true;
         let closed = Allowance {
             disrupt: 0,
+            expire: 0,
             scale_down: 1,
             create: usize::MAX,
         };

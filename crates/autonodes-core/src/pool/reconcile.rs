@@ -15,7 +15,9 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::api::reasons::PoolReason;
-use crate::api::{NodeClaim, NodeClaimSpec, NodePool, NodePoolSpec, ResourceList};
+use crate::api::{
+    DisruptionReason, NodeClaim, NodeClaimSpec, NodePool, NodePoolSpec, ResourceList,
+};
 use crate::catalogue::Catalogue;
 use crate::scheduling::ClaimRequest;
 
@@ -146,7 +148,12 @@ pub fn plan_pool(observed: &Observed) -> PoolPlan {
         Some(Ok(t)) => (t.nodes, t.pods),
         _ => (&[][..], &[][..]),
     };
-    let protected = do_not_disrupt::protected(observed.claims.iter().map(|c| &**c), nodes, pods);
+    let protected = do_not_disrupt::protected(
+        observed.claims.iter().map(|c| &**c),
+        nodes,
+        pods,
+        observed.now,
+    );
     for v in &mut views {
         v.repair = repair.due.contains(&v.name);
         v.held = protected.contains(&v.name);
@@ -154,7 +161,8 @@ pub fn plan_pool(observed: &Observed) -> PoolPlan {
     let desired = spec.replicas.map(|r| usize::try_from(r).unwrap_or(0));
     let nodes = observed.claims.iter().filter(|c| is_live(c)).count();
     let allowed = Allowance {
-        disrupt: allowed_disruptions(spec, nodes, observed.now),
+        disrupt: allowed_disruptions(spec, nodes, observed.now, Some(DisruptionReason::Drifted)),
+        expire: allowed_disruptions(spec, nodes, observed.now, None),
         scale_down: scale_down_pace(spec, nodes, observed.now),
         create: observed.room.create,
     };
@@ -242,6 +250,12 @@ pub fn plan_pool(observed: &Observed) -> PoolPlan {
             out.limit = Some(v);
         }
         out.requeue = out.requeue.min(BUSY_RECHECK);
+    }
+    // A hold of a duration that ends: the claim it protected may be disrupted then.
+    if let Some(until) = protected.until {
+        let left = until.as_millisecond() - observed.now.as_millisecond();
+        let left = Duration::from_millis(u64::try_from(left).unwrap_or(0)) + Duration::from_secs(1);
+        out.requeue = out.requeue.min(left);
     }
     out.repair = Some(repair.verdict());
     if let Some(next) = repair.next_check {

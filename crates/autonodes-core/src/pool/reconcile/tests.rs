@@ -877,6 +877,41 @@ fn empty_nodes_go_longest_empty_first_within_the_budget_left_by_draining_ones() 
     assert!(scene.plan().delete.is_empty(), "the budget (1) is in use");
 }
 
+#[test]
+fn a_budget_limited_to_empty_nodes_holds_them_and_lets_underutilized_ones_go() {
+    let marked = |scene: &Scene, name: &str, key: &str| {
+        with_annotation(available(&scene.pool, name), key, &at(NOW - 60).to_string())
+    };
+    let spec = json!({"disruption": {"budgets": [
+        {"nodes": "0", "reasons": ["Empty"]},
+        {"nodes": "100%", "reasons": ["Underutilized"]},
+    ]}});
+    let mut scene = two_half_empty_nodes(spec);
+    scene.claims = vec![
+        marked(&scene, "a", ANNOTATION_UNDERUTILIZED_SINCE),
+        marked(&scene, "b", ANNOTATION_UNDERUTILIZED_SINCE),
+        marked(&scene, "idle", ANNOTATION_EMPTY_SINCE),
+    ];
+    scene.nodes.push(node("idle"));
+    let plan = scene.plan();
+    assert_eq!(deleted(&plan), [("a", DeleteReason::Underutilized)]);
+
+    // The same budgets the other way round: the empty node goes, the underutilized stay.
+    scene.pool = pool(json!({"disruption": {"budgets": [
+        {"nodes": "1", "reasons": ["Empty"]},
+        {"nodes": "0", "reasons": ["Underutilized"]},
+    ]}}));
+    let plan = scene.plan();
+    assert_eq!(deleted(&plan), [("idle", DeleteReason::Empty)]);
+    scene
+        .claims
+        .retain(|c| c.metadata.name.as_deref() != Some("idle"));
+    assert!(
+        scene.plan().delete.is_empty(),
+        "no budget for Underutilized"
+    );
+}
+
 /// A running pod on `node` asking for `cpu`.
 fn running_cpu(name: &str, node: &str, cpu: &str) -> Pod {
     let mut p = running(name, node);

@@ -270,8 +270,9 @@ async fn drain_node(
     }
     // Pods marked do-not-disrupt are not evicted: they hold the drain until they finish or
     // the drain times out (the pool's `terminationGracePeriod`, else `--drain-timeout`).
-    let (held, evictable): (Vec<&Pod>, Vec<&Pod>) =
-        evictable.into_iter().partition(|p| pod_holds_node(p));
+    let (held, evictable): (Vec<&Pod>, Vec<&Pod>) = evictable
+        .into_iter()
+        .partition(|p| pod_holds_node(p, now()));
     let held_note = if held.is_empty() {
         String::new()
     } else {

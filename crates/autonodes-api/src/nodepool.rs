@@ -218,6 +218,28 @@ pub enum DisruptionReason {
     Drifted,
 }
 
+/// The pool's claims that failed before their node was ready (a launch, registration or
+/// initialization timeout, a VM lost before its node joined), counted in a row until a
+/// claim of the pool becomes Available.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RegistrationStatus {
+    /// Claims that failed in a row since the last one that became Available.
+    #[serde(default)]
+    pub consecutive_failures: i32,
+    /// The reason of the last failure (`LaunchTimeout`, `RegistrationTimeout`,
+    /// `InitializationTimeout`, `VirtualMachineLost`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failure_reason: Option<String>,
+    /// When the pool counted the last failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failure_time: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    /// The pool creates no claims before this time (set once failures in a row reach the
+    /// threshold; doubles with each further failure, up to a cap).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff_until: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+}
+
 /// Replica bounds for the cluster-autoscaler.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -276,7 +298,12 @@ pub struct NodePoolStatus {
     /// Dynamic pools: unschedulable pods in the tenant that the pool's nodes would accept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending_pods: Option<i32>,
-    /// Conditions `Ready` and `LimitReached` (True when demand is blocked by `limits`).
+    /// How the pool's latest claims fared before their node was ready: consecutive
+    /// failures, the last one's reason, and the back-off they caused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registration: Option<RegistrationStatus>,
+    /// Conditions `Ready`, `LimitReached` (True when demand is blocked by `limits`),
+    /// `NodeRepair`, `NodeRegistrationHealthy` and, for imported pools, `VClusterConfig`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "crate::schema::conditions")]
     pub conditions: Conditions,

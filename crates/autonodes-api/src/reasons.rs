@@ -229,6 +229,10 @@ names! {
         /// Whether the pool replaces nodes that stopped being Ready (False while too many
         /// of them are unhealthy at once).
         NodeRepair,
+        /// Whether the pool's claims come up: False once several in a row failed before
+        /// their node was ready (the reason is the last failure's); the pool then backs off
+        /// before creating more.
+        NodeRegistrationHealthy,
     }
 }
 
@@ -304,6 +308,21 @@ names! {
         /// `NodeRepair=False`: more than a fifth of the pool's nodes are not Ready; none is
         /// replaced until fewer are.
         TooManyUnhealthyNodes,
+        /// `NodeRegistrationHealthy=True`: fewer claims than the threshold failed in a row
+        /// before their node was ready.
+        NodesRegistered,
+        /// `NodeRegistrationHealthy=False`: the last failed claim's VM did not run within the
+        /// launch timeout.
+        LaunchTimeout,
+        /// `NodeRegistrationHealthy=False`: the last failed claim's Node did not join within
+        /// the registration timeout.
+        RegistrationTimeout,
+        /// `NodeRegistrationHealthy=False`: the last failed claim's Node was not Ready
+        /// without startup taints within the initialization timeout.
+        InitializationTimeout,
+        /// `NodeRegistrationHealthy=False`: the last failed claim's VM disappeared before its
+        /// node was ready.
+        VirtualMachineLost,
     }
 }
 

@@ -35,6 +35,7 @@ pub mod limits;
 pub mod pack;
 pub mod plan;
 pub mod reconcile;
+pub mod registration;
 pub mod repair;
 pub mod status;
 pub mod tenant_view;

@@ -62,6 +62,9 @@ pub struct Metrics {
     pub nodepool_desired: IntGaugeVec,
     /// `autonodes_nodepool_ready_replicas{namespace,nodepool}`: the pool's Available claims.
     pub nodepool_ready: IntGaugeVec,
+    /// `autonodes_nodepool_registration_failures{namespace,nodepool}`: the pool's claims that
+    /// failed in a row before their node was ready (`status.registration`).
+    pub nodepool_registration_failures: IntGaugeVec,
     /// `autonodes_orphans_removed_total{kind}`: objects the orphan sweep removed.
     pub orphans_removed: IntCounterVec,
     /// `autonodes_kube_requests_total{cluster,verb,resource,code}`: every request of the
@@ -166,6 +169,10 @@ impl Metrics {
                 Opts::new("nodepool_ready_replicas", "Available claims of a node pool."),
                 &["namespace", "nodepool"],
             ))?,
+            nodepool_registration_failures: register(r, IntGaugeVec::new(
+                Opts::new("nodepool_registration_failures", "Claims of a node pool that failed in a row before their node was ready (launch, registration or initialization timeout, VM lost); from 3 on the pool backs off and NodeRegistrationHealthy is False."),
+                &["namespace", "nodepool"],
+            ))?,
             orphans_removed: register(r, IntCounterVec::new(
                 Opts::new("orphans_removed_total", "Objects autonodes made whose NodeClaim no longer exists, removed by the orphan sweep, by kind (VirtualMachine, Secret, DataVolume, BootstrapToken, Node)."),
                 &["kind"],
@@ -218,7 +225,7 @@ impl Metrics {
     /// of metrics that have no sample yet; for checks of dashboards and alerts.
     pub fn descs(&self) -> Vec<prometheus::core::Desc> {
         use prometheus::core::Collector;
-        let collectors: [&dyn Collector; 20] = [
+        let collectors: [&dyn Collector; 21] = [
             &self.reconcile_total,
             &self.reconcile_duration,
             &self.nodetype_capacity,
@@ -235,6 +242,7 @@ impl Metrics {
             &self.cluster_requests,
             &self.nodepool_desired,
             &self.nodepool_ready,
+            &self.nodepool_registration_failures,
             &self.leader,
             &self.build_info,
             &self.orphans_removed,

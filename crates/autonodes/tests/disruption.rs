@@ -184,7 +184,7 @@ async fn a_budget_of_zero_in_its_window_holds_consolidation_and_roll_outs_of_its
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_whose_startup_taint_never_goes_fails_its_claim_by_initialization_timeout_and_is_removed(
+async fn a_node_whose_startup_taint_never_goes_fails_its_claim_by_initialization_timeout_and_a_pool_failing_so_backs_off_until_a_claim_comes_up(
 ) {
     let world = World::start(WorldOptions {
         provider: provider(),
@@ -243,6 +243,83 @@ async fn a_node_whose_startup_taint_never_goes_fails_its_claim_by_initialization
     show(
         &world,
         "stuck failed and removed; healthy initialized and kept",
+    );
+
+    // A pool whose nodes keep that taint: its claims fail one after another, and from the
+    // third in a row the pool says so and backs off instead of churning VMs.
+    let taint = json!([{"key": "example.com/cni", "effect": "NoSchedule"}]);
+    world
+        .create_pool(
+            "tainted",
+            json!({"providerRef": "pools", "replicas": 1, "startupTaints": taint}),
+        )
+        .await;
+    let registration = |p: &autonodes_api::NodePool| {
+        let s = p.status.clone().unwrap_or_default();
+        let c = s
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "NodeRegistrationHealthy")
+            .map(|c| (c.status.clone(), c.reason.clone()));
+        (c, s.registration)
+    };
+    let pools: Api<autonodes_api::NodePool> = Api::namespaced(world.mgmt.clone(), NS);
+    let unhealthy = common::eventually(
+        "the pool unhealthy after 3 failed claims",
+        Duration::from_secs(240),
+        || async {
+            let p = pools.get("tainted").await.ok()?;
+            match registration(&p) {
+                (Some((s, r)), Some(reg)) if s == "False" => Some((r, reg)),
+                _ => None,
+            }
+        },
+    )
+    .await;
+    assert_eq!(unhealthy.0, "InitializationTimeout");
+    assert_eq!(unhealthy.1.consecutive_failures, 3);
+    assert_eq!(
+        unhealthy.1.last_failure_reason.as_deref(),
+        Some("InitializationTimeout")
+    );
+    let until = unhealthy.1.backoff_until.clone().expect("backoffUntil").0;
+    let since = unhealthy
+        .1
+        .last_failure_time
+        .clone()
+        .expect("lastFailureTime")
+        .0;
+    assert_eq!(until.duration_since(since).as_secs(), 30);
+    assert_pool_event(&world, "tainted", "InitializationTimeout").await;
+    show(
+        &world,
+        "3 claims in a row failed: NodeRegistrationHealthy=False",
+    );
+    // Backing off: no claim of the pool for most of the 30 s.
+    let backing_off = Instant::now();
+    while backing_off.elapsed() < Duration::from_secs(20) {
+        let live: Vec<_> = pool_claims(&world, "tainted")
+            .await
+            .into_iter()
+            .filter(|c| c.metadata.deletion_timestamp.is_none())
+            .collect();
+        assert!(live.is_empty(), "a claim while backing off: {live:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // The taint dropped from the pool: after the back-off its next claim comes up, and the
+    // pool is healthy again.
+    patch_pool_spec(&world, "tainted", json!({"startupTaints": null})).await;
+    common::eventually("the pool healthy again", WAIT, || async {
+        let p = pools.get("tainted").await.ok()?;
+        let claims = pool_claims(&world, "tainted").await;
+        (claims.iter().any(available)
+            && registration(&p) == (Some(("True".into(), "NodesRegistered".into())), None))
+            .then_some(())
+    })
+    .await;
+    show(
+        &world,
+        "taint dropped: a claim Available, the pool healthy again",
     );
     world.shutdown().await;
 }

@@ -50,6 +50,9 @@ pub enum Bound {
         /// The cap.
         max: usize,
     },
+    /// The pool backs off after claims failed in a row ([`super::registration`]); its
+    /// `NodeRegistrationHealthy` condition says why.
+    Backoff,
     /// A NodeQuota's `nodes` limit.
     Quota {
         /// The namespace.
@@ -93,7 +96,7 @@ impl ClaimRoom {
             return None;
         }
         match &self.bound {
-            Bound::Batch => None,
+            Bound::Batch | Bound::Backoff => None,
             Bound::Namespace {
                 namespace,
                 live,

@@ -360,6 +360,8 @@ pub struct PoolPlan {
     pub imported: Option<Verdict>,
     /// `NodeRepair`.
     pub repair: Option<Verdict>,
+    /// `status.registration` and `NodeRegistrationHealthy` ([`super::registration`]).
+    pub registration: Option<super::registration::Registration>,
     /// When to look again.
     pub requeue: Duration,
 }

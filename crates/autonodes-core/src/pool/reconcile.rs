@@ -16,14 +16,15 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::api::reasons::PoolReason;
 use crate::api::{
-    DisruptionReason, NodeClaim, NodeClaimSpec, NodePool, NodePoolSpec, ResourceList,
+    DisruptionReason, NodeClaim, NodeClaimSpec, NodePool, NodePoolSpec, RegistrationStatus,
+    ResourceList,
 };
 use crate::catalogue::Catalogue;
 use crate::scheduling::ClaimRequest;
 
 use super::do_not_disrupt;
 use super::dynamic::{self, DynamicInput, Tenant};
-use super::limits::ClaimRoom;
+use super::limits::{Bound, ClaimRoom};
 use super::plan::Verdict;
 use super::plan::{claim_views, is_live, plan_claims, Allowance};
 use super::plan::{NewClaim, PoolPlan};
@@ -63,6 +64,9 @@ pub struct Observed<'a> {
     pub batch: super::dynamic::Batch,
     /// How many claims the pool may create now ([`super::limits::claim_room`]).
     pub room: &'a ClaimRoom,
+    /// The pool's registration health as last written (`status.registration`, or what this
+    /// process wrote that the pool store does not show yet).
+    pub registration: Option<&'a RegistrationStatus>,
     /// The time of the observation.
     pub now: Timestamp,
 }
@@ -135,6 +139,18 @@ pub fn plan_pool(observed: &Observed) -> PoolPlan {
     let spec = &observed.pool.spec;
     let template = template_spec(spec);
     let hash = template_hash(spec);
+    // Failed claims are counted before anything is planned: one that makes the pool back
+    // off holds back its own replacement.
+    let registration =
+        super::registration::assess(observed.registration, observed.claims, observed.now);
+    let backoff_room = ClaimRoom {
+        create: 0,
+        bound: Bound::Backoff,
+    };
+    let room = match registration.backing_off {
+        Some(_) => &backoff_room,
+        None => observed.room,
+    };
     let repair = super::repair::assess(observed.claims, observed.repair_after, observed.now);
     let mut views = claim_views(
         observed.claims,
@@ -164,7 +180,7 @@ pub fn plan_pool(observed: &Observed) -> PoolPlan {
         disrupt: allowed_disruptions(spec, nodes, observed.now, Some(DisruptionReason::Drifted)),
         expire: allowed_disruptions(spec, nodes, observed.now, None),
         scale_down: scale_down_pace(spec, nodes, observed.now),
-        create: observed.room.create,
+        create: room.create,
     };
     let planned = plan_claims(&views, desired, allowed);
     let find = |name: &str| {
@@ -231,9 +247,9 @@ pub fn plan_pool(observed: &Observed) -> PoolPlan {
                 batch: observed.batch,
                 now: observed.now,
             });
-            let room = observed.room.create.saturating_sub(out.create.len());
-            short += d.create.len().saturating_sub(room);
-            out.create.extend(d.create.into_iter().take(room));
+            let left = room.create.saturating_sub(out.create.len());
+            short += d.create.len().saturating_sub(left);
+            out.create.extend(d.create.into_iter().take(left));
             out.delete.extend(d.delete);
             out.empty_since = d.empty_since;
             out.underutilized_since = d.underutilized_since;
@@ -246,11 +262,18 @@ pub fn plan_pool(observed: &Observed) -> PoolPlan {
     if short > 0 {
         // More wanted than one reconcile may create: a bound of the namespace says so,
         // the batch only looks again soon.
-        if let Some(v) = observed.room.verdict(short) {
+        if let Some(v) = room.verdict(short) {
             out.limit = Some(v);
         }
-        out.requeue = out.requeue.min(BUSY_RECHECK);
+        // Backing off, the pool looks again when the back-off ends (below).
+        if registration.backing_off.is_none() {
+            out.requeue = out.requeue.min(BUSY_RECHECK);
+        }
     }
+    if let Some(left) = registration.backing_off {
+        out.requeue = out.requeue.min(left + Duration::from_millis(100));
+    }
+    out.registration = Some(registration);
     // A hold of a duration that ends: the claim it protected may be disrupted then.
     if let Some(until) = protected.until {
         let left = until.as_millisecond() - observed.now.as_millisecond();

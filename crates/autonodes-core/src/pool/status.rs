@@ -12,7 +12,9 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::api::conditions::{self, status_of, TRUE};
 use crate::api::reasons::{ClaimCondition, PoolCondition, PoolReason};
-use crate::api::{NodeClaim, NodeClaimPhase, NodePool, NodePoolResources, NodePoolStatus};
+use crate::api::{
+    NodeClaim, NodeClaimPhase, NodePool, NodePoolResources, NodePoolStatus, RegistrationStatus,
+};
 use crate::catalogue::Catalogue;
 use crate::resources;
 
@@ -158,6 +160,10 @@ pub fn pool_status(
         .clone()
         .map(|v| (PoolCondition::VClusterConfig, v));
     let repair = plan.repair.clone().map(|v| (PoolCondition::NodeRepair, v));
+    let registration = plan.registration.as_ref().map(|r| {
+        new.registration = (r.status != RegistrationStatus::default()).then(|| r.status.clone());
+        (PoolCondition::NodeRegistrationHealthy, r.verdict.clone())
+    });
     for (type_, v) in [
         (PoolCondition::Ready, ready),
         (PoolCondition::LimitReached, limit),
@@ -165,6 +171,7 @@ pub fn pool_status(
     .into_iter()
     .chain(imported)
     .chain(repair)
+    .chain(registration)
     {
         conditions::set(
             &mut new.conditions,
@@ -201,7 +208,9 @@ pub fn is_problem(c: &Condition) -> bool {
             c.status != TRUE && !PoolReason::parse(&c.reason).is_some_and(PoolReason::is_progress)
         }
         Some(PoolCondition::LimitReached) => c.status == TRUE,
-        Some(PoolCondition::VClusterConfig) | Some(PoolCondition::NodeRepair) => c.status != TRUE,
+        Some(PoolCondition::VClusterConfig)
+        | Some(PoolCondition::NodeRepair)
+        | Some(PoolCondition::NodeRegistrationHealthy) => c.status != TRUE,
         _ => false,
     }
 }

@@ -17,6 +17,7 @@ use crate::api::conditions;
 use crate::api::reasons::{PoolCondition, PoolReason};
 use crate::api::{NodePoolStatus, NodeProvider, Overhead};
 use crate::pool::plan::{DeleteReason, Verdict};
+use crate::pool::registration::Registration;
 use crate::pool::status::{new_problems, pool_status};
 use crate::pool::{ANNOTATION_EMPTY_SINCE, ANNOTATION_UNDERUTILIZED_SINCE, LABEL_TEMPLATE_HASH};
 
@@ -133,6 +134,7 @@ struct Scene {
     unreachable: Option<Verdict>,
     catalogue: Catalogue,
     room: ClaimRoom,
+    now: i64,
 }
 
 impl Scene {
@@ -149,6 +151,7 @@ impl Scene {
             unreachable: None,
             catalogue: catalogue(),
             room: ClaimRoom::UNBOUNDED,
+            now: NOW,
         }
     }
 
@@ -178,12 +181,23 @@ impl Scene {
             repair_after: None,
             batch: Default::default(),
             room: &self.room,
-            now: at(NOW),
+            registration: self
+                .pool
+                .status
+                .as_ref()
+                .and_then(|s| s.registration.as_ref()),
+            now: at(self.now),
         })
     }
 
     fn status(&self, plan: &PoolPlan) -> NodePoolStatus {
-        pool_status(&self.pool, &self.claims, plan, &self.catalogue, at(NOW))
+        pool_status(
+            &self.pool,
+            &self.claims,
+            plan,
+            &self.catalogue,
+            at(self.now),
+        )
     }
 }
 
@@ -262,10 +276,24 @@ fn a_static_pool_with_every_replica_available_is_ready_and_idle() {
                 PoolReason::RepairAllowed,
                 "0 of 2 nodes are not Ready; nodes not Ready for the repair time are replaced"
             )),
+            registration: Some(Registration {
+                status: RegistrationStatus::default(),
+                verdict: Verdict::new(
+                    true,
+                    PoolReason::NodesRegistered,
+                    "the pool's latest claims came up"
+                ),
+                backing_off: None,
+            }),
             ..PoolPlan::default()
         }
     );
     let s = scene.status(&plan);
+    assert_eq!(
+        condition(&s, PoolCondition::NodeRegistrationHealthy),
+        ("True", "NodesRegistered")
+    );
+    assert_eq!(s.registration, None, "nothing to record");
     assert_eq!((s.replicas, s.ready_replicas, s.cost), (2, 2, Some(2)));
     assert_eq!(
         condition(&s, PoolCondition::NodeRepair),
@@ -285,6 +313,58 @@ fn a_static_pool_with_every_replica_available_is_ready_and_idle() {
         condition(&s, PoolCondition::Ready),
         ("True", "AllReplicasReady")
     );
+}
+
+#[test]
+fn a_static_pool_whose_third_claim_in_a_row_failed_to_register_holds_its_replacement_and_says_why()
+{
+    let mut scene = Scene::new(json!({"replicas": 1}));
+    let failed = claim(
+        &scene.pool,
+        "c",
+        json!({"phase": "Failed", "conditions": [
+            {"type": "Ready", "status": "False", "reason": "RegistrationTimeout", "message": "",
+             "lastTransitionTime": at(NOW - 1).to_string()}]}),
+    );
+    scene.claims = vec![failed];
+    // Two failures recorded before: this one is the third.
+    scene.pool.status = Some(NodePoolStatus {
+        registration: Some(RegistrationStatus {
+            consecutive_failures: 2,
+            last_failure_reason: Some("LaunchTimeout".into()),
+            last_failure_time: Some(Time(at(NOW - 60))),
+            backoff_until: None,
+        }),
+        ..NodePoolStatus::default()
+    });
+    let plan = scene.plan();
+    assert_eq!(deleted(&plan), [("c", DeleteReason::Failed)]);
+    assert!(plan.create.is_empty(), "no replacement while backing off");
+    assert!(
+        plan.requeue <= Duration::from_millis(30_100),
+        "looked at again by the end"
+    );
+    let s = scene.status(&plan);
+    assert_eq!(
+        condition(&s, PoolCondition::NodeRegistrationHealthy),
+        ("False", "RegistrationTimeout")
+    );
+    let r = s.registration.clone().expect("recorded");
+    assert_eq!(r.consecutive_failures, 3);
+    assert_eq!(r.backoff_until, Some(Time(at(NOW + 30))));
+    assert_eq!(
+        new_problems(&NodePoolStatus::default(), &s)
+            .iter()
+            .map(|c| c.type_.as_str())
+            .collect::<Vec<_>>(),
+        ["NodeRegistrationHealthy"]
+    );
+
+    // Once the back-off is over, the replacement is made.
+    scene.pool.status = Some(s);
+    scene.claims = Vec::new();
+    scene.now = NOW + 31;
+    assert_eq!(scene.plan().create.len(), 1);
 }
 
 #[test]

@@ -266,6 +266,14 @@ fn set_gauges(pctx: &PoolContext, pool: &NodePool, status: &NodePoolStatus) {
     m.nodepool_ready
         .with_label_values(&[&namespace, &name])
         .set(i64::from(status.ready_replicas));
+    m.nodepool_registration_failures
+        .with_label_values(&[&namespace, &name])
+        .set(i64::from(
+            status
+                .registration
+                .as_ref()
+                .map_or(0, |r| r.consecutive_failures),
+        ));
     let live: BTreeSet<(String, String)> = pctx
         .pools
         .state()
@@ -282,6 +290,9 @@ fn set_gauges(pctx: &PoolContext, pool: &NodePool, status: &NodePoolStatus) {
         for (ns, n) in gone {
             let _ = m.nodepool_desired.remove_label_values(&[&ns, &n]);
             let _ = m.nodepool_ready.remove_label_values(&[&ns, &n]);
+            let _ = m
+                .nodepool_registration_failures
+                .remove_label_values(&[&ns, &n]);
             known.remove(&(ns, n));
         }
     }

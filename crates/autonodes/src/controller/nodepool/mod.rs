@@ -132,6 +132,9 @@ async fn reconcile_pool(pool: &NodePool, pctx: &PoolContext) -> Result<Action, E
         repair_after: ctx.config.node_repair_after,
         batch: ctx.config.batch,
         room: &room,
+        // Written with the pool's resourceVersion: a stale copy's write conflicts and the
+        // pool is planned again on the current one, so no failure is lost or counted twice.
+        registration: pool.status.as_ref().and_then(|s| s.registration.as_ref()),
         now: now(),
     });
 

@@ -159,6 +159,19 @@ pub struct Disruption {
     /// restrictive wins.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub budgets: Vec<Budget>,
+    /// Whether nodes whose kubelet is of another minor release than the tenant (after a
+    /// vCluster upgrade) are Drifted and rolled within the budgets. Absent: `Enabled`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes_version_drift: Option<VersionDrift>,
+}
+
+/// Whether a pool rolls nodes whose kubelet's minor release differs from the tenant's.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum VersionDrift {
+    /// Such nodes are Drifted and rolled within the budgets.
+    Enabled,
+    /// Such nodes stay (their claims still show `Drifted=True`).
+    Disabled,
 }
 
 /// Which nodes consolidation may remove.

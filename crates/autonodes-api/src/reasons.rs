@@ -70,7 +70,8 @@ names! {
         /// The Node is Ready and no startup taint is left.
         Ready,
         /// Present (True) only while the claim's node type has changed since the claim was
-        /// scheduled; not part of the phase ladder. A pool rolls drifted claims.
+        /// scheduled, or its node's kubelet is of another minor release than the tenant;
+        /// not part of the phase ladder. A pool rolls drifted claims.
         Drifted,
     }
 }
@@ -90,6 +91,9 @@ names! {
         NodeReady,
         /// `Drifted=True`: the node type's definition changed since the claim was scheduled.
         NodeTypeChanged,
+        /// `Drifted=True`: the node's kubelet is of another minor release than the tenant
+        /// (the tenant was upgraded or downgraded since the node joined).
+        KubernetesVersionChanged,
         /// Progress: the VM is being created.
         Creating,
         /// Progress: the VM does not run yet.

@@ -26,6 +26,20 @@ pub const OLDEST_JOINABLE: KubeVersion = KubeVersion::new(1, 15, 0);
 /// changes it).
 pub(crate) const DEFAULT_RENDER_VERSION: KubeVersion = KubeVersion::new(1, 33, 0);
 
+/// Why a node whose kubelet reports `kubelet` (its Node's `status.nodeInfo.kubeletVersion`)
+/// no longer matches a tenant at `tenant`: their minor releases differ (an upgraded vCluster
+/// keeps nodes with the old kubelet). `None` when they match, or when the kubelet's version
+/// does not read (nothing to compare).
+pub fn version_drift(kubelet: &str, tenant: KubeVersion) -> Option<String> {
+    let k = KubeVersion::parse(kubelet).ok()?;
+    ((k.major, k.minor) != (tenant.major, tenant.minor)).then(|| {
+        format!(
+            "the node's kubelet is v{}.{}, the tenant runs v{}.{}",
+            k.major, k.minor, tenant.major, tenant.minor
+        )
+    })
+}
+
 impl KubeVersion {
     /// `v<major>.<minor>.<patch>`.
     pub const fn new(major: u32, minor: u32, patch: u32) -> Self {
@@ -120,6 +134,20 @@ impl fmt::Display for KubeVersion {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_kubelet_of_another_minor_release_than_the_tenant_drifts_and_a_patch_release_does_not() {
+        let tenant = KubeVersion::new(1, 21, 3);
+        assert_eq!(version_drift("v1.21.0", tenant), None);
+        assert_eq!(version_drift("v1.21.9+k3s1", tenant), None);
+        assert_eq!(
+            version_drift("v1.20.2", tenant).as_deref(),
+            Some("the node's kubelet is v1.20, the tenant runs v1.21")
+        );
+        assert!(version_drift("v1.22.0", tenant).is_some());
+        assert_eq!(version_drift("", tenant), None, "nothing to compare");
+        assert_eq!(version_drift("garbage", tenant), None);
+    }
 
     #[test]
     fn git_versions_of_common_distributions_read_as_their_release() {

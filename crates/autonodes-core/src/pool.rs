@@ -180,6 +180,15 @@ pub fn expire_after(pool: &NodePoolSpec) -> Option<Duration> {
         .and_then(DurationOrNever::after)
 }
 
+/// Whether the pool rolls nodes whose kubelet's minor release differs from the tenant's
+/// (`disruption.kubernetesVersionDrift`, absent: `Enabled`).
+pub fn rolls_version_drift(pool: &NodePoolSpec) -> bool {
+    pool.disruption
+        .as_ref()
+        .and_then(|d| d.kubernetes_version_drift)
+        != Some(crate::api::VersionDrift::Disabled)
+}
+
 /// Whether a node empty since `since` is due for removal at `now`.
 pub(crate) fn due_for_removal(since: Timestamp, now: Timestamp, after: Duration) -> bool {
     let waited = now.as_millisecond() - since.as_millisecond();

@@ -102,6 +102,7 @@ const PARSERS: &[(&str, Parser)] = &[
     (".disruption.budgets[].schedule", Parser::Free("cron text: its shape is the schema's pattern; pool::budget::budget_schedule reads it and the pool's Ready condition names one it cannot")),
     (".disruption.budgets[].duration", Parser::BudgetDuration),
     (".disruption.budgets[].reasons[]", Parser::Free("an enum: decoding checks it (whole-object test)")),
+    (".disruption.kubernetesVersionDrift", Parser::Free("an enum: decoding checks it (whole-object test)")),
     (".consolidateAfter", Parser::Duration),
     (".expireAfter", Parser::Duration),
     (".vClusterRef.name", Parser::Subdomain(250)),

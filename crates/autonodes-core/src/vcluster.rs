@@ -550,6 +550,7 @@ fn dynamic_spec(
         budget: None,
         consolidation_policy: policy,
         budgets,
+        kubernetes_version_drift: None,
     });
     if let Some(problem) = pool::disruption_problem(&spec) {
         return Err(EntryError {

@@ -743,6 +743,132 @@ async fn a_changed_node_type_marks_its_claims_drifted_and_the_pool_rolls_them_wi
     world.shutdown().await;
 }
 
+/// Makes the simulated kubelet of the claim's VM report `version` on its Node.
+async fn kubelet_version(world: &World, claim: &autonodes_api::NodeClaim, version: &str) {
+    let s = claim.status.clone().expect("status");
+    let (ns, vm) = (
+        s.vm_namespace.expect("vm namespace"),
+        s.vm_name.expect("vm"),
+    );
+    let api: kube::Api<kube::api::DynamicObject> = kube::Api::namespaced_with(
+        world.host.clone(),
+        &ns,
+        &autonodes_api::kubevirt::virtual_machine(),
+    );
+    api.patch(
+        &vm,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {
+            autonodes_testenv::simulator::KUBELET_VERSION_ANNOTATION: version}}})),
+    )
+    .await
+    .expect("VM annotated");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_with_a_kubelet_older_than_the_tenant_are_drifted_and_rolled_one_at_a_time_unless_version_drift_is_disabled(
+) {
+    let world = World::with_provider(provider()).await;
+    world
+        .create_pool(
+            "workers",
+            json!({"providerRef": "pools", "replicas": 2,
+                   "disruption": {"budgets": [{"nodes": "1"}],
+                                  "kubernetesVersionDrift": "Disabled"}}),
+        )
+        .await;
+    let originals = common::eventually("2 Available workers", WAIT, || async {
+        let claims = pool_claims(&world, "workers").await;
+        (claims.len() == 2 && claims.iter().all(available)).then_some(claims)
+    })
+    .await;
+    // The tenant (v1.20) was upgraded after these nodes joined: their kubelets are v1.19.
+    for c in &originals {
+        kubelet_version(&world, c, "v1.19.7").await;
+    }
+    common::eventually("both Nodes report kubelet v1.19.7", WAIT, || async {
+        let nodes = world.nodes().await;
+        let old = nodes
+            .iter()
+            .filter_map(|n| n.status.as_ref()?.node_info.as_ref())
+            .filter(|i| i.kubelet_version == "v1.19.7")
+            .count();
+        (old == 2).then_some(())
+    })
+    .await;
+    common::eventually("both claims Drifted by the version", WAIT, || async {
+        let claims = pool_claims(&world, "workers").await;
+        let drifted = claims
+            .iter()
+            .filter_map(|c| condition(c, "Drifted"))
+            .filter(|(s, r, m)| {
+                s == "True"
+                    && r == "KubernetesVersionChanged"
+                    && m.contains("v1.19")
+                    && m.contains("v1.20")
+            })
+            .count();
+        (drifted == 2).then_some(())
+    })
+    .await;
+    show(
+        &world,
+        "both kubelets v1.19 under a v1.20 tenant, version drift Disabled",
+    );
+    let held = Instant::now();
+    while held.elapsed() < Duration::from_secs(8) {
+        let claims = pool_claims(&world, "workers").await;
+        assert_eq!(
+            claims.len(),
+            2,
+            "no roll-out while version drift is Disabled"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    // Enabled: rolled by surge, one at a time (budget 1), never below one Available node.
+    patch_pool_spec(
+        &world,
+        "workers",
+        json!({"disruption": {"kubernetesVersionDrift": "Enabled"}}),
+    )
+    .await;
+    let names: Vec<String> = originals.iter().map(|c| c.name_any()).collect();
+    let start = Instant::now();
+    let (mut most_live, mut fewest_available) = (0, usize::MAX);
+    loop {
+        let claims = pool_claims(&world, "workers").await;
+        let live: Vec<_> = claims
+            .iter()
+            .filter(|c| c.metadata.deletion_timestamp.is_none())
+            .collect();
+        most_live = most_live.max(live.len());
+        fewest_available = fewest_available.min(live.iter().filter(|c| available(c)).count());
+        let rolled = claims.len() == 2
+            && live.len() == 2
+            && live.iter().all(|c| {
+                available(c) && !names.contains(&c.name_any()) && condition(c, "Drifted").is_none()
+            })
+            && world.nodes().await.len() == 2;
+        if rolled {
+            break;
+        }
+        assert!(start.elapsed() < WAIT, "not rolled: {claims:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(most_live, 3, "one surge claim at a time");
+    assert!(fewest_available >= 1, "never without an Available worker");
+    show(
+        &world,
+        "rolled: two new workers whose kubelets match the tenant",
+    );
+    println!(
+        "version drift: both v1.19 nodes replaced in {:.1}s, at most {most_live} live claims",
+        start.elapsed().as_secs_f64()
+    );
+    world.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_a_cheaper_type_could_replace_is_replaced_first_and_then_removed() {
     let world = World::with_provider(pools_provider(&[small(), large()])).await;

@@ -7,7 +7,7 @@ use std::cmp::Reverse;
 use std::time::Duration;
 
 use crate::api::conditions;
-use crate::api::reasons::ClaimCondition;
+use crate::api::reasons::{ClaimCondition, ClaimReason};
 use crate::api::{NodeClaim, NodeClaimPhase};
 
 use super::{ANNOTATION_DELETE_FIRST, ANNOTATION_REPLACES, LABEL_TEMPLATE_HASH};
@@ -47,13 +47,15 @@ pub struct ClaimView {
 }
 
 /// The planner's view of a pool's claims at `now_ms` (milliseconds since the epoch): a
-/// claim is outdated when its [`LABEL_TEMPLATE_HASH`] is not `hash`, it has drifted from its
-/// node type (`Drifted=True`), or it is older than `expire` (`expireAfter`); a claim
+/// claim is outdated when its [`LABEL_TEMPLATE_HASH`] is not `hash`, it has drifted
+/// (`Drifted=True`: from its node type, or — unless `version_drift` is false — from the
+/// tenant's Kubernetes version), or it is older than `expire` (`expireAfter`); a claim
 /// without a creation time counts as made now.
 pub(crate) fn claim_views<C: Borrow<NodeClaim>>(
     claims: &[C],
     hash: &str,
     expire: Option<Duration>,
+    version_drift: bool,
     now_ms: i64,
 ) -> Vec<ClaimView> {
     claims
@@ -84,7 +86,7 @@ pub(crate) fn claim_views<C: Borrow<NodeClaim>>(
                 failed: s.phase == Some(NodeClaimPhase::Failed),
                 has_node: s.node_name.is_some(),
                 outdated: label(LABEL_TEMPLATE_HASH).map(String::as_str) != Some(hash)
-                    || conditions::is_true(&s.conditions, ClaimCondition::Drifted)
+                    || drifted(&s.conditions, version_drift)
                     || expired,
                 expired,
                 held: false,
@@ -94,6 +96,18 @@ pub(crate) fn claim_views<C: Borrow<NodeClaim>>(
             }
         })
         .collect()
+}
+
+/// Whether a claim's conditions say it drifted in a way the pool rolls: any `Drifted=True`,
+/// but one for the Kubernetes version only when `version_drift`.
+pub(crate) fn drifted(
+    cs: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    version_drift: bool,
+) -> bool {
+    conditions::get(cs, ClaimCondition::Drifted).is_some_and(|c| {
+        c.status == conditions::TRUE
+            && (version_drift || c.reason != ClaimReason::KubernetesVersionChanged.as_str())
+    })
 }
 
 /// Whether a claim is live: not being deleted and not Failed.
@@ -695,11 +709,11 @@ mod tests {
             }],
             ..NodeClaimStatus::default()
         });
-        let views = claim_views(&[drifted], "h1", None, 100_000);
+        let views = claim_views(&[drifted], "h1", None, true, 100_000);
         assert!(views[0].outdated && !views[0].expired);
         let claims = vec![claim("current", "h1", 1_000), claim("old", "h0", 1_000)];
         let outdated = |expire, now_ms| -> Vec<bool> {
-            claim_views(&claims, "h1", expire, now_ms)
+            claim_views(&claims, "h1", expire, true, now_ms)
                 .iter()
                 .map(|v| v.outdated)
                 .collect()
@@ -708,6 +722,27 @@ mod tests {
         let hour = Some(Duration::from_secs(3600));
         assert_eq!(outdated(hour, 3_600_999), vec![false, true]);
         assert_eq!(outdated(hour, 3_601_000), vec![true, true]);
+    }
+
+    #[test]
+    fn a_claim_drifted_from_the_tenant_s_version_is_outdated_unless_the_pool_disables_it() {
+        let mut c = claim("old-kubelet", "h", 0);
+        c.status = Some(NodeClaimStatus {
+            conditions: vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+                type_: "Drifted".into(),
+                status: "True".into(),
+                reason: "KubernetesVersionChanged".into(),
+                message: String::new(),
+                last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    Timestamp::UNIX_EPOCH,
+                ),
+                observed_generation: None,
+            }],
+            ..NodeClaimStatus::default()
+        });
+        let claims = [c];
+        assert!(claim_views(&claims, "h", None, true, 0)[0].outdated);
+        assert!(!claim_views(&claims, "h", None, false, 0)[0].outdated);
     }
 
     #[test]
@@ -725,7 +760,7 @@ mod tests {
             ]
             .into(),
         );
-        let v = &claim_views(&[c.clone()], "h", None, 0)[0];
+        let v = &claim_views(&[c.clone()], "h", None, true, 0)[0];
         assert!(v.available && v.has_node && !v.failed && !v.terminating && v.delete_first);
         assert_eq!(v.replaces.as_deref(), Some("old"));
         assert!(is_live(&c));
@@ -733,7 +768,7 @@ mod tests {
             phase: Some(NodeClaimPhase::Failed),
             ..NodeClaimStatus::default()
         });
-        assert!(claim_views(&[c.clone()], "h", None, 0)[0].failed);
+        assert!(claim_views(&[c.clone()], "h", None, true, 0)[0].failed);
         assert!(!is_live(&c));
     }
 }

@@ -156,6 +156,7 @@ pub fn plan_pool(observed: &Observed) -> PoolPlan {
         observed.claims,
         &hash,
         expire_after(spec),
+        super::rolls_version_drift(spec),
         observed.now.as_millisecond(),
     );
     // do-not-disrupt: a static pool sees only its claims' marks (it does not watch the

@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::api::conditions::{self, status_of, TRUE};
-use crate::api::reasons::{ClaimCondition, PoolCondition, PoolReason};
+use crate::api::reasons::{PoolCondition, PoolReason};
 use crate::api::{
     NodeClaim, NodeClaimPhase, NodePool, NodePoolResources, NodePoolStatus, RegistrationStatus,
 };
@@ -136,7 +136,7 @@ pub fn pool_status(
                     .and_then(|l| l.get(LABEL_TEMPLATE_HASH))
                     != Some(&hash)
                     || c.status.as_ref().is_some_and(|s| {
-                        conditions::is_true(&s.conditions, ClaimCondition::Drifted)
+                        super::plan::drifted(&s.conditions, super::rolls_version_drift(&pool.spec))
                     })
             })
             .count();

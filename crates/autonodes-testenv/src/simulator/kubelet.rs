@@ -28,7 +28,9 @@ use serde_json::{json, Value};
 use super::context::{publish, Ctx};
 use super::error::SimError;
 use super::guest::{self, guest_address, JoinPlan};
-use super::markers::{GAVE_UP_PREFIX, JOIN_ERROR_ANNOTATION, KUBELET_STOPPED_ANNOTATION};
+use super::markers::{
+    GAVE_UP_PREFIX, JOIN_ERROR_ANNOTATION, KUBELET_STOPPED_ANNOTATION, KUBELET_VERSION_ANNOTATION,
+};
 use super::tenant_entry::{TenantEntry, TOKEN_NAMESPACE};
 
 /// The group kubeadm binds for node bootstrap (CSR creation and auto-approval).
@@ -147,6 +149,12 @@ pub(crate) async fn guest(
         if let Err(e) = keep_ready(entry, &node).await {
             tracing::warn!(vm = %vm_key, node, error = %e, "keeping the Node Ready failed");
             return Ok(Action::requeue(ctx.opts.join_retry_interval));
+        }
+        if let Some(version) = annotation(vm, KUBELET_VERSION_ANNOTATION) {
+            if let Err(e) = report_kubelet_version(entry, &node, version).await {
+                tracing::warn!(vm = %vm_key, node, error = %e, "reporting the kubelet's version failed");
+                return Ok(Action::requeue(ctx.opts.join_retry_interval));
+            }
         }
         return Ok(Action::requeue(ctx.opts.resync_interval));
     }
@@ -742,6 +750,37 @@ async fn keep_ready(entry: &TenantEntry, name: &str) -> Result<(), SimError> {
     };
     remove_not_ready_taint(entry, &node).await?;
     set_ready(entry, name, "True").await
+}
+
+/// Sets the Node's `status.nodeInfo.kubeletVersion` (and kube-proxy's) to `version` unless
+/// it is so already (read from the cache).
+async fn report_kubelet_version(
+    entry: &TenantEntry,
+    name: &str,
+    version: &str,
+) -> Result<(), SimError> {
+    let nodes = entry.nodes_api();
+    let cached = entry.nodes.read(&nodes, name).await;
+    let Some(node) = cached.map_err(SimError::kube(format!("reading Node {name}")))? else {
+        return Ok(());
+    };
+    let reported = node
+        .status
+        .as_ref()
+        .and_then(|s| s.node_info.as_ref())
+        .map(|i| i.kubelet_version.as_str());
+    if reported != Some(version) {
+        let patch = json!({"status": {"nodeInfo": {
+            "kubeletVersion": version, "kubeProxyVersion": version}}});
+        let patched = nodes
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(SimError::kube(format!(
+                "reporting kubelet {version} on Node {name}"
+            )))?;
+        entry.nodes.wrote(patched);
+    }
+    Ok(())
 }
 
 /// Sets the Node's `Ready` condition to `status` (`True`, `Unknown`) unless it is so

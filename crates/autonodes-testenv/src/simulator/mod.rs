@@ -19,7 +19,9 @@
 //!   recorded as a Warning Event `JoinFailed` on the VM and the annotation
 //!   `simulator.autonodes.io/join-error` on the VMI; a VM annotated
 //!   `simulator.autonodes.io/kubelet-stopped` has a kubelet that stopped posting: its Node
-//!   turns `Ready=Unknown` until the annotation goes (node repair is tested so);
+//!   turns `Ready=Unknown` until the annotation goes (node repair is tested so); one
+//!   annotated `simulator.autonodes.io/kubelet-version: v1.19.7` reports that kubelet
+//!   version on its Node from then on (version drift is tested so);
 //! - on deletion deletes the VMI and the VM's DataVolumes, marks the Node NotReady
 //!   (`Ready=Unknown`, as a stopped kubelet looks) and releases the finalizer; a periodic
 //!   sweep deletes VMIs, DataVolumes and autonodes Secrets whose owning VirtualMachine is
@@ -81,7 +83,8 @@ pub use crds::{
 };
 pub use error::SimError;
 pub use markers::{
-    FINALIZER, GAVE_UP_PREFIX, JOIN_ERROR_ANNOTATION, KUBELET_STOPPED_ANNOTATION, MANAGED_SELECTOR,
+    FINALIZER, GAVE_UP_PREFIX, JOIN_ERROR_ANNOTATION, KUBELET_STOPPED_ANNOTATION,
+    KUBELET_VERSION_ANNOTATION, MANAGED_SELECTOR,
 };
 pub use options::{SimMode, SimOptions};
 pub use tenant::Tenant;

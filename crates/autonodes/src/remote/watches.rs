@@ -318,9 +318,9 @@ const KUBELET_LABELS: [&str; 5] = [
 ];
 
 /// Keeps a Node's metadata ([`trim_meta`]) without the kubelet's own labels, its spec
-/// (taints are patched by position, so they stay exactly as the API server has them) and
-/// its `Ready` condition without its message; the other conditions, images, volumes,
-/// addresses and system details go.
+/// (taints are patched by position, so they stay exactly as the API server has them), its
+/// `Ready` condition without its message and its kubelet's version (version drift); the
+/// other conditions, images, volumes, addresses and system details go.
 fn trim_node(node: &mut Node) {
     trim_meta(node);
     // The kubelet's own labels: never among those autonodes sets ([`join::node_patch`]
@@ -330,8 +330,15 @@ fn trim_node(node: &mut Node) {
     }
     if let Some(s) = node.status.as_mut() {
         // Only `Ready` is read (initialize's readiness); the kubelet's pressure conditions go.
+        let kubelet_version = s.node_info.take().map(|i| i.kubelet_version);
         *s = k8s_openapi::api::core::v1::NodeStatus {
             conditions: ready_only(s.conditions.take()),
+            node_info: kubelet_version.map(|kubelet_version| {
+                k8s_openapi::api::core::v1::NodeSystemInfo {
+                    kubelet_version,
+                    ..Default::default()
+                }
+            }),
             ..Default::default()
         };
     }
@@ -484,7 +491,7 @@ mod tests {
     }
 
     #[test]
-    fn a_cached_node_keeps_its_spec_its_readiness_and_the_labels_autonodes_may_set() {
+    fn a_cached_node_keeps_its_spec_its_readiness_its_kubelet_version_and_the_labels_autonodes_may_set() {
         let mut n: Node = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "n", "labels": {"a": "b", "kubernetes.io/hostname": "n",
                                                  "kubernetes.io/arch": "amd64"},
@@ -512,7 +519,13 @@ mod tests {
         );
         assert!(n.metadata.annotations.is_none());
         let status = n.status.expect("status");
-        assert!(status.images.is_none() && status.node_info.is_none());
+        assert!(status.images.is_none());
+        let info = status.node_info.expect("nodeInfo");
+        assert_eq!(
+            (info.kubelet_version.as_str(), info.kernel_version.as_str()),
+            ("v", ""),
+            "only the kubelet's version is read"
+        );
         let conditions = status.conditions.expect("conditions");
         assert_eq!(conditions.len(), 1, "only Ready is read");
         assert_eq!(

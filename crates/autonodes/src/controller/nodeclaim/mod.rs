@@ -299,6 +299,9 @@ pub(crate) async fn walk<H: HostApi, T: TenantApi>(
     if let Ok(Step::Next) = step {
         step = register::register(p).await;
     }
+    if step.is_ok() && p.node.is_some() {
+        drift::version(p).await?;
+    }
     if let Ok(Step::Next) = step {
         step = initialize::initialize(p).await;
     }

@@ -99,6 +99,12 @@ impl<'a> StatusWriter<'a> {
         );
     }
 
+    /// The reason of a condition in the status as changed so far, if it has one autonodes
+    /// knows.
+    pub(super) fn reason(&self, type_: ClaimCondition) -> Option<ClaimReason> {
+        conditions::get(&self.new.conditions, type_).and_then(|c| ClaimReason::parse(&c.reason))
+    }
+
     /// Removes a condition (one that is only present while True, as `Drifted`).
     pub(super) fn remove(&mut self, type_: ClaimCondition) {
         self.new.conditions.retain(|c| c.type_ != type_.as_str());

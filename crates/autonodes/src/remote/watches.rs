@@ -491,7 +491,8 @@ mod tests {
     }
 
     #[test]
-    fn a_cached_node_keeps_its_spec_its_readiness_its_kubelet_version_and_the_labels_autonodes_may_set() {
+    fn a_cached_node_keeps_its_spec_its_readiness_its_kubelet_version_and_the_labels_autonodes_may_set(
+    ) {
         let mut n: Node = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "n", "labels": {"a": "b", "kubernetes.io/hostname": "n",
                                                  "kubernetes.io/arch": "amd64"},

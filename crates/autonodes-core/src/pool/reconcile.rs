@@ -64,8 +64,8 @@ pub struct Observed<'a> {
     pub batch: super::dynamic::Batch,
     /// How many claims the pool may create now ([`super::limits::claim_room`]).
     pub room: &'a ClaimRoom,
-    /// The pool's registration health as last written (`status.registration`, or what this
-    /// process wrote that the pool store does not show yet).
+    /// The pool's registration health as last written (`status.registration`; the status
+    /// is written with the pool's resourceVersion, so a stale copy's plan is retried).
     pub registration: Option<&'a RegistrationStatus>,
     /// The time of the observation.
     pub now: Timestamp,

@@ -869,6 +869,108 @@ async fn nodes_with_a_kubelet_older_than_the_tenant_are_drifted_and_rolled_one_a
     world.shutdown().await;
 }
 
+/// A pause pod in the tenant's `default` namespace requesting `cpu`.
+fn pod_of(name: &str, cpu: &str) -> Pod {
+    let mut p = pod(name, None);
+    if let Some(c) = p.spec.as_mut().and_then(|s| s.containers.first_mut()) {
+        c.resources =
+            serde_json::from_value(json!({"requests": {"cpu": cpu, "memory": "256Mi"}})).ok();
+    }
+    p
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_whose_pods_fit_one_cheaper_node_are_merged_into_it_after_it_is_available() {
+    // Two small nodes cost 40, one large node 30.
+    let world = World::with_provider(pools_provider(&[
+        small() + "\n        cost: 20",
+        large() + "\n        cost: 30",
+    ]))
+    .await;
+    let _scheduler = scheduler(&world);
+    world
+        .create_pool(
+            "burst",
+            json!({"providerRef": "pools", "disruption": {"consolidateAfter": "2s"}}),
+        )
+        .await;
+    // One pod, then another once the first runs: each gets a small node of its own (the
+    // second does not fit the first node's room). Until both run, the pool's nodes are
+    // not underutilized.
+    let names = ["first".to_string(), "second".to_string()];
+    for name in &names {
+        create_pods(&world, [pod_of(name, "2500m")]).await;
+        common::eventually(&format!("{name} bound"), WAIT, || async {
+            let pods = tenant_pods(&world).await;
+            pods.iter()
+                .find(|p| &p.name_any() == name)
+                .and_then(bound_to)
+        })
+        .await;
+    }
+    let smalls: Vec<String> = ready_nodes(&world)
+        .await
+        .iter()
+        .map(|n| n.name_any())
+        .collect();
+    assert_eq!(smalls.len(), 2, "{smalls:?}");
+    show(&world, "two small nodes, 2.5 CPU on each");
+    let start = Instant::now();
+    let mut large_seen_available = false;
+    let merged = loop {
+        let claims = pool_claims(&world, "burst").await;
+        let large_available = claims.iter().any(|c| {
+            available(c)
+                && c.status.as_ref().and_then(|s| s.type_ref.as_deref()) == Some("pools.large")
+        });
+        let small_draining = claims.iter().any(|c| {
+            c.metadata.deletion_timestamp.is_some()
+                && c.status.as_ref().and_then(|s| s.type_ref.as_deref()) == Some("pools.small")
+        });
+        // A small node drains only once the large one is Available.
+        if small_draining {
+            assert!(
+                large_available,
+                "a small node drains before the large one is Available: {claims:?}"
+            );
+        }
+        large_seen_available |= large_available;
+        let pods = tenant_pods(&world).await;
+        remake_evicted_as(&world, &pods, &names, |n| pod_of(n, "2500m")).await;
+        let nodes = world.nodes().await;
+        let on: Vec<Option<String>> = pods.iter().map(bound_to).collect();
+        if claims.len() == 1
+            && claims.iter().all(available)
+            && nodes.len() == 1
+            && nodes[0]
+                .labels()
+                .get("autonodes.io/node-type")
+                .map(String::as_str)
+                == Some("large")
+            && pods.len() == 2
+            && on
+                .iter()
+                .all(|n| n.as_deref() == nodes[0].metadata.name.as_deref())
+        {
+            break nodes[0].name_any();
+        }
+        assert!(start.elapsed() < WAIT, "not merged: {claims:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    show(
+        &world,
+        "after: both pods on one large node; the small ones are gone",
+    );
+    assert!(large_seen_available, "the large node was seen Available");
+    assert_pool_event(&world, "burst", "ConsolidatedUnderutilized").await;
+    println!(
+        "merge: small nodes {smalls:?} replaced by large node {merged} in {:.1}s, replacement first",
+        start.elapsed().as_secs_f64()
+    );
+    delete_pods_now(&world).await;
+    world.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_a_cheaper_type_could_replace_is_replaced_first_and_then_removed() {
     let world = World::with_provider(pools_provider(&[small(), large()])).await;

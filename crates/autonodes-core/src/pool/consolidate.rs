@@ -16,7 +16,14 @@
 //!   type is made first (`autonodes.io/replaces`), and once it is Available the node's pods
 //!   fit its room, so the node goes as underutilized.
 //!
-//! Both stay within the disruption budgets, and leave alone nodes marked do-not-disrupt
+//! - **several merged into one** (same policy): Available nodes none of which fits
+//!   elsewhere or has a cheaper node of its own, but whose pods together fit one new node of
+//!   a type cheaper than they cost together ([`merged_node`], at most [`MAX_MERGE`], the
+//!   least to move first), are marked; when due the new node replaces the first of them,
+//!   and once it is Available their pods fit its room, so they go one at a time as
+//!   underutilized.
+//!
+//! All of them stay within the disruption budgets, and leave alone nodes marked do-not-disrupt
 //! ([`super::do_not_disrupt`]). Where the pods would go is decided by the same packing as
 //! for pending pods ([`super::pack`]), so pod affinity, anti-affinity and topology spread
 //! among the pods of the other nodes hold after the move.
@@ -265,6 +272,72 @@ pub(crate) fn fits_elsewhere(pods: &[&Pod], claim: &str, targets: &[Target]) -> 
     packing.placed.values().map(Vec::len).sum::<usize>() == moving.len()
 }
 
+/// The most nodes one new node may replace at once.
+pub(crate) const MAX_MERGE: usize = 8;
+
+/// What consolidation found of one Available node of the pool.
+struct Seen<'a> {
+    claim: &'a NodeClaim,
+    node: &'a str,
+    /// No non-DaemonSet pod runs on it.
+    empty: bool,
+    /// Its pods fit elsewhere, or one cheaper node of its own.
+    underutilized: bool,
+    /// Its cost, when it may join several nodes replaced by one.
+    mergeable: Option<i64>,
+}
+
+/// The largest number `k` (2 to [`MAX_MERGE`]) of the first `nodes` (claim, cost, pods;
+/// the least to move first) whose pods all fit one new node of a type cheaper than the
+/// `k` cost together — the pods' selectors, tolerations, resources, and their pod affinity,
+/// anti-affinity and spread among the pods of the other targets, within the pool's limits
+/// — with that type and what the pods ask for.
+pub(crate) fn merged_node(
+    nodes: &[(&str, i64, &[&Pod])],
+    targets: &[Target],
+    candidates: &[Candidate],
+    limits: &Limits,
+    pool_usage: &(i64, Amount),
+) -> Option<(usize, Candidate, Amount)> {
+    for k in (2..=nodes.len().min(MAX_MERGE)).rev() {
+        let group = &nodes[..k];
+        let cost: i64 = group.iter().map(|(_, c, _)| *c).sum();
+        let cheaper: Vec<Candidate> = candidates
+            .iter()
+            .filter(|c| c.cost < cost)
+            .cloned()
+            .collect();
+        if cheaper.is_empty() {
+            continue;
+        }
+        let moving: Vec<PendingPod> = group
+            .iter()
+            .flat_map(|(_, _, pods)| pods.iter().map(|p| PendingPod::from_pod(p)))
+            .collect();
+        let moving: Vec<&PendingPod> = moving.iter().collect();
+        let others: Vec<Bin> = targets
+            .iter()
+            .filter(|t| !group.iter().any(|(n, _, _)| *n == t.claim))
+            .map(|t| Bin {
+                claim: t.claim.clone(),
+                shape: t.shape.clone(),
+                free: Amount::default(),
+                residents: t.residents.clone(),
+            })
+            .collect();
+        let packing = place(&moving, &others, &cheaper, limits, pool_usage.clone());
+        if let [node] = packing.new_nodes.as_slice() {
+            if node.pods.len() == moving.len() {
+                let c = cheaper.iter().find(|c| {
+                    c.node_type == node.node_type && c.requirements == node.requirements
+                })?;
+                return Some((k, c.clone(), node.request.clone()));
+            }
+        }
+    }
+    None
+}
+
 /// Empty and underutilized nodes: marks to set and clear, claims due for removal within
 /// the budget, and when the next one falls due.
 pub(crate) fn consolidate(input: &ConsolidationInput) -> Consolidation {
@@ -322,6 +395,7 @@ pub(crate) fn consolidate(input: &ConsolidationInput) -> Consolidation {
         .collect();
     let replacing: BTreeSet<&str> = replacements.values().map(|c| name_of(c)).collect();
     let mut cheaper: HashMap<String, Replacement> = HashMap::new();
+    let mut seen: Vec<Seen> = Vec::new();
     for c in input
         .mine
         .iter()
@@ -376,10 +450,57 @@ pub(crate) fn consolidate(input: &ConsolidationInput) -> Consolidation {
                 None => false,
             }
         };
-        let underutilized = fits || replaceable;
+        let cost = s.cost.filter(|_| candidate && !fits && !replaceable);
+        seen.push(Seen {
+            claim: c,
+            node: node_name,
+            empty,
+            underutilized: fits || replaceable,
+            mergeable: cost,
+        });
+    }
+    // Several nodes whose pods, together, fit one new node cheaper than they cost: each is
+    // underutilized, and the node with the least to move is replaced first by that node
+    // (the others' pods then fit its room and they go one by one).
+    let mut mergeable: Vec<(&str, i64, &[&Pod])> = seen
+        .iter()
+        .filter_map(|v| {
+            let cost = v.mergeable?;
+            Some((name_of(v.claim), cost, input.usage.movable(v.node)))
+        })
+        .collect();
+    mergeable.sort_by_key(|(name, _, pods)| {
+        let cpu: i128 = pods.iter().map(|p| pod_request(p).cpu).sum();
+        (cpu, *name)
+    });
+    let merged = merged_node(
+        &mergeable,
+        input.targets,
+        input.candidates,
+        input.limits,
+        input.pool_usage,
+    );
+    let mut merging: BTreeSet<String> = BTreeSet::new();
+    if let Some((k, c, request)) = merged {
+        merging.extend(mergeable.iter().take(k).map(|(n, _, _)| n.to_string()));
+        let head = mergeable[0].0.to_string();
+        cheaper.insert(
+            head.clone(),
+            Replacement {
+                replaces: head,
+                node_type: c.node_type,
+                request,
+                requirements: c.requirements,
+            },
+        );
+    }
+    for v in &seen {
+        let (c, name) = (v.claim, name_of(v.claim));
+        let underutilized = v.underutilized || merging.contains(name);
         if underutilized {
-            moving_cpu.insert(name.to_string(), input.usage.moving(node_name).cpu);
+            moving_cpu.insert(name.to_string(), input.usage.moving(v.node).cpu);
         }
+        let empty = v.empty;
         for (key, now_true, list) in [
             (ANNOTATION_EMPTY_SINCE, empty, &mut out.empty_since),
             (

@@ -188,6 +188,16 @@ pub fn show(world: &World, title: &str) {
 /// for the pods `names` (pause pods as [`pod`] makes them): one evicted (Terminating) is
 /// removed, one missing is made again. Call it in a loop while waiting.
 pub async fn remake_evicted(world: &World, pods: &[Pod], names: &[String]) {
+    remake_evicted_as(world, pods, names, |name| pod(name, None)).await
+}
+
+/// [`remake_evicted`] with the pods `make` makes.
+pub async fn remake_evicted_as(
+    world: &World,
+    pods: &[Pod],
+    names: &[String],
+    make: impl Fn(&str) -> Pod,
+) {
     let api: Api<Pod> = Api::namespaced(world.tenant.clone(), "default");
     for name in names {
         match pods.iter().find(|p| &p.name_any() == name) {
@@ -197,7 +207,7 @@ pub async fn remake_evicted(world: &World, pods: &[Pod], names: &[String]) {
                     .await;
             }
             Some(_) => {}
-            None => create_pods(world, [pod(name, None)]).await,
+            None => create_pods(world, [make(name)]).await,
         }
     }
 }

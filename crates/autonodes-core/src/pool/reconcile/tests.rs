@@ -1060,6 +1060,91 @@ fn an_underutilized_node_is_marked_then_the_one_with_least_to_move_goes_after_co
 }
 
 #[test]
+fn two_nodes_whose_pods_fit_one_cheaper_node_together_are_replaced_by_it_and_go_one_by_one() {
+    let mut scene = Scene::new(json!({}));
+    // Two 4-CPU nodes at 20 each cost 40; one 8-CPU node costs 30.
+    scene.catalogue = catalogue_of(json!([
+        {"name": "small", "cost": 20, "resources": {"cpu": "4", "memory": "8Gi"}},
+        {"name": "large", "cost": 30, "resources": {"cpu": "8", "memory": "32Gi"}},
+    ]));
+    let node_claim = |name: &str, type_: &str, cost: i64, since: Option<i64>| {
+        let c = claim(
+            &scene.pool,
+            name,
+            json!({"phase": "Available", "typeRef": format!("p.{type_}"), "nodeName": name,
+                   "cost": cost,
+                   "conditions": [{"type": "Ready", "status": "True", "reason": "NodeReady",
+                                   "message": "", "lastTransitionTime": "1970-01-01T00:00:00Z"}]}),
+        );
+        match since {
+            Some(s) => with_annotation(c, ANNOTATION_UNDERUTILIZED_SINCE, &at(s).to_string()),
+            None => c,
+        }
+    };
+    scene.claims = vec![
+        node_claim("a", "small", 20, None),
+        node_claim("b", "small", 20, None),
+    ];
+    scene.nodes = vec![node("a"), node("b")];
+    // 2.5 CPU on each: neither fits the other's room, nor a cheaper node of its own.
+    let pod = |name: &str, node: &str| {
+        let mut p = running(name, node);
+        if let Some(c) = p.spec.as_mut().and_then(|s| s.containers.first_mut()) {
+            c.resources =
+                serde_json::from_value(json!({"requests": {"cpu": "2500m", "memory": "256Mi"}}))
+                    .ok();
+        }
+        p
+    };
+    scene.pods = vec![pod("pa", "a"), pod("pb", "b")];
+    let plan = scene.plan();
+    assert_eq!(
+        plan.underutilized_since,
+        [
+            ("a".to_string(), Some(at(NOW))),
+            ("b".to_string(), Some(at(NOW)))
+        ],
+        "together they fit one large node, cheaper than both"
+    );
+    assert!(plan.create.is_empty() && plan.delete.is_empty());
+    // Due: one large node first, for both nodes' pods, replacing the first.
+    scene.claims = vec![
+        node_claim("a", "small", 20, Some(0)),
+        node_claim("b", "small", 20, Some(0)),
+    ];
+    let plan = scene.plan();
+    assert!(plan.delete.is_empty());
+    assert_eq!(plan.create.len(), 1, "{:?}", plan.create);
+    assert_eq!(plan.create[0].replaces.as_deref(), Some("a"));
+    assert_eq!(plan.create[0].spec.type_ref.as_deref(), Some("p.large"));
+    assert_eq!(plan.create[0].spec.desired_capacity["cpu"].0, "5");
+    // Available: a goes first, its pod moves there; then b's pod fits the rest of its room.
+    let mut big = claim_object(&scene.pool, "big", plan.create[0].spec.clone(), Some("a"));
+    big.status = serde_json::from_value(json!({
+        "phase": "Available", "typeRef": "p.large", "nodeName": "big", "cost": 30,
+        "conditions": [{"type": "Ready", "status": "True", "reason": "NodeReady",
+                        "message": "", "lastTransitionTime": "1970-01-01T00:00:00Z"}]}))
+    .expect("status");
+    scene.claims.push(Arc::new(big));
+    scene.nodes.push(node("big"));
+    let plan = scene.plan();
+    assert_eq!(deleted(&plan), [("a", DeleteReason::Underutilized)]);
+    scene
+        .claims
+        .retain(|c| c.metadata.name.as_deref() != Some("a"));
+    scene
+        .nodes
+        .retain(|n| n.metadata.name.as_deref() != Some("a"));
+    scene.pods = vec![
+        running_cpu("pa", "big", "2500m"),
+        running_cpu("pb", "b", "2500m"),
+    ];
+    let plan = scene.plan();
+    assert_eq!(deleted(&plan), [("b", DeleteReason::Underutilized)]);
+    assert!(plan.create.is_empty());
+}
+
+#[test]
 fn a_node_a_cheaper_type_could_replace_gets_its_replacement_first_and_goes_once_it_is_available() {
     let mut scene = Scene::new(json!({}));
     let large = |name: &str, since: Option<i64>| {

@@ -374,8 +374,9 @@ pub struct PoolPlan {
     pub imported: Option<Verdict>,
     /// `NodeRepair`.
     pub repair: Option<Verdict>,
-    /// `status.registration` and `NodeRegistrationHealthy` ([`super::registration`]).
-    pub registration: Option<super::registration::Registration>,
+    /// `status.registration` and `NodeRegistrationHealthy`, as the pool's registration
+    /// health was assessed (`pool::registration`).
+    pub registration: Option<(crate::api::RegistrationStatus, Verdict)>,
     /// When to look again.
     pub requeue: Duration,
 }

@@ -274,7 +274,7 @@ pub fn plan_pool(observed: &Observed) -> PoolPlan {
     if let Some(left) = registration.backing_off {
         out.requeue = out.requeue.min(left + Duration::from_millis(100));
     }
-    out.registration = Some(registration);
+    out.registration = Some((registration.status, registration.verdict));
     // A hold of a duration that ends: the claim it protected may be disrupted then.
     if let Some(until) = protected.until {
         let left = until.as_millisecond() - observed.now.as_millisecond();

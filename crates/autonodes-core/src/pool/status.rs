@@ -160,9 +160,9 @@ pub fn pool_status(
         .clone()
         .map(|v| (PoolCondition::VClusterConfig, v));
     let repair = plan.repair.clone().map(|v| (PoolCondition::NodeRepair, v));
-    let registration = plan.registration.as_ref().map(|r| {
-        new.registration = (r.status != RegistrationStatus::default()).then(|| r.status.clone());
-        (PoolCondition::NodeRegistrationHealthy, r.verdict.clone())
+    let registration = plan.registration.as_ref().map(|(status, verdict)| {
+        new.registration = (*status != RegistrationStatus::default()).then(|| status.clone());
+        (PoolCondition::NodeRegistrationHealthy, verdict.clone())
     });
     for (type_, v) in [
         (PoolCondition::Ready, ready),

@@ -17,7 +17,6 @@ use crate::api::conditions;
 use crate::api::reasons::{PoolCondition, PoolReason};
 use crate::api::{NodePoolStatus, NodeProvider, Overhead};
 use crate::pool::plan::{DeleteReason, Verdict};
-use crate::pool::registration::Registration;
 use crate::pool::status::{new_problems, pool_status};
 use crate::pool::{ANNOTATION_EMPTY_SINCE, ANNOTATION_UNDERUTILIZED_SINCE, LABEL_TEMPLATE_HASH};
 
@@ -276,15 +275,14 @@ fn a_static_pool_with_every_replica_available_is_ready_and_idle() {
                 PoolReason::RepairAllowed,
                 "0 of 2 nodes are not Ready; nodes not Ready for the repair time are replaced"
             )),
-            registration: Some(Registration {
-                status: RegistrationStatus::default(),
-                verdict: Verdict::new(
+            registration: Some((
+                RegistrationStatus::default(),
+                Verdict::new(
                     true,
                     PoolReason::NodesRegistered,
                     "the pool's latest claims came up"
                 ),
-                backing_off: None,
-            }),
+            )),
             ..PoolPlan::default()
         }
     );

@@ -324,8 +324,14 @@ async fn a_node_whose_startup_taint_never_goes_fails_its_claim_by_initialization
     world.shutdown().await;
 }
 
-/// Stops (`true`) or restarts the simulated kubelet of the claim's VM.
-async fn kubelet_stopped(world: &World, claim: &autonodes_api::NodeClaim, stopped: bool) {
+/// Sets (`Some`) or removes (`None`) the simulator's annotation `key` on the claim's VM
+/// (`simulator.autonodes.io/kubelet-stopped`, `simulator.autonodes.io/kubelet-version`).
+async fn annotate_vm(
+    world: &World,
+    claim: &autonodes_api::NodeClaim,
+    key: &str,
+    value: Option<&str>,
+) {
     let s = claim.status.clone().expect("status");
     let (ns, vm) = (
         s.vm_namespace.expect("vm namespace"),
@@ -336,15 +342,25 @@ async fn kubelet_stopped(world: &World, claim: &autonodes_api::NodeClaim, stoppe
         &ns,
         &autonodes_api::kubevirt::virtual_machine(),
     );
-    let value = stopped.then_some("true");
     api.patch(
         &vm,
         &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"annotations": {
-            autonodes_testenv::simulator::KUBELET_STOPPED_ANNOTATION: value}}})),
+        &Patch::Merge(json!({"metadata": {"annotations": {key: value}}})),
     )
     .await
     .expect("VM annotated");
+}
+
+/// Stops (`true`) or restarts the simulated kubelet of the claim's VM.
+async fn kubelet_stopped(world: &World, claim: &autonodes_api::NodeClaim, stopped: bool) {
+    let value = stopped.then_some("true");
+    annotate_vm(
+        world,
+        claim,
+        autonodes_testenv::simulator::KUBELET_STOPPED_ANNOTATION,
+        value,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -743,28 +759,6 @@ async fn a_changed_node_type_marks_its_claims_drifted_and_the_pool_rolls_them_wi
     world.shutdown().await;
 }
 
-/// Makes the simulated kubelet of the claim's VM report `version` on its Node.
-async fn kubelet_version(world: &World, claim: &autonodes_api::NodeClaim, version: &str) {
-    let s = claim.status.clone().expect("status");
-    let (ns, vm) = (
-        s.vm_namespace.expect("vm namespace"),
-        s.vm_name.expect("vm"),
-    );
-    let api: kube::Api<kube::api::DynamicObject> = kube::Api::namespaced_with(
-        world.host.clone(),
-        &ns,
-        &autonodes_api::kubevirt::virtual_machine(),
-    );
-    api.patch(
-        &vm,
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"annotations": {
-            autonodes_testenv::simulator::KUBELET_VERSION_ANNOTATION: version}}})),
-    )
-    .await
-    .expect("VM annotated");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_with_a_kubelet_older_than_the_tenant_are_drifted_and_rolled_one_at_a_time_unless_version_drift_is_disabled(
 ) {
@@ -784,7 +778,8 @@ async fn nodes_with_a_kubelet_older_than_the_tenant_are_drifted_and_rolled_one_a
     .await;
     // The tenant (v1.20) was upgraded after these nodes joined: their kubelets are v1.19.
     for c in &originals {
-        kubelet_version(&world, c, "v1.19.7").await;
+        let key = autonodes_testenv::simulator::KUBELET_VERSION_ANNOTATION;
+        annotate_vm(&world, c, key, Some("v1.19.7")).await;
     }
     common::eventually("both Nodes report kubelet v1.19.7", WAIT, || async {
         let nodes = world.nodes().await;

@@ -233,28 +233,27 @@ async fn a_real_prometheus_scrapes_the_controller_and_every_dashboard_query_retu
     )
     .expect("prometheus starts");
     let started = std::time::Instant::now();
-    // Prometheus answers 503 until its storage is open (slow on a loaded machine).
-    while http_get(prom, "/-/ready").await.ok().map(|(code, _)| code) != Some(200) {
+    loop {
+        // Prometheus answers 503 until its storage is open (slow on a loaded machine); only
+        // then is it asked whether it scraped autonodes.
+        let ready = http_get(prom, "/-/ready").await.ok().map(|(code, _)| code) == Some(200);
+        if ready && !query(prom, "up{job=\"autonodes\"} == 1").await.is_empty() {
+            break;
+        }
         if let Err(e) = prometheus.check_running() {
             panic!("{e}");
         }
         assert!(
             started.elapsed() < Duration::from_secs(60),
-            "Prometheus never became ready:\n{}",
+            "Prometheus never {}:\n{}",
+            if ready {
+                "scraped autonodes"
+            } else {
+                "became ready"
+            },
             prometheus.log_tail(30)
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    while query(prom, "up{job=\"autonodes\"} == 1").await.is_empty() {
-        if let Err(e) = prometheus.check_running() {
-            panic!("{e}");
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "Prometheus never scraped autonodes:\n{}",
-            prometheus.log_tail(30)
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 
     // A node pool of one node: its claim turns Available.

@@ -194,12 +194,13 @@ fn mark(c: &NodeClaim, key: &str) -> Option<Timestamp> {
         .and_then(|v| v.parse::<Timestamp>().ok())
 }
 
-/// The other targets as nodes packing may use: the room of each (none when `room` is
-/// false: they only count for pod affinity, anti-affinity and spread) and the pods on it.
-fn other_bins(targets: &[Target], claim: &str, room: bool) -> Vec<Bin> {
+/// The targets but those of `claims`, as nodes packing may use: the room of each (none
+/// when `room` is false: they only count for pod affinity, anti-affinity and spread) and
+/// the pods on it.
+fn other_bins(targets: &[Target], claims: &[&str], room: bool) -> Vec<Bin> {
     targets
         .iter()
-        .filter(|t| t.claim != claim)
+        .filter(|t| !claims.contains(&t.claim.as_str()))
         .map(|t| Bin {
             claim: t.claim.clone(),
             shape: t.shape.clone(),
@@ -229,6 +230,30 @@ pub(crate) fn cheaper_node(
     if pods.is_empty() {
         return None;
     }
+    one_cheaper_node(
+        pods,
+        &[claim],
+        cost,
+        targets,
+        candidates,
+        limits,
+        pool_usage,
+    )
+}
+
+/// The cheapest candidate cheaper than `cost` one new node of which takes all `pods` of the
+/// nodes of `claims` (their pod affinity, anti-affinity and spread among the pods of the
+/// other targets, whose room is not counted), within the pool's limits, with what the
+/// pods ask for.
+fn one_cheaper_node(
+    pods: &[&Pod],
+    claims: &[&str],
+    cost: i64,
+    targets: &[Target],
+    candidates: &[Candidate],
+    limits: &Limits,
+    pool_usage: &(i64, Amount),
+) -> Option<(Candidate, Amount)> {
     let moving: Vec<PendingPod> = pods.iter().map(|p| PendingPod::from_pod(p)).collect();
     let moving: Vec<&PendingPod> = moving.iter().collect();
     let cheaper: Vec<Candidate> = candidates
@@ -236,11 +261,14 @@ pub(crate) fn cheaper_node(
         .filter(|c| c.cost < cost)
         .cloned()
         .collect();
-    // The replacement stands beside the node it replaces until that one goes: one more
-    // node against the limits.
+    if cheaper.is_empty() {
+        return None;
+    }
+    // The replacement stands beside the nodes it replaces until they go: one more node
+    // against the limits.
     let packing = place(
         &moving,
-        &other_bins(targets, claim, false),
+        &other_bins(targets, claims, false),
         &cheaper,
         limits,
         pool_usage.clone(),
@@ -264,7 +292,7 @@ pub(crate) fn fits_elsewhere(pods: &[&Pod], claim: &str, targets: &[Target]) -> 
     let moving: Vec<&PendingPod> = moving.iter().collect();
     let packing = place(
         &moving,
-        &other_bins(targets, claim, true),
+        &other_bins(targets, &[claim], true),
         &[],
         &Limits::default(),
         (0, Amount::default()),
@@ -299,43 +327,19 @@ pub(crate) fn merged_node(
     limits: &Limits,
     pool_usage: &(i64, Amount),
 ) -> Option<(usize, Candidate, Amount)> {
-    for k in (2..=nodes.len().min(MAX_MERGE)).rev() {
+    (2..=nodes.len().min(MAX_MERGE)).rev().find_map(|k| {
         let group = &nodes[..k];
         let cost: i64 = group.iter().map(|(_, c, _)| *c).sum();
-        let cheaper: Vec<Candidate> = candidates
+        let pods: Vec<&Pod> = group
             .iter()
-            .filter(|c| c.cost < cost)
-            .cloned()
+            .flat_map(|(_, _, pods)| pods.iter().copied())
             .collect();
-        if cheaper.is_empty() {
-            continue;
-        }
-        let moving: Vec<PendingPod> = group
-            .iter()
-            .flat_map(|(_, _, pods)| pods.iter().map(|p| PendingPod::from_pod(p)))
-            .collect();
-        let moving: Vec<&PendingPod> = moving.iter().collect();
-        let others: Vec<Bin> = targets
-            .iter()
-            .filter(|t| !group.iter().any(|(n, _, _)| *n == t.claim))
-            .map(|t| Bin {
-                claim: t.claim.clone(),
-                shape: t.shape.clone(),
-                free: Amount::default(),
-                residents: t.residents.clone(),
-            })
-            .collect();
-        let packing = place(&moving, &others, &cheaper, limits, pool_usage.clone());
-        if let [node] = packing.new_nodes.as_slice() {
-            if node.pods.len() == moving.len() {
-                let c = cheaper.iter().find(|c| {
-                    c.node_type == node.node_type && c.requirements == node.requirements
-                })?;
-                return Some((k, c.clone(), node.request.clone()));
-            }
-        }
-    }
-    None
+        let claims: Vec<&str> = group.iter().map(|(n, _, _)| *n).collect();
+        one_cheaper_node(
+            &pods, &claims, cost, targets, candidates, limits, pool_usage,
+        )
+        .map(|(c, request)| (k, c, request))
+    })
 }
 
 /// Empty and underutilized nodes: marks to set and clear, claims due for removal within
@@ -462,17 +466,12 @@ pub(crate) fn consolidate(input: &ConsolidationInput) -> Consolidation {
     // Several nodes whose pods, together, fit one new node cheaper than they cost: each is
     // underutilized, and the node with the least to move is replaced first by that node
     // (the others' pods then fit its room and they go one by one).
-    let mut mergeable: Vec<(&str, i64, &[&Pod])> = seen
+    let mut candidates: Vec<&Seen> = seen.iter().filter(|v| v.mergeable.is_some()).collect();
+    candidates.sort_by_key(|v| (input.usage.moving(v.node).cpu, name_of(v.claim)));
+    let mergeable: Vec<(&str, i64, &[&Pod])> = candidates
         .iter()
-        .filter_map(|v| {
-            let cost = v.mergeable?;
-            Some((name_of(v.claim), cost, input.usage.movable(v.node)))
-        })
+        .filter_map(|v| Some((name_of(v.claim), v.mergeable?, input.usage.movable(v.node))))
         .collect();
-    mergeable.sort_by_key(|(name, _, pods)| {
-        let cpu: i128 = pods.iter().map(|p| pod_request(p).cpu).sum();
-        (cpu, *name)
-    });
     let merged = merged_node(
         &mergeable,
         input.targets,

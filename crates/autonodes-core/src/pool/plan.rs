@@ -694,14 +694,13 @@ mod tests {
         .expect("claim")
     }
 
-    #[test]
-    fn a_claim_is_outdated_when_made_from_another_template_drifted_or_older_than_expire_after() {
-        let mut drifted = claim("drifted", "h1", 1_000);
-        drifted.status = Some(NodeClaimStatus {
+    /// A claim status with `Drifted=True` for `reason`.
+    fn drifted_status(reason: &str) -> Option<NodeClaimStatus> {
+        Some(NodeClaimStatus {
             conditions: vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
                 type_: "Drifted".into(),
                 status: "True".into(),
-                reason: "NodeTypeChanged".into(),
+                reason: reason.into(),
                 message: String::new(),
                 last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
                     Timestamp::UNIX_EPOCH,
@@ -709,7 +708,13 @@ mod tests {
                 observed_generation: None,
             }],
             ..NodeClaimStatus::default()
-        });
+        })
+    }
+
+    #[test]
+    fn a_claim_is_outdated_when_made_from_another_template_drifted_or_older_than_expire_after() {
+        let mut drifted = claim("drifted", "h1", 1_000);
+        drifted.status = drifted_status("NodeTypeChanged");
         let views = claim_views(&[drifted], "h1", None, true, 100_000);
         assert!(views[0].outdated && !views[0].expired);
         let claims = vec![claim("current", "h1", 1_000), claim("old", "h0", 1_000)];
@@ -728,19 +733,7 @@ mod tests {
     #[test]
     fn a_claim_drifted_from_the_tenant_s_version_is_outdated_unless_the_pool_disables_it() {
         let mut c = claim("old-kubelet", "h", 0);
-        c.status = Some(NodeClaimStatus {
-            conditions: vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
-                type_: "Drifted".into(),
-                status: "True".into(),
-                reason: "KubernetesVersionChanged".into(),
-                message: String::new(),
-                last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                    Timestamp::UNIX_EPOCH,
-                ),
-                observed_generation: None,
-            }],
-            ..NodeClaimStatus::default()
-        });
+        c.status = drifted_status("KubernetesVersionChanged");
         let claims = [c];
         assert!(claim_views(&claims, "h", None, true, 0)[0].outdated);
         assert!(!claim_views(&claims, "h", None, false, 0)[0].outdated);

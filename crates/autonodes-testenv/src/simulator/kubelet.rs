@@ -759,47 +759,52 @@ async fn report_kubelet_version(
     name: &str,
     version: &str,
 ) -> Result<(), SimError> {
-    let nodes = entry.nodes_api();
-    let cached = entry.nodes.read(&nodes, name).await;
-    let Some(node) = cached.map_err(SimError::kube(format!("reading Node {name}")))? else {
-        return Ok(());
+    let reported = |node: &Node| {
+        node.status
+            .as_ref()
+            .and_then(|s| s.node_info.as_ref())
+            .is_some_and(|i| i.kubelet_version == version)
     };
-    let reported = node
-        .status
-        .as_ref()
-        .and_then(|s| s.node_info.as_ref())
-        .map(|i| i.kubelet_version.as_str());
-    if reported != Some(version) {
-        let patch = json!({"status": {"nodeInfo": {
-            "kubeletVersion": version, "kubeProxyVersion": version}}});
-        let patched = nodes
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map_err(SimError::kube(format!(
-                "reporting kubelet {version} on Node {name}"
-            )))?;
-        entry.nodes.wrote(patched);
-    }
-    Ok(())
+    let patch = || json!({"status": {"nodeInfo": {"kubeletVersion": version, "kubeProxyVersion": version}}});
+    patch_node_status_unless(entry, name, reported, patch, || {
+        format!("reporting kubelet {version} on Node {name}")
+    })
+    .await
 }
 
 /// Sets the Node's `Ready` condition to `status` (`True`, `Unknown`) unless it is so
 /// already (read from the cache).
 async fn set_ready(entry: &TenantEntry, name: &str, status: &str) -> Result<(), SimError> {
+    let is_so = |node: &Node| ready_status(node).as_deref() == Some(status);
+    let patch = || {
+        let now = Timestamp::now().to_string();
+        json!({"status": {"conditions": node_conditions(status, &now)}})
+    };
+    patch_node_status_unless(entry, name, is_so, patch, || {
+        format!("marking Node {name} Ready={status}")
+    })
+    .await
+}
+
+/// Merge-patches the status of the Node `name` with `patch()` unless `is_so` holds for it
+/// as the cache has it (or it is gone); `what` names the write in an error.
+async fn patch_node_status_unless(
+    entry: &TenantEntry,
+    name: &str,
+    is_so: impl Fn(&Node) -> bool,
+    patch: impl Fn() -> Value,
+    what: impl Fn() -> String,
+) -> Result<(), SimError> {
     let nodes = entry.nodes_api();
     let cached = entry.nodes.read(&nodes, name).await;
     let Some(node) = cached.map_err(SimError::kube(format!("reading Node {name}")))? else {
         return Ok(());
     };
-    if ready_status(&node).as_deref() != Some(status) {
-        let now = Timestamp::now().to_string();
-        let patch = json!({"status": {"conditions": node_conditions(status, &now)}});
+    if !is_so(&node) {
         let patched = nodes
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch()))
             .await
-            .map_err(SimError::kube(format!(
-                "marking Node {name} Ready={status}"
-            )))?;
+            .map_err(SimError::kube(what()))?;
         entry.nodes.wrote(patched);
     }
     Ok(())

@@ -75,15 +75,33 @@ fn claim(pool: &NodePool, name: &str, status: Value) -> Arc<NodeClaim> {
     Arc::new(c)
 }
 
+/// The status of an Available claim of `type_ref` and `cost` whose node `node` has been
+/// Ready since second 0.
+fn available_status(type_ref: &str, node: &str, cost: i64) -> Value {
+    json!({"phase": "Available", "typeRef": type_ref, "nodeName": node, "cost": cost,
+           "conditions": [{"type": "Ready", "status": "True", "reason": "NodeReady",
+                           "message": "", "lastTransitionTime": "1970-01-01T00:00:00Z"}]})
+}
+
 /// A claim of type `p.small` whose node `name` has been Ready since second 0.
 fn available(pool: &NodePool, name: &str) -> Arc<NodeClaim> {
-    claim(
-        pool,
-        name,
-        json!({"phase": "Available", "typeRef": "p.small", "nodeName": name, "cost": 1,
-               "conditions": [{"type": "Ready", "status": "True", "reason": "NodeReady",
-                               "message": "", "lastTransitionTime": "1970-01-01T00:00:00Z"}]}),
-    )
+    claim(pool, name, available_status("p.small", name, 1))
+}
+
+/// An Available claim of `type_ref` and `cost` (node `name`), marked underutilized since
+/// second `since` when given.
+fn available_marked(
+    pool: &NodePool,
+    name: &str,
+    type_ref: &str,
+    cost: i64,
+    since: Option<i64>,
+) -> Arc<NodeClaim> {
+    let c = claim(pool, name, available_status(type_ref, name, cost));
+    match since {
+        Some(s) => with_annotation(c, ANNOTATION_UNDERUTILIZED_SINCE, &at(s).to_string()),
+        None => c,
+    }
 }
 
 fn with_annotation(c: Arc<NodeClaim>, key: &str, value: &str) -> Arc<NodeClaim> {
@@ -992,9 +1010,14 @@ fn a_budget_limited_to_empty_nodes_holds_them_and_lets_underutilized_ones_go() {
 
 /// A running pod on `node` asking for `cpu`.
 fn running_cpu(name: &str, node: &str, cpu: &str) -> Pod {
+    running_requesting(name, node, json!({"cpu": cpu}))
+}
+
+/// A running pod on `node` with these `requests`.
+fn running_requesting(name: &str, node: &str, requests: Value) -> Pod {
     let mut p = running(name, node);
     if let Some(c) = p.spec.as_mut().and_then(|s| s.containers.first_mut()) {
-        c.resources = serde_json::from_value(json!({"requests": {"cpu": cpu}})).ok();
+        c.resources = serde_json::from_value(json!({"requests": requests})).ok();
     }
     p
 }
@@ -1065,34 +1088,13 @@ fn two_nodes_whose_pods_fit_one_cheaper_node_together_are_replaced_by_it_and_go_
         {"name": "small", "cost": 20, "resources": {"cpu": "4", "memory": "8Gi"}},
         {"name": "large", "cost": 30, "resources": {"cpu": "8", "memory": "32Gi"}},
     ]));
-    let node_claim = |name: &str, type_: &str, cost: i64, since: Option<i64>| {
-        let c = claim(
-            &scene.pool,
-            name,
-            json!({"phase": "Available", "typeRef": format!("p.{type_}"), "nodeName": name,
-                   "cost": cost,
-                   "conditions": [{"type": "Ready", "status": "True", "reason": "NodeReady",
-                                   "message": "", "lastTransitionTime": "1970-01-01T00:00:00Z"}]}),
-        );
-        match since {
-            Some(s) => with_annotation(c, ANNOTATION_UNDERUTILIZED_SINCE, &at(s).to_string()),
-            None => c,
-        }
-    };
-    scene.claims = vec![
-        node_claim("a", "small", 20, None),
-        node_claim("b", "small", 20, None),
-    ];
+    let node_claim =
+        |name: &str, since: Option<i64>| available_marked(&scene.pool, name, "p.small", 20, since);
+    scene.claims = vec![node_claim("a", None), node_claim("b", None)];
     scene.nodes = vec![node("a"), node("b")];
     // 2.5 CPU on each: neither fits the other's room, nor a cheaper node of its own.
     let pod = |name: &str, node: &str| {
-        let mut p = running(name, node);
-        if let Some(c) = p.spec.as_mut().and_then(|s| s.containers.first_mut()) {
-            c.resources =
-                serde_json::from_value(json!({"requests": {"cpu": "2500m", "memory": "256Mi"}}))
-                    .ok();
-        }
-        p
+        running_requesting(name, node, json!({"cpu": "2500m", "memory": "256Mi"}))
     };
     scene.pods = vec![pod("pa", "a"), pod("pb", "b")];
     let plan = scene.plan();
@@ -1106,10 +1108,7 @@ fn two_nodes_whose_pods_fit_one_cheaper_node_together_are_replaced_by_it_and_go_
     );
     assert!(plan.create.is_empty() && plan.delete.is_empty());
     // Due: one large node first, for both nodes' pods, replacing the first.
-    scene.claims = vec![
-        node_claim("a", "small", 20, Some(0)),
-        node_claim("b", "small", 20, Some(0)),
-    ];
+    scene.claims = vec![node_claim("a", Some(0)), node_claim("b", Some(0))];
     let plan = scene.plan();
     assert!(plan.delete.is_empty());
     assert_eq!(plan.create.len(), 1, "{:?}", plan.create);
@@ -1118,11 +1117,7 @@ fn two_nodes_whose_pods_fit_one_cheaper_node_together_are_replaced_by_it_and_go_
     assert_eq!(plan.create[0].spec.desired_capacity["cpu"].0, "5");
     // Available: a goes first, its pod moves there; then b's pod fits the rest of its room.
     let mut big = claim_object(&scene.pool, "big", plan.create[0].spec.clone(), Some("a"));
-    big.status = serde_json::from_value(json!({
-        "phase": "Available", "typeRef": "p.large", "nodeName": "big", "cost": 30,
-        "conditions": [{"type": "Ready", "status": "True", "reason": "NodeReady",
-                        "message": "", "lastTransitionTime": "1970-01-01T00:00:00Z"}]}))
-    .expect("status");
+    big.status = serde_json::from_value(available_status("p.large", "big", 30)).expect("status");
     scene.claims.push(Arc::new(big));
     scene.nodes.push(node("big"));
     let plan = scene.plan();
@@ -1145,19 +1140,8 @@ fn two_nodes_whose_pods_fit_one_cheaper_node_together_are_replaced_by_it_and_go_
 #[test]
 fn a_node_a_cheaper_type_could_replace_gets_its_replacement_first_and_goes_once_it_is_available() {
     let mut scene = Scene::new(json!({}));
-    let large = |name: &str, since: Option<i64>| {
-        let c = claim(
-            &scene.pool,
-            name,
-            json!({"phase": "Available", "typeRef": "p.large", "nodeName": name, "cost": 3,
-                   "conditions": [{"type": "Ready", "status": "True", "reason": "NodeReady",
-                                   "message": "", "lastTransitionTime": "1970-01-01T00:00:00Z"}]}),
-        );
-        match since {
-            Some(s) => with_annotation(c, ANNOTATION_UNDERUTILIZED_SINCE, &at(s).to_string()),
-            None => c,
-        }
-    };
+    let large =
+        |name: &str, since: Option<i64>| available_marked(&scene.pool, name, "p.large", 3, since);
     scene.claims = vec![large("big", None)];
     scene.nodes = vec![node("big")];
     scene.pods = vec![running_cpu("a", "big", "1"), running_cpu("b", "big", "1")];
@@ -1189,11 +1173,8 @@ fn a_node_a_cheaper_type_could_replace_gets_its_replacement_first_and_goes_once_
     assert!(plan.create.is_empty() && plan.delete.is_empty(), "{plan:?}");
     // Available: the pods fit its room; the large node goes, and the replacement is not
     // taken for an empty node meanwhile.
-    replacement.status = serde_json::from_value(json!({
-        "phase": "Available", "typeRef": "p.small", "nodeName": "small", "cost": 1,
-        "conditions": [{"type": "Ready", "status": "True", "reason": "NodeReady",
-                        "message": "", "lastTransitionTime": "1970-01-01T00:00:00Z"}]}))
-    .expect("status");
+    replacement.status =
+        serde_json::from_value(available_status("p.small", "small", 1)).expect("status");
     scene.claims[1] = Arc::new(replacement);
     scene.nodes.push(node("small"));
     let plan = scene.plan();

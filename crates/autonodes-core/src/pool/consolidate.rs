@@ -214,13 +214,14 @@ fn other_bins(targets: &[Target], claims: &[&str], room: bool) -> Vec<Bin> {
         .collect()
 }
 
-/// The cheapest candidate cheaper than `cost` one new node of which takes all `pods` of
-/// the node of `claim` (selectors, tolerations, extended resources, their summed requests,
-/// and their pod affinity, anti-affinity and spread among the pods of the other targets)
-/// within the pool's limits, with what the pods ask for.
+/// The cheapest candidate cheaper than `cost` one new node of which takes all `pods` of the
+/// nodes of `claims` (selectors, tolerations, extended resources, their summed requests,
+/// and their pod affinity, anti-affinity and spread among the pods of the other targets,
+/// whose room is not counted), within the pool's limits, with what the pods ask for;
+/// `None` for no pods.
 pub(crate) fn cheaper_node(
     pods: &[&Pod],
-    claim: &str,
+    claims: &[&str],
     cost: i64,
     targets: &[Target],
     candidates: &[Candidate],
@@ -230,30 +231,6 @@ pub(crate) fn cheaper_node(
     if pods.is_empty() {
         return None;
     }
-    one_cheaper_node(
-        pods,
-        &[claim],
-        cost,
-        targets,
-        candidates,
-        limits,
-        pool_usage,
-    )
-}
-
-/// The cheapest candidate cheaper than `cost` one new node of which takes all `pods` of the
-/// nodes of `claims` (their pod affinity, anti-affinity and spread among the pods of the
-/// other targets, whose room is not counted), within the pool's limits, with what the
-/// pods ask for.
-fn one_cheaper_node(
-    pods: &[&Pod],
-    claims: &[&str],
-    cost: i64,
-    targets: &[Target],
-    candidates: &[Candidate],
-    limits: &Limits,
-    pool_usage: &(i64, Amount),
-) -> Option<(Candidate, Amount)> {
     let moving: Vec<PendingPod> = pods.iter().map(|p| PendingPod::from_pod(p)).collect();
     let moving: Vec<&PendingPod> = moving.iter().collect();
     let cheaper: Vec<Candidate> = candidates
@@ -335,7 +312,7 @@ pub(crate) fn merged_node(
             .flat_map(|(_, _, pods)| pods.iter().copied())
             .collect();
         let claims: Vec<&str> = group.iter().map(|(n, _, _)| *n).collect();
-        one_cheaper_node(
+        cheaper_node(
             &pods, &claims, cost, targets, candidates, limits, pool_usage,
         )
         .map(|(c, request)| (k, c, request))
@@ -430,7 +407,7 @@ pub(crate) fn consolidate(input: &ConsolidationInput) -> Consolidation {
             let found = s.cost.and_then(|cost| {
                 cheaper_node(
                     input.usage.movable(node_name),
-                    name,
+                    &[name],
                     cost,
                     input.targets,
                     input.candidates,

@@ -46,18 +46,22 @@ done
 grep -q "autonodes playground is up" "$WORK/dev.log" || { log "the playground did not come up"; exit 1; }
 kc() { awk -v k="$1:" '$1 == k {print $2; exit}' "$WORK/dev.log"; }
 KUBECTL=$(kc kubectl)
+# A discovery cache of our own: ~/.kube/cache is keyed by host and port, and one left by an
+# earlier server on the same port hides the playground's short names (nclaim).
+KUBECTL_CACHE="$WORK/kubectl-cache"
+kubectl_() { "$KUBECTL" --cache-dir "$KUBECTL_CACHE" "$@"; }
 MGMT=$(kc management)
 HOST=$(kc host)
 
 log "replacing the playground's KubeVirt CRDs with those in $DIR"
 for f in virtualmachines virtualmachineinstances datavolumes; do
-  "$KUBECTL" --kubeconfig "$HOST" apply --server-side --force-conflicts \
+  kubectl_ --kubeconfig "$HOST" apply --server-side --force-conflicts \
     --field-manager kubevirt-crd-check -f "$DIR/$f.yaml" > /dev/null
 done
-"$KUBECTL" --kubeconfig "$HOST" wait --for condition=Established --timeout 60s \
+kubectl_ --kubeconfig "$HOST" wait --for condition=Established --timeout 60s \
   crd/virtualmachines.kubevirt.io crd/virtualmachineinstances.kubevirt.io \
   crd/datavolumes.cdi.kubevirt.io > /dev/null
-"$KUBECTL" --kubeconfig "$HOST" get crd virtualmachineinstances.kubevirt.io \
+kubectl_ --kubeconfig "$HOST" get crd virtualmachineinstances.kubevirt.io \
   -o jsonpath='{range .spec.versions[*]}{.name}: status subresource {.subresources.status}{"\n"}{end}' \
   | sed 's/subresource $/subresource none/; s/^/  VMI CRD /'
 
@@ -80,7 +84,7 @@ vm = next(i for i in items if i["kind"] == "VirtualMachine")
 vm["metadata"]["namespace"] = "default"
 print(json.dumps(vm))
 EOF
-    "$KUBECTL" --kubeconfig "$HOST" create --dry-run=server -o json -f "$WORK/vm.json" > "$WORK/stored.json"
+    kubectl_ --kubeconfig "$HOST" create --dry-run=server -o json -f "$WORK/vm.json" > "$WORK/stored.json"
     python3 - "$WORK/vm.json" "$WORK/stored.json" "$(basename "$provider") $t" << 'EOF'
 import json, sys
 sent, stored, what = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), sys.argv[3]
@@ -112,7 +116,7 @@ for i, t in enumerate(vm["spec"].get("dataVolumeTemplates", [])):
 EOF
     for dv in "$WORK"/dv-*.json; do
       [ -e "$dv" ] || continue
-      "$KUBECTL" --kubeconfig "$HOST" create --dry-run=server -o json -f "$dv" > "$WORK/stored.json"
+      kubectl_ --kubeconfig "$HOST" create --dry-run=server -o json -f "$dv" > "$WORK/stored.json"
       python3 - "$dv" "$WORK/stored.json" << 'EOF'
 import json, sys
 sent, stored = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
@@ -131,7 +135,7 @@ vm = json.load(open(sys.argv[1]))
 vm["spec"]["template"]["spec"]["volumes"][0]["userDataSecretRef"] = {"name": "misspelt"}
 print(json.dumps(vm))
 EOF
-"$KUBECTL" --kubeconfig "$HOST" create --dry-run=server --validate=false -o json -f "$WORK/control.json" > "$WORK/stored.json"
+kubectl_ --kubeconfig "$HOST" create --dry-run=server --validate=false -o json -f "$WORK/control.json" > "$WORK/stored.json"
 python3 - "$WORK/control.json" "$WORK/stored.json" << 'EOF'
 import json, sys
 sent, stored = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
@@ -141,20 +145,20 @@ sys.exit(0 if pruned else 1)
 EOF
 
 log "claiming a node from the playground's provider"
-"$KUBECTL" --kubeconfig "$MGMT" apply -f examples/nodeclaim.yaml > /dev/null
+kubectl_ --kubeconfig "$MGMT" apply -f examples/nodeclaim.yaml > /dev/null
 claim=$(python3 -c 'import re,sys; t=open("examples/nodeclaim.yaml").read(); print(re.search(r"^  name: (\S+)", t, re.M).group(1), re.search(r"^  namespace: (\S+)", t, re.M).group(1))')
 read -r name ns <<< "$claim"
 started=$(date +%s)
-until [ "$("$KUBECTL" --kubeconfig "$MGMT" get nclaim -n "$ns" "$name" -o jsonpath='{.status.phase}')" = Available ]; do
+until [ "$(kubectl_ --kubeconfig "$MGMT" get nclaim -n "$ns" "$name" -o jsonpath='{.status.phase}')" = Available ]; do
   [ $(($(date +%s) - started)) -lt 180 ] || {
-    "$KUBECTL" --kubeconfig "$MGMT" get nclaim -n "$ns" "$name" -o yaml >&2
+    kubectl_ --kubeconfig "$MGMT" get nclaim -n "$ns" "$name" -o yaml >&2
     log "the claim did not become Available"; exit 1; }
   sleep 1
 done
-"$KUBECTL" --kubeconfig "$MGMT" get nclaim -n "$ns" "$name" -o wide
-"$KUBECTL" --kubeconfig "$HOST" get vm,vmi -A
+kubectl_ --kubeconfig "$MGMT" get nclaim -n "$ns" "$name" -o wide
+kubectl_ --kubeconfig "$HOST" get vm,vmi -A
 log "deleting the claim"
-"$KUBECTL" --kubeconfig "$MGMT" delete nclaim -n "$ns" "$name" --wait=true --timeout=180s > /dev/null
-left=$("$KUBECTL" --kubeconfig "$HOST" get vm,vmi,dv -A --no-headers 2> /dev/null | wc -l)
+kubectl_ --kubeconfig "$MGMT" delete nclaim -n "$ns" "$name" --wait=true --timeout=180s > /dev/null
+left=$(kubectl_ --kubeconfig "$HOST" get vm,vmi,dv -A --no-headers 2> /dev/null | wc -l)
 echo "  after deletion: $left VMs, VMIs and DataVolumes left"
 [ "$left" = 0 ]

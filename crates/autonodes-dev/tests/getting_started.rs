@@ -128,6 +128,9 @@ fn the_getting_started_commands_run_against_the_playground() {
                 .args(["-euo", "pipefail", "-x", "-c", &script])
                 .current_dir(work.path())
                 .env("PATH", path)
+                // kubectl's discovery cache lives under $HOME, keyed by host and port; one
+                // left by an earlier server on the playground's port hides its short names.
+                .env("HOME", work.path())
                 .env_remove("KUBECONFIG")
                 .output()
                 .unwrap(),

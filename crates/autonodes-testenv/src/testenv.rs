@@ -300,10 +300,14 @@ impl ApiServer {
         client_from_kubeconfig(&self.name, self.kubeconfig()?).await
     }
 
-    /// A `kubectl` command pointed at this API server (binary from [`Binaries`]).
+    /// A `kubectl` command pointed at this API server (binary from [`Binaries`]), with a
+    /// discovery cache of its own: the shared `~/.kube/cache` is keyed by host and port, and
+    /// an earlier server on the same port would leave kubectl blind to this one's short
+    /// names (`npool`) until the cache expires.
     pub fn kubectl(&self, bins: &Binaries) -> Command {
         let mut cmd = Command::new(&bins.kubectl);
         cmd.arg("--kubeconfig").arg(&self.kubeconfig_path);
+        cmd.arg("--cache-dir").arg(self.dir.join("kubectl-cache"));
         cmd
     }
 

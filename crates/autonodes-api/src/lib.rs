@@ -60,6 +60,13 @@ pub const HOST_KUBECONFIG_KEY: &str = "kubeconfig";
 pub const TENANT_KUBECONFIG_KEY: &str = "config";
 /// Finalizer that holds a NodeClaim until its remote objects are gone.
 pub const FINALIZER: &str = "autonodes.io/cleanup";
+/// Annotation on a NodeClaim asking for its VM to be restarted: a new value (any text, such
+/// as a time) restarts it once. Node repair sets it; so may a user.
+pub const ANNOTATION_RESTART: &str = "autonodes.io/restart";
+/// Annotation on a NodeClaim: once the claim is deleted, its VM is kept halted until this
+/// time (RFC 3339; at most 24 h after the deletion) for debugging. Node repair sets it from
+/// `repair.keepFailedFor`.
+pub const ANNOTATION_KEEP_UNTIL: &str = "autonodes.io/keep-failed-until";
 
 /// Every CustomResourceDefinition of the `autonodes.io` group, then the Cluster-API-shaped
 /// mirrors of `capi.autonodes.io`, in a stable order.

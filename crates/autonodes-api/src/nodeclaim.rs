@@ -188,4 +188,48 @@ pub struct NodeClaimStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "crate::schema::conditions")]
     pub conditions: Conditions,
+    /// The Node's conditions as the controller last saw them once the node was initialized
+    /// (at most 16, `Ready` first), each with the time the controller first saw its
+    /// current status: what node repair reads.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_NODE_CONDITIONS))]
+    pub node_conditions: Vec<ObservedNodeCondition>,
+    /// The last restart of the VM (asked for with the `autonodes.io/restart` annotation,
+    /// by node repair or by hand).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_restart: Option<Restart>,
+}
+
+/// Most entries of [`NodeClaimStatus::node_conditions`].
+pub const MAX_NODE_CONDITIONS: usize = 16;
+
+/// A condition of the claim's Node.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ObservedNodeCondition {
+    /// The condition's type (`Ready`, `KernelDeadlock`, …).
+    #[serde(rename = "type")]
+    #[schemars(length(max = 316))]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    #[schemars(length(max = 16))]
+    pub status: String,
+    /// The condition's reason, cut to 128 characters.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = 128))]
+    pub reason: String,
+    /// When the controller first saw the condition with this status.
+    pub since: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+}
+
+/// A restart of the claim's VM.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Restart {
+    /// The `autonodes.io/restart` annotation's value that asked for it (cut to 64
+    /// characters).
+    #[schemars(length(max = 64))]
+    pub requested: String,
+    /// When the VM's instance was deleted for KubeVirt to start it again.
+    pub time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
 }

@@ -130,6 +130,82 @@ pub struct NodePoolSpec {
     /// `MachinePool` in `capi.autonodes.io`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoscaling: Option<Autoscaling>,
+    /// How the pool repairs nodes that turn unhealthy. Each field left out is taken from
+    /// the NodeProvider's `repair`, then from the controller's defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repair: Option<Repair>,
+}
+
+/// Most entries of [`Repair::conditions`].
+pub const MAX_REPAIR_CONDITIONS: usize = 16;
+
+/// How unhealthy nodes are repaired: which Node conditions make a node unhealthy and for
+/// how long each is tolerated, a VM restart as the first step, and how much of a pool may
+/// be repaired at once.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Repair {
+    /// Node conditions that make a node unhealthy once they have held for their
+    /// `tolerationDuration` (e.g. node-problem-detector's `KernelDeadlock=True`). Absent:
+    /// `Ready` being `False` or `Unknown` for the controller's `--node-repair-after`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_REPAIR_CONDITIONS))]
+    pub conditions: Vec<RepairCondition>,
+    /// The first step for an unhealthy node is restarting its VM; the node is replaced
+    /// only if it is still unhealthy this long after the restart, or turns unhealthy again
+    /// later. A Go duration such as `5m`, or `Never` to replace at once without a restart.
+    /// Absent: `5m`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart_timeout: Option<DurationOrNever>,
+    /// The most nodes of the pool that may be unhealthy for repair to go on: a count (`2`)
+    /// or a percentage of the pool's nodes (`20%`). Beyond it nothing is repaired (the
+    /// cause is likely not the nodes) and the pool's `NodeRepair` condition says so. `"0"`
+    /// turns repair off for the pool. Absent: `20%`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 8), regex(pattern = BUDGET_NODES_PATTERN))]
+    pub max_unhealthy: Option<String>,
+    /// Keep a replaced node's VM halted this long for debugging (its Node drained and
+    /// removed from the tenant, the VM stopped, labelled and outside the pool's capacity),
+    /// then remove it. A Go duration of at most `24h`. Absent or `0`: removed at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_failed_for: Option<DurationOrNever>,
+}
+
+/// A Node condition that makes a node unhealthy.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RepairCondition {
+    /// The Node condition's type (`Ready`, `KernelDeadlock`, `ReadonlyFilesystem`, …).
+    #[serde(rename = "type")]
+    #[schemars(length(min = 1, max = 316), regex(pattern = crate::schema::QUALIFIED_NAME_PATTERN))]
+    pub type_: String,
+    /// The status that is unhealthy: `True`, `False` or `Unknown`.
+    pub status: ConditionStatus,
+    /// How long the condition may hold before the node is repaired: a Go duration such as
+    /// `10m`.
+    pub toleration_duration: DurationOrNever,
+}
+
+/// A Node condition's status.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum ConditionStatus {
+    /// The condition holds.
+    True,
+    /// The condition does not hold.
+    False,
+    /// Nobody knows (the kubelet stopped posting).
+    Unknown,
+}
+
+impl ConditionStatus {
+    /// The status as Kubernetes writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConditionStatus::True => "True",
+            ConditionStatus::False => "False",
+            ConditionStatus::Unknown => "Unknown",
+        }
+    }
 }
 
 /// When and how fast the pool removes or replaces nodes.

@@ -64,6 +64,10 @@ pub struct NodeProviderSpec {
     /// selects every namespace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant_namespace_selector: Option<LabelSelector>,
+    /// How pools of this provider's node types repair unhealthy nodes, for each field a
+    /// pool's own `repair` leaves out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repair: Option<crate::nodepool::Repair>,
 }
 
 /// KubeVirt settings of a NodeProvider.

@@ -104,6 +104,9 @@ names! {
         NodeNotReady,
         /// Progress: the claim is being deleted.
         Terminating,
+        /// The claim was deleted by node repair and its VM is kept halted for debugging
+        /// (`repair.keepFailedFor`) until the time the message gives; then it is removed.
+        KeptForDebugging,
         /// No node type satisfies the claim's requirements.
         NoMatchingNodeType,
         /// Every fitting node type is full.
@@ -307,11 +310,15 @@ names! {
         /// `VClusterConfig=False`: the configuration cannot be read, or this pool's entry
         /// cannot be mapped; the pool is kept as it was.
         InvalidVClusterConfig,
-        /// `NodeRepair=True`: nodes not Ready for `--node-repair-after` are replaced.
+        /// `NodeRepair=True`: nodes unhealthy for their toleration are restarted, then
+        /// replaced if that did not help.
         RepairAllowed,
-        /// `NodeRepair=False`: more than a fifth of the pool's nodes are not Ready; none is
-        /// replaced until fewer are.
+        /// `NodeRepair=False`: more of the pool's nodes are unhealthy than
+        /// `repair.maxUnhealthy` allows (20 % by default); none is repaired until fewer are.
         TooManyUnhealthyNodes,
+        /// `NodeRepair=False`: repair is off for the pool (`repair.maxUnhealthy: "0"`, or
+        /// `--node-repair-after=0s` with no conditions of the pool's or provider's own).
+        RepairDisabled,
         /// `NodeRegistrationHealthy=True`: fewer claims than the threshold failed in a row
         /// before their node was ready.
         NodesRegistered,

@@ -15,6 +15,7 @@
 //! - [`userdata`]: cloud-init rendering;
 //! - [`claim`]: the claim's phase ladder;
 //! - [`join`]: what a joined Node still needs (labels, the registration taint gone);
+//! - [`node_health`]: the Node conditions a claim keeps for node repair;
 //! - [`access`]: which tenant namespaces may use a provider, and `--require-quota`;
 //! - [`quota`]: tenant quotas (NodeQuota): the types a namespace may claim, its limits;
 //! - [`capi`]: the `capi.autonodes.io` mirror (replicas both ways, MachinePool, Machines);
@@ -40,6 +41,7 @@ pub mod kubeversion;
 pub mod ledger;
 pub mod names;
 pub mod node_config;
+pub mod node_health;
 pub mod orphans;
 pub mod pool;
 pub mod properties;

@@ -454,6 +454,7 @@ fn base_spec(
         expire_after: None,
         weight: None,
         autoscaling: None,
+        repair: None,
     })
 }
 

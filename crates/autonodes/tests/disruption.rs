@@ -364,7 +364,7 @@ async fn kubelet_stopped(world: &World, claim: &autonodes_api::NodeClaim, stoppe
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_not_ready_for_the_repair_time_is_replaced_first_and_repair_stops_while_more_than_a_fifth_are_unhealthy(
+async fn a_node_not_ready_for_the_repair_time_is_restarted_then_replaced_first_and_repair_stops_while_more_than_a_fifth_are_unhealthy(
 ) {
     let world = World::start(WorldOptions {
         provider: provider(),
@@ -372,12 +372,14 @@ async fn a_node_not_ready_for_the_repair_time_is_replaced_first_and_repair_stops
         ..WorldOptions::default()
     })
     .await;
-    // A budget of 0: repair is not voluntary disruption and ignores it.
+    // A budget of 0: repair is not voluntary disruption and ignores it. A restart does not
+    // bring a stopped kubelet back: the node is replaced 2 s after it.
     world
         .create_pool(
             "workers",
             json!({"providerRef": "pools", "replicas": 5,
-                   "disruption": {"budgets": [{"nodes": "0"}]}}),
+                   "disruption": {"budgets": [{"nodes": "0"}]},
+                   "repair": {"restartTimeout": "2s"}}),
         )
         .await;
     let all_available = |n: usize| {
@@ -399,8 +401,16 @@ async fn a_node_not_ready_for_the_repair_time_is_replaced_first_and_repair_stops
     kubelet_stopped(&world, &broken, true).await;
     let stopped_at = Instant::now();
     let mut most_live = 0;
+    let mut restarted = None;
     loop {
         let claims = pool_claims(&world, "workers").await;
+        if let Some(r) = claims
+            .iter()
+            .find(|c| c.name_any() == broken.name_any())
+            .and_then(|c| c.status.as_ref()?.last_restart.clone())
+        {
+            restarted.get_or_insert((r, stopped_at.elapsed()));
+        }
         most_live = most_live.max(
             claims
                 .iter()
@@ -422,9 +432,13 @@ async fn a_node_not_ready_for_the_repair_time_is_replaced_first_and_repair_stops
         "the replacement came before the broken claim went"
     );
     assert_pool_event(&world, "workers", "NodeRepaired").await;
+    let (restart, restarted_after) =
+        restarted.expect("the VM was restarted before it was replaced");
+    assert!(restart.requested.starts_with("repair "), "{restart:?}");
     println!(
-        "repair: {} replaced {:.1}s after its kubelet stopped (repair after 3s)",
+        "repair: {} restarted {:.1}s and replaced {:.1}s after its kubelet stopped (repair after 3s, restart timeout 2s)",
         broken.name_any(),
+        restarted_after.as_secs_f64(),
         stopped_at.elapsed().as_secs_f64()
     );
     show(&world, "the broken node replaced");
@@ -471,6 +485,196 @@ async fn a_node_not_ready_for_the_repair_time_is_replaced_first_and_repair_stops
         .await;
     println!("{:?}", pool_condition(&p, "NodeRepair"));
     show(&world, "one kubelet back, the other node repaired");
+    world.shutdown().await;
+}
+
+/// Sets the tenant Node's condition `type_` to `status`, as node-problem-detector would.
+async fn set_node_condition(world: &World, node: &str, type_: &str, status: &str) {
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(world.tenant.clone());
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    nodes
+        .patch_status(
+            node,
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"status": {"conditions": [{
+                "type": type_, "status": status, "reason": "Test",
+                "lastHeartbeatTime": now, "lastTransitionTime": now,
+            }]}})),
+        )
+        .await
+        .expect("Node condition set");
+}
+
+/// The UID of the claim's VirtualMachineInstance, if it has one.
+async fn vmi_uid(world: &World, claim: &autonodes_api::NodeClaim) -> Option<String> {
+    let s = claim.status.clone()?;
+    let api: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        world.host.clone(),
+        s.vm_namespace.as_deref()?,
+        &autonodes_api::kubevirt::virtual_machine_instance(),
+    );
+    api.get_opt(s.vm_name.as_deref()?).await.ok()??.uid()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_with_a_kernel_deadlock_is_restarted_first_replaced_when_it_comes_back_and_its_vm_kept_halted_for_keep_failed_for(
+) {
+    let world = World::start(WorldOptions {
+        provider: provider(),
+        ..WorldOptions::default()
+    })
+    .await;
+    // The provider's repair defaults: KernelDeadlock=True for 2 s, keep a replaced VM 15 s;
+    // the pool sets its own restart timeout and lets one node of three be unhealthy.
+    let providers: Api<autonodes_api::NodeProvider> = Api::all(world.mgmt.clone());
+    providers
+        .patch(
+            "pools",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"repair": {
+                "conditions": [{"type": "KernelDeadlock", "status": "True", "tolerationDuration": "2s"}],
+                "keepFailedFor": "15s",
+            }}})),
+        )
+        .await
+        .expect("provider repair set");
+    world
+        .create_pool(
+            "workers",
+            json!({"providerRef": "pools", "replicas": 3,
+                   "repair": {"restartTimeout": "3s", "maxUnhealthy": "1"}}),
+        )
+        .await;
+    let claims = common::eventually("3 Available workers", WAIT, || async {
+        let claims = pool_claims(&world, "workers").await;
+        (claims.len() == 3 && claims.iter().all(available) && ready_nodes(&world).await.len() == 3)
+            .then_some(claims)
+    })
+    .await;
+    let sick = claims[0].clone();
+    let node = sick
+        .status
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .expect("node");
+    let first_boot = vmi_uid(&world, &sick).await.expect("a VMI");
+
+    // The kernel deadlocks: after 2 s the VM is restarted, and the reboot clears it.
+    set_node_condition(&world, &node, "KernelDeadlock", "True").await;
+    let sick_at = Instant::now();
+    let restarted = common::eventually("the sick node's VM restarted", WAIT, || async {
+        let c = world.claims().get(&sick.name_any()).await.ok()?;
+        let r = c.status.as_ref()?.last_restart.clone()?;
+        let boot = vmi_uid(&world, &c).await?;
+        (boot != first_boot && available(&c)).then_some(r)
+    })
+    .await;
+    let restarted_after = sick_at.elapsed();
+    assert!(restarted.requested.starts_with("repair "), "{restarted:?}");
+    show(&world, "the deadlocked node's VM restarted");
+    // Healthy after the restart: it stays past the restart timeout.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let names: Vec<String> = pool_claims(&world, "workers")
+        .await
+        .iter()
+        .map(|c| c.name_any())
+        .collect();
+    assert!(
+        names.contains(&sick.name_any()) && names.len() == 3,
+        "{names:?}"
+    );
+    let seen = world.claims().get(&sick.name_any()).await.expect("claim");
+    let kd = seen
+        .status
+        .as_ref()
+        .map(|s| {
+            s.node_conditions
+                .iter()
+                .any(|c| c.type_ == "KernelDeadlock")
+        })
+        .unwrap_or(true);
+    assert!(
+        !kd,
+        "the reboot cleared the deadlock: {:?}",
+        seen.status.map(|s| s.node_conditions)
+    );
+
+    // It deadlocks again: restarted once already, so it is replaced (a new claim first),
+    // and its VM is kept halted, outside the pool, for 15 s.
+    set_node_condition(&world, &node, "KernelDeadlock", "True").await;
+    let again_at = Instant::now();
+    common::eventually("the sick node replaced", WAIT, || async {
+        let claims = pool_claims(&world, "workers").await;
+        let live: Vec<_> = claims
+            .iter()
+            .filter(|c| c.metadata.deletion_timestamp.is_none())
+            .collect();
+        (live.len() == 3
+            && live.iter().all(|c| available(c))
+            && !live.iter().any(|c| c.name_any() == sick.name_any()))
+        .then_some(())
+    })
+    .await;
+    let replaced_after = again_at.elapsed();
+    let kept = common::eventually(
+        "the sick node's VM halted and its Node gone",
+        WAIT,
+        || async {
+            let vm = world.vms().await.into_iter().find(|v| {
+                Some(v.name_any()) == sick.status.as_ref().and_then(|s| s.vm_name.clone())
+            })?;
+            let halted = vm
+                .data
+                .pointer("/spec/runStrategy")
+                .and_then(|v| v.as_str())
+                == Some("Halted");
+            let stopped = vm
+                .data
+                .pointer("/status/printableStatus")
+                .and_then(|v| v.as_str())
+                == Some("Stopped");
+            let node_gone = !world.nodes().await.iter().any(|n| n.name_any() == node);
+            let claim = world.claims().get_opt(&sick.name_any()).await.ok()??;
+            let ready = claim
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready").cloned())?;
+            let says_kept = ready
+                .message
+                .contains("is halted and kept for debugging until");
+            (halted && stopped && node_gone && says_kept).then_some((vm, claim))
+        },
+    )
+    .await;
+    let (vm, claim) = kept;
+    assert!(
+        vm.labels().contains_key(autonodes_api::LABEL_NODECLAIM_UID),
+        "the kept VM stays labelled"
+    );
+    assert!(
+        claim.metadata.deletion_timestamp.is_some(),
+        "the kept VM's claim is going"
+    );
+    show(&world, "replaced; the old VM halted and kept");
+    assert_pool_event(&world, "workers", "RestartingUnhealthyNode").await;
+    assert_pool_event(&world, "workers", "NodeRepaired").await;
+    // After keepFailedFor the VM and the claim go.
+    let kept_at = Instant::now();
+    world.wait_claim_gone(&sick.name_any(), WAIT).await;
+    assert!(
+        !world
+            .vms()
+            .await
+            .iter()
+            .any(|v| Some(v.name_any()) == sick.status.as_ref().and_then(|s| s.vm_name.clone())),
+        "the kept VM is removed with its claim"
+    );
+    println!(
+        "repair: KernelDeadlock node restarted {:.1}s after the condition (toleration 2s); deadlocked again, replaced {:.1}s after; VM kept halted, removed {:.1}s later (keepFailedFor 15s)",
+        restarted_after.as_secs_f64(),
+        replaced_after.as_secs_f64(),
+        kept_at.elapsed().as_secs_f64()
+    );
     world.shutdown().await;
 }
 

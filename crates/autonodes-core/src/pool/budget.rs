@@ -104,7 +104,7 @@ pub(crate) fn budget_schedule(s: &str) -> Option<Cron> {
 
 /// A budget's `nodes`: a count, or a percentage of the pool (`10%`, at most 100).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum BudgetNodes {
+pub enum BudgetNodes {
     /// At most this many nodes.
     Count(u64),
     /// At most this share of the pool's nodes, rounded up.
@@ -122,7 +122,7 @@ impl BudgetNodes {
 }
 
 /// Reads a budget's `nodes` (`3`, `10%`); `None` for anything else.
-pub(crate) fn budget_nodes(s: &str) -> Option<BudgetNodes> {
+pub fn budget_nodes(s: &str) -> Option<BudgetNodes> {
     match s.strip_suffix('%') {
         Some(p) => p
             .parse::<u8>()

@@ -374,6 +374,12 @@ pub struct PoolPlan {
     pub imported: Option<Verdict>,
     /// `NodeRepair`.
     pub repair: Option<Verdict>,
+    /// Claims whose VM to restart, with the `autonodes.io/restart` value to set
+    /// ([`super::repair`]).
+    pub restart: Vec<(String, String)>,
+    /// Claims deleted for repair whose VM is kept halted until the time given
+    /// (`autonodes.io/keep-failed-until`, set before the deletion).
+    pub keep: Vec<(String, Timestamp)>,
     /// `status.registration` and `NodeRegistrationHealthy`, as the pool's registration
     /// health was assessed (`pool::registration`).
     pub registration: Option<(crate::api::RegistrationStatus, Verdict)>,

@@ -58,8 +58,12 @@ pub struct Observed<'a> {
     pub tenant: Option<Result<Tenant<'a>, &'a Verdict>>,
     /// The node types.
     pub catalogue: &'a Catalogue,
-    /// How long a node may stay not Ready before it is replaced (`None`: never).
+    /// How long a node may stay not Ready before it is repaired, when neither the pool nor
+    /// its provider lists conditions of their own (`None`: then never).
     pub repair_after: Option<Duration>,
+    /// The `spec.repair` of the pool's provider (the pool's own takes precedence, field by
+    /// field).
+    pub provider_repair: Option<&'a crate::api::Repair>,
     /// How a dynamic pool batches bursts of pending pods.
     pub batch: super::dynamic::Batch,
     /// How many claims the pool may create now ([`super::limits::claim_room`]).
@@ -151,7 +155,12 @@ pub fn plan_pool(observed: &Observed) -> PoolPlan {
         Some(_) => &backoff_room,
         None => observed.room,
     };
-    let repair = super::repair::assess(observed.claims, observed.repair_after, observed.now);
+    let repair_policy = super::repair::policy(
+        spec.repair.as_ref(),
+        observed.provider_repair,
+        observed.repair_after,
+    );
+    let repair = super::repair::assess(observed.claims, &repair_policy, observed.now);
     let mut views = claim_views(
         observed.claims,
         &hash,
@@ -282,6 +291,10 @@ pub fn plan_pool(observed: &Observed) -> PoolPlan {
         out.requeue = out.requeue.min(left);
     }
     out.repair = Some(repair.verdict());
+    out.restart = repair.restart.clone();
+    if let Some(keep) = repair_policy.keep_failed_for {
+        out.keep = super::repair::kept(observed.claims, &out.delete, keep, observed.now);
+    }
     if let Some(next) = repair.next_check {
         out.requeue = out.requeue.min(next);
     }

@@ -208,9 +208,13 @@ pub fn is_problem(c: &Condition) -> bool {
             c.status != TRUE && !PoolReason::parse(&c.reason).is_some_and(PoolReason::is_progress)
         }
         Some(PoolCondition::LimitReached) => c.status == TRUE,
-        Some(PoolCondition::VClusterConfig)
-        | Some(PoolCondition::NodeRepair)
-        | Some(PoolCondition::NodeRegistrationHealthy) => c.status != TRUE,
+        // Repair turned off is the user's choice, not a problem.
+        Some(PoolCondition::NodeRepair) => {
+            c.status != TRUE && c.reason != PoolReason::RepairDisabled.as_str()
+        }
+        Some(PoolCondition::VClusterConfig) | Some(PoolCondition::NodeRegistrationHealthy) => {
+            c.status != TRUE
+        }
         _ => false,
     }
 }

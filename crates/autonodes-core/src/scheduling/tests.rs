@@ -309,6 +309,7 @@ fn node_properties_go_provider_then_type_then_pool_then_claim() {
         expire_after: None,
         weight: None,
         autoscaling: None,
+        repair: None,
     };
     let mut c = claim();
     c.properties = Properties::from([

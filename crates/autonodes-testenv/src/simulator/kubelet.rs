@@ -158,6 +158,26 @@ pub(crate) async fn guest(
         }
         return Ok(Action::requeue(ctx.opts.resync_interval));
     }
+    if let Some((index, node)) = rebooted(ctx, vm, vmi) {
+        // A new instance of a VM whose guest joined before (a restart): the kubelet starts
+        // again with the credentials on its disk, no second join.
+        if let Some(entry) = ctx.tenants.get(index) {
+            // A kubelet marked stopped stays so across the reboot (the fault persists).
+            let booted = match annotation(vm, KUBELET_STOPPED_ANNOTATION) {
+                Some(_) => set_ready(entry, &node, "Unknown").await,
+                None => report_boot(entry, &node, vmi).await,
+            };
+            if let Err(e) = booted {
+                tracing::warn!(vm = %vm_key, node, error = %e, "reporting the new boot failed");
+                return Ok(Action::requeue(ctx.opts.join_retry_interval));
+            }
+            if let Some(uid) = vmi.uid() {
+                ctx.joined.lock().insert(uid, (index, node.clone()));
+            }
+            tracing::info!(vm = %vm_key, node, "guest rebooted; its kubelet posts Ready again");
+            return Ok(Action::requeue(ctx.opts.resync_interval));
+        }
+    }
     let previous = annotation(vmi, JOIN_ERROR_ANNOTATION);
     if previous.is_some_and(|p| p.starts_with(GAVE_UP_PREFIX)) {
         return Ok(Action::await_change());
@@ -207,6 +227,43 @@ pub(crate) async fn guest(
             }
         }
     }
+}
+
+/// The tenant and Node the VM's guest joined under an earlier instance: a Node named as
+/// the VM, with its provider ID, booted by another instance.
+fn rebooted(ctx: &Ctx, vm: &DynamicObject, vmi: &DynamicObject) -> Option<(usize, String)> {
+    let name = vm.name_any();
+    let provider_id = format!("kubevirt://{name}");
+    let uid = vmi.uid()?;
+    ctx.tenants.iter().enumerate().find_map(|(i, t)| {
+        let node = t.nodes.get(None, &name)?;
+        let ours = node.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(&provider_id);
+        let booted = node
+            .status
+            .as_ref()
+            .and_then(|s| s.node_info.as_ref())
+            .map(|i| i.boot_id.as_str());
+        (ours && booted.is_some_and(|b| !b.is_empty() && b != uid)).then(|| (i, name.clone()))
+    })
+}
+
+/// A rebooted guest's kubelet posts its new boot ID and fresh conditions: Ready, and none
+/// of the conditions other agents (node-problem-detector) had set before the reboot.
+async fn report_boot(entry: &TenantEntry, name: &str, vmi: &DynamicObject) -> Result<(), SimError> {
+    let now = Timestamp::now().to_string();
+    let patch = json!({"status": {
+        "nodeInfo": {"bootID": vmi.uid().unwrap_or_default()},
+        "conditions": node_conditions("True", &now),
+    }});
+    let patched = entry
+        .nodes_api()
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(SimError::kube(format!(
+            "reporting the new boot of Node {name}"
+        )))?;
+    entry.nodes.wrote(patched);
+    Ok(())
 }
 
 /// Reads the user data the VM's cloud-init volume points at.

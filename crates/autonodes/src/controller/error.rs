@@ -44,6 +44,15 @@ pub enum Error {
     /// finalizer stays; the object is looked at again shortly.
     #[error("waiting: {0}")]
     Waiting(String),
+    /// A cleanup holds on purpose until a set time (a replaced node's VM kept halted for
+    /// debugging). The finalizer stays; the object is looked at again after `wait`.
+    #[error("kept: {message}")]
+    Kept {
+        /// What is kept, until when.
+        message: String,
+        /// How long until the cleanup goes on.
+        wait: Duration,
+    },
     /// A cleanup step failed (a cluster unreachable, a 403, a kubeconfig Secret missing or
     /// refused). The finalizer stays — what the step guards may still exist — and the
     /// cleanup is retried with backoff ([`cleanup_backoff`]).
@@ -78,6 +87,7 @@ impl Error {
             Error::Finalizer(_) => "finalizer",
             Error::Conflict(_) => "conflict",
             Error::Waiting(_) => "waiting",
+            Error::Kept { .. } => "kept",
             Error::CleanupBlocked { .. } => "cleanup_blocked",
             Error::Missing(..) => "missing",
             Error::Internal(_) => "internal",
@@ -143,7 +153,12 @@ impl Error {
     /// not: expected states, retried soon and not logged as failures.
     pub fn is_conflict(&self) -> bool {
         use kube::runtime::finalizer::Error as F;
-        let expected = |e: &Error| matches!(e, Error::Conflict(_) | Error::Waiting(_));
+        let expected = |e: &Error| {
+            matches!(
+                e,
+                Error::Conflict(_) | Error::Waiting(_) | Error::Kept { .. }
+            )
+        };
         match self {
             Error::Finalizer(f) => match f.as_ref() {
                 F::ApplyFailed(e) | F::CleanupFailed(e) => expected(e),
@@ -180,6 +195,9 @@ pub fn error_requeue(error: &Error) -> kube::runtime::controller::Action {
     match error.inner() {
         Error::Conflict(_) => Action::requeue(Duration::from_millis(200)),
         Error::Waiting(_) => Action::requeue(Duration::from_secs(3)),
+        Error::Kept { wait, .. } => {
+            Action::requeue((*wait).clamp(Duration::from_secs(1), Duration::from_secs(300)))
+        }
         _ if error.is_conflict() => Action::requeue(Duration::from_millis(1000)),
         _ => Action::requeue(Duration::from_secs(5)),
     }

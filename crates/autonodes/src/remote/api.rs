@@ -58,6 +58,18 @@ pub trait HostApi: Send + Sync {
         uid: Option<String>,
     ) -> impl Future<Output = Result<(), Error>> + Send;
 
+    /// Restarts the VM `ns/name` by deleting its VirtualMachineInstance (only the one with
+    /// `uid`, when given); KubeVirt starts a new one.
+    fn delete_vmi(
+        &self,
+        ns: &str,
+        name: &str,
+        uid: Option<String>,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Halts the VM `ns/name` (`runStrategy: Halted`), keeping it and its disks.
+    fn halt_vm(&self, ns: &str, name: &str) -> impl Future<Output = Result<(), Error>> + Send;
+
     /// Deletes the user-data Secret of VM `vm_name`, if it exists.
     fn delete_user_data(
         &self,
@@ -152,6 +164,14 @@ impl HostApi for Host<'_> {
         Host::delete_vm(self, ns, name, uid).await
     }
 
+    async fn delete_vmi(&self, ns: &str, name: &str, uid: Option<String>) -> Result<(), Error> {
+        Host::delete_vmi(self, ns, name, uid).await
+    }
+
+    async fn halt_vm(&self, ns: &str, name: &str) -> Result<(), Error> {
+        Host::halt_vm(self, ns, name).await
+    }
+
     async fn delete_user_data(&self, ns: &str, vm_name: &str) -> Result<(), Error> {
         Host::delete_user_data(self, ns, vm_name).await
     }
@@ -240,6 +260,14 @@ impl<H: HostApi> HostApi for &H {
 
     async fn delete_vm(&self, ns: &str, name: &str, uid: Option<String>) -> Result<(), Error> {
         (**self).delete_vm(ns, name, uid).await
+    }
+
+    async fn delete_vmi(&self, ns: &str, name: &str, uid: Option<String>) -> Result<(), Error> {
+        (**self).delete_vmi(ns, name, uid).await
+    }
+
+    async fn halt_vm(&self, ns: &str, name: &str) -> Result<(), Error> {
+        (**self).halt_vm(ns, name).await
     }
 
     async fn delete_user_data(&self, ns: &str, vm_name: &str) -> Result<(), Error> {

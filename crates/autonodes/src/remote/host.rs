@@ -213,6 +213,53 @@ impl<'a> Host<'a> {
         ignore_not_found(deleted)
     }
 
+    /// Restarts the VM `ns/name` as `virtctl restart` does: deletes its
+    /// VirtualMachineInstance (only the one with `uid`, when given), and KubeVirt starts a
+    /// new one (the VM's `runStrategy` is `Always`). Gone already: nothing to do.
+    pub async fn delete_vmi(&self, ns: &str, name: &str, uid: Option<String>) -> Result<(), Error> {
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            self.remote.client.clone(),
+            ns,
+            &kubevirt::virtual_machine_instance(),
+        );
+        let params = DeleteParams {
+            preconditions: uid.map(|uid| kube::api::Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..DeleteParams::background()
+        };
+        let deleted = remote_call(
+            self.ctx,
+            self.remote,
+            "deleting the VirtualMachineInstance",
+            api.delete(name, &params),
+        )
+        .await;
+        ignore_not_found(deleted)
+    }
+
+    /// Stops the VM `ns/name` for good (`runStrategy: Halted`): it keeps its disks and labels,
+    /// and KubeVirt removes its instance.
+    pub async fn halt_vm(&self, ns: &str, name: &str) -> Result<(), Error> {
+        let patch = serde_json::json!({"spec": {"runStrategy": "Halted"}});
+        let halted = remote_call(
+            self.ctx,
+            self.remote,
+            "halting the VirtualMachine",
+            self.vms(ns).patch(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            ),
+        )
+        .await;
+        if let (Ok(vm), Some(cache)) = (&halted, self.remote.host_cache()) {
+            cache.vms.wrote(ObservedVm::from_object(vm));
+        }
+        ignore_not_found(halted)
+    }
+
     /// Deletes the user-data Secret of VM `vm_name`, by its name: the VM's name is a
     /// function of the claim ([`autonodes_core::template::names::vm_name_for_claim`]), written to the claim's status
     /// before anything is created, so every attempt used that one name. A Secret labelled

@@ -237,6 +237,29 @@ impl HostApi for MemoryHost {
         Ok(())
     }
 
+    async fn delete_vmi(&self, ns: &str, name: &str, uid: Option<String>) -> Result<(), Error> {
+        self.check("delete_vmi")?;
+        let mut vmis = lock(&self.vmis);
+        let k = key(ns, name);
+        if let Some(vmi) = vmis.get(&k) {
+            if uid.is_some() && vmi.metadata.uid != uid {
+                return Err(remote_error(&self.key, "delete_vmi", Failure::Status(409)));
+            }
+            vmis.remove(&k);
+        }
+        Ok(())
+    }
+
+    async fn halt_vm(&self, ns: &str, name: &str) -> Result<(), Error> {
+        self.check("halt_vm")?;
+        if let Some(vm) = lock(&self.vms).get_mut(&key(ns, name)) {
+            vm.status.printable_status = Some("Stopped".into());
+            vm.status.ready = Some(false);
+            lock(&self.vmis).remove(&key(ns, name));
+        }
+        Ok(())
+    }
+
     async fn delete_user_data(&self, ns: &str, vm_name: &str) -> Result<(), Error> {
         self.check("delete_user_data")?;
         lock(&self.secrets).remove(&key(ns, &user_data_secret_name(vm_name)));

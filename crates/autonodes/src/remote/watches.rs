@@ -319,8 +319,8 @@ const KUBELET_LABELS: [&str; 5] = [
 
 /// Keeps a Node's metadata ([`trim_meta`]) without the kubelet's own labels, its spec
 /// (taints are patched by position, so they stay exactly as the API server has them), its
-/// `Ready` condition without its message and its kubelet's version (version drift); the
-/// other conditions, images, volumes, addresses and system details go.
+/// conditions as node repair reads them ([`repair_conditions`]) and its kubelet's version
+/// (version drift); images, volumes, addresses and system details go.
 fn trim_node(node: &mut Node) {
     trim_meta(node);
     // The kubelet's own labels: never among those autonodes sets ([`join::node_patch`]
@@ -329,10 +329,9 @@ fn trim_node(node: &mut Node) {
         labels.retain(|k, _| !KUBELET_LABELS.contains(&k.as_str()));
     }
     if let Some(s) = node.status.as_mut() {
-        // Only `Ready` is read (initialize's readiness); the kubelet's pressure conditions go.
         let kubelet_version = s.node_info.take().map(|i| i.kubelet_version);
         *s = k8s_openapi::api::core::v1::NodeStatus {
-            conditions: ready_only(s.conditions.take()),
+            conditions: repair_conditions(s.conditions.take()),
             node_info: kubelet_version.map(|kubelet_version| {
                 k8s_openapi::api::core::v1::NodeSystemInfo {
                     kubelet_version,
@@ -362,6 +361,30 @@ fn trim_host_node(node: &mut Node) {
             ..Default::default()
         };
     }
+}
+
+/// A Node's conditions as node repair keeps them ([`autonodes_core::node_health::observe`]):
+/// type, status and reason (cut), `Ready` first, at most
+/// [`autonodes_api::MAX_NODE_CONDITIONS`]; no messages or times, so a heartbeat changes
+/// nothing.
+fn repair_conditions(
+    conditions: Option<Vec<k8s_openapi::api::core::v1::NodeCondition>>,
+) -> Option<Vec<k8s_openapi::api::core::v1::NodeCondition>> {
+    let seen = autonodes_core::node_health::observe(
+        &[],
+        conditions.as_deref()?,
+        k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+    );
+    Some(
+        seen.into_iter()
+            .map(|c| k8s_openapi::api::core::v1::NodeCondition {
+                type_: c.type_,
+                status: c.status,
+                reason: (!c.reason.is_empty()).then_some(c.reason),
+                ..Default::default()
+            })
+            .collect(),
+    )
 }
 
 /// A Node's `Ready` condition, without its message and times.
@@ -528,12 +551,17 @@ mod tests {
             "only the kubelet's version is read"
         );
         let conditions = status.conditions.expect("conditions");
-        assert_eq!(conditions.len(), 1, "only Ready is read");
         assert_eq!(
-            (conditions[0].type_.as_str(), conditions[0].status.as_str()),
-            ("Ready", "True")
+            conditions
+                .iter()
+                .map(|c| (c.type_.as_str(), c.status.as_str()))
+                .collect::<Vec<_>>(),
+            [("Ready", "True"), ("MemoryPressure", "False")],
+            "every condition, Ready first, for node repair"
         );
-        assert!(conditions[0].message.is_none());
+        assert!(conditions
+            .iter()
+            .all(|c| c.message.is_none() && c.last_heartbeat_time.is_none()));
     }
 
     #[test]

@@ -195,7 +195,8 @@ impl Scene {
             problem: self.problem.as_ref(),
             tenant,
             catalogue: &self.catalogue,
-            repair_after: None,
+            repair_after: Some(Duration::from_secs(600)),
+            provider_repair: None,
             batch: Default::default(),
             room: &self.room,
             registration: self
@@ -291,7 +292,7 @@ fn a_static_pool_with_every_replica_available_is_ready_and_idle() {
             repair: Some(Verdict::new(
                 true,
                 PoolReason::RepairAllowed,
-                "0 of 2 nodes are not Ready; nodes not Ready for the repair time are replaced"
+                "0 of 2 nodes are unhealthy; a node unhealthy for its toleration is restarted, then replaced if that does not help"
             )),
             registration: Some((
                 RegistrationStatus::default(),

@@ -1,6 +1,7 @@
 //! Initialize: `Initialized` and `Ready` once the claim's Node is Ready and none of the
 //! claim's startup taints is left on it — or the initialization timeout fails the claim.
-//! Once initialized, `Ready` follows the Node.
+//! Once initialized, `Ready` follows the Node, and `status.nodeConditions` keeps the Node's
+//! conditions for node repair.
 
 use std::time::Duration;
 
@@ -34,6 +35,15 @@ pub(super) async fn initialize<H: HostApi, T: TenantApi>(
         .map(|t| t.key.clone())
         .collect();
     let ready = node_ready(&node);
+    if p.status.is_true(INITIALIZED) || (ready && startup_left.is_empty()) {
+        // What node repair reads: the Node's conditions, each since it was first seen so.
+        let seen = node.status.as_ref().and_then(|s| s.conditions.as_deref());
+        p.status.new.node_conditions = autonodes_core::node_health::observe(
+            &p.status.new.node_conditions,
+            seen.unwrap_or_default(),
+            now(),
+        );
+    }
     if ready && startup_left.is_empty() {
         if !p.status.is_true(INITIALIZED) {
             p.status.set(

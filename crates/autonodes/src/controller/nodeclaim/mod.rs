@@ -14,7 +14,10 @@
 //!    is left (initialization timeout); afterwards `Ready` follows the Node.
 //!
 //! Before the stages, [`drift`] compares the node type's definition with the one the claim
-//! was scheduled with (`Drifted`).
+//! was scheduled with (`Drifted`), and [`restart`] restarts the VM when the claim's
+//! `autonodes.io/restart` annotation has a new value (node repair's first step). Once
+//! initialized, the claim keeps the Node's conditions in `status.nodeConditions` for node
+//! repair.
 //!
 //! A stage either lets the next one run, or stops the walk (the status is written once,
 //! and the claim comes back on a change or after a while), or fails the claim. A remote
@@ -31,6 +34,7 @@ mod drift;
 mod initialize;
 mod launch;
 mod register;
+mod restart;
 mod terminate;
 mod tokens;
 
@@ -198,7 +202,7 @@ async fn apply(claim: &NodeClaim, ctx: &ClaimContext) -> Result<Action, Error> {
         // Terminal: make sure its remote objects are gone.
         return match remove_remote_objects(claim, ctx, false).await? {
             Removal::Done => Ok(Action::await_change()),
-            Removal::Waiting(why) => {
+            Removal::Waiting(why) | Removal::Kept(why, _) => {
                 tracing::debug!(nodeclaim = %claim.name_any(), %why, "removing objects of a failed claim");
                 Ok(Action::requeue(Duration::from_secs(3)))
             }
@@ -295,6 +299,7 @@ pub(crate) async fn walk<H: HostApi, T: TenantApi>(
     p: &mut Provisioning<'_, H, T>,
 ) -> Result<Step, Error> {
     drift::drift(p);
+    restart::restart(p).await?;
     let mut step = launch::launch(p).await;
     if let Ok(Step::Next) = step {
         step = register::register(p).await;

@@ -31,6 +31,9 @@ pub(super) enum Removal {
     Done,
     /// Still waiting (the reason says for what).
     Waiting(String),
+    /// The VM is kept halted for debugging (`autonodes.io/keep-failed-until`) for this
+    /// long; the message says until when.
+    Kept(String, std::time::Duration),
 }
 
 /// Removes everything the claim has in other clusters, in this order: drain the Node
@@ -161,6 +164,9 @@ pub(super) async fn remove_from(
                     Err(e) => return Err(e),
                 }
             }
+            if let Some(until) = kept_until(claim) {
+                return keep(claim, ctx, names, &vm, host, tenant, until).await;
+            }
             host.delete_vm(vm_ns, vm_name, vm.metadata.uid.clone())
                 .await?;
             ctx.event(
@@ -204,6 +210,72 @@ pub(super) async fn remove_from(
         }
     }
     Ok(Removal::Done)
+}
+
+/// Until when a deleted claim's VM is kept halted, if that is still ahead.
+fn kept_until(claim: &NodeClaim) -> Option<k8s_openapi::jiff::Timestamp> {
+    claim.metadata.deletion_timestamp.as_ref()?;
+    let now = now();
+    autonodes_core::pool::repair::keep_until(claim, now).filter(|t| *t > now)
+}
+
+/// Keeps the claim's drained VM for debugging until `until`: halts it (it keeps its disks
+/// and labels), and once it is stopped removes its Node from the tenant (no kubelet runs to
+/// register it again).
+async fn keep(
+    claim: &NodeClaim,
+    ctx: &ClaimContext,
+    names: &RemoteNames,
+    vm: &autonodes_api::kubevirt::ObservedVm,
+    host: &impl HostApi,
+    tenant: Option<&impl TenantApi>,
+    until: k8s_openapi::jiff::Timestamp,
+) -> Result<Removal, Error> {
+    let RemoteNames {
+        vm_ns,
+        vm_name,
+        node_name,
+        ..
+    } = names;
+    if vm.status.printable_status.as_deref() != Some("Stopped") {
+        host.halt_vm(vm_ns, vm_name).await?;
+        if vm.status.printable_status.as_deref() != Some("Stopping") {
+            ctx.event(
+                claim,
+                EventType::Normal,
+                "VirtualMachineKept",
+                "Delete",
+                format!("halting VirtualMachine {vm_ns}/{vm_name} and keeping it for debugging until {until}"),
+            )
+            .await;
+        }
+        return Ok(Removal::Waiting(format!(
+            "halting VirtualMachine {vm_ns}/{vm_name} to keep it for debugging until {until}"
+        )));
+    }
+    if let Some(tenant) = tenant {
+        let provider_id = format!("kubevirt://{vm_name}");
+        let ours = |n: &Node| {
+            n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(provider_id.as_str())
+        };
+        if let Some(node) = tenant.node(node_name).await? {
+            if ours(&node) && tenant.delete_node(node_name).await? {
+                ctx.event(
+                    claim,
+                    EventType::Normal,
+                    "NodeDeleted",
+                    "Delete",
+                    format!("deleted Node {node_name} from the tenant: its VM is halted"),
+                )
+                .await
+            }
+        }
+    }
+    let left = until.as_millisecond() - now().as_millisecond();
+    Ok(Removal::Kept(
+        format!("VirtualMachine {vm_ns}/{vm_name} is halted and kept for debugging until {until}"),
+        std::time::Duration::from_millis(u64::try_from(left).unwrap_or(0)),
+    ))
 }
 
 /// Since when the claim has been going: its deletion, else (a Failed claim) when its
@@ -369,6 +441,11 @@ pub(super) async fn cleanup(claim: &NodeClaim, ctx: &ClaimContext) -> Result<Act
             w.write().await?;
             // An error keeps the finalizer (Ok would release it).
             return Err(Error::Waiting(why));
+        }
+        Ok(Removal::Kept(why, wait)) => {
+            w.set(READY, false, ClaimReason::KeptForDebugging, why.clone());
+            w.write().await?;
+            return Err(Error::Kept { message: why, wait });
         }
         Err(e) => {
             let reason = e.cluster_reason().unwrap_or(ClaimReason::CleanupFailed);

@@ -436,6 +436,7 @@ async fn removal_drains_deletes_the_vm_and_waits_then_removes_the_secret_volumes
         match remove_from(&c, &ctx, true, false, &names, &host, Some(&tenant)).await {
             Ok(Removal::Done) => break,
             Ok(Removal::Waiting(_)) => continue,
+            Ok(Removal::Kept(why, _)) => panic!("nothing was to be kept: {why}"),
             Err(e) => panic!("{e}"),
         }
     }

@@ -12,7 +12,6 @@ use autonodes_core::pool::status::{is_problem, pool_status};
 use autonodes_core::pool::{
     self, claim_object, ANNOTATION_EMPTY_SINCE, ANNOTATION_UNDERUTILIZED_SINCE,
 };
-use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::events::EventType;
 use kube::ResourceExt;
@@ -23,7 +22,9 @@ use crate::controller::context::{now, Context};
 use crate::controller::error::Error;
 use crate::controller::status::apply_status;
 use crate::controller::status::report_changes;
-use autonodes_api::{NodeClaim, NodePool, NodePoolStatus};
+use autonodes_api::{
+    NodeClaim, NodePool, NodePoolStatus, ANNOTATION_KEEP_UNTIL, ANNOTATION_RESTART,
+};
 use autonodes_core::catalogue::Catalogue;
 
 /// `<pool>-<5 random [a-z0-9]>`.
@@ -48,6 +49,27 @@ pub(super) async fn carry_out(
     let (empty, others): (Vec<_>, Vec<_>) = plan.delete.iter().partition(|(_, reason)| {
         matches!(reason, DeleteReason::Empty | DeleteReason::Underutilized)
     });
+    // Repair: a VM to keep is marked before its claim goes; a VM to restart is asked for.
+    for (name, until) in &plan.keep {
+        if let Some(c) = find(name) {
+            annotate(&pctx.ctx, c, ANNOTATION_KEEP_UNTIL, Some(until.to_string())).await?;
+        }
+    }
+    for (name, value) in &plan.restart {
+        if let Some(c) = find(name) {
+            annotate(&pctx.ctx, c, ANNOTATION_RESTART, Some(value.clone())).await?;
+            tracing::info!(nodepool = %pool.name_any(), claim = %name, "restarting the VM of an unhealthy node");
+            pctx.ctx
+                .event(
+                    pool,
+                    EventType::Normal,
+                    "RestartingUnhealthyNode",
+                    "Repair",
+                    format!("restarting the VM of NodeClaim {name}: its node is unhealthy"),
+                )
+                .await;
+        }
+    }
     for (name, reason) in others {
         if let Some(c) = find(name) {
             delete_claim(pctx, pool, c, *reason).await?;
@@ -62,7 +84,7 @@ pub(super) async fn carry_out(
     ] {
         for (name, since) in marks {
             if let Some(c) = find(name) {
-                annotate_since(&pctx.ctx, c, key, *since).await?;
+                annotate(&pctx.ctx, c, key, since.map(|t| t.to_string())).await?;
             }
         }
     }
@@ -170,7 +192,7 @@ async fn delete_claim(
             "deleted NodeClaim {name}: its node's pods fitted the room of the tenant's other nodes for the consolidation delay"
         ),
         DeleteReason::Repaired => format!(
-            "deleted NodeClaim {name}: its node was not Ready for the repair time and its replacement is Available"
+            "deleted NodeClaim {name}: its node was unhealthy for its toleration after a restart (or restarts are off) and its replacement is Available"
         ),
     };
     ctx.event(
@@ -184,17 +206,16 @@ async fn delete_claim(
     Ok(())
 }
 
-/// Sets (or with `None` removes) the claim's [`ANNOTATION_EMPTY_SINCE`] or
-/// [`ANNOTATION_UNDERUTILIZED_SINCE`] (`key`).
-async fn annotate_since(
+/// Sets (or with `None` removes) the claim's annotation `key`: [`ANNOTATION_EMPTY_SINCE`],
+/// [`ANNOTATION_UNDERUTILIZED_SINCE`], [`ANNOTATION_RESTART`] or [`ANNOTATION_KEEP_UNTIL`].
+async fn annotate(
     ctx: &Context,
     c: &NodeClaim,
     key: &'static str,
-    since: Option<Timestamp>,
+    value: Option<String>,
 ) -> Result<(), Error> {
     let api: Api<NodeClaim> =
         Api::namespaced(ctx.client.clone(), &c.namespace().unwrap_or_default());
-    let value = since.map(|t| t.to_string());
     let patch = json!({"metadata": {"annotations": {key: value}}});
     match api
         .patch(

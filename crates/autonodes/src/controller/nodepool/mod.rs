@@ -120,6 +120,12 @@ async fn reconcile_pool(pool: &NodePool, pctx: &PoolContext) -> Result<Action, E
         .pools
         .state_filter(|p| p.metadata.namespace.as_deref() == Some(ns.as_str()));
 
+    // The repair defaults of the provider the pool names.
+    let provider = pool.spec.provider_ref.as_deref().and_then(|p| {
+        ctx.providers
+            .get(&kube::runtime::reflector::ObjectRef::new(p))
+    });
+
     // Plan.
     let mut plan = plan_pool(&Observed {
         pool,
@@ -130,6 +136,7 @@ async fn reconcile_pool(pool: &NodePool, pctx: &PoolContext) -> Result<Action, E
             .map(|t| t.as_ref().map(|t| t.view(&claims.others, &pools))),
         catalogue: &catalogue,
         repair_after: ctx.config.node_repair_after,
+        provider_repair: provider.as_ref().and_then(|p| p.spec.repair.as_ref()),
         batch: ctx.config.batch,
         room: &room,
         // Written with the pool's resourceVersion: a stale copy's write conflicts and the

@@ -14,6 +14,7 @@
 //! - [`template`]: VirtualMachine composition;
 //! - [`userdata`]: cloud-init rendering;
 //! - [`claim`]: the claim's phase ladder;
+//! - [`explain`]: why a claim, a pool or a node is where it is (`autonodes explain`);
 //! - [`join`]: what a joined Node still needs (labels, the registration taint gone);
 //! - [`node_health`]: the Node conditions a claim keeps for node repair;
 //! - [`access`]: which tenant namespaces may use a provider, and `--require-quota`;
@@ -34,6 +35,7 @@ pub mod address_policy;
 pub mod capi;
 pub mod catalogue;
 pub mod claim;
+pub mod explain;
 pub mod host_capacity;
 pub mod join;
 pub mod kubeconfig;

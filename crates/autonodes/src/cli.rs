@@ -27,6 +27,9 @@ pub enum Command {
     /// Print the NodePools a vCluster's `vcluster.yaml` (`privateNodes.autoNodes`) becomes,
     /// touching no cluster.
     ImportVcluster(crate::import_vcluster::ImportArgs),
+    /// Say why a NodeClaim, a NodePool or a tenant Node is where it is (reads the
+    /// management cluster of the current kubeconfig; writes nothing).
+    Explain(crate::explain::ExplainArgs),
     /// Run the controller.
     Run(Box<crate::run::RunArgs>),
 }
@@ -42,6 +45,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Render(args) => crate::render::run(args),
         Command::ImportVcluster(args) => crate::import_vcluster::run(args),
+        Command::Explain(args) => runtime()?.block_on(crate::explain::run(args)),
         Command::Run(args) => runtime()?.block_on(crate::run::run(*args)),
     }
 }

@@ -7,7 +7,7 @@
 //!   egress rules, watch caches, the calls a claim makes on its host and tenant);
 //! - [`run`], [`leader`], [`server`], [`metrics`], [`metrics_auth`], [`metrics_tls`]:
 //!   `autonodes run`;
-//! - [`render`], [`import_vcluster`], [`cli`]: the other subcommands.
+//! - [`render`], [`import_vcluster`], [`explain`], [`cli`]: the other subcommands.
 //!
 //! The types live in `autonodes-api` and every decision in the pure `autonodes-core`; the
 //! controller names them by those names.
@@ -15,6 +15,7 @@
 
 pub mod cli;
 pub mod controller;
+pub mod explain;
 pub mod import_vcluster;
 pub mod leader;
 pub mod metrics;

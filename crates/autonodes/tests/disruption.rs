@@ -488,23 +488,6 @@ async fn a_node_not_ready_for_the_repair_time_is_restarted_then_replaced_first_a
     world.shutdown().await;
 }
 
-/// Sets the tenant Node's condition `type_` to `status`, as node-problem-detector would.
-async fn set_node_condition(world: &World, node: &str, type_: &str, status: &str) {
-    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(world.tenant.clone());
-    let now = k8s_openapi::jiff::Timestamp::now().to_string();
-    nodes
-        .patch_status(
-            node,
-            &PatchParams::default(),
-            &Patch::Strategic(json!({"status": {"conditions": [{
-                "type": type_, "status": status, "reason": "Test",
-                "lastHeartbeatTime": now, "lastTransitionTime": now,
-            }]}})),
-        )
-        .await
-        .expect("Node condition set");
-}
-
 /// The UID of the claim's VirtualMachineInstance, if it has one.
 async fn vmi_uid(world: &World, claim: &autonodes_api::NodeClaim) -> Option<String> {
     let s = claim.status.clone()?;

@@ -133,7 +133,7 @@ impl Policy {
     }
 
     /// `maxUnhealthy` as the user wrote it.
-    fn max_text(&self) -> String {
+    pub fn max_text(&self) -> String {
         match self.max_unhealthy {
             BudgetNodes::Count(n) => n.to_string(),
             BudgetNodes::Percent(p) => format!("{p} %"),

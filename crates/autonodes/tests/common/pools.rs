@@ -233,3 +233,20 @@ pub async fn patch_pool_spec(world: &World, pool: &str, spec: serde_json::Value)
         .await
         .expect("NodePool patched");
 }
+
+/// Sets the tenant Node's condition `type_` to `status`, as node-problem-detector would.
+pub async fn set_node_condition(world: &World, node: &str, type_: &str, status: &str) {
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(world.tenant.clone());
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    nodes
+        .patch_status(
+            node,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Strategic(json!({"status": {"conditions": [{
+                "type": type_, "status": status, "reason": "Test",
+                "lastHeartbeatTime": now, "lastTransitionTime": now,
+            }]}})),
+        )
+        .await
+        .expect("Node condition set");
+}

@@ -1,0 +1,612 @@
+//! `autonodes explain`: why a claim is where it is, and why a pool's nodes are or are not
+//! being disrupted or repaired — told from the functions the controller decides with
+//! ([`crate::scheduling`] for node types, [`crate::pool::budget`],
+//! [`crate::pool::repair`], [`crate::pool::do_not_disrupt`]), never a second copy of their
+//! rules. Pure: the caller reads the objects and prints [`Explanation::text`] or its JSON.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::jiff::Timestamp;
+use serde::Serialize;
+
+use crate::api::conditions;
+use crate::api::{
+    DisruptionReason, NodeClaim, NodeClaimPhase, NodePool, Repair as RepairSpec,
+    ANNOTATION_KEEP_UNTIL, ANNOTATION_RESTART,
+};
+use crate::catalogue::Catalogue;
+use crate::pool::budget::allowed_disruptions;
+use crate::pool::do_not_disrupt::{hold, Hold};
+use crate::pool::plan::{is_draining, is_live};
+use crate::pool::repair::{self, Policy};
+use crate::pool::{ANNOTATION_EMPTY_SINCE, ANNOTATION_UNDERUTILIZED_SINCE};
+use crate::scheduling::{fits, mismatches, ClaimRequest};
+
+/// What `autonodes explain` prints about one object.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Explanation {
+    /// `NodeClaim`, `NodePool` or `Node`.
+    pub kind: &'static str,
+    /// `namespace/name` (a Node: its name).
+    pub name: String,
+    /// One line each: the object's state as its status says it.
+    pub summary: Vec<String>,
+    /// One entry per thing looked at (a node type, a claim of the pool, a budget).
+    pub findings: Vec<Finding>,
+}
+
+/// One thing `explain` looked at, and what it found.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Finding {
+    /// What was looked at (`node type small.tiny`, `claim workers-abcde`).
+    pub subject: String,
+    /// The outcome in a word or two (`chosen`, `does not fit`, `held`, `unhealthy`).
+    pub verdict: String,
+    /// Why, one reason a line.
+    pub reasons: Vec<String>,
+}
+
+impl Finding {
+    fn new(subject: impl Into<String>, verdict: impl Into<String>, reasons: Vec<String>) -> Self {
+        Finding {
+            subject: subject.into(),
+            verdict: verdict.into(),
+            reasons,
+        }
+    }
+}
+
+impl Explanation {
+    /// The explanation as text, for people.
+    pub fn text(&self) -> String {
+        let mut out = format!("{} {}\n", self.kind, self.name);
+        for line in &self.summary {
+            out.push_str(&format!("  {line}\n"));
+        }
+        for f in &self.findings {
+            match f.verdict.as_str() {
+                "" => out.push_str(&format!("{}:\n", f.subject)),
+                v => out.push_str(&format!("{}: {v}\n", f.subject)),
+            }
+            for r in &f.reasons {
+                out.push_str(&format!("    - {r}\n"));
+            }
+        }
+        out
+    }
+}
+
+/// `Type=Status (Reason): message` of each condition.
+fn condition_lines(cs: &[Condition]) -> Vec<String> {
+    cs.iter()
+        .map(|c| {
+            let message = if c.message.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", c.message)
+            };
+            format!("{}={} ({}){message}", c.type_, c.status, c.reason)
+        })
+        .collect()
+}
+
+fn key(ns: Option<&str>, name: Option<&str>) -> String {
+    format!("{}/{}", ns.unwrap_or_default(), name.unwrap_or_default())
+}
+
+/// Why the claim got (or would get) each node type of `catalogue`: not considered (another
+/// provider, another pinned type), does not fit (each requirement, resource or extended
+/// resource that fails, as scheduling checks them), full at `maxCapacity` (`claimed` counts
+/// each type's claims), or fits — the cheapest fitting type with room is the one
+/// scheduling picks, unless a quota or the host's room refuses it (the claim's `Scheduled`
+/// condition says so). `pool` is the claim's pool's spec, whose requirements it also meets.
+pub fn nodeclaim(
+    claim: &NodeClaim,
+    pool: Option<&crate::api::NodePoolSpec>,
+    catalogue: &Catalogue,
+    claimed: &BTreeMap<String, i64>,
+) -> Explanation {
+    let status = claim.status.clone().unwrap_or_default();
+    let mut summary = vec![format!(
+        "phase {}{}",
+        status
+            .phase
+            .map_or("Pending".to_string(), |p| format!("{p:?}")),
+        status
+            .reason
+            .as_deref()
+            .map(|r| format!(", reason {r}"))
+            .unwrap_or_default()
+    )];
+    if let Some(t) = &status.type_ref {
+        summary.push(format!("scheduled to node type {t}"));
+    }
+    summary.extend(condition_lines(&status.conditions));
+    let mut findings = Vec::new();
+    let req = match ClaimRequest::new(&claim.spec, pool) {
+        Ok(r) => r,
+        Err(e) => {
+            findings.push(Finding::new(
+                "requirements",
+                "cannot be read",
+                vec![e.to_string()],
+            ));
+            return Explanation {
+                kind: "NodeClaim",
+                name: key(
+                    claim.metadata.namespace.as_deref(),
+                    claim.metadata.name.as_deref(),
+                ),
+                summary,
+                findings,
+            };
+        }
+    };
+    let mut cheapest_seen = false;
+    for t in catalogue.types() {
+        let subject = format!("node type {} (cost {})", t.name, t.cost);
+        if !req.considers(t) {
+            let why = match (&claim.spec.type_ref, &claim.spec.provider_ref) {
+                (Some(pinned), _) => format!("the claim asks for node type {pinned}"),
+                (None, Some(p)) => format!("the claim asks for provider {p}"),
+                (None, None) => "its pool's provider or type differs".to_string(),
+            };
+            findings.push(Finding::new(subject, "not considered", vec![why]));
+            continue;
+        }
+        if !fits(t, &req) {
+            let reasons = mismatches(t, &req)
+                .iter()
+                .map(ToString::to_string)
+                .collect();
+            findings.push(Finding::new(subject, "does not fit", reasons));
+            continue;
+        }
+        let count = claimed.get(&t.name).copied().unwrap_or(0);
+        if !t.has_capacity(count) {
+            let reasons = vec![format!(
+                "{count} of maxCapacity {} claimed",
+                t.max_capacity.unwrap_or_default()
+            )];
+            findings.push(Finding::new(subject, "full", reasons));
+            continue;
+        }
+        let verdict = if status.type_ref.as_deref() == Some(t.name.as_str()) {
+            "chosen"
+        } else if !cheapest_seen {
+            "fits (cheapest with room)"
+        } else {
+            "fits (a cheaper type comes first)"
+        };
+        cheapest_seen = true;
+        let mut reasons = vec!["requirements and resources met; room left".to_string()];
+        if verdict.starts_with("fits (cheapest") {
+            if let Some(s) = conditions::get(&status.conditions, "Scheduled")
+                .filter(|c| c.status == conditions::FALSE)
+            {
+                reasons.push(format!("not chosen yet: {} ({})", s.reason, s.message));
+            }
+        }
+        findings.push(Finding::new(subject, verdict, reasons));
+    }
+    Explanation {
+        kind: "NodeClaim",
+        name: key(
+            claim.metadata.namespace.as_deref(),
+            claim.metadata.name.as_deref(),
+        ),
+        summary,
+        findings,
+    }
+}
+
+/// How a pool's disruptions, repair and registration stand at `now`, and for each of its
+/// `claims` whether it is being (or may be) consolidated, rolled, expired or repaired — and
+/// what holds it: its own do-not-disrupt mark, the budgets, a restart under way.
+/// `provider_repair` is the `spec.repair` of the pool's provider, `repair_after` the
+/// controller's `--node-repair-after`.
+pub fn nodepool(
+    pool: &NodePool,
+    claims: &[NodeClaim],
+    provider_repair: Option<&RepairSpec>,
+    repair_after: Option<Duration>,
+    now: Timestamp,
+) -> Explanation {
+    let spec = &pool.spec;
+    let status = pool.status.clone().unwrap_or_default();
+    let mut summary = vec![match (spec.replicas, &spec.limits) {
+        (Some(r), _) => format!("static pool of {r} replicas"),
+        (None, Some(_)) => "dynamic pool (limits)".to_string(),
+        (None, None) => "dynamic pool".to_string(),
+    }];
+    summary.extend(condition_lines(&status.conditions));
+    if let Some(r) = &status.registration {
+        let until = r
+            .backoff_until
+            .as_ref()
+            .filter(|t| t.0 > now)
+            .map(|t| format!("; creates no claim until {}", t.0))
+            .unwrap_or_default();
+        summary.push(format!(
+            "registration: {} failure(s) in a row{}{until}",
+            r.consecutive_failures,
+            r.last_failure_reason
+                .as_deref()
+                .map(|x| format!(", the last {x}"))
+                .unwrap_or_default()
+        ));
+    }
+    let live: Vec<&NodeClaim> = claims.iter().filter(|c| is_live(c)).collect();
+    let draining = claims.iter().filter(|c| is_draining(c)).count();
+    let mut findings = Vec::new();
+
+    // Budgets: what each reason may disrupt now.
+    let reasons: [(Option<DisruptionReason>, &str); 4] = [
+        (Some(DisruptionReason::Empty), "Empty"),
+        (Some(DisruptionReason::Underutilized), "Underutilized"),
+        (Some(DisruptionReason::Drifted), "Drifted"),
+        (None, "expiry and scale-down"),
+    ];
+    let budget_reasons: Vec<String> = reasons
+        .iter()
+        .map(|(r, name)| {
+            let allowed = allowed_disruptions(spec, live.len(), now, *r);
+            if allowed >= live.len().max(1) * 1000 {
+                return format!("{name}: no active budget limits it");
+            }
+            format!(
+                "{name}: {} of {} node(s) may be disrupted now ({allowed} allowed, {draining} draining)",
+                allowed.saturating_sub(draining),
+                live.len()
+            )
+        })
+        .collect();
+    findings.push(Finding::new("disruption budgets", "", budget_reasons));
+
+    // Repair: the policy, and where the pool stands against maxUnhealthy.
+    let policy = repair::policy(spec.repair.as_ref(), provider_repair, repair_after);
+    findings.push(Finding::new(
+        "repair policy",
+        if policy.disabled() { "off" } else { "on" },
+        policy_lines(&policy),
+    ));
+
+    let assessed = repair::assess(claims, &policy, now);
+    for c in claims {
+        findings.push(claim_finding(c, &policy, &assessed, now));
+    }
+    Explanation {
+        kind: "NodePool",
+        name: key(
+            pool.metadata.namespace.as_deref(),
+            pool.metadata.name.as_deref(),
+        ),
+        summary,
+        findings,
+    }
+}
+
+/// Why the tenant Node `node` of `claim` is or is not being consolidated, rolled or
+/// repaired: its pool's budgets and repair policy and what the pool makes of its claim
+/// ([`nodepool`]; `pool` is the claim's pool and the pool's claims), or for a claim of no
+/// pool, that nothing disrupts it.
+pub fn node(
+    node: &str,
+    claim: &NodeClaim,
+    pool: Option<(&NodePool, &[NodeClaim])>,
+    provider_repair: Option<&RepairSpec>,
+    repair_after: Option<Duration>,
+    now: Timestamp,
+) -> Explanation {
+    let claim_name = claim.metadata.name.clone().unwrap_or_default();
+    let mut summary = vec![format!(
+        "the node of NodeClaim {}",
+        key(claim.metadata.namespace.as_deref(), Some(&claim_name))
+    )];
+    let findings = match pool {
+        Some((p, claims)) => {
+            let e = nodepool(p, claims, provider_repair, repair_after, now);
+            summary.push(format!("of NodePool {}", e.name));
+            let mine = format!("claim {claim_name} ");
+            let own = format!("claim {claim_name}");
+            e.findings
+                .into_iter()
+                .filter(|f| {
+                    !f.subject.starts_with("claim ")
+                        || f.subject.starts_with(&mine)
+                        || f.subject == own
+                })
+                .collect()
+        }
+        None => vec![Finding::new(
+            format!("claim {claim_name}"),
+            "in no pool",
+            vec!["only deleting the claim removes the node; no pool consolidates, rolls or repairs it".to_string()],
+        )],
+    };
+    Explanation {
+        kind: "Node",
+        name: node.to_string(),
+        summary,
+        findings,
+    }
+}
+
+fn policy_lines(p: &Policy) -> Vec<String> {
+    let mut out: Vec<String> = p
+        .conditions
+        .iter()
+        .map(|c| {
+            format!(
+                "unhealthy: {}={} for {}",
+                c.type_,
+                c.status,
+                c.toleration
+                    .map_or("never".to_string(), |d| format!("{}s", d.as_secs()))
+            )
+        })
+        .collect();
+    out.push(match p.restart_timeout {
+        Some(d) => format!(
+            "restart first; replace if still unhealthy {}s after",
+            d.as_secs()
+        ),
+        None => "replace without a restart".to_string(),
+    });
+    out.push(format!("maxUnhealthy {}", p.max_text()));
+    if let Some(k) = p.keep_failed_for {
+        out.push(format!("a replaced VM is kept halted for {}s", k.as_secs()));
+    }
+    out
+}
+
+/// What the pool does, or may do, with one claim, and why.
+fn claim_finding(
+    c: &NodeClaim,
+    policy: &Policy,
+    assessed: &repair::Repair,
+    now: Timestamp,
+) -> Finding {
+    let name = c.metadata.name.clone().unwrap_or_default();
+    let status = c.status.clone().unwrap_or_default();
+    let node = status
+        .node_name
+        .as_deref()
+        .map(|n| format!(" (node {n})"))
+        .unwrap_or_default();
+    let subject = format!("claim {name}{node}");
+    let annotations = c.metadata.annotations.as_ref();
+    let mut reasons = Vec::new();
+    if c.metadata.deletion_timestamp.is_some() {
+        let kept = repair::keep_until(c, now).filter(|t| *t > now);
+        let verdict = match kept {
+            Some(t) => {
+                reasons.push(format!("its VM is kept halted for debugging until {t}"));
+                "kept for debugging"
+            }
+            None => "being deleted",
+        };
+        return Finding::new(subject, verdict, reasons);
+    }
+    if status.phase == Some(NodeClaimPhase::Failed) {
+        reasons.push(status.reason.clone().unwrap_or_default());
+        return Finding::new(subject, "failed (the pool replaces it)", reasons);
+    }
+    let mut verdict = match status.phase {
+        Some(NodeClaimPhase::Available) => "available",
+        _ => "coming up",
+    };
+    let started = c.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    match hold(annotations, started, now) {
+        Some(Hold::Always) => reasons.push(
+            "do-not-disrupt on the claim: consolidation and roll-outs leave it alone".to_string(),
+        ),
+        Some(Hold::Until(t)) if t > now => reasons.push(format!(
+            "do-not-disrupt on the claim until {t}: consolidation and roll-outs leave it alone until then"
+        )),
+        _ => {}
+    }
+    for (key, what) in [
+        (ANNOTATION_EMPTY_SINCE, "empty"),
+        (ANNOTATION_UNDERUTILIZED_SINCE, "underutilized"),
+    ] {
+        if let Some(since) = annotations.and_then(|a| a.get(key)) {
+            reasons.push(format!(
+                "{what} since {since}: consolidated after consolidateAfter, within the budgets"
+            ));
+        }
+    }
+    if let Some(d) =
+        conditions::get(&status.conditions, "Drifted").filter(|d| d.status == conditions::TRUE)
+    {
+        reasons.push(format!(
+            "drifted ({}): {}; rolled within the Drifted budgets",
+            d.reason, d.message
+        ));
+    }
+    if let Some(u) = repair::unhealthy(c, policy) {
+        verdict = "unhealthy";
+        let due = u
+            .due_at
+            .map_or("never due".to_string(), |t| format!("due at {t}"));
+        reasons.push(format!(
+            "unhealthy since {}: {}; {due}",
+            u.since,
+            u.what.join(", ")
+        ));
+        if assessed.blocked {
+            reasons.push(format!(
+                "repair is blocked: {} of {} nodes are unhealthy, more than maxUnhealthy ({})",
+                assessed.unhealthy, assessed.live, assessed.max_text
+            ));
+        } else if assessed.restart.iter().any(|(n, _)| *n == name) {
+            reasons.push("due: its VM is restarted now".to_string());
+        } else if assessed.due.contains(&name) {
+            reasons.push("due: replaced now, a new node first".to_string());
+        }
+    }
+    if annotations.is_some_and(|a| a.contains_key(ANNOTATION_RESTART)) {
+        let last = status
+            .last_restart
+            .as_ref()
+            .map_or("not carried out yet".to_string(), |r| {
+                format!("last restarted at {}", r.time.0)
+            });
+        reasons.push(format!("a VM restart was asked for; {last}"));
+    }
+    if annotations.is_some_and(|a| a.contains_key(ANNOTATION_KEEP_UNTIL)) {
+        reasons.push("marked to keep its VM for debugging once deleted".to_string());
+    }
+    if reasons.is_empty() {
+        reasons.push("nothing disrupts or repairs it now".to_string());
+    }
+    Finding::new(subject, verdict, reasons)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn at(s: &str) -> Timestamp {
+        s.parse().expect("time")
+    }
+
+    #[test]
+    fn a_pending_claim_names_each_node_type_and_why_it_was_not_chosen() {
+        let provider: crate::api::NodeProvider = serde_json::from_value(json!({
+            "metadata": {"name": "p"},
+            "spec": {"kubeVirt": {
+                "clusterRef": {"cluster": "h", "namespace": "vms"},
+                "virtualMachineTemplate": {"spec": {"template": {"spec": {"domain": {"devices": {}}}}}},
+                "nodeTypes": [
+                    {"name": "small", "resources": {"cpu": "2", "memory": "4Gi"}, "cost": 1, "maxCapacity": 1},
+                    {"name": "big", "resources": {"cpu": "8", "memory": "16Gi"}, "cost": 4},
+                    {"name": "gpu", "resources": {"cpu": "8", "memory": "16Gi", "nvidia.com/gpu": "1"}, "cost": 9},
+                ],
+            }},
+        }))
+        .expect("provider");
+        let catalogue = Catalogue::from_provider(&provider);
+        let claim: NodeClaim = serde_json::from_value(json!({
+            "metadata": {"name": "c", "namespace": "t"},
+            "spec": {"vClusterRef": {"name": "t"}, "desiredCapacity": {"cpu": "2"}},
+            "status": {"conditions": [{"type": "Scheduled", "status": "False", "reason": "QuotaExceeded",
+                "message": "quota q allows 0 more", "lastTransitionTime": "2026-11-25T10:00:00Z"}]},
+        }))
+        .expect("claim");
+        let claimed = BTreeMap::from([("p.small".to_string(), 1)]);
+        let e = nodeclaim(&claim, None, &catalogue, &claimed);
+        let verdicts: Vec<(&str, &str)> = e
+            .findings
+            .iter()
+            .map(|f| (f.subject.as_str(), f.verdict.as_str()))
+            .collect();
+        assert_eq!(
+            verdicts,
+            [
+                ("node type p.small (cost 1)", "full"),
+                ("node type p.big (cost 4)", "fits (cheapest with room)"),
+                ("node type p.gpu (cost 9)", "does not fit"),
+            ]
+        );
+        assert!(e.findings[2].reasons[0].contains("nvidia.com/gpu"), "{e:?}");
+        assert!(e.findings[1].reasons[1].contains("QuotaExceeded"), "{e:?}");
+        assert!(e
+            .text()
+            .contains("node type p.small (cost 1): full\n    - 1 of maxCapacity 1 claimed"));
+    }
+
+    /// Merges `extra` into `base` (objects key by key, anything else replaced).
+    fn merge(base: &mut serde_json::Value, extra: serde_json::Value) {
+        match (base, extra) {
+            (serde_json::Value::Object(b), serde_json::Value::Object(e)) => {
+                for (k, v) in e {
+                    merge(b.entry(k).or_insert(serde_json::Value::Null), v);
+                }
+            }
+            (b, e) => *b = e,
+        }
+    }
+
+    #[test]
+    fn a_pool_tells_its_budgets_its_repair_policy_and_what_holds_or_repairs_each_claim() {
+        let pool: NodePool = serde_json::from_value(json!({
+            "metadata": {"name": "workers", "namespace": "t"},
+            "spec": {"vClusterRef": {"name": "t"}, "replicas": 3,
+                     "disruption": {"budgets": [{"nodes": "0", "reasons": ["Drifted"]}]}},
+        }))
+        .expect("pool");
+        let claim = |name: &str, extra: serde_json::Value| -> NodeClaim {
+            let mut c = json!({
+                "metadata": {"name": name, "namespace": "t", "creationTimestamp": "2026-11-25T09:00:00Z"},
+                "spec": {"vClusterRef": {"name": "t"}},
+                "status": {"phase": "Available", "nodeName": name, "conditions": [
+                    {"type": "Initialized", "status": "True", "reason": "Initialized", "message": "",
+                     "lastTransitionTime": "2026-11-25T09:00:00Z"},
+                    {"type": "Ready", "status": "True", "reason": "NodeReady", "message": "",
+                     "lastTransitionTime": "2026-11-25T09:00:00Z"}]},
+            });
+            merge(&mut c, extra);
+            serde_json::from_value(c).expect("claim")
+        };
+        let claims = vec![
+            claim(
+                "held",
+                json!({"metadata": {"annotations": {"karpenter.sh/do-not-disrupt": "true"}}}),
+            ),
+            claim(
+                "sick",
+                json!({"status": {"nodeConditions": [
+                {"type": "Ready", "status": "False", "since": "2026-11-25T10:00:00Z"}]}}),
+            ),
+            claim("fine", json!({})),
+        ];
+        let e = nodepool(
+            &pool,
+            &claims,
+            None,
+            Some(Duration::from_secs(600)),
+            at("2026-11-25T10:05:00Z"),
+        );
+        let text = e.text();
+        assert!(
+            text.contains("Drifted: 0 of 3 node(s) may be disrupted now"),
+            "{text}"
+        );
+        assert!(text.contains("Empty: no active budget limits it"), "{text}");
+        assert!(
+            text.contains("claim held (node held): available\n    - do-not-disrupt on the claim"),
+            "{text}"
+        );
+        assert!(text.contains("claim sick (node sick): unhealthy\n    - unhealthy since 2026-11-25T10:00:00Z: Ready=False; due at 2026-11-25T10:10:00Z"), "{text}");
+        assert!(
+            text.contains(
+                "claim fine (node fine): available\n    - nothing disrupts or repairs it now"
+            ),
+            "{text}"
+        );
+        let n = node(
+            "sick",
+            &claims[1],
+            Some((&pool, &claims)),
+            None,
+            Some(Duration::from_secs(600)),
+            at("2026-11-25T10:05:00Z"),
+        );
+        let subjects: Vec<&str> = n.findings.iter().map(|f| f.subject.as_str()).collect();
+        assert_eq!(
+            subjects,
+            [
+                "disruption budgets",
+                "repair policy",
+                "claim sick (node sick)"
+            ]
+        );
+        let json = serde_json::to_value(&e).expect("json");
+        assert_eq!(json["kind"], "NodePool");
+        assert_eq!(json["findings"][1]["subject"], "repair policy");
+    }
+}

@@ -1,0 +1,205 @@
+//! `autonodes explain`: reads a claim, a pool or a node's claim from the management cluster
+//! (the kubeconfig kubectl would use) and prints why it is where it is, as
+//! [`autonodes_core::explain`] works it out from the controller's own rules. Read-only: it
+//! lists NodeClaims, NodePools and NodeProviders, and writes nothing.
+
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use kube::api::{Api, ListParams};
+use kube::{Client, ResourceExt};
+
+use autonodes_api::{NodeClaim, NodePool, NodeProvider};
+use autonodes_core::catalogue::{count_claimed, Catalogue};
+use autonodes_core::explain::{self, Explanation};
+
+/// What to explain.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum Target {
+    /// A NodeClaim: each node type and why it was or was not chosen.
+    Nodeclaim {
+        /// `NAMESPACE/NAME`.
+        name: String,
+    },
+    /// A NodePool: its budgets, its repair policy, and for each claim what consolidates,
+    /// rolls, repairs or holds it.
+    Nodepool {
+        /// `NAMESPACE/NAME`.
+        name: String,
+    },
+    /// A tenant Node: what its pool makes of it.
+    Node {
+        /// The Node's name in the tenant.
+        name: String,
+        /// The tenant: `NAMESPACE/NAME` of its vCluster on the management cluster.
+        #[arg(long = "vcluster", value_name = "NS/NAME")]
+        vcluster: String,
+    },
+}
+
+/// Output format of `autonodes explain`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Format {
+    /// Text for people.
+    #[default]
+    Text,
+    /// The same as JSON.
+    Json,
+}
+
+/// Arguments of `autonodes explain`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ExplainArgs {
+    /// What to explain.
+    #[command(subcommand)]
+    pub target: Target,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Text, global = true)]
+    pub output: Format,
+    /// The controller's `--node-repair-after` (the default toleration of a Node not Ready),
+    /// for pools whose repair lists no conditions.
+    #[arg(long = "node-repair-after", default_value = "10m", global = true,
+          value_parser = crate::run::parse_duration)]
+    pub node_repair_after: Duration,
+}
+
+/// `NAMESPACE/NAME`.
+fn split(name: &str) -> anyhow::Result<(&str, &str)> {
+    match name.split_once('/') {
+        Some((ns, n)) if !ns.is_empty() && !n.is_empty() => Ok((ns, n)),
+        _ => bail!("{name:?} is not NAMESPACE/NAME"),
+    }
+}
+
+/// Explains the target against the cluster of the current kubeconfig and prints it.
+pub async fn run(args: ExplainArgs) -> anyhow::Result<()> {
+    let client = Client::try_default()
+        .await
+        .context("connecting to the management cluster (the current kubeconfig)")?;
+    let e = explain(&client, &args).await?;
+    match args.output {
+        Format::Text => print!("{}", e.text()),
+        Format::Json => println!("{}", serde_json::to_string_pretty(&e)?),
+    }
+    Ok(())
+}
+
+/// The explanation of `args.target`, read through `client`.
+pub async fn explain(client: &Client, args: &ExplainArgs) -> anyhow::Result<Explanation> {
+    let repair_after = (!args.node_repair_after.is_zero()).then_some(args.node_repair_after);
+    let now = k8s_openapi::jiff::Timestamp::now();
+    match &args.target {
+        Target::Nodeclaim { name } => {
+            let (ns, n) = split(name)?;
+            let claim = Api::<NodeClaim>::namespaced(client.clone(), ns)
+                .get(n)
+                .await
+                .with_context(|| format!("reading NodeClaim {name}"))?;
+            let pool = match pool_of(client, &claim).await? {
+                Some(p) => Some(p.spec),
+                None => None,
+            };
+            let providers = Api::<NodeProvider>::all(client.clone())
+                .list(&ListParams::default())
+                .await
+                .context("listing NodeProviders")?;
+            let types = providers
+                .items
+                .iter()
+                .flat_map(|p| Catalogue::from_provider(p).types().to_vec())
+                .collect();
+            let catalogue = Catalogue::new(types);
+            let all = Api::<NodeClaim>::all(client.clone())
+                .list(&ListParams::default())
+                .await
+                .context("listing NodeClaims")?;
+            let claimed = count_claimed(&all.items, &Default::default(), &Default::default());
+            Ok(explain::nodeclaim(
+                &claim,
+                pool.as_ref(),
+                &catalogue,
+                &claimed,
+            ))
+        }
+        Target::Nodepool { name } => {
+            let (ns, n) = split(name)?;
+            let pool = Api::<NodePool>::namespaced(client.clone(), ns)
+                .get(n)
+                .await
+                .with_context(|| format!("reading NodePool {name}"))?;
+            let claims = pool_claims(client, &pool).await?;
+            let provider = provider_of(client, &pool).await?;
+            let repair = provider.as_ref().and_then(|p| p.spec.repair.as_ref());
+            Ok(explain::nodepool(&pool, &claims, repair, repair_after, now))
+        }
+        Target::Node { name, vcluster } => {
+            let (ns, vc) = split(vcluster)?;
+            let claims = Api::<NodeClaim>::namespaced(client.clone(), ns)
+                .list(&ListParams::default())
+                .await
+                .with_context(|| format!("listing the NodeClaims of namespace {ns}"))?;
+            let Some(claim) = claims.items.into_iter().find(|c| {
+                c.spec.v_cluster_ref.name == vc
+                    && c.status.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name)
+            }) else {
+                bail!("no NodeClaim of vCluster {vcluster} has the node {name}");
+            };
+            let Some(pool) = pool_of(client, &claim).await? else {
+                return Ok(explain::node(name, &claim, None, None, repair_after, now));
+            };
+            let claims = pool_claims(client, &pool).await?;
+            let provider = provider_of(client, &pool).await?;
+            let repair = provider.as_ref().and_then(|p| p.spec.repair.as_ref());
+            Ok(explain::node(
+                name,
+                &claim,
+                Some((&pool, &claims)),
+                repair,
+                repair_after,
+                now,
+            ))
+        }
+    }
+}
+
+/// The NodePool that controls `claim`, if any.
+async fn pool_of(client: &Client, claim: &NodeClaim) -> anyhow::Result<Option<NodePool>> {
+    let Some(owner) = claim
+        .owner_references()
+        .iter()
+        .find(|o| o.kind == "NodePool" && o.controller == Some(true))
+    else {
+        return Ok(None);
+    };
+    let ns = claim.namespace().unwrap_or_default();
+    Api::<NodePool>::namespaced(client.clone(), &ns)
+        .get_opt(&owner.name)
+        .await
+        .with_context(|| format!("reading NodePool {ns}/{}", owner.name))
+}
+
+/// The claims `pool` controls.
+async fn pool_claims(client: &Client, pool: &NodePool) -> anyhow::Result<Vec<NodeClaim>> {
+    let ns = pool.namespace().unwrap_or_default();
+    let uid = pool.uid().unwrap_or_default();
+    let claims = Api::<NodeClaim>::namespaced(client.clone(), &ns)
+        .list(&ListParams::default())
+        .await
+        .with_context(|| format!("listing the NodeClaims of namespace {ns}"))?;
+    Ok(claims
+        .items
+        .into_iter()
+        .filter(|c| autonodes_core::pool::owned_by(c, &uid))
+        .collect())
+}
+
+/// The NodeProvider the pool names, if it names one that exists.
+async fn provider_of(client: &Client, pool: &NodePool) -> anyhow::Result<Option<NodeProvider>> {
+    let Some(name) = pool.spec.provider_ref.as_deref() else {
+        return Ok(None);
+    };
+    Api::<NodeProvider>::all(client.clone())
+        .get_opt(name)
+        .await
+        .with_context(|| format!("reading NodeProvider {name}"))
+}

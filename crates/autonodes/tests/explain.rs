@@ -1,0 +1,258 @@
+//! `autonodes explain` on real API servers: the binary, pointed at the management cluster by
+//! `KUBECONFIG`, explains a claim no node type fits, a pool with a held and an unhealthy
+//! node, and one of its nodes; the test checks the reasons it names and keeps the output in
+//! `docs/src/explain.md` (`AUTONODES_UPDATE_DOCS=1` rewrites it; otherwise the page must
+//! show what the command prints, names and times aside).
+
+mod common;
+
+use std::process::Command;
+
+use autonodes_api::NodeClaim;
+use common::pools::*;
+use common::world::*;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::ResourceExt;
+use serde_json::json;
+
+/// Runs `autonodes explain ARGS` against the management cluster; returns its stdout.
+fn explain(world: &World, args: &[&str]) -> String {
+    let mgmt = world.playground.mgmt().expect("mgmt");
+    let out = Command::new(env!("CARGO_BIN_EXE_autonodes"))
+        .arg("explain")
+        .args(args)
+        .env("KUBECONFIG", &mgmt.kubeconfig_path)
+        .output()
+        .expect("autonodes explain runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "autonodes explain {args:?} failed: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// The output with the run's random names and times replaced by fixed ones, and a pool's
+/// claims in a fixed order (by what they show).
+fn normalized(text: &str, names: &[(String, &str)]) -> String {
+    let mut t = text.to_string();
+    for (real, alias) in names {
+        t = t.replace(real.as_str(), alias);
+    }
+    // RFC 3339 times, moved so that the earliest is 2026-11-29T10:00:00Z (whole seconds).
+    let mut times: Vec<(usize, usize, Timestamp)> = Vec::new();
+    let bytes = t.as_bytes();
+    let mut i = 0;
+    while i + 20 <= bytes.len() {
+        let is_time = bytes[i + 4] == b'-'
+            && bytes[i + 10] == b'T'
+            && bytes[i + 13] == b':'
+            && bytes[i..i + 4].iter().all(u8::is_ascii_digit);
+        if is_time {
+            let mut end = i + 19;
+            while end < bytes.len() && (bytes[end].is_ascii_digit() || bytes[end] == b'.') {
+                end += 1;
+            }
+            if end < bytes.len() && bytes[end] == b'Z' {
+                end += 1;
+                if let Ok(ts) = t[i..end].parse::<Timestamp>() {
+                    times.push((i, end, ts));
+                    i = end;
+                    continue;
+                }
+            }
+        }
+        i += 1;
+    }
+    let base: Timestamp = "2026-11-29T10:00:00Z".parse().expect("time");
+    let earliest = times.iter().map(|(_, _, ts)| ts.as_second()).min();
+    let mut out = String::new();
+    let mut at = 0;
+    for (start, end, ts) in &times {
+        out.push_str(&t[at..*start]);
+        let moved = base.as_second() + ts.as_second() - earliest.unwrap_or_default();
+        out.push_str(&Timestamp::from_second(moved).expect("time").to_string());
+        at = *end;
+    }
+    out.push_str(&t[at..]);
+
+    // Claim blocks sorted by their text; the blocks before them stay in place.
+    let mut blocks: Vec<String> = Vec::new();
+    for line in out.lines() {
+        if !line.starts_with(' ') || blocks.is_empty() {
+            blocks.push(String::new());
+        }
+        if let Some(b) = blocks.last_mut() {
+            b.push_str(line);
+            b.push('\n');
+        }
+    }
+    let (mut claims, others): (Vec<String>, Vec<String>) =
+        blocks.into_iter().partition(|b| b.starts_with("claim "));
+    claims.sort();
+    others.into_iter().chain(claims).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_names_why_a_claim_fits_no_type_and_what_holds_repairs_or_budgets_a_pools_nodes() {
+    let world = World::start(WorldOptions {
+        provider: pools_provider(&[small()]),
+        ..WorldOptions::default()
+    })
+    .await;
+    world
+        .create_pool(
+            "workers",
+            json!({"providerRef": "pools", "replicas": 2,
+                   "disruption": {"budgets": [{"nodes": "0", "reasons": ["Drifted"]}]},
+                   "repair": {"conditions": [{"type": "KernelDeadlock", "status": "True",
+                                              "tolerationDuration": "1h"}]}}),
+        )
+        .await;
+    let claims = common::eventually("2 Available workers", WAIT, || async {
+        let claims = pool_claims(&world, "workers").await;
+        (claims.len() == 2 && claims.iter().all(available)).then_some(claims)
+    })
+    .await;
+    let (held, sick) = (claims[0].clone(), claims[1].clone());
+    let node_of = |c: &NodeClaim| {
+        c.status
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .expect("node")
+    };
+    let (held_node, sick_node) = (node_of(&held), node_of(&sick));
+    world
+        .claims()
+        .patch(
+            &held.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"karpenter.sh/do-not-disrupt": "true"}}}),
+            ),
+        )
+        .await
+        .expect("claim marked");
+    set_node_condition(&world, &sick_node, "KernelDeadlock", "True").await;
+    world
+        .wait_pool("workers", "one unhealthy node", |p| {
+            pool_condition(p, "NodeRepair").is_some_and(|(_, _, m)| m.starts_with("1 of 2"))
+        })
+        .await;
+    // A claim asking for more than any type has.
+    world
+        .create_claim(json!({
+            "metadata": {"name": "huge"},
+            "spec": {"vClusterRef": {"name": "tenant"}, "desiredCapacity": {"cpu": "64"}},
+        }))
+        .await;
+    world
+        .wait_claim("huge", "Scheduled=False", WAIT, |c| {
+            c.status.as_ref().and_then(|s| s.reason.as_deref()) == Some("NoMatchingNodeType")
+        })
+        .await;
+
+    let claim_text = explain(&world, &["nodeclaim", "tenant/huge"]);
+    assert!(
+        claim_text.contains("node type pools.small (cost "),
+        "{claim_text}"
+    );
+    assert!(
+        claim_text.contains("): does not fit\n    - desiredCapacity not covered"),
+        "{claim_text}"
+    );
+    assert!(
+        claim_text.contains("Scheduled=False (NoMatchingNodeType)"),
+        "{claim_text}"
+    );
+
+    let pool_text = explain(&world, &["nodepool", "tenant/workers"]);
+    for expected in [
+        "static pool of 2 replicas",
+        "Drifted: 0 of 2 node(s) may be disrupted now (0 allowed, 0 draining)",
+        "Empty: no active budget limits it",
+        "unhealthy: KernelDeadlock=True for 3600s",
+        &format!(
+            "claim {} (node {held_node}): available\n    - do-not-disrupt on the claim",
+            held.name_any()
+        ),
+        &format!(
+            "claim {} (node {sick_node}): unhealthy\n    - unhealthy since ",
+            sick.name_any()
+        ),
+        "KernelDeadlock=True; due at ",
+        "repair is blocked: 1 of 2 nodes are unhealthy, more than maxUnhealthy (20 %)",
+    ] {
+        assert!(
+            pool_text.contains(expected),
+            "{expected:?} not in:\n{pool_text}"
+        );
+    }
+    let pool_json: serde_json::Value = serde_json::from_str(&explain(
+        &world,
+        &["nodepool", "tenant/workers", "-o", "json"],
+    ))
+    .expect("JSON");
+    assert_eq!(pool_json["kind"], "NodePool");
+    assert_eq!(pool_json["findings"][1]["subject"], "repair policy");
+
+    let node_text = explain(&world, &["node", &sick_node, "--vcluster", "tenant/tenant"]);
+    assert!(
+        node_text.starts_with(&format!("Node {sick_node}\n")),
+        "{node_text}"
+    );
+    assert!(node_text.contains(&format!(
+        "claim {} (node {sick_node}): unhealthy",
+        sick.name_any()
+    )));
+    assert!(
+        !node_text.contains(&held.name_any()),
+        "only its own claim: {node_text}"
+    );
+
+    let names = [
+        (sick_node.clone(), "tenant-workers-x9d4t-5e1f0a"),
+        (held_node.clone(), "tenant-workers-7kq2m-c3b9d2"),
+        (sick.name_any(), "workers-x9d4t"),
+        (held.name_any(), "workers-7kq2m"),
+    ];
+    let page = format!(
+        "# Explaining decisions: `autonodes explain`\n\n\
+         <!-- Written by `cargo test -p autonodes --test explain` (AUTONODES_UPDATE_DOCS=1); the\n\
+         test checks that this page shows what the command prints, names and times aside. -->\n\n\
+         `autonodes explain` says why a NodeClaim, a NodePool or a tenant Node is where it is,\n\
+         from the rules the controller decides with. It reads the management cluster of the\n\
+         current kubeconfig (`KUBECONFIG`), needs get and list on NodeClaims, NodePools and\n\
+         NodeProviders, and writes nothing. `-o json` prints the same as JSON\n\
+         (`kind`, `name`, `summary`, `findings[]` of `subject`, `verdict`, `reasons[]`);\n\
+         `--node-repair-after` is the controller's, for pools whose repair lists no conditions.\n\n\
+         A claim no node type fits names each type and every check it fails (requirements,\n\
+         resources, extended resources), a type at `maxCapacity`, and the cheapest type with room\n\
+         (a quota or the host's room may still refuse it: the claim's `Scheduled` condition says\n\
+         so):\n\n```\n$ autonodes explain nodeclaim tenant/huge\n{}```\n\n\
+         A pool: what each disruption reason may disrupt now under the budgets, the repair policy,\n\
+         and for each claim what holds, consolidates, rolls or repairs it (here one claim is\n\
+         marked do-not-disrupt and the other's Node reports `KernelDeadlock=True`):\n\n\
+         ```\n$ autonodes explain nodepool tenant/workers\n{}```\n\n\
+         A tenant Node: the same for its own claim:\n\n\
+         ```\n$ autonodes explain node tenant-workers-x9d4t-5e1f0a --vcluster tenant/tenant\n{}```\n\n\
+         Not yet explained: a pending pod (which pool could serve it, and why it has not).\n",
+        normalized(&claim_text, &names),
+        normalized(&pool_text, &names),
+        normalized(&node_text, &names),
+    );
+    let path = common::repo().join("docs/src/explain.md");
+    if std::env::var_os("AUTONODES_UPDATE_DOCS").is_some() {
+        std::fs::write(&path, &page).expect("page written");
+    } else {
+        let committed = std::fs::read_to_string(&path).expect("docs/src/explain.md");
+        assert_eq!(
+            committed, page,
+            "docs/src/explain.md is stale; run `AUTONODES_UPDATE_DOCS=1 cargo test -p autonodes --test explain`"
+        );
+    }
+    println!("{claim_text}\n{pool_text}\n{node_text}");
+    world.shutdown().await;
+}

@@ -92,8 +92,13 @@ fn condition_lines(cs: &[Condition]) -> Vec<String> {
         .collect()
 }
 
-fn key(ns: Option<&str>, name: Option<&str>) -> String {
-    format!("{}/{}", ns.unwrap_or_default(), name.unwrap_or_default())
+/// `namespace/name` of an object.
+fn key_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
+    format!(
+        "{}/{}",
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.name.as_deref().unwrap_or_default()
+    )
 }
 
 /// Why the claim got (or would get) each node type of `catalogue`: not considered (another
@@ -135,10 +140,7 @@ pub fn nodeclaim(
             ));
             return Explanation {
                 kind: "NodeClaim",
-                name: key(
-                    claim.metadata.namespace.as_deref(),
-                    claim.metadata.name.as_deref(),
-                ),
+                name: key_of(&claim.metadata),
                 summary,
                 findings,
             };
@@ -193,10 +195,7 @@ pub fn nodeclaim(
     }
     Explanation {
         kind: "NodeClaim",
-        name: key(
-            claim.metadata.namespace.as_deref(),
-            claim.metadata.name.as_deref(),
-        ),
+        name: key_of(&claim.metadata),
         summary,
         findings,
     }
@@ -279,10 +278,7 @@ pub fn nodepool(
     }
     Explanation {
         kind: "NodePool",
-        name: key(
-            pool.metadata.namespace.as_deref(),
-            pool.metadata.name.as_deref(),
-        ),
+        name: key_of(&pool.metadata),
         summary,
         findings,
     }
@@ -301,10 +297,7 @@ pub fn node(
     now: Timestamp,
 ) -> Explanation {
     let claim_name = claim.metadata.name.clone().unwrap_or_default();
-    let mut summary = vec![format!(
-        "the node of NodeClaim {}",
-        key(claim.metadata.namespace.as_deref(), Some(&claim_name))
-    )];
+    let mut summary = vec![format!("the node of NodeClaim {}", key_of(&claim.metadata))];
     let findings = match pool {
         Some((p, claims)) => {
             let e = nodepool(p, claims, provider_repair, repair_after, now);

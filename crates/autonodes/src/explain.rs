@@ -127,8 +127,7 @@ pub async fn explain(client: &Client, args: &ExplainArgs) -> anyhow::Result<Expl
                 .get(n)
                 .await
                 .with_context(|| format!("reading NodePool {name}"))?;
-            let claims = pool_claims(client, &pool).await?;
-            let provider = provider_of(client, &pool).await?;
+            let (claims, provider) = pool_context(client, &pool).await?;
             let repair = provider.as_ref().and_then(|p| p.spec.repair.as_ref());
             Ok(explain::nodepool(&pool, &claims, repair, repair_after, now))
         }
@@ -147,8 +146,7 @@ pub async fn explain(client: &Client, args: &ExplainArgs) -> anyhow::Result<Expl
             let Some(pool) = pool_of(client, &claim).await? else {
                 return Ok(explain::node(name, &claim, None, None, repair_after, now));
             };
-            let claims = pool_claims(client, &pool).await?;
-            let provider = provider_of(client, &pool).await?;
+            let (claims, provider) = pool_context(client, &pool).await?;
             let repair = provider.as_ref().and_then(|p| p.spec.repair.as_ref());
             Ok(explain::node(
                 name,
@@ -176,6 +174,17 @@ async fn pool_of(client: &Client, claim: &NodeClaim) -> anyhow::Result<Option<No
         .get_opt(&owner.name)
         .await
         .with_context(|| format!("reading NodePool {ns}/{}", owner.name))
+}
+
+/// The claims `pool` controls and the NodeProvider it names (if that exists).
+async fn pool_context(
+    client: &Client,
+    pool: &NodePool,
+) -> anyhow::Result<(Vec<NodeClaim>, Option<NodeProvider>)> {
+    Ok((
+        pool_claims(client, pool).await?,
+        provider_of(client, pool).await?,
+    ))
 }
 
 /// The claims `pool` controls.

@@ -14,7 +14,7 @@
 //! - [`template`]: VirtualMachine composition;
 //! - [`userdata`]: cloud-init rendering;
 //! - [`claim`]: the claim's phase ladder;
-//! - [`explain`]: why a claim, a pool or a node is where it is (`autonodes explain`);
+//! - [`explain`]: why a claim, a pool, a node or a pod is where it is (`autonodes explain`);
 //! - [`join`]: what a joined Node still needs (labels, the registration taint gone);
 //! - [`node_health`]: the Node conditions a claim keeps for node repair;
 //! - [`access`]: which tenant namespaces may use a provider, and `--require-quota`;

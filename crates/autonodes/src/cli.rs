@@ -27,7 +27,7 @@ pub enum Command {
     /// Print the NodePools a vCluster's `vcluster.yaml` (`privateNodes.autoNodes`) becomes,
     /// touching no cluster.
     ImportVcluster(crate::import_vcluster::ImportArgs),
-    /// Say why a NodeClaim, a NodePool or a tenant Node is where it is (reads the
+    /// Say why a NodeClaim, a NodePool, a tenant Node or a tenant pod is where it is (reads the
     /// management cluster of the current kubeconfig; writes nothing).
     Explain(crate::explain::ExplainArgs),
     /// Run the controller.

@@ -1,7 +1,8 @@
 //! `autonodes explain`: reads a claim, a pool or a node's claim from the management cluster
 //! (the kubeconfig kubectl would use) and prints why it is where it is, as
 //! [`autonodes_core::explain`] works it out from the controller's own rules. Read-only: it
-//! lists NodeClaims, NodePools and NodeProviders, and writes nothing.
+//! lists NodeClaims, NodePools, NodeProviders and NodeTypes (for a pod also the tenant's pod
+//! and DaemonSets, through the vCluster's kubeconfig Secret), and writes nothing.
 
 use std::time::Duration;
 
@@ -9,9 +10,13 @@ use anyhow::{bail, Context as _};
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 
-use autonodes_api::{NodeClaim, NodePool, NodeProvider};
+use std::collections::BTreeMap;
+
+use autonodes_api::{NodeClaim, NodePool, NodeProvider, NodeType};
 use autonodes_core::catalogue::{count_claimed, Catalogue};
 use autonodes_core::explain::{self, Explanation};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 
 /// What to explain.
 #[derive(Debug, Clone, clap::Subcommand)]
@@ -26,6 +31,19 @@ pub enum Target {
     Nodepool {
         /// `NAMESPACE/NAME`.
         name: String,
+    },
+    /// A tenant pod: which of the tenant's pools could make a node for it, and what holds
+    /// them.
+    Pod {
+        /// `NAMESPACE/NAME` of the pod in the tenant.
+        name: String,
+        /// The tenant: `NAMESPACE/NAME` of its vCluster on the management cluster.
+        #[arg(long = "vcluster", value_name = "NS/NAME")]
+        vcluster: String,
+        /// Kubeconfig of the tenant. Absent: the vCluster's `vc-NAME` Secret (key
+        /// `config`), checked as the controller checks it (no commands, files or proxies).
+        #[arg(long = "tenant-kubeconfig", value_name = "FILE")]
+        tenant_kubeconfig: Option<std::path::PathBuf>,
     },
     /// A tenant Node: what its pool makes of it.
     Node {
@@ -99,21 +117,7 @@ pub async fn explain(client: &Client, args: &ExplainArgs) -> anyhow::Result<Expl
                 Some(p) => Some(p.spec),
                 None => None,
             };
-            let providers = Api::<NodeProvider>::all(client.clone())
-                .list(&ListParams::default())
-                .await
-                .context("listing NodeProviders")?;
-            let types = providers
-                .items
-                .iter()
-                .flat_map(|p| Catalogue::from_provider(p).types().to_vec())
-                .collect();
-            let catalogue = Catalogue::new(types);
-            let all = Api::<NodeClaim>::all(client.clone())
-                .list(&ListParams::default())
-                .await
-                .context("listing NodeClaims")?;
-            let claimed = count_claimed(&all.items, &Default::default(), &Default::default());
+            let (catalogue, claimed) = catalogue(client).await?;
             Ok(explain::nodeclaim(
                 &claim,
                 pool.as_ref(),
@@ -130,6 +134,51 @@ pub async fn explain(client: &Client, args: &ExplainArgs) -> anyhow::Result<Expl
             let (claims, provider) = pool_context(client, &pool).await?;
             let repair = provider.as_ref().and_then(|p| p.spec.repair.as_ref());
             Ok(explain::nodepool(&pool, &claims, repair, repair_after, now))
+        }
+        Target::Pod {
+            name,
+            vcluster,
+            tenant_kubeconfig,
+        } => {
+            let (pod_ns, pod_name) = split(name)?;
+            let (ns, vc) = split(vcluster)?;
+            let tenant = tenant_client(client, ns, vc, tenant_kubeconfig.as_deref()).await?;
+            let pod = Api::<Pod>::namespaced(tenant.clone(), pod_ns)
+                .get(pod_name)
+                .await
+                .with_context(|| format!("reading pod {name} in the tenant"))?;
+            // Without the right to list DaemonSets the controller plans without them too.
+            let daemonsets = Api::<DaemonSet>::all(tenant)
+                .list(&ListParams::default())
+                .await
+                .map(|l| l.items)
+                .unwrap_or_default();
+            let pools: Vec<NodePool> = Api::<NodePool>::namespaced(client.clone(), ns)
+                .list(&ListParams::default())
+                .await
+                .with_context(|| format!("listing the NodePools of namespace {ns}"))?
+                .items
+                .into_iter()
+                .filter(|p| p.spec.v_cluster_ref.name == vc)
+                .collect();
+            let (catalogue, claimed) = catalogue(client).await?;
+            let overheads = Api::<NodeType>::all(client.clone())
+                .list(&ListParams::default())
+                .await
+                .context("listing NodeTypes")?
+                .items
+                .into_iter()
+                .filter_map(|t| Some((t.name_any(), t.spec.overhead?)))
+                .collect();
+            Ok(explain::pod(
+                &pod,
+                &pools,
+                &catalogue,
+                &claimed,
+                &overheads,
+                &daemonsets,
+                now,
+            ))
         }
         Target::Node { name, vcluster } => {
             let (ns, vc) = split(vcluster)?;
@@ -158,6 +207,63 @@ pub async fn explain(client: &Client, args: &ExplainArgs) -> anyhow::Result<Expl
             ))
         }
     }
+}
+
+/// The node types of every NodeProvider, and the live claims per type.
+async fn catalogue(client: &Client) -> anyhow::Result<(Catalogue, BTreeMap<String, i64>)> {
+    let providers = Api::<NodeProvider>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .context("listing NodeProviders")?;
+    let types = providers
+        .items
+        .iter()
+        .flat_map(|p| Catalogue::from_provider(p).types().to_vec())
+        .collect();
+    let all = Api::<NodeClaim>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .context("listing NodeClaims")?;
+    let claimed = count_claimed(&all.items, &Default::default(), &Default::default());
+    Ok((Catalogue::new(types), claimed))
+}
+
+/// A client of the tenant: from `file`, else from the vCluster's `vc-<name>` Secret in
+/// `ns`, checked as the controller checks tenant kubeconfigs.
+async fn tenant_client(
+    client: &Client,
+    ns: &str,
+    vcluster: &str,
+    file: Option<&std::path::Path>,
+) -> anyhow::Result<Client> {
+    let config = match file {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                .await
+                .with_context(|| format!("using {}", path.display()))?
+        }
+        None => {
+            let secret_name = format!("vc-{vcluster}");
+            let secret = Api::<Secret>::namespaced(client.clone(), ns)
+                .get(&secret_name)
+                .await
+                .with_context(|| format!("reading Secret {ns}/{secret_name}"))?;
+            let Some(bytes) = secret
+                .data
+                .as_ref()
+                .and_then(|d| d.get(autonodes_api::TENANT_KUBECONFIG_KEY))
+            else {
+                bail!("Secret {ns}/{secret_name} has no key `config`");
+            };
+            let checked = autonodes_core::kubeconfig::check(&bytes.0, &Default::default())
+                .map_err(|r| anyhow::anyhow!("Secret {ns}/{secret_name}: {r}"))?;
+            crate::remote::clients::client_config(&checked)
+                .map_err(|why| anyhow::anyhow!("Secret {ns}/{secret_name}: {why}"))?
+        }
+    };
+    Client::try_from(config).context("building the tenant's client")
 }
 
 /// The NodePool that controls `claim`, if any.

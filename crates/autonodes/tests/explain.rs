@@ -1,6 +1,6 @@
 //! `autonodes explain` on real API servers: the binary, pointed at the management cluster by
 //! `KUBECONFIG`, explains a claim no node type fits, a pool with a held and an unhealthy
-//! node, and one of its nodes; the test checks the reasons it names and keeps the output in
+//! node, one of its nodes, and a pod the kube-scheduler found no node for; the test checks the reasons it names and keeps the output in
 //! `docs/src/explain.md` (`AUTONODES_UPDATE_DOCS=1` rewrites it; otherwise the page must
 //! show what the command prints, names and times aside).
 
@@ -96,12 +96,14 @@ fn normalized(text: &str, names: &[(String, &str)]) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn explain_names_why_a_claim_fits_no_type_and_what_holds_repairs_or_budgets_a_pools_nodes() {
+async fn explain_names_why_a_claim_fits_no_type_what_holds_repairs_or_budgets_a_pools_nodes_and_which_pool_could_serve_a_pod(
+) {
     let world = World::start(WorldOptions {
         provider: pools_provider(&[small()]),
         ..WorldOptions::default()
     })
     .await;
+    let _scheduler = scheduler(&world);
     world
         .create_pool(
             "workers",
@@ -151,6 +153,20 @@ async fn explain_names_why_a_claim_fits_no_type_and_what_holds_repairs_or_budget
     world
         .wait_claim("huge", "Scheduled=False", WAIT, |c| {
             c.status.as_ref().and_then(|s| s.reason.as_deref()) == Some("NoMatchingNodeType")
+        })
+        .await;
+
+    // A pod only a dynamic pool's nodes may take, and that pool may make no node.
+    world
+        .create_pool(
+            "burst",
+            json!({"providerRef": "pools", "labels": {"team": "burst"}, "limits": {"nodes": 0}}),
+        )
+        .await;
+    create_pods(&world, [pod("web", Some(("team", "burst")))]).await;
+    world
+        .wait_pool("burst", "LimitReached", |p| {
+            pool_condition(p, "LimitReached").is_some_and(|(s, _, _)| s == "True")
         })
         .await;
 
@@ -212,6 +228,18 @@ async fn explain_names_why_a_claim_fits_no_type_and_what_holds_repairs_or_budget
         "only its own claim: {node_text}"
     );
 
+    let pod_text = explain(
+        &world,
+        &["pod", "default/web", "--vcluster", "tenant/tenant"],
+    );
+    for expected in [
+        "the kube-scheduler found no node for it",
+        "pool tenant/burst (weight 0): could serve it\n    - pools.small: takes it\n    - the pool says LimitReached=True",
+        "pool tenant/workers (weight 0): static",
+    ] {
+        assert!(pod_text.contains(expected), "{expected:?} not in:\n{pod_text}");
+    }
+
     let names = [
         (sick_node.clone(), "tenant-workers-x9d4t-5e1f0a"),
         (held_node.clone(), "tenant-workers-7kq2m-c3b9d2"),
@@ -222,10 +250,11 @@ async fn explain_names_why_a_claim_fits_no_type_and_what_holds_repairs_or_budget
         "# Explaining decisions: `autonodes explain`\n\n\
          <!-- Written by `cargo test -p autonodes --test explain` (AUTONODES_UPDATE_DOCS=1); the\n\
          test checks that this page shows what the command prints, names and times aside. -->\n\n\
-         `autonodes explain` says why a NodeClaim, a NodePool or a tenant Node is where it is,\n\
-         from the rules the controller decides with. It reads the management cluster of the\n\
-         current kubeconfig (`KUBECONFIG`), needs get and list on NodeClaims, NodePools and\n\
-         NodeProviders, and writes nothing. `-o json` prints the same as JSON\n\
+         `autonodes explain` says why a NodeClaim, a NodePool, a tenant Node or a tenant pod is\n\
+         where it is, from the rules the controller decides with. It reads the management cluster\n\
+         of the current kubeconfig (`KUBECONFIG`), needs get and list on NodeClaims, NodePools,\n\
+         NodeProviders and NodeTypes (for a pod also get on the vCluster's `vc-NAME` Secret),\n\
+         and writes nothing. `-o json` prints the same as JSON\n\
          (`kind`, `name`, `summary`, `findings[]` of `subject`, `verdict`, `reasons[]`);\n\
          `--node-repair-after` is the controller's, for pools whose repair lists no conditions.\n\n\
          A claim no node type fits names each type and every check it fails (requirements,\n\
@@ -238,10 +267,19 @@ async fn explain_names_why_a_claim_fits_no_type_and_what_holds_repairs_or_budget
          ```\n$ autonodes explain nodepool tenant/workers\n{}```\n\n\
          A tenant Node: the same for its own claim:\n\n\
          ```\n$ autonodes explain node tenant-workers-x9d4t-5e1f0a --vcluster tenant/tenant\n{}```\n\n\
-         Not yet explained: a pending pod (which pool could serve it, and why it has not).\n",
+         A pod of the tenant (read through the vCluster's `vc-NAME` Secret, checked as the\n\
+         controller checks it, or `--tenant-kubeconfig FILE`): each of the tenant's pools in\n\
+         the order they get pending pods, whether one of its node types would take the pod (the\n\
+         pool's requirements, the pod's node selector, required node affinity and tolerations,\n\
+         its requests against what a node leaves after `kubeReserved` and DaemonSets,\n\
+         `maxCapacity`), and what holds a pool that could (limits, registration back-off, pod\n\
+         rules it cannot meet). Here the pod selects `team=burst`, which only the dynamic pool\n\
+         `burst` labels its nodes with, and that pool's limits allow no node:\n\n\
+         ```\n$ autonodes explain pod default/web --vcluster tenant/tenant\n{}```\n",
         normalized(&claim_text, &names),
         normalized(&pool_text, &names),
         normalized(&node_text, &names),
+        normalized(&pod_text, &names),
     );
     let path = common::repo().join("docs/src/explain.md");
     if std::env::var_os("AUTONODES_UPDATE_DOCS").is_some() {
@@ -253,6 +291,7 @@ async fn explain_names_why_a_claim_fits_no_type_and_what_holds_repairs_or_budget
             "docs/src/explain.md is stale; run `AUTONODES_UPDATE_DOCS=1 cargo test -p autonodes --test explain`"
         );
     }
-    println!("{claim_text}\n{pool_text}\n{node_text}");
+    println!("{claim_text}\n{pool_text}\n{node_text}\n{pod_text}");
+    delete_pods_now(&world).await;
     world.shutdown().await;
 }

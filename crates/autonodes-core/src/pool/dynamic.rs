@@ -295,7 +295,7 @@ fn bins(
 /// GPU): packing opens one only for a pod that asks for its extended resource. A type
 /// whose zone property offers several zones (`a,b`) the template does not pin is one
 /// candidate per zone, each pinned by a requirement, so zone spread can choose.
-fn candidates(
+pub(crate) fn candidates(
     template: &NodeClaimSpec,
     request: &ClaimRequest,
     tenant: &Tenant,

@@ -12,6 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use serde::Serialize;
 
+use crate::access::{provider_admits, TenantNamespace};
 use crate::api::conditions;
 use crate::api::{
     DisruptionReason, NodeClaim, NodeClaimPhase, NodePool, Overhead, Repair as RepairSpec,
@@ -26,6 +27,7 @@ use crate::pool::pack::{is_unschedulable, selects_node, Amount, PendingPod};
 use crate::pool::plan::{is_draining, is_live};
 use crate::pool::repair::{self, Policy};
 use crate::pool::{ANNOTATION_EMPTY_SINCE, ANNOTATION_UNDERUTILIZED_SINCE};
+use crate::quota::{PreparedQuota, Usage};
 use crate::requirements::tolerates_taints;
 use crate::scheduling::{fits, mismatches, ClaimRequest};
 use k8s_openapi::api::apps::v1::DaemonSet;
@@ -108,17 +110,31 @@ fn key_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> 
     )
 }
 
+/// What scheduling admits a type by, for the claim's namespace: the providers'
+/// `tenantNamespaceSelector` and the NodeQuotas covering the namespace.
+#[derive(Clone, Debug)]
+pub struct Admission<'a> {
+    /// The claim's namespace and its labels.
+    pub namespace: TenantNamespace<'a>,
+    /// The NodeQuotas covering it.
+    pub quotas: &'a [PreparedQuota],
+    /// What the namespace's claims hold.
+    pub used: Usage,
+}
+
 /// Why the claim got (or would get) each node type of `catalogue`: not considered (another
 /// provider, another pinned type), does not fit (each requirement, resource or extended
 /// resource that fails, as scheduling checks them), full at `maxCapacity` (`claimed` counts
-/// each type's claims), or fits — the cheapest fitting type with room is the one
-/// scheduling picks, unless a quota or the host's room refuses it (the claim's `Scheduled`
-/// condition says so). `pool` is the claim's pool's spec, whose requirements it also meets.
+/// each type's claims), not allowed (the provider does not serve the namespace), over a
+/// quota, or fits — the cheapest fitting type left is the one scheduling picks unless the
+/// host has no room for its VM (the claim's `Scheduled` condition says so). `pool` is the
+/// claim's pool's spec, whose requirements it also meets.
 pub fn nodeclaim(
     claim: &NodeClaim,
     pool: Option<&crate::api::NodePoolSpec>,
     catalogue: &Catalogue,
     claimed: &BTreeMap<String, i64>,
+    admission: &Admission,
 ) -> Explanation {
     let status = claim.status.clone().unwrap_or_default();
     let mut summary = vec![format!(
@@ -180,6 +196,19 @@ pub fn nodeclaim(
                 t.max_capacity.unwrap_or_default()
             )];
             findings.push(Finding::new(subject, "full", reasons));
+            continue;
+        }
+        if let Err(refused) = provider_admits(t, &admission.namespace) {
+            findings.push(Finding::new(subject, "not allowed", vec![refused.message]));
+            continue;
+        }
+        if let Err(message) = crate::quota::admits(
+            admission.quotas,
+            admission.namespace.name,
+            &admission.used,
+            t,
+        ) {
+            findings.push(Finding::new(subject, "over quota", vec![message]));
             continue;
         }
         let verdict = if status.type_ref.as_deref() == Some(t.name.as_str()) {
@@ -697,7 +726,16 @@ mod tests {
         }))
         .expect("claim");
         let claimed = BTreeMap::from([("p.small".to_string(), 1)]);
-        let e = nodeclaim(&claim, None, &catalogue, &claimed);
+        let labels = BTreeMap::new();
+        let admission = Admission {
+            namespace: TenantNamespace {
+                name: "t",
+                labels: Some(&labels),
+            },
+            quotas: &[],
+            used: Usage::default(),
+        };
+        let e = nodeclaim(&claim, None, &catalogue, &claimed, &admission);
         let verdicts: Vec<(&str, &str)> = e
             .findings
             .iter()
@@ -716,6 +754,16 @@ mod tests {
         assert!(e
             .text()
             .contains("node type p.small (cost 1): full\n    - 1 of maxCapacity 1 claimed"));
+        // A quota of 4 CPUs for the namespace: the big type is over it.
+        let spec: crate::api::NodeQuotaSpec =
+            serde_json::from_value(json!({"limits": {"cpu": "4"}})).expect("quota");
+        let quotas = [PreparedQuota::new("q", &spec)];
+        let admission = Admission {
+            quotas: &quotas,
+            ..admission
+        };
+        let e = nodeclaim(&claim, None, &catalogue, &claimed, &admission);
+        assert_eq!(e.findings[1].verdict, "over quota", "{e:?}");
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! `autonodes explain`: reads a claim, a pool or a node's claim from the management cluster
 //! (the kubeconfig kubectl would use) and prints why it is where it is, as
 //! [`autonodes_core::explain`] works it out from the controller's own rules. Read-only: it
-//! lists NodeClaims, NodePools, NodeProviders and NodeTypes (for a pod also the tenant's pod
-//! and DaemonSets, through the vCluster's kubeconfig Secret), and writes nothing.
+//! lists NodeClaims, NodePools, NodeProviders, NodeTypes and NodeQuotas and reads the
+//! claim's Namespace (for a pod also the tenant's pod and DaemonSets, through the vCluster's
+//! kubeconfig Secret), and writes nothing.
 
 use std::time::Duration;
 
@@ -12,11 +13,13 @@ use kube::{Client, ResourceExt};
 
 use std::collections::BTreeMap;
 
-use autonodes_api::{NodeClaim, NodePool, NodeProvider, NodeType};
+use autonodes_api::{NodeClaim, NodePool, NodeProvider, NodeQuota, NodeType};
+use autonodes_core::access::TenantNamespace;
 use autonodes_core::catalogue::{count_claimed, Catalogue};
 use autonodes_core::explain::{self, Explanation};
+use autonodes_core::quota::{PreparedQuota, Usage};
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
 
 /// What to explain.
 #[derive(Debug, Clone, clap::Subcommand)]
@@ -113,16 +116,44 @@ pub async fn explain(client: &Client, args: &ExplainArgs) -> anyhow::Result<Expl
                 .get(n)
                 .await
                 .with_context(|| format!("reading NodeClaim {name}"))?;
-            let pool = match pool_of(client, &claim).await? {
-                Some(p) => Some(p.spec),
-                None => None,
-            };
+            let pool = pool_of(client, &claim).await?.map(|p| p.spec);
             let (catalogue, claimed) = catalogue(client).await?;
+            // What scheduling admits types by: the namespace's labels (for providers that
+            // serve only some namespaces), the quotas covering it and what its claims hold.
+            let labels = Api::<Namespace>::all(client.clone())
+                .get_opt(ns)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|n| n.metadata.labels);
+            let quotas: Vec<PreparedQuota> = Api::<NodeQuota>::all(client.clone())
+                .list(&ListParams::default())
+                .await
+                .context("listing NodeQuotas")?
+                .items
+                .iter()
+                .map(|q| PreparedQuota::new(&q.name_any(), &q.spec))
+                .filter(|q| q.covers(ns))
+                .collect();
+            let mine = Api::<NodeClaim>::namespaced(client.clone(), ns)
+                .list(&ListParams::default())
+                .await
+                .with_context(|| format!("listing the NodeClaims of namespace {ns}"))?;
+            let counts = count_claimed(&mine.items, &Default::default(), &Default::default());
+            let admission = explain::Admission {
+                namespace: TenantNamespace {
+                    name: ns,
+                    labels: labels.as_ref(),
+                },
+                quotas: &quotas,
+                used: Usage::of_counts(&counts, |n| catalogue.named(n)),
+            };
             Ok(explain::nodeclaim(
                 &claim,
                 pool.as_ref(),
                 &catalogue,
                 &claimed,
+                &admission,
             ))
         }
         Target::Nodepool { name } => {

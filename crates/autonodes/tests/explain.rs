@@ -253,14 +253,14 @@ async fn explain_names_why_a_claim_fits_no_type_what_holds_repairs_or_budgets_a_
          `autonodes explain` says why a NodeClaim, a NodePool, a tenant Node or a tenant pod is\n\
          where it is, from the rules the controller decides with. It reads the management cluster\n\
          of the current kubeconfig (`KUBECONFIG`), needs get and list on NodeClaims, NodePools,\n\
-         NodeProviders and NodeTypes (for a pod also get on the vCluster's `vc-NAME` Secret),\n\
-         and writes nothing. `-o json` prints the same as JSON\n\
+         NodeProviders, NodeTypes and NodeQuotas and get on Namespaces (for a pod also get on\n\
+         the vCluster's `vc-NAME` Secret), and writes nothing. `-o json` prints the same as JSON\n\
          (`kind`, `name`, `summary`, `findings[]` of `subject`, `verdict`, `reasons[]`);\n\
          `--node-repair-after` is the controller's, for pools whose repair lists no conditions.\n\n\
-         A claim no node type fits names each type and every check it fails (requirements,\n\
-         resources, extended resources), a type at `maxCapacity`, and the cheapest type with room\n\
-         (a quota or the host's room may still refuse it: the claim's `Scheduled` condition says\n\
-         so):\n\n```\n$ autonodes explain nodeclaim tenant/huge\n{}```\n\n\
+         A claim names each node type and every check it fails (requirements, resources,\n\
+         extended resources), a type at `maxCapacity`, one whose provider does not serve the\n\
+         claim's namespace, one over a NodeQuota, and the cheapest type left (the host may still\n\
+         have no room for its VM: the claim's `Scheduled` condition says so):\n\n```\n$ autonodes explain nodeclaim tenant/huge\n{}```\n\n\
          A pool: what each disruption reason may disrupt now under the budgets, the repair policy,\n\
          and for each claim what holds, consolidates, rolls or repairs it (here one claim is\n\
          marked do-not-disrupt and the other's Node reports `KernelDeadlock=True`):\n\n\

@@ -21,17 +21,20 @@ use crate::api::{
 use crate::catalogue::Catalogue;
 use crate::pool::budget::allowed_disruptions;
 use crate::pool::daemonsets::daemon_pods;
-use crate::pool::do_not_disrupt::{hold, Hold};
+use crate::pool::do_not_disrupt::{hold, node_hold, pod_hold, Hold};
 use crate::pool::dynamic::{candidates, Tenant};
 use crate::pool::pack::{is_unschedulable, selects_node, Amount, PendingPod};
 use crate::pool::plan::{is_draining, is_live};
 use crate::pool::repair::{self, Policy};
 use crate::pool::{ANNOTATION_EMPTY_SINCE, ANNOTATION_UNDERUTILIZED_SINCE};
 use crate::quota::{PreparedQuota, Usage};
+use crate::requirements::label_selector_matches;
 use crate::requirements::tolerates_taints;
 use crate::scheduling::{fits, mismatches, ClaimRequest};
 use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 /// What `autonodes explain` prints about one object.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -320,21 +323,96 @@ pub fn nodepool(
     }
 }
 
+/// A PodDisruptionBudget as `explain` reads it (from `policy/v1` or `v1beta1`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DisruptionBudget {
+    /// `namespace/name`.
+    pub key: String,
+    /// Its namespace (it covers pods there only).
+    pub namespace: String,
+    /// `spec.selector` (absent: it selects nothing).
+    pub selector: Option<LabelSelector>,
+    /// `status.disruptionsAllowed`.
+    pub disruptions_allowed: i32,
+}
+
+/// What is on a tenant Node, as `explain` reads it from the tenant.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OnNode<'a> {
+    /// The Node, if it could be read.
+    pub node: Option<&'a Node>,
+    /// The pods bound to it.
+    pub pods: &'a [Pod],
+    /// The tenant's PodDisruptionBudgets.
+    pub budgets: &'a [DisruptionBudget],
+}
+
+/// What holds the node in the tenant: its own do-not-disrupt mark, pods marked so (as
+/// [`crate::pool::do_not_disrupt`] counts them), and PodDisruptionBudgets that allow no
+/// eviction of a pod on it now (the drain's evictions wait for them).
+fn on_node_finding(on: &OnNode, now: Timestamp) -> Finding {
+    let mut reasons = Vec::new();
+    let hold_text = |h: Hold| match h {
+        Hold::Always => "for good".to_string(),
+        Hold::Until(t) => format!("until {t}"),
+    };
+    if let Some(h) = on.node.and_then(|n| node_hold(n, now)) {
+        reasons.push(format!("do-not-disrupt on the Node {}", hold_text(h)));
+    }
+    for p in on.pods {
+        let key = key_of(&p.metadata);
+        if let Some(h) = pod_hold(p, now) {
+            reasons.push(format!(
+                "do-not-disrupt pod {key} {}: consolidation and roll-outs leave the node alone",
+                hold_text(h)
+            ));
+        }
+        let labels = p.metadata.labels.clone().unwrap_or_default();
+        let ns = p.metadata.namespace.as_deref().unwrap_or_default();
+        for b in on.budgets.iter().filter(|b| {
+            b.namespace == ns
+                && b.disruptions_allowed <= 0
+                && b.selector
+                    .as_ref()
+                    .is_some_and(|s| label_selector_matches(s, &labels))
+        }) {
+            reasons.push(format!(
+                "PodDisruptionBudget {} allows no eviction of pod {key} now: a drain waits for it (up to terminationGracePeriod)",
+                b.key
+            ));
+        }
+    }
+    let verdict = if reasons.is_empty() {
+        "nothing holds it"
+    } else {
+        "held"
+    };
+    if reasons.is_empty() {
+        reasons.push(format!(
+            "{} pod(s) on it; none marked do-not-disrupt, no PodDisruptionBudget at 0",
+            on.pods.len()
+        ));
+    }
+    Finding::new("in the tenant", verdict, reasons)
+}
+
 /// Why the tenant Node `node` of `claim` is or is not being consolidated, rolled or
 /// repaired: its pool's budgets and repair policy and what the pool makes of its claim
 /// ([`nodepool`]; `pool` is the claim's pool and the pool's claims), or for a claim of no
-/// pool, that nothing disrupts it.
+/// pool, that nothing disrupts it; and what holds it in the tenant (`on`).
+#[allow(clippy::too_many_arguments)]
 pub fn node(
     node: &str,
     claim: &NodeClaim,
     pool: Option<(&NodePool, &[NodeClaim])>,
+    on: &OnNode,
     provider_repair: Option<&RepairSpec>,
     repair_after: Option<Duration>,
     now: Timestamp,
 ) -> Explanation {
     let claim_name = claim.metadata.name.clone().unwrap_or_default();
     let mut summary = vec![format!("the node of NodeClaim {}", key_of(&claim.metadata))];
-    let findings = match pool {
+    let mut findings = match pool {
         Some((p, claims)) => {
             let e = nodepool(p, claims, provider_repair, repair_after, now);
             summary.push(format!("of NodePool {}", e.name));
@@ -355,6 +433,7 @@ pub fn node(
             vec!["only deleting the claim removes the node; no pool consolidates, rolls or repairs it".to_string()],
         )],
     };
+    findings.push(on_node_finding(on, now));
     Explanation {
         kind: "Node",
         name: node.to_string(),
@@ -890,13 +969,42 @@ mod tests {
             ),
             "{text}"
         );
+        let held_pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "db", "namespace": "default", "labels": {"app": "db"},
+                         "annotations": {"karpenter.sh/do-not-disrupt": "1h"}},
+            "spec": {"nodeName": "sick", "containers": []},
+            "status": {"phase": "Running", "startTime": "2026-11-25T10:00:00Z"},
+        }))
+        .expect("pod");
+        let budgets = [DisruptionBudget {
+            key: "default/db".into(),
+            namespace: "default".into(),
+            selector: Some(
+                serde_json::from_value(json!({"matchLabels": {"app": "db"}})).expect("selector"),
+            ),
+            disruptions_allowed: 0,
+        }];
+        let on = OnNode {
+            node: None,
+            pods: std::slice::from_ref(&held_pod),
+            budgets: &budgets,
+        };
         let n = node(
             "sick",
             &claims[1],
             Some((&pool, &claims)),
+            &on,
             None,
             Some(Duration::from_secs(600)),
             at("2026-11-25T10:05:00Z"),
+        );
+        let text = n.text();
+        assert!(text.contains("in the tenant: held\n    - do-not-disrupt pod default/db until 2026-11-25T11:00:00Z"), "{text}");
+        assert!(
+            text.contains(
+                "PodDisruptionBudget default/db allows no eviction of pod default/db now"
+            ),
+            "{text}"
         );
         let subjects: Vec<&str> = n.findings.iter().map(|f| f.subject.as_str()).collect();
         assert_eq!(
@@ -904,7 +1012,8 @@ mod tests {
             [
                 "disruption budgets",
                 "repair policy",
-                "claim sick (node sick)"
+                "claim sick (node sick)",
+                "in the tenant"
             ]
         );
         let json = serde_json::to_value(&e).expect("json");

@@ -2,8 +2,8 @@
 //! (the kubeconfig kubectl would use) and prints why it is where it is, as
 //! [`autonodes_core::explain`] works it out from the controller's own rules. Read-only: it
 //! lists NodeClaims, NodePools, NodeProviders, NodeTypes and NodeQuotas and reads the
-//! claim's Namespace (for a pod also the tenant's pod and DaemonSets, through the vCluster's
-//! kubeconfig Secret), and writes nothing.
+//! claim's Namespace (for a pod or a node also the tenant's pods, DaemonSets, Node and
+//! PodDisruptionBudgets, through the vCluster's kubeconfig Secret), and writes nothing.
 
 use std::time::Duration;
 
@@ -19,7 +19,7 @@ use autonodes_core::catalogue::{count_claimed, Catalogue};
 use autonodes_core::explain::{self, Explanation};
 use autonodes_core::quota::{PreparedQuota, Usage};
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret};
 
 /// What to explain.
 #[derive(Debug, Clone, clap::Subcommand)]
@@ -48,13 +48,16 @@ pub enum Target {
         #[arg(long = "tenant-kubeconfig", value_name = "FILE")]
         tenant_kubeconfig: Option<std::path::PathBuf>,
     },
-    /// A tenant Node: what its pool makes of it.
+    /// A tenant Node: what its pool makes of it, and what holds it in the tenant.
     Node {
         /// The Node's name in the tenant.
         name: String,
         /// The tenant: `NAMESPACE/NAME` of its vCluster on the management cluster.
         #[arg(long = "vcluster", value_name = "NS/NAME")]
         vcluster: String,
+        /// Kubeconfig of the tenant (as for `pod`).
+        #[arg(long = "tenant-kubeconfig", value_name = "FILE")]
+        tenant_kubeconfig: Option<std::path::PathBuf>,
     },
 }
 
@@ -211,7 +214,11 @@ pub async fn explain(client: &Client, args: &ExplainArgs) -> anyhow::Result<Expl
                 now,
             ))
         }
-        Target::Node { name, vcluster } => {
+        Target::Node {
+            name,
+            vcluster,
+            tenant_kubeconfig,
+        } => {
             let (ns, vc) = split(vcluster)?;
             let claims = Api::<NodeClaim>::namespaced(client.clone(), ns)
                 .list(&ListParams::default())
@@ -223,20 +230,92 @@ pub async fn explain(client: &Client, args: &ExplainArgs) -> anyhow::Result<Expl
             }) else {
                 bail!("no NodeClaim of vCluster {vcluster} has the node {name}");
             };
-            let Some(pool) = pool_of(client, &claim).await? else {
-                return Ok(explain::node(name, &claim, None, None, repair_after, now));
+            // What holds the node in the tenant; the rest is told without it.
+            let tenant = match tenant_client(client, ns, vc, tenant_kubeconfig.as_deref()).await {
+                Ok(t) => on_node(&t, name).await,
+                Err(e) => Err(e),
             };
-            let (claims, provider) = pool_context(client, &pool).await?;
-            let repair = provider.as_ref().and_then(|p| p.spec.repair.as_ref());
-            Ok(explain::node(
-                name,
-                &claim,
-                Some((&pool, &claims)),
-                repair,
-                repair_after,
-                now,
-            ))
+            let (node, pods, budgets, unread) = match tenant {
+                Ok((node, pods, budgets)) => (node, pods, budgets, None),
+                Err(e) => (None, Vec::new(), Vec::new(), Some(format!("{e:#}"))),
+            };
+            let on = explain::OnNode {
+                node: node.as_ref(),
+                pods: &pods,
+                budgets: &budgets,
+            };
+            let pool = pool_of(client, &claim).await?;
+            let mut e = match &pool {
+                None => explain::node(name, &claim, None, &on, None, repair_after, now),
+                Some(pool) => {
+                    let (claims, provider) = pool_context(client, pool).await?;
+                    let repair = provider.as_ref().and_then(|p| p.spec.repair.as_ref());
+                    explain::node(
+                        name,
+                        &claim,
+                        Some((pool, &claims)),
+                        &on,
+                        repair,
+                        repair_after,
+                        now,
+                    )
+                }
+            };
+            if let Some(why) = unread {
+                e.summary
+                    .push(format!("the tenant could not be read: {why}"));
+            }
+            Ok(e)
         }
+    }
+}
+
+/// The Node `name` of the tenant, the pods bound to it and the tenant's
+/// PodDisruptionBudgets (`policy/v1`, else `v1beta1` on tenants older than 1.21).
+async fn on_node(
+    tenant: &Client,
+    name: &str,
+) -> anyhow::Result<(Option<Node>, Vec<Pod>, Vec<explain::DisruptionBudget>)> {
+    let node = Api::<Node>::all(tenant.clone())
+        .get_opt(name)
+        .await
+        .with_context(|| format!("reading Node {name} in the tenant"))?;
+    let pods = Api::<Pod>::all(tenant.clone())
+        .list(&ListParams::default().fields(&format!("spec.nodeName={name}")))
+        .await
+        .with_context(|| format!("listing the pods on Node {name}"))?
+        .items;
+    let mut budgets = Vec::new();
+    for version in ["v1", "v1beta1"] {
+        let gvk = kube::api::GroupVersionKind::gvk("policy", version, "PodDisruptionBudget");
+        let resource = kube::api::ApiResource::from_gvk_with_plural(&gvk, "poddisruptionbudgets");
+        let listed = Api::<kube::api::DynamicObject>::all_with(tenant.clone(), &resource)
+            .list(&ListParams::default())
+            .await;
+        if let Ok(list) = listed {
+            budgets = list.items.iter().map(disruption_budget).collect();
+            break;
+        }
+    }
+    Ok((node, pods, budgets))
+}
+
+/// The fields of a PodDisruptionBudget `explain` reads.
+fn disruption_budget(o: &kube::api::DynamicObject) -> explain::DisruptionBudget {
+    let namespace = o.namespace().unwrap_or_default();
+    explain::DisruptionBudget {
+        key: format!("{namespace}/{}", o.name_any()),
+        namespace,
+        selector: o
+            .data
+            .pointer("/spec/selector")
+            .and_then(|s| serde_json::from_value(s.clone()).ok()),
+        disruptions_allowed: o
+            .data
+            .pointer("/status/disruptionsAllowed")
+            .and_then(serde_json::Value::as_i64)
+            .and_then(|n| i32::try_from(n).ok())
+            .unwrap_or(0),
     }
 }
 

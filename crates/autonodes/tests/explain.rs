@@ -12,7 +12,7 @@ use autonodes_api::NodeClaim;
 use common::pools::*;
 use common::world::*;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::ResourceExt;
 use serde_json::json;
 
@@ -214,7 +214,48 @@ async fn explain_names_why_a_claim_fits_no_type_what_holds_repairs_or_budgets_a_
     assert_eq!(pool_json["kind"], "NodePool");
     assert_eq!(pool_json["findings"][1]["subject"], "repair policy");
 
+    // On the unhealthy node: a pod marked do-not-disrupt, which a PodDisruptionBudget covers.
+    let mut db = pod("db", None);
+    db.metadata.labels = Some([("app".to_string(), "db".to_string())].into());
+    db.metadata.annotations = Some(
+        [(
+            "karpenter.sh/do-not-disrupt".to_string(),
+            "true".to_string(),
+        )]
+        .into(),
+    );
+    if let Some(spec) = db.spec.as_mut() {
+        spec.node_name = Some(sick_node.clone());
+    }
+    create_pods(&world, [db]).await;
+    let pdbs: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        world.tenant.clone(),
+        "default",
+        &kube::api::ApiResource::from_gvk_with_plural(
+            &kube::api::GroupVersionKind::gvk("policy", "v1beta1", "PodDisruptionBudget"),
+            "poddisruptionbudgets",
+        ),
+    );
+    let pdb: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "policy/v1beta1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": "db", "namespace": "default"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "db"}}},
+    }))
+    .expect("PDB");
+    pdbs.create(&Default::default(), &pdb)
+        .await
+        .expect("PDB created");
     let node_text = explain(&world, &["node", &sick_node, "--vcluster", "tenant/tenant"]);
+    for expected in [
+        "in the tenant: held",
+        "do-not-disrupt pod default/db for good",
+        "PodDisruptionBudget default/db allows no eviction of pod default/db now",
+    ] {
+        assert!(
+            node_text.contains(expected),
+            "{expected:?} not in:\n{node_text}"
+        );
+    }
     assert!(
         node_text.starts_with(&format!("Node {sick_node}\n")),
         "{node_text}"
@@ -265,7 +306,9 @@ async fn explain_names_why_a_claim_fits_no_type_what_holds_repairs_or_budgets_a_
          and for each claim what holds, consolidates, rolls or repairs it (here one claim is\n\
          marked do-not-disrupt and the other's Node reports `KernelDeadlock=True`):\n\n\
          ```\n$ autonodes explain nodepool tenant/workers\n{}```\n\n\
-         A tenant Node: the same for its own claim:\n\n\
+         A tenant Node: the same for its own claim, and what holds it in the tenant (its own\n\
+         do-not-disrupt mark, pods marked so, PodDisruptionBudgets that allow no eviction of a\n\
+         pod on it now); the tenant is read as for a pod, below:\n\n\
          ```\n$ autonodes explain node tenant-workers-x9d4t-5e1f0a --vcluster tenant/tenant\n{}```\n\n\
          A pod of the tenant (read through the vCluster's `vc-NAME` Secret, checked as the\n\
          controller checks it, or `--tenant-kubeconfig FILE`): each of the tenant's pools in\n\

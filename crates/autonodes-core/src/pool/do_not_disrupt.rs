@@ -88,7 +88,23 @@ fn pod_started(p: &Pod) -> Option<&Time> {
 /// Whether the pod holds its node at `now`: its mark still holds and it still keeps the
 /// node busy (not a DaemonSet's or a mirror pod, not finished).
 pub fn pod_holds_node(p: &Pod, now: Timestamp) -> bool {
-    non_daemon_running(p) && holding(p.metadata.annotations.as_ref(), pod_started(p), now).is_some()
+    pod_hold(p, now).is_some()
+}
+
+/// The hold the pod puts on its node at `now`, if any ([`pod_holds_node`]).
+pub fn pod_hold(p: &Pod, now: Timestamp) -> Option<Hold> {
+    non_daemon_running(p)
+        .then(|| holding(p.metadata.annotations.as_ref(), pod_started(p), now))
+        .flatten()
+}
+
+/// The hold a Node's own mark puts on it at `now` (counted from its creation), if any.
+pub fn node_hold(n: &k8s_openapi::api::core::v1::Node, now: Timestamp) -> Option<Hold> {
+    holding(
+        n.metadata.annotations.as_ref(),
+        n.metadata.creation_timestamp.as_ref(),
+        now,
+    )
 }
 
 /// The claims voluntary disruption leaves alone at `now`, and when the first hold of a

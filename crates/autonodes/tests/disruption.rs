@@ -541,6 +541,21 @@ async fn a_node_with_a_kernel_deadlock_is_restarted_first_replaced_when_it_comes
         .and_then(|s| s.node_name.clone())
         .expect("node");
     let first_boot = vmi_uid(&world, &sick).await.expect("a VMI");
+    // A 3-CPU pod on each 4-CPU node, bound by the kube-scheduler.
+    let _scheduler = scheduler(&world);
+    let apps: Vec<String> = (0..3).map(|i| format!("app-{i}")).collect();
+    create_pods(&world, apps.iter().map(|n| pod_of(n, "3"))).await;
+    let on_sick = common::eventually("each app pod bound", WAIT, || async {
+        let pods = tenant_pods(&world).await;
+        let bound: Vec<(String, String)> = pods
+            .iter()
+            .filter_map(|p| Some((p.name_any(), bound_to(p)?)))
+            .collect();
+        (bound.len() == 3)
+            .then(|| bound.into_iter().find(|(_, n)| *n == node).map(|(p, _)| p))
+            .flatten()
+    })
+    .await;
 
     // The kernel deadlocks: after 2 s the VM is restarted, and the reboot clears it.
     set_node_condition(&world, &node, "KernelDeadlock", "True").await;
@@ -599,6 +614,16 @@ async fn a_node_with_a_kernel_deadlock_is_restarted_first_replaced_when_it_comes
     })
     .await;
     let replaced_after = again_at.elapsed();
+    // The sick node is drained: its pod (made again, as its ReplicaSet would) binds on the
+    // replacement.
+    let rebound = common::eventually("the drained pod bound on the replacement", WAIT, || async {
+        let pods = tenant_pods(&world).await;
+        remake_evicted_as(&world, &pods, &apps, |n| pod_of(n, "3")).await;
+        let p = pods.iter().find(|p| p.name_any() == on_sick)?;
+        let to = bound_to(p).filter(|n| *n != node)?;
+        (p.metadata.deletion_timestamp.is_none()).then_some(to)
+    })
+    .await;
     let kept = common::eventually(
         "the sick node's VM halted and its Node gone",
         WAIT,
@@ -653,11 +678,12 @@ async fn a_node_with_a_kernel_deadlock_is_restarted_first_replaced_when_it_comes
         "the kept VM is removed with its claim"
     );
     println!(
-        "repair: KernelDeadlock node restarted {:.1}s after the condition (toleration 2s); deadlocked again, replaced {:.1}s after; VM kept halted, removed {:.1}s later (keepFailedFor 15s)",
+        "repair: KernelDeadlock node restarted {:.1}s after the condition (toleration 2s); deadlocked again, replaced {:.1}s after; its pod {on_sick} rebound on {rebound}; VM kept halted, removed {:.1}s later (keepFailedFor 15s)",
         restarted_after.as_secs_f64(),
         replaced_after.as_secs_f64(),
         kept_at.elapsed().as_secs_f64()
     );
+    delete_pods_now(&world).await;
     world.shutdown().await;
 }
 

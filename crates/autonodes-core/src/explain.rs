@@ -15,8 +15,8 @@ use serde::Serialize;
 use crate::access::{provider_admits, TenantNamespace};
 use crate::api::conditions;
 use crate::api::{
-    DisruptionReason, NodeClaim, NodeClaimPhase, NodePool, Overhead, Repair as RepairSpec,
-    ANNOTATION_KEEP_UNTIL, ANNOTATION_RESTART,
+    DisruptionReason, NodeClaim, NodeClaimPhase, NodePool, NodeTypeHost, Overhead,
+    Repair as RepairSpec, ANNOTATION_KEEP_UNTIL, ANNOTATION_RESTART,
 };
 use crate::catalogue::Catalogue;
 use crate::pool::budget::allowed_disruptions;
@@ -123,15 +123,45 @@ pub struct Admission<'a> {
     pub quotas: &'a [PreparedQuota],
     /// What the namespace's claims hold.
     pub used: Usage,
+    /// Each node type's room on its host as the controller last reported it
+    /// (`status.host` of the NodeType, by name).
+    pub hosts: BTreeMap<String, NodeTypeHost>,
+}
+
+/// The host-room line of a type, and whether the host has no room left for it (in the zone
+/// the claim asks for, when it asks for one and the type lists zones).
+fn host_room(host: Option<&NodeTypeHost>, zones: &[String]) -> (String, bool) {
+    let Some(h) = host else {
+        return ("the host's room is not reported".to_string(), false);
+    };
+    let why = h
+        .message
+        .as_deref()
+        .map(|m| format!(" ({m})"))
+        .unwrap_or_default();
+    let asked: Vec<(&String, &i64)> = h.zones.iter().filter(|(z, _)| zones.contains(z)).collect();
+    if !asked.is_empty() {
+        let text: Vec<String> = asked.iter().map(|(z, n)| format!("{n} in {z}")).collect();
+        let full = asked.iter().all(|(_, n)| **n <= 0);
+        return (
+            format!("host room for {} more VM(s){why}", text.join(", ")),
+            full,
+        );
+    }
+    match h.headroom {
+        Some(n) => (format!("host room for {n} more VM(s){why}"), n <= 0),
+        None => (format!("the host's room is not known{why}"), false),
+    }
 }
 
 /// Why the claim got (or would get) each node type of `catalogue`: not considered (another
 /// provider, another pinned type), does not fit (each requirement, resource or extended
 /// resource that fails, as scheduling checks them), full at `maxCapacity` (`claimed` counts
 /// each type's claims), not allowed (the provider does not serve the namespace), over a
-/// quota, or fits — the cheapest fitting type left is the one scheduling picks unless the
-/// host has no room for its VM (the claim's `Scheduled` condition says so). `pool` is the
-/// claim's pool's spec, whose requirements it also meets.
+/// quota, no room on its host (in the claim's zone) as the NodeType last reported it, or
+/// fits — the cheapest fitting type left is the one scheduling picks (the claim's
+/// `Scheduled` condition says what the controller decided). `pool` is the claim's pool's
+/// spec, whose requirements it also meets.
 pub fn nodeclaim(
     claim: &NodeClaim,
     pool: Option<&crate::api::NodePoolSpec>,
@@ -192,6 +222,15 @@ pub fn nodeclaim(
             findings.push(Finding::new(subject, "does not fit", reasons));
             continue;
         }
+        let zones: Vec<String> = claim
+            .spec
+            .requirements
+            .iter()
+            .chain(pool.map(|p| p.requirements.as_slice()).unwrap_or_default())
+            .filter(|r| r.key == "topology.kubernetes.io/zone")
+            .flat_map(|r| r.values.clone())
+            .chain(status.zone.clone())
+            .collect();
         let count = claimed.get(&t.name).copied().unwrap_or(0);
         if !t.has_capacity(count) {
             let reasons = vec![format!(
@@ -214,6 +253,11 @@ pub fn nodeclaim(
             findings.push(Finding::new(subject, "over quota", vec![message]));
             continue;
         }
+        let (room, host_full) = host_room(admission.hosts.get(&t.name), &zones);
+        if host_full {
+            findings.push(Finding::new(subject, "no host room", vec![room]));
+            continue;
+        }
         let verdict = if status.type_ref.as_deref() == Some(t.name.as_str()) {
             "chosen"
         } else if !cheapest_seen {
@@ -222,7 +266,11 @@ pub fn nodeclaim(
             "fits (a cheaper type comes first)"
         };
         cheapest_seen = true;
-        let mut reasons = vec!["requirements and resources met; room left".to_string()];
+        let mut reasons = vec![
+            "requirements and resources met; below maxCapacity; allowed and within quota"
+                .to_string(),
+            room,
+        ];
         if verdict.starts_with("fits (cheapest") {
             if let Some(s) = conditions::get(&status.conditions, "Scheduled")
                 .filter(|c| c.status == conditions::FALSE)
@@ -813,6 +861,13 @@ mod tests {
             },
             quotas: &[],
             used: Usage::default(),
+            hosts: BTreeMap::from([(
+                "p.big".to_string(),
+                NodeTypeHost {
+                    headroom: Some(3),
+                    ..NodeTypeHost::default()
+                },
+            )]),
         };
         let e = nodeclaim(&claim, None, &catalogue, &claimed, &admission);
         let verdicts: Vec<(&str, &str)> = e
@@ -829,7 +884,11 @@ mod tests {
             ]
         );
         assert!(e.findings[2].reasons[0].contains("nvidia.com/gpu"), "{e:?}");
-        assert!(e.findings[1].reasons[1].contains("QuotaExceeded"), "{e:?}");
+        assert_eq!(
+            e.findings[1].reasons[1], "host room for 3 more VM(s)",
+            "{e:?}"
+        );
+        assert!(e.findings[1].reasons[2].contains("QuotaExceeded"), "{e:?}");
         assert!(e
             .text()
             .contains("node type p.small (cost 1): full\n    - 1 of maxCapacity 1 claimed"));
@@ -843,6 +902,25 @@ mod tests {
         };
         let e = nodeclaim(&claim, None, &catalogue, &claimed, &admission);
         assert_eq!(e.findings[1].verdict, "over quota", "{e:?}");
+        // Without a quota, a host with no room left for the big type.
+        let admission = Admission {
+            quotas: &[],
+            hosts: BTreeMap::from([(
+                "p.big".to_string(),
+                NodeTypeHost {
+                    headroom: Some(0),
+                    message: Some("every eligible host node is full".into()),
+                    ..NodeTypeHost::default()
+                },
+            )]),
+            ..admission
+        };
+        let e = nodeclaim(&claim, None, &catalogue, &claimed, &admission);
+        assert_eq!(e.findings[1].verdict, "no host room", "{e:?}");
+        assert!(
+            e.findings[1].reasons[0].contains("host room for 0 more"),
+            "{e:?}"
+        );
     }
 
     #[test]

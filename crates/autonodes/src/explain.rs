@@ -150,6 +150,14 @@ pub async fn explain(client: &Client, args: &ExplainArgs) -> anyhow::Result<Expl
                 },
                 quotas: &quotas,
                 used: Usage::of_counts(&counts, |n| catalogue.named(n)),
+                hosts: Api::<NodeType>::all(client.clone())
+                    .list(&ListParams::default())
+                    .await
+                    .context("listing NodeTypes")?
+                    .items
+                    .into_iter()
+                    .filter_map(|t| Some((t.name_any(), t.status?.host?)))
+                    .collect(),
             };
             Ok(explain::nodeclaim(
                 &claim,

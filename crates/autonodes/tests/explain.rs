@@ -300,8 +300,8 @@ async fn explain_names_why_a_claim_fits_no_type_what_holds_repairs_or_budgets_a_
          `--node-repair-after` is the controller's, for pools whose repair lists no conditions.\n\n\
          A claim names each node type and every check it fails (requirements, resources,\n\
          extended resources), a type at `maxCapacity`, one whose provider does not serve the\n\
-         claim's namespace, one over a NodeQuota, and the cheapest type left (the host may still\n\
-         have no room for its VM: the claim's `Scheduled` condition says so):\n\n```\n$ autonodes explain nodeclaim tenant/huge\n{}```\n\n\
+         claim's namespace, one over a NodeQuota, one whose host has no room left (in the\n\
+         claim's zone) as its NodeType's `status.host` says, and the cheapest type left:\n\n```\n$ autonodes explain nodeclaim tenant/huge\n{}```\n\n\
          A pool: what each disruption reason may disrupt now under the budgets, the repair policy,\n\
          and for each claim what holds, consolidates, rolls or repairs it (here one claim is\n\
          marked do-not-disrupt and the other's Node reports `KernelDeadlock=True`):\n\n\

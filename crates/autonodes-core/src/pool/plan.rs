@@ -28,7 +28,8 @@ pub struct ClaimView {
     pub terminating: bool,
     /// Phase Failed.
     pub failed: bool,
-    /// It has (had) a node in the tenant: deleting it drains a node.
+    /// It has (had) a node in the tenant: deleting it drains a node (not once its VM is
+    /// only kept for debugging).
     pub has_node: bool,
     /// Made from an older template, drifted from its node type (condition `Drifted`), or
     /// older than `expireAfter`.
@@ -84,7 +85,7 @@ pub(crate) fn claim_views<C: Borrow<NodeClaim>>(
                 available: s.phase == Some(NodeClaimPhase::Available),
                 terminating: c.metadata.deletion_timestamp.is_some(),
                 failed: s.phase == Some(NodeClaimPhase::Failed),
-                has_node: s.node_name.is_some(),
+                has_node: drains_a_node(&s),
                 outdated: label(LABEL_TEMPLATE_HASH).map(String::as_str) != Some(hash)
                     || drifted(&s.conditions, version_drift)
                     || expired,
@@ -117,13 +118,19 @@ pub fn is_live(c: &NodeClaim) -> bool {
 }
 
 /// Whether the claim is being deleted and has (had) a node: deleting it drains that node,
-/// which counts against the disruption budget.
+/// which counts against the disruption budget — until its VM is only kept for debugging
+/// (`Ready` reason `KeptForDebugging`: drained, halted, its Node gone).
 pub(crate) fn is_draining(c: &NodeClaim) -> bool {
-    c.metadata.deletion_timestamp.is_some()
-        && c.status
-            .as_ref()
-            .and_then(|s| s.node_name.as_ref())
-            .is_some()
+    c.metadata.deletion_timestamp.is_some() && c.status.as_ref().is_some_and(drains_a_node)
+}
+
+/// Whether a claim with this status has (had) a node that its deletion drains: not one
+/// whose VM is only kept for debugging (`Ready` reason `KeptForDebugging`: drained, halted,
+/// its Node gone).
+fn drains_a_node(s: &crate::api::NodeClaimStatus) -> bool {
+    let kept = conditions::get(&s.conditions, ClaimCondition::Ready.as_str())
+        .is_some_and(|r| r.reason == ClaimReason::KeptForDebugging.as_str());
+    s.node_name.is_some() && !kept
 }
 
 /// Why the planner deletes a claim.

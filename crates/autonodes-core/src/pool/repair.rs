@@ -675,6 +675,28 @@ mod tests {
     }
 
     #[test]
+    fn a_kept_vm_s_claim_no_longer_counts_as_draining_against_the_budgets() {
+        let mut c = healthy("gone");
+        c.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            at("2026-11-25T09:30:00Z"),
+        ));
+        c.status.as_mut().expect("status").node_name = Some("n".into());
+        assert!(
+            super::super::plan::is_draining(&c),
+            "draining while it drains"
+        );
+        for cond in &mut c.status.as_mut().expect("status").conditions {
+            if cond.type_ == "Ready" {
+                cond.reason = "KeptForDebugging".into();
+            }
+        }
+        assert!(
+            !super::super::plan::is_draining(&c),
+            "kept: drained already"
+        );
+    }
+
+    #[test]
     fn repaired_claims_keep_their_vms_up_to_three_per_pool_and_at_most_a_day() {
         use super::super::plan::DeleteReason;
         let now = at("2026-11-25T10:00:00Z");

@@ -212,13 +212,21 @@ pub async fn remake_evicted_as(
     }
 }
 
-/// Asserts that the pool `pool` recorded an Event with `reason`.
+/// Asserts that the pool `pool` recorded an Event with `reason`, waiting up to 30 s for it:
+/// the controller records Events after the status write that a test may see first.
 pub async fn assert_pool_event(world: &World, pool: &str, reason: &str) {
-    let events = world.events_for(super::world::NS, pool).await;
-    assert!(
-        events.iter().any(|e| e.starts_with(reason)),
-        "no {reason} Event on NodePool {pool}: {events:?}"
-    );
+    let started = std::time::Instant::now();
+    loop {
+        let events = world.events_for(super::world::NS, pool).await;
+        if events.iter().any(|e| e.starts_with(reason)) {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no {reason} Event on NodePool {pool} within 30 s: {events:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 /// Merges `spec` into the NodePool's spec (`replicas`, `labels`, `disruption`, …).

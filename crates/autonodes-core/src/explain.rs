@@ -818,24 +818,11 @@ fn claim_finding(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pool::reconcile::tests::catalogue_of;
     use serde_json::json;
 
     fn at(s: &str) -> Timestamp {
         s.parse().expect("time")
-    }
-
-    /// The catalogue of a provider `p` with these `nodeTypes`.
-    fn catalogue_of(node_types: serde_json::Value) -> Catalogue {
-        let provider: crate::api::NodeProvider = serde_json::from_value(json!({
-            "metadata": {"name": "p"},
-            "spec": {"kubeVirt": {
-                "clusterRef": {"cluster": "h", "namespace": "vms"},
-                "virtualMachineTemplate": {"spec": {"template": {"spec": {"domain": {"devices": {}}}}}},
-                "nodeTypes": node_types,
-            }},
-        }))
-        .expect("provider");
-        Catalogue::from_provider(&provider)
     }
 
     #[test]

@@ -302,4 +302,4 @@ pub fn plan_pool(observed: &Observed) -> PoolPlan {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

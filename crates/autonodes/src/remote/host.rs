@@ -17,6 +17,18 @@ use autonodes_api::kubevirt::{self, ObservedVm, ObservedVmi};
 use autonodes_api::{LABEL_MANAGED_BY, LABEL_NODECLAIM_UID, MANAGED_BY};
 use autonodes_core::template::golden::{self, GoldenVolume};
 
+/// Background deletion of an object, of the one with `uid` only when given (one made again
+/// under the same name meanwhile is left alone).
+fn delete_this(uid: Option<String>) -> DeleteParams {
+    DeleteParams {
+        preconditions: uid.map(|uid| kube::api::Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        }),
+        ..DeleteParams::background()
+    }
+}
+
 /// What creating a VirtualMachine found.
 pub enum VmCreate {
     /// The VM was created now.
@@ -188,13 +200,7 @@ impl<'a> Host<'a> {
     /// goes with it). The UID is a precondition: a VM made since under the same name (by
     /// another claim or installation) is not deleted.
     pub async fn delete_vm(&self, ns: &str, name: &str, uid: Option<String>) -> Result<(), Error> {
-        let params = DeleteParams {
-            preconditions: uid.map(|uid| kube::api::Preconditions {
-                uid: Some(uid),
-                resource_version: None,
-            }),
-            ..DeleteParams::background()
-        };
+        let params = delete_this(uid);
         let deleted = remote_call(
             self.ctx,
             self.remote,
@@ -222,13 +228,7 @@ impl<'a> Host<'a> {
             ns,
             &kubevirt::virtual_machine_instance(),
         );
-        let params = DeleteParams {
-            preconditions: uid.map(|uid| kube::api::Preconditions {
-                uid: Some(uid),
-                resource_version: None,
-            }),
-            ..DeleteParams::background()
-        };
+        let params = delete_this(uid);
         let deleted = remote_call(
             self.ctx,
             self.remote,

@@ -37,8 +37,8 @@ fn catalogue() -> Catalogue {
     ]))
 }
 
-/// The catalogue of provider `p` with `node_types`.
-fn catalogue_of(node_types: Value) -> Catalogue {
+/// The catalogue of provider `p` with `node_types` (the explain tests use it too).
+pub(crate) fn catalogue_of(node_types: Value) -> Catalogue {
     let provider: NodeProvider = serde_json::from_value(json!({
         "apiVersion": "autonodes.io/v1alpha1", "kind": "NodeProvider",
         "metadata": {"name": "p"},

@@ -188,18 +188,7 @@ pub(super) async fn remove_from(
     // The tenant again: the Node (its VM is gone, nothing re-registers it) and the tokens.
     if let Some(tenant) = tenant {
         let cleaned = async {
-            if let Some(node) = tenant.node(node_name).await? {
-                if our_node(&node) && tenant.delete_node(node_name).await? {
-                    ctx.event(
-                        claim,
-                        EventType::Normal,
-                        "NodeDeleted",
-                        "Delete",
-                        format!("deleted Node {node_name} from the tenant"),
-                    )
-                    .await
-                }
-            }
+            delete_node(claim, ctx, tenant, names, "").await?;
             delete_tokens(tenant, uid).await.map(|_| ())
         }
         .await;
@@ -231,12 +220,7 @@ async fn keep(
     tenant: Option<&impl TenantApi>,
     until: k8s_openapi::jiff::Timestamp,
 ) -> Result<Removal, Error> {
-    let RemoteNames {
-        vm_ns,
-        vm_name,
-        node_name,
-        ..
-    } = names;
+    let RemoteNames { vm_ns, vm_name, .. } = names;
     if vm.status.printable_status.as_deref() != Some("Stopped") {
         host.halt_vm(vm_ns, vm_name).await?;
         if vm.status.printable_status.as_deref() != Some("Stopping") {
@@ -254,28 +238,43 @@ async fn keep(
         )));
     }
     if let Some(tenant) = tenant {
-        let provider_id = format!("kubevirt://{vm_name}");
-        let ours = |n: &Node| {
-            n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(provider_id.as_str())
-        };
-        if let Some(node) = tenant.node(node_name).await? {
-            if ours(&node) && tenant.delete_node(node_name).await? {
-                ctx.event(
-                    claim,
-                    EventType::Normal,
-                    "NodeDeleted",
-                    "Delete",
-                    format!("deleted Node {node_name} from the tenant: its VM is halted"),
-                )
-                .await
-            }
-        }
+        delete_node(claim, ctx, tenant, names, ": its VM is halted").await?;
     }
     let left = until.as_millisecond() - now().as_millisecond();
     Ok(Removal::Kept(
         format!("VirtualMachine {vm_ns}/{vm_name} is halted and kept for debugging until {until}"),
         std::time::Duration::from_millis(u64::try_from(left).unwrap_or(0)),
     ))
+}
+
+/// Deletes the claim's Node from the tenant if it is there and has the claim's VM's provider
+/// ID (a Node of that name from another machine is left alone), with a `NodeDeleted` Event
+/// whose message ends with `why`.
+async fn delete_node(
+    claim: &NodeClaim,
+    ctx: &ClaimContext,
+    tenant: &impl TenantApi,
+    names: &RemoteNames,
+    why: &str,
+) -> Result<(), Error> {
+    let node_name = &names.node_name;
+    let provider_id = format!("kubevirt://{}", names.vm_name);
+    let Some(node) = tenant.node(node_name).await? else {
+        return Ok(());
+    };
+    let ours =
+        node.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(provider_id.as_str());
+    if ours && tenant.delete_node(node_name).await? {
+        ctx.event(
+            claim,
+            EventType::Normal,
+            "NodeDeleted",
+            "Delete",
+            format!("deleted Node {node_name} from the tenant{why}"),
+        )
+        .await
+    }
+    Ok(())
 }
 
 /// Since when the claim has been going: its deletion, else (a Failed claim) when its

@@ -4,14 +4,15 @@
 //! lists NodeClaims, NodePools, NodeProviders, NodeTypes and NodeQuotas and reads the
 //! claim's Namespace (for a pod or a node also the tenant's pods, DaemonSets, Node and
 //! PodDisruptionBudgets, through the vCluster's kubeconfig Secret), and writes nothing.
+//! Lists go a page at a time, at most [`MAX_LISTED`] objects of a kind; a tenant kubeconfig,
+//! from the Secret or a file, goes through the controller's own check
+//! ([`autonodes_core::kubeconfig::check`]).
 
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
-
-use std::collections::BTreeMap;
 
 use autonodes_api::{NodeClaim, NodePool, NodeProvider, NodeQuota, NodeType};
 use autonodes_core::access::TenantNamespace;
@@ -44,7 +45,8 @@ pub enum Target {
         #[arg(long = "vcluster", value_name = "NS/NAME")]
         vcluster: String,
         /// Kubeconfig of the tenant. Absent: the vCluster's `vc-NAME` Secret (key
-        /// `config`), checked as the controller checks it (no commands, files or proxies).
+        /// `config`). Either is checked as the controller checks tenant kubeconfigs (no
+        /// commands, files, proxies or impersonation).
         #[arg(long = "tenant-kubeconfig", value_name = "FILE")]
         tenant_kubeconfig: Option<std::path::PathBuf>,
     },
@@ -120,7 +122,8 @@ pub async fn explain(client: &Client, args: &ExplainArgs) -> anyhow::Result<Expl
                 .await
                 .with_context(|| format!("reading NodeClaim {name}"))?;
             let pool = pool_of(client, &claim).await?.map(|p| p.spec);
-            let (catalogue, claimed) = catalogue(client).await?;
+            let (catalogue, all) = catalogue(client).await?;
+            let claimed = count_claimed(&all, &Default::default(), &Default::default());
             // What scheduling admits types by: the namespace's labels (for providers that
             // serve only some namespaces), the quotas covering it and what its claims hold.
             let labels = Api::<Namespace>::all(client.clone())
@@ -129,20 +132,20 @@ pub async fn explain(client: &Client, args: &ExplainArgs) -> anyhow::Result<Expl
                 .ok()
                 .flatten()
                 .and_then(|n| n.metadata.labels);
-            let quotas: Vec<PreparedQuota> = Api::<NodeQuota>::all(client.clone())
-                .list(&ListParams::default())
-                .await
-                .context("listing NodeQuotas")?
-                .items
+            let quotas: Vec<PreparedQuota> = list_all(
+                &Api::<NodeQuota>::all(client.clone()),
+                &ListParams::default(),
+                "NodeQuotas",
+            )
+            .await?
+            .iter()
+            .map(|q| PreparedQuota::new(&q.name_any(), &q.spec))
+            .filter(|q| q.covers(ns))
+            .collect();
+            let mine = all
                 .iter()
-                .map(|q| PreparedQuota::new(&q.name_any(), &q.spec))
-                .filter(|q| q.covers(ns))
-                .collect();
-            let mine = Api::<NodeClaim>::namespaced(client.clone(), ns)
-                .list(&ListParams::default())
-                .await
-                .with_context(|| format!("listing the NodeClaims of namespace {ns}"))?;
-            let counts = count_claimed(&mine.items, &Default::default(), &Default::default());
+                .filter(|c| c.metadata.namespace.as_deref() == Some(ns));
+            let counts = count_claimed(mine, &Default::default(), &Default::default());
             let admission = explain::Admission {
                 namespace: TenantNamespace {
                     name: ns,
@@ -150,14 +153,15 @@ pub async fn explain(client: &Client, args: &ExplainArgs) -> anyhow::Result<Expl
                 },
                 quotas: &quotas,
                 used: Usage::of_counts(&counts, |n| catalogue.named(n)),
-                hosts: Api::<NodeType>::all(client.clone())
-                    .list(&ListParams::default())
-                    .await
-                    .context("listing NodeTypes")?
-                    .items
-                    .into_iter()
-                    .filter_map(|t| Some((t.name_any(), t.status?.host?)))
-                    .collect(),
+                hosts: list_all(
+                    &Api::<NodeType>::all(client.clone()),
+                    &ListParams::default(),
+                    "NodeTypes",
+                )
+                .await?
+                .into_iter()
+                .filter_map(|t| Some((t.name_any(), t.status?.host?)))
+                .collect(),
             };
             Ok(explain::nodeclaim(
                 &claim,
@@ -173,7 +177,8 @@ pub async fn explain(client: &Client, args: &ExplainArgs) -> anyhow::Result<Expl
                 .get(n)
                 .await
                 .with_context(|| format!("reading NodePool {name}"))?;
-            let (claims, provider) = pool_context(client, &pool).await?;
+            let in_ns = namespace_claims(client, ns).await?;
+            let (claims, provider) = pool_context(client, &pool, &in_ns).await?;
             let repair = provider.as_ref().and_then(|p| p.spec.repair.as_ref());
             Ok(explain::nodepool(&pool, &claims, repair, repair_after, now))
         }
@@ -190,28 +195,37 @@ pub async fn explain(client: &Client, args: &ExplainArgs) -> anyhow::Result<Expl
                 .await
                 .with_context(|| format!("reading pod {name} in the tenant"))?;
             // Without the right to list DaemonSets the controller plans without them too.
-            let daemonsets = Api::<DaemonSet>::all(tenant)
-                .list(&ListParams::default())
-                .await
-                .map(|l| l.items)
-                .unwrap_or_default();
-            let pools: Vec<NodePool> = Api::<NodePool>::namespaced(client.clone(), ns)
-                .list(&ListParams::default())
-                .await
-                .with_context(|| format!("listing the NodePools of namespace {ns}"))?
-                .items
-                .into_iter()
-                .filter(|p| p.spec.v_cluster_ref.name == vc)
-                .collect();
-            let (catalogue, claimed) = catalogue(client).await?;
-            let overheads = Api::<NodeType>::all(client.clone())
-                .list(&ListParams::default())
-                .await
-                .context("listing NodeTypes")?
-                .items
-                .into_iter()
-                .filter_map(|t| Some((t.name_any(), t.spec.overhead?)))
-                .collect();
+            let daemonsets = match list_all(
+                &Api::<DaemonSet>::all(tenant),
+                &ListParams::default(),
+                "DaemonSets in the tenant",
+            )
+            .await
+            {
+                Ok(d) => d,
+                Err(e) if refused_or_not_served(&e) => Vec::new(),
+                Err(e) => return Err(e),
+            };
+            let pools: Vec<NodePool> = list_all(
+                &Api::<NodePool>::namespaced(client.clone(), ns),
+                &ListParams::default(),
+                "NodePools",
+            )
+            .await?
+            .into_iter()
+            .filter(|p| p.spec.v_cluster_ref.name == vc)
+            .collect();
+            let (catalogue, all) = catalogue(client).await?;
+            let claimed = count_claimed(&all, &Default::default(), &Default::default());
+            let overheads = list_all(
+                &Api::<NodeType>::all(client.clone()),
+                &ListParams::default(),
+                "NodeTypes",
+            )
+            .await?
+            .into_iter()
+            .filter_map(|t| Some((t.name_any(), t.spec.overhead?)))
+            .collect();
             Ok(explain::pod(
                 &pod,
                 &pools,
@@ -228,11 +242,8 @@ pub async fn explain(client: &Client, args: &ExplainArgs) -> anyhow::Result<Expl
             tenant_kubeconfig,
         } => {
             let (ns, vc) = split(vcluster)?;
-            let claims = Api::<NodeClaim>::namespaced(client.clone(), ns)
-                .list(&ListParams::default())
-                .await
-                .with_context(|| format!("listing the NodeClaims of namespace {ns}"))?;
-            let Some(claim) = claims.items.into_iter().find(|c| {
+            let in_ns = namespace_claims(client, ns).await?;
+            let Some(claim) = in_ns.iter().find(|c| {
                 c.spec.v_cluster_ref.name == vc
                     && c.status.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name)
             }) else {
@@ -252,15 +263,15 @@ pub async fn explain(client: &Client, args: &ExplainArgs) -> anyhow::Result<Expl
                 pods: &pods,
                 budgets: &budgets,
             };
-            let pool = pool_of(client, &claim).await?;
+            let pool = pool_of(client, claim).await?;
             let mut e = match &pool {
-                None => explain::node(name, &claim, None, &on, None, repair_after, now),
+                None => explain::node(name, claim, None, &on, None, repair_after, now),
                 Some(pool) => {
-                    let (claims, provider) = pool_context(client, pool).await?;
+                    let (claims, provider) = pool_context(client, pool, &in_ns).await?;
                     let repair = provider.as_ref().and_then(|p| p.spec.repair.as_ref());
                     explain::node(
                         name,
-                        &claim,
+                        claim,
                         Some((pool, &claims)),
                         &on,
                         repair,
@@ -288,21 +299,25 @@ async fn on_node(
         .get_opt(name)
         .await
         .with_context(|| format!("reading Node {name} in the tenant"))?;
-    let pods = Api::<Pod>::all(tenant.clone())
-        .list(&ListParams::default().fields(&format!("spec.nodeName={name}")))
-        .await
-        .with_context(|| format!("listing the pods on Node {name}"))?
-        .items;
+    let pods = list_all(
+        &Api::<Pod>::all(tenant.clone()),
+        &ListParams::default().fields(&format!("spec.nodeName={name}")),
+        "pods on the Node",
+    )
+    .await?;
     let mut budgets = Vec::new();
     for version in ["v1", "v1beta1"] {
         let gvk = kube::api::GroupVersionKind::gvk("policy", version, "PodDisruptionBudget");
         let resource = kube::api::ApiResource::from_gvk_with_plural(&gvk, "poddisruptionbudgets");
-        let listed = Api::<kube::api::DynamicObject>::all_with(tenant.clone(), &resource)
-            .list(&ListParams::default())
-            .await;
-        if let Ok(list) = listed {
-            budgets = list.items.iter().map(disruption_budget).collect();
-            break;
+        let api = Api::<kube::api::DynamicObject>::all_with(tenant.clone(), &resource);
+        match list_all(&api, &ListParams::default(), "PodDisruptionBudgets").await {
+            Ok(list) => {
+                budgets = list.iter().map(disruption_budget).collect();
+                break;
+            }
+            // A version the tenant does not serve: the next one.
+            Err(e) if refused_or_not_served(&e) => continue,
+            Err(e) => return Err(e),
         }
     }
     Ok((node, pods, budgets))
@@ -327,41 +342,87 @@ fn disruption_budget(o: &kube::api::DynamicObject) -> explain::DisruptionBudget 
     }
 }
 
-/// The node types of every NodeProvider, and the live claims per type.
-async fn catalogue(client: &Client) -> anyhow::Result<(Catalogue, BTreeMap<String, i64>)> {
-    let providers = Api::<NodeProvider>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-        .context("listing NodeProviders")?;
+/// The node types of every NodeProvider, and every NodeClaim (what counts against the
+/// types' `maxCapacity`).
+async fn catalogue(client: &Client) -> anyhow::Result<(Catalogue, Vec<NodeClaim>)> {
+    let providers = list_all(
+        &Api::<NodeProvider>::all(client.clone()),
+        &ListParams::default(),
+        "NodeProviders",
+    )
+    .await?;
     let types = providers
-        .items
         .iter()
         .flat_map(|p| Catalogue::from_provider(p).types().to_vec())
         .collect();
-    let all = Api::<NodeClaim>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-        .context("listing NodeClaims")?;
-    let claimed = count_claimed(&all.items, &Default::default(), &Default::default());
-    Ok((Catalogue::new(types), claimed))
+    let all = list_all(
+        &Api::<NodeClaim>::all(client.clone()),
+        &ListParams::default(),
+        "NodeClaims",
+    )
+    .await?;
+    Ok((Catalogue::new(types), all))
+}
+
+/// Objects listed a page at a time.
+const PAGE: u32 = 500;
+/// The most objects of one kind `explain` reads; a cluster with more gets an error instead.
+const MAX_LISTED: usize = 20_000;
+
+/// Every object `api` lists with `params`, a page at a time, at most [`MAX_LISTED`].
+async fn list_all<K>(api: &Api<K>, params: &ListParams, what: &str) -> anyhow::Result<Vec<K>>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut params = params.clone().limit(PAGE);
+    let mut out = Vec::new();
+    loop {
+        let page = api
+            .list(&params)
+            .await
+            .with_context(|| format!("listing {what}"))?;
+        out.extend(page.items);
+        if out.len() > MAX_LISTED {
+            bail!("there are more than {MAX_LISTED} {what}; explain reads at most that many");
+        }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(out),
+        }
+    }
+}
+
+/// Whether a list failed because the cluster refused it (401, 403) or does not serve the
+/// kind (404).
+fn refused_or_not_served(e: &anyhow::Error) -> bool {
+    matches!(e.downcast_ref::<kube::Error>(), Some(kube::Error::Api(s)) if [401, 403, 404].contains(&s.code))
+}
+
+/// The NodeClaims of namespace `ns`.
+async fn namespace_claims(client: &Client, ns: &str) -> anyhow::Result<Vec<NodeClaim>> {
+    let what = format!("the NodeClaims of namespace {ns}");
+    list_all(
+        &Api::namespaced(client.clone(), ns),
+        &ListParams::default(),
+        &what,
+    )
+    .await
 }
 
 /// A client of the tenant: from `file`, else from the vCluster's `vc-<name>` Secret in
-/// `ns`, checked as the controller checks tenant kubeconfigs.
+/// `ns`; either is checked as the controller checks tenant kubeconfigs (no commands, files,
+/// proxies or impersonation).
 async fn tenant_client(
     client: &Client,
     ns: &str,
     vcluster: &str,
     file: Option<&std::path::Path>,
 ) -> anyhow::Result<Client> {
-    let config = match file {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &Default::default())
-                .await
-                .with_context(|| format!("using {}", path.display()))?
-        }
+    let (bytes, source) = match file {
+        Some(path) => (
+            std::fs::read(path).with_context(|| format!("reading {}", path.display()))?,
+            path.display().to_string(),
+        ),
         None => {
             let secret_name = format!("vc-{vcluster}");
             let secret = Api::<Secret>::namespaced(client.clone(), ns)
@@ -370,17 +431,17 @@ async fn tenant_client(
                 .with_context(|| format!("reading Secret {ns}/{secret_name}"))?;
             let Some(bytes) = secret
                 .data
-                .as_ref()
-                .and_then(|d| d.get(autonodes_api::TENANT_KUBECONFIG_KEY))
+                .and_then(|mut d| d.remove(autonodes_api::TENANT_KUBECONFIG_KEY))
             else {
                 bail!("Secret {ns}/{secret_name} has no key `config`");
             };
-            let checked = autonodes_core::kubeconfig::check(&bytes.0, &Default::default())
-                .map_err(|r| anyhow::anyhow!("Secret {ns}/{secret_name}: {r}"))?;
-            crate::remote::clients::client_config(&checked)
-                .map_err(|why| anyhow::anyhow!("Secret {ns}/{secret_name}: {why}"))?
+            (bytes.0, format!("Secret {ns}/{secret_name}"))
         }
     };
+    let checked = autonodes_core::kubeconfig::check(&bytes, &Default::default())
+        .map_err(|r| anyhow::anyhow!("{source}: {r}"))?;
+    let config = crate::remote::clients::client_config(&checked)
+        .map_err(|why| anyhow::anyhow!("{source}: {why}"))?;
     Client::try_from(config).context("building the tenant's client")
 }
 
@@ -400,30 +461,20 @@ async fn pool_of(client: &Client, claim: &NodeClaim) -> anyhow::Result<Option<No
         .with_context(|| format!("reading NodePool {ns}/{}", owner.name))
 }
 
-/// The claims `pool` controls and the NodeProvider it names (if that exists).
+/// The claims `pool` controls (among `in_ns`, its namespace's claims) and the NodeProvider
+/// it names (if that exists).
 async fn pool_context(
     client: &Client,
     pool: &NodePool,
+    in_ns: &[NodeClaim],
 ) -> anyhow::Result<(Vec<NodeClaim>, Option<NodeProvider>)> {
-    Ok((
-        pool_claims(client, pool).await?,
-        provider_of(client, pool).await?,
-    ))
-}
-
-/// The claims `pool` controls.
-async fn pool_claims(client: &Client, pool: &NodePool) -> anyhow::Result<Vec<NodeClaim>> {
-    let ns = pool.namespace().unwrap_or_default();
     let uid = pool.uid().unwrap_or_default();
-    let claims = Api::<NodeClaim>::namespaced(client.clone(), &ns)
-        .list(&ListParams::default())
-        .await
-        .with_context(|| format!("listing the NodeClaims of namespace {ns}"))?;
-    Ok(claims
-        .items
-        .into_iter()
+    let claims = in_ns
+        .iter()
         .filter(|c| autonodes_core::pool::owned_by(c, &uid))
-        .collect())
+        .cloned()
+        .collect();
+    Ok((claims, provider_of(client, pool).await?))
 }
 
 /// The NodeProvider the pool names, if it names one that exists.

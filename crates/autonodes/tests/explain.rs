@@ -310,8 +310,9 @@ async fn explain_names_why_a_claim_fits_no_type_what_holds_repairs_or_budgets_a_
          do-not-disrupt mark, pods marked so, PodDisruptionBudgets that allow no eviction of a\n\
          pod on it now); the tenant is read as for a pod, below:\n\n\
          ```\n$ autonodes explain node tenant-workers-x9d4t-5e1f0a --vcluster tenant/tenant\n{}```\n\n\
-         A pod of the tenant (read through the vCluster's `vc-NAME` Secret, checked as the\n\
-         controller checks it, or `--tenant-kubeconfig FILE`): each of the tenant's pools in\n\
+         A pod of the tenant (read through the vCluster's `vc-NAME` Secret or\n\
+         `--tenant-kubeconfig FILE`, either checked as the controller checks tenant\n\
+         kubeconfigs: no commands, files, proxies or impersonation): each of the tenant's pools in\n\
          the order they get pending pods, whether one of its node types would take the pod (the\n\
          pool's requirements, the pod's node selector, required node affinity and tolerations,\n\
          its requests against what a node leaves after `kubeReserved` and DaemonSets,\n\

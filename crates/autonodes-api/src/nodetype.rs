@@ -94,6 +94,48 @@ pub struct NodeTypeSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::vm_template")]
     pub virtual_machine_template: Option<Value>,
+    /// Warm VMs of this type: booted and prepared, joined to no tenant, each taken by the
+    /// next claim of the type a warm VM can serve (which then joins in seconds) and
+    /// replaced. Absent or `replicas: 0`: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm: Option<Warm>,
+}
+
+/// Largest `warm.replicas` of a node type.
+pub const MAX_WARM_REPLICAS: i32 = 100;
+
+/// How many warm VMs a node type keeps.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Warm {
+    /// Warm VMs to keep (0 to 100); a claim that takes one is served at once and a new one
+    /// is started. They count against the type's `maxCapacity` and cost, not against any
+    /// tenant's quota.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = 100))]
+    pub replicas: i32,
+}
+
+/// The warm VMs of a NodeType.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeTypeWarm {
+    /// `spec.warm.replicas`, as far as `maxCapacity` leaves room for it.
+    #[serde(default)]
+    pub replicas: i64,
+    /// Warm VMs that exist and are taken by no claim.
+    #[serde(default)]
+    pub current: i64,
+    /// Of those, the ones whose guest reports in (a claim can take them).
+    #[serde(default)]
+    pub ready: i64,
+    /// What the unbound warm VMs cost together (`current` × the type's cost), shown apart
+    /// from the tenants' nodes.
+    #[serde(default)]
+    pub cost: i64,
+    /// Claims served by a warm VM since the controller started.
+    #[serde(default)]
+    pub bound: i64,
 }
 
 /// Lifecycle phase of a NodeType.
@@ -156,7 +198,11 @@ pub struct NodeTypeStatus {
     /// the host sees it (absent until autonodes has seen the host's Nodes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<NodeTypeHost>,
-    /// Conditions, among them `Ready` with the reason when the type cannot be used.
+    /// Warm VMs kept for the type (`spec.warm`); absent when it keeps none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm: Option<NodeTypeWarm>,
+    /// Conditions, among them `Ready` with the reason when the type cannot be used, and
+    /// `WarmReady` for a type that keeps warm VMs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "crate::schema::conditions")]
     pub conditions: Conditions,

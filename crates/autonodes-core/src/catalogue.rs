@@ -111,6 +111,7 @@ pub fn node_types_from_provider(provider: &NodeProvider) -> Vec<NodeType> {
                     taints: entry.taints.clone(),
                     merge_virtual_machine_template: entry.merge_virtual_machine_template.clone(),
                     virtual_machine_template: entry.virtual_machine_template.clone(),
+                    warm: entry.warm.clone(),
                 },
                 status: None,
             }
@@ -232,6 +233,8 @@ pub struct PreparedType {
     /// The instance type the type's VMs use (`autonodes.io/instancetype`), if any: its
     /// resources come from the host ([`prepare_type_with`]).
     pub instancetype: Option<template::instancetype::Matcher>,
+    /// `spec.warm.replicas` (0 when absent), at most [`crate::api::MAX_WARM_REPLICAS`].
+    pub warm_replicas: i64,
 }
 
 /// A hash (16 hex digits of SHA-256) of what a type's VMs are made from, as the user wrote
@@ -350,6 +353,9 @@ pub fn prepare_type_with(
         definition: String::new(),
         golden: Vec::new(),
         instancetype: None,
+        warm_replicas: spec.warm.as_ref().map_or(0, |w| {
+            i64::from(w.replicas.clamp(0, crate::api::MAX_WARM_REPLICAS))
+        }),
     };
     if let Err(problem) = fill_prepared(&mut prepared, spec, provider, instancetype) {
         prepared.problem = Some(problem);
@@ -568,6 +574,7 @@ impl PreparedType {
             requirements: self.requirements(),
             definition_hash: Some(self.definition.clone()),
             host: None,
+            warm: None,
             conditions: Vec::new(),
         }
     }

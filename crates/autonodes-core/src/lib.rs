@@ -55,6 +55,7 @@ pub mod scheduling;
 pub mod template;
 pub mod userdata;
 pub mod vcluster;
+pub mod warm;
 pub mod yaml;
 pub mod zones;
 

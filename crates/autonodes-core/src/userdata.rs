@@ -49,6 +49,9 @@ const KUBEADM_TEMPLATE: &str = include_str!("../templates/kubeadm.hbs");
 const VCLUSTER_TEMPLATE: &str = include_str!("../templates/vcluster.hbs");
 const JOIN_CONFIGURATION_PARTIAL: &str = include_str!("../templates/join-configuration.hbs");
 const PREPARE_SCRIPT_TEMPLATE: &str = include_str!("../templates/prepare-node.sh.hbs");
+const WARM_TEMPLATE: &str = include_str!("../templates/warm.hbs");
+
+pub mod warm;
 
 /// Where the user data writes the script that prepares the node before `kubeadm join`.
 pub(crate) const PREPARE_SCRIPT_PATH: &str = "/etc/autonodes/prepare-node.sh";
@@ -712,6 +715,7 @@ fn registry() -> Result<&'static Handlebars<'static>, UserDataError> {
                 ("kubeadm", KUBEADM_TEMPLATE),
                 ("vcluster", VCLUSTER_TEMPLATE),
                 ("prepare", PREPARE_SCRIPT_TEMPLATE),
+                ("warm", WARM_TEMPLATE),
             ] {
                 hb.register_template_string(name, text)
                     .map_err(|e| format!("{name}: {e}"))?;

@@ -88,6 +88,7 @@ fn spec(resources: &[(&str, &str)]) -> NodeTypeSpec {
         taints: vec![],
         merge_virtual_machine_template: None,
         virtual_machine_template: None,
+        warm: None,
     }
 }
 

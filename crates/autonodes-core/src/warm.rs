@@ -1,0 +1,391 @@
+//! Warm VMs, as pure functions: which warm VMs a node type keeps, makes and removes
+//! ([`plan`]); whether a claim can take one ([`servable`]); the names and labels of what is
+//! made for one; and the binding a claim writes for the VM it takes ([`binding`]).
+//!
+//! A warm VM boots from its type's template with user data that joins nothing
+//! ([`crate::userdata::warm`]): it starts an agent that, with a credential of its own
+//! (a ServiceAccount token whose Role reads only this VM's binding Secret and renews only
+//! this VM's Lease), renews the Lease as a heartbeat and polls for its binding. A claim that
+//! takes the VM writes the binding (the JoinConfiguration and prepare script the claim's own
+//! user data would carry); the agent writes those files and joins, and once the Node joined
+//! the binding and the credential are deleted.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use serde_json::Value;
+
+use crate::api::{
+    NodeClaim, NodePoolSpec, LABEL_INSTALLATION, LABEL_MANAGED_BY, LABEL_WARM_NODETYPE,
+    LABEL_WARM_VM, MANAGED_BY,
+};
+use crate::catalogue::PreparedType;
+use crate::properties::{
+    CONFIG_PROPERTIES, PROP_USER_DATA_TEMPLATE, PROP_VM_AFFINITY, PROP_VM_ANTI_AFFINITY, PROP_ZONE,
+};
+use crate::render::{self, RenderError};
+use crate::userdata::{JoinParams, JOIN_CONFIG_PATH, PREPARE_SCRIPT_PATH};
+
+/// How often a warm VM's agent renews its Lease.
+pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(5);
+/// How often a warm VM's agent looks for its binding.
+pub const BINDING_POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// A warm VM whose Lease was renewed within this is ready: a claim may take it.
+pub const READY_WITHIN: Duration = Duration::from_secs(30);
+/// A warm VM that ran this long without its agent ever renewing the Lease (its guest never
+/// reached the host API server), or whose Lease went stale for this long, is replaced.
+pub const REPORT_WITHIN: Duration = Duration::from_secs(600);
+/// Life of a warm VM's credential (its ServiceAccount token).
+pub const CREDENTIAL_LIFETIME: Duration = Duration::from_secs(24 * 3600);
+/// A warm VM is replaced this long before its credential expires.
+pub const REPLACE_BEFORE_EXPIRY: Duration = Duration::from_secs(3600);
+/// Key of the JoinConfiguration in a binding Secret.
+pub const BINDING_JOIN_KEY: &str = "kubeadm-join.yaml";
+/// Key of the prepare script in a binding Secret.
+pub const BINDING_PREPARE_KEY: &str = "prepare-node.sh";
+
+/// Name of a warm VM of the type `short_type` (its short name): `warm-<type>-<suffix>`,
+/// cut to a DNS-1123 label of at most 63 characters.
+pub fn vm_name(short_type: &str, suffix: &str) -> String {
+    let mut base: String = short_type
+        .chars()
+        .map(|c| c.to_ascii_lowercase())
+        .map(|c| {
+            if c.is_ascii_lowercase() || c.is_ascii_digit() {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    base.truncate(63usize.saturating_sub(6 + suffix.len()));
+    let base = base.trim_matches('-');
+    if base.is_empty() {
+        format!("warm-{suffix}")
+    } else {
+        format!("warm-{base}-{suffix}")
+    }
+}
+
+/// Name of the Secret a claim writes for the warm VM `vm` it takes.
+pub fn binding_name(vm: &str) -> String {
+    format!("{vm}-binding")
+}
+
+/// Name of the ServiceAccount, Role, RoleBinding and Lease of the warm VM `vm`.
+pub fn credential_name(vm: &str) -> String {
+    format!("{vm}-warm")
+}
+
+/// Labels of a warm VM (and its user-data Secret) of the type `node_type`.
+pub fn vm_labels(node_type: &str, installation: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (LABEL_MANAGED_BY.to_string(), MANAGED_BY.to_string()),
+        (
+            LABEL_INSTALLATION.to_string(),
+            crate::names::label_value(installation),
+        ),
+        (
+            LABEL_WARM_NODETYPE.to_string(),
+            crate::names::label_value(node_type),
+        ),
+    ])
+}
+
+/// Labels of what is made for the warm VM `vm` (credential, Lease, binding).
+pub fn credential_labels(
+    node_type: &str,
+    vm: &str,
+    installation: &str,
+) -> BTreeMap<String, String> {
+    let mut labels = vm_labels(node_type, installation);
+    labels.insert(LABEL_WARM_VM.to_string(), vm.to_string());
+    labels
+}
+
+/// The Role of the warm VM `vm`: `get` on its own binding Secret, `get` and `patch` on its
+/// own Lease, nothing else.
+pub fn role_rules(vm: &str) -> Value {
+    serde_json::json!([
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [binding_name(vm)], "verbs": ["get"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [credential_name(vm)], "verbs": ["get", "patch"]},
+    ])
+}
+
+/// Why a type keeps no warm VMs although it asks for some: what a warm VM could not be.
+pub fn type_problem(t: &PreparedType) -> Option<String> {
+    let template = t
+        .properties
+        .get(PROP_USER_DATA_TEMPLATE)
+        .map(|v| v.trim())
+        .unwrap_or("");
+    if !template.is_empty() && template != "kubeadm" {
+        return Some(format!(
+            "property {PROP_USER_DATA_TEMPLATE} is {template:?}: warm VMs join with the kubeadm template only"
+        ));
+    }
+    for p in [PROP_VM_AFFINITY, PROP_VM_ANTI_AFFINITY] {
+        if t.properties.contains_key(p) {
+            return Some(format!(
+                "property {p} places each claim's VM by its tenant or pool, which a warm VM made before its claim cannot follow"
+            ));
+        }
+    }
+    if t.properties.contains_key(PROP_ZONE) {
+        return Some(format!(
+            "property {PROP_ZONE}: claims of a type offering zones get one, and a warm VM's zone is not chosen"
+        ));
+    }
+    if let Some(problem) = &t.problem {
+        return Some(problem.to_string());
+    }
+    None
+}
+
+/// Whether a warm VM of type `t` can serve `claim` (of `pool`): only labels, taints and
+/// kubelet arguments can be given when a claim binds a warm VM; every property that shapes
+/// the VM or its boot (user data, SSH keys, image, disks, networks, placement) must be the
+/// type's own, and the claim must not ask for a zone. `Err` says why it is served cold.
+pub fn servable(
+    t: &PreparedType,
+    pool: Option<&NodePoolSpec>,
+    claim: &NodeClaim,
+) -> Result<(), String> {
+    if let Some(problem) = type_problem(t) {
+        return Err(problem);
+    }
+    let properties = crate::node_config::claim_node_properties(t, pool, claim);
+    if let Some(zone) = properties.get(PROP_ZONE) {
+        return Err(format!(
+            "the claim asks for zone {zone:?}; a warm VM's zone is not chosen"
+        ));
+    }
+    for key in CONFIG_PROPERTIES {
+        if properties.get(*key) != t.properties.get(*key) {
+            return Err(format!(
+                "property {key} of the claim differs from its type's, and a warm VM booted with the type's"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// What the binding Secret of a warm VM carries: the JoinConfiguration and the prepare
+/// script the claim's own user data would write, for the warm VM's name.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Binding {
+    /// The kubeadm JoinConfiguration (it holds the bootstrap token).
+    pub join_configuration: String,
+    /// The script that prepares the node for `kubeadm join` (installs the tenant's kubelet
+    /// and kubeadm on a stock image).
+    pub prepare_script: String,
+}
+
+impl std::fmt::Debug for Binding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Binding")
+            .field(
+                "join_configuration",
+                &format!("<{} bytes>", self.join_configuration.len()),
+            )
+            .field(
+                "prepare_script",
+                &format!("<{} bytes>", self.prepare_script.len()),
+            )
+            .finish()
+    }
+}
+
+/// The binding `claim` writes for the warm VM `vm_name` of type `t`: rendered exactly as
+/// the claim's own user data (same labels, taints, kubelet arguments, join), then the two
+/// files the join needs taken out of it.
+// The core's render functions return this error as it is; it is rare and ends in a
+// condition at once.
+#[allow(clippy::result_large_err)]
+pub fn binding(
+    t: &PreparedType,
+    pool: Option<&NodePoolSpec>,
+    claim: &NodeClaim,
+    vm_name: &str,
+    join: &JoinParams,
+    installation: &str,
+) -> Result<Binding, RenderError> {
+    let rendered = render::render_node(t, claim, pool, vm_name, join, installation)?;
+    let file = |path: &'static str| -> Result<String, RenderError> {
+        let doc: Value =
+            crate::yaml::from_str(&rendered.user_data).map_err(|_| RenderError::MissingField {
+                claim: claim_id(claim),
+                field: "user data",
+            })?;
+        doc.get("write_files")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .find(|f| f.get("path").and_then(Value::as_str) == Some(path))
+            .and_then(|f| f.get("content").and_then(Value::as_str))
+            .map(str::to_string)
+            .ok_or(RenderError::MissingField {
+                claim: claim_id(claim),
+                field: path,
+            })
+    };
+    Ok(Binding {
+        join_configuration: file(JOIN_CONFIG_PATH)?,
+        prepare_script: file(PREPARE_SCRIPT_PATH)?,
+    })
+}
+
+fn claim_id(claim: &NodeClaim) -> String {
+    format!(
+        "{}/{}",
+        claim.metadata.namespace.as_deref().unwrap_or_default(),
+        claim.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// One warm VM of a type as observed on its host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WarmVm {
+    /// The VM's name.
+    pub name: String,
+    /// When the VM was created.
+    pub created: Timestamp,
+    /// The type definition hash it was made from.
+    pub definition: Option<String>,
+    /// Since when its instance runs, if it does.
+    pub running_since: Option<Timestamp>,
+    /// The last renewal of its Lease by its agent, if any.
+    pub heartbeat: Option<Timestamp>,
+    /// Being deleted already.
+    pub deleting: bool,
+}
+
+impl WarmVm {
+    /// Whether a claim may take it: it runs and its agent renewed its Lease lately.
+    pub fn ready(&self, now: Timestamp) -> bool {
+        !self.deleting
+            && self.running_since.is_some()
+            && self
+                .heartbeat
+                .is_some_and(|h| since(h, now) <= READY_WITHIN)
+    }
+}
+
+/// Time from `t` to `now` (zero when `t` is later).
+fn since(t: Timestamp, now: Timestamp) -> Duration {
+    now.duration_since(t).try_into().unwrap_or(Duration::ZERO)
+}
+
+/// Why a warm VM is removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Removal {
+    /// More warm VMs than wanted (`replicas` lowered, or `maxCapacity` reached by claims).
+    Excess,
+    /// Made from an older definition of its type.
+    Drifted,
+    /// Its agent never reported, or stopped reporting, within [`REPORT_WITHIN`].
+    NotReporting,
+    /// Its credential is about to expire.
+    Expiring,
+}
+
+impl Removal {
+    /// As said in logs and Events.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Removal::Excess => "not wanted any more",
+            Removal::Drifted => "its node type changed",
+            Removal::NotReporting => "its guest does not report to the host API server",
+            Removal::Expiring => "its credential expires soon",
+        }
+    }
+}
+
+/// What to do with a type's warm VMs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// How many warm VMs may exist (`replicas`, within what `maxCapacity` leaves).
+    pub wanted: i64,
+    /// How many to make now.
+    pub create: usize,
+    /// Which to remove, and why.
+    pub remove: Vec<(String, Removal)>,
+    /// Of the warm VMs kept, how many are ready.
+    pub ready: i64,
+    /// Of the warm VMs kept, how many ran for [`REPORT_WITHIN`] without ever reporting, or
+    /// stopped reporting (they are being replaced).
+    pub not_reporting: i64,
+}
+
+/// Plans a type's warm VMs: `replicas` wanted, within `room` (how many more VMs the type's
+/// `maxCapacity` allows besides its claims; `None`: unlimited), of definition `definition`.
+/// Broken ones (drifted, not reporting, expiring) are removed and made again; at most
+/// `replicas` exist; the ones removed for excess are the least ready and youngest first.
+pub fn plan(
+    replicas: i64,
+    room: Option<i64>,
+    definition: &str,
+    vms: &[WarmVm],
+    now: Timestamp,
+) -> Plan {
+    let wanted = match room {
+        Some(room) => replicas.min(room.max(0)),
+        None => replicas,
+    }
+    .max(0);
+    let mut out = Plan {
+        wanted,
+        ..Plan::default()
+    };
+    let mut kept: Vec<&WarmVm> = Vec::new();
+    for vm in vms.iter().filter(|v| !v.deleting) {
+        let age = since(vm.created, now);
+        let reported_late = match (vm.heartbeat, vm.running_since) {
+            (Some(h), _) => since(h, now) > REPORT_WITHIN,
+            (None, Some(r)) => since(r, now) > REPORT_WITHIN,
+            (None, None) => age > REPORT_WITHIN,
+        };
+        let why = if vm.definition.as_deref() != Some(definition) {
+            Some(Removal::Drifted)
+        } else if age + REPLACE_BEFORE_EXPIRY >= CREDENTIAL_LIFETIME {
+            Some(Removal::Expiring)
+        } else if reported_late {
+            out.not_reporting += 1;
+            Some(Removal::NotReporting)
+        } else {
+            None
+        };
+        match why {
+            Some(why) => out.remove.push((vm.name.clone(), why)),
+            None => kept.push(vm),
+        }
+    }
+    // Keep the ready, then the oldest.
+    kept.sort_by(|a, b| {
+        b.ready(now)
+            .cmp(&a.ready(now))
+            .then(a.created.cmp(&b.created))
+            .then(a.name.cmp(&b.name))
+    });
+    let keep = usize::try_from(wanted).unwrap_or(0);
+    for vm in kept.iter().skip(keep) {
+        out.remove.push((vm.name.clone(), Removal::Excess));
+    }
+    let kept = &kept[..kept.len().min(keep)];
+    out.ready = kept.iter().filter(|v| v.ready(now)).count() as i64;
+    // Those being deleted still hold their place until they are gone.
+    let deleting = vms.iter().filter(|v| v.deleting).count();
+    out.create = keep.saturating_sub(kept.len() + deleting);
+    out
+}
+
+/// The warm VM a claim takes among `vms`: a ready one, the oldest first (name breaks ties).
+pub fn pick(vms: &[WarmVm], now: Timestamp) -> Option<&WarmVm> {
+    vms.iter()
+        .filter(|v| v.ready(now))
+        .min_by(|a, b| a.created.cmp(&b.created).then(a.name.cmp(&b.name)))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,269 @@
+//! Tests of [`super`].
+
+use super::*;
+use crate::api::{NodeClaim, Properties};
+use crate::catalogue::{prepare_type, ProviderContext};
+use crate::kubeversion::KubeVersion;
+use crate::userdata::warm::{read_warm_agent, render_warm_user_data, WarmUserDataInput};
+use crate::userdata::DEFAULT_DOWNLOAD_URL;
+use serde_json::json;
+
+fn at(secs: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + secs).expect("time")
+}
+
+fn prepared(properties: Value) -> PreparedType {
+    let spec = serde_json::from_value(json!({
+        "providerRef": "p",
+        "resources": {"cpu": "2", "memory": "4Gi"},
+        "properties": properties,
+        "warm": {"replicas": 2},
+    }))
+    .expect("spec");
+    let ctx = ProviderContext {
+        name: "p".into(),
+        host_cluster: "h".into(),
+        vm_namespace: "vms".into(),
+        tenant_namespaces: None,
+        properties: Properties::new(),
+        base_template: Some(json!({"spec": {"template": {"spec": {}}}})),
+    };
+    let t = prepare_type("p.small", &spec, Some(&ctx));
+    assert!(t.problem.is_none(), "{:?}", t.problem);
+    t
+}
+
+fn claim(spec: Value) -> NodeClaim {
+    serde_json::from_value(json!({
+        "metadata": {"name": "c", "namespace": "team", "uid": "u-1"},
+        "spec": spec,
+    }))
+    .expect("claim")
+}
+
+fn vm(name: &str, created: i64, running: Option<i64>, beat: Option<i64>) -> WarmVm {
+    WarmVm {
+        name: name.into(),
+        created: at(created),
+        definition: Some("d1".into()),
+        running_since: running.map(at),
+        heartbeat: beat.map(at),
+        deleting: false,
+    }
+}
+
+#[test]
+fn a_type_keeps_its_replicas_and_makes_the_missing_ones() {
+    let p = plan(3, None, "d1", &[vm("a", 0, Some(10), Some(95))], at(100));
+    assert_eq!((p.wanted, p.create, p.ready), (3, 2, 1));
+    assert!(p.remove.is_empty());
+    let p = plan(0, None, "d1", &[vm("a", 0, Some(10), Some(95))], at(100));
+    assert_eq!(p.create, 0);
+    assert_eq!(p.remove, [("a".to_string(), Removal::Excess)]);
+}
+
+#[test]
+fn max_capacity_left_by_claims_bounds_the_warm_vms_and_the_least_ready_go_first() {
+    let vms = [
+        vm("booting", 50, None, None),
+        vm("ready", 0, Some(10), Some(95)),
+        vm("young-ready", 60, Some(70), Some(99)),
+    ];
+    let p = plan(3, Some(2), "d1", &vms, at(100));
+    assert_eq!(p.wanted, 2);
+    assert_eq!(p.remove, [("booting".to_string(), Removal::Excess)]);
+    assert_eq!(p.create, 0);
+    assert_eq!(plan(3, Some(-1), "d1", &vms, at(100)).wanted, 0);
+}
+
+#[test]
+fn drifted_silent_and_expiring_warm_vms_are_replaced() {
+    let mut old = vm("old-definition", 0, Some(10), Some(95));
+    old.definition = Some("d0".into());
+    let day = i64::try_from(CREDENTIAL_LIFETIME.as_secs()).expect("secs");
+    let vms = [
+        old,
+        vm("never-reported", 0, Some(10), None),
+        vm("went-silent", 0, Some(10), Some(20)),
+        vm("fine", 0, Some(10), Some(699)),
+    ];
+    let p = plan(4, None, "d1", &vms, at(700));
+    assert_eq!(
+        p.remove,
+        [
+            ("old-definition".to_string(), Removal::Drifted),
+            ("never-reported".to_string(), Removal::NotReporting),
+            ("went-silent".to_string(), Removal::NotReporting),
+        ]
+    );
+    assert_eq!((p.create, p.not_reporting, p.ready), (3, 2, 1));
+    let p = plan(
+        1,
+        None,
+        "d1",
+        &[vm("aging", 0, Some(10), Some(day - 3600))],
+        at(day - 3590),
+    );
+    assert_eq!(p.remove, [("aging".to_string(), Removal::Expiring)]);
+}
+
+#[test]
+fn warm_vms_being_deleted_hold_their_place_until_gone() {
+    let mut going = vm("going", 0, Some(10), Some(95));
+    going.deleting = true;
+    let p = plan(
+        2,
+        None,
+        "d1",
+        &[going, vm("a", 0, Some(10), Some(95))],
+        at(100),
+    );
+    assert_eq!(p.create, 0);
+}
+
+#[test]
+fn a_claim_takes_the_oldest_ready_warm_vm() {
+    let vms = [
+        vm("b", 5, Some(10), Some(95)),
+        vm("a", 5, Some(10), Some(95)),
+        vm("stale", 0, Some(10), Some(40)),
+        vm("booting", 0, None, None),
+    ];
+    assert_eq!(pick(&vms, at(100)).map(|v| v.name.as_str()), Some("a"));
+    assert!(pick(&vms[2..], at(100)).is_none());
+}
+
+#[test]
+fn a_claim_with_its_own_user_data_image_or_zone_is_served_cold() {
+    let t = prepared(json!({"autonodes.io/image-prepared": "true"}));
+    assert_eq!(
+        servable(&t, None, &claim(json!({"vClusterRef": {"name": "v"}}))),
+        Ok(())
+    );
+    let labelled = claim(
+        json!({"vClusterRef": {"name": "v"}, "labels": {"team": "a"},
+        "taints": [{"key": "k", "effect": "NoSchedule"}], "kubeletArgs": {"max-pods": "50"}}),
+    );
+    assert_eq!(servable(&t, None, &labelled), Ok(()), "given at bind time");
+    let own = claim(json!({"vClusterRef": {"name": "v"},
+        "properties": {"autonodes.io/user-data": "#cloud-config\nruncmd: [[true]]\n"}}));
+    let why = servable(&t, None, &own).expect_err("cold");
+    assert!(why.contains("autonodes.io/user-data"), "{why}");
+    let mut zoned = claim(json!({"vClusterRef": {"name": "v"}}));
+    zoned.status = Some(serde_json::from_value(json!({"zone": "a"})).expect("status"));
+    assert!(servable(&t, None, &zoned)
+        .expect_err("cold")
+        .contains("zone"));
+    let vcluster = prepared(json!({"autonodes.io/user-data-template": "vcluster"}));
+    assert!(type_problem(&vcluster)
+        .expect("problem")
+        .contains("kubeadm"));
+    let placed = prepared(json!({"autonodes.io/vm-anti-affinity": "soft"}));
+    assert!(type_problem(&placed).is_some());
+}
+
+fn join() -> JoinParams {
+    JoinParams {
+        api_server_endpoint: "10.0.0.1:6443".into(),
+        token: "abcdef.0123456789abcdef".into(),
+        ca_cert_hashes: vec![
+            "sha256:2917f5ab7ab656c6c2585c6a715cfb777c242f7a357a5ba18a4c21849d401d6a".into(),
+        ],
+        join_script_url: None,
+        ca_pem: None,
+        kubernetes_version: KubeVersion::new(1, 30, 2),
+        download_url: DEFAULT_DOWNLOAD_URL.into(),
+    }
+}
+
+#[test]
+fn the_binding_is_the_claims_join_for_the_warm_vms_name() {
+    let t = prepared(json!({"autonodes.io/image-prepared": "true"}));
+    let c = claim(
+        json!({"vClusterRef": {"name": "v"}, "labels": {"team": "a"},
+        "taints": [{"key": "gpu", "value": "yes", "effect": "NoSchedule"}]}),
+    );
+    let b = binding(&t, None, &c, "warm-small-x1", &join(), "prod").expect("binding");
+    assert!(b.join_configuration.contains("kind: JoinConfiguration"));
+    assert!(
+        b.join_configuration.contains("\"warm-small-x1\""),
+        "node name"
+    );
+    assert!(
+        b.join_configuration.contains("kubevirt://warm-small-x1"),
+        "provider ID"
+    );
+    assert!(b.join_configuration.contains("team=a"), "claim labels");
+    assert!(b.join_configuration.contains("\"gpu\""), "claim taints");
+    assert!(b.join_configuration.contains("abcdef.0123456789abcdef"));
+    assert!(b.prepare_script.starts_with("#!/bin/sh"));
+    assert!(
+        !format!("{b:?}").contains("abcdef"),
+        "Debug hides the token"
+    );
+}
+
+#[test]
+fn warm_user_data_carries_the_agent_and_its_own_credential_and_no_join() {
+    let keys = vec!["ssh-ed25519 AAAA test".to_string()];
+    let text = render_warm_user_data(&WarmUserDataInput {
+        vm_name: "warm-small-x1",
+        server: "https://10.0.2.2:6443",
+        host_ca_pem: "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+        token: "eyJhbGciOi.token",
+        namespace: "vms",
+        binding: &binding_name("warm-small-x1"),
+        lease: &credential_name("warm-small-x1"),
+        user_cloud_config: Some("#cloud-config\nruncmd:\n  - [echo, hi]\n"),
+        ssh_keys: &keys,
+    })
+    .expect("rendered");
+    assert!(text.starts_with("#cloud-config\n"));
+    assert!(!text.contains("kubeadm join --config /etc/kubernetes/kubeadm-join.yaml\"]"));
+    assert!(text.contains("autonodes-warm.service"));
+    assert!(text.contains("ssh-ed25519 AAAA test"));
+    let doc: Value = crate::yaml::from_str(&text).expect("YAML");
+    let runcmd = doc.get("runcmd").and_then(Value::as_array).expect("runcmd");
+    assert_eq!(
+        runcmd[0],
+        json!(["echo", "hi"]),
+        "the type's own commands first"
+    );
+    let agent = read_warm_agent(&text).expect("agent config");
+    assert_eq!(agent.server, "https://10.0.2.2:6443");
+    assert_eq!(agent.token, "eyJhbGciOi.token");
+    assert_eq!(agent.binding, "warm-small-x1-binding");
+    assert_eq!(agent.lease, "warm-small-x1-warm");
+    assert!(
+        !format!("{agent:?}").contains("eyJ"),
+        "Debug hides the token"
+    );
+    assert!(read_warm_agent("#cloud-config\nwrite_files: []\n").is_none());
+}
+
+#[test]
+fn a_warm_vms_role_reads_only_its_own_binding_and_renews_only_its_own_lease() {
+    let rules = role_rules("warm-a-1");
+    let rules = rules.as_array().expect("rules");
+    assert_eq!(rules.len(), 2);
+    for r in rules {
+        let names = r["resourceNames"].as_array().expect("names");
+        assert_eq!(names.len(), 1);
+        assert!(names[0].as_str().expect("name").starts_with("warm-a-1-"));
+        assert!(!r["verbs"]
+            .as_array()
+            .expect("verbs")
+            .contains(&json!("list")));
+    }
+}
+
+#[test]
+fn warm_vm_names_are_dns_labels() {
+    assert_eq!(vm_name("small", "x7k2q"), "warm-small-x7k2q");
+    let long = vm_name(&"A_very.long-type".repeat(10), "abcde");
+    assert!(
+        long.len() <= 63 && crate::names::is_dns_label(&long),
+        "{long}"
+    );
+    assert_eq!(vm_name("--", "abcde"), "warm-abcde");
+}

@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+# autonodes warm-VM agent (written by autonodes' user data; Python 3 standard library only).
+#
+# This VM is warm: booted, joined to no cluster. With this VM's own token (its Role reads
+# only this VM's binding Secret and renews only this VM's Lease on the host cluster), the
+# agent renews the Lease as a heartbeat and looks for the binding. Once a claim has written
+# it, the agent writes the two files it carries to fixed paths, forgets the token, and
+# runs the prepare script and `kubeadm join` with that configuration. It runs nothing else
+# from the binding and reads nothing else.
+import base64
+import datetime
+import json
+import os
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+DIR = "/etc/autonodes/warm"
+CONFIG = DIR + "/config.json"
+TOKEN = DIR + "/token"
+HOST_CA = DIR + "/host-ca.crt"
+# Binding key -> (path, mode). Nothing else in the binding is used.
+FILES = {
+    "kubeadm-join.yaml": ("/etc/kubernetes/kubeadm-join.yaml", 0o600),
+    "prepare-node.sh": ("/etc/autonodes/prepare-node.sh", 0o755),
+}
+JOIN = "/etc/autonodes/prepare-node.sh && kubeadm join --config /etc/kubernetes/kubeadm-join.yaml"
+
+
+def log(message):
+    print("autonodes-warm: " + message, file=sys.stderr, flush=True)
+
+
+def call(cfg, method, path, body=None, content_type=None):
+    with open(TOKEN) as f:
+        token = f.read().strip()
+    request = urllib.request.Request(cfg["server"].rstrip("/") + path, data=body, method=method)
+    request.add_header("Authorization", "Bearer " + token)
+    request.add_header("Accept", "application/json")
+    if content_type:
+        request.add_header("Content-Type", content_type)
+    context = ssl.create_default_context(cafile=HOST_CA)
+    with urllib.request.urlopen(request, context=context, timeout=10) as response:
+        return json.load(response)
+
+
+def heartbeat(cfg):
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    body = json.dumps({"spec": {"holderIdentity": cfg["vm"], "renewTime": now}}).encode()
+    path = "/apis/coordination.k8s.io/v1/namespaces/%s/leases/%s" % (cfg["namespace"], cfg["lease"])
+    call(cfg, "PATCH", path, body, "application/merge-patch+json")
+
+
+def binding(cfg):
+    path = "/api/v1/namespaces/%s/secrets/%s" % (cfg["namespace"], cfg["binding"])
+    try:
+        secret = call(cfg, "GET", path)
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return None
+        raise
+    data = secret.get("data") or {}
+    return data if all(key in data for key in FILES) else None
+
+
+def main():
+    with open(CONFIG) as f:
+        cfg = json.load(f)
+    poll = float(cfg.get("pollSeconds", 1))
+    every = float(cfg.get("heartbeatSeconds", 5))
+    next_beat = 0.0
+    last_error = None
+    while True:
+        try:
+            if time.monotonic() >= next_beat:
+                heartbeat(cfg)
+                next_beat = time.monotonic() + every
+            data = binding(cfg)
+            last_error = None
+        except Exception as e:  # unreachable or refused: say so once, keep trying
+            if str(e) != last_error:
+                log("host API server %s: %s" % (cfg["server"], e))
+                last_error = str(e)
+            data = None
+        if data is not None:
+            break
+        time.sleep(poll)
+    for key, (path, mode) in FILES.items():
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(base64.b64decode(data[key]))
+        os.chmod(path, mode)
+    os.remove(TOKEN)
+    log("bound by a claim: joining")
+    sys.exit(subprocess.call(["sh", "-c", JOIN]))
+
+
+if __name__ == "__main__":
+    main()

@@ -66,9 +66,9 @@ pub const LABEL_WARM_NODETYPE: &str = "autonodes.io/warm-nodetype";
 /// Label on the objects made for one warm VM (its credential, heartbeat Lease and
 /// binding): the VM's name.
 pub const LABEL_WARM_VM: &str = "autonodes.io/warm-vm";
-/// Annotation on a warm VM: the NodeType's definition hash it was made from (a warm VM of
-/// an older definition is replaced).
-pub const ANNOTATION_WARM_DEFINITION: &str = "autonodes.io/warm-definition";
+/// Label on a warm VM: the NodeType's definition hash it was made from (a warm VM of an
+/// older definition is replaced).
+pub const LABEL_WARM_DEFINITION: &str = "autonodes.io/warm-definition";
 /// Annotation on a NodeClaim asking for its VM to be restarted: a new value (any text, such
 /// as a time) restarts it once. Node repair sets it; so may a user.
 pub const ANNOTATION_RESTART: &str = "autonodes.io/restart";

@@ -84,6 +84,12 @@ pub struct KubeVirtProvider {
     /// The node types offered by this provider.
     #[serde(default)]
     pub node_types: Vec<ProviderNodeType>,
+    /// The host cluster's API server as this provider's VMs reach it
+    /// (`https://host[:port][/path]`): warm VMs renew their heartbeat and read their
+    /// binding there. Absent: the server of the host kubeconfig.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = crate::schema::GUEST_SERVER_PATTERN), length(max = 512))]
+    pub guest_api_server: Option<String>,
 }
 
 /// One node type offered by a NodeProvider.

@@ -430,6 +430,16 @@ names! {
         InvalidTaints,
         /// The KubeVirt instance type the type names cannot be read from the host.
         InstancetypeUnavailable,
+        /// `WarmReady=True`: every warm VM the type keeps is ready for a claim.
+        WarmReady,
+        /// `WarmReady=False`: warm VMs are being made or are booting.
+        WarmStarting,
+        /// `WarmReady=False`: warm VMs ran without their agent reporting to the host API
+        /// server (the VMs cannot reach it); they are replaced, claims are served cold.
+        WarmNotReporting,
+        /// `WarmReady=False`: the type cannot keep warm VMs (its user data template,
+        /// placement or zones; its host unreachable).
+        WarmUnavailable,
     }
 }
 

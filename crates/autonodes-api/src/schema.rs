@@ -8,6 +8,9 @@ use schemars::{json_schema, Schema, SchemaGenerator};
 /// than the pattern Kubernetes publishes: an exponent is an integer, as Kubernetes parses it.
 pub const QUANTITY_PATTERN: &str =
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?[0-9]+))?$";
+/// An `https://host[:port][/path]` URL of letters, digits and `.-[]:` in the host and
+/// `._~/-` in the path: no credentials, query or fragment (`warm::parse_guest_server`).
+pub const GUEST_SERVER_PATTERN: &str = r"^https://[A-Za-z0-9.\[\]:-]+(/[A-Za-z0-9._~/-]*)?$";
 /// A label value (empty allowed), at most 63 characters (`names::is_label_value`).
 pub const LABEL_VALUE_PATTERN: &str = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$";
 /// A DNS-1123 label (`names::is_dns_label`), with `maxLength` 63.

@@ -61,6 +61,21 @@ pub(crate) fn node_properties(
     p
 }
 
+/// The cloud-config a node of these properties merges into its user data
+/// (`autonodes.io/user-data`, else vCluster's spelling).
+pub fn user_cloud_config(properties: &Properties) -> Option<&str> {
+    crate::properties::config_property(properties, crate::properties::PROP_USER_DATA)
+        .map(String::as_str)
+}
+
+/// The SSH keys a node of these properties gets (`autonodes.io/ssh-keys`, else vCluster's
+/// spelling), one per line.
+pub fn ssh_keys(properties: &Properties) -> Vec<String> {
+    crate::properties::config_property(properties, crate::properties::PROP_SSH_KEYS)
+        .map(|v| crate::userdata::parse_ssh_keys(v))
+        .unwrap_or_default()
+}
+
 /// The properties of a claim's node: [`node_properties`], with the zone the claim was
 /// scheduled into (`status.zone`) in place of what its type offers.
 pub fn claim_node_properties(

@@ -40,6 +40,8 @@ enum Parser {
     BudgetNodes,
     /// `pool::budget::budget_duration`.
     BudgetDuration,
+    /// `warm::parse_guest_server`.
+    GuestServer,
     /// Any text is read as it is; the reason says why.
     Free(&'static str),
 }
@@ -63,6 +65,7 @@ impl Parser {
             Parser::Duration => s.parse::<DurationOrNever>().is_ok(),
             Parser::BudgetNodes => crate::pool::budget::budget_nodes(s).is_some(),
             Parser::BudgetDuration => crate::pool::budget::budget_duration(s).is_some(),
+            Parser::GuestServer => crate::warm::parse_guest_server(s).is_ok(),
             Parser::Free(_) => true,
         }
     }
@@ -115,6 +118,7 @@ const PARSERS: &[(&str, Parser)] = &[
     (".providerRef", Parser::Subdomain(253)),
     (".typeRef", Parser::Subdomain(253)),
     (".clusterRef.cluster", Parser::Subdomain(253)),
+    ("NodeProvider.spec.kubeVirt.guestApiServer", Parser::GuestServer),
     (".clusterRef.namespace", Parser::DnsLabel),
     (".nodeTypes[].name", Parser::DnsLabel),
     (".properties.*", Parser::Free("property values are compared as text; the ones that become labels are checked when the node is built")),

@@ -17,8 +17,8 @@ use k8s_openapi::jiff::Timestamp;
 use serde_json::Value;
 
 use crate::api::{
-    NodeClaim, NodePoolSpec, LABEL_INSTALLATION, LABEL_MANAGED_BY, LABEL_WARM_NODETYPE,
-    LABEL_WARM_VM, MANAGED_BY,
+    NodeClaim, NodePoolSpec, LABEL_INSTALLATION, LABEL_MANAGED_BY, LABEL_WARM_DEFINITION,
+    LABEL_WARM_NODETYPE, LABEL_WARM_VM, MANAGED_BY,
 };
 use crate::catalogue::PreparedType;
 use crate::properties::{
@@ -44,6 +44,34 @@ pub const REPLACE_BEFORE_EXPIRY: Duration = Duration::from_secs(3600);
 pub const BINDING_JOIN_KEY: &str = "kubeadm-join.yaml";
 /// Key of the prepare script in a binding Secret.
 pub const BINDING_PREPARE_KEY: &str = "prepare-node.sh";
+
+/// Reads a provider's `guestApiServer`: `https://host[:port][/path]` of letters, digits
+/// and `.-[]:` in the host and `._~/-` in the path (no credentials, query or fragment).
+pub fn parse_guest_server(s: &str) -> Result<String, String> {
+    let bad = || {
+        format!(
+            "{:?} is not https://host[:port][/path]",
+            s.chars().take(100).collect::<String>()
+        )
+    };
+    let rest = s.strip_prefix("https://").ok_or_else(bad)?;
+    let (host, path) = match rest.find('/') {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    let host_ok = !host.is_empty()
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'[' | b']' | b':' | b'-'));
+    let path_ok = path
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'~' | b'/' | b'-'));
+    if host_ok && path_ok {
+        Ok(s.to_string())
+    } else {
+        Err(bad())
+    }
+}
 
 /// Name of a warm VM of the type `short_type` (its short name): `warm-<type>-<suffix>`,
 /// cut to a DNS-1123 label of at most 63 characters.
@@ -242,6 +270,77 @@ fn claim_id(claim: &NodeClaim) -> String {
         claim.metadata.namespace.as_deref().unwrap_or_default(),
         claim.metadata.name.as_deref().unwrap_or_default()
     )
+}
+
+/// The user-data Secret and VirtualMachine of the warm VM `vm_name` of type `t`.
+#[derive(Debug, Clone)]
+pub struct WarmObjects {
+    /// The user-data Secret (`<vm>-userdata`).
+    pub secret: k8s_openapi::api::core::v1::Secret,
+    /// The VirtualMachine.
+    pub vm: Value,
+}
+
+/// Renders the warm VM `vm_name` of type `t` with `user_data` ([`crate::userdata::warm`]):
+/// the type's composed template with the warm labels ([`vm_labels`] and
+/// [`LABEL_WARM_VM`], which its DataVolumes get too) and the type's definition hash
+/// ([`LABEL_WARM_DEFINITION`]).
+pub fn render_vm(
+    t: &PreparedType,
+    vm_name: &str,
+    user_data: String,
+    installation: &str,
+) -> Result<WarmObjects, crate::template::error::TemplateError> {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    let labels = credential_labels(&t.name, vm_name, installation);
+    let mut vm_labels = labels.clone();
+    vm_labels.insert(LABEL_WARM_DEFINITION.to_string(), t.definition.clone());
+    let vm = crate::template::finalize_vm(
+        &t.template,
+        &crate::template::names::VmIdentity {
+            name: vm_name,
+            namespace: &t.vm_namespace,
+            labels: &vm_labels,
+        },
+        &t.name,
+    )?;
+    let secret = k8s_openapi::api::core::v1::Secret {
+        metadata: ObjectMeta {
+            name: Some(crate::template::names::user_data_secret_name(vm_name)),
+            namespace: Some(t.vm_namespace.clone()),
+            labels: Some(labels),
+            ..ObjectMeta::default()
+        },
+        type_: Some("Opaque".to_string()),
+        data: Some(BTreeMap::from([(
+            crate::template::names::USER_DATA_KEY.to_string(),
+            k8s_openapi::ByteString(user_data.into_bytes()),
+        )])),
+        ..Default::default()
+    };
+    Ok(WarmObjects { secret, vm })
+}
+
+/// The labels a claim puts on the warm VM it takes (and its user-data Secret and
+/// DataVolumes), as a merge patch: the claim's own ([`crate::template::names::managed_labels`])
+/// in place of the warm type's, so from then on the VM is the claim's like any other.
+pub fn taken_labels(
+    claim_name: &str,
+    claim_namespace: &str,
+    claim_uid: &str,
+    installation: &str,
+) -> Value {
+    let mut labels: serde_json::Map<String, Value> = crate::template::names::managed_labels(
+        claim_name,
+        claim_namespace,
+        claim_uid,
+        installation,
+    )
+    .into_iter()
+    .map(|(k, v)| (k, Value::String(v)))
+    .collect();
+    labels.insert(LABEL_WARM_NODETYPE.to_string(), Value::Null);
+    Value::Object(labels)
 }
 
 /// One warm VM of a type as observed on its host.

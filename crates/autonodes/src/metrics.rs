@@ -38,6 +38,11 @@ pub struct Metrics {
     /// `autonodes_nodetype_host_headroom{nodetype,provider}`: how many more of the type's
     /// VMs its host cluster's nodes have room for; absent while unknown.
     pub nodetype_host_headroom: IntGaugeVec,
+    /// `autonodes_warm_vms{nodetype,provider,state}`: a type's warm VMs that are `ready`
+    /// (a claim may take them) or `starting`.
+    pub warm_vms: IntGaugeVec,
+    /// `autonodes_warm_bindings_total{nodetype}`: claims served by a warm VM.
+    pub warm_bindings: IntCounterVec,
     /// `autonodes_nodeclaims{phase,nodetype,provider}`.
     pub nodeclaims: IntGaugeVec,
     /// `autonodes_nodeclaims_cost{namespace,vcluster,provider}`.
@@ -127,6 +132,14 @@ impl Metrics {
             nodetype_host_headroom: register(r, IntGaugeVec::new(
                 Opts::new("nodetype_host_headroom", "How many more VMs of the node type the nodes of its host cluster have room for."),
                 &["nodetype", "provider"],
+            ))?,
+            warm_vms: register(r, IntGaugeVec::new(
+                Opts::new("warm_vms", "Warm VMs of a node type, ready (a claim may take them) or starting."),
+                &["nodetype", "provider", "state"],
+            ))?,
+            warm_bindings: register(r, IntCounterVec::new(
+                Opts::new("warm_bindings_total", "Claims served by a warm VM of the node type."),
+                &["nodetype"],
             ))?,
             nodeclaims: register(r, IntGaugeVec::new(
                 Opts::new("nodeclaims", "Node claims by phase, node type and provider."),
@@ -225,7 +238,7 @@ impl Metrics {
     /// of metrics that have no sample yet; for checks of dashboards and alerts.
     pub fn descs(&self) -> Vec<prometheus::core::Desc> {
         use prometheus::core::Collector;
-        let collectors: [&dyn Collector; 21] = [
+        let collectors: [&dyn Collector; 23] = [
             &self.reconcile_total,
             &self.reconcile_duration,
             &self.nodetype_capacity,
@@ -233,6 +246,8 @@ impl Metrics {
             &self.nodetype_available,
             &self.nodetype_cost,
             &self.nodetype_host_headroom,
+            &self.warm_vms,
+            &self.warm_bindings,
             &self.nodeclaims,
             &self.nodeclaims_cost,
             &self.nodeclaims_oldest,

@@ -142,3 +142,51 @@ fn the_user_data_of_every_golden_file_is_a_cloud_config_cloud_init_accepts() {
     }
     assert!(checked >= 7, "only {checked} golden user data found");
 }
+
+#[test]
+fn a_warm_vms_user_data_is_a_cloud_config_cloud_init_accepts_and_its_agent_is_python_that_compiles()
+{
+    use autonodes_core::userdata::warm::{render_warm_user_data, WarmUserDataInput, AGENT_PATH};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let keys = vec!["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIC0 test".to_string()];
+    for user in [
+        None,
+        Some("#cloud-config\nruncmd:\n  - [echo, hello]\npackages: [jq]\n"),
+    ] {
+        let text = render_warm_user_data(&WarmUserDataInput {
+            vm_name: "warm-small-abcde",
+            server: "https://10.96.0.1:443",
+            host_ca_pem: "-----BEGIN CERTIFICATE-----\nMIIBdzCCAR2gAwIBAgIBADAKBggqhkjOPQQDAjAjMSEwHwYDVQQDDBhrM3Mtc2Vy\n-----END CERTIFICATE-----\n",
+            token: "eyJhbGciOiJSUzI1NiJ9.e30.c2ln",
+            namespace: "vms",
+            binding: "warm-small-abcde-binding",
+            lease: "warm-small-abcde-warm",
+            user_cloud_config: user,
+            ssh_keys: &keys,
+        })
+        .expect("rendered");
+        let (ok, out) = schema(dir.path(), "warm.yaml", &text);
+        assert!(ok, "cloud-init refused the warm user data:\n{out}\n{text}");
+        // The agent as cloud-init writes it compiles with the guest's Python 3.
+        let doc: Value = autonodes_core::yaml::from_str(&text).expect("YAML");
+        let agent = doc["write_files"]
+            .as_array()
+            .expect("write_files")
+            .iter()
+            .find(|f| f["path"] == AGENT_PATH)
+            .and_then(|f| f["content"].as_str())
+            .expect("the agent");
+        let file = dir.path().join("agent.py");
+        std::fs::write(&file, agent).expect("agent written");
+        let out = Command::new("python3")
+            .args(["-m", "py_compile"])
+            .arg(&file)
+            .output()
+            .expect("python3 runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

@@ -33,12 +33,25 @@ pub(crate) struct Ctx {
     pub(crate) secrets: Arc<Cache<Secret>>,
     /// The guests that joined a tenant.
     pub(crate) joined: Joined,
+    /// When each warm VM's simulated agent last renewed its Lease, by VM name.
+    pub(crate) beats: Beats,
 }
 
 impl Ctx {
     /// The host's API of the kind `ar` in namespace `ns`.
     pub(crate) fn api(&self, ar: &ApiResource, ns: &str) -> Api<DynamicObject> {
         Api::namespaced_with(self.host.clone(), ns, ar)
+    }
+}
+
+/// When each warm VM's agent last renewed its Lease.
+#[derive(Default)]
+pub(crate) struct Beats(Mutex<HashMap<String, std::time::Instant>>);
+
+impl Beats {
+    /// The map, whether or not a holder panicked.
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, std::time::Instant>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 

@@ -182,8 +182,34 @@ pub(crate) async fn guest(
     if previous.is_some_and(|p| p.starts_with(GAVE_UP_PREFIX)) {
         return Ok(Action::await_change());
     }
+    // A warm VM: its agent waits for its binding before anything joins.
+    let warm = match user_data(ctx, vm, ns).await {
+        Ok(text) => autonodes_core::userdata::warm::read_warm_agent(&text),
+        Err(_) => None,
+    };
+    let mut bound = None;
+    if let Some(agent) = &warm {
+        match super::warm_agent::tick(ctx, &vm.name_any(), agent).await {
+            Ok(Some(join)) => bound = Some(join),
+            Ok(None) => {
+                if previous.is_some() {
+                    annotate_vmi(ctx, vmi, ns, json!({ JOIN_ERROR_ANNOTATION: null })).await?;
+                }
+                return Ok(Action::requeue(autonodes_core::warm::BINDING_POLL_INTERVAL));
+            }
+            Err(reason) => {
+                let message = format!("warm agent: {reason}");
+                if previous != Some(message.as_str()) {
+                    tracing::warn!(vm = %vm_key, reason = %message, "the warm VM's agent failed");
+                    annotate_vmi(ctx, vmi, ns, json!({ JOIN_ERROR_ANNOTATION: message })).await?;
+                    publish(ctx, vm, EventType::Warning, "WarmAgentFailed", &message).await;
+                }
+                return Ok(Action::requeue(Duration::from_secs(2)));
+            }
+        }
+    }
     let mut timeout = guest::DEFAULT_DISCOVERY_TIMEOUT;
-    let outcome = join(ctx, vm, vmi, ns, &mut timeout).await;
+    let outcome = join(ctx, vm, vmi, ns, &mut timeout, bound.as_deref()).await;
     match outcome {
         Ok((node, index)) => {
             if let Some(uid) = vmi.uid() {
@@ -203,12 +229,14 @@ pub(crate) async fn guest(
             Ok(Action::requeue(ctx.opts.resync_interval))
         }
         Err(e) => {
-            let deadline_passed = running_since(vmi).is_some_and(|since| {
-                Timestamp::now()
-                    .duration_since(since)
-                    .try_into()
-                    .is_ok_and(|elapsed: Duration| elapsed >= timeout)
-            });
+            // A warm VM's join starts when it is bound, not when it booted.
+            let deadline_passed = warm.is_none()
+                && running_since(vmi).is_some_and(|since| {
+                    Timestamp::now()
+                        .duration_since(since)
+                        .try_into()
+                        .is_ok_and(|elapsed: Duration| elapsed >= timeout)
+                });
             let give_up = !e.retryable || deadline_passed;
             let message = if give_up {
                 format!("{GAVE_UP_PREFIX}{}", e.reason)
@@ -333,9 +361,16 @@ async fn join(
     vmi: &DynamicObject,
     ns: &str,
     timeout: &mut Duration,
+    bound: Option<&str>,
 ) -> Result<(String, usize), JoinError> {
-    let text = user_data(ctx, vm, ns).await?;
-    let plan = guest::parse_user_data(&text).map_err(|e| fatal(e.0))?;
+    let plan = match bound {
+        // A warm VM joins with the JoinConfiguration of its binding.
+        Some(join) => guest::parse_join_configuration(join).map_err(|e| fatal(e.0))?,
+        None => {
+            let text = user_data(ctx, vm, ns).await?;
+            guest::parse_user_data(&text).map_err(|e| fatal(e.0))?
+        }
+    };
     *timeout = plan.discovery_timeout;
     for w in &plan.warnings {
         tracing::warn!(vm = %format!("{ns}/{}", vm.name_any()), "kubeadm: {w}");

@@ -58,6 +58,7 @@ pub mod real_guest;
 mod reconcile;
 mod tenant;
 mod tenant_entry;
+pub mod warm_agent;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -286,6 +287,7 @@ pub async fn run(
         dvs,
         secrets,
         joined: Joined::default(),
+        beats: Default::default(),
     });
     let result = serve(ctx, woken, shutdown).await;
     for task in tasks {

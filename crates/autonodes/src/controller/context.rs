@@ -79,6 +79,8 @@ pub struct Context {
     pub synced: tokio::sync::watch::Receiver<bool>,
     /// Where watches send objects they cannot decode ([`super::invalid::report`]).
     pub reports: lenient::Reports,
+    /// Each node type's warm VMs as last seen ([`super::warm`]).
+    pub warm: super::warm_index::WarmIndex,
 }
 
 /// A prepared catalogue and the versions of the type and provider stores it came from.
@@ -298,6 +300,7 @@ impl Context {
             metrics: Arc::new(Metrics::new().expect("metrics register")),
             synced,
             reports,
+            warm: Default::default(),
         })
     }
 }

@@ -34,6 +34,8 @@ pub mod startup;
 pub mod status;
 pub mod sweep;
 pub mod vcluster_import;
+pub mod warm;
+pub mod warm_index;
 
 use std::sync::Arc;
 
@@ -129,6 +131,7 @@ pub async fn run(
         metrics,
         synced: synced_rx,
         reports: reports.clone(),
+        warm: Default::default(),
     });
     tokio::spawn(invalid::report(ctx.clone(), reported));
     {

@@ -254,6 +254,36 @@ async fn apply(t: &NodeType, ctx: &TypeContext) -> Result<Action, Error> {
         t.metadata.generation,
         now(),
     );
+    // The type's warm VMs: kept, replaced, removed (also for a type that turned unusable).
+    let warm = super::warm::reconcile(ctx, &prepared, provider.as_deref(), claimed).await;
+    // A type that had warm VMs shows zeros rather than nothing: a field left out of the
+    // status is not always removed (the spec and the status are applied by one field
+    // manager, which API servers before 1.22 do not tell apart).
+    status.warm = match (warm.status, warm.unknown) {
+        (Some(w), _) => Some(w),
+        (None, true) => old.warm.clone(),
+        (None, false) => old.warm.as_ref().map(|w| autonodes_api::NodeTypeWarm {
+            bound: w.bound,
+            ..Default::default()
+        }),
+    };
+    match &warm.condition {
+        Some((ok, reason, message)) => {
+            conditions::set(
+                &mut status.conditions,
+                super::warm::WARM_READY,
+                status_of(*ok),
+                *reason,
+                message.clone(),
+                t.metadata.generation,
+                now(),
+            );
+        }
+        None if warm.unknown => {}
+        None => status
+            .conditions
+            .retain(|c| c.type_ != super::warm::WARM_READY),
+    }
 
     let provider_name = t.spec.provider_ref.clone();
     let m = &ctx.metrics;
@@ -309,7 +339,12 @@ async fn apply(t: &NodeType, ctx: &TypeContext) -> Result<Action, Error> {
             "Evaluate",
             &old.conditions,
             &status.conditions,
-            |c, _| (c.status != conditions::TRUE).then_some(EventType::Warning),
+            |c, _| {
+                // Warm VMs taken and refilled are routine; warm VMs that cannot be kept are not.
+                let routine = c.type_ == super::warm::WARM_READY
+                    && c.reason == TypeReason::WarmStarting.as_str();
+                (c.status != conditions::TRUE && !routine).then_some(EventType::Warning)
+            },
         )
         .await;
         // Pending claims may now fit (or learn why they cannot) when the type turned
@@ -322,8 +357,12 @@ async fn apply(t: &NodeType, ctx: &TypeContext) -> Result<Action, Error> {
             ctx.wake_pending_claims();
         }
     }
-    // The host's room changes without the type changing: look again now and then.
-    Ok(Action::requeue(HOST_ROOM_RECHECK))
+    // The host's room changes without the type changing: look again now and then (soon
+    // while warm VMs are being made or booting).
+    Ok(Action::requeue(
+        warm.requeue
+            .map_or(HOST_ROOM_RECHECK, |w| w.min(HOST_ROOM_RECHECK)),
+    ))
 }
 
 /// How often a NodeType's host room is recomputed without any change of the type.

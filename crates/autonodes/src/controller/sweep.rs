@@ -287,6 +287,8 @@ pub async fn sweep(ctx: &Context, tenants: &mut BTreeSet<(String, String)>) -> u
             removed += 1;
         }
     }
+    // Warm VMs belong to a type, not a claim: those of types that are gone.
+    removed += super::warm::sweep_gone_types(ctx, &ctx.types.state()).await;
     removed
 }
 

@@ -13,6 +13,7 @@ use kube::api::DynamicObject;
 use super::clients::Remote;
 use super::host::{Host, VmCreate};
 use super::tenant::Tenant;
+use super::warm::WarmHost;
 use crate::controller::error::Error;
 use autonodes_api::kubevirt::{ObservedVm, ObservedVmi};
 use autonodes_core::join::JoinInfo;
@@ -90,6 +91,22 @@ pub trait HostApi: Send + Sync {
         g: &GoldenVolume,
         provider: &str,
     ) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// The host's warm VMs, when it has them (the lifecycle's memory host has none).
+    fn warm(&self) -> Option<WarmHost<'_>> {
+        None
+    }
+
+    /// Deletes the binding and credential of the warm VM `vm` (nothing on a host without
+    /// warm VMs).
+    fn release_warm(&self, ns: &str, vm: &str) -> impl Future<Output = Result<(), Error>> + Send {
+        async move {
+            match self.warm() {
+                Some(w) => w.delete_credential(ns, vm).await,
+                None => Ok(()),
+            }
+        }
+    }
 }
 
 /// The calls the claim lifecycle makes on a tenant cluster.
@@ -182,6 +199,11 @@ impl HostApi for Host<'_> {
 
     async fn ensure_golden_volume(&self, g: &GoldenVolume, provider: &str) -> Result<(), Error> {
         Host::ensure_golden_volume(self, g, provider).await
+    }
+
+    fn warm(&self) -> Option<WarmHost<'_>> {
+        let (ctx, remote) = self.parts();
+        Some(WarmHost::new(ctx, remote))
     }
 }
 

@@ -63,6 +63,11 @@ impl<'a> Host<'a> {
         Host { ctx, remote }
     }
 
+    /// The context and the cluster this host talks through.
+    pub fn parts(&self) -> (&'a Context, &'a Remote) {
+        (self.ctx, self.remote)
+    }
+
     /// VirtualMachines to write.
     fn vms(&self, ns: &str) -> Api<DynamicObject> {
         Api::namespaced_with(self.remote.client.clone(), ns, &kubevirt::virtual_machine())

@@ -14,5 +14,6 @@ pub mod host_room;
 pub mod memory;
 pub mod request_metrics;
 pub mod tenant;
+pub mod warm;
 pub mod watched;
 pub mod watches;

@@ -1,5 +1,6 @@
-//! Launch: the tenant's bootstrap token, the host's user-data Secret, the golden volumes
-//! its type clones, and the VirtualMachine (each only created, never rewritten; a create that finds the object exists is an
+//! Launch: a warm VM of the claim's type when one serves it ([`super::warm`]), else the
+//! tenant's bootstrap token, the host's user-data Secret, the golden volumes its type
+//! clones, and the VirtualMachine (each only created, never rewritten; a create that finds the object exists is an
 //! earlier attempt's and is kept), and `Provisioned` once the VM runs — or the launch
 //! timeout fails the claim.
 
@@ -10,21 +11,21 @@ use kube::api::DynamicObject;
 use kube::runtime::controller::Action;
 use kube::ResourceExt;
 
+use super::join::{join_params, render_reason};
 use super::provisioning::{elapsed_since, remaining, Provisioning, Step};
 use super::status::{PROVISIONED, SCHEDULED};
 use super::tokens::ensure_token;
 use crate::controller::context::now;
 use crate::controller::error::Error;
 use crate::remote::api::{HostApi, TenantApi};
-use crate::remote::clients::{status_message, Remote};
+use crate::remote::clients::status_message;
 use crate::remote::host::VmCreate;
 use autonodes_api::kubevirt::ObservedVm;
 use autonodes_api::reasons::ClaimReason;
 use autonodes_api::NodeClaim;
 use autonodes_core::catalogue::PreparedType;
-use autonodes_core::join::JoinInfo;
 use autonodes_core::render::{self, RenderError, RenderedNode};
-use autonodes_core::userdata::{self, BootstrapToken, JoinParams, UserDataError};
+use autonodes_core::userdata::JoinParams;
 
 /// The launch stage.
 pub(super) async fn launch<H: HostApi, T: TenantApi>(
@@ -46,9 +47,13 @@ pub(super) async fn launch<H: HostApi, T: TenantApi>(
                 ),
             });
         }
-        None => match create_host_objects(p).await? {
-            Ok(vm) => vm,
-            Err(step) => return Ok(step),
+        None => match super::warm::serve(p).await? {
+            super::warm::Served::Warm(vm) => vm,
+            super::warm::Served::Stop(step) => return Ok(step),
+            super::warm::Served::Cold => match create_host_objects(p).await? {
+                Ok(vm) => vm,
+                Err(step) => return Ok(step),
+            },
         },
     };
     let vmi = p.host().vmi(&p.vm_ns, &p.vm_name).await?;
@@ -95,7 +100,12 @@ pub(super) async fn launch<H: HostApi, T: TenantApi>(
             .and_then(|i| i.ip())
             .map(|ip| format!(" at {ip}"))
             .unwrap_or_default();
-        let message = format!("VirtualMachine {vm_ns}/{vm_name} runs{ip}");
+        let warm = if p.status.new.warm.is_some() {
+            " (a warm VM)"
+        } else {
+            ""
+        };
+        let message = format!("VirtualMachine {vm_ns}/{vm_name} runs{ip}{warm}");
         p.status
             .set(PROVISIONED, true, ClaimReason::Running, message);
     }
@@ -199,61 +209,6 @@ fn name_taken<H: HostApi, T: TenantApi>(p: &mut Provisioning<'_, H, T>, what: &s
     Step::Stop(Action::requeue(Duration::from_secs(60)))
 }
 
-/// Join parameters for the tenant: the endpoint it publishes (else its kubeconfig's
-/// server), the token, its CA and the CA's hash, its version.
-fn join_params(
-    tenant: &Remote,
-    token: &BootstrapToken,
-    info: JoinInfo,
-    download_url: String,
-) -> Result<JoinParams, (ClaimReason, String)> {
-    let kubernetes_version = info
-        .version
-        .map_err(|why| (ClaimReason::UnsupportedTenantVersion, why))?;
-    if !kubernetes_version.is_joinable() {
-        return Err((
-            ClaimReason::UnsupportedTenantVersion,
-            format!(
-                "the {} runs Kubernetes {kubernetes_version}; nodes join {} or newer",
-                tenant.key,
-                autonodes_core::kubeversion::OLDEST_JOINABLE
-            ),
-        ));
-    }
-    let published = info.published;
-    let ca = tenant.ca_pem.as_deref().ok_or((
-        ClaimReason::TenantCANotFound,
-        format!(
-            "the kubeconfig of the {} has no certificate-authority-data, so nodes cannot verify it",
-            tenant.key
-        ),
-    ))?;
-    let hash = userdata::ca_cert_hash(ca).map_err(|e| {
-        (
-            ClaimReason::InvalidTenantCA,
-            format!("the CA of the {}: {e}", tenant.key),
-        )
-    })?;
-    let endpoint = match published.endpoint {
-        Some(e) => e,
-        None => tenant.endpoint().map_err(|e| {
-            (
-                ClaimReason::InvalidKubeconfig,
-                format!("the kubeconfig of the {}: {e}", tenant.key),
-            )
-        })?,
-    };
-    Ok(JoinParams {
-        api_server_endpoint: endpoint,
-        token: token.token(),
-        ca_cert_hashes: vec![hash],
-        join_script_url: published.join_script_url,
-        ca_pem: Some(String::from_utf8_lossy(ca).into_owned()),
-        kubernetes_version,
-        download_url,
-    })
-}
-
 /// Renders the claim's Secret and VM for its type (the Node gets the claim's identity
 /// labels, so tenant Node events find the claim).
 // The core's render functions return this error as it is; it is rare and ends in a
@@ -270,22 +225,4 @@ fn render_for(
     let mut t = t.clone();
     t.vm_namespace = vm_ns.to_string();
     render::render_node(&t, claim, None, vm_name, join, installation)
-}
-
-/// The condition reason for a render error.
-fn render_reason(e: &RenderError) -> ClaimReason {
-    match e {
-        RenderError::UserData {
-            source: UserDataError::TooLarge { .. },
-            ..
-        } => ClaimReason::UserDataTooLarge,
-        RenderError::UserData { .. } => ClaimReason::InvalidUserData,
-        RenderError::Labels { .. } => ClaimReason::InvalidLabels,
-        RenderError::Taints { .. } => ClaimReason::InvalidTaints,
-        RenderError::Template { .. } => ClaimReason::InvalidTemplate,
-        RenderError::TypeUnusable { .. } => ClaimReason::NodeTypeUnavailable,
-        RenderError::Request { .. } => ClaimReason::InvalidRequest,
-        RenderError::NoFit { source, .. } => super::schedule::nofit_reason(source.reason),
-        RenderError::MissingField { .. } => ClaimReason::InvalidClaim,
-    }
 }

@@ -6,10 +6,12 @@
 //! sub-reconciler that reads what it needs (from watch caches), acts, and sets its
 //! condition on the one in-memory status of this reconcile ([`status::StatusWriter`]):
 //!
-//! 1. [`launch`]: the tenant's bootstrap token, the host's user-data Secret and
+//! 1. [`launch`]: a ready warm VM of the claim's type ([`warm`]: taken, and its binding
+//!    written), else the tenant's bootstrap token, the host's user-data Secret and
 //!    VirtualMachine; `Provisioned` once the VM runs (launch timeout);
 //! 2. [`register`]: the tenant Node with the VM's provider ID, its labels and the
-//!    registration taint; `Joined`, the token deleted (registration timeout);
+//!    registration taint; `Joined`, the token deleted (registration timeout) — and a warm
+//!    VM's binding and own credential;
 //! 3. [`initialize`]: `Initialized` and `Ready` once the Node is Ready and no startup taint
 //!    is left (initialization timeout); afterwards `Ready` follows the Node.
 //!
@@ -32,11 +34,13 @@ pub mod status;
 
 mod drift;
 mod initialize;
+mod join;
 mod launch;
 mod register;
 mod restart;
 mod terminate;
 mod tokens;
+mod warm;
 
 #[cfg(test)]
 mod tests;
@@ -303,6 +307,9 @@ pub(crate) async fn walk<H: HostApi, T: TenantApi>(
     let mut step = launch::launch(p).await;
     if let Ok(Step::Next) = step {
         step = register::register(p).await;
+    }
+    if step.is_ok() {
+        warm::release(p).await?;
     }
     if step.is_ok() && p.node.is_some() {
         drift::version(p).await?;

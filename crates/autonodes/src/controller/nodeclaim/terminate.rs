@@ -184,6 +184,11 @@ pub(super) async fn remove_from(
     }
     host.delete_user_data(vm_ns, vm_name).await?;
     host.delete_data_volumes(vm_ns, uid).await?;
+    // A warm VM's binding and credential, unless they went when its Node joined.
+    let warm = claim.status.as_ref().and_then(|s| s.warm.as_ref());
+    if warm.is_some_and(|w| !w.released) {
+        host.release_warm(vm_ns, vm_name).await?;
+    }
 
     // The tenant again: the Node (its VM is gone, nothing re-registers it) and the tokens.
     if let Some(tenant) = tenant {

@@ -1,0 +1,162 @@
+//! Warm: a claim whose type keeps warm VMs, and whose properties a warm VM can serve
+//! (core `warm::servable`), takes a ready one instead of making a VM ([`serve`]): the VM
+//! becomes the claim's (its labels, a merge patch conditional on the version the claim
+//! saw, so no two claims take one VM), and the claim writes its binding, which the VM's
+//! agent reads to join. Once the Node joined, [`release`] deletes the binding and the VM's
+//! own credential.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
+use kube::ResourceExt;
+
+use super::join::{join_params, render_reason};
+use super::provisioning::{Provisioning, Step};
+use super::status::{JOINED, PROVISIONED};
+use super::tokens::ensure_token;
+use crate::controller::context::now;
+use crate::controller::error::Error;
+use crate::remote::api::{HostApi, TenantApi};
+use autonodes_api::kubevirt::ObservedVm;
+use autonodes_api::{NodeType, WarmBinding, LABEL_NODECLAIM_UID, LABEL_WARM_NODETYPE};
+use autonodes_core::warm;
+
+/// What [`serve`] did.
+pub(super) enum Served {
+    /// No warm VM serves the claim: make a VM as usual.
+    Cold,
+    /// The claim's VM is this warm VM (taken now or before).
+    Warm(Arc<ObservedVm>),
+    /// The claim took a warm VM, but its binding cannot be written yet.
+    Stop(Step),
+}
+
+/// Serves the claim from a warm VM of its type, if one is ready (or the claim took one
+/// before and its status did not say so yet).
+pub(super) async fn serve<H: HostApi, T: TenantApi>(
+    p: &mut Provisioning<'_, H, T>,
+) -> Result<Served, Error> {
+    if p.node_type.warm_replicas == 0 {
+        return Ok(Served::Cold);
+    }
+    let Some(host) = p.host.warm() else {
+        return Ok(Served::Cold);
+    };
+    if let Err(why) = warm::servable(p.node_type, None, p.claim) {
+        tracing::debug!(nodeclaim = %p.claim.name_any(), %why, "served cold");
+        return Ok(Served::Cold);
+    }
+    let uid = p.claim.uid().unwrap_or_default();
+    let claim_ns = p.claim.namespace().unwrap_or_default();
+    let installation = p.ctx.config.installation.clone();
+    let labels = warm::taken_labels(&p.claim.name_any(), &claim_ns, &uid, &installation);
+    let ns = p.vm_ns.clone();
+    let type_name = p.node_type.name.clone();
+    let mut vm = host.taken_by(&ns, &uid);
+    if vm.is_none() {
+        let type_label = autonodes_core::names::label_value(&type_name);
+        for candidate in p.ctx.warm.ready(&type_name, now()) {
+            let Some(seen) = host.cached_vm(&ns, &candidate) else {
+                continue;
+            };
+            let l = seen.labels();
+            if l.contains_key(LABEL_NODECLAIM_UID)
+                || l.get(LABEL_WARM_NODETYPE) != Some(&type_label)
+                || seen.metadata.deletion_timestamp.is_some()
+            {
+                continue;
+            }
+            if let Some(taken) = host.take(&ns, &seen, &labels).await? {
+                p.ctx.warm.taken(&type_name, &candidate);
+                p.ctx
+                    .metrics
+                    .warm_bindings
+                    .with_label_values(&[&type_name])
+                    .inc();
+                // The type makes a new warm VM.
+                let _ = p
+                    .ctx
+                    .wake_types
+                    .unbounded_send(ObjectRef::<NodeType>::new(&type_name));
+                tracing::info!(nodeclaim = %p.claim.name_any(), namespace = %claim_ns, vm = %format!("{ns}/{candidate}"), "took a warm VirtualMachine");
+                p.ctx
+                    .event(
+                        p.claim,
+                        EventType::Normal,
+                        "WarmVirtualMachineTaken",
+                        "Launch",
+                        format!("serving the claim with warm VirtualMachine {ns}/{candidate}"),
+                    )
+                    .await;
+                vm = Some(Arc::new(taken));
+                break;
+            }
+        }
+    }
+    let Some(vm) = vm else {
+        return Ok(Served::Cold);
+    };
+    // From here on the VM is the claim's.
+    let name = vm.name_any();
+    p.vm_name = name.clone();
+    p.status.new.vm_name = Some(name.clone());
+    if p.status.new.warm.is_none() {
+        p.status.new.warm = Some(WarmBinding {
+            bound_at: Time(now()),
+            released: false,
+        });
+    }
+    host.relabel_parts(&ns, &name, &labels).await?;
+    let token = ensure_token(p.claim, p.ctx, p.tenant()).await?;
+    let info = p.tenant().join_info().await?;
+    let download_url = p.ctx.config.kubernetes_download_url.clone();
+    let join = match join_params(p.tenant().remote(), &token.token, info, download_url) {
+        Ok(j) => j,
+        Err((reason, message)) => {
+            p.status.set(PROVISIONED, false, reason, message);
+            return Ok(Served::Stop(Step::Stop(Action::requeue(
+                Duration::from_secs(30),
+            ))));
+        }
+    };
+    let mut t = p.node_type.clone();
+    t.vm_namespace = ns.clone();
+    let binding = match warm::binding(&t, None, p.claim, &name, &join, &installation) {
+        Ok(b) => b,
+        Err(e) => {
+            p.status
+                .set(PROVISIONED, false, render_reason(&e), e.to_string());
+            return Ok(Served::Stop(Step::Stop(Action::requeue(
+                Duration::from_secs(60),
+            ))));
+        }
+    };
+    let binding_labels = warm::credential_labels(&type_name, &name, &installation);
+    host.write_binding(&ns, &name, &binding, &binding_labels)
+        .await?;
+    Ok(Served::Warm(vm))
+}
+
+/// Once the claim's Node joined: deletes the binding (it holds the bootstrap token) and the
+/// warm VM's own credential, so the VM can read nothing on the host any more.
+pub(super) async fn release<H: HostApi, T: TenantApi>(
+    p: &mut Provisioning<'_, H, T>,
+) -> Result<(), Error> {
+    let pending = p.status.new.warm.as_ref().is_some_and(|w| !w.released);
+    if !pending || !p.status.is_true(JOINED) {
+        return Ok(());
+    }
+    let Some(host) = p.host.warm() else {
+        return Ok(());
+    };
+    host.delete_credential(&p.vm_ns, &p.vm_name).await?;
+    if let Some(w) = p.status.new.warm.as_mut() {
+        w.released = true;
+    }
+    tracing::info!(nodeclaim = %p.claim.name_any(), vm = %format!("{}/{}", p.vm_ns, p.vm_name), "warm VM joined: its binding and credential are deleted");
+    Ok(())
+}

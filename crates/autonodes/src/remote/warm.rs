@@ -1,0 +1,490 @@
+//! What warm VMs need of a host cluster: each warm VM's own credential (ServiceAccount,
+//! Role, RoleBinding, heartbeat Lease, token), its heartbeat, its binding Secret, taking a
+//! warm VM for a claim, and removing all of it. Every call is bounded and counted
+//! ([`remote_call`]); objects already there (create) or gone (delete) are fine.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::ResourceExt;
+
+use crate::controller::context::Context;
+use crate::controller::error::Error;
+use crate::remote::calls::remote_call;
+use crate::remote::clients::Remote;
+use crate::remote::host::ignore_not_found;
+use autonodes_api::kubevirt::{self, ObservedVm};
+use autonodes_api::{LABEL_WARM_NODETYPE, LABEL_WARM_VM};
+use autonodes_core::warm;
+
+/// A host cluster, for warm VMs.
+pub struct WarmHost<'a> {
+    ctx: &'a Context,
+    remote: &'a Remote,
+}
+
+fn meta(name: &str, ns: &str, labels: &BTreeMap<String, String>) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_string()),
+        namespace: Some(ns.to_string()),
+        labels: Some(labels.clone()),
+        ..ObjectMeta::default()
+    }
+}
+
+/// A create that found the object there already is done.
+fn ignore_exists<T>(result: Result<T, Error>) -> Result<(), Error> {
+    match result {
+        Ok(_) => Ok(()),
+        Err(e) if e.is_remote_conflict() => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+impl<'a> WarmHost<'a> {
+    /// The host behind `remote`.
+    pub fn new(ctx: &'a Context, remote: &'a Remote) -> Self {
+        WarmHost { ctx, remote }
+    }
+
+    /// The same host, for the calls warm VMs share with claims' VMs.
+    pub fn host(&self) -> crate::remote::host::Host<'a> {
+        crate::remote::host::Host::new(self.ctx, self.remote)
+    }
+
+    fn api<K>(&self, ns: &str) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        <K as kube::Resource>::DynamicType: Default,
+    {
+        Api::namespaced(self.remote.client.clone(), ns)
+    }
+
+    /// The VM `ns/name` as the host's cache shows it (`None` also while the cache is not
+    /// live: warm VMs are taken only from a live cache).
+    pub fn cached_vm(&self, ns: &str, name: &str) -> Option<std::sync::Arc<ObservedVm>> {
+        self.remote.host_cache()?.vms.get(Some(ns), name).flatten()
+    }
+
+    /// The warm VM the claim `uid` took already (a take whose claim status was not written).
+    pub fn taken_by(&self, ns: &str, uid: &str) -> Option<std::sync::Arc<ObservedVm>> {
+        self.remote
+            .host_cache()?
+            .vms
+            .filter(|vm| {
+                vm.metadata.namespace.as_deref() == Some(ns)
+                    && vm.labels().contains_key(LABEL_WARM_VM)
+                    && autonodes_core::template::names::labelled_for_claim(vm.labels(), uid)
+            })?
+            .into_iter()
+            .next()
+    }
+
+    /// Makes the credential of the warm VM `vm` (labelled `labels`): a ServiceAccount, a
+    /// Role that reads only the VM's binding and renews only its Lease, their RoleBinding,
+    /// the Lease; returns a token of the ServiceAccount valid for
+    /// [`warm::CREDENTIAL_LIFETIME`] (deleting the ServiceAccount revokes it).
+    pub async fn make_credential(
+        &self,
+        ns: &str,
+        vm: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> Result<String, Error> {
+        let name = warm::credential_name(vm);
+        let pp = PostParams::default();
+        let sa = ServiceAccount {
+            metadata: meta(&name, ns, labels),
+            automount_service_account_token: Some(false),
+            ..ServiceAccount::default()
+        };
+        ignore_exists(
+            remote_call(
+                self.ctx,
+                self.remote,
+                "creating a warm VM's ServiceAccount",
+                self.api::<ServiceAccount>(ns).create(&pp, &sa),
+            )
+            .await,
+        )?;
+        let role: Role = serde_json::from_value(serde_json::json!({
+            "metadata": meta(&name, ns, labels),
+            "rules": warm::role_rules(vm),
+        }))
+        .map_err(|e| Error::Internal(format!("a warm VM's Role: {e}")))?;
+        ignore_exists(
+            remote_call(
+                self.ctx,
+                self.remote,
+                "creating a warm VM's Role",
+                self.api::<Role>(ns).create(&pp, &role),
+            )
+            .await,
+        )?;
+        let binding: RoleBinding = serde_json::from_value(serde_json::json!({
+            "metadata": meta(&name, ns, labels),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}],
+        }))
+        .map_err(|e| Error::Internal(format!("a warm VM's RoleBinding: {e}")))?;
+        ignore_exists(
+            remote_call(
+                self.ctx,
+                self.remote,
+                "creating a warm VM's RoleBinding",
+                self.api::<RoleBinding>(ns).create(&pp, &binding),
+            )
+            .await,
+        )?;
+        let lease = Lease {
+            metadata: meta(&name, ns, labels),
+            ..Lease::default()
+        };
+        ignore_exists(
+            remote_call(
+                self.ctx,
+                self.remote,
+                "creating a warm VM's Lease",
+                self.api::<Lease>(ns).create(&pp, &lease),
+            )
+            .await,
+        )?;
+        let request = TokenRequest {
+            spec: TokenRequestSpec {
+                audiences: Vec::new(),
+                expiration_seconds: i64::try_from(warm::CREDENTIAL_LIFETIME.as_secs()).ok(),
+                bound_object_ref: None,
+            },
+            ..TokenRequest::default()
+        };
+        let token = remote_call(
+            self.ctx,
+            self.remote,
+            "requesting a warm VM's token",
+            self.api::<ServiceAccount>(ns)
+                .create_token_request(&name, &pp, &request),
+        )
+        .await?;
+        token
+            .status
+            .map(|s| s.token)
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| Error::Internal("the host returned an empty token".into()))
+    }
+
+    /// The last heartbeat of each warm VM of the type labelled `type_label` in `ns`, by VM
+    /// name (`None`: its Lease was never renewed).
+    pub async fn heartbeats(
+        &self,
+        ns: &str,
+        type_label: &str,
+    ) -> Result<BTreeMap<String, Option<Timestamp>>, Error> {
+        let leases = remote_call(
+            self.ctx,
+            self.remote,
+            "listing warm VMs' Leases",
+            self.api::<Lease>(ns).list(
+                &ListParams::default().labels(&format!("{LABEL_WARM_NODETYPE}={type_label}")),
+            ),
+        )
+        .await?;
+        Ok(leases
+            .items
+            .into_iter()
+            .filter_map(|l| {
+                let vm = l.labels().get(LABEL_WARM_VM)?.clone();
+                let renewed = l.spec.and_then(|s| s.renew_time).map(|t| t.0);
+                Some((vm, renewed))
+            })
+            .collect())
+    }
+
+    /// The warm VMs of the type labelled `type_label` in `ns` that have a credential, with
+    /// when it was made (to find credentials whose VM is gone).
+    pub async fn credentials(
+        &self,
+        ns: &str,
+        type_label: &str,
+    ) -> Result<Vec<(String, Option<Timestamp>)>, Error> {
+        let list = remote_call(
+            self.ctx,
+            self.remote,
+            "listing warm VMs' ServiceAccounts",
+            self.api::<ServiceAccount>(ns).list_metadata(
+                &ListParams::default().labels(&format!("{LABEL_WARM_NODETYPE}={type_label}")),
+            ),
+        )
+        .await?;
+        Ok(list
+            .items
+            .into_iter()
+            .filter_map(|sa| {
+                let vm = sa.labels().get(LABEL_WARM_VM)?.clone();
+                Some((vm, sa.metadata.creation_timestamp.map(|t| t.0)))
+            })
+            .collect())
+    }
+
+    /// Deletes the warm VM `vm`'s binding Secret, RoleBinding, Role, ServiceAccount (its
+    /// token stops working) and Lease.
+    pub async fn delete_credential(&self, ns: &str, vm: &str) -> Result<(), Error> {
+        let name = warm::credential_name(vm);
+        let dp = kube::api::DeleteParams::background();
+        ignore_not_found(
+            remote_call(
+                self.ctx,
+                self.remote,
+                "deleting a warm VM's binding",
+                self.api::<Secret>(ns).delete(&warm::binding_name(vm), &dp),
+            )
+            .await,
+        )?;
+        ignore_not_found(
+            remote_call(
+                self.ctx,
+                self.remote,
+                "deleting a warm VM's RoleBinding",
+                self.api::<RoleBinding>(ns).delete(&name, &dp),
+            )
+            .await,
+        )?;
+        ignore_not_found(
+            remote_call(
+                self.ctx,
+                self.remote,
+                "deleting a warm VM's Role",
+                self.api::<Role>(ns).delete(&name, &dp),
+            )
+            .await,
+        )?;
+        ignore_not_found(
+            remote_call(
+                self.ctx,
+                self.remote,
+                "deleting a warm VM's ServiceAccount",
+                self.api::<ServiceAccount>(ns).delete(&name, &dp),
+            )
+            .await,
+        )?;
+        ignore_not_found(
+            remote_call(
+                self.ctx,
+                self.remote,
+                "deleting a warm VM's Lease",
+                self.api::<Lease>(ns).delete(&name, &dp),
+            )
+            .await,
+        )
+    }
+
+    /// Creates a warm VM's user-data Secret (one there already is an earlier attempt's,
+    /// with a token of the same ServiceAccount: kept).
+    pub async fn create_user_data(&self, ns: &str, secret: &Secret) -> Result<(), Error> {
+        ignore_exists(
+            remote_call(
+                self.ctx,
+                self.remote,
+                "creating a warm VM's user-data Secret",
+                self.api::<Secret>(ns)
+                    .create(&PostParams::default(), secret),
+            )
+            .await,
+        )
+    }
+
+    /// Creates a warm VM (one there already is an earlier attempt's: kept).
+    pub async fn create_vm(&self, ns: &str, vm: &DynamicObject) -> Result<(), Error> {
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.remote.client.clone(), ns, &kubevirt::virtual_machine());
+        let created = remote_call(
+            self.ctx,
+            self.remote,
+            "creating a warm VirtualMachine",
+            api.create(&PostParams::default(), vm),
+        )
+        .await;
+        if let (Ok(vm), Some(cache)) = (&created, self.remote.host_cache()) {
+            cache.vms.wrote(ObservedVm::from_object(vm));
+        }
+        ignore_exists(created)
+    }
+
+    /// Takes the warm VM `vm` for a claim: its labels become `labels` (a merge patch that
+    /// also names the resource version the claim saw, so of two claims taking one VM at
+    /// once only one succeeds). False when another took it first (or it changed).
+    pub async fn take(
+        &self,
+        ns: &str,
+        vm: &ObservedVm,
+        labels: &serde_json::Value,
+    ) -> Result<Option<ObservedVm>, Error> {
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.remote.client.clone(), ns, &kubevirt::virtual_machine());
+        let patch = serde_json::json!({"metadata": {
+            "resourceVersion": vm.metadata.resource_version,
+            "labels": labels,
+        }});
+        let taken = remote_call(
+            self.ctx,
+            self.remote,
+            "taking a warm VirtualMachine",
+            api.patch(
+                &vm.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            ),
+        )
+        .await;
+        match taken {
+            Ok(obj) => {
+                let observed = ObservedVm::from_object(&obj);
+                if let Some(cache) = self.remote.host_cache() {
+                    cache.vms.wrote(observed.clone());
+                }
+                Ok(Some(observed))
+            }
+            Err(e) if e.is_remote_conflict() || crate::remote::calls::not_found(&e) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Puts `labels` (a merge patch of labels) on the warm VM `vm`'s user-data Secret and
+    /// DataVolumes, once a claim took it.
+    pub async fn relabel_parts(
+        &self,
+        ns: &str,
+        vm: &str,
+        labels: &serde_json::Value,
+    ) -> Result<(), Error> {
+        let patch = serde_json::json!({"metadata": {"labels": labels}});
+        let secret = autonodes_core::template::names::user_data_secret_name(vm);
+        ignore_not_found(
+            remote_call(
+                self.ctx,
+                self.remote,
+                "labelling a taken warm VM's user-data Secret",
+                self.api::<Secret>(ns).patch(
+                    &secret,
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                ),
+            )
+            .await,
+        )?;
+        let dvs: Api<DynamicObject> =
+            Api::namespaced_with(self.remote.client.clone(), ns, &kubevirt::data_volume());
+        let listed = remote_call(
+            self.ctx,
+            self.remote,
+            "listing a warm VM's DataVolumes",
+            dvs.list_metadata(&ListParams::default().labels(&format!("{LABEL_WARM_VM}={vm}"))),
+        )
+        .await;
+        let names: Vec<String> = match listed {
+            Ok(list) => list.items.iter().map(|d| d.name_any()).collect(),
+            // A host without CDI has no DataVolumes.
+            Err(e) if crate::remote::calls::not_found(&e) => Vec::new(),
+            Err(e) => return Err(e),
+        };
+        for name in names {
+            ignore_not_found(
+                remote_call(
+                    self.ctx,
+                    self.remote,
+                    "labelling a taken warm VM's DataVolume",
+                    dvs.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)),
+                )
+                .await,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Deletes the DataVolumes of the warm VM `vm` (those its labels name).
+    pub async fn delete_data_volumes(&self, ns: &str, vm: &str) -> Result<(), Error> {
+        let dvs: Api<DynamicObject> =
+            Api::namespaced_with(self.remote.client.clone(), ns, &kubevirt::data_volume());
+        let listed = remote_call(
+            self.ctx,
+            self.remote,
+            "listing a warm VM's DataVolumes",
+            dvs.list_metadata(&ListParams::default().labels(&format!("{LABEL_WARM_VM}={vm}"))),
+        )
+        .await;
+        let names: Vec<String> = match listed {
+            Ok(list) => list.items.iter().map(|d| d.name_any()).collect(),
+            Err(e) if crate::remote::calls::not_found(&e) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        for name in names {
+            ignore_not_found(
+                remote_call(
+                    self.ctx,
+                    self.remote,
+                    "deleting a warm VM's DataVolume",
+                    dvs.delete(&name, &kube::api::DeleteParams::background()),
+                )
+                .await,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Writes the binding of the warm VM `vm`: the Secret its agent reads (an existing one
+    /// is replaced: only the claim that took the VM writes it).
+    pub async fn write_binding(
+        &self,
+        ns: &str,
+        vm: &str,
+        binding: &warm::Binding,
+        labels: &BTreeMap<String, String>,
+    ) -> Result<(), Error> {
+        let secret = Secret {
+            metadata: meta(&warm::binding_name(vm), ns, labels),
+            type_: Some("Opaque".into()),
+            data: Some(BTreeMap::from([
+                (
+                    warm::BINDING_JOIN_KEY.to_string(),
+                    k8s_openapi::ByteString(binding.join_configuration.clone().into_bytes()),
+                ),
+                (
+                    warm::BINDING_PREPARE_KEY.to_string(),
+                    k8s_openapi::ByteString(binding.prepare_script.clone().into_bytes()),
+                ),
+            ])),
+            ..Secret::default()
+        };
+        let api = self.api::<Secret>(ns);
+        let created = remote_call(
+            self.ctx,
+            self.remote,
+            "writing a warm VM's binding",
+            api.create(&PostParams::default(), &secret),
+        )
+        .await;
+        match created {
+            Ok(_) => Ok(()),
+            Err(e) if e.is_remote_conflict() => {
+                let patch = serde_json::json!({"data": secret.data});
+                remote_call(
+                    self.ctx,
+                    self.remote,
+                    "rewriting a warm VM's binding",
+                    api.patch(
+                        &warm::binding_name(vm),
+                        &PatchParams::default(),
+                        &Patch::Merge(&patch),
+                    ),
+                )
+                .await
+                .map(|_| ())
+            }
+            Err(e) => Err(e),
+        }
+    }
+}

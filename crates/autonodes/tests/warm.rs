@@ -1,0 +1,446 @@
+//! Warm VMs (issue 38) on real API servers: a node type keeps warm VMs on its host; a
+//! claim takes a ready one, writes its binding, and the VM's agent (simulated, with the
+//! VM's own token against the real host API server and its RBAC) joins the tenant with it;
+//! the binding and the VM's credential are gone once the Node joined; the type refills, is
+//! replaced when it drifts, and `replicas: 0` removes what is warm. What a warm VM's token
+//! can read is checked on the host's real authorizer.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use autonodes_api::{NodeClaim, NodeType, LABEL_WARM_NODETYPE, LABEL_WARM_VM};
+use autonodes_core::userdata::warm::{read_warm_agent, WarmAgent};
+use autonodes_testenv::simulator::warm_agent::agent_client;
+use common::pools::*;
+use common::world::*;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::{Api, ListParams};
+use kube::ResourceExt;
+
+const WAIT: Duration = Duration::from_secs(90);
+const VMS: &str = "vcluster-platform";
+/// How long a simulated guest takes to boot in the first test.
+const BOOT: Duration = Duration::from_secs(8);
+
+/// The provider `pools` with `warm` (2 warm VMs) and `cold` (none).
+fn provider(warm_replicas: i32, warm_label: Option<&str>) -> String {
+    let mut warm = format!(
+        "{}\n        warm:\n          replicas: {warm_replicas}",
+        node_type("warm", "2", "4Gi")
+    );
+    if let Some(v) = warm_label {
+        warm.push_str(&format!(
+            "\n        properties:\n          example.com/revision: \"{v}\""
+        ));
+    }
+    pools_provider(&[warm, node_type("cold", "2", "4Gi")])
+}
+
+fn warm_status(t: &NodeType) -> (i64, i64) {
+    t.status
+        .as_ref()
+        .and_then(|s| s.warm.as_ref())
+        .map_or((0, 0), |w| (w.current, w.ready))
+}
+
+/// The unbound warm VMs' names on the host.
+async fn warm_vms(world: &World) -> BTreeSet<String> {
+    world
+        .vms()
+        .await
+        .iter()
+        .filter(|vm| vm.labels().contains_key(LABEL_WARM_NODETYPE))
+        .map(|vm| vm.name_any())
+        .collect()
+}
+
+/// The agent configuration of the warm VM `vm`, from its user data.
+async fn agent_of(world: &World, vm: &str) -> WarmAgent {
+    let secret = Api::<Secret>::namespaced(world.host.clone(), VMS)
+        .get(&format!("{vm}-userdata"))
+        .await
+        .expect("user-data Secret");
+    let text = String::from_utf8(secret.data.expect("data")["userdata"].0.clone()).expect("utf-8");
+    read_warm_agent(&text).expect("a warm VM's user data")
+}
+
+fn status_code(r: Result<impl Sized, kube::Error>) -> u16 {
+    match r {
+        Ok(_) => 200,
+        Err(kube::Error::Api(s)) => s.code,
+        Err(e) => panic!("unexpected error: {e}"),
+    }
+}
+
+/// Objects made for warm VMs still on the host, by kind.
+async fn warm_leftovers(world: &World, vms: &BTreeSet<String>) -> Vec<String> {
+    let mut out = Vec::new();
+    let by_vm = ListParams::default().labels(LABEL_WARM_VM);
+    let keep =
+        |name: String, vm: Option<&String>| vm.is_some_and(|v| vms.contains(v)).then_some(name);
+    for sa in Api::<ServiceAccount>::namespaced(world.host.clone(), VMS)
+        .list(&by_vm)
+        .await
+        .expect("list")
+        .items
+    {
+        out.extend(keep(
+            format!("ServiceAccount/{}", sa.name_any()),
+            sa.labels().get(LABEL_WARM_VM),
+        ));
+    }
+    for r in Api::<Role>::namespaced(world.host.clone(), VMS)
+        .list(&by_vm)
+        .await
+        .expect("list")
+        .items
+    {
+        out.extend(keep(
+            format!("Role/{}", r.name_any()),
+            r.labels().get(LABEL_WARM_VM),
+        ));
+    }
+    for r in Api::<RoleBinding>::namespaced(world.host.clone(), VMS)
+        .list(&by_vm)
+        .await
+        .expect("list")
+        .items
+    {
+        out.extend(keep(
+            format!("RoleBinding/{}", r.name_any()),
+            r.labels().get(LABEL_WARM_VM),
+        ));
+    }
+    for l in Api::<Lease>::namespaced(world.host.clone(), VMS)
+        .list(&by_vm)
+        .await
+        .expect("list")
+        .items
+    {
+        out.extend(keep(
+            format!("Lease/{}", l.name_any()),
+            l.labels().get(LABEL_WARM_VM),
+        ));
+    }
+    for s in Api::<Secret>::namespaced(world.host.clone(), VMS)
+        .list(&by_vm)
+        .await
+        .expect("list")
+        .items
+    {
+        out.extend(keep(
+            format!("Secret/{}", s.name_any()),
+            s.labels().get(LABEL_WARM_VM),
+        ));
+    }
+    out
+}
+
+/// Waits until nothing made for the warm VMs `vms` is left on the host.
+async fn assert_no_leftovers(world: &World, vms: &BTreeSet<String>) {
+    let start = Instant::now();
+    loop {
+        let left = warm_leftovers(world, vms).await;
+        if left.is_empty() {
+            return;
+        }
+        assert!(start.elapsed() < WAIT, "left on the host: {left:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+async fn wait_warm(world: &World, what: &str, pred: impl Fn(&NodeType) -> bool) -> NodeType {
+    world.wait_node_type("pools.warm", what, pred).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_takes_a_ready_warm_vm_that_joins_from_its_binding_and_the_type_refills_drifts_and_scales_to_zero(
+) {
+    // Guests boot 8 s after their VM starts, so a cold claim waits for that and a warm one
+    // does not.
+    let world = World::start(WorldOptions {
+        provider: provider(2, None),
+        mode: autonodes_testenv::simulator::SimMode::SlowBoot(BOOT),
+        ..WorldOptions::default()
+    })
+    .await;
+    let t = wait_warm(&world, "2 warm VMs ready", |t| warm_status(t) == (2, 2)).await;
+    let (warm_ready, reason, _) = find_condition(
+        t.status
+            .as_ref()
+            .map(|s| s.conditions.as_slice())
+            .unwrap_or_default(),
+        "WarmReady",
+    )
+    .expect("WarmReady");
+    assert_eq!(
+        (warm_ready.as_str(), reason.as_str()),
+        ("True", "WarmReady")
+    );
+    let before = warm_vms(&world).await;
+    assert_eq!(before.len(), 2, "{before:?}");
+    let names: Vec<&String> = before.iter().collect();
+
+    // What a warm VM's own token may do on the host: its binding (not written yet: 404, so
+    // authorized) and its Lease; nothing of the other warm VM, nothing else.
+    let a = agent_of(&world, names[0]).await;
+    let b = agent_of(&world, names[1]).await;
+    let as_a = agent_client(&a).await.expect("client");
+    let secrets: Api<Secret> = Api::namespaced(as_a.clone(), VMS);
+    let leases: Api<Lease> = Api::namespaced(as_a.clone(), VMS);
+    assert_eq!(
+        status_code(secrets.get(&a.binding).await),
+        404,
+        "its own binding"
+    );
+    assert_eq!(
+        status_code(leases.get(&a.lease).await),
+        200,
+        "its own Lease"
+    );
+    assert_eq!(
+        status_code(secrets.get(&b.binding).await),
+        403,
+        "another VM's binding"
+    );
+    assert_eq!(
+        status_code(leases.get(&b.lease).await),
+        403,
+        "another VM's Lease"
+    );
+    assert_eq!(
+        status_code(secrets.get(&format!("{}-userdata", names[0])).await),
+        403,
+        "its own user data"
+    );
+    assert_eq!(
+        status_code(secrets.list(&ListParams::default()).await),
+        403,
+        "listing Secrets"
+    );
+    let tenant_nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(as_a.clone());
+    assert_eq!(
+        status_code(tenant_nodes.list(&ListParams::default()).await),
+        403,
+        "the host's Nodes"
+    );
+
+    // A claim of the type takes the oldest ready warm VM; a claim of `cold` makes its VM.
+    let start = Instant::now();
+    world.claim_type("fast", "warm").await;
+    let fast = world.wait_phase("fast", "Available", WAIT).await;
+    let warm_took = start.elapsed();
+    let start = Instant::now();
+    world.claim_type("slow", "cold").await;
+    world.wait_phase("slow", "Available", WAIT).await;
+    let cold_took = start.elapsed();
+    let status = fast.status.clone().expect("status");
+    let vm = status.vm_name.clone().expect("vmName");
+    assert!(before.contains(&vm), "{vm} was warm: {before:?}");
+    assert!(status.warm.is_some(), "status.warm set");
+    // The warm claim's VM booted before the claim existed: the claim waited for no boot.
+    let vm_made = world
+        .vms()
+        .await
+        .into_iter()
+        .find(|v| v.name_any() == status.vm_name.clone().unwrap_or_default())
+        .and_then(|v| v.metadata.creation_timestamp)
+        .expect("the claim's VM");
+    let claim_made = fast.metadata.creation_timestamp.clone().expect("created");
+    assert!(
+        vm_made.0 < claim_made.0,
+        "VM made {vm_made:?}, claim {claim_made:?}"
+    );
+    let node = world
+        .nodes()
+        .await
+        .into_iter()
+        .find(|n| n.name_any() == vm)
+        .expect("the warm VM joined as a Node named after it");
+    assert_eq!(
+        node.spec.and_then(|s| s.provider_id),
+        Some(format!("kubevirt://{vm}"))
+    );
+    assert_eq!(
+        node.metadata
+            .labels
+            .unwrap_or_default()
+            .get("autonodes.io/nodeclaim")
+            .map(String::as_str),
+        Some("fast"),
+        "the claim's labels, given at bind time"
+    );
+
+    // Once joined: the binding and the VM's credential are gone, and its token is dead.
+    let released = world
+        .wait_claim("fast", "the warm binding released", WAIT, |c| {
+            c.status
+                .as_ref()
+                .and_then(|s| s.warm.as_ref())
+                .is_some_and(|w| w.released)
+        })
+        .await;
+    assert!(released.status.is_some());
+    let taken = agent_of(&world, &vm).await;
+    let host_secrets: Api<Secret> = Api::namespaced(world.host.clone(), VMS);
+    assert!(
+        host_secrets
+            .get_opt(&taken.binding)
+            .await
+            .expect("get")
+            .is_none(),
+        "binding deleted"
+    );
+    let as_taken = agent_client(&taken).await.expect("client");
+    let leases_as_taken: Api<Lease> = Api::namespaced(as_taken, VMS);
+    assert_ne!(
+        status_code(leases_as_taken.get(&taken.lease).await),
+        200,
+        "the taken VM's token reads nothing"
+    );
+    // Its ServiceAccount is gone: once the API server's token cache (10 s) forgets it, the
+    // token does not even authenticate.
+    common::eventually(
+        "the taken VM's token refused",
+        Duration::from_secs(40),
+        || async { (status_code(leases_as_taken.get(&taken.lease).await) == 401).then_some(()) },
+    )
+    .await;
+
+    // The type refills: two warm VMs again, neither the taken one.
+    wait_warm(&world, "refilled", |t| warm_status(t) == (2, 2)).await;
+    let refilled = warm_vms(&world).await;
+    assert!(
+        !refilled.contains(&vm) && refilled.len() == 2,
+        "{refilled:?}"
+    );
+    println!(
+        "warm: claim Available after {:.1} s on warm VM {vm}; cold claim Available after {:.1} s; refilled to {} warm VMs",
+        warm_took.as_secs_f64(),
+        cold_took.as_secs_f64(),
+        refilled.len()
+    );
+
+    // The type drifts (a new property): its warm VMs are replaced; the claim's VM stays.
+    world.apply_provider(&provider(2, Some("2"))).await;
+    wait_warm(&world, "replaced after drift", |t| warm_status(t) == (2, 2)).await;
+    let drifted = common::eventually("the drifted warm VMs gone", WAIT, || async {
+        let now = warm_vms(&world).await;
+        (now.len() == 2 && now.is_disjoint(&refilled)).then_some(now)
+    })
+    .await;
+    assert!(
+        world.vms().await.iter().any(|v| v.name_any() == vm),
+        "the claim's VM is not warm any more"
+    );
+
+    // replicas: 0 removes the warm VMs and everything made for them.
+    world.apply_provider(&provider(0, Some("2"))).await;
+    common::eventually("no warm VMs", WAIT, || async {
+        warm_vms(&world).await.is_empty().then_some(())
+    })
+    .await;
+    let t = wait_warm(&world, "no warm VMs and no WarmReady", |t| {
+        let conditions = t
+            .status
+            .as_ref()
+            .map(|s| s.conditions.as_slice())
+            .unwrap_or_default();
+        warm_status(t) == (0, 0) && find_condition(conditions, "WarmReady").is_none()
+    })
+    .await;
+    let shown = t
+        .status
+        .and_then(|s| s.warm)
+        .expect("status.warm kept, as zeros");
+    assert_eq!(
+        (shown.replicas, shown.current, shown.cost, shown.bound),
+        (0, 0, 0, 1)
+    );
+    let mut all: BTreeSet<String> = before.clone();
+    all.extend(refilled);
+    all.extend(drifted);
+    // (The taken VM is the claim's now: its user data stays with it.)
+    let unbound: BTreeSet<String> = all.iter().filter(|v| **v != vm).cloned().collect();
+    assert_no_leftovers(&world, &unbound).await;
+
+    // The claim goes: its VM (once warm) and everything of it go too.
+    world.delete_claim("fast").await;
+    world.delete_claim("slow").await;
+    world.wait_claim_gone("fast", WAIT).await;
+    world.wait_claim_gone("slow", WAIT).await;
+    assert!(world.vms().await.is_empty(), "no VM left");
+    assert!(world.host_secrets().await.is_empty(), "no Secret left");
+    assert_no_leftovers(&world, &all).await;
+    println!("warm: drift replaced both warm VMs, replicas 0 removed them, nothing left");
+    world.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn where_warm_vms_cannot_reach_the_host_api_server_they_never_get_ready_and_claims_are_served_cold(
+) {
+    // The VMs are told a host API server nothing listens at: their agents never report.
+    let unreachable = provider(1, None).replace(
+        "    clusterRef:",
+        "    guestApiServer: https://127.0.0.1:1\n    clusterRef:",
+    );
+    let world = World::with_provider(unreachable).await;
+    let t = wait_warm(&world, "a warm VM made, not ready", |t| {
+        warm_status(t) == (1, 0)
+    })
+    .await;
+    let (status, reason, message) = find_condition(
+        t.status
+            .as_ref()
+            .map(|s| s.conditions.as_slice())
+            .unwrap_or_default(),
+        "WarmReady",
+    )
+    .expect("WarmReady");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "WarmStarting")
+    );
+    assert!(message.contains("https://127.0.0.1:1"), "{message}");
+    // The simulated agent reports on its VM why it cannot reach the host.
+    let host_events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(world.host.clone(), VMS);
+    let failure = common::eventually("the agent's failure reported", WAIT, || async {
+        let vms = warm_vms(&world).await;
+        host_events
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find(|e| {
+                e.reason.as_deref() == Some("WarmAgentFailed")
+                    && e.regarding
+                        .as_ref()
+                        .and_then(|r| r.name.as_ref())
+                        .is_some_and(|n| vms.contains(n))
+            })
+            .and_then(|e| e.note)
+    })
+    .await;
+    println!("warm: WarmReady=False: {message}; the VM's agent: {failure}");
+    world.claim_type("c", "warm").await;
+    let c: NodeClaim = world.wait_phase("c", "Available", WAIT).await;
+    let vm = c
+        .status
+        .as_ref()
+        .and_then(|s| s.vm_name.clone())
+        .expect("vmName");
+    assert!(
+        c.status.as_ref().is_some_and(|s| s.warm.is_none()),
+        "served cold"
+    );
+    assert!(!vm.starts_with("warm-"), "{vm}");
+    world.delete_claim("c").await;
+    world.wait_claim_gone("c", WAIT).await;
+    world.shutdown().await;
+}

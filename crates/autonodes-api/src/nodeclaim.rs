@@ -210,6 +210,9 @@ pub struct NodeClaimStatus {
 pub struct WarmBinding {
     /// When the claim took the warm VM.
     pub bound_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+    /// True once the claim wrote the VM's binding (the join its agent reads).
+    #[serde(default)]
+    pub written: bool,
     /// True once the binding (the join the VM read) and the VM's own credential are
     /// deleted, after the Node joined or when the claim went.
     #[serde(default)]

@@ -2,7 +2,9 @@
 //! provision and again while they are cleaned up, the host API server stopped and
 //! restarted, then the tenant API server likewise — and at the end every claim deleted at
 //! once. After each phase every claim has exactly one VM, one user-data Secret and at most
-//! one token, and once the claims are gone nothing they created is left.
+//! one token, and once the claims are gone nothing they created is left. The node type
+//! keeps 5 warm VMs, so claims take warm VMs while the controller is killed: no VM serves
+//! two claims or joins twice, and once the type keeps none nothing of them is left.
 //!
 //! Sizes come from the environment (the test command uses the defaults):
 //! `AUTONODES_CHAOS_CLAIMS` (100) claims provisioned under kills, `AUTONODES_CHAOS_OUTAGE`
@@ -16,7 +18,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-use autonodes_api::{NodeClaim, NodeClaimPhase, LABEL_NODECLAIM_UID};
+use autonodes_api::{
+    NodeClaim, NodeClaimPhase, LABEL_NODECLAIM_UID, LABEL_WARM_NODETYPE, LABEL_WARM_VM,
+};
 use autonodes_testenv::testenv::ManagedProcess;
 use common::world::*;
 use kube::api::{DeleteParams, ListParams, PostParams};
@@ -181,7 +185,37 @@ impl Chaos {
     /// Counts, by claim UID, VMs and user-data Secrets on the host and tokens in the
     /// tenant; returns (leaked, duplicated): objects whose claim is gone, and claims with
     /// more than one VM or Secret or live token.
+    /// Waits (at most 90 s) until every Secret made for a warm VM that no claim took has its
+    /// VM: a warm VM's user data is made before the VM, and what a killed controller left
+    /// of one is removed 30 s after it was made.
+    async fn settle_warm(&mut self) {
+        let start = Instant::now();
+        loop {
+            let vms: BTreeSet<String> = self
+                .world
+                .vms()
+                .await
+                .iter()
+                .map(|v| v.name_any())
+                .collect();
+            let pending = self
+                .world
+                .host_secrets()
+                .await
+                .iter()
+                .filter(|s| !s.labels().contains_key(LABEL_NODECLAIM_UID))
+                .filter_map(|s| s.labels().get(LABEL_WARM_VM).cloned())
+                .filter(|vm| !vms.contains(vm))
+                .count();
+            if pending == 0 || start.elapsed() > Duration::from_secs(90) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+
     async fn audit(&mut self, what: &str) -> (usize, usize) {
+        self.settle_warm().await;
         let claims = self.claims().await;
         let live: BTreeSet<String> = claims.iter().filter_map(|c| c.uid()).collect();
         let mut per_claim: BTreeMap<(String, &str), usize> = BTreeMap::new();
@@ -190,10 +224,27 @@ impl Chaos {
         let vms = self.world.vms().await;
         let secrets = self.world.host_secrets().await;
         let tokens = self.world.tokens().await;
+        // Warm VMs no claim took, and their user data: the type's, not leaked.
+        let warm: BTreeSet<String> = vms
+            .iter()
+            .filter(|v| {
+                uid_of(v.labels()).is_none() && v.labels().contains_key(LABEL_WARM_NODETYPE)
+            })
+            .map(|v| v.name_any())
+            .collect();
+        let is_warm = |labels: &BTreeMap<String, String>| {
+            uid_of(labels).is_none() && labels.get(LABEL_WARM_VM).is_some_and(|v| warm.contains(v))
+        };
         let labelled = vms
             .iter()
+            .filter(|o| !is_warm(o.labels()))
             .map(|o| (uid_of(o.labels()), "vm"))
-            .chain(secrets.iter().map(|o| (uid_of(o.labels()), "secret")))
+            .chain(
+                secrets
+                    .iter()
+                    .filter(|o| !is_warm(o.labels()))
+                    .map(|o| (uid_of(o.labels()), "secret")),
+            )
             .chain(tokens.iter().map(|o| (uid_of(o.labels()), "token")));
         for (uid, kind) in labelled {
             match uid {
@@ -201,7 +252,34 @@ impl Chaos {
                 _ => leaked += 1,
             }
         }
-        let duplicated = per_claim.values().filter(|n| **n > 1).count();
+        // No VM serves two claims, and no Node is registered twice for one VM.
+        let mut served: BTreeMap<String, usize> = BTreeMap::new();
+        for vm in claims
+            .iter()
+            .filter_map(|c| c.status.as_ref()?.vm_name.clone())
+        {
+            *served.entry(vm).or_default() += 1;
+        }
+        let mut joined: BTreeMap<String, usize> = BTreeMap::new();
+        for id in self
+            .world
+            .nodes()
+            .await
+            .iter()
+            .filter_map(|n| n.spec.as_ref()?.provider_id.clone())
+        {
+            *joined.entry(id).or_default() += 1;
+        }
+        let twice = served
+            .values()
+            .chain(joined.values())
+            .filter(|n| **n > 1)
+            .count();
+        let bound = claims
+            .iter()
+            .filter(|c| c.status.as_ref().is_some_and(|s| s.warm.is_some()))
+            .count();
+        let duplicated = per_claim.values().filter(|n| **n > 1).count() + twice;
         // Nodes: one per live claim at most, none for a claim that is gone.
         let claim_nodes: BTreeSet<String> = claims
             .iter()
@@ -215,9 +293,10 @@ impl Chaos {
             .filter(|n| !claim_nodes.contains(&n.name_any()))
             .count();
         self.line(format!(
-            "{what}: {} claims, {} VMs, {} Secrets, {} tokens; leaked {leaked}, duplicated {duplicated}, nodes without a claim {stray_nodes}",
+            "{what}: {} claims ({bound} on a warm VM), {} VMs ({} warm), {} Secrets, {} tokens; leaked {leaked}, duplicated {duplicated}, VMs serving two claims or joined twice {twice}, nodes without a claim {stray_nodes}",
             live.len(),
             vms.len(),
+            warm.len(),
             secrets.len(),
             tokens.len()
         ));
@@ -261,6 +340,56 @@ impl Chaos {
     }
 }
 
+/// The chaos provider: one type, `small`, keeping `warm` warm VMs.
+fn chaos_provider(warm: u32) -> String {
+    provider_yaml(
+        "chaos",
+        "test-kubevirt-1",
+        "1",
+        "1Gi",
+        &format!("      - name: small\n        warm:\n          replicas: {warm}"),
+    )
+}
+
+/// What is left on the host of warm VMs: their ServiceAccounts, Roles, RoleBindings,
+/// Leases and Secrets (by their warm-VM label), and warm VMs.
+async fn warm_objects_left(world: &World) -> usize {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    use kube::api::Api;
+    let ns = "vcluster-platform";
+    let lp = ListParams::default().labels(LABEL_WARM_VM);
+    let host = &world.host;
+    let count = |n: Result<usize, kube::Error>| n.expect("list warm objects");
+    count(
+        Api::<ServiceAccount>::namespaced(host.clone(), ns)
+            .list_metadata(&lp)
+            .await
+            .map(|l| l.items.len()),
+    ) + count(
+        Api::<Role>::namespaced(host.clone(), ns)
+            .list_metadata(&lp)
+            .await
+            .map(|l| l.items.len()),
+    ) + count(
+        Api::<RoleBinding>::namespaced(host.clone(), ns)
+            .list_metadata(&lp)
+            .await
+            .map(|l| l.items.len()),
+    ) + count(
+        Api::<Lease>::namespaced(host.clone(), ns)
+            .list_metadata(&lp)
+            .await
+            .map(|l| l.items.len()),
+    ) + count(
+        Api::<Secret>::namespaced(host.clone(), ns)
+            .list_metadata(&lp)
+            .await
+            .map(|l| l.items.len()),
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_controllers_and_stopped_api_servers_leak_and_duplicate_nothing() {
     let claims = setting("AUTONODES_CHAOS_CLAIMS", 100) as usize;
@@ -276,13 +405,7 @@ async fn killed_controllers_and_stopped_api_servers_leak_and_duplicate_nothing()
     );
     let mut rng = Rng(seed);
     let opts = WorldOptions {
-        provider: provider_yaml(
-            "chaos",
-            "test-kubevirt-1",
-            "1",
-            "1Gi",
-            "      - name: small",
-        ),
+        provider: chaos_provider(5),
         launch_timeout: Duration::from_secs(600),
         registration_timeout: Duration::from_secs(600),
         ..Default::default()
@@ -308,7 +431,26 @@ async fn killed_controllers_and_stopped_api_servers_leak_and_duplicate_nothing()
     let mut leaked = 0;
     let mut duplicated = 0;
 
-    // 1. Provisioning, the controller killed three times at random moments.
+    // 1. Provisioning, the controller killed three times at random moments. The type's
+    // warm VMs are ready first, so the first claims take them while the kills happen.
+    let start = Instant::now();
+    loop {
+        let types: kube::api::Api<autonodes_api::NodeType> =
+            kube::api::Api::all(chaos.world.mgmt.clone());
+        let t = types.get_opt("chaos.small").await.ok().flatten();
+        let ready = t
+            .and_then(|t| t.status)
+            .and_then(|s| s.warm)
+            .map_or(0, |w| w.ready);
+        if ready == 5 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "warm VMs not ready: {ready} of 5"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     chaos.create_claims("chaos", claims).await;
     let started = Instant::now();
     for _ in 0..3 {
@@ -399,9 +541,28 @@ async fn killed_controllers_and_stopped_api_servers_leak_and_duplicate_nothing()
         took.as_secs_f64().max(start.elapsed().as_secs_f64()),
         chaos.host_rss_sampled / 1_000_000
     ));
+    // The type keeps no warm VMs any more: they go, with everything made for them.
+    chaos.world.apply_provider(&chaos_provider(0)).await;
+    let start = Instant::now();
+    loop {
+        let left = warm_objects_left(&chaos.world).await + chaos.world.vms().await.len();
+        if left == 0 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(300),
+            "{left} warm VMs or their objects are left"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    chaos.line(format!(
+        "warm replicas 0: the warm VMs and their credentials, Leases and Secrets gone in {:.1}s",
+        start.elapsed().as_secs_f64()
+    ));
     let (l, d) = chaos.audit("after deleting every claim").await;
     leaked += l;
     duplicated += d;
+    leaked += warm_objects_left(&chaos.world).await;
     let nodes = chaos.world.nodes().await.len();
     let dvs = chaos.world.data_volumes().await.len();
     leaked += nodes + dvs;

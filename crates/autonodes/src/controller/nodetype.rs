@@ -255,7 +255,14 @@ async fn apply(t: &NodeType, ctx: &TypeContext) -> Result<Action, Error> {
         now(),
     );
     // The type's warm VMs: kept, replaced, removed (also for a type that turned unusable).
-    let warm = super::warm::reconcile(ctx, &prepared, provider.as_deref(), claimed).await;
+    let warm = super::warm::reconcile(
+        ctx,
+        &prepared,
+        provider.as_deref(),
+        claimed,
+        old.warm.is_some(),
+    )
+    .await;
     // A type that had warm VMs shows zeros rather than nothing: a field left out of the
     // status is not always removed (the spec and the status are applied by one field
     // manager, which API servers before 1.22 do not tell apart).

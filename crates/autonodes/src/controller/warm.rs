@@ -26,9 +26,9 @@ use autonodes_core::warm::{self, WarmVm};
 /// Condition of a NodeType that keeps warm VMs: True when all are ready.
 pub const WARM_READY: &str = "WarmReady";
 
-/// A credential whose warm VM does not exist is removed once it is older than this (the
-/// credential is made before its VM).
-const ORPHAN_CREDENTIAL_AGE: Duration = Duration::from_secs(120);
+/// What was made for a warm VM that does not exist is removed once it is older than this
+/// (a warm VM's credential and user data are made before the VM, within a reconcile).
+const ORPHAN_CREDENTIAL_AGE: Duration = Duration::from_secs(30);
 
 /// What [`reconcile`] found for the type's status.
 pub struct WarmOutcome {
@@ -92,13 +92,19 @@ fn observed(remote: &Remote, t: &PreparedType, installation: &str) -> Option<Vec
     )
 }
 
-/// Keeps the warm VMs of the usable type `t` (provider `provider`, `claimed` claims).
+/// Keeps the warm VMs of type `t` (provider `provider`, `claimed` claims). A type that
+/// keeps none and never had any (`had_warm`: its status shows warm VMs) costs nothing: no
+/// host is looked at.
 pub async fn reconcile(
     ctx: &Context,
     t: &PreparedType,
     provider: Option<&NodeProvider>,
     claimed: i64,
+    had_warm: bool,
 ) -> WarmOutcome {
+    if t.warm_replicas == 0 && !had_warm {
+        return WarmOutcome::none();
+    }
     let installation = ctx.config.installation.as_str();
     let remote = match ctx.clients.host(&t.host_cluster).await {
         Ok(r) => r,
@@ -192,14 +198,15 @@ async fn reconcile_on(
             .flatten()
             .is_some()
     };
-    for (vm, made) in host.credentials(ns, &type_label).await? {
+    for (vm, made) in host.made_for(ns, &type_label).await? {
         let old = made.is_some_and(|m| {
             Duration::try_from(at.duration_since(m)).unwrap_or_default() > ORPHAN_CREDENTIAL_AGE
         });
         if old && !live.contains(vm.as_str()) && !taken(&vm) {
             host.delete_credential(ns, &vm).await?;
+            host.host().delete_user_data(ns, &vm).await?;
             host.delete_data_volumes(ns, &vm).await?;
-            tracing::info!(nodetype = %t.name, vm = %format!("{ns}/{vm}"), "removed the credential of a warm VM that is gone");
+            tracing::info!(nodetype = %t.name, vm = %format!("{ns}/{vm}"), "removed what was left of a warm VM that is gone");
         }
     }
     let mut made = 0;

@@ -204,30 +204,52 @@ impl<'a> WarmHost<'a> {
             .collect())
     }
 
-    /// The warm VMs of the type labelled `type_label` in `ns` that have a credential, with
-    /// when it was made (to find credentials whose VM is gone).
-    pub async fn credentials(
+    /// The warm VMs of the type labelled `type_label` in `ns` that have a credential or a
+    /// Secret (user data, binding) not taken by a claim, with when the youngest of those
+    /// was made (to find what is left of warm VMs that are gone).
+    pub async fn made_for(
         &self,
         ns: &str,
         type_label: &str,
-    ) -> Result<Vec<(String, Option<Timestamp>)>, Error> {
-        let list = remote_call(
+    ) -> Result<BTreeMap<String, Option<Timestamp>>, Error> {
+        let lp = ListParams::default().labels(&format!("{LABEL_WARM_NODETYPE}={type_label}"));
+        let accounts = remote_call(
             self.ctx,
             self.remote,
             "listing warm VMs' ServiceAccounts",
-            self.api::<ServiceAccount>(ns).list_metadata(
-                &ListParams::default().labels(&format!("{LABEL_WARM_NODETYPE}={type_label}")),
-            ),
+            self.api::<ServiceAccount>(ns).list_metadata(&lp),
         )
         .await?;
-        Ok(list
+        let secrets = remote_call(
+            self.ctx,
+            self.remote,
+            "listing warm VMs' Secrets",
+            self.api::<Secret>(ns).list_metadata(&lp),
+        )
+        .await?;
+        let mut out: BTreeMap<String, Option<Timestamp>> = BTreeMap::new();
+        let metas = accounts
             .items
             .into_iter()
-            .filter_map(|sa| {
-                let vm = sa.labels().get(LABEL_WARM_VM)?.clone();
-                Some((vm, sa.metadata.creation_timestamp.map(|t| t.0)))
-            })
-            .collect())
+            .map(|o| o.metadata)
+            .chain(secrets.items.into_iter().map(|o| o.metadata));
+        for meta in metas {
+            let Some(vm) = meta
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(LABEL_WARM_VM))
+                .cloned()
+            else {
+                continue;
+            };
+            let made = meta.creation_timestamp.map(|t| t.0);
+            let entry = out.entry(vm).or_insert(made);
+            *entry = match (*entry, made) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                _ => None,
+            };
+        }
+        Ok(out)
     }
 
     /// Deletes the warm VM `vm`'s binding Secret, RoleBinding, Role, ServiceAccount (its

@@ -36,7 +36,13 @@ pub(super) async fn launch<H: HostApi, T: TenantApi>(
         Some(vm) if !autonodes_core::template::names::labelled_for_claim(vm.labels(), &uid) => {
             return Ok(name_taken(p, "VirtualMachine"))
         }
-        Some(vm) => vm,
+        Some(vm) => {
+            // A warm VM taken earlier whose binding is not written yet.
+            if let Some(step) = super::warm::bind(p).await? {
+                return Ok(step);
+            }
+            vm
+        }
         None if p.status.was_true(PROVISIONED) => {
             // The VM vanished after it ran: the claim failed.
             return Ok(Step::Fail {

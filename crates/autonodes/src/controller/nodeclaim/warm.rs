@@ -103,13 +103,36 @@ pub(super) async fn serve<H: HostApi, T: TenantApi>(
     // From here on the VM is the claim's.
     let name = vm.name_any();
     p.vm_name = name.clone();
-    p.status.new.vm_name = Some(name.clone());
+    p.status.new.vm_name = Some(name);
     if p.status.new.warm.is_none() {
         p.status.new.warm = Some(WarmBinding {
             bound_at: Time(now()),
+            written: false,
             released: false,
         });
     }
+    Ok(match bind(p).await? {
+        Some(step) => Served::Stop(step),
+        None => Served::Warm(vm),
+    })
+}
+
+/// Until it is done: labels the taken warm VM's user data and DataVolumes as the claim's,
+/// and writes its binding. `Some(step)` when the join cannot be given yet.
+pub(super) async fn bind<H: HostApi, T: TenantApi>(
+    p: &mut Provisioning<'_, H, T>,
+) -> Result<Option<Step>, Error> {
+    if p.status.new.warm.as_ref().is_none_or(|w| w.written) {
+        return Ok(None);
+    }
+    let Some(host) = p.host.warm() else {
+        return Ok(None);
+    };
+    let uid = p.claim.uid().unwrap_or_default();
+    let claim_ns = p.claim.namespace().unwrap_or_default();
+    let installation = p.ctx.config.installation.clone();
+    let labels = warm::taken_labels(&p.claim.name_any(), &claim_ns, &uid, &installation);
+    let (ns, name) = (p.vm_ns.clone(), p.vm_name.clone());
     host.relabel_parts(&ns, &name, &labels).await?;
     let token = ensure_token(p.claim, p.ctx, p.tenant()).await?;
     let info = p.tenant().join_info().await?;
@@ -118,9 +141,7 @@ pub(super) async fn serve<H: HostApi, T: TenantApi>(
         Ok(j) => j,
         Err((reason, message)) => {
             p.status.set(PROVISIONED, false, reason, message);
-            return Ok(Served::Stop(Step::Stop(Action::requeue(
-                Duration::from_secs(30),
-            ))));
+            return Ok(Some(Step::Stop(Action::requeue(Duration::from_secs(30)))));
         }
     };
     let mut t = p.node_type.clone();
@@ -130,15 +151,16 @@ pub(super) async fn serve<H: HostApi, T: TenantApi>(
         Err(e) => {
             p.status
                 .set(PROVISIONED, false, render_reason(&e), e.to_string());
-            return Ok(Served::Stop(Step::Stop(Action::requeue(
-                Duration::from_secs(60),
-            ))));
+            return Ok(Some(Step::Stop(Action::requeue(Duration::from_secs(60)))));
         }
     };
-    let binding_labels = warm::credential_labels(&type_name, &name, &installation);
+    let binding_labels = warm::credential_labels(&p.node_type.name, &name, &installation);
     host.write_binding(&ns, &name, &binding, &binding_labels)
         .await?;
-    Ok(Served::Warm(vm))
+    if let Some(w) = p.status.new.warm.as_mut() {
+        w.written = true;
+    }
+    Ok(None)
 }
 
 /// Once the claim's Node joined: deletes the binding (it holds the bootstrap token) and the

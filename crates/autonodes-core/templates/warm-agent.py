@@ -14,6 +14,7 @@ import os
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -66,7 +67,24 @@ def binding(cfg):
     return data if all(key in data for key in FILES) else None
 
 
+def warm_up():
+    # What does not depend on the tenant, done while waiting: the kubelet and kubeadm read
+    # once from disk (a join then starts them from memory), containerd answering. Failures
+    # do not matter here: the prepare script checks all of it at join time.
+    for cmd in (
+        ["kubelet", "--version"],
+        ["kubeadm", "version", "-o", "short"],
+        ["ctr", "--address", "/run/containerd/containerd.sock", "version"],
+    ):
+        try:
+            subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
+        except Exception:
+            pass
+    log("warmed up")
+
+
 def main():
+    threading.Thread(target=warm_up, daemon=True).start()
     with open(CONFIG) as f:
         cfg = json.load(f)
     poll = float(cfg.get("pollSeconds", 1))

@@ -7,7 +7,11 @@
 //! signing the kubelets' certificates). The guests run Debian's cloud-init and
 //! containerd, and kubeadm and the kubelet v1.20.2 built from the same tree as the API
 //! server: preinstalled on the prepared image, downloaded by autonodes' user data on the
-//! stock one. Skipped, with the reason, where KVM or the guest images are missing.
+//! stock one. The prepared type also keeps a warm VM: its agent (the real
+//! `warm-agent.py`, with the VM's own token) reaches the host's API server at `10.0.2.2`;
+//! once both cold claims are Ready, a third claim takes the warm VM, whose agent reads
+//! the binding and joins, and the type refills. Skipped, with the reason, where KVM or the
+//! guest images are missing.
 
 mod common;
 
@@ -27,13 +31,18 @@ use kube::ResourceExt;
 const VM_NS: &str = "vcluster-platform";
 const READY: Duration = Duration::from_secs(900);
 
-fn provider() -> String {
+fn provider(host_port: u16, warm: u32) -> String {
     let node_type = |name: &str, prepared: bool| {
+        let warm = if prepared {
+            format!("        warm:\n          replicas: {warm}\n")
+        } else {
+            String::new()
+        };
         format!(
             "      - name: {name}
         displayName: {name}
-        maxCapacity: 2
-        properties:
+        maxCapacity: 3
+{warm}        properties:
           autonodes.io/image-prepared: \"{prepared}\"
         virtualMachineTemplate:
           spec:
@@ -66,8 +75,10 @@ spec:
     clusterRef:
       cluster: test-kubevirt-1
       namespace: {VM_NS}
+    guestApiServer: https://{}:{host_port}
     nodeTypes:
 {}{}",
+        qemu::HOST_ADDRESS,
         node_type("prepared", true),
         node_type("stock", false)
     )
@@ -107,10 +118,16 @@ async fn a_prepared_and_a_stock_image_join_the_tenant_with_a_real_kubelet_and_le
             return;
         }
     }
-    let mut env = TestEnv::start(&["mgmt", "host"]).await.expect("clusters");
+    let mut env = TestEnv::start(&["mgmt"]).await.expect("clusters");
+    // The guests reach the host's API server (warm VMs' agents) and the tenant's (kubelets)
+    // at 10.0.2.2.
+    env.add_apiserver_serving("host", &[qemu::HOST_ADDRESS])
+        .await
+        .expect("host");
     env.add_apiserver_serving("tenant", &[qemu::HOST_ADDRESS])
         .await
         .expect("tenant");
+    let host_port = env.apiserver("host").expect("host").port;
     let control_plane = kubeadm_tenant::prepare(&env, "tenant", qemu::HOST_ADDRESS)
         .await
         .expect("kubeadm control plane");
@@ -130,7 +147,7 @@ async fn a_prepared_and_a_stock_image_join_the_tenant_with_a_real_kubelet_and_le
     let mut world = World::on(
         env,
         &WorldOptions {
-            provider: provider(),
+            provider: provider(host_port, 1),
             launch_timeout: defaults.launch_timeout,
             registration_timeout: READY,
             initialization_timeout: defaults.initialization_timeout,
@@ -142,7 +159,7 @@ async fn a_prepared_and_a_stock_image_join_the_tenant_with_a_real_kubelet_and_le
     let real = RealGuests::new(
         world.playground.env.dir.join("guests"),
         BootOptions {
-            network: GuestNetwork::HostPorts(vec![tenant_port, mirror.port]),
+            network: GuestNetwork::HostPorts(vec![tenant_port, mirror.port, host_port]),
             ..BootOptions::default()
         },
     );
@@ -159,6 +176,8 @@ async fn a_prepared_and_a_stock_image_join_the_tenant_with_a_real_kubelet_and_le
     let claims = world.claims();
     let nodes: Api<Node> = Api::all(world.tenant.clone());
     let created = Instant::now();
+    // (The prepared type's warm VM boots meanwhile; these claims find none ready and are
+    // served cold.)
     for (name, node_type) in [("prepared-1", "prepared"), ("stock-1", "stock")] {
         world
             .create_claim(serde_json::json!({
@@ -300,10 +319,165 @@ async fn a_prepared_and_a_stock_image_join_the_tenant_with_a_real_kubelet_and_le
     }
     println!("mirror requests: {:?}", mirror.requests());
 
-    // Deleting both claims drains and removes everything, and powers the guests off.
+    // The prepared type's warm VM booted beside the cold ones; once its agent reports to
+    // the host's API server, a third claim takes it.
+    let warm_vms = || async {
+        world
+            .vms()
+            .await
+            .iter()
+            .filter(|v| v.labels().contains_key(autonodes_api::LABEL_WARM_NODETYPE))
+            .map(|v| v.name_any())
+            .collect::<std::collections::BTreeSet<String>>()
+    };
+    let types: Api<autonodes_api::NodeType> = Api::all(world.mgmt.clone());
+    let started = Instant::now();
+    loop {
+        let t = types.get("real-guests.prepared").await.expect("type");
+        let warm = t
+            .status
+            .as_ref()
+            .and_then(|s| s.warm.clone())
+            .unwrap_or_default();
+        if warm.ready >= 1 {
+            break;
+        }
+        if started.elapsed() > READY {
+            let mut shown = String::new();
+            for vm in warm_vms().await {
+                let serial = real
+                    .serial_log(VM_NS, &vm)
+                    .and_then(|p| std::fs::read_to_string(p).ok())
+                    .unwrap_or_default();
+                let tail: Vec<&str> = serial.lines().rev().take(60).collect();
+                shown.push_str(&format!(
+                    "== {vm}\n{}\n",
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                ));
+            }
+            panic!(
+                "no warm VM ready within {READY:?}: {:?}\n{shown}",
+                t.status.map(|s| s.conditions)
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    // The cold claims go first, so the warm join is measured beside one booting guest (the
+    // refill), as the cold ones were beside each other.
     for name in ["prepared-1", "stock-1"] {
         world.delete_claim(name).await;
     }
+    let started = Instant::now();
+    while real.running() > warm_vms().await.len() {
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "the cold guests did not power off"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let warm_before = warm_vms().await;
+    let created = Instant::now();
+    world
+        .create_claim(serde_json::json!({
+            "metadata": {"name": "warm-1"},
+            "spec": {
+                "providerRef": "real-guests",
+                "requirements": [{"key": "autonodes.io/node-type", "operator": "In", "values": ["prepared"]}],
+            },
+        }))
+        .await;
+    let (node, warm_ready_after) = loop {
+        let c = claims.get("warm-1").await.expect("claim");
+        let node = c.status.as_ref().and_then(|s| s.node_name.clone());
+        if let Some(n) = &node {
+            if let Some(n) = nodes.get_opt(n).await.ok().flatten() {
+                let ready = n
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.clone())
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True");
+                if ready {
+                    break (n, created.elapsed());
+                }
+            }
+        }
+        if created.elapsed() > READY {
+            let vm = c
+                .status
+                .as_ref()
+                .and_then(|s| s.vm_name.clone())
+                .unwrap_or_default();
+            let serial = real
+                .serial_log(VM_NS, &vm)
+                .and_then(|p| std::fs::read_to_string(p).ok())
+                .unwrap_or_default();
+            let tail: Vec<&str> = serial.lines().rev().take(80).collect();
+            panic!(
+                "the warm claim's Node not Ready within {READY:?}: {:?}\n{}",
+                c.status,
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let claim = claims.get("warm-1").await.expect("claim");
+    let status = claim.status.clone().unwrap_or_default();
+    let vm = status.vm_name.clone().unwrap_or_default();
+    assert!(
+        status.warm.is_some() && warm_before.contains(&vm),
+        "{vm} was warm: {warm_before:?}"
+    );
+    assert_eq!(
+        node.spec.as_ref().and_then(|s| s.provider_id.as_deref()),
+        Some(format!("kubevirt://{vm}").as_str())
+    );
+    assert_eq!(
+        node.labels()
+            .get(autonodes_api::LABEL_NODECLAIM)
+            .map(String::as_str),
+        Some("warm-1")
+    );
+    let serial = real
+        .serial_log(VM_NS, &vm)
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .unwrap_or_default();
+    for line in serial.lines().filter(|l| l.contains("autonodes-warm:")) {
+        println!("real-guest: warm agent: {}", line.trim());
+    }
+    println!(
+        "real-guest: prepared image, warm VM, claim warm-1 → Node {} Ready after {} s, Ready; kubelet {}; cloud-init {}",
+        node.name_any(),
+        warm_ready_after.as_secs(),
+        node.status
+            .as_ref()
+            .and_then(|s| s.node_info.as_ref())
+            .map(|i| i.kubelet_version.clone())
+            .unwrap_or_default(),
+        cloud_init_result(&serial)
+    );
+    // The type refills: a new warm VM in place of the one taken.
+    let started = Instant::now();
+    let refill = loop {
+        if let Some(v) = warm_vms()
+            .await
+            .into_iter()
+            .find(|v| !warm_before.contains(v))
+        {
+            break v;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "no warm VM made in place of {vm}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    println!("real-guest: the prepared type refilled with warm VM {refill}");
+
+    // Deleting the claims, and keeping no warm VM, removes everything and powers the guests off.
+    world.apply_provider(&provider(host_port, 0)).await;
+    world.delete_claim("warm-1").await;
     let vms: Api<DynamicObject> = Api::namespaced_with(
         world.host.clone(),
         VM_NS,

@@ -29,6 +29,8 @@ After=network-online.target
 ExecStart=/usr/bin/python3 /etc/autonodes/warm/agent.py
 Restart=on-failure
 RestartSec=5
+StandardOutput=journal+console
+StandardError=journal+console
 ";
 
 /// What a warm VM's user data says. Its `Debug` leaves the token out.

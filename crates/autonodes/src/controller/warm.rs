@@ -186,7 +186,7 @@ async fn reconcile_on(
     let room = t.max_capacity.map(|m| m - claimed);
     let plan = warm::plan(replicas, room, &t.definition, vms, at);
     for (name, why) in &plan.remove {
-        remove(ctx, host, ns, name).await?;
+        remove(host, ns, name).await?;
         tracing::info!(nodetype = %t.name, vm = %format!("{ns}/{name}"), why = why.as_str(), "removing a warm VM");
     }
     // Credentials whose VM is gone (a removal or creation cut short).
@@ -282,13 +282,12 @@ fn guest_server(provider: Option<&NodeProvider>, remote: &Remote) -> String {
 
 /// Removes a warm VM: its credential first (its agent can read nothing more), then the VM,
 /// its user-data Secret and its DataVolumes.
-async fn remove(ctx: &Context, host: &WarmHost<'_>, ns: &str, vm: &str) -> Result<(), Error> {
+async fn remove(host: &WarmHost<'_>, ns: &str, vm: &str) -> Result<(), Error> {
     host.delete_credential(ns, vm).await?;
     let remote_host = host.host();
     remote_host.delete_vm(ns, vm, None).await?;
     remote_host.delete_user_data(ns, vm).await?;
     host.delete_data_volumes(ns, vm).await?;
-    let _ = ctx;
     Ok(())
 }
 
@@ -383,7 +382,7 @@ pub async fn sweep_gone_types(ctx: &Context, types: &[std::sync::Arc<NodeType>])
         for vm in orphans {
             let ns = vm.namespace().unwrap_or_default();
             let name = vm.name_any();
-            match remove(ctx, &host, &ns, &name).await {
+            match remove(&host, &ns, &name).await {
                 Ok(()) => {
                     removed += 1;
                     tracing::info!(vm = %format!("{ns}/{name}"), "removed a warm VM whose node type is gone");

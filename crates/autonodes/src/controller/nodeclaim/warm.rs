@@ -40,24 +40,26 @@ pub(super) enum Served {
 pub(super) async fn serve<H: HostApi, T: TenantApi>(
     p: &mut Provisioning<'_, H, T>,
 ) -> Result<Served, Error> {
-    if p.node_type.warm_replicas == 0 {
-        return Ok(Served::Cold);
-    }
     let Some(host) = p.host.warm() else {
         return Ok(Served::Cold);
     };
-    if let Err(why) = warm::servable(p.node_type, None, p.claim) {
-        tracing::debug!(nodeclaim = %p.claim.name_any(), %why, "served cold");
-        return Ok(Served::Cold);
-    }
     let uid = p.claim.uid().unwrap_or_default();
     let claim_ns = p.claim.namespace().unwrap_or_default();
     let installation = p.ctx.config.installation.clone();
     let labels = warm::taken_labels(&p.claim.name_any(), &claim_ns, &uid, &installation);
     let ns = p.vm_ns.clone();
     let type_name = p.node_type.name.clone();
+    // A warm VM this claim took before (its status not written since) stays its VM, even if
+    // the type keeps no warm VMs any more.
     let mut vm = host.taken_by(&ns, &uid);
     if vm.is_none() {
+        if p.node_type.warm_replicas == 0 {
+            return Ok(Served::Cold);
+        }
+        if let Err(why) = warm::servable(p.node_type, None, p.claim) {
+            tracing::debug!(nodeclaim = %p.claim.name_any(), %why, "served cold");
+            return Ok(Served::Cold);
+        }
         let type_label = autonodes_core::names::label_value(&type_name);
         for candidate in p.ctx.warm.ready(&type_name, now()) {
             let Some(seen) = host.cached_vm(&ns, &candidate) else {

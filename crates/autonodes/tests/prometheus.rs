@@ -256,6 +256,20 @@ async fn a_real_prometheus_scrapes_the_controller_and_every_dashboard_query_retu
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 
+    // A node type that keeps a warm VM (the dashboard's warm panel has series).
+    let warm: autonodes_api::NodeType = serde_json::from_value(json!({
+        "apiVersion": "autonodes.io/v1alpha1", "kind": "NodeType",
+        "metadata": {"name": "warm-standard"},
+        "spec": {"providerRef": "kubevirt-provider-advanced",
+                 "resources": {"cpu": "2", "memory": "4Gi"},
+                 "warm": {"replicas": 1}},
+    }))
+    .expect("node type");
+    kube::Api::<autonodes_api::NodeType>::all(world.mgmt.clone())
+        .create(&Default::default(), &warm)
+        .await
+        .expect("warm node type created");
+
     // A node pool of one node: its claim turns Available.
     world
         .create_pool(

@@ -72,18 +72,35 @@ impl<'a> WarmHost<'a> {
         self.remote.host_cache()?.vms.get(Some(ns), name).flatten()
     }
 
-    /// The warm VM the claim `uid` took already (a take whose claim status was not written).
-    pub fn taken_by(&self, ns: &str, uid: &str) -> Option<std::sync::Arc<ObservedVm>> {
-        self.remote
-            .host_cache()?
-            .vms
-            .filter(|vm| {
-                vm.metadata.namespace.as_deref() == Some(ns)
-                    && vm.labels().contains_key(LABEL_WARM_VM)
-                    && autonodes_core::template::names::labelled_for_claim(vm.labels(), uid)
-            })?
-            .into_iter()
-            .next()
+    /// The warm VM the claim `uid` took already (a take whose claim status was not
+    /// written): from the host's VM cache while it is live, else listed by label from the
+    /// API server (a controller that just started must not take the claim for a cold one).
+    pub async fn taken_by(
+        &self,
+        ns: &str,
+        uid: &str,
+    ) -> Result<Option<std::sync::Arc<ObservedVm>>, Error> {
+        let ours = |vm: &ObservedVm| {
+            vm.metadata.namespace.as_deref() == Some(ns)
+                && vm.labels().contains_key(LABEL_WARM_VM)
+                && autonodes_core::template::names::labelled_for_claim(vm.labels(), uid)
+        };
+        if let Some(found) = self.remote.host_cache().and_then(|c| c.vms.filter(ours)) {
+            return Ok(found.into_iter().next());
+        }
+        let selector = format!(
+            "{},{LABEL_WARM_VM}",
+            crate::remote::calls::claim_selector(uid)
+        );
+        let listed = remote_call(
+            self.ctx,
+            self.remote,
+            "listing the warm VM a claim took",
+            Api::<ObservedVm>::namespaced(self.remote.client.clone(), ns)
+                .list(&ListParams::default().labels(&selector)),
+        )
+        .await?;
+        Ok(listed.items.into_iter().next().map(std::sync::Arc::new))
     }
 
     /// Makes the credential of the warm VM `vm` (labelled `labels`): a ServiceAccount, a

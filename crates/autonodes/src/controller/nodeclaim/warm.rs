@@ -51,7 +51,7 @@ pub(super) async fn serve<H: HostApi, T: TenantApi>(
     let type_name = p.node_type.name.clone();
     // A warm VM this claim took before (its status not written since) stays its VM, even if
     // the type keeps no warm VMs any more.
-    let mut vm = host.taken_by(&ns, &uid);
+    let mut vm = host.taken_by(&ns, &uid).await?;
     if vm.is_none() {
         if p.node_type.warm_replicas == 0 {
             return Ok(Served::Cold);

@@ -850,6 +850,11 @@ pub fn render_user_data(input: &UserDataInput<'_>) -> Result<String, UserDataErr
             template: name,
             message: e.to_string(),
         })?;
+    within_limit(text)
+}
+
+/// `text`, unless it is longer than [`USER_DATA_MAX_BYTES`].
+fn within_limit(text: String) -> Result<String, UserDataError> {
     if text.len() > USER_DATA_MAX_BYTES {
         return Err(UserDataError::TooLarge {
             size: text.len(),
@@ -857,6 +862,17 @@ pub fn render_user_data(input: &UserDataInput<'_>) -> Result<String, UserDataErr
         });
     }
     Ok(text)
+}
+
+/// The content of the file `path` a `#cloud-config` writes (`write_files`), if it writes it.
+pub fn written_file(user_data: &str, path: &str) -> Option<String> {
+    let doc: Value = crate::yaml::from_str(user_data).ok()?;
+    doc.get("write_files")?
+        .as_array()?
+        .iter()
+        .find(|f| f.get("path").and_then(Value::as_str) == Some(path))
+        .and_then(|f| f.get("content").and_then(Value::as_str))
+        .map(str::to_string)
 }
 
 /// Accepts a download base URL the user data can use ([`is_download_url`]).

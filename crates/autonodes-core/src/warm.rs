@@ -240,23 +240,11 @@ pub fn binding(
     installation: &str,
 ) -> Result<Binding, RenderError> {
     let rendered = render::render_node(t, claim, pool, vm_name, join, installation)?;
-    let file = |path: &'static str| -> Result<String, RenderError> {
-        let doc: Value =
-            crate::yaml::from_str(&rendered.user_data).map_err(|_| RenderError::MissingField {
-                claim: claim_id(claim),
-                field: "user data",
-            })?;
-        doc.get("write_files")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .find(|f| f.get("path").and_then(Value::as_str) == Some(path))
-            .and_then(|f| f.get("content").and_then(Value::as_str))
-            .map(str::to_string)
-            .ok_or(RenderError::MissingField {
-                claim: claim_id(claim),
-                field: path,
-            })
+    let file = |path: &'static str| {
+        crate::userdata::written_file(&rendered.user_data, path).ok_or(RenderError::MissingField {
+            claim: claim_id(claim),
+            field: path,
+        })
     };
     Ok(Binding {
         join_configuration: file(JOIN_CONFIG_PATH)?,

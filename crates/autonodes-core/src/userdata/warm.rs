@@ -4,8 +4,9 @@
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use super::USER_DATA_MAX_BYTES;
-use super::{parse_user_cloud_config, registry, UserCloudConfig, UserDataError};
+use super::{
+    parse_user_cloud_config, registry, within_limit, written_file, UserCloudConfig, UserDataError,
+};
 
 const AGENT: &str = include_str!("../../templates/warm-agent.py");
 
@@ -126,13 +127,7 @@ pub fn render_warm_user_data(input: &WarmUserDataInput<'_>) -> Result<String, Us
             template: "warm",
             message: e.to_string(),
         })?;
-    if text.len() > USER_DATA_MAX_BYTES {
-        return Err(UserDataError::TooLarge {
-            size: text.len(),
-            max: USER_DATA_MAX_BYTES,
-        });
-    }
-    Ok(text)
+    within_limit(text)
 }
 
 /// What a warm VM's agent is configured with, read back from its user data (the simulator
@@ -167,15 +162,7 @@ impl std::fmt::Debug for WarmAgent {
 /// The agent's configuration in a warm VM's user data; `None` when the user data is not a
 /// warm VM's.
 pub fn read_warm_agent(user_data: &str) -> Option<WarmAgent> {
-    let doc: Value = crate::yaml::from_str(user_data).ok()?;
-    let files = doc.get("write_files")?.as_array()?;
-    let file = |path: &str| {
-        files
-            .iter()
-            .find(|f| f.get("path").and_then(Value::as_str) == Some(path))
-            .and_then(|f| f.get("content").and_then(Value::as_str))
-            .map(str::to_string)
-    };
+    let file = |path: &str| written_file(user_data, path);
     let config: Value = serde_json::from_str(&file(CONFIG_PATH)?).ok()?;
     let text = |k: &str| config.get(k).and_then(Value::as_str).map(str::to_string);
     Some(WarmAgent {

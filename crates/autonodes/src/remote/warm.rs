@@ -66,6 +66,38 @@ impl<'a> WarmHost<'a> {
         Api::namespaced(self.remote.client.clone(), ns)
     }
 
+    /// Creates `obj` with `api` (one there already is kept).
+    async fn create_kept<K>(&self, api: Api<K>, obj: &K, what: &str) -> Result<(), Error>
+    where
+        K: Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        ignore_exists(
+            remote_call(
+                self.ctx,
+                self.remote,
+                what,
+                api.create(&PostParams::default(), obj),
+            )
+            .await,
+        )
+    }
+
+    /// Deletes `name` with `api`, in the background (one gone already is done).
+    async fn delete_gone<K>(&self, api: Api<K>, name: &str, what: &str) -> Result<(), Error>
+    where
+        K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        ignore_not_found(
+            remote_call(
+                self.ctx,
+                self.remote,
+                what,
+                api.delete(name, &kube::api::DeleteParams::background()),
+            )
+            .await,
+        )
+    }
+
     /// The VM `ns/name` as the host's cache shows it (`None` also while the cache is not
     /// live: warm VMs are taken only from a live cache).
     pub fn cached_vm(&self, ns: &str, name: &str) -> Option<std::sync::Arc<ObservedVm>> {
@@ -120,57 +152,37 @@ impl<'a> WarmHost<'a> {
             automount_service_account_token: Some(false),
             ..ServiceAccount::default()
         };
-        ignore_exists(
-            remote_call(
-                self.ctx,
-                self.remote,
-                "creating a warm VM's ServiceAccount",
-                self.api::<ServiceAccount>(ns).create(&pp, &sa),
-            )
-            .await,
-        )?;
+        self.create_kept(
+            self.api::<ServiceAccount>(ns),
+            &sa,
+            "creating a warm VM's ServiceAccount",
+        )
+        .await?;
         let role: Role = serde_json::from_value(serde_json::json!({
             "metadata": meta(&name, ns, labels),
             "rules": warm::role_rules(vm),
         }))
         .map_err(|e| Error::Internal(format!("a warm VM's Role: {e}")))?;
-        ignore_exists(
-            remote_call(
-                self.ctx,
-                self.remote,
-                "creating a warm VM's Role",
-                self.api::<Role>(ns).create(&pp, &role),
-            )
-            .await,
-        )?;
+        self.create_kept(self.api::<Role>(ns), &role, "creating a warm VM's Role")
+            .await?;
         let binding: RoleBinding = serde_json::from_value(serde_json::json!({
             "metadata": meta(&name, ns, labels),
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
             "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}],
         }))
         .map_err(|e| Error::Internal(format!("a warm VM's RoleBinding: {e}")))?;
-        ignore_exists(
-            remote_call(
-                self.ctx,
-                self.remote,
-                "creating a warm VM's RoleBinding",
-                self.api::<RoleBinding>(ns).create(&pp, &binding),
-            )
-            .await,
-        )?;
+        self.create_kept(
+            self.api::<RoleBinding>(ns),
+            &binding,
+            "creating a warm VM's RoleBinding",
+        )
+        .await?;
         let lease = Lease {
             metadata: meta(&name, ns, labels),
             ..Lease::default()
         };
-        ignore_exists(
-            remote_call(
-                self.ctx,
-                self.remote,
-                "creating a warm VM's Lease",
-                self.api::<Lease>(ns).create(&pp, &lease),
-            )
-            .await,
-        )?;
+        self.create_kept(self.api::<Lease>(ns), &lease, "creating a warm VM's Lease")
+            .await?;
         let request = TokenRequest {
             spec: TokenRequestSpec {
                 audiences: Vec::new(),
@@ -273,67 +285,39 @@ impl<'a> WarmHost<'a> {
     /// token stops working) and Lease.
     pub async fn delete_credential(&self, ns: &str, vm: &str) -> Result<(), Error> {
         let name = warm::credential_name(vm);
-        let dp = kube::api::DeleteParams::background();
-        ignore_not_found(
-            remote_call(
-                self.ctx,
-                self.remote,
-                "deleting a warm VM's binding",
-                self.api::<Secret>(ns).delete(&warm::binding_name(vm), &dp),
-            )
-            .await,
-        )?;
-        ignore_not_found(
-            remote_call(
-                self.ctx,
-                self.remote,
-                "deleting a warm VM's RoleBinding",
-                self.api::<RoleBinding>(ns).delete(&name, &dp),
-            )
-            .await,
-        )?;
-        ignore_not_found(
-            remote_call(
-                self.ctx,
-                self.remote,
-                "deleting a warm VM's Role",
-                self.api::<Role>(ns).delete(&name, &dp),
-            )
-            .await,
-        )?;
-        ignore_not_found(
-            remote_call(
-                self.ctx,
-                self.remote,
-                "deleting a warm VM's ServiceAccount",
-                self.api::<ServiceAccount>(ns).delete(&name, &dp),
-            )
-            .await,
-        )?;
-        ignore_not_found(
-            remote_call(
-                self.ctx,
-                self.remote,
-                "deleting a warm VM's Lease",
-                self.api::<Lease>(ns).delete(&name, &dp),
-            )
-            .await,
+        self.delete_gone(
+            self.api::<Secret>(ns),
+            &warm::binding_name(vm),
+            "deleting a warm VM's binding",
         )
+        .await?;
+        self.delete_gone(
+            self.api::<RoleBinding>(ns),
+            &name,
+            "deleting a warm VM's RoleBinding",
+        )
+        .await?;
+        self.delete_gone(self.api::<Role>(ns), &name, "deleting a warm VM's Role")
+            .await?;
+        self.delete_gone(
+            self.api::<ServiceAccount>(ns),
+            &name,
+            "deleting a warm VM's ServiceAccount",
+        )
+        .await?;
+        self.delete_gone(self.api::<Lease>(ns), &name, "deleting a warm VM's Lease")
+            .await
     }
 
     /// Creates a warm VM's user-data Secret (one there already is an earlier attempt's,
     /// with a token of the same ServiceAccount: kept).
     pub async fn create_user_data(&self, ns: &str, secret: &Secret) -> Result<(), Error> {
-        ignore_exists(
-            remote_call(
-                self.ctx,
-                self.remote,
-                "creating a warm VM's user-data Secret",
-                self.api::<Secret>(ns)
-                    .create(&PostParams::default(), secret),
-            )
-            .await,
+        self.create_kept(
+            self.api::<Secret>(ns),
+            secret,
+            "creating a warm VM's user-data Secret",
         )
+        .await
     }
 
     /// Creates a warm VM (one there already is an earlier attempt's: kept).
@@ -415,21 +399,8 @@ impl<'a> WarmHost<'a> {
             )
             .await,
         )?;
-        let dvs: Api<DynamicObject> =
-            Api::namespaced_with(self.remote.client.clone(), ns, &kubevirt::data_volume());
-        let listed = remote_call(
-            self.ctx,
-            self.remote,
-            "listing a warm VM's DataVolumes",
-            dvs.list_metadata(&ListParams::default().labels(&format!("{LABEL_WARM_VM}={vm}"))),
-        )
-        .await;
-        let names: Vec<String> = match listed {
-            Ok(list) => list.items.iter().map(|d| d.name_any()).collect(),
-            // A host without CDI has no DataVolumes.
-            Err(e) if crate::remote::calls::not_found(&e) => Vec::new(),
-            Err(e) => return Err(e),
-        };
+        let dvs = self.data_volumes(ns);
+        let names = self.data_volume_names(ns, vm).await?;
         for name in names {
             ignore_not_found(
                 remote_call(
@@ -444,32 +415,34 @@ impl<'a> WarmHost<'a> {
         Ok(())
     }
 
-    /// Deletes the DataVolumes of the warm VM `vm` (those its labels name).
-    pub async fn delete_data_volumes(&self, ns: &str, vm: &str) -> Result<(), Error> {
-        let dvs: Api<DynamicObject> =
-            Api::namespaced_with(self.remote.client.clone(), ns, &kubevirt::data_volume());
+    fn data_volumes(&self, ns: &str) -> Api<DynamicObject> {
+        Api::namespaced_with(self.remote.client.clone(), ns, &kubevirt::data_volume())
+    }
+
+    /// The names of the warm VM `vm`'s DataVolumes (none on a host without CDI).
+    async fn data_volume_names(&self, ns: &str, vm: &str) -> Result<Vec<String>, Error> {
         let listed = remote_call(
             self.ctx,
             self.remote,
             "listing a warm VM's DataVolumes",
-            dvs.list_metadata(&ListParams::default().labels(&format!("{LABEL_WARM_VM}={vm}"))),
+            self.data_volumes(ns)
+                .list_metadata(&ListParams::default().labels(&format!("{LABEL_WARM_VM}={vm}"))),
         )
         .await;
-        let names: Vec<String> = match listed {
-            Ok(list) => list.items.iter().map(|d| d.name_any()).collect(),
-            Err(e) if crate::remote::calls::not_found(&e) => return Ok(()),
-            Err(e) => return Err(e),
-        };
+        match listed {
+            Ok(list) => Ok(list.items.iter().map(|d| d.name_any()).collect()),
+            Err(e) if crate::remote::calls::not_found(&e) => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Deletes the DataVolumes of the warm VM `vm` (those its labels name).
+    pub async fn delete_data_volumes(&self, ns: &str, vm: &str) -> Result<(), Error> {
+        let dvs = self.data_volumes(ns);
+        let names = self.data_volume_names(ns, vm).await?;
         for name in names {
-            ignore_not_found(
-                remote_call(
-                    self.ctx,
-                    self.remote,
-                    "deleting a warm VM's DataVolume",
-                    dvs.delete(&name, &kube::api::DeleteParams::background()),
-                )
-                .await,
-            )?;
+            self.delete_gone(dvs.clone(), &name, "deleting a warm VM's DataVolume")
+                .await?;
         }
         Ok(())
     }

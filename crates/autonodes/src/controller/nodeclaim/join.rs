@@ -1,6 +1,15 @@
 //! What a claim's node joins with, shared by the launch of a new VM and the binding of a
 //! warm one: the tenant's join parameters, and the condition reason of a render error.
 
+use std::time::Duration;
+
+use kube::runtime::controller::Action;
+
+use super::provisioning::{Provisioning, Step};
+use super::status::PROVISIONED;
+use super::tokens::ensure_token;
+use crate::controller::error::Error;
+use crate::remote::api::{HostApi, TenantApi};
 use autonodes_api::reasons::ClaimReason;
 use autonodes_core::join::JoinInfo;
 use autonodes_core::render::RenderError;
@@ -8,9 +17,27 @@ use autonodes_core::userdata::{self, BootstrapToken, JoinParams, UserDataError};
 
 use crate::remote::clients::Remote;
 
+/// The claim's join: its bootstrap token (minted if need be; `true` when minted now) and
+/// the tenant's join parameters. `Err(step)` when the tenant cannot be joined yet (the
+/// reason is on `Provisioned`).
+pub(super) async fn claim_join<H: HostApi, T: TenantApi>(
+    p: &mut Provisioning<'_, H, T>,
+) -> Result<Result<(JoinParams, bool), Step>, Error> {
+    let token = ensure_token(p.claim, p.ctx, p.tenant()).await?;
+    let info = p.tenant().join_info().await?;
+    let download_url = p.ctx.config.kubernetes_download_url.clone();
+    match join_params(p.tenant().remote(), &token.token, info, download_url) {
+        Ok(j) => Ok(Ok((j, token.fresh))),
+        Err((reason, message)) => {
+            p.status.set(PROVISIONED, false, reason, message);
+            Ok(Err(Step::Stop(Action::requeue(Duration::from_secs(30)))))
+        }
+    }
+}
+
 /// Join parameters for the tenant: the endpoint it publishes (else its kubeconfig's
 /// server), the token, its CA and the CA's hash, its version.
-pub(super) fn join_params(
+fn join_params(
     tenant: &Remote,
     token: &BootstrapToken,
     info: JoinInfo,

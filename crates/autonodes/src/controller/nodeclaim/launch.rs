@@ -11,10 +11,9 @@ use kube::api::DynamicObject;
 use kube::runtime::controller::Action;
 use kube::ResourceExt;
 
-use super::join::{join_params, render_reason};
+use super::join::{claim_join, render_reason};
 use super::provisioning::{elapsed_since, remaining, Provisioning, Step};
 use super::status::{PROVISIONED, SCHEDULED};
-use super::tokens::ensure_token;
 use crate::controller::context::now;
 use crate::controller::error::Error;
 use crate::remote::api::{HostApi, TenantApi};
@@ -123,15 +122,9 @@ pub(super) async fn launch<H: HostApi, T: TenantApi>(
 async fn create_host_objects<H: HostApi, T: TenantApi>(
     p: &mut Provisioning<'_, H, T>,
 ) -> Result<Result<Arc<ObservedVm>, Step>, Error> {
-    let token = ensure_token(p.claim, p.ctx, p.tenant()).await?;
-    let info = p.tenant().join_info().await?;
-    let download_url = p.ctx.config.kubernetes_download_url.clone();
-    let join = match join_params(p.tenant().remote(), &token.token, info, download_url) {
+    let (join, fresh) = match claim_join(p).await? {
         Ok(j) => j,
-        Err((reason, message)) => {
-            p.status.set(PROVISIONED, false, reason, message);
-            return Ok(Err(Step::Stop(Action::requeue(Duration::from_secs(30)))));
-        }
+        Err(step) => return Ok(Err(step)),
     };
     let installation = p.ctx.config.installation.as_str();
     let rendered = match render_for(
@@ -155,7 +148,7 @@ async fn create_host_objects<H: HostApi, T: TenantApi>(
     // Another claim's Secret of that name is left alone.
     let ours = p
         .host()
-        .create_user_data(&p.vm_ns, &rendered.secret, token.fresh)
+        .create_user_data(&p.vm_ns, &rendered.secret, fresh)
         .await?;
     if !ours {
         return Ok(Err(name_taken(p, "user-data Secret")));

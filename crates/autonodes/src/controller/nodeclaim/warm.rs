@@ -14,10 +14,9 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 
-use super::join::{join_params, render_reason};
+use super::join::{claim_join, render_reason};
 use super::provisioning::{Provisioning, Step};
 use super::status::{JOINED, PROVISIONED};
-use super::tokens::ensure_token;
 use crate::controller::context::now;
 use crate::controller::error::Error;
 use crate::remote::api::{HostApi, TenantApi};
@@ -127,24 +126,18 @@ pub(super) async fn bind<H: HostApi, T: TenantApi>(
     if p.status.new.warm.as_ref().is_none_or(|w| w.written) {
         return Ok(None);
     }
-    let Some(host) = p.host.warm() else {
-        return Ok(None);
-    };
     let uid = p.claim.uid().unwrap_or_default();
     let claim_ns = p.claim.namespace().unwrap_or_default();
     let installation = p.ctx.config.installation.clone();
     let labels = warm::taken_labels(&p.claim.name_any(), &claim_ns, &uid, &installation);
     let (ns, name) = (p.vm_ns.clone(), p.vm_name.clone());
-    host.relabel_parts(&ns, &name, &labels).await?;
-    let token = ensure_token(p.claim, p.ctx, p.tenant()).await?;
-    let info = p.tenant().join_info().await?;
-    let download_url = p.ctx.config.kubernetes_download_url.clone();
-    let join = match join_params(p.tenant().remote(), &token.token, info, download_url) {
-        Ok(j) => j,
-        Err((reason, message)) => {
-            p.status.set(PROVISIONED, false, reason, message);
-            return Ok(Some(Step::Stop(Action::requeue(Duration::from_secs(30)))));
-        }
+    match p.host.warm() {
+        Some(host) => host.relabel_parts(&ns, &name, &labels).await?,
+        None => return Ok(None),
+    }
+    let join = match claim_join(p).await? {
+        Ok((j, _)) => j,
+        Err(step) => return Ok(Some(step)),
     };
     let mut t = p.node_type.clone();
     t.vm_namespace = ns.clone();
@@ -157,8 +150,10 @@ pub(super) async fn bind<H: HostApi, T: TenantApi>(
         }
     };
     let binding_labels = warm::credential_labels(&p.node_type.name, &name, &installation);
-    host.write_binding(&ns, &name, &binding, &binding_labels)
-        .await?;
+    if let Some(host) = p.host.warm() {
+        host.write_binding(&ns, &name, &binding, &binding_labels)
+            .await?;
+    }
     if let Some(w) = p.status.new.warm.as_mut() {
         w.written = true;
     }

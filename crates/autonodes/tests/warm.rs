@@ -368,6 +368,15 @@ async fn a_claim_takes_a_ready_warm_vm_that_joins_from_its_binding_and_the_type_
     let unbound: BTreeSet<String> = all.iter().filter(|v| **v != vm).cloned().collect();
     assert_no_leftovers(&world, &unbound).await;
 
+    // What the provider entry drops (here the property), its NodeType drops too, though the
+    // controller wrote the type's status in between (API servers before 1.22 keep one field
+    // set per manager for both).
+    world.apply_provider(&provider(0, None)).await;
+    wait_warm(&world, "the dropped property gone from the type", |t| {
+        !t.spec.properties.contains_key("example.com/revision")
+    })
+    .await;
+
     // The claim goes: its VM (once warm) and everything of it go too.
     world.delete_claim("fast").await;
     world.delete_claim("slow").await;

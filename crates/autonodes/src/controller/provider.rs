@@ -20,7 +20,7 @@ use kube::runtime::finalizer::{finalizer, Event as Finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 
-use crate::controller::context::{now, Context, FIELD_MANAGER};
+use crate::controller::context::{now, Context};
 use crate::controller::error::Error;
 use crate::controller::status::apply_status;
 use crate::remote::clients::{remote_error_text, REMOTE_TIMEOUT};
@@ -375,6 +375,79 @@ pub fn types_in_use(ctx: &Context) -> BTreeMap<String, Vec<String>> {
     used
 }
 
+/// The field manager of a generated NodeType's spec: apart from the status writer's
+/// (`autonodes`), because API servers before 1.22 keep one set of fields per manager
+/// for an object and its status alike, so a status write would take the spec's fields out
+/// of the set and a field later dropped from the provider entry would stay.
+const TYPE_SPEC_MANAGER: &str = "autonodes-provider";
+
+/// Removes what an apply left in a generated NodeType's spec that its provider entry no
+/// longer has (fields another manager still owns: an earlier version of the controller, or
+/// somebody's edit), with a JSON patch against the version the apply returned.
+async fn remove_stale_fields(
+    api: &Api<NodeType>,
+    applied: &NodeType,
+    desired: &NodeType,
+) -> Result<(), Error> {
+    let name = applied.name_any();
+    let to_json = |spec: &autonodes_api::NodeTypeSpec| {
+        serde_json::to_value(spec).map_err(|e| Error::Internal(e.to_string()))
+    };
+    let diff = json_patch::diff(&to_json(&applied.spec)?, &to_json(&desired.spec)?);
+    let mut ops = vec![json_patch::PatchOperation::Test(
+        json_patch::TestOperation {
+            path: json_patch::jsonptr::PointerBuf::from_tokens(["metadata", "resourceVersion"]),
+            value: applied.resource_version().unwrap_or_default().into(),
+        },
+    )];
+    ops.extend(diff.0.into_iter().map(under_spec));
+    api.patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Json::<()>(json_patch::Patch(ops)),
+    )
+    .await
+    .map_err(Error::kube(format!(
+        "removing fields of NodeType {name} its provider entry no longer has"
+    )))?;
+    tracing::info!(nodetype = %name, "removed fields its provider entry no longer has");
+    Ok(())
+}
+
+/// `op` (a path within a spec) as a path within the object.
+fn under_spec(op: json_patch::PatchOperation) -> json_patch::PatchOperation {
+    use json_patch::PatchOperation as Op;
+    let moved = |p: &mut json_patch::jsonptr::PointerBuf| p.push_front("spec");
+    match op {
+        Op::Add(mut o) => {
+            moved(&mut o.path);
+            Op::Add(o)
+        }
+        Op::Remove(mut o) => {
+            moved(&mut o.path);
+            Op::Remove(o)
+        }
+        Op::Replace(mut o) => {
+            moved(&mut o.path);
+            Op::Replace(o)
+        }
+        Op::Move(mut o) => {
+            moved(&mut o.path);
+            moved(&mut o.from);
+            Op::Move(o)
+        }
+        Op::Copy(mut o) => {
+            moved(&mut o.path);
+            moved(&mut o.from);
+            Op::Copy(o)
+        }
+        Op::Test(mut o) => {
+            moved(&mut o.path);
+            Op::Test(o)
+        }
+    }
+}
+
 async fn sync_node_types(p: &NodeProvider, ctx: &Context) -> Result<Synced, Error> {
     let provider = p.name_any();
     let api: Api<NodeType> = Api::all(ctx.client.clone());
@@ -403,13 +476,17 @@ async fn sync_node_types(p: &NodeProvider, ctx: &Context) -> Result<Synced, Erro
             obj.insert("kind".into(), "NodeType".into());
             obj.remove("status");
         }
-        api.patch(
-            &name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&body),
-        )
-        .await
-        .map_err(Error::kube(format!("applying NodeType {name}")))?;
+        let applied = api
+            .patch(
+                &name,
+                &PatchParams::apply(TYPE_SPEC_MANAGER).force(),
+                &Patch::Apply(&body),
+            )
+            .await
+            .map_err(Error::kube(format!("applying NodeType {name}")))?;
+        if applied.spec != desired.spec {
+            remove_stale_fields(&api, &applied, &desired).await?;
+        }
     }
 
     let in_use = types_in_use(ctx);

@@ -15,7 +15,7 @@ use serde::Serialize;
 use crate::access::{provider_admits, TenantNamespace};
 use crate::api::conditions;
 use crate::api::{
-    DisruptionReason, NodeClaim, NodeClaimPhase, NodePool, NodeTypeHost, Overhead,
+    DisruptionReason, NodeClaim, NodeClaimPhase, NodePool, NodeTypeHost, NodeTypeWarm, Overhead,
     Repair as RepairSpec, ANNOTATION_KEEP_UNTIL, ANNOTATION_RESTART,
 };
 use crate::catalogue::Catalogue;
@@ -126,6 +126,51 @@ pub struct Admission<'a> {
     /// Each node type's room on its host as the controller last reported it
     /// (`status.host` of the NodeType, by name).
     pub hosts: BTreeMap<String, NodeTypeHost>,
+    /// Each node type's warm VMs as the controller last reported them (`status.warm` of
+    /// the NodeType, by name).
+    pub warm: BTreeMap<String, NodeTypeWarm>,
+}
+
+/// The warm-VM line of a type the claim fits: whether a warm VM served it, or why none did
+/// or would ([`crate::warm::servable`] decides, as when the claim is scheduled). `None`
+/// when the type keeps no warm VMs and the claim took none.
+fn warm_line(
+    t: &crate::catalogue::PreparedType,
+    pool: Option<&crate::api::NodePoolSpec>,
+    claim: &NodeClaim,
+    warm: Option<&NodeTypeWarm>,
+    chosen: bool,
+) -> Option<String> {
+    let status = claim.status.as_ref();
+    if let (true, Some(b)) = (chosen, status.and_then(|s| s.warm.as_ref())) {
+        return Some(format!(
+            "served by warm VM {} (taken at {}; binding {})",
+            status.and_then(|s| s.vm_name.as_deref()).unwrap_or("?"),
+            b.bound_at.0,
+            match (b.written, b.released) {
+                (_, true) => "read and deleted",
+                (true, false) => "written",
+                (false, false) => "not written yet",
+            }
+        ));
+    }
+    if t.warm_replicas <= 0 {
+        return None;
+    }
+    let kept = match warm {
+        Some(w) => format!(
+            "the type keeps {} warm VM(s), {} ready now",
+            t.warm_replicas, w.ready
+        ),
+        None => format!("the type keeps {} warm VM(s)", t.warm_replicas),
+    };
+    Some(match crate::warm::servable(t, pool, claim) {
+        Err(why) => format!("{kept}; none can serve this claim: {why}"),
+        Ok(()) if chosen && status.and_then(|s| s.vm_name.as_ref()).is_some() => {
+            format!("{kept}; none was ready when this claim was scheduled, so it was served cold")
+        }
+        Ok(()) => format!("{kept}; a ready one would serve this claim"),
+    })
 }
 
 /// The host-room line of a type, and whether the host has no room left for it (in the zone
@@ -271,6 +316,13 @@ pub fn nodeclaim(
                 .to_string(),
             room,
         ];
+        reasons.extend(warm_line(
+            t,
+            pool,
+            claim,
+            admission.warm.get(&t.name),
+            verdict == "chosen",
+        ));
         if verdict.starts_with("fits (cheapest") {
             if let Some(s) = conditions::get(&status.conditions, "Scheduled")
                 .filter(|c| c.status == conditions::FALSE)
@@ -855,6 +907,7 @@ mod tests {
                     ..NodeTypeHost::default()
                 },
             )]),
+            warm: BTreeMap::new(),
         };
         let e = nodeclaim(&claim, None, &catalogue, &claimed, &admission);
         let verdicts: Vec<(&str, &str)> = e
@@ -907,6 +960,83 @@ mod tests {
         assert!(
             e.findings[1].reasons[0].contains("host room for 0 more"),
             "{e:?}"
+        );
+    }
+
+    #[test]
+    fn a_claim_says_whether_a_warm_vm_served_it_and_why_none_could() {
+        let catalogue = catalogue_of(json!([
+            {"name": "small", "resources": {"cpu": "2", "memory": "4Gi"}, "cost": 1, "warm": {"replicas": 2}},
+        ]));
+        let labels = BTreeMap::new();
+        let admission = Admission {
+            namespace: TenantNamespace {
+                name: "t",
+                labels: Some(&labels),
+            },
+            quotas: &[],
+            used: Usage::default(),
+            hosts: BTreeMap::new(),
+            warm: BTreeMap::from([(
+                "p.small".to_string(),
+                NodeTypeWarm {
+                    replicas: 2,
+                    current: 2,
+                    ready: 1,
+                    ..NodeTypeWarm::default()
+                },
+            )]),
+        };
+        let claim = |spec: serde_json::Value, status: serde_json::Value| -> NodeClaim {
+            serde_json::from_value(json!({
+                "metadata": {"name": "c", "namespace": "t"},
+                "spec": spec,
+                "status": status,
+            }))
+            .expect("claim")
+        };
+        let warm_reason = |c: &NodeClaim| {
+            let e = nodeclaim(c, None, &catalogue, &BTreeMap::new(), &admission);
+            e.findings[0]
+                .reasons
+                .iter()
+                .find(|r| r.contains("warm"))
+                .cloned()
+                .unwrap_or_default()
+        };
+        let spec = json!({"vClusterRef": {"name": "t"}});
+        let taken = claim(
+            spec.clone(),
+            json!({"typeRef": "p.small", "vmName": "warm-small-abcde",
+                "warm": {"boundAt": "2026-11-25T10:00:00Z", "written": true}}),
+        );
+        assert_eq!(
+            warm_reason(&taken),
+            "served by warm VM warm-small-abcde (taken at 2026-11-25T10:00:00Z; binding written)"
+        );
+        let cold = claim(
+            spec.clone(),
+            json!({"typeRef": "p.small", "vmName": "t-c-12345"}),
+        );
+        assert_eq!(
+            warm_reason(&cold),
+            "the type keeps 2 warm VM(s), 1 ready now; none was ready when this claim was scheduled, so it was served cold"
+        );
+        let pending = claim(spec, json!({}));
+        assert!(
+            warm_reason(&pending).ends_with("a ready one would serve this claim"),
+            "{}",
+            warm_reason(&pending)
+        );
+        let own_image = claim(
+            json!({"vClusterRef": {"name": "t"},
+                "properties": {"autonodes.io/user-data": "#cloud-config\nruncmd: [[true]]\n"}}),
+            json!({}),
+        );
+        let why = warm_reason(&own_image);
+        assert!(
+            why.contains("none can serve this claim") && why.contains("autonodes.io/user-data"),
+            "{why}"
         );
     }
 

@@ -174,6 +174,11 @@ fn the_getting_started_commands_run_against_the_playground() {
     for expected in [
         "nodeclaim.autonodes.io/high-memory-1 condition met",
         "nodepool.autonodes.io/standard condition met",
+        "nodetype.autonodes.io/kubevirt-provider-advanced.standard-node condition met",
+        "nodeclaim.autonodes.io/standard-1 condition met",
+        // The claim's VM is the warm VM it took, and its binding was written.
+        "warm-standard-node-",
+        "\"written\":true",
         "autonodes_nodeclaims_created_total 1",
         "No resources found",
     ] {

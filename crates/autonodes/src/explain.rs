@@ -146,6 +146,12 @@ pub async fn explain(client: &Client, args: &ExplainArgs) -> anyhow::Result<Expl
                 .iter()
                 .filter(|c| c.metadata.namespace.as_deref() == Some(ns));
             let counts = count_claimed(mine, &Default::default(), &Default::default());
+            let types = list_all(
+                &Api::<NodeType>::all(client.clone()),
+                &ListParams::default(),
+                "NodeTypes",
+            )
+            .await?;
             let admission = explain::Admission {
                 namespace: TenantNamespace {
                     name: ns,
@@ -153,15 +159,14 @@ pub async fn explain(client: &Client, args: &ExplainArgs) -> anyhow::Result<Expl
                 },
                 quotas: &quotas,
                 used: Usage::of_counts(&counts, |n| catalogue.named(n)),
-                hosts: list_all(
-                    &Api::<NodeType>::all(client.clone()),
-                    &ListParams::default(),
-                    "NodeTypes",
-                )
-                .await?
-                .into_iter()
-                .filter_map(|t| Some((t.name_any(), t.status?.host?)))
-                .collect(),
+                hosts: types
+                    .iter()
+                    .filter_map(|t| Some((t.name_any(), t.status.as_ref()?.host.clone()?)))
+                    .collect(),
+                warm: types
+                    .iter()
+                    .filter_map(|t| Some((t.name_any(), t.status.as_ref()?.warm.clone()?)))
+                    .collect(),
             };
             Ok(explain::nodeclaim(
                 &claim,

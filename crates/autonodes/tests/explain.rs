@@ -8,7 +8,7 @@ mod common;
 
 use std::process::Command;
 
-use autonodes_api::NodeClaim;
+use autonodes_api::{NodeClaim, NodeType};
 use common::pools::*;
 use common::world::*;
 use k8s_openapi::jiff::Timestamp;
@@ -98,8 +98,14 @@ fn normalized(text: &str, names: &[(String, &str)]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explain_names_why_a_claim_fits_no_type_what_holds_repairs_or_budgets_a_pools_nodes_and_which_pool_could_serve_a_pod(
 ) {
+    // `quick` costs more than `small`, so the pools choose `small`; it keeps a warm VM,
+    // which the claim `fast` takes.
+    let quick = format!(
+        "{}\n        cost: 500\n        warm:\n          replicas: 1",
+        node_type("quick", "2", "4Gi")
+    );
     let world = World::start(WorldOptions {
-        provider: pools_provider(&[small()]),
+        provider: pools_provider(&[small(), quick]),
         ..WorldOptions::default()
     })
     .await;
@@ -169,6 +175,51 @@ async fn explain_names_why_a_claim_fits_no_type_what_holds_repairs_or_budgets_a_
             pool_condition(p, "LimitReached").is_some_and(|(s, _, _)| s == "True")
         })
         .await;
+
+    // A claim served by the warm VM of `quick` (once it is ready), after its binding is gone.
+    let types: Api<NodeType> = Api::all(world.mgmt.clone());
+    common::eventually("a ready warm VM of pools.quick", WAIT, || async {
+        let t = types.get("pools.quick").await.ok()?;
+        (t.status?.warm?.ready >= 1).then_some(())
+    })
+    .await;
+    world
+        .create_claim(json!({
+            "metadata": {"name": "fast"},
+            "spec": {"vClusterRef": {"name": "tenant"}, "requirements": [
+                {"key": "autonodes.io/node-type", "operator": "In", "values": ["quick"]}]},
+        }))
+        .await;
+    let fast = world
+        .wait_claim(
+            "fast",
+            "Available on its warm VM, binding released",
+            WAIT,
+            |c| {
+                available(c)
+                    && c.status
+                        .as_ref()
+                        .and_then(|s| s.warm.as_ref())
+                        .is_some_and(|w| w.released)
+            },
+        )
+        .await;
+    let warm_vm = fast
+        .status
+        .as_ref()
+        .and_then(|s| s.vm_name.clone())
+        .expect("VM");
+    let warm_text = explain(&world, &["nodeclaim", "tenant/fast"]);
+    assert!(
+        warm_text.contains(
+            "node type pools.quick (cost 500): chosen\n    - requirements and resources met"
+        ) && warm_text.contains(&format!("    - served by warm VM {warm_vm} (taken at ")),
+        "{warm_text}"
+    );
+    assert!(
+        warm_text.contains("binding read and deleted"),
+        "{warm_text}"
+    );
 
     let claim_text = explain(&world, &["nodeclaim", "tenant/huge"]);
     assert!(
@@ -275,10 +326,14 @@ async fn explain_names_why_a_claim_fits_no_type_what_holds_repairs_or_budgets_a_
     );
     for expected in [
         "the kube-scheduler found no node for it",
-        "pool tenant/burst (weight 0): could serve it\n    - pools.small: takes it\n    - the pool says LimitReached=True",
+        "pool tenant/burst (weight 0): could serve it\n    - pools.small: takes it\n",
+        "the pool says LimitReached=True",
         "pool tenant/workers (weight 0): static",
     ] {
-        assert!(pod_text.contains(expected), "{expected:?} not in:\n{pod_text}");
+        assert!(
+            pod_text.contains(expected),
+            "{expected:?} not in:\n{pod_text}"
+        );
     }
 
     let names = [
@@ -286,7 +341,33 @@ async fn explain_names_why_a_claim_fits_no_type_what_holds_repairs_or_budgets_a_
         (held_node.clone(), "tenant-workers-7kq2m-c3b9d2"),
         (sick.name_any(), "workers-x9d4t"),
         (held.name_any(), "workers-7kq2m"),
+        (warm_vm.clone(), "warm-quick-h3n8w"),
     ];
+    // The warm VM's address and the host's room (which the refill VM may or may not take
+    // yet) vary from run to run too.
+    let after = |text: &str, marker: &str| -> String {
+        text.split_once(marker)
+            .map(|(_, rest)| {
+                rest.chars()
+                    .take_while(|c| c.is_ascii_digit() || *c == '.')
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let warm_names = [
+        names.to_vec(),
+        vec![
+            (
+                format!(" runs at {} ", after(&warm_text, " runs at ")),
+                " runs at 10.128.4.17 ",
+            ),
+            (
+                format!("host room for {} more", after(&warm_text, "host room for ")),
+                "host room for 40 more",
+            ),
+        ],
+    ]
+    .concat();
     let page = format!(
         "# Explaining decisions: `autonodes explain`\n\n\
          <!-- Written by `cargo test -p autonodes --test explain` (AUTONODES_UPDATE_DOCS=1); the\n\
@@ -302,6 +383,10 @@ async fn explain_names_why_a_claim_fits_no_type_what_holds_repairs_or_budgets_a_
          extended resources), a type at `maxCapacity`, one whose provider does not serve the\n\
          claim's namespace, one over a NodeQuota, one whose host has no room left (in the\n\
          claim's zone) as its NodeType's `status.host` says, and the cheapest type left:\n\n```\n$ autonodes explain nodeclaim tenant/huge\n{}```\n\n\
+         For the type chosen (or the cheapest that fits), it says whether a warm VM served the\n\
+         claim, or why none did: the type keeps none, none was ready when the claim was\n\
+         scheduled, or the claim asks for what a warm VM cannot give it ([warm VMs](warm.md)):\n\n\
+         ```\n$ autonodes explain nodeclaim tenant/fast\n{}```\n\n\
          A pool: what each disruption reason may disrupt now under the budgets, the repair policy,\n\
          and for each claim what holds, consolidates, rolls or repairs it (here one claim is\n\
          marked do-not-disrupt and the other's Node reports `KernelDeadlock=True`):\n\n\
@@ -321,6 +406,7 @@ async fn explain_names_why_a_claim_fits_no_type_what_holds_repairs_or_budgets_a_
          `burst` labels its nodes with, and that pool's limits allow no node:\n\n\
          ```\n$ autonodes explain pod default/web --vcluster tenant/tenant\n{}```\n",
         normalized(&claim_text, &names),
+        normalized(&warm_text, &warm_names),
         normalized(&pool_text, &names),
         normalized(&node_text, &names),
         normalized(&pod_text, &names),
@@ -335,7 +421,7 @@ async fn explain_names_why_a_claim_fits_no_type_what_holds_repairs_or_budgets_a_
             "docs/src/explain.md is stale; run `AUTONODES_UPDATE_DOCS=1 cargo test -p autonodes --test explain`"
         );
     }
-    println!("{claim_text}\n{pool_text}\n{node_text}\n{pod_text}");
+    println!("{claim_text}\n{warm_text}\n{pool_text}\n{node_text}\n{pod_text}");
     delete_pods_now(&world).await;
     world.shutdown().await;
 }

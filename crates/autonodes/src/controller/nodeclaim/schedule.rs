@@ -230,8 +230,8 @@ pub(super) async fn schedule(claim: &NodeClaim, ctx: &ClaimContext) -> Result<Sc
         true,
         ClaimReason::Scheduled,
         format!(
-            "scheduled to node type {} (cost {}) as VM {}/{}{in_zone}",
-            chosen.name, chosen.cost, chosen.vm_namespace, vm_name
+            "scheduled to node type {} (cost {}){in_zone}",
+            chosen.name, chosen.cost
         ),
     );
     w.set(

@@ -15,6 +15,13 @@ use autonodes_api::NodePool;
 /// server-side apply never drops what they own).
 pub const FIELD_MANAGER: &str = "autonodes-capi";
 
+/// The field manager of the mirror's status writes: apart from [`FIELD_MANAGER`], because
+/// API servers before 1.22 keep one set of fields per manager for an object and its status
+/// alike, so a status write under the same name would take the object's applied fields
+/// (its scale-from-zero annotations) out of the set, and one the mirror later drops (a
+/// taint the pool no longer has) would stay.
+pub const STATUS_FIELD_MANAGER: &str = "autonodes-capi-status";
+
 /// What the mirror reads on NodeClaims, as the claim and pool controllers name it.
 pub const CLAIM_NAMES: ClaimNames = ClaimNames {
     delete_first: ANNOTATION_DELETE_FIRST,

@@ -9,7 +9,7 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::context::FIELD_MANAGER;
+use super::context::{FIELD_MANAGER, STATUS_FIELD_MANAGER};
 use crate::controller::context::Context;
 use crate::controller::error::Error;
 use autonodes_api::capi::{Machine, ANNOTATION_SYNCED_REPLICAS};
@@ -57,13 +57,13 @@ pub(super) async fn write_node_pool_replicas(
     Ok(p.resource_version())
 }
 
-/// Writes `status` of `obj` as the mirror's field manager ([`crate::controller::status::apply_status_as`]).
+/// Writes `status` of `obj` as the mirror's status field manager ([`crate::controller::status::apply_status_as`]).
 pub(super) async fn write_status<K, S>(api: &Api<K>, obj: &K, status: &S) -> Result<K, Error>
 where
     K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
     S: serde::Serialize,
 {
-    crate::controller::status::apply_status_as(api, obj, status, FIELD_MANAGER).await
+    crate::controller::status::apply_status_as(api, obj, status, STATUS_FIELD_MANAGER).await
 }
 
 /// Deletes the Machine `ns/name`; false when it was gone already.

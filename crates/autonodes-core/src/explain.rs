@@ -167,7 +167,7 @@ fn warm_line(
     Some(match crate::warm::servable(t, pool, claim) {
         Err(why) => format!("{kept}; none can serve this claim: {why}"),
         Ok(()) if chosen && status.and_then(|s| s.vm_name.as_ref()).is_some() => {
-            format!("{kept}; none was ready when this claim was scheduled, so it was served cold")
+            format!("{kept}; none was ready when this claim was scheduled (or the type kept none then), so it was served cold")
         }
         Ok(()) => format!("{kept}; a ready one would serve this claim"),
     })
@@ -1020,7 +1020,7 @@ mod tests {
         );
         assert_eq!(
             warm_reason(&cold),
-            "the type keeps 2 warm VM(s), 1 ready now; none was ready when this claim was scheduled, so it was served cold"
+            "the type keeps 2 warm VM(s), 1 ready now; none was ready when this claim was scheduled (or the type kept none then), so it was served cold"
         );
         let pending = claim(spec, json!({}));
         assert!(

@@ -18,8 +18,9 @@ use common::world::*;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-use kube::api::{Api, ListParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::ResourceExt;
+use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(90);
 const VMS: &str = "vcluster-platform";
@@ -374,6 +375,20 @@ async fn a_claim_takes_a_ready_warm_vm_that_joins_from_its_binding_and_the_type_
     world.apply_provider(&provider(0, None)).await;
     wait_warm(&world, "the dropped property gone from the type", |t| {
         !t.spec.properties.contains_key("example.com/revision")
+    })
+    .await;
+    // So does what somebody else wrote into the generated type (a field another manager
+    // owns, which the controller's apply leaves alone): the controller patches it away.
+    Api::<NodeType>::all(world.mgmt.clone())
+        .patch(
+            "pools.warm",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"properties": {"example.com/edited": "yes"}}})),
+        )
+        .await
+        .expect("type edited");
+    wait_warm(&world, "the edit undone", |t| {
+        !t.spec.properties.contains_key("example.com/edited")
     })
     .await;
 

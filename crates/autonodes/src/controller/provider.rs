@@ -390,17 +390,20 @@ async fn remove_stale_fields(
     desired: &NodeType,
 ) -> Result<(), Error> {
     let name = applied.name_any();
-    let to_json = |spec: &autonodes_api::NodeTypeSpec| {
-        serde_json::to_value(spec).map_err(|e| Error::Internal(e.to_string()))
+    // Both specs under `spec`, so the diff's paths are the object's.
+    let wrapped = |spec: &autonodes_api::NodeTypeSpec| {
+        serde_json::to_value(spec)
+            .map(|v| serde_json::json!({ "spec": v }))
+            .map_err(|e| Error::Internal(e.to_string()))
     };
-    let diff = json_patch::diff(&to_json(&applied.spec)?, &to_json(&desired.spec)?);
+    let diff = json_patch::diff(&wrapped(&applied.spec)?, &wrapped(&desired.spec)?);
     let mut ops = vec![json_patch::PatchOperation::Test(
         json_patch::TestOperation {
             path: json_patch::jsonptr::PointerBuf::from_tokens(["metadata", "resourceVersion"]),
             value: applied.resource_version().unwrap_or_default().into(),
         },
     )];
-    ops.extend(diff.0.into_iter().map(under_spec));
+    ops.extend(diff.0);
     api.patch(
         &name,
         &PatchParams::default(),
@@ -412,40 +415,6 @@ async fn remove_stale_fields(
     )))?;
     tracing::info!(nodetype = %name, "removed fields its provider entry no longer has");
     Ok(())
-}
-
-/// `op` (a path within a spec) as a path within the object.
-fn under_spec(op: json_patch::PatchOperation) -> json_patch::PatchOperation {
-    use json_patch::PatchOperation as Op;
-    let moved = |p: &mut json_patch::jsonptr::PointerBuf| p.push_front("spec");
-    match op {
-        Op::Add(mut o) => {
-            moved(&mut o.path);
-            Op::Add(o)
-        }
-        Op::Remove(mut o) => {
-            moved(&mut o.path);
-            Op::Remove(o)
-        }
-        Op::Replace(mut o) => {
-            moved(&mut o.path);
-            Op::Replace(o)
-        }
-        Op::Move(mut o) => {
-            moved(&mut o.path);
-            moved(&mut o.from);
-            Op::Move(o)
-        }
-        Op::Copy(mut o) => {
-            moved(&mut o.path);
-            moved(&mut o.from);
-            Op::Copy(o)
-        }
-        Op::Test(mut o) => {
-            moved(&mut o.path);
-            Op::Test(o)
-        }
-    }
 }
 
 async fn sync_node_types(p: &NodeProvider, ctx: &Context) -> Result<Synced, Error> {

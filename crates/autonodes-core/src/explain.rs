@@ -877,6 +877,21 @@ mod tests {
         s.parse().expect("time")
     }
 
+    /// What admits types in namespace `t` (with `labels`): no quotas, nothing used, no
+    /// host room or warm VMs reported.
+    fn admission_in_t(labels: &BTreeMap<String, String>) -> Admission<'_> {
+        Admission {
+            namespace: TenantNamespace {
+                name: "t",
+                labels: Some(labels),
+            },
+            quotas: &[],
+            used: Usage::default(),
+            hosts: BTreeMap::new(),
+            warm: BTreeMap::new(),
+        }
+    }
+
     #[test]
     fn a_pending_claim_names_each_node_type_and_why_it_was_not_chosen() {
         let catalogue = catalogue_of(json!([
@@ -894,12 +909,6 @@ mod tests {
         let claimed = BTreeMap::from([("p.small".to_string(), 1)]);
         let labels = BTreeMap::new();
         let admission = Admission {
-            namespace: TenantNamespace {
-                name: "t",
-                labels: Some(&labels),
-            },
-            quotas: &[],
-            used: Usage::default(),
             hosts: BTreeMap::from([(
                 "p.big".to_string(),
                 NodeTypeHost {
@@ -907,7 +916,7 @@ mod tests {
                     ..NodeTypeHost::default()
                 },
             )]),
-            warm: BTreeMap::new(),
+            ..admission_in_t(&labels)
         };
         let e = nodeclaim(&claim, None, &catalogue, &claimed, &admission);
         let verdicts: Vec<(&str, &str)> = e
@@ -970,13 +979,6 @@ mod tests {
         ]));
         let labels = BTreeMap::new();
         let admission = Admission {
-            namespace: TenantNamespace {
-                name: "t",
-                labels: Some(&labels),
-            },
-            quotas: &[],
-            used: Usage::default(),
-            hosts: BTreeMap::new(),
             warm: BTreeMap::from([(
                 "p.small".to_string(),
                 NodeTypeWarm {
@@ -986,6 +988,7 @@ mod tests {
                     ..NodeTypeWarm::default()
                 },
             )]),
+            ..admission_in_t(&labels)
         };
         let claim = |spec: serde_json::Value, status: serde_json::Value| -> NodeClaim {
             serde_json::from_value(json!({

@@ -63,6 +63,9 @@ pub const FINALIZER: &str = "autonodes.io/cleanup";
 /// Label on a warm VM and the objects made for it: the NodeType it is warm for (as a label
 /// value, shortened like a name when too long).
 pub const LABEL_WARM_NODETYPE: &str = "autonodes.io/warm-nodetype";
+/// Label on a warm VM kept for one NodePool (`spec.warm` of the pool): the pool's UID. Only
+/// a claim of that pool takes it.
+pub const LABEL_WARM_NODEPOOL: &str = "autonodes.io/warm-nodepool";
 /// Label on the objects made for one warm VM (its credential, heartbeat Lease and
 /// binding): the VM's name.
 pub const LABEL_WARM_VM: &str = "autonodes.io/warm-vm";

@@ -134,6 +134,47 @@ pub struct NodePoolSpec {
     /// the NodeProvider's `repair`, then from the controller's defaults.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repair: Option<Repair>,
+    /// Warm VMs kept for this pool alone: booted with the pool's properties (its user
+    /// data, SSH keys, image settings) on the cheapest type the pool's template accepts,
+    /// joined to no tenant until a claim of the pool takes one. Unlike a NodeType's warm
+    /// VMs they are the namespace's: they count against its NodeQuotas and claim limit.
+    /// Absent or `replicas: 0`: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm: Option<PoolWarm>,
+}
+
+/// Largest `warm.replicas` of a NodePool.
+pub const MAX_POOL_WARM_REPLICAS: i32 = 10;
+
+/// How many warm VMs a NodePool keeps.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolWarm {
+    /// Warm VMs to keep for the pool (0 to 10), as far as the namespace's NodeQuotas, the
+    /// controller's claim limit per namespace and the type's `maxCapacity` leave room
+    /// besides the claims.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = 10))]
+    pub replicas: i32,
+}
+
+/// The warm VMs of a NodePool.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodePoolWarm {
+    /// The node type of the pool's warm VMs: the cheapest the pool's template accepts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_type: Option<String>,
+    /// `spec.warm.replicas`, as far as the namespace's room and the type's `maxCapacity`
+    /// leave.
+    #[serde(default)]
+    pub replicas: i64,
+    /// Warm VMs that exist for the pool and are taken by no claim.
+    #[serde(default)]
+    pub current: i64,
+    /// Of those, the ones whose guest reports in (a claim of the pool can take them).
+    #[serde(default)]
+    pub ready: i64,
 }
 
 /// Most entries of [`Repair::conditions`].
@@ -391,8 +432,12 @@ pub struct NodePoolStatus {
     /// failures, the last one's reason, and the back-off they caused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub registration: Option<RegistrationStatus>,
+    /// The pool's warm VMs (`spec.warm`); absent when it keeps none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm: Option<NodePoolWarm>,
     /// Conditions `Ready`, `LimitReached` (True when demand is blocked by `limits`),
-    /// `NodeRepair`, `NodeRegistrationHealthy` and, for imported pools, `VClusterConfig`.
+    /// `NodeRepair`, `NodeRegistrationHealthy`, `WarmReady` for a pool with `spec.warm`
+    /// and, for imported pools, `VClusterConfig`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "crate::schema::conditions")]
     pub conditions: Conditions,

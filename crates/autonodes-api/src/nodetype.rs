@@ -116,6 +116,10 @@ pub struct Warm {
     pub replicas: i32,
 }
 
+fn is_zero(n: &i64) -> bool {
+    *n == 0
+}
+
 /// The warm VMs of a NodeType.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -129,8 +133,12 @@ pub struct NodeTypeWarm {
     /// Of those, the ones whose guest reports in (a claim can take them).
     #[serde(default)]
     pub ready: i64,
-    /// What the unbound warm VMs cost together (`current` × the type's cost), shown apart
-    /// from the tenants' nodes.
+    /// Warm VMs of this type kept for NodePools (their `spec.warm`), taken by no claim.
+    /// They count against `maxCapacity` after the type's own. Left out when 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub pools: i64,
+    /// What the unbound warm VMs cost together (`current` and `pools` × the type's cost),
+    /// shown apart from the tenants' nodes.
     #[serde(default)]
     pub cost: i64,
     /// Claims served by a warm VM since the controller started.

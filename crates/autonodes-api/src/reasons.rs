@@ -240,6 +240,10 @@ names! {
         /// their node was ready (the reason is the last failure's); the pool then backs off
         /// before creating more.
         NodeRegistrationHealthy,
+        /// A pool with `spec.warm`: whether all the warm VMs it asks for are ready for its
+        /// claims (False while they boot, when its namespace or type leaves less room, or
+        /// when none can be made).
+        WarmReady,
     }
 }
 
@@ -334,6 +338,16 @@ names! {
         /// `NodeRegistrationHealthy=False`: the last failed claim's VM disappeared before its
         /// node was ready.
         VirtualMachineLost,
+        /// `WarmReady=True`: every warm VM the pool keeps is ready for a claim of the pool.
+        WarmReady,
+        /// `WarmReady=False`: the pool's warm VMs are being made or are booting.
+        WarmStarting,
+        /// `WarmReady=False`: fewer warm VMs than `spec.warm.replicas`, held back by the
+        /// namespace's NodeQuotas, its claim limit or the type's `maxCapacity`.
+        WarmLimited,
+        /// `WarmReady=False`: no warm VM can be made for the pool (no type its template
+        /// accepts can keep warm VMs, or the pool cannot be worked on).
+        WarmUnavailable,
     }
 }
 

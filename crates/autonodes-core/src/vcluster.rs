@@ -455,6 +455,7 @@ fn base_spec(
         weight: None,
         autoscaling: None,
         repair: None,
+        warm: None,
     })
 }
 

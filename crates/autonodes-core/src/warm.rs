@@ -9,6 +9,11 @@
 //! takes the VM writes the binding (the JoinConfiguration and prepare script the claim's own
 //! user data would carry); the agent writes those files and joins, and once the Node joined
 //! the binding and the credential are deleted.
+//!
+//! A NodePool may keep warm VMs of its own, booted with its properties and taken only by
+//! its claims ([`pool`]).
+
+pub mod pool;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -18,7 +23,7 @@ use serde_json::Value;
 
 use crate::api::{
     NodeClaim, NodePoolSpec, LABEL_INSTALLATION, LABEL_MANAGED_BY, LABEL_WARM_DEFINITION,
-    LABEL_WARM_NODETYPE, LABEL_WARM_VM, MANAGED_BY,
+    LABEL_WARM_NODEPOOL, LABEL_WARM_NODETYPE, LABEL_WARM_VM, MANAGED_BY,
 };
 use crate::catalogue::PreparedType;
 use crate::properties::{
@@ -271,16 +276,24 @@ pub struct WarmObjects {
 
 /// Renders the warm VM `vm_name` of type `t` with `user_data` ([`crate::userdata::warm`]):
 /// the type's composed template with the warm labels ([`vm_labels`] and
-/// [`LABEL_WARM_VM`], which its DataVolumes get too) and the type's definition hash
+/// [`LABEL_WARM_VM`], which its DataVolumes get too; [`LABEL_WARM_NODEPOOL`] with
+/// `pool_uid` for a pool's warm VM) and the type's definition hash
 /// ([`LABEL_WARM_DEFINITION`]).
 pub fn render_vm(
     t: &PreparedType,
     vm_name: &str,
     user_data: String,
     installation: &str,
+    pool_uid: Option<&str>,
 ) -> Result<WarmObjects, crate::template::error::TemplateError> {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-    let labels = credential_labels(&t.name, vm_name, installation);
+    let mut labels = credential_labels(&t.name, vm_name, installation);
+    if let Some(uid) = pool_uid {
+        labels.insert(
+            LABEL_WARM_NODEPOOL.to_string(),
+            crate::names::label_value(uid),
+        );
+    }
     let mut vm_labels = labels.clone();
     vm_labels.insert(LABEL_WARM_DEFINITION.to_string(), t.definition.clone());
     let vm = crate::template::finalize_vm(
@@ -311,7 +324,8 @@ pub fn render_vm(
 
 /// The labels a claim puts on the warm VM it takes (and its user-data Secret and
 /// DataVolumes), as a merge patch: the claim's own ([`crate::template::names::managed_labels`])
-/// in place of the warm type's, so from then on the VM is the claim's like any other.
+/// in place of the warm type's (and pool's), so from then on the VM is the claim's like any
+/// other.
 pub fn taken_labels(
     claim_name: &str,
     claim_namespace: &str,
@@ -328,6 +342,7 @@ pub fn taken_labels(
     .map(|(k, v)| (k, Value::String(v)))
     .collect();
     labels.insert(LABEL_WARM_NODETYPE.to_string(), Value::Null);
+    labels.insert(LABEL_WARM_NODEPOOL.to_string(), Value::Null);
     Value::Object(labels)
 }
 

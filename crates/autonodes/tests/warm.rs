@@ -10,7 +10,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use autonodes_api::{NodeClaim, NodeType, LABEL_WARM_NODETYPE, LABEL_WARM_VM};
+use autonodes_api::{NodeClaim, NodeType, LABEL_WARM_NODEPOOL, LABEL_WARM_NODETYPE, LABEL_WARM_VM};
 use autonodes_core::userdata::warm::{read_warm_agent, WarmAgent};
 use autonodes_testenv::simulator::warm_agent::agent_client;
 use common::pools::*;
@@ -466,5 +466,193 @@ async fn where_warm_vms_cannot_reach_the_host_api_server_they_never_get_ready_an
     assert!(!vm.starts_with("warm-"), "{vm}");
     world.delete_claim("c").await;
     world.wait_claim_gone("c", WAIT).await;
+    world.shutdown().await;
+}
+
+/// The warm VMs kept for the pool with UID `uid`, unbound, by name.
+async fn pool_warm_vms(world: &World, uid: &str) -> BTreeSet<String> {
+    world
+        .vms()
+        .await
+        .iter()
+        .filter(|vm| vm.labels().get(LABEL_WARM_NODEPOOL).map(String::as_str) == Some(uid))
+        .map(|vm| vm.name_any())
+        .collect()
+}
+
+fn pool_warm(p: &autonodes_api::NodePool) -> Option<(Option<String>, i64, i64, i64)> {
+    p.status
+        .as_ref()
+        .and_then(|s| s.warm.as_ref())
+        .map(|w| (w.node_type.clone(), w.replicas, w.current, w.ready))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pools_warm_vms_boot_with_its_properties_serve_only_its_claims_fit_its_namespaces_quota_and_go_with_it(
+) {
+    // The type `warm` keeps none of its own here: every warm VM is the pool's.
+    let mut world = World::with_provider(provider(0, None)).await;
+    let quota: autonodes_api::NodeQuota = serde_json::from_value(json!({
+        "apiVersion": "autonodes.io/v1alpha1",
+        "kind": "NodeQuota",
+        "metadata": {"name": "team"},
+        "spec": {"namespaces": [NS], "limits": {"nodes": "3"}},
+    }))
+    .expect("quota");
+    Api::<autonodes_api::NodeQuota>::all(world.mgmt.clone())
+        .create(&Default::default(), &quota)
+        .await
+        .expect("quota created");
+    // A claim of the type by hand, not of the pool: it holds one of the namespace's 3 nodes.
+    world.claim_type("solo", "warm").await;
+    world.wait_phase("solo", "Available", WAIT).await;
+
+    let key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPoolWarmKey pool@example";
+    let pool = world
+        .create_pool(
+            "team",
+            json!({
+                "replicas": 0,
+                "requirements": [{"key": "autonodes.io/node-type", "operator": "In", "values": ["warm"]}],
+                "properties": {"autonodes.io/ssh-keys": key},
+                "warm": {"replicas": 3},
+            }),
+        )
+        .await;
+    let uid = pool.uid().expect("uid");
+    // 3 asked; the quota's 3 nodes less the hand-made claim leave 2.
+    let p = world
+        .wait_pool("team", "2 warm VMs ready", |p| {
+            pool_warm(p) == Some((Some("pools.warm".into()), 2, 2, 2))
+        })
+        .await;
+    let (status, reason, message) = pool_condition(&p, "WarmReady").expect("WarmReady");
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "WarmLimited"));
+    assert!(
+        message.contains("2 of 3 warm VM(s): NodeQuota team limits namespace tenant to 3 nodes"),
+        "{message}"
+    );
+    let kept = pool_warm_vms(&world, &uid).await;
+    assert_eq!(kept.len(), 2, "{kept:?}");
+    // They boot with the pool's SSH key, which the type's own warm VMs would not have.
+    for vm in &kept {
+        let secret = Api::<Secret>::namespaced(world.host.clone(), VMS)
+            .get(&format!("{vm}-userdata"))
+            .await
+            .expect("user-data Secret");
+        let text =
+            String::from_utf8(secret.data.expect("data")["userdata"].0.clone()).expect("utf-8");
+        assert!(text.contains("AAAAIPoolWarmKey"), "{vm}: the pool's key");
+    }
+    // The type shows them apart from its own.
+    let t = wait_warm(&world, "the pool's warm VMs shown", |t| {
+        t.status
+            .as_ref()
+            .and_then(|s| s.warm.as_ref())
+            .is_some_and(|w| w.pools == 2)
+    })
+    .await;
+    let shown = t.status.and_then(|s| s.warm).expect("status.warm");
+    assert_eq!((shown.current, shown.replicas), (0, 0));
+
+    // Another claim of the type, not of the pool, is served cold.
+    world.claim_type("other", "warm").await;
+    let other = world.wait_phase("other", "Available", WAIT).await;
+    assert!(
+        other.status.as_ref().is_some_and(|s| s.warm.is_none()),
+        "not served by the pool's warm VMs"
+    );
+    world.delete_claim("other").await;
+    world.wait_claim_gone("other", WAIT).await;
+    // (While it lived it held one of the namespace's nodes, and the pool kept one warm VM
+    // fewer.)
+    world
+        .wait_pool("team", "2 warm VMs ready again", |p| {
+            pool_warm(p) == Some((Some("pools.warm".into()), 2, 2, 2))
+        })
+        .await;
+    let kept = pool_warm_vms(&world, &uid).await;
+
+    // The pool's claim takes one; the namespace then holds 2 claims, so 1 warm VM stays.
+    patch_pool_spec(&world, "team", json!({"replicas": 1})).await;
+    let claim = common::eventually("the pool's claim Available", WAIT, || async {
+        pool_claims(&world, "team")
+            .await
+            .into_iter()
+            .find(available)
+    })
+    .await;
+    let status = claim.status.clone().expect("status");
+    let vm = status.vm_name.clone().expect("vmName");
+    assert!(kept.contains(&vm), "{vm} was the pool's: {kept:?}");
+    assert!(status.warm.is_some(), "served warm");
+    let p = world
+        .wait_pool("team", "1 warm VM left", |p| {
+            pool_warm(p) == Some((Some("pools.warm".into()), 1, 1, 1))
+        })
+        .await;
+    let (_, reason, message) = pool_condition(&p, "WarmReady").expect("WarmReady");
+    assert_eq!(reason, "WarmLimited", "{message}");
+    assert_eq!(pool_warm_vms(&world, &uid).await.len(), 1);
+
+    // replicas: 0 removes the pool's warm VMs, and its status says nothing of them.
+    patch_pool_spec(&world, "team", json!({"warm": {"replicas": 0}})).await;
+    world
+        .wait_pool("team", "no warm VMs", |p| {
+            pool_warm(p).is_none() && pool_condition(p, "WarmReady").is_none()
+        })
+        .await;
+    assert!(pool_warm_vms(&world, &uid).await.is_empty());
+
+    // Turned off while no controller ran: the next one removes them all the same.
+    patch_pool_spec(&world, "team", json!({"warm": {"replicas": 1}})).await;
+    world
+        .wait_pool("team", "a warm VM again", |p| {
+            pool_warm(p).is_some_and(|w| w.2 == 1)
+        })
+        .await;
+    world.stop_controller().await;
+    patch_pool_spec(&world, "team", json!({"warm": {"replicas": 0}})).await;
+    world.start_controller();
+    common::eventually(
+        "the warm VM turned off while no controller ran gone",
+        WAIT,
+        || async { pool_warm_vms(&world, &uid).await.is_empty().then_some(()) },
+    )
+    .await;
+
+    // A pool deleted with warm VMs: they go with it.
+    patch_pool_spec(
+        &world,
+        "team",
+        json!({"replicas": 0, "warm": {"replicas": 1}}),
+    )
+    .await;
+    world
+        .wait_pool("team", "a warm VM again", |p| {
+            pool_warm(p).is_some_and(|w| w.2 == 1)
+        })
+        .await;
+    let last = pool_warm_vms(&world, &uid).await;
+    world
+        .pools()
+        .delete("team", &Default::default())
+        .await
+        .expect("pool deleted");
+    common::eventually("the deleted pool's warm VM gone", WAIT, || async {
+        pool_warm_vms(&world, &uid).await.is_empty().then_some(())
+    })
+    .await;
+    assert_no_leftovers(&world, &last).await;
+    for c in pool_claims(&world, "team").await {
+        world.delete_claim(&c.name_any()).await;
+        world.wait_claim_gone(&c.name_any(), WAIT).await;
+    }
+    world.delete_claim("solo").await;
+    world.wait_claim_gone("solo", WAIT).await;
+    assert!(world.vms().await.is_empty(), "no VM left");
+    println!(
+        "warm: the pool's warm VMs: 2 of 3 under the quota, {vm} taken by its claim, the rest removed with replicas 0 and with the pool"
+    );
     world.shutdown().await;
 }

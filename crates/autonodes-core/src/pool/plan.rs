@@ -379,6 +379,9 @@ pub struct PoolPlan {
     pub pending_pods: Option<i32>,
     /// `VClusterConfig`, for a pool made from a vCluster's configuration.
     pub imported: Option<Verdict>,
+    /// The pool's warm VMs, as the controller found them: `status.warm` and the
+    /// `WarmReady` condition (`None`: left out of the status).
+    pub warm: (Option<crate::api::NodePoolWarm>, Option<Verdict>),
     /// `NodeRepair`.
     pub repair: Option<Verdict>,
     /// Claims whose VM to restart, with the `autonodes.io/restart` value to set

@@ -164,6 +164,12 @@ pub fn pool_status(
         new.registration = (*status != RegistrationStatus::default()).then(|| status.clone());
         (PoolCondition::NodeRegistrationHealthy, verdict.clone())
     });
+    new.warm = plan.warm.0.clone();
+    let warm = plan.warm.1.clone().map(|v| (PoolCondition::WarmReady, v));
+    if warm.is_none() {
+        new.conditions
+            .retain(|c| c.type_ != PoolCondition::WarmReady.as_str());
+    }
     for (type_, v) in [
         (PoolCondition::Ready, ready),
         (PoolCondition::LimitReached, limit),
@@ -172,6 +178,7 @@ pub fn pool_status(
     .chain(imported)
     .chain(repair)
     .chain(registration)
+    .chain(warm)
     {
         conditions::set(
             &mut new.conditions,
@@ -214,6 +221,10 @@ pub fn is_problem(c: &Condition) -> bool {
         }
         Some(PoolCondition::VClusterConfig) | Some(PoolCondition::NodeRegistrationHealthy) => {
             c.status != TRUE
+        }
+        // Warm VMs booting are on their way.
+        Some(PoolCondition::WarmReady) => {
+            c.status != TRUE && c.reason != PoolReason::WarmStarting.as_str()
         }
         _ => false,
     }

@@ -311,6 +311,7 @@ fn node_properties_go_provider_then_type_then_pool_then_claim() {
         weight: None,
         autoscaling: None,
         repair: None,
+        warm: None,
     };
     let mut c = claim();
     c.properties = Properties::from([

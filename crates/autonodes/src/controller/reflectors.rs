@@ -211,6 +211,11 @@ impl<K: Kind> Reflector<K> {
         })
     }
 
+    /// Whether the store holds its first full list.
+    pub fn is_synced(&self) -> bool {
+        *self.synced.borrow()
+    }
+
     /// Resolves once the store holds its first full list.
     pub async fn wait_synced(&self) {
         let mut rx = self.synced.clone();

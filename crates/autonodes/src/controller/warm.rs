@@ -1,5 +1,7 @@
 //! Warm VMs of a node type: the NodeType controller calls [`reconcile`] for each usable
 //! type; it keeps `spec.warm.replicas` warm VMs on the type's host (core [`warm::plan`]),
+//! and those the NodePools that keep theirs on the type ask for (each in its own group,
+//! booted with the pool's properties, after the type's own under `maxCapacity`),
 //! makes each one's own credential, user data and VM, removes the ones that are not wanted,
 //! drifted, silent or about to expire (credential first, then the VM), removes credentials
 //! whose VM is gone, and says what it found for the type's status. Claims take warm VMs
@@ -10,18 +12,21 @@ use std::time::Duration;
 use kube::api::DynamicObject;
 use kube::ResourceExt;
 
+use super::warm_index::PoolWant;
 use crate::controller::context::{now, Context};
 use crate::controller::error::Error;
 use crate::remote::clients::Remote;
 use crate::remote::warm::WarmHost;
 use autonodes_api::reasons::TypeReason;
 use autonodes_api::{
-    NodeProvider, NodeType, NodeTypeWarm, LABEL_INSTALLATION, LABEL_NODECLAIM_UID,
-    LABEL_WARM_DEFINITION, LABEL_WARM_NODETYPE,
+    NodePool, NodeProvider, NodeType, NodeTypeWarm, LABEL_INSTALLATION, LABEL_NODECLAIM_UID,
+    LABEL_WARM_DEFINITION, LABEL_WARM_NODEPOOL, LABEL_WARM_NODETYPE,
 };
 use autonodes_core::catalogue::PreparedType;
 use autonodes_core::userdata::warm::{render_warm_user_data, WarmUserDataInput};
 use autonodes_core::warm::{self, WarmVm};
+use kube::runtime::reflector::ObjectRef;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Condition of a NodeType that keeps warm VMs: True when all are ready.
 pub const WARM_READY: &str = "WarmReady";
@@ -54,8 +59,13 @@ impl WarmOutcome {
 }
 
 /// The warm VMs of type `t` (its VMs labelled with the type, not taken by a claim) as the
-/// host's caches show them, with their heartbeats.
-fn observed(remote: &Remote, t: &PreparedType, installation: &str) -> Option<Vec<WarmVm>> {
+/// host's caches show them, each with the UID of the pool it is kept for (none: the type's
+/// own).
+fn observed(
+    remote: &Remote,
+    t: &PreparedType,
+    installation: &str,
+) -> Option<Vec<(WarmVm, Option<String>)>> {
     let cache = remote.host_cache()?;
     let type_label = autonodes_core::names::label_value(&t.name);
     let installation = autonodes_core::names::label_value(installation);
@@ -75,7 +85,8 @@ fn observed(remote: &Remote, t: &PreparedType, installation: &str) -> Option<Vec
                     .as_ref()
                     .filter(|i| i.phase() == Some("Running"))
                     .and_then(|i| i.metadata.creation_timestamp.as_ref().map(|t| t.0));
-                WarmVm {
+                let pool = vm.labels().get(LABEL_WARM_NODEPOOL).cloned();
+                let observed = WarmVm {
                     created: vm
                         .metadata
                         .creation_timestamp
@@ -86,14 +97,31 @@ fn observed(remote: &Remote, t: &PreparedType, installation: &str) -> Option<Vec
                     heartbeat: None,
                     deleting: vm.metadata.deletion_timestamp.is_some(),
                     name,
-                }
+                };
+                (observed, pool)
             })
             .collect(),
     )
 }
 
-/// Keeps the warm VMs of type `t` (provider `provider`, `claimed` claims). A type that
-/// keeps none and never had any (`had_warm`: its status shows warm VMs) costs nothing: no
+/// One group of a type's warm VMs: the type's own, or a pool's.
+struct Group {
+    /// Its key in the [`WarmIndex`](super::warm_index::WarmIndex).
+    key: String,
+    /// The pool it is kept for: its UID and what it asks (none for a pool that is gone
+    /// and was never planned by this process), if any.
+    pool: Option<(String, Option<PoolWant>)>,
+    /// The type as the group's VMs are made from (a pool's properties over the type's).
+    t: PreparedType,
+    /// How many it asks for.
+    replicas: i64,
+    /// Why it can keep none.
+    problem: Option<String>,
+}
+
+/// Keeps the warm VMs of type `t` (provider `provider`, `claimed` claims): the type's own
+/// and those of the pools that keep theirs on it. A type that keeps none, has none kept
+/// for a pool and never had any (`had_warm`: its status shows warm VMs) costs nothing: no
 /// host is looked at.
 pub async fn reconcile(
     ctx: &Context,
@@ -102,13 +130,15 @@ pub async fn reconcile(
     claimed: i64,
     had_warm: bool,
 ) -> WarmOutcome {
-    if t.warm_replicas == 0 && !had_warm {
+    let pools = ctx.warm.pools_of_type(&t.name);
+    let asks = t.warm_replicas > 0 || pools.values().any(|w| w.replicas > 0);
+    if !asks && !had_warm && pools.is_empty() {
         return WarmOutcome::none();
     }
     let installation = ctx.config.installation.as_str();
     let remote = match ctx.clients.host(&t.host_cluster).await {
         Ok(r) => r,
-        Err(e) if t.warm_replicas > 0 => {
+        Err(e) if asks => {
             return WarmOutcome {
                 status: None,
                 condition: Some((false, TypeReason::WarmUnavailable, e.to_string())),
@@ -123,30 +153,25 @@ pub async fn reconcile(
         return WarmOutcome {
             status: None,
             condition: None,
-            requeue: (t.warm_replicas > 0).then_some(Duration::from_secs(5)),
+            requeue: asks.then_some(Duration::from_secs(5)),
             unknown: true,
         };
     };
-    let problem = warm::type_problem(t);
-    if t.warm_replicas == 0 && vms.is_empty() {
-        ctx.warm.set(&t.name, Vec::new());
+    if !asks && vms.is_empty() {
+        ctx.warm.set(&t.name, Vec::new(), 0, now());
+        for (uid, want) in &pools {
+            let key = pool_key(&t.name, uid);
+            if ctx.warm.set(&key, Vec::new(), 0, now()) != Default::default() {
+                wake_pool(ctx, want);
+            }
+        }
         return WarmOutcome::none();
     }
     let host = WarmHost::new(ctx, &remote);
     let ns = t.vm_namespace.as_str();
     let type_label = autonodes_core::names::label_value(&t.name);
-    match reconcile_on(
-        ctx,
-        t,
-        provider,
-        claimed,
-        &host,
-        &remote,
-        &mut vms,
-        problem.as_deref(),
-    )
-    .await
-    {
+    let groups = groups(ctx, t, pools, &vms);
+    match reconcile_on(ctx, t, provider, claimed, &host, &remote, &mut vms, groups).await {
         Ok(outcome) => outcome,
         Err(e) => {
             tracing::warn!(nodetype = %t.name, namespace = %ns, label = %type_label, error = %e, "keeping warm VMs failed");
@@ -160,6 +185,108 @@ pub async fn reconcile(
     }
 }
 
+fn pool_key(node_type: &str, uid: &str) -> String {
+    warm::pool::group_key(node_type, &autonodes_core::names::label_value(uid))
+}
+
+fn wake_pool(ctx: &Context, want: &PoolWant) {
+    let _ = ctx
+        .wake_pools
+        .unbounded_send(ObjectRef::<NodePool>::new(&want.name).within(&want.namespace));
+}
+
+/// The groups of type `t`'s warm VMs: its own first, then the pools that keep theirs on it
+/// (`pools`, by UID), then pools whose warm VMs of `t` are left over (they now keep theirs
+/// on another type, or none: all of them go). Warm VMs of a pool this process has not
+/// planned yet are left as they are.
+fn groups(
+    ctx: &Context,
+    t: &PreparedType,
+    pools: BTreeMap<String, PoolWant>,
+    vms: &[(WarmVm, Option<String>)],
+) -> Vec<Group> {
+    let mut out = vec![Group {
+        key: t.name.clone(),
+        pool: None,
+        t: t.clone(),
+        replicas: t.warm_replicas,
+        problem: warm::type_problem(t),
+    }];
+    let mut planned: BTreeSet<String> = BTreeSet::new();
+    for (uid, want) in pools {
+        let pt = warm::pool::pool_type(t, &want.spec);
+        planned.insert(autonodes_core::names::label_value(&uid));
+        // A pool that is gone keeps none (it is forgotten once they are gone too).
+        let replicas = if pool_exists(ctx, &want, &uid) {
+            want.replicas
+        } else {
+            0
+        };
+        out.push(Group {
+            key: pool_key(&t.name, &uid),
+            problem: warm::type_problem(&pt),
+            replicas,
+            t: pt,
+            pool: Some((uid, Some(want))),
+        });
+    }
+    let left: BTreeSet<&String> = vms
+        .iter()
+        .filter_map(|(_, p)| p.as_ref())
+        .filter(|p| !planned.contains(*p))
+        .collect();
+    for uid in left {
+        let want = match ctx.warm.pool_want(uid) {
+            Some(w) => Some(Some(w)),
+            None => unplanned_want(ctx, uid),
+        };
+        if let Some(want) = want {
+            out.push(Group {
+                key: pool_key(&t.name, uid),
+                pool: Some((uid.clone(), want)),
+                t: t.clone(),
+                replicas: 0,
+                problem: None,
+            });
+        }
+    }
+    out
+}
+
+/// For warm VMs of a pool this process has not planned: `Some` (they all go) when the pool
+/// asks for none (its `replicas` went to 0 while no controller ran), with the pool, or is
+/// gone (once the pool store has listed), without; `None` (left alone until the pool is
+/// planned) when it asks for some.
+fn unplanned_want(ctx: &Context, uid: &str) -> Option<Option<PoolWant>> {
+    let store = &ctx.reflectors.pools;
+    if !store.is_synced() {
+        return None;
+    }
+    let pool = store
+        .store()
+        .find(|p| p.metadata.uid.as_deref() == Some(uid));
+    match pool {
+        Some(p) if warm::pool::replicas(&p.spec) > 0 => None,
+        Some(p) => Some(Some(PoolWant {
+            namespace: p.namespace().unwrap_or_default(),
+            name: p.name_any(),
+            node_type: None,
+            replicas: 0,
+            spec: p.spec.clone(),
+        })),
+        None => Some(None),
+    }
+}
+
+/// Whether the pool `want` names still exists with UID `uid`.
+fn pool_exists(ctx: &Context, want: &PoolWant, uid: &str) -> bool {
+    ctx.reflectors
+        .pools
+        .store()
+        .get(&ObjectRef::<NodePool>::new(&want.name).within(&want.namespace))
+        .is_some_and(|p| p.metadata.uid.as_deref() == Some(uid))
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn reconcile_on(
     ctx: &Context,
@@ -168,29 +295,79 @@ async fn reconcile_on(
     claimed: i64,
     host: &WarmHost<'_>,
     remote: &Remote,
-    vms: &mut [WarmVm],
-    problem: Option<&str>,
+    vms: &mut [(WarmVm, Option<String>)],
+    groups: Vec<Group>,
 ) -> Result<WarmOutcome, Error> {
     let ns = t.vm_namespace.as_str();
     let type_label = autonodes_core::names::label_value(&t.name);
     let heartbeats = host.heartbeats(ns, &type_label).await?;
-    for vm in vms.iter_mut() {
+    for (vm, _) in vms.iter_mut() {
         vm.heartbeat = heartbeats.get(&vm.name).copied().flatten();
     }
     let at = now();
-    let replicas = if problem.is_some() {
-        0
-    } else {
-        t.warm_replicas
-    };
-    let room = t.max_capacity.map(|m| m - claimed);
-    let plan = warm::plan(replicas, room, &t.definition, vms, at);
-    for (name, why) in &plan.remove {
-        remove(host, ns, name).await?;
-        tracing::info!(nodetype = %t.name, vm = %format!("{ns}/{name}"), why = why.as_str(), "removing a warm VM");
+    // Claims first, then the type's own warm VMs, then the pools' in turn.
+    let mut room = t.max_capacity.map(|m| m - claimed);
+    // The type's own: wanted, current, ready.
+    let mut own = (0, 0, 0);
+    let (mut pools_current, mut ready_total, mut wanted_total, mut not_reporting) = (0, 0, 0, 0);
+    let mut made = 0;
+    let mut removed_any = false;
+    for group in &groups {
+        let uid = group
+            .pool
+            .as_ref()
+            .map(|(uid, _)| autonodes_core::names::label_value(uid));
+        let mine: Vec<WarmVm> = vms
+            .iter()
+            .filter(|(_, p)| *p == uid)
+            .map(|(v, _)| v.clone())
+            .collect();
+        let replicas = if group.problem.is_some() {
+            0
+        } else {
+            group.replicas
+        };
+        let plan = warm::plan(replicas, room, &group.t.definition, &mine, at);
+        room = room.map(|r| r - plan.wanted);
+        for (name, why) in &plan.remove {
+            remove(host, ns, name).await?;
+            removed_any = true;
+            tracing::info!(nodetype = %t.name, pool = ?group.pool.as_ref().map(|(uid, _)| uid), vm = %format!("{ns}/{name}"), why = why.as_str(), "removing a warm VM");
+        }
+        for _ in 0..plan.create {
+            create(ctx, &group.t, provider, host, remote, uid.as_deref()).await?;
+            made += 1;
+        }
+        let removed: Vec<&str> = plan.remove.iter().map(|(n, _)| n.as_str()).collect();
+        let kept: Vec<WarmVm> = mine
+            .into_iter()
+            .filter(|v| !v.deleting && !removed.contains(&v.name.as_str()))
+            .collect();
+        let current = kept.len() as i64;
+        let before = ctx.warm.set(&group.key, kept, plan.wanted, at);
+        ready_total += plan.ready;
+        wanted_total += plan.wanted;
+        not_reporting += plan.not_reporting;
+        match &group.pool {
+            None => own = (plan.wanted, current, plan.ready),
+            Some((uid, want)) => {
+                pools_current += current;
+                let exists = want.as_ref().is_some_and(|w| pool_exists(ctx, w, uid));
+                if current == 0 && !exists {
+                    ctx.warm.forget_pool(uid);
+                }
+                // The pool's status shows its warm VMs.
+                if let Some(want) = want
+                    .as_ref()
+                    .filter(|_| before != ctx.warm.counts(&group.key, at))
+                {
+                    wake_pool(ctx, want);
+                }
+            }
+        }
     }
     // Credentials whose VM is gone (a removal or creation cut short).
-    let live: std::collections::BTreeSet<&str> = vms.iter().map(|v| v.name.as_str()).collect();
+    let live: std::collections::BTreeSet<&str> = vms.iter().map(|(v, _)| v.name.as_str()).collect();
     let taken = |vm: &str| {
         remote
             .host_cache()
@@ -209,35 +386,29 @@ async fn reconcile_on(
             tracing::info!(nodetype = %t.name, vm = %format!("{ns}/{vm}"), "removed what was left of a warm VM that is gone");
         }
     }
-    let mut made = 0;
-    for _ in 0..plan.create {
-        create(ctx, t, provider, host, remote).await?;
-        made += 1;
-    }
-    let removed: Vec<&str> = plan.remove.iter().map(|(n, _)| n.as_str()).collect();
-    let kept: Vec<WarmVm> = vms
-        .iter()
-        .filter(|v| !v.deleting && !removed.contains(&v.name.as_str()))
-        .cloned()
-        .collect();
-    ctx.warm.set(&t.name, kept.clone());
-    let current = kept.len() as i64;
+    let (wanted, current, ready) = own;
     let status = NodeTypeWarm {
-        replicas: plan.wanted,
+        replicas: wanted,
         current,
-        ready: plan.ready,
-        cost: current * t.cost,
+        ready,
+        pools: pools_current,
+        cost: (current + pools_current) * t.cost,
         bound: ctx.warm.bound(&t.name),
     };
     let m = &ctx.metrics;
-    for (state, value) in [("ready", plan.ready), ("starting", current - plan.ready)] {
+    let all = current + pools_current;
+    for (state, value) in [("ready", ready_total), ("starting", all - ready_total)] {
         m.warm_vms
             .with_label_values(&[&t.name, &t.provider, state])
             .set(value);
     }
     let server = guest_server(provider, remote);
-    let condition = match (problem, plan.not_reporting) {
-        (Some(p), _) => (false, TypeReason::WarmUnavailable, p.to_string()),
+    let problem = groups
+        .first()
+        .filter(|g| g.replicas > 0)
+        .and_then(|g| g.problem.clone());
+    let condition = match (problem, not_reporting) {
+        (Some(p), _) => (false, TypeReason::WarmUnavailable, p),
         (None, n) if n > 0 => (
             false,
             TypeReason::WarmNotReporting,
@@ -246,23 +417,23 @@ async fn reconcile_on(
                 warm::REPORT_WITHIN.as_secs()
             ),
         ),
-        (None, _) if plan.ready >= plan.wanted => (
+        (None, _) if ready_total >= wanted_total => (
             true,
             TypeReason::WarmReady,
-            format!("{} warm VM(s) ready", plan.ready),
+            format!("{ready_total} warm VM(s) ready"),
         ),
         (None, _) => (
             false,
             TypeReason::WarmStarting,
             format!(
-                "{} of {} warm VM(s) ready; the others are booting (their agents report to {server})",
-                plan.ready, plan.wanted
+                "{ready_total} of {wanted_total} warm VM(s) ready; the others are booting (their agents report to {server})"
             ),
         ),
     };
-    let settled = condition.0 && made == 0 && plan.remove.is_empty();
+    let settled = condition.0 && made == 0 && !removed_any;
+    let keeps = t.warm_replicas > 0 || groups.len() > 1;
     Ok(WarmOutcome {
-        status: (replicas > 0 || current > 0).then_some(status),
+        status: (keeps || all > 0).then_some(status),
         condition: Some(condition),
         requeue: Some(if settled {
             Duration::from_secs(10)
@@ -299,6 +470,7 @@ async fn create(
     provider: Option<&NodeProvider>,
     host: &WarmHost<'_>,
     remote: &Remote,
+    pool_uid: Option<&str>,
 ) -> Result<(), Error> {
     let ns = t.vm_namespace.as_str();
     let installation = ctx.config.installation.as_str();
@@ -335,7 +507,7 @@ async fn create(
         ssh_keys: &ssh_keys,
     })
     .map_err(|e| Error::Internal(format!("warm VM user data for {}: {e}", t.name)))?;
-    let objects = warm::render_vm(t, &name, user_data, installation)
+    let objects = warm::render_vm(t, &name, user_data, installation, pool_uid)
         .map_err(|e| Error::Internal(format!("warm VM of {}: {e}", t.name)))?;
     host.create_user_data(ns, &objects.secret).await?;
     let remote_host = host.host();
@@ -347,16 +519,27 @@ async fn create(
     let vm: DynamicObject = serde_json::from_value(objects.vm)
         .map_err(|e| Error::Internal(format!("rendered warm VM is not an object: {e}")))?;
     host.create_vm(ns, &vm).await?;
-    tracing::info!(nodetype = %t.name, vm = %format!("{ns}/{name}"), "created a warm VM");
+    tracing::info!(nodetype = %t.name, pool = ?pool_uid, vm = %format!("{ns}/{name}"), "created a warm VM");
     Ok(())
 }
 
-/// Removes the warm VMs (and their credentials) of types that are gone: the host's VMs
-/// labelled with a warm type no NodeType has. Called by the orphan sweep.
+/// Removes the warm VMs (and their credentials) of types and pools that are gone: the
+/// host's VMs labelled with a warm type no NodeType has, or a pool no NodePool has. Called
+/// by the orphan sweep.
 pub async fn sweep_gone_types(ctx: &Context, types: &[std::sync::Arc<NodeType>]) -> usize {
     let known: std::collections::BTreeSet<String> = types
         .iter()
         .map(|t| autonodes_core::names::label_value(&t.name_any()))
+        .collect();
+    let pools_listed = ctx.reflectors.pools.is_synced();
+    let pools: BTreeSet<String> = ctx
+        .reflectors
+        .pools
+        .store()
+        .state()
+        .iter()
+        .filter_map(|p| p.metadata.uid.as_deref())
+        .map(autonodes_core::names::label_value)
         .collect();
     let installation = autonodes_core::names::label_value(&ctx.config.installation);
     let mut removed = 0;
@@ -370,10 +553,15 @@ pub async fn sweep_gone_types(ctx: &Context, types: &[std::sync::Arc<NodeType>])
         };
         let Some(orphans) = cache.vms.filter(|vm| {
             let l = vm.labels();
+            // (Pools are known once their store holds its first list.)
+            let gone = l
+                .get(LABEL_WARM_NODETYPE)
+                .is_some_and(|t| !known.contains(t))
+                || l.get(LABEL_WARM_NODEPOOL)
+                    .is_some_and(|p| pools_listed && !pools.contains(p));
             l.get(LABEL_INSTALLATION) == Some(&installation)
                 && !l.contains_key(LABEL_NODECLAIM_UID)
-                && l.get(LABEL_WARM_NODETYPE)
-                    .is_some_and(|t| !known.contains(t))
+                && gone
                 && vm.metadata.deletion_timestamp.is_none()
         }) else {
             continue;
@@ -385,10 +573,10 @@ pub async fn sweep_gone_types(ctx: &Context, types: &[std::sync::Arc<NodeType>])
             match remove(&host, &ns, &name).await {
                 Ok(()) => {
                     removed += 1;
-                    tracing::info!(vm = %format!("{ns}/{name}"), "removed a warm VM whose node type is gone");
+                    tracing::info!(vm = %format!("{ns}/{name}"), "removed a warm VM whose node type or pool is gone");
                 }
                 Err(e) => {
-                    tracing::warn!(vm = %format!("{ns}/{name}"), error = %e, "removing a warm VM whose node type is gone failed")
+                    tracing::warn!(vm = %format!("{ns}/{name}"), error = %e, "removing a warm VM whose node type or pool is gone failed")
                 }
             }
         }

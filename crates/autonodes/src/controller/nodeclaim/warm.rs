@@ -21,7 +21,9 @@ use crate::controller::context::now;
 use crate::controller::error::Error;
 use crate::remote::api::{HostApi, TenantApi};
 use autonodes_api::kubevirt::ObservedVm;
-use autonodes_api::{NodeType, WarmBinding, LABEL_NODECLAIM_UID, LABEL_WARM_NODETYPE};
+use autonodes_api::{
+    NodeType, WarmBinding, LABEL_NODECLAIM_UID, LABEL_WARM_NODEPOOL, LABEL_WARM_NODETYPE,
+};
 use autonodes_core::warm;
 
 /// What [`serve`] did.
@@ -52,49 +54,48 @@ pub(super) async fn serve<H: HostApi, T: TenantApi>(
     // the type keeps no warm VMs any more.
     let mut vm = host.taken_by(&ns, &uid).await?;
     if vm.is_none() {
-        if p.node_type.warm_replicas == 0 {
-            return Ok(Served::Cold);
-        }
-        if let Err(why) = warm::servable(p.node_type, None, p.claim) {
-            tracing::debug!(nodeclaim = %p.claim.name_any(), %why, "served cold");
-            return Ok(Served::Cold);
-        }
         let type_label = autonodes_core::names::label_value(&type_name);
-        for candidate in p.ctx.warm.ready(&type_name, now()) {
-            let Some(seen) = host.cached_vm(&ns, &candidate) else {
-                continue;
-            };
-            let l = seen.labels();
-            if l.contains_key(LABEL_NODECLAIM_UID)
-                || l.get(LABEL_WARM_NODETYPE) != Some(&type_label)
-                || seen.metadata.deletion_timestamp.is_some()
-            {
-                continue;
-            }
-            if let Some(taken) = host.take(&ns, &seen, &labels).await? {
-                p.ctx.warm.taken(&type_name, &candidate);
-                p.ctx
-                    .metrics
-                    .warm_bindings
-                    .with_label_values(&[&type_name])
-                    .inc();
-                // The type makes a new warm VM.
-                let _ = p
-                    .ctx
-                    .wake_types
-                    .unbounded_send(ObjectRef::<NodeType>::new(&type_name));
-                tracing::info!(nodeclaim = %p.claim.name_any(), namespace = %claim_ns, vm = %format!("{ns}/{candidate}"), "took a warm VirtualMachine");
-                p.ctx
-                    .event(
-                        p.claim,
-                        EventType::Normal,
-                        "WarmVirtualMachineTaken",
-                        "Launch",
-                        format!("serving the claim with warm VirtualMachine {ns}/{candidate}"),
-                    )
-                    .await;
-                vm = Some(Arc::new(taken));
-                break;
+        'groups: for (key, pool_uid) in groups(p) {
+            for candidate in p.ctx.warm.ready(&key, now()) {
+                let Some(seen) = host.cached_vm(&ns, &candidate) else {
+                    continue;
+                };
+                let l = seen.labels();
+                if l.contains_key(LABEL_NODECLAIM_UID)
+                    || l.get(LABEL_WARM_NODETYPE) != Some(&type_label)
+                    || l.get(LABEL_WARM_NODEPOOL) != pool_uid.as_ref()
+                    || seen.metadata.deletion_timestamp.is_some()
+                {
+                    continue;
+                }
+                if let Some(taken) = host.take(&ns, &seen, &labels).await? {
+                    p.ctx.warm.taken(&key, &type_name, &candidate);
+                    p.ctx
+                        .metrics
+                        .warm_bindings
+                        .with_label_values(&[&type_name])
+                        .inc();
+                    // The type makes a new warm VM; for a pool's, once the pool has seen
+                    // its claim take it (the namespace's room may leave none to refill).
+                    if pool_uid.is_none() {
+                        let _ = p
+                            .ctx
+                            .wake_types
+                            .unbounded_send(ObjectRef::<NodeType>::new(&type_name));
+                    }
+                    tracing::info!(nodeclaim = %p.claim.name_any(), namespace = %claim_ns, vm = %format!("{ns}/{candidate}"), "took a warm VirtualMachine");
+                    p.ctx
+                        .event(
+                            p.claim,
+                            EventType::Normal,
+                            "WarmVirtualMachineTaken",
+                            "Launch",
+                            format!("serving the claim with warm VirtualMachine {ns}/{candidate}"),
+                        )
+                        .await;
+                    vm = Some(Arc::new(taken));
+                    break 'groups;
+                }
             }
         }
     }
@@ -116,6 +117,50 @@ pub(super) async fn serve<H: HostApi, T: TenantApi>(
         Some(step) => Served::Stop(step),
         None => Served::Warm(vm),
     })
+}
+
+/// The groups of warm VMs that may serve the claim, each as its index key and the pool UID
+/// its VMs are labelled with: first its pool's own (the pool keeps warm VMs of the claim's
+/// type, in the claim's namespace, booted with what the claim asks for), then its type's
+/// (the type keeps some, and they are booted with what the claim asks for).
+fn groups<H: HostApi, T: TenantApi>(p: &Provisioning<'_, H, T>) -> Vec<(String, Option<String>)> {
+    let type_name = &p.node_type.name;
+    let mut out = Vec::new();
+    let pool_uid = p
+        .claim
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.kind == "NodePool" && o.controller == Some(true))
+        .map(|o| o.uid.clone());
+    if let Some(uid) = pool_uid {
+        let want = p.ctx.warm.pool_want(&uid).filter(|w| {
+            Some(w.namespace.as_str()) == p.claim.metadata.namespace.as_deref()
+                && w.node_type.as_deref() == Some(type_name.as_str())
+        });
+        if let Some(want) = want {
+            let pt = warm::pool::pool_type(p.node_type, &want.spec);
+            match warm::servable(&pt, None, p.claim) {
+                Ok(()) => {
+                    let label = autonodes_core::names::label_value(&uid);
+                    out.push((warm::pool::group_key(type_name, &label), Some(label)));
+                }
+                Err(why) => {
+                    tracing::debug!(nodeclaim = %p.claim.name_any(), %why, "not served by its pool's warm VMs")
+                }
+            }
+        }
+    }
+    if p.node_type.warm_replicas > 0 {
+        match warm::servable(p.node_type, None, p.claim) {
+            Ok(()) => out.push((type_name.clone(), None)),
+            Err(why) => {
+                tracing::debug!(nodeclaim = %p.claim.name_any(), %why, "not served by its type's warm VMs")
+            }
+        }
+    }
+    out
 }
 
 /// Until it is done: labels the taken warm VM's user data and DataVolumes as the claim's,

@@ -45,6 +45,7 @@ mod observe;
 mod tenant;
 pub mod tenant_cache;
 pub mod wakeups;
+mod warm;
 
 use crate::controller::reconciler::{self, Reconciler};
 use context::PoolContext;
@@ -155,6 +156,10 @@ async fn reconcile_pool(pool: &NodePool, pctx: &PoolContext) -> Result<Action, E
             problem.as_deref(),
         ));
     }
+
+    // The pool's own warm VMs (the NodeType controller keeps them).
+    let warm = warm::reconcile(ctx, pool, &uid, &catalogue, &claims, problem.as_ref());
+    plan.warm = (warm.status, warm.condition);
 
     // Act.
     act::carry_out(pctx, pool, &claims.mine, &plan).await?;

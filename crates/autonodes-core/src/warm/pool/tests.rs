@@ -1,0 +1,191 @@
+//! Tests of [`super`].
+
+use super::*;
+use crate::api::{NodeClaim, NodePoolSpec, Properties};
+use crate::catalogue::{prepare_type, ProviderContext};
+use serde_json::{json, Value};
+
+fn typed(name: &str, cost: i64, properties: Value) -> PreparedType {
+    let spec = serde_json::from_value(json!({
+        "providerRef": "p",
+        "cost": cost,
+        "resources": {"cpu": "2", "memory": "4Gi"},
+        "properties": properties,
+    }))
+    .expect("spec");
+    let ctx = ProviderContext {
+        name: "p".into(),
+        host_cluster: "h".into(),
+        vm_namespace: "vms".into(),
+        tenant_namespaces: None,
+        properties: Properties::new(),
+        base_template: Some(json!({"spec": {"template": {"spec": {}}}})),
+    };
+    let t = prepare_type(&format!("p.{name}"), &spec, Some(&ctx));
+    assert!(t.problem.is_none(), "{:?}", t.problem);
+    t
+}
+
+fn pool(spec: Value) -> NodePoolSpec {
+    let mut spec = spec;
+    spec["vClusterRef"] = json!({"name": "t"});
+    serde_json::from_value(spec).expect("pool")
+}
+
+fn room(nodes: i64) -> NamespaceRoom {
+    NamespaceRoom {
+        nodes,
+        bound: "the controller allows namespace team 5 claims".into(),
+    }
+}
+
+#[test]
+fn a_pools_warm_vm_boots_with_the_pools_user_data_and_drifts_when_it_changes() {
+    let t = typed("small", 1, json!({}));
+    let p = pool(json!({
+        "properties": {"autonodes.io/ssh-keys": "ssh-ed25519 AAAA pool", "example.com/team": "a"},
+        "warm": {"replicas": 2},
+    }));
+    let pt = pool_type(&t, &p);
+    assert_eq!(
+        pt.properties
+            .get("autonodes.io/ssh-keys")
+            .map(String::as_str),
+        Some("ssh-ed25519 AAAA pool")
+    );
+    assert_eq!(pt.name, t.name);
+    assert_eq!(pt.warm_replicas, 2);
+    assert_ne!(pt.definition, t.definition);
+    // Another label-like property changes nothing a warm VM boots with.
+    let mut relabelled = p.clone();
+    relabelled
+        .properties
+        .insert("example.com/team".into(), "b".into());
+    assert_eq!(pool_type(&t, &relabelled).definition, pt.definition);
+    let mut rekeyed = p.clone();
+    rekeyed.properties.insert(
+        "autonodes.io/ssh-keys".into(),
+        "ssh-ed25519 BBBB pool".into(),
+    );
+    assert_ne!(pool_type(&t, &rekeyed).definition, pt.definition);
+}
+
+#[test]
+fn a_claim_of_the_pool_is_servable_by_the_pools_warm_vm_but_not_by_the_types() {
+    let t = typed("small", 1, json!({}));
+    let p = pool(json!({
+        "properties": {"autonodes.io/ssh-keys": "ssh-ed25519 AAAA pool"},
+        "warm": {"replicas": 1},
+    }));
+    // A pool's claim carries the pool's properties (its template).
+    let claim: NodeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "c", "namespace": "team", "uid": "u-1"},
+        "spec": crate::pool::template_spec(&p),
+    }))
+    .expect("claim");
+    assert!(super::super::servable(&t, None, &claim).is_err());
+    assert_eq!(
+        super::super::servable(&pool_type(&t, &p), None, &claim),
+        Ok(())
+    );
+}
+
+#[test]
+fn a_pool_keeps_warm_vms_of_the_cheapest_type_that_can_keep_them() {
+    let cheap_zoned = typed("zoned", 1, json!({"topology.kubernetes.io/zone": "a,b"}));
+    let small = typed("small", 2, json!({}));
+    let big = typed("big", 3, json!({}));
+    let catalogue = Catalogue::new(vec![cheap_zoned, small, big]);
+    let p = pool(json!({"warm": {"replicas": 3}}));
+    let plan = plan_pool(&p, &catalogue, &BTreeMap::new(), &room(10), |_, _| Ok(()));
+    assert_eq!(plan.node_type.as_deref(), Some("p.small"));
+    assert_eq!((plan.asked, plan.wanted), (3, 3));
+    assert_eq!((plan.limited, plan.unavailable), (None, None));
+    // The pool's requirements narrow the types as for its claims.
+    let p = pool(json!({
+        "warm": {"replicas": 1},
+        "requirements": [{"key": "autonodes.io/node-type", "operator": "In", "values": ["big"]}],
+    }));
+    let plan = plan_pool(&p, &catalogue, &BTreeMap::new(), &room(10), |_, _| Ok(()));
+    assert_eq!(plan.node_type.as_deref(), Some("p.big"));
+}
+
+#[test]
+fn a_pool_whose_only_type_keeps_no_warm_vms_says_why() {
+    let catalogue = Catalogue::new(vec![typed(
+        "zoned",
+        1,
+        json!({"topology.kubernetes.io/zone": "a,b"}),
+    )]);
+    let p = pool(json!({"warm": {"replicas": 1}}));
+    let plan = plan_pool(&p, &catalogue, &BTreeMap::new(), &room(10), |_, _| Ok(()));
+    assert_eq!((plan.node_type, plan.wanted), (None, 0));
+    let why = plan.unavailable.expect("why");
+    assert!(why.contains("p.zoned keeps no warm VMs"), "{why}");
+    // No warm VMs asked for: nothing to say.
+    let plan = plan_pool(
+        &pool(json!({})),
+        &catalogue,
+        &BTreeMap::new(),
+        &room(10),
+        |_, _| Ok(()),
+    );
+    assert_eq!(plan, PoolWarmPlan::default());
+}
+
+#[test]
+fn the_namespaces_room_and_quota_bound_a_pools_warm_vms() {
+    let catalogue = Catalogue::new(vec![typed("small", 1, json!({}))]);
+    let p = pool(json!({"warm": {"replicas": 4}}));
+    let plan = plan_pool(&p, &catalogue, &BTreeMap::new(), &room(2), |_, _| Ok(()));
+    assert_eq!(plan.wanted, 2);
+    let why = plan.limited.expect("limited");
+    assert!(
+        why.starts_with("2 of 4 warm VM(s): the controller allows namespace team 5 claims"),
+        "{why}"
+    );
+    let plan = plan_pool(&p, &catalogue, &BTreeMap::new(), &room(-3), |_, _| Ok(()));
+    assert_eq!(plan.wanted, 0);
+    let plan = plan_pool(&p, &catalogue, &BTreeMap::new(), &room(10), |t, k| {
+        if k < 1 {
+            Ok(())
+        } else {
+            Err(format!("NodeQuota q: {} would exceed cpu", t.name))
+        }
+    });
+    assert_eq!(plan.wanted, 1);
+    assert_eq!(
+        plan.limited.as_deref(),
+        Some("1 of 4 warm VM(s): NodeQuota q: p.small would exceed cpu")
+    );
+}
+
+#[test]
+fn a_pools_replicas_are_bounded() {
+    let p = pool(json!({"warm": {"replicas": 1_000_000}}));
+    assert_eq!(replicas(&p), i64::from(MAX_POOL_WARM_REPLICAS));
+    let p = pool(json!({"warm": {"replicas": -4}}));
+    assert_eq!(replicas(&p), 0);
+}
+
+#[test]
+fn a_namespaces_claims_its_other_pools_warm_vms_and_its_quota_leave_the_room() {
+    let ns = |live, quota_nodes, quota_missing| NamespaceClaims {
+        namespace: "team",
+        live,
+        max: 10,
+        quota_nodes,
+        quota_missing,
+    };
+    let room = namespace_room(&ns(4, None, false), 3);
+    assert_eq!(room.nodes, 3);
+    assert_eq!(
+        room.bound,
+        "the controller allows namespace team 10 nodes (--max-claims-per-namespace)"
+    );
+    let room = namespace_room(&ns(4, Some(("q", 6)), false), 1);
+    assert_eq!(room.nodes, 1);
+    assert_eq!(room.bound, "NodeQuota q limits namespace team to 6 nodes");
+    assert_eq!(namespace_room(&ns(7, Some(("q", 6)), false), 0).nodes, -1);
+    assert_eq!(namespace_room(&ns(0, None, true), 0).nodes, 0);
+}

@@ -129,16 +129,21 @@ pub struct Admission<'a> {
     /// Each node type's warm VMs as the controller last reported them (`status.warm` of
     /// the NodeType, by name).
     pub warm: BTreeMap<String, NodeTypeWarm>,
+    /// The warm VMs of the claim's pool as the controller last reported them (`status.warm`
+    /// of the NodePool), if it keeps any.
+    pub pool_warm: Option<crate::api::NodePoolWarm>,
 }
 
 /// The warm-VM line of a type the claim fits: whether a warm VM served it, or why none did
-/// or would ([`crate::warm::servable`] decides, as when the claim is scheduled). `None`
-/// when the type keeps no warm VMs and the claim took none.
+/// or would ([`crate::warm::servable`] decides, as when the claim is scheduled): of its
+/// pool's own warm VMs when the pool keeps them on this type (`pool_warm`), else of the
+/// type's. `None` when neither keeps warm VMs and the claim took none.
 fn warm_line(
     t: &crate::catalogue::PreparedType,
     pool: Option<&crate::api::NodePoolSpec>,
     claim: &NodeClaim,
     warm: Option<&NodeTypeWarm>,
+    pool_warm: Option<&crate::api::NodePoolWarm>,
     chosen: bool,
 ) -> Option<String> {
     let status = claim.status.as_ref();
@@ -154,6 +159,25 @@ fn warm_line(
             }
         ));
     }
+    let launched = chosen && status.and_then(|s| s.vm_name.as_ref()).is_some();
+    let pool_keeps = pool.zip(pool_warm).filter(|(p, w)| {
+        crate::warm::pool::replicas(p) > 0 && w.node_type.as_deref() == Some(t.name.as_str())
+    });
+    if let Some((p, w)) = pool_keeps {
+        let kept = format!(
+            "its pool keeps {} warm VM(s) of this type, {} ready now",
+            w.replicas, w.ready
+        );
+        return Some(
+            match crate::warm::servable(&crate::warm::pool::pool_type(t, p), None, claim) {
+                Err(why) => format!("{kept}; none can serve this claim: {why}"),
+                Ok(()) if launched => format!(
+                    "{kept}; none was ready when this claim was scheduled, so it was served cold"
+                ),
+                Ok(()) => format!("{kept}; a ready one would serve this claim"),
+            },
+        );
+    }
     if t.warm_replicas <= 0 {
         return None;
     }
@@ -166,7 +190,7 @@ fn warm_line(
     };
     Some(match crate::warm::servable(t, pool, claim) {
         Err(why) => format!("{kept}; none can serve this claim: {why}"),
-        Ok(()) if chosen && status.and_then(|s| s.vm_name.as_ref()).is_some() => {
+        Ok(()) if launched => {
             format!("{kept}; none was ready when this claim was scheduled (or the type kept none then), so it was served cold")
         }
         Ok(()) => format!("{kept}; a ready one would serve this claim"),
@@ -321,6 +345,7 @@ pub fn nodeclaim(
             pool,
             claim,
             admission.warm.get(&t.name),
+            admission.pool_warm.as_ref(),
             verdict == "chosen",
         ));
         if verdict.starts_with("fits (cheapest") {
@@ -889,6 +914,7 @@ mod tests {
             used: Usage::default(),
             hosts: BTreeMap::new(),
             warm: BTreeMap::new(),
+            pool_warm: None,
         }
     }
 
@@ -1039,6 +1065,53 @@ mod tests {
         let why = warm_reason(&own_image);
         assert!(
             why.contains("none can serve this claim") && why.contains("autonodes.io/user-data"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn a_pools_claim_says_whether_its_pools_warm_vms_can_serve_it() {
+        // The type keeps none; the pool keeps its own, booted with its SSH key.
+        let catalogue = catalogue_of(json!([
+            {"name": "small", "resources": {"cpu": "2", "memory": "4Gi"}, "cost": 1},
+        ]));
+        let pool: crate::api::NodePoolSpec = serde_json::from_value(json!({
+            "vClusterRef": {"name": "t"},
+            "properties": {"autonodes.io/ssh-keys": "ssh-ed25519 AAAA pool"},
+            "warm": {"replicas": 2},
+        }))
+        .expect("pool");
+        let labels = BTreeMap::new();
+        let admission = Admission {
+            pool_warm: Some(crate::api::NodePoolWarm {
+                node_type: Some("p.small".into()),
+                replicas: 2,
+                current: 2,
+                ready: 2,
+            }),
+            ..admission_in_t(&labels)
+        };
+        let warm_reason = |properties: serde_json::Value| {
+            let c: NodeClaim = serde_json::from_value(json!({
+                "metadata": {"name": "c", "namespace": "t"},
+                "spec": {"vClusterRef": {"name": "t"}, "properties": properties},
+            }))
+            .expect("claim");
+            nodeclaim(&c, Some(&pool), &catalogue, &BTreeMap::new(), &admission).findings[0]
+                .reasons
+                .iter()
+                .find(|r| r.contains("warm"))
+                .cloned()
+                .unwrap_or_default()
+        };
+        // A claim of the pool carries its properties.
+        assert_eq!(
+            warm_reason(json!({"autonodes.io/ssh-keys": "ssh-ed25519 AAAA pool"})),
+            "its pool keeps 2 warm VM(s) of this type, 2 ready now; a ready one would serve this claim"
+        );
+        let why = warm_reason(json!({"autonodes.io/ssh-keys": "ssh-ed25519 BBBB own"}));
+        assert!(
+            why.starts_with("its pool keeps 2 warm VM(s) of this type, 2 ready now; none can serve this claim: property autonodes.io/ssh-keys"),
             "{why}"
         );
     }

@@ -346,6 +346,23 @@ pub fn taken_labels(
     Value::Object(labels)
 }
 
+/// Whether `claim` (scheduled, as the caller knows) is about to launch: it has no VM yet,
+/// neither made nor a warm one taken (its `Provisioned` condition absent or still
+/// `Creating`, as scheduling leaves it; no `status.warm`; its status may not even be
+/// written yet). Such a claim that a warm VM can serve is about to take one, which then
+/// becomes its node: counting it against the room warm VMs fill as well as the warm VM it
+/// takes would remove that VM first.
+pub fn about_to_launch(claim: &NodeClaim) -> bool {
+    use crate::api::reasons::{ClaimCondition, ClaimReason};
+    let s = claim.status.as_ref();
+    claim.metadata.deletion_timestamp.is_none()
+        && s.is_none_or(|s| {
+            s.warm.is_none()
+                && crate::api::conditions::get(&s.conditions, ClaimCondition::Provisioned)
+                    .is_none_or(|c| c.reason == ClaimReason::Creating.as_str())
+        })
+}
+
 /// One warm VM of a type as observed on its host.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WarmVm {

@@ -121,7 +121,9 @@ pub async fn explain(client: &Client, args: &ExplainArgs) -> anyhow::Result<Expl
                 .get(n)
                 .await
                 .with_context(|| format!("reading NodeClaim {name}"))?;
-            let pool = pool_of(client, &claim).await?.map(|p| p.spec);
+            let pool = pool_of(client, &claim).await?;
+            let pool_warm = pool.as_ref().and_then(|p| p.status.as_ref()?.warm.clone());
+            let pool = pool.map(|p| p.spec);
             let (catalogue, all) = catalogue(client).await?;
             let claimed = count_claimed(&all, &Default::default(), &Default::default());
             // What scheduling admits types by: the namespace's labels (for providers that
@@ -167,6 +169,7 @@ pub async fn explain(client: &Client, args: &ExplainArgs) -> anyhow::Result<Expl
                     .iter()
                     .filter_map(|t| Some((t.name_any(), t.status.as_ref()?.warm.clone()?)))
                     .collect(),
+                pool_warm: pool_warm.clone(),
             };
             Ok(explain::nodeclaim(
                 &claim,

@@ -656,3 +656,40 @@ async fn a_pools_warm_vms_boot_with_its_properties_serve_only_its_claims_fit_its
     );
     world.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_taking_the_last_room_under_max_capacity_is_served_by_the_warm_vm_holding_it() {
+    let one = format!(
+        "{}\n        maxCapacity: 1\n        warm:\n          replicas: 1",
+        node_type("warm", "2", "4Gi")
+    );
+    let world = World::with_provider(pools_provider(&[one])).await;
+    wait_warm(&world, "1 warm VM ready", |t| warm_status(t) == (1, 1)).await;
+    let before = warm_vms(&world).await;
+    // The claim takes the type's only room, which the warm VM holds: the warm VM is not
+    // removed to make room for the claim that is about to take it.
+    world.claim_type("last", "warm").await;
+    let c = world.wait_phase("last", "Available", WAIT).await;
+    let status = c.status.expect("status");
+    let vm = status.vm_name.expect("vmName");
+    assert!(
+        status.warm.is_some() && before.contains(&vm),
+        "{vm} was warm: {before:?}"
+    );
+    // No room is left for a refill.
+    let t = wait_warm(&world, "no room for a warm VM", |t| {
+        t.status
+            .as_ref()
+            .and_then(|s| s.warm.as_ref())
+            .is_some_and(|w| (w.replicas, w.current) == (0, 0))
+    })
+    .await;
+    assert!(warm_vms(&world).await.is_empty());
+    println!(
+        "warm: the type's last room went to {vm}, its warm VM; status.warm {:?}",
+        t.status.and_then(|s| s.warm)
+    );
+    world.delete_claim("last").await;
+    world.wait_claim_gone("last", WAIT).await;
+    world.shutdown().await;
+}

@@ -267,3 +267,27 @@ fn warm_vm_names_are_dns_labels() {
     );
     assert_eq!(vm_name("--", "abcde"), "warm-abcde");
 }
+
+#[test]
+fn a_claim_is_about_to_launch_until_its_vm_is_made_or_a_warm_one_taken() {
+    let mut c = claim(json!({"vClusterRef": {"name": "t"}}));
+    assert!(about_to_launch(&c), "no status yet");
+    let condition = |reason: &str| {
+        json!({"type": "Provisioned", "status": "False", "reason": reason, "message": "",
+               "lastTransitionTime": "2026-01-01T00:00:00Z"})
+    };
+    c.status = serde_json::from_value(json!({"conditions": [condition("Creating")]})).ok();
+    assert!(about_to_launch(&c), "scheduled, the VM not made yet");
+    c.status = serde_json::from_value(json!({"conditions": [condition("Booting")]})).ok();
+    assert!(!about_to_launch(&c), "its VM is made");
+    c.status = serde_json::from_value(json!({
+        "conditions": [condition("Creating")],
+        "warm": {"boundAt": "2026-01-01T00:00:00Z"},
+    }))
+    .ok();
+    assert!(!about_to_launch(&c), "it took a warm VM");
+    let mut gone = claim(json!({"vClusterRef": {"name": "t"}}));
+    gone.metadata.deletion_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at(0)));
+    assert!(!about_to_launch(&gone));
+}

@@ -1,11 +1,11 @@
 //! Warm VMs of a node type: the NodeType controller calls [`reconcile`] for each usable
 //! type; it keeps `spec.warm.replicas` warm VMs on the type's host (core [`warm::plan`]),
 //! and those the NodePools that keep theirs on the type ask for (each in its own group,
-//! booted with the pool's properties, after the type's own under `maxCapacity`),
-//! makes each one's own credential, user data and VM, removes the ones that are not wanted,
-//! drifted, silent or about to expire (credential first, then the VM), removes credentials
-//! whose VM is gone, and says what it found for the type's status. Claims take warm VMs
-//! from the [`WarmIndex`] it fills (`nodeclaim::warm`).
+//! booted with the pool's properties, after the type's own under `maxCapacity`). It makes
+//! each one's own credential, user data and VM; removes the ones that are not wanted,
+//! drifted, silent or about to expire (the VM first, only as it was seen, then its
+//! credential); removes credentials whose VM is gone; and says what it found for the
+//! type's status. Claims take warm VMs from the [`WarmIndex`] it fills (`nodeclaim::warm`).
 
 use std::time::Duration;
 
@@ -58,14 +58,18 @@ impl WarmOutcome {
     }
 }
 
+/// A warm VM as the host's cache showed it.
+struct Observed {
+    vm: WarmVm,
+    /// The UID of the pool it is kept for (none: the type's own).
+    pool: Option<String>,
+    /// Its `resourceVersion`: it is removed only as seen (not once a claim took it).
+    version: Option<String>,
+}
+
 /// The warm VMs of type `t` (its VMs labelled with the type, not taken by a claim) as the
-/// host's caches show them, each with the UID of the pool it is kept for (none: the type's
-/// own).
-fn observed(
-    remote: &Remote,
-    t: &PreparedType,
-    installation: &str,
-) -> Option<Vec<(WarmVm, Option<String>)>> {
+/// host's caches show them.
+fn observed(remote: &Remote, t: &PreparedType, installation: &str) -> Option<Vec<Observed>> {
     let cache = remote.host_cache()?;
     let type_label = autonodes_core::names::label_value(&t.name);
     let installation = autonodes_core::names::label_value(installation);
@@ -98,7 +102,11 @@ fn observed(
                     deleting: vm.metadata.deletion_timestamp.is_some(),
                     name,
                 };
-                (observed, pool)
+                Observed {
+                    version: vm.metadata.resource_version.clone(),
+                    vm: observed,
+                    pool,
+                }
             })
             .collect(),
     )
@@ -203,7 +211,7 @@ fn groups(
     ctx: &Context,
     t: &PreparedType,
     pools: BTreeMap<String, PoolWant>,
-    vms: &[(WarmVm, Option<String>)],
+    vms: &[Observed],
 ) -> Vec<Group> {
     let mut out = vec![Group {
         key: t.name.clone(),
@@ -232,7 +240,7 @@ fn groups(
     }
     let left: BTreeSet<&String> = vms
         .iter()
-        .filter_map(|(_, p)| p.as_ref())
+        .filter_map(|o| o.pool.as_ref())
         .filter(|p| !planned.contains(*p))
         .collect();
     for uid in left {
@@ -278,6 +286,42 @@ fn unplanned_want(ctx: &Context, uid: &str) -> Option<Option<PoolWant>> {
     }
 }
 
+/// How many claims of type `t` are about to launch (core `warm::about_to_launch`) and could
+/// take a warm VM of one of its `groups`: the type's own (the claim asks for nothing they
+/// were not booted with) or their pool's.
+fn about_to_take(ctx: &Context, t: &PreparedType, groups: &[Group]) -> usize {
+    let pools: BTreeSet<&str> = groups
+        .iter()
+        .filter_map(|g| g.pool.as_ref().map(|(uid, _)| uid.as_str()))
+        .collect();
+    // The type a claim holds, as this process scheduled it (its status may not say so yet).
+    let claims = ctx.claims.state();
+    let held: Vec<std::sync::Arc<autonodes_api::NodeClaim>> = ctx.ledger(|l| {
+        claims
+            .into_iter()
+            .filter(|c| {
+                c.metadata
+                    .uid
+                    .as_deref()
+                    .and_then(|uid| l.holding(uid))
+                    .is_some_and(|(held, _)| held == t.name)
+            })
+            .collect()
+    });
+    held.iter()
+        .filter(|c| warm::about_to_launch(c))
+        .filter(|c| {
+            let of_pool = c
+                .metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .any(|o| o.kind == "NodePool" && pools.contains(o.uid.as_str()));
+            of_pool || (t.warm_replicas > 0 && warm::servable(t, None, c).is_ok())
+        })
+        .count()
+}
+
 /// Whether the pool `want` names still exists with UID `uid`.
 fn pool_exists(ctx: &Context, want: &PoolWant, uid: &str) -> bool {
     ctx.reflectors
@@ -295,18 +339,28 @@ async fn reconcile_on(
     claimed: i64,
     host: &WarmHost<'_>,
     remote: &Remote,
-    vms: &mut [(WarmVm, Option<String>)],
+    vms: &mut [Observed],
     groups: Vec<Group>,
 ) -> Result<WarmOutcome, Error> {
     let ns = t.vm_namespace.as_str();
     let type_label = autonodes_core::names::label_value(&t.name);
     let heartbeats = host.heartbeats(ns, &type_label).await?;
-    for (vm, _) in vms.iter_mut() {
+    for Observed { vm, .. } in vms.iter_mut() {
         vm.heartbeat = heartbeats.get(&vm.name).copied().flatten();
     }
     let at = now();
-    // Claims first, then the type's own warm VMs, then the pools' in turn.
-    let mut room = t.max_capacity.map(|m| m - claimed);
+    // Claims first, then the type's own warm VMs, then the pools' in turn. A claim about to
+    // take one of the ready warm VMs is not counted twice.
+    let taking = match t.max_capacity {
+        Some(_) => {
+            let ready = vms.iter().filter(|o| o.vm.ready(at)).count();
+            about_to_take(ctx, t, &groups).min(ready)
+        }
+        None => 0,
+    };
+    let mut room = t
+        .max_capacity
+        .map(|m| m - claimed + i64::try_from(taking).unwrap_or(0));
     // The type's own: wanted, current, ready.
     let mut own = (0, 0, 0);
     let (mut pools_current, mut ready_total, mut wanted_total, mut not_reporting) = (0, 0, 0, 0);
@@ -319,8 +373,8 @@ async fn reconcile_on(
             .map(|(uid, _)| autonodes_core::names::label_value(uid));
         let mine: Vec<WarmVm> = vms
             .iter()
-            .filter(|(_, p)| *p == uid)
-            .map(|(v, _)| v.clone())
+            .filter(|o| o.pool == uid)
+            .map(|o| o.vm.clone())
             .collect();
         let replicas = if group.problem.is_some() {
             0
@@ -330,7 +384,14 @@ async fn reconcile_on(
         let plan = warm::plan(replicas, room, &group.t.definition, &mine, at);
         room = room.map(|r| r - plan.wanted);
         for (name, why) in &plan.remove {
-            remove(host, ns, name).await?;
+            let version = vms
+                .iter()
+                .find(|o| o.vm.name == *name)
+                .and_then(|o| o.version.as_deref());
+            if !remove(host, ns, name, version).await? {
+                tracing::info!(nodetype = %t.name, vm = %format!("{ns}/{name}"), "a warm VM changed since it was seen (a claim took it): not removed");
+                continue;
+            }
             removed_any = true;
             tracing::info!(nodetype = %t.name, pool = ?group.pool.as_ref().map(|(uid, _)| uid), vm = %format!("{ns}/{name}"), why = why.as_str(), "removing a warm VM");
         }
@@ -367,7 +428,7 @@ async fn reconcile_on(
         }
     }
     // Credentials whose VM is gone (a removal or creation cut short).
-    let live: std::collections::BTreeSet<&str> = vms.iter().map(|(v, _)| v.name.as_str()).collect();
+    let live: std::collections::BTreeSet<&str> = vms.iter().map(|o| o.vm.name.as_str()).collect();
     let taken = |vm: &str| {
         remote
             .host_cache()
@@ -451,15 +512,22 @@ fn guest_server(provider: Option<&NodeProvider>, remote: &Remote) -> String {
         .unwrap_or_else(|| remote.server.clone())
 }
 
-/// Removes a warm VM: its credential first (its agent can read nothing more), then the VM,
-/// its user-data Secret and its DataVolumes.
-async fn remove(host: &WarmHost<'_>, ns: &str, vm: &str) -> Result<(), Error> {
+/// Removes a warm VM as it was seen (`version`, its `resourceVersion`; a claim's take
+/// changes it, so a VM a claim just took is never removed: `false`): the VM first, then its
+/// credential (its agent can read nothing more), its user-data Secret and its DataVolumes.
+async fn remove(
+    host: &WarmHost<'_>,
+    ns: &str,
+    vm: &str,
+    version: Option<&str>,
+) -> Result<bool, Error> {
+    if !host.delete_warm_vm(ns, vm, version).await? {
+        return Ok(false);
+    }
     host.delete_credential(ns, vm).await?;
-    let remote_host = host.host();
-    remote_host.delete_vm(ns, vm, None).await?;
-    remote_host.delete_user_data(ns, vm).await?;
+    host.host().delete_user_data(ns, vm).await?;
     host.delete_data_volumes(ns, vm).await?;
-    Ok(())
+    Ok(true)
 }
 
 /// Makes one warm VM of `t`: its credential, its user data (with the credential's token),
@@ -570,11 +638,12 @@ pub async fn sweep_gone_types(ctx: &Context, types: &[std::sync::Arc<NodeType>])
         for vm in orphans {
             let ns = vm.namespace().unwrap_or_default();
             let name = vm.name_any();
-            match remove(&host, &ns, &name).await {
-                Ok(()) => {
+            match remove(&host, &ns, &name, vm.metadata.resource_version.as_deref()).await {
+                Ok(true) => {
                     removed += 1;
                     tracing::info!(vm = %format!("{ns}/{name}"), "removed a warm VM whose node type or pool is gone");
                 }
+                Ok(false) => {}
                 Err(e) => {
                     tracing::warn!(vm = %format!("{ns}/{name}"), error = %e, "removing a warm VM whose node type or pool is gone failed")
                 }

@@ -11,7 +11,9 @@ use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, Preconditions,
+};
 use kube::ResourceExt;
 
 use crate::controller::context::Context;
@@ -281,6 +283,46 @@ impl<'a> WarmHost<'a> {
         Ok(out)
     }
 
+    /// Deletes the warm VM `ns/vm` if it is still at `version` (its `resourceVersion` as the
+    /// caller saw it; any, when `None`): `false` when it changed since (a claim took it),
+    /// `true` when it is deleted or gone.
+    pub async fn delete_warm_vm(
+        &self,
+        ns: &str,
+        vm: &str,
+        version: Option<&str>,
+    ) -> Result<bool, Error> {
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.remote.client.clone(), ns, &kubevirt::virtual_machine());
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions {
+                resource_version: version.map(str::to_string),
+                uid: None,
+            }),
+            ..DeleteParams::background()
+        };
+        let deleted = remote_call(
+            self.ctx,
+            self.remote,
+            "deleting a warm VirtualMachine",
+            api.delete(vm, &dp),
+        )
+        .await;
+        match deleted {
+            Ok(answer) => {
+                // Marked deleted (KubeVirt's finalizer may hold it): the next reconcile reads
+                // that, not the cache's copy from before.
+                if let (Some(vm), Some(cache)) = (answer.left(), self.remote.host_cache()) {
+                    cache.vms.wrote(ObservedVm::from_object(&vm));
+                }
+                Ok(true)
+            }
+            Err(e) if crate::remote::calls::not_found(&e) => Ok(true),
+            Err(e) if e.is_remote_conflict() => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Deletes the warm VM `vm`'s binding Secret, RoleBinding, Role, ServiceAccount (its
     /// token stops working) and Lease.
     pub async fn delete_credential(&self, ns: &str, vm: &str) -> Result<(), Error> {
@@ -339,41 +381,60 @@ impl<'a> WarmHost<'a> {
 
     /// Takes the warm VM `vm` for a claim: its labels become `labels` (a merge patch that
     /// also names the resource version the claim saw, so of two claims taking one VM at
-    /// once only one succeeds). False when another took it first (or it changed).
+    /// once only one succeeds). When the VM changed since the cache showed it (KubeVirt
+    /// updates a VM that just started), it is read again and taken at its new version if
+    /// `takeable` still says so. `None` when another claim took it first, or it cannot be
+    /// taken any more.
     pub async fn take(
         &self,
         ns: &str,
         vm: &ObservedVm,
         labels: &serde_json::Value,
+        takeable: impl Fn(&ObservedVm) -> bool,
     ) -> Result<Option<ObservedVm>, Error> {
         let api: Api<DynamicObject> =
             Api::namespaced_with(self.remote.client.clone(), ns, &kubevirt::virtual_machine());
-        let patch = serde_json::json!({"metadata": {
-            "resourceVersion": vm.metadata.resource_version,
-            "labels": labels,
-        }});
-        let taken = remote_call(
-            self.ctx,
-            self.remote,
-            "taking a warm VirtualMachine",
-            api.patch(
-                &vm.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            ),
-        )
-        .await;
-        match taken {
-            Ok(obj) => {
-                let observed = ObservedVm::from_object(&obj);
-                if let Some(cache) = self.remote.host_cache() {
-                    cache.vms.wrote(observed.clone());
+        let name = vm.name_any();
+        let mut version = vm.metadata.resource_version.clone();
+        for _ in 0..10 {
+            let patch = serde_json::json!({"metadata": {
+                "resourceVersion": version,
+                "labels": labels,
+            }});
+            let taken = remote_call(
+                self.ctx,
+                self.remote,
+                "taking a warm VirtualMachine",
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)),
+            )
+            .await;
+            match taken {
+                Ok(obj) => {
+                    let observed = ObservedVm::from_object(&obj);
+                    if let Some(cache) = self.remote.host_cache() {
+                        cache.vms.wrote(observed.clone());
+                    }
+                    return Ok(Some(observed));
                 }
-                Ok(Some(observed))
+                Err(e) if crate::remote::calls::not_found(&e) => return Ok(None),
+                Err(e) if e.is_remote_conflict() => {
+                    let fresh = remote_call(
+                        self.ctx,
+                        self.remote,
+                        "reading a warm VirtualMachine again",
+                        Api::<ObservedVm>::namespaced(self.remote.client.clone(), ns)
+                            .get_opt(&name),
+                    )
+                    .await?;
+                    match fresh {
+                        Some(f) if takeable(&f) => version = f.metadata.resource_version.clone(),
+                        _ => return Ok(None),
+                    }
+                }
+                Err(e) => return Err(e),
             }
-            Err(e) if e.is_remote_conflict() || crate::remote::calls::not_found(&e) => Ok(None),
-            Err(e) => Err(e),
         }
+        Ok(None)
     }
 
     /// Puts `labels` (a merge patch of labels) on the warm VM `vm`'s user-data Secret and

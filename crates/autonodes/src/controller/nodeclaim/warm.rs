@@ -60,15 +60,18 @@ pub(super) async fn serve<H: HostApi, T: TenantApi>(
                 let Some(seen) = host.cached_vm(&ns, &candidate) else {
                     continue;
                 };
-                let l = seen.labels();
-                if l.contains_key(LABEL_NODECLAIM_UID)
-                    || l.get(LABEL_WARM_NODETYPE) != Some(&type_label)
-                    || l.get(LABEL_WARM_NODEPOOL) != pool_uid.as_ref()
-                    || seen.metadata.deletion_timestamp.is_some()
-                {
+                // Still warm, of this type and group, taken by no claim.
+                let takeable = |vm: &ObservedVm| {
+                    let l = vm.labels();
+                    !l.contains_key(LABEL_NODECLAIM_UID)
+                        && l.get(LABEL_WARM_NODETYPE) == Some(&type_label)
+                        && l.get(LABEL_WARM_NODEPOOL) == pool_uid.as_ref()
+                        && vm.metadata.deletion_timestamp.is_none()
+                };
+                if !takeable(&seen) {
                     continue;
                 }
-                if let Some(taken) = host.take(&ns, &seen, &labels).await? {
+                if let Some(taken) = host.take(&ns, &seen, &labels, takeable).await? {
                     p.ctx.warm.taken(&key, &type_name, &candidate);
                     p.ctx
                         .metrics

@@ -112,7 +112,7 @@ fn plan(
     let unlaunched = claims
         .mine
         .iter()
-        .filter(|c| is_live(c) && c.status.as_ref().is_none_or(|s| s.vm_name.is_none()))
+        .filter(|c| is_live(c) && autonodes_core::warm::about_to_launch(c))
         .count();
     let taking = unlaunched.min(usize::try_from(warm_now).unwrap_or(0));
     let live = claims

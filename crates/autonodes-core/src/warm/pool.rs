@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 
 use sha2::{Digest, Sha256};
 
-use crate::api::{NodePoolSpec, MAX_POOL_WARM_REPLICAS};
+use crate::api::reasons::PoolReason;
+use crate::api::{NodePoolSpec, NodePoolWarm, MAX_POOL_WARM_REPLICAS};
 use crate::catalogue::{Catalogue, PreparedType};
 use crate::pool::limits::NamespaceClaims;
 use crate::properties::CONFIG_PROPERTIES;
@@ -167,6 +168,79 @@ pub fn plan_pool(
     }
     out.wanted = wanted;
     out
+}
+
+/// A group of warm VMs as the type's controller last kept it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GroupCounts {
+    /// Warm VMs kept.
+    pub current: i64,
+    /// Of those, the ready ones.
+    pub ready: i64,
+    /// How many the type's `maxCapacity` let the group keep.
+    pub granted: i64,
+    /// Whether the type's controller has kept the group yet (else all counts are 0 because
+    /// nothing was looked at).
+    pub kept: bool,
+}
+
+/// A pool's `status.warm` and its `WarmReady` condition (status, reason, message), from its
+/// plan, its group on the planned type (`here`) and the warm VMs it still has on a type it
+/// left (`left`). A pool that asks for none shows what it still has, and no condition.
+pub fn pool_status(
+    plan: &PoolWarmPlan,
+    here: GroupCounts,
+    left: i64,
+) -> (Option<NodePoolWarm>, Option<(bool, PoolReason, String)>) {
+    if plan.asked == 0 {
+        let current = here.current + left;
+        let status = (current > 0).then(|| NodePoolWarm {
+            current,
+            ..NodePoolWarm::default()
+        });
+        return (status, None);
+    }
+    let type_name = plan.node_type.clone().unwrap_or_default();
+    let granted = here.granted.min(plan.wanted);
+    let status = NodePoolWarm {
+        node_type: plan.node_type.clone(),
+        replicas: granted,
+        current: here.current + left,
+        ready: here.ready,
+    };
+    let condition = if let Some(why) = &plan.unavailable {
+        (false, PoolReason::WarmUnavailable, why.clone())
+    } else if let Some(why) = &plan.limited {
+        (false, PoolReason::WarmLimited, why.clone())
+    } else if here.kept && here.granted < plan.wanted && here.current >= here.granted {
+        (
+            false,
+            PoolReason::WarmLimited,
+            format!(
+                "{granted} of {} warm VM(s): node type {type_name}'s maxCapacity leaves no more room besides its claims and warm VMs",
+                plan.asked
+            ),
+        )
+    } else if here.ready >= plan.wanted && left == 0 {
+        (
+            true,
+            PoolReason::WarmReady,
+            format!(
+                "{} warm VM(s) of node type {type_name} ready for the pool's claims",
+                here.ready
+            ),
+        )
+    } else {
+        (
+            false,
+            PoolReason::WarmStarting,
+            format!(
+                "{} of {} warm VM(s) of node type {type_name} ready; the others are being made or are booting",
+                here.ready, plan.wanted
+            ),
+        )
+    };
+    (Some(status), Some(condition))
 }
 
 #[cfg(test)]

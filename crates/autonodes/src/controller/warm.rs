@@ -169,7 +169,8 @@ pub async fn reconcile(
         ctx.warm.set(&t.name, Vec::new(), 0, now());
         for (uid, want) in &pools {
             let key = pool_key(&t.name, uid);
-            if ctx.warm.set(&key, Vec::new(), 0, now()) != Default::default() {
+            let before = ctx.warm.set(&key, Vec::new(), 0, now());
+            if (before.current, before.granted) != (0, 0) {
                 wake_pool(ctx, want);
             }
         }

@@ -46,16 +46,7 @@ pub struct WarmIndex {
     pools: Mutex<HashMap<String, PoolWant>>,
 }
 
-/// Counts of one group of warm VMs.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct GroupCounts {
-    /// Warm VMs kept.
-    pub current: i64,
-    /// Of those, the ready ones.
-    pub ready: i64,
-    /// How many the type's `maxCapacity` let the group keep.
-    pub granted: i64,
-}
+pub use autonodes_core::warm::pool::GroupCounts;
 
 impl WarmIndex {
     fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -152,5 +143,6 @@ fn counts(g: &Group, now: Timestamp) -> GroupCounts {
         current: g.vms.len() as i64,
         ready: g.vms.iter().filter(|v| v.ready(now)).count() as i64,
         granted: g.granted,
+        kept: true,
     }
 }

@@ -189,3 +189,85 @@ fn a_namespaces_claims_its_other_pools_warm_vms_and_its_quota_leave_the_room() {
     assert_eq!(namespace_room(&ns(7, Some(("q", 6)), false), 0).nodes, -1);
     assert_eq!(namespace_room(&ns(0, None, true), 0).nodes, 0);
 }
+
+fn planned(asked: i64, wanted: i64) -> PoolWarmPlan {
+    PoolWarmPlan {
+        node_type: Some("p.small".into()),
+        wanted,
+        asked,
+        ..PoolWarmPlan::default()
+    }
+}
+
+fn kept(current: i64, ready: i64, granted: i64) -> GroupCounts {
+    GroupCounts {
+        current,
+        ready,
+        granted,
+        kept: true,
+    }
+}
+
+#[test]
+fn a_pools_warm_status_says_ready_starting_or_what_limits_it() {
+    // Not kept by the type yet: starting, not limited.
+    let (status, condition) = pool_status(&planned(2, 2), GroupCounts::default(), 0);
+    assert_eq!(status.map(|s| (s.replicas, s.current)), Some((0, 0)));
+    assert_eq!(
+        condition.map(|c| (c.0, c.1)),
+        Some((false, PoolReason::WarmStarting))
+    );
+    let (status, condition) = pool_status(&planned(2, 2), kept(2, 2, 2), 0);
+    assert_eq!(
+        status,
+        Some(NodePoolWarm {
+            node_type: Some("p.small".into()),
+            replicas: 2,
+            current: 2,
+            ready: 2,
+        })
+    );
+    assert_eq!(
+        condition,
+        Some((
+            true,
+            PoolReason::WarmReady,
+            "2 warm VM(s) of node type p.small ready for the pool's claims".into()
+        ))
+    );
+    // Warm VMs left on a type the pool moved away from: not ready yet.
+    let (_, condition) = pool_status(&planned(2, 2), kept(2, 2, 2), 1);
+    assert_eq!(condition.map(|c| c.1), Some(PoolReason::WarmStarting));
+    // The type's maxCapacity grants fewer, and the group holds what it grants.
+    let (status, condition) = pool_status(&planned(3, 3), kept(1, 1, 1), 0);
+    assert_eq!(status.map(|s| s.replicas), Some(1));
+    let (ok, reason, message) = condition.expect("condition");
+    assert_eq!((ok, reason), (false, PoolReason::WarmLimited));
+    assert!(
+        message.contains("node type p.small's maxCapacity"),
+        "{message}"
+    );
+    // The namespace's room, as the plan says.
+    let mut limited = planned(3, 1);
+    limited.limited =
+        Some("1 of 3 warm VM(s): NodeQuota q limits namespace team to 4 nodes".into());
+    let (_, condition) = pool_status(&limited, kept(1, 1, 1), 0);
+    assert_eq!(
+        condition.map(|c| (c.1, c.2)),
+        Some((
+            PoolReason::WarmLimited,
+            "1 of 3 warm VM(s): NodeQuota q limits namespace team to 4 nodes".into()
+        ))
+    );
+}
+
+#[test]
+fn a_pool_that_asks_for_none_shows_what_it_still_has_and_no_condition() {
+    let (status, condition) = pool_status(&PoolWarmPlan::default(), kept(0, 0, 0), 2);
+    assert_eq!(status.map(|s| (s.current, s.node_type)), Some((2, None)));
+    assert_eq!(condition, None);
+    assert_eq!(
+        pool_status(&PoolWarmPlan::default(), kept(0, 0, 0), 0),
+        (None, None)
+    );
+}

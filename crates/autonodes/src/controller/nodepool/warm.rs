@@ -3,7 +3,6 @@
 //! [`WarmIndex`](crate::controller::warm_index::WarmIndex) for the NodeType controller that
 //! keeps them; and the pool's `status.warm` and `WarmReady` condition from what was kept.
 
-use autonodes_api::reasons::PoolReason;
 use autonodes_api::{NodePool, NodePoolWarm};
 use autonodes_core::access::quota_admits;
 use autonodes_core::catalogue::Catalogue;
@@ -147,7 +146,8 @@ fn plan(
     })
 }
 
-/// The status and condition of the pool's warm VMs (`before_type`: the type they were of).
+/// The status and condition of the pool's warm VMs (`before_type`: the type they were of),
+/// from what the type's controller kept (core `warm::pool::pool_status`).
 fn state(
     ctx: &Context,
     uid: &str,
@@ -163,61 +163,12 @@ fn state(
         .filter(|b| plan.node_type.as_deref() != Some(b.as_str()))
         .map(|b| counts(&b).current)
         .unwrap_or(0);
-    if plan.asked == 0 {
-        let current = here.current + left;
-        if current == 0 {
-            ctx.warm.forget_pool(uid);
-        }
-        return PoolWarmState {
-            status: (current > 0).then(|| NodePoolWarm {
-                current,
-                ..NodePoolWarm::default()
-            }),
-            condition: None,
-        };
+    let (status, condition) = pool_warm::pool_status(plan, here, left);
+    if plan.asked == 0 && status.is_none() {
+        ctx.warm.forget_pool(uid);
     }
-    let type_name = plan.node_type.clone().unwrap_or_default();
-    let granted = here.granted.min(plan.wanted);
-    let status = NodePoolWarm {
-        node_type: plan.node_type.clone(),
-        replicas: granted,
-        current: here.current + left,
-        ready: here.ready,
-    };
-    let condition = if let Some(why) = &plan.unavailable {
-        Verdict::new(false, PoolReason::WarmUnavailable, why.clone())
-    } else if let Some(why) = &plan.limited {
-        Verdict::new(false, PoolReason::WarmLimited, why.clone())
-    } else if here.granted < plan.wanted && here.current >= here.granted {
-        Verdict::new(
-            false,
-            PoolReason::WarmLimited,
-            format!(
-                "{granted} of {} warm VM(s): node type {type_name}'s maxCapacity leaves no more room besides its claims and warm VMs",
-                plan.asked
-            ),
-        )
-    } else if here.ready >= plan.wanted && left == 0 {
-        Verdict::new(
-            true,
-            PoolReason::WarmReady,
-            format!(
-                "{} warm VM(s) of node type {type_name} ready for the pool's claims",
-                here.ready
-            ),
-        )
-    } else {
-        Verdict::new(
-            false,
-            PoolReason::WarmStarting,
-            format!(
-                "{} of {} warm VM(s) of node type {type_name} ready; the others are being made or are booting",
-                here.ready, plan.wanted
-            ),
-        )
-    };
     PoolWarmState {
-        status: Some(status),
-        condition: Some(condition),
+        status,
+        condition: condition.map(|(ok, reason, message)| Verdict::new(ok, reason, message)),
     }
 }

@@ -12,6 +12,18 @@ fn at(secs: i64) -> Timestamp {
     Timestamp::from_second(1_800_000_000 + secs).expect("time")
 }
 
+/// The provider `p` of the warm tests: host `h`, VM namespace `vms`, an empty template.
+pub(super) fn provider() -> ProviderContext {
+    ProviderContext {
+        name: "p".into(),
+        host_cluster: "h".into(),
+        vm_namespace: "vms".into(),
+        tenant_namespaces: None,
+        properties: Properties::new(),
+        base_template: Some(json!({"spec": {"template": {"spec": {}}}})),
+    }
+}
+
 fn prepared(properties: Value) -> PreparedType {
     let spec = serde_json::from_value(json!({
         "providerRef": "p",
@@ -20,15 +32,7 @@ fn prepared(properties: Value) -> PreparedType {
         "warm": {"replicas": 2},
     }))
     .expect("spec");
-    let ctx = ProviderContext {
-        name: "p".into(),
-        host_cluster: "h".into(),
-        vm_namespace: "vms".into(),
-        tenant_namespaces: None,
-        properties: Properties::new(),
-        base_template: Some(json!({"spec": {"template": {"spec": {}}}})),
-    };
-    let t = prepare_type("p.small", &spec, Some(&ctx));
+    let t = prepare_type("p.small", &spec, Some(&provider()));
     assert!(t.problem.is_none(), "{:?}", t.problem);
     t
 }

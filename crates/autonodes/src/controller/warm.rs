@@ -312,12 +312,9 @@ fn about_to_take(ctx: &Context, t: &PreparedType, groups: &[Group]) -> usize {
     held.iter()
         .filter(|c| warm::about_to_launch(c))
         .filter(|c| {
-            let of_pool = c
-                .metadata
-                .owner_references
+            let of_pool = pools
                 .iter()
-                .flatten()
-                .any(|o| o.kind == "NodePool" && pools.contains(o.uid.as_str()));
+                .any(|uid| autonodes_core::pool::owned_by(c, uid));
             of_pool || (t.warm_replicas > 0 && warm::servable(t, None, c).is_ok())
         })
         .count()

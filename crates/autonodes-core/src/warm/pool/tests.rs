@@ -1,8 +1,8 @@
 //! Tests of [`super`].
 
 use super::*;
-use crate::api::{NodeClaim, NodePoolSpec, Properties};
-use crate::catalogue::{prepare_type, ProviderContext};
+use crate::api::{NodeClaim, NodePoolSpec};
+use crate::catalogue::prepare_type;
 use serde_json::{json, Value};
 
 fn typed(name: &str, cost: i64, properties: Value) -> PreparedType {
@@ -13,15 +13,11 @@ fn typed(name: &str, cost: i64, properties: Value) -> PreparedType {
         "properties": properties,
     }))
     .expect("spec");
-    let ctx = ProviderContext {
-        name: "p".into(),
-        host_cluster: "h".into(),
-        vm_namespace: "vms".into(),
-        tenant_namespaces: None,
-        properties: Properties::new(),
-        base_template: Some(json!({"spec": {"template": {"spec": {}}}})),
-    };
-    let t = prepare_type(&format!("p.{name}"), &spec, Some(&ctx));
+    let t = prepare_type(
+        &format!("p.{name}"),
+        &spec,
+        Some(&crate::warm::tests::provider()),
+    );
     assert!(t.problem.is_none(), "{:?}", t.problem);
     t
 }

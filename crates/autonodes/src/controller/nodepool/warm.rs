@@ -52,7 +52,7 @@ pub(super) fn reconcile(
                 .then(|| format!("the pool cannot be worked on: {}", p.message)),
             ..PoolWarmPlan::default()
         },
-        None => plan(ctx, pool, uid, catalogue, claims),
+        None => plan(ctx, pool, uid, before.as_ref(), catalogue, claims),
     };
     let want = PoolWant {
         namespace: ns.clone(),
@@ -85,11 +85,13 @@ pub(super) fn reconcile(
     state(ctx, uid, &plan, before.and_then(|b| b.node_type))
 }
 
-/// The pool's warm VMs as its namespace leaves room for them.
+/// The pool's warm VMs as its namespace leaves room for them (`before`: what the pool asked
+/// for last, whose warm VMs its claims may be about to take).
 fn plan(
     ctx: &Context,
     pool: &NodePool,
     uid: &str,
+    before: Option<&PoolWant>,
     catalogue: &Catalogue,
     claims: &Claims,
 ) -> PoolWarmPlan {
@@ -99,15 +101,11 @@ fn plan(
     // (which then becomes it): it is counted only beyond them, so its warm VM is not removed
     // to make room for it first.
     let label = autonodes_core::names::label_value(uid);
-    let warm_now: i64 = ctx
-        .warm
-        .pool_want(uid)
-        .and_then(|w| w.node_type)
-        .map_or(0, |t| {
-            ctx.warm
-                .counts(&pool_warm::group_key(&t, &label), now())
-                .current
-        });
+    let warm_now: i64 = before.and_then(|w| w.node_type.as_deref()).map_or(0, |t| {
+        ctx.warm
+            .counts(&pool_warm::group_key(t, &label), now())
+            .current
+    });
     let unlaunched = claims
         .mine
         .iter()

@@ -501,6 +501,7 @@ struct TemplateData<'a> {
 /// What the prepare script is rendered from.
 #[derive(Serialize)]
 struct PrepareData<'a> {
+    node_name: &'a str,
     kubernetes_version: String,
     download_url: &'a str,
     install: bool,
@@ -790,6 +791,7 @@ pub fn render_user_data(input: &UserDataInput<'_>) -> Result<String, UserDataErr
         .render(
             "prepare",
             &PrepareData {
+                node_name: input.node_name,
                 kubernetes_version: version.to_string(),
                 download_url: download_url.trim_end_matches('/'),
                 install: !input.image_prepared && input.template == JoinTemplate::Kubeadm,

@@ -15,6 +15,7 @@ import base64
 import datetime
 import json
 import os
+import socket
 import ssl
 import subprocess
 import sys
@@ -27,6 +28,7 @@ DIR = "/etc/autonodes/warm"
 CONFIG = DIR + "/config.json"
 TOKEN = DIR + "/token"
 HOST_CA = DIR + "/host-ca.crt"
+KUBELET_PKI = "/var/lib/kubelet/pki"
 # Binding key -> (path, mode). Nothing else in the binding is used.
 FILES = {
     "kubeadm-join.yaml": ("/etc/kubernetes/kubeadm-join.yaml", 0o600),
@@ -74,6 +76,31 @@ def binding(cfg):
     return data if all(key in data for key in FILES) else None
 
 
+def serving_certificate():
+    # A kubelet that is neither given a serving certificate nor told to request one makes
+    # itself a self-signed one for this machine's name at its first start, in its
+    # certificate directory: two RSA keys, seconds under software emulation. The same kind
+    # of certificate (with an EC key) is made here while waiting. A kubelet configured
+    # otherwise does not read it.
+    crt, key = KUBELET_PKI + "/kubelet.crt", KUBELET_PKI + "/kubelet.key"
+    if os.path.exists(crt) or os.path.exists(key):
+        return
+    name = socket.gethostname()
+    os.makedirs(KUBELET_PKI, mode=0o755, exist_ok=True)
+    subprocess.run(
+        ["openssl", "req", "-x509", "-nodes", "-days", "365",
+         "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-keyout", key + ".part", "-out", crt + ".part",
+         "-subj", "/CN=%s@%d" % (name, int(time.time())),
+         "-addext", "subjectAltName=DNS:" + name,
+         "-addext", "keyUsage=critical,digitalSignature,keyEncipherment",
+         "-addext", "extendedKeyUsage=serverAuth"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300, check=True)
+    os.chmod(key + ".part", 0o600)
+    os.rename(key + ".part", key)
+    os.rename(crt + ".part", crt)
+
+
 def warm_up():
     # What does not depend on the tenant, done while waiting: the kubelet and kubeadm read
     # once from disk (a join then starts them from memory), containerd answering. Failures
@@ -91,6 +118,25 @@ def warm_up():
 
 
 def main():
+    if not os.path.exists(TOKEN):
+        # The token goes when a claim binds this VM: the agent ran the join before and is
+        # restarted after it failed. The claim's registration timeout deals with that.
+        log("bound before: nothing to do")
+        return
+    # An image's kubelet service, enabled but with no configuration before the join, fails
+    # and restarts every few seconds, and each start costs the VM and its host seconds of
+    # CPU. It is stopped while the VM is warm (before anything else, so never after the
+    # join started it); the join's kubelet-start step starts it.
+    try:
+        subprocess.run(["systemctl", "stop", "kubelet.service"], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=60)
+    except Exception:
+        pass
+    # Before the binding is read, so that no kubelet starts while it is being written.
+    try:
+        serving_certificate()
+    except Exception as e:
+        log("kubelet serving certificate not made (the kubelet makes its own): %s" % e)
     threading.Thread(target=warm_up, daemon=True).start()
     with open(CONFIG) as f:
         cfg = json.load(f)

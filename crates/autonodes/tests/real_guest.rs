@@ -446,6 +446,26 @@ async fn a_prepared_and_a_stock_image_join_the_tenant_with_a_real_kubelet_and_le
     for line in serial.lines().filter(|l| l.contains("autonodes-warm:")) {
         println!("real-guest: warm agent: {}", line.trim());
     }
+    // The agent made the kubelet's serving certificate while warm.
+    assert!(
+        !serial.contains("kubelet serving certificate not made"),
+        "{serial}"
+    );
+    // The prepare script made the node's name resolve to a loopback address in the hosts
+    // file; the kubelet passed over it for the VM's own address.
+    let internal: Vec<String> = node
+        .status
+        .as_ref()
+        .and_then(|s| s.addresses.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|a| a.type_ == "InternalIP")
+        .map(|a| a.address)
+        .collect();
+    assert!(
+        !internal.is_empty() && internal.iter().all(|a| !a.starts_with("127.")),
+        "the warm node's InternalIP addresses: {internal:?}"
+    );
     println!(
         "real-guest: prepared image, warm VM, claim warm-1 → Node {} Ready after {} s, Ready; kubelet {}; cloud-init {}",
         node.name_any(),

@@ -398,6 +398,68 @@ fn a_stock_image_installs_from_the_download_url_and_a_prepared_one_installs_noth
 }
 
 #[test]
+fn the_prepare_script_makes_the_node_name_resolve_from_the_hosts_file_unless_it_does() {
+    let f = Fixture::new();
+    let script = prepare_script(&parse(&render_user_data(&f.input(None)).expect("renders")).0);
+    assert!(script.contains("NODE_NAME=\"tenant-node-1\"\n"), "{script}");
+    assert!(
+        script.contains("resolve_locally /etc/hosts \"$NODE_NAME\"\n"),
+        "{script}"
+    );
+    // The script's own function, run by sh on hosts files of our own.
+    let start = script.find("resolve_locally() {").expect("the function");
+    let end = start + script[start..].find("\n}\n").expect("its end") + 3;
+    let function = &script[start..end];
+    let dir = std::env::temp_dir().join(format!("autonodes-hosts-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let hosts = dir.join("hosts");
+    let run = |before: Option<&str>| -> String {
+        let _ = std::fs::remove_file(&hosts);
+        if let Some(text) = before {
+            std::fs::write(&hosts, text).expect("hosts written");
+        }
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "set -eu\nlog() {{ echo \"$*\" >&2; }}\n{function}resolve_locally \"$1\" tenant-node-1"
+            ))
+            .arg("sh")
+            .arg(&hosts)
+            .output()
+            .expect("sh runs");
+        assert!(out.status.success(), "{out:?}");
+        std::fs::read_to_string(&hosts).expect("hosts read")
+    };
+    let base = "127.0.0.1 localhost\n::1 localhost ip6-localhost\n";
+    // Not there: added, once.
+    assert_eq!(run(Some(base)), format!("{base}127.0.1.1 tenant-node-1\n"));
+    // There already (any address, any position on its line): left alone.
+    for present in [
+        "10.0.2.15 tenant-node-1\n",
+        "127.0.1.1 tenant-node-1.cluster.local tenant-node-1 # by cloud-init\n",
+    ] {
+        let text = format!("{base}{present}");
+        assert_eq!(run(Some(&text)), text);
+    }
+    // Only in a comment, as an address, or as a longer name: not there.
+    for absent in [
+        "# 10.0.2.15 tenant-node-1\n",
+        "10.0.2.15 tenant-node-10 tenant-node-1.example\n",
+    ] {
+        let text = format!("{base}{absent}");
+        assert_eq!(run(Some(&text)), format!("{text}127.0.1.1 tenant-node-1\n"));
+    }
+    // A last line without its newline keeps its name.
+    assert_eq!(
+        run(Some("127.0.0.1 localhost")),
+        "127.0.0.1 localhost\n127.0.1.1 tenant-node-1\n"
+    );
+    // No hosts file at all: written.
+    assert_eq!(run(None), "127.0.1.1 tenant-node-1\n");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn vcluster_template_installs_with_the_join_script_then_joins_with_kubeadm() {
     let f = Fixture::new();
     let mut input = f.input(Some("#cloud-config\nruncmd: [echo pre]\n"));

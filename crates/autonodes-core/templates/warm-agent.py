@@ -9,8 +9,9 @@
 # from the binding and reads nothing else.
 #
 # The join skips kubeadm's preflight phase: its checks are of this machine (swap, ports,
-# binaries, the runtime, the hostname resolving), which the prepare script checks, and
-# under software emulation they cost seconds (the hostname lookup alone waits for DNS).
+# binaries, the runtime, the hostname resolving), which the prepare script checks (and it
+# makes the node's name resolve from /etc/hosts), and under software emulation they cost
+# seconds.
 import base64
 import datetime
 import json

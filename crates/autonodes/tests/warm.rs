@@ -693,3 +693,87 @@ async fn a_claim_taking_the_last_room_under_max_capacity_is_served_by_the_warm_v
     world.wait_claim_gone("last", WAIT).await;
     world.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pools_warm_vms_get_the_room_under_max_capacity_that_the_types_own_leave() {
+    // The type has room for 2 VMs and keeps 1 warm VM of its own; the pool asks for 2.
+    let capped = |own: i32| {
+        pools_provider(&[format!(
+            "{}\n        maxCapacity: 2\n        warm:\n          replicas: {own}",
+            node_type("warm", "2", "4Gi")
+        )])
+    };
+    let world = World::with_provider(capped(1)).await;
+    wait_warm(&world, "the type's own warm VM ready", |t| {
+        warm_status(t) == (1, 1)
+    })
+    .await;
+    let pool = world
+        .create_pool(
+            "capped",
+            json!({
+                "replicas": 0,
+                "requirements": [{"key": "autonodes.io/node-type", "operator": "In", "values": ["warm"]}],
+                "warm": {"replicas": 2},
+            }),
+        )
+        .await;
+    let uid = pool.uid().expect("uid");
+    // The type's own come first: 1 room is left for the pool's.
+    let p = world
+        .wait_pool("capped", "1 of 2 warm VMs", |p| {
+            pool_warm(p) == Some((Some("pools.warm".into()), 1, 1, 1))
+        })
+        .await;
+    let (status, reason, message) = pool_condition(&p, "WarmReady").expect("WarmReady");
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "WarmLimited"));
+    assert!(
+        message
+            .contains("1 of 2 warm VM(s): node type pools.warm's maxCapacity leaves no more room"),
+        "{message}"
+    );
+    assert_eq!(pool_warm_vms(&world, &uid).await.len(), 1);
+    let t = wait_warm(&world, "the type shows both groups", |t| {
+        t.status
+            .as_ref()
+            .and_then(|s| s.warm.as_ref())
+            .is_some_and(|w| (w.current, w.pools) == (1, 1))
+    })
+    .await;
+    println!(
+        "warm: under maxCapacity 2, the type keeps its own and the pool 1 of 2: {:?}; pool: {message}",
+        t.status.and_then(|s| s.warm)
+    );
+
+    // The type keeps none of its own any more: the pool gets the room.
+    world.apply_provider(&capped(0)).await;
+    let p = world
+        .wait_pool("capped", "2 of 2 warm VMs", |p| {
+            pool_warm(p) == Some((Some("pools.warm".into()), 2, 2, 2))
+        })
+        .await;
+    let (status, reason, _) = pool_condition(&p, "WarmReady").expect("WarmReady");
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "WarmReady"));
+    let kept = pool_warm_vms(&world, &uid).await;
+    assert_eq!(kept.len(), 2, "{kept:?}");
+    wait_warm(&world, "the type keeps none of its own", |t| {
+        t.status
+            .as_ref()
+            .and_then(|s| s.warm.as_ref())
+            .is_some_and(|w| (w.current, w.pools) == (0, 2))
+    })
+    .await;
+
+    world
+        .pools()
+        .delete("capped", &Default::default())
+        .await
+        .expect("pool deleted");
+    common::eventually("the pool's warm VMs gone", WAIT, || async {
+        pool_warm_vms(&world, &uid).await.is_empty().then_some(())
+    })
+    .await;
+    assert_no_leftovers(&world, &kept).await;
+    assert!(world.vms().await.is_empty(), "no VM left");
+    world.shutdown().await;
+}

@@ -101,12 +101,8 @@ mod tests {
         }))
         .expect("spec");
         let ctx = ProviderContext {
-            name: provider.into(),
-            properties: Default::default(),
-            base_template: Some(serde_json::json!({"spec": {"template": {"spec": {}}}})),
-            host_cluster: "h".into(),
-            vm_namespace: "vms".into(),
             tenant_namespaces: selector,
+            ..ProviderContext::for_tests(provider)
         };
         let t = prepare_type(&format!("{provider}.small"), &spec, Some(&ctx));
         assert!(t.problem.is_none(), "{:?}", t.problem);

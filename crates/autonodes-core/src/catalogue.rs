@@ -68,6 +68,20 @@ impl ProviderContext {
             tenant_namespaces: spec.tenant_namespace_selector.clone(),
         }
     }
+
+    /// The provider `name` of the unit tests: host `h`, VM namespace `vms`, an empty VM
+    /// template, no properties, open to every tenant namespace.
+    #[cfg(test)]
+    pub(crate) fn for_tests(name: &str) -> Self {
+        Self {
+            name: name.into(),
+            properties: Properties::new(),
+            base_template: Some(serde_json::json!({"spec": {"template": {"spec": {}}}})),
+            host_cluster: "h".into(),
+            vm_namespace: "vms".into(),
+            tenant_namespaces: None,
+        }
+    }
 }
 
 /// The NodeType objects a NodeProvider's entries become: named `<provider>.<type>`,

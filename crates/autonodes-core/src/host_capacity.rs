@@ -525,15 +525,7 @@ mod tests {
     /// Failed.
     fn prepared_any(name: &str, spec: Value) -> PreparedType {
         let spec = serde_json::from_value(spec).expect("spec");
-        let ctx = ProviderContext {
-            name: "p".into(),
-            host_cluster: "h".into(),
-            vm_namespace: "vms".into(),
-            tenant_namespaces: None,
-            properties: Properties::new(),
-            base_template: Some(json!({"spec": {"template": {"spec": {}}}})),
-        };
-        prepare_type(name, &spec, Some(&ctx))
+        prepare_type(name, &spec, Some(&ProviderContext::for_tests("p")))
     }
 
     /// [`prepared_any`], usable.

@@ -222,15 +222,11 @@ mod tests {
             "resources": {"cpu": cpu, "memory": memory},
         }))
         .expect("spec");
-        let provider = ProviderContext {
-            name: "p".into(),
-            properties: Default::default(),
-            base_template: Some(json!({"spec": {"template": {"spec": {}}}})),
-            host_cluster: "h".into(),
-            vm_namespace: "vms".into(),
-            tenant_namespaces: None,
-        };
-        let t = prepare_type(&format!("p.{name}"), &spec, Some(&provider));
+        let t = prepare_type(
+            &format!("p.{name}"),
+            &spec,
+            Some(&ProviderContext::for_tests("p")),
+        );
         assert!(t.problem.is_none(), "{:?}", t.problem);
         t
     }

@@ -1,7 +1,7 @@
 //! Tests of [`super`].
 
 use super::*;
-use crate::api::{NodeClaim, Properties};
+use crate::api::NodeClaim;
 use crate::catalogue::{prepare_type, ProviderContext};
 use crate::kubeversion::KubeVersion;
 use crate::userdata::warm::{read_warm_agent, render_warm_user_data, WarmUserDataInput};
@@ -12,16 +12,9 @@ fn at(secs: i64) -> Timestamp {
     Timestamp::from_second(1_800_000_000 + secs).expect("time")
 }
 
-/// The provider `p` of the warm tests: host `h`, VM namespace `vms`, an empty template.
+/// The provider `p` of the warm tests.
 pub(super) fn provider() -> ProviderContext {
-    ProviderContext {
-        name: "p".into(),
-        host_cluster: "h".into(),
-        vm_namespace: "vms".into(),
-        tenant_namespaces: None,
-        properties: Properties::new(),
-        base_template: Some(json!({"spec": {"template": {"spec": {}}}})),
-    }
+    ProviderContext::for_tests("p")
 }
 
 fn prepared(properties: Value) -> PreparedType {

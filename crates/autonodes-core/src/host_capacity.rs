@@ -23,12 +23,15 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use k8s_openapi::api::core::v1::{Node, NodeSelectorTerm, Pod, PodSpec, Taint, Toleration};
+use k8s_openapi::api::core::v1::{
+    Node, NodeSelectorTerm, Pod, PodSpec, PodStatus, Taint, Toleration,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::api::{NodeClaim, LABEL_NODECLAIM_NAMESPACE, LABEL_NODECLAIM_UID, LABEL_NODEPOOL};
 use crate::catalogue::PreparedType;
 use crate::ledger::ClaimedLedger;
+use crate::pod_requests::pod_requests;
 use crate::properties::PROP_ZONE;
 use crate::properties::{host_overhead, PROP_HOST_OVERHEAD};
 use crate::requirements::{selector_matches, term_matches, tolerates_taints};
@@ -106,31 +109,13 @@ fn units(q: &Quantity) -> i128 {
     parse_quantity(&q.0).unwrap_or(0) / 1000
 }
 
-/// What a pod asks of its node: the larger of its containers' sum and its largest init
-/// container, plus its `overhead`, and one pod.
-pub fn pod_request(spec: &PodSpec) -> Room {
-    let of = |list: Option<&std::collections::BTreeMap<String, Quantity>>| {
-        let get = |name: &str, scale: fn(&Quantity) -> i128| {
-            list.and_then(|l| l.get(name)).map(scale).unwrap_or(0)
-        };
-        (get("cpu", milli), get("memory", bytes))
-    };
-    let mut cpu = 0;
-    let mut memory = 0;
-    for c in &spec.containers {
-        let (c_cpu, c_mem) = of(c.resources.as_ref().and_then(|r| r.requests.as_ref()));
-        cpu += c_cpu;
-        memory += c_mem;
-    }
-    for c in spec.init_containers.iter().flatten() {
-        let (c_cpu, c_mem) = of(c.resources.as_ref().and_then(|r| r.requests.as_ref()));
-        cpu = cpu.max(c_cpu);
-        memory = memory.max(c_mem);
-    }
-    let (o_cpu, o_mem) = of(spec.overhead.as_ref());
+/// What a pod asks of its host node: cpu and memory by [`pod_requests`] (the
+/// kube-scheduler's rule, `status` for a pod being resized), and one pod.
+pub fn pod_request(spec: &PodSpec, status: Option<&PodStatus>) -> Room {
+    let r = pod_requests(spec, status);
     Room {
-        cpu_millis: cpu + o_cpu,
-        memory: memory + o_mem,
+        cpu_millis: r.cpu_millis(),
+        memory: r.memory_bytes(),
         pods: 1,
     }
 }
@@ -245,7 +230,7 @@ impl HostModel {
             };
             if let Ok(i) = model.nodes.binary_search_by(|n| n.name.as_str().cmp(on)) {
                 let node = &mut model.nodes[i];
-                node.room.take(&pod_request(spec), 1);
+                node.room.take(&pod_request(spec, pod.status.as_ref()), 1);
                 let labels = pod.metadata.labels.as_ref();
                 if let Some(l) = labels.filter(|l| l.contains_key(placement::LABEL_VCLUSTER)) {
                     node.groups.push(l.clone());
@@ -574,7 +559,8 @@ mod tests {
     }
 
     #[test]
-    fn a_pod_asks_for_its_containers_or_its_largest_init_container_and_its_overhead() {
+    fn a_pod_without_sidecars_asks_for_its_containers_or_its_largest_init_container_and_its_overhead(
+    ) {
         let p: Pod = serde_json::from_value(json!({
             "metadata": {"name": "p"},
             "spec": {
@@ -587,10 +573,32 @@ mod tests {
             },
         }))
         .expect("pod");
-        let r = pod_request(p.spec.as_ref().expect("spec"));
+        let r = pod_request(p.spec.as_ref().expect("spec"), None);
         assert_eq!(r.cpu_millis, 1000);
         assert_eq!(r.memory, (1 << 30) + (100 << 20));
         assert_eq!(r.pods, 1);
+    }
+
+    #[test]
+    fn a_host_pod_with_a_native_sidecar_takes_the_sidecars_room_as_well() {
+        let p: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p"},
+            "spec": {
+                "containers": [
+                    {"name": "a", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}],
+                "initContainers": [
+                    {"name": "proxy", "restartPolicy": "Always",
+                        "resources": {"requests": {"cpu": "500m", "memory": "128Mi"}}}],
+                "nodeName": "n1",
+            },
+        }))
+        .expect("pod");
+        let r = pod_request(p.spec.as_ref().expect("spec"), None);
+        assert_eq!(r.cpu_millis, 1500);
+        assert_eq!(r.memory, (1 << 30) + (128 << 20));
+        let nodes = [node("n1", Some("a"), "4", "8Gi")];
+        let model = HostModel::new(&nodes, [&p]);
+        assert_eq!(model.nodes()[0].room.cpu_millis, 2500);
     }
 
     #[test]

@@ -23,6 +23,7 @@
 //! - [`kubeconfig`]: the check of kubeconfig Secrets;
 //! - [`kubeversion`]: the tenant's Kubernetes version and the kubeadm API it implies;
 //! - [`orphans`]: which objects belong to no claim any more;
+//! - [`pod_requests`]: what a pod asks of its node, as the kube-scheduler counts it;
 //! - [`vcluster`]: a vCluster's `vcluster.yaml` (`privateNodes.autoNodes`) as NodePools;
 //! - [`yaml`]: YAML in and out, bounded for untrusted text;
 //! - [`zones`]: the zone a claim's node goes to.
@@ -45,6 +46,7 @@ pub mod names;
 pub mod node_config;
 pub mod node_health;
 pub mod orphans;
+pub mod pod_requests;
 pub mod pool;
 pub mod properties;
 pub mod quota;

@@ -272,6 +272,13 @@ impl ResourceAmounts {
         Ok(Self { amounts })
     }
 
+    /// Amounts already in milli-units by name; a negative one counts as zero.
+    pub fn from_milli(amounts: BTreeMap<String, i128>) -> Self {
+        Self {
+            amounts: amounts.into_iter().map(|(k, v)| (k, v.max(0))).collect(),
+        }
+    }
+
     /// The amount of a resource in milli-units (0 when absent).
     pub fn milli(&self, name: &str) -> i128 {
         self.amounts.get(name).copied().unwrap_or(0)

@@ -8,11 +8,12 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Container, NodeSelectorTerm, Pod, Taint, Toleration};
+use k8s_openapi::api::core::v1::{NodeSelectorTerm, Pod, Taint, Toleration};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::api::{NodeClaim, NodeClaimSpec, Requirement, ResourceList};
 use crate::catalogue::{Catalogue, PreparedType};
+use crate::pod_requests::pod_requests;
 use crate::requirements;
 use crate::resources::{self, ResourceAmounts, CPU, MEMORY};
 use crate::scheduling::{self, ClaimRequest};
@@ -275,9 +276,10 @@ impl PendingPod {
     }
 }
 
-/// What a pod asks for: the sum of its containers' requests, at least the largest init
-/// container's, plus the pod overhead; one pod. Extended resources (`nvidia.com/gpu`) count
-/// by their requests, else by their limits (the API server makes them equal).
+/// What a pod asks for, as packing counts it: cpu, memory and extended resources by
+/// [`pod_requests`] (the kube-scheduler's rule: sidecars, pod-level resources, resizes,
+/// overhead), and one pod. Extended resources (`nvidia.com/gpu`) count by their requests,
+/// else by their limits (the API server makes them equal).
 pub fn pod_request(pod: &Pod) -> Amount {
     let Some(spec) = pod.spec.as_ref() else {
         return Amount {
@@ -285,59 +287,16 @@ pub fn pod_request(pod: &Pod) -> Amount {
             ..Amount::default()
         };
     };
-    let requests = |c: &Container| -> Amount {
-        let r = c.resources.as_ref().and_then(|r| r.requests.as_ref());
-        let l = c.resources.as_ref().and_then(|r| r.limits.as_ref());
-        let mut extended = BTreeMap::new();
-        for list in [l, r].into_iter().flatten() {
-            for (name, q) in list {
-                if resources::is_extended_resource(name) {
-                    if let Ok(milli) = resources::parse_quantity(&q.0) {
-                        extended.insert(name.clone(), milli.max(0));
-                    }
-                }
-            }
-        }
-        extended.retain(|_, v| *v != 0);
-        Amount {
-            cpu: r
-                .and_then(|r| r.get(CPU))
-                .and_then(|q| resources::cpu_millis(q).ok())
-                .unwrap_or(0),
-            memory: r
-                .and_then(|r| r.get(MEMORY))
-                .and_then(|q| resources::memory_bytes(q).ok())
-                .unwrap_or(0),
-            pods: 0,
-            extended,
-        }
-    };
-    let mut sum = spec
-        .containers
-        .iter()
-        .map(requests)
-        .fold(Amount::default(), |a, b| a.plus(&b));
-    for init in spec.init_containers.iter().flatten() {
-        let r = requests(init);
-        sum.cpu = sum.cpu.max(r.cpu);
-        sum.memory = sum.memory.max(r.memory);
-        for (name, v) in r.extended {
-            let have = sum.extended.entry(name).or_insert(0);
-            *have = (*have).max(v);
-        }
+    let r = pod_requests(spec, pod.status.as_ref());
+    Amount {
+        cpu: r.cpu_millis(),
+        memory: r.memory_bytes(),
+        pods: 1,
+        extended: r
+            .extended()
+            .map(|(name, milli)| (name.to_string(), milli))
+            .collect(),
     }
-    if let Some(overhead) = spec.overhead.as_ref() {
-        sum.cpu += overhead
-            .get(CPU)
-            .and_then(|q| resources::cpu_millis(q).ok())
-            .unwrap_or(0);
-        sum.memory += overhead
-            .get(MEMORY)
-            .and_then(|q| resources::memory_bytes(q).ok())
-            .unwrap_or(0);
-    }
-    sum.pods = 1;
-    sum
 }
 
 /// Whether a node with `labels` matches the pod's nodeSelector and required node affinity.

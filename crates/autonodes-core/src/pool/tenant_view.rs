@@ -5,7 +5,8 @@
 
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec};
 use k8s_openapi::api::core::v1::{
-    Container, Node, NodeSpec, NodeStatus, Pod, PodSpec, PodStatus, PodTemplateSpec,
+    Container, ContainerStatus, Node, NodeSpec, NodeStatus, Pod, PodSpec, PodStatus,
+    PodTemplateSpec,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
@@ -43,12 +44,25 @@ fn meta(m: ObjectMeta) -> ObjectMeta {
     }
 }
 
-/// A container's name and resources.
+/// A container's name, resources and restart policy (an init container with
+/// `restartPolicy: Always` is a native sidecar, counted for the pod's whole life).
 fn container(c: Container) -> Container {
     Container {
         name: c.name,
         resources: c.resources,
+        restart_policy: c.restart_policy,
         ..Container::default()
+    }
+}
+
+/// A container status's name and the resources a resize reads (what the container has
+/// and what is allocated to it).
+fn container_status(c: ContainerStatus) -> ContainerStatus {
+    ContainerStatus {
+        name: c.name,
+        resources: c.resources,
+        allocated_resources: c.allocated_resources,
+        ..ContainerStatus::default()
     }
 }
 
@@ -61,6 +75,7 @@ fn pod_spec(s: PodSpec) -> PodSpec {
             .init_containers
             .map(|cs| cs.into_iter().map(container).collect()),
         overhead: s.overhead,
+        resources: s.resources,
         node_selector: s.node_selector,
         affinity: s.affinity,
         tolerations: s.tolerations,
@@ -71,21 +86,33 @@ fn pod_spec(s: PodSpec) -> PodSpec {
 }
 
 /// A pod as planning reads it: its scheduling fields, its containers' resources, its
-/// phase, start time and `PodScheduled` condition.
+/// phase, start time, `PodScheduled` and `PodResizePending` conditions, and what its
+/// containers' statuses say of a resize ([`crate::pod_requests`]).
 pub fn pod(p: Pod) -> Pod {
     Pod {
         metadata: meta(p.metadata),
         spec: p.spec.map(pod_spec),
-        status: p.status.map(|s| PodStatus {
-            phase: s.phase,
-            start_time: s.start_time,
-            conditions: s.conditions.map(|cs| {
-                cs.into_iter()
-                    .filter(|c| c.type_ == "PodScheduled")
-                    .collect()
-            }),
-            ..PodStatus::default()
+        status: p.status.map(pod_status),
+    }
+}
+
+/// The status fields planning and the request rule read.
+pub fn pod_status(s: PodStatus) -> PodStatus {
+    let statuses = |list: Option<Vec<ContainerStatus>>| {
+        list.map(|cs| cs.into_iter().map(container_status).collect())
+    };
+    PodStatus {
+        phase: s.phase,
+        start_time: s.start_time,
+        conditions: s.conditions.map(|cs| {
+            cs.into_iter()
+                .filter(|c| c.type_ == "PodScheduled" || c.type_ == "PodResizePending")
+                .collect()
         }),
+        resize: s.resize,
+        container_statuses: statuses(s.container_statuses),
+        init_container_statuses: statuses(s.init_container_statuses),
+        ..PodStatus::default()
     }
 }
 
@@ -176,5 +203,37 @@ mod tests {
         assert!(text.contains("karpenter.sh/do-not-disrupt"));
         // The 1,000-character annotation alone is gone, and more beside it.
         assert!(text.len() + 1100 < serde_json::to_string(&full).expect("json").len());
+    }
+
+    #[test]
+    fn a_trimmed_pod_keeps_its_sidecars_pod_level_resources_and_resize_status() {
+        let full: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "a"},
+            "spec": {
+                "resources": {"requests": {"memory": "3Gi"}},
+                "containers": [{"name": "app", "image": "nginx",
+                    "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}],
+                "initContainers": [{"name": "mesh", "image": "proxy", "restartPolicy": "Always",
+                    "resources": {"requests": {"cpu": "500m"}}}]
+            },
+            "status": {"phase": "Running",
+                "conditions": [{"type": "PodResizePending", "status": "True", "reason": "Deferred",
+                    "message": "no room"}],
+                "containerStatuses": [{"name": "app", "image": "nginx", "imageID": "sha",
+                    "ready": true, "restartCount": 3,
+                    "resources": {"requests": {"cpu": "2"}},
+                    "allocatedResources": {"cpu": "2"},
+                    "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]}
+        }))
+        .expect("pod");
+        let trimmed = pod(full.clone());
+        let request = pod_request(&trimmed);
+        assert_eq!(request, pod_request(&full));
+        // 2 CPU resized app + 0.5 CPU sidecar; pod-level memory.
+        assert_eq!((request.cpu, request.memory), (2500, 3 << 30));
+        let text = serde_json::to_string(&trimmed).expect("json");
+        for gone in ["nginx", "proxy", "sha", "startedAt"] {
+            assert!(!text.contains(gone), "{gone} kept: {text}");
+        }
     }
 }

@@ -414,9 +414,9 @@ fn trim_pod(pod: &mut Pod) {
     if let Some(labels) = pod.metadata.labels.as_mut() {
         labels.retain(|k, _| host_capacity::LAUNCHER_LABELS.contains(&k.as_str()));
     }
-    pod.status = None;
+    let status = pod.status.take();
     if let Some(spec) = pod.spec.as_mut() {
-        let r = host_capacity::pod_request(spec);
+        let r = host_capacity::pod_request(spec, status.as_ref());
         let requests = std::collections::BTreeMap::from([
             ("cpu".to_string(), Quantity(format!("{}m", r.cpu_millis))),
             ("memory".to_string(), Quantity(r.memory.to_string())),
@@ -576,13 +576,20 @@ mod tests {
             "spec": {"nodeName": "host-1", "containers": [
                 {"name": "compute", "image": "virt-launcher", "resources": {"requests": {"cpu": "2", "memory": "4Gi"}}},
                 {"name": "guest-console-log", "resources": {"requests": {"cpu": "5m", "memory": "35M"}}}],
+                     "initContainers": [{"name": "proxy", "restartPolicy": "Always",
+                        "resources": {"requests": {"cpu": "100m"}}}],
                      "overhead": {"memory": "1Mi"}},
             "status": {"phase": "Running"},
         }));
-        let before = host_capacity::pod_request(p.spec.as_ref().expect("spec"));
+        let before = host_capacity::pod_request(p.spec.as_ref().expect("spec"), p.status.as_ref());
+        assert_eq!(before.cpu_millis, 2105, "the sidecar counts");
         trim_pod(&mut p);
         let s = p.spec.as_ref().expect("spec");
-        assert_eq!(host_capacity::pod_request(s), before, "the same request");
+        assert_eq!(
+            host_capacity::pod_request(s, None),
+            before,
+            "the same request"
+        );
         assert_eq!(s.node_name.as_deref(), Some("host-1"));
         assert_eq!(s.containers.len(), 1);
         assert!(s.containers[0].image.is_none());

@@ -429,3 +429,32 @@ fn a_pending_pod_is_keyed_by_namespace_and_name_and_asks_for_its_containers_exte
     );
     assert_eq!(pending.node_selector["kind"], "big");
 }
+
+#[test]
+fn a_pod_with_a_native_sidecar_gets_a_type_that_holds_the_sidecar_too() {
+    // 1.5 CPU of containers and a 1-CPU sidecar: 2.5 CPU, which a 2-CPU node cannot hold.
+    let p = pod_object(serde_json::json!({
+        "metadata": {"namespace": "default", "name": "web"},
+        "spec": {
+            "containers": [{"name": "app", "resources": {"requests": {"cpu": "1500m"}}}],
+            "initContainers": [{"name": "mesh", "restartPolicy": "Always",
+                                "resources": {"requests": {"cpu": "1"}}}]
+        }
+    }));
+    let pending = PendingPod::from_pod(&p);
+    assert_eq!(pending.request.cpu, 2500);
+    let mut two = candidate("two", 2000, &[]);
+    two.cost = 10;
+    let mut four = candidate("four", 4000, &[]);
+    four.cost = 30;
+    let out = pack(
+        &[pending],
+        &[],
+        &[two, four],
+        &Limits::default(),
+        (0, Amount::default()),
+    );
+    assert_eq!(out.new_nodes.len(), 1, "{out:?}");
+    assert_eq!(out.new_nodes[0].node_type, "four");
+    assert_eq!(out.new_nodes[0].pods, ["default/web"]);
+}

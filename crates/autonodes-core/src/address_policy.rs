@@ -157,6 +157,14 @@ impl AddressPolicy {
     }
 }
 
+impl AddressPolicy {
+    /// Whether the loopback address (`127.0.0.1`) is refused, as it is by default.
+    pub fn refuses_loopback(&self) -> bool {
+        self.check(SocketAddr::from((Ipv4Addr::LOCALHOST, 443)))
+            .is_err()
+    }
+}
+
 /// The built-in refusal of `ip`, if any.
 fn built_in(ip: IpAddr) -> Option<Refusal> {
     match ip {

@@ -572,5 +572,7 @@ fn parse_c_number(p: &str) -> Option<u64> {
         .filter(|n| *n <= u64::from(u32::MAX))
 }
 
+pub mod vcluster_service;
+
 #[cfg(test)]
 mod tests;

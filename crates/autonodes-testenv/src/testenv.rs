@@ -243,7 +243,7 @@ pub fn free_port() -> Result<u16, TestEnvError> {
 pub struct ApiServer {
     /// Its name in the environment (also the kubeconfig's cluster and context name).
     pub name: String,
-    /// `https://127.0.0.1:<port>`.
+    /// `https://<bind address>:<port>` (`127.0.0.1` unless started on another address).
     pub url: String,
     /// The secure port.
     pub port: u16,
@@ -546,6 +546,21 @@ impl TestEnv {
         name: &str,
         extra_ips: &[&str],
     ) -> Result<&ApiServer, TestEnvError> {
+        let opts = ServerOptions {
+            serving_ips: extra_ips.iter().map(|s| s.to_string()).collect(),
+            ..ServerOptions::default()
+        };
+        self.add_apiserver_with(name, &opts).await
+    }
+
+    /// Starts another API server as `opts` say: on another loopback address, with a
+    /// serving certificate for more addresses and names (signed by its client CA, as in
+    /// [`TestEnv::add_apiserver_serving`]), or with another Service IP range.
+    pub async fn add_apiserver_with(
+        &mut self,
+        name: &str,
+        opts: &ServerOptions,
+    ) -> Result<&ApiServer, TestEnvError> {
         if self.servers.contains_key(name) {
             return Err(TestEnvError::Duplicate(name.to_string()));
         }
@@ -556,10 +571,17 @@ impl TestEnv {
         let sa_key = dir.join("sa.key");
         generate_rsa_key(&sa_key)?;
         let client_ca = generate_client_ca(&cert_dir)?;
-        let serving = if extra_ips.is_empty() {
+        let mut sans: Vec<String> = opts
+            .serving_ips
+            .iter()
+            .map(|ip| format!("IP:{ip}"))
+            .collect();
+        sans.extend(opts.bind_address.iter().map(|ip| format!("IP:{ip}")));
+        sans.extend(opts.serving_dns_names.iter().map(|n| format!("DNS:{n}")));
+        let serving = if sans.is_empty() {
             None
         } else {
-            Some(sign_serving_certificate(&cert_dir, extra_ips)?)
+            Some(sign_serving_certificate(&cert_dir, &sans)?)
         };
         let admin_token = uuid::Uuid::new_v4().simple().to_string();
         let token_file = dir.join("tokens.csv");
@@ -579,7 +601,7 @@ impl TestEnv {
                 serving: serving.as_ref(),
             };
             match self
-                .spawn_apiserver(name, &paths, &client_ca, &admin_token)
+                .spawn_apiserver(name, &paths, &client_ca, &admin_token, opts)
                 .await
             {
                 // The port was taken between choosing and binding it: another one.
@@ -600,13 +622,15 @@ impl TestEnv {
         paths: &ServerPaths<'_>,
         client_ca: &ClientCa,
         admin_token: &str,
+        opts: &ServerOptions,
     ) -> Result<ApiServer, TestEnvError> {
         let port = free_port()?;
+        let bind = opts.bind_address.as_deref().unwrap_or("127.0.0.1");
         let mut args = vec![
             format!("--etcd-servers={}", self.etcd_url),
             format!("--etcd-prefix=/{name}"),
             format!("--secure-port={port}"),
-            "--bind-address=127.0.0.1".to_string(),
+            format!("--bind-address={bind}"),
             format!("--cert-dir={}", paths.cert_dir.display()),
             format!("--token-auth-file={}", paths.token_file.display()),
             format!("--client-ca-file={}", client_ca.ca_path.display()),
@@ -618,7 +642,12 @@ impl TestEnv {
                 paths.sa_key.display()
             ),
             "--service-account-issuer=https://kubernetes.default.svc".to_string(),
-            "--service-cluster-ip-range=10.0.0.0/24".to_string(),
+            format!(
+                "--service-cluster-ip-range={}",
+                opts.service_cluster_ip_range
+                    .as_deref()
+                    .unwrap_or("10.0.0.0/24")
+            ),
             "--disable-admission-plugins=ServiceAccount".to_string(),
             // `AUTONODES_APISERVER_PROFILING=1` serves Go's pprof at `/debug/pprof/` (for
             // finding where the API servers spend their CPU in a benchmark).
@@ -666,7 +695,7 @@ impl TestEnv {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
-        let url = format!("https://127.0.0.1:{port}");
+        let url = format!("https://{bind}:{port}");
         let kubeconfig_path = paths.dir.join("kubeconfig");
         let kubeconfig = admin_kubeconfig(name, &url, &ca_pem, admin_token);
         fs::write(&kubeconfig_path, &kubeconfig)
@@ -795,6 +824,20 @@ fn http_get(path: &str) -> Result<http::Request<Vec<u8>>, String> {
 }
 
 /// Where one API server keeps its files.
+/// How [`TestEnv::add_apiserver_with`] starts an API server beyond the defaults.
+#[derive(Clone, Debug, Default)]
+pub struct ServerOptions {
+    /// The loopback address it listens on (`127.0.0.1` when `None`); its serving
+    /// certificate is then valid for it.
+    pub bind_address: Option<String>,
+    /// Addresses its serving certificate is valid for beyond `127.0.0.1` and `10.0.0.1`.
+    pub serving_ips: Vec<String>,
+    /// Names its serving certificate is valid for beyond `localhost` and `kubernetes…`.
+    pub serving_dns_names: Vec<String>,
+    /// Its `--service-cluster-ip-range` (`10.0.0.0/24` when `None`).
+    pub service_cluster_ip_range: Option<String>,
+}
+
 struct ServerPaths<'a> {
     dir: &'a Path,
     cert_dir: &'a Path,

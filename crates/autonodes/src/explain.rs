@@ -18,9 +18,10 @@ use autonodes_api::{NodeClaim, NodePool, NodeProvider, NodeQuota, NodeType};
 use autonodes_core::access::TenantNamespace;
 use autonodes_core::catalogue::{count_claimed, Catalogue};
 use autonodes_core::explain::{self, Explanation};
+use autonodes_core::kubeconfig::vcluster_service;
 use autonodes_core::quota::{PreparedQuota, Usage};
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, Service};
 
 /// What to explain.
 #[derive(Debug, Clone, clap::Subcommand)]
@@ -446,8 +447,22 @@ async fn tenant_client(
             (bytes.0, format!("Secret {ns}/{secret_name}"))
         }
     };
-    let checked = autonodes_core::kubeconfig::check(&bytes, &Default::default())
+    let mut checked = autonodes_core::kubeconfig::check(&bytes, &Default::default())
         .map_err(|r| anyhow::anyhow!("{source}: {r}"))?;
+    // The vCluster chart's own export names its loopback address: reached through the
+    // vCluster's Service, as the controller does (from inside the cluster).
+    if file.is_none() && vcluster_service::server_is_loopback(&checked.server) {
+        if let Some(svc) = Api::<Service>::namespaced(client.clone(), ns)
+            .get_opt(vcluster)
+            .await
+            .ok()
+            .flatten()
+        {
+            checked = vcluster_service::through_service(&checked, vcluster, ns, &svc)
+                .map_err(|why| anyhow::anyhow!("{source}: {why}"))?
+                .kubeconfig;
+        }
+    }
     let config = crate::remote::clients::client_config(&checked)
         .map_err(|why| anyhow::anyhow!("{source}: {why}"))?;
     Client::try_from(config).context("building the tenant's client")

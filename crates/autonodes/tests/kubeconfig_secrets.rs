@@ -621,3 +621,155 @@ async fn vcluster_shaped_client_certificate_kubeconfigs_serve_hosts_and_tenants_
         .await;
     world.shutdown().await;
 }
+
+/// The kubeconfig a vCluster exports in `vc-<name>` (key `config`), as its chart writes it
+/// by default: the server is the vCluster's own `https://localhost:8443`, with its CA, the
+/// super-admin's client certificate and key inline, under kubeadm's entry names.
+fn stock_vcluster_kubeconfig(tenant: &ApiServer) -> String {
+    format!(
+        "apiVersion: v1\nclusters:\n- cluster:\n    certificate-authority-data: {}\n    server: https://localhost:8443\n  name: kubernetes\ncontexts:\n- context:\n    cluster: kubernetes\n    user: kubernetes-super-admin\n  name: kubernetes-super-admin@kubernetes\ncurrent-context: kubernetes-super-admin@kubernetes\nkind: Config\npreferences: {{}}\nusers:\n- name: kubernetes-super-admin\n  user:\n    client-certificate-data: {}\n    client-key-data: {}\n",
+        b64(&tenant.ca_pem),
+        b64(&tenant.admin_client_cert_pem),
+        b64(&tenant.admin_client_key_pem),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stock_vcluster_kubeconfig_naming_localhost_is_reached_through_the_vclusters_service_and_a_loopback_server_without_one_stays_refused(
+) {
+    use autonodes::remote::egress::Egress;
+    use autonodes_core::address_policy::{AddressPolicy, Cidr};
+    use autonodes_testenv::testenv::{ServerOptions, TestEnv};
+    use k8s_openapi::api::core::v1::{Secret, Service};
+    use kube::api::{Api, Patch, PatchParams};
+
+    logs();
+    // The management cluster hands out Services loopback ClusterIPs (nothing routes them
+    // here), and the tenant — the vCluster `tenant` in namespace `tenant` — listens on
+    // 127.0.0.2 with a certificate for that address and `tenant.tenant`, as a vCluster's
+    // certificate carries its Service's ClusterIP and `<name>.<namespace>`.
+    let mut env = TestEnv::start(&["host"]).await.expect("host");
+    env.add_apiserver_with(
+        "mgmt",
+        &ServerOptions {
+            service_cluster_ip_range: Some("127.0.0.0/24".into()),
+            ..ServerOptions::default()
+        },
+    )
+    .await
+    .expect("mgmt");
+    env.add_apiserver_with(
+        "tenant",
+        &ServerOptions {
+            bind_address: Some("127.0.0.2".into()),
+            serving_dns_names: vec![format!("tenant.{NS}")],
+            ..ServerOptions::default()
+        },
+    )
+    .await
+    .expect("tenant");
+    let mut world = World::on(env, &WorldOptions::default()).await;
+    // Tenants may be reached at 127.0.0.2 only: `localhost` (127.0.0.1) stays refused.
+    let only = |cidr: &str| {
+        std::sync::Arc::new(AddressPolicy {
+            allow: vec![Cidr::parse(cidr).expect("cidr")],
+            ..AddressPolicy::default()
+        })
+    };
+    world.config.egress = Egress {
+        host: only("127.0.0.1"),
+        tenant: only("127.0.0.2"),
+    };
+    let tenant = world.playground.tenant().expect("tenant");
+    let port = tenant.port;
+    assert_eq!(tenant.url, format!("https://127.0.0.2:{port}"));
+    // The Secret exactly as the vCluster chart writes it.
+    let secret: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "vc-tenant", "namespace": NS,
+                     "labels": {"app": "vcluster", "vcluster-name": "tenant"}},
+        "type": "Opaque",
+        "data": {
+            "config": b64(stock_vcluster_kubeconfig(tenant).as_bytes()),
+            "certificate-authority": b64(&tenant.ca_pem),
+            "client-certificate": b64(&tenant.admin_client_cert_pem),
+            "client-key": b64(&tenant.admin_client_key_pem),
+        }
+    }))
+    .expect("secret");
+    let apply = PatchParams::apply("vcluster").force();
+    Api::<Secret>::namespaced(world.mgmt.clone(), NS)
+        .patch("vc-tenant", &apply, &Patch::Apply(&secret))
+        .await
+        .expect("vc-tenant");
+    world.start_simulator(SimMode::Normal).await;
+    world.start_controller();
+
+    // No vCluster Service: the loopback server stays refused, and the condition says why.
+    world.claim_type("stock-1", "standard-node").await;
+    let claim = world
+        .wait_claim("stock-1", "Scheduled=InvalidKubeconfig", WAIT, |c| {
+            condition(c, "Scheduled").is_some_and(|x| {
+                x.0 == "False" && x.1 == "InvalidKubeconfig" && x.2.contains("no vCluster Service")
+            })
+        })
+        .await;
+    let (_, _, message) = condition(&claim, "Scheduled").expect("Scheduled");
+    assert!(
+        message.contains("https://localhost:8443 is a loopback address")
+            && message.contains("exportKubeConfig.server"),
+        "{message}"
+    );
+
+    // A Service of that name that is not the vCluster chart's is not followed.
+    let services: Api<Service> = Api::namespaced(world.mgmt.clone(), NS);
+    let service = |labels: serde_json::Value| -> Service {
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "tenant", "namespace": NS, "labels": labels},
+            "spec": {"type": "ClusterIP", "clusterIP": "127.0.0.2",
+                     "selector": {"app": "vcluster", "release": "tenant"},
+                     "ports": [{"name": "https", "port": port, "targetPort": 8443, "protocol": "TCP"},
+                               {"name": "kubelet", "port": 10250, "targetPort": 8443, "protocol": "TCP"}]}
+        }))
+        .expect("service")
+    };
+    services
+        .patch(
+            "tenant",
+            &apply,
+            &Patch::Apply(&service(json!({"app": "web"}))),
+        )
+        .await
+        .expect("service");
+    world
+        .wait_claim("stock-1", "the Service refused by its labels", WAIT, |c| {
+            condition(c, "Scheduled").is_some_and(|x| {
+                x.1 == "InvalidKubeconfig" && x.2.contains("is not the vCluster chart's")
+            })
+        })
+        .await;
+
+    // The chart's Service: the claim is served through it.
+    services
+        .patch(
+            "tenant",
+            &apply,
+            &Patch::Apply(&service(
+                json!({"app": "vcluster", "release": "tenant", "heritage": "Helm"}),
+            )),
+        )
+        .await
+        .expect("service");
+    let claim = world.wait_phase("stock-1", "Available", WAIT).await;
+    let (_, _, joined) = condition(&claim, "Joined").expect("Joined");
+    assert!(
+        joined.contains(&format!("through Service {NS}/tenant at 127.0.0.2:{port}"))
+            && joined.contains(&format!("certificate checked for tenant.{NS}")),
+        "{joined}"
+    );
+    let node = world.nodes().await;
+    assert_eq!(node.len(), 1, "the claim's node joined the vCluster");
+    println!("stock vCluster: {joined}");
+    world.shutdown().await;
+}

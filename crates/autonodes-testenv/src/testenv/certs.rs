@@ -101,10 +101,11 @@ pub(super) fn sign_client_certificate(
 }
 
 /// A serving certificate (and key) for `127.0.0.1`, `localhost`, the in-cluster names and
-/// `extra_ips`, signed by the client CA in `dir`. Returns (certificate path, key path).
+/// `extra_sans` (`IP:…` and `DNS:…` entries), signed by the client CA in `dir`. Returns
+/// (certificate path, key path).
 pub(super) fn sign_serving_certificate(
     dir: &Path,
-    extra_ips: &[&str],
+    extra_sans: &[String],
 ) -> Result<(PathBuf, PathBuf), TestEnvError> {
     let mut names = vec![
         "IP:127.0.0.1".to_string(),
@@ -114,7 +115,7 @@ pub(super) fn sign_serving_certificate(
         "DNS:kubernetes.default".to_string(),
         "DNS:kubernetes.default.svc".to_string(),
     ];
-    names.extend(extra_ips.iter().map(|ip| format!("IP:{ip}")));
+    names.extend(extra_sans.iter().cloned());
     let (crt, key) = issue_with_client_ca(
         dir,
         "serving",

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::api::Api;
 use kube::config::{AuthInfo, Kubeconfig};
 use kube::{Client, Config};
@@ -34,7 +34,7 @@ use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
 
 use crate::remote::request_metrics::ClusterKind;
-use autonodes_core::kubeconfig::{self, CheckedKubeconfig, KubeconfigPolicy};
+use autonodes_core::kubeconfig::{self, vcluster_service, CheckedKubeconfig, KubeconfigPolicy};
 
 /// The name that makes a provider's VMs go to the management cluster itself.
 pub const LOCAL_CLUSTER: &str = "local";
@@ -144,6 +144,10 @@ pub struct Remote {
     pub server: String,
     /// PEM of the cluster's CA certificate(s) from the kubeconfig, when it has them.
     pub ca_pem: Option<Vec<u8>>,
+    /// How a tenant whose kubeconfig names a loopback server is reached instead: through
+    /// its vCluster's Service ([`vcluster_service`]); `None` when the server is used as it
+    /// is.
+    pub via: Option<String>,
     /// The watch caches of this cluster (empty until the [`OnConnect`] hook filled them).
     pub cache: RemoteCache,
 }
@@ -282,6 +286,7 @@ impl ClusterClients {
                         client: self.mgmt.clone(),
                         server: String::new(),
                         ca_pem: None,
+                        via: None,
                         cache: RemoteCache::None,
                     })
                 })
@@ -397,7 +402,15 @@ impl ClusterClients {
                 return Err(invalid(refusal.to_string()));
             }
         };
-        let remote = match build_remote(key.clone(), &checked, &self.egress) {
+        let (checked, via) = match self.through_vcluster_service(&key, checked).await {
+            Ok(c) => c,
+            Err(why) => {
+                self.refuse(&key, &rv, namespace, name, "the server", &why)
+                    .await;
+                return Err(invalid(why));
+            }
+        };
+        let remote = match build_remote(key.clone(), &checked, via, &self.egress) {
             Ok(r) => r,
             Err(why) => {
                 // E.g. a client certificate TLS cannot use (X.509 v1, an unknown key type).
@@ -407,6 +420,53 @@ impl ClusterClients {
             }
         };
         self.cached_or_build(key, Some(rv), || Ok(remote)).await
+    }
+
+    /// A tenant kubeconfig whose server is a loopback address (what the vCluster chart
+    /// exports), redirected to the vCluster's Service in the claim's namespace when there
+    /// is one ([`vcluster_service::through_service`]); anything else as it is. The error
+    /// says why a loopback server cannot be used: a Service of that name that is not a
+    /// vCluster's, or none while the tenant address policy refuses loopback.
+    async fn through_vcluster_service(
+        &self,
+        key: &ClusterKey,
+        checked: CheckedKubeconfig,
+    ) -> Result<(CheckedKubeconfig, Option<String>), String> {
+        let ClusterKey::Tenant {
+            namespace,
+            vcluster,
+        } = key
+        else {
+            return Ok((checked, None));
+        };
+        if !vcluster_service::server_is_loopback(&checked.server) {
+            return Ok((checked, None));
+        }
+        let services: Api<Service> = Api::namespaced(self.mgmt.clone(), namespace);
+        let service = match services.get_opt(vcluster).await {
+            Ok(s) => s,
+            Err(e) => {
+                // E.g. forbidden where the chart's RBAC predates the Service read: the
+                // server is then used as it is, and the address policy decides.
+                tracing::warn!(cluster = %key, error = %e, "reading the vCluster's Service failed");
+                None
+            }
+        };
+        match service {
+            Some(svc) => vcluster_service::through_service(&checked, vcluster, namespace, &svc)
+                .map(|r| (r.kubeconfig, Some(r.via)))
+                .map_err(|why| {
+                    format!(
+                        "its server {} is a loopback address and {why}",
+                        checked.server
+                    )
+                }),
+            None if self.egress.tenant.refuses_loopback() => Err(format!(
+                "its server {} is a loopback address (the vCluster chart's default) and there is no vCluster Service {namespace}/{vcluster} to reach it through; set the vCluster's exportKubeConfig.server to an address the controller reaches",
+                checked.server
+            )),
+            None => Ok((checked, None)),
+        }
     }
 
     /// The cached client of a cluster whose Secret was read less than [`SECRET_RECHECK`] ago.
@@ -474,7 +534,14 @@ impl ClusterClients {
             None => Vec::new(),
         };
         let remote = Arc::new(remote);
-        tracing::info!(cluster = %key, server = %remote.server, "connected to remote cluster");
+        match &remote.via {
+            Some(via) => {
+                tracing::info!(cluster = %key, server = %remote.server, %via, "connected to remote cluster")
+            }
+            None => {
+                tracing::info!(cluster = %key, server = %remote.server, "connected to remote cluster")
+            }
+        }
         cache.insert(
             key,
             Cached {
@@ -494,6 +561,7 @@ impl ClusterClients {
 fn build_remote(
     key: ClusterKey,
     kc: &CheckedKubeconfig,
+    via: Option<String>,
     egress: &crate::remote::egress::Egress,
 ) -> Result<Remote, String> {
     let config = client_config(kc)?;
@@ -508,6 +576,7 @@ fn build_remote(
         client,
         server: kc.server.clone(),
         ca_pem: kc.ca_pem.clone(),
+        via,
         cache: RemoteCache::None,
     })
 }
@@ -774,6 +843,7 @@ mod tests {
         let remote = build_remote(
             ClusterKey::Host("c".into()),
             &checked,
+            None,
             &crate::remote::egress::Egress::default(),
         );
         assert!(remote.is_ok(), "{:?}", remote.err());

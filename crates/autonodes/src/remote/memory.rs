@@ -315,6 +315,7 @@ impl MemoryTenant {
                 client: crate::controller::context::unreachable_client(),
                 server: "https://tenant.example:443".into(),
                 ca_pem: Some(TENANT_CA.to_vec()),
+                via: None,
                 cache: RemoteCache::None,
             },
             failures: Failures::default(),

@@ -59,7 +59,10 @@ pub(super) async fn register<H: HostApi, T: TenantApi>(
         None => node,
     };
     if !p.status.is_true(JOINED) {
-        let message = format!("Node {node_name} joined the tenant");
+        let message = match &p.tenant().remote().via {
+            Some(via) => format!("Node {node_name} joined the tenant; {via}"),
+            None => format!("Node {node_name} joined the tenant"),
+        };
         p.status.set(JOINED, true, ClaimReason::NodeJoined, message);
         // The token has done its job.
         delete_tokens(p.tenant(), &uid(p.claim)?).await?;

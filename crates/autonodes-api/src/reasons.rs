@@ -94,6 +94,11 @@ names! {
         /// `Drifted=True`: the node's kubelet is of another minor release than the tenant
         /// (the tenant was upgraded or downgraded since the node joined).
         KubernetesVersionChanged,
+        /// `Drifted=True`: the node came up with a kubelet of another minor release than
+        /// the tenant (a prepared image with a baked kubelet, a pinned download URL): a
+        /// replacement would come up the same, so its pool does not replace nodes for the
+        /// tenant's version (`VersionDriftHeld`).
+        KubeletVersionMismatch,
         /// Progress: the VM is being created.
         Creating,
         /// Progress: the VM does not run yet.
@@ -244,6 +249,10 @@ names! {
         /// claims (False while they boot, when its namespace or type leaves less room, or
         /// when none can be made).
         WarmReady,
+        /// The pool replaces no nodes drifted from the tenant's Kubernetes version: one of
+        /// its nodes came up drifted, so a replacement would too (only set while that
+        /// holds).
+        VersionDriftHeld,
     }
 }
 
@@ -348,6 +357,11 @@ names! {
         /// `WarmReady=False`: no warm VM can be made for the pool (no type its template
         /// accepts can keep warm VMs, or the pool cannot be worked on).
         WarmUnavailable,
+        /// `VersionDriftHeld=True`: a node of the pool came up with a kubelet of another
+        /// minor release than the tenant's (its claim is `Drifted` with reason
+        /// `KubeletVersionMismatch`), so a replacement would come up drifted as well; the
+        /// pool replaces no nodes for the tenant's version until that node is gone.
+        ReplacementWouldDrift,
     }
 }
 

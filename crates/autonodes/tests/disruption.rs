@@ -1077,6 +1077,81 @@ async fn nodes_with_a_kubelet_older_than_the_tenant_are_drifted_and_rolled_one_a
     world.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_whose_nodes_come_up_with_a_kubelet_drifted_from_the_tenant_holds_its_version_roll_with_a_condition_and_its_claims_stay_available(
+) {
+    // Every VM of the provider boots a kubelet of v1.19 under the v1.20 tenant, as a
+    // prepared image with a baked kubelet would: replacing a node changes nothing.
+    let key = autonodes_testenv::simulator::KUBELET_VERSION_ANNOTATION;
+    let provider = provider().replacen(
+        "    virtualMachineTemplate:\n",
+        &format!("    virtualMachineTemplate:\n      metadata:\n        annotations:\n          {key}: v1.19.7\n"),
+        1,
+    );
+    assert!(provider.contains(key));
+    let world = World::with_provider(provider).await;
+    world
+        .create_pool("baked", json!({"providerRef": "pools", "replicas": 3}))
+        .await;
+    let mut seen = std::collections::BTreeSet::new();
+    let start = Instant::now();
+    let message = loop {
+        for c in pool_claims(&world, "baked").await {
+            seen.insert(c.name_any());
+        }
+        let p = world.pools().get("baked").await.expect("pool");
+        if let Some((_, _, m)) = pool_condition(&p, "VersionDriftHeld")
+            .filter(|(s, r, _)| s == "True" && r == "ReplacementWouldDrift")
+        {
+            break m;
+        }
+        assert!(
+            start.elapsed() < WAIT,
+            "never held: {seen:?} {:?}",
+            p.status
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        message.contains("kubelet is v1.19, the tenant runs v1.20")
+            && message.contains("autonodes.io/kubernetes-download-url"),
+        "{message}"
+    );
+    // Held for a while: no more replacements, three Available claims, the pool Ready.
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(10) {
+        let claims = pool_claims(&world, "baked").await;
+        for c in &claims {
+            seen.insert(c.name_any());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(seen.len() <= 4, "at most one node replaced: {seen:?}");
+    let claims = common::eventually("3 Available claims", WAIT, || async {
+        let claims = pool_claims(&world, "baked").await;
+        (claims.len() == 3 && claims.iter().all(available)).then_some(claims)
+    })
+    .await;
+    for c in &claims {
+        let (s, r, m) = condition(c, "Drifted").expect("Drifted");
+        assert_eq!(
+            (s.as_str(), r.as_str()),
+            ("True", "KubeletVersionMismatch"),
+            "{m}"
+        );
+    }
+    let p = world.pools().get("baked").await.expect("pool");
+    assert_eq!(
+        pool_condition(&p, "Ready").map(|(s, r, _)| (s, r)),
+        Some(("True".to_string(), "AllReplicasReady".to_string()))
+    );
+    println!(
+        "version drift held after {} claim(s) in all: {message}",
+        seen.len()
+    );
+    world.shutdown().await;
+}
+
 /// A pause pod in the tenant's `default` namespace requesting `cpu`.
 fn pod_of(name: &str, cpu: &str) -> Pod {
     let mut p = pod(name, None);

@@ -105,9 +105,40 @@ pub(crate) fn drifted(
     cs: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
     version_drift: bool,
 ) -> bool {
-    conditions::get(cs, ClaimCondition::Drifted).is_some_and(|c| {
-        c.status == conditions::TRUE
-            && (version_drift || c.reason != ClaimReason::KubernetesVersionChanged.as_str())
+    let by_version = |reason: &str| {
+        reason == ClaimReason::KubernetesVersionChanged.as_str()
+            || reason == ClaimReason::KubeletVersionMismatch.as_str()
+    };
+    conditions::get(cs, ClaimCondition::Drifted)
+        .is_some_and(|c| c.status == conditions::TRUE && (version_drift || !by_version(&c.reason)))
+}
+
+/// Whether the pool's roll for the tenant's Kubernetes version is held: a live claim's node
+/// came up with a kubelet of another minor release (`Drifted=True`, reason
+/// `KubeletVersionMismatch`), so a replacement would come up the same (a prepared image
+/// with a baked kubelet, a pinned download URL) and replacing would only churn. A node that
+/// drifted later (`KubernetesVersionChanged`: the tenant was upgraded under it) does not
+/// hold the roll. The verdict names the claim, the versions and what to change; `None`
+/// when nothing holds the roll.
+pub fn version_drift_hold<C: Borrow<NodeClaim>>(claims: &[C]) -> Option<Verdict> {
+    claims.iter().map(Borrow::borrow).find_map(|c: &NodeClaim| {
+        if !is_live(c) {
+            return None;
+        }
+        let cs = &c.status.as_ref()?.conditions;
+        let drift = conditions::get(cs, ClaimCondition::Drifted).filter(|d| {
+            d.status == conditions::TRUE
+                && d.reason == ClaimReason::KubeletVersionMismatch.as_str()
+        })?;
+        Some(Verdict::new(
+            true,
+            PoolReason::ReplacementWouldDrift,
+            format!(
+                "the node of claim {} came up drifted from the tenant's version ({}), so a replacement would too; the pool replaces no nodes for the tenant's version until its nodes get a kubelet of the tenant's minor release: change the image or the autonodes.io/kubernetes-download-url property, or set disruption.kubernetesVersionDrift: Disabled",
+                c.metadata.name.as_deref().unwrap_or_default(),
+                drift.message
+            ),
+        ))
     })
 }
 
@@ -393,6 +424,9 @@ pub struct PoolPlan {
     /// `status.registration` and `NodeRegistrationHealthy`, as the pool's registration
     /// health was assessed (`pool::registration`).
     pub registration: Option<(crate::api::RegistrationStatus, Verdict)>,
+    /// `VersionDriftHeld=True` when the roll for the tenant's version is held
+    /// ([`version_drift_hold`]); `None`: the condition is left out.
+    pub version_drift_held: Option<Verdict>,
     /// When to look again.
     pub requeue: Duration,
 }

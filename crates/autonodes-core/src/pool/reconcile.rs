@@ -26,7 +26,7 @@ use super::do_not_disrupt;
 use super::dynamic::{self, DynamicInput, Tenant};
 use super::limits::{Bound, ClaimRoom};
 use super::plan::Verdict;
-use super::plan::{claim_views, is_live, plan_claims, Allowance};
+use super::plan::{claim_views, is_live, plan_claims, version_drift_hold, Allowance};
 use super::plan::{NewClaim, PoolPlan};
 use super::{
     budget::{allowed_disruptions, scale_down_pace},
@@ -161,11 +161,15 @@ pub fn plan_pool(observed: &Observed) -> PoolPlan {
         observed.repair_after,
     );
     let repair = super::repair::assess(observed.claims, &repair_policy, observed.now);
+    // A node that came up drifted from the tenant's version holds the version roll.
+    let version_drift_held = super::rolls_version_drift(spec)
+        .then(|| version_drift_hold(observed.claims))
+        .flatten();
     let mut views = claim_views(
         observed.claims,
         &hash,
         expire_after(spec),
-        super::rolls_version_drift(spec),
+        super::rolls_version_drift(spec) && version_drift_held.is_none(),
         observed.now.as_millisecond(),
     );
     // do-not-disrupt: a static pool sees only its claims' marks (it does not watch the
@@ -290,6 +294,7 @@ pub fn plan_pool(observed: &Observed) -> PoolPlan {
         let left = Duration::from_millis(u64::try_from(left).unwrap_or(0)) + Duration::from_secs(1);
         out.requeue = out.requeue.min(left);
     }
+    out.version_drift_held = version_drift_held;
     out.repair = Some(repair.verdict());
     out.restart = repair.restart.clone();
     if let Some(keep) = repair_policy.keep_failed_for {

@@ -136,7 +136,11 @@ pub fn pool_status(
                     .and_then(|l| l.get(LABEL_TEMPLATE_HASH))
                     != Some(&hash)
                     || c.status.as_ref().is_some_and(|s| {
-                        super::plan::drifted(&s.conditions, super::rolls_version_drift(&pool.spec))
+                        super::plan::drifted(
+                            &s.conditions,
+                            super::rolls_version_drift(&pool.spec)
+                                && plan.version_drift_held.is_none(),
+                        )
                     })
             })
             .count();
@@ -170,6 +174,14 @@ pub fn pool_status(
         new.conditions
             .retain(|c| c.type_ != PoolCondition::WarmReady.as_str());
     }
+    let held = plan
+        .version_drift_held
+        .clone()
+        .map(|v| (PoolCondition::VersionDriftHeld, v));
+    if held.is_none() {
+        new.conditions
+            .retain(|c| c.type_ != PoolCondition::VersionDriftHeld.as_str());
+    }
     for (type_, v) in [
         (PoolCondition::Ready, ready),
         (PoolCondition::LimitReached, limit),
@@ -179,6 +191,7 @@ pub fn pool_status(
     .chain(repair)
     .chain(registration)
     .chain(warm)
+    .chain(held)
     {
         conditions::set(
             &mut new.conditions,
@@ -222,6 +235,8 @@ pub fn is_problem(c: &Condition) -> bool {
         Some(PoolCondition::VClusterConfig) | Some(PoolCondition::NodeRegistrationHealthy) => {
             c.status != TRUE
         }
+        // A held roll needs the user to change the nodes' kubelet.
+        Some(PoolCondition::VersionDriftHeld) => c.status == TRUE,
         // Warm VMs booting are on their way.
         Some(PoolCondition::WarmReady) => {
             c.status != TRUE && c.reason != PoolReason::WarmStarting.as_str()

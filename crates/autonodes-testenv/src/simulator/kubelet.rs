@@ -633,10 +633,15 @@ async fn register_node(
         ("kubernetes.io/arch".to_string(), arch.to_string()),
     ]);
     labels.extend(plan.node_labels.clone());
-    let version = entry
-        .version()
-        .await
-        .map_err(|e| retry(format!("reading the tenant's version: {e}")))?;
+    // A VM marked with a kubelet version registers with it from the start (a baked
+    // kubelet); else the kubelet is of the tenant's release.
+    let version = match annotation(vm, KUBELET_VERSION_ANNOTATION) {
+        Some(v) => v.to_string(),
+        None => entry
+            .version()
+            .await
+            .map_err(|e| retry(format!("reading the tenant's version: {e}")))?,
+    };
     let (ip, _) = guest_address(&vm.uid().unwrap_or_default());
     let ip = vmi
         .data

@@ -12,7 +12,8 @@ pub const JOIN_ERROR_ANNOTATION: &str = "simulator.autonodes.io/join-error";
 pub const KUBELET_STOPPED_ANNOTATION: &str = "simulator.autonodes.io/kubelet-stopped";
 /// VM annotation (set by tests, or by hand in the playground): the version the guest's
 /// kubelet reports in its Node's `status.nodeInfo` from now on (`v1.19.7`), as a node that
-/// joined before its tenant was upgraded would.
+/// joined before its tenant was upgraded would; on a VM made with it (from its template),
+/// the Node registers with that version, as a baked kubelet would.
 pub const KUBELET_VERSION_ANNOTATION: &str = "simulator.autonodes.io/kubelet-version";
 /// Prefix of a join error the guest no longer retries.
 pub const GAVE_UP_PREFIX: &str = "gave up: ";

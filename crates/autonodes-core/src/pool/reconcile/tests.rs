@@ -1337,3 +1337,74 @@ fn one_plan_packs_at_most_five_thousand_pending_pods_the_oldest_first() {
         "the newest wait for the next plan"
     );
 }
+
+/// The status of an Available claim whose node's kubelet is v1.19 under a v1.20 tenant,
+/// drifted for `reason` (`KubernetesVersionChanged`: since the tenant's upgrade;
+/// `KubeletVersionMismatch`: since it came up).
+fn version_drifted_status(node: &str, reason: &str) -> Value {
+    let mut s = available_status("p.small", node, 1);
+    if let Some(cs) = s["conditions"].as_array_mut() {
+        cs.push(
+            json!({"type": "Drifted", "status": "True", "reason": reason,
+            "message": "the node's kubelet is v1.19, the tenant runs v1.20",
+            "lastTransitionTime": "1970-01-01T00:00:00Z"}),
+        );
+    }
+    s
+}
+
+#[test]
+fn nodes_that_drifted_after_joining_roll_but_one_that_came_up_drifted_holds_the_roll() {
+    let changed = "KubernetesVersionChanged";
+    let mismatch = "KubeletVersionMismatch";
+    let mut scene = Scene::new(json!({"replicas": 3}));
+    // The tenant was upgraded after these nodes joined: they roll, one at a time.
+    scene.claims = ["a", "b", "c"]
+        .iter()
+        .map(|n| claim(&scene.pool, n, version_drifted_status(n, changed)))
+        .collect();
+    let plan = scene.plan();
+    assert_eq!(plan.create.len(), 1, "{plan:?}");
+    assert_eq!(plan.version_drift_held, None);
+    // The replacement came up with the same kubelet: nothing more is replaced, the pool
+    // says why and what to change, and is Ready with its replicas.
+    scene.claims[0] = claim(&scene.pool, "d", version_drifted_status("d", mismatch));
+    let plan = scene.plan();
+    assert!(plan.create.is_empty() && plan.delete.is_empty(), "{plan:?}");
+    let held = plan.version_drift_held.clone().expect("held");
+    assert!(
+        held.message.contains("the node of claim d came up drifted"),
+        "{}",
+        held.message
+    );
+    assert!(held
+        .message
+        .contains("kubelet is v1.19, the tenant runs v1.20"));
+    assert!(held
+        .message
+        .contains("autonodes.io/kubernetes-download-url"));
+    let s = scene.status(&plan);
+    assert_eq!(
+        condition(&s, PoolCondition::VersionDriftHeld),
+        ("True", "ReplacementWouldDrift")
+    );
+    assert_eq!(
+        condition(&s, PoolCondition::Ready),
+        ("True", "AllReplicasReady")
+    );
+    assert_eq!(new_problems(&NodePoolStatus::default(), &s).len(), 1);
+    // Once that node is gone, the others roll again.
+    scene.claims[0] = available(&scene.pool, "e");
+    let plan = scene.plan();
+    assert_eq!(plan.version_drift_held, None);
+    assert_eq!(plan.create.len(), 1, "the drifted claims roll again");
+    let s = scene.status(&plan);
+    assert!(conditions::get(&s.conditions, PoolCondition::VersionDriftHeld).is_none());
+    // A pool that does not roll for the version is never held, nor rolls a mismatch.
+    let mut off = Scene::new(json!({"replicas": 1,
+        "disruption": {"kubernetesVersionDrift": "Disabled"}}));
+    off.claims = vec![claim(&off.pool, "d", version_drifted_status("d", mismatch))];
+    let plan = off.plan();
+    assert_eq!(plan.version_drift_held, None);
+    assert!(plan.create.is_empty());
+}

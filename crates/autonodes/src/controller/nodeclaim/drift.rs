@@ -4,10 +4,14 @@
 //! tenant (a vCluster upgrade). The claim gets `Drifted=True` (reason `NodeTypeChanged` or
 //! `KubernetesVersionChanged`, a Normal Event; a changed type wins); a pool rolls drifted
 //! claims by surge within its budgets (`spec.disruption.kubernetesVersionDrift: Disabled`
-//! leaves the version's alone). The condition goes when neither holds any more.
+//! leaves the version's alone). A node whose kubelet is of another minor release from the
+//! start (before the claim was first initialized: a baked kubelet, a pinned download URL)
+//! gets reason `KubeletVersionMismatch` instead, and stays so: a replacement would come up
+//! the same, so its pool holds its version roll (`VersionDriftHeld`). The condition goes
+//! when neither holds any more.
 
 use super::provisioning::Provisioning;
-use super::status::DRIFTED;
+use super::status::{DRIFTED, INITIALIZED};
 use crate::controller::error::Error;
 use crate::remote::api::{HostApi, TenantApi};
 use autonodes_api::reasons::ClaimReason;
@@ -58,15 +62,28 @@ pub(super) async fn version<H: HostApi, T: TenantApi>(
     let Ok(tenant) = p.tenant().join_info().await?.version else {
         return Ok(());
     };
+    let version_reasons = [
+        ClaimReason::KubernetesVersionChanged,
+        ClaimReason::KubeletVersionMismatch,
+    ];
     match version_drift(&kubelet, tenant) {
-        Some(message) => p.status.set(
-            DRIFTED,
-            true,
-            ClaimReason::KubernetesVersionChanged,
-            message,
-        ),
+        Some(message) => {
+            // A node drifted before it was first initialized came up so: a replacement
+            // would come up the same, and pools hold their version roll for it.
+            let reason = if p.status.reason(DRIFTED) == Some(ClaimReason::KubeletVersionMismatch)
+                || !p.status.was_true(INITIALIZED)
+            {
+                ClaimReason::KubeletVersionMismatch
+            } else {
+                ClaimReason::KubernetesVersionChanged
+            };
+            p.status.set(DRIFTED, true, reason, message)
+        }
         None => {
-            if p.status.reason(DRIFTED) == Some(ClaimReason::KubernetesVersionChanged) {
+            if p.status
+                .reason(DRIFTED)
+                .is_some_and(|r| version_reasons.contains(&r))
+            {
                 p.status.remove(DRIFTED);
             }
         }

@@ -151,6 +151,7 @@ impl JsonSchema for Requirement {
                 "property": key("The property key, as vCluster writes it (instead of `key`)."),
                 "operator": {
                     "type": "string",
+                    "maxLength": 16,
                     "description": "How the property is compared: In (the default), NotIn, Exists, DoesNotExist (or NotExists), Gt, Lt, Gte, Lte.",
                     "enum": ["In", "NotIn", "Exists", "DoesNotExist", "NotExists", "Gt", "Lt", "Gte", "Lte"],
                 },
@@ -172,6 +173,9 @@ impl JsonSchema for Requirement {
             },
             "oneOf": [{"required": ["key"]}, {"required": ["property"]}],
             "not": {"required": ["value", "values"]},
+            "x-kubernetes-validations": crate::schema::REQUIREMENT_RULES.iter().map(|(rule, message)| {
+                serde_json::json!({"rule": rule, "message": message})
+            }).collect::<Vec<_>>(),
         })
     }
 }

@@ -41,6 +41,45 @@ pub fn render(crd: &CustomResourceDefinition) -> Result<String, CrdgenError> {
     ))
 }
 
+/// The first Kubernetes minor release (1.x) that evaluates CEL rules
+/// (`x-kubernetes-validations`, GA in 1.29, on by default since 1.25).
+pub const FIRST_MINOR_WITH_CEL: u32 = 25;
+
+/// `crd` without its CEL rules, for a server before [`FIRST_MINOR_WITH_CEL`]: such a server
+/// drops the unknown field on create or update (what Helm and `kubectl create` do) but
+/// refuses it in a server-side apply, and `kubectl`'s client-side validation refuses it.
+/// The controller checks the same rules itself and says so in a condition.
+pub fn without_cel_rules(crd: &CustomResourceDefinition) -> CustomResourceDefinition {
+    fn strip(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(m) => {
+                m.remove("x-kubernetes-validations");
+                m.values_mut().for_each(strip);
+            }
+            serde_json::Value::Array(a) => a.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    let mut out = crd.clone();
+    for version in &mut out.spec.versions {
+        let Some(schema) = version
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+        else {
+            continue;
+        };
+        let Ok(mut value) = serde_json::to_value(&*schema) else {
+            continue;
+        };
+        strip(&mut value);
+        if let Ok(stripped) = serde_json::from_value(value) {
+            *schema = stripped;
+        }
+    }
+    out
+}
+
 /// Every generated file: (file name, YAML text).
 pub fn files() -> Result<Vec<(String, String)>, CrdgenError> {
     crate::crds()

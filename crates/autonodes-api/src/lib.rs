@@ -96,6 +96,9 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
 }
 
 #[cfg(test)]
+mod cel_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

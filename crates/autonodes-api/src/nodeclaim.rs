@@ -80,6 +80,7 @@ pub struct NodeClaimSpec {
     pub type_ref: Option<String>,
     /// Requirements every candidate node type's properties must meet.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = crate::schema::MAX_REQUIREMENTS))]
     pub requirements: Vec<Requirement>,
     /// Resources the node must have at least (cpu, memory, extended resources).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]

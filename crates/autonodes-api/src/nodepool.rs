@@ -66,6 +66,10 @@ pub const MAX_REPLICAS: i32 = 1000;
     )
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "!has(self.autoscaling) || has(self.replicas)",
+    "message": "autoscaling needs replicas (set them, e.g. to minReplicas): the cluster-autoscaler drives a pool through its replicas"
+}]))]
 pub struct NodePoolSpec {
     /// The tenant cluster the pool's nodes join.
     #[serde(rename = "vClusterRef")]
@@ -76,6 +80,7 @@ pub struct NodePoolSpec {
     pub provider_ref: Option<String>,
     /// Requirements every node type of the pool must meet.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = crate::schema::MAX_REQUIREMENTS))]
     pub requirements: Vec<Requirement>,
     /// Properties of the pool's claims (over provider and type, under the claim's own).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -275,6 +280,7 @@ pub struct Disruption {
     /// Disruption budgets as Karpenter writes them; when several are active the most
     /// restrictive wins.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = crate::schema::MAX_BUDGETS))]
     pub budgets: Vec<Budget>,
     /// Whether nodes whose kubelet is of another minor release than the tenant (after a
     /// vCluster upgrade) are Drifted and rolled within the budgets. Absent: `Enabled`.
@@ -314,6 +320,10 @@ pub const BUDGET_DURATION_PATTERN: &str = r"^([0-9]+h)?([0-9]+m)?$";
 /// How many of a pool's nodes may be disrupted at once, always or in a window.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "has(self.schedule) == has(self.duration)",
+    "message": "a budget's schedule needs a duration, and its duration a schedule"
+}]))]
 pub struct Budget {
     /// Most nodes disrupted at once: a count (`3`) or a percentage of the pool's nodes
     /// (`10%`, rounded up). `"0"` blocks voluntary disruption while the budget is active.
@@ -373,6 +383,10 @@ pub struct RegistrationStatus {
 /// Replica bounds for the cluster-autoscaler.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "self.maxReplicas > self.minReplicas",
+    "message": "maxReplicas must exceed minReplicas by at least 1 (the cluster-autoscaler ignores a group that cannot scale)"
+}]))]
 pub struct Autoscaling {
     /// Fewest replicas the autoscaler may set.
     #[schemars(range(min = 0, max = MAX_REPLICAS))]

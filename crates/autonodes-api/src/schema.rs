@@ -150,6 +150,31 @@ pub fn resource_list(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
+/// The CEL rules (`x-kubernetes-validations`: rule, message) of a requirement, as the
+/// controller checks it (`autonodes_core::scheduling::CheckedRequirement`): In and NotIn
+/// (also the default operator) need a value, Exists and DoesNotExist take none, Gt, Lt,
+/// Gte and Lte exactly one. Servers before 1.25 ignore them; the controller's own check
+/// stays.
+pub const REQUIREMENT_RULES: [(&str, &str); 3] = [
+    (
+        "(has(self.operator) && !(self.operator in ['In', 'NotIn'])) || has(self.value) || (has(self.values) && size(self.values) > 0)",
+        "In and NotIn (the default operator) need at least one value in values (or value)",
+    ),
+    (
+        "!has(self.operator) || !(self.operator in ['Exists', 'DoesNotExist', 'NotExists']) || (!has(self.value) && (!has(self.values) || size(self.values) == 0))",
+        "Exists and DoesNotExist take no values",
+    ),
+    (
+        "!has(self.operator) || !(self.operator in ['Gt', 'Lt', 'Gte', 'Lte']) || has(self.value) || (has(self.values) && size(self.values) == 1)",
+        "Gt, Lt, Gte and Lte take exactly one integer in values (or value)",
+    ),
+];
+
+/// Most requirements one claim or pool may list (as Karpenter bounds a NodePool's).
+pub const MAX_REQUIREMENTS: usize = 100;
+/// Most disruption budgets one pool may list (as Karpenter bounds them).
+pub const MAX_BUDGETS: usize = 50;
+
 /// A VirtualMachine template (`metadata` + `spec`), kept as free-form JSON:
 /// KubeVirt's schema is large and versioned on the host cluster, not here.
 pub fn vm_template(_: &mut SchemaGenerator) -> Schema {

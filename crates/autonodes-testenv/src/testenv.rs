@@ -873,16 +873,34 @@ pub fn admin_kubeconfig(name: &str, url: &str, ca_pem: &[u8], token: &str) -> St
     )
 }
 
-/// Applies CRDs with server-side apply and waits until each is Established.
+/// Applies CRDs with server-side apply and waits until each is Established. A server
+/// before 1.25 gets them without their CEL rules, which its server-side apply refuses
+/// ([`autonodes_api::crdgen::without_cel_rules`]).
 pub async fn install_crds(
     client: &Client,
     crds: &[CustomResourceDefinition],
 ) -> Result<(), TestEnvError> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let params = PatchParams::apply("autonodes").force();
+    let minor = client
+        .apiserver_version()
+        .await
+        .map_err(|source| TestEnvError::Kube {
+            context: "reading the server's version".into(),
+            source,
+        })?
+        .minor
+        .trim_end_matches('+')
+        .parse::<u32>()
+        .unwrap_or(0);
     for crd in crds {
         let name = crd.metadata.name.clone().unwrap_or_default();
-        api.patch(&name, &params, &Patch::Apply(crd))
+        let crd = if minor < autonodes_api::crdgen::FIRST_MINOR_WITH_CEL {
+            autonodes_api::crdgen::without_cel_rules(crd)
+        } else {
+            crd.clone()
+        };
+        api.patch(&name, &params, &Patch::Apply(&crd))
             .await
             .map_err(|source| TestEnvError::Kube {
                 context: format!("applying CRD {name}"),

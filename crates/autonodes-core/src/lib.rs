@@ -12,6 +12,7 @@
 //! - [`pool`]: node pools: claim template, claims to keep/delete/create, pending pods packed
 //!   onto nodes;
 //! - [`template`]: VirtualMachine composition;
+//! - [`throttle`]: when a request an API server turned away for load (429) is sent again;
 //! - [`userdata`]: cloud-init rendering;
 //! - [`claim`]: the claim's phase ladder;
 //! - [`explain`]: why a claim, a pool, a node or a pod is where it is (`autonodes explain`);
@@ -55,6 +56,7 @@ pub mod requirements;
 pub mod resources;
 pub mod scheduling;
 pub mod template;
+pub mod throttle;
 pub mod userdata;
 pub mod vcluster;
 pub mod warm;

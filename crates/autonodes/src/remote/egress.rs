@@ -183,10 +183,58 @@ pub const BODIES_AT_ONCE: usize = 4;
 /// own, and hold every tenant's VMs).
 pub const HOST_BODY_LIMIT: usize = 256 * 1024 * 1024;
 
+/// Sends a request again that its server turned away for load (`429`), after the bounded
+/// wait of [`autonodes_core::throttle::retry_delay`]: the server's `Retry-After`, at most
+/// 10 s, at most three times. Requests whose body cannot be replayed (a stream) are not.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RetryThrottled {
+    attempt: u32,
+}
+
+impl<Res> tower::retry::Policy<http::Request<kube::client::Body>, http::Response<Res>, BoxError>
+    for RetryThrottled
+{
+    type Future = tokio::time::Sleep;
+
+    fn retry(
+        &mut self,
+        _req: &mut http::Request<kube::client::Body>,
+        result: &mut Result<http::Response<Res>, BoxError>,
+    ) -> Option<Self::Future> {
+        let response = result.as_ref().ok()?;
+        let retry_after = response
+            .headers()
+            .get(http::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok());
+        let wait = autonodes_core::throttle::retry_delay(
+            response.status().as_u16(),
+            retry_after,
+            self.attempt,
+        )?;
+        self.attempt += 1;
+        Some(tokio::time::sleep(wait))
+    }
+
+    fn clone_request(
+        &mut self,
+        req: &http::Request<kube::client::Body>,
+    ) -> Option<http::Request<kube::client::Body>> {
+        let body = req.body().try_clone()?;
+        let mut copy = http::Request::new(body);
+        *copy.method_mut() = req.method().clone();
+        *copy.uri_mut() = req.uri().clone();
+        *copy.version_mut() = req.version();
+        *copy.headers_mut() = req.headers().clone();
+        *copy.extensions_mut() = req.extensions().clone();
+        Some(copy)
+    }
+}
+
 /// A client for `config` whose connections `policy` guards: kube's own stack (base URI,
 /// authentication, TLS from the kubeconfig) over the [`GuardedConnector`], each request
 /// counted for `kind`, each answer's body at most [`TENANT_BODY_LIMIT`] or
-/// [`HOST_BODY_LIMIT`] bytes.
+/// [`HOST_BODY_LIMIT`] bytes, a request turned away for load sent again
+/// ([`RetryThrottled`]).
 pub fn guarded_client(
     config: &Config,
     policy: Arc<AddressPolicy>,
@@ -204,6 +252,7 @@ pub fn guarded_client(
         .option_layer(config.auth_layer()?)
         .layer(config.extra_headers_layer()?)
         .map_err(BoxError::from)
+        .layer(tower::retry::RetryLayer::new(RetryThrottled::default()))
         .layer_fn(|inner| BodyPermits {
             inner,
             permits: Arc::new(tokio::sync::Semaphore::new(BODIES_AT_ONCE)),
@@ -317,6 +366,90 @@ pub fn coarse_error(e: &(dyn std::error::Error + 'static)) -> &'static str {
 mod tests {
     use super::*;
     use autonodes_core::address_policy::Cidr;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use tower::ServiceExt;
+
+    /// A service answering `429` (with `retry_after`) the first `throttled` times, then
+    /// `200`; counts the requests it got.
+    fn throttling(
+        throttled: u32,
+        retry_after: Option<&'static str>,
+        seen: Arc<AtomicU32>,
+    ) -> impl tower::Service<
+        http::Request<kube::client::Body>,
+        Response = http::Response<()>,
+        Error = BoxError,
+        Future = impl Send,
+    > + Clone {
+        tower::service_fn(move |_req: http::Request<kube::client::Body>| {
+            let n = seen.fetch_add(1, Ordering::SeqCst);
+            async move {
+                let mut r = http::Response::builder().status(if n < throttled { 429 } else { 200 });
+                if let Some(v) = retry_after.filter(|_| n < throttled) {
+                    r = r.header(http::header::RETRY_AFTER, v);
+                }
+                Ok::<_, BoxError>(r.body(()).expect("response"))
+            }
+        })
+    }
+
+    async fn send(
+        throttled: u32,
+        retry_after: Option<&'static str>,
+        body: kube::client::Body,
+    ) -> (u16, u32, Duration) {
+        let seen = Arc::new(AtomicU32::new(0));
+        let svc = ServiceBuilder::new()
+            .layer(tower::retry::RetryLayer::new(RetryThrottled::default()))
+            .service(throttling(throttled, retry_after, seen.clone()));
+        let started = tokio::time::Instant::now();
+        let req = http::Request::get("/api/v1/nodes")
+            .body(body)
+            .expect("request");
+        let status = svc.oneshot(req).await.expect("answer").status().as_u16();
+        (status, seen.load(Ordering::SeqCst), started.elapsed())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_turned_away_for_load_is_sent_again_after_the_servers_retry_after() {
+        let (status, sent, waited) = send(2, Some("2"), kube::client::Body::empty()).await;
+        assert_eq!((status, sent), (200, 3));
+        assert_eq!(waited, Duration::from_secs(4));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_server_asking_for_a_long_wait_gets_the_bounded_one_and_at_most_three_retries() {
+        let (status, sent, waited) =
+            send(10, Some("3600"), kube::client::Body::from(b"{}".to_vec())).await;
+        assert_eq!((status, sent), (429, 4), "the fourth 429 is the answer");
+        assert_eq!(waited, autonodes_core::throttle::MAX_WAIT * 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn other_answers_are_not_retried() {
+        let seen = Arc::new(AtomicU32::new(0));
+        let svc = ServiceBuilder::new()
+            .layer(tower::retry::RetryLayer::new(RetryThrottled::default()))
+            .service(tower::service_fn({
+                let seen = seen.clone();
+                move |_req: http::Request<kube::client::Body>| {
+                    seen.fetch_add(1, Ordering::SeqCst);
+                    async move {
+                        Ok::<_, BoxError>(
+                            http::Response::builder().status(503).body(()).expect("r"),
+                        )
+                    }
+                }
+            }));
+        let req = http::Request::get("/")
+            .body(kube::client::Body::empty())
+            .expect("request");
+        assert_eq!(
+            svc.oneshot(req).await.expect("answer").status().as_u16(),
+            503
+        );
+        assert_eq!(seen.load(Ordering::SeqCst), 1);
+    }
 
     #[derive(Debug, thiserror::Error)]
     #[error("client error (Connect)")]

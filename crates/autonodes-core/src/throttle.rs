@@ -1,0 +1,69 @@
+//! When a request an API server turned away for load is sent again. API Priority and
+//! Fairness (Kubernetes 1.20 and later) and the max-in-flight limit answer `429 Too Many
+//! Requests` with a `Retry-After` of seconds before the request runs, so sending it again
+//! is safe for every verb. The wait is the server's, bounded: a tenant's API server must
+//! not park the controller's requests for long ([`MAX_WAIT`]), and a request is sent at
+//! most [`MAX_RETRIES`] more times; then the 429 is the request's answer, as before.
+
+use std::time::Duration;
+
+/// The status of a request turned away for load.
+pub const TOO_MANY_REQUESTS: u16 = 429;
+/// How many times a turned-away request is sent again.
+pub const MAX_RETRIES: u32 = 3;
+/// The longest wait before sending it again, whatever the server asks.
+pub const MAX_WAIT: Duration = Duration::from_secs(10);
+/// The first wait when the server names none (or not as seconds); it doubles per attempt.
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(1);
+
+/// How long to wait before sending again a request answered with `status` and the
+/// `Retry-After` header `retry_after`, after `attempt` earlier retries; `None`: the answer
+/// stands (not a 429, or retried [`MAX_RETRIES`] times).
+pub fn retry_delay(status: u16, retry_after: Option<&str>, attempt: u32) -> Option<Duration> {
+    if status != TOO_MANY_REQUESTS || attempt >= MAX_RETRIES {
+        return None;
+    }
+    let asked = retry_after
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(Duration::from_secs);
+    let backoff = DEFAULT_WAIT.saturating_mul(1u32 << attempt.min(8));
+    Some(asked.unwrap_or(backoff).min(MAX_WAIT))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_429_waits_the_seconds_the_server_asks_for_up_to_the_bound() {
+        assert_eq!(retry_delay(429, Some("1"), 0), Some(Duration::from_secs(1)));
+        assert_eq!(
+            retry_delay(429, Some(" 3 "), 2),
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(retry_delay(429, Some("0"), 0), Some(Duration::ZERO));
+        assert_eq!(retry_delay(429, Some("86400"), 0), Some(MAX_WAIT));
+    }
+
+    #[test]
+    fn a_429_without_seconds_backs_off_doubling_and_bounded() {
+        for header in [
+            None,
+            Some("Wed, 21 Oct 2015 07:28:00 GMT"),
+            Some("-1"),
+            Some(""),
+        ] {
+            assert_eq!(retry_delay(429, header, 0), Some(Duration::from_secs(1)));
+            assert_eq!(retry_delay(429, header, 1), Some(Duration::from_secs(2)));
+            assert_eq!(retry_delay(429, header, 2), Some(Duration::from_secs(4)));
+        }
+    }
+
+    #[test]
+    fn other_answers_and_a_fourth_429_stand() {
+        for status in [200, 400, 409, 500, 503, 504] {
+            assert_eq!(retry_delay(status, Some("1"), 0), None, "{status}");
+        }
+        assert_eq!(retry_delay(429, Some("1"), MAX_RETRIES), None);
+    }
+}

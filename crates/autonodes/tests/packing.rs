@@ -488,6 +488,68 @@ async fn a_pod_that_fits_a_two_cpu_node_alone_gets_a_four_cpu_one_beside_a_one_c
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_with_a_native_sidecar_gets_a_node_that_holds_the_sidecar_too_where_the_tenant_keeps_sidecars(
+) {
+    // 1.5 CPU of containers and a 1-CPU native sidecar (an init container with
+    // `restartPolicy: Always`): 2.5 CPU on a tenant that keeps the field (1.28 and later),
+    // which only the 4-CPU type holds. An older API server drops the field, and its
+    // kube-scheduler counts the pod as 1.5 CPU: then the 2-CPU type is right. Either way
+    // one node is made, and the real kube-scheduler binds the pod there.
+    let world =
+        World::with_provider(pools_provider(&[node_type("two", "2", "4Gi"), small()])).await;
+    let _scheduler = scheduler(&world);
+    let web: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {
+            "initContainers": [{"name": "mesh", "image": "registry.k8s.io/pause:3.9",
+                "restartPolicy": "Always",
+                "resources": {"requests": {"cpu": "1", "memory": "64Mi"}}}],
+            "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.9",
+                "resources": {"requests": {"cpu": "1500m", "memory": "256Mi"}}}]
+        }
+    }))
+    .expect("pod");
+    create_pods(&world, [web]).await;
+    let stored = tenant_pods(&world)
+        .await
+        .into_iter()
+        .find(|p| p.name_any() == "web")
+        .expect("web");
+    let sidecars_kept = stored
+        .spec
+        .as_ref()
+        .and_then(|s| s.init_containers.as_ref())
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c.restart_policy.as_deref() == Some("Always"))
+        });
+    world
+        .create_pool("mesh", json!({"providerRef": "pools"}))
+        .await;
+    let node = common::eventually("the pod bound to a new node", WAIT, || async {
+        tenant_pods(&world)
+            .await
+            .iter()
+            .find(|p| p.name_any() == "web")
+            .and_then(bound_to)
+    })
+    .await;
+    let expected = if sidecars_kept { "small" } else { "two" };
+    assert_eq!(
+        placement(&world).await.get("web").map(String::as_str),
+        Some(expected),
+        "sidecars kept by the tenant: {sidecars_kept}"
+    );
+    let claims = pool_claims(&world, "mesh").await;
+    assert_eq!(claims.len(), 1, "one node for one pod: {claims:?}");
+    println!(
+        "sidecar: pod web (1.5 CPU + a 1-CPU sidecar, kept by the tenant: {sidecars_kept}) → {expected} node {node}"
+    );
+    delete_pods_now(&world).await;
+    world.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_kube_scheduler_binds_every_pod_of_the_diverse_set_on_the_nodes_the_packer_proposed() {
     // Karpenter's benchmark shape at 300 pods (six kinds, 50 each) over 400 node types: the
     // packer's nodes are created as Nodes of a real API server, the pods created, and the

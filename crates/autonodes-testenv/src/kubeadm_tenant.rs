@@ -194,7 +194,7 @@ cgroupDriver: systemd
         })?;
 
     let cert_dir = server.dir.join("certs");
-    let args = vec![
+    let mut args = vec![
         format!("--kubeconfig={}", server.kubeconfig_path.display()),
         "--controllers=csrapproving,csrsigning,csrcleaner,bootstrapsigner,tokencleaner".to_string(),
         format!(
@@ -207,10 +207,10 @@ cgroupDriver: systemd
         ),
         "--leader-elect=false".to_string(),
         "--use-service-account-credentials=false".to_string(),
-        "--port=0".to_string(),
         "--secure-port=0".to_string(),
         "--v=2".to_string(),
     ];
+    args.extend(crate::testenv::insecure_port_off(&kcm));
     let log = server.dir.join("kube-controller-manager.log");
     let mut controller_manager = ManagedProcess::spawn(
         &format!("kube-controller-manager {name}"),

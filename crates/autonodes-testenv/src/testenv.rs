@@ -107,6 +107,27 @@ impl Binaries {
     }
 }
 
+/// `--port=0` (no insecure port) for a kube-scheduler or kube-controller-manager that
+/// still has the flag: releases before 1.24, and one whose `--version` does not read (the
+/// 1.20 the scripts install has it); 1.24 and later removed the insecure port and refuse
+/// the flag.
+pub fn insecure_port_off(binary: &Path) -> Option<String> {
+    let minor: Option<u32> = Command::new(binary)
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|out| {
+            String::from_utf8_lossy(&out.stdout)
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix("v1.").map(str::to_string))
+        })
+        .and_then(|rest| rest.split('.').next().and_then(|m| m.parse().ok()));
+    match minor {
+        Some(m) if m >= 24 => None,
+        _ => Some("--port=0".to_string()),
+    }
+}
+
 /// One child process, killed and reaped when dropped.
 #[derive(Debug)]
 pub struct ManagedProcess {
@@ -779,15 +800,8 @@ impl TestEnv {
             })?;
         let mut args = vec![format!("--kubeconfig={}", server.kubeconfig_path.display())];
         args.extend(extra);
-        args.extend(
-            [
-                "--leader-elect=false",
-                "--port=0",
-                "--secure-port=0",
-                "--v=1",
-            ]
-            .map(String::from),
-        );
+        args.extend(["--leader-elect=false", "--secure-port=0", "--v=1"].map(String::from));
+        args.extend(insecure_port_off(binary));
         let log = server.dir.join(format!("{component}.log"));
         let mut process =
             ManagedProcess::spawn(&format!("{component} {name}"), binary, &args, &log)?;

@@ -847,78 +847,131 @@ async fn bad_autoscaling_bounds_are_refused_with_a_condition_and_never_hide_the_
                "autoscaling": {"minReplicas": 0, "maxReplicas": 2}}),
         )
         .await;
-    world
-        .create_pool(
-            "bad",
-            json!({"providerRef": "pools", "replicas": 0,
-               "autoscaling": {"minReplicas": 3, "maxReplicas": 2}}),
-        )
-        .await;
-    let message = wait_condition(&world, "bad", "False", REASON_INVALID_BOUNDS).await;
-    println!("bad (min 3, max 2): Autoscaling=False {REASON_INVALID_BOUNDS}: {message}");
-    assert!(message.contains("below minReplicas 3"), "{message}");
-    wait_condition(&world, "good", "True", "MachinePoolMirrored").await;
-    let groups = until("both MachinePools, only the good one annotated", || async {
-        let mps = machine_pools(&world)
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| e.to_string())?
-            .items;
-        let bad = mps.iter().find(|m| m.name_any() == "bad");
-        if mps.len() == 2
-            && bad.is_some_and(|b| {
-                !b.annotations().contains_key(ANNOTATION_MIN_SIZE)
-                    && !b.annotations().contains_key(ANNOTATION_MAX_SIZE)
-            })
-        {
-            node_groups(&mps).map_err(|e| format!("the provider fails: {e}"))
-        } else {
-            Err(format!(
-                "{:?}",
-                mps.iter()
-                    .map(|m| (m.name_any(), m.annotations().clone()))
-                    .collect::<Vec<_>>()
-            ))
-        }
-    })
-    .await;
-    assert_eq!(
-        groups,
-        vec!["good".to_string()],
-        "the bad pool hides no other group"
-    );
-    let events = world.events_for(NS, "bad").await;
-    println!("events of NodePool bad: {events:?}");
-    assert!(
-        events
-            .iter()
-            .any(|e| e.starts_with(&format!("{REASON_INVALID_BOUNDS}:"))),
-        "{events:?}"
-    );
-
-    // max == min: the provider would ignore the group; refused the same way.
-    world
-        .pools()
-        .patch(
-            "bad",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"autoscaling": {"minReplicas": 2, "maxReplicas": 2}}})),
-        )
+    // A server that applies the CRDs' CEL rules (1.25 and later) refuses such bounds at
+    // once, naming the field; an older one (1.20 in CI) stores them, and the controller
+    // refuses them with a condition.
+    let minor: u32 = world
+        .mgmt
+        .apiserver_version()
         .await
-        .expect("patched");
-    let message = until("the equal-bounds message", || async {
-        let p = world.pools().get("bad").await.map_err(|e| e.to_string())?;
-        match autoscaling_condition(&p) {
-            Some((s, r, m))
-                if s == "False" && r == REASON_INVALID_BOUNDS && m.contains("at least 1") =>
+        .expect("version")
+        .minor
+        .trim_end_matches('+')
+        .parse()
+        .unwrap_or(0);
+    let cel = minor >= autonodes_api::crdgen::FIRST_MINOR_WITH_CEL;
+    if cel {
+        let bad = |min: i32, max: i32| {
+            serde_json::from_value::<NodePool>(json!({
+                "apiVersion": "autonodes.io/v1alpha1", "kind": "NodePool",
+                "metadata": {"name": "bad", "namespace": NS},
+                "spec": {"vClusterRef": {"name": "tenant"}, "providerRef": "pools", "replicas": 0,
+                         "autoscaling": {"minReplicas": min, "maxReplicas": max}}}))
+            .expect("pool")
+        };
+        for (min, max) in [(3, 2), (2, 2)] {
+            match world
+                .pools()
+                .create(&Default::default(), &bad(min, max))
+                .await
             {
-                Ok(m)
+                Err(kube::Error::Api(s)) => {
+                    println!(
+                        "bad (min {min}, max {max}) refused by the API server: {}",
+                        s.message
+                    );
+                    assert_eq!(s.code, 422);
+                    assert!(
+                        s.message.contains("spec.autoscaling")
+                            && s.message.contains("maxReplicas must exceed minReplicas"),
+                        "{}",
+                        s.message
+                    );
+                }
+                other => panic!("bounds {min}..{max} not refused: {other:?}"),
             }
-            other => Err(format!("{other:?}")),
         }
-    })
-    .await;
-    println!("bad (min 2, max 2): Autoscaling=False {REASON_INVALID_BOUNDS}: {message}");
+        world
+            .pools()
+            .create(&Default::default(), &bad(0, 2))
+            .await
+            .expect("pool created");
+    } else {
+        world
+            .create_pool(
+                "bad",
+                json!({"providerRef": "pools", "replicas": 0,
+                   "autoscaling": {"minReplicas": 3, "maxReplicas": 2}}),
+            )
+            .await;
+        let message = wait_condition(&world, "bad", "False", REASON_INVALID_BOUNDS).await;
+        println!("bad (min 3, max 2): Autoscaling=False {REASON_INVALID_BOUNDS}: {message}");
+        assert!(message.contains("below minReplicas 3"), "{message}");
+        wait_condition(&world, "good", "True", "MachinePoolMirrored").await;
+        let groups = until("both MachinePools, only the good one annotated", || async {
+            let mps = machine_pools(&world)
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?
+                .items;
+            let bad = mps.iter().find(|m| m.name_any() == "bad");
+            if mps.len() == 2
+                && bad.is_some_and(|b| {
+                    !b.annotations().contains_key(ANNOTATION_MIN_SIZE)
+                        && !b.annotations().contains_key(ANNOTATION_MAX_SIZE)
+                })
+            {
+                node_groups(&mps).map_err(|e| format!("the provider fails: {e}"))
+            } else {
+                Err(format!(
+                    "{:?}",
+                    mps.iter()
+                        .map(|m| (m.name_any(), m.annotations().clone()))
+                        .collect::<Vec<_>>()
+                ))
+            }
+        })
+        .await;
+        assert_eq!(
+            groups,
+            vec!["good".to_string()],
+            "the bad pool hides no other group"
+        );
+        let events = world.events_for(NS, "bad").await;
+        println!("events of NodePool bad: {events:?}");
+        assert!(
+            events
+                .iter()
+                .any(|e| e.starts_with(&format!("{REASON_INVALID_BOUNDS}:"))),
+            "{events:?}"
+        );
+
+        // max == min: the provider would ignore the group; refused the same way.
+        world
+            .pools()
+            .patch(
+                "bad",
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"spec": {"autoscaling": {"minReplicas": 2, "maxReplicas": 2}}}),
+                ),
+            )
+            .await
+            .expect("patched");
+        let message = until("the equal-bounds message", || async {
+            let p = world.pools().get("bad").await.map_err(|e| e.to_string())?;
+            match autoscaling_condition(&p) {
+                Some((s, r, m))
+                    if s == "False" && r == REASON_INVALID_BOUNDS && m.contains("at least 1") =>
+                {
+                    Ok(m)
+                }
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+        println!("bad (min 2, max 2): Autoscaling=False {REASON_INVALID_BOUNDS}: {message}");
+    }
 
     // Negative bounds never get past the API server's schema.
     let err = world
@@ -983,18 +1036,41 @@ async fn bad_autoscaling_bounds_are_refused_with_a_condition_and_never_hide_the_
         }
     })
     .await;
-    // A pool without replicas cannot be driven by the autoscaler.
-    world
+    // A pool without replicas cannot be driven by the autoscaler: refused by a server
+    // with the CEL rules, else by the controller.
+    let removed = world
         .pools()
         .patch(
             "bad",
             &PatchParams::default(),
             &Patch::Merge(json!({"spec": {"replicas": null}})),
         )
-        .await
-        .expect("replicas removed");
-    let message = wait_condition(&world, "bad", "False", "ReplicasRequired").await;
-    println!("bad without replicas: Autoscaling=False ReplicasRequired: {message}");
+        .await;
+    if cel {
+        match removed {
+            Err(kube::Error::Api(s)) => {
+                println!(
+                    "bad without replicas refused by the API server: {}",
+                    s.message
+                );
+                assert!(
+                    s.message.contains("autoscaling needs replicas"),
+                    "{}",
+                    s.message
+                );
+            }
+            other => panic!("replicas removed: {other:?}"),
+        }
+        world
+            .pools()
+            .delete("bad", &Default::default())
+            .await
+            .expect("deleted");
+    } else {
+        removed.expect("replicas removed");
+        let message = wait_condition(&world, "bad", "False", "ReplicasRequired").await;
+        println!("bad without replicas: Autoscaling=False ReplicasRequired: {message}");
+    }
     until("bad's MachinePool gone", || async {
         match machine_pools(&world).get_opt("bad").await {
             Ok(None) => Ok(()),

@@ -40,7 +40,6 @@ use autonodes_api::{
     LABEL_NODECLAIM_UID, MANAGED_BY,
 };
 use autonodes_core::host_capacity;
-use autonodes_core::kubeversion::KubeVersion;
 
 /// The claim an object belongs to, from its `autonodes.io/nodeclaim{,-namespace}` labels;
 /// when the name label is a shortened one (a claim name longer than a label value may be),
@@ -109,7 +108,6 @@ pub fn watch_hook(
                     &cluster,
                     Api::<Node>::all(remote.client.clone()),
                     watcher::Config::default().any_semantic(),
-                    Lists::StreamedWhereServed,
                     None,
                     trim_host_node,
                 );
@@ -117,7 +115,6 @@ pub fn watch_hook(
                     &cluster,
                     Api::<Pod>::all(remote.client.clone()),
                     watcher::Config::default().fields(BOUND_PODS).any_semantic(),
-                    Lists::StreamedWhereServed,
                     None,
                     trim_pod,
                 );
@@ -140,7 +137,6 @@ pub fn watch_hook(
                         .labels(&format!("{LABEL_NODECLAIM},{installed}"))
                         .page_size(TENANT_PAGE)
                         .any_semantic(),
-                    Lists::Paged,
                     Some(waker.clone()),
                     trim_node,
                 );
@@ -151,7 +147,6 @@ pub fn watch_hook(
                         .labels(&format!("{managed},{installed}"))
                         .page_size(TOKEN_PAGE)
                         .any_semantic(),
-                    Lists::Paged,
                     Some(waker),
                     trim_token,
                 );
@@ -189,20 +184,6 @@ fn wake(waker: &Option<Waker>, labels: &std::collections::BTreeMap<String, Strin
 /// The pods that take room on a host node: bound, and not ended.
 const BOUND_PODS: &str = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed";
 
-/// How a watch reads its initial list.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Lists {
-    /// In pages, then a watch (every server; what a tenant's watches do, so that each
-    /// answer stays under the tenant's body limit).
-    Paged,
-    /// Streamed in the watch itself (`sendInitialEvents`) where the server's version
-    /// streams them by default ([`KubeVersion::streams_initial_lists`]), else in pages; a
-    /// streaming watch the server refuses (the feature off: 400, 403 or 422), or whose
-    /// initial stream passes the body limit, lists in pages from then on. The host
-    /// clusters' watches: the API server then never holds a whole list in memory.
-    StreamedWhereServed,
-}
-
 /// A watch of the objects `selector` labels.
 fn spawn_typed<K: Kind>(
     cluster: &str,
@@ -212,23 +193,15 @@ fn spawn_typed<K: Kind>(
     trim: fn(&mut K),
 ) -> (Watched<K>, JoinHandle<()>) {
     let config = watcher::Config::default().labels(selector).any_semantic();
-    spawn_configured(
-        cluster,
-        api,
-        config,
-        Lists::StreamedWhereServed,
-        waker,
-        trim,
-    )
+    spawn_configured(cluster, api, config, waker, trim)
 }
 
-/// A watch of `api` with `config` filling a [`Watched`] store, its initial list read as
-/// `lists` says, waking the claims of what changes when `waker` is given.
+/// A watch of `api` with `config` filling a [`Watched`] store, waking the claims of what
+/// changes when `waker` is given.
 fn spawn_configured<K: Kind>(
     cluster: &str,
     api: Api<K>,
     config: watcher::Config,
-    lists: Lists,
     waker: Option<Waker>,
     trim: fn(&mut K),
 ) -> (Watched<K>, JoinHandle<()>) {
@@ -240,46 +213,14 @@ fn spawn_configured<K: Kind>(
         written: Arc::new(Mutex::new(Own::new())),
         trim,
     };
-    let task = spawn_reflector(
-        cluster.to_string(),
-        api,
-        config,
-        lists,
-        writer,
-        &watched,
-        waker,
-    );
+    let task = spawn_reflector(cluster.to_string(), api, config, writer, &watched, waker);
     (watched, task)
-}
-
-/// Whether a watch error means the server does not stream initial lists (the WatchList
-/// feature off: `sendInitialEvents` refused with 400, 403 or 422; before 1.27
-/// `resourceVersionMatch` on a watch is refused with 400).
-fn refuses_streaming(e: &watcher::Error) -> bool {
-    let code = match e {
-        watcher::Error::WatchStartFailed(kube::Error::Api(s))
-        | watcher::Error::InitialListFailed(kube::Error::Api(s))
-        | watcher::Error::WatchFailed(kube::Error::Api(s)) => s.code,
-        watcher::Error::WatchError(s) => s.code,
-        _ => return false,
-    };
-    matches!(code, 400 | 403 | 422)
-}
-
-/// Whether the server `client` reaches streams initial lists by default (its
-/// `/version`); `false` when the version cannot be read.
-async fn streams_initial_lists(client: kube::Client) -> bool {
-    match client.apiserver_version().await {
-        Ok(info) => KubeVersion::parse(&info.git_version).is_ok_and(|v| v.streams_initial_lists()),
-        Err(_) => false,
-    }
 }
 
 fn spawn_reflector<K>(
     cluster: String,
     api: Api<K>,
     config: watcher::Config,
-    lists: Lists,
     writer: Writer<K>,
     watched: &Watched<K>,
     waker: Option<Waker>,
@@ -297,32 +238,11 @@ where
     tokio::spawn(async move {
         let mut writer = writer;
         let mut backoff = watcher::DefaultBackoff::default();
-        let mut streaming = lists == Lists::StreamedWhereServed
-            && streams_initial_lists(api.clone().into_client()).await;
-        let mut fell_back = false;
         loop {
-            let config = if streaming {
-                config.clone().streaming_lists()
-            } else {
-                config.clone()
-            };
-            let mut listed = false;
-            let mut stream = watcher(api.clone(), config).modify(trim).boxed();
+            let mut stream = watcher(api.clone(), config.clone()).modify(trim).boxed();
             while let Some(item) = stream.next().await {
                 let event = match item {
                     Ok(event) => event,
-                    Err(e)
-                        if streaming
-                            && !listed
-                            && (refuses_streaming(&e) || passed_body_limit(&e)) =>
-                    {
-                        // The server has the feature off, or the whole list does not fit
-                        // one answer: pages from now on, at once.
-                        tracing::info!(%cluster, error = %e, "remote watch lists in pages (initial list not streamed)");
-                        streaming = false;
-                        fell_back = true;
-                        break;
-                    }
                     Err(e) if passed_body_limit(&e) => {
                         // The connection ended at its body limit; the watcher opens it again
                         // from the last version it delivered (an event the limit cut comes
@@ -340,7 +260,6 @@ where
                 writer.apply_watcher_event(&event);
                 match event {
                     watcher::Event::InitDone => {
-                        listed = true;
                         // Everything written before the list is in it.
                         if let Ok(mut w) = written.lock() {
                             *w = Own::new();
@@ -363,9 +282,6 @@ where
                     watcher::Event::InitApply(obj) => wake(&waker, obj.labels()),
                     watcher::Event::Init => {}
                 }
-            }
-            if std::mem::take(&mut fell_back) {
-                continue;
             }
             // A watch that failed starts over with a full list, after a backoff: resumed
             // from its last version it would never say when it caught up, and the store
@@ -559,33 +475,6 @@ fn trim_meta<K: Resource>(obj: &mut K) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn status(code: u16) -> Box<kube::core::Status> {
-        Box::new(kube::core::Status {
-            code,
-            message: "sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled".into(),
-            ..Default::default()
-        })
-    }
-
-    #[test]
-    fn a_watch_refused_for_its_streamed_initial_list_is_told_apart_from_other_watch_errors() {
-        for code in [400, 403, 422] {
-            assert!(refuses_streaming(&watcher::Error::WatchStartFailed(
-                kube::Error::Api(status(code))
-            )));
-            assert!(refuses_streaming(&watcher::Error::WatchError(status(code))));
-        }
-        for code in [404, 410, 429, 500, 503] {
-            assert!(
-                !refuses_streaming(&watcher::Error::WatchStartFailed(kube::Error::Api(status(
-                    code
-                )))),
-                "{code}"
-            );
-        }
-        assert!(!refuses_streaming(&watcher::Error::NoResourceVersion));
-    }
 
     #[test]
     fn a_cached_kubevirt_object_keeps_autonodes_labels_and_the_status_the_controller_reads_and_nothing_else(

@@ -206,7 +206,7 @@ async fn bad_host_clusters_and_templates_give_conditions_and_events_while_good_c
         let ready = provider_condition(&p, "Ready").expect("Ready");
         assert_eq!((ready.0.as_str(), ready.1.as_str()), ("False", reason));
         let events = common::eventually(&format!("an Event for {name}"), WAIT, || async {
-            let e = world.events_for("kube-system", name).await;
+            let e = world.cluster_events_for(name).await;
             e.iter().any(|e| e.starts_with(reason)).then_some(e)
         })
         .await;

@@ -346,9 +346,7 @@ async fn the_orphan_sweep_removes_what_a_vanished_claim_left_and_keeps_what_live
         .is_some());
     // Each removal is an Event: on the provider for host objects, on the tenant's
     // kubeconfig Secret for tokens.
-    let provider_events = world
-        .events_for("kube-system", "kubevirt-provider-advanced")
-        .await;
+    let provider_events = world.cluster_events_for("kubevirt-provider-advanced").await;
     for kind in ["VirtualMachine", "Secret", "DataVolume"] {
         assert!(
             provider_events.iter().any(

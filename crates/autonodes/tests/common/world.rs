@@ -600,6 +600,14 @@ impl World {
             .collect()
     }
 
+    /// The Events about the cluster-scoped object `name`: recorded in `default` where the
+    /// API server takes them there (current servers), else in `kube-system` (1.20).
+    pub async fn cluster_events_for(&self, name: &str) -> Vec<String> {
+        let mut events = self.events_for("default", name).await;
+        events.extend(self.events_for("kube-system", name).await);
+        events
+    }
+
     /// Creates a namespace on the management cluster.
     pub async fn mgmt_namespace(&self, name: &str) {
         let ns: Namespace =

@@ -479,6 +479,8 @@ fn loose_crd<K: kube::CustomResourceExt>() -> serde_json::Value {
             serde_json::Value::Object(m) => {
                 m.remove("pattern");
                 m.remove("enum");
+                // Nor CEL rules (which a 1.20 server's server-side apply refuses).
+                m.remove("x-kubernetes-validations");
                 m.values_mut().for_each(strip);
             }
             serde_json::Value::Array(a) => a.iter_mut().for_each(strip),

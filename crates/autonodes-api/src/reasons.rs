@@ -186,6 +186,16 @@ names! {
 }
 
 impl ClaimReason {
+    /// True for the `Drifted` reasons that say the node's kubelet is of another minor
+    /// release than its tenant (`KubernetesVersionChanged`, `KubeletVersionMismatch`):
+    /// what `disruption.kubernetesVersionDrift` governs.
+    pub const fn is_version_drift(self) -> bool {
+        matches!(
+            self,
+            ClaimReason::KubernetesVersionChanged | ClaimReason::KubeletVersionMismatch
+        )
+    }
+
     /// True for the reasons that mean "on its way", not "something is wrong": the claim
     /// records them in its status but no Event, so a healthy claim's history holds Normal
     /// Events only.

@@ -887,6 +887,19 @@ pub fn admin_kubeconfig(name: &str, url: &str, ca_pem: &[u8], token: &str) -> St
     )
 }
 
+/// The minor release (1.x) the API server of `client` reports (`/version`; 0 when it does
+/// not read as a number).
+pub async fn server_minor(client: &Client) -> Result<u32, TestEnvError> {
+    let info = client
+        .apiserver_version()
+        .await
+        .map_err(|source| TestEnvError::Kube {
+            context: "reading the server's version".into(),
+            source,
+        })?;
+    Ok(info.minor.trim_end_matches('+').parse().unwrap_or(0))
+}
+
 /// Applies CRDs with server-side apply and waits until each is Established. A server
 /// before 1.25 gets them without their CEL rules, which its server-side apply refuses
 /// ([`autonodes_api::crdgen::without_cel_rules`]).
@@ -896,17 +909,7 @@ pub async fn install_crds(
 ) -> Result<(), TestEnvError> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let params = PatchParams::apply("autonodes").force();
-    let minor = client
-        .apiserver_version()
-        .await
-        .map_err(|source| TestEnvError::Kube {
-            context: "reading the server's version".into(),
-            source,
-        })?
-        .minor
-        .trim_end_matches('+')
-        .parse::<u32>()
-        .unwrap_or(0);
+    let minor = server_minor(client).await?;
     for crd in crds {
         let name = crd.metadata.name.clone().unwrap_or_default();
         let crd = if minor < autonodes_api::crdgen::FIRST_MINOR_WITH_CEL {

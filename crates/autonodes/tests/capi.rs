@@ -850,15 +850,9 @@ async fn bad_autoscaling_bounds_are_refused_with_a_condition_and_never_hide_the_
     // A server that applies the CRDs' CEL rules (1.25 and later) refuses such bounds at
     // once, naming the field; an older one (1.20 in CI) stores them, and the controller
     // refuses them with a condition.
-    let minor: u32 = world
-        .mgmt
-        .apiserver_version()
+    let minor = autonodes_testenv::testenv::server_minor(&world.mgmt)
         .await
-        .expect("version")
-        .minor
-        .trim_end_matches('+')
-        .parse()
-        .unwrap_or(0);
+        .expect("version");
     let cel = minor >= autonodes_api::crdgen::FIRST_MINOR_WITH_CEL;
     if cel {
         let bad = |min: i32, max: i32| {

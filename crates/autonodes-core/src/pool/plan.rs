@@ -12,7 +12,7 @@ use crate::api::{NodeClaim, NodeClaimPhase};
 
 use super::{ANNOTATION_DELETE_FIRST, ANNOTATION_REPLACES, LABEL_TEMPLATE_HASH};
 use crate::api::reasons::PoolReason;
-use crate::api::NodeClaimSpec;
+use crate::api::{NodeClaimSpec, NodePoolSpec};
 use k8s_openapi::jiff::Timestamp;
 
 /// What the planner knows about one claim of a pool.
@@ -105,12 +105,18 @@ pub(crate) fn drifted(
     cs: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
     version_drift: bool,
 ) -> bool {
-    let by_version = |reason: &str| {
-        reason == ClaimReason::KubernetesVersionChanged.as_str()
-            || reason == ClaimReason::KubeletVersionMismatch.as_str()
-    };
+    let by_version =
+        |reason: &str| ClaimReason::parse(reason).is_some_and(ClaimReason::is_version_drift);
     conditions::get(cs, ClaimCondition::Drifted)
         .is_some_and(|c| c.status == conditions::TRUE && (version_drift || !by_version(&c.reason)))
+}
+
+/// Whether the pool rolls claims drifted from the tenant's version now: unless
+/// `disruption.kubernetesVersionDrift: Disabled` ([`super::rolls_version_drift`]), or a
+/// node that came up drifted holds the roll (`held`, [`version_drift_hold`]). What the
+/// plan rolls and what the status counts as outdated both read it.
+pub(crate) fn rolls_version_drift_now(spec: &NodePoolSpec, held: Option<&Verdict>) -> bool {
+    super::rolls_version_drift(spec) && held.is_none()
 }
 
 /// Whether the pool's roll for the tenant's Kubernetes version is held: a live claim's node

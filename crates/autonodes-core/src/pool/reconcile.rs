@@ -26,7 +26,9 @@ use super::do_not_disrupt;
 use super::dynamic::{self, DynamicInput, Tenant};
 use super::limits::{Bound, ClaimRoom};
 use super::plan::Verdict;
-use super::plan::{claim_views, is_live, plan_claims, version_drift_hold, Allowance};
+use super::plan::{
+    claim_views, is_live, plan_claims, rolls_version_drift_now, version_drift_hold, Allowance,
+};
 use super::plan::{NewClaim, PoolPlan};
 use super::{
     budget::{allowed_disruptions, scale_down_pace},
@@ -169,7 +171,7 @@ pub fn plan_pool(observed: &Observed) -> PoolPlan {
         observed.claims,
         &hash,
         expire_after(spec),
-        super::rolls_version_drift(spec) && version_drift_held.is_none(),
+        rolls_version_drift_now(spec, version_drift_held.as_ref()),
         observed.now.as_millisecond(),
     );
     // do-not-disrupt: a static pool sees only its claims' marks (it does not watch the

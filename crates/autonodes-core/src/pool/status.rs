@@ -138,8 +138,10 @@ pub fn pool_status(
                     || c.status.as_ref().is_some_and(|s| {
                         super::plan::drifted(
                             &s.conditions,
-                            super::rolls_version_drift(&pool.spec)
-                                && plan.version_drift_held.is_none(),
+                            super::plan::rolls_version_drift_now(
+                                &pool.spec,
+                                plan.version_drift_held.as_ref(),
+                            ),
                         )
                     })
             })

@@ -62,10 +62,6 @@ pub(super) async fn version<H: HostApi, T: TenantApi>(
     let Ok(tenant) = p.tenant().join_info().await?.version else {
         return Ok(());
     };
-    let version_reasons = [
-        ClaimReason::KubernetesVersionChanged,
-        ClaimReason::KubeletVersionMismatch,
-    ];
     match version_drift(&kubelet, tenant) {
         Some(message) => {
             // A node drifted before it was first initialized came up so: a replacement
@@ -82,7 +78,7 @@ pub(super) async fn version<H: HostApi, T: TenantApi>(
         None => {
             if p.status
                 .reason(DRIFTED)
-                .is_some_and(|r| version_reasons.contains(&r))
+                .is_some_and(ClaimReason::is_version_drift)
             {
                 p.status.remove(DRIFTED);
             }

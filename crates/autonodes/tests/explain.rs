@@ -397,7 +397,10 @@ async fn explain_names_why_a_claim_fits_no_type_what_holds_repairs_or_budgets_a_
          ```\n$ autonodes explain node tenant-workers-x9d4t-5e1f0a --vcluster tenant/tenant\n{}```\n\n\
          A pod of the tenant (read through the vCluster's `vc-NAME` Secret or\n\
          `--tenant-kubeconfig FILE`, either checked as the controller checks tenant\n\
-         kubeconfigs: no commands, files, proxies or impersonation): each of the tenant's pools in\n\
+         kubeconfigs: no commands, files, proxies or impersonation; a Secret naming the\n\
+         vCluster's own `https://localhost:8443` is followed to the vCluster's Service as the\n\
+         controller follows it, which answers from inside the cluster — from a laptop, give\n\
+         `--tenant-kubeconfig` a kubeconfig for a port-forward instead): each of the tenant's pools in\n\
          the order they get pending pods, whether one of its node types would take the pod (the\n\
          pool's requirements, the pod's node selector, required node affinity and tolerations,\n\
          its requests against what a node leaves after `kubeReserved` and DaemonSets,\n\

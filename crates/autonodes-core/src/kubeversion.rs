@@ -117,6 +117,14 @@ impl KubeVersion {
         self.kubeadm_api_version() == "kubeadm.k8s.io/v1beta4"
     }
 
+    /// Whether an API server of this version streams a watch's initial list
+    /// (`sendInitialEvents`, the WatchList feature) by default: 1.32 (beta, on), not 1.33
+    /// (turned off again), 1.34 and later. A server may still have it off: a watch it
+    /// refuses that way lists in pages instead.
+    pub fn streams_initial_lists(self) -> bool {
+        self.major == 1 && (self.minor == 32 || self.minor >= 34)
+    }
+
     /// Whether this version's `kubeadm join` checks the container runtime with `crictl`
     /// (before 1.31), which the user data's own check of containerd replaces.
     pub fn kubeadm_needs_crictl(self) -> bool {
@@ -134,6 +142,16 @@ impl fmt::Display for KubeVersion {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn initial_lists_stream_by_default_on_1_32_and_from_1_34_but_not_on_1_33_or_before() {
+        let streams = |minor| KubeVersion::new(1, minor, 0).streams_initial_lists();
+        assert!(!streams(20) && !streams(27) && !streams(31));
+        assert!(streams(32));
+        assert!(!streams(33), "1.33 turned the WatchList gate off again");
+        assert!(streams(34) && streams(35) && streams(36));
+        assert!(!KubeVersion::new(2, 0, 0).streams_initial_lists());
+    }
 
     #[test]
     fn a_kubelet_of_another_minor_release_than_the_tenant_drifts_and_a_patch_release_does_not() {

@@ -40,6 +40,7 @@ use autonodes_api::{
     LABEL_NODECLAIM_UID, MANAGED_BY,
 };
 use autonodes_core::host_capacity;
+use autonodes_core::kubeversion::KubeVersion;
 
 /// The claim an object belongs to, from its `autonodes.io/nodeclaim{,-namespace}` labels;
 /// when the name label is a shortened one (a claim name longer than a label value may be),
@@ -108,6 +109,7 @@ pub fn watch_hook(
                     &cluster,
                     Api::<Node>::all(remote.client.clone()),
                     watcher::Config::default().any_semantic(),
+                    Lists::StreamedWhereServed,
                     None,
                     trim_host_node,
                 );
@@ -115,6 +117,7 @@ pub fn watch_hook(
                     &cluster,
                     Api::<Pod>::all(remote.client.clone()),
                     watcher::Config::default().fields(BOUND_PODS).any_semantic(),
+                    Lists::StreamedWhereServed,
                     None,
                     trim_pod,
                 );
@@ -137,6 +140,7 @@ pub fn watch_hook(
                         .labels(&format!("{LABEL_NODECLAIM},{installed}"))
                         .page_size(TENANT_PAGE)
                         .any_semantic(),
+                    Lists::Paged,
                     Some(waker.clone()),
                     trim_node,
                 );
@@ -147,6 +151,7 @@ pub fn watch_hook(
                         .labels(&format!("{managed},{installed}"))
                         .page_size(TOKEN_PAGE)
                         .any_semantic(),
+                    Lists::Paged,
                     Some(waker),
                     trim_token,
                 );
@@ -184,6 +189,20 @@ fn wake(waker: &Option<Waker>, labels: &std::collections::BTreeMap<String, Strin
 /// The pods that take room on a host node: bound, and not ended.
 const BOUND_PODS: &str = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed";
 
+/// How a watch reads its initial list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lists {
+    /// In pages, then a watch (every server; what a tenant's watches do, so that each
+    /// answer stays under the tenant's body limit).
+    Paged,
+    /// Streamed in the watch itself (`sendInitialEvents`) where the server's version
+    /// streams them by default ([`KubeVersion::streams_initial_lists`]), else in pages; a
+    /// streamed list that fails before its end is read in pages at once, and from then on
+    /// where the server refused it ([`stream_failure`]). The host clusters' watches: the
+    /// API server then never holds a whole list in memory.
+    StreamedWhereServed,
+}
+
 /// A watch of the objects `selector` labels.
 fn spawn_typed<K: Kind>(
     cluster: &str,
@@ -193,15 +212,23 @@ fn spawn_typed<K: Kind>(
     trim: fn(&mut K),
 ) -> (Watched<K>, JoinHandle<()>) {
     let config = watcher::Config::default().labels(selector).any_semantic();
-    spawn_configured(cluster, api, config, waker, trim)
+    spawn_configured(
+        cluster,
+        api,
+        config,
+        Lists::StreamedWhereServed,
+        waker,
+        trim,
+    )
 }
 
-/// A watch of `api` with `config` filling a [`Watched`] store, waking the claims of what
-/// changes when `waker` is given.
+/// A watch of `api` with `config` filling a [`Watched`] store, its initial list read as
+/// `lists` says, waking the claims of what changes when `waker` is given.
 fn spawn_configured<K: Kind>(
     cluster: &str,
     api: Api<K>,
     config: watcher::Config,
+    lists: Lists,
     waker: Option<Waker>,
     trim: fn(&mut K),
 ) -> (Watched<K>, JoinHandle<()>) {
@@ -213,14 +240,65 @@ fn spawn_configured<K: Kind>(
         written: Arc::new(Mutex::new(Own::new())),
         trim,
     };
-    let task = spawn_reflector(cluster.to_string(), api, config, writer, &watched, waker);
+    let task = spawn_reflector(
+        cluster.to_string(),
+        api,
+        config,
+        lists,
+        writer,
+        &watched,
+        waker,
+    );
     (watched, task)
+}
+
+/// What a streamed initial list that failed before its end says about the server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StreamFailure {
+    /// The server answered it with a Status (the WatchList feature off: 400, 403 or 422
+    /// for `sendInitialEvents`; a storage that cannot stream, as etcd before 3.4.31 and
+    /// 3.5.13 without progress notifications: a 500 `ERROR` event, "the required storage
+    /// feature RequestWatchProgress is disabled"), or the stream passed the body limit:
+    /// it would again, so this watch lists in pages from now on.
+    Refused,
+    /// Anything else (a connection that broke, an expired version): this list is read in
+    /// pages, and the watch's next full list streams again.
+    Transient,
+}
+
+/// How `e`, met before a streamed initial list ended, is taken. As client-go's reflector
+/// does, every such error falls back to a paged list at once (making progress rather than
+/// retrying a stream the server may never give).
+fn stream_failure(e: &watcher::Error) -> StreamFailure {
+    // An expired version (410) and load shedding (429) say nothing about streaming.
+    let refused = match e {
+        watcher::Error::WatchStartFailed(kube::Error::Api(s)) => {
+            (400..500).contains(&s.code) && !matches!(s.code, 410 | 429)
+        }
+        watcher::Error::WatchError(s) => !matches!(s.code, 410 | 429),
+        _ => passed_body_limit(e),
+    };
+    if refused {
+        StreamFailure::Refused
+    } else {
+        StreamFailure::Transient
+    }
+}
+
+/// Whether the server `client` reaches streams initial lists by default (its
+/// `/version`); `false` when the version cannot be read.
+async fn streams_initial_lists(client: kube::Client) -> bool {
+    match client.apiserver_version().await {
+        Ok(info) => KubeVersion::parse(&info.git_version).is_ok_and(|v| v.streams_initial_lists()),
+        Err(_) => false,
+    }
 }
 
 fn spawn_reflector<K>(
     cluster: String,
     api: Api<K>,
     config: watcher::Config,
+    lists: Lists,
     writer: Writer<K>,
     watched: &Watched<K>,
     waker: Option<Waker>,
@@ -238,11 +316,37 @@ where
     tokio::spawn(async move {
         let mut writer = writer;
         let mut backoff = watcher::DefaultBackoff::default();
+        let mut server_streams = lists == Lists::StreamedWhereServed
+            && streams_initial_lists(api.clone().into_client()).await;
+        let (mut page_once, mut fell_back) = (false, false);
         loop {
-            let mut stream = watcher(api.clone(), config.clone()).modify(trim).boxed();
+            let streaming = server_streams && !std::mem::take(&mut page_once);
+            let config = if streaming {
+                config.clone().streaming_lists()
+            } else {
+                config.clone()
+            };
+            let mut listed = false;
+            let mut stream = watcher(api.clone(), config).modify(trim).boxed();
             while let Some(item) = stream.next().await {
                 let event = match item {
                     Ok(event) => event,
+                    Err(e) if streaming && !listed => {
+                        // Pages at once, without a backoff: for good where the server
+                        // refused the stream, for this list where it merely broke.
+                        match stream_failure(&e) {
+                            StreamFailure::Refused => {
+                                tracing::info!(%cluster, error = %e, "remote watch lists in pages from now on (the server refused a streamed initial list)");
+                                server_streams = false;
+                            }
+                            StreamFailure::Transient => {
+                                tracing::debug!(%cluster, error = %e, "remote watch lists in pages this time (its streamed initial list broke)");
+                                page_once = true;
+                            }
+                        }
+                        fell_back = true;
+                        break;
+                    }
                     Err(e) if passed_body_limit(&e) => {
                         // The connection ended at its body limit; the watcher opens it again
                         // from the last version it delivered (an event the limit cut comes
@@ -260,6 +364,7 @@ where
                 writer.apply_watcher_event(&event);
                 match event {
                     watcher::Event::InitDone => {
+                        listed = true;
                         // Everything written before the list is in it.
                         if let Ok(mut w) = written.lock() {
                             *w = Own::new();
@@ -282,6 +387,9 @@ where
                     watcher::Event::InitApply(obj) => wake(&waker, obj.labels()),
                     watcher::Event::Init => {}
                 }
+            }
+            if std::mem::take(&mut fell_back) {
+                continue;
             }
             // A watch that failed starts over with a full list, after a backoff: resumed
             // from its last version it would never say when it caught up, and the store
@@ -475,6 +583,45 @@ fn trim_meta<K: Resource>(obj: &mut K) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn status(code: u16, message: &str) -> Box<kube::core::Status> {
+        Box::new(kube::core::Status {
+            code,
+            message: message.into(),
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn a_streamed_list_the_server_refuses_lists_in_pages_for_good_and_one_that_broke_only_this_time(
+    ) {
+        let gate_off =
+            "sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled";
+        for code in [400, 403, 422] {
+            let refused =
+                watcher::Error::WatchStartFailed(kube::Error::Api(status(code, gate_off)));
+            assert_eq!(stream_failure(&refused), StreamFailure::Refused, "{code}");
+        }
+        // What a 1.36 server on an etcd without progress notifications answers: an ERROR
+        // event inside the watch, which kube-rs' watcher would retry for ever.
+        let storage = watcher::Error::WatchError(status(
+            500,
+            "a watch stream was requested by the client but the required storage feature RequestWatchProgress is disabled",
+        ));
+        assert_eq!(stream_failure(&storage), StreamFailure::Refused);
+        for code in [410, 429] {
+            let event = watcher::Error::WatchError(status(code, "later"));
+            assert_eq!(stream_failure(&event), StreamFailure::Transient, "{code}");
+        }
+        for code in [410, 429, 500, 503] {
+            let start = watcher::Error::WatchStartFailed(kube::Error::Api(status(code, "later")));
+            assert_eq!(stream_failure(&start), StreamFailure::Transient, "{code}");
+        }
+        assert_eq!(
+            stream_failure(&watcher::Error::NoResourceVersion),
+            StreamFailure::Transient
+        );
+    }
 
     #[test]
     fn a_cached_kubevirt_object_keeps_autonodes_labels_and_the_status_the_controller_reads_and_nothing_else(

@@ -98,7 +98,11 @@ pub struct NodePoolSpec {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(schema_with = "crate::schema::label_map")]
     pub labels: BTreeMap<String, String>,
-    /// Extra kubelet arguments for the pool's nodes.
+    /// Extra kubelet arguments for the pool's nodes (`name: value`, without the leading dashes; `_` in a name
+    /// reads as `-`, as the kubelet reads it). Flags autonodes or kubeadm set and those
+    /// that change the node's identity or credentials (`provider-id`, `node-labels`,
+    /// `register-with-taints`, `hostname-override`, `kubeconfig`, `cert-dir`, …) are
+    /// refused, and a value may hold letters, digits and `.,:=/+@<>*~%_-` only.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(schema_with = "crate::schema::string_map")]
     pub kubelet_args: BTreeMap<String, String>,

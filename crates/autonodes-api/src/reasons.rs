@@ -133,6 +133,10 @@ names! {
         InvalidRequest,
         /// A label no Node may carry.
         InvalidLabels,
+        /// A kubelet argument is refused: reserved for autonodes or the node's identity
+        /// and credentials, given twice in two spellings, or with a value that is not safe
+        /// to pass (see `kubeletArgs`).
+        InvalidKubeletArgs,
         /// A taint no Node may carry.
         InvalidTaints,
         /// The node type's VM template cannot be rendered.

@@ -41,6 +41,7 @@ pub mod explain;
 pub mod host_capacity;
 pub mod join;
 pub mod kubeconfig;
+pub mod kubelet_args;
 pub mod kubeversion;
 pub mod ledger;
 pub mod names;

@@ -77,9 +77,9 @@ pub enum UserDataError {
         /// What is wrong.
         message: String,
     },
-    /// A kubelet argument autonodes sets itself was given.
-    #[error("kubeletArgs.{0} is set by autonodes and cannot be given")]
-    ReservedKubeletArg(String),
+    /// A kubelet argument is refused: reserved, repeated, or not safe to pass.
+    #[error(transparent)]
+    KubeletArg(#[from] crate::kubelet_args::KubeletArgError),
     /// Property `autonodes.io/user-data-template` names no built-in template.
     #[error("property autonodes.io/user-data-template: unknown template {0:?} (expected kubeadm or vcluster)")]
     UnknownTemplate(String),
@@ -421,7 +421,7 @@ pub struct UserDataInput<'a> {
     pub node_labels: &'a BTreeMap<String, String>,
     /// Taints the node registers with (including startup and registration taints).
     pub taints: &'a [Taint],
-    /// Extra kubelet arguments (`provider-id` and `node-labels` are reserved).
+    /// Extra kubelet arguments, checked by [`crate::kubelet_args::checked`].
     pub kubelet_args: &'a BTreeMap<String, String>,
     /// The user's cloud-config (property `autonodes.io/user-data`).
     pub user_cloud_config: Option<&'a str>,
@@ -734,14 +734,7 @@ fn registry() -> Result<&'static Handlebars<'static>, UserDataError> {
 /// [`USER_DATA_MAX_BYTES`] bytes.
 pub fn render_user_data(input: &UserDataInput<'_>) -> Result<String, UserDataError> {
     input.join.validate()?;
-    let mut kubelet_extra_args = BTreeMap::new();
-    for (k, v) in input.kubelet_args {
-        let name = k.trim_start_matches('-');
-        if name == "provider-id" || name == "node-labels" {
-            return Err(UserDataError::ReservedKubeletArg(name.to_string()));
-        }
-        kubelet_extra_args.insert(name.to_string(), v.clone());
-    }
+    let mut kubelet_extra_args = crate::kubelet_args::checked(input.kubelet_args)?;
     kubelet_extra_args.insert("provider-id".to_string(), provider_id(input.node_name));
     // The prepare script sets containerd to systemd cgroups; the kubelet must match.
     kubelet_extra_args

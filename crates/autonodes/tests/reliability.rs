@@ -155,7 +155,8 @@ async fn a_provider_with_500_invalid_node_types_gets_a_short_status_and_others_a
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_with_a_253_character_name_turns_available_and_kubelet_owned_labels_are_refused() {
+async fn a_claim_with_a_253_character_name_turns_available_and_kubelet_owned_labels_and_reserved_kubelet_flags_are_refused(
+) {
     let world = World::start(WorldOptions::default()).await;
     // The longest name a claim may have: every label value and Event name derived from it
     // must be shortened to fit.
@@ -167,6 +168,15 @@ async fn a_claim_with_a_253_character_name_turns_available_and_kubelet_owned_lab
             serde_json::json!({"metadata": {"name": "evil-label"}, "spec": {
             "typeRef": "kubevirt-provider-advanced.standard-node",
             "labels": {"kubernetes.io/hostname": "evil"}}}),
+        )
+        .await;
+    // `provider_id` is the kubelet's `--provider-id` (it reads `_` as `-`), which would
+    // make the node claim another claim's VM.
+    world
+        .create_claim(
+            serde_json::json!({"metadata": {"name": "evil-flag"}, "spec": {
+            "typeRef": "kubevirt-provider-advanced.standard-node",
+            "kubeletArgs": {"provider_id": "kubevirt://vcluster-platform/other"}}}),
         )
         .await;
 
@@ -221,6 +231,30 @@ async fn a_claim_with_a_253_character_name_turns_available_and_kubelet_owned_lab
         .as_ref()
         .and_then(|l| l.get("kubernetes.io/hostname"))
         != Some(&"evil".to_string())));
+
+    // A reserved kubelet flag, however spelled, is refused the same way, before scheduling.
+    let evil = world
+        .wait_claim(
+            "evil-flag",
+            "Scheduled=False/InvalidKubeletArgs",
+            WAIT,
+            |c| {
+                condition(c, "Scheduled")
+                    .is_some_and(|x| x.0 == "False" && x.1 == "InvalidKubeletArgs")
+            },
+        )
+        .await;
+    assert_eq!(evil.status.as_ref().and_then(|s| s.type_ref.clone()), None);
+    let (_, _, message) = condition(&evil, "Scheduled").expect("Scheduled");
+    assert!(
+        message.contains("\"provider_id\"") && message.contains("--provider-id"),
+        "{message}"
+    );
+    let events = world.events_for(NS, "evil-flag").await;
+    assert!(
+        events.iter().any(|e| e.starts_with("InvalidKubeletArgs")),
+        "{events:?}"
+    );
 
     // Deleting the long-named claim leaves nothing behind.
     world.delete_claim(&long).await;

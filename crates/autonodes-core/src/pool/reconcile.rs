@@ -78,7 +78,8 @@ pub struct Observed<'a> {
 }
 
 /// Why the pool's template cannot be used: its provider does not exist
-/// (`provider_exists` says), or its requirements or labels cannot be read.
+/// (`provider_exists` says), or its requirements, labels or kubelet arguments cannot be
+/// used.
 pub fn template_problem(
     spec: &NodePoolSpec,
     provider_exists: impl FnOnce(&str) -> bool,
@@ -104,6 +105,9 @@ pub fn template_problem(
         &template.labels,
         &BTreeMap::new(),
     ) {
+        return Some(Verdict::problem(PoolReason::InvalidTemplate, e.to_string()));
+    }
+    if let Err(e) = crate::kubelet_args::checked(&template.kubelet_args) {
         return Some(Verdict::problem(PoolReason::InvalidTemplate, e.to_string()));
     }
     None

@@ -625,13 +625,29 @@ fn join_params_are_validated() {
 }
 
 #[test]
-fn provider_id_and_node_labels_cannot_be_given_as_kubelet_args() {
+fn provider_id_and_node_labels_cannot_be_given_as_kubelet_args_in_any_spelling() {
+    for name in ["--provider-id", "provider_id", "node_labels"] {
+        let mut f = Fixture::new();
+        f.args = BTreeMap::from([(name.to_string(), "x".to_string())]);
+        assert!(
+            matches!(
+                render_user_data(&f.input(None)),
+                Err(UserDataError::KubeletArg(
+                    crate::kubelet_args::KubeletArgError::Reserved { .. }
+                ))
+            ),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn kubelet_args_reach_the_join_configuration_under_the_kubelets_own_names() {
     let mut f = Fixture::new();
-    f.args = BTreeMap::from([("--provider-id".to_string(), "x".to_string())]);
-    assert_eq!(
-        render_user_data(&f.input(None)),
-        Err(UserDataError::ReservedKubeletArg("provider-id".into()))
-    );
+    f.args = BTreeMap::from([("max_pods".to_string(), "42".to_string())]);
+    let rendered = render_user_data(&f.input(None)).expect("rendered");
+    assert!(rendered.contains("max-pods"), "{rendered}");
+    assert!(!rendered.contains("max_pods"), "{rendered}");
 }
 
 #[test]

@@ -258,6 +258,19 @@ fn a_template_naming_a_missing_provider_or_an_unusable_label_is_a_problem() {
     assert_eq!(problem.reason, PoolReason::InvalidTemplate);
 }
 
+#[test]
+fn a_template_with_a_reserved_kubelet_argument_is_a_problem_that_names_it() {
+    let bad = pool(json!({"kubeletArgs": {"register_with_taints": "a=b:NoSchedule"}})).spec;
+    let problem = template_problem(&bad, |_| true).expect("problem");
+    assert_eq!(problem.reason, PoolReason::InvalidTemplate);
+    assert!(
+        problem.message.contains("\"register_with_taints\"")
+            && problem.message.contains("--register-with-taints"),
+        "{}",
+        problem.message
+    );
+}
+
 // --- static pools ---------------------------------------------------------------------
 
 #[test]

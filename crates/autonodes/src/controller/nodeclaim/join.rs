@@ -97,6 +97,10 @@ pub(super) fn render_reason(e: &RenderError) -> ClaimReason {
             source: UserDataError::TooLarge { .. },
             ..
         } => ClaimReason::UserDataTooLarge,
+        RenderError::UserData {
+            source: UserDataError::KubeletArg(_),
+            ..
+        } => ClaimReason::InvalidKubeletArgs,
         RenderError::UserData { .. } => ClaimReason::InvalidUserData,
         RenderError::Labels { .. } => ClaimReason::InvalidLabels,
         RenderError::Taints { .. } => ClaimReason::InvalidTaints,

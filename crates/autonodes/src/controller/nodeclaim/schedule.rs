@@ -109,6 +109,19 @@ pub(super) async fn schedule(claim: &NodeClaim, ctx: &ClaimContext) -> Result<Sc
         w.write().await?;
         return Ok(Schedule::Waiting(RETRY));
     }
+    // So do kubelet arguments autonodes keeps for itself or cannot pass safely: refused
+    // before any type, quota or tenant connection is taken.
+    if let Err(e) = autonodes_core::kubelet_args::checked(&claim.spec.kubelet_args) {
+        let mut w = StatusWriter::new(claim, ctx);
+        w.set(
+            SCHEDULED,
+            false,
+            ClaimReason::InvalidKubeletArgs,
+            e.to_string(),
+        );
+        w.write().await?;
+        return Ok(Schedule::Waiting(RETRY));
+    }
     // One decision at a time, on complete caches, so maxCapacity holds under concurrency.
     // The decision is reserved in memory before the lock is released; the status write
     // happens outside it and gives the reservation back if it fails.

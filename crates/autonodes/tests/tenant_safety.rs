@@ -404,7 +404,7 @@ fn host_labels(installation: Option<&str>, uid: &str) -> serde_json::Value {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_sweep_removes_only_its_own_installation_s_orphans_and_a_claim_never_adopts_or_deletes_another_s_vm(
+async fn the_sweep_removes_only_its_own_installation_s_orphans_and_a_claim_never_adopts_or_deletes_another_s_vm_or_user_data(
 ) {
     use k8s_openapi::api::core::v1::Secret;
     use kube::api::DynamicObject;
@@ -468,6 +468,17 @@ async fn the_sweep_removes_only_its_own_installation_s_orphans_and_a_claim_never
         .create(&PostParams::default(), &foreign)
         .await
         .expect("the other installation's VM");
+    // And the user-data Secret of that name: deleting the claim must not delete it by name.
+    let user_data = autonodes_core::template::names::user_data_secret_name(&vm_name);
+    let foreign_secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": user_data, "labels": host_labels(Some("production"), "uid-of-another-claim")},
+        "stringData": {"userdata": "#cloud-config\n"},
+    }))
+    .expect("secret");
+    let foreign_secret = secrets
+        .create(&PostParams::default(), &foreign_secret)
+        .await
+        .expect("the other installation's user-data Secret");
     world
         .apply_provider(&provider().replace("name: pools", "name: later"))
         .await;
@@ -502,6 +513,16 @@ async fn the_sweep_removes_only_its_own_installation_s_orphans_and_a_claim_never
         Some("uid-of-another-claim"),
         "and not relabelled"
     );
+    let kept = secrets
+        .get_opt(&user_data)
+        .await
+        .expect("get")
+        .expect("the foreign user-data Secret is still there");
+    assert_eq!(
+        kept.metadata.uid, foreign_secret.metadata.uid,
+        "the very same Secret"
+    );
+    println!("after the claim went: the foreign VM {vm_name} and Secret {user_data} stay");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use crate::api::{
     LABEL_INSTALLATION, LABEL_MANAGED_BY, LABEL_NODECLAIM, LABEL_NODECLAIM_NAMESPACE,
-    LABEL_NODECLAIM_UID, MANAGED_BY,
+    LABEL_NODECLAIM_UID, LABEL_WARM_VM, MANAGED_BY,
 };
 
 /// Name of the cloud-init volume and disk autonodes adds to every VirtualMachine.
@@ -94,6 +94,25 @@ pub(crate) fn node_identity_labels(
 /// Name of the Secret that holds a VM's user data.
 pub fn user_data_secret_name(vm_name: &str) -> String {
     format!("{vm_name}-userdata")
+}
+
+/// Whether the user-data Secret of VM `vm_name` carrying `labels` is this installation's
+/// to delete: made by autonodes with `installation`'s label, and for the claim with
+/// `claim_uid` ([`labelled_for_claim`]) or for the warm VM `vm_name` (which a claim that
+/// took it inherits). A Secret of that name someone else made, or another installation's,
+/// is left alone.
+pub fn user_data_is_ours(
+    labels: &BTreeMap<String, String>,
+    installation: &str,
+    vm_name: &str,
+    claim_uid: Option<&str>,
+) -> bool {
+    let installed = labels.get(LABEL_INSTALLATION).map(String::as_str)
+        == Some(crate::names::label_value(installation).as_str());
+    let managed = labels.get(LABEL_MANAGED_BY).map(String::as_str) == Some(MANAGED_BY);
+    let for_claim = claim_uid.is_some_and(|uid| labelled_for_claim(labels, uid));
+    let for_warm_vm = labels.get(LABEL_WARM_VM).map(String::as_str) == Some(vm_name);
+    installed && managed && (for_claim || for_warm_vm)
 }
 
 /// A VM name for a claim: `<namespace>-<name>` lowered to `[a-z0-9-]` and cut so that,

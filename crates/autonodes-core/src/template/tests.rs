@@ -4,7 +4,8 @@ use super::*;
 use crate::template::error::TemplateError;
 use crate::template::merge::strategic_merge;
 use crate::template::names::{
-    managed_labels, vm_name_for_claim, VmIdentity, DEFAULT_ROOT_DISK_SIZE, ROOT_DISK,
+    managed_labels, user_data_is_ours, vm_name_for_claim, VmIdentity, DEFAULT_ROOT_DISK_SIZE,
+    ROOT_DISK,
 };
 use proptest::prelude::*;
 use serde_json::json;
@@ -787,4 +788,44 @@ fn malformed_template_taints_are_an_error_naming_the_type() {
     );
     let mut t = json!({"spec": {"template": {"spec": {"taints": "nope"}}}});
     assert!(take_taints(&mut t, "p.bad").is_err());
+}
+
+#[test]
+fn a_user_data_secret_is_ours_to_delete_only_with_our_installation_and_its_claim_or_warm_vm() {
+    let ours = managed_labels("c", "tenant", "uid-1", "default");
+    assert!(user_data_is_ours(&ours, "default", "vm-1", Some("uid-1")));
+    assert!(
+        !user_data_is_ours(&ours, "default", "vm-1", Some("uid-2")),
+        "another claim's"
+    );
+    assert!(
+        !user_data_is_ours(&ours, "blue", "vm-1", Some("uid-1")),
+        "another installation's"
+    );
+    assert!(
+        !user_data_is_ours(&ours, "default", "vm-1", None),
+        "no claim named"
+    );
+    let mut by_hand = ours.clone();
+    by_hand.remove(crate::api::LABEL_MANAGED_BY);
+    assert!(
+        !user_data_is_ours(&by_hand, "default", "vm-1", Some("uid-1")),
+        "not autonodes'"
+    );
+    let warm = crate::warm::credential_labels("p.small", "warm-small-x", "default");
+    assert!(user_data_is_ours(&warm, "default", "warm-small-x", None));
+    assert!(
+        user_data_is_ours(&warm, "default", "warm-small-x", Some("uid-1")),
+        "a claim took it"
+    );
+    assert!(
+        !user_data_is_ours(&warm, "default", "warm-small-y", None),
+        "another warm VM's"
+    );
+    assert!(!user_data_is_ours(
+        &BTreeMap::new(),
+        "default",
+        "vm-1",
+        Some("uid-1")
+    ));
 }

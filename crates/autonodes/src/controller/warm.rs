@@ -440,7 +440,7 @@ async fn reconcile_on(
         });
         if old && !live.contains(vm.as_str()) && !taken(&vm) {
             host.delete_credential(ns, &vm).await?;
-            host.host().delete_user_data(ns, &vm).await?;
+            host.host().delete_user_data(ns, &vm, None).await?;
             host.delete_data_volumes(ns, &vm).await?;
             tracing::info!(nodetype = %t.name, vm = %format!("{ns}/{vm}"), "removed what was left of a warm VM that is gone");
         }
@@ -523,7 +523,7 @@ async fn remove(
         return Ok(false);
     }
     host.delete_credential(ns, vm).await?;
-    host.host().delete_user_data(ns, vm).await?;
+    host.host().delete_user_data(ns, vm, None).await?;
     host.delete_data_volumes(ns, vm).await?;
     Ok(true)
 }

@@ -71,11 +71,13 @@ pub trait HostApi: Send + Sync {
     /// Halts the VM `ns/name` (`runStrategy: Halted`), keeping it and its disks.
     fn halt_vm(&self, ns: &str, name: &str) -> impl Future<Output = Result<(), Error>> + Send;
 
-    /// Deletes the user-data Secret of VM `vm_name`, if it exists.
+    /// Deletes the user-data Secret of VM `vm_name`, if it exists and is this
+    /// installation's, for the claim with `claim_uid` or for the warm VM `vm_name`.
     fn delete_user_data(
         &self,
         ns: &str,
         vm_name: &str,
+        claim_uid: Option<&str>,
     ) -> impl Future<Output = Result<(), Error>> + Send;
 
     /// Deletes the DataVolumes of the claim `uid` left after its VM.
@@ -189,8 +191,13 @@ impl HostApi for Host<'_> {
         Host::halt_vm(self, ns, name).await
     }
 
-    async fn delete_user_data(&self, ns: &str, vm_name: &str) -> Result<(), Error> {
-        Host::delete_user_data(self, ns, vm_name).await
+    async fn delete_user_data(
+        &self,
+        ns: &str,
+        vm_name: &str,
+        claim_uid: Option<&str>,
+    ) -> Result<(), Error> {
+        Host::delete_user_data(self, ns, vm_name, claim_uid).await
     }
 
     async fn delete_data_volumes(&self, ns: &str, uid: &str) -> Result<(), Error> {
@@ -292,8 +299,13 @@ impl<H: HostApi> HostApi for &H {
         (**self).halt_vm(ns, name).await
     }
 
-    async fn delete_user_data(&self, ns: &str, vm_name: &str) -> Result<(), Error> {
-        (**self).delete_user_data(ns, vm_name).await
+    async fn delete_user_data(
+        &self,
+        ns: &str,
+        vm_name: &str,
+        claim_uid: Option<&str>,
+    ) -> Result<(), Error> {
+        (**self).delete_user_data(ns, vm_name, claim_uid).await
     }
 
     async fn delete_data_volumes(&self, ns: &str, uid: &str) -> Result<(), Error> {

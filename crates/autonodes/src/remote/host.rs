@@ -266,17 +266,50 @@ impl<'a> Host<'a> {
     }
 
     /// Deletes the user-data Secret of VM `vm_name`, by its name: the VM's name is a
-    /// function of the claim ([`autonodes_core::template::names::vm_name_for_claim`]), written to the claim's status
-    /// before anything is created, so every attempt used that one name. A Secret labelled
-    /// with the claim under another name is the orphan sweep's once the claim is gone.
-    pub async fn delete_user_data(&self, ns: &str, vm_name: &str) -> Result<(), Error> {
+    /// function of the claim ([`autonodes_core::template::names::vm_name_for_claim`]),
+    /// written to the claim's status before anything is created, so every attempt used that
+    /// one name. The Secret is read first and deleted (only that one, by its UID) when its
+    /// labels say it is this installation's, for the claim with `claim_uid` or for the warm
+    /// VM `vm_name` ([`autonodes_core::template::names::user_data_is_ours`]); a Secret of
+    /// that name that is someone else's is left alone. A Secret labelled with the claim
+    /// under another name is the orphan sweep's once the claim is gone.
+    pub async fn delete_user_data(
+        &self,
+        ns: &str,
+        vm_name: &str,
+        claim_uid: Option<&str>,
+    ) -> Result<(), Error> {
         let name = autonodes_core::template::names::user_data_secret_name(vm_name);
-        self.delete_each(
-            &self.secrets(ns),
-            std::iter::once(name),
-            "deleting the user-data Secret",
+        let api = self.secrets(ns);
+        let found = remote_call(
+            self.ctx,
+            self.remote,
+            "reading the user-data Secret",
+            api.get_metadata_opt(&name),
         )
-        .await
+        .await?;
+        let Some(found) = found else {
+            return Ok(());
+        };
+        let installation = &self.ctx.config.installation;
+        if !autonodes_core::template::names::user_data_is_ours(
+            found.labels(),
+            installation,
+            vm_name,
+            claim_uid,
+        ) {
+            tracing::warn!(secret = %format!("{ns}/{name}"), cluster = %self.remote.key, "a user-data Secret of this name is not this claim's or this installation's: left alone");
+            return Ok(());
+        }
+        ignore_not_found(
+            remote_call(
+                self.ctx,
+                self.remote,
+                "deleting the user-data Secret",
+                api.delete(&name, &delete_this(found.metadata.uid.clone())),
+            )
+            .await,
+        )
     }
 
     /// Deletes the DataVolumes the claim's UID labels (a host without CDI has none): from

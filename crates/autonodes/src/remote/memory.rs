@@ -21,7 +21,9 @@ use autonodes_api::LABEL_NODECLAIM_UID;
 use autonodes_core::join::{JoinInfo, Published};
 use autonodes_core::kubeversion::KubeVersion;
 use autonodes_core::template::golden::GoldenVolume;
-use autonodes_core::template::names::{labelled_for_claim, user_data_secret_name};
+use autonodes_core::template::names::{
+    labelled_for_claim, user_data_is_ours, user_data_secret_name,
+};
 
 /// How the next call of one kind fails.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -260,9 +262,25 @@ impl HostApi for MemoryHost {
         Ok(())
     }
 
-    async fn delete_user_data(&self, ns: &str, vm_name: &str) -> Result<(), Error> {
+    async fn delete_user_data(
+        &self,
+        ns: &str,
+        vm_name: &str,
+        claim_uid: Option<&str>,
+    ) -> Result<(), Error> {
         self.check("delete_user_data")?;
-        lock(&self.secrets).remove(&key(ns, &user_data_secret_name(vm_name)));
+        // As the real host: only a Secret of the default installation's, for this claim or
+        // warm VM.
+        lock(&self.secrets).retain(|(n, name), secret| {
+            *n != ns
+                || *name != user_data_secret_name(vm_name)
+                || !user_data_is_ours(
+                    secret.labels(),
+                    crate::controller::config::DEFAULT_INSTALLATION,
+                    vm_name,
+                    claim_uid,
+                )
+        });
         Ok(())
     }
 

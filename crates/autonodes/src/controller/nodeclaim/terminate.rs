@@ -182,7 +182,7 @@ pub(super) async fn remove_from(
             "VirtualMachine {vm_ns}/{vm_name} is being deleted"
         )));
     }
-    host.delete_user_data(vm_ns, vm_name).await?;
+    host.delete_user_data(vm_ns, vm_name, Some(uid)).await?;
     host.delete_data_volumes(vm_ns, uid).await?;
     // A warm VM's binding and credential, unless they went when its Node joined.
     let warm = claim.status.as_ref().and_then(|s| s.warm.as_ref());

@@ -162,20 +162,6 @@ async fn explain_names_why_a_claim_fits_no_type_what_holds_repairs_or_budgets_a_
         })
         .await;
 
-    // A pod only a dynamic pool's nodes may take, and that pool may make no node.
-    world
-        .create_pool(
-            "burst",
-            json!({"providerRef": "pools", "labels": {"team": "burst"}, "limits": {"nodes": 0}}),
-        )
-        .await;
-    create_pods(&world, [pod("web", Some(("team", "burst")))]).await;
-    world
-        .wait_pool("burst", "LimitReached", |p| {
-            pool_condition(p, "LimitReached").is_some_and(|(s, _, _)| s == "True")
-        })
-        .await;
-
     // A claim served by the warm VM of `quick` (once it is ready), after its binding is gone.
     let types: Api<NodeType> = Api::all(world.mgmt.clone());
     common::eventually("a ready warm VM of pools.quick", WAIT, || async {
@@ -220,6 +206,21 @@ async fn explain_names_why_a_claim_fits_no_type_what_holds_repairs_or_budgets_a_
         warm_text.contains("binding read and deleted"),
         "{warm_text}"
     );
+
+    // A pod only a dynamic pool's nodes may take, and that pool may make no node (made
+    // once every node of the page has joined, so its condition counts them all).
+    world
+        .create_pool(
+            "burst",
+            json!({"providerRef": "pools", "labels": {"team": "burst"}, "limits": {"nodes": 0}}),
+        )
+        .await;
+    create_pods(&world, [pod("web", Some(("team", "burst")))]).await;
+    world
+        .wait_pool("burst", "LimitReached", |p| {
+            pool_condition(p, "LimitReached").is_some_and(|(s, _, _)| s == "True")
+        })
+        .await;
 
     let claim_text = explain(&world, &["nodeclaim", "tenant/huge"]);
     assert!(
@@ -320,6 +321,28 @@ async fn explain_names_why_a_claim_fits_no_type_what_holds_repairs_or_budgets_a_
         "only its own claim: {node_text}"
     );
 
+    // The kube-scheduler tries the pod again as nodes join: its condition counts them all
+    // (the page shows the same count on every run) once it names as many as there are.
+    let pods: Api<k8s_openapi::api::core::v1::Pod> =
+        Api::namespaced(world.tenant.clone(), "default");
+    common::eventually(
+        "web's condition to count every tenant node",
+        WAIT,
+        || async {
+            let nodes = world.nodes().await.len();
+            let web = pods.get("web").await.ok()?;
+            let message = web
+                .status?
+                .conditions?
+                .into_iter()
+                .find(|c| c.type_ == "PodScheduled")?
+                .message?;
+            message
+                .starts_with(&format!("0/{nodes} nodes are available"))
+                .then_some(())
+        },
+    )
+    .await;
     let pod_text = explain(
         &world,
         &["pod", "default/web", "--vcluster", "tenant/tenant"],

@@ -11,10 +11,16 @@
 //! 3. the allow list (`--tenant-allow-cidrs`, `--host-allow-cidrs`) — accepted, over the
 //!    built-in list below (so a lab can allow one loopback address);
 //! 4. the built-in list: loopback, unspecified, link-local (where cloud metadata services
-//!    answer), multicast and broadcast addresses, also written as IPv4-mapped IPv6 —
-//!    refused;
+//!    answer), multicast and broadcast addresses, the shared address space `100.64.0.0/10`
+//!    (where some clouds' metadata services answer) and AWS's IPv6 metadata address
+//!    `fd00:ec2::254` — refused;
 //! 5. anything else — accepted. Private ranges and the Service CIDR are not refused by
 //!    default: a vCluster's kubeconfig usually names its Service.
+//!
+//! An IPv6 address that carries an IPv4 one — IPv4-mapped (`::ffff:a.b.c.d`),
+//! IPv4-compatible (`::a.b.c.d`), NAT64 (`64:ff9b::a.b.c.d`) and 6to4 (`2002:AABB:CCDD::`)
+//! — is judged as that IPv4 address at every step, so no spelling reaches an address that
+//! the plain IPv4 form could not.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -84,13 +90,33 @@ impl fmt::Display for Cidr {
     }
 }
 
-/// An IPv4-mapped IPv6 address as the IPv4 address it is; others unchanged.
+/// An IPv6 address that carries an IPv4 one as that IPv4 address: IPv4-mapped
+/// (`::ffff:0:0/96`), IPv4-compatible (`::/96`, but `::` and `::1`), the NAT64 well-known
+/// prefix (`64:ff9b::/96`, RFC 6052) and 6to4 (`2002::/16`, the IPv4 address in bits
+/// 16–47); others unchanged.
 fn canonical(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
-        v4 => v4,
+    let v6 = match ip {
+        IpAddr::V6(v6) => v6,
+        v4 => return v4,
+    };
+    if let Some(v4) = v6.to_ipv4_mapped() {
+        return IpAddr::V4(v4);
     }
+    let bits = u128::from(v6);
+    let low = Ipv4Addr::from((bits & 0xffff_ffff) as u32);
+    let compatible = bits >> 32 == 0 && bits > 1;
+    let nat64 = bits >> 32 == 0x0064_ff9b_0000_0000_0000_0000;
+    if compatible || nat64 {
+        return IpAddr::V4(low);
+    }
+    if v6.segments()[0] == 0x2002 {
+        return IpAddr::V4(Ipv4Addr::from(((bits >> 80) & 0xffff_ffff) as u32));
+    }
+    IpAddr::V6(v6)
 }
+
+/// AWS's instance metadata service over IPv6.
+const AWS_METADATA_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254);
 
 /// Why an address is refused (coarse: what a tenant may be told).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -107,6 +133,11 @@ pub enum Refusal {
     LinkLocal,
     /// Multicast or broadcast.
     Multicast,
+    /// The shared address space `100.64.0.0/10` (carrier-grade NAT; some clouds' metadata
+    /// services answer there).
+    SharedAddressSpace,
+    /// A cloud's metadata service (`fd00:ec2::254`).
+    MetadataService,
 }
 
 impl fmt::Display for Refusal {
@@ -118,6 +149,10 @@ impl fmt::Display for Refusal {
             Refusal::Unspecified => "it is the unspecified address",
             Refusal::LinkLocal => "it is link-local (where cloud metadata services answer)",
             Refusal::Multicast => "it is a multicast or broadcast address",
+            Refusal::SharedAddressSpace => {
+                "it is in the shared address space 100.64.0.0/10 (where some clouds' metadata services answer)"
+            }
+            Refusal::MetadataService => "it is a cloud metadata service's address",
         })
     }
 }
@@ -177,6 +212,8 @@ fn built_in(ip: IpAddr) -> Option<Refusal> {
                 Some(Refusal::LinkLocal)
             } else if v4.is_multicast() || v4 == Ipv4Addr::BROADCAST {
                 Some(Refusal::Multicast)
+            } else if u32::from(v4) & 0xffc0_0000 == 0x6440_0000 {
+                Some(Refusal::SharedAddressSpace)
             } else {
                 None
             }
@@ -190,6 +227,8 @@ fn built_in(ip: IpAddr) -> Option<Refusal> {
                 Some(Refusal::LinkLocal)
             } else if v6.is_multicast() {
                 Some(Refusal::Multicast)
+            } else if v6 == AWS_METADATA_V6 {
+                Some(Refusal::MetadataService)
             } else {
                 None
             }
@@ -284,7 +323,80 @@ mod tests {
         assert_eq!(p.check(addr("10.1.2.3:443")), Err(Refusal::Denied));
     }
 
+    #[test]
+    fn ipv6_spellings_that_carry_a_refused_ipv4_address_and_metadata_ranges_are_refused() {
+        let p = AddressPolicy::default();
+        for (a, why) in [
+            ("[::127.0.0.1]:443", Refusal::Loopback),
+            ("[::169.254.169.254]:80", Refusal::LinkLocal),
+            ("[64:ff9b::127.0.0.1]:443", Refusal::Loopback),
+            ("[64:ff9b::a9fe:a9fe]:80", Refusal::LinkLocal),
+            ("[2002:7f00:1::]:443", Refusal::Loopback),
+            ("[2002:a9fe:a9fe::1]:80", Refusal::LinkLocal),
+            ("[fd00:ec2::254]:80", Refusal::MetadataService),
+            ("100.64.0.1:443", Refusal::SharedAddressSpace),
+            ("100.100.100.200:80", Refusal::SharedAddressSpace),
+            ("100.127.255.254:443", Refusal::SharedAddressSpace),
+            ("[64:ff9b::6464:64c8]:80", Refusal::SharedAddressSpace),
+        ] {
+            assert_eq!(p.check(addr(a)), Err(why), "{a}");
+        }
+        // The same forms around an address that may be reached stay reachable, as do the
+        // neighbours of the refused ranges.
+        for a in [
+            "[64:ff9b::cb00:7107]:443",
+            "[2002:cb00:7107::]:443",
+            "100.63.255.255:443",
+            "100.128.0.0:443",
+            "[fd00:ec2::253]:443",
+            "[2001:db8::1]:443",
+        ] {
+            assert_eq!(p.check(addr(a)), Ok(()), "{a}");
+        }
+        // The deny list and the management server see through them too.
+        let p = AddressPolicy {
+            deny: vec![Cidr::parse("203.0.113.0/24").expect("cidr")],
+            protected: vec![addr("10.96.0.1:443")],
+            ..AddressPolicy::default()
+        };
+        assert_eq!(
+            p.check(addr("[2002:cb00:7107::]:443")),
+            Err(Refusal::Denied)
+        );
+        assert_eq!(
+            p.check(addr("[64:ff9b::a60:1]:443")),
+            Err(Refusal::ManagementApiServer)
+        );
+        // An allow list names the range to reach it (a lab on 100.64.0.0/10).
+        let lab = AddressPolicy {
+            allow: vec![Cidr::parse("100.64.0.0/10").expect("cidr")],
+            ..AddressPolicy::default()
+        };
+        assert_eq!(lab.check(addr("100.64.3.4:443")), Ok(()));
+    }
+
     proptest! {
+        #[test]
+        fn every_ipv6_spelling_of_an_ipv4_address_gets_the_same_answer_as_it(
+            a in any::<u32>(), port in any::<u16>(), deny in any::<u32>(), prefix in 0u8..=32
+        ) {
+            let v4 = Ipv4Addr::from(a);
+            let p = AddressPolicy {
+                deny: vec![Cidr { network: IpAddr::V4(Ipv4Addr::from(deny)), prefix }],
+                ..AddressPolicy::default()
+            };
+            let plain = p.check(SocketAddr::new(IpAddr::V4(v4), port));
+            let a128 = u128::from(a);
+            for bits in [a128 | 0x0064_ff9b << 96, a128 << 80 | 0x2002 << 112] {
+                let v6 = SocketAddr::new(IpAddr::V6(Ipv6Addr::from(bits)), port);
+                prop_assert_eq!(p.check(v6), plain, "{}", v6);
+            }
+            if a > 1 {
+                let compatible = SocketAddr::new(IpAddr::V6(Ipv6Addr::from(a128)), port);
+                prop_assert_eq!(p.check(compatible), plain);
+            }
+        }
+
         #[test]
         fn an_ipv4_address_and_its_mapped_ipv6_spelling_get_the_same_answer(
             a in any::<u32>(), port in any::<u16>(), allow in any::<u32>(), prefix in 0u8..=32

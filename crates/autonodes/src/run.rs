@@ -135,7 +135,8 @@ pub struct RunArgs {
     pub installation_id: String,
     /// Addresses (comma-separated networks such as `10.0.0.0/8` or single addresses)
     /// tenant kubeconfigs may point at although the built-in list refuses them (loopback,
-    /// unspecified, link-local, multicast). The management API server stays refused.
+    /// unspecified, link-local, multicast, `100.64.0.0/10`, `fd00:ec2::254`). The
+    /// management API server stays refused.
     #[arg(long, env = "AUTONODES_TENANT_ALLOW_CIDRS", default_value = "",
           value_parser = Cidr::parse_list)]
     pub tenant_allow_cidrs: CidrList,

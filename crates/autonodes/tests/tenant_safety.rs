@@ -526,7 +526,7 @@ async fn the_sweep_removes_only_its_own_installation_s_orphans_and_a_claim_never
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tenant_kubeconfig_naming_the_management_api_server_or_a_closed_port_gets_a_coarse_condition_and_no_connection(
+async fn a_tenant_kubeconfig_naming_the_management_api_server_in_any_spelling_or_a_closed_port_gets_a_coarse_condition_and_no_connection(
 ) {
     let world = world(1000).await;
     let mgmt = world.playground.mgmt().expect("mgmt");
@@ -545,6 +545,27 @@ async fn a_tenant_kubeconfig_naming_the_management_api_server_or_a_closed_port_g
         message.contains("refused by autonodes' address policy"),
         "{message}"
     );
+    // The management API server in the IPv6 spellings that carry its IPv4 address (NAT64,
+    // 6to4, IPv4-compatible): refused as the plain address is, before any connection.
+    for (ns, spelled) in [
+        ("at-mgmt-nat64", "[64:ff9b::7f00:1]"),
+        ("at-mgmt-6to4", "[2002:7f00:1::]"),
+        ("at-mgmt-compat", "[::7f00:1]"),
+    ] {
+        let kubeconfig = mgmt
+            .kubeconfig_yaml()
+            .expect("kubeconfig")
+            .replace("https://127.0.0.1:", &format!("https://{spelled}:"));
+        let (reason, message) = tenant_unreachable(&world, ns, &kubeconfig).await;
+        println!(
+            "kubeconfig at https://{spelled}:{}: {reason}: {message}",
+            mgmt.port
+        );
+        assert!(
+            message.contains("refused by autonodes' address policy"),
+            "{spelled}: {message}"
+        );
+    }
     // A closed port on an allowed address: unreachable, and not a word of the OS's error.
     let closed = mgmt
         .kubeconfig_yaml()

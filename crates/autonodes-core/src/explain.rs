@@ -60,6 +60,28 @@ pub struct Finding {
     pub reasons: Vec<String>,
 }
 
+/// `text` with every control character (line breaks, escape sequences, C1 controls) and
+/// every bidirectional override written as a Rust escape (`\u{1b}`), so that it prints as
+/// one inert line.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    let inert = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{2028}' | '\u{2029}')
+    };
+    if !text.chars().any(inert) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if inert(c) {
+            out.push_str(&c.escape_unicode().to_string());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 impl Finding {
     fn new(subject: impl Into<String>, verdict: impl Into<String>, reasons: Vec<String>) -> Self {
         Finding {
@@ -71,19 +93,23 @@ impl Finding {
 }
 
 impl Explanation {
-    /// The explanation as text, for people.
+    /// The explanation as text, for people. Every part is shown on its own line with its
+    /// control characters escaped ([`printable`]): much of it quotes what a tenant wrote
+    /// (condition messages, names), which must neither drive the reader's terminal nor
+    /// forge a line.
     pub fn text(&self) -> String {
-        let mut out = format!("{} {}\n", self.kind, self.name);
+        let mut out = format!("{} {}\n", self.kind, printable(&self.name));
         for line in &self.summary {
-            out.push_str(&format!("  {line}\n"));
+            out.push_str(&format!("  {}\n", printable(line)));
         }
         for f in &self.findings {
+            let subject = printable(&f.subject);
             match f.verdict.as_str() {
-                "" => out.push_str(&format!("{}:\n", f.subject)),
-                v => out.push_str(&format!("{}: {v}\n", f.subject)),
+                "" => out.push_str(&format!("{subject}:\n")),
+                v => out.push_str(&format!("{subject}: {}\n", printable(v))),
             }
             for r in &f.reasons {
-                out.push_str(&format!("    - {r}\n"));
+                out.push_str(&format!("    - {}\n", printable(r)));
             }
         }
         out
@@ -890,6 +916,39 @@ fn claim_finding(
         reasons.push("nothing disrupts or repairs it now".to_string());
     }
     Finding::new(subject, verdict, reasons)
+}
+
+#[cfg(test)]
+mod printable_tests {
+    use super::*;
+
+    #[test]
+    fn what_a_tenant_wrote_prints_as_inert_text_on_its_own_line() {
+        let e = Explanation {
+            kind: "Pod",
+            name: "default/web".into(),
+            summary: vec![
+                "PodScheduled=False (x): \u{1b}]0;owned\u{7}\u{1b}[2Jred\nNodeClaim forged".into(),
+            ],
+            findings: vec![Finding::new(
+                "pool tenant/\u{202e}krow",
+                "could\rserve it",
+                vec!["ok".into(), "\u{9b}31m".into()],
+            )],
+        };
+        let text = e.text();
+        assert!(
+            !text.chars().any(|c| c.is_control() && c != '\n'),
+            "{text:?}"
+        );
+        assert!(!text.contains('\u{202e}'), "{text:?}");
+        assert_eq!(text.lines().count(), 5, "{text}");
+        assert!(
+            text.contains("\\u{1b}]0;owned\\u{7}\\u{1b}[2Jred\\u{a}NodeClaim forged"),
+            "{text}"
+        );
+        assert_eq!(printable("plain: 0/3 nodes"), "plain: 0/3 nodes");
+    }
 }
 
 #[cfg(test)]

@@ -30,9 +30,66 @@ pub fn retry_delay(status: u16, retry_after: Option<&str>, attempt: u32) -> Opti
     Some(asked.unwrap_or(backoff).min(MAX_WAIT))
 }
 
+/// A token bucket: at most `capacity` takes at once, refilled at `per_second`. What the
+/// metrics server's reviews of unknown bearer tokens go through, so that a flood of
+/// distinct bad tokens costs the management API server a bounded number of reviews a
+/// second. Time is given (`now`), never read.
+#[derive(Clone, Copy, Debug)]
+pub struct Bucket {
+    capacity: f64,
+    per_second: f64,
+    tokens: f64,
+    at: Option<std::time::Instant>,
+}
+
+impl Bucket {
+    /// A full bucket of `capacity` refilled at `per_second`.
+    pub fn new(capacity: u32, per_second: u32) -> Self {
+        Bucket {
+            capacity: f64::from(capacity),
+            per_second: f64::from(per_second),
+            tokens: f64::from(capacity),
+            at: None,
+        }
+    }
+
+    /// Takes one token at `now`, if one is left.
+    pub fn take(&mut self, now: std::time::Instant) -> bool {
+        if let Some(at) = self.at {
+            let passed = now.saturating_duration_since(at).as_secs_f64();
+            self.tokens = (self.tokens + passed * self.per_second).min(self.capacity);
+        }
+        self.at = Some(now);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bucket_gives_its_capacity_at_once_then_its_rate_and_never_more_than_its_capacity() {
+        let start = std::time::Instant::now();
+        let mut b = Bucket::new(10, 5);
+        let at_once = (0..100).filter(|_| b.take(start)).count();
+        assert_eq!(at_once, 10);
+        let later = start + Duration::from_secs(2);
+        assert_eq!((0..100).filter(|_| b.take(later)).count(), 10, "5 a second");
+        let much_later = later + Duration::from_secs(3600);
+        assert_eq!(
+            (0..100).filter(|_| b.take(much_later)).count(),
+            10,
+            "refilled to its capacity, no more"
+        );
+        // A clock that goes back gives nothing.
+        assert!(!b.take(start));
+    }
 
     #[test]
     fn a_429_waits_the_seconds_the_server_asks_for_up_to_the_bound() {

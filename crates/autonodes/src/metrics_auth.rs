@@ -6,7 +6,12 @@
 //! `<release>-metrics-reader`). `/healthz` and `/readyz` stay open.
 //!
 //! Decisions are kept for a minute per token (by its SHA-256, never the token), at most
-//! [`MAX_DECISIONS`] of them, so a scrape every few seconds costs two reviews a minute.
+//! [`MAX_DECISIONS`] of them (allowed callers kept longest), so a scrape every few seconds
+//! costs two reviews a minute. Tokens not decided yet are reviewed at most
+//! [`REVIEWS_PER_SECOND`] a second (bursts of [`REVIEW_BURST`]); past that a caller gets
+//! `429` with `Retry-After: 1`, so a flood of distinct bad tokens costs the management API
+//! server a bounded number of reviews, and callers already decided are answered as
+//! before.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -26,6 +31,10 @@ const TTL: Duration = Duration::from_secs(60);
 pub const MAX_DECISIONS: usize = 1024;
 /// The longest token looked at (a service account token is about 1 KiB).
 const MAX_TOKEN: usize = 16 * 1024;
+/// Reviews of undecided tokens a second, over time.
+pub const REVIEWS_PER_SECOND: u32 = 5;
+/// Reviews of undecided tokens at once.
+pub const REVIEW_BURST: u32 = 10;
 
 /// What a request to `/metrics` gets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,12 +47,15 @@ pub enum Verdict {
     Forbidden,
     /// The reviews could not be made: 503 (not kept).
     Unavailable,
+    /// Too many tokens to review now ([`REVIEWS_PER_SECOND`]): 429 (not kept).
+    Throttled,
 }
 
 /// Decides who may read `/metrics`, with the management cluster's API server.
 pub struct MetricsAuth {
     client: Client,
     decisions: Mutex<HashMap<[u8; 32], (Instant, Verdict)>>,
+    reviews: Mutex<autonodes_core::throttle::Bucket>,
 }
 
 impl MetricsAuth {
@@ -53,6 +65,10 @@ impl MetricsAuth {
         MetricsAuth {
             client,
             decisions: Mutex::new(HashMap::new()),
+            reviews: Mutex::new(autonodes_core::throttle::Bucket::new(
+                REVIEW_BURST,
+                REVIEWS_PER_SECOND,
+            )),
         }
     }
 
@@ -68,6 +84,14 @@ impl MetricsAuth {
         let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         if let Some(v) = self.kept(&key) {
             return v;
+        }
+        let may_review = self
+            .reviews
+            .lock()
+            .is_ok_and(|mut b| b.take(Instant::now()));
+        if !may_review {
+            tracing::debug!("a /metrics caller's token waits: too many reviews this second");
+            return Verdict::Throttled;
         }
         let verdict = self.review(token).await;
         if verdict != Verdict::Unavailable {
@@ -88,9 +112,13 @@ impl MetricsAuth {
         };
         if decisions.len() >= MAX_DECISIONS {
             decisions.retain(|_, (at, _)| at.elapsed() < TTL);
-            if decisions.len() >= MAX_DECISIONS {
-                decisions.clear();
-            }
+        }
+        if decisions.len() >= MAX_DECISIONS {
+            // Refusals go first: a flood of bad tokens does not push out the scrapers.
+            decisions.retain(|_, (_, v)| *v == Verdict::Allowed);
+        }
+        if decisions.len() >= MAX_DECISIONS {
+            decisions.clear();
         }
         decisions.insert(key, (Instant::now(), verdict));
     }

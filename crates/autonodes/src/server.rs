@@ -39,7 +39,7 @@ pub fn router(state: ServerState) -> Router {
 async fn metrics(
     State(s): State<ServerState>,
     headers: HeaderMap,
-) -> (StatusCode, [(&'static str, &'static str); 1], String) {
+) -> (StatusCode, [(&'static str, &'static str); 2], String) {
     if let Some(auth) = &s.auth {
         let header = headers
             .get(axum::http::header::AUTHORIZATION)
@@ -52,14 +52,31 @@ async fn metrics(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "cannot review the caller now\n",
             )),
+            Verdict::Throttled => Some((
+                StatusCode::TOO_MANY_REQUESTS,
+                "too many callers to review; try again in a second\n",
+            )),
         };
         if let Some((status, text)) = refused {
-            return (status, [("content-type", "text/plain")], text.to_string());
+            // A throttled caller may come back in a second; no answer here is cached.
+            let again = if status == StatusCode::TOO_MANY_REQUESTS {
+                ("retry-after", "1")
+            } else {
+                ("cache-control", "no-store")
+            };
+            return (
+                status,
+                [("content-type", "text/plain"), again],
+                text.to_string(),
+            );
         }
     }
     (
         StatusCode::OK,
-        [("content-type", "text/plain; version=0.0.4")],
+        [
+            ("content-type", "text/plain; version=0.0.4"),
+            ("cache-control", "no-store"),
+        ],
         s.metrics.encode(),
     )
 }

@@ -1055,4 +1055,59 @@ async fn with_metrics_auth_only_callers_the_cluster_authorizes_read_metrics_and_
     assert_eq!(bad_token, 401);
     assert_eq!(not_allowed, 403);
     assert!(body.contains("autonodes_reconcile_total"), "{body}");
+
+    // A flood of distinct bad tokens: the API server reviews a bounded number of them, the
+    // rest wait with a 429, and the scraper (decided already) is served throughout.
+    let reviews_before = token_reviews(&world).await;
+    println!("the management API server answered {reviews_before} TokenReviews so far");
+    let started = std::time::Instant::now();
+    let flood = futures::future::join_all((0..60).map(|i| async move {
+        let token = format!("flood-{i}");
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            https_get(port, "/metrics", Some(&token)),
+        )
+        .await
+        .map_or(0, |(status, _)| status)
+    }))
+    .await;
+    let elapsed = started.elapsed().as_secs_f64();
+    let (scraped, _) = https_get(port, "/metrics", Some(&scraper)).await;
+    let reviewed = token_reviews(&world).await - reviews_before;
+    let unauthorized = flood.iter().filter(|s| **s == 401).count();
+    let throttled = flood.iter().filter(|s| **s == 429).count();
+    let bound = f64::from(autonodes::metrics_auth::REVIEW_BURST)
+        + f64::from(autonodes::metrics_auth::REVIEWS_PER_SECOND) * (elapsed + 1.0);
+    println!(
+        "60 distinct bad tokens in {elapsed:.1}s: {unauthorized} reviewed (401), {throttled} throttled (429); the API server made {reviewed} TokenReviews (bound {bound:.0}); the scraper meanwhile {scraped}"
+    );
+    assert_eq!(unauthorized + throttled, 60, "{flood:?}");
+    assert!(
+        f64::from(u32::try_from(reviewed).unwrap_or(u32::MAX)) <= bound,
+        "{reviewed} > {bound}"
+    );
+    assert!(f64::from(u32::try_from(unauthorized).unwrap_or(u32::MAX)) <= bound);
+    if bound < 60.0 {
+        assert!(throttled > 0, "{flood:?}");
+    }
+    assert_eq!(scraped, 200);
+}
+
+/// The TokenReviews the management API server has answered, from its own metrics.
+async fn token_reviews(world: &World) -> u64 {
+    let request = http::Request::get("/metrics")
+        .body(Vec::new())
+        .expect("request");
+    let text = world
+        .mgmt
+        .request_text(request)
+        .await
+        .expect("the management API server's metrics");
+    text.lines()
+        .filter(|l| {
+            l.starts_with("apiserver_request_total{") && l.contains("resource=\"tokenreviews\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .sum()
 }

@@ -149,6 +149,9 @@ names! {
         InvalidKubeconfig,
         /// A kubeconfig Secret could not be read.
         KubeconfigSecretUnreadable,
+        /// The claim's namespace already uses as many tenant clusters as one namespace may
+        /// (`--max-tenant-clusters-per-namespace`): its tenant is not connected.
+        TooManyTenantClusters,
         /// The host cluster does not answer.
         HostUnreachable,
         /// The host cluster refuses autonodes' identity.
@@ -225,6 +228,9 @@ names! {
         InvalidKubeconfig,
         /// The kubeconfig Secret could not be read.
         KubeconfigSecretUnreadable,
+        /// The namespace already uses as many tenant clusters as one namespace may
+        /// (`--max-tenant-clusters-per-namespace`): this one is not connected.
+        TooManyTenantClusters,
     }
 }
 
@@ -234,6 +240,7 @@ impl From<ClusterReason> for ClaimReason {
             ClusterReason::KubeconfigSecretNotFound => ClaimReason::KubeconfigSecretNotFound,
             ClusterReason::InvalidKubeconfig => ClaimReason::InvalidKubeconfig,
             ClusterReason::KubeconfigSecretUnreadable => ClaimReason::KubeconfigSecretUnreadable,
+            ClusterReason::TooManyTenantClusters => ClaimReason::TooManyTenantClusters,
         }
     }
 }
@@ -296,6 +303,9 @@ names! {
         InvalidKubeconfig,
         /// The tenant's kubeconfig Secret could not be read.
         KubeconfigSecretUnreadable,
+        /// The pool's namespace already uses as many tenant clusters as one namespace may
+        /// (`--max-tenant-clusters-per-namespace`): its tenant is not connected.
+        TooManyTenantClusters,
         /// The tenant cluster does not answer.
         TenantUnreachable,
         /// A dynamic pool's tenant has more pods or nodes than autonodes plans for (20,000
@@ -396,6 +406,7 @@ impl From<ClusterReason> for PoolReason {
             ClusterReason::KubeconfigSecretNotFound => PoolReason::KubeconfigSecretNotFound,
             ClusterReason::InvalidKubeconfig => PoolReason::InvalidKubeconfig,
             ClusterReason::KubeconfigSecretUnreadable => PoolReason::KubeconfigSecretUnreadable,
+            ClusterReason::TooManyTenantClusters => PoolReason::TooManyTenantClusters,
         }
     }
 }
@@ -446,6 +457,8 @@ impl From<ClusterReason> for ProviderReason {
             ClusterReason::KubeconfigSecretNotFound => ProviderReason::KubeconfigSecretNotFound,
             ClusterReason::InvalidKubeconfig => ProviderReason::InvalidKubeconfig,
             ClusterReason::KubeconfigSecretUnreadable => ProviderReason::KubeconfigSecretUnreadable,
+            // Only tenant clusters are counted against a namespace; a host never is.
+            ClusterReason::TooManyTenantClusters => ProviderReason::InvalidKubeconfig,
         }
     }
 }

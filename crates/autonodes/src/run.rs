@@ -121,6 +121,22 @@ pub struct RunArgs {
     #[arg(long, env = "AUTONODES_MAX_CLAIMS_PER_NAMESPACE",
           default_value_t = autonodes_core::pool::limits::DEFAULT_MAX_CLAIMS_PER_NAMESPACE)]
     pub max_claims_per_namespace: usize,
+    /// The most tenant clusters one namespace's claims and pools may use at once (distinct
+    /// `vc-<name>` Secrets); a claim or pool naming one more gets the reason
+    /// `TooManyTenantClusters` and no connection is opened to it.
+    #[arg(long, env = "AUTONODES_MAX_TENANT_CLUSTERS_PER_NAMESPACE",
+          default_value_t = crate::remote::clients::DEFAULT_MAX_TENANT_CLUSTERS_PER_NAMESPACE,
+          value_parser = parse_positive)]
+    pub max_tenant_clusters_per_namespace: usize,
+    /// The most bytes of tenant API servers' answers (lists being read, watch events being
+    /// received) this process holds at once, all tenants together (a Kubernetes quantity:
+    /// `64Mi`). An answer that finds no room within 5 s fails and is read again later.
+    #[arg(long, env = "AUTONODES_TENANT_ANSWER_BUDGET", default_value = "64Mi", value_parser = parse_bytes)]
+    pub tenant_answer_budget: u64,
+    /// The share of `--tenant-answer-budget` the tenant clusters of one namespace may hold
+    /// at once (`16Mi`: two of the largest answers autonodes accepts).
+    #[arg(long, env = "AUTONODES_TENANT_ANSWER_BUDGET_PER_NAMESPACE", default_value = "16Mi", value_parser = parse_bytes)]
+    pub tenant_answer_budget_per_namespace: u64,
     /// Let a namespace claim nodes only while a NodeQuota covers it: claims elsewhere stay
     /// `Scheduled=False` (reason `NoQuota`) and pools create none (`LimitReached=True`,
     /// reason `NoQuota`). Off: a namespace no quota covers is not limited.
@@ -170,6 +186,25 @@ pub fn parse_installation_id(s: &str) -> Result<String, String> {
 /// The longest duration a flag takes: a year. Longer ones mean "never" in practice and
 /// overflow the clock arithmetic they feed.
 pub const MAX_FLAG_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
+
+/// Parses a whole number of at least 1.
+pub fn parse_positive(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("`{s}` is not a whole number of at least 1")),
+    }
+}
+
+/// Parses a byte size given as a Kubernetes quantity (`64Mi`, `100M`, `1048576`): at
+/// least 1 MiB, at most 64 GiB.
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let millis = autonodes_core::resources::parse_quantity(s).map_err(|e| e.to_string())?;
+    let bytes = millis.div_euclid(1000);
+    if !(1 << 20..=64 << 30).contains(&bytes) {
+        return Err(format!("`{s}` is not between 1Mi and 64Gi"));
+    }
+    u64::try_from(bytes).map_err(|_| format!("`{s}` is not a size"))
+}
 
 /// Parses `90s`, `10m`, `1h30m`, `500ms` or plain seconds, at most [`MAX_FLAG_DURATION`].
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -313,6 +348,13 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         kubernetes_download_url: args.kubernetes_download_url.clone(),
         max_claims_per_namespace: args.max_claims_per_namespace,
         require_quota: args.require_quota,
+        tenant_limits: crate::remote::clients::TenantLimits {
+            clusters_per_namespace: args.max_tenant_clusters_per_namespace,
+            answer_budget: crate::remote::budget::BudgetSize {
+                total: args.tenant_answer_budget,
+                per_namespace: args.tenant_answer_budget_per_namespace,
+            },
+        },
         installation: args.installation_id.clone(),
         egress,
         management_server,

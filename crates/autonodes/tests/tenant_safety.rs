@@ -294,6 +294,31 @@ async fn a_provider_serves_only_the_tenant_namespaces_its_selector_selects() {
     let served = claim_in(&world, "other", "inside").await;
     available(&served, "inside").await;
     unscheduled(&refused, "outside", "ProviderNotAllowed").await;
+
+    // A claim the provider refuses opens no connection to its tenant's cluster.
+    assert_no_connection_before(&world, "ProviderNotAllowed").await;
+}
+
+/// A namespace `unserved` whose tenant cluster is a server of the test counting what it is
+/// asked, and a claim there that gets `reason` without one request reaching that server.
+async fn assert_no_connection_before(world: &World, reason: &str) {
+    use hostile::{Hostile, HostileServer};
+    let server = HostileServer::start(
+        &world.playground.env.dir.join("unserved"),
+        Hostile::Flood { bytes: 1 << 20 },
+    )
+    .await;
+    tenant_namespace(world, "unserved", &server.kubeconfig()).await;
+    let api = claim_in(world, "unserved", "c").await;
+    let message = unscheduled(&api, "c", reason).await;
+    // Time for any connection the claim's reconciles would open.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let asked = server.requests.load(std::sync::atomic::Ordering::Relaxed);
+    println!("unserved: Scheduled=False {reason}: {message}; its tenant's server was asked {asked} times");
+    assert_eq!(
+        asked, 0,
+        "no request reaches the tenant of a claim refused with {reason}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -314,6 +339,9 @@ async fn with_require_quota_only_a_namespace_a_node_quota_covers_gets_nodes() {
 
     let covered = claim_in(&world, "other", "covered").await;
     available(&covered, "covered").await;
+
+    // A claim --require-quota refuses opens no connection to its tenant's cluster.
+    assert_no_connection_before(&world, "NoQuota").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -655,6 +683,16 @@ async fn claims_of(world: &World, ns: &str) -> usize {
     claims_in(world, ns).await.len()
 }
 
+/// How long tenant B's ordinary claim `b` in [`NS`] takes from its creation to Available.
+async fn ordinary_claim_available(world: &World) -> Duration {
+    let started = Instant::now();
+    world
+        .create_claim(json!({"metadata": {"name": "b"}, "spec": {"providerRef": "pools"}}))
+        .await;
+    world.wait_phase("b", "Available", WAIT).await;
+    started.elapsed()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn soak_a_hostile_tenant_neither_starves_another_nor_grows_the_controller_past_its_bounds() {
     use autonodes_testenv::testenv::process_memory;
@@ -719,12 +757,7 @@ async fn soak_a_hostile_tenant_neither_starves_another_nor_grows_the_controller_
     tokio::time::sleep(Duration::from_secs(15)).await;
 
     // Tenant B's ordinary claim.
-    let started = Instant::now();
-    world
-        .create_claim(json!({"metadata": {"name": "b"}, "spec": {"providerRef": "pools"}}))
-        .await;
-    world.wait_phase("b", "Available", WAIT).await;
-    let b_available = started.elapsed();
+    let b_available = ordinary_claim_available(&world).await;
 
     // Tenant A keeps at it a little longer.
     let mut most_claims = 0;
@@ -769,6 +802,131 @@ async fn soak_a_hostile_tenant_neither_starves_another_nor_grows_the_controller_
                 && message.contains("larger than autonodes accepts")),
         "the dynamic pool says the tenant's answer was too large: {demand_ready:?}"
     );
+    assert!(peak <= 128 << 20, "peak RSS {peak} bytes over 128 MiB");
+    drop(controller);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soak_two_namespaces_naming_twenty_flooding_tenant_clusters_each_keep_the_controller_within_its_memory_budget_while_another_tenant_is_served(
+) {
+    use autonodes_testenv::testenv::process_memory;
+    use hostile::{Hostile, HostileServer};
+    const CLUSTERS: usize = 20;
+    const NAMESPACES: [&str; 2] = ["flood-a", "flood-b"];
+    let mut world = clusters(provider()).await;
+    world.start_simulator(SimMode::Normal).await;
+
+    // Twenty tenant API servers of the tenants' own (a CA of theirs, an allowed address),
+    // answering every list with 7.5 MiB and every watch with events of 7.5 MiB each.
+    let dir = world.playground.env.dir.join("flood");
+    let mut servers = Vec::new();
+    for i in 0..CLUSTERS {
+        servers.push(
+            HostileServer::start(
+                &dir.join(format!("h{i}")),
+                Hostile::Flood { bytes: 15 << 19 },
+            )
+            .await,
+        );
+    }
+    // Two namespaces name all twenty, each with one claim per cluster.
+    for ns in NAMESPACES {
+        world.mgmt_namespace(ns).await;
+        let api: Api<NodeClaim> = Api::namespaced(world.mgmt.clone(), ns);
+        for (i, server) in servers.iter().enumerate() {
+            put_kubeconfig_secret(
+                &world.mgmt,
+                ns,
+                &format!("vc-h{i}"),
+                autonodes_api::TENANT_KUBECONFIG_KEY,
+                &server.kubeconfig(),
+            )
+            .await
+            .expect("kubeconfig Secret");
+            let claim: NodeClaim = serde_json::from_value(json!({
+                "apiVersion": "autonodes.io/v1alpha1", "kind": "NodeClaim",
+                "metadata": {"name": format!("h{i}"), "namespace": ns},
+                "spec": {"vClusterRef": {"name": format!("h{i}")}, "providerRef": "pools"},
+            }))
+            .expect("claim");
+            api.create(&PostParams::default(), &claim)
+                .await
+                .expect("claim created");
+        }
+    }
+    let controller = world.spawn_controller_process_with(
+        0,
+        env!("CARGO_BIN_EXE_autonodes"),
+        "127.0.0.1:0",
+        &["--installation-id", "soak"],
+    );
+    let pid = controller.pid().expect("controller pid");
+    let mut peak_seen = 0u64;
+    let mut sample = || {
+        if let Some((rss, _)) = process_memory(pid) {
+            peak_seen = peak_seen.max(rss);
+        }
+    };
+    // Let the floods run.
+    for _ in 0..40 {
+        sample();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // Another tenant's ordinary claim, in the middle of it.
+    let b_available = ordinary_claim_available(&world).await;
+    for _ in 0..20 {
+        sample();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let (rss, peak) = process_memory(pid).expect("controller memory");
+    let sent: u64 = servers.iter().map(|s| s.sent()).sum();
+    println!(
+        "soak-many: {} tenant clusters in {} namespaces sent {:.0} MiB",
+        CLUSTERS * NAMESPACES.len(),
+        NAMESPACES.len(),
+        sent as f64 / (1 << 20) as f64
+    );
+    let mut capped = Vec::new();
+    for ns in NAMESPACES {
+        let mut reasons: std::collections::BTreeMap<String, (usize, String)> = Default::default();
+        let mut over_cap = 0;
+        for c in claims_in(&world, ns).await {
+            let (reason, message) = c
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.iter().find(|x| x.status == "False"))
+                .map(|x| (x.reason.clone(), x.message.clone()))
+                .unwrap_or_default();
+            if reason == "TooManyTenantClusters" {
+                over_cap += 1;
+            }
+            let entry = reasons.entry(reason).or_insert((0, message));
+            entry.0 += 1;
+        }
+        for (reason, (n, message)) in &reasons {
+            println!("soak-many: namespace {ns}: {n} claims {reason}, as: {message}");
+        }
+        capped.push(over_cap);
+    }
+    println!(
+        "soak-many: tenant B's claim Available after {:.1} s",
+        b_available.as_secs_f64()
+    );
+    println!(
+        "soak-many: controller RSS {:.1} MiB, peak {:.1} MiB (sampled peak {:.1} MiB)",
+        rss as f64 / (1 << 20) as f64,
+        peak as f64 / (1 << 20) as f64,
+        peak_seen as f64 / (1 << 20) as f64
+    );
+    let cap = autonodes::remote::clients::DEFAULT_MAX_TENANT_CLUSTERS_PER_NAMESPACE;
+    for (ns, over) in NAMESPACES.iter().zip(&capped) {
+        assert_eq!(
+            *over,
+            CLUSTERS - cap,
+            "{ns}: the claims past the cap of {cap} tenant clusters say so"
+        );
+    }
+    assert!(sent > 256 << 20, "the floods ran: {sent} bytes");
     assert!(peak <= 128 << 20, "peak RSS {peak} bytes over 128 MiB");
     drop(controller);
 }

@@ -38,6 +38,10 @@ pub struct ControllerConfig {
     /// Whether a namespace needs a NodeQuota covering it to claim anything
     /// (`--require-quota`).
     pub require_quota: bool,
+    /// How many tenant clusters a namespace may use and how many bytes of tenant answers
+    /// this process holds at once (`--max-tenant-clusters-per-namespace`,
+    /// `--tenant-answer-budget`, `--tenant-answer-budget-per-namespace`).
+    pub tenant_limits: crate::remote::clients::TenantLimits,
     /// This installation's id (`--installation-id`): the value of the
     /// `autonodes.io/installation` label on everything it creates in host and tenant
     /// clusters. Empty: the UID of the namespace in `namespace`, read at start.
@@ -71,6 +75,7 @@ impl Default for ControllerConfig {
             max_claims_per_namespace:
                 autonodes_core::pool::limits::DEFAULT_MAX_CLAIMS_PER_NAMESPACE,
             require_quota: false,
+            tenant_limits: Default::default(),
             installation: DEFAULT_INSTALLATION.to_string(),
             egress: crate::remote::egress::Egress::default(),
             management_server: None,

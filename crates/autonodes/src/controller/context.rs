@@ -269,6 +269,7 @@ impl Context {
             config.namespace.clone(),
             config.kubeconfig_policy,
             config.egress.clone(),
+            config.tenant_limits,
         ));
         let (reports, _) = mpsc::unbounded();
         let (wake_claims, _) = mpsc::unbounded();

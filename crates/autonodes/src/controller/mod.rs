@@ -97,6 +97,7 @@ pub async fn run(
         config.namespace.clone(),
         config.kubeconfig_policy,
         config.egress.clone(),
+        config.tenant_limits,
     ));
     clients.set_on_connect(watches::watch_hook(
         wake_claims.clone(),

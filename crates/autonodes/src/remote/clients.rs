@@ -110,6 +110,16 @@ pub enum ClientError {
         /// What is wrong (never the Secret's content).
         reason: String,
     },
+    /// The namespace names more tenant clusters than one namespace may.
+    #[error("namespace {namespace} already uses {max} tenant clusters, the most one namespace may (--max-tenant-clusters-per-namespace); the {cluster} is not connected")]
+    TooManyTenantClusters {
+        /// The cluster refused.
+        cluster: ClusterKey,
+        /// The namespace.
+        namespace: String,
+        /// The cap.
+        max: usize,
+    },
     /// Reading the Secret failed.
     #[error("reading Secret {namespace}/{name}: {source}")]
     ReadSecret {
@@ -129,6 +139,7 @@ impl ClientError {
             ClientError::SecretNotFound { .. } => ClusterReason::KubeconfigSecretNotFound,
             ClientError::InvalidKubeconfig { .. } => ClusterReason::InvalidKubeconfig,
             ClientError::ReadSecret { .. } => ClusterReason::KubeconfigSecretUnreadable,
+            ClientError::TooManyTenantClusters { .. } => ClusterReason::TooManyTenantClusters,
         }
     }
 }
@@ -227,6 +238,29 @@ impl Drop for Cached {
     }
 }
 
+/// The default of `--max-tenant-clusters-per-namespace`.
+pub const DEFAULT_MAX_TENANT_CLUSTERS_PER_NAMESPACE: usize = 10;
+
+/// What the tenant clusters of one namespace, and of all namespaces, may hold of this
+/// process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TenantLimits {
+    /// The most tenant clusters one namespace's claims and pools are connected to
+    /// (`--max-tenant-clusters-per-namespace`).
+    pub clusters_per_namespace: usize,
+    /// The memory budget of tenant answers ([`crate::remote::budget`]).
+    pub answer_budget: crate::remote::budget::BudgetSize,
+}
+
+impl Default for TenantLimits {
+    fn default() -> Self {
+        TenantLimits {
+            clusters_per_namespace: DEFAULT_MAX_TENANT_CLUSTERS_PER_NAMESPACE,
+            answer_budget: Default::default(),
+        }
+    }
+}
+
 /// Builds and caches clients for host and tenant clusters.
 pub struct ClusterClients {
     mgmt: Client,
@@ -239,17 +273,20 @@ pub struct ClusterClients {
     readers: Mutex<HashMap<ClusterKey, Arc<Mutex<()>>>>,
     on_connect: std::sync::RwLock<Option<OnConnect>>,
     egress: crate::remote::egress::Egress,
+    clusters_per_namespace: usize,
+    budget: Arc<crate::remote::budget::AnswerBudget>,
 }
 
 impl ClusterClients {
     /// A cache reading host kubeconfigs from `service_namespace` on the management cluster,
     /// accepting kubeconfig Secrets under `policy`, whose clients connect only where
-    /// `egress` allows.
+    /// `egress` allows and hold of tenants no more than `limits` allow.
     pub fn new(
         mgmt: Client,
         service_namespace: impl Into<String>,
         policy: KubeconfigPolicy,
         egress: crate::remote::egress::Egress,
+        limits: TenantLimits,
     ) -> Self {
         ClusterClients {
             mgmt,
@@ -260,7 +297,40 @@ impl ClusterClients {
             readers: Mutex::new(HashMap::new()),
             on_connect: std::sync::RwLock::new(None),
             egress,
+            clusters_per_namespace: limits.clusters_per_namespace,
+            budget: Arc::new(crate::remote::budget::AnswerBudget::new(
+                limits.answer_budget,
+            )),
         }
+    }
+
+    /// The memory budget tenant clients charge (for the metrics).
+    pub fn answer_budget(&self) -> &crate::remote::budget::AnswerBudget {
+        &self.budget
+    }
+
+    /// The refusal of a tenant cluster `key` that is not connected yet while its namespace
+    /// is connected to as many as one namespace may be.
+    fn over_cluster_cap(
+        &self,
+        cache: &HashMap<ClusterKey, Cached>,
+        key: &ClusterKey,
+    ) -> Option<ClientError> {
+        let ClusterKey::Tenant { namespace, .. } = key else {
+            return None;
+        };
+        if cache.contains_key(key) {
+            return None;
+        }
+        let connected = cache
+            .keys()
+            .filter(|k| matches!(k, ClusterKey::Tenant { namespace: n, .. } if n == namespace))
+            .count();
+        (connected >= self.clusters_per_namespace).then(|| ClientError::TooManyTenantClusters {
+            cluster: key.clone(),
+            namespace: namespace.clone(),
+            max: self.clusters_per_namespace,
+        })
     }
 
     /// Registers the hook run for every new client (replacing any earlier hook).
@@ -351,6 +421,10 @@ impl ClusterClients {
         if let Some(remote) = self.recently_checked(&key).await {
             return Ok(remote);
         }
+        // Past the namespace's cap, not even its Secret is read.
+        if let Some(refused) = self.over_cluster_cap(&*self.cache.lock().await, &key) {
+            return Err(refused);
+        }
         // One reader per cluster: the others wait for it and take its client.
         let reader = {
             let mut readers = self.readers.lock().await;
@@ -410,7 +484,11 @@ impl ClusterClients {
                 return Err(invalid(why));
             }
         };
-        let remote = match build_remote(key.clone(), &checked, via, &self.egress) {
+        let share = match &key {
+            ClusterKey::Tenant { namespace, .. } => Some(self.budget.share(namespace)),
+            ClusterKey::Host(_) => None,
+        };
+        let remote = match build_remote(key.clone(), &checked, via, &self.egress, share) {
             Ok(r) => r,
             Err(why) => {
                 // E.g. a client certificate TLS cannot use (X.509 v1, an unknown key type).
@@ -523,6 +601,9 @@ impl ClusterClients {
         if let Some(c) = cache.get(&key).filter(|c| c.resource_version == rv) {
             return Ok(c.remote.clone());
         }
+        if let Some(refused) = self.over_cluster_cap(&cache, &key) {
+            return Err(refused);
+        }
         let mut remote = build()?;
         let hook = self.on_connect.read().ok().and_then(|h| h.clone());
         let tasks = match hook {
@@ -563,13 +644,14 @@ fn build_remote(
     kc: &CheckedKubeconfig,
     via: Option<String>,
     egress: &crate::remote::egress::Egress,
+    share: Option<Arc<crate::remote::budget::Share>>,
 ) -> Result<Remote, String> {
     let config = client_config(kc)?;
     let (kind, policy) = match &key {
         ClusterKey::Host(_) => (ClusterKind::Host, egress.host.clone()),
         ClusterKey::Tenant { .. } => (ClusterKind::Tenant, egress.tenant.clone()),
     };
-    let client = crate::remote::egress::guarded_client(&config, policy, kind)
+    let client = crate::remote::egress::guarded_client(&config, policy, kind, share)
         .map_err(|e| format!("cannot build a client: {}", redact(&e.to_string())))?;
     Ok(Remote {
         key,
@@ -845,6 +927,7 @@ mod tests {
             &checked,
             None,
             &crate::remote::egress::Egress::default(),
+            None,
         );
         assert!(remote.is_ok(), "{:?}", remote.err());
     }

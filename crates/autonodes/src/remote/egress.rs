@@ -159,20 +159,22 @@ pub const TENANT_BODY_LIMIT: usize = 8 * 1024 * 1024;
 /// Whether `error` (or what it wraps) is an answer that passed its body limit
 /// ([`TENANT_BODY_LIMIT`], [`HOST_BODY_LIMIT`]).
 pub fn passed_body_limit(error: &(dyn std::error::Error + 'static)) -> bool {
-    let mut next = Some(error);
-    while let Some(e) = next {
-        if e.is::<http_body_util::LengthLimitError>() {
-            return true;
-        }
+    causes(error).any(|e| e.is::<http_body_util::LengthLimitError>())
+}
+
+/// `error` and every error it wraps, outermost first.
+pub fn causes<'a>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
+    std::iter::successors(Some(error), |e| {
         // An `io::Error`'s `source` skips the error it carries: read that one itself.
-        next = match e.downcast_ref::<std::io::Error>() {
+        match e.downcast_ref::<std::io::Error>() {
             Some(io) => io
                 .get_ref()
                 .map(|inner| inner as &(dyn std::error::Error + 'static)),
             None => e.source(),
-        };
-    }
-    false
+        }
+    })
 }
 
 /// How many answers (watches aside) of one cluster are read at once: the others wait,
@@ -234,11 +236,13 @@ impl<Res> tower::retry::Policy<http::Request<kube::client::Body>, http::Response
 /// authentication, TLS from the kubeconfig) over the [`GuardedConnector`], each request
 /// counted for `kind`, each answer's body at most [`TENANT_BODY_LIMIT`] or
 /// [`HOST_BODY_LIMIT`] bytes, a request turned away for load sent again
-/// ([`RetryThrottled`]).
+/// ([`RetryThrottled`]). A tenant's client charges what it reads to its namespace's
+/// `share` of the memory budget ([`crate::remote::budget`]).
 pub fn guarded_client(
     config: &Config,
     policy: Arc<AddressPolicy>,
     kind: ClusterKind,
+    share: Option<Arc<crate::remote::budget::Share>>,
 ) -> Result<Client, kube::Error> {
     let limit = match kind {
         ClusterKind::Tenant => TENANT_BODY_LIMIT,
@@ -256,6 +260,7 @@ pub fn guarded_client(
         .layer_fn(|inner| BodyPermits {
             inner,
             permits: Arc::new(tokio::sync::Semaphore::new(BODIES_AT_ONCE)),
+            share: share.clone(),
         })
         .map_response(move |r: http::Response<_>| {
             r.map(|body| http_body_util::Limited::new(body, limit))
@@ -274,11 +279,14 @@ pub fn guarded_client(
 pub struct Redirected(u16);
 
 /// Lets at most [`BODIES_AT_ONCE`] answers of a cluster be read at once (watch streams
-/// are not counted: they live as long as the watch), and turns a redirect into an error.
+/// are not counted: they live as long as the watch), charges every answer's bytes to the
+/// memory budget's `share` when there is one (watch streams included), and turns a
+/// redirect into an error.
 #[derive(Clone)]
 struct BodyPermits<S> {
     inner: S,
     permits: Arc<tokio::sync::Semaphore>,
+    share: Option<Arc<crate::remote::budget::Share>>,
 }
 
 /// The body [`BodyPermits`] hands on.
@@ -309,23 +317,30 @@ where
             .is_some_and(|q| q.split('&').any(|p| p == "watch=true" || p == "watch=1"));
         let answer = self.inner.call(req);
         let permits = self.permits.clone();
+        let share = self.share.clone();
         Box::pin(async move {
             let resp = answer.await.map_err(Into::into)?;
             if resp.status().is_redirection() {
                 return Err(Redirected(resp.status().as_u16()).into());
             }
+            let charged = move |b: PermittedBody| match &share {
+                Some(share) => share.charged(b, watch).boxed_unsync(),
+                None => b,
+            };
             if watch {
-                return Ok(resp.map(|b| b.map_err(Into::into).boxed_unsync()));
+                return Ok(resp.map(|b| charged(b.map_err(Into::into).boxed_unsync())));
             }
             // Unread, the answer waits in the socket: the server cannot push more.
             let permit = permits.acquire_owned().await?;
             Ok(resp.map(move |b| {
-                b.map_err(Into::into)
-                    .map_frame(move |frame| {
-                        let _held_until_the_body_is_read = &permit;
-                        frame
-                    })
-                    .boxed_unsync()
+                charged(
+                    b.map_err(Into::into)
+                        .map_frame(move |frame| {
+                            let _held_until_the_body_is_read = &permit;
+                            frame
+                        })
+                        .boxed_unsync(),
+                )
             }))
         })
     }
@@ -334,9 +349,8 @@ where
 /// What a tenant or host is shown of a failure that is not an answer of its API server:
 /// refused by the address policy, a TLS failure, or unreachable — nothing else.
 pub fn coarse_error(e: &(dyn std::error::Error + 'static)) -> &'static str {
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
     let mut tls = false;
-    while let Some(err) = cur {
+    for err in causes(e) {
         if err.downcast_ref::<AddressRefused>().is_some() {
             return "the server's address is refused by autonodes' address policy";
         }
@@ -349,11 +363,16 @@ pub fn coarse_error(e: &(dyn std::error::Error + 'static)) -> &'static str {
         if err.downcast_ref::<Redirected>().is_some() {
             return "the server answered with a redirect, which autonodes does not follow";
         }
+        if err
+            .downcast_ref::<crate::remote::budget::OverBudget>()
+            .is_some()
+        {
+            return "the tenant's answers being read at once passed autonodes' memory budget; read again later";
+        }
         let text = err.to_string();
         if text.contains("certificate") || text.contains("tls") || text.contains("TLS") {
             tls = true;
         }
-        cur = err.source();
     }
     if tls {
         "the TLS handshake with the server failed"

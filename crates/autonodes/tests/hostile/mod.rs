@@ -31,6 +31,12 @@ pub enum Hostile {
         /// The installation label value the Secrets carry.
         installation: String,
     },
+    /// Every list (Nodes, Secrets, pods) of about `bytes` bytes, and every watch an
+    /// endless stream of events of about `bytes` bytes each, one per line.
+    Flood {
+        /// Bytes of each list and of each watch event.
+        bytes: usize,
+    },
     /// Headers at once, then one byte of body per second, forever.
     Trickle,
     /// `302 Found` to `location` for every request.
@@ -243,6 +249,55 @@ async fn answer<S: AsyncWriteExt + Unpin>(
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
         }
+        Hostile::Flood { bytes } => {
+            if path.starts_with("/version") {
+                let body = r#"{"major":"1","minor":"30","gitVersion":"v1.30.0"}"#;
+                return json(s, body.as_bytes(), sent).await;
+            }
+            let (kind, item) = if path.contains("/secrets") {
+                ("Secret", "Secret")
+            } else if path.contains("/pods") {
+                ("Pod", "Pod")
+            } else {
+                ("Node", "Node")
+            };
+            // Objects of 64 KiB of annotations each, as many as make `bytes`.
+            let pad = "f".repeat(64 * 1024);
+            let object = |i: usize| {
+                format!(
+                    r#"{{"apiVersion":"v1","kind":"{item}","metadata":{{"name":"flood-{i}","namespace":"kube-system","resourceVersion":"{i}","labels":{{"autonodes.io/nodeclaim":"x"}},"annotations":{{"pad":"{pad}"}}}}}}"#
+                )
+            };
+            if !path.contains("watch=") {
+                let bytes = *bytes as u64;
+                return stream_list(s, &format!("{kind}List"), bytes, sent, object).await;
+            }
+            s.write_all(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
+                .await?;
+            let per_event = bytes / (64 * 1024);
+            let mut n = 0usize;
+            loop {
+                // One event line: an object whose annotations hold `bytes`, sent in chunks.
+                let head = format!(
+                    r#"{{"type":"ADDED","object":{{"apiVersion":"v1","kind":"{item}","metadata":{{"name":"flood-w{n}","namespace":"kube-system","resourceVersion":"{}","labels":{{"autonodes.io/nodeclaim":"x"}},"annotations":{{"#,
+                    n + 1
+                );
+                let mut line = head;
+                for k in 0..per_event.max(1) {
+                    if k > 0 {
+                        line.push(',');
+                    }
+                    line.push_str(&format!(r#""pad{k}":"{pad}""#));
+                    if line.len() >= CHUNK {
+                        chunk(s, line.as_bytes(), sent).await?;
+                        line.clear();
+                    }
+                }
+                line.push_str("}}}}\n");
+                chunk(s, line.as_bytes(), sent).await?;
+                n += 1;
+            }
+        }
         Hostile::Huge {
             node_bytes,
             secrets,
@@ -287,6 +342,20 @@ async fn answer<S: AsyncWriteExt + Unpin>(
             s.write_all(body.as_bytes()).await
         }
     }
+}
+
+/// One chunk of a chunked body.
+async fn chunk<S: AsyncWriteExt + Unpin>(
+    s: &mut S,
+    data: &[u8],
+    sent: &AtomicU64,
+) -> std::io::Result<()> {
+    s.write_all(format!("{:x}\r\n", data.len()).as_bytes())
+        .await?;
+    s.write_all(data).await?;
+    s.write_all(b"\r\n").await?;
+    sent.fetch_add(data.len() as u64, Ordering::Relaxed);
+    Ok(())
 }
 
 async fn json<S: AsyncWriteExt + Unpin>(

@@ -214,6 +214,11 @@ async fn apply(claim: &NodeClaim, ctx: &ClaimContext) -> Result<Action, Error> {
     }
     let ns = claim.namespace().unwrap_or_default();
 
+    // What needs nothing of the tenant is checked before its cluster is connected: a claim
+    // its provider or quotas refuse opens no connection.
+    if let Some(wait) = schedule::refused_before_tenant(claim, ctx).await? {
+        return Ok(Action::requeue(wait));
+    }
     // The tenant must be reachable before capacity is reserved for the claim.
     let tenant = match ctx
         .clients

@@ -87,41 +87,15 @@ pub(super) async fn schedule(claim: &NodeClaim, ctx: &ClaimContext) -> Result<Sc
     }
 
     let uid = uid(claim)?;
-    let request = match ClaimRequest::new(&claim.spec, None) {
+    let request = match valid_request(claim) {
         Ok(r) => r,
-        Err(e) => {
+        Err((reason, message)) => {
             let mut w = StatusWriter::new(claim, ctx);
-            w.set(SCHEDULED, false, ClaimReason::InvalidRequest, e.to_string());
+            w.set(SCHEDULED, false, reason, message);
             w.write().await?;
             return Ok(Schedule::Waiting(RETRY));
         }
     };
-    // Labels no node could carry (invalid, or owned by the kubelet or autonodes) keep the
-    // claim from being scheduled at all.
-    if let Err(e) = autonodes_core::node_config::node_labels(
-        &Default::default(),
-        None,
-        &claim.spec.labels,
-        &BTreeMap::new(),
-    ) {
-        let mut w = StatusWriter::new(claim, ctx);
-        w.set(SCHEDULED, false, ClaimReason::InvalidLabels, e.to_string());
-        w.write().await?;
-        return Ok(Schedule::Waiting(RETRY));
-    }
-    // So do kubelet arguments autonodes keeps for itself or cannot pass safely: refused
-    // before any type, quota or tenant connection is taken.
-    if let Err(e) = autonodes_core::kubelet_args::checked(&claim.spec.kubelet_args) {
-        let mut w = StatusWriter::new(claim, ctx);
-        w.set(
-            SCHEDULED,
-            false,
-            ClaimReason::InvalidKubeletArgs,
-            e.to_string(),
-        );
-        w.write().await?;
-        return Ok(Schedule::Waiting(RETRY));
-    }
     // One decision at a time, on complete caches, so maxCapacity holds under concurrency.
     // The decision is reserved in memory before the lock is released; the status write
     // happens outside it and gives the reservation back if it fails.
@@ -153,18 +127,9 @@ pub(super) async fn schedule(claim: &NodeClaim, ctx: &ClaimContext) -> Result<Sc
             )));
         }
         let catalogue = catalogue(ctx);
-        let quotas: Vec<PreparedQuota> = all_quotas
-            .into_iter()
-            .filter(|q| q.covers(&namespace))
-            .collect();
+        let quotas = covering(all_quotas, &namespace);
         ctx.ledger(|ledger| {
-            // What the namespace's claims hold, this process's decisions included (only
-            // when a quota covers it: without quotas nothing is counted).
-            let used = if quotas.is_empty() {
-                Usage::default()
-            } else {
-                Usage::of_counts(ledger.namespace_counts(&namespace), |n| catalogue.named(n))
-            };
+            let used = namespace_usage(&quotas, ledger, &namespace, &catalogue);
             // The room of each host (unknown ones are not checked).
             let rooms: HashMap<&str, HostRoom> = hosts
                 .iter()
@@ -176,11 +141,7 @@ pub(super) async fn schedule(claim: &NodeClaim, ctx: &ClaimContext) -> Result<Sc
             // The zone of each admitted type, as its admission found it.
             let mut zones: HashMap<String, Option<String>> = HashMap::new();
             let admit = |t: &PreparedType| -> Result<(), NoFit> {
-                access::provider_admits(t, &tenant)?;
-                quota::admits(&quotas, &namespace, &used, t).map_err(|message| NoFit {
-                    reason: scheduling::REASON_QUOTA_EXCEEDED,
-                    message,
-                })?;
+                provider_and_quotas_admit(t, &tenant, &quotas, &used)?;
                 let in_use = ledger.zone_counts(&t.name);
                 let room = rooms
                     .get(t.host_cluster.as_str())
@@ -265,6 +226,120 @@ pub(super) async fn schedule(claim: &NodeClaim, ctx: &ClaimContext) -> Result<Sc
         node_type: chosen,
         claim: written,
     })))
+}
+
+/// The quotas of `all` that cover `namespace`.
+fn covering(all: Vec<PreparedQuota>, namespace: &str) -> Vec<PreparedQuota> {
+    all.into_iter().filter(|q| q.covers(namespace)).collect()
+}
+
+/// What the claims of `namespace` hold, this process's decisions included (only when a
+/// quota covers it: without quotas nothing is counted).
+fn namespace_usage(
+    quotas: &[PreparedQuota],
+    ledger: &ClaimedLedger,
+    namespace: &str,
+    catalogue: &autonodes_core::catalogue::Catalogue,
+) -> Usage {
+    if quotas.is_empty() {
+        Usage::default()
+    } else {
+        Usage::of_counts(ledger.namespace_counts(namespace), |n| catalogue.named(n))
+    }
+}
+
+/// Whether type `t`'s provider serves the tenant's namespace and its quotas (`quotas`,
+/// with `used` held) allow one more of it.
+fn provider_and_quotas_admit(
+    t: &PreparedType,
+    tenant: &TenantNamespace<'_>,
+    quotas: &[PreparedQuota],
+    used: &Usage,
+) -> Result<(), NoFit> {
+    access::provider_admits(t, tenant)?;
+    quota::admits(quotas, tenant.name, used, t).map_err(|message| NoFit {
+        reason: scheduling::REASON_QUOTA_EXCEEDED,
+        message,
+    })
+}
+
+/// The claim's request, when what it asks for can be given at all: its resources and
+/// requirements read, its labels ones a Node may carry (not the kubelet's or autonodes'),
+/// its kubelet arguments ones autonodes passes. Else the reason and message.
+fn valid_request(claim: &NodeClaim) -> Result<ClaimRequest, (ClaimReason, String)> {
+    let request = ClaimRequest::new(&claim.spec, None)
+        .map_err(|e| (ClaimReason::InvalidRequest, e.to_string()))?;
+    autonodes_core::node_config::node_labels(
+        &Default::default(),
+        None,
+        &claim.spec.labels,
+        &BTreeMap::new(),
+    )
+    .map_err(|e| (ClaimReason::InvalidLabels, e.to_string()))?;
+    autonodes_core::kubelet_args::checked(&claim.spec.kubelet_args)
+        .map_err(|e| (ClaimReason::InvalidKubeletArgs, e.to_string()))?;
+    Ok(request)
+}
+
+/// Whether a claim not scheduled yet could be scheduled as far as nothing of its tenant is
+/// needed to tell: what it asks for is valid ([`valid_request`]), `--require-quota` finds a
+/// NodeQuota for its namespace, and some node type fits it that a provider serving its
+/// namespace offers and its quotas allow (host room aside). Checked before the tenant's
+/// cluster is connected, so a claim refused for these opens no connection. `None`: go on;
+/// else the claim's status says why and it looks again after this long.
+pub(super) async fn refused_before_tenant(
+    claim: &NodeClaim,
+    ctx: &ClaimContext,
+) -> Result<Option<Duration>, Error> {
+    if claim.status.as_ref().is_some_and(|s| s.type_ref.is_some()) {
+        return Ok(None);
+    }
+    let namespace = claim.namespace().unwrap_or_default();
+    let refusal = match valid_request(claim) {
+        Err(refusal) => Some(refusal),
+        Ok(request) => {
+            ctx.wait_synced().await;
+            let all_quotas = crate::controller::catalogue::prepared_quotas(ctx);
+            match access::quota_admits(ctx.config.require_quota, &all_quotas, &namespace) {
+                Err(message) => Some((ClaimReason::NoQuota, message)),
+                Ok(()) => {
+                    let catalogue = catalogue(ctx);
+                    let labels =
+                        crate::controller::access::namespace_labels(ctx, &catalogue, &namespace)
+                            .await;
+                    let tenant = TenantNamespace {
+                        name: &namespace,
+                        labels: labels.as_ref(),
+                    };
+                    let quotas = covering(all_quotas, &namespace);
+                    ctx.ledger(|ledger| {
+                        let used = namespace_usage(&quotas, ledger, &namespace, &catalogue);
+                        let admit = |t: &PreparedType| {
+                            provider_and_quotas_admit(t, &tenant, &quotas, &used)
+                        };
+                        scheduling::choose_within(&catalogue, &request, ledger.counts(), admit)
+                            .err()
+                            .filter(|nofit| {
+                                // Only what no host can change: the rest is for scheduling.
+                                matches!(
+                                    nofit.reason,
+                                    scheduling::REASON_QUOTA_EXCEEDED
+                                        | access::REASON_PROVIDER_NOT_ALLOWED
+                                )
+                            })
+                            .map(|nofit| (nofit_reason(nofit.reason), nofit.message))
+                    })
+                }
+            }
+        }
+    };
+    let Some((reason, message)) = refusal else {
+        return Ok(None);
+    };
+    let mut w = StatusWriter::new(claim, ctx);
+    w.set(SCHEDULED, false, reason, message);
+    w.write().await?;
+    Ok(Some(RETRY))
 }
 
 /// The watch caches of the host clusters the claim's candidate types use (each read once

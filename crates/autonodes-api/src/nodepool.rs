@@ -122,8 +122,8 @@ pub struct NodePoolSpec {
     pub disruption: Option<Disruption>,
     /// Longest a node of the pool may take to drain once its removal began: until then
     /// eviction respects PodDisruptionBudgets, afterwards the node goes. A Go duration such
-    /// as `30s` or `1h`, or `Never` (wait for the drain however long it takes). Absent: the
-    /// controller's `--drain-timeout`.
+    /// as `30s` or `1h`, or `Never` (wait for the drain however long it takes, up to the
+    /// controller's `--max-drain-duration`). Absent: the controller's `--drain-timeout`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub termination_grace_period: Option<DurationOrNever>,
     /// Replace nodes older than this (a Go duration such as `720h`, or `Never`). Takes

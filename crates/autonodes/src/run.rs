@@ -55,6 +55,12 @@ pub struct RunArgs {
     /// How long draining a Node may take before it is deleted anyway.
     #[arg(long, env = "AUTONODES_DRAIN_TIMEOUT", default_value = "2m", value_parser = parse_duration)]
     pub drain_timeout: Duration,
+    /// The longest any drain waits, also one whose pool's `terminationGracePeriod` is
+    /// longer or `Never`: past it the Node and the VM are deleted anyway, with a Warning
+    /// Event (`DrainTimeout`). A tenant's PodDisruptionBudget cannot keep a VM running for
+    /// ever after its claim was deleted.
+    #[arg(long, env = "AUTONODES_MAX_DRAIN_DURATION", default_value = "24h", value_parser = parse_duration)]
+    pub max_drain_duration: Duration,
     /// A dynamic pool makes the nodes for a burst of pending pods once no pod was newly
     /// marked unschedulable for this long (longer packs more pods together).
     #[arg(long, env = "AUTONODES_BATCH_IDLE_DURATION", default_value = "2s", value_parser = parse_duration)]
@@ -114,7 +120,8 @@ pub struct RunArgs {
     #[arg(long, env = "AUTONODES_KUBERNETES_DOWNLOAD_URL", default_value = autonodes_core::userdata::DEFAULT_DOWNLOAD_URL,
           value_parser = autonodes_core::userdata::parse_download_url)]
     pub kubernetes_download_url: String,
-    /// The most live NodeClaims pools may bring one namespace to; a pool at the cap
+    /// The most NodeClaims pools may bring one namespace to, those being deleted included
+    /// until their VM is gone (Failed ones aside); a pool at the cap
     /// reports `LimitReached=True` (reason `NamespaceClaimLimit`) and creates no more.
     /// Claims written by hand are bounded by a Kubernetes ResourceQuota on
     /// `count/nodeclaims.autonodes.io`.
@@ -336,6 +343,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         initialization_timeout: args.initialization_timeout,
         node_repair_after: (!args.node_repair_after.is_zero()).then_some(args.node_repair_after),
         drain_timeout: args.drain_timeout,
+        max_drain_duration: args.max_drain_duration,
         batch: autonodes_core::pool::dynamic::Batch {
             idle: args.batch_idle_duration,
             max: args.batch_max_duration,

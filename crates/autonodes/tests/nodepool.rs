@@ -14,7 +14,7 @@ use autonodes_core::pool::LABEL_TEMPLATE_HASH;
 use common::pools::*;
 use common::world::*;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::ResourceExt;
 use serde_json::json;
 
@@ -548,42 +548,6 @@ async fn a_dynamic_pool_honours_node_selectors_and_its_limits() {
     );
     delete_pods_now(&world).await;
     world.shutdown().await;
-}
-
-/// The tenant's PodDisruptionBudgets in `default` (policy/v1beta1: the tenant runs 1.20).
-fn pdbs(world: &World) -> Api<DynamicObject> {
-    Api::namespaced_with(
-        world.tenant.clone(),
-        "default",
-        &kube::core::ApiResource::from_gvk_with_plural(
-            &kube::core::GroupVersionKind::gvk("policy", "v1beta1", "PodDisruptionBudget"),
-            "poddisruptionbudgets",
-        ),
-    )
-}
-
-/// A pod bound to `node` that a PodDisruptionBudget protects: no disruption controller runs
-/// in the tenant, so the budget allows none and every eviction of the pod is refused.
-async fn protected_pod(world: &World, name: &str, node: &str) {
-    let pods: Api<Pod> = Api::namespaced(world.tenant.clone(), "default");
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": {"app": name}},
-        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]},
-    }))
-    .expect("pod");
-    pods.create(&PostParams::default(), &pod)
-        .await
-        .expect("pod");
-    let pdb: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "policy/v1beta1", "kind": "PodDisruptionBudget",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": name}}},
-    }))
-    .expect("pdb");
-    pdbs(world)
-        .create(&PostParams::default(), &pdb)
-        .await
-        .expect("pdb");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

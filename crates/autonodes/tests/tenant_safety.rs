@@ -345,6 +345,87 @@ async fn with_require_quota_only_a_namespace_a_node_quota_covers_gets_nodes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_drain_a_budget_blocks_for_ever_keeps_its_place_under_the_namespace_cap_until_the_controller_s_maximum_ends_it(
+) {
+    const MAX_DRAIN: Duration = Duration::from_secs(20);
+    let world = world_with(provider(), |c| {
+        c.max_claims_per_namespace = 1;
+        c.max_drain_duration = MAX_DRAIN;
+    })
+    .await;
+    world
+        .create_pool(
+            "patient",
+            json!({"providerRef": "pools", "replicas": 1, "terminationGracePeriod": "Never"}),
+        )
+        .await;
+    let (old, node) = common::eventually("the pool's node", WAIT, || async {
+        let claims = pool_claims(&world, "patient").await;
+        let c = claims
+            .iter()
+            .find(|c| phase(c) == Some(autonodes_api::NodeClaimPhase::Available))?;
+        Some((c.name_any(), c.status.as_ref()?.node_name.clone()?))
+    })
+    .await;
+    // A pod a PodDisruptionBudget protects: the drain of `Never` would wait for ever.
+    protected_pod(&world, "held", &node).await;
+    let scale = |replicas: i64| {
+        let pools = world.pools();
+        async move {
+            pools
+                .patch(
+                    "patient",
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(json!({"spec": {"replicas": replicas}})),
+                )
+                .await
+                .expect("scale")
+        }
+    };
+    scale(0).await;
+    let deleted = Instant::now();
+    common::eventually("the old claim to be deleting", WAIT, || async {
+        let c = world.claims().get(&old).await.ok()?;
+        c.metadata.deletion_timestamp.map(|_| ())
+    })
+    .await;
+    scale(1).await;
+    // The deleting claim's VM still runs: the namespace is at its cap of 1.
+    let (reason, message) = limit_reached(&world, "patient").await;
+    assert_eq!(reason, "NamespaceClaimLimit", "{message}");
+    assert!(message.contains("being deleted included"), "{message}");
+    assert_eq!(
+        pool_claims(&world, "patient").await.len(),
+        1,
+        "no second VM while the first drains"
+    );
+    // At the controller's maximum the drain ends, the old claim goes with a Warning Event,
+    // and the pool gets its node.
+    world.wait_claim_gone(&old, WAIT).await;
+    let took = deleted.elapsed();
+    println!("patient: the Never drain behind a blocking budget ended {took:?} after the claim was deleted (--max-drain-duration {MAX_DRAIN:?})");
+    assert!(took >= MAX_DRAIN, "not before the maximum: {took:?}");
+    let events = world.events_for(NS, &old).await;
+    println!("{old}: {events:?}");
+    assert!(
+        events
+            .iter()
+            .any(|e| e.starts_with("DrainTimeout") && e.contains("--max-drain-duration")),
+        "{events:?}"
+    );
+    common::eventually("the pool's new node", WAIT, || async {
+        let claims = pool_claims(&world, "patient").await;
+        claims
+            .iter()
+            .find(|c| {
+                c.name_any() != old && phase(c) == Some(autonodes_api::NodeClaimPhase::Available)
+            })
+            .map(|_| ())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_whose_vm_boots_after_the_registration_timeout_still_joins_with_its_token() {
     // Tokens used to live as long as the registration timeout (15 s here), counted from the
     // start of the launch; this guest boots 25 s after its VM is made. A token now lives for

@@ -4,9 +4,10 @@
 //! covering the namespace. A pool held back by the namespace's cap or a quota says so in
 //! `LimitReached`; one held back by the batch only looks again soon.
 //!
-//! A namespace's claims are counted while they are live (not being deleted, not Failed):
-//! claims on their way out free their place by themselves, and a pool deletes its Failed
-//! claims in the same reconcile that replaces them.
+//! A namespace's claims are counted while they hold a VM or will ([`holds_a_place`]): live
+//! ones and those being deleted (a claim's finalizer goes only once its VM is gone, so a
+//! drain that waits does not free its place), not Failed ones, which a pool deletes in the
+//! same reconcile that replaces them.
 
 use crate::api::reasons::PoolReason;
 
@@ -16,6 +17,12 @@ use super::plan::Verdict;
 /// rest in the reconciles that follow (each claim it creates wakes it again).
 pub(crate) const CREATE_BATCH: usize = 20;
 
+/// Whether a claim takes a place under the namespace's cap and quota: any claim not
+/// Failed, also one being deleted (its VM runs until its drain ends).
+pub fn holds_a_place(c: &crate::api::NodeClaim) -> bool {
+    c.status.as_ref().and_then(|s| s.phase) != Some(crate::api::NodeClaimPhase::Failed)
+}
+
 /// The default of the controller's `--max-claims-per-namespace`.
 pub const DEFAULT_MAX_CLAIMS_PER_NAMESPACE: usize = 1000;
 
@@ -24,7 +31,8 @@ pub const DEFAULT_MAX_CLAIMS_PER_NAMESPACE: usize = 1000;
 pub struct NamespaceClaims<'a> {
     /// The namespace.
     pub namespace: &'a str,
-    /// Its live claims (of every pool, and written by hand).
+    /// Its claims that hold a place ([`holds_a_place`]: of every pool, written by hand,
+    /// and being deleted).
     pub live: usize,
     /// The controller's cap on claims per namespace.
     pub max: usize,
@@ -45,7 +53,7 @@ pub enum Bound {
     Namespace {
         /// The namespace.
         namespace: String,
-        /// Its live claims.
+        /// Its claims that hold a place.
         live: usize,
         /// The cap.
         max: usize,
@@ -61,7 +69,7 @@ pub enum Bound {
         quota: String,
         /// Its `nodes` limit.
         nodes: usize,
-        /// The namespace's live claims.
+        /// The namespace's claims that hold a place.
         live: usize,
     },
     /// The controller requires a NodeQuota (`--require-quota`) and none covers the
@@ -105,7 +113,7 @@ impl ClaimRoom {
                 true,
                 PoolReason::NamespaceClaimLimit,
                 format!(
-                    "{short} more claim(s) wanted, but namespace {namespace} holds {} live claims with the ones created now, and the controller allows {max} per namespace (--max-claims-per-namespace)",
+                    "{short} more claim(s) wanted, but namespace {namespace} holds {} claims (those being deleted included) with the ones created now, and the controller allows {max} per namespace (--max-claims-per-namespace)",
                     live + self.create
                 ),
             )),
@@ -118,7 +126,7 @@ impl ClaimRoom {
                 true,
                 PoolReason::QuotaExceeded,
                 format!(
-                    "{short} more claim(s) wanted, but NodeQuota {quota} limits namespace {namespace} to {nodes} nodes, and it holds {} live claims with the ones created now",
+                    "{short} more claim(s) wanted, but NodeQuota {quota} limits namespace {namespace} to {nodes} nodes, and it holds {} claims (those being deleted included) with the ones created now",
                     live + self.create
                 ),
             )),
@@ -196,6 +204,37 @@ mod tests {
     }
 
     #[test]
+    fn a_claim_being_deleted_holds_its_place_until_it_is_gone_and_a_failed_one_does_not() {
+        let claim = |deleting: bool, phase: Option<crate::api::NodeClaimPhase>| {
+            let mut c: crate::api::NodeClaim = serde_json::from_value(serde_json::json!({
+                "apiVersion": "autonodes.io/v1alpha1", "kind": "NodeClaim",
+                "metadata": {"name": "c", "namespace": "tenant-a"},
+                "spec": {"vClusterRef": {"name": "t"}},
+            }))
+            .expect("claim");
+            if deleting {
+                c.metadata.deletion_timestamp =
+                    Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                        k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                    ));
+            }
+            c.status = Some(crate::api::NodeClaimStatus {
+                phase,
+                ..Default::default()
+            });
+            c
+        };
+        use crate::api::NodeClaimPhase::{Available, Failed, Terminating};
+        assert!(holds_a_place(&claim(false, Some(Available))));
+        assert!(holds_a_place(&claim(false, None)));
+        // A drain that waits (terminationGracePeriod Never behind a PodDisruptionBudget)
+        // keeps its VM running: its place stays taken.
+        assert!(holds_a_place(&claim(true, Some(Terminating))));
+        assert!(!holds_a_place(&claim(false, Some(Failed))));
+        assert!(!holds_a_place(&claim(true, Some(Failed))));
+    }
+
+    #[test]
     fn a_namespace_without_the_quota_the_controller_requires_gets_no_claims() {
         let mut missing = ns(0, 1000, None);
         missing.quota_missing = true;
@@ -232,7 +271,8 @@ mod tests {
             v.message
         );
         assert!(
-            v.message.contains("holds 1000 live claims"),
+            v.message
+                .contains("holds 1000 claims (those being deleted included)"),
             "{}",
             v.message
         );

@@ -21,6 +21,9 @@ pub struct ControllerConfig {
     pub node_repair_after: Option<Duration>,
     /// How long draining a Node may take before it is deleted anyway.
     pub drain_timeout: Duration,
+    /// The longest any drain waits, whatever the pool's `terminationGracePeriod`
+    /// (`--max-drain-duration`).
+    pub max_drain_duration: Duration,
     /// How dynamic pools batch bursts of pending pods (`--batch-idle-duration`,
     /// `--batch-max-duration`).
     pub batch: autonodes_core::pool::dynamic::Batch,
@@ -32,7 +35,7 @@ pub struct ControllerConfig {
     pub vcluster_import: ImportScope,
     /// Where stock images download the kubelet and kubeadm (`--kubernetes-download-url`).
     pub kubernetes_download_url: String,
-    /// The most live claims pools may bring one namespace to
+    /// The most claims (being deleted included) pools may bring one namespace to
     /// (`--max-claims-per-namespace`).
     pub max_claims_per_namespace: usize,
     /// Whether a namespace needs a NodeQuota covering it to claim anything
@@ -67,6 +70,7 @@ impl Default for ControllerConfig {
             initialization_timeout: Duration::from_secs(900),
             node_repair_after: Some(Duration::from_secs(600)),
             drain_timeout: Duration::from_secs(120),
+            max_drain_duration: Duration::from_secs(24 * 3600),
             batch: autonodes_core::pool::dynamic::Batch::default(),
             kubeconfig_policy: KubeconfigPolicy::default(),
             orphan_sweep_interval: Duration::from_secs(300),

@@ -6,7 +6,7 @@ use std::time::Duration;
 use autonodes_api::{NodeClaim, NodeClaimPhase, LABEL_NODEPOOL};
 use autonodes_testenv::testenv::ManagedProcess;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
 use kube::ResourceExt;
 use serde_json::json;
 
@@ -257,4 +257,40 @@ pub async fn set_node_condition(world: &World, node: &str, type_: &str, status: 
         )
         .await
         .expect("Node condition set");
+}
+
+/// The tenant's PodDisruptionBudgets in `default` (policy/v1beta1: the tenant runs 1.20).
+pub fn pdbs(world: &World) -> Api<DynamicObject> {
+    Api::namespaced_with(
+        world.tenant.clone(),
+        "default",
+        &kube::core::ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk("policy", "v1beta1", "PodDisruptionBudget"),
+            "poddisruptionbudgets",
+        ),
+    )
+}
+
+/// A pod bound to `node` that a PodDisruptionBudget protects: no disruption controller runs
+/// in the tenant, so the budget allows none and every eviction of the pod is refused.
+pub async fn protected_pod(world: &World, name: &str, node: &str) {
+    let pods: Api<Pod> = Api::namespaced(world.tenant.clone(), "default");
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]},
+    }))
+    .expect("pod");
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .expect("pod");
+    let pdb: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "policy/v1beta1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": name}}},
+    }))
+    .expect("pdb");
+    pdbs(world)
+        .create(&PostParams::default(), &pdb)
+        .await
+        .expect("pdb");
 }

@@ -361,30 +361,37 @@ async fn drain_node(
         .as_ref()
         .map(|t| t.0)
         .unwrap_or_else(now);
-    let Some(drain_timeout) = drain_timeout(claim, ctx) else {
-        // `terminationGracePeriod: Never`: wait for the drain however long it takes.
-        evict_all(tenant, &evictable).await?;
-        return Ok(Some(format!(
-            "draining Node {name}: {left} pod(s) left{held_note} (terminationGracePeriod Never)"
-        )));
-    };
-    if elapsed_since(deleting_since) > drain_timeout {
+    let limit = drain_limit(claim, ctx);
+    if elapsed_since(deleting_since) > limit.wait {
+        let why = if limit.capped {
+            " (the most any drain waits, --max-drain-duration; the pool's terminationGracePeriod is longer or Never)"
+        } else {
+            ""
+        };
         ctx.event(
             claim,
             EventType::Warning,
             "DrainTimeout",
             "Delete",
             format!(
-                "{left} pod(s) still on Node {name}{held_note} after {}s; deleting the Node anyway",
-                drain_timeout.as_secs()
+                "{left} pod(s) still on Node {name}{held_note} after {}s{why}; deleting the Node anyway",
+                limit.wait.as_secs()
             ),
         )
         .await;
         return Ok(None);
     }
     evict_all(tenant, &evictable).await?;
+    let never = if limit.never {
+        format!(
+            " (terminationGracePeriod Never: at most {}s, --max-drain-duration)",
+            limit.wait.as_secs()
+        )
+    } else {
+        String::new()
+    };
     Ok(Some(format!(
-        "draining Node {name}: {left} pod(s) left{held_note}"
+        "draining Node {name}: {left} pod(s) left{held_note}{never}"
     )))
 }
 
@@ -398,8 +405,30 @@ async fn evict_all(tenant: &impl TenantApi, pods: &[&Pod]) -> Result<(), Error> 
     Ok(())
 }
 
-/// How long the claim's drain may take: its pool's `terminationGracePeriod` (`None` for
-/// `Never`), else the controller's `--drain-timeout`.
+/// How long a claim's drain may take.
+struct DrainLimit {
+    /// The wait.
+    wait: std::time::Duration,
+    /// Whether `--max-drain-duration` cut a longer one.
+    capped: bool,
+    /// Whether the pool's `terminationGracePeriod` is `Never`.
+    never: bool,
+}
+
+/// How long the claim's drain may take: its pool's `terminationGracePeriod`, else the
+/// controller's `--drain-timeout`; never longer than `--max-drain-duration`.
+fn drain_limit(claim: &NodeClaim, ctx: &ClaimContext) -> DrainLimit {
+    let wanted = drain_timeout(claim, ctx);
+    let max = ctx.config.max_drain_duration;
+    DrainLimit {
+        wait: wanted.map_or(max, |w| w.min(max)),
+        capped: wanted.is_none_or(|w| w > max),
+        never: wanted.is_none(),
+    }
+}
+
+/// How long the claim's drain wants to take: its pool's `terminationGracePeriod` (`None`
+/// for `Never`), else the controller's `--drain-timeout`.
 fn drain_timeout(claim: &NodeClaim, ctx: &ClaimContext) -> Option<std::time::Duration> {
     let pool = claim
         .labels()

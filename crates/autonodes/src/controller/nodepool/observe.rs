@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use autonodes_core::access::{provider_admits, quota_admits, TenantNamespace};
 use autonodes_core::pool::dynamic::Tenant;
+use autonodes_core::pool::limits::holds_a_place;
 use autonodes_core::pool::limits::{claim_room, ClaimRoom, NamespaceClaims};
 use autonodes_core::pool::owned_by;
-use autonodes_core::pool::plan::is_live;
 use autonodes_core::pool::plan::Verdict;
 use autonodes_core::pool::reconcile::template_problem;
 use autonodes_core::quota::nodes_limit;
@@ -45,14 +45,15 @@ pub(super) fn claims(ctx: &Context, ns: &str, uid: &str) -> Claims {
 
 /// How many claims the pool may create now: the batch, the controller's cap on claims per
 /// namespace, and the `nodes` limit of the namespace's NodeQuotas, against the
-/// namespace's live claims (`claims`: the pool's and the others').
+/// namespace's claims that hold a place, those being deleted included (`claims`: the
+/// pool's and the others').
 pub(super) fn room(ctx: &Context, ns: &str, claims: &Claims) -> ClaimRoom {
     let quotas = crate::controller::catalogue::prepared_quotas(ctx);
     let live = claims
         .mine
         .iter()
         .chain(&claims.others)
-        .filter(|c| is_live(c))
+        .filter(|c| holds_a_place(c))
         .count();
     claim_room(&NamespaceClaims {
         namespace: ns,

@@ -116,9 +116,9 @@ fn plan(
         .mine
         .iter()
         .chain(&claims.others)
-        .filter(|c| is_live(c))
+        .filter(|c| autonodes_core::pool::limits::holds_a_place(c))
         .count()
-        - taking;
+        .saturating_sub(taking);
     let others = ctx.warm.namespace_warm(&ns, uid);
     let room = namespace_room(
         &NamespaceClaims {

@@ -79,11 +79,6 @@ impl AnswerBudget {
         }
     }
 
-    /// Its sizes.
-    pub fn size(&self) -> BudgetSize {
-        self.size
-    }
-
     /// The share the clients of `namespace`'s tenant clusters charge: the namespace's
     /// semaphore is shared by all of them while any is alive.
     pub fn share(self: &Arc<Self>, namespace: &str) -> Arc<Share> {
@@ -108,8 +103,9 @@ impl AnswerBudget {
         })
     }
 
-    /// Bytes of tenant answers held now (in KiB steps), for the metrics.
-    pub fn held_bytes(&self) -> u64 {
+    /// Bytes of tenant answers held now (in KiB steps).
+    #[cfg(test)]
+    fn held_bytes(&self) -> u64 {
         let free = self.total.available_permits() as u64;
         (u64::from(kib(self.size.total).max(1)) - free.min(u64::from(kib(self.size.total)))) * 1024
     }

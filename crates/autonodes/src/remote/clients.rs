@@ -304,11 +304,6 @@ impl ClusterClients {
         }
     }
 
-    /// The memory budget tenant clients charge (for the metrics).
-    pub fn answer_budget(&self) -> &crate::remote::budget::AnswerBudget {
-        &self.budget
-    }
-
     /// The refusal of a tenant cluster `key` that is not connected yet while its namespace
     /// is connected to as many as one namespace may be.
     fn over_cluster_cap(

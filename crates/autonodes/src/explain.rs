@@ -6,7 +6,10 @@
 //! PodDisruptionBudgets, through the vCluster's kubeconfig Secret), and writes nothing.
 //! Lists go a page at a time, at most [`MAX_LISTED`] objects of a kind; a tenant kubeconfig,
 //! from the Secret or a file, goes through the controller's own check
-//! ([`autonodes_core::kubeconfig::check`]).
+//! ([`autonodes_core::kubeconfig::check`]), and the tenant is read with the controller's
+//! own guarded client ([`crate::remote::egress::guarded_client`]): the same address policy
+//! (the built-in refusals, the management API server, `--tenant-allow-cidrs`), the same
+//! answer caps, and every read of the tenant within [`TENANT_READ_LIMIT`].
 
 use std::time::Duration;
 
@@ -88,6 +91,49 @@ pub struct ExplainArgs {
     #[arg(long = "node-repair-after", default_value = "10m", global = true,
           value_parser = crate::run::parse_duration)]
     pub node_repair_after: Duration,
+    /// Addresses tenant kubeconfigs may point at although the built-in list refuses them,
+    /// as the controller's `--tenant-allow-cidrs` (comma-separated networks such as
+    /// `10.0.0.0/8`); the management API server stays refused.
+    #[arg(long = "tenant-allow-cidrs", default_value = "", global = true)]
+    pub tenant_allow_cidrs: String,
+}
+
+/// The longest the reads of a tenant for one explanation may take.
+pub const TENANT_READ_LIMIT: Duration = Duration::from_secs(30);
+
+/// Where `explain` lets a tenant client connect: the controller's address policy for
+/// tenants, with the management API server refused.
+#[derive(Clone, Debug)]
+pub struct TenantGuard {
+    policy: std::sync::Arc<autonodes_core::address_policy::AddressPolicy>,
+}
+
+impl TenantGuard {
+    /// The policy of `--tenant-allow-cidrs` (`allow`) with the management cluster's API
+    /// server (`protected`) refused.
+    pub fn new(allow: &str, protected: &[std::net::SocketAddr]) -> anyhow::Result<Self> {
+        let allow = autonodes_core::address_policy::Cidr::parse_list(allow)
+            .map_err(|e| anyhow::anyhow!("--tenant-allow-cidrs: {e}"))?;
+        Ok(TenantGuard {
+            policy: std::sync::Arc::new(autonodes_core::address_policy::AddressPolicy {
+                allow,
+                protected: protected.to_vec(),
+                ..Default::default()
+            }),
+        })
+    }
+}
+
+/// `fut`, a read of the tenant, within [`TENANT_READ_LIMIT`].
+async fn within<T>(fut: impl std::future::Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    tokio::time::timeout(TENANT_READ_LIMIT, fut)
+        .await
+        .unwrap_or_else(|_| {
+            bail!(
+                "the tenant did not answer within {}s",
+                TENANT_READ_LIMIT.as_secs()
+            )
+        })
 }
 
 /// `NAMESPACE/NAME`.
@@ -100,10 +146,17 @@ fn split(name: &str) -> anyhow::Result<(&str, &str)> {
 
 /// Explains the target against the cluster of the current kubeconfig and prints it.
 pub async fn run(args: ExplainArgs) -> anyhow::Result<()> {
-    let client = Client::try_default()
+    let config = kube::Config::infer()
         .await
+        .context("reading the current kubeconfig (the management cluster)")?;
+    // The management API server as this kubeconfig reaches it, never a tenant's address.
+    let server = crate::remote::clients::endpoint_of(&config.cluster_url.to_string()).ok();
+    let client = Client::try_from(config)
         .context("connecting to the management cluster (the current kubeconfig)")?;
-    let e = explain(&client, &args).await?;
+    let protected =
+        crate::controller::startup::management_api_server(&client, server.as_deref()).await;
+    let guard = TenantGuard::new(&args.tenant_allow_cidrs, &protected)?;
+    let e = explain(&client, &args, &guard).await?;
     match args.output {
         Format::Text => print!("{}", e.text()),
         Format::Json => println!("{}", serde_json::to_string_pretty(&e)?),
@@ -111,8 +164,13 @@ pub async fn run(args: ExplainArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The explanation of `args.target`, read through `client`.
-pub async fn explain(client: &Client, args: &ExplainArgs) -> anyhow::Result<Explanation> {
+/// The explanation of `args.target`, read through `client` (the tenant where `guard`
+/// lets its client connect).
+pub async fn explain(
+    client: &Client,
+    args: &ExplainArgs,
+    guard: &TenantGuard,
+) -> anyhow::Result<Explanation> {
     let repair_after = (!args.node_repair_after.is_zero()).then_some(args.node_repair_after);
     let now = k8s_openapi::jiff::Timestamp::now();
     match &args.target {
@@ -198,23 +256,27 @@ pub async fn explain(client: &Client, args: &ExplainArgs) -> anyhow::Result<Expl
         } => {
             let (pod_ns, pod_name) = split(name)?;
             let (ns, vc) = split(vcluster)?;
-            let tenant = tenant_client(client, ns, vc, tenant_kubeconfig.as_deref()).await?;
-            let pod = Api::<Pod>::namespaced(tenant.clone(), pod_ns)
-                .get(pod_name)
+            let tenant = tenant_client(client, ns, vc, tenant_kubeconfig.as_deref(), guard).await?;
+            let (pod, daemonsets) = within(async {
+                let pod = Api::<Pod>::namespaced(tenant.clone(), pod_ns)
+                    .get(pod_name)
+                    .await
+                    .with_context(|| format!("reading pod {name} in the tenant"))?;
+                // Without the right to list DaemonSets the controller plans without them too.
+                let daemonsets = match list_all(
+                    &Api::<DaemonSet>::all(tenant),
+                    &ListParams::default(),
+                    "DaemonSets in the tenant",
+                )
                 .await
-                .with_context(|| format!("reading pod {name} in the tenant"))?;
-            // Without the right to list DaemonSets the controller plans without them too.
-            let daemonsets = match list_all(
-                &Api::<DaemonSet>::all(tenant),
-                &ListParams::default(),
-                "DaemonSets in the tenant",
-            )
-            .await
-            {
-                Ok(d) => d,
-                Err(e) if refused_or_not_served(&e) => Vec::new(),
-                Err(e) => return Err(e),
-            };
+                {
+                    Ok(d) => d,
+                    Err(e) if refused_or_not_served(&e) => Vec::new(),
+                    Err(e) => return Err(e),
+                };
+                Ok((pod, daemonsets))
+            })
+            .await?;
             let pools: Vec<NodePool> = list_all(
                 &Api::<NodePool>::namespaced(client.clone(), ns),
                 &ListParams::default(),
@@ -259,10 +321,11 @@ pub async fn explain(client: &Client, args: &ExplainArgs) -> anyhow::Result<Expl
                 bail!("no NodeClaim of vCluster {vcluster} has the node {name}");
             };
             // What holds the node in the tenant; the rest is told without it.
-            let tenant = match tenant_client(client, ns, vc, tenant_kubeconfig.as_deref()).await {
-                Ok(t) => on_node(&t, name).await,
-                Err(e) => Err(e),
-            };
+            let tenant =
+                match tenant_client(client, ns, vc, tenant_kubeconfig.as_deref(), guard).await {
+                    Ok(t) => within(on_node(&t, name)).await,
+                    Err(e) => Err(e),
+                };
             let (node, pods, budgets, unread) = match tenant {
                 Ok((node, pods, budgets)) => (node, pods, budgets, None),
                 Err(e) => (None, Vec::new(), Vec::new(), Some(format!("{e:#}"))),
@@ -420,12 +483,14 @@ async fn namespace_claims(client: &Client, ns: &str) -> anyhow::Result<Vec<NodeC
 
 /// A client of the tenant: from `file`, else from the vCluster's `vc-<name>` Secret in
 /// `ns`; either is checked as the controller checks tenant kubeconfigs (no commands, files,
-/// proxies or impersonation).
+/// proxies or impersonation), and its connections go only where `guard` allows, its
+/// answers capped as the controller's are.
 async fn tenant_client(
     client: &Client,
     ns: &str,
     vcluster: &str,
     file: Option<&std::path::Path>,
+    guard: &TenantGuard,
 ) -> anyhow::Result<Client> {
     let (bytes, source) = match file {
         Some(path) => (
@@ -465,7 +530,13 @@ async fn tenant_client(
     }
     let config = crate::remote::clients::client_config(&checked)
         .map_err(|why| anyhow::anyhow!("{source}: {why}"))?;
-    Client::try_from(config).context("building the tenant's client")
+    crate::remote::egress::guarded_client(
+        &config,
+        guard.policy.clone(),
+        crate::remote::request_metrics::ClusterKind::Tenant,
+        None,
+    )
+    .context("building the tenant's client")
 }
 
 /// The NodePool that controls `claim`, if any.

@@ -16,8 +16,19 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::ResourceExt;
 use serde_json::json;
 
-/// Runs `autonodes explain ARGS` against the management cluster; returns its stdout.
+/// Runs `autonodes explain ARGS` against the management cluster, letting it reach the
+/// tenant on loopback (`--tenant-allow-cidrs 127.0.0.1`, as the test's controller does);
+/// returns its stdout.
 fn explain(world: &World, args: &[&str]) -> String {
+    let mut all = args.to_vec();
+    all.extend(["--tenant-allow-cidrs", "127.0.0.1"]);
+    let (ok, stdout, stderr) = explain_as_is(world, &all);
+    assert!(ok, "autonodes explain {args:?} failed: {stdout}{stderr}");
+    stdout
+}
+
+/// Runs `autonodes explain ARGS` as given: whether it succeeded, its stdout and stderr.
+fn explain_as_is(world: &World, args: &[&str]) -> (bool, String, String) {
     let mgmt = world.playground.mgmt().expect("mgmt");
     let out = Command::new(env!("CARGO_BIN_EXE_autonodes"))
         .arg("explain")
@@ -25,13 +36,11 @@ fn explain(world: &World, args: &[&str]) -> String {
         .env("KUBECONFIG", &mgmt.kubeconfig_path)
         .output()
         .expect("autonodes explain runs");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
+    (
         out.status.success(),
-        "autonodes explain {args:?} failed: {stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// The output with the run's random names and times replaced by fixed ones, and a pool's
@@ -347,6 +356,22 @@ async fn explain_names_why_a_claim_fits_no_type_what_holds_repairs_or_budgets_a_
         &world,
         &["pod", "default/web", "--vcluster", "tenant/tenant"],
     );
+    // Without the allowance the controller has, a tenant on loopback is refused, as the
+    // controller refuses it: the pod cannot be explained, the node is without the tenant.
+    let (ok, out, err) = explain_as_is(
+        &world,
+        &["pod", "default/web", "--vcluster", "tenant/tenant"],
+    );
+    println!("explain pod, loopback tenant refused: {err}");
+    assert!(!ok, "{out}");
+    assert!(err.contains("address is refused"), "{err}");
+    let (ok, out, err) =
+        explain_as_is(&world, &["node", &sick_node, "--vcluster", "tenant/tenant"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("the tenant could not be read") && out.contains("address is refused"),
+        "{out}"
+    );
     for expected in [
         "the kube-scheduler found no node for it",
         "pool tenant/burst (weight 0): could serve it\n    - pools.small: takes it\n",
@@ -423,7 +448,11 @@ async fn explain_names_why_a_claim_fits_no_type_what_holds_repairs_or_budgets_a_
          kubeconfigs: no commands, files, proxies or impersonation; a Secret naming the\n\
          vCluster's own `https://localhost:8443` is followed to the vCluster's Service as the\n\
          controller follows it, which answers from inside the cluster — from a laptop, give\n\
-         `--tenant-kubeconfig` a kubeconfig for a port-forward instead): each of the tenant's pools in\n\
+         `--tenant-kubeconfig` a kubeconfig for a port-forward instead, with\n\
+         `--tenant-allow-cidrs 127.0.0.1`; the tenant is reached as the controller reaches it:\n\
+         loopback, link-local and the management API server refused unless\n\
+         `--tenant-allow-cidrs` allows them, answers capped, every read within 30 s): each of\n\
+         the tenant's pools in\n\
          the order they get pending pods, whether one of its node types would take the pod (the\n\
          pool's requirements, the pod's node selector, required node affinity and tolerations,\n\
          its requests against what a node leaves after `kubeReserved` and DaemonSets,\n\

@@ -1,7 +1,7 @@
 //! The memory budget of tenant answers: how many bytes of tenant API servers' answers this
 //! process holds while it reads them, across every tenant cluster at once. A tenant chooses
 //! how many clusters it names and how large its servers answer; the per-cluster bounds
-//! ([`super::egress::TENANT_BODY_LIMIT`], [`super::egress::BODIES_AT_ONCE`]) do not bound
+//! (`TENANT_BODY_LIMIT` and `BODIES_AT_ONCE` of the guarded clients) do not bound
 //! their sum, this does.
 //!
 //! Every frame of a tenant's answer is charged, in KiB, to its namespace's share and to
@@ -334,11 +334,6 @@ where
     }
 }
 
-/// Whether `error` (or what it wraps) is an answer that found no room in the budget.
-pub fn over_budget(error: &(dyn std::error::Error + 'static)) -> bool {
-    super::egress::causes(error).any(|e| e.is::<OverBudget>())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -412,7 +407,7 @@ mod tests {
             .await
             .expect("frame")
             .expect_err("over its share");
-        assert!(over_budget(err.as_ref()), "{err}");
+        assert!(err.is::<OverBudget>(), "{err}");
         assert!(
             err.to_string().contains("namespace hostile's share"),
             "{err}"
@@ -425,21 +420,6 @@ mod tests {
         let other = b.share("team-b");
         let mut small = other.charged(body(vec![&[b'o'; 2048]]), false);
         small.frame().await.expect("frame").expect("served");
-    }
-
-    #[test]
-    fn an_answer_over_the_budget_is_told_apart_also_inside_an_io_error() {
-        let over = OverBudget {
-            which: "all tenants' 64 MiB".into(),
-        };
-        let wrapped = std::io::Error::other(over);
-        assert!(over_budget(&wrapped));
-        assert!(
-            super::super::egress::coarse_error(&wrapped).contains("memory budget"),
-            "{}",
-            super::super::egress::coarse_error(&wrapped)
-        );
-        assert!(!over_budget(&std::io::Error::other("reset")));
     }
 
     #[tokio::test(start_paused = true)]

@@ -162,6 +162,12 @@ pub fn passed_body_limit(error: &(dyn std::error::Error + 'static)) -> bool {
     causes(error).any(|e| e.is::<http_body_util::LengthLimitError>())
 }
 
+/// Whether `error` (or what it wraps) is an answer that found no room in the memory
+/// budget ([`crate::remote::budget`]).
+pub fn over_budget(error: &(dyn std::error::Error + 'static)) -> bool {
+    causes(error).any(|e| e.is::<crate::remote::budget::OverBudget>())
+}
+
 /// `error` and every error it wraps, outermost first.
 pub fn causes<'a>(
     error: &'a (dyn std::error::Error + 'static),
@@ -384,6 +390,21 @@ pub fn coarse_error(e: &(dyn std::error::Error + 'static)) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_answer_over_the_budget_is_told_apart_also_inside_an_io_error() {
+        let over = crate::remote::budget::OverBudget {
+            which: "all tenants' 64 MiB".into(),
+        };
+        let wrapped = std::io::Error::other(over);
+        assert!(over_budget(&wrapped));
+        assert!(
+            coarse_error(&wrapped).contains("memory budget"),
+            "{}",
+            coarse_error(&wrapped)
+        );
+        assert!(!over_budget(&std::io::Error::other("reset")));
+    }
     use autonodes_core::address_policy::Cidr;
     use std::sync::atomic::{AtomicU32, Ordering};
     use tower::ServiceExt;

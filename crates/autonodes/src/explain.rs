@@ -112,14 +112,10 @@ impl TenantGuard {
     /// The policy of `--tenant-allow-cidrs` (`allow`) with the management cluster's API
     /// server (`protected`) refused.
     pub fn new(allow: &str, protected: &[std::net::SocketAddr]) -> anyhow::Result<Self> {
-        let allow = autonodes_core::address_policy::Cidr::parse_list(allow)
+        let egress = crate::remote::egress::Egress::allowing_list(allow)
             .map_err(|e| anyhow::anyhow!("--tenant-allow-cidrs: {e}"))?;
         Ok(TenantGuard {
-            policy: std::sync::Arc::new(autonodes_core::address_policy::AddressPolicy {
-                allow,
-                protected: protected.to_vec(),
-                ..Default::default()
-            }),
+            policy: egress.protecting(protected).tenant,
         })
     }
 }

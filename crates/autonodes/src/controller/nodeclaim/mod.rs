@@ -216,9 +216,11 @@ async fn apply(claim: &NodeClaim, ctx: &ClaimContext) -> Result<Action, Error> {
 
     // What needs nothing of the tenant is checked before its cluster is connected: a claim
     // its provider or quotas refuse opens no connection.
-    if let Some(wait) = schedule::refused_before_tenant(claim, ctx).await? {
-        return Ok(Action::requeue(wait));
-    }
+    let admitted = match schedule::admit_before_tenant(claim, ctx).await? {
+        schedule::Admission::Refused(wait) => return Ok(Action::requeue(wait)),
+        schedule::Admission::Scheduled => None,
+        schedule::Admission::Admitted(admitted) => Some(admitted),
+    };
     // The tenant must be reachable before capacity is reserved for the claim.
     let tenant = match ctx
         .clients
@@ -239,7 +241,7 @@ async fn apply(claim: &NodeClaim, ctx: &ClaimContext) -> Result<Action, Error> {
         }
     };
 
-    let scheduled = match schedule(claim, ctx).await? {
+    let scheduled = match schedule(claim, ctx, admitted).await? {
         Schedule::Chosen(s) => s,
         Schedule::Waiting(wait) => return Ok(Action::requeue(wait)),
     };

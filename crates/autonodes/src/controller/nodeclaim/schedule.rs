@@ -49,8 +49,13 @@ const RETRY: Duration = Duration::from_secs(60);
 /// How long a claim waiting for room on the host waits before it is looked at again.
 const HOST_CAPACITY_RETRY: Duration = Duration::from_secs(10);
 
-/// Chooses a type for the claim (or returns the one already chosen).
-pub(super) async fn schedule(claim: &NodeClaim, ctx: &ClaimContext) -> Result<Schedule, Error> {
+/// Chooses a type for the claim (or returns the one already chosen); a claim not scheduled
+/// yet comes with what [`admit_before_tenant`] admitted.
+pub(super) async fn schedule(
+    claim: &NodeClaim,
+    ctx: &ClaimContext,
+    admitted: Option<Admitted>,
+) -> Result<Schedule, Error> {
     let status = claim.status.clone().unwrap_or_default();
     if let Some(type_ref) = status.type_ref.clone() {
         let catalogue = catalogue(ctx);
@@ -87,31 +92,20 @@ pub(super) async fn schedule(claim: &NodeClaim, ctx: &ClaimContext) -> Result<Sc
     }
 
     let uid = uid(claim)?;
-    let request = match valid_request(claim) {
-        Ok(r) => r,
-        Err((reason, message)) => {
-            let mut w = StatusWriter::new(claim, ctx);
-            w.set(SCHEDULED, false, reason, message);
-            w.write().await?;
-            return Ok(Schedule::Waiting(RETRY));
-        }
+    // What the claim asks for, `--require-quota` and the namespace's labels were checked
+    // and read before its tenant was connected ([`admit_before_tenant`]).
+    let Some(Admitted { request, labels }) = admitted else {
+        return Err(Error::Missing(
+            format!("NodeClaim {}", claim.name_any()),
+            "its admission before the tenant",
+        ));
     };
     // One decision at a time, on complete caches, so maxCapacity holds under concurrency.
     // The decision is reserved in memory before the lock is released; the status write
     // happens outside it and gives the reservation back if it fails.
     ctx.wait_synced().await;
     let namespace = claim.namespace().unwrap_or_default();
-    // With `--require-quota`, a namespace no NodeQuota covers claims nothing.
     let all_quotas = crate::controller::catalogue::prepared_quotas(ctx);
-    if let Err(message) = access::quota_admits(ctx.config.require_quota, &all_quotas, &namespace) {
-        let mut w = StatusWriter::new(claim, ctx);
-        w.set(SCHEDULED, false, ClaimReason::NoQuota, message);
-        w.write().await?;
-        return Ok(Schedule::Waiting(RETRY));
-    }
-    // The namespace's labels, when some provider serves only some namespaces.
-    let labels =
-        crate::controller::access::namespace_labels(ctx, &catalogue(ctx), &namespace).await;
     let tenant = TenantNamespace {
         name: &namespace,
         labels: labels.as_ref(),
@@ -281,65 +275,79 @@ fn valid_request(claim: &NodeClaim) -> Result<ClaimRequest, (ClaimReason, String
     Ok(request)
 }
 
+/// What a claim not scheduled yet was admitted with before its tenant was connected.
+pub(super) struct Admitted {
+    /// Its request.
+    request: ClaimRequest,
+    /// Its namespace's labels, when some provider serves only some namespaces.
+    labels: Option<BTreeMap<String, String>>,
+}
+
+/// What [`admit_before_tenant`] came to.
+pub(super) enum Admission {
+    /// The claim is scheduled already: nothing to admit.
+    Scheduled,
+    /// It may be scheduled, as far as nothing of its tenant is needed to tell.
+    Admitted(Admitted),
+    /// It may not (its status says why): look again after this long.
+    Refused(Duration),
+}
+
 /// Whether a claim not scheduled yet could be scheduled as far as nothing of its tenant is
 /// needed to tell: what it asks for is valid ([`valid_request`]), `--require-quota` finds a
 /// NodeQuota for its namespace, and some node type fits it that a provider serving its
 /// namespace offers and its quotas allow (host room aside). Checked before the tenant's
-/// cluster is connected, so a claim refused for these opens no connection. `None`: go on;
-/// else the claim's status says why and it looks again after this long.
-pub(super) async fn refused_before_tenant(
+/// cluster is connected, so a claim refused for these opens no connection.
+pub(super) async fn admit_before_tenant(
     claim: &NodeClaim,
     ctx: &ClaimContext,
-) -> Result<Option<Duration>, Error> {
+) -> Result<Admission, Error> {
     if claim.status.as_ref().is_some_and(|s| s.type_ref.is_some()) {
-        return Ok(None);
+        return Ok(Admission::Scheduled);
     }
     let namespace = claim.namespace().unwrap_or_default();
-    let refusal = match valid_request(claim) {
-        Err(refusal) => Some(refusal),
-        Ok(request) => {
-            ctx.wait_synced().await;
-            let all_quotas = crate::controller::catalogue::prepared_quotas(ctx);
-            match access::quota_admits(ctx.config.require_quota, &all_quotas, &namespace) {
-                Err(message) => Some((ClaimReason::NoQuota, message)),
-                Ok(()) => {
-                    let catalogue = catalogue(ctx);
-                    let labels =
-                        crate::controller::access::namespace_labels(ctx, &catalogue, &namespace)
-                            .await;
-                    let tenant = TenantNamespace {
-                        name: &namespace,
-                        labels: labels.as_ref(),
-                    };
-                    let quotas = covering(all_quotas, &namespace);
-                    ctx.ledger(|ledger| {
-                        let used = namespace_usage(&quotas, ledger, &namespace, &catalogue);
-                        let admit = |t: &PreparedType| {
-                            provider_and_quotas_admit(t, &tenant, &quotas, &used)
-                        };
-                        scheduling::choose_within(&catalogue, &request, ledger.counts(), admit)
-                            .err()
-                            .filter(|nofit| {
-                                // Only what no host can change: the rest is for scheduling.
-                                matches!(
-                                    nofit.reason,
-                                    scheduling::REASON_QUOTA_EXCEEDED
-                                        | access::REASON_PROVIDER_NOT_ALLOWED
-                                )
-                            })
-                            .map(|nofit| (nofit_reason(nofit.reason), nofit.message))
-                    })
-                }
-            }
+    let decided: Result<Admitted, (ClaimReason, String)> = async {
+        let request = valid_request(claim)?;
+        ctx.wait_synced().await;
+        let all_quotas = crate::controller::catalogue::prepared_quotas(ctx);
+        access::quota_admits(ctx.config.require_quota, &all_quotas, &namespace)
+            .map_err(|message| (ClaimReason::NoQuota, message))?;
+        let catalogue = catalogue(ctx);
+        let labels = crate::controller::access::namespace_labels(ctx, &catalogue, &namespace).await;
+        let tenant = TenantNamespace {
+            name: &namespace,
+            labels: labels.as_ref(),
+        };
+        let quotas = covering(all_quotas, &namespace);
+        let refused = ctx.ledger(|ledger| {
+            let used = namespace_usage(&quotas, ledger, &namespace, &catalogue);
+            let admit = |t: &PreparedType| provider_and_quotas_admit(t, &tenant, &quotas, &used);
+            scheduling::choose_within(&catalogue, &request, ledger.counts(), admit)
+                .err()
+                .filter(|nofit| {
+                    // Only what no host can change: the rest is for scheduling.
+                    matches!(
+                        nofit.reason,
+                        scheduling::REASON_QUOTA_EXCEEDED | access::REASON_PROVIDER_NOT_ALLOWED
+                    )
+                })
+                .map(|nofit| (nofit_reason(nofit.reason), nofit.message))
+        });
+        match refused {
+            Some(refusal) => Err(refusal),
+            None => Ok(Admitted { request, labels }),
         }
-    };
-    let Some((reason, message)) = refusal else {
-        return Ok(None);
-    };
-    let mut w = StatusWriter::new(claim, ctx);
-    w.set(SCHEDULED, false, reason, message);
-    w.write().await?;
-    Ok(Some(RETRY))
+    }
+    .await;
+    match decided {
+        Ok(admitted) => Ok(Admission::Admitted(admitted)),
+        Err((reason, message)) => {
+            let mut w = StatusWriter::new(claim, ctx);
+            w.set(SCHEDULED, false, reason, message);
+            w.write().await?;
+            Ok(Admission::Refused(RETRY))
+        }
+    }
 }
 
 /// The watch caches of the host clusters the claim's candidate types use (each read once

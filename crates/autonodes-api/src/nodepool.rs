@@ -113,7 +113,8 @@ pub struct NodePoolSpec {
     pub replicas: Option<i32>,
     /// Dynamic pool: the most the pool may grow to, by resource: `nodes`, `cpu`, `memory`,
     /// `pods` or an extended resource such as `nvidia.com/gpu`; values are quantities,
-    /// written as integers or strings (`{nodes: 10, cpu: "64"}`).
+    /// written as integers or strings (`{nodes: 10, cpu: "64"}`). The pool's claims being
+    /// deleted count until their VMs are gone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::resource_list")]
     pub limits: Option<ResourceList>,

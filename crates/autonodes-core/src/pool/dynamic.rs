@@ -28,6 +28,7 @@ use crate::scheduling::{self, ClaimRequest, Mismatch};
 use super::consolidate::{self, ConsolidationInput, NodeUse};
 use super::daemonsets::{self, DaemonPod};
 use super::do_not_disrupt;
+use super::limits::holds_a_place;
 use super::pack::packer::pack;
 use super::pack::{
     accepts, claim_type, is_unschedulable, opens_for, Amount, Bin, Candidate, Limits, NodeShape,
@@ -186,12 +187,10 @@ pub fn allocatable(t: &PreparedType, overhead: Option<&Overhead>) -> Amount {
     Amount::of_node(&t.amounts).minus(&reserved)
 }
 
-/// A live claim of the tenant: its type (as scheduled, else as it would be), its node's
-/// labels and taints, its room, and whether it is the pool's.
+/// A live claim of the tenant: its node's labels and taints (from its type, as scheduled,
+/// else as it would be) and its room.
 struct ClaimNode<'a> {
     claim: &'a NodeClaim,
-    mine: bool,
-    node_type: Option<&'a PreparedType>,
     shape: NodeShape,
     allocatable: Amount,
 }
@@ -204,16 +203,16 @@ fn name_of(c: &NodeClaim) -> &str {
 /// deleted a moment ago.
 fn claim_nodes<'a>(input: &DynamicInput<'a>) -> Vec<ClaimNode<'a>> {
     let vcluster = &input.spec.v_cluster_ref.name;
-    let mine = input.mine.iter().map(|c| (&**c, true));
+    let mine = input.mine.iter().map(|c| &**c);
     let others = input
         .tenant
         .others
         .iter()
         .filter(|c| &c.spec.v_cluster_ref.name == vcluster)
-        .map(|c| (&**c, false));
+        .map(|c| &**c);
     mine.chain(others)
-        .filter(|(c, _)| is_live(c) && !input.deleted_now.contains(name_of(c)))
-        .map(|(c, mine)| {
+        .filter(|c| is_live(c) && !input.deleted_now.contains(name_of(c)))
+        .map(|c| {
             let t = claim_type(c, input.catalogue, input.tenant.claimed);
             let (shape, allocatable) = match t {
                 Some(t) => (
@@ -224,8 +223,6 @@ fn claim_nodes<'a>(input: &DynamicInput<'a>) -> Vec<ClaimNode<'a>> {
             };
             ClaimNode {
                 claim: c,
-                mine,
-                node_type: t,
                 shape,
                 allocatable,
             }
@@ -446,7 +443,7 @@ fn pools_ahead(input: &DynamicInput) -> Vec<Ahead> {
                     .tenant
                     .others
                     .iter()
-                    .filter(|c| is_live(c) && owned_by(c, uid))
+                    .filter(|c| holds_a_place(c) && owned_by(c, uid))
                     .map(|c| claim_type(c, input.catalogue, input.tenant.claimed)),
             );
             Some(Ahead {
@@ -588,12 +585,14 @@ pub fn plan(input: &DynamicInput) -> DynamicPlan {
         Ok(request) => candidates(input.template, &request, tenant, &daemons, input.catalogue),
         Err(_) => Vec::new(),
     };
-    // The pool's usage against its limits.
+    // The pool's usage against its limits: every claim of it that holds a place, those
+    // being deleted included (their VMs run until their drains end).
     let usage_of_pool = pool_usage(
-        claim_nodes
+        input
+            .mine
             .iter()
-            .filter(|cn| cn.mine)
-            .map(|cn| cn.node_type),
+            .filter(|c| holds_a_place(c))
+            .map(|c| claim_type(c, input.catalogue, input.tenant.claimed)),
     );
     let mut limits = Limits::from_spec(input.spec.limits.as_ref());
     limits.min_values = ClaimRequest::new(input.template, None)

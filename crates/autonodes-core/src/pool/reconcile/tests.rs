@@ -642,6 +642,28 @@ fn limits_stop_growth_and_say_so() {
     assert!(new_problems(&s, &s).is_empty(), "once per reason");
 }
 
+#[test]
+fn a_claim_being_deleted_counts_against_the_pool_s_limits_until_it_is_gone() {
+    let mut scene = Scene::new(json!({"limits": {"nodes": 1}}));
+    let mut draining = (*available(&scene.pool, "old")).clone();
+    draining.metadata.deletion_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        ));
+    scene.claims = vec![Arc::new(draining)];
+    scene.pods = vec![pending("p", "1")];
+    let plan = scene.plan();
+    assert!(plan.create.is_empty(), "{:?}", plan.create);
+    let limit = plan.limit.clone().expect("limit");
+    assert_eq!(limit.reason, PoolReason::LimitReached, "{}", limit.message);
+    scene.claims.clear();
+    assert_eq!(
+        scene.plan().create.len(),
+        1,
+        "once it is gone, the pod gets its node"
+    );
+}
+
 /// A pod the scheduler could not place, asking for `gpus` of `nvidia.com/gpu` (as limits,
 /// which the API server copies to requests) and 1 cpu.
 fn pending_gpu(name: &str, gpus: &str) -> Pod {

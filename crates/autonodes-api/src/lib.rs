@@ -72,6 +72,12 @@ pub const LABEL_WARM_VM: &str = "autonodes.io/warm-vm";
 /// Label on a warm VM: the NodeType's definition hash it was made from (a warm VM of an
 /// older definition is replaced).
 pub const LABEL_WARM_DEFINITION: &str = "autonodes.io/warm-definition";
+/// Annotation on a warm VM: when its credential (the token in its user data) expires, as
+/// the host API server answered the token request (RFC 3339). The VM is replaced before.
+pub const ANNOTATION_WARM_CREDENTIAL_EXPIRES: &str = "autonodes.io/warm-credential-expires";
+/// Annotation on a warm VM's ServiceAccount: the UID of the VM's heartbeat Lease, which the
+/// VM itself may write (labels included), so that only that Lease is ever deleted for it.
+pub const ANNOTATION_WARM_LEASE_UID: &str = "autonodes.io/warm-lease-uid";
 /// Annotation on a NodeClaim asking for its VM to be restarted: a new value (any text, such
 /// as a time) restarts it once. Node repair sets it; so may a user.
 pub const ANNOTATION_RESTART: &str = "autonodes.io/restart";

@@ -22,8 +22,9 @@ use k8s_openapi::jiff::Timestamp;
 use serde_json::Value;
 
 use crate::api::{
-    NodeClaim, NodePoolSpec, LABEL_INSTALLATION, LABEL_MANAGED_BY, LABEL_WARM_DEFINITION,
-    LABEL_WARM_NODEPOOL, LABEL_WARM_NODETYPE, LABEL_WARM_VM, MANAGED_BY,
+    NodeClaim, NodePoolSpec, ANNOTATION_WARM_CREDENTIAL_EXPIRES, LABEL_INSTALLATION,
+    LABEL_MANAGED_BY, LABEL_WARM_DEFINITION, LABEL_WARM_NODEPOOL, LABEL_WARM_NODETYPE,
+    LABEL_WARM_VM, MANAGED_BY,
 };
 use crate::catalogue::PreparedType;
 use crate::properties::{
@@ -109,6 +110,55 @@ pub fn binding_name(vm: &str) -> String {
 /// Name of the ServiceAccount, Role, RoleBinding and Lease of the warm VM `vm`.
 pub fn credential_name(vm: &str) -> String {
     format!("{vm}-warm")
+}
+
+/// The warm VM whose heartbeat the Lease `lease` is, by the Lease's name alone
+/// ([`credential_name`]): a warm VM may write its own Lease, labels included, but only the
+/// Lease of its own name.
+pub fn vm_of_lease(lease: &str) -> Option<&str> {
+    lease.strip_suffix("-warm").filter(|vm| !vm.is_empty())
+}
+
+/// A warm VM's heartbeat as the controller saw it: its Lease's `renewTime`, and when the
+/// controller first saw that value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Beat {
+    /// The Lease's `renewTime`, as the VM wrote it.
+    pub renewed: Timestamp,
+    /// When that value was first seen: the heartbeat's time.
+    pub seen: Timestamp,
+}
+
+/// The heartbeat of a warm VM whose Lease shows `renewed` at `now`, after `before`. The VM
+/// writes `renewTime` itself, so a renewal counts from when it is first seen, as Kubernetes'
+/// node lifecycle counts a kubelet's Lease: a VM that stops renewing goes stale whatever
+/// time it wrote last. A value first seen (a controller that just started) counts from its
+/// own time, never from later than `now`.
+pub fn observe_beat(
+    before: Option<Beat>,
+    renewed: Option<Timestamp>,
+    now: Timestamp,
+) -> Option<Beat> {
+    let renewed = renewed?;
+    Some(match before {
+        Some(b) if b.renewed == renewed => b,
+        Some(_) => Beat { renewed, seen: now },
+        None => Beat {
+            renewed,
+            seen: renewed.min(now),
+        },
+    })
+}
+
+/// When a warm VM whose credential was issued at `issued` and expires at `expires` (as the
+/// host answered the token request) is replaced: [`REPLACE_BEFORE_EXPIRY`] before it
+/// expires, or a quarter of its life before, if that is shorter (a host that caps tokens'
+/// lifetime below two hours still keeps its warm VMs most of it).
+pub fn replace_at(issued: Timestamp, expires: Timestamp) -> Timestamp {
+    let life = Duration::try_from(expires.duration_since(issued)).unwrap_or_default();
+    let early = REPLACE_BEFORE_EXPIRY.min(life / 4);
+    let early = k8s_openapi::jiff::SignedDuration::try_from(early).unwrap_or_default();
+    expires.checked_sub(early).unwrap_or(expires)
 }
 
 /// Labels of a warm VM (and its user-data Secret) of the type `node_type`.
@@ -278,13 +328,15 @@ pub struct WarmObjects {
 /// the type's composed template with the warm labels ([`vm_labels`] and
 /// [`LABEL_WARM_VM`], which its DataVolumes get too; [`LABEL_WARM_NODEPOOL`] with
 /// `pool_uid` for a pool's warm VM) and the type's definition hash
-/// ([`LABEL_WARM_DEFINITION`]).
+/// ([`LABEL_WARM_DEFINITION`]), and when its credential expires
+/// ([`ANNOTATION_WARM_CREDENTIAL_EXPIRES`]).
 pub fn render_vm(
     t: &PreparedType,
     vm_name: &str,
     user_data: String,
     installation: &str,
     pool_uid: Option<&str>,
+    credential_expires: Timestamp,
 ) -> Result<WarmObjects, crate::template::error::TemplateError> {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     let mut labels = credential_labels(&t.name, vm_name, installation);
@@ -296,7 +348,7 @@ pub fn render_vm(
     }
     let mut vm_labels = labels.clone();
     vm_labels.insert(LABEL_WARM_DEFINITION.to_string(), t.definition.clone());
-    let vm = crate::template::finalize_vm(
+    let mut vm = crate::template::finalize_vm(
         &t.template,
         &crate::template::names::VmIdentity {
             name: vm_name,
@@ -305,6 +357,17 @@ pub fn render_vm(
         },
         &t.name,
     )?;
+    if let Some(meta) = vm.get_mut("metadata").and_then(Value::as_object_mut) {
+        let annotations = meta
+            .entry("annotations")
+            .or_insert_with(|| Value::Object(serde_json::Map::new()));
+        if let Some(a) = annotations.as_object_mut() {
+            a.insert(
+                ANNOTATION_WARM_CREDENTIAL_EXPIRES.to_string(),
+                Value::String(credential_expires.to_string()),
+            );
+        }
+    }
     let secret = k8s_openapi::api::core::v1::Secret {
         metadata: ObjectMeta {
             name: Some(crate::template::names::user_data_secret_name(vm_name)),
@@ -376,6 +439,10 @@ pub struct WarmVm {
     pub running_since: Option<Timestamp>,
     /// The last renewal of its Lease by its agent, if any.
     pub heartbeat: Option<Timestamp>,
+    /// When its credential expires, as the host answered its token request (`None` for a
+    /// VM made without that record: its credential is taken to live
+    /// [`CREDENTIAL_LIFETIME`] from its creation).
+    pub credential_expires: Option<Timestamp>,
     /// Being deleted already.
     pub deleting: bool,
 }
@@ -467,7 +534,7 @@ pub fn plan(
         };
         let why = if vm.definition.as_deref() != Some(definition) {
             Some(Removal::Drifted)
-        } else if age + REPLACE_BEFORE_EXPIRY >= CREDENTIAL_LIFETIME {
+        } else if expiring(vm, now) {
             Some(Removal::Expiring)
         } else if reported_late {
             out.not_reporting += 1;
@@ -497,6 +564,16 @@ pub fn plan(
     let deleting = vms.iter().filter(|v| v.deleting).count();
     out.create = keep.saturating_sub(kept.len() + deleting);
     out
+}
+
+/// Whether the credential of `vm` is due for replacement ([`replace_at`]).
+fn expiring(vm: &WarmVm, now: Timestamp) -> bool {
+    let lifetime =
+        k8s_openapi::jiff::SignedDuration::try_from(CREDENTIAL_LIFETIME).unwrap_or_default();
+    let expires = vm
+        .credential_expires
+        .unwrap_or_else(|| vm.created.checked_add(lifetime).unwrap_or(vm.created));
+    now >= replace_at(vm.created, expires)
 }
 
 /// The warm VM a claim takes among `vms`: a ready one, the oldest first (name breaks ties).

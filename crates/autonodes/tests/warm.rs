@@ -10,7 +10,10 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use autonodes_api::{NodeClaim, NodeType, LABEL_WARM_NODEPOOL, LABEL_WARM_NODETYPE, LABEL_WARM_VM};
+use autonodes_api::{
+    NodeClaim, NodeType, ANNOTATION_WARM_CREDENTIAL_EXPIRES, LABEL_WARM_NODEPOOL,
+    LABEL_WARM_NODETYPE, LABEL_WARM_VM,
+};
 use autonodes_core::userdata::warm::{read_warm_agent, WarmAgent};
 use autonodes_testenv::simulator::warm_agent::agent_client;
 use common::pools::*;
@@ -186,6 +189,25 @@ async fn a_claim_takes_a_ready_warm_vm_that_joins_from_its_binding_and_the_type_
     assert_eq!(before.len(), 2, "{before:?}");
     let names: Vec<&String> = before.iter().collect();
 
+    // Each warm VM records when the host says its token expires (asked for 24 h).
+    for vm in world
+        .vms()
+        .await
+        .into_iter()
+        .filter(|v| before.contains(&v.name_any()))
+    {
+        let expires: k8s_openapi::jiff::Timestamp = vm
+            .annotations()
+            .get(ANNOTATION_WARM_CREDENTIAL_EXPIRES)
+            .and_then(|t| t.parse().ok())
+            .expect("the credential's expiry, recorded");
+        let hours = k8s_openapi::jiff::Timestamp::now()
+            .duration_until(expires)
+            .as_secs_f64()
+            / 3600.0;
+        assert!((23.0..=24.1).contains(&hours), "{hours} h left");
+    }
+
     // What a warm VM's own token may do on the host: its binding (not written yet: 404, so
     // authorized) and its Lease; nothing of the other warm VM, nothing else.
     let a = agent_of(&world, names[0]).await;
@@ -229,6 +251,50 @@ async fn a_claim_takes_a_ready_warm_vm_that_joins_from_its_binding_and_the_type_
         403,
         "the host's Nodes"
     );
+
+    // A warm VM may write its own Lease, labels included: it claims to be the other VM,
+    // with a renewal a day ahead. Heartbeats are read by the Lease's name and count from
+    // when the controller sees them, so through two settled reconciles (every 10 s) both
+    // VMs stay ready on their own agents' heartbeats; another VM's Lease stays closed.
+    let ahead = k8s_openapi::jiff::Timestamp::now()
+        .checked_add(k8s_openapi::jiff::SignedDuration::from_hours(24))
+        .expect("a day ahead");
+    let forged = json!({
+        "metadata": {"labels": {LABEL_WARM_VM: names[1]}},
+        "spec": {
+            "holderIdentity": names[1],
+            "renewTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(ahead),
+        },
+    });
+    assert_eq!(
+        status_code(
+            leases
+                .patch(&a.lease, &PatchParams::default(), &Patch::Merge(&forged))
+                .await
+        ),
+        200,
+        "its own Lease, labels included"
+    );
+    assert_eq!(
+        status_code(
+            leases
+                .patch(&b.lease, &PatchParams::default(), &Patch::Merge(&forged))
+                .await
+        ),
+        403,
+        "another VM's Lease"
+    );
+    let until = Instant::now() + Duration::from_secs(25);
+    while Instant::now() < until {
+        let t = world.node_type("pools.warm").await;
+        assert_eq!(
+            warm_status(&t),
+            (2, 2),
+            "a forged Lease changes no VM's readiness: {:?}",
+            t.status
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
 
     // A claim of the type takes the oldest ready warm VM; a claim of `cold` makes its VM.
     let start = Instant::now();

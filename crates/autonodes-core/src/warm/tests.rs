@@ -45,6 +45,7 @@ fn vm(name: &str, created: i64, running: Option<i64>, beat: Option<i64>) -> Warm
         definition: Some("d1".into()),
         running_since: running.map(at),
         heartbeat: beat.map(at),
+        credential_expires: None,
         deleting: false,
     }
 }
@@ -102,6 +103,60 @@ fn drifted_silent_and_expiring_warm_vms_are_replaced() {
         at(day - 3590),
     );
     assert_eq!(p.remove, [("aging".to_string(), Removal::Expiring)]);
+}
+
+#[test]
+fn a_warm_vm_is_replaced_before_the_expiry_its_host_gave_its_token_not_a_day_after_creation() {
+    // The host capped the token at 2 h: replaced a quarter of its life (30 min) before it
+    // expires, not after 23 h.
+    let mut capped = vm("capped", 0, Some(10), Some(5_390));
+    capped.credential_expires = Some(at(7_200));
+    assert!(
+        plan(1, None, "d1", std::slice::from_ref(&capped), at(5_399))
+            .remove
+            .is_empty()
+    );
+    let p = plan(1, None, "d1", std::slice::from_ref(&capped), at(5_400));
+    assert_eq!(p.remove, [("capped".to_string(), Removal::Expiring)]);
+    // A 20-minute token (a host's shortest is 10 minutes) is not replaced at once.
+    assert_eq!(replace_at(at(0), at(1_200)), at(900));
+    assert_eq!(replace_at(at(0), at(86_400)), at(82_800));
+    assert_eq!(
+        replace_at(at(100), at(50)),
+        at(50),
+        "an expiry before issue"
+    );
+}
+
+#[test]
+fn a_heartbeat_is_read_from_the_lease_s_name_and_counts_from_when_it_was_seen() {
+    assert_eq!(
+        vm_of_lease(&credential_name("warm-small-ab12c")),
+        Some("warm-small-ab12c")
+    );
+    assert_eq!(vm_of_lease("-warm"), None);
+    assert_eq!(
+        vm_of_lease("warm-small-ab12c"),
+        None,
+        "not a credential's name"
+    );
+    assert_eq!(observe_beat(None, None, at(100)), None);
+    let first = observe_beat(None, Some(at(90)), at(100)).expect("beat");
+    assert_eq!(
+        first.seen,
+        at(90),
+        "a recent renewal first seen counts from its time"
+    );
+    // A VM that wrote a renewal far ahead and stopped goes stale as any other.
+    let ahead = observe_beat(None, Some(at(1_000_000)), at(100)).expect("beat");
+    assert_eq!(ahead.seen, at(100));
+    let again = observe_beat(Some(ahead), Some(at(1_000_000)), at(131)).expect("beat");
+    let mut vm = vm("ahead", 0, Some(10), None);
+    vm.heartbeat = Some(again.seen);
+    assert!(!vm.ready(at(131)), "no renewal seen for 31 s");
+    // A renewal seen later counts from then, whatever time it names.
+    let renewed = observe_beat(Some(again), Some(at(5)), at(140)).expect("beat");
+    assert_eq!(renewed.seen, at(140));
 }
 
 #[test]

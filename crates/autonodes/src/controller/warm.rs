@@ -19,8 +19,9 @@ use crate::remote::clients::Remote;
 use crate::remote::warm::WarmHost;
 use autonodes_api::reasons::TypeReason;
 use autonodes_api::{
-    NodePool, NodeProvider, NodeType, NodeTypeWarm, LABEL_INSTALLATION, LABEL_NODECLAIM_UID,
-    LABEL_WARM_DEFINITION, LABEL_WARM_NODEPOOL, LABEL_WARM_NODETYPE,
+    NodePool, NodeProvider, NodeType, NodeTypeWarm, ANNOTATION_WARM_CREDENTIAL_EXPIRES,
+    LABEL_INSTALLATION, LABEL_NODECLAIM_UID, LABEL_WARM_DEFINITION, LABEL_WARM_NODEPOOL,
+    LABEL_WARM_NODETYPE,
 };
 use autonodes_core::catalogue::PreparedType;
 use autonodes_core::userdata::warm::{render_warm_user_data, WarmUserDataInput};
@@ -99,6 +100,10 @@ fn observed(remote: &Remote, t: &PreparedType, installation: &str) -> Option<Vec
                     definition: vm.labels().get(LABEL_WARM_DEFINITION).cloned(),
                     running_since,
                     heartbeat: None,
+                    credential_expires: vm
+                        .annotations()
+                        .get(ANNOTATION_WARM_CREDENTIAL_EXPIRES)
+                        .and_then(|t| t.parse().ok()),
                     deleting: vm.metadata.deletion_timestamp.is_some(),
                     name,
                 };
@@ -342,11 +347,12 @@ async fn reconcile_on(
 ) -> Result<WarmOutcome, Error> {
     let ns = t.vm_namespace.as_str();
     let type_label = autonodes_core::names::label_value(&t.name);
-    let heartbeats = host.heartbeats(ns, &type_label).await?;
-    for Observed { vm, .. } in vms.iter_mut() {
-        vm.heartbeat = heartbeats.get(&vm.name).copied().flatten();
-    }
+    let leases = host.heartbeats(ns, &type_label).await?;
     let at = now();
+    let beats = ctx.warm.observe_beats(&t.name, &leases, at);
+    for Observed { vm, .. } in vms.iter_mut() {
+        vm.heartbeat = beats.get(&vm.name).map(|b| b.seen);
+    }
     // Claims first, then the type's own warm VMs, then the pools' in turn. A claim about to
     // take one of the ready warm VMs is not counted twice.
     let taking = match t.max_capacity {
@@ -547,7 +553,8 @@ async fn create(
         .collect();
     let name = warm::vm_name(&t.short_name, &suffix);
     let labels = warm::credential_labels(&t.name, &name, installation);
-    let token = host.make_credential(ns, &name, &labels).await?;
+    let credential = host.make_credential(ns, &name, &labels).await?;
+    let token = credential.token.as_str();
     let server = guest_server(provider, remote);
     let ca = remote
         .ca_pem
@@ -565,7 +572,7 @@ async fn create(
         vm_name: &name,
         server: &server,
         host_ca_pem: &ca,
-        token: &token,
+        token,
         namespace: ns,
         binding: &warm::binding_name(&name),
         lease: &warm::credential_name(&name),
@@ -573,8 +580,15 @@ async fn create(
         ssh_keys: &ssh_keys,
     })
     .map_err(|e| Error::Internal(format!("warm VM user data for {}: {e}", t.name)))?;
-    let objects = warm::render_vm(t, &name, user_data, installation, pool_uid)
-        .map_err(|e| Error::Internal(format!("warm VM of {}: {e}", t.name)))?;
+    let objects = warm::render_vm(
+        t,
+        &name,
+        user_data,
+        installation,
+        pool_uid,
+        credential.expires,
+    )
+    .map_err(|e| Error::Internal(format!("warm VM of {}: {e}", t.name)))?;
     host.create_user_data(ns, &objects.secret).await?;
     let remote_host = host.host();
     for golden in &t.golden {

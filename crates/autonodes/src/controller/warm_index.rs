@@ -44,6 +44,8 @@ pub struct WarmIndex {
     groups: Mutex<HashMap<String, Group>>,
     bound: Mutex<HashMap<String, i64>>,
     pools: Mutex<HashMap<String, PoolWant>>,
+    /// The heartbeats of each type's warm VMs as last seen, by VM name.
+    beats: Mutex<HashMap<String, BTreeMap<String, warm::Beat>>>,
 }
 
 pub use autonodes_core::warm::pool::GroupCounts;
@@ -51,6 +53,28 @@ pub use autonodes_core::warm::pool::GroupCounts;
 impl WarmIndex {
     fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Records the Leases of the warm VMs of `node_type` as listed at `now` (`renewTime` by
+    /// VM name) and returns each VM's heartbeat ([`warm::observe_beat`]); VMs whose Lease
+    /// is gone are forgotten.
+    pub fn observe_beats(
+        &self,
+        node_type: &str,
+        leases: &BTreeMap<String, Option<Timestamp>>,
+        now: Timestamp,
+    ) -> BTreeMap<String, warm::Beat> {
+        let mut all = Self::lock(&self.beats);
+        let before = all.remove(node_type).unwrap_or_default();
+        let seen: BTreeMap<String, warm::Beat> = leases
+            .iter()
+            .filter_map(|(vm, renewed)| {
+                let beat = warm::observe_beat(before.get(vm).copied(), *renewed, now)?;
+                Some((vm.clone(), beat))
+            })
+            .collect();
+        all.insert(node_type.to_string(), seen.clone());
+        seen
     }
 
     /// The warm VMs of the group `key` a claim may take now, the oldest first.

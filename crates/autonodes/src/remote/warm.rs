@@ -22,8 +22,26 @@ use crate::remote::calls::remote_call;
 use crate::remote::clients::Remote;
 use crate::remote::host::ignore_not_found;
 use autonodes_api::kubevirt::{self, ObservedVm};
-use autonodes_api::{LABEL_WARM_NODETYPE, LABEL_WARM_VM};
+use autonodes_api::{
+    ANNOTATION_WARM_LEASE_UID, LABEL_INSTALLATION, LABEL_WARM_NODETYPE, LABEL_WARM_VM,
+};
 use autonodes_core::warm;
+
+/// A warm VM's credential: its token and when the host says it expires.
+pub struct Credential {
+    /// The ServiceAccount token (never logged).
+    pub token: String,
+    /// When it expires.
+    pub expires: Timestamp,
+}
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credential")
+            .field("expires", &self.expires)
+            .finish_non_exhaustive()
+    }
+}
 
 /// A host cluster, for warm VMs.
 pub struct WarmHost<'a> {
@@ -137,20 +155,28 @@ impl<'a> WarmHost<'a> {
         Ok(listed.items.into_iter().next().map(std::sync::Arc::new))
     }
 
-    /// Makes the credential of the warm VM `vm` (labelled `labels`): a ServiceAccount, a
-    /// Role that reads only the VM's binding and renews only its Lease, their RoleBinding,
-    /// the Lease; returns a token of the ServiceAccount valid for
-    /// [`warm::CREDENTIAL_LIFETIME`] (deleting the ServiceAccount revokes it).
+    /// Makes the credential of the warm VM `vm` (labelled `labels`): its heartbeat Lease, a
+    /// ServiceAccount (annotated with the Lease's UID), a Role that reads only the VM's
+    /// binding and renews only its Lease, their RoleBinding; returns a token of the
+    /// ServiceAccount asked for [`warm::CREDENTIAL_LIFETIME`] and bound to the host API
+    /// server's own audiences, with when the host says it expires (deleting the
+    /// ServiceAccount revokes it).
     pub async fn make_credential(
         &self,
         ns: &str,
         vm: &str,
         labels: &BTreeMap<String, String>,
-    ) -> Result<String, Error> {
+    ) -> Result<Credential, Error> {
         let name = warm::credential_name(vm);
         let pp = PostParams::default();
+        let lease = self.made_lease(ns, vm, labels).await?;
+        let mut sa_meta = meta(&name, ns, labels);
+        sa_meta.annotations = Some(BTreeMap::from([(
+            ANNOTATION_WARM_LEASE_UID.to_string(),
+            lease,
+        )]));
         let sa = ServiceAccount {
-            metadata: meta(&name, ns, labels),
+            metadata: sa_meta,
             automount_service_account_token: Some(false),
             ..ServiceAccount::default()
         };
@@ -179,12 +205,8 @@ impl<'a> WarmHost<'a> {
             "creating a warm VM's RoleBinding",
         )
         .await?;
-        let lease = Lease {
-            metadata: meta(&name, ns, labels),
-            ..Lease::default()
-        };
-        self.create_kept(self.api::<Lease>(ns), &lease, "creating a warm VM's Lease")
-            .await?;
+        // No audiences asked: the host binds the token to its own (a token for another
+        // audience would not be accepted by it).
         let request = TokenRequest {
             spec: TokenRequestSpec {
                 audiences: Vec::new(),
@@ -193,7 +215,7 @@ impl<'a> WarmHost<'a> {
             },
             ..TokenRequest::default()
         };
-        let token = remote_call(
+        let answer = remote_call(
             self.ctx,
             self.remote,
             "requesting a warm VM's token",
@@ -201,15 +223,80 @@ impl<'a> WarmHost<'a> {
                 .create_token_request(&name, &pp, &request),
         )
         .await?;
-        token
+        let status = answer
             .status
-            .map(|s| s.token)
-            .filter(|t| !t.is_empty())
-            .ok_or_else(|| Error::Internal("the host returned an empty token".into()))
+            .filter(|s| !s.token.is_empty())
+            .ok_or_else(|| Error::Internal("the host returned an empty token".into()))?;
+        Ok(Credential {
+            token: status.token,
+            expires: status.expiration_timestamp.0,
+        })
+    }
+
+    /// Creates the warm VM `vm`'s heartbeat Lease and returns its UID (of one there
+    /// already, an earlier attempt's, when it is labelled as this VM's).
+    async fn made_lease(
+        &self,
+        ns: &str,
+        vm: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> Result<String, Error> {
+        let name = warm::credential_name(vm);
+        let api = self.api::<Lease>(ns);
+        let lease = Lease {
+            metadata: meta(&name, ns, labels),
+            ..Lease::default()
+        };
+        let created = remote_call(
+            self.ctx,
+            self.remote,
+            "creating a warm VM's Lease",
+            api.create(&PostParams::default(), &lease),
+        )
+        .await;
+        let lease = match created {
+            Ok(lease) => lease,
+            Err(e) if e.is_remote_conflict() => {
+                let found = remote_call(
+                    self.ctx,
+                    self.remote,
+                    "reading a warm VM's Lease",
+                    api.get_opt(&name),
+                )
+                .await?;
+                match found {
+                    Some(l) if self.made_for_vm(&l.metadata, vm) => l,
+                    _ => {
+                        return Err(Error::Internal(format!(
+                            "Lease {ns}/{name} is there already and is not this warm VM's"
+                        )))
+                    }
+                }
+            }
+            Err(e) => return Err(e),
+        };
+        lease
+            .metadata
+            .uid
+            .ok_or_else(|| Error::Internal(format!("Lease {ns}/{name} has no UID")))
+    }
+
+    /// Whether the labels of `meta` are those of an object this installation made for the
+    /// warm VM `vm`.
+    fn made_for_vm(&self, meta: &ObjectMeta, vm: &str) -> bool {
+        let installation = autonodes_core::names::label_value(&self.ctx.config.installation);
+        let labels = meta.labels.as_ref();
+        labels.and_then(|l| l.get(LABEL_INSTALLATION)) == Some(&installation)
+            && labels
+                .and_then(|l| l.get(LABEL_WARM_VM))
+                .map(String::as_str)
+                == Some(vm)
     }
 
     /// The last heartbeat of each warm VM of the type labelled `type_label` in `ns`, by VM
-    /// name (`None`: its Lease was never renewed).
+    /// name (`None`: its Lease was never renewed). A Lease stands for the VM its name is
+    /// of ([`warm::vm_of_lease`]), whatever its labels say: a warm VM may write those of
+    /// its own Lease, and only its own.
     pub async fn heartbeats(
         &self,
         ns: &str,
@@ -228,7 +315,8 @@ impl<'a> WarmHost<'a> {
             .items
             .into_iter()
             .filter_map(|l| {
-                let vm = l.labels().get(LABEL_WARM_VM)?.clone();
+                let name = l.metadata.name.as_deref()?;
+                let vm = warm::vm_of_lease(name)?.to_string();
                 let renewed = l.spec.and_then(|s| s.renew_time).map(|t| t.0);
                 Some((vm, renewed))
             })
@@ -323,32 +411,141 @@ impl<'a> WarmHost<'a> {
         }
     }
 
-    /// Deletes the warm VM `vm`'s binding Secret, RoleBinding, Role, ServiceAccount (its
-    /// token stops working) and Lease.
+    /// Deletes the warm VM `vm`'s binding Secret, RoleBinding, Role, Lease and
+    /// ServiceAccount (its token stops working), each only when it is this installation's,
+    /// made for `vm` (its labels; the Lease, which the VM may write itself, by the UID its
+    /// ServiceAccount recorded), and at the UID it was read with.
     pub async fn delete_credential(&self, ns: &str, vm: &str) -> Result<(), Error> {
         let name = warm::credential_name(vm);
-        self.delete_gone(
-            self.api::<Secret>(ns),
-            &warm::binding_name(vm),
-            "deleting a warm VM's binding",
-        )
-        .await?;
-        self.delete_gone(
-            self.api::<RoleBinding>(ns),
-            &name,
-            "deleting a warm VM's RoleBinding",
-        )
-        .await?;
-        self.delete_gone(self.api::<Role>(ns), &name, "deleting a warm VM's Role")
+        let account = self
+            .read_meta::<ServiceAccount>(ns, &name, "reading a warm VM's ServiceAccount")
             .await?;
-        self.delete_gone(
-            self.api::<ServiceAccount>(ns),
-            &name,
-            "deleting a warm VM's ServiceAccount",
+        let lease_uid = account
+            .as_ref()
+            .filter(|m| self.made_for_vm(m, vm))
+            .and_then(|m| {
+                m.annotations
+                    .as_ref()?
+                    .get(ANNOTATION_WARM_LEASE_UID)
+                    .cloned()
+            });
+        self.delete_made_for::<Secret>(ns, &warm::binding_name(vm), vm, "a warm VM's binding")
+            .await?;
+        self.delete_made_for::<RoleBinding>(ns, &name, vm, "a warm VM's RoleBinding")
+            .await?;
+        self.delete_made_for::<Role>(ns, &name, vm, "a warm VM's Role")
+            .await?;
+        let lease = self
+            .read_meta::<Lease>(ns, &name, "reading a warm VM's Lease")
+            .await?;
+        if let Some(lease) = lease {
+            let uid = lease.uid.clone();
+            // Its UID as recorded; without a record (a ServiceAccount gone, or made by an
+            // older version), its labels.
+            let ours = match &lease_uid {
+                Some(recorded) => uid.as_ref() == Some(recorded),
+                None => self.made_for_vm(&lease, vm),
+            };
+            if ours {
+                self.delete_at_uid::<Lease>(ns, &name, uid, "deleting a warm VM's Lease")
+                    .await?;
+            } else {
+                tracing::warn!(lease = %format!("{ns}/{name}"), "a Lease of a warm VM's name is not the one made for it: left alone");
+            }
+        }
+        self.delete_made_for::<ServiceAccount>(ns, &name, vm, "a warm VM's ServiceAccount")
+            .await
+    }
+
+    /// The metadata of `ns/name`, if it exists.
+    async fn read_meta<K>(
+        &self,
+        ns: &str,
+        name: &str,
+        what: &str,
+    ) -> Result<Option<ObjectMeta>, Error>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+        <K as kube::Resource>::DynamicType: Default,
+    {
+        let found = remote_call(
+            self.ctx,
+            self.remote,
+            what,
+            self.api::<K>(ns).get_metadata_opt(name),
         )
         .await?;
-        self.delete_gone(self.api::<Lease>(ns), &name, "deleting a warm VM's Lease")
+        Ok(found.map(|o| o.metadata))
+    }
+
+    /// Deletes `ns/name` when its labels say this installation made it for the warm VM
+    /// `vm` (else it is left alone, with a warning), at the UID it was read with.
+    async fn delete_made_for<K>(
+        &self,
+        ns: &str,
+        name: &str,
+        vm: &str,
+        what: &str,
+    ) -> Result<(), Error>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+        <K as kube::Resource>::DynamicType: Default,
+    {
+        let Some(found) = self
+            .read_meta::<K>(ns, name, &format!("reading {what}"))
+            .await?
+        else {
+            return Ok(());
+        };
+        if !self.made_for_vm(&found, vm) {
+            tracing::warn!(object = %format!("{ns}/{name}"), what, "an object of a warm VM's name is not labelled as made for it: left alone");
+            return Ok(());
+        }
+        self.delete_at_uid::<K>(ns, name, found.uid, &format!("deleting {what}"))
             .await
+    }
+
+    /// Deletes `ns/name` in the background if its UID is still `uid` (gone, or replaced by
+    /// another object since: done).
+    async fn delete_at_uid<K>(
+        &self,
+        ns: &str,
+        name: &str,
+        uid: Option<String>,
+        what: &str,
+    ) -> Result<(), Error>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+        <K as kube::Resource>::DynamicType: Default,
+    {
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions {
+                resource_version: None,
+                uid,
+            }),
+            ..DeleteParams::background()
+        };
+        let deleted = remote_call(
+            self.ctx,
+            self.remote,
+            what,
+            self.api::<K>(ns).delete(name, &dp),
+        )
+        .await;
+        match deleted {
+            Ok(_) => Ok(()),
+            Err(e) if crate::remote::calls::not_found(&e) || e.is_remote_conflict() => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     /// Creates a warm VM's user-data Secret (one there already is an earlier attempt's,

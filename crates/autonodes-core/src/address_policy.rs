@@ -123,6 +123,9 @@ const AWS_METADATA_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x
 pub enum Refusal {
     /// The management cluster's own API server.
     ManagementApiServer,
+    /// The management cluster's API server's addresses are not known (not read yet):
+    /// nothing is connected to until they are.
+    ManagementApiServerUnknown,
     /// An address of the deny list.
     Denied,
     /// Loopback.
@@ -144,6 +147,9 @@ impl fmt::Display for Refusal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Refusal::ManagementApiServer => "it is the management cluster's API server",
+            Refusal::ManagementApiServerUnknown => {
+                "the management cluster's API server's addresses are not known yet"
+            }
             Refusal::Denied => "it is on the deny list",
             Refusal::Loopback => "it is a loopback address",
             Refusal::Unspecified => "it is the unspecified address",

@@ -105,7 +105,7 @@ pub const TENANT_READ_LIMIT: Duration = Duration::from_secs(30);
 /// tenants, with the management API server refused.
 #[derive(Clone, Debug)]
 pub struct TenantGuard {
-    policy: std::sync::Arc<autonodes_core::address_policy::AddressPolicy>,
+    egress: crate::remote::egress::Egress,
 }
 
 impl TenantGuard {
@@ -115,7 +115,7 @@ impl TenantGuard {
         let egress = crate::remote::egress::Egress::allowing_list(allow)
             .map_err(|e| anyhow::anyhow!("--tenant-allow-cidrs: {e}"))?;
         Ok(TenantGuard {
-            policy: egress.protecting(protected).tenant,
+            egress: egress.protecting(protected),
         })
     }
 }
@@ -149,8 +149,11 @@ pub async fn run(args: ExplainArgs) -> anyhow::Result<()> {
     let server = crate::remote::clients::endpoint_of(&config.cluster_url.to_string()).ok();
     let client = Client::try_from(config)
         .context("connecting to the management cluster (the current kubeconfig)")?;
-    let protected =
-        crate::controller::startup::management_api_server(&client, server.as_deref()).await;
+    let protected = crate::controller::management_api::read(&client, server.as_deref())
+        .await
+        .map_err(|why| {
+            anyhow::anyhow!("{why} (explain connects to no tenant without the management API server's addresses)")
+        })?;
     let guard = TenantGuard::new(&args.tenant_allow_cidrs, &protected)?;
     let e = explain(&client, &args, &guard).await?;
     match args.output {
@@ -528,7 +531,8 @@ async fn tenant_client(
         .map_err(|why| anyhow::anyhow!("{source}: {why}"))?;
     crate::remote::egress::guarded_client(
         &config,
-        guard.policy.clone(),
+        guard.egress.tenant.clone(),
+        guard.egress.management.clone(),
         crate::remote::request_metrics::ClusterKind::Tenant,
         None,
     )

@@ -335,6 +335,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             deny: args.tenant_deny_cidrs.clone(),
             protected: Vec::new(),
         }),
+        // Read before the controllers start, and again while they run.
+        management: Arc::new(crate::remote::egress::ManagementAddresses::unknown()),
     };
     let config = ControllerConfig {
         namespace: args.namespace.clone(),

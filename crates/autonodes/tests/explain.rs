@@ -450,8 +450,9 @@ async fn explain_names_why_a_claim_fits_no_type_what_holds_repairs_or_budgets_a_
          controller follows it, which answers from inside the cluster — from a laptop, give\n\
          `--tenant-kubeconfig` a kubeconfig for a port-forward instead, with\n\
          `--tenant-allow-cidrs 127.0.0.1`; the tenant is reached as the controller reaches it:\n\
-         loopback, link-local and the management API server refused unless\n\
-         `--tenant-allow-cidrs` allows them, answers capped, every read within 30 s): each of\n\
+         loopback and link-local refused unless `--tenant-allow-cidrs` allows them, the\n\
+         management API server always (explain stops when it cannot read its addresses),\n\
+         answers capped, every read within 30 s): each of\n\
          the tenant's pools in\n\
          the order they get pending pods, whether one of its node types would take the pod (the\n\
          pool's requirements, the pod's node selector, required node affinity and tolerations,\n\

@@ -683,6 +683,7 @@ async fn a_stock_vcluster_kubeconfig_naming_localhost_is_reached_through_the_vcl
     world.config.egress = Egress {
         host: only("127.0.0.1"),
         tenant: only("127.0.0.2"),
+        ..Egress::default()
     };
     let tenant = world.playground.tenant().expect("tenant");
     let port = tenant.port;
@@ -776,4 +777,122 @@ async fn a_stock_vcluster_kubeconfig_naming_localhost_is_reached_through_the_vcl
     assert_eq!(node.len(), 1, "the claim's node joined the vCluster");
     println!("stock vCluster: {joined}");
     world.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_management_api_server_s_addresses_are_read_again_and_a_client_made_before_they_were_known_is_dropped_and_then_refused(
+) {
+    use autonodes::controller::management_api;
+    use autonodes::remote::clients::{ClusterClients, TenantLimits};
+    use autonodes::remote::egress::{Egress, ManagementAddresses};
+    use autonodes_testenv::testenv::TestEnv;
+    use k8s_openapi::api::core::v1::Namespace;
+    use kube::api::{Api, ListParams};
+
+    logs();
+    let env = TestEnv::start(&["mgmt"]).await.expect("mgmt");
+    let server = env.apiserver("mgmt").expect("mgmt");
+    let mgmt = server.client().await.expect("client");
+    let endpoint = format!("127.0.0.1:{}", server.port);
+
+    // Read from the real API server: the server itself and the `kubernetes` Service (its
+    // Endpoints are written a moment after the server starts).
+    let read = common::eventually("the management API server's addresses", WAIT, || async {
+        management_api::read(&mgmt, Some(&endpoint)).await.ok()
+    })
+    .await;
+    let own: std::net::SocketAddr = endpoint.parse().expect("addr");
+    assert!(read.contains(&own), "{read:?}");
+    assert!(
+        read.iter().any(|a| a.port() == 443),
+        "the Service's ClusterIP: {read:?}"
+    );
+
+    // A host Secret naming the management API server itself, served by a client made while
+    // the addresses were not known as they are (a list read before the server moved).
+    put_kubeconfig_secret(
+        &mgmt,
+        SERVICE_NAMESPACE,
+        "itself",
+        autonodes_api::HOST_KUBECONFIG_KEY,
+        &server.kubeconfig_yaml().expect("kubeconfig"),
+    )
+    .await
+    .expect("secret");
+    let known = Arc::new(ManagementAddresses::known(Vec::new()));
+    let egress = Egress {
+        management: known.clone(),
+        ..Egress::allowing_list("127.0.0.1").expect("cidr")
+    };
+    let clients = ClusterClients::new(
+        mgmt.clone(),
+        SERVICE_NAMESPACE,
+        Default::default(),
+        egress,
+        TenantLimits::default(),
+    );
+    let stale = clients.host("itself").await.expect("client");
+    Api::<Namespace>::all(stale.client.clone())
+        .list(&ListParams::default().limit(1))
+        .await
+        .expect("connected, with the stale list");
+    assert_eq!(clients.cached().await.len(), 1);
+
+    // Read again: the addresses changed, the cached client is dropped, and the next one is
+    // refused before it connects.
+    assert!(management_api::read_again(&mgmt, Some(&endpoint), &known, &clients).await);
+    assert!(clients.cached().await.is_empty(), "cached clients dropped");
+    let fresh = clients.host("itself").await.expect("client");
+    let refused = Api::<Namespace>::all(fresh.client.clone())
+        .list(&ListParams::default().limit(1))
+        .await
+        .expect_err("the management API server is refused");
+    let chain: Vec<String> = autonodes::remote::egress::causes(&refused)
+        .map(|e| e.to_string())
+        .collect();
+    assert!(
+        chain
+            .iter()
+            .any(|e| e.contains("it is the management cluster's API server")),
+        "{chain:?}"
+    );
+    assert!(
+        !management_api::read_again(&mgmt, Some(&endpoint), &known, &clients).await,
+        "unchanged"
+    );
+
+    // An identity that may read neither the Service nor the Endpoints reads nothing (no
+    // partial list): what was known stays, and before the first read nothing is known, so
+    // nothing is connected to.
+    let mut config = kube::Config::from_custom_kubeconfig(
+        server.kubeconfig().expect("kubeconfig"),
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await
+    .expect("config");
+    config.auth_info.impersonate = Some("nobody".into());
+    let nobody = kube::Client::try_from(config).expect("client");
+    let why = management_api::read(&nobody, Some(&endpoint))
+        .await
+        .expect_err("forbidden");
+    assert!(why.contains("default/kubernetes Service"), "{why}");
+    let before = known.current();
+    assert!(!management_api::read_again(&nobody, None, &known, &clients).await);
+    assert_eq!(known.current(), before, "the last addresses read are kept");
+    let unknown = ManagementAddresses::unknown();
+    assert!(
+        !management_api::read_before_start(
+            &nobody,
+            None,
+            &unknown,
+            tokio::time::sleep(Duration::from_secs(3)),
+        )
+        .await,
+        "still waiting when shut down"
+    );
+    assert_eq!(unknown.current(), None);
+    assert_eq!(
+        unknown.check(own),
+        Err(autonodes_core::address_policy::Refusal::ManagementApiServerUnknown)
+    );
 }

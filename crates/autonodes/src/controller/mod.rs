@@ -23,6 +23,7 @@ pub mod error;
 pub mod gauges;
 pub mod invalid;
 pub mod lenient;
+pub mod management_api;
 pub mod nodeclaim;
 pub mod nodepool;
 pub mod nodequota;
@@ -49,7 +50,7 @@ use crate::remote::watches;
 use config::ControllerConfig;
 use context::{ledger_guard, Context};
 use reflectors::Reflectors;
-use startup::{installation_of_namespace, management_api_server};
+use startup::installation_of_namespace;
 
 /// Runs the controllers until `shutdown` resolves.
 pub async fn run(
@@ -64,9 +65,18 @@ pub async fn run(
         config.installation = installation_of_namespace(&client, &config.namespace).await?;
     }
     tracing::info!(installation = %config.installation, "installation id (label autonodes.io/installation)");
-    let protected = management_api_server(&client, config.management_server.as_deref()).await;
-    tracing::info!(addresses = ?protected, "host and tenant clients never connect to the management API server");
-    config.egress = config.egress.protecting(&protected);
+    // Nothing connects to a host or tenant before the management API server's addresses
+    // are known.
+    if !management_api::read_before_start(
+        &client,
+        config.management_server.as_deref(),
+        &config.egress.management,
+        shutdown.clone(),
+    )
+    .await
+    {
+        return Ok(());
+    }
     let reflectors = Arc::new(Reflectors::new());
     let r = &reflectors;
     let claimed = Arc::new(std::sync::Mutex::new(
@@ -154,6 +164,13 @@ pub async fn run(
         });
     }
 
+    tokio::spawn(management_api::keep_reading(
+        client.clone(),
+        ctx.config.management_server.clone(),
+        ctx.config.egress.management.clone(),
+        ctx.clients.clone(),
+        shutdown.clone(),
+    ));
     tokio::spawn(gauges::run(ctx.clone(), shutdown.clone()));
     tokio::spawn(sweep::run(
         ctx.clone(),

@@ -646,8 +646,14 @@ fn build_remote(
         ClusterKey::Host(_) => (ClusterKind::Host, egress.host.clone()),
         ClusterKey::Tenant { .. } => (ClusterKind::Tenant, egress.tenant.clone()),
     };
-    let client = crate::remote::egress::guarded_client(&config, policy, kind, share)
-        .map_err(|e| format!("cannot build a client: {}", redact(&e.to_string())))?;
+    let client = crate::remote::egress::guarded_client(
+        &config,
+        policy,
+        egress.management.clone(),
+        kind,
+        share,
+    )
+    .map_err(|e| format!("cannot build a client: {}", redact(&e.to_string())))?;
     Ok(Remote {
         key,
         client,

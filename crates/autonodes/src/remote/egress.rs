@@ -33,19 +33,98 @@ pub struct Egress {
     pub host: Arc<AddressPolicy>,
     /// For tenant clusters (`--tenant-allow-cidrs`, `--tenant-deny-cidrs`).
     pub tenant: Arc<AddressPolicy>,
+    /// The management API server's addresses as last read, refused to both (the
+    /// controller reads them again while it runs).
+    pub management: Arc<ManagementAddresses>,
+}
+
+/// The management cluster's API server's addresses as last read: every host and tenant
+/// connection to one of them is refused, and while they are not known (never read) every
+/// connection is. Replaced whole when they are read again.
+#[derive(Debug)]
+pub struct ManagementAddresses {
+    addrs: std::sync::RwLock<Option<Arc<[SocketAddr]>>>,
+}
+
+impl Default for ManagementAddresses {
+    /// Known, and none: for clients that are never pointed at the management cluster
+    /// (tests of one cluster). The controller starts from [`ManagementAddresses::unknown`].
+    fn default() -> Self {
+        ManagementAddresses::known(Vec::new())
+    }
+}
+
+impl PartialEq for ManagementAddresses {
+    fn eq(&self, other: &Self) -> bool {
+        self.current() == other.current()
+    }
+}
+
+impl Eq for ManagementAddresses {}
+
+impl ManagementAddresses {
+    /// Not read yet: every connection is refused.
+    pub fn unknown() -> Self {
+        ManagementAddresses {
+            addrs: std::sync::RwLock::new(None),
+        }
+    }
+
+    /// Read as `addrs`.
+    pub fn known(addrs: Vec<SocketAddr>) -> Self {
+        ManagementAddresses {
+            addrs: std::sync::RwLock::new(Some(addrs.into())),
+        }
+    }
+
+    /// The addresses as last read (`None`: never read).
+    pub fn current(&self) -> Option<Arc<[SocketAddr]>> {
+        self.addrs
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Replaces the addresses with `addrs` (sorted, without repeats); `true` when they
+    /// differ from what was known.
+    pub fn replace(&self, mut addrs: Vec<SocketAddr>) -> bool {
+        addrs.sort();
+        addrs.dedup();
+        let mut held = self
+            .addrs
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let changed = held.as_deref() != Some(addrs.as_slice());
+        *held = Some(addrs.into());
+        changed
+    }
+
+    /// Whether a connection to `addr` may be made as far as the management API server
+    /// goes: not one of its addresses (in any spelling of the IP), and they are known.
+    pub fn check(&self, addr: SocketAddr) -> Result<(), Refusal> {
+        match self.current() {
+            None => Err(Refusal::ManagementApiServerUnknown),
+            Some(known) => {
+                let policy = AddressPolicy {
+                    protected: known.to_vec(),
+                    ..AddressPolicy::default()
+                };
+                match policy.check(addr) {
+                    Err(Refusal::ManagementApiServer) => Err(Refusal::ManagementApiServer),
+                    _ => Ok(()),
+                }
+            }
+        }
+    }
 }
 
 impl Egress {
-    /// Both policies with `addrs` (the management cluster's API server) protected.
+    /// Both policies with `addrs` (the management cluster's API server, as read once)
+    /// refused.
     pub fn protecting(&self, addrs: &[SocketAddr]) -> Egress {
-        let with = |p: &AddressPolicy| {
-            let mut p = p.clone();
-            p.protected.extend_from_slice(addrs);
-            Arc::new(p)
-        };
         Egress {
-            host: with(&self.host),
-            tenant: with(&self.tenant),
+            management: Arc::new(ManagementAddresses::known(addrs.to_vec())),
+            ..self.clone()
         }
     }
 
@@ -66,6 +145,7 @@ impl Egress {
         Egress {
             host: p.clone(),
             tenant: p,
+            management: Arc::default(),
         }
     }
 }
@@ -79,31 +159,39 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct AddressRefused(pub Refusal);
 
 /// A TCP connector that resolves the server's name itself and connects only to addresses
-/// the policy allows.
+/// the policy allows and that are not the management API server's.
 #[derive(Clone)]
 pub struct GuardedConnector {
     http: HttpConnector,
     policy: Arc<AddressPolicy>,
+    management: Arc<ManagementAddresses>,
 }
 
 impl GuardedConnector {
-    /// A connector for `policy`.
-    pub fn new(policy: Arc<AddressPolicy>) -> Self {
+    /// A connector for `policy`, refusing `management`'s addresses as they are at each
+    /// connection.
+    pub fn new(policy: Arc<AddressPolicy>, management: Arc<ManagementAddresses>) -> Self {
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_connect_timeout(Some(CONNECT_TIMEOUT));
-        GuardedConnector { http, policy }
+        GuardedConnector {
+            http,
+            policy,
+            management,
+        }
     }
 }
 
-/// The first of `addrs` the policy allows, else the refusal of the first.
+/// The first of `addrs` the policy and the management API server's addresses allow, else
+/// the last refusal.
 pub fn first_allowed(
     policy: &AddressPolicy,
+    management: &ManagementAddresses,
     addrs: impl IntoIterator<Item = SocketAddr>,
 ) -> Result<SocketAddr, Refusal> {
     let mut refusal = Refusal::Denied;
     for a in addrs {
-        match policy.check(a) {
+        match management.check(a).and_then(|()| policy.check(a)) {
             Ok(()) => return Ok(a),
             Err(r) => refusal = r,
         }
@@ -123,6 +211,7 @@ impl tower::Service<http::Uri> for GuardedConnector {
     fn call(&mut self, uri: http::Uri) -> Self::Future {
         let mut http = self.http.clone();
         let policy = self.policy.clone();
+        let management = self.management.clone();
         Box::pin(async move {
             let host = uri
                 .host()
@@ -140,7 +229,7 @@ impl tower::Service<http::Uri> for GuardedConnector {
                     .await?
                     .collect(),
             };
-            let addr = first_allowed(&policy, addrs).map_err(AddressRefused)?;
+            let addr = first_allowed(&policy, &management, addrs).map_err(AddressRefused)?;
             let ip = match addr.ip() {
                 IpAddr::V4(v4) => v4.to_string(),
                 IpAddr::V6(v6) => format!("[{v6}]"),
@@ -238,7 +327,7 @@ impl<Res> tower::retry::Policy<http::Request<kube::client::Body>, http::Response
     }
 }
 
-/// A client for `config` whose connections `policy` guards: kube's own stack (base URI,
+/// A client for `config` whose connections `policy` and `management` guard: kube's own stack (base URI,
 /// authentication, TLS from the kubeconfig) over the [`GuardedConnector`], each request
 /// counted for `kind`, each answer's body at most [`TENANT_BODY_LIMIT`] or
 /// [`HOST_BODY_LIMIT`] bytes, a request turned away for load sent again
@@ -247,6 +336,7 @@ impl<Res> tower::retry::Policy<http::Request<kube::client::Body>, http::Response
 pub fn guarded_client(
     config: &Config,
     policy: Arc<AddressPolicy>,
+    management: Arc<ManagementAddresses>,
     kind: ClusterKind,
     share: Option<Arc<crate::remote::budget::Share>>,
 ) -> Result<Client, kube::Error> {
@@ -254,7 +344,8 @@ pub fn guarded_client(
         ClusterKind::Tenant => TENANT_BODY_LIMIT,
         _ => HOST_BODY_LIMIT,
     };
-    let https = config.rustls_https_connector_with_connector(GuardedConnector::new(policy))?;
+    let https =
+        config.rustls_https_connector_with_connector(GuardedConnector::new(policy, management))?;
     let http_client: hyper_util::client::legacy::Client<_, kube::client::Body> =
         hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(https);
     let service = ServiceBuilder::new()
@@ -523,13 +614,62 @@ mod tests {
             ..AddressPolicy::default()
         };
         let a = |s: &str| s.parse::<SocketAddr>().expect("addr");
+        let none = ManagementAddresses::default();
         assert_eq!(
-            first_allowed(&policy, [a("[::1]:443"), a("127.0.0.1:443")]),
+            first_allowed(&policy, &none, [a("[::1]:443"), a("127.0.0.1:443")]),
             Ok(a("127.0.0.1:443"))
         );
         assert_eq!(
-            first_allowed(&policy, [a("169.254.169.254:80")]),
+            first_allowed(&policy, &none, [a("169.254.169.254:80")]),
             Err(Refusal::LinkLocal)
+        );
+    }
+
+    #[test]
+    fn nothing_is_connected_to_until_the_management_api_server_is_known_and_then_never_it() {
+        let policy = AddressPolicy {
+            allow: vec![Cidr::parse("127.0.0.1").expect("cidr")],
+            ..AddressPolicy::default()
+        };
+        let a = |s: &str| s.parse::<SocketAddr>().expect("addr");
+        let known = ManagementAddresses::unknown();
+        assert_eq!(
+            first_allowed(&policy, &known, [a("10.0.0.5:443")]),
+            Err(Refusal::ManagementApiServerUnknown),
+            "fails closed before the first read"
+        );
+        assert!(known.replace(vec![a("127.0.0.1:6443"), a("10.96.0.1:443")]));
+        assert!(
+            !known.replace(vec![a("10.96.0.1:443"), a("127.0.0.1:6443")]),
+            "the same"
+        );
+        assert_eq!(
+            first_allowed(&policy, &known, [a("10.0.0.5:443")]),
+            Ok(a("10.0.0.5:443"))
+        );
+        assert_eq!(
+            first_allowed(&policy, &known, [a("127.0.0.1:8443")]),
+            Ok(a("127.0.0.1:8443"))
+        );
+        // Any spelling of a protected address (IPv4-mapped IPv6 here) is refused; a name
+        // with another address is served by that one.
+        assert_eq!(
+            first_allowed(&policy, &known, [a("[::ffff:10.96.0.1]:443")]),
+            Err(Refusal::ManagementApiServer)
+        );
+        assert_eq!(
+            first_allowed(&policy, &known, [a("127.0.0.1:6443"), a("10.0.0.5:6443")]),
+            Ok(a("10.0.0.5:6443"))
+        );
+        // Read again with the server moved: the new address is refused, the old one not.
+        assert!(known.replace(vec![a("10.96.0.1:443"), a("10.0.0.7:6443")]));
+        assert_eq!(
+            first_allowed(&policy, &known, [a("10.0.0.7:6443")]),
+            Err(Refusal::ManagementApiServer)
+        );
+        assert_eq!(
+            first_allowed(&policy, &known, [a("127.0.0.1:6443")]),
+            Ok(a("127.0.0.1:6443"))
         );
     }
 

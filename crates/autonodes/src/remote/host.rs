@@ -19,7 +19,7 @@ use autonodes_core::template::golden::{self, GoldenVolume};
 
 /// Background deletion of an object, of the one with `uid` only when given (one made again
 /// under the same name meanwhile is left alone).
-fn delete_this(uid: Option<String>) -> DeleteParams {
+pub(crate) fn delete_this(uid: Option<String>) -> DeleteParams {
     DeleteParams {
         preconditions: uid.map(|uid| kube::api::Preconditions {
             uid: Some(uid),

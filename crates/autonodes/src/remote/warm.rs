@@ -43,6 +43,23 @@ impl std::fmt::Debug for Credential {
     }
 }
 
+/// A namespaced object of the host that is read and deleted for a warm VM.
+trait HostObject:
+    kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+    + Clone
+    + serde::de::DeserializeOwned
+    + std::fmt::Debug
+{
+}
+
+impl<K> HostObject for K where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+{
+}
+
 /// A host cluster, for warm VMs.
 pub struct WarmHost<'a> {
     ctx: &'a Context,
@@ -465,10 +482,7 @@ impl<'a> WarmHost<'a> {
         what: &str,
     ) -> Result<Option<ObjectMeta>, Error>
     where
-        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
-            + Clone
-            + serde::de::DeserializeOwned
-            + std::fmt::Debug,
+        K: HostObject,
         <K as kube::Resource>::DynamicType: Default,
     {
         let found = remote_call(
@@ -491,10 +505,7 @@ impl<'a> WarmHost<'a> {
         what: &str,
     ) -> Result<(), Error>
     where
-        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
-            + Clone
-            + serde::de::DeserializeOwned
-            + std::fmt::Debug,
+        K: HostObject,
         <K as kube::Resource>::DynamicType: Default,
     {
         let Some(found) = self
@@ -521,24 +532,15 @@ impl<'a> WarmHost<'a> {
         what: &str,
     ) -> Result<(), Error>
     where
-        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
-            + Clone
-            + serde::de::DeserializeOwned
-            + std::fmt::Debug,
+        K: HostObject,
         <K as kube::Resource>::DynamicType: Default,
     {
-        let dp = DeleteParams {
-            preconditions: Some(Preconditions {
-                resource_version: None,
-                uid,
-            }),
-            ..DeleteParams::background()
-        };
         let deleted = remote_call(
             self.ctx,
             self.remote,
             what,
-            self.api::<K>(ns).delete(name, &dp),
+            self.api::<K>(ns)
+                .delete(name, &crate::remote::host::delete_this(uid)),
         )
         .await;
         match deleted {

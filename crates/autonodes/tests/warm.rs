@@ -208,6 +208,32 @@ async fn a_claim_takes_a_ready_warm_vm_that_joins_from_its_binding_and_the_type_
         assert!((23.0..=24.1).contains(&hours), "{hours} h left");
     }
 
+    // What a controller killed right after making a warm VM's Lease (the first of its
+    // credential) leaves: that Lease alone, no ServiceAccount, no VM. It is swept once it is
+    // old enough, with the rest of what warm VMs that are gone left.
+    let host_leases: Api<Lease> = Api::namespaced(world.host.clone(), VMS);
+    let model = host_leases
+        .get(&format!("{}-warm", names[0]))
+        .await
+        .expect("a warm VM's Lease");
+    let cut_short = "warm-cut-short".to_string();
+    let mut labels = model.labels().clone();
+    labels.insert(LABEL_WARM_VM.to_string(), cut_short.clone());
+    host_leases
+        .create(
+            &kube::api::PostParams::default(),
+            &Lease {
+                metadata: kube::api::ObjectMeta {
+                    name: Some(format!("{cut_short}-warm")),
+                    labels: Some(labels),
+                    ..Default::default()
+                },
+                ..Lease::default()
+            },
+        )
+        .await
+        .expect("a Lease left alone");
+
     // What a warm VM's own token may do on the host: its binding (not written yet: 404, so
     // authorized) and its Lease; nothing of the other warm VM, nothing else.
     let a = agent_of(&world, names[0]).await;
@@ -432,6 +458,7 @@ async fn a_claim_takes_a_ready_warm_vm_that_joins_from_its_binding_and_the_type_
     all.extend(refilled);
     all.extend(drifted);
     // (The taken VM is the claim's now: its user data stays with it.)
+    all.insert(cut_short);
     let unbound: BTreeSet<String> = all.iter().filter(|v| **v != vm).cloned().collect();
     assert_no_leftovers(&world, &unbound).await;
 

@@ -340,9 +340,11 @@ impl<'a> WarmHost<'a> {
             .collect())
     }
 
-    /// The warm VMs of the type labelled `type_label` in `ns` that have a credential or a
-    /// Secret (user data, binding) not taken by a claim, with when the youngest of those
-    /// was made (to find what is left of warm VMs that are gone).
+    /// The warm VMs of the type labelled `type_label` in `ns` that have a credential (its
+    /// Lease, made first, or its ServiceAccount) or a Secret (user data, binding) not taken
+    /// by a claim, with when the youngest of those was made (to find what is left of warm
+    /// VMs that are gone, such as a Lease whose ServiceAccount a killed controller never
+    /// made). A Lease counts for the VM its name is of, whatever its labels say.
     pub async fn made_for(
         &self,
         ns: &str,
@@ -363,19 +365,40 @@ impl<'a> WarmHost<'a> {
             self.api::<Secret>(ns).list_metadata(&lp),
         )
         .await?;
+        let leases = remote_call(
+            self.ctx,
+            self.remote,
+            "listing warm VMs' Leases",
+            self.api::<Lease>(ns).list_metadata(&lp),
+        )
+        .await?;
+        let labelled = |meta: &ObjectMeta| {
+            meta.labels
+                .as_ref()
+                .and_then(|l| l.get(LABEL_WARM_VM))
+                .cloned()
+        };
+        let named = |meta: &ObjectMeta| {
+            meta.name
+                .as_deref()
+                .and_then(warm::vm_of_lease)
+                .map(str::to_string)
+        };
         let mut out: BTreeMap<String, Option<Timestamp>> = BTreeMap::new();
         let metas = accounts
             .items
             .into_iter()
             .map(|o| o.metadata)
-            .chain(secrets.items.into_iter().map(|o| o.metadata));
-        for meta in metas {
-            let Some(vm) = meta
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(LABEL_WARM_VM))
-                .cloned()
-            else {
+            .chain(secrets.items.into_iter().map(|o| o.metadata))
+            .map(|m| (labelled(&m), m))
+            .chain(
+                leases
+                    .items
+                    .into_iter()
+                    .map(|o| (named(&o.metadata), o.metadata)),
+            );
+        for (vm, meta) in metas {
+            let Some(vm) = vm else {
                 continue;
             };
             let made = meta.creation_timestamp.map(|t| t.0);

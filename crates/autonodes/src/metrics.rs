@@ -4,6 +4,10 @@ use prometheus::{
     HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+/// The `result` label values of `autonodes_reconcile_total`: done, retried soon because it
+/// read a stale copy or waits for something that takes time (not a failure), failed.
+pub const RECONCILE_RESULTS: [&str; 3] = ["ok", "requeued", "error"];
+
 /// The `controller` label values of `autonodes_reconcile_total`.
 pub const CONTROLLERS: [&str; 5] = [
     "nodeclaim",
@@ -105,7 +109,7 @@ impl Metrics {
         let r = &registry;
         Ok(Metrics {
             reconcile_total: register(r, IntCounterVec::new(
-                Opts::new("reconcile_total", "Reconciles by controller and result (ok, error)."),
+                Opts::new("reconcile_total", "Reconciles by controller and result (ok; requeued: a stale read or a wait, retried; error)."),
                 &["controller", "result"],
             ))?,
             reconcile_duration: register(r, HistogramVec::new(
@@ -210,7 +214,7 @@ impl Metrics {
     /// `reason="failed"`, each kind the orphan sweep removes).
     fn with_zero_series(self) -> Self {
         for controller in CONTROLLERS {
-            for result in ["ok", "error"] {
+            for result in RECONCILE_RESULTS {
                 self.reconcile_total
                     .with_label_values(&[controller, result]);
             }
@@ -278,14 +282,8 @@ impl Metrics {
             .unwrap_or_else(|e| format!("# encoding metrics failed: {e}\n"))
     }
 
-    /// Counts one reconcile and its duration.
-    pub fn observe_reconcile<T, E>(
-        &self,
-        controller: &str,
-        started: std::time::Instant,
-        result: &Result<T, E>,
-    ) {
-        let outcome = if result.is_ok() { "ok" } else { "error" };
+    /// Counts one reconcile as `outcome` (one of [`RECONCILE_RESULTS`]) and its duration.
+    pub fn observe_reconcile(&self, controller: &str, started: std::time::Instant, outcome: &str) {
         self.reconcile_total
             .with_label_values(&[controller, outcome])
             .inc();

@@ -342,7 +342,17 @@ async fn a_real_prometheus_scrapes_the_controller_and_every_dashboard_query_retu
         }
         assert!(
             settled.elapsed() < Duration::from_secs(60),
-            "a healthy installation still raises alerts after 60 s: {body}"
+            "a healthy installation still raises alerts after 60 s: {body}\ncontroller warnings and errors:\n{}",
+            controller
+                .log_text()
+                .lines()
+                .filter(|l| {
+                    let l = l.to_ascii_lowercase();
+                    l.contains("\"warn") || l.contains("\"error")
+                })
+                .take(40)
+                .collect::<Vec<_>>()
+                .join("\n")
         );
         tokio::time::sleep(Duration::from_secs(1)).await;
     }

@@ -63,8 +63,19 @@ pub async fn reconcile<R: Reconciler>(obj: Arc<R::Object>, r: Arc<R>) -> Result<
     let result = r.reconcile(obj).await;
     r.context()
         .metrics
-        .observe_reconcile(R::NAME, started, &result);
+        .observe_reconcile(R::NAME, started, reconcile_result(&result));
     result
+}
+
+/// The `result` label a reconcile is counted under: a stale read or a wait
+/// ([`Error::is_conflict`]) is `requeued`, not a failure, so the reconcile-error alert sees
+/// only what failed.
+pub fn reconcile_result<T>(result: &Result<T, Error>) -> &'static str {
+    match result {
+        Ok(_) => "ok",
+        Err(e) if e.is_conflict() => "requeued",
+        Err(_) => "error",
+    }
 }
 
 /// Logs a failed reconcile (a stale read only at debug level) and says when to retry.
@@ -99,5 +110,27 @@ pub async fn log_run_error<K: Resource, E: std::fmt::Debug, Q: std::fmt::Debug>(
 {
     if let Err(e) = result {
         tracing::debug!(error = ?e, "controller runtime");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stale_reads_and_waits_count_as_requeued_and_only_failures_as_errors() {
+        assert_eq!(reconcile_result::<()>(&Ok(())), "ok");
+        assert_eq!(
+            reconcile_result::<()>(&Err(Error::Conflict("stale".into()))),
+            "requeued"
+        );
+        assert_eq!(
+            reconcile_result::<()>(&Err(Error::Waiting("the VM is going".into()))),
+            "requeued"
+        );
+        assert_eq!(
+            reconcile_result::<()>(&Err(Error::Internal("broken".into()))),
+            "error"
+        );
     }
 }

@@ -144,8 +144,9 @@ pub struct NodePoolSpec {
     /// the NodeProvider's `repair`, then from the controller's defaults.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repair: Option<Repair>,
-    /// Warm VMs kept for this pool alone: booted with the pool's properties (its user
-    /// data, SSH keys, image settings) on the cheapest type the pool's template accepts,
+    /// Warm VMs kept for this pool alone: booted with the pool's properties (its image
+    /// settings, disks, networks, placement; but the type's SSH keys and user data, as the
+    /// pool's come with the binding) on the cheapest type the pool's template accepts,
     /// joined to no tenant until a claim of the pool takes one. Unlike a NodeType's warm
     /// VMs they are the namespace's: they count against its NodeQuotas and claim limit.
     /// Absent or `replicas: 0`: none.

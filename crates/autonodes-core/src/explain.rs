@@ -1118,19 +1118,30 @@ mod tests {
         );
         let own_image = claim(
             json!({"vClusterRef": {"name": "t"},
-                "properties": {"autonodes.io/user-data": "#cloud-config\nruncmd: [[true]]\n"}}),
+                "properties": {"kubevirt.vcluster.com/image-url": "docker://example/own:1"}}),
             json!({}),
         );
         let why = warm_reason(&own_image);
         assert!(
-            why.contains("none can serve this claim") && why.contains("autonodes.io/user-data"),
+            why.contains("none can serve this claim") && why.contains("image-url"),
+            "{why}"
+        );
+        let first_boot = claim(
+            json!({"vClusterRef": {"name": "t"},
+                "properties": {"autonodes.io/user-data": "#cloud-config\npackages: [htop]\n"}}),
+            json!({}),
+        );
+        let why = warm_reason(&first_boot);
+        assert!(
+            why.contains("none can serve this claim") && why.contains("\"packages\""),
             "{why}"
         );
     }
 
     #[test]
     fn a_pools_claim_says_whether_its_pools_warm_vms_can_serve_it() {
-        // The type keeps none; the pool keeps its own, booted with its SSH key.
+        // The type keeps none; the pool keeps its own (its claims get its SSH key with their
+        // binding).
         let catalogue = catalogue_of(json!([
             {"name": "small", "resources": {"cpu": "2", "memory": "4Gi"}, "cost": 1},
         ]));
@@ -1168,9 +1179,14 @@ mod tests {
             warm_reason(json!({"autonodes.io/ssh-keys": "ssh-ed25519 AAAA pool"})),
             "its pool keeps 2 warm VM(s) of this type, 2 ready now; a ready one would serve this claim"
         );
-        let why = warm_reason(json!({"autonodes.io/ssh-keys": "ssh-ed25519 BBBB own"}));
+        // SSH keys of its own come with the binding too.
+        assert_eq!(
+            warm_reason(json!({"autonodes.io/ssh-keys": "ssh-ed25519 BBBB own"})),
+            "its pool keeps 2 warm VM(s) of this type, 2 ready now; a ready one would serve this claim"
+        );
+        let why = warm_reason(json!({"autonodes.io/preference": "own"}));
         assert!(
-            why.starts_with("its pool keeps 2 warm VM(s) of this type, 2 ready now; none can serve this claim: property autonodes.io/ssh-keys"),
+            why.starts_with("its pool keeps 2 warm VM(s) of this type, 2 ready now; none can serve this claim: property autonodes.io/preference"),
             "{why}"
         );
     }

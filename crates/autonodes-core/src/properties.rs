@@ -68,6 +68,15 @@ pub(crate) const CONFIG_PROPERTIES: &[&str] = &[
     crate::properties::PROP_PREFERENCE,
 ];
 
+/// Of [`CONFIG_PROPERTIES`], those a warm VM can be given with its binding instead of at
+/// boot: the node's user data and SSH keys (both spellings).
+pub(crate) const AT_BINDING_PROPERTIES: &[&str] = &[
+    PROP_USER_DATA,
+    PROP_SSH_KEYS,
+    PROP_VCLUSTER_USER_DATA,
+    PROP_VCLUSTER_SSH_KEYS,
+];
+
 /// A configuration property in autonodes' spelling, else in vCluster's.
 pub(crate) fn config_property<'p>(
     properties: &'p Properties,

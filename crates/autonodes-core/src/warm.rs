@@ -4,14 +4,16 @@
 //!
 //! A warm VM boots from its type's template with user data that joins nothing
 //! ([`crate::userdata::warm`]): it starts an agent that, with a credential of its own
-//! (a ServiceAccount token whose Role reads only this VM's binding Secret and renews only
-//! this VM's Lease), renews the Lease as a heartbeat and polls for its binding. A claim that
-//! takes the VM writes the binding (the JoinConfiguration and prepare script the claim's own
-//! user data would carry); the agent writes those files and joins, and once the Node joined
-//! the binding and the credential are deleted.
+//! (a ServiceAccount token whose Role reads only this VM's binding Secret, renews only
+//! this VM's Lease and deletes only its own ServiceAccount), renews the Lease as a heartbeat
+//! and polls for its binding. A claim that takes the VM writes the binding (the
+//! JoinConfiguration and prepare script the claim's own user data would carry, and the
+//! claim's SSH keys and user data where they are not the type's); the agent revokes its
+//! credential, has cloud-init apply that user data, and joins; once the Node joined, what
+//! is left of the credential and the binding is deleted.
 //!
-//! A NodePool may keep warm VMs of its own, booted with its properties and taken only by
-//! its claims ([`pool`]).
+//! A NodePool may keep warm VMs of its own, booted with its properties (but its type's
+//! user data and SSH keys) and taken only by its claims ([`pool`]).
 
 pub mod pool;
 
@@ -27,10 +29,13 @@ use crate::api::{
     LABEL_WARM_VM, MANAGED_BY,
 };
 use crate::catalogue::PreparedType;
+use crate::node_config::user_cloud_config;
 use crate::properties::{
-    CONFIG_PROPERTIES, PROP_USER_DATA_TEMPLATE, PROP_VM_AFFINITY, PROP_VM_ANTI_AFFINITY, PROP_ZONE,
+    AT_BINDING_PROPERTIES, CONFIG_PROPERTIES, PROP_USER_DATA_TEMPLATE, PROP_VM_AFFINITY,
+    PROP_VM_ANTI_AFFINITY, PROP_ZONE,
 };
 use crate::render::{self, RenderError};
+use crate::userdata::warm::{at_binding_problem, render_binding_user_data};
 use crate::userdata::{JoinParams, JOIN_CONFIG_PATH, PREPARE_SCRIPT_PATH};
 
 /// How often a warm VM's agent renews its Lease.
@@ -50,6 +55,9 @@ pub const REPLACE_BEFORE_EXPIRY: Duration = Duration::from_secs(3600);
 pub const BINDING_JOIN_KEY: &str = "kubeadm-join.yaml";
 /// Key of the prepare script in a binding Secret.
 pub const BINDING_PREPARE_KEY: &str = "prepare-node.sh";
+/// Key of the claim's SSH keys and user data in a binding Secret (when the VM did not boot
+/// with them; [`Binding::user_data`]).
+pub const BINDING_USER_DATA_KEY: &str = "user-data.json";
 
 /// Reads a provider's `guestApiServer`: `https://host[:port][/path]` of letters, digits
 /// and `.-[]:` in the host and `._~/-` in the path (no credentials, query or fragment).
@@ -188,11 +196,13 @@ pub fn credential_labels(
 }
 
 /// The Role of the warm VM `vm`: `get` on its own binding Secret, `get` and `patch` on its
-/// own Lease, nothing else.
+/// own Lease, `delete` on its own ServiceAccount (the agent revokes its token once it read
+/// its binding), nothing else.
 pub fn role_rules(vm: &str) -> Value {
     serde_json::json!([
         {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [binding_name(vm)], "verbs": ["get"]},
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [credential_name(vm)], "verbs": ["get", "patch"]},
+        {"apiGroups": [""], "resources": ["serviceaccounts"], "resourceNames": [credential_name(vm)], "verbs": ["delete"]},
     ])
 }
 
@@ -226,10 +236,12 @@ pub fn type_problem(t: &PreparedType) -> Option<String> {
     None
 }
 
-/// Whether a warm VM of type `t` can serve `claim` (of `pool`): only labels, taints and
-/// kubelet arguments can be given when a claim binds a warm VM; every property that shapes
-/// the VM or its boot (user data, SSH keys, image, disks, networks, placement) must be the
-/// type's own, and the claim must not ask for a zone. `Err` says why it is served cold.
+/// Whether a warm VM of type `t` can serve `claim` (of `pool`): labels, taints and
+/// kubelet arguments are given when a claim binds a warm VM, and so are the claim's SSH
+/// keys and user data where they are not the type's, when its user data holds only what
+/// cloud-init applies to a running VM ([`crate::userdata::warm::AT_BINDING_KEYS`]); every other property that
+/// shapes the VM or its boot (image, disks, networks, placement) must be the type's own,
+/// and the claim must not ask for a zone. `Err` says why it is served cold.
 pub fn servable(
     t: &PreparedType,
     pool: Option<&NodePoolSpec>,
@@ -244,18 +256,34 @@ pub fn servable(
             "the claim asks for zone {zone:?}; a warm VM's zone is not chosen"
         ));
     }
-    for key in CONFIG_PROPERTIES {
+    for key in CONFIG_PROPERTIES
+        .iter()
+        .filter(|k| !AT_BINDING_PROPERTIES.contains(k))
+    {
         if properties.get(*key) != t.properties.get(*key) {
             return Err(format!(
                 "property {key} of the claim differs from its type's, and a warm VM booted with the type's"
             ));
         }
     }
+    if login_differs(t, &properties) {
+        if let Some(problem) = at_binding_problem(user_cloud_config(&properties)) {
+            return Err(problem);
+        }
+    }
     Ok(())
 }
 
+/// Whether the user data or SSH keys of a node of `properties` are not those a warm VM of
+/// `t` booted with (so they come with its binding).
+fn login_differs(t: &PreparedType, properties: &crate::api::Properties) -> bool {
+    user_cloud_config(properties) != user_cloud_config(&t.properties)
+        || crate::node_config::ssh_keys(properties) != crate::node_config::ssh_keys(&t.properties)
+}
+
 /// What the binding Secret of a warm VM carries: the JoinConfiguration and the prepare
-/// script the claim's own user data would write, for the warm VM's name.
+/// script the claim's own user data would write, for the warm VM's name, and the claim's
+/// SSH keys and user data where the VM did not boot with them.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Binding {
     /// The kubeadm JoinConfiguration (it holds the bootstrap token).
@@ -263,6 +291,10 @@ pub struct Binding {
     /// The script that prepares the node for `kubeadm join` (installs the tenant's kubelet
     /// and kubeadm on a stock image).
     pub prepare_script: String,
+    /// The cloud-config the agent has cloud-init apply once the VM's credential is revoked
+    /// and before the join ([`crate::userdata::warm::render_binding_user_data`]); `None`
+    /// when the claim's SSH keys and user data are those the VM booted with.
+    pub user_data: Option<String>,
 }
 
 impl std::fmt::Debug for Binding {
@@ -276,13 +308,21 @@ impl std::fmt::Debug for Binding {
                 "prepare_script",
                 &format!("<{} bytes>", self.prepare_script.len()),
             )
+            .field(
+                "user_data",
+                &self
+                    .user_data
+                    .as_ref()
+                    .map(|u| format!("<{} bytes>", u.len())),
+            )
             .finish()
     }
 }
 
 /// The binding `claim` writes for the warm VM `vm_name` of type `t`: rendered exactly as
 /// the claim's own user data (same labels, taints, kubelet arguments, join), then the two
-/// files the join needs taken out of it.
+/// files the join needs taken out of it; with the claim's SSH keys and user data where they
+/// are not the type's (those a warm VM of `t` booted with).
 // The core's render functions return this error as it is; it is rare and ends in a
 // condition at once.
 #[allow(clippy::result_large_err)]
@@ -301,9 +341,24 @@ pub fn binding(
             field: path,
         })
     };
+    let properties = crate::node_config::claim_node_properties(t, pool, claim);
+    let user_data = if login_differs(t, &properties) {
+        let keys = crate::node_config::ssh_keys(&properties);
+        let text =
+            render_binding_user_data(user_cloud_config(&properties), &keys).map_err(|source| {
+                RenderError::UserData {
+                    claim: claim_id(claim),
+                    source,
+                }
+            })?;
+        Some(text)
+    } else {
+        None
+    };
     Ok(Binding {
         join_configuration: file(JOIN_CONFIG_PATH)?,
         prepare_script: file(PREPARE_SCRIPT_PATH)?,
+        user_data,
     })
 }
 

@@ -2,11 +2,14 @@
 # autonodes warm-VM agent (written by autonodes' user data; Python 3 standard library only).
 #
 # This VM is warm: booted, joined to no cluster. With this VM's own token (its Role reads
-# only this VM's binding Secret and renews only this VM's Lease on the host cluster), the
-# agent renews the Lease as a heartbeat and looks for the binding. Once a claim has written
-# it, the agent writes the two files it carries to fixed paths, forgets the token, and
-# runs the prepare script and `kubeadm join` with that configuration. It runs nothing else
-# from the binding and reads nothing else.
+# only this VM's binding Secret, renews only this VM's Lease and deletes only this VM's
+# ServiceAccount on the host cluster), the agent renews the Lease as a heartbeat and looks
+# for the binding. Once a claim has written it, the agent writes the files it carries to
+# fixed paths and revokes its own token (it deletes its ServiceAccount, and retries until
+# that is done) before anything of the claim's runs: then cloud-init applies the claim's
+# SSH keys, files and commands where the binding carries them (the `write_files`, `ssh`
+# and `runcmd` modules), and the agent runs the prepare script and `kubeadm join` with the
+# binding's configuration. It runs nothing else from the binding and reads nothing else.
 #
 # The join skips kubeadm's preflight phase: its checks are of this machine (swap, ports,
 # binaries, the runtime, the hostname resolving), which the prepare script checks (and it
@@ -35,6 +38,17 @@ FILES = {
     "kubeadm-join.yaml": ("/etc/kubernetes/kubeadm-join.yaml", 0o600),
     "prepare-node.sh": ("/etc/autonodes/prepare-node.sh", 0o755),
 }
+# Optional binding key -> (path, mode): the claim's SSH keys and user data, when this VM
+# did not boot with them (a cloud-config that cloud-init reads with --file).
+USER_DATA = ("user-data.json", DIR + "/binding-user-data.json", 0o600)
+# The cloud-init modules that apply it to this running VM, in this order, each only where
+# the config has its key (without it cloud-init would read this VM's boot config instead):
+# `runcmd` writes the commands as a script, `scripts_user` runs it.
+MODULES = (
+    ("write_files", ("write_files",)),
+    ("ssh_authorized_keys", ("ssh",)),
+    ("runcmd", ("runcmd", "scripts_user")),
+)
 JOIN = (
     "/etc/autonodes/prepare-node.sh"
     " && kubeadm join --skip-phases=preflight --config /etc/kubernetes/kubeadm-join.yaml"
@@ -75,6 +89,45 @@ def binding(cfg):
         raise
     data = secret.get("data") or {}
     return data if all(key in data for key in FILES) else None
+
+
+def revoke(cfg):
+    # Deletes this VM's ServiceAccount, which makes its token worthless everywhere (also
+    # the copy in the cloud-init seed). Retried until the host says it is gone: nothing of
+    # the claim's runs while the token still works.
+    account = cfg.get("account", cfg["lease"])
+    path = "/api/v1/namespaces/%s/serviceaccounts/%s" % (cfg["namespace"], account)
+    last_error = None
+    while True:
+        try:
+            call(cfg, "DELETE", path)
+            return
+        except urllib.error.HTTPError as e:
+            if e.code in (401, 404):  # revoked already
+                return
+            error = "HTTP %d" % e.code
+        except Exception as e:
+            error = str(e)
+        if error != last_error:
+            log("revoking this VM's credential failed, retrying: %s" % error)
+            last_error = error
+        time.sleep(2)
+
+
+def apply_user_data(path):
+    # The claim's SSH keys, files and commands, applied by cloud-init to this running VM.
+    # cloud-init may still be finishing this VM's first boot: it is waited for first.
+    with open(path) as f:
+        config = json.load(f)
+    subprocess.run(["cloud-init", "status", "--wait"], stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, timeout=600)
+    modules = [m for key, names in MODULES if config.get(key) for m in names]
+    for module in modules:
+        code = subprocess.call(["cloud-init", "--file", path, "single", "--name", module,
+                                "--frequency", "always"])
+        if code != 0:
+            log("cloud-init module %s of the claim's user data failed (exit %d)" % (module, code))
+    log("applied the claim's user data")
 
 
 def serving_certificate():
@@ -160,14 +213,24 @@ def main():
         if data is not None:
             break
         time.sleep(poll)
-    for key, (path, mode) in FILES.items():
+    files = list(FILES.items())
+    if USER_DATA[0] in data:
+        files.append((USER_DATA[0], USER_DATA[1:]))
+    for key, (path, mode) in files:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
         with os.fdopen(fd, "wb") as f:
             f.write(base64.b64decode(data[key]))
         os.chmod(path, mode)
+    revoke(cfg)
     os.remove(TOKEN)
-    log("bound by a claim: joining")
+    log("bound by a claim: its credential revoked")
+    if USER_DATA[0] in data:
+        try:
+            apply_user_data(USER_DATA[1])
+        except Exception as e:
+            log("the claim's user data was not applied: %s" % e)
+    log("joining")
     sys.exit(subprocess.call(["sh", "-c", JOIN]))
 
 

@@ -190,3 +190,19 @@ fn a_warm_vms_user_data_is_a_cloud_config_cloud_init_accepts_and_its_agent_is_py
         );
     }
 }
+
+#[test]
+fn the_user_data_a_warm_vms_binding_carries_is_a_cloud_config_cloud_init_accepts() {
+    use autonodes_core::userdata::warm::render_binding_user_data;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let keys = vec!["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIC0 claim".to_string()];
+    for user in [
+        None,
+        Some("#cloud-config\nruncmd:\n  - [echo, hello]\n  - 'echo \"a: b\"'\nwrite_files:\n  - path: /etc/example\n    content: x\n    permissions: '0600'\n    defer: true\nssh_authorized_keys: [ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIC1 data]\n"),
+    ] {
+        // cloud-init reads it with --file; `schema` checks the same keys in a cloud-config.
+        let json = render_binding_user_data(user, &keys).expect("rendered");
+        let (ok, out) = schema(dir.path(), "binding.yaml", &format!("#cloud-config\n{json}\n"));
+        assert!(ok, "cloud-init refused the binding's user data:\n{out}\n{json}");
+    }
+}

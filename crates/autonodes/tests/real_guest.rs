@@ -10,7 +10,8 @@
 //! stock one. The prepared type also keeps a warm VM: its agent (the real
 //! `warm-agent.py`, with the VM's own token) reaches the host's API server at `10.0.2.2`;
 //! once both cold claims are Ready, a third claim takes the warm VM, whose agent reads
-//! the binding and joins, and the type refills. Skipped, with the reason, where KVM or the
+//! the binding, revokes its own credential, has cloud-init apply the claim's own SSH key,
+//! file and command, and joins; the type refills. Skipped, with the reason, where KVM or the
 //! guest images are missing.
 
 mod common;
@@ -29,6 +30,18 @@ use kube::api::{Api, DynamicObject, ListParams};
 use kube::ResourceExt;
 
 const VM_NS: &str = "vcluster-platform";
+/// The warm claim's own SSH key.
+const CLAIM_KEY: &str =
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIClaimKeyOfTheWarmClaim warm-1@example";
+/// The warm claim's own user data: a file, and a command that reads it and counts the
+/// claim's key among the authorized ones, on the console.
+const CLAIM_USER_DATA: &str = "#cloud-config
+write_files:
+  - path: /etc/autonodes-claim
+    content: from-the-binding
+runcmd:
+  - [sh, -c, 'echo \"autonodes-claim-runcmd: file=$(cat /etc/autonodes-claim) keys=$(cat /root/.ssh/authorized_keys /home/*/.ssh/authorized_keys 2>/dev/null | grep -c ClaimKeyOfTheWarmClaim)\" > /dev/console']
+";
 const READY: Duration = Duration::from_secs(900);
 
 fn provider(host_port: u16, warm: u32) -> String {
@@ -377,12 +390,18 @@ async fn a_prepared_and_a_stock_image_join_the_tenant_with_a_real_kubelet_and_le
     }
     let warm_before = warm_vms().await;
     let created = Instant::now();
+    // The claim brings an SSH key, a file and a command of its own: the warm VM booted
+    // without them, and gets them with its binding once it revoked its host credential.
     world
         .create_claim(serde_json::json!({
             "metadata": {"name": "warm-1"},
             "spec": {
                 "providerRef": "real-guests",
                 "requirements": [{"key": "autonodes.io/node-type", "operator": "In", "values": ["prepared"]}],
+                "properties": {
+                    "autonodes.io/ssh-keys": CLAIM_KEY,
+                    "autonodes.io/user-data": CLAIM_USER_DATA,
+                },
             },
         }))
         .await;
@@ -446,6 +465,32 @@ async fn a_prepared_and_a_stock_image_join_the_tenant_with_a_real_kubelet_and_le
     for line in serial.lines().filter(|l| l.contains("autonodes-warm:")) {
         println!("real-guest: warm agent: {}", line.trim());
     }
+    // The agent revoked its credential, then cloud-init wrote the claim's file, added its
+    // key and ran its command, before the join.
+    let revoked = serial
+        .find("its credential revoked")
+        .expect("the agent revoked its credential");
+    let ran = serial
+        .lines()
+        .find(|l| l.contains("autonodes-claim-runcmd:"))
+        .unwrap_or_else(|| panic!("the claim's command ran:\n{serial}"));
+    println!(
+        "real-guest: warm VM with the claim's user data: {}",
+        ran.trim()
+    );
+    assert!(ran.contains("file=from-the-binding"), "{ran}");
+    let keys: usize = ran
+        .split("keys=")
+        .nth(1)
+        .and_then(|k| k.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(keys >= 1, "the claim's key installed: {ran}");
+    assert!(
+        serial
+            .find("autonodes-claim-runcmd:")
+            .is_some_and(|i| i > revoked),
+        "after the revocation"
+    );
     // The agent made the kubelet's serving certificate while warm.
     assert!(
         !serial.contains("kubelet serving certificate not made"),

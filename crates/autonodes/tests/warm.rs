@@ -271,6 +271,17 @@ async fn a_claim_takes_a_ready_warm_vm_that_joins_from_its_binding_and_the_type_
         403,
         "listing Secrets"
     );
+    let accounts: Api<ServiceAccount> = Api::namespaced(as_a.clone(), VMS);
+    assert_eq!(
+        status_code(accounts.delete(&b.lease, &Default::default()).await),
+        403,
+        "deleting another VM's ServiceAccount"
+    );
+    assert_eq!(
+        status_code(accounts.get(&a.lease).await),
+        403,
+        "reading even its own ServiceAccount"
+    );
     let tenant_nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(as_a.clone());
     assert_eq!(
         status_code(tenant_nodes.list(&ListParams::default()).await),
@@ -368,7 +379,8 @@ async fn a_claim_takes_a_ready_warm_vm_that_joins_from_its_binding_and_the_type_
         "the claim's labels, given at bind time"
     );
 
-    // Once joined: the binding and the VM's credential are gone, and its token is dead.
+    // Once bound, the agent revoked its own token (it deleted its ServiceAccount, with the
+    // token itself); once joined, the binding and the rest of the credential are gone.
     let released = world
         .wait_claim("fast", "the warm binding released", WAIT, |c| {
             c.status
@@ -562,6 +574,38 @@ async fn where_warm_vms_cannot_reach_the_host_api_server_they_never_get_ready_an
     world.shutdown().await;
 }
 
+/// Every warm VM's binding written on the host from now on, by name, as first seen (a
+/// binding lives only until its Node joined, so it is watched rather than read after).
+fn record_bindings(
+    world: &World,
+) -> (
+    tokio::task::JoinHandle<()>,
+    std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, Secret>>>,
+) {
+    use futures::StreamExt;
+    use kube::runtime::{watcher, WatchStreamExt};
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::new()));
+    let api: Api<Secret> = Api::namespaced(world.host.clone(), VMS);
+    let into = seen.clone();
+    let task = tokio::spawn(async move {
+        let mut events = watcher(api, watcher::Config::default().labels(LABEL_WARM_VM))
+            .default_backoff()
+            .applied_objects()
+            .boxed();
+        while let Some(event) = events.next().await {
+            if let Ok(secret) = event {
+                if secret.name_any().ends_with("-binding") {
+                    into.lock()
+                        .expect("lock")
+                        .entry(secret.name_any())
+                        .or_insert(secret);
+                }
+            }
+        }
+    });
+    (task, seen)
+}
+
 /// The warm VMs kept for the pool with UID `uid`, unbound, by name.
 async fn pool_warm_vms(world: &World, uid: &str) -> BTreeSet<String> {
     world
@@ -627,7 +671,8 @@ async fn a_pools_warm_vms_boot_with_its_properties_serve_only_its_claims_fit_its
     );
     let kept = pool_warm_vms(&world, &uid).await;
     assert_eq!(kept.len(), 2, "{kept:?}");
-    // They boot with the pool's SSH key, which the type's own warm VMs would not have.
+    // They boot without the pool's SSH key: nobody of the tenant's can log in to a VM that
+    // holds a host credential. The key comes with the binding.
     for vm in &kept {
         let secret = Api::<Secret>::namespaced(world.host.clone(), VMS)
             .get(&format!("{vm}-userdata"))
@@ -635,7 +680,14 @@ async fn a_pools_warm_vms_boot_with_its_properties_serve_only_its_claims_fit_its
             .expect("user-data Secret");
         let text =
             String::from_utf8(secret.data.expect("data")["userdata"].0.clone()).expect("utf-8");
-        assert!(text.contains("AAAAIPoolWarmKey"), "{vm}: the pool's key");
+        assert!(
+            text.contains("autonodes-warm"),
+            "{vm}: a warm VM's user data"
+        );
+        assert!(
+            !text.contains("AAAAIPoolWarmKey"),
+            "{vm}: not the pool's key"
+        );
     }
     // The type shows them apart from its own.
     let t = wait_warm(&world, "the pool's warm VMs shown", |t| {
@@ -667,6 +719,8 @@ async fn a_pools_warm_vms_boot_with_its_properties_serve_only_its_claims_fit_its
     let kept = pool_warm_vms(&world, &uid).await;
 
     // The pool's claim takes one; the namespace then holds 2 claims, so 1 warm VM stays.
+    let (watching, bindings) = record_bindings(&world);
+    tokio::time::sleep(Duration::from_secs(1)).await;
     patch_pool_spec(&world, "team", json!({"replicas": 1})).await;
     let claim = common::eventually("the pool's claim Available", WAIT, || async {
         pool_claims(&world, "team")
@@ -679,6 +733,25 @@ async fn a_pools_warm_vms_boot_with_its_properties_serve_only_its_claims_fit_its
     let vm = status.vm_name.clone().expect("vmName");
     assert!(kept.contains(&vm), "{vm} was the pool's: {kept:?}");
     assert!(status.warm.is_some(), "served warm");
+    // Its binding carried the pool's key, for cloud-init to apply once the VM revoked its
+    // credential; the simulated agent revoked it with the VM's own token (its Role's one
+    // deletion), so the ServiceAccount was gone before the Node joined.
+    let binding = bindings
+        .lock()
+        .expect("lock")
+        .get(&format!("{vm}-binding"))
+        .cloned()
+        .expect("the taken VM's binding, seen");
+    watching.abort();
+    let user_data = binding
+        .data
+        .as_ref()
+        .and_then(|d| d.get(autonodes_core::warm::BINDING_USER_DATA_KEY))
+        .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+        .expect("the pool's user data in the binding");
+    let config: serde_json::Value = serde_json::from_str(&user_data).expect("JSON");
+    assert_eq!(config["ssh_authorized_keys"], json!([key]), "{user_data}");
+    println!("warm pool: the binding of {vm} carried the pool's key: {user_data}");
     let p = world
         .wait_pool("team", "1 warm VM left", |p| {
             pool_warm(p) == Some((Some("pools.warm".into()), 1, 1, 1))

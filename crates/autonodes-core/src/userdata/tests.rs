@@ -722,3 +722,41 @@ fn debug_output_of_join_parameters_and_user_data_input_never_shows_the_token() {
         "{shown}"
     );
 }
+
+#[test]
+fn user_data_given_with_a_warm_vms_binding_is_the_claims_keys_files_and_commands_only() {
+    use super::warm::{at_binding_problem, render_binding_user_data};
+    assert_eq!(at_binding_problem(None), None);
+    assert_eq!(
+        at_binding_problem(Some(
+            "#cloud-config\nwrite_files: []\nruncmd: []\nssh_authorized_keys: []\n"
+        )),
+        None
+    );
+    let why = at_binding_problem(Some("#cloud-config\npackages: [htop]\n")).expect("refused");
+    assert!(why.contains("\"packages\""), "{why}");
+    assert!(why.contains("first boots"), "{why}");
+    assert!(at_binding_problem(Some("echo not a cloud-config")).is_some());
+    let text = render_binding_user_data(
+        Some("#cloud-config\nruncmd:\n  - echo \"hi\"\n"),
+        &["ssh-ed25519 AAAA k".to_string()],
+    )
+    .expect("rendered");
+    let config: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(config["runcmd"], serde_json::json!(["echo \"hi\""]));
+    assert_eq!(
+        config["ssh_authorized_keys"],
+        serde_json::json!(["ssh-ed25519 AAAA k"])
+    );
+    assert_eq!(config["ssh_deletekeys"], serde_json::json!(false));
+    assert!(
+        config.get("write_files").is_none(),
+        "no empty list: {config}"
+    );
+    assert!(render_binding_user_data(Some("#cloud-config\nbootcmd: [[true]]\n"), &[]).is_err());
+    let huge = format!("#cloud-config\nruncmd:\n  - {}\n", "x".repeat(70_000));
+    assert!(
+        render_binding_user_data(Some(&huge), &[]).is_err(),
+        "64 KiB at most"
+    );
+}

@@ -1,5 +1,6 @@
 //! Warm VMs kept for one NodePool (`spec.warm` of the pool): booted with the pool's
-//! properties on the cheapest type its template accepts ([`pool_type`], [`plan_pool`]),
+//! properties (but the type's SSH keys and user data, which the pool's claims get with
+//! their binding) on the cheapest type its template accepts ([`pool_type`], [`plan_pool`]),
 //! reserved for the pool's claims, and counted against the pool's namespace.
 
 use std::collections::BTreeMap;
@@ -10,19 +11,30 @@ use crate::api::reasons::PoolReason;
 use crate::api::{NodePoolSpec, NodePoolWarm, MAX_POOL_WARM_REPLICAS};
 use crate::catalogue::{Catalogue, PreparedType};
 use crate::pool::limits::NamespaceClaims;
-use crate::properties::CONFIG_PROPERTIES;
+use crate::properties::{AT_BINDING_PROPERTIES, CONFIG_PROPERTIES, PROP_IMAGE_URL};
 use crate::scheduling::{self, ClaimRequest, NoFit};
 
 /// The type `t` as a warm VM of `pool` is made from it: the type's properties with the
-/// pool's over them (its user data, SSH keys and image settings boot the VM), and a
-/// definition hash that covers the pool's configuration properties too, so a pool whose
-/// user data changed has its warm VMs replaced.
+/// pool's over them (its image settings, disks, networks and placement shape the VM), but
+/// the type's own user data and SSH keys, so that no tenant can log in to a VM that holds a
+/// host credential: the pool's come with the binding ([`crate::warm::binding`]). Its
+/// definition hash covers the pool's properties that boot the VM, so a pool whose image
+/// settings changed has its warm VMs replaced (one whose user data changed does not: its
+/// claims get the new one with their binding).
 pub fn pool_type(t: &PreparedType, pool: &NodePoolSpec) -> PreparedType {
     let mut out = t.clone();
-    out.properties =
+    let mut properties =
         crate::node_config::node_properties(t, Some(pool), &crate::pool::template_spec(pool));
+    for key in AT_BINDING_PROPERTIES {
+        match t.properties.get(*key) {
+            Some(v) => properties.insert((*key).to_string(), v.clone()),
+            None => properties.remove(*key),
+        };
+    }
+    out.properties = properties;
     let config: BTreeMap<&str, &String> = CONFIG_PROPERTIES
         .iter()
+        .filter(|k| !AT_BINDING_PROPERTIES.contains(k))
         .filter_map(|k| pool.properties.get(*k).map(|v| (*k, v)))
         .collect();
     let described = serde_json::json!({"type": t.definition, "pool": config});
@@ -30,6 +42,32 @@ pub fn pool_type(t: &PreparedType, pool: &NodePoolSpec) -> PreparedType {
     out.definition = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
     out.warm_replicas = replicas(pool);
     out
+}
+
+/// Why `pool` can keep no warm VMs of `t` (a warm VM of [`pool_type`]): what the type
+/// cannot keep ([`super::type_problem`]), user data of the pool's that only a VM's first
+/// boot applies, or an image of the pool's own
+/// (`kubevirt.vcluster.com/image-url`), which whoever made it could log in to while the VM
+/// holds its host credential.
+pub fn pool_problem(t: &PreparedType, pool: &NodePoolSpec) -> Option<String> {
+    let pt = pool_type(t, pool);
+    if let Some(problem) = super::type_problem(&pt) {
+        return Some(problem);
+    }
+    let user_data = crate::node_config::user_cloud_config(&pool.properties);
+    if user_data != crate::node_config::user_cloud_config(&t.properties) {
+        if let Some(problem) = crate::userdata::warm::at_binding_problem(user_data) {
+            return Some(format!(
+                "the pool's claims get their user data with their binding, but {problem}"
+            ));
+        }
+    }
+    let image = pool.properties.get(PROP_IMAGE_URL)?;
+    (t.properties.get(PROP_IMAGE_URL) != Some(image)).then(|| {
+        format!(
+            "the pool boots an image of its own ({PROP_IMAGE_URL}), and a warm VM holds a host credential until it is bound: it boots only its type's image"
+        )
+    })
 }
 
 /// `spec.warm.replicas` of a pool, within 0 and [`MAX_POOL_WARM_REPLICAS`].
@@ -134,16 +172,15 @@ pub fn plan_pool(
             return out;
         }
     };
-    let chosen =
-        scheduling::choose_within(catalogue, &request, claimed, |t| match super::type_problem(
-            &pool_type(t, pool),
-        ) {
+    let chosen = scheduling::choose_within(catalogue, &request, claimed, |t| {
+        match pool_problem(t, pool) {
             None => Ok(()),
             Some(problem) => Err(NoFit {
                 reason: "WarmUnavailable",
                 message: format!("node type {} keeps no warm VMs: {problem}", t.name),
             }),
-        });
+        }
+    });
     let t = match chosen {
         Ok(t) => t,
         Err(e) => {

@@ -186,7 +186,7 @@ fn a_claim_takes_the_oldest_ready_warm_vm() {
 }
 
 #[test]
-fn a_claim_with_its_own_user_data_image_or_zone_is_served_cold() {
+fn a_claim_with_its_own_image_zone_or_first_boot_user_data_is_served_cold() {
     let t = prepared(json!({"autonodes.io/image-prepared": "true"}));
     assert_eq!(
         servable(&t, None, &claim(json!({"vClusterRef": {"name": "v"}}))),
@@ -197,10 +197,21 @@ fn a_claim_with_its_own_user_data_image_or_zone_is_served_cold() {
         "taints": [{"key": "k", "effect": "NoSchedule"}], "kubeletArgs": {"max-pods": "50"}}),
     );
     assert_eq!(servable(&t, None, &labelled), Ok(()), "given at bind time");
+    // User data and SSH keys of its own come with the binding, when cloud-init can apply
+    // them to a running VM.
     let own = claim(json!({"vClusterRef": {"name": "v"},
-        "properties": {"autonodes.io/user-data": "#cloud-config\nruncmd: [[true]]\n"}}));
-    let why = servable(&t, None, &own).expect_err("cold");
+        "properties": {"autonodes.io/user-data": "#cloud-config\nruncmd: [[true]]\n",
+            "autonodes.io/ssh-keys": "ssh-ed25519 AAAA claim"}}));
+    assert_eq!(servable(&t, None, &own), Ok(()), "given at bind time");
+    let first_boot = claim(json!({"vClusterRef": {"name": "v"},
+        "properties": {"autonodes.io/user-data": "#cloud-config\npackages: [htop]\nbootcmd: [[true]]\n"}}));
+    let why = servable(&t, None, &first_boot).expect_err("cold");
     assert!(why.contains("autonodes.io/user-data"), "{why}");
+    assert!(why.contains("\"bootcmd\" (and 1 more)"), "{why}");
+    let image = claim(json!({"vClusterRef": {"name": "v"},
+        "properties": {"kubevirt.vcluster.com/image-url": "docker://example/own:1"}}));
+    let why = servable(&t, None, &image).expect_err("cold");
+    assert!(why.contains("image-url"), "{why}");
     let mut zoned = claim(json!({"vClusterRef": {"name": "v"}}));
     zoned.status = Some(serde_json::from_value(json!({"zone": "a"})).expect("status"));
     assert!(servable(&t, None, &zoned)
@@ -214,7 +225,7 @@ fn a_claim_with_its_own_user_data_image_or_zone_is_served_cold() {
     assert!(type_problem(&placed).is_some());
 }
 
-fn join() -> JoinParams {
+pub(super) fn join() -> JoinParams {
     JoinParams {
         api_server_endpoint: "10.0.0.1:6443".into(),
         token: "abcdef.0123456789abcdef".into(),
@@ -249,10 +260,42 @@ fn the_binding_is_the_claims_join_for_the_warm_vms_name() {
     assert!(b.join_configuration.contains("\"gpu\""), "claim taints");
     assert!(b.join_configuration.contains("abcdef.0123456789abcdef"));
     assert!(b.prepare_script.starts_with("#!/bin/sh"));
+    assert_eq!(b.user_data, None, "nothing of the claim's own to apply");
     assert!(
         !format!("{b:?}").contains("abcdef"),
         "Debug hides the token"
     );
+}
+
+#[test]
+fn a_binding_carries_the_claims_ssh_keys_files_and_commands_where_the_vm_did_not_boot_with_them() {
+    let t = prepared(json!({"autonodes.io/ssh-keys": "ssh-ed25519 OPS ops"}));
+    let own = claim(json!({"vClusterRef": {"name": "v"}, "properties": {
+        "autonodes.io/ssh-keys": "ssh-ed25519 AAAA claim",
+        "autonodes.io/user-data": "#cloud-config\nssh_authorized_keys: [ssh-ed25519 BBBB data]\nwrite_files:\n  - {path: /etc/x, content: y, defer: true}\nruncmd:\n  - [touch, /ran]\n",
+    }}));
+    let b = binding(&t, None, &own, "warm-small-x1", &join(), "prod").expect("binding");
+    let text = b.user_data.expect("the claim's own");
+    let config: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(
+        config["ssh_authorized_keys"],
+        json!(["ssh-ed25519 BBBB data", "ssh-ed25519 AAAA claim"])
+    );
+    assert_eq!(
+        config["write_files"],
+        json!([{"path": "/etc/x", "content": "y"}])
+    );
+    assert_eq!(config["runcmd"], json!([["touch", "/ran"]]));
+    assert_eq!(config["ssh_deletekeys"], json!(false), "host keys kept");
+    // The join itself is as without them.
+    assert!(b.join_configuration.contains("kind: JoinConfiguration"));
+    // What only a first boot applies is refused, not left out.
+    let first_boot = claim(json!({"vClusterRef": {"name": "v"}, "properties": {
+        "autonodes.io/user-data": "#cloud-config\nusers: [default]\n",
+    }}));
+    let err =
+        binding(&t, None, &first_boot, "warm-small-x1", &join(), "prod").expect_err("refused");
+    assert!(err.to_string().contains("\"users\""), "{err}");
 }
 
 #[test]
@@ -294,10 +337,23 @@ fn warm_user_data_carries_the_agent_and_its_own_credential_and_no_join() {
 }
 
 #[test]
-fn a_warm_vms_role_reads_only_its_own_binding_and_renews_only_its_own_lease() {
+fn a_warm_vms_role_reads_only_its_own_binding_renews_only_its_own_lease_and_deletes_only_its_own_service_account(
+) {
     let rules = role_rules("warm-a-1");
     let rules = rules.as_array().expect("rules");
-    assert_eq!(rules.len(), 2);
+    assert_eq!(rules.len(), 3);
+    let deletes: Vec<&serde_json::Value> = rules
+        .iter()
+        .filter(|r| {
+            r["verbs"]
+                .as_array()
+                .is_some_and(|v| v.contains(&json!("delete")))
+        })
+        .collect();
+    assert_eq!(deletes.len(), 1);
+    assert_eq!(deletes[0]["resources"], json!(["serviceaccounts"]));
+    assert_eq!(deletes[0]["resourceNames"], json!(["warm-a-1-warm"]));
+    assert_eq!(deletes[0]["verbs"], json!(["delete"]));
     for r in rules {
         let names = r["resourceNames"].as_array().expect("names");
         assert_eq!(names.len(), 1);

@@ -35,6 +35,8 @@ pub(crate) struct Ctx {
     pub(crate) joined: Joined,
     /// When each warm VM's simulated agent last renewed its Lease, by VM name.
     pub(crate) beats: Beats,
+    /// What each bound warm VM's simulated agent read from its binding.
+    pub(crate) bindings: Bindings,
 }
 
 impl Ctx {
@@ -44,28 +46,32 @@ impl Ctx {
     }
 }
 
-/// When each warm VM's agent last renewed its Lease.
-#[derive(Default)]
-pub(crate) struct Beats(Mutex<HashMap<String, std::time::Instant>>);
+/// A map by name behind a mutex that a panicking holder does not poison.
+pub(crate) struct Locked<V>(Mutex<HashMap<String, V>>);
 
-impl Beats {
+impl<V> Default for Locked<V> {
+    fn default() -> Self {
+        Locked(Mutex::new(HashMap::new()))
+    }
+}
+
+impl<V> Locked<V> {
     /// The map, whether or not a holder panicked.
-    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, std::time::Instant>> {
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, V>> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
+
+/// When each warm VM's agent last renewed its Lease.
+pub(crate) type Beats = Locked<std::time::Instant>;
+
+/// The JoinConfiguration each bound warm VM's agent read from its binding (it revoked its
+/// token then, so it never reads the host again), by VM name.
+pub(crate) type Bindings = Locked<String>;
 
 /// The guests that joined, by VMI UID: the tenant (its index in `Ctx::tenants`) and the
 /// Node's name.
-#[derive(Default)]
-pub(crate) struct Joined(Mutex<HashMap<String, (usize, String)>>);
-
-impl Joined {
-    /// The map, whether or not a holder panicked.
-    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (usize, String)>> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
+pub(crate) type Joined = Locked<(usize, String)>;
 
 /// Records an Event of `type_` about the VirtualMachine `vm` (the note cut to 1000
 /// characters); a failure is logged, not returned.

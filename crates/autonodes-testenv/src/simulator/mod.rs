@@ -288,6 +288,7 @@ pub async fn run(
         secrets,
         joined: Joined::default(),
         beats: Default::default(),
+        bindings: Default::default(),
     });
     let result = serve(ctx, woken, shutdown).await;
     for task in tasks {

@@ -1,7 +1,8 @@
 //! Warm VMs of a node type: the NodeType controller calls [`reconcile`] for each usable
 //! type; it keeps `spec.warm.replicas` warm VMs on the type's host (core [`warm::plan`]),
 //! and those the NodePools that keep theirs on the type ask for (each in its own group,
-//! booted with the pool's properties, after the type's own under `maxCapacity`). It makes
+//! booted with the pool's properties but the type's SSH keys and user data, after the
+//! type's own under `maxCapacity`). It makes
 //! each one's own credential, user data and VM; removes the ones that are not wanted,
 //! drifted, silent or about to expire (the VM first, only as it was seen, then its
 //! credential); removes credentials whose VM is gone; and says what it found for the
@@ -238,7 +239,7 @@ fn groups(
         };
         out.push(Group {
             key: pool_key(&t.name, &uid),
-            problem: warm::type_problem(&pt),
+            problem: warm::pool::pool_problem(t, &want.spec),
             replicas,
             t: pt,
             pool: Some((uid, Some(want))),

@@ -173,8 +173,9 @@ impl<'a> WarmHost<'a> {
     }
 
     /// Makes the credential of the warm VM `vm` (labelled `labels`): its heartbeat Lease, a
-    /// ServiceAccount (annotated with the Lease's UID), a Role that reads only the VM's
-    /// binding and renews only its Lease, their RoleBinding; returns a token of the
+    /// ServiceAccount and a Role (both annotated with the Lease's UID; the Role reads only
+    /// the VM's binding, renews only its Lease and deletes only its ServiceAccount), their
+    /// RoleBinding; returns a token of the
     /// ServiceAccount asked for [`warm::CREDENTIAL_LIFETIME`] and bound to the host API
     /// server's own audiences, with when the host says it expires (deleting the
     /// ServiceAccount revokes it).
@@ -190,7 +191,7 @@ impl<'a> WarmHost<'a> {
         let mut sa_meta = meta(&name, ns, labels);
         sa_meta.annotations = Some(BTreeMap::from([(
             ANNOTATION_WARM_LEASE_UID.to_string(),
-            lease,
+            lease.clone(),
         )]));
         let sa = ServiceAccount {
             metadata: sa_meta,
@@ -203,8 +204,15 @@ impl<'a> WarmHost<'a> {
             "creating a warm VM's ServiceAccount",
         )
         .await?;
+        // The Lease's UID is recorded on the Role too: the agent deletes its ServiceAccount
+        // once bound, and the VM can change neither.
+        let mut role_meta = meta(&name, ns, labels);
+        role_meta.annotations = Some(BTreeMap::from([(
+            ANNOTATION_WARM_LEASE_UID.to_string(),
+            lease,
+        )]));
         let role: Role = serde_json::from_value(serde_json::json!({
-            "metadata": meta(&name, ns, labels),
+            "metadata": role_meta,
             "rules": warm::role_rules(vm),
         }))
         .map_err(|e| Error::Internal(format!("a warm VM's Role: {e}")))?;
@@ -457,18 +465,26 @@ impl<'a> WarmHost<'a> {
     /// ServiceAccount recorded), and at the UID it was read with.
     pub async fn delete_credential(&self, ns: &str, vm: &str) -> Result<(), Error> {
         let name = warm::credential_name(vm);
-        let account = self
-            .read_meta::<ServiceAccount>(ns, &name, "reading a warm VM's ServiceAccount")
-            .await?;
-        let lease_uid = account
-            .as_ref()
-            .filter(|m| self.made_for_vm(m, vm))
-            .and_then(|m| {
+        let recorded = |m: Option<ObjectMeta>| {
+            m.filter(|m| self.made_for_vm(m, vm)).and_then(|m| {
                 m.annotations
                     .as_ref()?
                     .get(ANNOTATION_WARM_LEASE_UID)
                     .cloned()
-            });
+            })
+        };
+        // On its Role (the agent deletes its ServiceAccount once bound), else on its
+        // ServiceAccount (made by an older version).
+        let mut lease_uid = recorded(
+            self.read_meta::<Role>(ns, &name, "reading a warm VM's Role")
+                .await?,
+        );
+        if lease_uid.is_none() {
+            lease_uid = recorded(
+                self.read_meta::<ServiceAccount>(ns, &name, "reading a warm VM's ServiceAccount")
+                    .await?,
+            );
+        }
         self.delete_made_for::<Secret>(ns, &warm::binding_name(vm), vm, "a warm VM's binding")
             .await?;
         self.delete_made_for::<RoleBinding>(ns, &name, vm, "a warm VM's RoleBinding")
@@ -480,8 +496,8 @@ impl<'a> WarmHost<'a> {
             .await?;
         if let Some(lease) = lease {
             let uid = lease.uid.clone();
-            // Its UID as recorded; without a record (a ServiceAccount gone, or made by an
-            // older version), its labels.
+            // Its UID as recorded; without a record (its Role and ServiceAccount gone, or
+            // made by an older version), its labels.
             let ours = match &lease_uid {
                 Some(recorded) => uid.as_ref() == Some(recorded),
                 None => self.made_for_vm(&lease, vm),
@@ -739,19 +755,26 @@ impl<'a> WarmHost<'a> {
         binding: &warm::Binding,
         labels: &BTreeMap<String, String>,
     ) -> Result<(), Error> {
+        let mut data = BTreeMap::from([
+            (
+                warm::BINDING_JOIN_KEY.to_string(),
+                k8s_openapi::ByteString(binding.join_configuration.clone().into_bytes()),
+            ),
+            (
+                warm::BINDING_PREPARE_KEY.to_string(),
+                k8s_openapi::ByteString(binding.prepare_script.clone().into_bytes()),
+            ),
+        ]);
+        if let Some(user_data) = &binding.user_data {
+            data.insert(
+                warm::BINDING_USER_DATA_KEY.to_string(),
+                k8s_openapi::ByteString(user_data.clone().into_bytes()),
+            );
+        }
         let secret = Secret {
             metadata: meta(&warm::binding_name(vm), ns, labels),
             type_: Some("Opaque".into()),
-            data: Some(BTreeMap::from([
-                (
-                    warm::BINDING_JOIN_KEY.to_string(),
-                    k8s_openapi::ByteString(binding.join_configuration.clone().into_bytes()),
-                ),
-                (
-                    warm::BINDING_PREPARE_KEY.to_string(),
-                    k8s_openapi::ByteString(binding.prepare_script.clone().into_bytes()),
-                ),
-            ])),
+            data: Some(data),
             ..Secret::default()
         };
         let api = self.api::<Secret>(ns);

@@ -36,23 +36,41 @@ fn room(nodes: i64) -> NamespaceRoom {
 }
 
 #[test]
-fn a_pools_warm_vm_boots_with_the_pools_user_data_and_drifts_when_it_changes() {
-    let t = typed("small", 1, json!({}));
+fn a_pools_warm_vm_boots_with_its_types_ssh_keys_and_the_pools_image_settings_and_drifts_only_with_those(
+) {
+    let t = typed(
+        "small",
+        1,
+        json!({"autonodes.io/ssh-keys": "ssh-ed25519 OPS ops"}),
+    );
     let p = pool(json!({
-        "properties": {"autonodes.io/ssh-keys": "ssh-ed25519 AAAA pool", "example.com/team": "a"},
+        "properties": {
+            "autonodes.io/ssh-keys": "ssh-ed25519 AAAA pool",
+            "autonodes.io/user-data": "#cloud-config\nruncmd: [[touch, /pool]]\n",
+            "autonodes.io/image-prepared": "true",
+            "example.com/team": "a",
+        },
         "warm": {"replicas": 2},
     }));
     let pt = pool_type(&t, &p);
+    // The tenant's keys and user data are not booted with: they come with the binding.
     assert_eq!(
         pt.properties
             .get("autonodes.io/ssh-keys")
             .map(String::as_str),
-        Some("ssh-ed25519 AAAA pool")
+        Some("ssh-ed25519 OPS ops")
+    );
+    assert!(!pt.properties.contains_key("autonodes.io/user-data"));
+    assert_eq!(
+        pt.properties
+            .get("autonodes.io/image-prepared")
+            .map(String::as_str),
+        Some("true")
     );
     assert_eq!(pt.name, t.name);
     assert_eq!(pt.warm_replicas, 2);
     assert_ne!(pt.definition, t.definition);
-    // Another label-like property changes nothing a warm VM boots with.
+    // Another label-like property changes nothing a warm VM boots with, nor do new keys.
     let mut relabelled = p.clone();
     relabelled
         .properties
@@ -63,14 +81,59 @@ fn a_pools_warm_vm_boots_with_the_pools_user_data_and_drifts_when_it_changes() {
         "autonodes.io/ssh-keys".into(),
         "ssh-ed25519 BBBB pool".into(),
     );
-    assert_ne!(pool_type(&t, &rekeyed).definition, pt.definition);
+    assert_eq!(pool_type(&t, &rekeyed).definition, pt.definition);
+    // An image setting does.
+    let mut unprepared = p.clone();
+    unprepared
+        .properties
+        .insert("autonodes.io/image-prepared".into(), "false".into());
+    assert_ne!(pool_type(&t, &unprepared).definition, pt.definition);
+    assert_eq!(pool_problem(&t, &p), None);
 }
 
 #[test]
-fn a_claim_of_the_pool_is_servable_by_the_pools_warm_vm_but_not_by_the_types() {
+fn a_pool_that_boots_an_image_of_its_own_keeps_no_warm_vms() {
     let t = typed("small", 1, json!({}));
     let p = pool(json!({
-        "properties": {"autonodes.io/ssh-keys": "ssh-ed25519 AAAA pool"},
+        "properties": {"kubevirt.vcluster.com/image-url": "docker://tenant.example/own:1"},
+        "warm": {"replicas": 1},
+    }));
+    let why = pool_problem(&t, &p).expect("refused");
+    assert!(why.contains("kubevirt.vcluster.com/image-url"), "{why}");
+    let catalogue = Catalogue::new(vec![t]);
+    let plan = plan_pool(&p, &catalogue, &BTreeMap::new(), &room(10), |_, _| Ok(()));
+    assert_eq!(plan.node_type, None);
+    assert!(
+        plan.unavailable
+            .as_deref()
+            .is_some_and(|u| u.contains("its type's image")),
+        "{plan:?}"
+    );
+}
+
+#[test]
+fn a_pool_whose_user_data_only_a_first_boot_applies_keeps_no_warm_vms() {
+    let t = typed("small", 1, json!({}));
+    let p = pool(json!({
+        "properties": {"autonodes.io/user-data": "#cloud-config\npackages: [htop]\n"},
+        "warm": {"replicas": 1},
+    }));
+    let catalogue = Catalogue::new(vec![t]);
+    let plan = plan_pool(&p, &catalogue, &BTreeMap::new(), &room(10), |_, _| Ok(()));
+    assert_eq!(plan.node_type, None);
+    assert!(
+        plan.unavailable
+            .as_deref()
+            .is_some_and(|u| u.contains("\"packages\"")),
+        "{plan:?}"
+    );
+}
+
+#[test]
+fn a_claim_of_the_pool_is_servable_by_the_pools_warm_vm_and_gets_the_pools_keys_with_its_binding() {
+    let t = typed("small", 1, json!({}));
+    let p = pool(json!({
+        "properties": {"autonodes.io/ssh-keys": "ssh-ed25519 AAAA pool", "kubevirt.vcluster.com/root-disk-size": "30Gi"},
         "warm": {"replicas": 1},
     }));
     // A pool's claim carries the pool's properties (its template).
@@ -79,10 +142,24 @@ fn a_claim_of_the_pool_is_servable_by_the_pools_warm_vm_but_not_by_the_types() {
         "spec": crate::pool::template_spec(&p),
     }))
     .expect("claim");
+    // The type's VMs boot with another root disk; the pool's with the pool's.
     assert!(super::super::servable(&t, None, &claim).is_err());
+    let pt = pool_type(&t, &p);
+    assert_eq!(super::super::servable(&pt, None, &claim), Ok(()));
+    let b = super::super::binding(
+        &pt,
+        None,
+        &claim,
+        "warm-small-x",
+        &crate::warm::tests::join(),
+        "prod",
+    )
+    .expect("binding");
+    let user_data: Value =
+        serde_json::from_str(b.user_data.as_deref().expect("the pool's keys")).expect("JSON");
     assert_eq!(
-        super::super::servable(&pool_type(&t, &p), None, &claim),
-        Ok(())
+        user_data["ssh_authorized_keys"],
+        json!(["ssh-ed25519 AAAA pool"])
     );
 }
 

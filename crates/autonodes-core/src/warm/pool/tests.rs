@@ -92,41 +92,32 @@ fn a_pools_warm_vm_boots_with_its_types_ssh_keys_and_the_pools_image_settings_an
 }
 
 #[test]
-fn a_pool_that_boots_an_image_of_its_own_keeps_no_warm_vms() {
-    let t = typed("small", 1, json!({}));
-    let p = pool(json!({
-        "properties": {"kubevirt.vcluster.com/image-url": "docker://tenant.example/own:1"},
-        "warm": {"replicas": 1},
-    }));
-    let why = pool_problem(&t, &p).expect("refused");
-    assert!(why.contains("kubevirt.vcluster.com/image-url"), "{why}");
-    let catalogue = Catalogue::new(vec![t]);
-    let plan = plan_pool(&p, &catalogue, &BTreeMap::new(), &room(10), |_, _| Ok(()));
-    assert_eq!(plan.node_type, None);
-    assert!(
-        plan.unavailable
-            .as_deref()
-            .is_some_and(|u| u.contains("its type's image")),
-        "{plan:?}"
-    );
-}
-
-#[test]
-fn a_pool_whose_user_data_only_a_first_boot_applies_keeps_no_warm_vms() {
-    let t = typed("small", 1, json!({}));
-    let p = pool(json!({
-        "properties": {"autonodes.io/user-data": "#cloud-config\npackages: [htop]\n"},
-        "warm": {"replicas": 1},
-    }));
-    let catalogue = Catalogue::new(vec![t]);
-    let plan = plan_pool(&p, &catalogue, &BTreeMap::new(), &room(10), |_, _| Ok(()));
-    assert_eq!(plan.node_type, None);
-    assert!(
-        plan.unavailable
-            .as_deref()
-            .is_some_and(|u| u.contains("\"packages\"")),
-        "{plan:?}"
-    );
+fn a_pool_that_boots_an_image_of_its_own_or_user_data_only_a_first_boot_applies_keeps_no_warm_vms()
+{
+    for (properties, said) in [
+        (
+            json!({"kubevirt.vcluster.com/image-url": "docker://tenant.example/own:1"}),
+            "its type's image",
+        ),
+        (
+            json!({"autonodes.io/user-data": "#cloud-config\npackages: [htop]\n"}),
+            "\"packages\"",
+        ),
+    ] {
+        let t = typed("small", 1, json!({}));
+        let p = pool(json!({"properties": properties, "warm": {"replicas": 1}}));
+        let why = pool_problem(&t, &p).expect("refused");
+        assert!(why.contains(said), "{why}");
+        let catalogue = Catalogue::new(vec![t]);
+        let plan = plan_pool(&p, &catalogue, &BTreeMap::new(), &room(10), |_, _| Ok(()));
+        assert_eq!(plan.node_type, None);
+        assert!(
+            plan.unavailable
+                .as_deref()
+                .is_some_and(|u| u.contains(said)),
+            "{plan:?}"
+        );
+    }
 }
 
 #[test]

@@ -116,11 +116,13 @@ def revoke(cfg):
 
 def apply_user_data(path):
     # The claim's SSH keys, files and commands, applied by cloud-init to this running VM.
-    # cloud-init may still be finishing this VM's first boot: it is waited for first.
+    # cloud-init may still be finishing this VM's first boot: it is waited for first (each
+    # start of cloud-init costs seconds, so only where it has not said it finished).
     with open(path) as f:
         config = json.load(f)
-    subprocess.run(["cloud-init", "status", "--wait"], stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL, timeout=600)
+    if not os.path.exists("/var/lib/cloud/instance/boot-finished"):
+        subprocess.run(["cloud-init", "status", "--wait"], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=600)
     modules = [m for key, names in MODULES if config.get(key) for m in names]
     for module in modules:
         code = subprocess.call(["cloud-init", "--file", path, "single", "--name", module,

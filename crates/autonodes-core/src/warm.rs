@@ -239,9 +239,10 @@ pub fn type_problem(t: &PreparedType) -> Option<String> {
 /// Whether a warm VM of type `t` can serve `claim` (of `pool`): labels, taints and
 /// kubelet arguments are given when a claim binds a warm VM, and so are the claim's SSH
 /// keys and user data where they are not the type's, when its user data holds only what
-/// cloud-init applies to a running VM ([`crate::userdata::warm::AT_BINDING_KEYS`]); every other property that
-/// shapes the VM or its boot (image, disks, networks, placement) must be the type's own,
-/// and the claim must not ask for a zone. `Err` says why it is served cold.
+/// cloud-init applies to a running VM ([`crate::userdata::warm::AT_BINDING_KEYS`]); every
+/// other property that shapes the VM or its boot (image, disks, networks, placement) must
+/// be the type's own, and the claim must not ask for a zone. `Err` says why it is served
+/// cold.
 pub fn servable(
     t: &PreparedType,
     pool: Option<&NodePoolSpec>,
@@ -266,19 +267,31 @@ pub fn servable(
             ));
         }
     }
-    if login_differs(t, &properties) {
-        if let Some(problem) = at_binding_problem(user_cloud_config(&properties)) {
+    if let Some((user_data, _)) = not_booted_with(t, &properties) {
+        if let Some(problem) = at_binding_problem(user_data) {
             return Err(problem);
         }
     }
     Ok(())
 }
 
-/// Whether the user data or SSH keys of a node of `properties` are not those a warm VM of
-/// `t` booted with (so they come with its binding).
-fn login_differs(t: &PreparedType, properties: &crate::api::Properties) -> bool {
-    user_cloud_config(properties) != user_cloud_config(&t.properties)
-        || crate::node_config::ssh_keys(properties) != crate::node_config::ssh_keys(&t.properties)
+/// What a node of `properties` has that a warm VM of `t` did not boot with, and so gets
+/// with its binding: its user data where it is not the type's, its SSH keys where they are
+/// not the type's. `None` when there is nothing of the kind (what the type's user data did
+/// at boot cannot be undone, so a node without user data of its own gets none).
+fn not_booted_with<'p>(
+    t: &PreparedType,
+    properties: &'p crate::api::Properties,
+) -> Option<(Option<&'p str>, Vec<String>)> {
+    let user_data = user_cloud_config(properties);
+    let user_data = user_data.filter(|u| Some(*u) != user_cloud_config(&t.properties));
+    let keys = crate::node_config::ssh_keys(properties);
+    let keys = if keys == crate::node_config::ssh_keys(&t.properties) {
+        Vec::new()
+    } else {
+        keys
+    };
+    (user_data.is_some() || !keys.is_empty()).then_some((user_data, keys))
 }
 
 /// What the binding Secret of a warm VM carries: the JoinConfiguration and the prepare
@@ -342,18 +355,14 @@ pub fn binding(
         })
     };
     let properties = crate::node_config::claim_node_properties(t, pool, claim);
-    let user_data = if login_differs(t, &properties) {
-        let keys = crate::node_config::ssh_keys(&properties);
-        let text =
-            render_binding_user_data(user_cloud_config(&properties), &keys).map_err(|source| {
-                RenderError::UserData {
-                    claim: claim_id(claim),
-                    source,
-                }
-            })?;
-        Some(text)
-    } else {
-        None
+    let user_data = match not_booted_with(t, &properties) {
+        Some((user_data, keys)) => Some(render_binding_user_data(user_data, &keys).map_err(
+            |source| RenderError::UserData {
+                claim: claim_id(claim),
+                source,
+            },
+        )?),
+        None => None,
     };
     Ok(Binding {
         join_configuration: file(JOIN_CONFIG_PATH)?,

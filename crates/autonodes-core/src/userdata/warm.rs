@@ -177,10 +177,6 @@ pub fn read_warm_agent(user_data: &str) -> Option<WarmAgent> {
     })
 }
 
-/// Where a warm VM's agent writes the cloud-config its binding carries
-/// ([`render_binding_user_data`]), for cloud-init to read with `--file`.
-pub const BINDING_USER_DATA_PATH: &str = "/etc/autonodes/warm/binding-user-data.json";
-
 /// The cloud-config keys a binding can carry: cloud-init applies them to a running VM with
 /// its `write_files`, `ssh` and `runcmd` modules. Any other key is applied only when a VM
 /// first boots, so a claim whose user data sets one is served cold.
@@ -212,12 +208,14 @@ pub fn at_binding_problem(user_cloud_config: Option<&str>) -> Option<String> {
     ))
 }
 
-/// Renders the cloud-config a warm VM gets with its binding, when its claim's user data or
-/// SSH keys are not those the VM booted with: the claim's SSH keys (its user data's
-/// `ssh_authorized_keys` and `ssh_keys`), files and commands, as JSON (which cloud-init
-/// reads as YAML), each key only where it has entries. The VM's host keys are kept. Files marked `defer` are written with the
-/// others (the VM's users exist by then). At most 64 KiB; a key other than
-/// [`AT_BINDING_KEYS`] is an error ([`at_binding_problem`]).
+/// Renders the cloud-config a warm VM gets with its binding, of what its claim has that
+/// the VM did not boot with (`user_cloud_config`, the claim's user data; `ssh_keys`, its
+/// SSH keys): the SSH keys (the user data's `ssh_authorized_keys` and `ssh_keys`), files
+/// and commands, as JSON (which cloud-init reads as YAML; the agent writes it to
+/// `/etc/autonodes/warm/binding-user-data.json`), each key only where it has entries. The
+/// VM's host keys are kept. Files marked `defer` are written with the others (the VM's
+/// users exist by then). At most 64 KiB; a key other than [`AT_BINDING_KEYS`] is an error
+/// ([`at_binding_problem`]).
 pub fn render_binding_user_data(
     user_cloud_config: Option<&str>,
     ssh_keys: &[String],

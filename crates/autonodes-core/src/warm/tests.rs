@@ -289,6 +289,27 @@ fn a_binding_carries_the_claims_ssh_keys_files_and_commands_where_the_vm_did_not
     assert_eq!(config["ssh_deletekeys"], json!(false), "host keys kept");
     // The join itself is as without them.
     assert!(b.join_configuration.contains("kind: JoinConfiguration"));
+    // Only what differs from the type's comes again: keys of its own with the type's user
+    // data bring the keys alone (the type's commands ran at boot already).
+    let typed = prepared(
+        json!({"autonodes.io/user-data": "#cloud-config\nruncmd:\n  - touch /type\npackages:\n  - jq\n"}),
+    );
+    let keyed = claim(json!({"vClusterRef": {"name": "v"}, "properties": {
+        "autonodes.io/ssh-keys": "ssh-ed25519 AAAA claim",
+    }}));
+    assert_eq!(
+        servable(&typed, None, &keyed),
+        Ok(()),
+        "the type's packages ran at boot"
+    );
+    let b = binding(&typed, None, &keyed, "warm-small-x1", &join(), "prod").expect("binding");
+    let config: serde_json::Value =
+        serde_json::from_str(&b.user_data.expect("the keys")).expect("JSON");
+    assert_eq!(
+        config["ssh_authorized_keys"],
+        json!(["ssh-ed25519 AAAA claim"])
+    );
+    assert!(config.get("runcmd").is_none(), "{config}");
     // What only a first boot applies is refused, not left out.
     let first_boot = claim(json!({"vClusterRef": {"name": "v"}, "properties": {
         "autonodes.io/user-data": "#cloud-config\nusers: [default]\n",

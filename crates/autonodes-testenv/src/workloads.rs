@@ -376,6 +376,9 @@ pub async fn provision(
             ..Round::default()
         };
         round.blocked.extend(names(&packing.blocked_by_capacity));
+        for g in &packing.blocked_groups {
+            round.blocked.extend(names(&g.pods));
+        }
         for (i, n) in packing.new_nodes.iter().enumerate() {
             if let Some(t) = by_name.get(n.node_type.as_str()) {
                 let name = format!("packed-{r}-{i}");

@@ -46,7 +46,13 @@ fn timed(pods: &[PendingPod], types: &[BenchType]) -> (Duration, Packing) {
 
 fn row(label: &str, n: usize, took: Duration, packing: &Packing, bound: usize) {
     let placed: usize = packing.new_nodes.iter().map(|n| n.pods.len()).sum();
-    let blocked = packing.blocked_by_constraints.len() + packing.blocked_by_capacity.len();
+    let blocked = packing.blocked_by_constraints.len()
+        + packing.blocked_by_capacity.len()
+        + packing
+            .blocked_groups
+            .iter()
+            .map(|g| g.pods.len())
+            .sum::<usize>();
     let nodes = packing.new_nodes.len();
     println!(
         "{label:<8} {n:>6} pods  {:>9.0} pods/s  {:>8.1} ms  placed {placed:>5}  blocked {blocked:>4}  nodes {nodes:>5}  lower bound {bound:>4}  nodes/bound {:>5.2}",

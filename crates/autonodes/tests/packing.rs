@@ -549,6 +549,104 @@ async fn a_pod_with_a_native_sidecar_gets_a_node_that_holds_the_sidecar_too_wher
     world.shutdown().await;
 }
 
+/// A pause pod asking for 1.5 CPU, labelled `app=<app>`, with required pod affinity on
+/// the hostname to `app=<partner>` if given.
+fn affine_pod(name: &str, app: &str, partner: Option<&str>) -> Pod {
+    let mut spec = json!({"containers": [{"name": "app", "image": "registry.k8s.io/pause:3.9",
+        "resources": {"requests": {"cpu": "1500m", "memory": "256Mi"}}}]});
+    if let Some(partner) = partner {
+        spec["affinity"] = json!({"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": partner}}}
+        ]}});
+    }
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "default", "labels": {"app": app}},
+        "spec": spec,
+    }))
+    .expect("pod")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_bound_by_required_affinity_get_one_node_that_holds_them_and_a_group_no_type_holds_is_reported(
+) {
+    // `two` (2 CPU, cost 10) and `small` (4 CPU, cost 30): `web` (1.5 CPU) must run beside
+    // `cache` (1.5 CPU). A 4-CPU node costs more per pod than two 2-CPU ones, but web
+    // cannot have a node of its own: the pair gets one 4-CPU node, and the real
+    // kube-scheduler binds both there.
+    let world = World::with_provider(pools_provider(&[
+        node_type("two", "2", "4Gi") + "\n        cost: 10",
+        small() + "\n        cost: 30",
+    ]))
+    .await;
+    let _scheduler = scheduler(&world);
+    create_pods(
+        &world,
+        [
+            affine_pod("cache", "cache", None),
+            affine_pod("web", "web", Some("cache")),
+        ],
+    )
+    .await;
+    world
+        .create_pool("pair", json!({"providerRef": "pools"}))
+        .await;
+    let bound = common::eventually("cache and web bound", WAIT, || async {
+        let pods = tenant_pods(&world).await;
+        let on = |name: &str| {
+            pods.iter()
+                .find(|p| p.name_any() == name)
+                .and_then(bound_to)
+        };
+        Some((on("cache")?, on("web")?))
+    })
+    .await;
+    show(&world, "after: cache and web on one node");
+    assert_eq!(bound.0, bound.1, "one node for both");
+    let placed = placement(&world).await;
+    assert_eq!(placed.get("web").map(String::as_str), Some("small"));
+    let claims = pool_claims(&world, "pair").await;
+    assert_eq!(claims.len(), 1, "one node for the pair: {claims:?}");
+    assert_eq!(claims[0].spec.type_ref.as_deref(), Some("pools.small"));
+    println!(
+        "affinity: cache (1.5 CPU) and web (1.5 CPU, required affinity to cache) → one small (4 CPU) node {}",
+        bound.0
+    );
+
+    // Three pods that each need another of them on their node, 4.5 CPU together: no type
+    // holds them, so none gets a node and the pool says why, naming them, their sum and
+    // the largest type.
+    create_pods(
+        &world,
+        ["t0", "t1", "t2"].map(|n| affine_pod(n, "trio", Some("trio"))),
+    )
+    .await;
+    let p = world
+        .wait_pool("pair", "the trio reported", |p| {
+            pool_condition(p, "Ready").is_some_and(|(_, _, m)| m.contains("must share a node"))
+        })
+        .await;
+    let (status, reason, message) = pool_condition(&p, "Ready").expect("Ready");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "PodRulesUnsatisfiable")
+    );
+    for part in [
+        "default/t0",
+        "default/t1",
+        "default/t2",
+        "cpu 4500m",
+        "pools.small",
+    ] {
+        assert!(message.contains(part), "{part}: {message}");
+    }
+    // Still one claim: none was made for part of the trio.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(pool_claims(&world, "pair").await.len(), 1);
+    println!("affinity: the trio (3 × 1.5 CPU) → Ready=False {reason}: {message}");
+    delete_pods_now(&world).await;
+    world.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_kube_scheduler_binds_every_pod_of_the_diverse_set_on_the_nodes_the_packer_proposed() {
     // Karpenter's benchmark shape at 300 pods (six kinds, 50 each) over 400 node types: the

@@ -502,6 +502,15 @@ fn verdicts(packing: &Packing, limits: &Limits, no_candidates: bool) -> (Verdict
                     .join("; ")
             ),
         )
+    } else if !packing.blocked_groups.is_empty() && packing.new_nodes.is_empty() {
+        Verdict::problem(
+            PoolReason::PodRulesUnsatisfiable,
+            format!(
+                "{} group(s) of pending pods fit no node type of the pool together: {}",
+                packing.blocked_groups.len(),
+                packing.blocked_groups[0].describe()
+            ),
+        )
     } else if !packing.blocked_by_constraints.is_empty() && packing.new_nodes.is_empty() {
         Verdict::problem(
             PoolReason::PodRulesUnsatisfiable,

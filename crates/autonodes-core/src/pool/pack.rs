@@ -463,6 +463,50 @@ pub struct Packing {
     /// Pods whose new node's possible types would offer fewer values than a requirement's
     /// `minValues`.
     pub blocked_by_min_values: Vec<String>,
+    /// Groups of pods that must share one node (required pod affinity on the hostname)
+    /// that no node type of the pool holds: none of their pods is placed.
+    pub blocked_groups: Vec<BlockedGroup>,
+}
+
+/// A group of pods that must share one node, and no node type holds them all.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BlockedGroup {
+    /// The group's pods (`namespace/name`).
+    pub pods: Vec<String>,
+    /// What they ask for together.
+    pub request: Amount,
+    /// The largest node type that would take every pod of the group (by cpu, then
+    /// memory), with its allocatable room; `None` when no type takes them all.
+    pub largest: Option<(String, Amount)>,
+}
+
+impl BlockedGroup {
+    /// Says so, for a condition: the pods (the first three), their sum and the largest type.
+    pub fn describe(&self) -> String {
+        let shown: Vec<&str> = self.pods.iter().take(3).map(String::as_str).collect();
+        let more = self.pods.len().saturating_sub(shown.len());
+        let more = if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        };
+        let amount = |a: &Amount| {
+            format!(
+                "cpu {}, memory {}",
+                resources::format_cpu(a.cpu),
+                resources::format_memory(a.memory)
+            )
+        };
+        let largest = match &self.largest {
+            Some((t, room)) => format!("the largest node type, {t}, holds {}", amount(room)),
+            None => "no node type takes them all".to_string(),
+        };
+        format!(
+            "pods {}{more} must share a node (required pod affinity on the hostname) and ask for {} together; {largest}",
+            shown.join(", "),
+            amount(&self.request)
+        )
+    }
 }
 
 /// Whether a new node of `c` may be opened for `pod`: a type with extended resources
@@ -478,6 +522,7 @@ pub(crate) fn opens_for(c: &Candidate, pod: &PendingPod) -> bool {
 }
 
 pub mod constraints;
+mod groups;
 pub mod packer;
 pub mod topology;
 

@@ -6,8 +6,10 @@
 //! (cheapest first): each pod added keeps only those that accept it and hold everything
 //! packed so far, and the node is the cheapest of them in the end. A node grows into a
 //! dearer type only when that type is no dearer for its pods (cost over how often their
-//! cpu and memory fit it) or costs no more than a node of its own for the new pod, and
-//! only within the pool's limits and the types' room. Pods are taken largest and smallest
+//! cpu and memory fit it) or costs no more than a node of its own for the new pod — which
+//! a pod whose required pod affinity only this node's pods meet cannot have, so for it the
+//! node grows into the cheapest type that holds them all — and only within the pool's
+//! limits and the types' room. Pods are taken largest and smallest
 //! in turn, so that nodes fill their cpu and their pod slots together; pods with required pod
 //! affinity and the pods their terms select go before the others.
 //!
@@ -19,10 +21,11 @@
 
 use std::collections::HashMap;
 
+use super::groups::Groups;
 use super::topology::{Domain, PodView, Topology};
 use super::{
-    accepts, opens_for, selects_node, Amount, Bin, Candidate, Limits, NewNode, NodeShape, Packing,
-    PendingPod,
+    accepts, opens_for, selects_node, Amount, Bin, BlockedGroup, Candidate, Limits, NewNode,
+    NodeShape, Packing, PendingPod,
 };
 use crate::requirements;
 
@@ -127,9 +130,22 @@ struct Packer<'a> {
     room: HashMap<&'a str, Option<i64>>,
     topology: Topology,
     places: Vec<Place>,
+    /// The pods that must share one node ([`super::groups`]).
+    groups: Groups,
+    /// Whether some pod of each group is placed already.
+    group_started: Vec<bool>,
 }
 
 impl<'a> Packer<'a> {
+    /// What pod `i` needs room for where it goes: the whole group's requests for the first
+    /// pod of a group that must share a node (the others can only follow it), else its own.
+    fn need(&self, i: usize) -> Amount {
+        match self.groups.of[i] {
+            Some(g) if !self.group_started[g] => self.groups.total[g].clone(),
+            _ => self.pods[i].request.clone(),
+        }
+    }
+
     fn shape(&self, place: &Place) -> &'a NodeShape {
         match place.bin {
             Some(b) => &self.bins[b].shape,
@@ -188,14 +204,27 @@ impl<'a> Packer<'a> {
                 .spread_allows(view, &self.pods[i].rules.spread, domains, least, strict)
     }
 
-    /// The cheapest a node of its own costs pod `i` (its selectors, requests).
-    fn cost_alone(&self, i: usize, take: &[bool]) -> i64 {
+    /// The cheapest a node of its own costs pod `i` (its selectors, requests, and its
+    /// required pod affinity: a pod that may go only where the pods its terms select are
+    /// has no node of its own, `i64::MAX`, so the node of those pods grows for it).
+    fn cost_alone(
+        &self,
+        i: usize,
+        take: &[bool],
+        least: &[i32],
+        strict: bool,
+        need: &Amount,
+    ) -> i64 {
         let pod = self.pods[i];
+        let bound = !self.views[i].affinity.is_empty();
         self.by_cost
             .iter()
             .find(|ci| {
                 let c = &self.candidates[**ci];
-                take[**ci] && opens_for(c, pod) && c.allocatable.covers(&pod.request)
+                take[**ci]
+                    && opens_for(c, pod)
+                    && c.allocatable.covers(need)
+                    && (!bound || self.allows(i, &self.candidate_domains[**ci], least, strict))
             })
             .map(|ci| self.candidates[*ci].cost)
             .unwrap_or(i64::MAX)
@@ -229,17 +258,17 @@ impl<'a> Packer<'a> {
     /// the type it is while that holds the pods; else it grows into the cheapest option
     /// that does, if that is no dearer (within [`GROWTH_TOLERANCE`]) for these pods than the type it is (its cost over
     /// how many times the pods' requests fit it, by cpu or memory) or costs no
-    /// more than a node of its own for the pod (`alone`).
+    /// more than a node of its own for the pod (`alone`). The node must hold `need` besides
+    /// its pods (the pod's request, or its group's: [`Packer::need`]).
     fn grow(
         &self,
         n: usize,
-        i: usize,
         take: Option<&[bool]>,
         alone: i64,
+        need: &Amount,
     ) -> Option<(Option<Vec<usize>>, usize)> {
         let place = &self.places[n];
-        let pod = self.pods[i];
-        let total = place.total.plus(&pod.request);
+        let total = place.total.plus(need);
         let takes = |ci: usize| take.is_none_or(|t| t[ci]);
         let narrowed = take.map(|_| {
             place
@@ -280,7 +309,7 @@ impl<'a> Packer<'a> {
     }
 
     /// Places pod `i`, honouring its preferences when `strict`.
-    fn try_place(&mut self, i: usize, strict: bool) -> Result<(), Blocked> {
+    fn try_place(&mut self, i: usize, strict: bool, need: &Amount) -> Result<(), Blocked> {
         let pod = self.pods[i];
         let take: Vec<bool> = self
             .candidates
@@ -288,14 +317,14 @@ impl<'a> Packer<'a> {
             .map(|c| takes(&c.shape, pod, strict))
             .collect();
         let least = self.least(i);
-        let alone = self.cost_alone(i, &take);
+        let alone = self.cost_alone(i, &take, &least, strict, need);
         // Options need narrowing only for a pod some candidate does not take.
         let take_some = (!take.iter().all(|t| *t)).then_some(take.as_slice());
         for n in 0..self.places.len() {
             let place = &self.places[n];
             match place.bin {
                 Some(b) => {
-                    if !place.free.covers(&pod.request)
+                    if !place.free.covers(need)
                         || !takes(&self.bins[b].shape, pod, strict)
                         || !self.allows(i, &place.domains, &least, strict)
                     {
@@ -307,12 +336,12 @@ impl<'a> Packer<'a> {
                     return Ok(());
                 }
                 None => {
-                    if !fits_sum(&place.ceiling, &place.total, &pod.request)
+                    if !fits_sum(&place.ceiling, &place.total, need)
                         || !self.allows(i, &place.domains, &least, strict)
                     {
                         continue;
                     }
-                    let Some((options, chosen)) = self.grow(n, i, take_some, alone) else {
+                    let Some((options, chosen)) = self.grow(n, take_some, alone, need) else {
                         continue;
                     };
                     let before = self.places[n].chosen;
@@ -337,7 +366,7 @@ impl<'a> Packer<'a> {
                 }
             }
         }
-        self.open(i, &take, &least, strict)
+        self.open(i, &take, &least, strict, need)
     }
 
     fn ceiling(&self, options: &[usize]) -> Amount {
@@ -355,7 +384,9 @@ impl<'a> Packer<'a> {
         out
     }
 
-    /// Places pod `i`, with its preferences first if it has any, then without.
+    /// Places pod `i`, with its preferences first if it has any, then without; the first
+    /// pod of a group where its whole group fits, else (the limits or the types' room hold
+    /// the group back) where it fits itself, as the kube-scheduler would bind it.
     fn attempt(&mut self, i: usize) -> Result<(), Blocked> {
         let pod = self.pods[i];
         let stages: &[bool] = if pod.rules.has_preferences() || !pod.preferred_terms.is_empty() {
@@ -363,11 +394,19 @@ impl<'a> Packer<'a> {
         } else {
             &[false]
         };
+        let group = self.need(i);
+        let needs: &[&Amount] = if group == pod.request {
+            &[&pod.request]
+        } else {
+            &[&group, &pod.request]
+        };
         let mut last = Blocked::Capacity;
-        for strict in stages {
-            match self.try_place(i, *strict) {
-                Ok(()) => return Ok(()),
-                Err(b) => last = b,
+        for need in needs {
+            for strict in stages {
+                match self.try_place(i, *strict, need) {
+                    Ok(()) => return Ok(()),
+                    Err(b) => last = b,
+                }
             }
         }
         Err(last)
@@ -407,13 +446,14 @@ impl<'a> Packer<'a> {
         take: &[bool],
         least: &[i32],
         strict: bool,
+        need: &Amount,
     ) -> Result<(), Blocked> {
         let pod = self.pods[i];
         let (mut limited, mut full, mut ruled_out) = (false, false, false);
         let mut allowed: Vec<usize> = Vec::new();
         for ci in self.by_cost.clone() {
             let c = &self.candidates[ci];
-            if !take[ci] || !opens_for(c, pod) || !c.allocatable.covers(&pod.request) {
+            if !take[ci] || !opens_for(c, pod) || !c.allocatable.covers(need) {
                 continue;
             }
             if !self.room_left(ci) {
@@ -480,6 +520,9 @@ impl<'a> Packer<'a> {
 
     /// Records pod `i` on place `n`.
     fn put(&mut self, n: usize, i: usize) {
+        if let Some(g) = self.groups.of[i] {
+            self.group_started[g] = true;
+        }
         self.topology.place(&self.views[i], &self.places[n].domains);
         self.places[n].pods.push(self.pods[i].key.clone());
     }
@@ -502,6 +545,41 @@ fn largest_and_smallest(sorted: Vec<usize>) -> Vec<usize> {
     out
 }
 
+/// The report of a group of `pods` (`members`, asking `total`) that no node holds: no
+/// existing node (`bins`) or candidate that takes every member has room for them all.
+/// `None` when one does.
+fn blocked_group(
+    pods: &[&PendingPod],
+    members: &[usize],
+    total: &Amount,
+    bins: &[Bin],
+    candidates: &[Candidate],
+) -> Option<BlockedGroup> {
+    let all = |shape: &NodeShape| members.iter().all(|m| accepts(shape, pods[*m]));
+    let takes_all = |c: &&Candidate| all(&c.shape);
+    if bins.iter().any(|b| all(&b.shape) && b.free.covers(total))
+        || candidates
+            .iter()
+            .filter(takes_all)
+            .any(|c| c.allocatable.covers(total))
+    {
+        return None;
+    }
+    let largest = candidates
+        .iter()
+        .filter(takes_all)
+        .max_by(|a, b| {
+            (a.allocatable.cpu, a.allocatable.memory)
+                .cmp(&(b.allocatable.cpu, b.allocatable.memory))
+        })
+        .map(|c| (c.node_type.clone(), c.allocatable.clone()));
+    Some(BlockedGroup {
+        pods: members.iter().map(|m| pods[*m].key.clone()).collect(),
+        request: total.clone(),
+        largest,
+    })
+}
+
 /// Packs `pods` (all of them: the caller decides which are the pool's) onto the room of
 /// `bins`, then onto new nodes of `candidates` within `limits` given the pool's `usage`
 /// (nodes, resources).
@@ -516,6 +594,7 @@ pub(crate) fn place(
     let everyone: Vec<&PendingPod> = pods.iter().copied().chain(residents).collect();
     let (mut topology, mut views) = Topology::new(&everyone, pods.len());
     let resident_views = views.split_off(pods.len());
+    let groups = super::groups::must_share(pods, &views, &resident_views, &topology);
     let mut places = Vec::new();
     let mut r = 0;
     for (b, bin) in bins.iter().enumerate() {
@@ -568,6 +647,8 @@ pub(crate) fn place(
             .collect(),
         topology,
         places,
+        group_started: vec![false; groups.members.len()],
+        groups,
     };
     // Pods with required pod affinity, and the pods such terms select, go first: placed
     // after the rest, they would find their partners' nodes full.
@@ -583,8 +664,33 @@ pub(crate) fn place(
         });
         order.extend(largest_and_smallest(members));
     }
+    // The pods of a group that must share a node go one after the other, where the first
+    // of them would go, the one the others follow first; a group no node type holds is
+    // reported and none of it placed.
     let mut out = Packing::default();
     let mut placed = vec![false; pods.len()];
+    let mut seen = vec![false; packer.groups.members.len()];
+    let mut grouped = Vec::with_capacity(order.len());
+    for i in order {
+        let Some(g) = packer.groups.of[i] else {
+            grouped.push(i);
+            continue;
+        };
+        if std::mem::replace(&mut seen[g], true) {
+            continue;
+        }
+        let members = &packer.groups.members[g];
+        match blocked_group(pods, members, &packer.groups.total[g], bins, candidates) {
+            Some(report) => {
+                for m in members {
+                    placed[*m] = true;
+                }
+                out.blocked_groups.push(report);
+            }
+            None => grouped.extend(members.iter().copied()),
+        }
+    }
+    let mut order = grouped;
     // Pods whose required affinity found no partner yet, by the term they wait on: tried
     // again as soon as a pod the term selects is placed, while its partner's node has room.
     let mut waiting: HashMap<usize, Vec<usize>> = HashMap::new();

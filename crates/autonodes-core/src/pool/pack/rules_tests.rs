@@ -483,3 +483,258 @@ fn a_new_node_is_made_only_while_the_types_that_hold_its_pods_offer_min_values_o
         )]
     );
 }
+
+#[test]
+fn a_pod_that_must_share_its_partners_node_grows_that_node_into_the_cheapest_type_holding_both() {
+    // web needs cache's node; both ask 1.5 CPU. A node of its own for web is no option, so
+    // the dearer type per pod is no reason to strand it: the node becomes the 4-CPU type.
+    let cache = pod("cache", json!({"app": "cache"}), 1500, json!({}));
+    let web = pod(
+        "web",
+        json!({"app": "web"}),
+        1500,
+        required_affinity("podAffinity", HOST, json!({"app": "cache"})),
+    );
+    let priced = |name: &str, cpu: i128, cost: i64| Candidate {
+        cost,
+        ..candidate(name, cpu, &[])
+    };
+    let cands = [
+        priced("two", 2000, 10),
+        priced("four", 4000, 30),
+        priced("eight", 8000, 50),
+    ];
+    for pods in [[cache.clone(), web.clone()], [web.clone(), cache.clone()]] {
+        let out = pack(
+            &pods,
+            &[],
+            &cands,
+            &Limits::default(),
+            (0, Amount::default()),
+        );
+        assert_eq!(
+            nodes(&out),
+            [("four".to_string(), vec!["cache".into(), "web".into()])],
+            "{out:?}"
+        );
+        assert!(out.blocked_by_constraints.is_empty(), "{out:?}");
+    }
+    // Within the pool's limits: with 3 CPU at most, no type the pool may make holds both,
+    // and web is held by the limits.
+    let limits = Limits {
+        cpu: Some(3000),
+        ..Limits::default()
+    };
+    let out = pack(&[cache, web], &[], &cands, &limits, (0, Amount::default()));
+    assert_eq!(nodes(&out), [("two".to_string(), vec!["cache".into()])]);
+    assert_eq!(out.blocked_by_limits, ["default/web"], "{out:?}");
+}
+
+#[test]
+fn a_group_bound_by_required_affinity_that_no_type_holds_is_reported_and_none_of_it_placed() {
+    // Three pods, each needing another of the three on its node, 2 CPU each: 6 CPU, and
+    // the largest type has 4. Placing two would leave the third pending for ever.
+    let trio = |n: &str| {
+        pod(
+            n,
+            json!({"app": "trio"}),
+            2000,
+            required_affinity("podAffinity", HOST, json!({"app": "trio"})),
+        )
+    };
+    let other = pod("other", json!({}), 500, json!({}));
+    let cands = [candidate("c2", 2000, &[]), candidate("c4", 4000, &[])];
+    let out = pack(
+        &[trio("t0"), trio("t1"), trio("t2"), other],
+        &[],
+        &cands,
+        &Limits::default(),
+        (0, Amount::default()),
+    );
+    assert_eq!(nodes(&out), [("c2".to_string(), vec!["other".into()])]);
+    assert_eq!(out.blocked_groups.len(), 1, "{out:?}");
+    let g = &out.blocked_groups[0];
+    assert_eq!(g.pods, ["default/t0", "default/t1", "default/t2"]);
+    assert_eq!(g.request.cpu, 6000);
+    assert_eq!(g.largest.as_ref().map(|(t, _)| t.as_str()), Some("c4"));
+    let said = g.describe();
+    assert!(said.contains("must share a node"), "{said}");
+    assert!(said.contains("cpu 6"), "{said}");
+    assert!(said.contains("c4"), "{said}");
+    assert!(out.blocked_by_constraints.is_empty(), "{out:?}");
+    // Two of them fit one c4 together.
+    let out = pack(
+        &[trio("t0"), trio("t1")],
+        &[],
+        &cands,
+        &Limits::default(),
+        (0, Amount::default()),
+    );
+    assert_eq!(
+        nodes(&out),
+        [("c4".to_string(), vec!["t0".into(), "t1".into()])]
+    );
+}
+
+#[test]
+fn the_first_pod_of_a_group_goes_where_the_whole_group_has_room() {
+    // An in-flight node with 2 CPU free would take the cache alone, but web could not
+    // follow it there: the pair goes to a new node that holds both.
+    let cache = pod("cache", json!({"app": "cache"}), 1500, json!({}));
+    let web = pod(
+        "web",
+        json!({"app": "web"}),
+        1500,
+        required_affinity("podAffinity", HOST, json!({"app": "cache"})),
+    );
+    let small = candidate("c2", 2000, &[]);
+    let bin = Bin {
+        claim: "in-flight".into(),
+        shape: small.shape.clone(),
+        free: small.allocatable.clone(),
+        residents: Vec::new(),
+    };
+    let out = pack(
+        &[web, cache],
+        &[bin],
+        &[small, candidate("c4", 4000, &[])],
+        &Limits::default(),
+        (1, Amount::default()),
+    );
+    assert!(out.placed.is_empty(), "{out:?}");
+    assert_eq!(
+        nodes(&out),
+        [("c4".to_string(), vec!["cache".into(), "web".into()])]
+    );
+}
+
+mod groups_properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A group: whether it has a pod the others follow (without terms of its own), and
+    /// the millicores of each of its pods.
+    fn group() -> impl Strategy<Value = (bool, Vec<i128>)> {
+        (any::<bool>(), proptest::collection::vec(1i128..=8, 1..4))
+            .prop_map(|(anchor, cpus)| (anchor, cpus.into_iter().map(|c| c * 250).collect()))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+        /// Every pod of a group bound by required affinity on the hostname ends up on one
+        /// node whose type holds the whole group, or no pod of it is placed and the group
+        /// is reported; the other pods are placed as before.
+        #[test]
+        fn a_group_bound_by_required_affinity_is_placed_whole_on_a_type_that_holds_it_or_reported(
+            groups in proptest::collection::vec(group(), 1..4),
+            free in proptest::collection::vec(1i128..=8, 0..5),
+            costs in proptest::collection::vec(1i64..100, 3),
+        ) {
+            let mut pods = Vec::new();
+            let mut sizes = Vec::new();
+            for (g, (anchor, cpus)) in groups.iter().enumerate() {
+                let label = json!({"app": format!("g{g}")});
+                let mut members = Vec::new();
+                if *anchor {
+                    members.push(format!("g{g}-anchor"));
+                    pods.push(pod(&format!("g{g}-anchor"), label.clone(), 500, json!({})));
+                }
+                for (k, cpu) in cpus.iter().enumerate() {
+                    let name = format!("g{g}-m{k}");
+                    members.push(name.clone());
+                    pods.push(pod(&name, label.clone(), *cpu,
+                        required_affinity("podAffinity", HOST, label.clone())));
+                }
+                let total: i128 = cpus.iter().sum::<i128>() + if *anchor { 500 } else { 0 };
+                // A lone member with no anchor selects only itself: no group.
+                sizes.push((members, total));
+            }
+            for (k, cpu) in free.iter().enumerate() {
+                pods.push(pod(&format!("free-{k}"), json!({}), cpu * 250, json!({})));
+            }
+            let cands: Vec<Candidate> = [("c2", 2000), ("c4", 4000), ("c8", 8000)]
+                .iter()
+                .zip(&costs)
+                .map(|((n, cpu), cost)| Candidate { cost: *cost, ..candidate(n, *cpu, &[]) })
+                .collect();
+            let out = pack(&pods, &[], &cands, &Limits::default(), (0, Amount::default()));
+            let node_of = |name: &str| {
+                out.new_nodes.iter().position(|n| n.pods.iter().any(|p| p == &format!("default/{name}")))
+            };
+            for n in &out.new_nodes {
+                let c = cands.iter().find(|c| c.node_type == n.node_type).expect("a candidate");
+                prop_assert!(c.allocatable.covers(&n.request), "{n:?}");
+            }
+            for (members, total) in &sizes {
+                if members.len() < 2 {
+                    continue;
+                }
+                let reported = out.blocked_groups.iter().any(|g| {
+                    g.pods.iter().any(|p| p == &format!("default/{}", members[0]))
+                });
+                if *total > 8000 {
+                    prop_assert!(reported, "{members:?} ({total}m) reported: {out:?}");
+                    for m in members {
+                        prop_assert!(node_of(m).is_none(), "{m} not placed: {out:?}");
+                    }
+                } else {
+                    prop_assert!(!reported, "{members:?}: {out:?}");
+                    let first = node_of(&members[0]);
+                    prop_assert!(first.is_some(), "{members:?} placed: {out:?}");
+                    for m in members {
+                        prop_assert_eq!(node_of(m), first, "{} with its group: {:?}", m, out);
+                    }
+                    let on = &out.new_nodes[first.unwrap_or_default()];
+                    let c = cands.iter().find(|c| c.node_type == on.node_type).expect("a candidate");
+                    prop_assert!(c.allocatable.cpu >= *total, "{on:?} holds {total}m");
+                }
+            }
+            prop_assert!(out.blocked_by_constraints.is_empty(), "{out:?}");
+            prop_assert!(out.blocked_by_capacity.is_empty(), "{out:?}");
+        }
+    }
+}
+
+#[test]
+fn a_group_that_fits_a_nodes_room_moves_there_whole_without_any_new_node_type() {
+    // As consolidation asks: may cache and web leave their node for another's room?
+    let cache = pod("cache", json!({"app": "cache"}), 1500, json!({}));
+    let web = pod(
+        "web",
+        json!({"app": "web"}),
+        1500,
+        required_affinity("podAffinity", HOST, json!({"app": "cache"})),
+    );
+    let room = |name: &str, cpu: i128| {
+        let c = candidate("c", cpu, &[]);
+        Bin {
+            claim: name.into(),
+            shape: c.shape.clone(),
+            free: c.allocatable.clone(),
+            residents: Vec::new(),
+        }
+    };
+    let pods = [&cache, &web];
+    let out = super::packer::place(
+        &pods,
+        &[room("two", 2000), room("four", 4000)],
+        &[],
+        &Limits::default(),
+        (0, Amount::default()),
+    );
+    assert_eq!(
+        out.placed.get("four").map(Vec::len),
+        Some(2),
+        "both on the node with room for both: {out:?}"
+    );
+    assert!(out.blocked_groups.is_empty(), "{out:?}");
+    let out = super::packer::place(
+        &pods,
+        &[room("two", 2000), room("other-two", 2000)],
+        &[],
+        &Limits::default(),
+        (0, Amount::default()),
+    );
+    assert!(out.placed.is_empty(), "not split: {out:?}");
+    assert_eq!(out.blocked_groups.len(), 1, "{out:?}");
+}

@@ -51,6 +51,7 @@ const JOIN_CONFIGURATION_PARTIAL: &str = include_str!("../templates/join-configu
 const PREPARE_SCRIPT_TEMPLATE: &str = include_str!("../templates/prepare-node.sh.hbs");
 const WARM_TEMPLATE: &str = include_str!("../templates/warm.hbs");
 
+pub mod binding;
 pub mod warm;
 
 /// Where the user data writes the script that prepares the node before `kubeadm join`.

@@ -35,7 +35,7 @@ use crate::properties::{
     PROP_VM_ANTI_AFFINITY, PROP_ZONE,
 };
 use crate::render::{self, RenderError};
-use crate::userdata::warm::{at_binding_problem, render_binding_user_data};
+use crate::userdata::binding::{at_binding_problem, render_binding_user_data};
 use crate::userdata::{JoinParams, JOIN_CONFIG_PATH, PREPARE_SCRIPT_PATH};
 
 /// How often a warm VM's agent renews its Lease.
@@ -239,7 +239,7 @@ pub fn type_problem(t: &PreparedType) -> Option<String> {
 /// Whether a warm VM of type `t` can serve `claim` (of `pool`): labels, taints and
 /// kubelet arguments are given when a claim binds a warm VM, and so are the claim's SSH
 /// keys and user data where they are not the type's, when its user data holds only what
-/// cloud-init applies to a running VM ([`crate::userdata::warm::AT_BINDING_KEYS`]); every
+/// cloud-init applies to a running VM ([`crate::userdata::binding::AT_BINDING_KEYS`]); every
 /// other property that shapes the VM or its boot (image, disks, networks, placement) must
 /// be the type's own, and the claim must not ask for a zone. `Err` says why it is served
 /// cold.
@@ -305,7 +305,7 @@ pub struct Binding {
     /// and kubeadm on a stock image).
     pub prepare_script: String,
     /// The cloud-config the agent has cloud-init apply once the VM's credential is revoked
-    /// and before the join ([`crate::userdata::warm::render_binding_user_data`]); `None`
+    /// and before the join ([`crate::userdata::binding::render_binding_user_data`]); `None`
     /// when the claim's SSH keys and user data are those the VM booted with.
     pub user_data: Option<String>,
 }

@@ -193,7 +193,7 @@ fn a_warm_vms_user_data_is_a_cloud_config_cloud_init_accepts_and_its_agent_is_py
 
 #[test]
 fn the_user_data_a_warm_vms_binding_carries_is_a_cloud_config_cloud_init_accepts() {
-    use autonodes_core::userdata::warm::render_binding_user_data;
+    use autonodes_core::userdata::binding::render_binding_user_data;
     let dir = tempfile::tempdir().expect("temp dir");
     let keys = vec!["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIC0 claim".to_string()];
     for user in [

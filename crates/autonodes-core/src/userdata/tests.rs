@@ -725,7 +725,7 @@ fn debug_output_of_join_parameters_and_user_data_input_never_shows_the_token() {
 
 #[test]
 fn user_data_given_with_a_warm_vms_binding_is_the_claims_keys_files_and_commands_only() {
-    use super::warm::{at_binding_problem, render_binding_user_data};
+    use super::binding::{at_binding_problem, render_binding_user_data};
     assert_eq!(at_binding_problem(None), None);
     assert_eq!(
         at_binding_problem(Some(

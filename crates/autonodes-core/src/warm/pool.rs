@@ -56,7 +56,7 @@ pub fn pool_problem(t: &PreparedType, pool: &NodePoolSpec) -> Option<String> {
     }
     let user_data = crate::node_config::user_cloud_config(&pool.properties);
     if user_data != crate::node_config::user_cloud_config(&t.properties) {
-        if let Some(problem) = crate::userdata::warm::at_binding_problem(user_data) {
+        if let Some(problem) = crate::userdata::binding::at_binding_problem(user_data) {
             return Some(format!(
                 "the pool's claims get their user data with their binding, but {problem}"
             ));

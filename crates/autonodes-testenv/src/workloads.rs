@@ -359,6 +359,7 @@ pub async fn provision(
                     },
                     free: t.amount().minus(&used),
                     residents: on.iter().map(|p| PendingPod::from_pod(p)).collect(),
+                    replaceable: false,
                 }
             })
             .collect();

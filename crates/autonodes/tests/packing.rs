@@ -567,7 +567,7 @@ fn affine_pod(name: &str, app: &str, partner: Option<&str>) -> Pod {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pods_bound_by_required_affinity_get_one_node_that_holds_them_and_a_group_no_type_holds_is_reported(
+async fn pods_bound_by_required_affinity_get_one_node_that_holds_them_also_when_one_comes_later_and_a_group_no_type_holds_is_reported(
 ) {
     // `two` (2 CPU, cost 10) and `small` (4 CPU, cost 30): `web` (1.5 CPU) must run beside
     // `cache` (1.5 CPU). A 4-CPU node costs more per pod than two 2-CPU ones, but web
@@ -643,6 +643,81 @@ async fn pods_bound_by_required_affinity_get_one_node_that_holds_them_and_a_grou
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(pool_claims(&world, "pair").await.len(), 1);
     println!("affinity: the trio (3 × 1.5 CPU) → Ready=False {reason}: {message}");
+    delete_pods_now(&world).await;
+
+    // The partner that comes later: guests now boot 25 s after their VM starts, as real
+    // ones take a while. Pool `late` (nodes labelled team=late, which only these pods
+    // select) makes a `two` claim for cache alone; web, which must run beside it, comes
+    // after that claim. The claim has not joined yet, so it gives way to a `small` one
+    // that holds both, and both bind there.
+    let mut world = world;
+    world.stop_simulator().await;
+    world
+        .start_simulator(autonodes_testenv::simulator::SimMode::SlowBoot(
+            Duration::from_secs(25),
+        ))
+        .await;
+    world
+        .create_pool(
+            "late",
+            json!({"providerRef": "pools", "labels": {"team": "late"}}),
+        )
+        .await;
+    let on_late = |mut p: Pod| {
+        if let Some(s) = p.spec.as_mut() {
+            s.node_selector = Some(BTreeMap::from([("team".into(), "late".into())]));
+        }
+        p
+    };
+    create_pods(&world, [on_late(affine_pod("cache-b", "cache-b", None))]).await;
+    let first = common::eventually("a claim for cache-b", WAIT, || async {
+        pool_claims(&world, "late").await.into_iter().next()
+    })
+    .await;
+    assert_eq!(first.spec.type_ref.as_deref(), Some("pools.two"));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    create_pods(
+        &world,
+        [on_late(affine_pod("web-b", "web-b", Some("cache-b")))],
+    )
+    .await;
+    // The `two` claim goes without ever getting a node (else cache-b could bind there
+    // and web-b would have no room beside it).
+    common::eventually("the two-CPU claim gone before it joined", WAIT, || async {
+        let claims = pool_claims(&world, "late").await;
+        match claims.iter().find(|c| c.name_any() == first.name_any()) {
+            None => Some(()),
+            Some(c) => {
+                let node = c.status.as_ref().and_then(|s| s.node_name.as_deref());
+                assert_eq!(node, None, "{} joined before it gave way", first.name_any());
+                None
+            }
+        }
+    })
+    .await;
+    assert_pool_event(&world, "late", "ReplacingOutgrownClaim").await;
+    let bound = common::eventually("cache-b and web-b bound", WAIT, || async {
+        let pods = tenant_pods(&world).await;
+        let on = |name: &str| {
+            pods.iter()
+                .find(|p| p.name_any() == name)
+                .and_then(bound_to)
+        };
+        Some((on("cache-b")?, on("web-b")?))
+    })
+    .await;
+    show(&world, "after: web-b came later, and both share one node");
+    assert_eq!(bound.0, bound.1, "one node for both");
+    assert_eq!(
+        placement(&world).await.get("web-b").map(String::as_str),
+        Some("small")
+    );
+
+    println!(
+        "affinity: web-b came after cache-b's claim {} (two) → it gave way before joining; both on one small node {}",
+        first.name_any(),
+        bound.0
+    );
     delete_pods_now(&world).await;
     world.shutdown().await;
 }

@@ -210,6 +210,7 @@ fn other_bins(targets: &[Target], claims: &[&str], room: bool) -> Vec<Bin> {
                 Amount::default()
             },
             residents: t.residents.clone(),
+            replaceable: false,
         })
         .collect()
 }

@@ -191,6 +191,8 @@ pub fn allocatable(t: &PreparedType, overhead: Option<&Overhead>) -> Amount {
 /// else as it would be) and its room.
 struct ClaimNode<'a> {
     claim: &'a NodeClaim,
+    /// Whether it is a claim of the pool being planned.
+    own: bool,
     shape: NodeShape,
     allocatable: Amount,
 }
@@ -203,16 +205,16 @@ fn name_of(c: &NodeClaim) -> &str {
 /// deleted a moment ago.
 fn claim_nodes<'a>(input: &DynamicInput<'a>) -> Vec<ClaimNode<'a>> {
     let vcluster = &input.spec.v_cluster_ref.name;
-    let mine = input.mine.iter().map(|c| &**c);
+    let mine = input.mine.iter().map(|c| (&**c, true));
     let others = input
         .tenant
         .others
         .iter()
         .filter(|c| &c.spec.v_cluster_ref.name == vcluster)
-        .map(|c| &**c);
+        .map(|c| (&**c, false));
     mine.chain(others)
-        .filter(|c| is_live(c) && !input.deleted_now.contains(name_of(c)))
-        .map(|c| {
+        .filter(|(c, _)| is_live(c) && !input.deleted_now.contains(name_of(c)))
+        .map(|(c, own)| {
             let t = claim_type(c, input.catalogue, input.tenant.claimed);
             let (shape, allocatable) = match t {
                 Some(t) => (
@@ -223,6 +225,7 @@ fn claim_nodes<'a>(input: &DynamicInput<'a>) -> Vec<ClaimNode<'a>> {
             };
             ClaimNode {
                 claim: c,
+                own,
                 shape,
                 allocatable,
             }
@@ -282,6 +285,9 @@ fn bins(
                         .collect()
                 })
                 .unwrap_or_default(),
+            // The pool's own claim whose node runs no pod yet may still be replaced by
+            // one of a larger type.
+            replaceable: cn.own && node_name.is_none_or(|n| !usage.busy(n)),
         });
     }
     bins
@@ -630,6 +636,16 @@ pub fn plan(input: &DynamicInput) -> DynamicPlan {
             pods: n.pods.clone(),
         })
         .collect();
+    // A claim that has not joined and whose pod must now share a node with pods that came
+    // after it goes together with the creation of the node that holds them all.
+    let outgrown: Vec<(String, DeleteReason)> = packing
+        .outgrown
+        .iter()
+        .filter(|_| batching.is_none())
+        .map(|(claim, _)| (claim.clone(), DeleteReason::Outgrown))
+        .collect();
+    let mut deleted_now = input.deleted_now.clone();
+    deleted_now.extend(outgrown.iter().map(|(c, _)| c.clone()));
     let protected = do_not_disrupt::protected(
         input.mine.iter().map(|c| &**c),
         tenant.nodes,
@@ -647,7 +663,7 @@ pub fn plan(input: &DynamicInput) -> DynamicPlan {
     let consolidation = consolidate::consolidate(&ConsolidationInput {
         spec: input.spec,
         mine: input.mine,
-        deleted_now: input.deleted_now,
+        deleted_now: &deleted_now,
         receiving: &receiving,
         pods_waiting: packing.wanted > 0,
         protected: &protected,
@@ -671,9 +687,11 @@ pub fn plan(input: &DynamicInput) -> DynamicPlan {
         .unwrap_or(MAX_RECHECK)
         .min(MAX_RECHECK)
         .min(batching.map_or(MAX_RECHECK, |d| d + Duration::from_millis(100)));
+    let mut delete = outgrown;
+    delete.extend(consolidation.delete);
     DynamicPlan {
         create,
-        delete: consolidation.delete,
+        delete,
         empty_since: consolidation.empty_since,
         underutilized_since: consolidation.underutilized_since,
         ready,

@@ -328,6 +328,11 @@ pub struct Bin {
     pub free: Amount,
     /// The pods on it (what pod affinity, anti-affinity and spread count).
     pub residents: Vec<PendingPod>,
+    /// Whether a claim of a larger type may still take its place: a claim of the pool
+    /// being planned whose node runs no pod yet (it has not joined, or nothing was bound
+    /// there). Pods that must share a node with pods that arrived after it then get a
+    /// node that holds them all instead of this one ([`Packing::outgrown`]).
+    pub replaceable: bool,
 }
 
 /// A node type a dynamic pool may create claims of.
@@ -466,6 +471,11 @@ pub struct Packing {
     /// Groups of pods that must share one node (required pod affinity on the hostname)
     /// that no node type of the pool holds: none of their pods is placed.
     pub blocked_groups: Vec<BlockedGroup>,
+    /// Claims that a new node takes the place of before they join: replaceable bins
+    /// ([`Bin::replaceable`]) that receive no pod, while a group of pods that must share a
+    /// node, the first of which fitted the bin alone, goes to a new node (by claim, with
+    /// the index of that node in `new_nodes`).
+    pub outgrown: Vec<(String, usize)>,
 }
 
 /// A group of pods that must share one node, and no node type holds them all.

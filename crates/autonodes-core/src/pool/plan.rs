@@ -187,6 +187,10 @@ pub enum DeleteReason {
     Underutilized,
     /// Its node stopped being Ready and its replacement is Available ([`super::repair`]).
     Repaired,
+    /// It has not joined (no pod runs there), and pods that must share a node with the
+    /// pod it was made for arrived since: a claim of a type that holds them all takes its
+    /// place.
+    Outgrown,
 }
 
 impl DeleteReason {
@@ -200,6 +204,7 @@ impl DeleteReason {
             DeleteReason::Empty => "Consolidated",
             DeleteReason::Underutilized => "ConsolidatedUnderutilized",
             DeleteReason::Repaired => "NodeRepaired",
+            DeleteReason::Outgrown => "ReplacingOutgrownClaim",
         }
     }
 }

@@ -132,8 +132,8 @@ struct Packer<'a> {
     places: Vec<Place>,
     /// The pods that must share one node ([`super::groups`]).
     groups: Groups,
-    /// Whether some pod of each group is placed already.
-    group_started: Vec<bool>,
+    /// Where the first pod of each group went (a place), once it is placed.
+    group_place: Vec<Option<usize>>,
 }
 
 impl<'a> Packer<'a> {
@@ -141,7 +141,7 @@ impl<'a> Packer<'a> {
     /// pod of a group that must share a node (the others can only follow it), else its own.
     fn need(&self, i: usize) -> Amount {
         match self.groups.of[i] {
-            Some(g) if !self.group_started[g] => self.groups.total[g].clone(),
+            Some(g) if self.group_place[g].is_none() => self.groups.total[g].clone(),
             _ => self.pods[i].request.clone(),
         }
     }
@@ -521,7 +521,7 @@ impl<'a> Packer<'a> {
     /// Records pod `i` on place `n`.
     fn put(&mut self, n: usize, i: usize) {
         if let Some(g) = self.groups.of[i] {
-            self.group_started[g] = true;
+            self.group_place[g].get_or_insert(n);
         }
         self.topology.place(&self.views[i], &self.places[n].domains);
         self.places[n].pods.push(self.pods[i].key.clone());
@@ -647,7 +647,7 @@ pub(crate) fn place(
             .collect(),
         topology,
         places,
-        group_started: vec![false; groups.members.len()],
+        group_place: vec![None; groups.members.len()],
         groups,
     };
     // Pods with required pod affinity, and the pods such terms select, go first: placed
@@ -733,6 +733,7 @@ pub(crate) fn place(
         }
         order = failed.into_iter().map(|(i, _)| i).collect();
     }
+    out.outgrown = outgrown(&packer, bins);
     for place in packer.places {
         match place.bin {
             Some(b) if !place.pods.is_empty() => {
@@ -748,6 +749,43 @@ pub(crate) fn place(
                     requirements: c.requirements.clone(),
                 });
             }
+        }
+    }
+    out
+}
+
+/// The replaceable bins ([`Bin::replaceable`]) that a group's new node takes the place
+/// of: each group that went to a new node takes the first such bin that got no pod and
+/// would have taken the group's first pod alone (its partners came after it), by claim
+/// with the index the new node will have in `new_nodes`.
+fn outgrown(packer: &Packer, bins: &[Bin]) -> Vec<(String, usize)> {
+    let new_index: Vec<Option<usize>> = packer
+        .places
+        .iter()
+        .scan(0, |next, p| {
+            Some(p.bin.is_none().then(|| {
+                *next += 1;
+                *next - 1
+            }))
+        })
+        .collect();
+    let mut taken = vec![false; bins.len()];
+    let mut out = Vec::new();
+    for (g, members) in packer.groups.members.iter().enumerate() {
+        let Some(n) = packer.group_place[g].and_then(|p| new_index[p]) else {
+            continue;
+        };
+        let first = packer.pods[members[0]];
+        let spare = bins.iter().enumerate().position(|(b, bin)| {
+            bin.replaceable
+                && !taken[b]
+                && packer.places[b].pods.is_empty()
+                && accepts(&bin.shape, first)
+                && bin.free.covers(&first.request)
+        });
+        if let Some(b) = spare {
+            taken[b] = true;
+            out.push((bins[b].claim.clone(), n));
         }
     }
     out

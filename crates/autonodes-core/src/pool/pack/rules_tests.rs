@@ -143,6 +143,7 @@ fn anti_affinity_on_the_zone_keeps_selected_pods_in_different_zones_and_blocks_a
         },
         free: candidate("a", 4000, &[]).allocatable,
         residents: vec![db("db-old")],
+        replaceable: false,
     };
     let out = pack(
         &[db("db-new")],
@@ -172,6 +173,7 @@ fn a_running_pods_anti_affinity_keeps_a_pod_it_selects_off_its_node() {
         shape: NodeShape::default(),
         free: candidate("x", 4000, &[]).allocatable,
         residents: vec![resident],
+        replaceable: false,
     };
     let noisy = pod("noisy", json!({"app": "noisy"}), 500, json!({}));
     let quiet = pod("quiet", json!({"app": "quiet"}), 500, json!({}));
@@ -593,6 +595,7 @@ fn the_first_pod_of_a_group_goes_where_the_whole_group_has_room() {
         shape: small.shape.clone(),
         free: small.allocatable.clone(),
         residents: Vec::new(),
+        replaceable: false,
     };
     let out = pack(
         &[web, cache],
@@ -692,6 +695,74 @@ mod groups_properties {
             prop_assert!(out.blocked_by_constraints.is_empty(), "{out:?}");
             prop_assert!(out.blocked_by_capacity.is_empty(), "{out:?}");
         }
+
+        /// With claims on their way (some the pool may still replace), a group is never
+        /// split: its pods share one claim's room or one new node; and a claim is given
+        /// up for a group's new node only if it may be replaced, got no pod, and would
+        /// have taken the group's first pod alone.
+        #[test]
+        fn a_claim_on_its_way_is_given_up_only_for_a_group_it_could_not_hold_and_only_if_it_serves_no_pod(
+            groups in proptest::collection::vec(group(), 1..4),
+            bins in proptest::collection::vec((1i128..=8, any::<bool>()), 0..4),
+            free in proptest::collection::vec(1i128..=8, 0..3),
+        ) {
+            let mut pods = Vec::new();
+            let mut members_of = Vec::new();
+            for (g, (anchor, cpus)) in groups.iter().enumerate() {
+                let label = json!({"app": format!("g{g}")});
+                let mut members = Vec::new();
+                if *anchor {
+                    members.push(format!("default/g{g}-anchor"));
+                    pods.push(pod(&format!("g{g}-anchor"), label.clone(), 500, json!({})));
+                }
+                for (k, cpu) in cpus.iter().enumerate() {
+                    members.push(format!("default/g{g}-m{k}"));
+                    pods.push(pod(&format!("g{g}-m{k}"), label.clone(), *cpu,
+                        required_affinity("podAffinity", HOST, label.clone())));
+                }
+                members_of.push(members);
+            }
+            for (k, cpu) in free.iter().enumerate() {
+                pods.push(pod(&format!("free-{k}"), json!({}), cpu * 250, json!({})));
+            }
+            let c2 = candidate("c2", 2000, &[]);
+            let bins: Vec<Bin> = bins
+                .iter()
+                .enumerate()
+                .map(|(b, (cpu, replaceable))| Bin {
+                    claim: format!("b{b}"),
+                    shape: c2.shape.clone(),
+                    free: Amount { cpu: cpu * 250, ..c2.allocatable.clone() },
+                    residents: Vec::new(),
+                    replaceable: *replaceable,
+                })
+                .collect();
+            let cands = [c2.clone(), candidate("c4", 4000, &[]), candidate("c8", 8000, &[])];
+            let out = pack(&pods, &bins, &cands, &Limits::default(), (bins.len() as i64, Amount::default()));
+            let place_of = |key: &String| {
+                out.placed.iter().find(|(_, ps)| ps.contains(key)).map(|(c, _)| c.clone())
+                    .or_else(|| out.new_nodes.iter().position(|n| n.pods.contains(key)).map(|n| format!("+{n}")))
+            };
+            for members in members_of.iter().filter(|m| m.len() > 1) {
+                let first = place_of(&members[0]);
+                for m in members {
+                    prop_assert_eq!(place_of(m), first.clone(), "{} with its group: {:?}", m, out);
+                }
+            }
+            let mut given_up = std::collections::BTreeSet::new();
+            for (claim, n) in &out.outgrown {
+                prop_assert!(given_up.insert(claim.clone()), "{claim} once: {out:?}");
+                let bin = bins.iter().find(|b| &b.claim == claim).expect("a bin");
+                prop_assert!(bin.replaceable, "{claim}: {out:?}");
+                prop_assert!(!out.placed.contains_key(claim), "{claim} serves no pod: {out:?}");
+                let node = &out.new_nodes[*n];
+                // A group on that node whose first pod the claim would have held alone.
+                let held = members_of.iter().filter(|m| m.len() > 1 && node.pods.contains(&m[0])).any(|g| {
+                    pods.iter().any(|p| p.key == g[0] && bin.free.covers(&p.request))
+                });
+                prop_assert!(held, "{claim} gives way to a group whose first pod it held: {out:?}");
+            }
+        }
     }
 }
 
@@ -712,6 +783,7 @@ fn a_group_that_fits_a_nodes_room_moves_there_whole_without_any_new_node_type() 
             shape: c.shape.clone(),
             free: c.allocatable.clone(),
             residents: Vec::new(),
+            replaceable: false,
         }
     };
     let pods = [&cache, &web];
@@ -737,4 +809,76 @@ fn a_group_that_fits_a_nodes_room_moves_there_whole_without_any_new_node_type() 
     );
     assert!(out.placed.is_empty(), "not split: {out:?}");
     assert_eq!(out.blocked_groups.len(), 1, "{out:?}");
+}
+
+/// `cache` (1.5 CPU) and `web` (1.5 CPU, required affinity on the hostname to `cache`),
+/// and a claim of a 2-CPU type on its way, made for `cache` before `web` came.
+fn late_partner() -> (PendingPod, PendingPod, Candidate, Bin) {
+    let cache = pod("cache", json!({"app": "cache"}), 1500, json!({}));
+    let web = pod(
+        "web",
+        json!({"app": "web"}),
+        1500,
+        required_affinity("podAffinity", HOST, json!({"app": "cache"})),
+    );
+    let small = candidate("c2", 2000, &[]);
+    let bin = Bin {
+        claim: "for-cache".into(),
+        shape: small.shape.clone(),
+        free: small.allocatable.clone(),
+        residents: Vec::new(),
+        replaceable: true,
+    };
+    (cache, web, small, bin)
+}
+
+#[test]
+fn a_claim_that_has_not_joined_gives_way_to_one_holding_its_pod_and_the_partner_that_came_later() {
+    let (cache, web, small, bin) = late_partner();
+    let out = pack(
+        &[cache, web],
+        &[bin],
+        &[small, candidate("c4", 4000, &[])],
+        &Limits::default(),
+        (1, Amount::default()),
+    );
+    assert_eq!(
+        nodes(&out),
+        [("c4".to_string(), vec!["cache".into(), "web".into()])]
+    );
+    assert_eq!(out.outgrown, [("for-cache".to_string(), 0)], "{out:?}");
+}
+
+#[test]
+fn a_claim_that_runs_pods_or_is_not_the_pool_s_or_takes_other_pods_is_never_replaced() {
+    let (cache, web, small, bin) = late_partner();
+    let cands = [small, candidate("c4", 4000, &[])];
+    // Not replaceable (its node runs a pod, or another pool owns it): kept.
+    let kept = Bin {
+        replaceable: false,
+        ..bin.clone()
+    };
+    let out = pack(
+        &[cache.clone(), web.clone()],
+        &[kept],
+        &cands,
+        &Limits::default(),
+        (1, Amount::default()),
+    );
+    assert_eq!(out.new_nodes.len(), 1, "{out:?}");
+    assert!(out.outgrown.is_empty(), "{out:?}");
+    // Another pending pod takes its room: it still serves, so it stays.
+    let other = pod("other", json!({"app": "other"}), 1000, json!({}));
+    let out = pack(
+        &[cache, web, other],
+        &[bin],
+        &cands,
+        &Limits::default(),
+        (1, Amount::default()),
+    );
+    assert_eq!(
+        out.placed.get("for-cache"),
+        Some(&vec!["default/other".to_string()])
+    );
+    assert!(out.outgrown.is_empty(), "{out:?}");
 }

@@ -179,6 +179,7 @@ fn pods_spread_over_zones_alternate_between_the_zones_within_their_max_skew() {
             ..Amount::default()
         },
         residents: vec![spread("old-0"), spread("old-1")],
+        replaceable: false,
     };
     let out = pack(
         &[spread("new")],
@@ -204,6 +205,7 @@ fn pods_fitting_in_flight_nodes_need_no_new_node() {
             ..Amount::default()
         },
         residents: Vec::new(),
+        replaceable: false,
     }];
     let out = pack(
         &pods,

@@ -575,6 +575,66 @@ fn pending_pods_that_fit_a_claim_on_its_way_need_no_new_claim() {
     assert_eq!(plan.ready.map(|r| r.reason), Some(PoolReason::Ready));
 }
 
+/// A pod the scheduler could not place, asking for 1.5 CPU, labelled `app=<app>`, with
+/// required pod affinity on the hostname to `app=<partner>` if given.
+fn pending_affine(name: &str, app: &str, partner: Option<&str>) -> Pod {
+    let mut p = pending(name, "1500m");
+    p.metadata.labels = Some(BTreeMap::from([("app".to_string(), app.to_string())]));
+    if let (Some(partner), Some(spec)) = (partner, p.spec.as_mut()) {
+        spec.affinity = serde_json::from_value(json!({"podAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [{
+                "topologyKey": "kubernetes.io/hostname",
+                "labelSelector": {"matchLabels": {"app": partner}}}]}}))
+        .expect("affinity");
+    }
+    p
+}
+
+#[test]
+fn a_claim_made_for_a_pod_gives_way_before_it_joins_to_one_that_holds_the_partner_that_came_later()
+{
+    // `two` (2 CPU) was made for cache; web, which must run beside cache, came after it.
+    let mut scene = Scene::new(json!({}));
+    scene.catalogue = catalogue_of(json!([
+        {"name": "two", "cost": 10, "resources": {"cpu": "2", "memory": "4Gi"}},
+        {"name": "four", "cost": 30, "resources": {"cpu": "4", "memory": "8Gi"}},
+    ]));
+    scene.claims = vec![claim(
+        &scene.pool,
+        "for-cache",
+        json!({"phase": "Provisioning", "typeRef": "p.two"}),
+    )];
+    scene.pods = vec![
+        pending_affine("cache", "cache", None),
+        pending_affine("web", "web", Some("cache")),
+    ];
+    let plan = scene.plan();
+    assert_eq!(deleted(&plan), [("for-cache", DeleteReason::Outgrown)]);
+    assert_eq!(plan.create.len(), 1, "{:?}", plan.create);
+    assert_eq!(plan.create[0].spec.type_ref.as_deref(), Some("p.four"));
+    assert_eq!(plan.create[0].pods, ["default/cache", "default/web"]);
+
+    // Once cache runs on the claim's node, nothing is planned again: web can only follow
+    // cache there, and the pool says it cannot.
+    scene.claims = vec![claim(
+        &scene.pool,
+        "for-cache",
+        json!({"phase": "Available", "typeRef": "p.two", "nodeName": "for-cache"}),
+    )];
+    scene.nodes = vec![node("for-cache")];
+    let mut cache = pending_affine("cache", "cache", None);
+    cache.spec.as_mut().expect("spec").node_name = Some("for-cache".into());
+    cache.status = serde_json::from_value(json!({"phase": "Running"})).expect("status");
+    scene.pods = vec![cache, pending_affine("web", "web", Some("cache"))];
+    let plan = scene.plan();
+    assert!(deleted(&plan).is_empty(), "{:?}", plan.delete);
+    assert!(plan.create.is_empty(), "{:?}", plan.create);
+    assert_eq!(
+        plan.ready.map(|r| r.reason),
+        Some(PoolReason::PodRulesUnsatisfiable)
+    );
+}
+
 #[test]
 fn the_room_of_another_pool_s_claim_in_the_same_tenant_counts_but_not_another_tenant_s() {
     let mut scene = Scene::new(json!({}));

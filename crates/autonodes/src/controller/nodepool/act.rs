@@ -191,6 +191,9 @@ async fn delete_claim(
         DeleteReason::Underutilized => format!(
             "deleted NodeClaim {name}: its node's pods fitted the room of the tenant's other nodes for the consolidation delay"
         ),
+        DeleteReason::Outgrown => format!(
+            "deleted NodeClaim {name} before it joined: pods that must share a node with the pod it was made for arrived since, and a claim of a type that holds them all takes its place"
+        ),
         DeleteReason::Repaired => format!(
             "deleted NodeClaim {name}: its node was unhealthy for its toleration after a restart (or restarts are off) and its replacement is Available"
         ),

@@ -152,6 +152,24 @@ pub struct NodePoolSpec {
     /// Absent or `replicas: 0`: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm: Option<PoolWarm>,
+    /// Whether a dynamic pool honours pods' preferences (preferred node affinity, preferred
+    /// pod affinity and anti-affinity, `ScheduleAnyway` topology spread) when it chooses
+    /// their nodes: `Respect` (the default) honours them all at first and drops them one
+    /// term at a time, the lightest first, for a pod that fits nowhere with them;
+    /// `Ignore` packs pods as if they had none (fewer, fuller nodes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preference_policy: Option<PreferencePolicy>,
+}
+
+/// Whether a dynamic pool honours pods' preferences, as Karpenter's preference policy.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum PreferencePolicy {
+    /// Honour them, dropping them one term at a time for a pod that fits nowhere with
+    /// them.
+    #[default]
+    Respect,
+    /// Pack pods as if they had none.
+    Ignore,
 }
 
 /// Largest `warm.replicas` of a NodePool.

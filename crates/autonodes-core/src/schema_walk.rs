@@ -106,6 +106,7 @@ const PARSERS: &[(&str, Parser)] = &[
     (".disruption.budgets[].duration", Parser::BudgetDuration),
     (".disruption.budgets[].reasons[]", Parser::Free("an enum: decoding checks it (whole-object test)")),
     (".disruption.kubernetesVersionDrift", Parser::Free("an enum: decoding checks it (whole-object test)")),
+    ("NodePool.spec.preferencePolicy", Parser::Free("an enum: decoding checks it (whole-object test)")),
     (".repair.conditions[].status", Parser::Free("an enum: decoding checks it (whole-object test)")),
     (".repair.conditions[].tolerationDuration", Parser::Duration),
     (".repair.conditions[].type", Parser::Free("compared as text with the types of the Node's conditions")),

@@ -456,6 +456,7 @@ fn base_spec(
         autoscaling: None,
         repair: None,
         warm: None,
+        preference_policy: None,
     })
 }
 

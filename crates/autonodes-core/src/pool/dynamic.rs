@@ -18,7 +18,8 @@ use k8s_openapi::jiff::Timestamp;
 use crate::api::conditions;
 use crate::api::reasons::{ClaimCondition, PoolReason};
 use crate::api::{
-    NodeClaim, NodeClaimSpec, NodePool, NodePoolSpec, Operator, Overhead, Requirement,
+    NodeClaim, NodeClaimSpec, NodePool, NodePoolSpec, Operator, Overhead, PreferencePolicy,
+    Requirement,
 };
 use crate::catalogue::{Catalogue, PreparedType};
 use crate::requirements::Offer;
@@ -579,9 +580,19 @@ pub fn plan(input: &DynamicInput) -> DynamicPlan {
             ))
     });
     let mut marks: HashMap<String, Timestamp> = HashMap::new();
+    // `preferencePolicy: Ignore`: the pods are packed as if they had no preferences.
+    let ignore = input.spec.preference_policy == Some(PreferencePolicy::Ignore);
     let pending: Vec<PendingPod> = unschedulable
         .into_iter()
-        .map(|p| (PendingPod::from_pod(p), marked_at(p)))
+        .map(|p| {
+            let pod = PendingPod::from_pod(p);
+            let pod = if ignore {
+                pod.without_preferences()
+            } else {
+                pod
+            };
+            (pod, marked_at(p))
+        })
         .filter(|(p, _)| !ahead.iter().any(|a| a.would_take(p)))
         .take(MAX_PENDING_PER_PLAN)
         .map(|(p, mark)| {

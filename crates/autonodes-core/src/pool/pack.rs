@@ -8,7 +8,9 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{NodeSelectorTerm, Pod, Taint, Toleration};
+use k8s_openapi::api::core::v1::{
+    NodeSelectorTerm, Pod, PreferredSchedulingTerm, Taint, Toleration,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::api::{NodeClaim, NodeClaimSpec, Requirement, ResourceList};
@@ -225,9 +227,10 @@ pub struct PendingPod {
     pub node_selector: BTreeMap<String, String>,
     /// The required node affinity's terms (any must match), if it has any.
     pub required_terms: Option<Vec<NodeSelectorTerm>>,
-    /// The preferred node affinity's terms (packing honours them first, and drops them
-    /// when the pod fits nowhere with them).
-    pub preferred_terms: Vec<NodeSelectorTerm>,
+    /// The preferred node affinity's terms with their weights (packing honours them
+    /// first, and drops them one at a time when the pod fits nowhere with them:
+    /// [`preferences`]).
+    pub preferred_terms: Vec<PreferredSchedulingTerm>,
     /// `spec.tolerations`.
     pub tolerations: Vec<Toleration>,
 }
@@ -268,11 +271,22 @@ impl PendingPod {
                 })
                 .into_iter()
                 .flatten()
-                .map(|w| w.preference.clone())
+                .cloned()
                 .collect(),
             node_selector: spec.node_selector.unwrap_or_default(),
             tolerations: spec.tolerations.unwrap_or_default(),
         }
+    }
+
+    /// The pod as if it had no preferences: no preferred node affinity, no preferred pod
+    /// affinity or anti-affinity, no `ScheduleAnyway` spread (a pool's
+    /// `preferencePolicy: Ignore`).
+    pub fn without_preferences(mut self) -> PendingPod {
+        self.preferred_terms.clear();
+        self.rules.preferred_affinity.clear();
+        self.rules.preferred_anti_affinity.clear();
+        self.rules.spread.retain(|s| s.hard);
+        self
     }
 }
 
@@ -534,9 +548,10 @@ pub(crate) fn opens_for(c: &Candidate, pod: &PendingPod) -> bool {
 pub mod constraints;
 mod groups;
 pub mod packer;
+pub(crate) mod preferences;
 pub mod topology;
 
-pub use constraints::{Namespaces, PodRules, PodTerm, Spread};
+pub use constraints::{Namespaces, PodRules, PodTerm, Preferred, Spread};
 
 #[cfg(test)]
 mod rules_tests;

@@ -312,6 +312,7 @@ fn node_properties_go_provider_then_type_then_pool_then_claim() {
         autoscaling: None,
         repair: None,
         warm: None,
+        preference_policy: None,
     };
     let mut c = claim();
     c.properties = Properties::from([

@@ -52,6 +52,15 @@ impl PodTerm {
     }
 }
 
+/// A preferred pod affinity or anti-affinity term and its weight.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Preferred {
+    /// `weight` (1 to 100): what a node that meets the term adds to its score.
+    pub weight: i32,
+    /// The term.
+    pub term: PodTerm,
+}
+
 /// A topology spread constraint.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Spread {
@@ -80,9 +89,9 @@ pub struct PodRules {
     /// way round, the pod goes nowhere a running pod's term selects it).
     pub anti_affinity: Vec<PodTerm>,
     /// Preferred pod affinity.
-    pub preferred_affinity: Vec<PodTerm>,
+    pub preferred_affinity: Vec<Preferred>,
     /// Preferred pod anti-affinity.
-    pub preferred_anti_affinity: Vec<PodTerm>,
+    pub preferred_anti_affinity: Vec<Preferred>,
     /// Topology spread constraints, hard and preferred.
     pub spread: Vec<Spread>,
 }
@@ -111,7 +120,12 @@ impl PodRules {
             |list: Option<&Vec<k8s_openapi::api::core::v1::WeightedPodAffinityTerm>>| {
                 list.into_iter()
                     .flatten()
-                    .filter_map(|w| term(namespace, labels, &w.pod_affinity_term))
+                    .filter_map(|w| {
+                        Some(Preferred {
+                            weight: w.weight,
+                            term: term(namespace, labels, &w.pod_affinity_term)?,
+                        })
+                    })
                     .collect()
             };
         PodRules {

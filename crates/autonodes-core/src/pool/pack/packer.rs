@@ -22,6 +22,7 @@
 use std::collections::HashMap;
 
 use super::groups::Groups;
+use super::preferences::{self, Honoured};
 use super::topology::{Domain, PodView, Topology};
 use super::{
     accepts, opens_for, selects_node, Amount, Bin, BlockedGroup, Candidate, Limits, NewNode,
@@ -66,15 +67,13 @@ fn fits_sum(room: &Amount, a: &Amount, b: &Amount) -> bool {
         && (a.extended.is_empty() && b.extended.is_empty() || room.covers(&a.plus(b)))
 }
 
-/// Whether a node of `shape` takes the pod, its preferred node affinity terms too when
-/// `strict`.
-fn takes(shape: &NodeShape, pod: &PendingPod, strict: bool) -> bool {
+/// Whether a node of `shape` takes the pod, with the preferred node affinity terms it
+/// still `honours`.
+fn takes(shape: &NodeShape, pod: &PendingPod, honours: &Honoured) -> bool {
     accepts(shape, pod)
-        && (!strict
-            || pod
-                .preferred_terms
-                .iter()
-                .all(|t| requirements::term_matches(t, &shape.labels)))
+        && pod.preferred_terms.iter().enumerate().all(|(k, t)| {
+            !honours.node(k) || requirements::term_matches(&t.preference, &shape.labels)
+        })
 }
 
 /// Whether a node of `shape` is a domain of a spread constraint of the pod
@@ -196,12 +195,22 @@ impl<'a> Packer<'a> {
         out
     }
 
-    fn allows(&self, i: usize, domains: &[Option<Domain>], least: &[i32], strict: bool) -> bool {
+    fn allows(
+        &self,
+        i: usize,
+        domains: &[Option<Domain>],
+        least: &[i32],
+        honours: &Honoured,
+    ) -> bool {
         let view = &self.views[i];
-        self.topology.pod_terms_allow(view, domains, strict)
-            && self
-                .topology
-                .spread_allows(view, &self.pods[i].rules.spread, domains, least, strict)
+        self.topology.pod_terms_allow(view, domains, honours)
+            && self.topology.spread_allows(
+                view,
+                &self.pods[i].rules.spread,
+                domains,
+                least,
+                honours,
+            )
     }
 
     /// The cheapest a node of its own costs pod `i` (its selectors, requests, and its
@@ -212,7 +221,7 @@ impl<'a> Packer<'a> {
         i: usize,
         take: &[bool],
         least: &[i32],
-        strict: bool,
+        honours: &Honoured,
         need: &Amount,
     ) -> i64 {
         let pod = self.pods[i];
@@ -224,7 +233,7 @@ impl<'a> Packer<'a> {
                 take[**ci]
                     && opens_for(c, pod)
                     && c.allocatable.covers(need)
-                    && (!bound || self.allows(i, &self.candidate_domains[**ci], least, strict))
+                    && (!bound || self.allows(i, &self.candidate_domains[**ci], least, honours))
             })
             .map(|ci| self.candidates[*ci].cost)
             .unwrap_or(i64::MAX)
@@ -308,16 +317,16 @@ impl<'a> Packer<'a> {
         Some((narrowed, chosen))
     }
 
-    /// Places pod `i`, honouring its preferences when `strict`.
-    fn try_place(&mut self, i: usize, strict: bool, need: &Amount) -> Result<(), Blocked> {
+    /// Places pod `i`, with the preferences it still `honours`.
+    fn try_place(&mut self, i: usize, honours: &Honoured, need: &Amount) -> Result<(), Blocked> {
         let pod = self.pods[i];
         let take: Vec<bool> = self
             .candidates
             .iter()
-            .map(|c| takes(&c.shape, pod, strict))
+            .map(|c| takes(&c.shape, pod, honours))
             .collect();
         let least = self.least(i);
-        let alone = self.cost_alone(i, &take, &least, strict, need);
+        let alone = self.cost_alone(i, &take, &least, honours, need);
         // Options need narrowing only for a pod some candidate does not take.
         let take_some = (!take.iter().all(|t| *t)).then_some(take.as_slice());
         for n in 0..self.places.len() {
@@ -325,8 +334,8 @@ impl<'a> Packer<'a> {
             match place.bin {
                 Some(b) => {
                     if !place.free.covers(need)
-                        || !takes(&self.bins[b].shape, pod, strict)
-                        || !self.allows(i, &place.domains, &least, strict)
+                        || !takes(&self.bins[b].shape, pod, honours)
+                        || !self.allows(i, &place.domains, &least, honours)
                     {
                         continue;
                     }
@@ -337,7 +346,7 @@ impl<'a> Packer<'a> {
                 }
                 None => {
                     if !fits_sum(&place.ceiling, &place.total, need)
-                        || !self.allows(i, &place.domains, &least, strict)
+                        || !self.allows(i, &place.domains, &least, honours)
                     {
                         continue;
                     }
@@ -366,7 +375,7 @@ impl<'a> Packer<'a> {
                 }
             }
         }
-        self.open(i, &take, &least, strict, need)
+        self.open(i, &take, &least, honours, need)
     }
 
     fn ceiling(&self, options: &[usize]) -> Amount {
@@ -384,16 +393,13 @@ impl<'a> Packer<'a> {
         out
     }
 
-    /// Places pod `i`, with its preferences first if it has any, then without; the first
-    /// pod of a group where its whole group fits, else (the limits or the types' room hold
-    /// the group back) where it fits itself, as the kube-scheduler would bind it.
+    /// Places pod `i`, with all its preferences first, then one term fewer each time
+    /// ([`preferences::stages`]); the first pod of a group where its whole group fits, else
+    /// (the limits or the types' room hold the group back) where it fits itself, as the
+    /// kube-scheduler would bind it.
     fn attempt(&mut self, i: usize) -> Result<(), Blocked> {
         let pod = self.pods[i];
-        let stages: &[bool] = if pod.rules.has_preferences() || !pod.preferred_terms.is_empty() {
-            &[true, false]
-        } else {
-            &[false]
-        };
+        let stages = preferences::stages(pod);
         let group = self.need(i);
         let needs: &[&Amount] = if group == pod.request {
             &[&pod.request]
@@ -402,8 +408,8 @@ impl<'a> Packer<'a> {
         };
         let mut last = Blocked::Capacity;
         for need in needs {
-            for strict in stages {
-                match self.try_place(i, *strict, need) {
+            for honours in &stages {
+                match self.try_place(i, honours, need) {
                     Ok(()) => return Ok(()),
                     Err(b) => last = b,
                 }
@@ -445,7 +451,7 @@ impl<'a> Packer<'a> {
         i: usize,
         take: &[bool],
         least: &[i32],
-        strict: bool,
+        honours: &Honoured,
         need: &Amount,
     ) -> Result<(), Blocked> {
         let pod = self.pods[i];
@@ -467,7 +473,7 @@ impl<'a> Packer<'a> {
                 limited = true;
                 continue;
             }
-            if !self.allows(i, &self.candidate_domains[ci], least, strict) {
+            if !self.allows(i, &self.candidate_domains[ci], least, honours) {
                 ruled_out = true;
                 continue;
             }

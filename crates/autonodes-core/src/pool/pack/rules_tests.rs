@@ -372,6 +372,86 @@ fn preferred_node_affinity_chooses_the_type_it_names_when_it_can() {
 }
 
 #[test]
+fn preferences_are_dropped_one_term_at_a_time_the_lightest_first() {
+    // The pod prefers `disk=ssd` (weight 80) and zone a (weight 10); no type offers both.
+    // Dropping both at once would take the cheapest type (hdd in zone a); dropping the
+    // lighter one first keeps the heavier: ssd in zone b.
+    let prefer = |weight: i32, key: &str, value: &str| {
+        json!({"weight": weight, "preference": {"matchExpressions": [
+            {"key": key, "operator": "In", "values": [value]}]}})
+    };
+    let spec = json!({"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        prefer(10, ZONE, "a"), prefer(80, "disk", "ssd")
+    ]}}});
+    let cands = [
+        candidate("hdd-a", 4000, &[("disk", "hdd"), (ZONE, "a")]),
+        candidate("ssd-b", 8000, &[("disk", "ssd"), (ZONE, "b")]),
+    ];
+    let out = pack(
+        &[pod("p", json!({}), 500, spec)],
+        &[],
+        &cands,
+        &Limits::default(),
+        (0, Amount::default()),
+    );
+    assert_eq!(nodes(&out)[0].0, "ssd-b", "{out:?}");
+    // The same pod with the weights the other way round keeps zone a.
+    let spec = json!({"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        prefer(80, ZONE, "a"), prefer(10, "disk", "ssd")
+    ]}}});
+    let out = pack(
+        &[pod("p", json!({}), 500, spec)],
+        &[],
+        &cands,
+        &Limits::default(),
+        (0, Amount::default()),
+    );
+    assert_eq!(nodes(&out)[0].0, "hdd-a", "{out:?}");
+}
+
+#[test]
+fn a_pod_keeps_its_heavier_pod_anti_affinity_when_the_lighter_one_cannot_be_met() {
+    // `w0` and `w1` each prefer a node without `db` (weight 90) and without each other
+    // (weight 5). The pool may add one node beside the one running db: w0 takes it, and
+    // w1, which cannot avoid both, drops the lighter term and joins w0 rather than db.
+    let web = |n: &str| {
+        pod(
+            n,
+            json!({"app": "web"}),
+            500,
+            json!({"affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 5, "podAffinityTerm": {"topologyKey": HOST, "labelSelector": {"matchLabels": {"app": "web"}}}},
+                {"weight": 90, "podAffinityTerm": {"topologyKey": HOST, "labelSelector": {"matchLabels": {"app": "db"}}}}
+            ]}}}),
+        )
+    };
+    let small = candidate("small", 4000, &[]);
+    let with_db = Bin {
+        claim: "db-node".into(),
+        shape: small.shape.clone(),
+        free: small.allocatable.clone(),
+        residents: vec![pod("db", json!({"app": "db"}), 500, json!({}))],
+        replaceable: false,
+    };
+    let limits = Limits {
+        nodes: Some(2),
+        ..Limits::default()
+    };
+    let out = pack(
+        &[web("w0"), web("w1")],
+        &[with_db],
+        &[small],
+        &limits,
+        (1, Amount::default()),
+    );
+    assert!(out.placed.is_empty(), "nothing beside db: {out:?}");
+    assert_eq!(
+        nodes(&out),
+        [("small".to_string(), vec!["w0".into(), "w1".into()])]
+    );
+}
+
+#[test]
 fn match_label_keys_spread_each_value_of_the_key_on_its_own() {
     // Two revisions of one app, spread per revision: each revision gets one pod per node.
     let web = |n: &str, rev: &str| {

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 
 use super::constraints::{PodTerm, Spread};
+use super::preferences::Honoured;
 use super::{PendingPod, HOSTNAME_TOPOLOGY};
 
 /// A domain of one topology key: an interned label value, or one node for the hostname.
@@ -41,6 +42,19 @@ fn term_hash(term: &PodTerm) -> u64 {
         (&e.key, &e.operator, &e.values).hash(&mut h);
     }
     h.finish()
+}
+
+/// The preferred `terms` of a pod that `honours` (by `is`) keeps.
+fn honoured<'v>(
+    terms: &'v [usize],
+    honours: &'v Honoured,
+    is: fn(&Honoured, usize) -> bool,
+) -> impl Iterator<Item = &'v usize> + 'v {
+    terms
+        .iter()
+        .enumerate()
+        .filter(move |(k, _)| is(honours, *k))
+        .map(|(_, t)| t)
 }
 
 /// The counts of every term, by domain.
@@ -81,8 +95,16 @@ impl Topology {
                 PodView {
                     affinity: ids(&r.affinity),
                     anti: ids(&r.anti_affinity),
-                    preferred_affinity: ids(&r.preferred_affinity),
-                    preferred_anti: ids(&r.preferred_anti_affinity),
+                    preferred_affinity: r
+                        .preferred_affinity
+                        .iter()
+                        .map(|p| t.intern(&p.term))
+                        .collect(),
+                    preferred_anti: r
+                        .preferred_anti_affinity
+                        .iter()
+                        .map(|p| t.intern(&p.term))
+                        .collect(),
                     spread: r
                         .spread
                         .iter()
@@ -223,7 +245,7 @@ impl Topology {
     }
 
     /// Whether the pod's pod affinity and anti-affinity allow a node of `domains`
-    /// (preferred terms too when `strict`): no pod its anti-affinity selects there, none
+    /// (the preferred terms it still `honours` too): no pod its anti-affinity selects there, none
     /// there whose anti-affinity selects it, and a pod each affinity term selects there —
     /// or, as the kube-scheduler allows, no such pod anywhere and the pod selected by its
     /// own term.
@@ -231,12 +253,12 @@ impl Topology {
         &self,
         view: &PodView,
         domains: &[Option<Domain>],
-        strict: bool,
+        honours: &Honoured,
     ) -> bool {
         let anti = view
             .anti
             .iter()
-            .chain(view.preferred_anti.iter().filter(|_| strict));
+            .chain(honoured(&view.preferred_anti, honours, Honoured::anti));
         for t in anti {
             if let Some(d) = domains[self.term_key[*t]] {
                 if self.count(*t, d) > 0 {
@@ -251,10 +273,11 @@ impl Topology {
                 }
             }
         }
-        let affinity = view
-            .affinity
-            .iter()
-            .chain(view.preferred_affinity.iter().filter(|_| strict));
+        let affinity = view.affinity.iter().chain(honoured(
+            &view.preferred_affinity,
+            honours,
+            Honoured::affinity,
+        ));
         for t in affinity {
             let first = self.totals[*t] == 0 && view.matches.contains(t);
             match domains[self.term_key[*t]] {
@@ -267,7 +290,7 @@ impl Topology {
     }
 
     /// Whether one more pod on a node of `domains` keeps the pod's spread constraints
-    /// within their skew (the preferred ones too when `strict`), given the least count of
+    /// within their skew (the preferred ones it still `honours` too), given the least count of
     /// each constraint over its eligible domains (`least`, by index in `rules.spread`).
     pub fn spread_allows(
         &self,
@@ -275,11 +298,11 @@ impl Topology {
         spreads: &[Spread],
         domains: &[Option<Domain>],
         least: &[i32],
-        strict: bool,
+        honours: &Honoured,
     ) -> bool {
         view.spread.iter().all(|(i, t)| {
             let s = &spreads[*i];
-            if !s.hard && !strict {
+            if !s.hard && !honours.spread(*i) {
                 return true;
             }
             let Some(d) = domains[self.term_key[*t]] else {

@@ -636,6 +636,31 @@ fn a_claim_made_for_a_pod_gives_way_before_it_joins_to_one_that_holds_the_partne
 }
 
 #[test]
+fn a_pool_that_ignores_preferences_packs_pods_that_would_rather_be_apart_onto_one_node() {
+    // Three 1-CPU replicas that would rather not share a node.
+    let replica = |name: &str| {
+        let mut p = pending(name, "1");
+        p.metadata.labels = Some(BTreeMap::from([("app".to_string(), "web".to_string())]));
+        if let Some(spec) = p.spec.as_mut() {
+            spec.affinity = serde_json::from_value(json!({"podAntiAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100,
+                    "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                        "labelSelector": {"matchLabels": {"app": "web"}}}}]}}))
+            .expect("affinity");
+        }
+        p
+    };
+    let mut scene = Scene::new(json!({}));
+    scene.pods = vec![replica("w0"), replica("w1"), replica("w2")];
+    assert_eq!(scene.plan().create.len(), 3, "apart, as they prefer");
+    let mut scene = Scene::new(json!({"preferencePolicy": "Ignore"}));
+    scene.pods = vec![replica("w0"), replica("w1"), replica("w2")];
+    let plan = scene.plan();
+    assert_eq!(plan.create.len(), 1, "{:?}", plan.create);
+    assert_eq!(plan.create[0].pods.len(), 3);
+}
+
+#[test]
 fn the_room_of_another_pool_s_claim_in_the_same_tenant_counts_but_not_another_tenant_s() {
     let mut scene = Scene::new(json!({}));
     let other_pool = pool(json!({}));

@@ -15,23 +15,18 @@ use serde::Serialize;
 use crate::access::{provider_admits, TenantNamespace};
 use crate::api::conditions;
 use crate::api::{
-    DisruptionReason, NodeClaim, NodeClaimPhase, NodePool, NodeTypeHost, NodeTypeWarm, Overhead,
+    DisruptionReason, NodeClaim, NodeClaimPhase, NodePool, NodeTypeHost, NodeTypeWarm,
     Repair as RepairSpec, ANNOTATION_KEEP_UNTIL, ANNOTATION_RESTART,
 };
 use crate::catalogue::Catalogue;
 use crate::pool::budget::allowed_disruptions;
-use crate::pool::daemonsets::daemon_pods;
 use crate::pool::do_not_disrupt::{hold, node_hold, pod_hold, Hold};
-use crate::pool::dynamic::{candidates, Tenant};
-use crate::pool::pack::{is_unschedulable, selects_node, Amount, PendingPod};
 use crate::pool::plan::{is_draining, is_live};
 use crate::pool::repair::{self, Policy};
 use crate::pool::{ANNOTATION_EMPTY_SINCE, ANNOTATION_UNDERUTILIZED_SINCE};
 use crate::quota::{PreparedQuota, Usage};
 use crate::requirements::label_selector_matches;
-use crate::requirements::tolerates_taints;
 use crate::scheduling::{fits, mismatches, ClaimRequest};
-use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -131,7 +126,7 @@ fn condition_lines(cs: &[Condition]) -> Vec<String> {
 }
 
 /// `namespace/name` of an object.
-fn key_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
+pub(crate) fn key_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
     format!(
         "{}/{}",
         meta.namespace.as_deref().unwrap_or_default(),
@@ -593,200 +588,6 @@ pub fn node(
     }
 }
 
-/// Which of the tenant's `pools` could make a node for `pod`, and why each has not: a
-/// static pool makes none; a dynamic pool's node types are checked as its packing checks
-/// them (the pool's requirements, the pod's node selector, required node affinity and
-/// tolerations against the node's labels and taints, its requests against what the type
-/// leaves after `kubeReserved` and the tenant's `daemonsets`, `maxCapacity`); for a pool
-/// with such a type, its conditions say what holds it (limits, registration back-off, pod
-/// rules it cannot meet). `overheads` are the node types' `spec.overhead` by name and
-/// `claimed` their live claims.
-#[allow(clippy::too_many_arguments)]
-pub fn pod(
-    pod: &Pod,
-    pools: &[NodePool],
-    catalogue: &Catalogue,
-    claimed: &BTreeMap<String, i64>,
-    overheads: &BTreeMap<String, Overhead>,
-    daemonsets: &[DaemonSet],
-    now: Timestamp,
-) -> Explanation {
-    let pending = PendingPod::from_pod(pod);
-    let status = pod.status.clone().unwrap_or_default();
-    let mut summary = vec![format!(
-        "phase {}{}",
-        status.phase.as_deref().unwrap_or("Pending"),
-        pod.spec
-            .as_ref()
-            .and_then(|s| s.node_name.as_deref())
-            .map(|n| format!(", on node {n}"))
-            .unwrap_or_default()
-    )];
-    for c in status
-        .conditions
-        .iter()
-        .flatten()
-        .filter(|c| c.type_ == "PodScheduled")
-    {
-        summary.push(format!(
-            "PodScheduled={} ({}): {}",
-            c.status,
-            c.reason.as_deref().unwrap_or_default(),
-            c.message.as_deref().unwrap_or_default()
-        ));
-    }
-    summary.push(if is_unschedulable(pod) {
-        "the kube-scheduler found no node for it: dynamic pools plan for it".to_string()
-    } else {
-        "not waiting for a node (dynamic pools plan only for pods the kube-scheduler marked unschedulable)".to_string()
-    });
-    let mut ordered: Vec<&NodePool> = pools.iter().collect();
-    ordered.sort_by_key(|p| {
-        (
-            std::cmp::Reverse(p.spec.weight.unwrap_or(0)),
-            p.metadata.name.clone(),
-        )
-    });
-    let tenant = Tenant {
-        pods: &[],
-        nodes: &[],
-        others: &[],
-        claimed,
-        overheads,
-        daemonsets,
-        pools: &[],
-    };
-    let daemons = daemon_pods(daemonsets);
-    let mut findings = Vec::new();
-    for p in ordered {
-        let subject = format!(
-            "pool {} (weight {})",
-            key_of(&p.metadata),
-            p.spec.weight.unwrap_or(0)
-        );
-        if p.spec.replicas.is_some() {
-            findings.push(Finding::new(
-                subject,
-                "static",
-                vec![
-                    "a static pool keeps its replicas; it makes no node for pending pods"
-                        .to_string(),
-                ],
-            ));
-            continue;
-        }
-        let template = crate::pool::template_spec(&p.spec);
-        let Ok(request) = ClaimRequest::new(&template, None) else {
-            findings.push(Finding::new(
-                subject,
-                "cannot serve it",
-                vec!["its requirements cannot be read".to_string()],
-            ));
-            continue;
-        };
-        let mut reasons = Vec::new();
-        let mut serves = false;
-        for c in candidates(&template, &request, &tenant, &daemons, catalogue) {
-            let zone = c
-                .requirements
-                .iter()
-                .map(|r| format!(" in {}", r.values.join(",")))
-                .collect::<String>();
-            let name = format!("{}{zone}", c.node_type);
-            if !selects_node(&c.shape.labels, &pending) {
-                reasons.push(format!(
-                    "{name}: the pod's nodeSelector or required node affinity does not match the node's labels"
-                ));
-            } else if let Some(t) = c.shape.taints.iter().find(|t| {
-                (t.effect == "NoSchedule" || t.effect == "NoExecute")
-                    && !tolerates_taints(&pending.tolerations, std::slice::from_ref(*t))
-            }) {
-                reasons.push(format!(
-                    "{name}: the pod does not tolerate the taint {}={}:{}",
-                    t.key,
-                    t.value.as_deref().unwrap_or_default(),
-                    t.effect
-                ));
-            } else if !c.allocatable.covers(&pending.request) {
-                reasons.push(format!(
-                    "{name}: too small: the pod asks for {}, a node leaves {} after kubeReserved and DaemonSets",
-                    amount_text(&pending.request),
-                    amount_text(&c.allocatable)
-                ));
-            } else if c.room.is_some_and(|r| r <= 0) {
-                reasons.push(format!("{name}: at maxCapacity"));
-            } else {
-                serves = true;
-                reasons.push(format!("{name}: takes it"));
-            }
-        }
-        if reasons.is_empty() {
-            reasons.push("none of the pool's node types fits its requirements".to_string());
-        }
-        if serves {
-            let cs = p
-                .status
-                .as_ref()
-                .map(|s| s.conditions.as_slice())
-                .unwrap_or_default();
-            for c in cs.iter().filter(|c| match c.type_.as_str() {
-                "Ready" => c.status != conditions::TRUE,
-                "LimitReached" => c.status == conditions::TRUE,
-                "NodeRegistrationHealthy" => c.status != conditions::TRUE,
-                _ => false,
-            }) {
-                reasons.push(format!(
-                    "the pool says {}={} ({}): {}",
-                    c.type_, c.status, c.reason, c.message
-                ));
-            }
-            if let Some(t) = p
-                .status
-                .as_ref()
-                .and_then(|s| s.registration.as_ref())
-                .and_then(|r| r.backoff_until.as_ref())
-                .filter(|t| t.0 > now)
-            {
-                reasons.push(format!(
-                    "backing off after failed nodes: creates no node until {}",
-                    t.0
-                ));
-            }
-        }
-        let verdict = if serves {
-            "could serve it"
-        } else {
-            "cannot serve it"
-        };
-        findings.push(Finding::new(subject, verdict, reasons));
-    }
-    if findings.is_empty() {
-        findings.push(Finding::new(
-            "pools",
-            "none",
-            vec!["the tenant has no NodePool".to_string()],
-        ));
-    }
-    Explanation {
-        kind: "Pod",
-        name: key_of(&pod.metadata),
-        summary,
-        findings,
-    }
-}
-
-/// `cpu 1500m, memory 2Gi, …` of an amount (pods left out).
-fn amount_text(a: &Amount) -> String {
-    let mut parts = vec![
-        format!("cpu {}", crate::resources::format_cpu(a.cpu)),
-        format!("memory {}", crate::resources::format_memory(a.memory)),
-    ];
-    for (name, milli) in &a.extended {
-        parts.push(format!("{name} {}", crate::resources::format_cpu(*milli)));
-    }
-    parts.join(", ")
-}
-
 fn policy_lines(p: &Policy) -> Vec<String> {
     let mut out: Vec<String> = p
         .conditions
@@ -917,6 +718,8 @@ fn claim_finding(
     }
     Finding::new(subject, verdict, reasons)
 }
+
+pub mod pod;
 
 #[cfg(test)]
 mod printable_tests {
@@ -1188,61 +991,6 @@ mod tests {
         assert!(
             why.starts_with("its pool keeps 2 warm VM(s) of this type, 2 ready now; none can serve this claim: property autonodes.io/preference"),
             "{why}"
-        );
-    }
-
-    #[test]
-    fn a_pending_pod_names_the_pools_that_could_serve_it_and_what_holds_them() {
-        let catalogue = catalogue_of(json!([
-            {"name": "small", "resources": {"cpu": "2", "memory": "4Gi"}, "cost": 1},
-            {"name": "big", "resources": {"cpu": "8", "memory": "16Gi"}, "cost": 4},
-        ]));
-        let pool = |name: &str, extra: serde_json::Value| -> NodePool {
-            let mut p = json!({
-                "metadata": {"name": name, "namespace": "t"},
-                "spec": {"vClusterRef": {"name": "t"}, "limits": {"cpu": "100"}},
-            });
-            merge(&mut p, extra);
-            serde_json::from_value(p).expect("pool")
-        };
-        let pools = vec![
-            pool(
-                "tainted",
-                json!({"spec": {"weight": 50,
-                "taints": [{"key": "team", "value": "a", "effect": "NoSchedule"}]}}),
-            ),
-            pool(
-                "open",
-                json!({"status": {"conditions": [{"type": "LimitReached", "status": "True",
-                "reason": "LimitReached", "message": "cpu 100 of 100 used", "lastTransitionTime": "2026-11-25T10:00:00Z"}]}}),
-            ),
-            pool("fixed", json!({"spec": {"replicas": 2, "limits": null}})),
-        ];
-        let pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": "web", "namespace": "default"},
-            "spec": {"containers": [{"name": "c", "image": "pause",
-                "resources": {"requests": {"cpu": "4"}}}]},
-            "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
-                "reason": "Unschedulable", "message": "0/0 nodes are available"}]},
-        }))
-        .expect("pod");
-        let e = super::pod(
-            &pod,
-            &pools,
-            &catalogue,
-            &BTreeMap::new(),
-            &BTreeMap::new(),
-            &[],
-            at("2026-11-25T10:05:00Z"),
-        );
-        let text = e.text();
-        assert!(text.contains("pool t/tainted (weight 50): cannot serve it\n    - p.small: the pod does not tolerate the taint team=a:NoSchedule"), "{text}");
-        assert!(text.contains("pool t/open (weight 0): could serve it\n    - p.small: too small: the pod asks for cpu 4"), "{text}");
-        assert!(text.contains("    - p.big: takes it\n    - the pool says LimitReached=True (LimitReached): cpu 100 of 100 used"), "{text}");
-        assert!(text.contains("pool t/fixed (weight 0): static"), "{text}");
-        assert!(
-            text.contains("the kube-scheduler found no node for it"),
-            "{text}"
         );
     }
 

@@ -256,11 +256,20 @@ pub async fn explain(
             let (pod_ns, pod_name) = split(name)?;
             let (ns, vc) = split(vcluster)?;
             let tenant = tenant_client(client, ns, vc, tenant_kubeconfig.as_deref(), guard).await?;
-            let (pod, daemonsets) = within(async {
+            let (pod, daemonsets, tenant_pods) = within(async {
                 let pod = Api::<Pod>::namespaced(tenant.clone(), pod_ns)
                     .get(pod_name)
                     .await
                     .with_context(|| format!("reading pod {name} in the tenant"))?;
+                // The tenant's pods say whom the pod must share a node with; without them
+                // the rest is told all the same.
+                let tenant_pods = list_all(
+                    &Api::<Pod>::all(tenant.clone()),
+                    &ListParams::default(),
+                    "pods in the tenant",
+                )
+                .await
+                .map_err(|e| format!("{e:#}"));
                 // Without the right to list DaemonSets the controller plans without them too.
                 let daemonsets = match list_all(
                     &Api::<DaemonSet>::all(tenant),
@@ -273,7 +282,7 @@ pub async fn explain(
                     Err(e) if refused_or_not_served(&e) => Vec::new(),
                     Err(e) => return Err(e),
                 };
-                Ok((pod, daemonsets))
+                Ok((pod, daemonsets, tenant_pods))
             })
             .await?;
             let pools: Vec<NodePool> = list_all(
@@ -296,15 +305,24 @@ pub async fn explain(
             .into_iter()
             .filter_map(|t| Some((t.name_any(), t.spec.overhead?)))
             .collect();
-            Ok(explain::pod(
+            let mut e = explain::pod::pod(
                 &pod,
-                &pools,
-                &catalogue,
-                &claimed,
-                &overheads,
-                &daemonsets,
-                now,
-            ))
+                &explain::pod::PodInput {
+                    pools: &pools,
+                    catalogue: &catalogue,
+                    claimed: &claimed,
+                    overheads: &overheads,
+                    daemonsets: &daemonsets,
+                    tenant_pods: tenant_pods.as_deref().unwrap_or_default(),
+                    now,
+                },
+            );
+            if let Err(why) = tenant_pods {
+                e.summary.push(format!(
+                    "the tenant's pods could not be read, so whom it must share a node with is not told: {why}"
+                ));
+            }
+            Ok(e)
         }
         Target::Node {
             name,

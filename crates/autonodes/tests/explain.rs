@@ -224,7 +224,18 @@ async fn explain_names_why_a_claim_fits_no_type_what_holds_repairs_or_budgets_a_
             json!({"providerRef": "pools", "labels": {"team": "burst"}, "limits": {"nodes": 0}}),
         )
         .await;
-    create_pods(&world, [pod("web", Some(("team", "burst")))]).await;
+    // `web` must also run beside `cache` (required pod affinity on the hostname).
+    let mut cache = pod("cache", Some(("team", "burst")));
+    cache.metadata.labels = Some([("app".to_string(), "cache".to_string())].into());
+    let mut web = pod("web", Some(("team", "burst")));
+    if let Some(spec) = web.spec.as_mut() {
+        spec.affinity = serde_json::from_value(json!({"podAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [{
+                "topologyKey": "kubernetes.io/hostname",
+                "labelSelector": {"matchLabels": {"app": "cache"}}}]}}))
+        .expect("affinity");
+    }
+    create_pods(&world, [cache, web]).await;
     world
         .wait_pool("burst", "LimitReached", |p| {
             pool_condition(p, "LimitReached").is_some_and(|(s, _, _)| s == "True")
@@ -377,6 +388,8 @@ async fn explain_names_why_a_claim_fits_no_type_what_holds_repairs_or_budgets_a_
         "pool tenant/burst (weight 0): could serve it\n    - pools.small: takes it\n",
         "the pool says LimitReached=True",
         "pool tenant/workers (weight 0): static",
+        "must share one node with default/cache (required pod affinity on the hostname): together they ask for cpu 2, memory 512Mi",
+        "the group needs a node that holds all its pods: the cheapest type that does is",
     ] {
         assert!(
             pod_text.contains(expected),
@@ -458,8 +471,13 @@ async fn explain_names_why_a_claim_fits_no_type_what_holds_repairs_or_budgets_a_
          pool's requirements, the pod's node selector, required node affinity and tolerations,\n\
          its requests against what a node leaves after `kubeReserved` and DaemonSets,\n\
          `maxCapacity`), and what holds a pool that could (limits, registration back-off, pod\n\
-         rules it cannot meet). Here the pod selects `team=burst`, which only the dynamic pool\n\
-         `burst` labels its nodes with, and that pool's limits allow no node:\n\n\
+         rules it cannot meet). A pod bound to others by required pod affinity on the hostname\n\
+         is told with them: the node of the running pods it can only follow, or the pending pods\n\
+         it must share one node with, what they ask for together, and for each pool the\n\
+         cheapest type that holds them all (and the smaller one that would have taken the pod\n\
+         alone), or that none does. Here the pod selects `team=burst`, which only the dynamic\n\
+         pool `burst` labels its nodes with, and that pool's limits allow no node; it must also\n\
+         run beside `cache`:\n\n\
          ```\n$ autonodes explain pod default/web --vcluster tenant/tenant\n{}```\n",
         normalized(&claim_text, &names),
         normalized(&warm_text, &warm_names),

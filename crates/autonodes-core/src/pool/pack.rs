@@ -546,7 +546,7 @@ pub(crate) fn opens_for(c: &Candidate, pod: &PendingPod) -> bool {
 }
 
 pub mod constraints;
-mod groups;
+pub mod groups;
 pub mod packer;
 pub(crate) mod preferences;
 pub mod topology;

@@ -122,3 +122,70 @@ pub(crate) fn must_share(
     }
     out
 }
+
+/// Whom a pod must share its node with, by required pod affinity on the hostname (its own
+/// and that of the pods around it), as the packer sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Sharing {
+    /// Its terms select pods that run already: it may go only to a node of theirs (these
+    /// nodes run a pod each term selects).
+    Follows {
+        /// The nodes, by name.
+        nodes: Vec<String>,
+    },
+    /// It is one of pending pods that must share one node ([`must_share`]).
+    Group {
+        /// The group's pods, itself among them, the one the others follow first.
+        pods: Vec<PendingPod>,
+        /// What they ask for together.
+        request: Amount,
+    },
+    /// No such rule binds it to other pods.
+    Alone,
+}
+
+/// How pending pod `pods[i]` must share a node, given the other pending pods and the
+/// pods running on the tenant's nodes (`running`: node name and pod).
+pub fn sharing(i: usize, pods: &[PendingPod], running: &[(String, PendingPod)]) -> Sharing {
+    let pod = &pods[i];
+    let host_terms: Vec<_> = pod
+        .rules
+        .affinity
+        .iter()
+        .filter(|t| t.key == super::HOSTNAME_TOPOLOGY)
+        .collect();
+    let nodes_of = |term: &super::PodTerm| -> HashSet<&str> {
+        running
+            .iter()
+            .filter(|(_, p)| term.selects(&p.namespace, &p.labels))
+            .map(|(n, _)| n.as_str())
+            .collect()
+    };
+    let mut nodes: Option<HashSet<&str>> = None;
+    for term in &host_terms {
+        let on = nodes_of(term);
+        if on.is_empty() {
+            continue;
+        }
+        nodes = Some(match nodes {
+            Some(n) => n.intersection(&on).copied().collect(),
+            None => on,
+        });
+    }
+    if let Some(nodes) = nodes {
+        let mut nodes: Vec<String> = nodes.into_iter().map(str::to_string).collect();
+        nodes.sort();
+        return Sharing::Follows { nodes };
+    }
+    let everyone: Vec<&PendingPod> = pods.iter().chain(running.iter().map(|(_, p)| p)).collect();
+    let (topology, mut views) = Topology::new(&everyone, pods.len());
+    let resident_views = views.split_off(pods.len());
+    let groups = must_share(&everyone[..pods.len()], &views, &resident_views, &topology);
+    match groups.of[i] {
+        Some(g) => Sharing::Group {
+            pods: groups.members[g].iter().map(|m| pods[*m].clone()).collect(),
+            request: groups.total[g].clone(),
+        },
+        None => Sharing::Alone,
+    }
+}

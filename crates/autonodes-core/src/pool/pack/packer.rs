@@ -7,8 +7,8 @@
 //! packed so far, and the node is the cheapest of them in the end. A node grows into a
 //! dearer type only when that type is no dearer for its pods (cost over how often their
 //! cpu and memory fit it) or costs no more than a node of its own for the new pod — which
-//! a pod whose required pod affinity only this node's pods meet cannot have, so for it the
-//! node grows into the cheapest type that holds them all — and only within the pool's
+//! a pod that must share one node with its group ([`super::groups`]) cannot have, so for
+//! it the node grows into the cheapest type that holds them all — and only within the pool's
 //! limits and the types' room. Pods are taken largest and smallest
 //! in turn, so that nodes fill their cpu and their pod slots together; pods with required pod
 //! affinity and the pods their terms select go before the others.
@@ -225,7 +225,10 @@ impl<'a> Packer<'a> {
         need: &Amount,
     ) -> i64 {
         let pod = self.pods[i];
-        let bound = !self.views[i].affinity.is_empty();
+        // Only a pod that must share one node with its group is sure to have no node of
+        // its own; one whose partners may be on several nodes keeps the usual measure, so
+        // that it does not grow the first of them into the largest type.
+        let bound = self.groups.of[i].is_some() && !self.views[i].affinity.is_empty();
         self.by_cost
             .iter()
             .find(|ci| {

@@ -648,7 +648,7 @@ async fn pods_bound_by_required_affinity_get_one_node_that_holds_them_also_when_
     // The partner that comes later: guests now boot 25 s after their VM starts, as real
     // ones take a while. Pool `late` (nodes labelled team=late, which only these pods
     // select) makes a `two` claim for cache alone; web, which must run beside it, comes
-    // after that claim. The claim has not joined yet, so it gives way to a `small` one
+    // 5 s later, after that claim. The claim has not joined yet, so it gives way to a `small` one
     // that holds both, and both bind there.
     let mut world = world;
     world.stop_simulator().await;
@@ -669,13 +669,15 @@ async fn pods_bound_by_required_affinity_get_one_node_that_holds_them_also_when_
         }
         p
     };
+    let cache_created = std::time::Instant::now();
     create_pods(&world, [on_late(affine_pod("cache-b", "cache-b", None))]).await;
     let first = common::eventually("a claim for cache-b", WAIT, || async {
         pool_claims(&world, "late").await.into_iter().next()
     })
     .await;
     assert_eq!(first.spec.type_ref.as_deref(), Some("pools.two"));
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // web-b comes 5 s after cache-b (and after cache-b's claim).
+    tokio::time::sleep(Duration::from_secs(5).saturating_sub(cache_created.elapsed())).await;
     create_pods(
         &world,
         [on_late(affine_pod("web-b", "web-b", Some("cache-b")))],

@@ -65,6 +65,19 @@ fn spread(key: &str, selects: serde_json::Value, extra: serde_json::Value) -> se
     json!({"topologySpreadConstraints": [c]})
 }
 
+/// `cache` (1.5 CPU) and `web` (1.5 CPU, required pod affinity on the hostname to
+/// `cache`).
+fn cache_and_web() -> (PendingPod, PendingPod) {
+    let cache = pod("cache", json!({"app": "cache"}), 1500, json!({}));
+    let web = pod(
+        "web",
+        json!({"app": "web"}),
+        1500,
+        required_affinity("podAffinity", HOST, json!({"app": "cache"})),
+    );
+    (cache, web)
+}
+
 const HOST: &str = HOSTNAME_TOPOLOGY;
 const ZONE: &str = ZONE_TOPOLOGY;
 
@@ -570,13 +583,7 @@ fn a_new_node_is_made_only_while_the_types_that_hold_its_pods_offer_min_values_o
 fn a_pod_that_must_share_its_partners_node_grows_that_node_into_the_cheapest_type_holding_both() {
     // web needs cache's node; both ask 1.5 CPU. A node of its own for web is no option, so
     // the dearer type per pod is no reason to strand it: the node becomes the 4-CPU type.
-    let cache = pod("cache", json!({"app": "cache"}), 1500, json!({}));
-    let web = pod(
-        "web",
-        json!({"app": "web"}),
-        1500,
-        required_affinity("podAffinity", HOST, json!({"app": "cache"})),
-    );
+    let (cache, web) = cache_and_web();
     let priced = |name: &str, cpu: i128, cost: i64| Candidate {
         cost,
         ..candidate(name, cpu, &[])
@@ -662,13 +669,7 @@ fn a_group_bound_by_required_affinity_that_no_type_holds_is_reported_and_none_of
 fn the_first_pod_of_a_group_goes_where_the_whole_group_has_room() {
     // An in-flight node with 2 CPU free would take the cache alone, but web could not
     // follow it there: the pair goes to a new node that holds both.
-    let cache = pod("cache", json!({"app": "cache"}), 1500, json!({}));
-    let web = pod(
-        "web",
-        json!({"app": "web"}),
-        1500,
-        required_affinity("podAffinity", HOST, json!({"app": "cache"})),
-    );
+    let (cache, web) = cache_and_web();
     let small = candidate("c2", 2000, &[]);
     let bin = Bin {
         claim: "in-flight".into(),
@@ -849,13 +850,7 @@ mod groups_properties {
 #[test]
 fn a_group_that_fits_a_nodes_room_moves_there_whole_without_any_new_node_type() {
     // As consolidation asks: may cache and web leave their node for another's room?
-    let cache = pod("cache", json!({"app": "cache"}), 1500, json!({}));
-    let web = pod(
-        "web",
-        json!({"app": "web"}),
-        1500,
-        required_affinity("podAffinity", HOST, json!({"app": "cache"})),
-    );
+    let (cache, web) = cache_and_web();
     let room = |name: &str, cpu: i128| {
         let c = candidate("c", cpu, &[]);
         Bin {
@@ -894,13 +889,7 @@ fn a_group_that_fits_a_nodes_room_moves_there_whole_without_any_new_node_type() 
 /// `cache` (1.5 CPU) and `web` (1.5 CPU, required affinity on the hostname to `cache`),
 /// and a claim of a 2-CPU type on its way, made for `cache` before `web` came.
 fn late_partner() -> (PendingPod, PendingPod, Candidate, Bin) {
-    let cache = pod("cache", json!({"app": "cache"}), 1500, json!({}));
-    let web = pod(
-        "web",
-        json!({"app": "web"}),
-        1500,
-        required_affinity("podAffinity", HOST, json!({"app": "cache"})),
-    );
+    let (cache, web) = cache_and_web();
     let small = candidate("c2", 2000, &[]);
     let bin = Bin {
         claim: "for-cache".into(),

@@ -364,6 +364,27 @@ mod tests {
         s.parse().expect("time")
     }
 
+    static NONE_CLAIMED: BTreeMap<String, i64> = BTreeMap::new();
+    static NO_OVERHEADS: BTreeMap<String, Overhead> = BTreeMap::new();
+
+    /// What a pod is explained with: `pools`, `catalogue` and `tenant_pods`, nothing
+    /// claimed, no overheads or DaemonSets.
+    fn input<'a>(
+        pools: &'a [NodePool],
+        catalogue: &'a Catalogue,
+        tenant_pods: &'a [Pod],
+    ) -> PodInput<'a> {
+        PodInput {
+            pools,
+            catalogue,
+            claimed: &NONE_CLAIMED,
+            overheads: &NO_OVERHEADS,
+            daemonsets: &[],
+            tenant_pods,
+            now: at("2026-11-25T10:05:00Z"),
+        }
+    }
+
     #[test]
     fn a_pending_pod_names_the_pools_that_could_serve_it_and_what_holds_them() {
         let catalogue = catalogue_of(json!([
@@ -405,18 +426,7 @@ mod tests {
                 "reason": "Unschedulable", "message": "0/0 nodes are available"}]},
         }))
         .expect("pod");
-        let e = super::pod(
-            &pod,
-            &PodInput {
-                pools: &pools,
-                catalogue: &catalogue,
-                claimed: &BTreeMap::new(),
-                overheads: &BTreeMap::new(),
-                daemonsets: &[],
-                tenant_pods: &[],
-                now: at("2026-11-25T10:05:00Z"),
-            },
-        );
+        let e = super::pod(&pod, &input(&pools, &catalogue, &[]));
         let text = e.text();
         assert!(text.contains("pool t/tainted (weight 50): cannot serve it\n    - p.small: the pod does not tolerate the taint team=a:NoSchedule"), "{text}");
         assert!(text.contains("pool t/open (weight 0): could serve it\n    - p.small: too small: the pod asks for cpu 4"), "{text}");
@@ -467,19 +477,7 @@ mod tests {
             "spec": {"vClusterRef": {"name": "t"}},
         }))
         .expect("pool")];
-        super::pod(
-            pod,
-            &PodInput {
-                pools: &pools,
-                catalogue: &catalogue,
-                claimed: &BTreeMap::new(),
-                overheads: &BTreeMap::new(),
-                daemonsets: &[],
-                tenant_pods,
-                now: at("2026-11-25T10:05:00Z"),
-            },
-        )
-        .text()
+        super::pod(pod, &input(&pools, &catalogue, tenant_pods)).text()
     }
 
     #[test]

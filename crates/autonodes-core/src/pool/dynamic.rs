@@ -38,7 +38,7 @@ use super::pack::{
 use super::plan::NewClaim;
 use super::plan::Verdict;
 use super::plan::{is_live, DeleteReason};
-use super::{due_for_removal, owned_by, template_spec, READY_NODE_GRACE};
+use super::{due_for_removal, owned_by, template_spec, ANNOTATION_REPLACES, READY_NODE_GRACE};
 
 /// The most unschedulable pods one plan of a dynamic pool packs (the oldest first); the
 /// others are packed in the plans after.
@@ -287,8 +287,16 @@ fn bins(
                 })
                 .unwrap_or_default(),
             // The pool's own claim whose node runs no pod yet may still be replaced by
-            // one of a larger type.
-            replaceable: cn.own && node_name.is_none_or(|n| !usage.busy(n)),
+            // one of a larger type; not one made to replace another (it waits for that
+            // one's pods).
+            replaceable: cn.own
+                && node_name.is_none_or(|n| !usage.busy(n))
+                && !cn
+                    .claim
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .is_some_and(|a| a.contains_key(ANNOTATION_REPLACES)),
         });
     }
     bins

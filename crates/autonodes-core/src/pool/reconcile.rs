@@ -29,7 +29,7 @@ use super::plan::Verdict;
 use super::plan::{
     claim_views, is_live, plan_claims, rolls_version_drift_now, version_drift_hold, Allowance,
 };
-use super::plan::{NewClaim, PoolPlan};
+use super::plan::{DeleteReason, NewClaim, PoolPlan};
 use super::{
     budget::{allowed_disruptions, scale_down_pace},
     claim_object, expire_after, template_hash, template_spec, LABEL_TEMPLATE_HASH,
@@ -268,9 +268,15 @@ pub fn plan_pool(observed: &Observed) -> PoolPlan {
                 now: observed.now,
             });
             let left = room.create.saturating_sub(out.create.len());
+            let cut = d.create.len() > left;
             short += d.create.len().saturating_sub(left);
             out.create.extend(d.create.into_iter().take(left));
-            out.delete.extend(d.delete);
+            // A claim gives way to a larger one only together with that one's creation.
+            out.delete.extend(
+                d.delete
+                    .into_iter()
+                    .filter(|(_, why)| !(cut && *why == DeleteReason::Outgrown)),
+            );
             out.empty_since = d.empty_since;
             out.underutilized_since = d.underutilized_since;
             out.ready = Some(d.ready);

@@ -9,9 +9,15 @@
 //! it would pick. The lightest weighted term goes first (on equal weights: pod affinity,
 //! then pod anti-affinity, then node affinity, each in the order the pod lists them), and
 //! `ScheduleAnyway` spread constraints, which have no weight, go last. (Karpenter drops
-//! the same kinds one at a time too, but by kind and the heaviest first.)
+//! the same kinds one at a time too, but by kind and the heaviest first.) A pod is written
+//! by the tenant, so its tries are bounded: after [`MAX_SINGLE_DROPS`] terms dropped one
+//! by one, the next try drops all that are left.
 
 use super::PendingPod;
+
+/// The most preferences dropped one at a time; a pod with more tries once more without
+/// any (so at most this many + 2 tries, whatever the pod lists).
+pub(crate) const MAX_SINGLE_DROPS: usize = 8;
 
 /// One preference of a pod, by its index in the pod's list of that kind.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -116,18 +122,22 @@ fn drop_order(pod: &PendingPod) -> Vec<Term> {
 }
 
 /// What each try of placing the pod honours: every preference, then one fewer each time in
-/// the [`drop_order`], and last none. A pod without preferences has one stage.
+/// the [`drop_order`] (at most [`MAX_SINGLE_DROPS`] times), and last none. A pod without
+/// preferences has one stage.
 pub(crate) fn stages(pod: &PendingPod) -> Vec<Honoured> {
     let order = drop_order(pod);
     let mut all = Honoured::default();
     for t in &order {
         all.set(*t, true);
     }
-    let mut out = Vec::with_capacity(order.len() + 1);
+    let mut out = Vec::with_capacity(order.len().min(MAX_SINGLE_DROPS) + 2);
     out.push(all.clone());
-    for t in order {
-        all.set(t, false);
+    for t in order.iter().take(MAX_SINGLE_DROPS) {
+        all.set(*t, false);
         out.push(all.clone());
+    }
+    if order.len() > MAX_SINGLE_DROPS {
+        out.push(Honoured::default());
     }
     out
 }
@@ -198,6 +208,19 @@ mod tests {
         let last = &stages[5];
         assert!(!(last.affinity(0) || last.anti(0) || last.anti(1) || last.node(0)));
         assert!(!last.spread(0));
+    }
+
+    #[test]
+    fn a_pod_listing_many_preferences_is_tried_a_bounded_number_of_times() {
+        let terms: Vec<serde_json::Value> = (0..500).map(|i| pod_term(1 + i % 100, "p")).collect();
+        let p = pod(json!({"affinity": {"podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": terms}}}));
+        let stages = stages(&p);
+        assert_eq!(stages.len(), MAX_SINGLE_DROPS + 2);
+        assert!((0..500).all(|i| stages[0].anti(i)));
+        assert!(!(0..500).any(|i| stages[MAX_SINGLE_DROPS + 1].anti(i)));
+        // The ones dropped first are the lightest (weight 1).
+        assert!(!stages[1].anti(0) && stages[1].anti(1));
     }
 
     #[test]

@@ -613,6 +613,14 @@ fn a_claim_made_for_a_pod_gives_way_before_it_joins_to_one_that_holds_the_partne
     assert_eq!(plan.create.len(), 1, "{:?}", plan.create);
     assert_eq!(plan.create[0].spec.type_ref.as_deref(), Some("p.four"));
     assert_eq!(plan.create[0].pods, ["default/cache", "default/web"]);
+    // With no room to create a claim now, the claim on its way stays as well.
+    scene.room = ClaimRoom {
+        create: 0,
+        bound: crate::pool::limits::Bound::Batch,
+    };
+    let held = scene.plan();
+    assert!(held.create.is_empty() && held.delete.is_empty(), "{held:?}");
+    scene.room = ClaimRoom::UNBOUNDED;
 
     // Once cache runs on the claim's node, nothing is planned again: web can only follow
     // cache there, and the pool says it cannot.

@@ -212,7 +212,7 @@ pub async fn explain(
                 "NodeTypes",
             )
             .await?;
-            let admission = explain::Admission {
+            let admission = explain::claim::Admission {
                 namespace: TenantNamespace {
                     name: ns,
                     labels: labels.as_ref(),
@@ -229,7 +229,7 @@ pub async fn explain(
                     .collect(),
                 pool_warm: pool_warm.clone(),
             };
-            Ok(explain::nodeclaim(
+            Ok(explain::claim::nodeclaim(
                 &claim,
                 pool.as_ref(),
                 &catalogue,
@@ -246,7 +246,13 @@ pub async fn explain(
             let in_ns = namespace_claims(client, ns).await?;
             let (claims, provider) = pool_context(client, &pool, &in_ns).await?;
             let repair = provider.as_ref().and_then(|p| p.spec.repair.as_ref());
-            Ok(explain::nodepool(&pool, &claims, repair, repair_after, now))
+            Ok(explain::pool::nodepool(
+                &pool,
+                &claims,
+                repair,
+                repair_after,
+                now,
+            ))
         }
         Target::Pod {
             name,
@@ -347,18 +353,18 @@ pub async fn explain(
                 Ok((node, pods, budgets)) => (node, pods, budgets, None),
                 Err(e) => (None, Vec::new(), Vec::new(), Some(format!("{e:#}"))),
             };
-            let on = explain::OnNode {
+            let on = explain::pool::OnNode {
                 node: node.as_ref(),
                 pods: &pods,
                 budgets: &budgets,
             };
             let pool = pool_of(client, claim).await?;
             let mut e = match &pool {
-                None => explain::node(name, claim, None, &on, None, repair_after, now),
+                None => explain::pool::node(name, claim, None, &on, None, repair_after, now),
                 Some(pool) => {
                     let (claims, provider) = pool_context(client, pool, &in_ns).await?;
                     let repair = provider.as_ref().and_then(|p| p.spec.repair.as_ref());
-                    explain::node(
+                    explain::pool::node(
                         name,
                         claim,
                         Some((pool, &claims)),
@@ -383,7 +389,7 @@ pub async fn explain(
 async fn on_node(
     tenant: &Client,
     name: &str,
-) -> anyhow::Result<(Option<Node>, Vec<Pod>, Vec<explain::DisruptionBudget>)> {
+) -> anyhow::Result<(Option<Node>, Vec<Pod>, Vec<explain::pool::DisruptionBudget>)> {
     let node = Api::<Node>::all(tenant.clone())
         .get_opt(name)
         .await
@@ -413,9 +419,9 @@ async fn on_node(
 }
 
 /// The fields of a PodDisruptionBudget `explain` reads.
-fn disruption_budget(o: &kube::api::DynamicObject) -> explain::DisruptionBudget {
+fn disruption_budget(o: &kube::api::DynamicObject) -> explain::pool::DisruptionBudget {
     let namespace = o.namespace().unwrap_or_default();
-    explain::DisruptionBudget {
+    explain::pool::DisruptionBudget {
         key: format!("{namespace}/{}", o.name_any()),
         namespace,
         selector: o

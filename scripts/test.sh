@@ -38,6 +38,8 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== cargo doc (intra-doc links)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --document-private-items --locked -q
 # Every process the tests start is recorded here (pid and start time; crates/autonodes-testenv/src/testenv.rs).
 AUTONODES_TEST_PIDS="$(pwd)/target/test-pids"
 rm -rf "$AUTONODES_TEST_PIDS"

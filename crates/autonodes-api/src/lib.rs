@@ -7,6 +7,9 @@
 //! reads and writes).
 
 #![forbid(unsafe_code)]
+// Documented for the workspace's developers (`cargo doc --document-private-items`): public
+// items may name the private helpers they are made of.
+#![allow(rustdoc::private_intra_doc_links)]
 
 pub mod capi;
 pub mod common;

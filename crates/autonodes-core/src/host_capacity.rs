@@ -12,7 +12,7 @@
 //!   whose `NoSchedule`/`NoExecute` taints its tolerations tolerate, that carries the labels
 //!   of `autonodes.io/host-node-selector`, and that is in the claim's zone;
 //! - a VM asks for its type's cpu and memory plus the launcher's overhead
-//!   ([`PROP_HOST_OVERHEAD`], by default [`DEFAULT_HOST_OVERHEAD`]) and one pod.
+//!   ([`PROP_HOST_OVERHEAD`], by default [`crate::properties::DEFAULT_HOST_OVERHEAD`]) and one pod.
 //!
 //! Claims in flight (scheduled, launcher pod not bound yet) are placed first, largest VMs
 //! first, each kind onto the eligible nodes with the most free memory; what is left is the

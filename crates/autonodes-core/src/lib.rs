@@ -29,6 +29,9 @@
 //! - [`yaml`]: YAML in and out, bounded for untrusted text;
 //! - [`zones`]: the zone a claim's node goes to.
 #![forbid(unsafe_code)]
+// Documented for the workspace's developers (`cargo doc --document-private-items`): public
+// items may name the private helpers they are made of.
+#![allow(rustdoc::private_intra_doc_links)]
 
 use autonodes_api as api;
 

@@ -373,7 +373,7 @@ pub struct NoFit {
 
 /// Chooses the node type for a claim: the cheapest type (ties by name) that the claim
 /// considers, that fits, and that has capacity (`claimed` maps NodeType names to the
-/// number of claims scheduled to them, see [`count_claimed`]).
+/// number of claims scheduled to them, see [`crate::catalogue::count_claimed`]).
 ///
 /// When nothing fits: [`REASON_NO_MATCHING_NODE_TYPE`] naming the nearest type (fewest
 /// failed checks, then cheapest) and every check it failed; when fitting types are all

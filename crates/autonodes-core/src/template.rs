@@ -2,7 +2,7 @@
 //!
 //! The order is fixed and deterministic:
 //! 1. the provider's base template, or the node type's replacement `virtualMachineTemplate`;
-//! 2. the node type's `mergeVirtualMachineTemplate`, as a strategic merge ([`strategic_merge`]);
+//! 2. the node type's `mergeVirtualMachineTemplate`, as a strategic merge ([`merge::strategic_merge`]);
 //! 3. the node type's `resources` into `spec.template.spec.domain.resources` ([`apply_resources`]);
 //! 4. the forced fields, last ([`finalize_vm`]).
 //!

@@ -13,6 +13,9 @@
 //! - [`qemu`]: real guests (QEMU, with KVM where it can boot them, else TCG) from the images `scripts/guest-image.sh` builds,
 //!   with a NoCloud seed as KubeVirt makes it.
 #![forbid(unsafe_code)]
+// Documented for the workspace's developers (`cargo doc --document-private-items`): public
+// items may name the private helpers they are made of.
+#![allow(rustdoc::private_intra_doc_links)]
 
 use autonodes_api as api;
 use autonodes_api::kubevirt;

@@ -12,6 +12,9 @@
 //! The types live in `autonodes-api` and every decision in the pure `autonodes-core`; the
 //! controller names them by those names.
 #![forbid(unsafe_code)]
+// The crate documents itself for its developers (`cargo doc --document-private-items`):
+// its public modules name the private stages and helpers they are made of.
+#![allow(rustdoc::private_intra_doc_links)]
 
 pub mod cli;
 pub mod controller;

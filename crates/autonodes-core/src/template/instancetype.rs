@@ -69,7 +69,7 @@ pub(crate) fn parse_instancetype(value: &str) -> Result<Matcher, String> {
     parse(value, CLUSTER_INSTANCETYPE, NAMESPACED_INSTANCETYPE)
 }
 
-/// Reads [`PROP_PREFERENCE`].
+/// Reads [`crate::properties::PROP_PREFERENCE`].
 pub(crate) fn parse_preference(value: &str) -> Result<Matcher, String> {
     parse(value, CLUSTER_PREFERENCE, NAMESPACED_PREFERENCE)
 }

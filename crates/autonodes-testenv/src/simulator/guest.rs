@@ -540,7 +540,7 @@ fn der_element(input: &[u8]) -> Result<(u8, &[u8], &[u8]), UserDataError> {
 }
 
 /// The SubjectPublicKeyInfo element of an X.509 certificate:
-/// Certificate → tbsCertificate → [version], serial, signature, issuer, validity, subject, SPKI.
+/// Certificate → tbsCertificate → \[version\], serial, signature, issuer, validity, subject, SPKI.
 fn subject_public_key_info(cert: &[u8]) -> Result<&[u8], UserDataError> {
     const SEQUENCE: u8 = 0x30;
     let (tag, _, cert_body) = der_element(cert)?;

@@ -39,7 +39,7 @@ pub struct Context {
     /// The one watch and store of each kind.
     pub reflectors: Arc<Reflectors>,
     /// The catalogue as last prepared, and the versions of the type and provider stores it
-    /// was prepared from ([`catalogue::catalogue`]).
+    /// was prepared from ([`crate::controller::catalogue::catalogue`]).
     pub catalogue: std::sync::Mutex<Option<PreparedCatalogue>>,
     /// All NodeClaims (the claim controller's reflector).
     pub claims: Store<NodeClaim>,
@@ -54,7 +54,7 @@ pub struct Context {
     /// decisions and releases. Locked only briefly, never across an await.
     pub claimed: Arc<std::sync::Mutex<autonodes_core::ledger::ClaimedLedger>>,
     /// Per vCluster (`<namespace>/<name>`) and imported pool name, why its configuration
-    /// could not be imported for that pool ([`vcluster_import`]); read by the pool
+    /// could not be imported for that pool ([`crate::controller::vcluster_import`]); read by the pool
     /// controller for the pools' `VClusterConfig` condition.
     pub import_problems: std::sync::Mutex<
         std::collections::HashMap<String, std::collections::BTreeMap<String, String>>,

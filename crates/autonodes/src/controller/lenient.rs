@@ -118,7 +118,7 @@ pub struct Report {
     pub object: Box<Invalid>,
 }
 
-/// Where undecodable objects are reported: the task running [`report`].
+/// Where undecodable objects are reported: the task running [`crate::controller::invalid::report`].
 pub type Reports = mpsc::UnboundedSender<Report>;
 
 /// `Api::all` for `K`, each object decoded on its own.

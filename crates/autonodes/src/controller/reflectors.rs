@@ -293,7 +293,7 @@ impl<K: Kind> Default for Reflector<K> {
     }
 }
 
-/// The one watch and store of each of autonodes' kinds ([`reflectors`]).
+/// The one watch and store of each of autonodes' kinds (this module).
 pub struct Reflectors {
     /// NodeClaims.
     pub claims: Reflector<NodeClaim>,

@@ -6,7 +6,7 @@
 //! each one's own credential, user data and VM; removes the ones that are not wanted,
 //! drifted, silent or about to expire (the VM first, only as it was seen, then its
 //! credential); removes credentials whose VM is gone; and says what it found for the
-//! type's status. Claims take warm VMs from the [`WarmIndex`] it fills (`nodeclaim::warm`).
+//! type's status. Claims take warm VMs from the [`crate::controller::warm_index::WarmIndex`] it fills (`nodeclaim::warm`).
 
 use std::time::Duration;
 

@@ -1,6 +1,6 @@
 //! The tenant interface: what the claim lifecycle asks of a tenant (Kubernetes) cluster —
 //! its Nodes, bootstrap tokens and pods. Reads come from the tenant's watch caches while
-//! they are live ([`super::remote`]), else from the API server; every call is bounded in
+//! they are live ([`super::watched`]), else from the API server; every call is bounded in
 //! time and counted ([`crate::remote::calls::remote_call`]); what this process writes is remembered
 //! until the watch shows it.
 

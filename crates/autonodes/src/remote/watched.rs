@@ -251,7 +251,7 @@ pub struct HostCache {
     /// Every Node of the host: labels, taints, cordon, allocatable and readiness only.
     pub nodes: Watched<Node>,
     /// Every pod bound to a host node that has not ended, reduced to its node, its
-    /// request ([`host_capacity::pod_request`]) and its claim and group labels; never live
+    /// request ([`autonodes_core::host_capacity::pod_request`]) and its claim and group labels; never live
     /// when autonodes may not watch the host's pods (then host capacity is unknown).
     pub pods: Watched<Pod>,
 }

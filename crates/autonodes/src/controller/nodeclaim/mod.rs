@@ -1,7 +1,7 @@
 //! NodeClaim controller: a claim's lifecycle (schedule, launch, register, initialize,
 //! terminate), one stage a file.
 //!
-//! A claim that is not being deleted is [`schedule`]d (type and VM name stored in its
+//! A claim that is not being deleted is [`schedule`](mod@schedule)d (type and VM name stored in its
 //! status before anything remote exists) and then walks its stages in order, each a
 //! sub-reconciler that reads what it needs (from watch caches), acts, and sets its
 //! condition on the one in-memory status of this reconcile ([`status::StatusWriter`]):

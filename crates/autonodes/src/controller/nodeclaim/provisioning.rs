@@ -37,7 +37,7 @@ pub struct Provisioning<'a, H, T> {
     pub vm_name: String,
     /// The claim's status as this reconcile changes it.
     pub status: StatusWriter<'a>,
-    /// The claim's Node, once [`register`] found it.
+    /// The claim's Node, once [`super::register`] found it.
     pub node: Option<Arc<Node>>,
 }
 

@@ -97,14 +97,6 @@ pub struct PodRules {
 }
 
 impl PodRules {
-    /// Whether the pod has preferences beside its requirements (packing honours them
-    /// first and drops them when the pod fits nowhere with them).
-    pub fn has_preferences(&self) -> bool {
-        !self.preferred_affinity.is_empty()
-            || !self.preferred_anti_affinity.is_empty()
-            || self.spread.iter().any(|s| !s.hard)
-    }
-
     /// The rules of a pod of `namespace` with `labels` and `spec`.
     pub fn of(namespace: &str, labels: &BTreeMap<String, String>, spec: &PodSpec) -> PodRules {
         let affinity = spec.affinity.as_ref();

@@ -147,7 +147,9 @@ pub enum Sharing {
 /// How pending pod `pods[i]` must share a node, given the other pending pods and the
 /// pods running on the tenant's nodes (`running`: node name and pod).
 pub fn sharing(i: usize, pods: &[PendingPod], running: &[(String, PendingPod)]) -> Sharing {
-    let pod = &pods[i];
+    let Some(pod) = pods.get(i) else {
+        return Sharing::Alone;
+    };
     let host_terms: Vec<_> = pod
         .rules
         .affinity

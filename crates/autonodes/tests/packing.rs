@@ -566,6 +566,20 @@ fn affine_pod(name: &str, app: &str, partner: Option<&str>) -> Pod {
     .expect("pod")
 }
 
+/// The nodes pods `a` and `b` are bound to, once both are.
+async fn nodes_once_bound(world: &World, a: &str, b: &str) -> (String, String) {
+    common::eventually(&format!("{a} and {b} bound"), WAIT, || async {
+        let pods = tenant_pods(world).await;
+        let on = |name: &str| {
+            pods.iter()
+                .find(|p| p.name_any() == name)
+                .and_then(bound_to)
+        };
+        Some((on(a)?, on(b)?))
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_bound_by_required_affinity_get_one_node_that_holds_them_also_when_one_comes_later_and_a_group_no_type_holds_is_reported(
 ) {
@@ -590,16 +604,7 @@ async fn pods_bound_by_required_affinity_get_one_node_that_holds_them_also_when_
     world
         .create_pool("pair", json!({"providerRef": "pools"}))
         .await;
-    let bound = common::eventually("cache and web bound", WAIT, || async {
-        let pods = tenant_pods(&world).await;
-        let on = |name: &str| {
-            pods.iter()
-                .find(|p| p.name_any() == name)
-                .and_then(bound_to)
-        };
-        Some((on("cache")?, on("web")?))
-    })
-    .await;
+    let bound = nodes_once_bound(&world, "cache", "web").await;
     show(&world, "after: cache and web on one node");
     assert_eq!(bound.0, bound.1, "one node for both");
     let placed = placement(&world).await;
@@ -698,16 +703,7 @@ async fn pods_bound_by_required_affinity_get_one_node_that_holds_them_also_when_
     })
     .await;
     assert_pool_event(&world, "late", "ReplacingOutgrownClaim").await;
-    let bound = common::eventually("cache-b and web-b bound", WAIT, || async {
-        let pods = tenant_pods(&world).await;
-        let on = |name: &str| {
-            pods.iter()
-                .find(|p| p.name_any() == name)
-                .and_then(bound_to)
-        };
-        Some((on("cache-b")?, on("web-b")?))
-    })
-    .await;
+    let bound = nodes_once_bound(&world, "cache-b", "web-b").await;
     show(&world, "after: web-b came later, and both share one node");
     assert_eq!(bound.0, bound.1, "one node for both");
     assert_eq!(

@@ -55,6 +55,8 @@ pub const LABEL_NODECLAIM_UID: &str = "autonodes.io/nodeclaim-uid";
 /// tenant cluster (`--installation-id`): only that installation sweeps, adopts or deletes
 /// it, so two installations sharing a host namespace leave each other's objects alone.
 pub const LABEL_INSTALLATION: &str = "autonodes.io/installation";
+/// The installation a controller started without `--installation` labels its objects with.
+pub const DEFAULT_INSTALLATION: &str = "default";
 /// Label naming the NodePool a NodeClaim belongs to.
 pub const LABEL_NODEPOOL: &str = "autonodes.io/nodepool";
 /// Key of the host kubeconfig in its Secret.

@@ -691,3 +691,80 @@ fn the_module_graph_check_sees_a_cycle_through_a_child_and_a_reexport() {
     assert_eq!(found.len(), 1, "{edges:?}");
     assert_eq!(found[0].len(), 3, "{found:?}");
 }
+
+/// The imports from a file under module `lower` to a file outside it that is under one of
+/// `upper`: `file:line -> file`, one per pair.
+fn upward_imports(krate: &Crate, edges: &Edges, lower: &str, upper: &[&str]) -> Vec<String> {
+    let under = |m: &[String], top: &str| m.first().is_some_and(|s| s == top);
+    let mut out = Vec::new();
+    for (from, targets) in edges.iter().filter(|(m, _)| under(m, lower)) {
+        for (to, line) in targets {
+            if !under(to, lower) && upper.iter().any(|u| under(to, u)) {
+                out.push(format!(
+                    "{}:{line} -> {}",
+                    short(&krate.files[from]),
+                    short(&krate.files[to])
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// What the code that talks to host and tenant clusters may not import: the controllers
+/// and everything built on them.
+const ABOVE_REMOTE: &[&str] = &["controller", "run", "cli", "explain", "server", "leader"];
+
+#[test]
+fn nothing_under_remote_imports_the_controllers_or_what_runs_them() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../autonodes/src/lib.rs");
+    let (krate, edges) = import_edges(&root);
+    assert!(
+        krate
+            .files
+            .keys()
+            .filter(|m| m.first().is_some_and(|s| s == "remote"))
+            .count()
+            > 5,
+        "the check found no remote/ files under {}",
+        root.display()
+    );
+    let upward = upward_imports(&krate, &edges, "remote", ABOVE_REMOTE);
+    assert!(
+        upward.is_empty(),
+        "remote/ reaches up into the code that uses it:\n  {}",
+        upward.join("\n  ")
+    );
+}
+
+#[test]
+fn the_layer_check_refuses_an_import_from_remote_into_the_controllers() {
+    let dir = std::env::temp_dir().join(format!("module-layers-{}", std::process::id()));
+    let src = dir.join("src");
+    std::fs::create_dir_all(src.join("remote")).expect("temp dir");
+    std::fs::create_dir_all(src.join("controller")).expect("temp dir");
+    let write = |p: &str, s: &str| std::fs::write(src.join(p), s).expect("write");
+    write("lib.rs", "pub mod controller;\npub mod remote;\n");
+    write("controller/mod.rs", "pub mod context;\n");
+    write(
+        "controller/context.rs",
+        "use crate::remote::calls::Caller;\npub struct Context;\n",
+    );
+    write("remote/mod.rs", "pub mod calls;\n");
+    write(
+        "remote/calls.rs",
+        "pub struct Caller;\n// crate::controller::context::Context in a comment\n",
+    );
+    let (krate, edges) = import_edges(&src.join("lib.rs"));
+    assert!(upward_imports(&krate, &edges, "remote", ABOVE_REMOTE).is_empty());
+    write(
+        "remote/calls.rs",
+        "use crate::controller::context::Context;\npub struct Caller;\n",
+    );
+    let (krate, edges) = import_edges(&src.join("lib.rs"));
+    let found = upward_imports(&krate, &edges, "remote", ABOVE_REMOTE);
+    std::fs::remove_dir_all(&dir).ok();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].contains("remote/calls.rs:1 -> "), "{found:?}");
+    assert!(found[0].ends_with("controller/context.rs"), "{found:?}");
+}

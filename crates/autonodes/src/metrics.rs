@@ -1,5 +1,6 @@
 //! Prometheus metrics, prefixed `autonodes_`.
 
+use crate::remote::calls::ClusterRequests;
 use prometheus::{
     HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
 };
@@ -62,10 +63,9 @@ pub struct Metrics {
     pub nodeclaims_terminated: IntCounterVec,
     /// `autonodes_nodeclaim_duration_seconds{stage}`, measured from claim creation.
     pub nodeclaim_duration: HistogramVec,
-    /// `autonodes_cluster_requests_total{kind,namespace,cluster,code}`: `kind` is `host` or
-    /// `tenant`, `namespace` the tenant's (empty for a host), `cluster` the host's or
-    /// vCluster's name.
-    pub cluster_requests: IntCounterVec,
+    /// `autonodes_cluster_requests_total{kind,namespace,cluster,code}`
+    /// ([`ClusterRequests`]).
+    pub cluster_requests: ClusterRequests,
     /// `autonodes_nodepool_desired_replicas{namespace,nodepool}`: the claims a pool should
     /// have (`spec.replicas`, or the live claims of a dynamic pool).
     pub nodepool_desired: IntGaugeVec,
@@ -170,10 +170,11 @@ impl Metrics {
                     .buckets(vec![0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0]),
                 &["stage"],
             ))?,
-            cluster_requests: register(r, IntCounterVec::new(
-                Opts::new("cluster_requests_total", "Requests autonodes made to host and tenant clusters, by kind (host, tenant), tenant namespace, cluster name and HTTP status code (or `error`)."),
-                &["kind", "namespace", "cluster", "code"],
-            ))?,
+            cluster_requests: {
+                let requests = ClusterRequests::new()?;
+                r.register(Box::new(requests.counter().clone()))?;
+                requests
+            },
             leader: register(r, prometheus::IntGauge::new(
                 "leader",
                 "1 while this replica holds the leader Lease and runs the controllers, else 0.",
@@ -258,7 +259,7 @@ impl Metrics {
             &self.nodeclaims_created,
             &self.nodeclaims_terminated,
             &self.nodeclaim_duration,
-            &self.cluster_requests,
+            self.cluster_requests.counter(),
             &self.nodepool_desired,
             &self.nodepool_ready,
             &self.nodepool_registration_failures,
@@ -290,23 +291,6 @@ impl Metrics {
         self.reconcile_duration
             .with_label_values(&[controller])
             .observe(started.elapsed().as_secs_f64());
-    }
-
-    /// Counts a request to a remote cluster with its outcome.
-    pub fn remote_request<T>(
-        &self,
-        cluster: &crate::remote::clients::ClusterKey,
-        result: &Result<T, kube::Error>,
-    ) {
-        let code = match result {
-            Ok(_) => "200".to_string(),
-            Err(kube::Error::Api(s)) => s.code.to_string(),
-            Err(_) => "error".to_string(),
-        };
-        let [kind, namespace, name] = cluster.metric_labels();
-        self.cluster_requests
-            .with_label_values(&[kind, namespace, name, &code])
-            .inc();
     }
 }
 

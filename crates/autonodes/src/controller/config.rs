@@ -59,7 +59,7 @@ pub struct ControllerConfig {
 }
 
 /// The installation id of [`ControllerConfig::default`] (tests and the playground).
-pub const DEFAULT_INSTALLATION: &str = "default";
+pub const DEFAULT_INSTALLATION: &str = autonodes_api::DEFAULT_INSTALLATION;
 
 impl Default for ControllerConfig {
     fn default() -> Self {

@@ -16,7 +16,11 @@ use super::config::ControllerConfig;
 use super::lenient;
 use super::reflectors::Reflectors;
 use crate::metrics::Metrics;
+use crate::remote::calls::Caller;
 use crate::remote::clients::ClusterClients;
+use crate::remote::clients::Remote;
+use crate::remote::host::Host;
+use crate::remote::tenant::{PublishedJoins, Tenant};
 use autonodes_api::{NodeClaim, NodePool, NodeProvider, NodeQuota, NodeType};
 
 /// Field manager of every write autonodes makes.
@@ -61,11 +65,8 @@ pub struct Context {
     >,
     /// Wakes a NodePool's reconcile.
     pub wake_pools: mpsc::UnboundedSender<ObjectRef<NodePool>>,
-    /// Each tenant's published join address and version, and when they were read
-    /// ([`crate::remote::tenant::Tenant::join_info`]).
-    pub published_joins: std::sync::Mutex<
-        std::collections::HashMap<String, (std::time::Instant, autonodes_core::join::JoinInfo)>,
-    >,
+    /// Each tenant's published join address and version, and when they were read.
+    pub published_joins: PublishedJoins,
     /// Claims this process created, deleted or annotated that the claim store does not show
     /// yet ([`Context::claims_in`]).
     pub expected_claims: std::sync::Mutex<ClaimExpectations>,
@@ -87,6 +88,24 @@ pub struct Context {
 pub type PreparedCatalogue = ((u64, u64), Arc<autonodes_core::catalogue::Catalogue>);
 
 impl Context {
+    /// Who calls host and tenant clusters: this process's request counter and installation.
+    pub fn caller(&self) -> Caller<'_> {
+        Caller {
+            requests: &self.metrics.cluster_requests,
+            installation: &self.config.installation,
+        }
+    }
+
+    /// The host cluster behind `remote`, called as this process.
+    pub fn host<'a>(&'a self, remote: &'a Remote) -> Host<'a> {
+        Host::new(self.caller(), remote)
+    }
+
+    /// The tenant cluster behind `remote`, called as this process.
+    pub fn tenant<'a>(&'a self, remote: &'a Remote) -> Tenant<'a> {
+        Tenant::new(self.caller(), &self.published_joins, remote)
+    }
+
     /// Runs `f` on the capacity ledger (a poisoned lock still holds a consistent ledger:
     /// every change is one call).
     pub fn ledger<T>(&self, f: impl FnOnce(&mut autonodes_core::ledger::ClaimedLedger) -> T) -> T {
@@ -262,7 +281,7 @@ impl Context {
     /// channels' receivers are dropped: wake-ups go nowhere.
     #[cfg(test)]
     pub fn for_unit_tests(config: ControllerConfig) -> Arc<Context> {
-        let client = unreachable_client();
+        let client = crate::remote::clients::unreachable_client();
         let reflectors = Arc::new(Reflectors::new());
         let clients = Arc::new(ClusterClients::new(
             client.clone(),
@@ -304,14 +323,6 @@ impl Context {
             warm: Default::default(),
         })
     }
-}
-
-/// A client that reaches nothing (port 9 on loopback): unit tests' management client, and
-/// what in-memory clusters carry (never called).
-#[cfg(test)]
-pub fn unreachable_client() -> Client {
-    let url = "http://127.0.0.1:9".parse().expect("a valid URL");
-    Client::try_from(kube::Config::new(url)).expect("a client can be built")
 }
 
 /// Whether a claim has no node type yet (`status.typeRef` unset).

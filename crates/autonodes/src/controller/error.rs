@@ -5,7 +5,8 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
-use crate::remote::clients::{remote_error_text, ClientError};
+use crate::remote::clients::ClientError;
+use crate::remote::error::Error as RemoteError;
 
 /// Errors a reconcile returns (transient: the object is retried with backoff). Bad input
 /// never ends up here: it becomes a status condition and an Event instead.
@@ -19,21 +20,9 @@ pub enum Error {
         /// The API error.
         source: kube::Error,
     },
-    /// A call to a remote cluster failed.
-    #[error("{cluster}: {context}: {}", remote_error_text(.source))]
-    Remote {
-        /// The cluster.
-        cluster: String,
-        /// True for a host cluster, false for a tenant.
-        on_host: bool,
-        /// What was being done.
-        context: String,
-        /// The API error.
-        source: kube::Error,
-    },
-    /// A remote client could not be built.
+    /// A call to a host or tenant cluster failed, or its client could not be built.
     #[error(transparent)]
-    Client(#[from] ClientError),
+    Remote(#[from] RemoteError),
     /// The finalizer helper failed.
     #[error("finalizer: {0}")]
     Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
@@ -71,6 +60,12 @@ pub enum Error {
     Internal(String),
 }
 
+impl From<ClientError> for Error {
+    fn from(e: ClientError) -> Self {
+        Error::Remote(e.into())
+    }
+}
+
 impl Error {
     /// A management-cluster error with context.
     pub fn kube(context: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
@@ -82,8 +77,9 @@ impl Error {
     pub fn metric_label(&self) -> &'static str {
         match self {
             Error::Kube { .. } => "kube",
-            Error::Remote { .. } => "remote",
-            Error::Client(_) => "client",
+            Error::Remote(RemoteError::Client(_)) => "client",
+            Error::Remote(RemoteError::Waiting(_)) => "waiting",
+            Error::Remote(_) => "remote",
             Error::Finalizer(_) => "finalizer",
             Error::Conflict(_) => "conflict",
             Error::Waiting(_) => "waiting",
@@ -112,29 +108,20 @@ impl Error {
     /// kubeconfig Secret: `{Host,Tenant}Forbidden` for a 401/403, else
     /// `{Host,Tenant}Unreachable`; `None` for other errors.
     pub fn cluster_reason(&self) -> Option<autonodes_api::reasons::ClaimReason> {
-        use autonodes_api::reasons::ClaimReason as R;
-        Some(match self {
-            Error::Client(c) => c.reason().into(),
-            Error::Remote {
-                on_host, source, ..
-            } => match (on_host, crate::remote::clients::forbidden(source)) {
-                (true, true) => R::HostForbidden,
-                (true, false) => R::HostUnreachable,
-                (false, true) => R::TenantForbidden,
-                (false, false) => R::TenantUnreachable,
-            },
-            _ => return None,
-        })
+        match self {
+            Error::Remote(e) => e.cluster_reason(),
+            _ => None,
+        }
     }
 
     /// True for a failed call to a tenant cluster.
     pub fn is_tenant_error(&self) -> bool {
-        matches!(self, Error::Remote { on_host: false, .. })
+        matches!(self, Error::Remote(e) if e.is_tenant_call())
     }
 
     /// True for a 409 from a host or tenant cluster (the object exists, or changed).
     pub fn is_remote_conflict(&self) -> bool {
-        matches!(self, Error::Remote { source: kube::Error::Api(s), .. } if s.code == 409)
+        matches!(self, Error::Remote(e) if e.is_conflict())
     }
 
     /// True when removing the finalizer found the object deleted already (a reconcile that
@@ -156,7 +143,10 @@ impl Error {
         let expected = |e: &Error| {
             matches!(
                 e,
-                Error::Conflict(_) | Error::Waiting(_) | Error::Kept { .. }
+                Error::Conflict(_)
+                    | Error::Waiting(_)
+                    | Error::Kept { .. }
+                    | Error::Remote(RemoteError::Waiting(_))
             )
         };
         match self {
@@ -194,7 +184,9 @@ pub fn error_requeue(error: &Error) -> kube::runtime::controller::Action {
     use kube::runtime::controller::Action;
     match error.inner() {
         Error::Conflict(_) => Action::requeue(Duration::from_millis(200)),
-        Error::Waiting(_) => Action::requeue(Duration::from_secs(3)),
+        Error::Waiting(_) | Error::Remote(RemoteError::Waiting(_)) => {
+            Action::requeue(Duration::from_secs(3))
+        }
         Error::Kept { wait, .. } => {
             Action::requeue((*wait).clamp(Duration::from_secs(1), Duration::from_secs(300)))
         }

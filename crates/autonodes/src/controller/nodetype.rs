@@ -83,7 +83,7 @@ async fn read_instancetype(
         let got = tokio::time::timeout(REMOTE_TIMEOUT, api.get_opt(&it.name))
             .await
             .map_err(|_| format!("host cluster {cluster} did not answer"))?;
-        ctx.metrics.remote_request(&remote.key, &got);
+        ctx.metrics.cluster_requests.count(&remote.key, &got);
         match got {
             Ok(Some(obj)) => instancetype_resources(&obj.data),
             Ok(None) => Err(format!("not found on host cluster {cluster}")),
@@ -377,7 +377,7 @@ pub const HOST_ROOM_RECHECK: Duration = Duration::from_secs(30);
 
 /// The type's `status.host`: its room on its host cluster now.
 async fn host_room(ctx: &TypeContext, t: &autonodes_core::catalogue::PreparedType) -> NodeTypeHost {
-    let snapshot = host_room::snapshot(ctx, &t.host_cluster).await;
+    let snapshot = host_room::snapshot(&ctx.clients, &t.host_cluster).await;
     let catalogue = catalogue(ctx);
     let room = snapshot.map(|s| ctx.ledger(|l| s.room(&catalogue, l)));
     let model = room.as_ref().map(|r| &r.model).map_err(String::as_str);

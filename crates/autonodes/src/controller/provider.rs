@@ -24,7 +24,6 @@ use crate::controller::context::{now, Context};
 use crate::controller::error::Error;
 use crate::controller::status::apply_status;
 use crate::remote::clients::{remote_error_text, REMOTE_TIMEOUT};
-use crate::remote::host::Host;
 use autonodes_api::conditions::{self, status_of, FALSE};
 use autonodes_api::kubevirt;
 use autonodes_api::{
@@ -171,7 +170,7 @@ async fn host_check(p: &NodeProvider, ctx: &Context) -> (bool, ProviderReason, S
             ),
         ),
         Ok(result) => {
-            ctx.metrics.remote_request(&remote.key, &result);
+            ctx.metrics.cluster_requests.count(&remote.key, &result);
             match result {
                 Ok(_) => (
                     true,
@@ -519,9 +518,8 @@ async fn remove_golden_volumes(
     let remote = ctx
         .clients
         .host(&p.spec.kube_virt.cluster_ref.cluster)
-        .await
-        .map_err(Error::Client)?;
-    let host = Host::new(ctx, &remote);
+        .await?;
+    let host = ctx.host(&remote);
     let found = host.golden_volumes(&provider).await?;
     let mut removed = 0;
     for (ns, name) in found.iter().filter(|(ns, name)| unused(ns, name)) {

@@ -26,30 +26,12 @@ use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, Resource};
-use serde::de::DeserializeOwned;
 
 use autonodes_api::capi::{Machine, MachinePool};
 use autonodes_api::{NodeClaim, NodePool, NodeProvider, NodeQuota, NodeType};
 
 use super::lenient::{self, Reports};
-
-/// What a kind needs to be watched and shared: a typed Kubernetes object that crosses
-/// tasks.
-pub trait Kind:
-    Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static
-{
-}
-
-impl<K> Kind for K where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static
-{
-}
+use crate::remote::watches::Kind;
 
 /// A change of the store as an observer ([`Reflector::observe`]) sees it, in the watch's
 /// own task, before any subscriber and before [`Reflector::wait_synced`] resolves.

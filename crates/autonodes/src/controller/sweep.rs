@@ -17,7 +17,7 @@ use kube::runtime::events::EventType;
 use kube::ResourceExt;
 
 use crate::controller::context::Context;
-use crate::remote::calls::{not_found, remote_call};
+use crate::remote::calls::remote_call;
 use crate::remote::clients::{ClientError, ClusterKey, Remote};
 use crate::remote::watched::TOKEN_NAMESPACE;
 use autonodes_api::kubevirt;
@@ -161,7 +161,7 @@ async fn list_into(
             _ => &managed,
         };
         match remote_call(
-            ctx,
+            &ctx.metrics.cluster_requests,
             remote,
             "listing for the orphan sweep",
             api.list_metadata(selector),
@@ -175,7 +175,7 @@ async fn list_into(
                 name: o.name_any(),
                 labels: o.labels().clone(),
             })),
-            Err(e) if not_found(&e) => {}
+            Err(e) if e.is_not_found() => {}
             Err(e) => {
                 tracing::debug!(cluster = %remote.key, kind = kind.label(), error = %e, "orphan sweep cannot list")
             }
@@ -296,7 +296,7 @@ pub async fn sweep(ctx: &Context, tenants: &mut BTreeSet<(String, String)>) -> u
 async fn remove(ctx: &Context, remote: &Remote, o: &Found) -> bool {
     let api = api_for(remote, o.kind, &o.namespace);
     let result = remote_call(
-        ctx,
+        &ctx.metrics.cluster_requests,
         remote,
         &format!("deleting an orphaned {}", o.kind.label()),
         api.delete(&o.name, &DeleteParams::background()),
@@ -305,7 +305,7 @@ async fn remove(ctx: &Context, remote: &Remote, o: &Found) -> bool {
     .map(|_| ());
     match result {
         Ok(()) => {}
-        Err(e) if not_found(&e) => return true,
+        Err(e) if e.is_not_found() => return true,
         Err(e) => {
             tracing::warn!(cluster = %remote.key, kind = o.kind.label(), namespace = %o.namespace, name = %o.name, error = %e, "cannot remove an orphan; retrying at the next sweep");
             return false;

@@ -182,7 +182,7 @@ pub async fn reconcile(
         }
         return WarmOutcome::none();
     }
-    let host = WarmHost::new(ctx, &remote);
+    let host = WarmHost::new(ctx.caller(), &remote);
     let ns = t.vm_namespace.as_str();
     let type_label = autonodes_core::names::label_value(&t.name);
     let groups = groups(ctx, t, pools, &vms);
@@ -647,7 +647,7 @@ pub async fn sweep_gone_types(ctx: &Context, types: &[std::sync::Arc<NodeType>])
         }) else {
             continue;
         };
-        let host = WarmHost::new(ctx, remote);
+        let host = WarmHost::new(ctx.caller(), remote);
         for vm in orphans {
             let ns = vm.namespace().unwrap_or_default();
             let name = vm.name_any();

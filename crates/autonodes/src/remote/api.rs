@@ -1,7 +1,7 @@
 //! What the claim lifecycle asks of a host and of a tenant cluster, as traits: [`HostApi`]
 //! and [`TenantApi`]. The real clusters answer through [`Host`] and [`Tenant`] (watch
 //! caches, bounded calls, metrics); the lifecycle's unit tests answer from memory
-//! (`controller::nodeclaim::memory`), with the same errors a cluster gives (409, 404,
+//! (`remote::memory`, built for unit tests only), with the same errors a cluster gives (409, 404,
 //! timeouts, an object that vanishes).
 
 use std::future::Future;
@@ -14,7 +14,7 @@ use super::clients::Remote;
 use super::host::{Host, VmCreate};
 use super::tenant::Tenant;
 use super::warm::WarmHost;
-use crate::controller::error::Error;
+use crate::remote::error::Error;
 use autonodes_api::kubevirt::{ObservedVm, ObservedVmi};
 use autonodes_core::join::JoinInfo;
 use autonodes_core::template::golden::GoldenVolume;

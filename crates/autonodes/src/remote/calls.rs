@@ -1,5 +1,5 @@
 //! Calls to host and tenant clusters: one wrapper that bounds each call in time, counts
-//! it, and turns its error into [`Error::Remote`] with the cluster and what was being done;
+//! it, and turns its error into [`Error::Call`] with the cluster and what was being done;
 //! reads that prefer a live watch cache.
 
 use std::sync::Arc;
@@ -7,27 +7,76 @@ use std::sync::Arc;
 use kube::api::Api;
 use kube::runtime::reflector::Lookup;
 
-use crate::controller::context::Context;
-use crate::controller::error::Error;
 use crate::remote::clients::{ClusterKey, Remote, REMOTE_TIMEOUT};
+use crate::remote::error::Error;
 use crate::remote::watched::Watched;
+use prometheus::{IntCounterVec, Opts};
+
+/// `autonodes_cluster_requests_total{kind,namespace,cluster,code}`: the calls autonodes'
+/// code makes to host and tenant clusters ([`crate::remote::calls::remote_call`]), by
+/// cluster and answer. `kind` is `host` or `tenant`, `namespace` the tenant's (empty for a
+/// host), `cluster` the host's or vCluster's name.
+#[derive(Clone)]
+pub struct ClusterRequests(IntCounterVec);
+
+impl ClusterRequests {
+    /// The counter, not registered yet ([`crate::metrics::Metrics::new`] registers it).
+    pub fn new() -> prometheus::Result<Self> {
+        IntCounterVec::new(
+            Opts::new(
+                "cluster_requests_total",
+                "Requests autonodes made to host and tenant clusters, by kind (host, tenant), tenant namespace, cluster name and HTTP status code (or `error`).",
+            ),
+            &["kind", "namespace", "cluster", "code"],
+        )
+        .map(ClusterRequests)
+    }
+
+    /// The counter itself, to register and describe.
+    pub fn counter(&self) -> &IntCounterVec {
+        &self.0
+    }
+
+    /// Counts one call to `cluster` with its outcome.
+    pub fn count<T>(&self, cluster: &ClusterKey, result: &Result<T, kube::Error>) {
+        let code = match result {
+            Ok(_) => "200".to_string(),
+            Err(kube::Error::Api(s)) => s.code.to_string(),
+            Err(_) => "error".to_string(),
+        };
+        let [kind, namespace, name] = cluster.metric_labels();
+        self.0
+            .with_label_values(&[kind, namespace, name, &code])
+            .inc();
+    }
+}
+
+/// What a call to a cluster needs from the process that makes it: where it is counted,
+/// and the installation whose label marks the objects this process owns.
+#[derive(Clone, Copy)]
+pub struct Caller<'a> {
+    /// `autonodes_cluster_requests_total`.
+    pub requests: &'a ClusterRequests,
+    /// The installation's name (`--installation`).
+    pub installation: &'a str,
+}
 
 fn remote_err(
     remote: &Remote,
     context: impl Into<String>,
 ) -> impl FnOnce(kube::Error) -> Error + '_ {
     let context = context.into();
-    move |source| Error::Remote {
+    move |source| Error::Call {
         cluster: remote.key.to_string(),
         on_host: matches!(remote.key, ClusterKey::Host(_)),
         context,
-        source,
+        source: Box::new(source),
     }
 }
 
 /// Runs a remote call with a timeout, counting it in `autonodes_cluster_requests_total`.
 pub async fn remote_call<T>(
-    ctx: &Context,
+    requests: &ClusterRequests,
     remote: &Remote,
     what: &str,
     fut: impl std::future::Future<Output = Result<T, kube::Error>>,
@@ -38,18 +87,13 @@ pub async fn remote_call<T>(
             format!("no answer within {}s", REMOTE_TIMEOUT.as_secs()).into(),
         )),
     };
-    ctx.metrics.remote_request(&remote.key, &result);
+    requests.count(&remote.key, &result);
     result.map_err(remote_err(remote, what))
-}
-
-/// A 404 from a cluster.
-pub fn not_found(e: &Error) -> bool {
-    matches!(e, Error::Remote { source: kube::Error::Api(s), .. } if s.code == 404)
 }
 
 /// The object `name`, if it exists (one GET).
 pub async fn get_opt<K>(
-    ctx: &Context,
+    requests: &ClusterRequests,
     remote: &Remote,
     api: &Api<K>,
     name: &str,
@@ -58,13 +102,13 @@ pub async fn get_opt<K>(
 where
     K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    remote_call(ctx, remote, what, api.get_opt(name)).await
+    remote_call(requests, remote, what, api.get_opt(name)).await
 }
 
 /// The object `namespace/name`: from `cache` while its watch is live (see
 /// [`Watched::get`]), else from the API server.
 pub async fn read<K>(
-    ctx: &Context,
+    requests: &ClusterRequests,
     remote: &Remote,
     cache: Option<&Watched<K>>,
     api: &Api<K>,
@@ -78,7 +122,9 @@ where
 {
     match cache.and_then(|c| c.get(namespace, name)) {
         Some(found) => Ok(found),
-        None => Ok(get_opt(ctx, remote, api, name, what).await?.map(Arc::new)),
+        None => Ok(get_opt(requests, remote, api, name, what)
+            .await?
+            .map(Arc::new)),
     }
 }
 

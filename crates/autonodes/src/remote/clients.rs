@@ -825,6 +825,14 @@ pub fn forbidden(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 401 || s.code == 403)
 }
 
+/// A client that reaches nothing (port 9 on loopback): unit tests' management client, and
+/// what in-memory clusters carry (never called).
+#[cfg(test)]
+pub fn unreachable_client() -> Client {
+    let url = "http://127.0.0.1:9".parse().expect("a valid URL");
+    Client::try_from(kube::Config::new(url)).expect("a client can be built")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,10 +9,9 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
 use kube::ResourceExt;
 
-use crate::controller::context::Context;
-use crate::controller::error::Error;
-use crate::remote::calls::{claim_selector, get_opt, not_found, read, remote_call};
+use crate::remote::calls::{claim_selector, get_opt, read, remote_call, Caller};
 use crate::remote::clients::Remote;
+use crate::remote::error::Error;
 use autonodes_api::kubevirt::{self, ObservedVm, ObservedVmi};
 use autonodes_api::{LABEL_MANAGED_BY, LABEL_NODECLAIM_UID, MANAGED_BY};
 use autonodes_core::template::golden::{self, GoldenVolume};
@@ -53,19 +52,19 @@ fn same_claim(
 
 /// A KubeVirt host cluster.
 pub struct Host<'a> {
-    ctx: &'a Context,
+    caller: Caller<'a>,
     remote: &'a Remote,
 }
 
 impl<'a> Host<'a> {
     /// The host behind `remote`.
-    pub fn new(ctx: &'a Context, remote: &'a Remote) -> Self {
-        Host { ctx, remote }
+    pub fn new(caller: Caller<'a>, remote: &'a Remote) -> Self {
+        Host { caller, remote }
     }
 
-    /// The context and the cluster this host talks through.
-    pub fn parts(&self) -> (&'a Context, &'a Remote) {
-        (self.ctx, self.remote)
+    /// Who calls, and the cluster this host talks through.
+    pub fn parts(&self) -> (Caller<'a>, &'a Remote) {
+        (self.caller, self.remote)
     }
 
     /// VirtualMachines to write.
@@ -87,7 +86,7 @@ impl<'a> Host<'a> {
         let cache = self.remote.host_cache().map(|c| &c.vms);
         let what = "reading the VirtualMachine";
         read(
-            self.ctx,
+            self.caller.requests,
             self.remote,
             cache,
             &self.observed_vms(ns),
@@ -103,7 +102,16 @@ impl<'a> Host<'a> {
         let cache = self.remote.host_cache().map(|c| &c.vmis);
         let api = Api::<ObservedVmi>::namespaced(self.remote.client.clone(), ns);
         let what = "reading the VirtualMachineInstance";
-        read(self.ctx, self.remote, cache, &api, Some(ns), name, what).await
+        read(
+            self.caller.requests,
+            self.remote,
+            cache,
+            &api,
+            Some(ns),
+            name,
+            what,
+        )
+        .await
     }
 
     /// Creates a user-data Secret. One that exists already is an earlier attempt's: it is
@@ -119,7 +127,7 @@ impl<'a> Host<'a> {
     ) -> Result<bool, Error> {
         let api = self.secrets(ns);
         let created = remote_call(
-            self.ctx,
+            self.caller.requests,
             self.remote,
             "creating the user-data Secret",
             api.create(&PostParams::default(), secret),
@@ -127,10 +135,10 @@ impl<'a> Host<'a> {
         .await;
         match created {
             Ok(_) => Ok(true),
-            Err(e) if e.is_remote_conflict() => {
+            Err(e) if e.is_conflict() => {
                 let name = secret.name_any();
                 let existing = remote_call(
-                    self.ctx,
+                    self.caller.requests,
                     self.remote,
                     "reading the user-data Secret",
                     api.get_opt(&name),
@@ -150,7 +158,7 @@ impl<'a> Host<'a> {
                 let mut replacement = secret.clone();
                 replacement.metadata.resource_version = existing.metadata.resource_version;
                 remote_call(
-                    self.ctx,
+                    self.caller.requests,
                     self.remote,
                     "rewriting the user-data Secret with a re-minted token",
                     api.replace(&name, &PostParams::default(), &replacement),
@@ -167,7 +175,7 @@ impl<'a> Host<'a> {
     pub async fn create_vm(&self, ns: &str, vm: &DynamicObject) -> Result<VmCreate, Error> {
         let api = self.vms(ns);
         let created = remote_call(
-            self.ctx,
+            self.caller.requests,
             self.remote,
             "creating the VirtualMachine",
             api.create(&PostParams::default(), vm),
@@ -181,10 +189,10 @@ impl<'a> Host<'a> {
                 }
                 Ok(VmCreate::Created(Arc::new(vm)))
             }
-            Err(e) if e.is_remote_conflict() => {
+            Err(e) if e.is_conflict() => {
                 let name = vm.name_any();
                 let found = get_opt(
-                    self.ctx,
+                    self.caller.requests,
                     self.remote,
                     &self.observed_vms(ns),
                     &name,
@@ -207,7 +215,7 @@ impl<'a> Host<'a> {
     pub async fn delete_vm(&self, ns: &str, name: &str, uid: Option<String>) -> Result<(), Error> {
         let params = delete_this(uid);
         let deleted = remote_call(
-            self.ctx,
+            self.caller.requests,
             self.remote,
             "deleting the VirtualMachine",
             self.vms(ns).delete(name, &params),
@@ -235,7 +243,7 @@ impl<'a> Host<'a> {
         );
         let params = delete_this(uid);
         let deleted = remote_call(
-            self.ctx,
+            self.caller.requests,
             self.remote,
             "deleting the VirtualMachineInstance",
             api.delete(name, &params),
@@ -249,7 +257,7 @@ impl<'a> Host<'a> {
     pub async fn halt_vm(&self, ns: &str, name: &str) -> Result<(), Error> {
         let patch = serde_json::json!({"spec": {"runStrategy": "Halted"}});
         let halted = remote_call(
-            self.ctx,
+            self.caller.requests,
             self.remote,
             "halting the VirtualMachine",
             self.vms(ns).patch(
@@ -282,7 +290,7 @@ impl<'a> Host<'a> {
         let name = autonodes_core::template::names::user_data_secret_name(vm_name);
         let api = self.secrets(ns);
         let found = remote_call(
-            self.ctx,
+            self.caller.requests,
             self.remote,
             "reading the user-data Secret",
             api.get_metadata_opt(&name),
@@ -291,7 +299,7 @@ impl<'a> Host<'a> {
         let Some(found) = found else {
             return Ok(());
         };
-        let installation = &self.ctx.config.installation;
+        let installation = &self.caller.installation;
         if !autonodes_core::template::names::user_data_is_ours(
             found.labels(),
             installation,
@@ -303,7 +311,7 @@ impl<'a> Host<'a> {
         }
         ignore_not_found(
             remote_call(
-                self.ctx,
+                self.caller.requests,
                 self.remote,
                 "deleting the user-data Secret",
                 api.delete(&name, &delete_this(found.metadata.uid.clone())),
@@ -329,7 +337,7 @@ impl<'a> Host<'a> {
         let names: Vec<String> = match cached {
             Some(found) => found.iter().map(|dv| dv.name_any()).collect(),
             None => match remote_call(
-                self.ctx,
+                self.caller.requests,
                 self.remote,
                 "listing DataVolumes",
                 dvs.list_metadata(&by_claim(uid)),
@@ -337,7 +345,7 @@ impl<'a> Host<'a> {
             .await
             {
                 Ok(list) => list.items.iter().map(|dv| dv.name_any()).collect(),
-                Err(e) if not_found(&e) => return Ok(()),
+                Err(e) if e.is_not_found() => return Ok(()),
                 Err(e) => return Err(e),
             },
         };
@@ -380,7 +388,7 @@ impl<'a> Host<'a> {
         }))
         .map_err(|e| Error::Internal(format!("the golden DataVolume {}: {e}", g.name)))?;
         let created = remote_call(
-            self.ctx,
+            self.caller.requests,
             self.remote,
             "creating a golden DataVolume",
             self.data_volumes(&g.namespace)
@@ -396,7 +404,7 @@ impl<'a> Host<'a> {
                 }
                 Ok(())
             }
-            Err(e) if e.is_remote_conflict() => Ok(()),
+            Err(e) if e.is_conflict() => Ok(()),
             Err(e) => Err(e),
         }
     }
@@ -420,7 +428,7 @@ impl<'a> Host<'a> {
         let all: Api<kubevirt::ObservedDataVolume> = Api::all(self.remote.client.clone());
         let selector = format!("{}={label}", golden::LABEL_GOLDEN_IMAGE);
         match remote_call(
-            self.ctx,
+            self.caller.requests,
             self.remote,
             "listing golden DataVolumes",
             all.list(&ListParams::default().labels(&selector)),
@@ -428,7 +436,7 @@ impl<'a> Host<'a> {
         .await
         {
             Ok(list) => Ok(list.items.iter().map(key).collect()),
-            Err(e) if not_found(&e) => Ok(Vec::new()),
+            Err(e) if e.is_not_found() => Ok(Vec::new()),
             Err(e) => Err(e),
         }
     }
@@ -456,7 +464,7 @@ impl<'a> Host<'a> {
         for name in names {
             ignore_not_found(
                 remote_call(
-                    self.ctx,
+                    self.caller.requests,
                     self.remote,
                     what,
                     api.delete(&name, &DeleteParams::default()),
@@ -479,7 +487,7 @@ fn by_claim(uid: &str) -> ListParams {
 pub fn ignore_not_found<T>(result: Result<T, Error>) -> Result<(), Error> {
     match result {
         Ok(_) => Ok(()),
-        Err(e) if not_found(&e) => Ok(()),
+        Err(e) if e.is_not_found() => Ok(()),
         Err(e) => Err(e),
     }
 }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 
-use crate::controller::context::Context;
+use crate::remote::clients::ClusterClients;
 use autonodes_api::NodeClaim;
 use autonodes_api::NodeTypeHost;
 use autonodes_core::catalogue::{Catalogue, PreparedType};
@@ -22,6 +22,7 @@ use autonodes_core::ledger::ClaimedLedger;
 use autonodes_core::properties::PROP_ZONE;
 use autonodes_core::template::placement;
 use autonodes_core::zones;
+use kube::runtime::reflector::Store;
 
 /// The most characters of a message shown in a NodeType's `status.host`.
 const MESSAGE_MAX: usize = 300;
@@ -34,9 +35,8 @@ pub struct HostSnapshot {
 }
 
 /// The Nodes and bound pods of host `cluster`, or why they are not known.
-pub async fn snapshot(ctx: &Context, cluster: &str) -> Result<HostSnapshot, String> {
-    let remote = ctx
-        .clients
+pub async fn snapshot(clients: &ClusterClients, cluster: &str) -> Result<HostSnapshot, String> {
+    let remote = clients
         .host(cluster)
         .await
         .map_err(|e| format!("host cluster {cluster}: {e}"))?;
@@ -114,10 +114,15 @@ impl<'a> ClaimRoom<'a> {
     }
 
     /// The group to keep apart from in `zone`, with its VMs on their way.
-    fn apart(&self, ctx: &Context, ledger: &ClaimedLedger, zone: Option<&str>) -> Option<Apart> {
+    fn apart(
+        &self,
+        claims: &Store<NodeClaim>,
+        ledger: &ClaimedLedger,
+        zone: Option<&str>,
+    ) -> Option<Apart> {
         let (scope, group) = self.apart.as_ref()?;
         let types: HashSet<&str> = self.room.types.iter().map(String::as_str).collect();
-        let claims = ctx.claims.state();
+        let claims = claims.state();
         let on_the_way = host_capacity::group_on_the_way(
             claims.iter().map(|c| &**c),
             &types,
@@ -134,16 +139,26 @@ impl<'a> ClaimRoom<'a> {
     }
 
     /// Whether the VM fits in `zone` (anywhere when `None`).
-    pub fn fits(&self, ctx: &Context, ledger: &ClaimedLedger, zone: Option<&str>) -> bool {
-        match self.apart(ctx, ledger, zone) {
+    pub fn fits(
+        &self,
+        claims: &Store<NodeClaim>,
+        ledger: &ClaimedLedger,
+        zone: Option<&str>,
+    ) -> bool {
+        match self.apart(claims, ledger, zone) {
             Some(a) => self.room.model.fits_apart(&self.shape, zone, &a),
             None => self.room.model.fits(&self.shape, zone),
         }
     }
 
     /// Why the VM does not fit in `zone`.
-    pub fn refusal(&self, ctx: &Context, ledger: &ClaimedLedger, zone: Option<&str>) -> String {
-        let apart = self.apart(ctx, ledger, zone);
+    pub fn refusal(
+        &self,
+        claims: &Store<NodeClaim>,
+        ledger: &ClaimedLedger,
+        zone: Option<&str>,
+    ) -> String {
+        let apart = self.apart(claims, ledger, zone);
         self.room.model.refusal(&self.shape, zone, apart.as_ref())
     }
 }

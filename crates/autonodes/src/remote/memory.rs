@@ -15,7 +15,7 @@ use kube::ResourceExt;
 use super::api::{HostApi, TenantApi};
 use super::clients::{ClusterKey, Remote, RemoteCache};
 use super::host::VmCreate;
-use crate::controller::error::Error;
+use crate::remote::error::Error;
 use autonodes_api::kubevirt::{ObservedVm, ObservedVmi};
 use autonodes_api::LABEL_NODECLAIM_UID;
 use autonodes_core::join::{JoinInfo, Published};
@@ -66,11 +66,11 @@ fn remote_error(key: &ClusterKey, call: &str, f: Failure) -> Error {
             kube::Error::Service("no answer within 10s".to_string().into())
         }
     };
-    Error::Remote {
+    Error::Call {
         cluster: key.to_string(),
         on_host: matches!(key, ClusterKey::Host(_)),
         context: call.to_string(),
-        source,
+        source: Box::new(source),
     }
 }
 
@@ -276,7 +276,7 @@ impl HostApi for MemoryHost {
                 || *name != user_data_secret_name(vm_name)
                 || !user_data_is_ours(
                     secret.labels(),
-                    crate::controller::config::DEFAULT_INSTALLATION,
+                    autonodes_api::DEFAULT_INSTALLATION,
                     vm_name,
                     claim_uid,
                 )
@@ -330,7 +330,7 @@ impl MemoryTenant {
                     namespace: namespace.into(),
                     vcluster: vcluster.into(),
                 },
-                client: crate::controller::context::unreachable_client(),
+                client: crate::remote::clients::unreachable_client(),
                 server: "https://tenant.example:443".into(),
                 ca_pem: Some(TENANT_CA.to_vec()),
                 via: None,

@@ -9,6 +9,7 @@ pub mod budget;
 pub mod calls;
 pub mod clients;
 pub mod egress;
+pub mod error;
 pub mod host;
 pub mod host_room;
 #[cfg(test)]

@@ -11,26 +11,39 @@ use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, 
 use kube::ResourceExt;
 use serde_json::json;
 
-use crate::controller::context::Context;
-use crate::controller::error::Error;
-use crate::remote::calls::{claim_selector, read, remote_call};
+use crate::remote::calls::{claim_selector, read, remote_call, Caller};
 use crate::remote::clients::Remote;
+use crate::remote::error::Error;
 use crate::remote::host::ignore_not_found;
 use crate::remote::watched::TOKEN_NAMESPACE;
 
 /// How long a tenant's published join address is used before it is read again.
 pub const PUBLISHED_JOIN_TTL: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// Each tenant's published join address and version, and when they were read
+/// ([`Tenant::join_info`]); one per process, keyed by the tenant's cluster key.
+#[derive(Default)]
+pub struct PublishedJoins(
+    std::sync::Mutex<
+        std::collections::HashMap<String, (std::time::Instant, autonodes_core::join::JoinInfo)>,
+    >,
+);
+
 /// A tenant cluster.
 pub struct Tenant<'a> {
-    ctx: &'a Context,
+    caller: Caller<'a>,
+    joins: &'a PublishedJoins,
     remote: &'a Remote,
 }
 
 impl<'a> Tenant<'a> {
     /// The tenant behind `remote`.
-    pub fn new(ctx: &'a Context, remote: &'a Remote) -> Self {
-        Tenant { ctx, remote }
+    pub fn new(caller: Caller<'a>, joins: &'a PublishedJoins, remote: &'a Remote) -> Self {
+        Tenant {
+            caller,
+            joins,
+            remote,
+        }
     }
 
     /// The tenant's client and what its kubeconfig says.
@@ -45,7 +58,7 @@ impl<'a> Tenant<'a> {
     /// refuses is logged and not used. With it, the tenant's version from its `/version`.
     pub async fn join_info(&self) -> Result<autonodes_core::join::JoinInfo, Error> {
         let key = self.remote.key.to_string();
-        if let Ok(cache) = self.ctx.published_joins.lock() {
+        if let Ok(cache) = self.joins.0.lock() {
             if let Some((at, info)) = cache.get(&key) {
                 if at.elapsed() < PUBLISHED_JOIN_TTL {
                     return Ok(info.clone());
@@ -55,7 +68,7 @@ impl<'a> Tenant<'a> {
         let (ns, name) = autonodes_core::join::KUBEADM_CONFIG;
         let api: Api<ConfigMap> = Api::namespaced(self.remote.client.clone(), ns);
         let read = remote_call(
-            self.ctx,
+            self.caller.requests,
             self.remote,
             "reading kube-system/kubeadm-config",
             api.get_opt(name),
@@ -73,14 +86,14 @@ impl<'a> Tenant<'a> {
                 }
             }
             Ok(None) => autonodes_core::join::Published::default(),
-            Err(Error::Remote { ref source, .. }) if crate::remote::clients::forbidden(source) => {
+            Err(Error::Call { ref source, .. }) if crate::remote::clients::forbidden(source) => {
                 tracing::debug!(cluster = %self.remote.key, "kube-system/kubeadm-config is not readable; joining at the kubeconfig's server");
                 autonodes_core::join::Published::default()
             }
             Err(e) => return Err(e),
         };
         let info = remote_call(
-            self.ctx,
+            self.caller.requests,
             self.remote,
             "reading /version",
             self.remote.client.apiserver_version(),
@@ -89,7 +102,7 @@ impl<'a> Tenant<'a> {
         let version = autonodes_core::kubeversion::KubeVersion::parse(&info.git_version)
             .map_err(|why| format!("the {} reports version {why}", self.remote.key));
         let info = autonodes_core::join::JoinInfo { published, version };
-        if let Ok(mut cache) = self.ctx.published_joins.lock() {
+        if let Ok(mut cache) = self.joins.0.lock() {
             cache.insert(key, (std::time::Instant::now(), info.clone()));
         }
         Ok(info)
@@ -108,7 +121,7 @@ impl<'a> Tenant<'a> {
         let cache = self.remote.tenant_cache().map(|c| &c.nodes);
         let what = "reading the Node";
         read(
-            self.ctx,
+            self.caller.requests,
             self.remote,
             cache,
             &self.nodes(),
@@ -127,7 +140,7 @@ impl<'a> Tenant<'a> {
         what: &str,
     ) -> Result<Node, Error> {
         let patched = remote_call(
-            self.ctx,
+            self.caller.requests,
             self.remote,
             what,
             self.nodes().patch(
@@ -146,7 +159,7 @@ impl<'a> Tenant<'a> {
     /// Marks the Node `name` unschedulable.
     pub async fn cordon(&self, name: &str) -> Result<(), Error> {
         remote_call(
-            self.ctx,
+            self.caller.requests,
             self.remote,
             "cordoning the Node",
             self.nodes().patch(
@@ -162,7 +175,7 @@ impl<'a> Tenant<'a> {
     /// Deletes the Node `name`; true when it was there to delete.
     pub async fn delete_node(&self, name: &str) -> Result<bool, Error> {
         let deleted = remote_call(
-            self.ctx,
+            self.caller.requests,
             self.remote,
             "deleting the Node",
             self.nodes().delete(name, &DeleteParams::default()),
@@ -170,7 +183,7 @@ impl<'a> Tenant<'a> {
         .await;
         match deleted {
             Ok(_) => Ok(true),
-            Err(e) if crate::remote::calls::not_found(&e) => Ok(false),
+            Err(e) if e.is_not_found() => Ok(false),
             Err(e) => Err(e),
         }
     }
@@ -183,7 +196,7 @@ impl<'a> Tenant<'a> {
             .fields(&format!("spec.nodeName={name}"))
             .match_any();
         let listed = remote_call(
-            self.ctx,
+            self.caller.requests,
             self.remote,
             "listing the Node's pods",
             pods.list(&on_node),
@@ -200,17 +213,14 @@ impl<'a> Tenant<'a> {
             &pod.namespace().unwrap_or_default(),
         );
         let evicted = remote_call(
-            self.ctx,
+            self.caller.requests,
             self.remote,
             "evicting a pod",
             api.evict(&pod.name_any(), &EvictParams::default()),
         )
         .await;
         match evicted {
-            Err(Error::Remote {
-                source: kube::Error::Api(s),
-                ..
-            }) if s.code == 429 => Ok(()),
+            Err(e) if e.status_code() == Some(429) => Ok(()),
             other => ignore_not_found(other),
         }
     }
@@ -228,7 +238,7 @@ impl<'a> Tenant<'a> {
         }
         let selector = claim_selector(uid);
         let listed = remote_call(
-            self.ctx,
+            self.caller.requests,
             self.remote,
             "listing bootstrap tokens",
             self.tokens_api()
@@ -241,7 +251,7 @@ impl<'a> Tenant<'a> {
     /// Creates a bootstrap-token Secret.
     pub async fn create_token(&self, secret: &Secret) -> Result<(), Error> {
         let created = remote_call(
-            self.ctx,
+            self.caller.requests,
             self.remote,
             "creating a bootstrap token",
             self.tokens_api().create(&PostParams::default(), secret),
@@ -256,7 +266,7 @@ impl<'a> Tenant<'a> {
     /// Deletes a bootstrap-token Secret (one already gone is deleted).
     pub async fn delete_token(&self, secret: &Secret, what: &str) -> Result<(), Error> {
         let deleted = remote_call(
-            self.ctx,
+            self.caller.requests,
             self.remote,
             what,
             self.tokens_api()

@@ -16,10 +16,9 @@ use kube::api::{
 };
 use kube::ResourceExt;
 
-use crate::controller::context::Context;
-use crate::controller::error::Error;
-use crate::remote::calls::remote_call;
+use crate::remote::calls::{remote_call, Caller};
 use crate::remote::clients::Remote;
+use crate::remote::error::Error;
 use crate::remote::host::ignore_not_found;
 use autonodes_api::kubevirt::{self, ObservedVm};
 use autonodes_api::{
@@ -62,7 +61,7 @@ impl<K> HostObject for K where
 
 /// A host cluster, for warm VMs.
 pub struct WarmHost<'a> {
-    ctx: &'a Context,
+    caller: Caller<'a>,
     remote: &'a Remote,
 }
 
@@ -79,20 +78,20 @@ fn meta(name: &str, ns: &str, labels: &BTreeMap<String, String>) -> ObjectMeta {
 fn ignore_exists<T>(result: Result<T, Error>) -> Result<(), Error> {
     match result {
         Ok(_) => Ok(()),
-        Err(e) if e.is_remote_conflict() => Ok(()),
+        Err(e) if e.is_conflict() => Ok(()),
         Err(e) => Err(e),
     }
 }
 
 impl<'a> WarmHost<'a> {
     /// The host behind `remote`.
-    pub fn new(ctx: &'a Context, remote: &'a Remote) -> Self {
-        WarmHost { ctx, remote }
+    pub fn new(caller: Caller<'a>, remote: &'a Remote) -> Self {
+        WarmHost { caller, remote }
     }
 
     /// The same host, for the calls warm VMs share with claims' VMs.
     pub fn host(&self) -> crate::remote::host::Host<'a> {
-        crate::remote::host::Host::new(self.ctx, self.remote)
+        crate::remote::host::Host::new(self.caller, self.remote)
     }
 
     fn api<K>(&self, ns: &str) -> Api<K>
@@ -110,7 +109,7 @@ impl<'a> WarmHost<'a> {
     {
         ignore_exists(
             remote_call(
-                self.ctx,
+                self.caller.requests,
                 self.remote,
                 what,
                 api.create(&PostParams::default(), obj),
@@ -126,7 +125,7 @@ impl<'a> WarmHost<'a> {
     {
         ignore_not_found(
             remote_call(
-                self.ctx,
+                self.caller.requests,
                 self.remote,
                 what,
                 api.delete(name, &kube::api::DeleteParams::background()),
@@ -162,7 +161,7 @@ impl<'a> WarmHost<'a> {
             crate::remote::calls::claim_selector(uid)
         );
         let listed = remote_call(
-            self.ctx,
+            self.caller.requests,
             self.remote,
             "listing the warm VM a claim took",
             Api::<ObservedVm>::namespaced(self.remote.client.clone(), ns)
@@ -241,7 +240,7 @@ impl<'a> WarmHost<'a> {
             ..TokenRequest::default()
         };
         let answer = remote_call(
-            self.ctx,
+            self.caller.requests,
             self.remote,
             "requesting a warm VM's token",
             self.api::<ServiceAccount>(ns)
@@ -273,7 +272,7 @@ impl<'a> WarmHost<'a> {
             ..Lease::default()
         };
         let created = remote_call(
-            self.ctx,
+            self.caller.requests,
             self.remote,
             "creating a warm VM's Lease",
             api.create(&PostParams::default(), &lease),
@@ -281,9 +280,9 @@ impl<'a> WarmHost<'a> {
         .await;
         let lease = match created {
             Ok(lease) => lease,
-            Err(e) if e.is_remote_conflict() => {
+            Err(e) if e.is_conflict() => {
                 let found = remote_call(
-                    self.ctx,
+                    self.caller.requests,
                     self.remote,
                     "reading a warm VM's Lease",
                     api.get_opt(&name),
@@ -309,7 +308,7 @@ impl<'a> WarmHost<'a> {
     /// Whether the labels of `meta` are those of an object this installation made for the
     /// warm VM `vm`.
     fn made_for_vm(&self, meta: &ObjectMeta, vm: &str) -> bool {
-        let installation = autonodes_core::names::label_value(&self.ctx.config.installation);
+        let installation = autonodes_core::names::label_value(self.caller.installation);
         let labels = meta.labels.as_ref();
         labels.and_then(|l| l.get(LABEL_INSTALLATION)) == Some(&installation)
             && labels
@@ -328,7 +327,7 @@ impl<'a> WarmHost<'a> {
         type_label: &str,
     ) -> Result<BTreeMap<String, Option<Timestamp>>, Error> {
         let leases = remote_call(
-            self.ctx,
+            self.caller.requests,
             self.remote,
             "listing warm VMs' Leases",
             self.api::<Lease>(ns).list(
@@ -360,21 +359,21 @@ impl<'a> WarmHost<'a> {
     ) -> Result<BTreeMap<String, Option<Timestamp>>, Error> {
         let lp = ListParams::default().labels(&format!("{LABEL_WARM_NODETYPE}={type_label}"));
         let accounts = remote_call(
-            self.ctx,
+            self.caller.requests,
             self.remote,
             "listing warm VMs' ServiceAccounts",
             self.api::<ServiceAccount>(ns).list_metadata(&lp),
         )
         .await?;
         let secrets = remote_call(
-            self.ctx,
+            self.caller.requests,
             self.remote,
             "listing warm VMs' Secrets",
             self.api::<Secret>(ns).list_metadata(&lp),
         )
         .await?;
         let leases = remote_call(
-            self.ctx,
+            self.caller.requests,
             self.remote,
             "listing warm VMs' Leases",
             self.api::<Lease>(ns).list_metadata(&lp),
@@ -438,7 +437,7 @@ impl<'a> WarmHost<'a> {
             ..DeleteParams::background()
         };
         let deleted = remote_call(
-            self.ctx,
+            self.caller.requests,
             self.remote,
             "deleting a warm VirtualMachine",
             api.delete(vm, &dp),
@@ -453,8 +452,8 @@ impl<'a> WarmHost<'a> {
                 }
                 Ok(true)
             }
-            Err(e) if crate::remote::calls::not_found(&e) => Ok(true),
-            Err(e) if e.is_remote_conflict() => Ok(false),
+            Err(e) if e.is_not_found() => Ok(true),
+            Err(e) if e.is_conflict() => Ok(false),
             Err(e) => Err(e),
         }
     }
@@ -525,7 +524,7 @@ impl<'a> WarmHost<'a> {
         <K as kube::Resource>::DynamicType: Default,
     {
         let found = remote_call(
-            self.ctx,
+            self.caller.requests,
             self.remote,
             what,
             self.api::<K>(ns).get_metadata_opt(name),
@@ -575,7 +574,7 @@ impl<'a> WarmHost<'a> {
         <K as kube::Resource>::DynamicType: Default,
     {
         let deleted = remote_call(
-            self.ctx,
+            self.caller.requests,
             self.remote,
             what,
             self.api::<K>(ns)
@@ -584,7 +583,7 @@ impl<'a> WarmHost<'a> {
         .await;
         match deleted {
             Ok(_) => Ok(()),
-            Err(e) if crate::remote::calls::not_found(&e) || e.is_remote_conflict() => Ok(()),
+            Err(e) if e.is_not_found() || e.is_conflict() => Ok(()),
             Err(e) => Err(e),
         }
     }
@@ -605,7 +604,7 @@ impl<'a> WarmHost<'a> {
         let api: Api<DynamicObject> =
             Api::namespaced_with(self.remote.client.clone(), ns, &kubevirt::virtual_machine());
         let created = remote_call(
-            self.ctx,
+            self.caller.requests,
             self.remote,
             "creating a warm VirtualMachine",
             api.create(&PostParams::default(), vm),
@@ -640,7 +639,7 @@ impl<'a> WarmHost<'a> {
                 "labels": labels,
             }});
             let taken = remote_call(
-                self.ctx,
+                self.caller.requests,
                 self.remote,
                 "taking a warm VirtualMachine",
                 api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)),
@@ -654,10 +653,10 @@ impl<'a> WarmHost<'a> {
                     }
                     return Ok(Some(observed));
                 }
-                Err(e) if crate::remote::calls::not_found(&e) => return Ok(None),
-                Err(e) if e.is_remote_conflict() => {
+                Err(e) if e.is_not_found() => return Ok(None),
+                Err(e) if e.is_conflict() => {
                     let fresh = remote_call(
-                        self.ctx,
+                        self.caller.requests,
                         self.remote,
                         "reading a warm VirtualMachine again",
                         Api::<ObservedVm>::namespaced(self.remote.client.clone(), ns)
@@ -687,7 +686,7 @@ impl<'a> WarmHost<'a> {
         let secret = autonodes_core::template::names::user_data_secret_name(vm);
         ignore_not_found(
             remote_call(
-                self.ctx,
+                self.caller.requests,
                 self.remote,
                 "labelling a taken warm VM's user-data Secret",
                 self.api::<Secret>(ns).patch(
@@ -703,7 +702,7 @@ impl<'a> WarmHost<'a> {
         for name in names {
             ignore_not_found(
                 remote_call(
-                    self.ctx,
+                    self.caller.requests,
                     self.remote,
                     "labelling a taken warm VM's DataVolume",
                     dvs.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)),
@@ -721,7 +720,7 @@ impl<'a> WarmHost<'a> {
     /// The names of the warm VM `vm`'s DataVolumes (none on a host without CDI).
     async fn data_volume_names(&self, ns: &str, vm: &str) -> Result<Vec<String>, Error> {
         let listed = remote_call(
-            self.ctx,
+            self.caller.requests,
             self.remote,
             "listing a warm VM's DataVolumes",
             self.data_volumes(ns)
@@ -730,7 +729,7 @@ impl<'a> WarmHost<'a> {
         .await;
         match listed {
             Ok(list) => Ok(list.items.iter().map(|d| d.name_any()).collect()),
-            Err(e) if crate::remote::calls::not_found(&e) => Ok(Vec::new()),
+            Err(e) if e.is_not_found() => Ok(Vec::new()),
             Err(e) => Err(e),
         }
     }
@@ -779,7 +778,7 @@ impl<'a> WarmHost<'a> {
         };
         let api = self.api::<Secret>(ns);
         let created = remote_call(
-            self.ctx,
+            self.caller.requests,
             self.remote,
             "writing a warm VM's binding",
             api.create(&PostParams::default(), &secret),
@@ -787,10 +786,10 @@ impl<'a> WarmHost<'a> {
         .await;
         match created {
             Ok(_) => Ok(()),
-            Err(e) if e.is_remote_conflict() => {
+            Err(e) if e.is_conflict() => {
                 let patch = serde_json::json!({"data": secret.data});
                 remote_call(
-                    self.ctx,
+                    self.caller.requests,
                     self.remote,
                     "rewriting a warm VM's binding",
                     api.patch(

@@ -26,10 +26,10 @@ use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{Lookup, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
 use tokio::task::JoinHandle;
 
 use super::watched::{resource_version, HostCache, Own, TenantCache, Watched, TOKEN_NAMESPACE};
-use crate::controller::reflectors::Kind;
 use crate::remote::clients::{ClusterKey, Connected, OnConnect, Remote, RemoteCache};
 use crate::remote::egress::passed_body_limit;
 use autonodes_api::kubevirt::{
@@ -41,6 +41,24 @@ use autonodes_api::{
 };
 use autonodes_core::host_capacity;
 use autonodes_core::kubeversion::KubeVersion;
+
+/// What a kind needs to be watched and shared: a typed Kubernetes object that crosses
+/// tasks.
+pub trait Kind:
+    Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static
+{
+}
+
+impl<K> Kind for K where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static
+{
+}
 
 /// The claim an object belongs to, from its `autonodes.io/nodeclaim{,-namespace}` labels;
 /// when the name label is a shortened one (a claim name longer than a label value may be),

@@ -177,22 +177,17 @@ async fn create_host_objects<H: HostApi, T: TenantApi>(
         Ok(VmCreate::Vanished) => Ok(Err(Step::Stop(Action::requeue(Duration::from_secs(1))))),
         Ok(VmCreate::Taken) => Ok(Err(name_taken(p, "VirtualMachine"))),
         // The API server refused the VM (e.g. an invalid template for this host).
-        Err(Error::Remote {
-            source: kube::Error::Api(s),
-            ..
-        }) if s.code == 422 || s.code == 400 => {
+        Err(e) if matches!(e.status_code(), Some(422 | 400)) => {
+            let why = e.status().map(status_message).unwrap_or_default();
             p.status.set(
                 PROVISIONED,
                 false,
                 ClaimReason::VirtualMachineRejected,
-                format!(
-                    "{host_cluster} rejected the VirtualMachine: {}",
-                    status_message(&s)
-                ),
+                format!("{host_cluster} rejected the VirtualMachine: {why}"),
             );
             Ok(Err(Step::Stop(Action::requeue(Duration::from_secs(60)))))
         }
-        Err(e) => Err(e),
+        Err(e) => Err(e.into()),
     }
 }
 

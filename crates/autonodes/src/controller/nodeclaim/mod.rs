@@ -62,8 +62,7 @@ use crate::controller::reconciler::{self, Reconciler};
 use crate::controller::reflectors::Reflectors;
 use crate::remote::api::{HostApi, TenantApi};
 use crate::remote::clients::Remote;
-use crate::remote::host::Host;
-use crate::remote::tenant::Tenant;
+use crate::remote::error::Error as RemoteError;
 use autonodes_api::conditions;
 use autonodes_api::reasons::ClaimReason;
 use autonodes_api::{NodeClaim, NodeClaimPhase, NodeQuota, NodeType, FINALIZER};
@@ -281,8 +280,8 @@ async fn provision(
         claim,
         ctx,
         node_type,
-        tenant: Tenant::new(ctx, tenant),
-        host: Host::new(ctx, &host),
+        tenant: ctx.tenant(tenant),
+        host: ctx.host(&host),
         host_cluster,
         vm_ns,
         vm_name,
@@ -299,7 +298,9 @@ async fn provision(
             None => Ok(action),
         },
         Ok(Step::Fail { reason, message }) => fail(claim, ctx, p.status, reason, message).await,
-        Err(e @ Error::Remote { .. }) => remote_failure(claim, p.status, e).await,
+        Err(e @ Error::Remote(RemoteError::Call { .. })) => {
+            remote_failure(claim, p.status, e).await
+        }
         Err(e) => Err(e),
     }
 }
@@ -335,7 +336,8 @@ async fn remote_failure(
     mut w: StatusWriter<'_>,
     e: Error,
 ) -> Result<Action, Error> {
-    let (Error::Remote { on_host, .. }, Some(reason)) = (&e, e.cluster_reason()) else {
+    let (Error::Remote(RemoteError::Call { on_host, .. }), Some(reason)) = (&e, e.cluster_reason())
+    else {
         return Err(e);
     };
     if e.is_remote_conflict() {

@@ -97,12 +97,9 @@ async fn sync_node<H: HostApi, T: TenantApi>(
     match patched {
         Ok(n) => Ok(Some(n)),
         // The taints changed since they were read (`test` failed): look again.
-        Err(Error::Remote {
-            source: kube::Error::Api(s),
-            ..
-        }) if s.code == 422 && join::removes_registration_taint(node) => Err(Error::Conflict(
-            format!("Node {} (taints changed)", node.name_any()),
-        )),
-        Err(e) => Err(e),
+        Err(e) if e.status_code() == Some(422) && join::removes_registration_taint(node) => Err(
+            Error::Conflict(format!("Node {} (taints changed)", node.name_any())),
+        ),
+        Err(e) => Err(e.into()),
     }
 }

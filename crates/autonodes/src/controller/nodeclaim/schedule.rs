@@ -364,7 +364,7 @@ async fn host_snapshots(
         .collect();
     let mut hosts = HashMap::new();
     for cluster in clusters {
-        let snapshot = host_room::snapshot(ctx, &cluster).await;
+        let snapshot = host_room::snapshot(&ctx.clients, &cluster).await;
         hosts.insert(cluster, snapshot);
     }
     hosts
@@ -388,16 +388,16 @@ fn host_zone(
             "node type {} on host cluster {}: {}",
             t.name,
             t.host_cluster,
-            room.refusal(ctx, ledger, zone)
+            room.refusal(&ctx.claims, ledger, zone)
         ),
     };
     match scheduling::zone_for(t, claim, request, in_use) {
         // A type without zones: any host node.
-        None if room.fits(ctx, ledger, None) => Ok(None),
+        None if room.fits(&ctx.claims, ledger, None) => Ok(None),
         None => Err(refused(None)),
         // A zone: the claim's, or one the type offers it that has room.
         Some(first) => scheduling::zone_for_where(t, claim, request, in_use, |z| {
-            room.fits(ctx, ledger, Some(z))
+            room.fits(&ctx.claims, ledger, Some(z))
         })
         .map(Some)
         .ok_or_else(|| refused(Some(&first))),

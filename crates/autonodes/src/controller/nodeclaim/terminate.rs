@@ -20,8 +20,6 @@ use crate::controller::context::now;
 use crate::controller::error::Error;
 use crate::remote::api::{HostApi, TenantApi};
 use crate::remote::clients::ClientError;
-use crate::remote::host::Host;
-use crate::remote::tenant::Tenant;
 use autonodes_api::reasons::ClaimReason;
 use autonodes_api::{NodeClaim, NodeClaimPhase};
 
@@ -80,10 +78,10 @@ pub(super) async fn remove_remote_objects(
         }
         Err(e) => return Err(e.into()),
     };
-    let tenant = tenant_remote.as_deref().map(|r| Tenant::new(ctx, r));
+    let tenant = tenant_remote.as_deref().map(|r| ctx.tenant(r));
     let host_cluster = status.host_cluster.clone().unwrap_or_default();
     let host_remote = ctx.clients.host(&host_cluster).await?;
-    let host = Host::new(ctx, &host_remote);
+    let host = ctx.host(&host_remote);
     let vm_ns = status.vm_namespace.clone().unwrap_or_default();
     let names = RemoteNames {
         uid,

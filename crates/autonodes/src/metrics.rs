@@ -28,6 +28,9 @@ pub struct Metrics {
     pub process_registry: Registry,
     /// `autonodes_reconcile_total{controller,result}`.
     pub reconcile_total: IntCounterVec,
+    /// `autonodes_reconcile_errors_total{controller,error}`: reconciles that returned an
+    /// error, by its kind ([`crate::controller::error::Error::metric_label`]).
+    pub reconcile_errors: IntCounterVec,
     /// `autonodes_reconcile_duration_seconds{controller}`.
     pub reconcile_duration: HistogramVec,
     /// `autonodes_nodetype_capacity{nodetype,provider}`: the type's `maxCapacity`; absent
@@ -111,6 +114,10 @@ impl Metrics {
             reconcile_total: register(r, IntCounterVec::new(
                 Opts::new("reconcile_total", "Reconciles by controller and result (ok; requeued: a stale read or a wait, retried; error)."),
                 &["controller", "result"],
+            ))?,
+            reconcile_errors: register(r, IntCounterVec::new(
+                Opts::new("reconcile_errors_total", "Reconciles that returned an error, by controller and kind of error: conflict (a stale read), waiting (a cleanup waits for something to go) and kept (a cleanup held on purpose) are retried soon and not failures; kube, remote, client, finalizer, cleanup_blocked, missing and internal are."),
+                &["controller", "error"],
             ))?,
             reconcile_duration: register(r, HistogramVec::new(
                 HistogramOpts::new("reconcile_duration_seconds", "Time one reconcile takes, by controller.")
@@ -219,6 +226,10 @@ impl Metrics {
                 self.reconcile_total
                     .with_label_values(&[controller, result]);
             }
+            for error in crate::controller::error::ERROR_LABELS {
+                self.reconcile_errors
+                    .with_label_values(&[controller, error]);
+            }
         }
         for reason in ["deleted", "failed"] {
             self.nodeclaims_terminated.with_label_values(&[reason]);
@@ -243,8 +254,9 @@ impl Metrics {
     /// of metrics that have no sample yet; for checks of dashboards and alerts.
     pub fn descs(&self) -> Vec<prometheus::core::Desc> {
         use prometheus::core::Collector;
-        let collectors: [&dyn Collector; 23] = [
+        let collectors: [&dyn Collector; 24] = [
             &self.reconcile_total,
+            &self.reconcile_errors,
             &self.reconcile_duration,
             &self.nodetype_capacity,
             &self.nodetype_claimed,
@@ -283,11 +295,23 @@ impl Metrics {
             .unwrap_or_else(|e| format!("# encoding metrics failed: {e}\n"))
     }
 
-    /// Counts one reconcile as `outcome` (one of [`RECONCILE_RESULTS`]) and its duration.
-    pub fn observe_reconcile(&self, controller: &str, started: std::time::Instant, outcome: &str) {
+    /// Counts one reconcile as `outcome` (one of [`RECONCILE_RESULTS`]), the kind of error
+    /// it returned if any, and its duration.
+    pub fn observe_reconcile(
+        &self,
+        controller: &str,
+        started: std::time::Instant,
+        outcome: &str,
+        error: Option<&str>,
+    ) {
         self.reconcile_total
             .with_label_values(&[controller, outcome])
             .inc();
+        if let Some(error) = error {
+            self.reconcile_errors
+                .with_label_values(&[controller, error])
+                .inc();
+        }
         self.reconcile_duration
             .with_label_values(&[controller])
             .observe(started.elapsed().as_secs_f64());

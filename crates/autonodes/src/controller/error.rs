@@ -73,7 +73,8 @@ impl Error {
         move |source| Error::Kube { context, source }
     }
 
-    /// A short label for metrics.
+    /// The `error` label of `autonodes_reconcile_errors_total` (one of
+    /// [`ERROR_LABELS`]): what kind of error a reconcile returned.
     pub fn metric_label(&self) -> &'static str {
         match self {
             Error::Kube { .. } => "kube",
@@ -163,6 +164,21 @@ impl Error {
         }
     }
 }
+
+/// Every value of [`Error::metric_label`]: `conflict`, `waiting` and `kept` are expected
+/// states (counted `requeued` in `autonodes_reconcile_total`), the others failures.
+pub const ERROR_LABELS: [&str; 10] = [
+    "kube",
+    "remote",
+    "client",
+    "finalizer",
+    "conflict",
+    "waiting",
+    "kept",
+    "cleanup_blocked",
+    "missing",
+    "internal",
+];
 
 /// How soon a blocked cleanup is tried again: 5 s at first, then a tenth of the time the
 /// object has been waiting for deletion, at most 60 s — quick after a blip, and no storm

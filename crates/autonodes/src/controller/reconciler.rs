@@ -61,9 +61,10 @@ pub async fn run<R: Reconciler>(controller: Controller<R::Object>, r: Arc<R>) {
 pub async fn reconcile<R: Reconciler>(obj: Arc<R::Object>, r: Arc<R>) -> Result<Action, Error> {
     let started = Instant::now();
     let result = r.reconcile(obj).await;
+    let (outcome, error) = reconcile_labels(&result);
     r.context()
         .metrics
-        .observe_reconcile(R::NAME, started, reconcile_result(&result));
+        .observe_reconcile(R::NAME, started, outcome, error);
     result
 }
 
@@ -76,6 +77,14 @@ pub fn reconcile_result<T>(result: &Result<T, Error>) -> &'static str {
         Err(e) if e.is_conflict() => "requeued",
         Err(_) => "error",
     }
+}
+
+/// The `result` label of a reconcile ([`reconcile_result`]) and, when it returned an
+/// error, the `error` label ([`Error::metric_label`] of the error the finalizer helper
+/// wrapped, if it did).
+pub fn reconcile_labels<T>(result: &Result<T, Error>) -> (&'static str, Option<&'static str>) {
+    let error = result.as_ref().err().map(|e| e.inner().metric_label());
+    (reconcile_result(result), error)
 }
 
 /// Logs a failed reconcile (a stale read only at debug level) and says when to retry.
@@ -132,5 +141,87 @@ mod tests {
             reconcile_result::<()>(&Err(Error::Internal("broken".into()))),
             "error"
         );
+    }
+
+    #[test]
+    fn a_reconcile_error_is_counted_by_its_kind_and_a_wait_is_not_a_failure() {
+        use crate::remote::error::Error as RemoteError;
+        use kube::runtime::finalizer::Error as F;
+        let wrapped = |e: Error| Error::Finalizer(Box::new(F::CleanupFailed(e)));
+        let unreachable = || {
+            Error::Remote(RemoteError::Call {
+                cluster: "host cluster h".into(),
+                on_host: true,
+                context: "reading a VM".into(),
+                source: Box::new(kube::Error::Service("no answer".into())),
+            })
+        };
+        type Labels = (&'static str, Option<&'static str>);
+        let cases: [(Result<(), Error>, Labels); 7] = [
+            (Ok(()), ("ok", None)),
+            (
+                Err(Error::Waiting("the VM".into())),
+                ("requeued", Some("waiting")),
+            ),
+            (
+                Err(wrapped(Error::Waiting("the Node drains".into()))),
+                ("requeued", Some("waiting")),
+            ),
+            (
+                Err(Error::Remote(RemoteError::Waiting("a Secret went".into()))),
+                ("requeued", Some("waiting")),
+            ),
+            (Err(unreachable()), ("error", Some("remote"))),
+            (Err(wrapped(unreachable())), ("error", Some("remote"))),
+            (
+                Err(Error::CleanupBlocked {
+                    reason: "HostUnreachable",
+                    message: "host cluster h".into(),
+                }),
+                ("error", Some("cleanup_blocked")),
+            ),
+        ];
+        for (result, want) in &cases {
+            assert_eq!(reconcile_labels(result), *want, "{result:?}");
+            if let Some(label) = want.1 {
+                assert!(crate::controller::error::ERROR_LABELS.contains(&label));
+            }
+        }
+
+        let metrics = crate::metrics::Metrics::new().expect("metrics register");
+        for (result, _) in &cases {
+            let (outcome, error) = reconcile_labels(result);
+            metrics.observe_reconcile("nodeclaim", Instant::now(), outcome, error);
+        }
+        let text = metrics.encode();
+        for (series, value) in [
+            (
+                r#"reconcile_errors_total{controller="nodeclaim",error="waiting"}"#,
+                3,
+            ),
+            (
+                r#"reconcile_errors_total{controller="nodeclaim",error="remote"}"#,
+                2,
+            ),
+            (
+                r#"reconcile_errors_total{controller="nodeclaim",error="cleanup_blocked"}"#,
+                1,
+            ),
+            (
+                r#"reconcile_errors_total{controller="nodepool",error="waiting"}"#,
+                0,
+            ),
+            (
+                r#"reconcile_total{controller="nodeclaim",result="requeued"}"#,
+                3,
+            ),
+            (
+                r#"reconcile_total{controller="nodeclaim",result="error"}"#,
+                3,
+            ),
+        ] {
+            let line = format!("autonodes_{series} {value}");
+            assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
+        }
     }
 }

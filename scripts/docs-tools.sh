@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs mdBook, which builds the docs book under docs/ (tests/docs.rs builds it and
+# Installs mdBook, which builds the docs book under docs/ (tests/it/docs.rs builds it and
 # checks its links). Built from crates.io with cargo, without the `serve`/`watch`
 # features the tests do not use; cached in $AUTONODES_MDBOOK_DIR (default
 # /var/cache/autonodes/mdbook-$VERSION) after the first run (about 3 minutes).

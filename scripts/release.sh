@@ -47,7 +47,7 @@ registry="${registry%/}"
 say() { echo "release: $*"; }
 fail() { echo "release: $*" >&2; exit 1; }
 
-# One version everywhere (tests/release.rs checks the same on every test run).
+# One version everywhere (tests/it/release.rs checks the same on every test run).
 version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' Cargo.toml)
 [ -n "$version" ] || fail "no version in Cargo.toml's [workspace.package]"
 # Chart.yaml's top-level `version:` and `appVersion:`, quoted or not.

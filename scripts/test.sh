@@ -15,7 +15,7 @@ export AUTONODES_K8S_BIN
 # Helm v4's library for the chart tests (a venv under target/; quick once installed).
 AUTONODES_HELM_PYTHON="$(bash scripts/helm-env.sh | tail -n 1)"
 export AUTONODES_HELM_PYTHON
-# mdBook for the book's build test (tests/docs.rs; built from crates.io once, then cached).
+# mdBook for the book's build test (tests/it/docs.rs; built from crates.io once, then cached).
 AUTONODES_MDBOOK="$(bash scripts/docs-tools.sh | tail -n 1)"
 export AUTONODES_MDBOOK
 # cloud-init (schema checks), buildah, podman and runc (the image test) from Debian.
@@ -66,7 +66,7 @@ passed=$(echo "$results" | awk '{s+=$4} END {print s+0}')
 failed=$(echo "$results" | awk '{s+=$6} END {print s+0}')
 
 if [ -f target/chaos-report.txt ]; then
-  echo "== chaos report (tests/chaos.rs)"
+  echo "== chaos report (tests/it/chaos.rs)"
   cat target/chaos-report.txt
 fi
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs the test binaries `cargo test --no-run --message-format=json` reported, in lanes that
-# run side by side: each lane takes the next binary from one queue (the slowest known first)
-# until none is left. Most integration tests spend much of their time waiting for API
+# run side by side: each lane takes the next entry from one queue (the slowest known first)
+# until none is left. An integration-test binary made of modules (`tests/NAME/main.rs`, as
+# the controller's `tests/it/main.rs`) gives one entry per top-level module, run as that
+# binary with the module's tests named exactly; every other binary is one entry. Most integration tests spend much of their time waiting for API
 # servers, outages and timeouts, so a second lane uses cores the first leaves idle.
 #
 #   bash scripts/lib/test-lanes.sh CARGO_JSON OUTPUT
@@ -10,7 +12,9 @@
 # and CARGO_MANIFEST_DIR set. Its whole output goes to OUTPUT in one piece, under the
 # `Running …` line cargo prints (the summary in scripts/test.sh reads it), as soon as it
 # ended; a one-line verdict per binary is printed as it comes, the whole output of one
-# that failed, and at the end the wall time of each, slowest first. AUTONODES_TEST_LANES sets the number of lanes (default 2). The queue is
+# that failed, and at the end the wall time of each, slowest first. AUTONODES_TEST_LANES sets the number of lanes (default 2);
+# AUTONODES_TEST_ONLY, an extended regular expression, keeps only the entries whose name
+# (`module_graph`, `it::packing`) it matches whole. The queue is
 # ordered by the wall times of the last run here (target/test-times), else by those in
 # scripts/lib/test-times (a clean checkout). Exits 1 if any binary failed.
 set -uo pipefail
@@ -39,17 +43,43 @@ while IFS= read -r line; do
   kind=$(sed -n 's/.*"kind":\["\([^"]*\)"\].*/\1/p' <<< "$line")
   dir=$(dirname "$manifest")
   printf '%s\t%s\t%s\t%s\n' "$exe" "$dir" "${src#"$dir"/}" "$kind"
-done < "$json" > "$work/binaries"
+done < "$json" > "$work/raw"
+
+# A binary of modules becomes one line per top-level module (its area; `-` for the others),
+# the names of the area's tests kept in $work/area-<binary>-<area>.
+while IFS=$'\t' read -r exe dir src kind; do
+  case "$kind:$src" in
+    test:tests/*/main.rs)
+      bin=$(basename "$exe" | sed 's/-[0-9a-f]*$//')
+      areas=$( (cd "$dir" && "$exe" --list --format terse 2> /dev/null) | sed -n 's/^\(\([a-z0-9_]*\)::.*\): test$/\2 \1/p')
+      if [ -z "$areas" ]; then
+        printf '%s\t%s\t%s\t%s\t-\n' "$exe" "$dir" "$src" "$kind"
+        continue
+      fi
+      while read -r area name; do
+        echo "$name" >> "$work/area-$bin-$area"
+      done <<< "$areas"
+      for area in $(cut -d' ' -f1 <<< "$areas" | sort -u); do
+        printf '%s\t%s\t%s\t%s\t%s\n' "$exe" "$dir" "$src" "$kind" "$area"
+      done
+      ;;
+    *) printf '%s\t%s\t%s\t%s\t-\n' "$exe" "$dir" "$src" "$kind" ;;
+  esac
+done < "$work/raw" > "$work/binaries"
 
 # The queue: slowest first by the last run's times here, else by the committed ones
 # (binaries timed nowhere go first: they may be slow), then by name.
-while IFS=$'\t' read -r exe dir src kind; do
+while IFS=$'\t' read -r exe dir src kind area; do
   name=$(basename "$exe" | sed 's/-[0-9a-f]*$//')
+  [ "$area" = - ] || name="$name::$area"
+  if [ -n "${AUTONODES_TEST_ONLY:-}" ] && ! grep -Eq "^(${AUTONODES_TEST_ONLY})\$" <<< "$name"; then
+    continue
+  fi
   last=$(cat "$times" scripts/lib/test-times 2> /dev/null | awk -v n="$name" '$2 == n {print $1}' | head -n 1)
-  printf '%s\t%s\t%s\t%s\t%s\n' "${last:-99999}" "$exe" "$dir" "$src" "$kind"
-done < "$work/binaries" | sort -t $'\t' -k1,1nr -k2,2 | cut -f2- > "$work/queue"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "${last:-99999}" "$exe" "$dir" "$src" "$kind" "$area"
+done < "$work/binaries" | sort -t $'\t' -k1,1nr -k2,2 -k6,6 | cut -f2- > "$work/queue"
 total=$(wc -l < "$work/queue")
-echo "== $total test binaries in $lanes lanes"
+echo "== $total test binaries and areas in $lanes lanes"
 echo 0 > "$work/next"
 
 # Takes the next entry of the queue (under a lock), or fails when none is left.
@@ -65,17 +95,26 @@ take() {
 }
 
 lane() {
-  local entry exe dir src kind header log started took rc verdict
+  local entry exe dir src kind area header log started took rc verdict bin label
+  local -a only
   while entry=$(take); do
-    IFS=$'\t' read -r exe dir src kind <<< "$entry"
-    if [ "$kind" = test ] || [ "$kind" = bench ]; then
-      header="     Running $src (${exe#"$root"/})"
-    else
-      header="     Running unittests $src (${exe#"$root"/})"
+    IFS=$'\t' read -r exe dir src kind area <<< "$entry"
+    bin=$(basename "$exe" | sed 's/-[0-9a-f]*$//')
+    only=()
+    label="$src"
+    if [ "$area" != - ]; then
+      mapfile -t only < "$work/area-$bin-$area"
+      only=(--exact "${only[@]}")
+      label="$src::$area"
     fi
-    log="$work/$(basename "$exe").log"
+    if [ "$kind" = test ] || [ "$kind" = bench ]; then
+      header="     Running $label (${exe#"$root"/})"
+    else
+      header="     Running unittests $label (${exe#"$root"/})"
+    fi
+    log="$work/$(basename "$exe")-$area.log"
     started=$SECONDS
-    (cd "$dir" && CARGO_MANIFEST_DIR="$dir" CARGO="${CARGO:-cargo}" "$exe") > "$log" 2>&1
+    (cd "$dir" && CARGO_MANIFEST_DIR="$dir" CARGO="${CARGO:-cargo}" "$exe" "${only[@]}") > "$log" 2>&1
     rc=$?
     took=$((SECONDS - started))
     verdict=$(grep -E '^test result: ' "$log" | tail -n 1)
@@ -85,7 +124,7 @@ lane() {
       flock 9
       { echo; echo "$header"; echo; cat "$log"; } >> "$output"
       # The disk's free space after each binary: a run that fills the disk shows where.
-      echo "$took s  $src ($(basename "$exe" | sed 's/-[0-9a-f]*$//')): ${verdict:-no test result, exit $rc} [disk: $(df -h . | awk 'NR==2 {print $4}') free]"
+      echo "$took s  $label ($bin): ${verdict:-no test result, exit $rc} [disk: $(df -h . | awk 'NR==2 {print $4}') free]"
       # A failed binary's whole output, where the reader of this run looks first.
       [ $rc -eq 0 ] || { echo "$header"; cat "$log"; }
       flock -u 9
@@ -101,7 +140,11 @@ wait
 awk '
   /^ *Running / {
     name = ($2 == "unittests") ? $3 : $2
-    if (match($0, /deps\/[^)]*/)) { bin = substr($0, RSTART + 5, RLENGTH - 5); sub(/-[0-9a-f]+$/, "", bin); name = name " (" bin ")" }
+    if (match($0, /deps\/[^)]*/)) {
+      bin = substr($0, RSTART + 5, RLENGTH - 5); sub(/-[0-9a-f]+$/, "", bin)
+      if (match(name, /::[a-z0-9_]+$/)) bin = bin substr(name, RSTART)
+      name = name " (" bin ")"
+    }
   }
   /^test result: / {
     t = $0; sub(/.*finished in /, "", t); sub(/s$/, "", t)

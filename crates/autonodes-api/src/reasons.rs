@@ -1,6 +1,6 @@
 //! Condition types and reasons as types: one enum of condition types and one of reasons
 //! per kind, so a controller cannot write a reason that is not listed here, and a test can
-//! walk every value ([`ClaimReason::ALL`]): `tests/docs.rs` fails when one has no entry
+//! walk every value ([`ClaimReason::ALL`]): `tests/it/docs.rs` fails when one has no entry
 //! in `docs/src/troubleshooting.md`.
 //!
 //! The API stores them as strings (`metav1.Condition` `type` and `reason`); `as_str` gives

@@ -1,7 +1,7 @@
 //! The KubeVirt simulator and our KubeVirt CRDs, on real API servers: a host cluster with
 //! the CRDs and a tenant cluster the simulated guests join.
 
-#[path = "../../autonodes/tests/common/mod.rs"]
+#[path = "../../autonodes/tests/it/common/mod.rs"]
 mod common;
 
 use std::collections::BTreeMap;

@@ -6,15 +6,15 @@
 //! kube-scheduler. It prints the time from the last pod created to the last claim created and
 //! to the last pod bound, writes per claim (the controller's, by cluster, and all API
 //! servers'), the controller's CPU and peak RSS, and any pod left pending with the
-//! scheduler's message (`tests/opscommon/at_scale.rs` runs it; `tests/packing.rs` runs it
+//! scheduler's message (`tests/it/opscommon/at_scale.rs` runs it; `tests/it/packing.rs` runs it
 //! small as a test).
 //!
 //! `cargo bench --bench pools_at_scale`; `AUTONODES_BENCH_PODS` and `AUTONODES_BENCH_POOLS`
 //! set the sizes (default 2,000 and 10). Under `cargo test` it only says it was skipped.
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/it/common/mod.rs"]
 mod common;
-#[path = "../tests/opscommon/mod.rs"]
+#[path = "../tests/it/opscommon/mod.rs"]
 mod opscommon;
 
 use std::time::Duration;

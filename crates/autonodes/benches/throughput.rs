@@ -31,9 +31,9 @@
 //! `cargo bench --bench throughput`; `AUTONODES_BENCH_CLAIMS=200,1000,10000` sets the sizes
 //! (default `200,1000`). Under `cargo test` it only says it was skipped.
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/it/common/mod.rs"]
 mod common;
-#[path = "../tests/opscommon/mod.rs"]
+#[path = "../tests/it/opscommon/mod.rs"]
 mod opscommon;
 
 /// CPU seconds (user + system) a process used so far.

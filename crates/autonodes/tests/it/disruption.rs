@@ -5,7 +5,7 @@
 //! Run with `--nocapture` to see `kubectl get npool,nclaim` and the tenant's pods and nodes
 //! before and after each step.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

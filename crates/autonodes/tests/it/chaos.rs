@@ -12,7 +12,7 @@
 //! 1000) claims deleted at once at the end, `AUTONODES_CHAOS_SEED` the kill timing. The figures are printed and
 //! written to `target/chaos-report.txt`, which `scripts/test.sh` shows.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;

@@ -10,7 +10,7 @@
 //!
 //! Run with `--nocapture` to see the `kubectl get machinepools,machines -o wide` transcript.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};

@@ -7,8 +7,8 @@
 //! Run with `--nocapture` to see `kubectl get npool,nclaim` and the tenant's pods and nodes
 //! before and after each step.
 
-mod common;
-mod opscommon;
+use crate::common;
+use crate::opscommon;
 
 use autonodes_core::pool::pack::is_unschedulable;
 use std::collections::BTreeMap;

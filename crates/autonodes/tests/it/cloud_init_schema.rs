@@ -4,7 +4,7 @@
 //! version, with and without a user cloud-config and SSH keys, and the user data of every
 //! golden file.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -5,7 +5,7 @@
 //! Run with `--nocapture` to see the `kubectl get npool,nclaim` transcript and the
 //! dynamic-pool figures.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};

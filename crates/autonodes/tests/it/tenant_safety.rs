@@ -3,8 +3,8 @@
 //!
 //! Run with `--nocapture` to see the figures each test prints.
 
-mod common;
-mod hostile;
+use crate::common;
+use crate::hostile;
 
 use std::time::{Duration, Instant};
 

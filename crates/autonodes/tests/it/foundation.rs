@@ -1,7 +1,7 @@
 //! Foundation: the CRDs on a real kube-apiserver, the scale subresource, printer columns,
 //! schema validation, and a test environment that cleans up after itself.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

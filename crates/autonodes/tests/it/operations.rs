@@ -2,8 +2,8 @@
 //! /healthz, /readyz), the metrics after a claim turned Available, and Events recorded once
 //! per state change rather than once per reconcile.
 
-mod common;
-mod opscommon;
+use crate::common;
+use crate::opscommon;
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -1,6 +1,6 @@
 //! Reliability on real API servers: a cleanup that cannot finish keeps its finalizer (and
 //! with it the claim) until everything the claim created is gone.
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! `vc-config-<name>`, key `config.yaml`), becomes NodePools and nodes; edits, removed
 //! entries and broken configurations behave as the book's vCluster chapter says.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

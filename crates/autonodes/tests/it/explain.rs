@@ -4,7 +4,7 @@
 //! `docs/src/explain.md` (`AUTONODES_UPDATE_DOCS=1` rewrites it; otherwise the page must
 //! show what the command prints, names and times aside).
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 
@@ -431,7 +431,7 @@ async fn explain_names_why_a_claim_fits_no_type_what_holds_repairs_or_budgets_a_
     .concat();
     let page = format!(
         "# Explaining decisions: `autonodes explain`\n\n\
-         <!-- Written by `cargo test -p autonodes --test explain` (AUTONODES_UPDATE_DOCS=1); the\n\
+         <!-- Written by `cargo test -p autonodes --test it explain::` (AUTONODES_UPDATE_DOCS=1); the\n\
          test checks that this page shows what the command prints, names and times aside. -->\n\n\
          `autonodes explain` says why a NodeClaim, a NodePool, a tenant Node or a tenant pod is\n\
          where it is, from the rules the controller decides with. It reads the management cluster\n\
@@ -492,7 +492,7 @@ async fn explain_names_why_a_claim_fits_no_type_what_holds_repairs_or_budgets_a_
         let committed = std::fs::read_to_string(&path).expect("docs/src/explain.md");
         assert_eq!(
             committed, page,
-            "docs/src/explain.md is stale; run `AUTONODES_UPDATE_DOCS=1 cargo test -p autonodes --test explain`"
+            "docs/src/explain.md is stale; run `AUTONODES_UPDATE_DOCS=1 cargo test -p autonodes --test it explain::`"
         );
     }
     println!("{claim_text}\n{warm_text}\n{pool_text}\n{node_text}\n{pod_text}");

@@ -1,7 +1,7 @@
 //! Provisioning across clusters on real API servers: management + host + tenant, the
 //! controller and the KubeVirt simulator (scheduling, launch, join, cleanup).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! runs `autonodes --version` and `autonodes run --help` inside it with podman. Skipped,
 //! with the reason, where buildah cannot build an image on the machine.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, Output};

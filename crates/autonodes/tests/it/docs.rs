@@ -45,7 +45,7 @@ fn check_generated(path: &Path, generated: &str) {
             })
             .unwrap_or_else(|| "the files differ in length".to_string());
         panic!(
-            "{} is stale ({first}); run `AUTONODES_UPDATE_DOCS=1 cargo test -p autonodes --test docs` and commit it",
+            "{} is stale ({first}); run `AUTONODES_UPDATE_DOCS=1 cargo test -p autonodes --test it docs::` and commit it",
             path.display()
         );
     }
@@ -252,7 +252,7 @@ fn flags_reference() -> String {
     let mut out = String::from(
         "# Controller flags\n\n\
          <!-- Generated from the command line (crates/autonodes/src/cli.rs and the argument structs \
-         it names) by `cargo test -p autonodes --test docs`; AUTONODES_UPDATE_DOCS=1 rewrites it. -->\n\n\
+         it names) by `cargo test -p autonodes --test it docs::`; AUTONODES_UPDATE_DOCS=1 rewrites it. -->\n\n\
          Every flag of the `autonodes` binary, with the environment variable that sets it too. \
          Durations are Go-style (`90s`, `10m`, `1h30m`). The chart sets the flags of `autonodes run` \
          from its [values](chart-values.md).\n",
@@ -431,7 +431,7 @@ fn chart_readme(values_text: &str) -> String {
     );
     let mut out = String::from(
         "# The autonodes Helm chart\n\n\
-         <!-- Generated from values.yaml by `cargo test -p autonodes --test docs`; \
+         <!-- Generated from values.yaml by `cargo test -p autonodes --test it docs::`; \
          AUTONODES_UPDATE_DOCS=1 rewrites it. Edit the comments in values.yaml instead. -->\n\n\
          Installs autonodes, which gives tenant clusters (vClusters and other kubeadm-style \
          clusters) worker nodes that are KubeVirt virtual machines: its CRDs, the controller \

@@ -4,7 +4,7 @@
 //! even one holding a valid admin token of the target cluster) and sends nothing to the
 //! server it names. The shapes vCluster and `kubectl config view --flatten` export still
 //! work, and everything else keeps being served.
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -14,7 +14,7 @@
 //! file and command, and joins; the type refills. Skipped, with the reason, where KVM or the
 //! guest images are missing.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -2,8 +2,8 @@
 //! deletion with live claims, a controller killed mid-provisioning, and the calls a deletion
 //! makes (each once).
 
-mod common;
-mod opscommon;
+use crate::common;
+use crate::opscommon;
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -5,7 +5,7 @@
 //! replaced when it drifts, and `replicas: 0` removes what is warm. What a warm VM's token
 //! can read is checked on the host's real authorizer.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};

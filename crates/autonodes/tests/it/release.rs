@@ -6,8 +6,8 @@
 //! server has no kubelet, so no pod runs: the image and the SBOM are checked in the registry.
 //! The registry test is skipped, with the reason, where docker-registry or buildah cannot run.
 
-mod common;
-mod opscommon;
+use crate::common;
+use crate::opscommon;
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};

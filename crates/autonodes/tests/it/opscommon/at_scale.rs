@@ -7,7 +7,7 @@
 //! created and to the last pod bound, writes per claim, the controller's CPU and peak
 //! memory, and every pod left pending with the scheduler's reason.
 //!
-//! The integration test (`tests/packing.rs`) runs it small; the benchmark
+//! The integration test (`tests/it/packing.rs`) runs it small; the benchmark
 //! (`benches/pools_at_scale.rs`) at 2,000 pods over 10 pools, in both [`Order`]s.
 
 use std::collections::{BTreeMap, BTreeSet};

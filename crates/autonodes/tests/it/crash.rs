@@ -2,7 +2,7 @@
 //! claim's user-data Secret, or right after it created the VM, then restarted, ends with
 //! exactly one VM, one Secret and at most one live token for the claim.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

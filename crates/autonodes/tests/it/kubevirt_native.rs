@@ -5,7 +5,7 @@
 //! The host runs our own KubeVirt and CDI CRDs, structural for every field these settings
 //! write, so a field KubeVirt would not know is pruned here as it is on a real host.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -3,8 +3,8 @@
 //! after the leader is killed (SIGKILL) or stops (SIGTERM), and the claims in flight finish
 //! with exactly one VirtualMachine each.
 
-mod common;
-mod opscommon;
+use crate::common;
+use crate::opscommon;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

@@ -4,8 +4,8 @@
 //! dashboard returns series, and the shipped alerting rules load, stay quiet on a healthy
 //! installation and pass their `promtool test rules` unit tests.
 
-mod common;
-mod opscommon;
+use crate::common;
+use crate::opscommon;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -1,7 +1,7 @@
 //! `autonodes import-vcluster`: a vcluster.yaml printed as the NodePools the controller
 //! keeps for it, which the real API server accepts as they are.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

@@ -3,8 +3,8 @@
 //! RBAC proven sufficient by a controller that runs with nothing else, its CRDs identical to
 //! `crds/`, and its Grafana dashboard querying only metrics the controller exports.
 
-mod common;
-mod opscommon;
+use crate::common;
+use crate::opscommon;
 
 use std::collections::BTreeSet;
 use std::time::Duration;

@@ -342,7 +342,7 @@ fn scale_from_zero(ctx: &Context, pool: &NodePool) -> BTreeMap<String, String> {
         &template_spec(&pool.spec),
         &claimed,
         |t| {
-            ctx.types
+            ctx.types()
                 .get(&ObjectRef::new(t))
                 .and_then(|nt| nt.spec.overhead.clone())
         },

@@ -22,7 +22,7 @@ pub fn catalogue(ctx: &Context) -> Arc<Catalogue> {
         ctx.reflectors.types.changes(),
         ctx.reflectors.providers.changes(),
     );
-    if let Ok(cached) = ctx.catalogue.lock() {
+    if let Ok(cached) = ctx.index.catalogue.lock() {
         if let Some((v, c)) = cached.as_ref() {
             if *v == version {
                 return c.clone();
@@ -30,7 +30,7 @@ pub fn catalogue(ctx: &Context) -> Arc<Catalogue> {
         }
     }
     let prepared = Arc::new(prepare_catalogue(ctx));
-    if let Ok(mut cached) = ctx.catalogue.lock() {
+    if let Ok(mut cached) = ctx.index.catalogue.lock() {
         *cached = Some((version, prepared.clone()));
     }
     prepared
@@ -38,7 +38,7 @@ pub fn catalogue(ctx: &Context) -> Arc<Catalogue> {
 
 /// Prepares the catalogue from the NodeType and NodeProvider stores.
 fn prepare_catalogue(ctx: &Context) -> Catalogue {
-    let types = ctx.types.state();
+    let types = ctx.types().state();
     Catalogue::new(
         types
             .iter()
@@ -83,7 +83,7 @@ pub fn claimed_counts(ctx: &Context) -> BTreeMap<String, i64> {
 
 /// The provider of a type, if it exists.
 pub fn provider_of(ctx: &Context, t: &NodeType) -> Option<Arc<NodeProvider>> {
-    ctx.providers.get(&ObjectRef::new(&t.spec.provider_ref))
+    ctx.providers().get(&ObjectRef::new(&t.spec.provider_ref))
 }
 
 /// Why a type's provider cannot take claims, if it cannot (the type then reports
@@ -119,7 +119,7 @@ pub fn unusable(t: &NodeType, provider: Option<&NodeProvider>) -> Option<String>
 /// Every NodeQuota in the store, prepared (what claim scheduling and pools' claim room
 /// check against).
 pub fn prepared_quotas(ctx: &Context) -> Vec<autonodes_core::quota::PreparedQuota> {
-    ctx.quotas
+    ctx.quotas()
         .state()
         .iter()
         .map(|q| autonodes_core::quota::PreparedQuota::new(&q.name_any(), &q.spec))

@@ -7,26 +7,40 @@ use std::sync::Arc;
 use autonodes_core::pool::expectations::ClaimExpectations;
 use futures::channel::mpsc;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::Api;
-use kube::runtime::events::{EventType, Reporter};
+use kube::runtime::events::EventType;
+#[cfg(test)]
+use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource};
 
 use super::config::ControllerConfig;
-use super::lenient;
+use super::events::Events;
+use super::index::Indexes;
 use super::reflectors::Reflectors;
 use crate::metrics::Metrics;
 use crate::remote::calls::Caller;
 use crate::remote::clients::ClusterClients;
 use crate::remote::clients::Remote;
 use crate::remote::host::Host;
-use crate::remote::tenant::{PublishedJoins, Tenant};
+use crate::remote::tenant::Tenant;
 use autonodes_api::{NodeClaim, NodePool, NodeProvider, NodeQuota, NodeType};
 
 /// Field manager of every write autonodes makes.
 pub const FIELD_MANAGER: &str = "autonodes";
 
-/// Shared state of the controllers.
+/// Wakes reconciles of other controllers.
+pub struct Wakes {
+    /// Wakes a NodePool's reconcile.
+    pub pools: mpsc::UnboundedSender<ObjectRef<NodePool>>,
+    /// Wakes claims (remote changes, freed capacity).
+    pub claims: mpsc::UnboundedSender<ObjectRef<NodeClaim>>,
+    /// Wakes node types (capacity changes).
+    pub types: mpsc::UnboundedSender<ObjectRef<NodeType>>,
+}
+
+/// Shared state of the controllers. Eight fields, kept so (the unit test
+/// `the_context_has_eight_fields` names each): what is kept in memory lives in
+/// [`Indexes`], the stores in [`Reflectors`].
 pub struct Context {
     /// Management-cluster client.
     pub client: Client,
@@ -34,58 +48,18 @@ pub struct Context {
     pub clients: Arc<ClusterClients>,
     /// Settings.
     pub config: ControllerConfig,
-    /// Who records Events (events.k8s.io/v1).
-    pub reporter: Reporter,
-    /// Where Events about cluster-scoped objects go: `default` (as client-go's and
-    /// kube-runtime's recorders put them) until the management API server refuses one
-    /// there, as 1.20 servers do; then `kube-system` for the rest of the process.
-    pub cluster_events_in_default: std::sync::atomic::AtomicBool,
+    /// The Event recorder.
+    pub events: Events,
     /// The one watch and store of each kind.
     pub reflectors: Arc<Reflectors>,
-    /// The catalogue as last prepared, and the versions of the type and provider stores it
-    /// was prepared from ([`crate::controller::catalogue::catalogue`]).
-    pub catalogue: std::sync::Mutex<Option<PreparedCatalogue>>,
-    /// All NodeClaims (the claim controller's reflector).
-    pub claims: Store<NodeClaim>,
-    /// All NodeTypes.
-    pub types: Store<NodeType>,
-    /// All NodeProviders.
-    pub providers: Store<NodeProvider>,
-    /// All NodeQuotas.
-    pub quotas: Store<NodeQuota>,
-    /// The claimed capacity per NodeType, kept up to date by the claim store's watch
-    /// (before [`Context::wait_synced`] resolves) and by this process's scheduling
-    /// decisions and releases. Locked only briefly, never across an await.
-    pub claimed: Arc<std::sync::Mutex<autonodes_core::ledger::ClaimedLedger>>,
-    /// Per vCluster (`<namespace>/<name>`) and imported pool name, why its configuration
-    /// could not be imported for that pool ([`crate::controller::vcluster_import`]); read by the pool
-    /// controller for the pools' `VClusterConfig` condition.
-    pub import_problems: std::sync::Mutex<
-        std::collections::HashMap<String, std::collections::BTreeMap<String, String>>,
-    >,
-    /// Wakes a NodePool's reconcile.
-    pub wake_pools: mpsc::UnboundedSender<ObjectRef<NodePool>>,
-    /// Each tenant's published join address and version, and when they were read.
-    pub published_joins: PublishedJoins,
-    /// Claims this process created, deleted or annotated that the claim store does not show
-    /// yet ([`Context::claims_in`]).
-    pub expected_claims: std::sync::Mutex<ClaimExpectations>,
-    /// Wakes claims (remote changes, freed capacity).
-    pub wake_claims: mpsc::UnboundedSender<ObjectRef<NodeClaim>>,
-    /// Wakes node types (capacity changes).
-    pub wake_types: mpsc::UnboundedSender<ObjectRef<NodeType>>,
+    /// The in-memory indexes (ledger, expected claims, catalogue, warm VMs, imports'
+    /// problems, published joins).
+    pub index: Indexes,
+    /// Wakes reconciles of other controllers.
+    pub wakes: Wakes,
     /// Prometheus metrics.
     pub metrics: Arc<Metrics>,
-    /// True once the claim, type and provider stores hold their first full list.
-    pub synced: tokio::sync::watch::Receiver<bool>,
-    /// Where watches send objects they cannot decode ([`super::invalid::report`]).
-    pub reports: lenient::Reports,
-    /// Each node type's warm VMs as last seen ([`super::warm`]).
-    pub warm: super::warm_index::WarmIndex,
 }
-
-/// A prepared catalogue and the versions of the type and provider stores it came from.
-pub type PreparedCatalogue = ((u64, u64), Arc<autonodes_core::catalogue::Catalogue>);
 
 impl Context {
     /// Who calls host and tenant clusters: this process's request counter and installation.
@@ -103,13 +77,33 @@ impl Context {
 
     /// The tenant cluster behind `remote`, called as this process.
     pub fn tenant<'a>(&'a self, remote: &'a Remote) -> Tenant<'a> {
-        Tenant::new(self.caller(), &self.published_joins, remote)
+        Tenant::new(self.caller(), &self.index.published_joins, remote)
+    }
+
+    /// All NodeClaims (the claim reflector's store).
+    pub fn claims(&self) -> &Store<NodeClaim> {
+        self.reflectors.claims.cache()
+    }
+
+    /// All NodeTypes.
+    pub fn types(&self) -> &Store<NodeType> {
+        self.reflectors.types.cache()
+    }
+
+    /// All NodeProviders.
+    pub fn providers(&self) -> &Store<NodeProvider> {
+        self.reflectors.providers.cache()
+    }
+
+    /// All NodeQuotas.
+    pub fn quotas(&self) -> &Store<NodeQuota> {
+        self.reflectors.quotas.cache()
     }
 
     /// Runs `f` on the capacity ledger (a poisoned lock still holds a consistent ledger:
     /// every change is one call).
     pub fn ledger<T>(&self, f: impl FnOnce(&mut autonodes_core::ledger::ClaimedLedger) -> T) -> T {
-        f(&mut ledger_guard(&self.claimed))
+        f(&mut ledger_guard(&self.index.claimed))
     }
 
     /// The claims of `namespace` as they are: the claim store's copies, with the claims
@@ -117,9 +111,10 @@ impl Context {
     /// ([`ClaimExpectations::view`]), sorted by name. No request to the API server.
     pub fn claims_in(&self, namespace: &str) -> Vec<Arc<NodeClaim>> {
         let stored = self
-            .claims
+            .claims()
             .state_filter(|c| c.metadata.namespace.as_deref() == Some(namespace));
-        self.expected_claims
+        self.index
+            .expected_claims
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .view(namespace, stored, std::time::Instant::now())
@@ -128,6 +123,7 @@ impl Context {
     /// Records a write to claims that [`Context::claims_in`] shows until the store does.
     pub fn expect_claims(&self, record: impl FnOnce(&mut ClaimExpectations, std::time::Instant)) {
         let mut expected = self
+            .index
             .expected_claims
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -140,26 +136,12 @@ impl Context {
     /// a single waker, so of several tasks waiting on one store only the last one to poll
     /// is woken and the others hang.
     pub async fn wait_synced(&self) {
-        let mut rx = self.synced.clone();
-        let _ = rx.wait_for(|s| *s).await;
+        self.reflectors.claims.wait_synced().await;
+        self.reflectors.types.wait_synced().await;
+        self.reflectors.providers.wait_synced().await;
     }
 
-    /// Records an Event (events.k8s.io/v1) about `obj`; failures to record are logged,
-    /// never fatal. Events about cluster-scoped objects go to `default`, where client-go's
-    /// and kube-runtime's recorders put them; an API server that refuses them there (1.20
-    /// answers 422, `involvedObject.namespace: does not match event.namespace`) gets them
-    /// in `kube-system` from then on (see [`Context::cluster_events_in_default`]).
-    ///
-    /// Written here rather than with kube-runtime's `Recorder`, which on a real API server
-    /// (tried with kube 5.0) loses Events autonodes must record: it names an Event
-    /// `<object name>.<hex time>`, which passes the 253 characters a name may have for
-    /// claims with long names (refused, 422); it sends the note uncut (a note over 1,024
-    /// characters is refused); it folds a repeated reason into a series that keeps the
-    /// first note, so a second failure's text never shows; and it puts Events about
-    /// cluster-scoped objects in `default` only, which a 1.20 API server refuses. Here the
-    /// name is shortened
-    /// with a hash ([`autonodes_core::names::event_name`]), reason, action and note are
-    /// cut to what the API accepts, and each Event carries its own note.
+    /// Records an Event about `obj` ([`Events::record`]).
     pub async fn event<K>(
         &self,
         obj: &K,
@@ -170,11 +152,10 @@ impl Context {
     ) where
         K: Resource<DynamicType = ()>,
     {
-        self.event_about(obj.object_ref(&()), type_, reason, action, note)
-            .await;
+        self.events.record(obj, type_, reason, action, note).await;
     }
 
-    /// Records an Event about the object `regarding` refers to (see [`Context::event`]).
+    /// Records an Event about the object `regarding` refers to ([`Events::record_about`]).
     pub async fn event_about(
         &self,
         regarding: k8s_openapi::api::core::v1::ObjectReference,
@@ -183,75 +164,21 @@ impl Context {
         action: &str,
         note: String,
     ) {
-        use std::sync::atomic::Ordering;
-        let cluster_scoped = regarding.namespace.is_none();
-        let namespace = match &regarding.namespace {
-            Some(ns) => ns.clone(),
-            None if self.cluster_events_in_default.load(Ordering::Relaxed) => "default".into(),
-            None => "kube-system".into(),
-        };
-        let now = now();
-        let name = autonodes_core::names::event_name(
-            regarding.name.as_deref().unwrap_or("autonodes"),
-            now.as_nanosecond(),
-        );
-        let event = k8s_openapi::api::events::v1::Event {
-            metadata: kube::api::ObjectMeta {
-                name: Some(name),
-                namespace: Some(namespace.clone()),
-                ..Default::default()
-            },
-            action: Some(autonodes_api::conditions::cut(action, 128)),
-            reason: Some(autonodes_api::conditions::cut(reason, 128)),
-            note: Some(autonodes_api::conditions::cut(&note, 1000)),
-            type_: Some(match type_ {
-                EventType::Normal => "Normal".into(),
-                EventType::Warning => "Warning".into(),
-            }),
-            event_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
-                now,
-            )),
-            regarding: Some(regarding.clone()),
-            reporting_controller: Some(self.reporter.controller.clone()),
-            reporting_instance: Some(
-                self.reporter
-                    .instance
-                    .clone()
-                    .unwrap_or_else(|| self.reporter.controller.clone()),
-            ),
-            ..Default::default()
-        };
-        let api: Api<k8s_openapi::api::events::v1::Event> =
-            Api::namespaced(self.client.clone(), &namespace);
-        let mut result = api.create(&kube::api::PostParams::default(), &event).await;
-        let refused_in_default = matches!(&result, Err(kube::Error::Api(s)) if s.code == 422);
-        if cluster_scoped && namespace == "default" && refused_in_default {
-            self.cluster_events_in_default
-                .store(false, Ordering::Relaxed);
-            tracing::info!(
-                "the management API server refuses Events about cluster-scoped objects in \
-                 namespace default (as Kubernetes 1.20 does); recording them in kube-system"
-            );
-            let mut event = event;
-            event.metadata.namespace = Some("kube-system".into());
-            let api: Api<k8s_openapi::api::events::v1::Event> =
-                Api::namespaced(self.client.clone(), "kube-system");
-            result = api.create(&kube::api::PostParams::default(), &event).await;
-        }
-        if let Err(e) = result {
-            tracing::warn!(object = %regarding.name.unwrap_or_default(), error = %e, "recording an event failed");
-        }
+        self.events
+            .record_about(regarding, type_, reason, action, note)
+            .await;
     }
 
     /// Wakes the live claims scheduled to NodeType `name` (its definition changed: they
     /// may have drifted).
     pub fn wake_claims_of_type(&self, name: &str) {
         let mut woken = 0;
-        for claim in self.claims.state() {
+        for claim in self.claims().state() {
             let of_type = claim.status.as_ref().and_then(|s| s.type_ref.as_deref()) == Some(name);
             if of_type && claim.meta().deletion_timestamp.is_none() {
                 let _ = self
-                    .wake_claims
+                    .wakes
+                    .claims
                     .unbounded_send(ObjectRef::from_obj(&*claim));
                 woken += 1;
             }
@@ -262,10 +189,11 @@ impl Context {
     /// Wakes every claim that is not scheduled yet (capacity or types changed).
     pub fn wake_pending_claims(&self) {
         let mut woken = 0;
-        for claim in self.claims.state() {
+        for claim in self.claims().state() {
             if unscheduled(&claim) && claim.meta().deletion_timestamp.is_none() {
                 let _ = self
-                    .wake_claims
+                    .wakes
+                    .claims
                     .unbounded_send(ObjectRef::from_obj(&*claim));
                 woken += 1;
             }
@@ -290,37 +218,35 @@ impl Context {
             config.egress.clone(),
             config.tenant_limits,
         ));
-        let (reports, _) = mpsc::unbounded();
-        let (wake_claims, _) = mpsc::unbounded();
-        let (wake_types, _) = mpsc::unbounded();
-        let (wake_pools, _) = mpsc::unbounded();
-        let (_, synced) = tokio::sync::watch::channel(true);
+        for synced in [
+            reflectors.claims.synced_sender(),
+            reflectors.types.synced_sender(),
+            reflectors.providers.synced_sender(),
+        ] {
+            let _ = synced.send(true);
+        }
+        let (claims, _) = mpsc::unbounded();
+        let (types, _) = mpsc::unbounded();
+        let (pools, _) = mpsc::unbounded();
         Arc::new(Context {
+            events: Events::new(
+                client.clone(),
+                Reporter {
+                    controller: "autonodes".into(),
+                    instance: None,
+                },
+            ),
             client,
             clients,
             config,
-            reporter: Reporter {
-                controller: "autonodes".into(),
-                instance: None,
-            },
-            cluster_events_in_default: true.into(),
-            claims: reflectors.claims.store(),
-            types: reflectors.types.store(),
-            providers: reflectors.providers.store(),
-            quotas: reflectors.quotas.store(),
             reflectors,
-            catalogue: Default::default(),
-            claimed: Default::default(),
-            import_problems: Default::default(),
-            wake_pools,
-            published_joins: Default::default(),
-            expected_claims: Default::default(),
-            wake_claims,
-            wake_types,
+            index: Indexes::default(),
+            wakes: Wakes {
+                pools,
+                claims,
+                types,
+            },
             metrics: Arc::new(Metrics::new().expect("metrics register")),
-            synced,
-            reports,
-            warm: Default::default(),
         })
     }
 }
@@ -345,4 +271,31 @@ pub fn ledger_guard(
 ) -> std::sync::MutexGuard<'_, autonodes_core::ledger::ClaimedLedger> {
     lock.lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Names every field of [`Context`] with no `..`: a ninth field fails to compile here.
+    /// The stores are the reflectors' own, so marking those synced is what readiness waits
+    /// for.
+    #[tokio::test]
+    async fn the_context_has_eight_fields_and_reads_the_stores_of_the_reflectors() {
+        let ctx = Context::for_unit_tests(ControllerConfig::default());
+        tokio::time::timeout(std::time::Duration::from_secs(5), ctx.wait_synced())
+            .await
+            .expect("the reflectors' stores are marked synced");
+        assert!(std::ptr::eq(ctx.claims(), ctx.reflectors.claims.cache()));
+        let Context {
+            client: _,
+            clients: _,
+            config: _,
+            events: _,
+            reflectors: _,
+            index: _,
+            wakes: _,
+            metrics: _,
+        } = &*ctx;
+    }
 }

@@ -16,7 +16,7 @@ pub const SWEEP_INTERVAL: Duration = Duration::from_secs(5);
 pub fn sweep(ctx: &Context) {
     super::nodeclaim::refresh_claim_gauges(ctx);
     let live: HashSet<String> = ctx
-        .types
+        .types()
         .state()
         .iter()
         .filter(|t| t.metadata.deletion_timestamp.is_none())

@@ -20,7 +20,9 @@ pub mod catalogue;
 pub mod config;
 pub mod context;
 pub mod error;
+pub mod events;
 pub mod gauges;
+pub mod index;
 pub mod invalid;
 pub mod lenient;
 pub mod management_api;
@@ -36,7 +38,6 @@ pub mod status;
 pub mod sweep;
 pub mod vcluster_import;
 pub mod warm;
-pub mod warm_index;
 
 use std::sync::Arc;
 
@@ -48,7 +49,9 @@ use crate::metrics::Metrics;
 use crate::remote::clients::ClusterClients;
 use crate::remote::watches;
 use config::ControllerConfig;
-use context::{ledger_guard, Context};
+use context::{ledger_guard, Context, Wakes};
+use events::Events;
+use index::Indexes;
 use reflectors::Reflectors;
 use startup::installation_of_namespace;
 
@@ -115,7 +118,6 @@ pub async fn run(
         &config.installation,
     ));
 
-    let (synced_tx, synced_rx) = tokio::sync::watch::channel(false);
     let reporter = Reporter {
         controller: "autonodes".into(),
         instance: std::env::var("POD_NAME").ok(),
@@ -124,25 +126,15 @@ pub async fn run(
         client: client.clone(),
         clients,
         config,
-        reporter,
-        cluster_events_in_default: true.into(),
+        events: Events::new(client.clone(), reporter),
         reflectors: reflectors.clone(),
-        catalogue: Default::default(),
-        claims: r.claims.store(),
-        types: r.types.store(),
-        providers: r.providers.store(),
-        quotas: r.quotas.store(),
-        claimed,
-        published_joins: Default::default(),
-        import_problems: Default::default(),
-        wake_pools,
-        expected_claims: Default::default(),
-        wake_claims,
-        wake_types,
+        index: Indexes::with_ledger(claimed),
+        wakes: Wakes {
+            pools: wake_pools,
+            claims: wake_claims,
+            types: wake_types,
+        },
         metrics,
-        synced: synced_rx,
-        reports: reports.clone(),
-        warm: Default::default(),
     });
     tokio::spawn(invalid::report(ctx.clone(), reported));
     {
@@ -158,7 +150,6 @@ pub async fn run(
             reflectors.claims.wait_synced().await;
             reflectors.types.wait_synced().await;
             reflectors.providers.wait_synced().await;
-            let _ = synced_tx.send(true);
             ready.store(true, std::sync::atomic::Ordering::SeqCst);
             tracing::info!("caches synced; controllers ready");
         });

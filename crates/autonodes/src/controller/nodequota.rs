@@ -58,7 +58,7 @@ pub async fn run(
     r: &Reflectors,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,
 ) {
-    let quotas_of_claims = ctx.quotas.clone();
+    let quotas_of_claims = ctx.quotas().clone();
     let controller = Controller::for_shared_stream(r.quotas.applied(), r.quotas.store())
         .watches_shared_stream(r.claims.touched_objects(), move |c: Arc<NodeClaim>| {
             let namespace = c.namespace().unwrap_or_default();

@@ -131,7 +131,7 @@ pub async fn run(
     wakeups: UnboundedReceiver<ObjectRef<NodeType>>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,
 ) {
-    let types_store = ctx.types.clone();
+    let types_store = ctx.types().clone();
     let controller = Controller::for_shared_stream(r.types.applied(), r.types.store())
         .watches_shared_stream(r.claims.touched_objects(), move |c: Arc<NodeClaim>| {
             c.status

@@ -90,8 +90,8 @@ pub async fn run(
     r: &Reflectors,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,
 ) {
-    let types_of_claims = ctx.types.clone();
-    let providers_of_claims = ctx.providers.clone();
+    let types_of_claims = ctx.types().clone();
+    let providers_of_claims = ctx.providers().clone();
     let controller = Controller::for_shared_stream(r.providers.applied(), r.providers.store())
         .owns_shared_stream(r.types.spec_touched())
         .reconcile_on(r.claims.touched().filter_map(move |t| {
@@ -212,9 +212,9 @@ async fn host_check(p: &NodeProvider, ctx: &Context) -> (bool, ProviderReason, S
 /// arrive before this cache caught up, and the claim would wait for its next resync).
 fn wake_dependents(p: &NodeProvider, ctx: &Context) {
     let name = p.name_any();
-    for t in ctx.types.state() {
+    for t in ctx.types().state() {
         if t.spec.provider_ref == name {
-            let _ = ctx.wake_types.unbounded_send(ObjectRef::from_obj(&*t));
+            let _ = ctx.wakes.types.unbounded_send(ObjectRef::from_obj(&*t));
         }
     }
     ctx.wake_pending_claims();
@@ -362,7 +362,7 @@ struct Synced {
 /// Names of NodeTypes that live (not Failed, not gone) claims are scheduled to.
 pub fn types_in_use(ctx: &Context) -> BTreeMap<String, Vec<String>> {
     let mut used: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for c in ctx.claims.state() {
+    for c in ctx.claims().state() {
         if let Some(t) = c.status.as_ref().and_then(|s| s.type_ref.clone()) {
             used.entry(t).or_default().push(format!(
                 "{}/{}",
@@ -426,7 +426,7 @@ async fn sync_node_types(p: &NodeProvider, ctx: &Context) -> Result<Synced, Erro
         desired
             .labels_mut()
             .insert(LABEL_MANAGED_BY.into(), MANAGED_BY.into());
-        let unchanged = ctx.types.get(&ObjectRef::new(&name)).is_some_and(|cur| {
+        let unchanged = ctx.types().get(&ObjectRef::new(&name)).is_some_and(|cur| {
             cur.spec == desired.spec
                 && cur.metadata.owner_references == desired.metadata.owner_references
                 && desired
@@ -463,7 +463,7 @@ async fn sync_node_types(p: &NodeProvider, ctx: &Context) -> Result<Synced, Erro
     // just applied is wanted anyway, and one the store does not show yet is removed on the
     // reconcile its watch event brings.
     let existing = ctx
-        .types
+        .types()
         .state()
         .into_iter()
         .filter(|t| t.labels().get(LABEL_PROVIDER) == Some(&provider));
@@ -491,7 +491,7 @@ fn golden_volumes_wanted(p: &NodeProvider, ctx: &Context) -> BTreeSet<(String, S
     let pctx = ProviderContext::from_provider(p);
     let provider = p.name_any();
     let direct: Vec<NodeType> = ctx
-        .types
+        .types()
         .state()
         .iter()
         .filter(|t| t.spec.provider_ref == provider && t.metadata.deletion_timestamp.is_none())
@@ -546,7 +546,7 @@ async fn cleanup(p: &NodeProvider, ctx: &Context) -> Result<Action, Error> {
         .filter(|(t, _)| {
             t.starts_with(&prefix)
                 || ctx
-                    .types
+                    .types()
                     .get(&ObjectRef::new(t))
                     .is_some_and(|nt| nt.spec.provider_ref == provider)
         })

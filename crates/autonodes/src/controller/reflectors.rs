@@ -130,6 +130,17 @@ impl<K: Kind> Reflector<K> {
         self.store.clone()
     }
 
+    /// The store, borrowed.
+    pub fn cache(&self) -> &Store<K> {
+        &self.store
+    }
+
+    /// What marks the store synced (unit tests, whose stores no watch fills).
+    #[cfg(test)]
+    pub fn synced_sender(&self) -> &tokio::sync::watch::Sender<bool> {
+        &self.synced_tx
+    }
+
     /// Objects as they are created or changed (and every object after each full list).
     ///
     /// A subscriber that comes after the first full list gets every cached object first.

@@ -51,7 +51,7 @@ pub async fn run(
 /// The tenants some claim or pool names now.
 fn named_tenants(ctx: &Context) -> BTreeSet<(String, String)> {
     let claims = ctx
-        .claims
+        .claims()
         .state()
         .iter()
         .map(|c| {
@@ -100,14 +100,14 @@ fn targets(
     tenants: &mut BTreeSet<(String, String)>,
 ) -> BTreeMap<String, BTreeSet<String>> {
     let mut hosts: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for p in ctx.providers.state() {
+    for p in ctx.providers().state() {
         let r = &p.spec.kube_virt.cluster_ref;
         hosts
             .entry(r.cluster.clone())
             .or_default()
             .insert(r.namespace.clone());
     }
-    for c in ctx.claims.state() {
+    for c in ctx.claims().state() {
         if let Some(s) = &c.status {
             if let (Some(h), Some(ns)) = (&s.host_cluster, &s.vm_namespace) {
                 hosts.entry(h.clone()).or_default().insert(ns.clone());
@@ -288,7 +288,7 @@ pub async fn sweep(ctx: &Context, tenants: &mut BTreeSet<(String, String)>) -> u
         }
     }
     // Warm VMs belong to a type, not a claim: those of types that are gone.
-    removed += super::warm::sweep_gone_types(ctx, &ctx.types.state()).await;
+    removed += super::warm::sweep_gone_types(ctx, &ctx.types().state()).await;
     removed
 }
 
@@ -326,7 +326,7 @@ async fn remove(ctx: &Context, remote: &Remote, o: &Found) -> bool {
     match &o.cluster {
         Cluster::Host(host) => {
             // About every provider whose VMs go to that host and namespace.
-            for p in ctx.providers.state().iter().filter(|p| {
+            for p in ctx.providers().state().iter().filter(|p| {
                 let r = &p.spec.kube_virt.cluster_ref;
                 &r.cluster == host && r.namespace == o.namespace
             }) {

@@ -156,6 +156,7 @@ fn owned_by(pool: &NodePool, uid: &str) -> bool {
 /// imported, and wakes the pools whose answer changed (their `VClusterConfig` condition).
 fn record_problems(ctx: &Context, key: &str, problems: std::collections::BTreeMap<String, String>) {
     let before = ctx
+        .index
         .import_problems
         .lock()
         .ok()
@@ -178,7 +179,8 @@ fn record_problems(ctx: &Context, key: &str, problems: std::collections::BTreeMa
         .collect();
     for name in touched {
         let _ = ctx
-            .wake_pools
+            .wakes
+            .pools
             .unbounded_send(ObjectRef::new(name).within(ns));
     }
 }

@@ -6,14 +6,14 @@
 //! each one's own credential, user data and VM; removes the ones that are not wanted,
 //! drifted, silent or about to expire (the VM first, only as it was seen, then its
 //! credential); removes credentials whose VM is gone; and says what it found for the
-//! type's status. Claims take warm VMs from the [`crate::controller::warm_index::WarmIndex`] it fills (`nodeclaim::warm`).
+//! type's status. Claims take warm VMs from the [`crate::controller::index::warm_vms::WarmIndex`] it fills (`nodeclaim::warm`).
 
 use std::time::Duration;
 
 use kube::api::DynamicObject;
 use kube::ResourceExt;
 
-use super::warm_index::PoolWant;
+use super::index::warm_vms::PoolWant;
 use crate::controller::context::{now, Context};
 use crate::controller::error::Error;
 use crate::remote::clients::Remote;
@@ -120,7 +120,7 @@ fn observed(remote: &Remote, t: &PreparedType, installation: &str) -> Option<Vec
 
 /// One group of a type's warm VMs: the type's own, or a pool's.
 struct Group {
-    /// Its key in the [`WarmIndex`](super::warm_index::WarmIndex).
+    /// Its key in the [`WarmIndex`](super::index::warm_vms::WarmIndex).
     key: String,
     /// The pool it is kept for: its UID and what it asks (none for a pool that is gone
     /// and was never planned by this process), if any.
@@ -144,7 +144,7 @@ pub async fn reconcile(
     claimed: i64,
     had_warm: bool,
 ) -> WarmOutcome {
-    let pools = ctx.warm.pools_of_type(&t.name);
+    let pools = ctx.index.warm.pools_of_type(&t.name);
     let asks = t.warm_replicas > 0 || pools.values().any(|w| w.replicas > 0);
     if !asks && !had_warm && pools.is_empty() {
         return WarmOutcome::none();
@@ -172,10 +172,10 @@ pub async fn reconcile(
         };
     };
     if !asks && vms.is_empty() {
-        ctx.warm.set(&t.name, Vec::new(), 0, now());
+        ctx.index.warm.set(&t.name, Vec::new(), 0, now());
         for (uid, want) in &pools {
             let key = pool_key(&t.name, uid);
-            let before = ctx.warm.set(&key, Vec::new(), 0, now());
+            let before = ctx.index.warm.set(&key, Vec::new(), 0, now());
             if (before.current, before.granted) != (0, 0) {
                 wake_pool(ctx, want);
             }
@@ -206,7 +206,8 @@ fn pool_key(node_type: &str, uid: &str) -> String {
 
 fn wake_pool(ctx: &Context, want: &PoolWant) {
     let _ = ctx
-        .wake_pools
+        .wakes
+        .pools
         .unbounded_send(ObjectRef::<NodePool>::new(&want.name).within(&want.namespace));
 }
 
@@ -251,7 +252,7 @@ fn groups(
         .filter(|p| !planned.contains(*p))
         .collect();
     for uid in left {
-        let want = match ctx.warm.pool_want(uid) {
+        let want = match ctx.index.warm.pool_want(uid) {
             Some(w) => Some(Some(w)),
             None => unplanned_want(ctx, uid),
         };
@@ -302,7 +303,7 @@ fn about_to_take(ctx: &Context, t: &PreparedType, groups: &[Group]) -> usize {
         .filter_map(|g| g.pool.as_ref().map(|(uid, _)| uid.as_str()))
         .collect();
     // The type a claim holds, as this process scheduled it (its status may not say so yet).
-    let claims = ctx.claims.state();
+    let claims = ctx.claims().state();
     let held: Vec<std::sync::Arc<autonodes_api::NodeClaim>> = ctx.ledger(|l| {
         claims
             .into_iter()
@@ -350,7 +351,7 @@ async fn reconcile_on(
     let type_label = autonodes_core::names::label_value(&t.name);
     let leases = host.heartbeats(ns, &type_label).await?;
     let at = now();
-    let beats = ctx.warm.observe_beats(&t.name, &leases, at);
+    let beats = ctx.index.warm.observe_beats(&t.name, &leases, at);
     for Observed { vm, .. } in vms.iter_mut() {
         vm.heartbeat = beats.get(&vm.name).map(|b| b.seen);
     }
@@ -410,7 +411,7 @@ async fn reconcile_on(
             .filter(|v| !v.deleting && !removed.contains(&v.name.as_str()))
             .collect();
         let current = kept.len() as i64;
-        let before = ctx.warm.set(&group.key, kept, plan.wanted, at);
+        let before = ctx.index.warm.set(&group.key, kept, plan.wanted, at);
         ready_total += plan.ready;
         wanted_total += plan.wanted;
         not_reporting += plan.not_reporting;
@@ -420,12 +421,12 @@ async fn reconcile_on(
                 pools_current += current;
                 let exists = want.as_ref().is_some_and(|w| pool_exists(ctx, w, uid));
                 if current == 0 && !exists {
-                    ctx.warm.forget_pool(uid);
+                    ctx.index.warm.forget_pool(uid);
                 }
                 // The pool's status shows its warm VMs.
                 if let Some(want) = want
                     .as_ref()
-                    .filter(|_| before != ctx.warm.counts(&group.key, at))
+                    .filter(|_| before != ctx.index.warm.counts(&group.key, at))
                 {
                     wake_pool(ctx, want);
                 }
@@ -459,7 +460,7 @@ async fn reconcile_on(
         ready,
         pools: pools_current,
         cost: (current + pools_current) * t.cost,
-        bound: ctx.warm.bound(&t.name),
+        bound: ctx.index.warm.bound(&t.name),
     };
     let m = &ctx.metrics;
     let all = current + pools_current;

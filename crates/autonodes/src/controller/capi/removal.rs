@@ -37,7 +37,7 @@ pub(super) async fn remove_mirror(cctx: &CapiContext, ns: &str, name: &str) -> R
     }
     delete_mirror(&cctx.ctx, ns, name).await?;
     let claims_api: Api<NodeClaim> = Api::namespaced(cctx.ctx.client.clone(), ns);
-    let claims = cctx.ctx.claims.state();
+    let claims = cctx.ctx.claims().state();
     for mark in capi::claims_to_unmark(claims.iter().map(AsRef::as_ref), ns, name, &CLAIM_NAMES) {
         write_mark(&claims_api, ns, &mark).await?;
     }

@@ -136,8 +136,12 @@ impl ClaimContext {
         finalized.insert(uid.to_string());
         // Now and then, forget claims the store no longer holds.
         if finalized.len() % 256 == 0 {
-            let live: HashSet<String> =
-                self.claims.state().iter().filter_map(|c| c.uid()).collect();
+            let live: HashSet<String> = self
+                .claims()
+                .state()
+                .iter()
+                .filter_map(|c| c.uid())
+                .collect();
             finalized.retain(|u| live.contains(u));
         }
         true

@@ -23,7 +23,7 @@ use crate::remote::clients::Remote;
 pub(super) async fn claim_join<H: HostApi, T: TenantApi>(
     p: &mut Provisioning<'_, H, T>,
 ) -> Result<Result<(JoinParams, bool), Step>, Error> {
-    let token = ensure_token(p.claim, p.ctx, p.tenant()).await?;
+    let token = ensure_token(p.claim, p.ctx.config, p.tenant()).await?;
     let info = p.tenant().join_info().await?;
     let download_url = p.ctx.config.kubernetes_download_url.clone();
     match join_params(p.tenant().remote(), &token.token, info, download_url) {

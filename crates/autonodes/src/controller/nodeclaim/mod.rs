@@ -68,7 +68,7 @@ use autonodes_api::reasons::ClaimReason;
 use autonodes_api::{NodeClaim, NodeClaimPhase, NodeQuota, NodeType, FINALIZER};
 use autonodes_core::catalogue::PreparedType;
 use context::ClaimContext;
-use provisioning::{uid, Provisioning, Step};
+use provisioning::{uid, Provisioning, StageContext, Step};
 use schedule::{schedule, Schedule};
 pub use status::refresh_claim_gauges;
 use status::{StatusWriter, JOINED, PROVISIONED, READY, SCHEDULED};
@@ -88,9 +88,9 @@ pub async fn run(
     wakeups: UnboundedReceiver<ObjectRef<NodeClaim>>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,
 ) {
-    let claims_for_types = ctx.claims.clone();
+    let claims_for_types = ctx.claims().clone();
     let type_states = std::sync::Mutex::new(std::collections::HashMap::new());
-    let claims_for_quotas = ctx.claims.clone();
+    let claims_for_quotas = ctx.claims().clone();
     let controller = Controller::for_shared_stream(r.claims.applied(), r.claims.store())
         .watches_shared_stream(r.types.touched_objects(), move |t: Arc<NodeType>| {
             // A type that appeared, went, or changed its spec or phase may let pending
@@ -278,7 +278,7 @@ async fn provision(
     };
     let mut p = Provisioning {
         claim,
-        ctx,
+        ctx: StageContext::of(ctx),
         node_type,
         tenant: ctx.tenant(tenant),
         host: ctx.host(&host),
@@ -380,7 +380,7 @@ async fn fail(
     }
     ctx.wake_pending_claims();
     if let Some(t) = claim.status.as_ref().and_then(|s| s.type_ref.as_ref()) {
-        let _ = ctx.wake_types.unbounded_send(ObjectRef::new(t));
+        let _ = ctx.wakes.types.unbounded_send(ObjectRef::new(t));
     }
     Ok(Action::requeue(Duration::from_secs(1)))
 }

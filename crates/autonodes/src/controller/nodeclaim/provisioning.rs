@@ -8,21 +8,54 @@ use k8s_openapi::api::core::v1::Node;
 use kube::runtime::controller::Action;
 use kube::ResourceExt;
 
-use super::context::ClaimContext;
 use super::status::StatusWriter;
-use crate::controller::context::now;
+use crate::controller::config::ControllerConfig;
+use crate::controller::context::{now, Context, Wakes};
 use crate::controller::error::Error;
+use crate::controller::events::Events;
+use crate::controller::index::warm_vms::WarmIndex;
+use crate::metrics::Metrics;
 use crate::remote::api::{HostApi, TenantApi};
 use autonodes_api::reasons::ClaimReason;
 use autonodes_api::NodeClaim;
 use autonodes_core::catalogue::PreparedType;
 
+/// What the stages read of the controllers' context, and nothing more: settings, the
+/// counters they move, the Event recorder, the warm VMs claims take from, and the wake-ups
+/// of node types.
+#[derive(Clone, Copy)]
+pub struct StageContext<'a> {
+    /// Settings (timeouts, installation, where nodes download Kubernetes).
+    pub config: &'a ControllerConfig,
+    /// Counters the stages move (claims created, warm VMs taken).
+    pub metrics: &'a Metrics,
+    /// The Event recorder.
+    pub events: &'a Events,
+    /// The warm VMs claims take from.
+    pub warm: &'a WarmIndex,
+    /// Wakes other controllers (a node type whose warm VM was taken).
+    pub wakes: &'a Wakes,
+}
+
+impl<'a> StageContext<'a> {
+    /// What the stages read of `ctx`.
+    pub fn of(ctx: &'a Context) -> Self {
+        StageContext {
+            config: &ctx.config,
+            metrics: &ctx.metrics,
+            events: &ctx.events,
+            warm: &ctx.index.warm,
+            wakes: &ctx.wakes,
+        }
+    }
+}
+
 /// One reconcile of a scheduled claim: what its stages read, and the status they change.
 pub struct Provisioning<'a, H, T> {
     /// The claim as this reconcile saw it.
     pub claim: &'a NodeClaim,
-    /// The controllers' context.
-    pub ctx: &'a ClaimContext,
+    /// What the stages read of the controllers' context.
+    pub ctx: StageContext<'a>,
     /// The node type the claim was scheduled to.
     pub node_type: &'a PreparedType,
     /// The tenant cluster.

@@ -38,7 +38,8 @@ pub(super) async fn restart<H: HostApi, T: TenantApi>(
         let (ns, name) = (&p.vm_ns, &p.vm_name);
         tracing::info!(nodeclaim = %p.claim.name_any(), vm = %format!("{ns}/{name}"), "restarting the VM");
         p.ctx
-            .event(
+            .events
+            .record(
                 p.claim,
                 EventType::Normal,
                 "VirtualMachineRestarted",

@@ -215,7 +215,7 @@ pub(super) async fn schedule(
             return Err(e);
         }
     };
-    let _ = ctx.wake_types.unbounded_send(ObjectRef::new(&chosen.name));
+    let _ = ctx.wakes.types.unbounded_send(ObjectRef::new(&chosen.name));
     Ok(Schedule::Chosen(Box::new(Scheduled {
         node_type: chosen,
         claim: written,
@@ -388,16 +388,16 @@ fn host_zone(
             "node type {} on host cluster {}: {}",
             t.name,
             t.host_cluster,
-            room.refusal(&ctx.claims, ledger, zone)
+            room.refusal(ctx.claims(), ledger, zone)
         ),
     };
     match scheduling::zone_for(t, claim, request, in_use) {
         // A type without zones: any host node.
-        None if room.fits(&ctx.claims, ledger, None) => Ok(None),
+        None if room.fits(ctx.claims(), ledger, None) => Ok(None),
         None => Err(refused(None)),
         // A zone: the claim's, or one the type offers it that has room.
         Some(first) => scheduling::zone_for_where(t, claim, request, in_use, |z| {
-            room.fits(&ctx.claims, ledger, Some(z))
+            room.fits(ctx.claims(), ledger, Some(z))
         })
         .map(Some)
         .ok_or_else(|| refused(Some(&first))),

@@ -262,7 +262,7 @@ pub fn refresh_claim_gauges(ctx: &Context) {
     let mut cost: BTreeMap<(String, String, String), i64> = BTreeMap::new();
     let mut oldest: BTreeMap<String, i64> = BTreeMap::new();
     let now = k8s_openapi::jiff::Timestamp::now();
-    for c in ctx.claims.state() {
+    for c in ctx.claims().state() {
         let s = c.status.clone().unwrap_or_default();
         let phase = s
             .phase

@@ -503,7 +503,12 @@ pub(super) async fn cleanup(claim: &NodeClaim, ctx: &ClaimContext) -> Result<Act
         r.released.insert(uid.clone());
         // Now and then, forget releases whose claims the store no longer holds.
         if r.released.len() % 256 == 0 {
-            let live: HashSet<String> = ctx.claims.state().iter().filter_map(|c| c.uid()).collect();
+            let live: HashSet<String> = ctx
+                .claims()
+                .state()
+                .iter()
+                .filter_map(|c| c.uid())
+                .collect();
             r.released.retain(|u| live.contains(u));
         }
     }
@@ -516,7 +521,7 @@ pub(super) async fn cleanup(claim: &NodeClaim, ctx: &ClaimContext) -> Result<Act
     }
     ctx.wake_pending_claims();
     if let Some(t) = claim.status.as_ref().and_then(|s| s.type_ref.as_ref()) {
-        let _ = ctx.wake_types.unbounded_send(ObjectRef::new(t));
+        let _ = ctx.wakes.types.unbounded_send(ObjectRef::new(t));
     }
     tracing::info!(nodeclaim = %claim.name_any(), namespace = %claim.namespace().unwrap_or_default(), "claim cleaned up");
     Ok(Action::await_change())

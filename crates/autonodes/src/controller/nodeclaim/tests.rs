@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
 
 use super::context::ClaimContext;
-use super::provisioning::{Provisioning, Step};
+use super::provisioning::{Provisioning, StageContext, Step};
 use super::status::{StatusWriter, JOINED, PROVISIONED, READY};
 use super::terminate::{remove_from, RemoteNames, Removal};
 use super::tokens::ensure_token;
@@ -96,7 +96,7 @@ async fn walk_once(
 ) -> (Result<Step, Error>, autonodes_api::NodeClaimStatus) {
     let mut p = Provisioning {
         claim,
-        ctx,
+        ctx: StageContext::of(ctx),
         node_type: t,
         tenant,
         host,
@@ -362,9 +362,11 @@ async fn a_tenant_too_old_to_join_stops_the_launch_with_unsupported_tenant_versi
 async fn a_live_token_is_reused_and_a_stale_one_is_replaced_by_a_fresh_one() {
     let (ctx, t, _, tenant) = setup();
     let c = claim(&t, Duration::from_secs(5), serde_json::json!([]));
-    let first = ensure_token(&c, &ctx, &tenant).await.expect("a token");
+    let first = ensure_token(&c, &ctx.config, &tenant)
+        .await
+        .expect("a token");
     assert!(first.fresh);
-    let again = ensure_token(&c, &ctx, &tenant)
+    let again = ensure_token(&c, &ctx.config, &tenant)
         .await
         .expect("the same token");
     assert!(!again.fresh);
@@ -377,7 +379,9 @@ async fn a_live_token_is_reused_and_a_stale_one_is_replaced_by_a_fresh_one() {
             k8s_openapi::ByteString(b"2020-01-01T00:00:00Z".to_vec()),
         );
     }
-    let fresh = ensure_token(&c, &ctx, &tenant).await.expect("a new token");
+    let fresh = ensure_token(&c, &ctx.config, &tenant)
+        .await
+        .expect("a new token");
     assert!(fresh.fresh);
     assert_ne!(fresh.token.token(), first.token.token());
     assert_eq!(

@@ -9,8 +9,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::ByteString;
 use kube::ResourceExt;
 
-use super::context::ClaimContext;
 use super::provisioning::uid;
+use crate::controller::config::ControllerConfig;
 use crate::controller::context::now;
 use crate::controller::error::Error;
 use crate::remote::api::TenantApi;
@@ -84,7 +84,7 @@ pub(super) struct Token {
 /// deleting any other (at most one live token per claim).
 pub(super) async fn ensure_token(
     claim: &NodeClaim,
-    ctx: &ClaimContext,
+    config: &ControllerConfig,
     tenant: &impl TenantApi,
 ) -> Result<Token, Error> {
     let uid = uid(claim)?;
@@ -119,7 +119,7 @@ pub(super) async fn ensure_token(
         });
     }
     let token = new_token()?;
-    let lifetime = token_lifetime(ctx.config.launch_timeout, ctx.config.registration_timeout);
+    let lifetime = token_lifetime(config.launch_timeout, config.registration_timeout);
     let expiration = now()
         .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(
             i64::try_from(lifetime.as_secs()).unwrap_or(i64::MAX),
@@ -148,7 +148,7 @@ pub(super) async fn ensure_token(
         metadata: ObjectMeta {
             name: Some(token.secret_name()),
             namespace: Some(TOKEN_NAMESPACE.into()),
-            labels: Some(claim_labels(claim, &ctx.config.installation)),
+            labels: Some(claim_labels(claim, &config.installation)),
             ..Default::default()
         },
         type_: Some("bootstrap.kubernetes.io/token".into()),

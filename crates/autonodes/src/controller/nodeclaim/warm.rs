@@ -83,12 +83,14 @@ pub(super) async fn serve<H: HostApi, T: TenantApi>(
                     if pool_uid.is_none() {
                         let _ = p
                             .ctx
-                            .wake_types
+                            .wakes
+                            .types
                             .unbounded_send(ObjectRef::<NodeType>::new(&type_name));
                     }
                     tracing::info!(nodeclaim = %p.claim.name_any(), namespace = %claim_ns, vm = %format!("{ns}/{candidate}"), "took a warm VirtualMachine");
                     p.ctx
-                        .event(
+                        .events
+                        .record(
                             p.claim,
                             EventType::Normal,
                             "WarmVirtualMachineTaken",

@@ -59,7 +59,7 @@ pub async fn run(
     wakeups: mpsc::UnboundedReceiver<ObjectRef<NodePool>>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,
 ) {
-    let wake = ctx.wake_pools.clone();
+    let wake = ctx.wakes.pools.clone();
     let pctx = Arc::new(PoolContext {
         ctx,
         pools: reflectors.pools.store(),
@@ -123,7 +123,7 @@ async fn reconcile_pool(pool: &NodePool, pctx: &PoolContext) -> Result<Action, E
 
     // The repair defaults of the provider the pool names.
     let provider = pool.spec.provider_ref.as_deref().and_then(|p| {
-        ctx.providers
+        ctx.providers()
             .get(&kube::runtime::reflector::ObjectRef::new(p))
     });
 
@@ -147,7 +147,7 @@ async fn reconcile_pool(pool: &NodePool, pctx: &PoolContext) -> Result<Action, E
     });
 
     if let Some(vcluster) = pool.labels().get(autonodes_core::vcluster::LABEL_VCLUSTER) {
-        let problem = ctx.import_problems.lock().ok().and_then(|p| {
+        let problem = ctx.index.import_problems.lock().ok().and_then(|p| {
             p.get(&format!("{ns}/{vcluster}"))
                 .and_then(|m| m.get(&name))
                 .cloned()

@@ -70,7 +70,7 @@ pub(super) fn room(ctx: &Context, ns: &str, claims: &Claims) -> ClaimRoom {
 /// claims would only wait: say so on the pool and leave them as they are).
 pub(super) async fn problem(ctx: &Context, pool: &NodePool) -> Option<Verdict> {
     let problem = template_problem(&pool.spec, |p| {
-        ctx.providers.get(&ObjectRef::new(p)).is_some()
+        ctx.providers().get(&ObjectRef::new(p)).is_some()
     });
     if problem.is_some() {
         return problem;
@@ -151,7 +151,7 @@ pub(super) async fn tenant(pctx: &PoolContext, pool: &NodePool) -> Result<Tenant
     let (pods, nodes, daemonsets) = tenant::objects(pctx, &remote).await?;
     let claimed = crate::controller::catalogue::claimed_counts(ctx);
     let overheads = ctx
-        .types
+        .types()
         .state()
         .iter()
         .filter_map(|t| Some((t.name_any(), t.spec.overhead.clone()?)))

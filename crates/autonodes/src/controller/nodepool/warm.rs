@@ -1,6 +1,6 @@
 //! A pool's warm VMs (`spec.warm`): how many it keeps and of which type, within its
 //! namespace's room (core `warm::pool::plan_pool`), published in the
-//! [`WarmIndex`](crate::controller::warm_index::WarmIndex) for the NodeType controller that
+//! [`WarmIndex`](crate::controller::index::warm_vms::WarmIndex) for the NodeType controller that
 //! keeps them; and the pool's `status.warm` and `WarmReady` condition from what was kept.
 
 use autonodes_api::{NodePool, NodePoolWarm};
@@ -15,7 +15,7 @@ use kube::ResourceExt;
 
 use super::observe::Claims;
 use crate::controller::context::{now, Context};
-use crate::controller::warm_index::PoolWant;
+use crate::controller::index::warm_vms::PoolWant;
 
 /// What the pool's status says of its warm VMs.
 pub(super) struct PoolWarmState {
@@ -37,7 +37,7 @@ pub(super) fn reconcile(
     problem: Option<&Verdict>,
 ) -> PoolWarmState {
     let ns = pool.namespace().unwrap_or_default();
-    let before = ctx.warm.pool_want(uid);
+    let before = ctx.index.warm.pool_want(uid);
     let asked = pool_warm::replicas(&pool.spec);
     if asked == 0 && before.is_none() {
         return PoolWarmState {
@@ -67,7 +67,7 @@ pub(super) fn reconcile(
         .map(|t| pool_warm::group_key(t, &autonodes_core::names::label_value(uid)));
     let short = key
         .as_deref()
-        .is_some_and(|k| ctx.warm.counts(k, now()).current < want.replicas);
+        .is_some_and(|k| ctx.index.warm.counts(k, now()).current < want.replicas);
     if before.as_ref() != Some(&want) || short {
         // The types that keep (or kept) the pool's warm VMs look again (also to refill what
         // the pool's claims took).
@@ -78,9 +78,9 @@ pub(super) fn reconcile(
         .into_iter()
         .flatten()
         {
-            let _ = ctx.wake_types.unbounded_send(ObjectRef::new(&t));
+            let _ = ctx.wakes.types.unbounded_send(ObjectRef::new(&t));
         }
-        ctx.warm.want(uid, want);
+        ctx.index.warm.want(uid, want);
     }
     state(ctx, uid, &plan, before.and_then(|b| b.node_type))
 }
@@ -102,7 +102,8 @@ fn plan(
     // to make room for it first.
     let label = autonodes_core::names::label_value(uid);
     let warm_now: i64 = before.and_then(|w| w.node_type.as_deref()).map_or(0, |t| {
-        ctx.warm
+        ctx.index
+            .warm
             .counts(&pool_warm::group_key(t, &label), now())
             .current
     });
@@ -119,7 +120,7 @@ fn plan(
         .filter(|c| autonodes_core::pool::limits::holds_a_place(c))
         .count()
         .saturating_sub(taking);
-    let others = ctx.warm.namespace_warm(&ns, uid);
+    let others = ctx.index.warm.namespace_warm(&ns, uid);
     let room = namespace_room(
         &NamespaceClaims {
             namespace: &ns,
@@ -154,7 +155,7 @@ fn state(
 ) -> PoolWarmState {
     let at = now();
     let label = autonodes_core::names::label_value(uid);
-    let counts = |t: &str| ctx.warm.counts(&pool_warm::group_key(t, &label), at);
+    let counts = |t: &str| ctx.index.warm.counts(&pool_warm::group_key(t, &label), at);
     let here = plan.node_type.as_deref().map(counts).unwrap_or_default();
     // Warm VMs still kept on a type the pool left (being removed).
     let left = before_type
@@ -163,7 +164,7 @@ fn state(
         .unwrap_or(0);
     let (status, condition) = pool_warm::pool_status(plan, here, left);
     if plan.asked == 0 && status.is_none() {
-        ctx.warm.forget_pool(uid);
+        ctx.index.warm.forget_pool(uid);
     }
     PoolWarmState {
         status,

@@ -10,8 +10,6 @@ use crate::reasons::ClaimReason;
 pub const TRUE: &str = "True";
 /// Condition status `False`.
 pub const FALSE: &str = "False";
-/// Condition status `Unknown`.
-pub const UNKNOWN: &str = "Unknown";
 
 /// The longest condition message written, in bytes (the API allows 32768; a longer one
 /// would make the whole status write fail). Longer messages are cut with `…`.

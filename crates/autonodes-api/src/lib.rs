@@ -7,6 +7,7 @@
 //! reads and writes).
 
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 // Documented for the workspace's developers (`cargo doc --document-private-items`): public
 // items may name the private helpers they are made of.
 #![allow(rustdoc::private_intra_doc_links)]

@@ -183,6 +183,7 @@ impl ClaimedLedger {
     }
 
     /// Whether the claim's cleanup finished.
+    #[cfg(test)]
     pub fn is_released(&self, uid: &str) -> bool {
         self.entries.get(uid).is_some_and(|e| e.released)
     }

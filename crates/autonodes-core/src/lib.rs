@@ -29,6 +29,7 @@
 //! - [`yaml`]: YAML in and out, bounded for untrusted text;
 //! - [`zones`]: the zone a claim's node goes to.
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 // Documented for the workspace's developers (`cargo doc --document-private-items`): public
 // items may name the private helpers they are made of.
 #![allow(rustdoc::private_intra_doc_links)]

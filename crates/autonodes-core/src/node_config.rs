@@ -15,7 +15,6 @@ use crate::properties::{
     PROP_OS, PROP_PROVIDER,
 };
 use crate::requirements::{self};
-use crate::resources::{self, ResourceAmounts};
 use crate::scheduling::{narrow_offer, CheckedRequirement};
 use crate::template;
 
@@ -328,13 +327,4 @@ pub fn kubelet_args(
             .map(|(k, v)| (k.clone(), v.clone())),
     );
     args
-}
-
-/// Formats a type's resources for messages (`4 CPU, 16Gi`).
-pub fn describe_resources(amounts: &ResourceAmounts) -> String {
-    format!(
-        "{} CPU, {}",
-        resources::format_cpu(amounts.cpu_millis()),
-        resources::format_memory(amounts.memory_bytes())
-    )
 }

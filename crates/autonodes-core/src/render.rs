@@ -144,17 +144,6 @@ pub enum RenderError {
     },
 }
 
-impl RenderError {
-    /// For [`RenderError::NoFit`]: the `Scheduled=False` reason
-    /// (`NoMatchingNodeType` or `InsufficientCapacity`).
-    pub fn no_fit_reason(&self) -> Option<&'static str> {
-        match self {
-            RenderError::NoFit { source, .. } => Some(source.reason),
-            _ => None,
-        }
-    }
-}
-
 fn claim_id(claim: &NodeClaim) -> String {
     format!(
         "{}/{}",

@@ -192,7 +192,7 @@ pub(crate) enum Offer<'a> {
 
 impl<'a> Offer<'a> {
     /// Reads a property value.
-    pub fn parse(value: &'a str) -> Offer<'a> {
+    pub(crate) fn parse(value: &'a str) -> Offer<'a> {
         if value.trim() == "*" {
             return Offer::Any;
         }

@@ -625,15 +625,5 @@ pub(crate) fn check_vm_template(template: &Value, node_type: &str) -> Result<(),
     finalize_vm(template, &id, node_type).map(|_| ())
 }
 
-/// The whole composition (steps 1–4) for one node type and one VM.
-pub fn compose_vm(
-    input: &TypeTemplateInput<'_>,
-    id: &VmIdentity<'_>,
-) -> Result<(Value, Vec<Taint>), TemplateError> {
-    let t = compose_type_template(input)?;
-    let vm = finalize_vm(&t.template, id, input.node_type)?;
-    Ok((vm, t.taints))
-}
-
 #[cfg(test)]
 mod tests;

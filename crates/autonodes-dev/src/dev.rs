@@ -16,7 +16,7 @@ use clap::Args;
 
 /// Flags of `autonodes-dev dev`.
 #[derive(Clone, Debug, Args)]
-pub struct DevArgs {
+pub(crate) struct DevArgs {
     /// Directory for the clusters' data, logs and kubeconfigs (recreated on start).
     #[arg(long, default_value = ".dev")]
     pub dir: PathBuf,
@@ -107,7 +107,7 @@ fn install_test_env(root: &Path) -> anyhow::Result<()> {
 }
 
 /// Runs the playground until Ctrl-C.
-pub async fn run(args: DevArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(args: DevArgs) -> anyhow::Result<()> {
     // The API servers answer /readyz with 500 while they start; kube's client logs each.
     autonodes::run::init_tracing_with(
         autonodes::run::LogFormat::Text,

@@ -1,4 +1,5 @@
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 //! `autonodes-dev`: the playground and the standalone KubeVirt simulator. Built from the
 //! workspace's default member, so `cargo run -- dev` starts the playground. The controller
 //! binary (`autonodes`) links none of this.

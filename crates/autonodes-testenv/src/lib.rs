@@ -13,6 +13,7 @@
 //! - [`qemu`]: real guests (QEMU, with KVM where it can boot them, else TCG) from the images `scripts/guest-image.sh` builds,
 //!   with a NoCloud seed as KubeVirt makes it.
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 // Documented for the workspace's developers (`cargo doc --document-private-items`): public
 // items may name the private helpers they are made of.
 #![allow(rustdoc::private_intra_doc_links)]

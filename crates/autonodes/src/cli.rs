@@ -10,12 +10,12 @@ use clap::{Parser, Subcommand};
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
-    pub command: Command,
+    pub(crate) command: Command,
 }
 
 /// The subcommands of `autonodes`.
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Write the CustomResourceDefinitions, one YAML file per CRD.
     Crdgen {
         /// Directory to write into.

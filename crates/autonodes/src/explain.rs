@@ -28,7 +28,7 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, Service};
 
 /// What to explain.
 #[derive(Debug, Clone, clap::Subcommand)]
-pub enum Target {
+pub(crate) enum Target {
     /// A NodeClaim: each node type and why it was or was not chosen.
     Nodeclaim {
         /// `NAMESPACE/NAME`.
@@ -69,7 +69,7 @@ pub enum Target {
 
 /// Output format of `autonodes explain`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum Format {
+pub(crate) enum Format {
     /// Text for people.
     #[default]
     Text,
@@ -79,7 +79,7 @@ pub enum Format {
 
 /// Arguments of `autonodes explain`.
 #[derive(Debug, Clone, clap::Args)]
-pub struct ExplainArgs {
+pub(crate) struct ExplainArgs {
     /// What to explain.
     #[command(subcommand)]
     pub target: Target,
@@ -99,19 +99,19 @@ pub struct ExplainArgs {
 }
 
 /// The longest the reads of a tenant for one explanation may take.
-pub const TENANT_READ_LIMIT: Duration = Duration::from_secs(30);
+pub(crate) const TENANT_READ_LIMIT: Duration = Duration::from_secs(30);
 
 /// Where `explain` lets a tenant client connect: the controller's address policy for
 /// tenants, with the management API server refused.
 #[derive(Clone, Debug)]
-pub struct TenantGuard {
+pub(crate) struct TenantGuard {
     egress: crate::remote::egress::Egress,
 }
 
 impl TenantGuard {
     /// The policy of `--tenant-allow-cidrs` (`allow`) with the management cluster's API
     /// server (`protected`) refused.
-    pub fn new(allow: &str, protected: &[std::net::SocketAddr]) -> anyhow::Result<Self> {
+    pub(crate) fn new(allow: &str, protected: &[std::net::SocketAddr]) -> anyhow::Result<Self> {
         let egress = crate::remote::egress::Egress::allowing_list(allow)
             .map_err(|e| anyhow::anyhow!("--tenant-allow-cidrs: {e}"))?;
         Ok(TenantGuard {
@@ -141,7 +141,7 @@ fn split(name: &str) -> anyhow::Result<(&str, &str)> {
 }
 
 /// Explains the target against the cluster of the current kubeconfig and prints it.
-pub async fn run(args: ExplainArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(args: ExplainArgs) -> anyhow::Result<()> {
     let config = kube::Config::infer()
         .await
         .context("reading the current kubeconfig (the management cluster)")?;
@@ -165,7 +165,7 @@ pub async fn run(args: ExplainArgs) -> anyhow::Result<()> {
 
 /// The explanation of `args.target`, read through `client` (the tenant where `guard`
 /// lets its client connect).
-pub async fn explain(
+pub(crate) async fn explain(
     client: &Client,
     args: &ExplainArgs,
     guard: &TenantGuard,

@@ -8,7 +8,7 @@ use autonodes_core::vcluster;
 
 /// Arguments of `autonodes import-vcluster`.
 #[derive(Debug, clap::Args)]
-pub struct ImportArgs {
+pub(crate) struct ImportArgs {
     /// The vCluster's `vcluster.yaml` (or its chart values), `-` for standard input.
     #[arg(short = 'f', long = "file")]
     pub file: PathBuf,
@@ -22,7 +22,7 @@ pub struct ImportArgs {
 
 /// Prints the pools as a YAML stream, and each entry that cannot be mapped on standard
 /// error; fails when any could not.
-pub fn run(args: ImportArgs) -> anyhow::Result<()> {
+pub(crate) fn run(args: ImportArgs) -> anyhow::Result<()> {
     let text = if args.file.as_os_str() == "-" {
         let mut buf = Vec::new();
         std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf)

@@ -68,7 +68,7 @@ impl LeaderConfig {
 }
 
 /// `<pod name or hostname>_<random>`: unique per process, readable in `kubectl get lease`.
-pub fn default_identity() -> String {
+pub(crate) fn default_identity() -> String {
     let host = std::env::var("POD_NAME")
         .ok()
         .filter(|s| !s.is_empty())
@@ -85,7 +85,7 @@ pub fn default_identity() -> String {
 
 /// Errors of leader election.
 #[derive(Debug, thiserror::Error)]
-pub enum LeaderError {
+pub(crate) enum LeaderError {
     /// A call to the API server failed.
     #[error("{context} Lease {namespace}/{name}: {source}")]
     Kube {
@@ -112,7 +112,7 @@ pub enum LeaderError {
 
 /// The outcome of one acquire-or-renew attempt.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Attempt {
+pub(crate) enum Attempt {
     /// This replica holds the Lease (just acquired or renewed).
     Held,
     /// Another replica holds a Lease that has not expired.
@@ -122,7 +122,7 @@ pub enum Attempt {
 }
 
 /// One replica's view of the Lease and its writes to it.
-pub struct LeaderElector {
+pub(crate) struct LeaderElector {
     api: Api<Lease>,
     config: LeaderConfig,
     /// resourceVersion last seen and when (this process's clock) it was first seen.
@@ -133,7 +133,7 @@ pub struct LeaderElector {
 
 impl LeaderElector {
     /// An elector for the Lease `config.namespace/config.lease_name`.
-    pub fn new(client: Client, config: LeaderConfig) -> Self {
+    pub(crate) fn new(client: Client, config: LeaderConfig) -> Self {
         LeaderElector {
             api: Api::namespaced(client, &config.namespace),
             config,
@@ -143,7 +143,7 @@ impl LeaderElector {
     }
 
     /// The settings.
-    pub fn config(&self) -> &LeaderConfig {
+    pub(crate) fn config(&self) -> &LeaderConfig {
         &self.config
     }
 
@@ -169,7 +169,7 @@ impl LeaderElector {
     }
 
     /// Tries once to acquire the Lease, or to renew it when this replica holds it.
-    pub async fn try_acquire_or_renew(&mut self) -> Result<Attempt, LeaderError> {
+    pub(crate) async fn try_acquire_or_renew(&mut self) -> Result<Attempt, LeaderError> {
         let name = self.config.lease_name.clone();
         let current = self.api.get_opt(&name).await.map_err(self.err("reading"))?;
         let Some(mut lease) = current else {
@@ -237,7 +237,7 @@ impl LeaderElector {
     /// Retries until this replica holds the Lease (true) or `stop` resolves (false).
     /// `on_observed` runs after the first successful read of the Lease (the replica is a
     /// working follower from then on).
-    pub async fn acquire(
+    pub(crate) async fn acquire(
         &mut self,
         stop: impl Future<Output = ()>,
         mut on_observed: impl FnMut(),
@@ -270,7 +270,7 @@ impl LeaderElector {
 
     /// Renews the Lease every retry period until `stop` resolves (Ok) or the Lease is lost
     /// (Err): not renewed within the renew deadline, or taken by another replica.
-    pub async fn hold(&mut self, stop: impl Future<Output = ()>) -> Result<(), LeaderError> {
+    pub(crate) async fn hold(&mut self, stop: impl Future<Output = ()>) -> Result<(), LeaderError> {
         tokio::pin!(stop);
         let mut last_renewal = Instant::now();
         loop {
@@ -318,7 +318,7 @@ impl LeaderElector {
 
     /// Gives the Lease up (graceful shutdown): clears `holderIdentity` if this replica still
     /// holds it, with a conditional write, so a follower takes over at its next retry.
-    pub async fn release(&mut self) -> Result<(), LeaderError> {
+    pub(crate) async fn release(&mut self) -> Result<(), LeaderError> {
         if !self.holding {
             return Ok(());
         }

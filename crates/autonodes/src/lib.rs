@@ -12,20 +12,22 @@
 //! The types live in `autonodes-api` and every decision in the pure `autonodes-core`; the
 //! controller names them by those names.
 #![forbid(unsafe_code)]
+// What the binary, the tests and the other crates do not name is `pub(crate)`.
+#![warn(unreachable_pub)]
 // The crate documents itself for its developers (`cargo doc --document-private-items`):
 // its public modules name the private stages and helpers they are made of.
 #![allow(rustdoc::private_intra_doc_links)]
 
 pub mod cli;
 pub mod controller;
-pub mod explain;
-pub mod import_vcluster;
+pub(crate) mod explain;
+pub(crate) mod import_vcluster;
 pub mod leader;
 pub mod metrics;
 pub mod metrics_auth;
-pub mod metrics_tls;
-pub mod random;
+pub(crate) mod metrics_tls;
+pub(crate) mod random;
 pub mod remote;
 pub mod render;
 pub mod run;
-pub mod server;
+pub(crate) mod server;

@@ -1,4 +1,5 @@
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 //! The `autonodes` binary; everything lives in the library.
 
 use clap::Parser;

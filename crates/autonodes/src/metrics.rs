@@ -7,10 +7,10 @@ use prometheus::{
 
 /// The `result` label values of `autonodes_reconcile_total`: done, retried soon because it
 /// read a stale copy or waits for something that takes time (not a failure), failed.
-pub const RECONCILE_RESULTS: [&str; 3] = ["ok", "requeued", "error"];
+pub(crate) const RECONCILE_RESULTS: [&str; 3] = ["ok", "requeued", "error"];
 
 /// The `controller` label values of `autonodes_reconcile_total`.
-pub const CONTROLLERS: [&str; 5] = [
+pub(crate) const CONTROLLERS: [&str; 5] = [
     "nodeclaim",
     "nodetype",
     "nodeprovider",
@@ -68,7 +68,7 @@ pub struct Metrics {
     pub nodeclaim_duration: HistogramVec,
     /// `autonodes_cluster_requests_total{kind,namespace,cluster,code}`
     /// ([`ClusterRequests`]).
-    pub cluster_requests: ClusterRequests,
+    pub(crate) cluster_requests: ClusterRequests,
     /// `autonodes_nodepool_desired_replicas{namespace,nodepool}`: the claims a pool should
     /// have (`spec.replicas`, or the live claims of a dynamic pool).
     pub nodepool_desired: IntGaugeVec,
@@ -287,7 +287,7 @@ impl Metrics {
     }
 
     /// The metrics in Prometheus text format.
-    pub fn encode(&self) -> String {
+    pub(crate) fn encode(&self) -> String {
         let mut families = self.registry.gather();
         families.extend(self.process_registry.gather());
         TextEncoder::new()
@@ -297,7 +297,7 @@ impl Metrics {
 
     /// Counts one reconcile as `outcome` (one of [`RECONCILE_RESULTS`]), the kind of error
     /// it returned if any, and its duration.
-    pub fn observe_reconcile(
+    pub(crate) fn observe_reconcile(
         &self,
         controller: &str,
         started: std::time::Instant,

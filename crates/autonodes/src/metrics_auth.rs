@@ -28,7 +28,7 @@ use sha2::{Digest, Sha256};
 /// How long a decision about a token is reused.
 const TTL: Duration = Duration::from_secs(60);
 /// The most decisions kept; past it, stale ones go, and if none is stale, all.
-pub const MAX_DECISIONS: usize = 1024;
+pub(crate) const MAX_DECISIONS: usize = 1024;
 /// The longest token looked at (a service account token is about 1 KiB).
 const MAX_TOKEN: usize = 16 * 1024;
 /// Reviews of undecided tokens a second, over time.
@@ -38,7 +38,7 @@ pub const REVIEW_BURST: u32 = 10;
 
 /// What a request to `/metrics` gets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// Served.
     Allowed,
     /// No bearer token, or one the API server does not know: 401.
@@ -52,7 +52,7 @@ pub enum Verdict {
 }
 
 /// Decides who may read `/metrics`, with the management cluster's API server.
-pub struct MetricsAuth {
+pub(crate) struct MetricsAuth {
     client: Client,
     decisions: Mutex<HashMap<[u8; 32], (Instant, Verdict)>>,
     reviews: Mutex<autonodes_core::throttle::Bucket>,
@@ -61,7 +61,7 @@ pub struct MetricsAuth {
 impl MetricsAuth {
     /// Reviews with `client` (the controller's own identity needs `create` on
     /// `tokenreviews` and `subjectaccessreviews`).
-    pub fn new(client: Client) -> Self {
+    pub(crate) fn new(client: Client) -> Self {
         MetricsAuth {
             client,
             decisions: Mutex::new(HashMap::new()),
@@ -73,7 +73,7 @@ impl MetricsAuth {
     }
 
     /// The verdict for a request with this `Authorization` header.
-    pub async fn check(&self, authorization: Option<&str>) -> Verdict {
+    pub(crate) async fn check(&self, authorization: Option<&str>) -> Verdict {
         let Some(token) = authorization
             .and_then(|h| h.strip_prefix("Bearer "))
             .map(str::trim)

@@ -23,7 +23,7 @@ const BACKLOG: usize = 64;
 
 /// A TLS acceptor with a new self-signed certificate for `autonodes`, `localhost` and
 /// the pod's own name (`POD_NAME`, when set).
-pub fn self_signed_acceptor() -> anyhow::Result<TlsAcceptor> {
+pub(crate) fn self_signed_acceptor() -> anyhow::Result<TlsAcceptor> {
     let mut names = vec!["autonodes".to_string(), "localhost".to_string()];
     if let Ok(pod) = std::env::var("POD_NAME") {
         names.push(pod);
@@ -46,7 +46,7 @@ pub fn self_signed_acceptor() -> anyhow::Result<TlsAcceptor> {
 
 /// A listener whose connections are TLS: each handshake runs on its own (a slow client
 /// holds up nobody), bounded by [`HANDSHAKE`].
-pub struct TlsListener {
+pub(crate) struct TlsListener {
     ready: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
     addr: SocketAddr,
     accepting: tokio::task::JoinHandle<()>,
@@ -60,7 +60,7 @@ impl Drop for TlsListener {
 
 impl TlsListener {
     /// TLS over `listener`'s connections.
-    pub fn new(listener: TcpListener, acceptor: TlsAcceptor) -> std::io::Result<Self> {
+    pub(crate) fn new(listener: TcpListener, acceptor: TlsAcceptor) -> std::io::Result<Self> {
         let addr = listener.local_addr()?;
         let (tx, ready) = mpsc::channel(BACKLOG);
         let accepting = tokio::spawn(async move {

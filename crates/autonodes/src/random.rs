@@ -3,7 +3,7 @@
 //! fixes six of its bits.)
 
 /// `N` random bytes.
-pub fn bytes<const N: usize>() -> Result<[u8; N], getrandom::Error> {
+pub(crate) fn bytes<const N: usize>() -> Result<[u8; N], getrandom::Error> {
     let mut buf = [0u8; N];
     getrandom::fill(&mut buf)?;
     Ok(buf)

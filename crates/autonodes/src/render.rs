@@ -31,7 +31,7 @@ pub enum OutputFormat {
 /// Arguments of `autonodes render`: print the NodeType, Secret and VirtualMachine a claim
 /// would get, without touching any cluster.
 #[derive(Debug, Clone, clap::Args)]
-pub struct RenderArgs {
+pub(crate) struct RenderArgs {
     /// NodeProvider YAML file.
     #[arg(long, value_name = "P.yaml")]
     pub provider: PathBuf,
@@ -63,10 +63,10 @@ pub struct RenderArgs {
 
 /// The installation id `autonodes render` labels objects with (`autonodes run` uses its
 /// `--installation-id`): the one of the default controller settings.
-pub const PLACEHOLDER_INSTALLATION: &str = crate::controller::config::DEFAULT_INSTALLATION;
+pub(crate) const PLACEHOLDER_INSTALLATION: &str = crate::controller::config::DEFAULT_INSTALLATION;
 
 /// UID given to a claim file without `metadata.uid`.
-pub const PLACEHOLDER_UID: &str = "00000000-0000-0000-0000-000000000000";
+pub(crate) const PLACEHOLDER_UID: &str = "00000000-0000-0000-0000-000000000000";
 
 fn parse_object<T: serde::de::DeserializeOwned>(
     text: &str,
@@ -212,7 +212,7 @@ pub fn format_documents(docs: &[Value], format: OutputFormat) -> anyhow::Result<
 /// cluster (`host:port`, port 443 when absent) and the hash of its CA
 /// (`certificate-authority-data`, or the `certificate-authority` file). The bootstrap token
 /// is the placeholder.
-pub fn join_params_from_kubeconfig(path: &Path) -> anyhow::Result<JoinParams> {
+pub(crate) fn join_params_from_kubeconfig(path: &Path) -> anyhow::Result<JoinParams> {
     let source = path.display().to_string();
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {source}"))?;
     let kc: kube::config::Kubeconfig = autonodes_core::yaml::from_str(&text)
@@ -238,7 +238,7 @@ pub fn join_params_from_kubeconfig(path: &Path) -> anyhow::Result<JoinParams> {
 }
 
 /// Runs `autonodes render`: reads the files, renders, prints to stdout.
-pub fn run(args: RenderArgs) -> anyhow::Result<()> {
+pub(crate) fn run(args: RenderArgs) -> anyhow::Result<()> {
     let read =
         |p: &Path| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()));
     let provider_text = read(&args.provider)?;

@@ -31,7 +31,7 @@ pub enum LogFormat {
 
 /// Flags of `autonodes run`.
 #[derive(Clone, Debug, Args)]
-pub struct RunArgs {
+pub(crate) struct RunArgs {
     /// Kubeconfig of the management cluster (default: in-cluster config, else $KUBECONFIG).
     #[arg(long, env = "AUTONODES_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
@@ -178,11 +178,11 @@ pub struct RunArgs {
 }
 
 /// A list of networks, as a flag takes it.
-pub type CidrList = Vec<Cidr>;
+pub(crate) type CidrList = Vec<Cidr>;
 
 /// Accepts an installation id: empty (the namespace's UID), or a label value (at most 63
 /// letters, digits, `-`, `_` or `.`, starting and ending with a letter or digit).
-pub fn parse_installation_id(s: &str) -> Result<String, String> {
+pub(crate) fn parse_installation_id(s: &str) -> Result<String, String> {
     if s.is_empty() || autonodes_core::names::is_label_value(s) {
         Ok(s.to_string())
     } else {
@@ -192,10 +192,10 @@ pub fn parse_installation_id(s: &str) -> Result<String, String> {
 
 /// The longest duration a flag takes: a year. Longer ones mean "never" in practice and
 /// overflow the clock arithmetic they feed.
-pub const MAX_FLAG_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
+pub(crate) const MAX_FLAG_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
 
 /// Parses a whole number of at least 1.
-pub fn parse_positive(s: &str) -> Result<usize, String> {
+pub(crate) fn parse_positive(s: &str) -> Result<usize, String> {
     match s.trim().parse::<usize>() {
         Ok(n) if n >= 1 => Ok(n),
         _ => Err(format!("`{s}` is not a whole number of at least 1")),
@@ -204,7 +204,7 @@ pub fn parse_positive(s: &str) -> Result<usize, String> {
 
 /// Parses a byte size given as a Kubernetes quantity (`64Mi`, `100M`, `1048576`): at
 /// least 1 MiB, at most 64 GiB.
-pub fn parse_bytes(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_bytes(s: &str) -> Result<u64, String> {
     let millis = autonodes_core::resources::parse_quantity(s).map_err(|e| e.to_string())?;
     let bytes = millis.div_euclid(1000);
     if !(1 << 20..=64 << 30).contains(&bytes) {
@@ -249,7 +249,7 @@ pub fn init_tracing_with(format: LogFormat, default_filter: &str) {
 }
 
 /// Sets up logging (text or JSON, level from RUST_LOG, default info).
-pub fn init_tracing(format: LogFormat) {
+pub(crate) fn init_tracing(format: LogFormat) {
     init_tracing_with(format, "info");
 }
 
@@ -260,7 +260,7 @@ pub async fn management_client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<C
 
 /// A management-cluster client, and its API server as `host:port` (which host and tenant
 /// clients are never let connect to).
-pub async fn management_client_and_server(
+pub(crate) async fn management_client_and_server(
     kubeconfig: Option<&PathBuf>,
 ) -> anyhow::Result<(Client, Option<String>)> {
     let config = match kubeconfig {
@@ -284,7 +284,7 @@ pub async fn management_client_and_server(
 }
 
 /// `host:port` of a server URL (the scheme's port when none is written).
-pub fn server_address(url: &http::Uri) -> Option<String> {
+pub(crate) fn server_address(url: &http::Uri) -> Option<String> {
     let host = url.host()?;
     let port = url
         .port_u16()
@@ -320,7 +320,7 @@ pub async fn shutdown_signal() {
 }
 
 /// Runs the controller until SIGTERM or Ctrl-C.
-pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
     init_tracing(args.log_format);
     let (client, management_server) =
         management_client_and_server(args.kubeconfig.as_ref()).await?;

@@ -16,7 +16,7 @@ use crate::metrics_auth::{MetricsAuth, Verdict};
 
 /// What the handlers read.
 #[derive(Clone)]
-pub struct ServerState {
+pub(crate) struct ServerState {
     /// The metrics to serve.
     pub metrics: Arc<Metrics>,
     /// True once every watch has synced.
@@ -28,7 +28,7 @@ pub struct ServerState {
 }
 
 /// The router with all endpoints.
-pub fn router(state: ServerState) -> Router {
+pub(crate) fn router(state: ServerState) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))

@@ -91,6 +91,7 @@ pub struct ClaimRoom {
 
 impl ClaimRoom {
     /// Room for any number of claims (tests of plans that are not about bounds).
+    #[cfg(test)]
     pub const UNBOUNDED: ClaimRoom = ClaimRoom {
         create: usize::MAX,
         bound: Bound::Batch,

@@ -29,8 +29,8 @@ use super::budget::{budget_nodes, BudgetNodes};
 use super::plan::is_live;
 use super::plan::Verdict;
 
-/// `maxUnhealthy` when neither the pool nor its provider sets it, as Karpenter.
-pub const DEFAULT_MAX_UNHEALTHY: &str = "20%";
+/// `maxUnhealthy` when neither the pool nor its provider sets it (20%, as Karpenter).
+pub const DEFAULT_MAX_UNHEALTHY: BudgetNodes = BudgetNodes::Percent(20);
 /// `restartTimeout` when neither the pool nor its provider sets it.
 pub const DEFAULT_RESTART_TIMEOUT: Duration = Duration::from_secs(300);
 /// The longest `keepFailedFor`: a kept VM holds host disk, so it does not stay for long.
@@ -103,7 +103,7 @@ pub fn policy(
     let max_unhealthy = pick(|r| r.max_unhealthy.is_some())
         .and_then(|r| r.max_unhealthy.as_deref())
         .and_then(budget_nodes)
-        .unwrap_or(BudgetNodes::Percent(20));
+        .unwrap_or(DEFAULT_MAX_UNHEALTHY);
     let keep_failed_for = pick(|r| r.keep_failed_for.is_some())
         .and_then(|r| r.keep_failed_for)
         .and_then(|d| d.after())
@@ -265,7 +265,7 @@ pub(crate) struct Repair {
 impl Repair {
     /// The pool's `NodeRepair` condition: False (`RepairDisabled`, or
     /// `TooManyUnhealthyNodes` while blocked), else True (`RepairAllowed`).
-    pub fn verdict(&self) -> Verdict {
+    pub(crate) fn verdict(&self) -> Verdict {
         if self.disabled {
             Verdict::new(
                 false,

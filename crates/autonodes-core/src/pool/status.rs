@@ -210,7 +210,9 @@ pub fn pool_status(
 }
 
 /// The conditions of `new` that became a problem since `old` (status or reason changed):
-/// see [`is_problem`]. Each gets a Warning Event, once per reason.
+/// see [`is_problem`]. Each gets a Warning Event, once per reason (the pool controller's
+/// `report_changes` decides the same; the unit tests read it here).
+#[cfg(test)]
 pub fn new_problems<'s>(old: &NodePoolStatus, new: &'s NodePoolStatus) -> Vec<&'s Condition> {
     new.conditions
         .iter()

@@ -37,7 +37,7 @@ pub(crate) enum DiskBus {
 
 impl DiskBus {
     /// KubeVirt's name of the bus.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             DiskBus::Virtio => "virtio",
             DiskBus::Sata => "sata",

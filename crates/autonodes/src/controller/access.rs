@@ -16,7 +16,7 @@ use autonodes_core::catalogue::Catalogue;
 /// The labels of namespace `ns`, read only when some provider serves only some namespaces
 /// (`None` when not needed or not readable; a read that fails is logged, and only
 /// providers serving every namespace serve it then).
-pub async fn namespace_labels(
+pub(crate) async fn namespace_labels(
     ctx: &Context,
     catalogue: &Catalogue,
     ns: &str,
@@ -34,7 +34,7 @@ pub async fn namespace_labels(
 }
 
 /// The catalogue namespace `ns` may use: every type whose provider serves it.
-pub async fn catalogue_for(ctx: &Context, ns: &str) -> Arc<Catalogue> {
+pub(crate) async fn catalogue_for(ctx: &Context, ns: &str) -> Arc<Catalogue> {
     let all = catalogue(ctx);
     if !access::restricts(&all) {
         return all;

@@ -50,23 +50,19 @@ use crate::controller::error::Error;
 use autonodes_api::capi::*;
 use autonodes_api::{NodeClaim, NodePool, NodeType};
 
-pub mod context;
+pub(crate) mod context;
 
 mod removal;
 mod write;
 
 use crate::controller::reconciler::{self, Reconciler};
-pub use context::FIELD_MANAGER;
+use context::FIELD_MANAGER;
 use context::{CapiContext, CLAIM_NAMES};
 
 use removal::{remove_mirror, sweep_loop};
 use write::{
     clear_condition, conflict_or, delete_machine, set_condition, write_mark,
     write_node_pool_replicas, write_status,
-};
-
-pub use autonodes_core::capi::{
-    format_taint, AUTOSCALING, REASON_INVALID_BOUNDS, REASON_MIRRORED, REASON_REPLICAS_REQUIRED,
 };
 
 /// [`capi::owner_named`] of any object (the watches map Machines and claims to their pool).
@@ -77,7 +73,7 @@ fn owner_named<K: Resource>(obj: &K, kind: &str) -> Option<String> {
 /// Runs the mirror until `shutdown` resolves. It is woken by its NodePools, their
 /// MachinePools, Machines and NodeClaims, and NodeType changes (capacity annotations);
 /// a sweep removes the mirrors of NodePools that are gone.
-pub async fn run(
+pub(crate) async fn run(
     ctx: Arc<Context>,
     reflectors: &crate::controller::reflectors::Reflectors,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,
@@ -94,7 +90,6 @@ pub async fn run(
 
     let cctx = Arc::new(CapiContext {
         ctx,
-        pools: pools.clone(),
         machine_pools: reflectors.machine_pools.store(),
         machines: reflectors.machines.store(),
     });

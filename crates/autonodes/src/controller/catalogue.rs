@@ -17,7 +17,7 @@ use autonodes_core::catalogue::{Catalogue, ProviderContext};
 /// The catalogue of every NodeType, with types whose provider cannot be used marked as
 /// problems. It is prepared once per change of the NodeTypes or NodeProviders (every
 /// reconcile of every claim reads it; preparing it parses every type's template).
-pub fn catalogue(ctx: &Context) -> Arc<Catalogue> {
+pub(crate) fn catalogue(ctx: &Context) -> Arc<Catalogue> {
     let version = (
         ctx.reflectors.types.changes(),
         ctx.reflectors.providers.changes(),
@@ -77,18 +77,18 @@ fn prepare_catalogue(ctx: &Context) -> Catalogue {
 
 /// Claims per NodeType that hold capacity, by the one rule ([`autonodes_core::catalogue::count_claimed`]),
 /// with this process's reservations: the ledger's counts ([`autonodes_core::ledger`]).
-pub fn claimed_counts(ctx: &Context) -> BTreeMap<String, i64> {
+pub(crate) fn claimed_counts(ctx: &Context) -> BTreeMap<String, i64> {
     ctx.ledger(|l| l.counts().clone())
 }
 
 /// The provider of a type, if it exists.
-pub fn provider_of(ctx: &Context, t: &NodeType) -> Option<Arc<NodeProvider>> {
+pub(crate) fn provider_of(ctx: &Context, t: &NodeType) -> Option<Arc<NodeProvider>> {
     ctx.providers().get(&ObjectRef::new(&t.spec.provider_ref))
 }
 
 /// Why a type's provider cannot take claims, if it cannot (the type then reports
 /// `ProviderNotReady` with this message, or `ProviderNotFound` from its evaluation).
-pub fn unusable(t: &NodeType, provider: Option<&NodeProvider>) -> Option<String> {
+pub(crate) fn unusable(t: &NodeType, provider: Option<&NodeProvider>) -> Option<String> {
     let name = t.name_any();
     let Some(p) = provider else {
         return Some(format!(
@@ -118,7 +118,7 @@ pub fn unusable(t: &NodeType, provider: Option<&NodeProvider>) -> Option<String>
 
 /// Every NodeQuota in the store, prepared (what claim scheduling and pools' claim room
 /// check against).
-pub fn prepared_quotas(ctx: &Context) -> Vec<autonodes_core::quota::PreparedQuota> {
+pub(crate) fn prepared_quotas(ctx: &Context) -> Vec<autonodes_core::quota::PreparedQuota> {
     ctx.quotas()
         .state()
         .iter()

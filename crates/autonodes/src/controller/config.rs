@@ -59,7 +59,7 @@ pub struct ControllerConfig {
 }
 
 /// The installation id of [`ControllerConfig::default`] (tests and the playground).
-pub const DEFAULT_INSTALLATION: &str = autonodes_api::DEFAULT_INSTALLATION;
+pub(crate) const DEFAULT_INSTALLATION: &str = autonodes_api::DEFAULT_INSTALLATION;
 
 impl Default for ControllerConfig {
     fn default() -> Self {
@@ -102,7 +102,7 @@ pub enum ImportScope {
 impl ImportScope {
     /// Reads the flag: empty or `off` is off, `*` every namespace, else a comma-separated
     /// list of namespaces.
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub(crate) fn parse(s: &str) -> Result<Self, String> {
         let s = s.trim();
         if s.is_empty() || s == "off" {
             return Ok(ImportScope::Off);

@@ -26,10 +26,10 @@ use crate::remote::tenant::Tenant;
 use autonodes_api::{NodeClaim, NodePool, NodeProvider, NodeQuota, NodeType};
 
 /// Field manager of every write autonodes makes.
-pub const FIELD_MANAGER: &str = "autonodes";
+pub(crate) const FIELD_MANAGER: &str = "autonodes";
 
 /// Wakes reconciles of other controllers.
-pub struct Wakes {
+pub(crate) struct Wakes {
     /// Wakes a NodePool's reconcile.
     pub pools: mpsc::UnboundedSender<ObjectRef<NodePool>>,
     /// Wakes claims (remote changes, freed capacity).
@@ -41,7 +41,7 @@ pub struct Wakes {
 /// Shared state of the controllers. Eight fields, kept so (the unit test
 /// `the_context_has_eight_fields` names each): what is kept in memory lives in
 /// [`Indexes`], the stores in [`Reflectors`].
-pub struct Context {
+pub(crate) struct Context {
     /// Management-cluster client.
     pub client: Client,
     /// Remote cluster clients.
@@ -63,7 +63,7 @@ pub struct Context {
 
 impl Context {
     /// Who calls host and tenant clusters: this process's request counter and installation.
-    pub fn caller(&self) -> Caller<'_> {
+    pub(crate) fn caller(&self) -> Caller<'_> {
         Caller {
             requests: &self.metrics.cluster_requests,
             installation: &self.config.installation,
@@ -71,45 +71,48 @@ impl Context {
     }
 
     /// The host cluster behind `remote`, called as this process.
-    pub fn host<'a>(&'a self, remote: &'a Remote) -> Host<'a> {
+    pub(crate) fn host<'a>(&'a self, remote: &'a Remote) -> Host<'a> {
         Host::new(self.caller(), remote)
     }
 
     /// The tenant cluster behind `remote`, called as this process.
-    pub fn tenant<'a>(&'a self, remote: &'a Remote) -> Tenant<'a> {
+    pub(crate) fn tenant<'a>(&'a self, remote: &'a Remote) -> Tenant<'a> {
         Tenant::new(self.caller(), &self.index.published_joins, remote)
     }
 
     /// All NodeClaims (the claim reflector's store).
-    pub fn claims(&self) -> &Store<NodeClaim> {
+    pub(crate) fn claims(&self) -> &Store<NodeClaim> {
         self.reflectors.claims.cache()
     }
 
     /// All NodeTypes.
-    pub fn types(&self) -> &Store<NodeType> {
+    pub(crate) fn types(&self) -> &Store<NodeType> {
         self.reflectors.types.cache()
     }
 
     /// All NodeProviders.
-    pub fn providers(&self) -> &Store<NodeProvider> {
+    pub(crate) fn providers(&self) -> &Store<NodeProvider> {
         self.reflectors.providers.cache()
     }
 
     /// All NodeQuotas.
-    pub fn quotas(&self) -> &Store<NodeQuota> {
+    pub(crate) fn quotas(&self) -> &Store<NodeQuota> {
         self.reflectors.quotas.cache()
     }
 
     /// Runs `f` on the capacity ledger (a poisoned lock still holds a consistent ledger:
     /// every change is one call).
-    pub fn ledger<T>(&self, f: impl FnOnce(&mut autonodes_core::ledger::ClaimedLedger) -> T) -> T {
+    pub(crate) fn ledger<T>(
+        &self,
+        f: impl FnOnce(&mut autonodes_core::ledger::ClaimedLedger) -> T,
+    ) -> T {
         f(&mut ledger_guard(&self.index.claimed))
     }
 
     /// The claims of `namespace` as they are: the claim store's copies, with the claims
     /// this process created, deleted or annotated that the store does not show yet
     /// ([`ClaimExpectations::view`]), sorted by name. No request to the API server.
-    pub fn claims_in(&self, namespace: &str) -> Vec<Arc<NodeClaim>> {
+    pub(crate) fn claims_in(&self, namespace: &str) -> Vec<Arc<NodeClaim>> {
         let stored = self
             .claims()
             .state_filter(|c| c.metadata.namespace.as_deref() == Some(namespace));
@@ -121,7 +124,10 @@ impl Context {
     }
 
     /// Records a write to claims that [`Context::claims_in`] shows until the store does.
-    pub fn expect_claims(&self, record: impl FnOnce(&mut ClaimExpectations, std::time::Instant)) {
+    pub(crate) fn expect_claims(
+        &self,
+        record: impl FnOnce(&mut ClaimExpectations, std::time::Instant),
+    ) {
         let mut expected = self
             .index
             .expected_claims
@@ -135,14 +141,14 @@ impl Context {
     /// Use this rather than `Store::wait_until_ready`: kube-runtime's readiness future keeps
     /// a single waker, so of several tasks waiting on one store only the last one to poll
     /// is woken and the others hang.
-    pub async fn wait_synced(&self) {
+    pub(crate) async fn wait_synced(&self) {
         self.reflectors.claims.wait_synced().await;
         self.reflectors.types.wait_synced().await;
         self.reflectors.providers.wait_synced().await;
     }
 
     /// Records an Event about `obj` ([`Events::record`]).
-    pub async fn event<K>(
+    pub(crate) async fn event<K>(
         &self,
         obj: &K,
         type_: EventType,
@@ -156,7 +162,7 @@ impl Context {
     }
 
     /// Records an Event about the object `regarding` refers to ([`Events::record_about`]).
-    pub async fn event_about(
+    pub(crate) async fn event_about(
         &self,
         regarding: k8s_openapi::api::core::v1::ObjectReference,
         type_: EventType,
@@ -171,7 +177,7 @@ impl Context {
 
     /// Wakes the live claims scheduled to NodeType `name` (its definition changed: they
     /// may have drifted).
-    pub fn wake_claims_of_type(&self, name: &str) {
+    pub(crate) fn wake_claims_of_type(&self, name: &str) {
         let mut woken = 0;
         for claim in self.claims().state() {
             let of_type = claim.status.as_ref().and_then(|s| s.type_ref.as_deref()) == Some(name);
@@ -187,7 +193,7 @@ impl Context {
     }
 
     /// Wakes every claim that is not scheduled yet (capacity or types changed).
-    pub fn wake_pending_claims(&self) {
+    pub(crate) fn wake_pending_claims(&self) {
         let mut woken = 0;
         for claim in self.claims().state() {
             if unscheduled(&claim) && claim.meta().deletion_timestamp.is_none() {
@@ -208,7 +214,7 @@ impl Context {
     /// in-memory clusters ([`crate::remote::memory`]) runs without an API server. The
     /// channels' receivers are dropped: wake-ups go nowhere.
     #[cfg(test)]
-    pub fn for_unit_tests(config: ControllerConfig) -> Arc<Context> {
+    pub(crate) fn for_unit_tests(config: ControllerConfig) -> Arc<Context> {
         let client = crate::remote::clients::unreachable_client();
         let reflectors = Arc::new(Reflectors::new());
         let clients = Arc::new(ClusterClients::new(
@@ -252,7 +258,7 @@ impl Context {
 }
 
 /// Whether a claim has no node type yet (`status.typeRef` unset).
-pub fn unscheduled(c: &NodeClaim) -> bool {
+pub(crate) fn unscheduled(c: &NodeClaim) -> bool {
     c.status
         .as_ref()
         .and_then(|s| s.type_ref.as_ref())
@@ -260,13 +266,13 @@ pub fn unscheduled(c: &NodeClaim) -> bool {
 }
 
 /// The current time.
-pub fn now() -> Timestamp {
+pub(crate) fn now() -> Timestamp {
     Timestamp::now()
 }
 
 /// The ledger behind its lock; a poisoned lock still holds a consistent ledger (every
 /// change is one call), so the watch keeps feeding it and scheduling keeps reading it.
-pub fn ledger_guard(
+pub(crate) fn ledger_guard(
     lock: &std::sync::Mutex<autonodes_core::ledger::ClaimedLedger>,
 ) -> std::sync::MutexGuard<'_, autonodes_core::ledger::ClaimedLedger> {
     lock.lock()

@@ -11,7 +11,7 @@ use crate::remote::error::Error as RemoteError;
 /// Errors a reconcile returns (transient: the object is retried with backoff). Bad input
 /// never ends up here: it becomes a status condition and an Event instead.
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub(crate) enum Error {
     /// A call to the management cluster failed.
     #[error("{context}: {source}")]
     Kube {
@@ -68,14 +68,14 @@ impl From<ClientError> for Error {
 
 impl Error {
     /// A management-cluster error with context.
-    pub fn kube(context: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+    pub(crate) fn kube(context: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
         let context = context.into();
         move |source| Error::Kube { context, source }
     }
 
     /// The `error` label of `autonodes_reconcile_errors_total` (one of
     /// [`ERROR_LABELS`]): what kind of error a reconcile returned.
-    pub fn metric_label(&self) -> &'static str {
+    pub(crate) fn metric_label(&self) -> &'static str {
         match self {
             Error::Kube { .. } => "kube",
             Error::Remote(RemoteError::Client(_)) => "client",
@@ -94,7 +94,7 @@ impl Error {
 
 impl Error {
     /// The error a reconcile returned, unwrapped from the finalizer helper's error.
-    pub fn inner(&self) -> &Error {
+    pub(crate) fn inner(&self) -> &Error {
         use kube::runtime::finalizer::Error as F;
         match self {
             Error::Finalizer(f) => match f.as_ref() {
@@ -108,7 +108,7 @@ impl Error {
     /// The claim reason of an error reaching a host or tenant cluster or reading its
     /// kubeconfig Secret: `{Host,Tenant}Forbidden` for a 401/403, else
     /// `{Host,Tenant}Unreachable`; `None` for other errors.
-    pub fn cluster_reason(&self) -> Option<autonodes_api::reasons::ClaimReason> {
+    pub(crate) fn cluster_reason(&self) -> Option<autonodes_api::reasons::ClaimReason> {
         match self {
             Error::Remote(e) => e.cluster_reason(),
             _ => None,
@@ -116,18 +116,18 @@ impl Error {
     }
 
     /// True for a failed call to a tenant cluster.
-    pub fn is_tenant_error(&self) -> bool {
+    pub(crate) fn is_tenant_error(&self) -> bool {
         matches!(self, Error::Remote(e) if e.is_tenant_call())
     }
 
     /// True for a 409 from a host or tenant cluster (the object exists, or changed).
-    pub fn is_remote_conflict(&self) -> bool {
+    pub(crate) fn is_remote_conflict(&self) -> bool {
         matches!(self, Error::Remote(e) if e.is_conflict())
     }
 
     /// True when removing the finalizer found the object deleted already (a reconcile that
     /// ran on a cached copy from before the finalizer was released).
-    pub fn is_gone(&self) -> bool {
+    pub(crate) fn is_gone(&self) -> bool {
         use kube::runtime::finalizer::Error as F;
         match self {
             Error::Finalizer(f) => {
@@ -139,7 +139,7 @@ impl Error {
 
     /// True for a write conflict (stale read) or a cleanup that is waiting, wrapped or
     /// not: expected states, retried soon and not logged as failures.
-    pub fn is_conflict(&self) -> bool {
+    pub(crate) fn is_conflict(&self) -> bool {
         use kube::runtime::finalizer::Error as F;
         let expected = |e: &Error| {
             matches!(
@@ -167,7 +167,7 @@ impl Error {
 
 /// Every value of [`Error::metric_label`]: `conflict`, `waiting` and `kept` are expected
 /// states (counted `requeued` in `autonodes_reconcile_total`), the others failures.
-pub const ERROR_LABELS: [&str; 10] = [
+pub(crate) const ERROR_LABELS: [&str; 10] = [
     "kube",
     "remote",
     "client",
@@ -183,7 +183,7 @@ pub const ERROR_LABELS: [&str; 10] = [
 /// How soon a blocked cleanup is tried again: 5 s at first, then a tenth of the time the
 /// object has been waiting for deletion, at most 60 s — quick after a blip, and no storm
 /// of retries against a cluster that stays away.
-pub fn cleanup_backoff(deletion_requested: Option<&Time>) -> Duration {
+pub(crate) fn cleanup_backoff(deletion_requested: Option<&Time>) -> Duration {
     let waited = deletion_requested
         .map(|t| {
             let secs = Timestamp::now().as_second() - t.0.as_second();
@@ -196,7 +196,7 @@ pub fn cleanup_backoff(deletion_requested: Option<&Time>) -> Duration {
 /// Requeue delay after an error: at once for a conflict (a stale cache catches up within
 /// milliseconds), after a few seconds for a cleanup that waits (the watch on what it waits
 /// for — a VM going, a Node draining — usually wakes it sooner), else with a pause.
-pub fn error_requeue(error: &Error) -> kube::runtime::controller::Action {
+pub(crate) fn error_requeue(error: &Error) -> kube::runtime::controller::Action {
     use kube::runtime::controller::Action;
     match error.inner() {
         Error::Conflict(_) => Action::requeue(Duration::from_millis(200)),

@@ -9,7 +9,7 @@ use kube::{Api, Client, Resource};
 use k8s_openapi::jiff::Timestamp;
 
 /// Records Events about autonodes' objects on the management cluster.
-pub struct Events {
+pub(crate) struct Events {
     /// The management-cluster client.
     client: Client,
     /// Who records them (`reportingController`, `reportingInstance`).
@@ -22,7 +22,7 @@ pub struct Events {
 
 impl Events {
     /// A recorder writing with `client` as `reporter`.
-    pub fn new(client: Client, reporter: Reporter) -> Self {
+    pub(crate) fn new(client: Client, reporter: Reporter) -> Self {
         Events {
             client,
             reporter,
@@ -46,7 +46,7 @@ impl Events {
     /// name is shortened
     /// with a hash ([`autonodes_core::names::event_name`]), reason, action and note are
     /// cut to what the API accepts, and each Event carries its own note.
-    pub async fn record<K>(
+    pub(crate) async fn record<K>(
         &self,
         obj: &K,
         type_: EventType,
@@ -61,7 +61,7 @@ impl Events {
     }
 
     /// Records an Event about the object `regarding` refers to (see [`Events::record`]).
-    pub async fn record_about(
+    pub(crate) async fn record_about(
         &self,
         regarding: k8s_openapi::api::core::v1::ObjectReference,
         type_: EventType,

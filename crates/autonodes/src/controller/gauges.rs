@@ -10,10 +10,10 @@ use prometheus::core::Collector;
 use crate::controller::context::Context;
 
 /// How often the gauges are swept.
-pub const SWEEP_INTERVAL: Duration = Duration::from_secs(5);
+pub(crate) const SWEEP_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Recomputes the claim gauges and drops node-type series of types that are gone.
-pub fn sweep(ctx: &Context) {
+pub(crate) fn sweep(ctx: &Context) {
     super::nodeclaim::refresh_claim_gauges(ctx);
     let live: HashSet<String> = ctx
         .types()
@@ -51,7 +51,7 @@ pub fn sweep(ctx: &Context) {
 }
 
 /// Sweeps every [`SWEEP_INTERVAL`] until `stop` resolves.
-pub async fn run(ctx: std::sync::Arc<Context>, stop: impl std::future::Future<Output = ()>) {
+pub(crate) async fn run(ctx: std::sync::Arc<Context>, stop: impl std::future::Future<Output = ()>) {
     tokio::pin!(stop);
     loop {
         tokio::select! {

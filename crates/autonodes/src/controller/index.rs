@@ -3,7 +3,7 @@
 //! warm VMs of each type, the vCluster imports' problems and each tenant's published join
 //! address. Each is locked briefly, never across an await.
 
-pub mod warm_vms;
+pub(crate) mod warm_vms;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -15,11 +15,11 @@ use crate::remote::tenant::PublishedJoins;
 use warm_vms::WarmIndex;
 
 /// A prepared catalogue and the versions of the type and provider stores it came from.
-pub type PreparedCatalogue = ((u64, u64), Arc<autonodes_core::catalogue::Catalogue>);
+pub(crate) type PreparedCatalogue = ((u64, u64), Arc<autonodes_core::catalogue::Catalogue>);
 
 /// The in-memory indexes the controllers share.
 #[derive(Default)]
-pub struct Indexes {
+pub(crate) struct Indexes {
     /// The claimed capacity per NodeType, kept up to date by the claim store's watch
     /// (before the stores are synced) and by this process's scheduling decisions and
     /// releases ([`crate::controller::context::Context::ledger`]).
@@ -43,7 +43,7 @@ pub struct Indexes {
 impl Indexes {
     /// Empty indexes around the capacity `ledger` (which the claim store's watch already
     /// feeds).
-    pub fn with_ledger(claimed: Arc<Mutex<ClaimedLedger>>) -> Self {
+    pub(crate) fn with_ledger(claimed: Arc<Mutex<ClaimedLedger>>) -> Self {
         Indexes {
             claimed,
             ..Default::default()

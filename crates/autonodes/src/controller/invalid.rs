@@ -16,7 +16,7 @@ use autonodes_api::conditions;
 /// Reports undecodable objects until the channel closes: an object whose stored status
 /// already says `InvalidSpec` with the same error is left alone, so each change is
 /// reported once (writing the condition changes the object, and the watch sees it again).
-pub async fn report(ctx: Arc<Context>, mut reports: mpsc::UnboundedReceiver<Report>) {
+pub(crate) async fn report(ctx: Arc<Context>, mut reports: mpsc::UnboundedReceiver<Report>) {
     while let Some(r) = reports.next().await {
         let message = conditions::bounded_message(format!("cannot be read: {}", r.object.error));
         if already_reported(r.object.status.as_ref(), &message) {
@@ -48,7 +48,7 @@ pub async fn report(ctx: Arc<Context>, mut reports: mpsc::UnboundedReceiver<Repo
 }
 
 /// True when `status` holds `Ready=False` with reason [`REASON`] and `message`.
-pub fn already_reported(status: Option<&serde_json::Value>, message: &str) -> bool {
+pub(crate) fn already_reported(status: Option<&serde_json::Value>, message: &str) -> bool {
     status
         .and_then(|s| s.get("conditions"))
         .and_then(|c| c.as_array())

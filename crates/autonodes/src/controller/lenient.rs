@@ -21,15 +21,15 @@ use serde::{Deserialize, Deserializer};
 use std::borrow::Cow;
 
 /// Condition reason (and Event reason) of an object the controller cannot decode.
-pub const REASON: &str = "InvalidSpec";
+pub(crate) const REASON: &str = "InvalidSpec";
 
 /// Field manager of the `InvalidSpec` condition: apart from the controller's own, so
 /// writing it never drops status fields (a claim's VM and type) the controller owns.
-pub const FIELD_MANAGER: &str = "autonodes-invalid-spec";
+pub(crate) const FIELD_MANAGER: &str = "autonodes-invalid-spec";
 
 /// An object of kind `K` as read from the API: decoded, or its metadata and why not.
 #[derive(Clone, Debug)]
-pub enum Lenient<K> {
+pub(crate) enum Lenient<K> {
     /// The object decoded into `K`.
     Valid(K),
     /// The object did not decode.
@@ -38,7 +38,7 @@ pub enum Lenient<K> {
 
 /// What is known of an object that did not decode.
 #[derive(Clone, Debug)]
-pub struct Invalid {
+pub(crate) struct Invalid {
     /// Its metadata (the API server guarantees it is well formed).
     pub meta: ObjectMeta,
     /// The decode error, with the path of the field (`spec.disruption.consolidateAfter: …`).
@@ -49,7 +49,7 @@ pub struct Invalid {
 
 impl<K> Lenient<K> {
     /// The decoded object, if it decoded.
-    pub fn valid(self) -> Option<K> {
+    pub(crate) fn valid(self) -> Option<K> {
         match self {
             Lenient::Valid(k) => Some(k),
             Lenient::Invalid(_) => None,
@@ -111,7 +111,7 @@ impl<K: Resource<DynamicType = ()>> Resource for Lenient<K> {
 
 /// An undecodable object to report, with its kind.
 #[derive(Clone, Debug)]
-pub struct Report {
+pub(crate) struct Report {
     /// The object's kind and where its API is.
     pub resource: ApiResource,
     /// What is known of the object.
@@ -119,10 +119,10 @@ pub struct Report {
 }
 
 /// Where undecodable objects are reported: the task running [`crate::controller::invalid::report`].
-pub type Reports = mpsc::UnboundedSender<Report>;
+pub(crate) type Reports = mpsc::UnboundedSender<Report>;
 
 /// `Api::all` for `K`, each object decoded on its own.
-pub fn api_all<K>(client: &Client) -> Api<Lenient<K>>
+pub(crate) fn api_all<K>(client: &Client) -> Api<Lenient<K>>
 where
     K: Resource<DynamicType = ()> + DeserializeOwned + Clone + std::fmt::Debug,
 {
@@ -131,7 +131,7 @@ where
 
 /// The objects of `K` in `namespace` matching `params` that decode; the others are
 /// skipped (their watch reports them).
-pub async fn list<K>(
+pub(crate) async fn list<K>(
     client: &Client,
     namespace: &str,
     params: &ListParams,
@@ -150,7 +150,7 @@ where
 }
 
 /// The object `name` of `K` in `namespace` as read (decoded or not), if it exists.
-pub async fn get<K>(
+pub(crate) async fn get<K>(
     client: &Client,
     namespace: &str,
     name: &str,
@@ -168,7 +168,7 @@ where
 /// whose store `cache` reads: objects that do not decode are sent to `reports` (when given)
 /// and left out, and their last decodable copy in `cache` gets a `Delete` first (a stale
 /// copy must not be acted on). Retries with backoff after errors.
-pub fn events<K>(
+pub(crate) fn events<K>(
     client: &Client,
     cache: Store<K>,
     reports: Option<Reports>,
@@ -225,7 +225,7 @@ where
 }
 
 /// The watcher configuration of every controller.
-pub fn watch_config() -> watcher::Config {
+pub(crate) fn watch_config() -> watcher::Config {
     watcher::Config::default().any_semantic()
 }
 

@@ -15,7 +15,7 @@ use crate::remote::clients::ClusterClients;
 use crate::remote::egress::ManagementAddresses;
 
 /// How often the addresses are read again while the controllers run.
-pub const READ_AGAIN_EVERY: Duration = Duration::from_secs(60);
+pub(crate) const READ_AGAIN_EVERY: Duration = Duration::from_secs(60);
 /// The longest wait between two reads that failed before the controllers start.
 const RETRY_AT_MOST: Duration = Duration::from_secs(10);
 
@@ -96,7 +96,7 @@ pub async fn read_before_start(
 }
 
 /// Reads the addresses again every [`READ_AGAIN_EVERY`] until `shutdown` ([`read_again`]).
-pub async fn keep_reading(
+pub(crate) async fn keep_reading(
     client: Client,
     server: Option<String>,
     known: Arc<ManagementAddresses>,

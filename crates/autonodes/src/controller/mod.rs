@@ -14,30 +14,30 @@
 //! validates, builds (pure code in `autonodes_core`), applies (through [`crate::remote`]
 //! for host and tenant clusters), and writes status with server-side apply.
 
-pub mod access;
-pub mod capi;
-pub mod catalogue;
+pub(crate) mod access;
+pub(crate) mod capi;
+pub(crate) mod catalogue;
 pub mod config;
-pub mod context;
-pub mod error;
-pub mod events;
-pub mod gauges;
-pub mod index;
-pub mod invalid;
-pub mod lenient;
+pub(crate) mod context;
+pub(crate) mod error;
+pub(crate) mod events;
+pub(crate) mod gauges;
+pub(crate) mod index;
+pub(crate) mod invalid;
+pub(crate) mod lenient;
 pub mod management_api;
-pub mod nodeclaim;
-pub mod nodepool;
-pub mod nodequota;
-pub mod nodetype;
-pub mod provider;
-pub mod reconciler;
-pub mod reflectors;
-pub mod startup;
-pub mod status;
-pub mod sweep;
-pub mod vcluster_import;
-pub mod warm;
+pub(crate) mod nodeclaim;
+pub(crate) mod nodepool;
+pub(crate) mod nodequota;
+pub(crate) mod nodetype;
+pub(crate) mod provider;
+pub(crate) mod reconciler;
+pub(crate) mod reflectors;
+pub(crate) mod startup;
+pub(crate) mod status;
+pub(crate) mod sweep;
+pub(crate) mod vcluster_import;
+pub(crate) mod warm;
 
 use std::sync::Arc;
 
@@ -56,7 +56,7 @@ use reflectors::Reflectors;
 use startup::installation_of_namespace;
 
 /// Runs the controllers until `shutdown` resolves.
-pub async fn run(
+pub(crate) async fn run(
     client: Client,
     config: ControllerConfig,
     metrics: Arc<Metrics>,

@@ -27,16 +27,16 @@ use kube::runtime::Controller;
 use std::ops::Deref;
 
 /// Condition: the quota can be applied.
-pub const READY: &str = "Ready";
+pub(crate) const READY: &str = "Ready";
 
 /// How long a change of the use alone (a claim more or less in a covered namespace) waits
 /// after the quota's last status write: a burst of claims costs a status write per second,
 /// not one per claim. Scheduling never reads this status (it counts from the ledger).
-pub const USE_WRITE_GAP: Duration = Duration::from_secs(1);
+pub(crate) const USE_WRITE_GAP: Duration = Duration::from_secs(1);
 
 /// The NodeQuota controller's context: the shared one ([`Deref`]) and when each quota's
 /// status was last written.
-pub struct QuotaContext {
+pub(crate) struct QuotaContext {
     /// The context every controller shares.
     pub ctx: Arc<Context>,
     /// When each NodeQuota's status was last written, by name ([`USE_WRITE_GAP`]).
@@ -53,7 +53,7 @@ impl Deref for QuotaContext {
 
 /// Runs the NodeQuota controller until `shutdown` resolves: a quota is woken by the claims
 /// of the namespaces it covers.
-pub async fn run(
+pub(crate) async fn run(
     ctx: Arc<Context>,
     r: &Reflectors,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,

@@ -32,17 +32,17 @@ use kube::runtime::Controller;
 use std::ops::Deref;
 
 /// Condition: the type can take claims.
-pub const READY: &str = "Ready";
+pub(crate) const READY: &str = "Ready";
 
 /// How long a change of the claimed count alone (a claim more or less on a type whose phase
 /// and conditions stay) waits after the type's last status write: a burst of claims costs a
 /// status write per second, not one per claim. Scheduling never reads this status (it counts
 /// claims itself), so the count shown lags by at most this much.
-pub const COUNT_WRITE_GAP: Duration = Duration::from_secs(1);
+pub(crate) const COUNT_WRITE_GAP: Duration = Duration::from_secs(1);
 
 /// How long an instance type read from the host is used before it is read again (a
 /// type is reconciled once per claim change; its instance type is not read each time).
-pub const INSTANCETYPE_READ_GAP: Duration = Duration::from_secs(60);
+pub(crate) const INSTANCETYPE_READ_GAP: Duration = Duration::from_secs(60);
 
 /// The cpu and memory of the type's instance type, read from the provider's host (once per
 /// [`INSTANCETYPE_READ_GAP`] and generation), or why they are unknown.
@@ -102,7 +102,7 @@ async fn read_instancetype(
 }
 
 /// The NodeType controller's context: the shared one ([`Deref`]) and the types' own state.
-pub struct TypeContext {
+pub(crate) struct TypeContext {
     /// The context every controller shares.
     pub ctx: Arc<Context>,
     /// When each NodeType's status was last written, by name ([`COUNT_WRITE_GAP`]).
@@ -113,7 +113,7 @@ pub struct TypeContext {
 }
 
 /// An instance type as read from a host, and when: its cpu and memory, or why not.
-pub type InstancetypeRead = (Instant, Result<ResourceList, String>);
+pub(crate) type InstancetypeRead = (Instant, Result<ResourceList, String>);
 
 impl Deref for TypeContext {
     type Target = Context;
@@ -125,7 +125,7 @@ impl Deref for TypeContext {
 
 /// Runs the NodeType controller until `shutdown` resolves: a type is woken by its claims
 /// (their count changes its capacity), by its provider, and by `wakeups`.
-pub async fn run(
+pub(crate) async fn run(
     ctx: Arc<Context>,
     r: &Reflectors,
     wakeups: UnboundedReceiver<ObjectRef<NodeType>>,
@@ -373,7 +373,7 @@ async fn apply(t: &NodeType, ctx: &TypeContext) -> Result<Action, Error> {
 }
 
 /// How often a NodeType's host room is recomputed without any change of the type.
-pub const HOST_ROOM_RECHECK: Duration = Duration::from_secs(30);
+pub(crate) const HOST_ROOM_RECHECK: Duration = Duration::from_secs(30);
 
 /// The type's `status.host`: its room on its host cluster now.
 async fn host_room(ctx: &TypeContext, t: &autonodes_core::catalogue::PreparedType) -> NodeTypeHost {

@@ -33,15 +33,15 @@ use autonodes_api::{
 use autonodes_core::catalogue::ProviderContext;
 
 /// Condition: the host cluster answers and serves KubeVirt.
-pub const HOST_REACHABLE: &str = "HostReachable";
+pub(crate) const HOST_REACHABLE: &str = "HostReachable";
 /// Condition: every node type's template composes.
-pub const TEMPLATES_VALID: &str = "TemplatesValid";
+pub(crate) const TEMPLATES_VALID: &str = "TemplatesValid";
 /// Condition: the provider can be used.
-pub const READY: &str = "Ready";
+pub(crate) const READY: &str = "Ready";
 
 /// Checks that every node type of the provider composes and has discoverable resources.
 /// Returns one message per broken type (empty when all are valid).
-pub fn validate_templates(p: &NodeProvider) -> Vec<String> {
+pub(crate) fn validate_templates(p: &NodeProvider) -> Vec<String> {
     let ctx = ProviderContext::from_provider(p);
     let mut errors = Vec::new();
     let mut seen = BTreeSet::new();
@@ -66,7 +66,7 @@ pub fn validate_templates(p: &NodeProvider) -> Vec<String> {
 /// True when a claim of the NodeType `node_type` going away may let the provider move on:
 /// the provider is being deleted (it waits until no claim uses its types), or the type is
 /// no longer in its spec (the NodeType is kept until its last claim is gone).
-pub fn waits_for_claims_of(p: &NodeProvider, node_type: &str) -> bool {
+pub(crate) fn waits_for_claims_of(p: &NodeProvider, node_type: &str) -> bool {
     let provider = p.name_any();
     p.metadata.deletion_timestamp.is_some()
         || !p
@@ -78,14 +78,14 @@ pub fn waits_for_claims_of(p: &NodeProvider, node_type: &str) -> bool {
 }
 
 /// The NodeProvider controller: it keeps no state of its own beside the shared context.
-pub struct ProviderController {
+pub(crate) struct ProviderController {
     /// The context every controller shares.
     pub ctx: Arc<Context>,
 }
 
 /// Runs the NodeProvider controller until `shutdown` resolves: a provider is woken by its
 /// NodeTypes and by a claim of one of its types going away.
-pub async fn run(
+pub(crate) async fn run(
     ctx: Arc<Context>,
     r: &Reflectors,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,
@@ -360,7 +360,7 @@ struct Synced {
 }
 
 /// Names of NodeTypes that live (not Failed, not gone) claims are scheduled to.
-pub fn types_in_use(ctx: &Context) -> BTreeMap<String, Vec<String>> {
+pub(crate) fn types_in_use(ctx: &Context) -> BTreeMap<String, Vec<String>> {
     let mut used: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for c in ctx.claims().state() {
         if let Some(t) = c.status.as_ref().and_then(|s| s.type_ref.clone()) {

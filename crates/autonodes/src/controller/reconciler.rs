@@ -18,7 +18,7 @@ use super::context::Context;
 use super::error::{error_requeue, Error};
 
 /// One controller's reconcile of one kind, and its own state.
-pub trait Reconciler: Send + Sync + 'static {
+pub(crate) trait Reconciler: Send + Sync + 'static {
     /// The kind this controller reconciles.
     type Object: Resource<DynamicType = ()>
         + Clone
@@ -50,7 +50,7 @@ pub trait Reconciler: Send + Sync + 'static {
 
 /// Runs `controller` (its watches and shutdown set) with `R`'s reconcile and error policy
 /// until it shuts down.
-pub async fn run<R: Reconciler>(controller: Controller<R::Object>, r: Arc<R>) {
+pub(crate) async fn run<R: Reconciler>(controller: Controller<R::Object>, r: Arc<R>) {
     controller
         .run(reconcile::<R>, error_policy::<R>, r)
         .for_each(log_run_error)
@@ -58,7 +58,10 @@ pub async fn run<R: Reconciler>(controller: Controller<R::Object>, r: Arc<R>) {
 }
 
 /// Runs `R`'s reconcile and records its duration and outcome.
-pub async fn reconcile<R: Reconciler>(obj: Arc<R::Object>, r: Arc<R>) -> Result<Action, Error> {
+pub(crate) async fn reconcile<R: Reconciler>(
+    obj: Arc<R::Object>,
+    r: Arc<R>,
+) -> Result<Action, Error> {
     let started = Instant::now();
     let result = r.reconcile(obj).await;
     let (outcome, error) = reconcile_labels(&result);
@@ -71,7 +74,7 @@ pub async fn reconcile<R: Reconciler>(obj: Arc<R::Object>, r: Arc<R>) -> Result<
 /// The `result` label a reconcile is counted under: a stale read or a wait
 /// ([`Error::is_conflict`]) is `requeued`, not a failure, so the reconcile-error alert sees
 /// only what failed.
-pub fn reconcile_result<T>(result: &Result<T, Error>) -> &'static str {
+pub(crate) fn reconcile_result<T>(result: &Result<T, Error>) -> &'static str {
     match result {
         Ok(_) => "ok",
         Err(e) if e.is_conflict() => "requeued",
@@ -82,13 +85,15 @@ pub fn reconcile_result<T>(result: &Result<T, Error>) -> &'static str {
 /// The `result` label of a reconcile ([`reconcile_result`]) and, when it returned an
 /// error, the `error` label ([`Error::metric_label`] of the error the finalizer helper
 /// wrapped, if it did).
-pub fn reconcile_labels<T>(result: &Result<T, Error>) -> (&'static str, Option<&'static str>) {
+pub(crate) fn reconcile_labels<T>(
+    result: &Result<T, Error>,
+) -> (&'static str, Option<&'static str>) {
     let error = result.as_ref().err().map(|e| e.inner().metric_label());
     (reconcile_result(result), error)
 }
 
 /// Logs a failed reconcile (a stale read only at debug level) and says when to retry.
-pub fn error_policy<R: Reconciler>(obj: Arc<R::Object>, error: &Error, r: Arc<R>) -> Action {
+pub(crate) fn error_policy<R: Reconciler>(obj: Arc<R::Object>, error: &Error, r: Arc<R>) -> Action {
     if let Some(action) = r.retry(&obj, error) {
         return action;
     }
@@ -109,7 +114,7 @@ pub fn error_policy<R: Reconciler>(obj: Arc<R::Object>, error: &Error, r: Arc<R>
 
 /// Logs what the controller runtime reports besides reconcile results (queue errors,
 /// objects missing from the cache).
-pub async fn log_run_error<K: Resource, E: std::fmt::Debug, Q: std::fmt::Debug>(
+pub(crate) async fn log_run_error<K: Resource, E: std::fmt::Debug, Q: std::fmt::Debug>(
     result: Result<
         (ObjectRef<K>, kube::runtime::controller::Action),
         kube::runtime::controller::Error<E, Q>,

@@ -35,7 +35,7 @@ use crate::remote::watches::Kind;
 
 /// A change of the store as an observer ([`Reflector::observe`]) sees it, in the watch's
 /// own task, before any subscriber and before [`Reflector::wait_synced`] resolves.
-pub enum Observed<'a, K> {
+pub(crate) enum Observed<'a, K> {
     /// The object as the store now holds it.
     Applied(&'a K),
     /// The object left the store.
@@ -49,7 +49,7 @@ type Observer<K> = Box<dyn FnMut(Observed<'_, K>) + Send>;
 
 /// A change a [`Reflector::touched`] subscriber sees.
 #[derive(Debug, Clone)]
-pub enum Touched<K> {
+pub(crate) enum Touched<K> {
     /// The object was created or changed (or listed).
     Applied(Arc<K>),
     /// The object was deleted.
@@ -58,7 +58,7 @@ pub enum Touched<K> {
 
 impl<K> Touched<K> {
     /// The object, changed or deleted.
-    pub fn object(self) -> Arc<K> {
+    pub(crate) fn object(self) -> Arc<K> {
         match self {
             Touched::Applied(k) | Touched::Deleted(k) => k,
         }
@@ -86,7 +86,7 @@ impl<K> Subscribers<K> {
 
 /// The one watch of kind `K`: its store, whether it has listed everything once, and the
 /// subscribers its changes go to.
-pub struct Reflector<K: Resource<DynamicType = ()> + Clone + 'static> {
+pub(crate) struct Reflector<K: Resource<DynamicType = ()> + Clone + 'static> {
     store: Store<K>,
     writer: Mutex<Option<Writer<K>>>,
     subscribers: Arc<Mutex<Subscribers<K>>>,
@@ -98,7 +98,7 @@ pub struct Reflector<K: Resource<DynamicType = ()> + Clone + 'static> {
 
 impl<K: Kind> Reflector<K> {
     /// A reflector whose watch has not started yet ([`Reflector::run`] starts it).
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let writer = Writer::<K>::default();
         let (synced_tx, synced) = tokio::sync::watch::channel(false);
         Reflector {
@@ -119,32 +119,32 @@ impl<K: Kind> Reflector<K> {
     /// what it keeps is up to date whenever the store is, including when
     /// [`Reflector::wait_synced`] resolves (a subscriber's channel may still be behind).
     /// Set it before [`Reflector::run`]; it must not block.
-    pub fn observe(&self, observer: impl FnMut(Observed<'_, K>) + Send + 'static) {
+    pub(crate) fn observe(&self, observer: impl FnMut(Observed<'_, K>) + Send + 'static) {
         if let Ok(mut o) = self.observer.lock() {
             *o = Some(Box::new(observer));
         }
     }
 
     /// The cache every controller reads.
-    pub fn store(&self) -> Store<K> {
+    pub(crate) fn store(&self) -> Store<K> {
         self.store.clone()
     }
 
     /// The store, borrowed.
-    pub fn cache(&self) -> &Store<K> {
+    pub(crate) fn cache(&self) -> &Store<K> {
         &self.store
     }
 
     /// What marks the store synced (unit tests, whose stores no watch fills).
     #[cfg(test)]
-    pub fn synced_sender(&self) -> &tokio::sync::watch::Sender<bool> {
+    pub(crate) fn synced_sender(&self) -> &tokio::sync::watch::Sender<bool> {
         &self.synced_tx
     }
 
     /// Objects as they are created or changed (and every object after each full list).
     ///
     /// A subscriber that comes after the first full list gets every cached object first.
-    pub fn applied(&self) -> impl Stream<Item = Arc<K>> + Send + 'static {
+    pub(crate) fn applied(&self) -> impl Stream<Item = Arc<K>> + Send + 'static {
         let (tx, rx) = mpsc::unbounded();
         if let Ok(mut s) = self.subscribers.lock() {
             if *self.synced.borrow() {
@@ -159,7 +159,7 @@ impl<K: Kind> Reflector<K> {
 
     /// Changes and deletions. A subscriber that comes after the first full list gets every
     /// cached object first.
-    pub fn touched(&self) -> impl Stream<Item = Touched<K>> + Send + 'static {
+    pub(crate) fn touched(&self) -> impl Stream<Item = Touched<K>> + Send + 'static {
         let (tx, rx) = mpsc::unbounded();
         if let Ok(mut s) = self.subscribers.lock() {
             if *self.synced.borrow() {
@@ -173,20 +173,20 @@ impl<K: Kind> Reflector<K> {
     }
 
     /// Changes and deletions as objects (for `Controller::watches_shared_stream`).
-    pub fn touched_objects(&self) -> impl Stream<Item = Arc<K>> + Send + 'static {
+    pub(crate) fn touched_objects(&self) -> impl Stream<Item = Arc<K>> + Send + 'static {
         self.touched().map(Touched::object)
     }
 
     /// A number that grows with every change the store took: equal numbers mean an
     /// unchanged store, so what was derived from it may be reused.
-    pub fn changes(&self) -> u64 {
+    pub(crate) fn changes(&self) -> u64 {
         self.changes.load(Ordering::Acquire)
     }
 
     /// Objects whose spec changed (a new `metadata.generation`), that are marked for
     /// deletion, or that were deleted: what owners of `K` react to, without the status
     /// writes in between.
-    pub fn spec_touched(&self) -> impl Stream<Item = Arc<K>> + Send + 'static {
+    pub(crate) fn spec_touched(&self) -> impl Stream<Item = Arc<K>> + Send + 'static {
         let mut seen: HashMap<String, (Option<i64>, bool)> = HashMap::new();
         self.touched().filter_map(move |t| {
             let out = match t {
@@ -205,12 +205,12 @@ impl<K: Kind> Reflector<K> {
     }
 
     /// Whether the store holds its first full list.
-    pub fn is_synced(&self) -> bool {
+    pub(crate) fn is_synced(&self) -> bool {
         *self.synced.borrow()
     }
 
     /// Resolves once the store holds its first full list.
-    pub async fn wait_synced(&self) {
+    pub(crate) async fn wait_synced(&self) {
         let mut rx = self.synced.clone();
         let _ = rx.wait_for(|s| *s).await;
     }
@@ -218,7 +218,7 @@ impl<K: Kind> Reflector<K> {
     /// Runs the watch until the process ends: fills the store and hands every change to
     /// the subscribers. Objects that do not decode are reported to `reports` (when given)
     /// and left out ([`lenient`]). Runs once; a second call returns at once.
-    pub async fn run(&self, client: Client, reports: Option<Reports>) {
+    pub(crate) async fn run(&self, client: Client, reports: Option<Reports>) {
         let Some(mut writer) = self.writer.lock().ok().and_then(|mut w| w.take()) else {
             return;
         };
@@ -287,7 +287,7 @@ impl<K: Kind> Default for Reflector<K> {
 }
 
 /// The one watch and store of each of autonodes' kinds (this module).
-pub struct Reflectors {
+pub(crate) struct Reflectors {
     /// NodeClaims.
     pub claims: Reflector<NodeClaim>,
     /// NodeTypes.
@@ -312,7 +312,7 @@ impl Default for Reflectors {
 
 impl Reflectors {
     /// Reflectors with empty stores, their watches not started ([`Reflectors::run`]).
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Reflectors {
             claims: Reflector::new(),
             types: Reflector::new(),
@@ -326,7 +326,7 @@ impl Reflectors {
 
     /// Runs every watch. Undecodable objects are reported (a Machine is only ever written
     /// by autonodes and gets no condition).
-    pub async fn run(&self, client: Client, reports: lenient::Reports) {
+    pub(crate) async fn run(&self, client: Client, reports: lenient::Reports) {
         tokio::join!(
             self.claims.run(client.clone(), Some(reports.clone())),
             self.types.run(client.clone(), Some(reports.clone())),

@@ -5,7 +5,10 @@ use kube::Client;
 
 /// The default installation id: the UID of the controller's namespace, unique to this
 /// management cluster and namespace and stable for as long as the installation lives.
-pub async fn installation_of_namespace(client: &Client, namespace: &str) -> anyhow::Result<String> {
+pub(crate) async fn installation_of_namespace(
+    client: &Client,
+    namespace: &str,
+) -> anyhow::Result<String> {
     use anyhow::Context as _;
     let api: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(client.clone());
     let ns = api.get(namespace).await.with_context(|| {

@@ -22,14 +22,14 @@ use autonodes_api::conditions;
 /// counts alone (a claim more or less on a NodeType, in a NodeQuota's namespace) to one
 /// status write per gap. Whatever else changes is written at once.
 #[derive(Debug, Default)]
-pub struct WriteGap {
+pub(crate) struct WriteGap {
     written: Mutex<HashMap<String, Instant>>,
 }
 
 impl WriteGap {
     /// How long the status write of `name` still waits: the rest of `gap` since its last
     /// write when only counts changed (`counts_only`), else `None` (write now).
-    pub fn wait(&self, name: &str, gap: Duration, counts_only: bool) -> Option<Duration> {
+    pub(crate) fn wait(&self, name: &str, gap: Duration, counts_only: bool) -> Option<Duration> {
         if !counts_only {
             return None;
         }
@@ -38,7 +38,7 @@ impl WriteGap {
     }
 
     /// The status of `name` was just written.
-    pub fn wrote(&self, name: &str) {
+    pub(crate) fn wrote(&self, name: &str) {
         if let Ok(mut w) = self.written.lock() {
             w.insert(name.to_string(), Instant::now());
         }
@@ -47,7 +47,7 @@ impl WriteGap {
 
 /// The conditions of `new` that differ from `old` in status or reason (or are new), each
 /// with its earlier version.
-pub fn changed<'a>(
+pub(crate) fn changed<'a>(
     old: &'a [Condition],
     new: &'a [Condition],
 ) -> impl Iterator<Item = (&'a Condition, Option<&'a Condition>)> + 'a {
@@ -62,7 +62,7 @@ pub fn changed<'a>(
 /// status write succeeded: `classify` says which changes are worth an Event and of which
 /// type (`None`: none, only a debug line). A Warning is also logged with the object's kind
 /// and name, the condition, its reason and message.
-pub async fn report_changes<K>(
+pub(crate) async fn report_changes<K>(
     ctx: &Context,
     obj: &K,
     action: &str,
@@ -97,7 +97,7 @@ pub async fn report_changes<K>(
 
 /// Normal when a condition turned True, Warning otherwise: the rule of conditions that have
 /// no progress reasons.
-pub fn true_is_normal(c: &Condition, _before: Option<&Condition>) -> Option<EventType> {
+pub(crate) fn true_is_normal(c: &Condition, _before: Option<&Condition>) -> Option<EventType> {
     Some(if c.status == conditions::TRUE {
         EventType::Normal
     } else {
@@ -107,7 +107,7 @@ pub fn true_is_normal(c: &Condition, _before: Option<&Condition>) -> Option<Even
 
 /// Writes `status` of `obj` with server-side apply on the status subresource; returns the
 /// object as written.
-pub async fn apply_status<K, S>(api: &Api<K>, obj: &K, status: &S) -> Result<K, Error>
+pub(crate) async fn apply_status<K, S>(api: &Api<K>, obj: &K, status: &S) -> Result<K, Error>
 where
     K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
     S: Serialize,
@@ -117,7 +117,7 @@ where
 
 /// [`apply_status`] with another field manager (a controller whose status fields must not
 /// be taken over by the others').
-pub async fn apply_status_as<K, S>(
+pub(crate) async fn apply_status_as<K, S>(
     api: &Api<K>,
     obj: &K,
     status: &S,

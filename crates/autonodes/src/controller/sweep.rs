@@ -26,7 +26,7 @@ use autonodes_core::orphans::{orphans, Cluster, Found, OrphanKind};
 
 /// Runs the sweep until `stop` resolves: first once the caches have synced, then every
 /// `interval`.
-pub async fn run(
+pub(crate) async fn run(
     ctx: Arc<Context>,
     interval: Duration,
     stop: impl std::future::Future<Output = ()>,
@@ -184,7 +184,7 @@ async fn list_into(
 }
 
 /// One sweep; returns how many objects it removed.
-pub async fn sweep(ctx: &Context, tenants: &mut BTreeSet<(String, String)>) -> usize {
+pub(crate) async fn sweep(ctx: &Context, tenants: &mut BTreeSet<(String, String)>) -> usize {
     let hosts = targets(ctx, tenants);
     let mut found = Vec::new();
     let mut remotes = Vec::new();

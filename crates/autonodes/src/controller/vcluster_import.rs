@@ -36,7 +36,7 @@ const MANAGER: &str = "autonodes-vcluster-import";
 const CHART_SELECTOR: &str = "app=vcluster";
 
 /// Runs the import until `shutdown` resolves (at once when the scope is off).
-pub async fn run(
+pub(crate) async fn run(
     ctx: Arc<Context>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,
 ) {
@@ -96,7 +96,7 @@ fn keep_only_configuration(secret: &mut Secret) {
 }
 
 /// What a reconcile of the import sees.
-pub struct ImportContext {
+pub(crate) struct ImportContext {
     ctx: Arc<Context>,
     /// The problems last reported per Secret UID: the same problems are not reported
     /// again on each wake-up.

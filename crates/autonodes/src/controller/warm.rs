@@ -31,14 +31,14 @@ use kube::runtime::reflector::ObjectRef;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Condition of a NodeType that keeps warm VMs: True when all are ready.
-pub const WARM_READY: &str = "WarmReady";
+pub(crate) const WARM_READY: &str = "WarmReady";
 
 /// What was made for a warm VM that does not exist is removed once it is older than this
 /// (a warm VM's credential and user data are made before the VM, within a reconcile).
 const ORPHAN_CREDENTIAL_AGE: Duration = Duration::from_secs(30);
 
 /// What [`reconcile`] found for the type's status.
-pub struct WarmOutcome {
+pub(crate) struct WarmOutcome {
     /// `status.warm` (absent for a type that keeps none and has none).
     pub status: Option<NodeTypeWarm>,
     /// The `WarmReady` condition: status, reason, message.
@@ -137,7 +137,7 @@ struct Group {
 /// and those of the pools that keep theirs on it. A type that keeps none, has none kept
 /// for a pool and never had any (`had_warm`: its status shows warm VMs) costs nothing: no
 /// host is looked at.
-pub async fn reconcile(
+pub(crate) async fn reconcile(
     ctx: &Context,
     t: &PreparedType,
     provider: Option<&NodeProvider>,
@@ -608,7 +608,7 @@ async fn create(
 /// Removes the warm VMs (and their credentials) of types and pools that are gone: the
 /// host's VMs labelled with a warm type no NodeType has, or a pool no NodePool has. Called
 /// by the orphan sweep.
-pub async fn sweep_gone_types(ctx: &Context, types: &[std::sync::Arc<NodeType>]) -> usize {
+pub(crate) async fn sweep_gone_types(ctx: &Context, types: &[std::sync::Arc<NodeType>]) -> usize {
     let known: std::collections::BTreeSet<String> = types
         .iter()
         .map(|t| autonodes_core::names::label_value(&t.name_any()))

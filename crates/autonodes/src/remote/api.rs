@@ -20,7 +20,7 @@ use autonodes_core::join::JoinInfo;
 use autonodes_core::template::golden::GoldenVolume;
 
 /// The calls the claim lifecycle makes on a KubeVirt host cluster.
-pub trait HostApi: Send + Sync {
+pub(crate) trait HostApi: Send + Sync {
     /// The VirtualMachine `ns/name`, if it exists.
     fn vm(
         &self,
@@ -112,7 +112,7 @@ pub trait HostApi: Send + Sync {
 }
 
 /// The calls the claim lifecycle makes on a tenant cluster.
-pub trait TenantApi: Send + Sync {
+pub(crate) trait TenantApi: Send + Sync {
     /// The tenant's client and what its kubeconfig says (server, CA), for the join.
     fn remote(&self) -> &Remote;
 

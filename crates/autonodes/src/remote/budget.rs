@@ -23,17 +23,17 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower::BoxError;
 
 /// How long a frame waits for room in the budget before its answer fails.
-pub const BUDGET_WAIT: Duration = Duration::from_secs(5);
+pub(crate) const BUDGET_WAIT: Duration = Duration::from_secs(5);
 
 /// The default budget of all tenants' answers together (`--tenant-answer-budget`): 64 MiB.
-pub const DEFAULT_TOTAL: u64 = 64 << 20;
+pub(crate) const DEFAULT_TOTAL: u64 = 64 << 20;
 /// The default share of one tenant namespace (`--tenant-answer-budget-per-namespace`):
 /// 16 MiB, two of the largest answers a tenant's server may give.
-pub const DEFAULT_PER_NAMESPACE: u64 = 16 << 20;
+pub(crate) const DEFAULT_PER_NAMESPACE: u64 = 16 << 20;
 
 /// The sizes of the budget.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BudgetSize {
+pub(crate) struct BudgetSize {
     /// Bytes of all tenants' answers held at once.
     pub total: u64,
     /// Bytes of the answers of one namespace's tenant clusters held at once.
@@ -55,7 +55,7 @@ fn kib(bytes: u64) -> u32 {
 }
 
 /// The process-wide budget and the shares of the namespaces that read at the moment.
-pub struct AnswerBudget {
+pub(crate) struct AnswerBudget {
     size: BudgetSize,
     total: Arc<Semaphore>,
     namespaces: Mutex<std::collections::HashMap<String, Weak<Semaphore>>>,
@@ -71,7 +71,7 @@ impl std::fmt::Debug for AnswerBudget {
 
 impl AnswerBudget {
     /// A budget of `size` (each part at least 1 KiB).
-    pub fn new(size: BudgetSize) -> Self {
+    pub(crate) fn new(size: BudgetSize) -> Self {
         AnswerBudget {
             size,
             total: Arc::new(Semaphore::new(kib(size.total).max(1) as usize)),
@@ -81,7 +81,7 @@ impl AnswerBudget {
 
     /// The share the clients of `namespace`'s tenant clusters charge: the namespace's
     /// semaphore is shared by all of them while any is alive.
-    pub fn share(self: &Arc<Self>, namespace: &str) -> Arc<Share> {
+    pub(crate) fn share(self: &Arc<Self>, namespace: &str) -> Arc<Share> {
         let mut map = self
             .namespaces
             .lock()
@@ -112,7 +112,7 @@ impl AnswerBudget {
 }
 
 /// One namespace's share of the budget, charged by its tenant clusters' answers.
-pub struct Share {
+pub(crate) struct Share {
     namespace: String,
     size: BudgetSize,
     total: Arc<Semaphore>,
@@ -122,7 +122,7 @@ pub struct Share {
 /// An answer that found no room in the budget within [`BUDGET_WAIT`].
 #[derive(Debug, thiserror::Error)]
 #[error("the answers of tenant clusters being read at once passed autonodes' memory budget ({which}); the answer was dropped and is read again later")]
-pub struct OverBudget {
+pub(crate) struct OverBudget {
     /// Which part: the namespace's share or the whole budget, with its size.
     pub which: String,
 }
@@ -193,7 +193,7 @@ impl Share {
 
     /// `body` with each of its frames charged to this share: until the whole answer is
     /// read, or, for a watch (`lines`), until the line the bytes belong to is complete.
-    pub fn charged<B>(self: &Arc<Self>, body: B, lines: bool) -> Charged<B> {
+    pub(crate) fn charged<B>(self: &Arc<Self>, body: B, lines: bool) -> Charged<B> {
         Charged {
             body,
             share: self.clone(),
@@ -232,7 +232,7 @@ impl OverBudgetText {
 type Charging = Pin<Box<dyn Future<Output = Result<Held, OverBudget>> + Send>>;
 
 /// A body whose frames are charged to a [`Share`] before they are handed on.
-pub struct Charged<B> {
+pub(crate) struct Charged<B> {
     body: B,
     share: Arc<Share>,
     lines: bool,

@@ -17,11 +17,11 @@ use prometheus::{IntCounterVec, Opts};
 /// cluster and answer. `kind` is `host` or `tenant`, `namespace` the tenant's (empty for a
 /// host), `cluster` the host's or vCluster's name.
 #[derive(Clone)]
-pub struct ClusterRequests(IntCounterVec);
+pub(crate) struct ClusterRequests(IntCounterVec);
 
 impl ClusterRequests {
     /// The counter, not registered yet ([`crate::metrics::Metrics::new`] registers it).
-    pub fn new() -> prometheus::Result<Self> {
+    pub(crate) fn new() -> prometheus::Result<Self> {
         IntCounterVec::new(
             Opts::new(
                 "cluster_requests_total",
@@ -33,12 +33,12 @@ impl ClusterRequests {
     }
 
     /// The counter itself, to register and describe.
-    pub fn counter(&self) -> &IntCounterVec {
+    pub(crate) fn counter(&self) -> &IntCounterVec {
         &self.0
     }
 
     /// Counts one call to `cluster` with its outcome.
-    pub fn count<T>(&self, cluster: &ClusterKey, result: &Result<T, kube::Error>) {
+    pub(crate) fn count<T>(&self, cluster: &ClusterKey, result: &Result<T, kube::Error>) {
         let code = match result {
             Ok(_) => "200".to_string(),
             Err(kube::Error::Api(s)) => s.code.to_string(),
@@ -54,7 +54,7 @@ impl ClusterRequests {
 /// What a call to a cluster needs from the process that makes it: where it is counted,
 /// and the installation whose label marks the objects this process owns.
 #[derive(Clone, Copy)]
-pub struct Caller<'a> {
+pub(crate) struct Caller<'a> {
     /// `autonodes_cluster_requests_total`.
     pub requests: &'a ClusterRequests,
     /// The installation's name (`--installation`).
@@ -75,7 +75,7 @@ fn remote_err(
 }
 
 /// Runs a remote call with a timeout, counting it in `autonodes_cluster_requests_total`.
-pub async fn remote_call<T>(
+pub(crate) async fn remote_call<T>(
     requests: &ClusterRequests,
     remote: &Remote,
     what: &str,
@@ -92,7 +92,7 @@ pub async fn remote_call<T>(
 }
 
 /// The object `name`, if it exists (one GET).
-pub async fn get_opt<K>(
+pub(crate) async fn get_opt<K>(
     requests: &ClusterRequests,
     remote: &Remote,
     api: &Api<K>,
@@ -107,7 +107,7 @@ where
 
 /// The object `namespace/name`: from `cache` while its watch is live (see
 /// [`Watched::get`]), else from the API server.
-pub async fn read<K>(
+pub(crate) async fn read<K>(
     requests: &ClusterRequests,
     remote: &Remote,
     cache: Option<&Watched<K>>,
@@ -129,7 +129,7 @@ where
 }
 
 /// The label selector of the objects autonodes made for the claim with `uid`.
-pub fn claim_selector(uid: &str) -> String {
+pub(crate) fn claim_selector(uid: &str) -> String {
     use autonodes_api::{LABEL_MANAGED_BY, LABEL_NODECLAIM_UID, MANAGED_BY};
     format!("{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_NODECLAIM_UID}={uid}")
 }

@@ -37,10 +37,10 @@ use crate::remote::request_metrics::ClusterKind;
 use autonodes_core::kubeconfig::{self, vcluster_service, CheckedKubeconfig, KubeconfigPolicy};
 
 /// The name that makes a provider's VMs go to the management cluster itself.
-pub const LOCAL_CLUSTER: &str = "local";
-pub use autonodes_api::{HOST_KUBECONFIG_KEY, TENANT_KUBECONFIG_KEY};
+pub(crate) const LOCAL_CLUSTER: &str = "local";
+use autonodes_api::{HOST_KUBECONFIG_KEY, TENANT_KUBECONFIG_KEY};
 /// How long a remote API call may take before the cluster counts as unreachable.
-pub const REMOTE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const REMOTE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a kubeconfig Secret read stays good before the next use reads it again.
 pub const SECRET_RECHECK: Duration = Duration::from_secs(5);
 
@@ -62,7 +62,7 @@ impl ClusterKey {
     /// The `kind`, `namespace` and `cluster` labels of this cluster in metrics: `host`, an
     /// empty namespace and the host's name, or `tenant`, the tenant's namespace and its
     /// vCluster's name.
-    pub fn metric_labels(&self) -> [&str; 3] {
+    pub(crate) fn metric_labels(&self) -> [&str; 3] {
         match self {
             ClusterKey::Host(name) => ["host", "", name],
             ClusterKey::Tenant {
@@ -134,7 +134,7 @@ pub enum ClientError {
 
 impl ClientError {
     /// The condition reason for this error.
-    pub fn reason(&self) -> ClusterReason {
+    pub(crate) fn reason(&self) -> ClusterReason {
         match self {
             ClientError::SecretNotFound { .. } => ClusterReason::KubeconfigSecretNotFound,
             ClientError::InvalidKubeconfig { .. } => ClusterReason::InvalidKubeconfig,
@@ -160,12 +160,12 @@ pub struct Remote {
     /// is.
     pub via: Option<String>,
     /// The watch caches of this cluster (empty until the [`OnConnect`] hook filled them).
-    pub cache: RemoteCache,
+    pub(crate) cache: RemoteCache,
 }
 
 /// The watch caches a remote client carries (see [`super::watches`]).
 #[derive(Clone, Default)]
-pub enum RemoteCache {
+pub(crate) enum RemoteCache {
     /// No caches: every read goes to the API server.
     #[default]
     None,
@@ -177,7 +177,7 @@ pub enum RemoteCache {
 
 impl Remote {
     /// The host caches, if this is a host client with caches.
-    pub fn host_cache(&self) -> Option<&crate::remote::watched::HostCache> {
+    pub(crate) fn host_cache(&self) -> Option<&crate::remote::watched::HostCache> {
         match &self.cache {
             RemoteCache::Host(c) => Some(c),
             _ => None,
@@ -185,7 +185,7 @@ impl Remote {
     }
 
     /// The tenant caches, if this is a tenant client with caches.
-    pub fn tenant_cache(&self) -> Option<&crate::remote::watched::TenantCache> {
+    pub(crate) fn tenant_cache(&self) -> Option<&crate::remote::watched::TenantCache> {
         match &self.cache {
             RemoteCache::Tenant(c) => Some(c),
             _ => None,
@@ -206,21 +206,21 @@ impl fmt::Debug for Remote {
 impl Remote {
     /// The API server endpoint as `host:port`, as kubeadm's `apiServerEndpoint` wants it
     /// (see [`endpoint_of`]).
-    pub fn endpoint(&self) -> Result<String, String> {
+    pub(crate) fn endpoint(&self) -> Result<String, String> {
         endpoint_of(&self.server)
     }
 }
 
 /// What an [`OnConnect`] hook started for a new client.
-pub struct Connected {
+pub(crate) struct Connected {
     /// Tasks that live as long as the client.
     pub tasks: Vec<JoinHandle<()>>,
     /// The caches those tasks fill, handed out with the client.
-    pub cache: RemoteCache,
+    pub(crate) cache: RemoteCache,
 }
 
 /// Called with every newly built remote client.
-pub type OnConnect = Arc<dyn Fn(&Remote) -> Connected + Send + Sync>;
+pub(crate) type OnConnect = Arc<dyn Fn(&Remote) -> Connected + Send + Sync>;
 
 struct Cached {
     resource_version: String,
@@ -249,7 +249,7 @@ pub struct TenantLimits {
     /// (`--max-tenant-clusters-per-namespace`).
     pub clusters_per_namespace: usize,
     /// The memory budget of tenant answers ([`crate::remote::budget`]).
-    pub answer_budget: crate::remote::budget::BudgetSize,
+    pub(crate) answer_budget: crate::remote::budget::BudgetSize,
 }
 
 impl Default for TenantLimits {
@@ -329,15 +329,10 @@ impl ClusterClients {
     }
 
     /// Registers the hook run for every new client (replacing any earlier hook).
-    pub fn set_on_connect(&self, hook: OnConnect) {
+    pub(crate) fn set_on_connect(&self, hook: OnConnect) {
         if let Ok(mut slot) = self.on_connect.write() {
             *slot = Some(hook);
         }
-    }
-
-    /// The namespace holding host-cluster kubeconfig Secrets.
-    pub fn service_namespace(&self) -> &str {
-        &self.service_namespace
     }
 
     /// The client of a host cluster (`clusterRef.cluster`).
@@ -363,7 +358,7 @@ impl ClusterClients {
     }
 
     /// The client of the tenant cluster `vcluster` whose claims live in `namespace`.
-    pub async fn tenant(
+    pub(crate) async fn tenant(
         &self,
         namespace: &str,
         vcluster: &str,
@@ -389,7 +384,7 @@ impl ClusterClients {
 
     /// Forgets the clients of tenants `keep` does not keep (no claim or pool names them any
     /// more), stopping their watches; returns how many were forgotten. Host clients stay.
-    pub async fn retain_tenants(&self, keep: impl Fn(&ClusterKey) -> bool) -> usize {
+    pub(crate) async fn retain_tenants(&self, keep: impl Fn(&ClusterKey) -> bool) -> usize {
         let gone = |k: &ClusterKey| matches!(k, ClusterKey::Tenant { .. }) && !keep(k);
         let mut cache = self.cache.lock().await;
         let before = cache.len();
@@ -402,7 +397,7 @@ impl ClusterClients {
     }
 
     /// Forgets a cached client (e.g. after it turned out unreachable), stopping its tasks.
-    pub async fn forget(&self, key: &ClusterKey) {
+    pub(crate) async fn forget(&self, key: &ClusterKey) {
         self.cache.lock().await.remove(key);
     }
 
@@ -665,7 +660,7 @@ fn build_remote(
 }
 
 /// The kube client configuration of a checked kubeconfig.
-pub fn client_config(kc: &CheckedKubeconfig) -> Result<Config, String> {
+pub(crate) fn client_config(kc: &CheckedKubeconfig) -> Result<Config, String> {
     let url: http::Uri = kc
         .server
         .parse()
@@ -699,7 +694,7 @@ const MAX_REMOTE_TEXT: usize = 300;
 /// when the server answered with a Kubernetes `Status`, its reason and (bounded)
 /// `message`; for failures before an answer, the local error. Never a response body that
 /// is not a `Status`, never a header, never text a decoder quoted from the response.
-pub fn remote_error_text(e: &kube::Error) -> String {
+pub(crate) fn remote_error_text(e: &kube::Error) -> String {
     match e {
         kube::Error::Api(s) if s.reason == "Failed to parse error data" => {
             format!("HTTP {} (the answer was not a Kubernetes Status)", s.code)
@@ -726,7 +721,7 @@ pub fn remote_error_text(e: &kube::Error) -> String {
 
 /// The `message` of a Kubernetes `Status` a remote server sent, bounded and on one line
 /// (empty when the answer was not a `Status`).
-pub fn status_message(s: &kube::core::Status) -> String {
+pub(crate) fn status_message(s: &kube::core::Status) -> String {
     if s.reason == "Failed to parse error data" {
         return String::new();
     }
@@ -743,7 +738,7 @@ fn bounded(text: &str, max: usize) -> String {
 /// `certificate-authority-data`, or, when `base_dir` is given, from the
 /// `certificate-authority` file relative to it. Never used for kubeconfig Secrets: those go
 /// through [`autonodes_core::kubeconfig::check`].
-pub fn server_and_ca(
+pub(crate) fn server_and_ca(
     kc: &Kubeconfig,
     base_dir: Option<&std::path::Path>,
 ) -> Result<(String, Option<Vec<u8>>), String> {
@@ -795,7 +790,7 @@ pub fn server_and_ca(
 
 /// The `host:port` of an API server URL, as kubeadm's `apiServerEndpoint` wants it: port
 /// 443 when the URL has none, an IPv6 host in brackets.
-pub fn endpoint_of(server: &str) -> Result<String, String> {
+pub(crate) fn endpoint_of(server: &str) -> Result<String, String> {
     let uri: http::Uri = server
         .parse()
         .map_err(|_| format!("server {server:?} is not a URL"))?;
@@ -821,14 +816,14 @@ fn redact(text: &str) -> String {
 }
 
 /// A 401 or 403 from a cluster.
-pub fn forbidden(e: &kube::Error) -> bool {
+pub(crate) fn forbidden(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 401 || s.code == 403)
 }
 
 /// A client that reaches nothing (port 9 on loopback): unit tests' management client, and
 /// what in-memory clusters carry (never called).
 #[cfg(test)]
-pub fn unreachable_client() -> Client {
+pub(crate) fn unreachable_client() -> Client {
     let url = "http://127.0.0.1:9".parse().expect("a valid URL");
     Client::try_from(kube::Config::new(url)).expect("a client can be built")
 }

@@ -87,7 +87,7 @@ impl ManagementAddresses {
 
     /// Replaces the addresses with `addrs` (sorted, without repeats); `true` when they
     /// differ from what was known.
-    pub fn replace(&self, mut addrs: Vec<SocketAddr>) -> bool {
+    pub(crate) fn replace(&self, mut addrs: Vec<SocketAddr>) -> bool {
         addrs.sort();
         addrs.dedup();
         let mut held = self
@@ -121,7 +121,7 @@ impl ManagementAddresses {
 impl Egress {
     /// Both policies with `addrs` (the management cluster's API server, as read once)
     /// refused.
-    pub fn protecting(&self, addrs: &[SocketAddr]) -> Egress {
+    pub(crate) fn protecting(&self, addrs: &[SocketAddr]) -> Egress {
         Egress {
             management: Arc::new(ManagementAddresses::known(addrs.to_vec())),
             ..self.clone()
@@ -156,12 +156,12 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// A connection refused by the address policy.
 #[derive(Debug, thiserror::Error)]
 #[error("the server's address is refused: {0}")]
-pub struct AddressRefused(pub Refusal);
+pub(crate) struct AddressRefused(pub Refusal);
 
 /// A TCP connector that resolves the server's name itself and connects only to addresses
 /// the policy allows and that are not the management API server's.
 #[derive(Clone)]
-pub struct GuardedConnector {
+pub(crate) struct GuardedConnector {
     http: HttpConnector,
     policy: Arc<AddressPolicy>,
     management: Arc<ManagementAddresses>,
@@ -170,7 +170,7 @@ pub struct GuardedConnector {
 impl GuardedConnector {
     /// A connector for `policy`, refusing `management`'s addresses as they are at each
     /// connection.
-    pub fn new(policy: Arc<AddressPolicy>, management: Arc<ManagementAddresses>) -> Self {
+    pub(crate) fn new(policy: Arc<AddressPolicy>, management: Arc<ManagementAddresses>) -> Self {
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_connect_timeout(Some(CONNECT_TIMEOUT));
@@ -184,7 +184,7 @@ impl GuardedConnector {
 
 /// The first of `addrs` the policy and the management API server's addresses allow, else
 /// the last refusal.
-pub fn first_allowed(
+pub(crate) fn first_allowed(
     policy: &AddressPolicy,
     management: &ManagementAddresses,
     addrs: impl IntoIterator<Item = SocketAddr>,
@@ -247,14 +247,8 @@ impl tower::Service<http::Uri> for GuardedConnector {
 pub const TENANT_BODY_LIMIT: usize = 8 * 1024 * 1024;
 /// Whether `error` (or what it wraps) is an answer that passed its body limit
 /// ([`TENANT_BODY_LIMIT`], [`HOST_BODY_LIMIT`]).
-pub fn passed_body_limit(error: &(dyn std::error::Error + 'static)) -> bool {
+pub(crate) fn passed_body_limit(error: &(dyn std::error::Error + 'static)) -> bool {
     causes(error).any(|e| e.is::<http_body_util::LengthLimitError>())
-}
-
-/// Whether `error` (or what it wraps) is an answer that found no room in the memory
-/// budget ([`crate::remote::budget`]).
-pub fn over_budget(error: &(dyn std::error::Error + 'static)) -> bool {
-    causes(error).any(|e| e.is::<crate::remote::budget::OverBudget>())
 }
 
 /// `error` and every error it wraps, outermost first.
@@ -275,16 +269,16 @@ pub fn causes<'a>(
 /// How many answers (watches aside) of one cluster are read at once: the others wait,
 /// unread, so what one tenant's answers take in memory is at most this many times its
 /// body limit, however many claims and pools ask at once.
-pub const BODIES_AT_ONCE: usize = 4;
+pub(crate) const BODIES_AT_ONCE: usize = 4;
 /// The most bytes one answer of a host's API server may have (hosts are the platform's
 /// own, and hold every tenant's VMs).
-pub const HOST_BODY_LIMIT: usize = 256 * 1024 * 1024;
+pub(crate) const HOST_BODY_LIMIT: usize = 256 * 1024 * 1024;
 
 /// Sends a request again that its server turned away for load (`429`), after the bounded
 /// wait of [`autonodes_core::throttle::retry_delay`]: the server's `Retry-After`, at most
 /// 10 s, at most three times. Requests whose body cannot be replayed (a stream) are not.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct RetryThrottled {
+pub(crate) struct RetryThrottled {
     attempt: u32,
 }
 
@@ -333,7 +327,7 @@ impl<Res> tower::retry::Policy<http::Request<kube::client::Body>, http::Response
 /// [`HOST_BODY_LIMIT`] bytes, a request turned away for load sent again
 /// ([`RetryThrottled`]). A tenant's client charges what it reads to its namespace's
 /// `share` of the memory budget ([`crate::remote::budget`]).
-pub fn guarded_client(
+pub(crate) fn guarded_client(
     config: &Config,
     policy: Arc<AddressPolicy>,
     management: Arc<ManagementAddresses>,
@@ -373,7 +367,7 @@ pub fn guarded_client(
 /// A redirect from a remote API server: never followed, an error.
 #[derive(Debug, thiserror::Error)]
 #[error("the server answered with a redirect (HTTP {0}), which autonodes does not follow")]
-pub struct Redirected(u16);
+pub(crate) struct Redirected(u16);
 
 /// Lets at most [`BODIES_AT_ONCE`] answers of a cluster be read at once (watch streams
 /// are not counted: they live as long as the watch), charges every answer's bytes to the
@@ -445,7 +439,7 @@ where
 
 /// What a tenant or host is shown of a failure that is not an answer of its API server:
 /// refused by the address policy, a TLS failure, or unreachable — nothing else.
-pub fn coarse_error(e: &(dyn std::error::Error + 'static)) -> &'static str {
+pub(crate) fn coarse_error(e: &(dyn std::error::Error + 'static)) -> &'static str {
     let mut tls = false;
     for err in causes(e) {
         if err.downcast_ref::<AddressRefused>().is_some() {
@@ -488,13 +482,12 @@ mod tests {
             which: "all tenants' 64 MiB".into(),
         };
         let wrapped = std::io::Error::other(over);
-        assert!(over_budget(&wrapped));
         assert!(
             coarse_error(&wrapped).contains("memory budget"),
             "{}",
             coarse_error(&wrapped)
         );
-        assert!(!over_budget(&std::io::Error::other("reset")));
+        assert!(!coarse_error(&std::io::Error::other("reset")).contains("memory budget"));
     }
     use autonodes_core::address_policy::Cidr;
     use std::sync::atomic::{AtomicU32, Ordering};

@@ -7,7 +7,7 @@ use crate::remote::clients::{forbidden, remote_error_text, ClientError};
 
 /// Why a call to a host or tenant cluster failed.
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub(crate) enum Error {
     /// The cluster answered with an error, or did not answer in time.
     #[error("{cluster}: {context}: {}", remote_error_text(.source))]
     Call {
@@ -35,7 +35,7 @@ pub enum Error {
 
 impl Error {
     /// The status the cluster answered with, if it answered with an error status.
-    pub fn status(&self) -> Option<&kube::core::Status> {
+    pub(crate) fn status(&self) -> Option<&kube::core::Status> {
         match self {
             Error::Call { source, .. } => match source.as_ref() {
                 kube::Error::Api(s) => Some(s),
@@ -46,29 +46,29 @@ impl Error {
     }
 
     /// The HTTP status code the cluster answered with, if it answered with an error status.
-    pub fn status_code(&self) -> Option<u16> {
+    pub(crate) fn status_code(&self) -> Option<u16> {
         self.status().map(|s| s.code)
     }
 
     /// A 404: the object is not there.
-    pub fn is_not_found(&self) -> bool {
+    pub(crate) fn is_not_found(&self) -> bool {
         self.status_code() == Some(404)
     }
 
     /// A 409: the object exists already, or changed.
-    pub fn is_conflict(&self) -> bool {
+    pub(crate) fn is_conflict(&self) -> bool {
         self.status_code() == Some(409)
     }
 
     /// True for a failed call to a tenant cluster.
-    pub fn is_tenant_call(&self) -> bool {
+    pub(crate) fn is_tenant_call(&self) -> bool {
         matches!(self, Error::Call { on_host: false, .. })
     }
 
     /// The claim reason of a failure to reach a cluster or to read its kubeconfig Secret:
     /// `{Host,Tenant}Forbidden` for a 401/403, else `{Host,Tenant}Unreachable`; `None` for
     /// the other failures.
-    pub fn cluster_reason(&self) -> Option<ClaimReason> {
+    pub(crate) fn cluster_reason(&self) -> Option<ClaimReason> {
         Some(match self {
             Error::Client(c) => c.reason().into(),
             Error::Call {

@@ -29,7 +29,7 @@ pub(crate) fn delete_this(uid: Option<String>) -> DeleteParams {
 }
 
 /// What creating a VirtualMachine found.
-pub enum VmCreate {
+pub(crate) enum VmCreate {
     /// The VM was created now.
     Created(Arc<ObservedVm>),
     /// The VM existed already (an earlier attempt created it).
@@ -51,19 +51,19 @@ fn same_claim(
 }
 
 /// A KubeVirt host cluster.
-pub struct Host<'a> {
+pub(crate) struct Host<'a> {
     caller: Caller<'a>,
     remote: &'a Remote,
 }
 
 impl<'a> Host<'a> {
     /// The host behind `remote`.
-    pub fn new(caller: Caller<'a>, remote: &'a Remote) -> Self {
+    pub(crate) fn new(caller: Caller<'a>, remote: &'a Remote) -> Self {
         Host { caller, remote }
     }
 
     /// Who calls, and the cluster this host talks through.
-    pub fn parts(&self) -> (Caller<'a>, &'a Remote) {
+    pub(crate) fn parts(&self) -> (Caller<'a>, &'a Remote) {
         (self.caller, self.remote)
     }
 
@@ -82,7 +82,7 @@ impl<'a> Host<'a> {
     }
 
     /// The VirtualMachine `ns/name`, if it exists.
-    pub async fn vm(&self, ns: &str, name: &str) -> Result<Option<Arc<ObservedVm>>, Error> {
+    pub(crate) async fn vm(&self, ns: &str, name: &str) -> Result<Option<Arc<ObservedVm>>, Error> {
         let cache = self.remote.host_cache().map(|c| &c.vms);
         let what = "reading the VirtualMachine";
         read(
@@ -98,7 +98,11 @@ impl<'a> Host<'a> {
     }
 
     /// The VirtualMachineInstance `ns/name`, if it exists.
-    pub async fn vmi(&self, ns: &str, name: &str) -> Result<Option<Arc<ObservedVmi>>, Error> {
+    pub(crate) async fn vmi(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> Result<Option<Arc<ObservedVmi>>, Error> {
         let cache = self.remote.host_cache().map(|c| &c.vmis);
         let api = Api::<ObservedVmi>::namespaced(self.remote.client.clone(), ns);
         let what = "reading the VirtualMachineInstance";
@@ -119,7 +123,7 @@ impl<'a> Host<'a> {
     /// since — then the Secret is replaced, so the VM boots with a token that still works.
     /// A Secret of the same name labelled with another claim's UID is never touched or
     /// used: the answer is `false` then.
-    pub async fn create_user_data(
+    pub(crate) async fn create_user_data(
         &self,
         ns: &str,
         secret: &Secret,
@@ -172,7 +176,7 @@ impl<'a> Host<'a> {
     }
 
     /// Creates a VirtualMachine, or reads the one an earlier attempt created.
-    pub async fn create_vm(&self, ns: &str, vm: &DynamicObject) -> Result<VmCreate, Error> {
+    pub(crate) async fn create_vm(&self, ns: &str, vm: &DynamicObject) -> Result<VmCreate, Error> {
         let api = self.vms(ns);
         let created = remote_call(
             self.caller.requests,
@@ -212,7 +216,12 @@ impl<'a> Host<'a> {
     /// Deletes the VirtualMachine `ns/name` whose UID is `uid` (in the background: its VMI
     /// goes with it). The UID is a precondition: a VM made since under the same name (by
     /// another claim or installation) is not deleted.
-    pub async fn delete_vm(&self, ns: &str, name: &str, uid: Option<String>) -> Result<(), Error> {
+    pub(crate) async fn delete_vm(
+        &self,
+        ns: &str,
+        name: &str,
+        uid: Option<String>,
+    ) -> Result<(), Error> {
         let params = delete_this(uid);
         let deleted = remote_call(
             self.caller.requests,
@@ -235,7 +244,12 @@ impl<'a> Host<'a> {
     /// Restarts the VM `ns/name` as `virtctl restart` does: deletes its
     /// VirtualMachineInstance (only the one with `uid`, when given), and KubeVirt starts a
     /// new one (the VM's `runStrategy` is `Always`). Gone already: nothing to do.
-    pub async fn delete_vmi(&self, ns: &str, name: &str, uid: Option<String>) -> Result<(), Error> {
+    pub(crate) async fn delete_vmi(
+        &self,
+        ns: &str,
+        name: &str,
+        uid: Option<String>,
+    ) -> Result<(), Error> {
         let api: Api<DynamicObject> = Api::namespaced_with(
             self.remote.client.clone(),
             ns,
@@ -254,7 +268,7 @@ impl<'a> Host<'a> {
 
     /// Stops the VM `ns/name` for good (`runStrategy: Halted`): it keeps its disks and labels,
     /// and KubeVirt removes its instance.
-    pub async fn halt_vm(&self, ns: &str, name: &str) -> Result<(), Error> {
+    pub(crate) async fn halt_vm(&self, ns: &str, name: &str) -> Result<(), Error> {
         let patch = serde_json::json!({"spec": {"runStrategy": "Halted"}});
         let halted = remote_call(
             self.caller.requests,
@@ -281,7 +295,7 @@ impl<'a> Host<'a> {
     /// VM `vm_name` ([`autonodes_core::template::names::user_data_is_ours`]); a Secret of
     /// that name that is someone else's is left alone. A Secret labelled with the claim
     /// under another name is the orphan sweep's once the claim is gone.
-    pub async fn delete_user_data(
+    pub(crate) async fn delete_user_data(
         &self,
         ns: &str,
         vm_name: &str,
@@ -323,7 +337,7 @@ impl<'a> Host<'a> {
     /// Deletes the DataVolumes the claim's UID labels (a host without CDI has none): from
     /// the host's DataVolume cache while its watch is live, else listed from the API
     /// server's watch cache.
-    pub async fn delete_data_volumes(&self, ns: &str, uid: &str) -> Result<(), Error> {
+    pub(crate) async fn delete_data_volumes(&self, ns: &str, uid: &str) -> Result<(), Error> {
         let dvs: Api<DynamicObject> =
             Api::namespaced_with(self.remote.client.clone(), ns, &kubevirt::data_volume());
         let ours = |dv: &kubevirt::ObservedDataVolume| {
@@ -361,7 +375,7 @@ impl<'a> Host<'a> {
     /// Makes sure the golden volume `g` of `provider` exists: created (labelled
     /// `managed-by` and with the provider) unless the DataVolume cache shows it; one that
     /// exists already is kept (a golden volume is never rewritten).
-    pub async fn ensure_golden_volume(
+    pub(crate) async fn ensure_golden_volume(
         &self,
         g: &GoldenVolume,
         provider: &str,
@@ -411,7 +425,10 @@ impl<'a> Host<'a> {
 
     /// The golden volumes of `provider` on this host, as `(namespace, name)`: from the
     /// DataVolume cache while its watch is live, else listed by label.
-    pub async fn golden_volumes(&self, provider: &str) -> Result<Vec<(String, String)>, Error> {
+    pub(crate) async fn golden_volumes(
+        &self,
+        provider: &str,
+    ) -> Result<Vec<(String, String)>, Error> {
         let label = autonodes_core::names::label_value(provider);
         let ours = |dv: &kubevirt::ObservedDataVolume| {
             dv.labels().get(golden::LABEL_GOLDEN_IMAGE) == Some(&label)
@@ -442,7 +459,7 @@ impl<'a> Host<'a> {
     }
 
     /// Deletes the DataVolume `ns/name` (one already gone is done).
-    pub async fn delete_data_volume(&self, ns: &str, name: &str) -> Result<(), Error> {
+    pub(crate) async fn delete_data_volume(&self, ns: &str, name: &str) -> Result<(), Error> {
         self.delete_each(
             &self.data_volumes(ns),
             std::iter::once(name.to_string()),
@@ -484,7 +501,7 @@ fn by_claim(uid: &str) -> ListParams {
 }
 
 /// A delete that found nothing to delete is done.
-pub fn ignore_not_found<T>(result: Result<T, Error>) -> Result<(), Error> {
+pub(crate) fn ignore_not_found<T>(result: Result<T, Error>) -> Result<(), Error> {
     match result {
         Ok(_) => Ok(()),
         Err(e) if e.is_not_found() => Ok(()),

@@ -28,14 +28,17 @@ use kube::runtime::reflector::Store;
 const MESSAGE_MAX: usize = 300;
 
 /// What the watch caches of one host cluster show now.
-pub struct HostSnapshot {
+pub(crate) struct HostSnapshot {
     cluster: String,
     nodes: Vec<Arc<Node>>,
     pods: Vec<Arc<Pod>>,
 }
 
 /// The Nodes and bound pods of host `cluster`, or why they are not known.
-pub async fn snapshot(clients: &ClusterClients, cluster: &str) -> Result<HostSnapshot, String> {
+pub(crate) async fn snapshot(
+    clients: &ClusterClients,
+    cluster: &str,
+) -> Result<HostSnapshot, String> {
     let remote = clients
         .host(cluster)
         .await
@@ -57,7 +60,7 @@ pub async fn snapshot(clients: &ClusterClients, cluster: &str) -> Result<HostSna
 }
 
 /// A host's room for one decision: its model, and which claims' launcher pods are bound.
-pub struct HostRoom {
+pub(crate) struct HostRoom {
     /// The nodes and the room left on each.
     pub model: HostModel,
     /// The claims counted by their bound launcher pods.
@@ -69,7 +72,7 @@ pub struct HostRoom {
 impl HostSnapshot {
     /// The host's room: its nodes less their bound pods, less the VMs on their way (claims
     /// of the host's types in `ledger` whose launcher pod is not bound yet).
-    pub fn room(&self, catalogue: &Catalogue, ledger: &ClaimedLedger) -> HostRoom {
+    pub(crate) fn room(&self, catalogue: &Catalogue, ledger: &ClaimedLedger) -> HostRoom {
         let mut model = HostModel::new(
             self.nodes.iter().map(|n| &**n),
             self.pods.iter().map(|p| &**p),
@@ -91,7 +94,7 @@ impl HostSnapshot {
 
 /// Whether the host has room for one claim's VM of one type: the type's VM shape on the
 /// host's room and, for a type with hard VM anti-affinity, the claim's group.
-pub struct ClaimRoom<'a> {
+pub(crate) struct ClaimRoom<'a> {
     room: &'a HostRoom,
     shape: VmShape,
     /// The claim's group and how they are grouped, when its VM must keep apart from it.
@@ -101,7 +104,7 @@ pub struct ClaimRoom<'a> {
 impl<'a> ClaimRoom<'a> {
     /// The room for `claim`'s VM of type `t` on `room` (`None` when the type's VM shape
     /// cannot be read; the type is Failed then).
-    pub fn new(room: &'a HostRoom, t: &PreparedType, claim: &NodeClaim) -> Option<Self> {
+    pub(crate) fn new(room: &'a HostRoom, t: &PreparedType, claim: &NodeClaim) -> Option<Self> {
         let shape = VmShape::of(t).ok()?;
         let presets = placement::parse_placement(&t.properties).ok()?;
         let apart = match presets.vm_affinity {
@@ -139,7 +142,7 @@ impl<'a> ClaimRoom<'a> {
     }
 
     /// Whether the VM fits in `zone` (anywhere when `None`).
-    pub fn fits(
+    pub(crate) fn fits(
         &self,
         claims: &Store<NodeClaim>,
         ledger: &ClaimedLedger,
@@ -152,7 +155,7 @@ impl<'a> ClaimRoom<'a> {
     }
 
     /// Why the VM does not fit in `zone`.
-    pub fn refusal(
+    pub(crate) fn refusal(
         &self,
         claims: &Store<NodeClaim>,
         ledger: &ClaimedLedger,
@@ -165,7 +168,7 @@ impl<'a> ClaimRoom<'a> {
 
 /// A NodeType's `status.host`: the headroom of its VM on `model` (over the zones it
 /// offers), or why it is not known.
-pub fn type_host_status(t: &PreparedType, model: Result<&HostModel, &str>) -> NodeTypeHost {
+pub(crate) fn type_host_status(t: &PreparedType, model: Result<&HostModel, &str>) -> NodeTypeHost {
     let bounded = |m: String| autonodes_api::conditions::cut(&m, MESSAGE_MAX);
     let model = match model {
         Ok(m) => m,

@@ -27,7 +27,7 @@ use autonodes_core::template::names::{
 
 /// How the next call of one kind fails.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Failure {
+pub(crate) enum Failure {
     /// The API server answers with this status code (409, 404, 403, 422, 500, …).
     Status(u16),
     /// No answer in time.
@@ -81,7 +81,7 @@ fn key(ns: &str, name: &str) -> Key {
 }
 
 /// A KubeVirt host in memory.
-pub struct MemoryHost {
+pub(crate) struct MemoryHost {
     key: ClusterKey,
     failures: Failures,
     /// VirtualMachines by namespace and name.
@@ -99,7 +99,7 @@ pub struct MemoryHost {
 
 impl MemoryHost {
     /// An empty host named `cluster`.
-    pub fn new(cluster: &str) -> Self {
+    pub(crate) fn new(cluster: &str) -> Self {
         MemoryHost {
             key: ClusterKey::Host(cluster.to_string()),
             failures: Failures::default(),
@@ -113,7 +113,7 @@ impl MemoryHost {
     }
 
     /// The next call `call` fails with `f`.
-    pub fn fail_next(&self, call: &'static str, f: Failure) {
+    pub(crate) fn fail_next(&self, call: &'static str, f: Failure) {
         self.failures.push(call, f);
     }
 
@@ -125,7 +125,7 @@ impl MemoryHost {
     }
 
     /// The VM `ns/name` starts: ready, with a running instance at `ip`.
-    pub fn run_vm(&self, ns: &str, name: &str, ip: &str) {
+    pub(crate) fn run_vm(&self, ns: &str, name: &str, ip: &str) {
         if let Some(vm) = lock(&self.vms).get_mut(&key(ns, name)) {
             vm.status.ready = Some(true);
             vm.status.printable_status = Some("Running".into());
@@ -139,7 +139,7 @@ impl MemoryHost {
     }
 
     /// Puts a VM of `ns/name` with `labels` on the host (another claim's, say).
-    pub fn put_vm(&self, ns: &str, name: &str, labels: BTreeMap<String, String>) {
+    pub(crate) fn put_vm(&self, ns: &str, name: &str, labels: BTreeMap<String, String>) {
         let mut vm = ObservedVm::default();
         vm.metadata.name = Some(name.into());
         vm.metadata.namespace = Some(ns.into());
@@ -303,7 +303,7 @@ impl HostApi for MemoryHost {
 }
 
 /// A tenant cluster in memory.
-pub struct MemoryTenant {
+pub(crate) struct MemoryTenant {
     remote: Remote,
     failures: Failures,
     /// What the tenant publishes for joins, and its version.
@@ -323,7 +323,7 @@ const TENANT_CA: &[u8] = include_bytes!("../../../autonodes-core/src/kubeconfig/
 
 impl MemoryTenant {
     /// The tenant `namespace/vcluster` on Kubernetes `version`, reached at `server`.
-    pub fn new(namespace: &str, vcluster: &str, version: &str) -> Self {
+    pub(crate) fn new(namespace: &str, vcluster: &str, version: &str) -> Self {
         MemoryTenant {
             remote: Remote {
                 key: ClusterKey::Tenant {
@@ -349,7 +349,7 @@ impl MemoryTenant {
     }
 
     /// The next call `call` fails with `f`.
-    pub fn fail_next(&self, call: &'static str, f: Failure) {
+    pub(crate) fn fail_next(&self, call: &'static str, f: Failure) {
         self.failures.push(call, f);
     }
 

@@ -4,18 +4,18 @@
 //! ([`tenant`]) with their shared helpers ([`calls`]), and the room on host nodes
 //! ([`host_room`]).
 
-pub mod api;
-pub mod budget;
-pub mod calls;
+pub(crate) mod api;
+pub(crate) mod budget;
+pub(crate) mod calls;
 pub mod clients;
 pub mod egress;
-pub mod error;
-pub mod host;
-pub mod host_room;
+pub(crate) mod error;
+pub(crate) mod host;
+pub(crate) mod host_room;
 #[cfg(test)]
-pub mod memory;
-pub mod request_metrics;
-pub mod tenant;
-pub mod warm;
-pub mod watched;
-pub mod watches;
+pub(crate) mod memory;
+pub(crate) mod request_metrics;
+pub(crate) mod tenant;
+pub(crate) mod warm;
+pub(crate) mod watched;
+pub(crate) mod watches;

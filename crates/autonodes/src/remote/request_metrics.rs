@@ -15,7 +15,7 @@ use prometheus::{IntCounterVec, Opts};
 
 /// `autonodes_kube_requests_total{cluster,verb,resource,code}` (registered by
 /// [`crate::metrics::Metrics::new`]; one counter per process, whatever registry shows it).
-pub static KUBE_REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+pub(crate) static KUBE_REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     IntCounterVec::new(
         Opts::new(
             "kube_requests_total",
@@ -29,7 +29,7 @@ pub static KUBE_REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
 
 /// Which cluster a client talks to, as the `cluster` label says it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ClusterKind {
+pub(crate) enum ClusterKind {
     /// The management cluster (autonodes' own resources, Events, the Lease).
     Management,
     /// A host cluster (VirtualMachines and their Secrets).
@@ -40,7 +40,7 @@ pub enum ClusterKind {
 
 impl ClusterKind {
     /// The `cluster` label value.
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             ClusterKind::Management => "management",
             ClusterKind::Host => "host",
@@ -51,7 +51,7 @@ impl ClusterKind {
 
 /// The tower layer that counts each request of a client in [`KUBE_REQUESTS`].
 #[derive(Clone, Copy, Debug)]
-pub struct CountRequests(pub ClusterKind);
+pub(crate) struct CountRequests(pub ClusterKind);
 
 impl<S> tower::Layer<S> for CountRequests {
     type Service = Counted<S>;
@@ -66,7 +66,7 @@ impl<S> tower::Layer<S> for CountRequests {
 
 /// A client's HTTP service wrapped by [`CountRequests`].
 #[derive(Clone, Debug)]
-pub struct Counted<S> {
+pub(crate) struct Counted<S> {
     inner: S,
     cluster: ClusterKind,
 }
@@ -104,7 +104,7 @@ where
 
 /// The API server's verb and the `resource[/subresource]` of a request; `-` for paths
 /// that name no resource (`/version`, discovery).
-pub fn classify(method: &Method, uri: &Uri) -> (&'static str, String) {
+pub(crate) fn classify(method: &Method, uri: &Uri) -> (&'static str, String) {
     let segments: Vec<&str> = uri.path().split('/').filter(|s| !s.is_empty()).collect();
     // /api/v1/... or /apis/<group>/<version>/...
     let rest = match segments.as_slice() {

@@ -18,19 +18,19 @@ use crate::remote::host::ignore_not_found;
 use crate::remote::watched::TOKEN_NAMESPACE;
 
 /// How long a tenant's published join address is used before it is read again.
-pub const PUBLISHED_JOIN_TTL: std::time::Duration = std::time::Duration::from_secs(60);
+pub(crate) const PUBLISHED_JOIN_TTL: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Each tenant's published join address and version, and when they were read
 /// ([`Tenant::join_info`]); one per process, keyed by the tenant's cluster key.
 #[derive(Default)]
-pub struct PublishedJoins(
+pub(crate) struct PublishedJoins(
     std::sync::Mutex<
         std::collections::HashMap<String, (std::time::Instant, autonodes_core::join::JoinInfo)>,
     >,
 );
 
 /// A tenant cluster.
-pub struct Tenant<'a> {
+pub(crate) struct Tenant<'a> {
     caller: Caller<'a>,
     joins: &'a PublishedJoins,
     remote: &'a Remote,
@@ -38,7 +38,7 @@ pub struct Tenant<'a> {
 
 impl<'a> Tenant<'a> {
     /// The tenant behind `remote`.
-    pub fn new(caller: Caller<'a>, joins: &'a PublishedJoins, remote: &'a Remote) -> Self {
+    pub(crate) fn new(caller: Caller<'a>, joins: &'a PublishedJoins, remote: &'a Remote) -> Self {
         Tenant {
             caller,
             joins,
@@ -47,7 +47,7 @@ impl<'a> Tenant<'a> {
     }
 
     /// The tenant's client and what its kubeconfig says.
-    pub fn remote(&self) -> &Remote {
+    pub(crate) fn remote(&self) -> &Remote {
         self.remote
     }
 
@@ -56,7 +56,7 @@ impl<'a> Tenant<'a> {
     /// without that ConfigMap, or that does not let autonodes read it, publishes nothing
     /// (its kubeconfig's server is the join address); what it publishes in a form autonodes
     /// refuses is logged and not used. With it, the tenant's version from its `/version`.
-    pub async fn join_info(&self) -> Result<autonodes_core::join::JoinInfo, Error> {
+    pub(crate) async fn join_info(&self) -> Result<autonodes_core::join::JoinInfo, Error> {
         let key = self.remote.key.to_string();
         if let Ok(cache) = self.joins.0.lock() {
             if let Some((at, info)) = cache.get(&key) {
@@ -117,7 +117,7 @@ impl<'a> Tenant<'a> {
     }
 
     /// The Node `name`, if it exists.
-    pub async fn node(&self, name: &str) -> Result<Option<Arc<Node>>, Error> {
+    pub(crate) async fn node(&self, name: &str) -> Result<Option<Arc<Node>>, Error> {
         let cache = self.remote.tenant_cache().map(|c| &c.nodes);
         let what = "reading the Node";
         read(
@@ -133,7 +133,7 @@ impl<'a> Tenant<'a> {
     }
 
     /// Applies a JSON patch to `node`; returns the Node as patched.
-    pub async fn patch_node(
+    pub(crate) async fn patch_node(
         &self,
         node: &Node,
         patch: json_patch::Patch,
@@ -157,7 +157,7 @@ impl<'a> Tenant<'a> {
     }
 
     /// Marks the Node `name` unschedulable.
-    pub async fn cordon(&self, name: &str) -> Result<(), Error> {
+    pub(crate) async fn cordon(&self, name: &str) -> Result<(), Error> {
         remote_call(
             self.caller.requests,
             self.remote,
@@ -173,7 +173,7 @@ impl<'a> Tenant<'a> {
     }
 
     /// Deletes the Node `name`; true when it was there to delete.
-    pub async fn delete_node(&self, name: &str) -> Result<bool, Error> {
+    pub(crate) async fn delete_node(&self, name: &str) -> Result<bool, Error> {
         let deleted = remote_call(
             self.caller.requests,
             self.remote,
@@ -190,7 +190,7 @@ impl<'a> Tenant<'a> {
 
     /// The pods bound to the Node `name`, from the API server's watch cache (indexed by
     /// node there, not read from etcd; the Node is cordoned before, so no new pod binds).
-    pub async fn pods_on(&self, name: &str) -> Result<Vec<Pod>, Error> {
+    pub(crate) async fn pods_on(&self, name: &str) -> Result<Vec<Pod>, Error> {
         let pods: Api<Pod> = Api::all(self.remote.client.clone());
         let on_node = ListParams::default()
             .fields(&format!("spec.nodeName={name}"))
@@ -207,7 +207,7 @@ impl<'a> Tenant<'a> {
 
     /// Evicts `pod`. A pod already gone is evicted; one a PodDisruptionBudget protects now
     /// (429) is left for the next try.
-    pub async fn evict(&self, pod: &Pod) -> Result<(), Error> {
+    pub(crate) async fn evict(&self, pod: &Pod) -> Result<(), Error> {
         let api: Api<Pod> = Api::namespaced(
             self.remote.client.clone(),
             &pod.namespace().unwrap_or_default(),
@@ -226,7 +226,7 @@ impl<'a> Tenant<'a> {
     }
 
     /// The bootstrap-token Secrets of the claim with `uid`.
-    pub async fn tokens(&self, uid: &str) -> Result<Vec<Arc<Secret>>, Error> {
+    pub(crate) async fn tokens(&self, uid: &str) -> Result<Vec<Arc<Secret>>, Error> {
         let ours =
             |s: &Secret| autonodes_core::template::names::labelled_for_claim(s.labels(), uid);
         if let Some(found) = self
@@ -249,7 +249,7 @@ impl<'a> Tenant<'a> {
     }
 
     /// Creates a bootstrap-token Secret.
-    pub async fn create_token(&self, secret: &Secret) -> Result<(), Error> {
+    pub(crate) async fn create_token(&self, secret: &Secret) -> Result<(), Error> {
         let created = remote_call(
             self.caller.requests,
             self.remote,
@@ -264,7 +264,7 @@ impl<'a> Tenant<'a> {
     }
 
     /// Deletes a bootstrap-token Secret (one already gone is deleted).
-    pub async fn delete_token(&self, secret: &Secret, what: &str) -> Result<(), Error> {
+    pub(crate) async fn delete_token(&self, secret: &Secret, what: &str) -> Result<(), Error> {
         let deleted = remote_call(
             self.caller.requests,
             self.remote,

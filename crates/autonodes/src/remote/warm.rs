@@ -27,7 +27,7 @@ use autonodes_api::{
 use autonodes_core::warm;
 
 /// A warm VM's credential: its token and when the host says it expires.
-pub struct Credential {
+pub(crate) struct Credential {
     /// The ServiceAccount token (never logged).
     pub token: String,
     /// When it expires.
@@ -60,7 +60,7 @@ impl<K> HostObject for K where
 }
 
 /// A host cluster, for warm VMs.
-pub struct WarmHost<'a> {
+pub(crate) struct WarmHost<'a> {
     caller: Caller<'a>,
     remote: &'a Remote,
 }
@@ -85,12 +85,12 @@ fn ignore_exists<T>(result: Result<T, Error>) -> Result<(), Error> {
 
 impl<'a> WarmHost<'a> {
     /// The host behind `remote`.
-    pub fn new(caller: Caller<'a>, remote: &'a Remote) -> Self {
+    pub(crate) fn new(caller: Caller<'a>, remote: &'a Remote) -> Self {
         WarmHost { caller, remote }
     }
 
     /// The same host, for the calls warm VMs share with claims' VMs.
-    pub fn host(&self) -> crate::remote::host::Host<'a> {
+    pub(crate) fn host(&self) -> crate::remote::host::Host<'a> {
         crate::remote::host::Host::new(self.caller, self.remote)
     }
 
@@ -136,14 +136,14 @@ impl<'a> WarmHost<'a> {
 
     /// The VM `ns/name` as the host's cache shows it (`None` also while the cache is not
     /// live: warm VMs are taken only from a live cache).
-    pub fn cached_vm(&self, ns: &str, name: &str) -> Option<std::sync::Arc<ObservedVm>> {
+    pub(crate) fn cached_vm(&self, ns: &str, name: &str) -> Option<std::sync::Arc<ObservedVm>> {
         self.remote.host_cache()?.vms.get(Some(ns), name).flatten()
     }
 
     /// The warm VM the claim `uid` took already (a take whose claim status was not
     /// written): from the host's VM cache while it is live, else listed by label from the
     /// API server (a controller that just started must not take the claim for a cold one).
-    pub async fn taken_by(
+    pub(crate) async fn taken_by(
         &self,
         ns: &str,
         uid: &str,
@@ -178,7 +178,7 @@ impl<'a> WarmHost<'a> {
     /// ServiceAccount asked for [`warm::CREDENTIAL_LIFETIME`] and bound to the host API
     /// server's own audiences, with when the host says it expires (deleting the
     /// ServiceAccount revokes it).
-    pub async fn make_credential(
+    pub(crate) async fn make_credential(
         &self,
         ns: &str,
         vm: &str,
@@ -321,7 +321,7 @@ impl<'a> WarmHost<'a> {
     /// name (`None`: its Lease was never renewed). A Lease stands for the VM its name is
     /// of ([`warm::vm_of_lease`]), whatever its labels say: a warm VM may write those of
     /// its own Lease, and only its own.
-    pub async fn heartbeats(
+    pub(crate) async fn heartbeats(
         &self,
         ns: &str,
         type_label: &str,
@@ -352,7 +352,7 @@ impl<'a> WarmHost<'a> {
     /// by a claim, with when the youngest of those was made (to find what is left of warm
     /// VMs that are gone, such as a Lease whose ServiceAccount a killed controller never
     /// made). A Lease counts for the VM its name is of, whatever its labels say.
-    pub async fn made_for(
+    pub(crate) async fn made_for(
         &self,
         ns: &str,
         type_label: &str,
@@ -421,7 +421,7 @@ impl<'a> WarmHost<'a> {
     /// Deletes the warm VM `ns/vm` if it is still at `version` (its `resourceVersion` as the
     /// caller saw it; any, when `None`): `false` when it changed since (a claim took it),
     /// `true` when it is deleted or gone.
-    pub async fn delete_warm_vm(
+    pub(crate) async fn delete_warm_vm(
         &self,
         ns: &str,
         vm: &str,
@@ -462,7 +462,7 @@ impl<'a> WarmHost<'a> {
     /// ServiceAccount (its token stops working), each only when it is this installation's,
     /// made for `vm` (its labels; the Lease, which the VM may write itself, by the UID its
     /// ServiceAccount recorded), and at the UID it was read with.
-    pub async fn delete_credential(&self, ns: &str, vm: &str) -> Result<(), Error> {
+    pub(crate) async fn delete_credential(&self, ns: &str, vm: &str) -> Result<(), Error> {
         let name = warm::credential_name(vm);
         let recorded = |m: Option<ObjectMeta>| {
             m.filter(|m| self.made_for_vm(m, vm)).and_then(|m| {
@@ -590,7 +590,7 @@ impl<'a> WarmHost<'a> {
 
     /// Creates a warm VM's user-data Secret (one there already is an earlier attempt's,
     /// with a token of the same ServiceAccount: kept).
-    pub async fn create_user_data(&self, ns: &str, secret: &Secret) -> Result<(), Error> {
+    pub(crate) async fn create_user_data(&self, ns: &str, secret: &Secret) -> Result<(), Error> {
         self.create_kept(
             self.api::<Secret>(ns),
             secret,
@@ -600,7 +600,7 @@ impl<'a> WarmHost<'a> {
     }
 
     /// Creates a warm VM (one there already is an earlier attempt's: kept).
-    pub async fn create_vm(&self, ns: &str, vm: &DynamicObject) -> Result<(), Error> {
+    pub(crate) async fn create_vm(&self, ns: &str, vm: &DynamicObject) -> Result<(), Error> {
         let api: Api<DynamicObject> =
             Api::namespaced_with(self.remote.client.clone(), ns, &kubevirt::virtual_machine());
         let created = remote_call(
@@ -622,7 +622,7 @@ impl<'a> WarmHost<'a> {
     /// updates a VM that just started), it is read again and taken at its new version if
     /// `takeable` still says so. `None` when another claim took it first, or it cannot be
     /// taken any more.
-    pub async fn take(
+    pub(crate) async fn take(
         &self,
         ns: &str,
         vm: &ObservedVm,
@@ -676,7 +676,7 @@ impl<'a> WarmHost<'a> {
 
     /// Puts `labels` (a merge patch of labels) on the warm VM `vm`'s user-data Secret and
     /// DataVolumes, once a claim took it.
-    pub async fn relabel_parts(
+    pub(crate) async fn relabel_parts(
         &self,
         ns: &str,
         vm: &str,
@@ -735,7 +735,7 @@ impl<'a> WarmHost<'a> {
     }
 
     /// Deletes the DataVolumes of the warm VM `vm` (those its labels name).
-    pub async fn delete_data_volumes(&self, ns: &str, vm: &str) -> Result<(), Error> {
+    pub(crate) async fn delete_data_volumes(&self, ns: &str, vm: &str) -> Result<(), Error> {
         let dvs = self.data_volumes(ns);
         let names = self.data_volume_names(ns, vm).await?;
         for name in names {
@@ -747,7 +747,7 @@ impl<'a> WarmHost<'a> {
 
     /// Writes the binding of the warm VM `vm`: the Secret its agent reads (an existing one
     /// is replaced: only the claim that took the VM writes it).
-    pub async fn write_binding(
+    pub(crate) async fn write_binding(
         &self,
         ns: &str,
         vm: &str,

@@ -13,7 +13,7 @@ use kube::runtime::reflector::{Lookup, ObjectRef, Store};
 use autonodes_api::kubevirt::{ObservedDataVolume, ObservedVm, ObservedVmi};
 
 /// Namespace of bootstrap-token Secrets in a tenant.
-pub const TOKEN_NAMESPACE: &str = "kube-system";
+pub(crate) const TOKEN_NAMESPACE: &str = "kube-system";
 
 /// Objects this process wrote that the watch has not delivered yet, by key: when, and the
 /// object as the API server returned it (`None` for a delete).
@@ -22,7 +22,7 @@ type WrittenMap<K> = HashMap<ObjectRef<K>, (Instant, Option<Arc<K>>)>;
 /// How long a write of this process is read instead of the watch's copy at most (a safety
 /// net: the watch delivers it long before, also when a burst of thousands of claims makes
 /// it lag by seconds).
-pub const WRITTEN_TTL: Duration = Duration::from_secs(60);
+pub(crate) const WRITTEN_TTL: Duration = Duration::from_secs(60);
 
 /// How many of an object's latest versions the watch delivered are remembered.
 const DELIVERED_KEPT: usize = 8;
@@ -127,7 +127,7 @@ pub(super) type Written<K> = Arc<Mutex<Own<K>>>;
 /// shows before ours is older than ours, and whatever comes after finds ours gone. A write
 /// the watch delivered before it was remembered is dropped once the store shows that
 /// version, and any after [`WRITTEN_TTL`].
-pub struct Watched<K: kube::runtime::reflector::Lookup + Clone + 'static>
+pub(crate) struct Watched<K: kube::runtime::reflector::Lookup + Clone + 'static>
 where
     K::DynamicType: Eq + std::hash::Hash + Clone,
 {
@@ -146,7 +146,7 @@ where
     /// The object `namespace/name` as the watch last saw it (or as this process wrote it
     /// since): `Some(None)` when the live watch has no such object, `None` when the watch is
     /// not live (ask the API server).
-    pub fn get(&self, namespace: Option<&str>, name: &str) -> Option<Option<Arc<K>>> {
+    pub(crate) fn get(&self, namespace: Option<&str>, name: &str) -> Option<Option<Arc<K>>> {
         if !self.is_live() {
             return None;
         }
@@ -157,7 +157,7 @@ where
 
     /// The objects that match `keep` (with this process's own writes the watch has not
     /// delivered yet), or `None` when the watch is not live.
-    pub fn filter(&self, keep: impl Fn(&K) -> bool) -> Option<Vec<Arc<K>>> {
+    pub(crate) fn filter(&self, keep: impl Fn(&K) -> bool) -> Option<Vec<Arc<K>>> {
         if !self.is_live() {
             return None;
         }
@@ -184,7 +184,7 @@ where
 
     /// Remembers an object this process just created or changed, as the API server
     /// returned it, until the watch delivers that version.
-    pub fn wrote(&self, mut obj: K) {
+    pub(crate) fn wrote(&self, mut obj: K) {
         (self.trim)(&mut obj);
         let key = obj.to_object_ref(self.dyntype.clone());
         if let Ok(mut written) = self.written.lock() {
@@ -193,7 +193,7 @@ where
     }
 
     /// Remembers that this process deleted `obj` until the watch delivers the deletion.
-    pub fn deleted(&self, obj: &K) {
+    pub(crate) fn deleted(&self, obj: &K) {
         let key = obj.to_object_ref(self.dyntype.clone());
         if let Ok(mut written) = self.written.lock() {
             written.remember(key, None);
@@ -201,7 +201,7 @@ where
     }
 
     /// True once the watch listed everything and has seen no error since.
-    pub fn is_live(&self) -> bool {
+    pub(crate) fn is_live(&self) -> bool {
         self.live.load(Ordering::Acquire)
     }
 
@@ -240,7 +240,7 @@ where
 }
 
 /// Watch caches of a host cluster.
-pub struct HostCache {
+pub(crate) struct HostCache {
     /// VirtualMachines labelled `managed-by=autonodes`, as [`ObservedVm`]s.
     pub vms: Watched<ObservedVm>,
     /// Their VirtualMachineInstances, as [`ObservedVmi`]s.
@@ -257,7 +257,7 @@ pub struct HostCache {
 }
 
 /// Watch caches of a tenant cluster.
-pub struct TenantCache {
+pub(crate) struct TenantCache {
     /// Nodes carrying a claim label (metadata, spec, conditions and addresses).
     pub nodes: Watched<Node>,
     /// autonodes' bootstrap-token Secrets in `kube-system`.

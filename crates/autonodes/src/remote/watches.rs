@@ -44,7 +44,7 @@ use autonodes_core::kubeversion::KubeVersion;
 
 /// What a kind needs to be watched and shared: a typed Kubernetes object that crosses
 /// tasks.
-pub trait Kind:
+pub(crate) trait Kind:
     Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static
 {
 }
@@ -63,7 +63,7 @@ impl<K> Kind for K where
 /// The claim an object belongs to, from its `autonodes.io/nodeclaim{,-namespace}` labels;
 /// when the name label is a shortened one (a claim name longer than a label value may be),
 /// from its `autonodes.io/nodeclaim-uid` label and the claim cache.
-pub fn claim_of(
+pub(crate) fn claim_of(
     labels: &std::collections::BTreeMap<String, String>,
     claims: &Store<NodeClaim>,
 ) -> Option<ObjectRef<NodeClaim>> {
@@ -80,7 +80,7 @@ pub fn claim_of(
 }
 
 /// The hook that starts the watch caches of each newly connected remote cluster.
-pub fn watch_hook(
+pub(crate) fn watch_hook(
     wake: UnboundedSender<ObjectRef<NodeClaim>>,
     claims: Store<NodeClaim>,
     installation: &str,

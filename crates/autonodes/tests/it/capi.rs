@@ -15,9 +15,9 @@ use crate::common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use autonodes::controller::capi::{AUTOSCALING, REASON_INVALID_BOUNDS};
 use autonodes_api::capi::*;
 use autonodes_api::{NodeClaimPhase, NodePool, NodeType};
+use autonodes_core::capi::{AUTOSCALING, REASON_INVALID_BOUNDS};
 use autonodes_core::pool::plan::{plan_claims, Allowance, ClaimView};
 use autonodes_core::pool::ANNOTATION_DELETE_FIRST;
 use autonodes_core::resources::{self, ResourceAmounts};
@@ -441,7 +441,7 @@ async fn the_autoscaler_scales_a_pool_up_from_zero_by_put_and_removes_exactly_th
             .and_then(|s| s.taints.clone())
             .unwrap_or_default()
             .iter()
-            .map(autonodes::controller::capi::format_taint)
+            .map(autonodes_core::capi::format_taint)
             .collect();
         for t in a[CAPACITY_TAINTS].split(',') {
             assert!(

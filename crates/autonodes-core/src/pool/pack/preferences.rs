@@ -48,22 +48,22 @@ fn at(list: &[bool], i: usize) -> bool {
 
 impl Honoured {
     /// Whether preferred pod affinity term `i` is honoured.
-    pub fn affinity(&self, i: usize) -> bool {
+    pub(crate) fn affinity(&self, i: usize) -> bool {
         at(&self.affinity, i)
     }
 
     /// Whether preferred pod anti-affinity term `i` is honoured.
-    pub fn anti(&self, i: usize) -> bool {
+    pub(crate) fn anti(&self, i: usize) -> bool {
         at(&self.anti, i)
     }
 
     /// Whether preferred node affinity term `i` is honoured.
-    pub fn node(&self, i: usize) -> bool {
+    pub(crate) fn node(&self, i: usize) -> bool {
         at(&self.node, i)
     }
 
     /// Whether spread constraint `i` (a `ScheduleAnyway` one) is honoured.
-    pub fn spread(&self, i: usize) -> bool {
+    pub(crate) fn spread(&self, i: usize) -> bool {
         at(&self.spread, i)
     }
 

@@ -76,7 +76,7 @@ impl Topology {
     /// The topology of `pods`: the first `placing` are to be placed, the rest are already
     /// on nodes. The terms of the pods to place and the required anti-affinity of all, and
     /// each pod's view of them.
-    pub fn new(pods: &[&PendingPod], placing: usize) -> (Topology, Vec<PodView>) {
+    pub(crate) fn new(pods: &[&PendingPod], placing: usize) -> (Topology, Vec<PodView>) {
         let mut t = Topology::default();
         let mut views: Vec<PodView> = pods
             .iter()
@@ -164,17 +164,17 @@ impl Topology {
     }
 
     /// The topology keys the terms use.
-    pub fn keys(&self) -> &[String] {
+    pub(crate) fn keys(&self) -> &[String] {
         &self.keys
     }
 
     /// The key id of a term.
-    pub fn key_of(&self, term: usize) -> usize {
+    pub(crate) fn key_of(&self, term: usize) -> usize {
         self.term_key[term]
     }
 
     /// The domains of a node with `labels` for every key (a new one for the hostname).
-    pub fn domains(
+    pub(crate) fn domains(
         &mut self,
         labels: &std::collections::BTreeMap<String, String>,
     ) -> Vec<Option<Domain>> {
@@ -190,7 +190,7 @@ impl Topology {
     }
 
     /// The domain of `value` of key `k`.
-    pub fn value(&mut self, k: usize, value: &str) -> Domain {
+    pub(crate) fn value(&mut self, k: usize, value: &str) -> Domain {
         if let Some(d) = self.values.get(&(k, value.to_string())) {
             return *d;
         }
@@ -205,18 +205,18 @@ impl Topology {
     }
 
     /// Whether key `k` is the hostname (every node its own domain).
-    pub fn is_hostname(&self, k: usize) -> bool {
+    pub(crate) fn is_hostname(&self, k: usize) -> bool {
         self.keys[k] == HOSTNAME_TOPOLOGY
     }
 
     /// Placed pods `term` selects in `domain`.
-    pub fn count(&self, term: usize, domain: Domain) -> i32 {
+    pub(crate) fn count(&self, term: usize, domain: Domain) -> i32 {
         self.counts[term].get(&domain).copied().unwrap_or(0)
     }
 
     /// For each pod of `views`: whether it has required pod affinity, or a required
     /// affinity term of some pod selects it.
-    pub fn affinity_bound(&self, views: &[PodView]) -> Vec<bool> {
+    pub(crate) fn affinity_bound(&self, views: &[PodView]) -> Vec<bool> {
         let mut affinity = vec![false; self.terms.len()];
         for v in views {
             for t in &v.affinity {
@@ -230,7 +230,7 @@ impl Topology {
     }
 
     /// Records a pod placed on a node of `domains`.
-    pub fn place(&mut self, view: &PodView, domains: &[Option<Domain>]) {
+    pub(crate) fn place(&mut self, view: &PodView, domains: &[Option<Domain>]) {
         for t in &view.matches {
             self.totals[*t] += 1;
             if let Some(d) = domains[self.term_key[*t]] {
@@ -249,7 +249,7 @@ impl Topology {
     /// there whose anti-affinity selects it, and a pod each affinity term selects there —
     /// or, as the kube-scheduler allows, no such pod anywhere and the pod selected by its
     /// own term.
-    pub fn pod_terms_allow(
+    pub(crate) fn pod_terms_allow(
         &self,
         view: &PodView,
         domains: &[Option<Domain>],
@@ -292,7 +292,7 @@ impl Topology {
     /// Whether one more pod on a node of `domains` keeps the pod's spread constraints
     /// within their skew (the preferred ones it still `honours` too), given the least count of
     /// each constraint over its eligible domains (`least`, by index in `rules.spread`).
-    pub fn spread_allows(
+    pub(crate) fn spread_allows(
         &self,
         view: &PodView,
         spreads: &[Spread],
@@ -316,7 +316,7 @@ impl Topology {
 
     /// How many placed pods the pod's spread constraints count in the domains of a node:
     /// lower is where they would rather go.
-    pub fn spread_load(&self, view: &PodView, domains: &[Option<Domain>]) -> i64 {
+    pub(crate) fn spread_load(&self, view: &PodView, domains: &[Option<Domain>]) -> i64 {
         view.spread
             .iter()
             .map(|(_, t)| {

@@ -16,7 +16,7 @@ use autonodes_core::warm::{self, WarmVm};
 
 /// What a NodePool asks of warm VMs of its own.
 #[derive(Debug, Clone, PartialEq)]
-pub struct PoolWant {
+pub(crate) struct PoolWant {
     /// The pool's namespace.
     pub namespace: String,
     /// The pool's name.
@@ -40,7 +40,7 @@ struct Group {
 /// The warm VMs of each group as its type's last reconcile saw them (what claims take), how
 /// many claims each type's warm VMs served, and what each pool asks for.
 #[derive(Default)]
-pub struct WarmIndex {
+pub(crate) struct WarmIndex {
     groups: Mutex<HashMap<String, Group>>,
     bound: Mutex<HashMap<String, i64>>,
     pools: Mutex<HashMap<String, PoolWant>>,
@@ -48,7 +48,7 @@ pub struct WarmIndex {
     beats: Mutex<HashMap<String, BTreeMap<String, warm::Beat>>>,
 }
 
-pub use autonodes_core::warm::pool::GroupCounts;
+pub(crate) use autonodes_core::warm::pool::GroupCounts;
 
 impl WarmIndex {
     fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -58,7 +58,7 @@ impl WarmIndex {
     /// Records the Leases of the warm VMs of `node_type` as listed at `now` (`renewTime` by
     /// VM name) and returns each VM's heartbeat ([`warm::observe_beat`]); VMs whose Lease
     /// is gone are forgotten.
-    pub fn observe_beats(
+    pub(crate) fn observe_beats(
         &self,
         node_type: &str,
         leases: &BTreeMap<String, Option<Timestamp>>,
@@ -78,7 +78,7 @@ impl WarmIndex {
     }
 
     /// The warm VMs of the group `key` a claim may take now, the oldest first.
-    pub fn ready(&self, key: &str, now: Timestamp) -> Vec<String> {
+    pub(crate) fn ready(&self, key: &str, now: Timestamp) -> Vec<String> {
         let mut vms: Vec<WarmVm> = Self::lock(&self.groups)
             .get(key)
             .map(|g| g.vms.clone())
@@ -92,7 +92,7 @@ impl WarmIndex {
     }
 
     /// Records that a claim took the warm VM `vm` of the group `key` of `node_type`.
-    pub fn taken(&self, key: &str, node_type: &str, vm: &str) {
+    pub(crate) fn taken(&self, key: &str, node_type: &str, vm: &str) {
         if let Some(g) = Self::lock(&self.groups).get_mut(key) {
             g.vms.retain(|v| v.name != vm);
         }
@@ -103,7 +103,13 @@ impl WarmIndex {
 
     /// Records the warm VMs of the group `key` a reconcile kept, and how many it may keep;
     /// returns the group's counts before.
-    pub fn set(&self, key: &str, vms: Vec<WarmVm>, granted: i64, now: Timestamp) -> GroupCounts {
+    pub(crate) fn set(
+        &self,
+        key: &str,
+        vms: Vec<WarmVm>,
+        granted: i64,
+        now: Timestamp,
+    ) -> GroupCounts {
         let mut groups = Self::lock(&self.groups);
         let before = groups.get(key).map(|g| counts(g, now)).unwrap_or_default();
         groups.insert(key.to_string(), Group { vms, granted });
@@ -111,7 +117,7 @@ impl WarmIndex {
     }
 
     /// The counts of the group `key` (zeros for a group never kept).
-    pub fn counts(&self, key: &str, now: Timestamp) -> GroupCounts {
+    pub(crate) fn counts(&self, key: &str, now: Timestamp) -> GroupCounts {
         Self::lock(&self.groups)
             .get(key)
             .map(|g| counts(g, now))
@@ -119,27 +125,27 @@ impl WarmIndex {
     }
 
     /// How many claims the warm VMs of `node_type` served since the controller started.
-    pub fn bound(&self, node_type: &str) -> i64 {
+    pub(crate) fn bound(&self, node_type: &str) -> i64 {
         Self::lock(&self.bound).get(node_type).copied().unwrap_or(0)
     }
 
     /// Records what the pool with UID `uid` asks for; returns what it asked before.
-    pub fn want(&self, uid: &str, want: PoolWant) -> Option<PoolWant> {
+    pub(crate) fn want(&self, uid: &str, want: PoolWant) -> Option<PoolWant> {
         Self::lock(&self.pools).insert(uid.to_string(), want)
     }
 
     /// Forgets the pool with UID `uid` (it keeps no warm VMs and has none left).
-    pub fn forget_pool(&self, uid: &str) -> Option<PoolWant> {
+    pub(crate) fn forget_pool(&self, uid: &str) -> Option<PoolWant> {
         Self::lock(&self.pools).remove(uid)
     }
 
     /// What the pool with UID `uid` asks for, if its reconcile said.
-    pub fn pool_want(&self, uid: &str) -> Option<PoolWant> {
+    pub(crate) fn pool_want(&self, uid: &str) -> Option<PoolWant> {
         Self::lock(&self.pools).get(uid).cloned()
     }
 
     /// The pools that ask for warm VMs of `node_type`, by UID.
-    pub fn pools_of_type(&self, node_type: &str) -> BTreeMap<String, PoolWant> {
+    pub(crate) fn pools_of_type(&self, node_type: &str) -> BTreeMap<String, PoolWant> {
         Self::lock(&self.pools)
             .iter()
             .filter(|(_, w)| w.node_type.as_deref() == Some(node_type))
@@ -148,7 +154,7 @@ impl WarmIndex {
     }
 
     /// The warm VMs the pools of `namespace` other than `except` (a UID) ask for, by type.
-    pub fn namespace_warm(&self, namespace: &str, except: &str) -> BTreeMap<String, i64> {
+    pub(crate) fn namespace_warm(&self, namespace: &str, except: &str) -> BTreeMap<String, i64> {
         let mut out = BTreeMap::new();
         for (uid, w) in Self::lock(&self.pools).iter() {
             if uid == except || w.namespace != namespace {

@@ -15,13 +15,13 @@ use autonodes_api::NodeClaim;
 /// Claims whose cleanup this process finished, so a reconcile of a cached copy from before
 /// does not clean up again (the capacity they held is the ledger's: [`Context::ledger`]).
 #[derive(Debug, Default)]
-pub struct Reservations {
+pub(crate) struct Reservations {
     /// UIDs of claims whose cleanup finished (their capacity is free).
     pub released: HashSet<String>,
 }
 
 /// An object as a status write returned it, and the version that write replaced.
-pub struct Written<K> {
+pub(crate) struct Written<K> {
     /// The `resourceVersion` the write was conditional on.
     pub replaced: String,
     /// The object the API server returned.
@@ -29,7 +29,7 @@ pub struct Written<K> {
 }
 
 /// The claim controller's context: the shared one ([`Deref`]) and the claims' own state.
-pub struct ClaimContext {
+pub(crate) struct ClaimContext {
     /// The context every controller shares.
     pub ctx: Arc<Context>,
     /// Serializes scheduling decisions so capacity is never exceeded (held only while a
@@ -55,7 +55,7 @@ impl Deref for ClaimContext {
 
 impl ClaimContext {
     /// The claim controller's context on the shared one, its own state empty.
-    pub fn new(ctx: Arc<Context>) -> Self {
+    pub(crate) fn new(ctx: Arc<Context>) -> Self {
         ClaimContext {
             ctx,
             scheduling: Mutex::new(Reservations::default()),
@@ -70,7 +70,7 @@ impl ClaimContext {
     /// The store lags behind our own writes by a watch event; a reconcile that ran on the
     /// store's copy would write on a stale version and get a conflict. While the store
     /// still shows the version a write replaced, the written object is the current one.
-    pub fn fresher(&self, claim: Arc<NodeClaim>) -> Arc<NodeClaim> {
+    pub(crate) fn fresher(&self, claim: Arc<NodeClaim>) -> Arc<NodeClaim> {
         let (Some(uid), Some(rv)) = (claim.uid(), claim.resource_version()) else {
             return claim;
         };
@@ -88,7 +88,7 @@ impl ClaimContext {
     }
 
     /// Remembers a claim as a status write returned it (see [`ClaimContext::fresher`]).
-    pub fn remember_written(
+    pub(crate) fn remember_written(
         &self,
         replaced: Option<String>,
         mut object: NodeClaim,
@@ -113,7 +113,7 @@ impl ClaimContext {
     }
 
     /// Forgets what [`ClaimContext::remember_written`] kept of a claim (its cleanup finished).
-    pub fn forget_written(&self, uid: &str) {
+    pub(crate) fn forget_written(&self, uid: &str) {
         if let Ok(mut written) = self.written.lock() {
             written.remove(uid);
         }
@@ -126,7 +126,7 @@ impl ClaimContext {
     /// reconcile of the store's older copy (woken by a watch event that came first) has
     /// nothing left to do, and its patch to release the finalizer once more would only be
     /// answered 404. `release` records it (a `true` answer).
-    pub fn finalized(&self, uid: &str, release: bool) -> bool {
+    pub(crate) fn finalized(&self, uid: &str, release: bool) -> bool {
         let Ok(mut finalized) = self.finalized.lock() else {
             return false;
         };
@@ -149,7 +149,7 @@ impl ClaimContext {
 
     /// Since when the claim with `uid` has had progress not written yet (from now on, if
     /// it had none); `done` forgets it (the status needs no write).
-    pub fn progress_pending(&self, uid: &str, done: bool) -> Option<std::time::Instant> {
+    pub(crate) fn progress_pending(&self, uid: &str, done: bool) -> Option<std::time::Instant> {
         let mut pending = self.status_pending.lock().ok()?;
         if done {
             pending.remove(uid);

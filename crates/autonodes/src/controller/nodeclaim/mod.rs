@@ -27,10 +27,10 @@
 //! condition. [`terminate`] (finalizer `autonodes.io/cleanup`) drains the Node and removes
 //! the VM, the Node, the Secret, the DataVolumes and the token, in that order.
 
-pub mod context;
-pub mod provisioning;
-pub mod schedule;
-pub mod status;
+pub(crate) mod context;
+pub(crate) mod provisioning;
+pub(crate) mod schedule;
+pub(crate) mod status;
 
 mod drift;
 mod initialize;
@@ -70,7 +70,7 @@ use autonodes_core::catalogue::PreparedType;
 use context::ClaimContext;
 use provisioning::{uid, Provisioning, StageContext, Step};
 use schedule::{schedule, Schedule};
-pub use status::refresh_claim_gauges;
+pub(crate) use status::refresh_claim_gauges;
 use status::{StatusWriter, JOINED, PROVISIONED, READY, SCHEDULED};
 use terminate::{cleanup, remove_remote_objects, Removal};
 
@@ -82,7 +82,7 @@ const CLAIM_CONCURRENCY: u16 = 64;
 /// Runs the NodeClaim controller until `shutdown` resolves. Besides its own changes, a
 /// claim is woken by `wakeups` (remote watches, freed capacity), and a pending claim by a
 /// NodeType that appeared, went or changed, and by a NodeQuota of its namespace.
-pub async fn run(
+pub(crate) async fn run(
     ctx: Arc<Context>,
     r: &Reflectors,
     wakeups: UnboundedReceiver<ObjectRef<NodeClaim>>,

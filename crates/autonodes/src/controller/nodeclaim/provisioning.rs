@@ -24,7 +24,7 @@ use autonodes_core::catalogue::PreparedType;
 /// counters they move, the Event recorder, the warm VMs claims take from, and the wake-ups
 /// of node types.
 #[derive(Clone, Copy)]
-pub struct StageContext<'a> {
+pub(crate) struct StageContext<'a> {
     /// Settings (timeouts, installation, where nodes download Kubernetes).
     pub config: &'a ControllerConfig,
     /// Counters the stages move (claims created, warm VMs taken).
@@ -39,7 +39,7 @@ pub struct StageContext<'a> {
 
 impl<'a> StageContext<'a> {
     /// What the stages read of `ctx`.
-    pub fn of(ctx: &'a Context) -> Self {
+    pub(crate) fn of(ctx: &'a Context) -> Self {
         StageContext {
             config: &ctx.config,
             metrics: &ctx.metrics,
@@ -51,7 +51,7 @@ impl<'a> StageContext<'a> {
 }
 
 /// One reconcile of a scheduled claim: what its stages read, and the status they change.
-pub struct Provisioning<'a, H, T> {
+pub(crate) struct Provisioning<'a, H, T> {
     /// The claim as this reconcile saw it.
     pub claim: &'a NodeClaim,
     /// What the stages read of the controllers' context.
@@ -76,24 +76,24 @@ pub struct Provisioning<'a, H, T> {
 
 impl<H: HostApi, T: TenantApi> Provisioning<'_, H, T> {
     /// The host cluster, as the stages use it.
-    pub fn host(&self) -> &H {
+    pub(crate) fn host(&self) -> &H {
         &self.host
     }
 
     /// The tenant cluster, as the stages use it.
-    pub fn tenant(&self) -> &T {
+    pub(crate) fn tenant(&self) -> &T {
         &self.tenant
     }
 
     /// The provider ID the claim's Node carries.
-    pub fn provider_id(&self) -> String {
+    pub(crate) fn provider_id(&self) -> String {
         format!("kubevirt://{}", self.vm_name)
     }
 }
 
 /// What a stage decided.
 #[derive(Debug)]
-pub enum Step {
+pub(crate) enum Step {
     /// The stage is done: the next one runs.
     Next,
     /// The walk stops here: the status is written and the claim comes back as `Action` says
@@ -110,20 +110,20 @@ pub enum Step {
 }
 
 /// The claim's UID (the API server always sets it).
-pub fn uid(claim: &NodeClaim) -> Result<String, Error> {
+pub(crate) fn uid(claim: &NodeClaim) -> Result<String, Error> {
     claim
         .uid()
         .ok_or_else(|| Error::Missing(format!("NodeClaim {}", claim.name_any()), "metadata.uid"))
 }
 
 /// How long ago `since` was (zero for a time in the future).
-pub fn elapsed_since(since: k8s_openapi::jiff::Timestamp) -> Duration {
+pub(crate) fn elapsed_since(since: k8s_openapi::jiff::Timestamp) -> Duration {
     let ms = now().as_millisecond() - since.as_millisecond();
     Duration::from_millis(ms.max(0) as u64)
 }
 
 /// How long to wait for a stage with `limit` after `waited`: what is left, at most `cap`, at least half a second.
-pub fn remaining(limit: Duration, waited: Duration, cap: Duration) -> Duration {
+pub(crate) fn remaining(limit: Duration, waited: Duration, cap: Duration) -> Duration {
     limit
         .saturating_sub(waited)
         .min(cap)

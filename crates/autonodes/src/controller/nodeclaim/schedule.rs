@@ -27,7 +27,7 @@ use autonodes_core::quota::{self, PreparedQuota, Usage};
 use autonodes_core::scheduling::{self, ClaimRequest, NoFit};
 
 /// The outcome of scheduling: the chosen type, prepared.
-pub struct Scheduled {
+pub(crate) struct Scheduled {
     /// The chosen type.
     pub node_type: PreparedType,
     /// The claim after scheduling (as written, when scheduling wrote it).
@@ -35,7 +35,7 @@ pub struct Scheduled {
 }
 
 /// What scheduling came to.
-pub enum Schedule {
+pub(crate) enum Schedule {
     /// A type is chosen (now, or before).
     Chosen(Box<Scheduled>),
     /// None yet (the claim's status says why): look again after this long, or when the

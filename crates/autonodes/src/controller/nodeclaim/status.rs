@@ -21,27 +21,27 @@ use autonodes_api::reasons::{ClaimCondition, ClaimReason};
 use autonodes_api::{NodeClaim, NodeClaimPhase, NodeClaimStatus};
 
 /// Condition: a node type was chosen.
-pub const SCHEDULED: ClaimCondition = ClaimCondition::Scheduled;
+pub(crate) const SCHEDULED: ClaimCondition = ClaimCondition::Scheduled;
 /// Condition: the VM runs.
-pub const PROVISIONED: ClaimCondition = ClaimCondition::Provisioned;
+pub(crate) const PROVISIONED: ClaimCondition = ClaimCondition::Provisioned;
 /// Condition: the VM's Node registered in the tenant.
-pub const JOINED: ClaimCondition = ClaimCondition::Joined;
+pub(crate) const JOINED: ClaimCondition = ClaimCondition::Joined;
 /// Condition: the Node was Ready without startup taints once (stays True).
-pub const INITIALIZED: ClaimCondition = ClaimCondition::Initialized;
+pub(crate) const INITIALIZED: ClaimCondition = ClaimCondition::Initialized;
 /// Condition: the Node is Ready and no startup taint is left.
-pub const READY: ClaimCondition = ClaimCondition::Ready;
+pub(crate) const READY: ClaimCondition = ClaimCondition::Ready;
 /// Condition (only while True): the node type changed since the claim was scheduled.
-pub const DRIFTED: ClaimCondition = ClaimCondition::Drifted;
+pub(crate) const DRIFTED: ClaimCondition = ClaimCondition::Drifted;
 
 /// How long a stage reached before the last one (the VM running, the Node joined but not
 /// Ready yet) waits before it is written: stages reached meanwhile go out with it (a VM
 /// that runs at once and whose Node joins Ready a moment later costs one write instead of
 /// three). The last stage (`Ready`), problems and failures are written at once; so is the
 /// first write (the chosen type and VM name).
-pub const STATUS_WRITE_GAP: Duration = Duration::from_secs(5);
+pub(crate) const STATUS_WRITE_GAP: Duration = Duration::from_secs(5);
 
 /// Collects the changes of one reconcile to a claim's status and writes them at once.
-pub struct StatusWriter<'a> {
+pub(crate) struct StatusWriter<'a> {
     claim: &'a NodeClaim,
     ctx: &'a ClaimContext,
     old: NodeClaimStatus,
@@ -256,7 +256,7 @@ impl<'a> StatusWriter<'a> {
 
 /// Recomputes `autonodes_nodeclaims`, `autonodes_nodeclaims_cost` and `autonodes_nodeclaims_oldest_seconds` from
 /// the claim store.
-pub fn refresh_claim_gauges(ctx: &Context) {
+pub(crate) fn refresh_claim_gauges(ctx: &Context) {
     let m = &ctx.metrics;
     let mut by_phase: BTreeMap<(String, String, String), i64> = BTreeMap::new();
     let mut cost: BTreeMap<(String, String, String), i64> = BTreeMap::new();

@@ -19,10 +19,10 @@ use autonodes_api::NodeClaim;
 use autonodes_core::userdata::BootstrapToken;
 
 /// Group a bootstrap token authenticates as (kubeadm's default node token group).
-pub const TOKEN_GROUP: &str = "system:bootstrappers:kubeadm:default-node-token";
+pub(super) const TOKEN_GROUP: &str = "system:bootstrappers:kubeadm:default-node-token";
 
 /// The labels of every object autonodes creates for `claim`, as `installation` makes it.
-pub fn claim_labels(claim: &NodeClaim, installation: &str) -> BTreeMap<String, String> {
+pub(super) fn claim_labels(claim: &NodeClaim, installation: &str) -> BTreeMap<String, String> {
     autonodes_core::template::names::managed_labels(
         &claim.name_any(),
         &claim.namespace().unwrap_or_default(),
@@ -66,7 +66,7 @@ const TOKEN_MIN_LEFT: Duration = Duration::from_secs(60);
 /// to register (`--launch-timeout` + `--registration-timeout`), plus the margin under
 /// which a token is replaced. A token minted at the start of a launch thus outlives every
 /// claim that does not time out.
-pub fn token_lifetime(launch_timeout: Duration, registration_timeout: Duration) -> Duration {
+pub(super) fn token_lifetime(launch_timeout: Duration, registration_timeout: Duration) -> Duration {
     launch_timeout
         .saturating_add(registration_timeout)
         .saturating_add(TOKEN_MIN_LEFT)

@@ -12,7 +12,7 @@ use crate::remote::clients::{ClusterKey, Remote};
 use autonodes_api::NodePool;
 
 /// Shared state of the NodePool controller.
-pub struct PoolContext {
+pub(crate) struct PoolContext {
     /// The controllers' shared context.
     pub ctx: Arc<Context>,
     /// Every NodePool (the controller's reflector).
@@ -27,7 +27,7 @@ pub struct PoolContext {
 
 /// The watches of one tenant: the client they use, their caches and their tasks (stopped
 /// when dropped).
-pub struct TenantWatch {
+pub(crate) struct TenantWatch {
     /// The tenant client the watches use.
     pub(super) remote: Arc<Remote>,
     /// What they hold.

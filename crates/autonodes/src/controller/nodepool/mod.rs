@@ -38,13 +38,13 @@ use crate::controller::context::{now, Context};
 use crate::controller::error::Error;
 use autonodes_api::NodePool;
 
-pub mod context;
+pub(crate) mod context;
 
 mod act;
 mod observe;
 mod tenant;
-pub mod tenant_cache;
-pub mod wakeups;
+pub(crate) mod tenant_cache;
+pub(crate) mod wakeups;
 mod warm;
 
 use crate::controller::reconciler::{self, Reconciler};
@@ -53,7 +53,7 @@ use context::PoolContext;
 /// Runs the NodePool controller until `shutdown` resolves: a change of a pool's claims and
 /// the tenant pod, node and DaemonSet watches of dynamic pools wake it, coalesced
 /// ([`wakeups`]).
-pub async fn run(
+pub(crate) async fn run(
     ctx: Arc<Context>,
     reflectors: &crate::controller::reflectors::Reflectors,
     wakeups: mpsc::UnboundedReceiver<ObjectRef<NodePool>>,

@@ -122,7 +122,7 @@ pub(super) struct TenantState {
 impl TenantState {
     /// The tenant as the planner sees it, with the namespace's `others` claims and its
     /// NodePools.
-    pub fn view<'a>(
+    pub(super) fn view<'a>(
         &'a self,
         others: &'a [Arc<NodeClaim>],
         pools: &'a [Arc<NodePool>],

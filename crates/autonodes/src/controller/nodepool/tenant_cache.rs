@@ -23,13 +23,13 @@ use crate::remote::clients::{remote_error_text, status_message};
 
 /// The most objects of one kind a tenant's cache holds; a tenant with more gets
 /// `TenantTooLarge` instead of being planned for.
-pub const MAX_TENANT_OBJECTS: usize = 20_000;
+pub(crate) const MAX_TENANT_OBJECTS: usize = 20_000;
 /// How long a cache that has not listed its kind yet is waited for.
-pub const FIRST_LIST_WAIT: Duration = Duration::from_secs(10);
+pub(crate) const FIRST_LIST_WAIT: Duration = Duration::from_secs(10);
 /// How long a watch failure keeps the tenant `TenantUnreachable` without a new one.
-pub const STALE_AFTER: Duration = Duration::from_secs(60);
+pub(crate) const STALE_AFTER: Duration = Duration::from_secs(60);
 /// How long a cache stopped for too many objects waits before it watches again.
-pub const RETRY_TOO_LARGE: Duration = Duration::from_secs(300);
+pub(crate) const RETRY_TOO_LARGE: Duration = Duration::from_secs(300);
 /// The longest watch error message kept.
 const MAX_MESSAGE: usize = 512;
 
@@ -48,7 +48,7 @@ struct State<K> {
 }
 
 /// A watch cache of one kind of one tenant.
-pub struct Cache<K> {
+pub(crate) struct Cache<K> {
     kind: &'static str,
     /// A tenant that may not list the kind, or does not serve it, has none of it
     /// (DaemonSets) instead of being unreachable.
@@ -76,14 +76,14 @@ impl<K: Clone> Cache<K> {
     }
 
     /// Whether the watch stopped for too many objects long enough ago to start again.
-    pub fn wants_restart(&self) -> bool {
+    pub(crate) fn wants_restart(&self) -> bool {
         self.lock()
             .too_large
             .is_some_and(|at| at.elapsed() > RETRY_TOO_LARGE)
     }
 
     /// The objects, once listed; or why they cannot be planned for.
-    pub async fn snapshot(&self) -> Result<Vec<K>, Verdict> {
+    pub(crate) async fn snapshot(&self) -> Result<Vec<K>, Verdict> {
         let started = Instant::now();
         loop {
             {
@@ -173,7 +173,7 @@ fn key_of<K: kube::Resource>(o: &K) -> String {
 /// Runs the watch of `api` into `cache`, each object trimmed by `trim`, calling `wake`
 /// when the objects change or the watch starts or stops failing. Ends when the kind goes
 /// over [`MAX_TENANT_OBJECTS`].
-pub fn spawn<K>(
+pub(crate) fn spawn<K>(
     cluster: String,
     cache: Arc<Cache<K>>,
     api: Api<K>,
@@ -268,7 +268,7 @@ where
 }
 
 /// The caches of one tenant.
-pub struct TenantCaches {
+pub(crate) struct TenantCaches {
     /// Its pods.
     pub pods: Arc<Cache<k8s_openapi::api::core::v1::Pod>>,
     /// Its nodes.
@@ -279,7 +279,7 @@ pub struct TenantCaches {
 
 impl TenantCaches {
     /// Empty caches, not listed yet.
-    pub fn new() -> TenantCaches {
+    pub(crate) fn new() -> TenantCaches {
         TenantCaches {
             pods: Arc::new(Cache::new("pods", false)),
             nodes: Arc::new(Cache::new("nodes", false)),
@@ -288,7 +288,7 @@ impl TenantCaches {
     }
 
     /// Whether a watch stopped for too many objects may start again.
-    pub fn wants_restart(&self) -> bool {
+    pub(crate) fn wants_restart(&self) -> bool {
         self.pods.wants_restart() || self.nodes.wants_restart() || self.daemonsets.wants_restart()
     }
 }

@@ -15,7 +15,7 @@ use kube::ResourceExt;
 use autonodes_api::{NodeClaim, NodePool};
 
 /// How long the asks for one pool are gathered before it is reconciled.
-pub const COALESCE: Duration = Duration::from_millis(300);
+pub(crate) const COALESCE: Duration = Duration::from_millis(300);
 
 /// The pools that own `claim` (by owner reference).
 fn owners(claim: &NodeClaim) -> Vec<ObjectRef<NodePool>> {
@@ -30,7 +30,7 @@ fn owners(claim: &NodeClaim) -> Vec<ObjectRef<NodePool>> {
 
 /// The pools to reconcile: the owners of the `claims` that changed and the `asks`, each
 /// pool at most once per [`COALESCE`].
-pub fn coalesced<C, A>(claims: C, asks: A) -> impl Stream<Item = ObjectRef<NodePool>> + Send
+pub(crate) fn coalesced<C, A>(claims: C, asks: A) -> impl Stream<Item = ObjectRef<NodePool>> + Send
 where
     C: Stream<Item = std::sync::Arc<NodeClaim>> + Send + 'static,
     A: Stream<Item = ObjectRef<NodePool>> + Send + 'static,

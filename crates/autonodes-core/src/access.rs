@@ -90,12 +90,12 @@ pub fn quota_admits(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::NodeQuotaSpec;
     use crate::catalogue::{prepare_type, ProviderContext};
+    use autonodes_api::NodeQuotaSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
     fn typed(provider: &str, selector: Option<LabelSelector>) -> PreparedType {
-        let spec: crate::api::NodeTypeSpec = serde_json::from_value(serde_json::json!({
+        let spec: autonodes_api::NodeTypeSpec = serde_json::from_value(serde_json::json!({
             "providerRef": provider,
             "resources": {"cpu": "1", "memory": "1Gi"},
         }))

@@ -35,10 +35,10 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::capi::CAPI_GROUP;
-use crate::api::conditions::{self, status_of};
-use crate::api::reasons::{PoolCondition, PoolReason};
-use crate::api::{Autoscaling, NodePool};
+use autonodes_api::capi::CAPI_GROUP;
+use autonodes_api::conditions::{self, status_of};
+use autonodes_api::reasons::{PoolCondition, PoolReason};
+use autonodes_api::{Autoscaling, NodePool};
 
 mod machine_pool;
 mod machines;

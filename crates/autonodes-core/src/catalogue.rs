@@ -8,10 +8,6 @@ use k8s_openapi::api::core::v1::{NodeSelectorRequirement, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use serde_json::Value;
 
-use crate::api::{
-    NodeClaim, NodeProvider, NodeType, NodeTypeCapacity, NodeTypePhase, NodeTypeSpec, Properties,
-    ResourceList, LABEL_PROVIDER,
-};
 use crate::properties::{
     PROP_ARCH, PROP_CAPACITY_TYPE, PROP_IMAGE_URL, PROP_INSTANCE_TYPE, PROP_NODE_TYPE,
     PROP_NODE_TYPE_ALIAS, PROP_OS, PROP_PROVIDER, PROP_ROOT_DISK_SIZE,
@@ -21,6 +17,10 @@ use crate::resources::{ResourceAmounts, ResourceError};
 use crate::template::error::TemplateError;
 use crate::template::{self, TypeTemplateInput};
 use autonodes_api::reasons::TypeReason;
+use autonodes_api::{
+    NodeClaim, NodeProvider, NodeType, NodeTypeCapacity, NodeTypePhase, NodeTypeSpec, Properties,
+    ResourceList, LABEL_PROVIDER,
+};
 
 /// The NodeType name of a provider entry: `<provider>.<type>`.
 pub fn node_type_name(provider: &str, short_name: &str) -> String {
@@ -90,7 +90,7 @@ impl ProviderContext {
 pub fn node_types_from_provider(provider: &NodeProvider) -> Vec<NodeType> {
     let provider_name = provider.metadata.name.clone().unwrap_or_default();
     let owner = provider.metadata.uid.as_ref().map(|uid| OwnerReference {
-        api_version: format!("{}/{}", crate::api::GROUP, crate::api::VERSION),
+        api_version: format!("{}/{}", autonodes_api::GROUP, autonodes_api::VERSION),
         kind: "NodeProvider".to_string(),
         name: provider_name.clone(),
         uid: uid.clone(),
@@ -247,7 +247,7 @@ pub struct PreparedType {
     /// The instance type the type's VMs use (`autonodes.io/instancetype`), if any: its
     /// resources come from the host ([`prepare_type_with`]).
     pub instancetype: Option<template::instancetype::Matcher>,
-    /// `spec.warm.replicas` (0 when absent), at most [`crate::api::MAX_WARM_REPLICAS`].
+    /// `spec.warm.replicas` (0 when absent), at most [`autonodes_api::MAX_WARM_REPLICAS`].
     pub warm_replicas: i64,
 }
 
@@ -368,7 +368,7 @@ pub fn prepare_type_with(
         golden: Vec::new(),
         instancetype: None,
         warm_replicas: spec.warm.as_ref().map_or(0, |w| {
-            i64::from(w.replicas.clamp(0, crate::api::MAX_WARM_REPLICAS))
+            i64::from(w.replicas.clamp(0, autonodes_api::MAX_WARM_REPLICAS))
         }),
     };
     if let Err(problem) = fill_prepared(&mut prepared, spec, provider, instancetype) {
@@ -578,8 +578,8 @@ impl PreparedType {
 
     /// The status fields autonodes computes for a NodeType (all but conditions,
     /// observedGeneration and the host's room, which the controller sets).
-    pub fn status(&self, claimed: i64) -> crate::api::NodeTypeStatus {
-        crate::api::NodeTypeStatus {
+    pub fn status(&self, claimed: i64) -> autonodes_api::NodeTypeStatus {
+        autonodes_api::NodeTypeStatus {
             phase: Some(self.phase(claimed)),
             observed_generation: None,
             cost: self.is_usable().then_some(self.cost),
@@ -620,7 +620,7 @@ pub fn count_claimed<'a>(
             continue;
         };
         let s = claim.status.as_ref();
-        if s.and_then(|s| s.phase) == Some(crate::api::NodeClaimPhase::Failed)
+        if s.and_then(|s| s.phase) == Some(autonodes_api::NodeClaimPhase::Failed)
             || released.contains(uid)
         {
             continue;

@@ -3,9 +3,9 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
-use crate::api::conditions;
-use crate::api::reasons::ClaimCondition;
-use crate::api::NodeClaimPhase;
+use autonodes_api::conditions;
+use autonodes_api::reasons::ClaimCondition;
+use autonodes_api::NodeClaimPhase;
 
 /// The phase a claim with `conditions` is in (a claim that is Failed or Terminating says so
 /// itself; this is the ladder of a claim on its way).

@@ -28,7 +28,6 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use crate::api::{NodeClaim, LABEL_NODECLAIM_NAMESPACE, LABEL_NODECLAIM_UID, LABEL_NODEPOOL};
 use crate::catalogue::PreparedType;
 use crate::ledger::ClaimedLedger;
 use crate::pod_requests::pod_requests;
@@ -38,6 +37,7 @@ use crate::requirements::{selector_matches, term_matches, tolerates_taints};
 use crate::resources::parse_quantity;
 use crate::resources::Room;
 use crate::template::placement::{self, HostRequirement};
+use autonodes_api::{NodeClaim, LABEL_NODECLAIM_NAMESPACE, LABEL_NODECLAIM_UID, LABEL_NODEPOOL};
 
 /// The labels of a launcher pod autonodes reads: its claim (from the VMI template, which
 /// KubeVirt copies to the pod), and the group labels VM (anti-)affinity selects on.
@@ -477,8 +477,8 @@ pub fn place_in_flight(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::Properties;
     use crate::catalogue::{prepare_type, ProviderContext};
+    use autonodes_api::Properties;
     use proptest::prelude::*;
     use serde_json::{json, Value};
 

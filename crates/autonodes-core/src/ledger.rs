@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::api::{NodeClaim, NodeClaimPhase};
+use autonodes_api::{NodeClaim, NodeClaimPhase};
 
 /// What a claim holds: a unit of a node type, in a zone when the type lists zones, for
 /// the claim's namespace.
@@ -221,7 +221,7 @@ impl ClaimedLedger {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::NodeClaimStatus;
+    use autonodes_api::NodeClaimStatus;
     use proptest::prelude::*;
     use std::collections::HashSet;
 

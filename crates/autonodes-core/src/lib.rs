@@ -34,8 +34,6 @@
 // items may name the private helpers they are made of.
 #![allow(rustdoc::private_intra_doc_links)]
 
-use autonodes_api as api;
-
 pub mod access;
 pub mod address_policy;
 pub mod capi;

@@ -5,10 +5,6 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Taint;
 
-use crate::api::{
-    NodeClaimSpec, NodePoolSpec, Properties, LABEL_NODECLAIM, LABEL_NODECLAIM_NAMESPACE,
-    LABEL_NODECLAIM_UID, LABEL_NODEPOOL,
-};
 use crate::catalogue::{identity_properties, merge_taints, PreparedType};
 use crate::properties::{
     CONFIG_PROPERTIES, PROP_ARCH, PROP_INSTANCE_TYPE, PROP_NODE_TYPE, PROP_NODE_TYPE_ALIAS,
@@ -17,6 +13,10 @@ use crate::properties::{
 use crate::requirements::{self};
 use crate::scheduling::{narrow_offer, CheckedRequirement};
 use crate::template;
+use autonodes_api::{
+    NodeClaimSpec, NodePoolSpec, Properties, LABEL_NODECLAIM, LABEL_NODECLAIM_NAMESPACE,
+    LABEL_NODECLAIM_UID, LABEL_NODEPOOL,
+};
 
 /// The taint every node registers with until autonodes has seen it join.
 pub(crate) const REGISTRATION_TAINT_KEY: &str = "autonodes.io/unregistered";
@@ -80,7 +80,7 @@ pub fn ssh_keys(properties: &Properties) -> Vec<String> {
 pub fn claim_node_properties(
     t: &PreparedType,
     pool: Option<&NodePoolSpec>,
-    claim: &crate::api::NodeClaim,
+    claim: &autonodes_api::NodeClaim,
 ) -> Properties {
     let mut p = node_properties(t, pool, &claim.spec);
     if let Some(zone) = claim.status.as_ref().and_then(|s| s.zone.as_ref()) {
@@ -151,7 +151,7 @@ pub(crate) fn reserved_label(key: &str) -> Option<&'static str> {
         LABEL_NODECLAIM | LABEL_NODECLAIM_NAMESPACE | LABEL_NODECLAIM_UID | LABEL_NODEPOOL => {
             Some("autonodes sets it to name the node's claim")
         }
-        crate::api::LABEL_INSTALLATION => {
+        autonodes_api::LABEL_INSTALLATION => {
             Some("autonodes sets it to the installation that made the node")
         }
         k if USER_NODE_LABELS.contains(&k) => None,

@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::NodeCondition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::{ObservedNodeCondition, MAX_NODE_CONDITIONS};
+use autonodes_api::{ObservedNodeCondition, MAX_NODE_CONDITIONS};
 
 /// Longest reason kept.
 const MAX_REASON: usize = 128;

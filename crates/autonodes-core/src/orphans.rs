@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use crate::api::{LABEL_INSTALLATION, LABEL_MANAGED_BY, LABEL_NODECLAIM_UID, MANAGED_BY};
+use autonodes_api::{LABEL_INSTALLATION, LABEL_MANAGED_BY, LABEL_NODECLAIM_UID, MANAGED_BY};
 
 /// Kinds of objects the sweep removes (the `kind` label of
 /// `autonodes_orphans_removed_total`).

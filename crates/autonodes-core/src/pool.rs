@@ -49,7 +49,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use k8s_openapi::jiff::Timestamp;
 use sha2::{Digest, Sha256};
 
-use crate::api::{
+use autonodes_api::{
     DurationOrNever, NodeClaim, NodeClaimSpec, NodePool, NodePoolSpec, ResourceList, GROUP,
     LABEL_NODEPOOL, VERSION,
 };
@@ -186,7 +186,7 @@ pub fn rolls_version_drift(pool: &NodePoolSpec) -> bool {
     pool.disruption
         .as_ref()
         .and_then(|d| d.kubernetes_version_drift)
-        != Some(crate::api::VersionDrift::Disabled)
+        != Some(autonodes_api::VersionDrift::Disabled)
 }
 
 /// Whether a node empty since `since` is due for removal at `now`.

@@ -1,7 +1,7 @@
 //! Property keys of node types, pools and claims that autonodes reads (beside labels
 //! every node gets), and their parsers: what a property means is looked up here.
 
-use crate::api::{Properties, LABEL_PROVIDER};
+use autonodes_api::{Properties, LABEL_PROVIDER};
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;

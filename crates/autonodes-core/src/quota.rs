@@ -10,10 +10,10 @@
 
 use std::collections::BTreeMap;
 
-use crate::api::{NodeQuotaSpec, ResourceList};
 use crate::catalogue::PreparedType;
 use crate::requirements::label_selector_matches;
 use crate::resources::{self, ResourceAmounts, CPU, MEMORY};
+use autonodes_api::{NodeQuotaSpec, ResourceList};
 
 /// The limit on the number of claims (nodes) a namespace holds.
 pub(crate) const NODES: &str = "nodes";
@@ -211,8 +211,8 @@ pub fn nodes_limit<'q>(quotas: &'q [PreparedQuota], namespace: &str) -> Option<(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::NodeTypeSpec;
     use crate::catalogue::{prepare_type, ProviderContext};
+    use autonodes_api::NodeTypeSpec;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use serde_json::json;
 

@@ -13,7 +13,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::ByteString;
 use serde_json::Value;
 
-use crate::api::{NodeClaim, NodePoolSpec};
 use crate::catalogue::{Catalogue, PreparedType, TypeProblem};
 use crate::node_config::{LabelError, NodeLabels, NodeTaints, TaintError};
 use crate::properties::{
@@ -25,6 +24,7 @@ use crate::template;
 use crate::template::error::TemplateError;
 use crate::template::names::{VmIdentity, USER_DATA_KEY};
 use crate::userdata::{self, JoinParams, JoinTemplate, UserDataError, UserDataInput};
+use autonodes_api::{NodeClaim, NodePoolSpec};
 
 /// Everything autonodes writes for one claim, and what it sets on the Node afterwards. Its
 /// `Debug` leaves the user data (which holds the bootstrap token) out.
@@ -188,7 +188,7 @@ fn place_vm(
     vm: &mut Value,
     t: &PreparedType,
     claim: &NodeClaim,
-    properties: &crate::api::Properties,
+    properties: &autonodes_api::Properties,
 ) -> Result<(), TemplateError> {
     use template::placement;
     let vcluster = claim.spec.v_cluster_ref.name.as_str();

@@ -10,7 +10,7 @@ use std::fmt;
 
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use crate::api::ResourceList;
+use autonodes_api::ResourceList;
 
 /// The resource name for CPU.
 pub const CPU: &str = "cpu";

@@ -5,12 +5,12 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use crate::api::{NodeClaimSpec, NodePoolSpec, Operator, Properties, Requirement};
 use crate::catalogue::{Catalogue, PreparedType};
 use crate::properties::{PROP_INSTANCE_TYPE, PROP_NODE_TYPE, PROP_NODE_TYPE_ALIAS};
 use crate::requirements::{self, RequirementMiss};
 use crate::resources::{ResourceAmounts, ResourceError};
 use crate::zones;
+use autonodes_api::{NodeClaimSpec, NodePoolSpec, Operator, Properties, Requirement};
 
 /// Condition reason when no node type fits a claim.
 pub(crate) const REASON_NO_MATCHING_NODE_TYPE: &str = "NoMatchingNodeType";

@@ -15,9 +15,9 @@ use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config, TestRunner};
 use serde_json::{json, Map, Value};
 
-use crate::api::{self, DurationOrNever};
 use crate::names;
 use crate::resources;
+use autonodes_api::{self, DurationOrNever};
 
 /// How the code reads a field.
 #[derive(Clone, Copy, Debug)]
@@ -181,7 +181,7 @@ fn leaves(schema: &Value, path: &str, out: &mut Vec<Leaf>) {
 
 /// Every CRD as (kind, schema of its served version).
 fn crd_schemas() -> Vec<(String, Value)> {
-    api::crds()
+    autonodes_api::crds()
         .into_iter()
         .map(|crd| {
             let v = serde_json::to_value(&crd).expect("crd serializes");
@@ -422,24 +422,36 @@ fn every_object_a_crd_schema_admits_decodes_into_its_rust_type() {
             let group = if kind.starts_with("Machine") {
                 "capi.autonodes.io"
             } else {
-                api::GROUP
+                autonodes_api::GROUP
             };
-            object["apiVersion"] = json!(format!("{group}/{}", api::VERSION));
+            object["apiVersion"] = json!(format!("{group}/{}", autonodes_api::VERSION));
             object["kind"] = json!(kind);
             let decoded = match kind.as_str() {
-                "NodeClaim" => serde_json::from_value::<api::NodeClaim>(object.clone()).map(drop),
-                "NodePool" => serde_json::from_value::<api::NodePool>(object.clone()).map(drop),
+                "NodeClaim" => {
+                    serde_json::from_value::<autonodes_api::NodeClaim>(object.clone()).map(drop)
+                }
+                "NodePool" => {
+                    serde_json::from_value::<autonodes_api::NodePool>(object.clone()).map(drop)
+                }
                 "NodeProvider" => {
-                    serde_json::from_value::<api::NodeProvider>(object.clone()).map(drop)
+                    serde_json::from_value::<autonodes_api::NodeProvider>(object.clone()).map(drop)
                 }
-                "NodeType" => serde_json::from_value::<api::NodeType>(object.clone()).map(drop),
-                "NodeQuota" => serde_json::from_value::<api::NodeQuota>(object.clone()).map(drop),
+                "NodeType" => {
+                    serde_json::from_value::<autonodes_api::NodeType>(object.clone()).map(drop)
+                }
+                "NodeQuota" => {
+                    serde_json::from_value::<autonodes_api::NodeQuota>(object.clone()).map(drop)
+                }
                 "MachinePool" => {
-                    serde_json::from_value::<api::capi::MachinePool>(object.clone()).map(drop)
+                    serde_json::from_value::<autonodes_api::capi::MachinePool>(object.clone())
+                        .map(drop)
                 }
-                "Machine" => serde_json::from_value::<api::capi::Machine>(object.clone()).map(drop),
+                "Machine" => {
+                    serde_json::from_value::<autonodes_api::capi::Machine>(object.clone()).map(drop)
+                }
                 "MachineSet" => {
-                    serde_json::from_value::<api::capi::MachineSet>(object.clone()).map(drop)
+                    serde_json::from_value::<autonodes_api::capi::MachineSet>(object.clone())
+                        .map(drop)
                 }
                 other => panic!("a CRD without a decode check: {other}"),
             };

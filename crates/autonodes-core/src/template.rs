@@ -29,7 +29,6 @@ use k8s_openapi::api::core::v1::Taint;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::{json, Map, Value};
 
-use crate::api::ResourceList;
 use crate::resources::{self, QuantityError, CPU, MEMORY};
 use crate::template::error::TemplateError;
 use crate::template::merge::merge_into;
@@ -37,6 +36,7 @@ use crate::template::names::{
     managed_labels, user_data_secret_name, VmIdentity, CLOUD_INIT_VOLUME, DEFAULT_ROOT_DISK_SIZE,
     MAX_DNS_LABEL, MAX_DNS_SUBDOMAIN, ROOT_DISK, VM_API_VERSION, VM_KIND,
 };
+use autonodes_api::ResourceList;
 
 // ---------------------------------------------------------------------------------------
 // Composition
@@ -145,7 +145,7 @@ pub(crate) fn take_taints(
 
 /// Checks a taint as the API server checks a Node's: its key a qualified name, its value
 /// a label value (or empty), its effect one of the three Kubernetes knows. The CRDs' taint
-/// schema (`api::schema::taints`) admits exactly these.
+/// schema (`autonodes_api::schema::taints`) admits exactly these.
 pub(crate) fn check_taint(t: &Taint) -> Result<(), String> {
     if t.key.is_empty() {
         return Err("a taint has an empty key".to_string());

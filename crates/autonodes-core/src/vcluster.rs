@@ -14,11 +14,11 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use serde::Deserialize;
 
-use crate::api::{
+use crate::{names, pool, resources, template};
+use autonodes_api::{
     Budget, ConsolidationPolicy, Disruption, DurationOrNever, NodePool, NodePoolSpec, Operator,
     Requirement, VClusterRef, LABEL_MANAGED_BY, MANAGED_BY,
 };
-use crate::{names, pool, resources, template};
 
 /// Label on an imported NodePool: the vCluster whose configuration it comes from.
 pub const LABEL_VCLUSTER: &str = "autonodes.io/vcluster";
@@ -470,13 +470,13 @@ fn static_spec(
     let mut spec = base_spec(vcluster, auto, &s.pool, path, at)?;
     let replicas = i32::try_from(s.quantity)
         .ok()
-        .filter(|q| (0..=crate::api::MAX_REPLICAS).contains(q))
+        .filter(|q| (0..=autonodes_api::MAX_REPLICAS).contains(q))
         .ok_or_else(|| EntryError {
             path: format!("{path}.quantity"),
             message: format!(
                 "{} is not a node count from 0 to {} (the most a NodePool holds)",
                 s.quantity,
-                crate::api::MAX_REPLICAS
+                autonodes_api::MAX_REPLICAS
             ),
         })?;
     spec.replicas = Some(replicas);

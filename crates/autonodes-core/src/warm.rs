@@ -23,11 +23,6 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::Value;
 
-use crate::api::{
-    NodeClaim, NodePoolSpec, ANNOTATION_WARM_CREDENTIAL_EXPIRES, LABEL_INSTALLATION,
-    LABEL_MANAGED_BY, LABEL_WARM_DEFINITION, LABEL_WARM_NODEPOOL, LABEL_WARM_NODETYPE,
-    LABEL_WARM_VM, MANAGED_BY,
-};
 use crate::catalogue::PreparedType;
 use crate::node_config::user_cloud_config;
 use crate::properties::{
@@ -37,6 +32,11 @@ use crate::properties::{
 use crate::render::{self, RenderError};
 use crate::userdata::binding::{at_binding_problem, render_binding_user_data};
 use crate::userdata::{JoinParams, JOIN_CONFIG_PATH, PREPARE_SCRIPT_PATH};
+use autonodes_api::{
+    NodeClaim, NodePoolSpec, ANNOTATION_WARM_CREDENTIAL_EXPIRES, LABEL_INSTALLATION,
+    LABEL_MANAGED_BY, LABEL_WARM_DEFINITION, LABEL_WARM_NODEPOOL, LABEL_WARM_NODETYPE,
+    LABEL_WARM_VM, MANAGED_BY,
+};
 
 /// How often a warm VM's agent renews its Lease.
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(5);
@@ -281,7 +281,7 @@ pub fn servable(
 /// at boot cannot be undone, so a node without user data of its own gets none).
 fn not_booted_with<'p>(
     t: &PreparedType,
-    properties: &'p crate::api::Properties,
+    properties: &'p autonodes_api::Properties,
 ) -> Option<(Option<&'p str>, Vec<String>)> {
     let user_data = user_cloud_config(properties);
     let user_data = user_data.filter(|u| Some(*u) != user_cloud_config(&t.properties));
@@ -480,12 +480,12 @@ pub fn taken_labels(
 /// becomes its node: counting it against the room warm VMs fill as well as the warm VM it
 /// takes would remove that VM first.
 pub fn about_to_launch(claim: &NodeClaim) -> bool {
-    use crate::api::reasons::{ClaimCondition, ClaimReason};
+    use autonodes_api::reasons::{ClaimCondition, ClaimReason};
     let s = claim.status.as_ref();
     claim.metadata.deletion_timestamp.is_none()
         && s.is_none_or(|s| {
             s.warm.is_none()
-                && crate::api::conditions::get(&s.conditions, ClaimCondition::Provisioned)
+                && autonodes_api::conditions::get(&s.conditions, ClaimCondition::Provisioned)
                     .is_none_or(|c| c.reason == ClaimReason::Creating.as_str())
         })
 }

@@ -18,7 +18,6 @@
 // items may name the private helpers they are made of.
 #![allow(rustdoc::private_intra_doc_links)]
 
-use autonodes_api as api;
 use autonodes_api::kubevirt;
 #[cfg(test)]
 use autonodes_core::userdata;

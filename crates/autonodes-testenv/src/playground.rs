@@ -11,8 +11,8 @@ use k8s_openapi::ByteString;
 use kube::api::{Api, Patch, PatchParams};
 use kube::Client;
 
-use crate::api::NodeProvider;
 use crate::testenv::{install_crds, ApiServer, TestEnv};
+use autonodes_api::NodeProvider;
 
 /// The service namespace autonodes uses in the playground.
 pub const SERVICE_NAMESPACE: &str = "autonodes-system";
@@ -179,7 +179,7 @@ pub async fn wire(
     let mgmt_client = mgmt.client().await?;
     let host_client = host.client().await?;
 
-    install_crds(&mgmt_client, &crate::api::crds()).await?;
+    install_crds(&mgmt_client, &autonodes_api::crds()).await?;
     install_crds(&host_client, &crate::simulator::kubevirt_crds()).await?;
     install_crds(&host_client, &crate::simulator::instancetype_crds()).await?;
     for (name, zone) in HOST_NODES {
@@ -191,7 +191,7 @@ pub async fn wire(
         &mgmt_client,
         SERVICE_NAMESPACE,
         &provider.spec.kube_virt.cluster_ref.cluster,
-        crate::api::HOST_KUBECONFIG_KEY,
+        autonodes_api::HOST_KUBECONFIG_KEY,
         &host.kubeconfig_yaml()?,
     )
     .await?;
@@ -199,7 +199,7 @@ pub async fn wire(
         &mgmt_client,
         tenant_namespace,
         &format!("vc-{vcluster}"),
-        crate::api::TENANT_KUBECONFIG_KEY,
+        autonodes_api::TENANT_KUBECONFIG_KEY,
         &tenant.kubeconfig_yaml()?,
     )
     .await?;

@@ -26,7 +26,7 @@ pub(crate) enum Command {
     Render(crate::render::RenderArgs),
     /// Print the NodePools a vCluster's `vcluster.yaml` (`privateNodes.autoNodes`) becomes,
     /// touching no cluster.
-    ImportVcluster(crate::import_vcluster::ImportArgs),
+    ImportVcluster(crate::vcluster_import::ImportArgs),
     /// Say why a NodeClaim, a NodePool, a tenant Node or a tenant pod is where it is (reads the
     /// management cluster of the current kubeconfig; writes nothing).
     Explain(crate::explain::ExplainArgs),
@@ -44,7 +44,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Render(args) => crate::render::run(args),
-        Command::ImportVcluster(args) => crate::import_vcluster::run(args),
+        Command::ImportVcluster(args) => crate::vcluster_import::run(args),
         Command::Explain(args) => runtime()?.block_on(crate::explain::run(args)),
         Command::Run(args) => runtime()?.block_on(crate::run::run(*args)),
     }

@@ -7,7 +7,7 @@
 //!   egress rules, watch caches, the calls a claim makes on its host and tenant);
 //! - [`run`], [`leader`], [`server`], [`metrics`], [`metrics_auth`], [`metrics_tls`]:
 //!   `autonodes run`;
-//! - [`render`], [`import_vcluster`], [`explain`], [`cli`]: the other subcommands.
+//! - [`render`], [`vcluster_import`], [`explain`], [`cli`]: the other subcommands.
 //!
 //! The types live in `autonodes-api` and every decision in the pure `autonodes-core`; the
 //! controller names them by those names.
@@ -21,7 +21,6 @@
 pub mod cli;
 pub mod controller;
 pub(crate) mod explain;
-pub(crate) mod import_vcluster;
 pub mod leader;
 pub mod metrics;
 pub mod metrics_auth;
@@ -31,3 +30,4 @@ pub mod remote;
 pub mod render;
 pub mod run;
 pub(crate) mod server;
+pub(crate) mod vcluster_import;

@@ -10,16 +10,16 @@ use serde_json::{json, Value};
 
 use super::machines::{is_available, is_live, node_ref};
 use super::ownership::machine_selector;
-use crate::api::capi::*;
-use crate::api::conditions::{self, status_of};
-use crate::api::{
-    NodeClaim, NodeClaimSpec, NodePool, Overhead, GROUP, LABEL_MANAGED_BY, LABEL_NODEPOOL,
-    MANAGED_BY, VERSION,
-};
 use crate::catalogue::{Catalogue, PreparedType};
 use crate::names::label_value;
 use crate::resources::{self, ResourceAmounts};
 use crate::scheduling::{self, ClaimRequest};
+use autonodes_api::capi::*;
+use autonodes_api::conditions::{self, status_of};
+use autonodes_api::{
+    NodeClaim, NodeClaimSpec, NodePool, Overhead, GROUP, LABEL_MANAGED_BY, LABEL_NODEPOOL,
+    MANAGED_BY, VERSION,
+};
 
 /// A taint as the provider's `taints` annotation writes it: `key=value:Effect`, or
 /// `key:Effect` without a value.

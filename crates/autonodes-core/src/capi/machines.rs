@@ -8,16 +8,16 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use serde_json::{json, Value};
 
 use super::ownership::{labelled_for, ClaimNames};
-use crate::api::capi::{
+use crate::names::label_value;
+use autonodes_api::capi::{
     Bootstrap, Machine, MachineSpec, MachineStatus, ANNOTATION_DELETE_MACHINE, CAPI_GROUP,
     CAPI_VERSION, LABEL_CLUSTER_NAME, LABEL_POOL_NAME,
 };
-use crate::api::conditions;
-use crate::api::{
+use autonodes_api::conditions;
+use autonodes_api::{
     NodeClaim, NodeClaimPhase, NodePool, LABEL_MANAGED_BY, LABEL_NODECLAIM, LABEL_NODEPOOL,
     MANAGED_BY,
 };
-use crate::names::label_value;
 
 /// The Cluster API phase of a Machine for its claim.
 pub(crate) fn machine_phase(claim: &NodeClaim) -> &'static str {

@@ -3,9 +3,9 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::api::capi::LABEL_POOL_NAME;
-use crate::api::LABEL_NODEPOOL;
 use crate::names::label_value;
+use autonodes_api::capi::LABEL_POOL_NAME;
+use autonodes_api::LABEL_NODEPOOL;
 
 /// Names the mirror reads on NodeClaims that the claim and pool controllers define. They
 /// are passed in, so each stays defined once, beside the controller that owns it.

@@ -2,8 +2,8 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::api::capi::ANNOTATION_SYNCED_REPLICAS;
-use crate::api::Autoscaling;
+use autonodes_api::capi::ANNOTATION_SYNCED_REPLICAS;
+use autonodes_api::Autoscaling;
 
 /// Why `spec.autoscaling` cannot be handed to the cluster-autoscaler, if it cannot: the
 /// provider needs `0 ≤ min ≤ max` and refuses groups with `max − min < 1`.

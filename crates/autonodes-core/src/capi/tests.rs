@@ -7,10 +7,10 @@ use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
 
 use super::*;
-use crate::api::capi::*;
-use crate::api::{NodeClaim, NodeClaimSpec, NodePool, NodeTypeSpec, Overhead};
 use crate::catalogue::{Catalogue, PreparedType};
 use crate::resources::ResourceAmounts;
+use autonodes_api::capi::*;
+use autonodes_api::{NodeClaim, NodeClaimSpec, NodePool, NodeTypeSpec, Overhead};
 
 const NAMES: ClaimNames = ClaimNames {
     delete_first: "autonodes.io/delete-first",
@@ -128,7 +128,7 @@ fn only_a_pool_with_autoscaling_and_replicas_is_mirrored() {
 
 #[test]
 fn the_condition_names_the_bounds_or_their_problem() {
-    let a = crate::api::Autoscaling {
+    let a = autonodes_api::Autoscaling {
         min_replicas: 1,
         max_replicas: 4,
     };
@@ -611,7 +611,7 @@ fn removing_the_mirror_unmarks_only_the_pools_marked_claims() {
     let mut other_pool = marked.clone();
     other_pool.metadata.name = Some("other-pool".into());
     other_pool.metadata.labels = Some(BTreeMap::from([(
-        crate::api::LABEL_NODEPOOL.to_string(),
+        autonodes_api::LABEL_NODEPOOL.to_string(),
         "green".to_string(),
     )]));
     let claims = [marked, unmarked, elsewhere, other_pool];

@@ -4,11 +4,11 @@
 use std::collections::BTreeMap;
 
 use crate::access::{provider_admits, TenantNamespace};
-use crate::api::conditions;
-use crate::api::{NodeClaim, NodeTypeHost, NodeTypeWarm};
 use crate::catalogue::Catalogue;
 use crate::quota::{PreparedQuota, Usage};
 use crate::scheduling::{fits, mismatches, ClaimRequest};
+use autonodes_api::conditions;
+use autonodes_api::{NodeClaim, NodeTypeHost, NodeTypeWarm};
 
 use super::{condition_lines, key_of, Explanation, Finding};
 
@@ -30,7 +30,7 @@ pub struct Admission<'a> {
     pub warm: BTreeMap<String, NodeTypeWarm>,
     /// The warm VMs of the claim's pool as the controller last reported them (`status.warm`
     /// of the NodePool), if it keeps any.
-    pub pool_warm: Option<crate::api::NodePoolWarm>,
+    pub pool_warm: Option<autonodes_api::NodePoolWarm>,
 }
 
 /// The warm-VM line of a type the claim fits: whether a warm VM served it, or why none did
@@ -39,10 +39,10 @@ pub struct Admission<'a> {
 /// type's. `None` when neither keeps warm VMs and the claim took none.
 fn warm_line(
     t: &crate::catalogue::PreparedType,
-    pool: Option<&crate::api::NodePoolSpec>,
+    pool: Option<&autonodes_api::NodePoolSpec>,
     claim: &NodeClaim,
     warm: Option<&NodeTypeWarm>,
-    pool_warm: Option<&crate::api::NodePoolWarm>,
+    pool_warm: Option<&autonodes_api::NodePoolWarm>,
     chosen: bool,
 ) -> Option<String> {
     let status = claim.status.as_ref();
@@ -132,7 +132,7 @@ fn host_room(host: Option<&NodeTypeHost>, zones: &[String]) -> (String, bool) {
 /// spec, whose requirements it also meets.
 pub fn nodeclaim(
     claim: &NodeClaim,
-    pool: Option<&crate::api::NodePoolSpec>,
+    pool: Option<&autonodes_api::NodePoolSpec>,
     catalogue: &Catalogue,
     claimed: &BTreeMap<String, i64>,
     admission: &Admission,
@@ -336,7 +336,7 @@ mod tests {
             .text()
             .contains("node type p.small (cost 1): full\n    - 1 of maxCapacity 1 claimed"));
         // A quota of 4 CPUs for the namespace: the big type is over it.
-        let spec: crate::api::NodeQuotaSpec =
+        let spec: autonodes_api::NodeQuotaSpec =
             serde_json::from_value(json!({"limits": {"cpu": "4"}})).expect("quota");
         let quotas = [PreparedQuota::new("q", &spec)];
         let admission = Admission {
@@ -454,7 +454,7 @@ mod tests {
         let catalogue = catalogue_of(json!([
             {"name": "small", "resources": {"cpu": "2", "memory": "4Gi"}, "cost": 1},
         ]));
-        let pool: crate::api::NodePoolSpec = serde_json::from_value(json!({
+        let pool: autonodes_api::NodePoolSpec = serde_json::from_value(json!({
             "vClusterRef": {"name": "t"},
             "properties": {"autonodes.io/ssh-keys": "ssh-ed25519 AAAA pool"},
             "warm": {"replicas": 2},
@@ -462,7 +462,7 @@ mod tests {
         .expect("pool");
         let labels = BTreeMap::new();
         let admission = Admission {
-            pool_warm: Some(crate::api::NodePoolWarm {
+            pool_warm: Some(autonodes_api::NodePoolWarm {
                 node_type: Some("p.small".into()),
                 replicas: 2,
                 current: 2,

@@ -10,8 +10,6 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 
 use super::{key_of, Explanation, Finding};
-use crate::api::conditions;
-use crate::api::{NodePool, Overhead};
 use crate::catalogue::Catalogue;
 use crate::pool::daemonsets::daemon_pods;
 use crate::pool::dynamic::{candidates, Tenant};
@@ -21,6 +19,8 @@ use crate::pool::pack::{
 };
 use crate::requirements::tolerates_taints;
 use crate::scheduling::ClaimRequest;
+use autonodes_api::conditions;
+use autonodes_api::{NodePool, Overhead};
 
 /// What [`pod`] reads besides the pod.
 #[derive(Clone, Copy, Debug)]

@@ -6,17 +6,17 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::conditions;
-use crate::api::{
-    DisruptionReason, NodeClaim, NodeClaimPhase, NodePool, Repair as RepairSpec,
-    ANNOTATION_KEEP_UNTIL, ANNOTATION_RESTART,
-};
 use crate::pool::budget::allowed_disruptions;
 use crate::pool::do_not_disrupt::{hold, node_hold, pod_hold, Hold};
 use crate::pool::plan::{is_draining, is_live};
 use crate::pool::repair::{self, Policy};
 use crate::pool::{ANNOTATION_EMPTY_SINCE, ANNOTATION_UNDERUTILIZED_SINCE};
 use crate::requirements::label_selector_matches;
+use autonodes_api::conditions;
+use autonodes_api::{
+    DisruptionReason, NodeClaim, NodeClaimPhase, NodePool, Repair as RepairSpec,
+    ANNOTATION_KEEP_UNTIL, ANNOTATION_RESTART,
+};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;

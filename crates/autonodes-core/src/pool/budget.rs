@@ -19,7 +19,7 @@ use croner::parser::{CronParser, Seconds};
 use croner::Cron;
 use k8s_openapi::jiff::{tz::TimeZone, Timestamp};
 
-use crate::api::{Budget, DisruptionReason, NodePoolSpec};
+use autonodes_api::{Budget, DisruptionReason, NodePoolSpec};
 
 /// The budget of a pool that sets neither `disruption.budgets` nor `disruption.budget`:
 /// 10 % of its nodes (at least one node of a pool that has any), as Karpenter defaults it.

@@ -34,7 +34,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::{ConsolidationPolicy, DisruptionReason, NodeClaim, NodeClaimPhase};
+use autonodes_api::{ConsolidationPolicy, DisruptionReason, NodeClaim, NodeClaimPhase};
 
 use super::pack::packer::place;
 use super::pack::{
@@ -45,7 +45,7 @@ use super::{
     allowed_disruptions, consolidate_after, due_for_removal, ANNOTATION_EMPTY_SINCE,
     ANNOTATION_REPLACES, ANNOTATION_UNDERUTILIZED_SINCE,
 };
-use crate::api::NodePoolSpec;
+use autonodes_api::NodePoolSpec;
 
 /// What pods use on each node: non-DaemonSet pods (their requests, and the pods
 /// themselves: what would have to move) and DaemonSet pods (room taken, but they keep no
@@ -151,7 +151,7 @@ pub(crate) struct Replacement {
     /// What the moved pods ask for (`desiredCapacity`).
     pub request: Amount,
     /// The candidate's requirements (a zone pin).
-    pub requirements: Vec<crate::api::Requirement>,
+    pub requirements: Vec<autonodes_api::Requirement>,
 }
 
 /// The inputs of [`consolidate`].

@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
-use crate::api::{parse_go_duration, NodeClaim};
+use autonodes_api::{parse_go_duration, NodeClaim};
 
 use super::pack::non_daemon_running;
 

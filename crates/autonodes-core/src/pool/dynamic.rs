@@ -15,16 +15,16 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::conditions;
-use crate::api::reasons::{ClaimCondition, PoolReason};
-use crate::api::{
-    NodeClaim, NodeClaimSpec, NodePool, NodePoolSpec, Operator, Overhead, PreferencePolicy,
-    Requirement,
-};
 use crate::catalogue::{Catalogue, PreparedType};
 use crate::requirements::Offer;
 use crate::resources::ResourceAmounts;
 use crate::scheduling::{self, ClaimRequest, Mismatch};
+use autonodes_api::conditions;
+use autonodes_api::reasons::{ClaimCondition, PoolReason};
+use autonodes_api::{
+    NodeClaim, NodeClaimSpec, NodePool, NodePoolSpec, Operator, Overhead, PreferencePolicy,
+    Requirement,
+};
 
 use super::consolidate::{self, ConsolidationInput, NodeUse};
 use super::daemonsets::{self, DaemonPod};

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::NodeClaim;
+use autonodes_api::NodeClaim;
 
 /// How long an expectation waits for the store at most (controller-runtime's
 /// `ExpectationsTimeout`).

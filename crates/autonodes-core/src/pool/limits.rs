@@ -9,7 +9,7 @@
 //! drain that waits does not free its place), not Failed ones, which a pool deletes in the
 //! same reconcile that replaces them.
 
-use crate::api::reasons::PoolReason;
+use autonodes_api::reasons::PoolReason;
 
 use super::plan::Verdict;
 
@@ -19,8 +19,8 @@ pub(crate) const CREATE_BATCH: usize = 20;
 
 /// Whether a claim takes a place under the namespace's cap and quota: any claim not
 /// Failed, also one being deleted (its VM runs until its drain ends).
-pub fn holds_a_place(c: &crate::api::NodeClaim) -> bool {
-    c.status.as_ref().and_then(|s| s.phase) != Some(crate::api::NodeClaimPhase::Failed)
+pub fn holds_a_place(c: &autonodes_api::NodeClaim) -> bool {
+    c.status.as_ref().and_then(|s| s.phase) != Some(autonodes_api::NodeClaimPhase::Failed)
 }
 
 /// The default of the controller's `--max-claims-per-namespace`.
@@ -206,8 +206,8 @@ mod tests {
 
     #[test]
     fn a_claim_being_deleted_holds_its_place_until_it_is_gone_and_a_failed_one_does_not() {
-        let claim = |deleting: bool, phase: Option<crate::api::NodeClaimPhase>| {
-            let mut c: crate::api::NodeClaim = serde_json::from_value(serde_json::json!({
+        let claim = |deleting: bool, phase: Option<autonodes_api::NodeClaimPhase>| {
+            let mut c: autonodes_api::NodeClaim = serde_json::from_value(serde_json::json!({
                 "apiVersion": "autonodes.io/v1alpha1", "kind": "NodeClaim",
                 "metadata": {"name": "c", "namespace": "tenant-a"},
                 "spec": {"vClusterRef": {"name": "t"}},
@@ -219,13 +219,13 @@ mod tests {
                         k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
                     ));
             }
-            c.status = Some(crate::api::NodeClaimStatus {
+            c.status = Some(autonodes_api::NodeClaimStatus {
                 phase,
                 ..Default::default()
             });
             c
         };
-        use crate::api::NodeClaimPhase::{Available, Failed, Terminating};
+        use autonodes_api::NodeClaimPhase::{Available, Failed, Terminating};
         assert!(holds_a_place(&claim(false, Some(Available))));
         assert!(holds_a_place(&claim(false, None)));
         // A drain that waits (terminationGracePeriod Never behind a PodDisruptionBudget)

@@ -13,12 +13,12 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use crate::api::{NodeClaim, NodeClaimSpec, Requirement, ResourceList};
 use crate::catalogue::{Catalogue, PreparedType};
 use crate::pod_requests::pod_requests;
 use crate::requirements;
 use crate::resources::{self, ResourceAmounts, CPU, MEMORY};
 use crate::scheduling::{self, ClaimRequest};
+use autonodes_api::{NodeClaim, NodeClaimSpec, Requirement, ResourceList};
 
 /// Pods a node takes at most (the kubelet's default `maxPods`).
 pub const MAX_PODS_PER_NODE: i128 = 110;

@@ -6,13 +6,13 @@ use std::borrow::Borrow;
 use std::cmp::Reverse;
 use std::time::Duration;
 
-use crate::api::conditions;
-use crate::api::reasons::{ClaimCondition, ClaimReason};
-use crate::api::{NodeClaim, NodeClaimPhase};
+use autonodes_api::conditions;
+use autonodes_api::reasons::{ClaimCondition, ClaimReason};
+use autonodes_api::{NodeClaim, NodeClaimPhase};
 
 use super::{ANNOTATION_DELETE_FIRST, ANNOTATION_REPLACES, LABEL_TEMPLATE_HASH};
-use crate::api::reasons::PoolReason;
-use crate::api::{NodeClaimSpec, NodePoolSpec};
+use autonodes_api::reasons::PoolReason;
+use autonodes_api::{NodeClaimSpec, NodePoolSpec};
 use k8s_openapi::jiff::Timestamp;
 
 /// What the planner knows about one claim of a pool.
@@ -164,7 +164,7 @@ pub(crate) fn is_draining(c: &NodeClaim) -> bool {
 /// Whether a claim with this status has (had) a node that its deletion drains: not one
 /// whose VM is only kept for debugging (`Ready` reason `KeptForDebugging`: drained, halted,
 /// its Node gone).
-fn drains_a_node(s: &crate::api::NodeClaimStatus) -> bool {
+fn drains_a_node(s: &autonodes_api::NodeClaimStatus) -> bool {
     let kept = conditions::get(&s.conditions, ClaimCondition::Ready.as_str())
         .is_some_and(|r| r.reason == ClaimReason::KeptForDebugging.as_str());
     s.node_name.is_some() && !kept
@@ -423,7 +423,7 @@ pub struct PoolPlan {
     pub imported: Option<Verdict>,
     /// The pool's warm VMs, as the controller found them: `status.warm` and the
     /// `WarmReady` condition (`None`: left out of the status).
-    pub warm: (Option<crate::api::NodePoolWarm>, Option<Verdict>),
+    pub warm: (Option<autonodes_api::NodePoolWarm>, Option<Verdict>),
     /// `NodeRepair`.
     pub repair: Option<Verdict>,
     /// Claims whose VM to restart, with the `autonodes.io/restart` value to set
@@ -434,7 +434,7 @@ pub struct PoolPlan {
     pub keep: Vec<(String, Timestamp)>,
     /// `status.registration` and `NodeRegistrationHealthy`, as the pool's registration
     /// health was assessed (`pool::registration`).
-    pub registration: Option<(crate::api::RegistrationStatus, Verdict)>,
+    pub registration: Option<(autonodes_api::RegistrationStatus, Verdict)>,
     /// `VersionDriftHeld=True` when the roll for the tenant's version is held
     /// ([`version_drift_hold`]); `None`: the condition is left out.
     pub version_drift_held: Option<Verdict>,
@@ -472,7 +472,7 @@ impl Verdict {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::NodeClaimStatus;
+    use autonodes_api::NodeClaimStatus;
     use k8s_openapi::jiff::Timestamp;
 
     fn view(name: &str, created: i64, available: bool) -> ClaimView {

@@ -14,13 +14,13 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::reasons::PoolReason;
-use crate::api::{
+use crate::catalogue::Catalogue;
+use crate::scheduling::ClaimRequest;
+use autonodes_api::reasons::PoolReason;
+use autonodes_api::{
     DisruptionReason, NodeClaim, NodeClaimSpec, NodePool, NodePoolSpec, RegistrationStatus,
     ResourceList,
 };
-use crate::catalogue::Catalogue;
-use crate::scheduling::ClaimRequest;
 
 use super::do_not_disrupt;
 use super::dynamic::{self, DynamicInput, Tenant};
@@ -65,7 +65,7 @@ pub struct Observed<'a> {
     pub repair_after: Option<Duration>,
     /// The `spec.repair` of the pool's provider (the pool's own takes precedence, field by
     /// field).
-    pub provider_repair: Option<&'a crate::api::Repair>,
+    pub provider_repair: Option<&'a autonodes_api::Repair>,
     /// How a dynamic pool batches bursts of pending pods.
     pub batch: super::dynamic::Batch,
     /// How many claims the pool may create now ([`super::limits::claim_room`]).

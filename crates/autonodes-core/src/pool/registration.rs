@@ -16,9 +16,9 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
-use crate::api::conditions;
-use crate::api::reasons::{ClaimCondition, PoolReason};
-use crate::api::{NodeClaim, NodeClaimPhase, RegistrationStatus};
+use autonodes_api::conditions;
+use autonodes_api::reasons::{ClaimCondition, PoolReason};
+use autonodes_api::{NodeClaim, NodeClaimPhase, RegistrationStatus};
 
 use super::plan::Verdict;
 

@@ -18,9 +18,9 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::conditions;
-use crate::api::reasons::{ClaimCondition, ClaimReason, PoolReason};
-use crate::api::{
+use autonodes_api::conditions;
+use autonodes_api::reasons::{ClaimCondition, ClaimReason, PoolReason};
+use autonodes_api::{
     NodeClaim, ObservedNodeCondition, Repair as RepairSpec, ANNOTATION_KEEP_UNTIL,
     ANNOTATION_RESTART,
 };
@@ -426,7 +426,7 @@ pub(crate) fn assess<C: Borrow<NodeClaim>>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{ConditionStatus, DurationOrNever, RepairCondition};
+    use autonodes_api::{ConditionStatus, DurationOrNever, RepairCondition};
     use serde_json::json;
 
     /// A claim initialized at 09:00 whose Node shows `node` (type, status, since).
@@ -474,7 +474,7 @@ mod tests {
     fn restarted(mut c: NodeClaim, at: &str) -> NodeClaim {
         let asked = "repair 1".to_string();
         c.metadata.annotations = Some([(ANNOTATION_RESTART.to_string(), asked.clone())].into());
-        c.status.as_mut().expect("status").last_restart = Some(crate::api::Restart {
+        c.status.as_mut().expect("status").last_restart = Some(autonodes_api::Restart {
             requested: asked,
             time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at.parse().expect("time")),
         });

@@ -10,13 +10,13 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::conditions::{self, status_of, TRUE};
-use crate::api::reasons::{PoolCondition, PoolReason};
-use crate::api::{
-    NodeClaim, NodeClaimPhase, NodePool, NodePoolResources, NodePoolStatus, RegistrationStatus,
-};
 use crate::catalogue::Catalogue;
 use crate::resources;
+use autonodes_api::conditions::{self, status_of, TRUE};
+use autonodes_api::reasons::{PoolCondition, PoolReason};
+use autonodes_api::{
+    NodeClaim, NodeClaimPhase, NodePool, NodePoolResources, NodePoolStatus, RegistrationStatus,
+};
 
 use super::pack::Amount;
 use super::plan::is_live;

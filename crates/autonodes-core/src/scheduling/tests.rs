@@ -6,14 +6,14 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use k8s_openapi::api::core::v1::Taint;
 
-use crate::api::VClusterRef;
-use crate::api::{
-    NodeClaim, NodeClaimSpec, NodePoolSpec, NodeProvider, NodeTypeCapacity, NodeTypePhase,
-    NodeTypeSpec, Operator, Properties, Requirement, ResourceList,
-};
 use crate::catalogue::*;
 use crate::node_config::*;
 use crate::requirements::RequirementMiss;
+use autonodes_api::VClusterRef;
+use autonodes_api::{
+    NodeClaim, NodeClaimSpec, NodePoolSpec, NodeProvider, NodeTypeCapacity, NodeTypePhase,
+    NodeTypeSpec, Operator, Properties, Requirement, ResourceList,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::json;
 
@@ -680,10 +680,10 @@ fn capacity_reports_total_claimed_and_available_and_absent_when_unlimited() {
 
 #[test]
 fn claims_hold_capacity_from_scheduling_until_failed_or_released_and_reservations_count_once() {
-    let mk = |uid: &str, t: Option<&str>, phase: Option<crate::api::NodeClaimPhase>| {
+    let mk = |uid: &str, t: Option<&str>, phase: Option<autonodes_api::NodeClaimPhase>| {
         let mut c = NodeClaim::new("c", claim());
         c.metadata.uid = Some(uid.to_string());
-        c.status = Some(crate::api::NodeClaimStatus {
+        c.status = Some(autonodes_api::NodeClaimStatus {
             type_ref: t.map(str::to_string),
             phase,
             ..Default::default()
@@ -695,11 +695,15 @@ fn claims_hold_capacity_from_scheduling_until_failed_or_released_and_reservation
         mk(
             "2",
             Some("p.a"),
-            Some(crate::api::NodeClaimPhase::Terminating),
+            Some(autonodes_api::NodeClaimPhase::Terminating),
         ),
         mk("3", Some("p.b"), None),
         mk("4", None, None),
-        mk("5", Some("p.b"), Some(crate::api::NodeClaimPhase::Failed)),
+        mk(
+            "5",
+            Some("p.b"),
+            Some(autonodes_api::NodeClaimPhase::Failed),
+        ),
         mk("6", Some("p.b"), None),
     ];
     let reserved = HashMap::from([
@@ -920,18 +924,18 @@ fn generated_node_types_are_named_labelled_and_owned() {
 /// The requirement of a claim and the same requirement of a pod agree.
 mod agreement {
     use super::*;
-    use crate::api::{self, Properties};
     use crate::requirements::Requirement;
+    use autonodes_api::{self, Properties};
     use k8s_openapi::api::core::v1::NodeSelectorRequirement;
     use proptest::prelude::*;
 
-    const OPERATORS: &[(api::Operator, &str)] = &[
-        (api::Operator::In, "In"),
-        (api::Operator::NotIn, "NotIn"),
-        (api::Operator::Exists, "Exists"),
-        (api::Operator::DoesNotExist, "DoesNotExist"),
-        (api::Operator::Gt, "Gt"),
-        (api::Operator::Lt, "Lt"),
+    const OPERATORS: &[(autonodes_api::Operator, &str)] = &[
+        (autonodes_api::Operator::In, "In"),
+        (autonodes_api::Operator::NotIn, "NotIn"),
+        (autonodes_api::Operator::Exists, "Exists"),
+        (autonodes_api::Operator::DoesNotExist, "DoesNotExist"),
+        (autonodes_api::Operator::Gt, "Gt"),
+        (autonodes_api::Operator::Lt, "Lt"),
     ];
 
     /// Label-like values, integers among them.
@@ -954,7 +958,7 @@ mod agreement {
         ) {
             let (claim_op, pod_op) = OPERATORS[op];
             let claim = CheckedRequirement::new(
-                &api::Requirement { key: key.clone(), operator: claim_op, values: values.clone(), min_values: None },
+                &autonodes_api::Requirement { key: key.clone(), operator: claim_op, values: values.clone(), min_values: None },
                 "f",
             );
             // The claim side refuses malformed requirements; those a claim accepts

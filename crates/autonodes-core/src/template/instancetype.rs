@@ -10,10 +10,10 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::{json, Value};
 
 use super::error::TemplateError;
-use crate::api::ResourceList;
 use crate::names::is_dns_subdomain;
 use crate::properties::PROP_INSTANCETYPE;
 use crate::resources::{parse_quantity, CPU, MEMORY};
+use autonodes_api::ResourceList;
 
 /// The cluster-scoped instance type kind.
 pub const CLUSTER_INSTANCETYPE: &str = "VirtualMachineClusterInstancetype";

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::api::{
+use autonodes_api::{
     LABEL_INSTALLATION, LABEL_MANAGED_BY, LABEL_NODECLAIM, LABEL_NODECLAIM_NAMESPACE,
     LABEL_NODECLAIM_UID, LABEL_WARM_VM, MANAGED_BY,
 };

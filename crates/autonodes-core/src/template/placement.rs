@@ -17,13 +17,13 @@ use std::collections::BTreeMap;
 use serde_json::{json, Map, Value};
 
 use super::error::TemplateError;
-use crate::api::{NodeClaim, Properties, LABEL_NODECLAIM_NAMESPACE, LABEL_NODEPOOL};
 use crate::names::{is_label_value, is_qualified_name};
 use crate::properties::PROP_ZONE;
 use crate::properties::{
     PROP_HOST_NODE_PREFERENCE, PROP_HOST_NODE_SELECTOR, PROP_VM_AFFINITY, PROP_VM_AFFINITY_SCOPE,
     PROP_VM_ANTI_AFFINITY,
 };
+use autonodes_api::{NodeClaim, Properties, LABEL_NODECLAIM_NAMESPACE, LABEL_NODEPOOL};
 
 /// Label on every VM's launcher pod (its VMI template): the claim's tenant cluster
 /// (`vClusterRef.name`), for the group selectors.

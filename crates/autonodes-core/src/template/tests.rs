@@ -807,7 +807,7 @@ fn a_user_data_secret_is_ours_to_delete_only_with_our_installation_and_its_claim
         "no claim named"
     );
     let mut by_hand = ours.clone();
-    by_hand.remove(crate::api::LABEL_MANAGED_BY);
+    by_hand.remove(autonodes_api::LABEL_MANAGED_BY);
     assert!(
         !user_data_is_ours(&by_hand, "default", "vm-1", Some("uid-1")),
         "not autonodes'"

@@ -7,12 +7,12 @@ use std::collections::BTreeMap;
 
 use sha2::{Digest, Sha256};
 
-use crate::api::reasons::PoolReason;
-use crate::api::{NodePoolSpec, NodePoolWarm, MAX_POOL_WARM_REPLICAS};
 use crate::catalogue::{Catalogue, PreparedType};
 use crate::pool::limits::NamespaceClaims;
 use crate::properties::{AT_BINDING_PROPERTIES, CONFIG_PROPERTIES, PROP_IMAGE_URL};
 use crate::scheduling::{self, ClaimRequest, NoFit};
+use autonodes_api::reasons::PoolReason;
+use autonodes_api::{NodePoolSpec, NodePoolWarm, MAX_POOL_WARM_REPLICAS};
 
 /// The type `t` as a warm VM of `pool` is made from it: the type's properties with the
 /// pool's over them (its image settings, disks, networks and placement shape the VM), but

@@ -1,11 +1,11 @@
 //! Tests of [`super`].
 
 use super::*;
-use crate::api::NodeClaim;
 use crate::catalogue::{prepare_type, ProviderContext};
 use crate::kubeversion::KubeVersion;
 use crate::userdata::warm::{read_warm_agent, render_warm_user_data, WarmUserDataInput};
 use crate::userdata::DEFAULT_DOWNLOAD_URL;
+use autonodes_api::NodeClaim;
 use serde_json::json;
 
 fn at(secs: i64) -> Timestamp {

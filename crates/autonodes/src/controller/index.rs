@@ -30,7 +30,7 @@ pub(crate) struct Indexes {
     /// The catalogue as last prepared, and the versions of the type and provider stores it
     /// was prepared from ([`crate::controller::catalogue::catalogue`]).
     pub catalogue: Mutex<Option<PreparedCatalogue>>,
-    /// Each node type's warm VMs as last seen ([`crate::controller::warm`]).
+    /// Each node type's warm VMs as last seen ([`crate::controller::nodetype::warm_pool`]).
     pub warm: WarmIndex,
     /// Per vCluster (`<namespace>/<name>`) and imported pool name, why its configuration
     /// could not be imported for that pool ([`crate::controller::vcluster_import`]); read by

@@ -37,7 +37,6 @@ pub(crate) mod startup;
 pub(crate) mod status;
 pub(crate) mod sweep;
 pub(crate) mod vcluster_import;
-pub(crate) mod warm;
 
 use std::sync::Arc;
 

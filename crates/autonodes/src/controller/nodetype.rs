@@ -1,6 +1,8 @@
 //! NodeType controller: effective resources, cost, capacity, phase and host room of each
 //! node type.
 
+pub(crate) mod warm_pool;
+
 use autonodes_api::reasons::TypeReason;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -255,7 +257,7 @@ async fn apply(t: &NodeType, ctx: &TypeContext) -> Result<Action, Error> {
         now(),
     );
     // The type's warm VMs: kept, replaced, removed (also for a type that turned unusable).
-    let warm = super::warm::reconcile(
+    let warm = warm_pool::reconcile(
         ctx,
         &prepared,
         provider.as_deref(),
@@ -278,7 +280,7 @@ async fn apply(t: &NodeType, ctx: &TypeContext) -> Result<Action, Error> {
         Some((ok, reason, message)) => {
             conditions::set(
                 &mut status.conditions,
-                super::warm::WARM_READY,
+                warm_pool::WARM_READY,
                 status_of(*ok),
                 *reason,
                 message.clone(),
@@ -289,7 +291,7 @@ async fn apply(t: &NodeType, ctx: &TypeContext) -> Result<Action, Error> {
         None if warm.unknown => {}
         None => status
             .conditions
-            .retain(|c| c.type_ != super::warm::WARM_READY),
+            .retain(|c| c.type_ != warm_pool::WARM_READY),
     }
 
     let provider_name = t.spec.provider_ref.clone();
@@ -348,7 +350,7 @@ async fn apply(t: &NodeType, ctx: &TypeContext) -> Result<Action, Error> {
             &status.conditions,
             |c, _| {
                 // Warm VMs taken and refilled are routine; warm VMs that cannot be kept are not.
-                let routine = c.type_ == super::warm::WARM_READY
+                let routine = c.type_ == warm_pool::WARM_READY
                     && c.reason == TypeReason::WarmStarting.as_str();
                 (c.status != conditions::TRUE && !routine).then_some(EventType::Warning)
             },

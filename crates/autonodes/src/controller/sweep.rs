@@ -17,9 +17,9 @@ use kube::runtime::events::EventType;
 use kube::ResourceExt;
 
 use crate::controller::context::Context;
+use crate::remote::caches::TOKEN_NAMESPACE;
 use crate::remote::calls::remote_call;
 use crate::remote::clients::{ClientError, ClusterKey, Remote};
-use crate::remote::watched::TOKEN_NAMESPACE;
 use autonodes_api::kubevirt;
 use autonodes_api::{NodeClaim, LABEL_INSTALLATION, LABEL_MANAGED_BY, MANAGED_BY};
 use autonodes_core::orphans::{orphans, Cluster, Found, OrphanKind};
@@ -288,7 +288,7 @@ pub(crate) async fn sweep(ctx: &Context, tenants: &mut BTreeSet<(String, String)
         }
     }
     // Warm VMs belong to a type, not a claim: those of types that are gone.
-    removed += super::warm::sweep_gone_types(ctx, &ctx.types().state()).await;
+    removed += super::nodetype::warm_pool::sweep_gone_types(ctx, &ctx.types().state()).await;
     removed
 }
 

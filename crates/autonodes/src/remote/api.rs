@@ -13,7 +13,7 @@ use kube::api::DynamicObject;
 use super::clients::Remote;
 use super::host::{Host, VmCreate};
 use super::tenant::Tenant;
-use super::warm::WarmHost;
+use super::warm_host::WarmHost;
 use crate::remote::error::Error;
 use autonodes_api::kubevirt::{ObservedVm, ObservedVmi};
 use autonodes_core::join::JoinInfo;

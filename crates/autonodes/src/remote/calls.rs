@@ -7,9 +7,9 @@ use std::sync::Arc;
 use kube::api::Api;
 use kube::runtime::reflector::Lookup;
 
+use crate::remote::caches::Watched;
 use crate::remote::clients::{ClusterKey, Remote, REMOTE_TIMEOUT};
 use crate::remote::error::Error;
-use crate::remote::watched::Watched;
 use prometheus::{IntCounterVec, Opts};
 
 /// `autonodes_cluster_requests_total{kind,namespace,cluster,code}`: the calls autonodes'

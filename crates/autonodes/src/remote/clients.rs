@@ -170,14 +170,14 @@ pub(crate) enum RemoteCache {
     #[default]
     None,
     /// A host cluster's VirtualMachines and VirtualMachineInstances.
-    Host(Arc<crate::remote::watched::HostCache>),
+    Host(Arc<crate::remote::caches::HostCache>),
     /// A tenant cluster's Nodes and bootstrap tokens.
-    Tenant(Arc<crate::remote::watched::TenantCache>),
+    Tenant(Arc<crate::remote::caches::TenantCache>),
 }
 
 impl Remote {
     /// The host caches, if this is a host client with caches.
-    pub(crate) fn host_cache(&self) -> Option<&crate::remote::watched::HostCache> {
+    pub(crate) fn host_cache(&self) -> Option<&crate::remote::caches::HostCache> {
         match &self.cache {
             RemoteCache::Host(c) => Some(c),
             _ => None,
@@ -185,7 +185,7 @@ impl Remote {
     }
 
     /// The tenant caches, if this is a tenant client with caches.
-    pub(crate) fn tenant_cache(&self) -> Option<&crate::remote::watched::TenantCache> {
+    pub(crate) fn tenant_cache(&self) -> Option<&crate::remote::caches::TenantCache> {
         match &self.cache {
             RemoteCache::Tenant(c) => Some(c),
             _ => None,

@@ -1,5 +1,5 @@
 //! The host interface: what the claim lifecycle asks of a KubeVirt host cluster. Reads come
-//! from the host's watch caches while they are live ([`super::watched`]), else from the API
+//! from the host's watch caches while they are live ([`super::caches`]), else from the API
 //! server; every call is bounded in time and counted ([`crate::remote::calls::remote_call`]); what
 //! this process creates is remembered until the watch shows it.
 

@@ -1,5 +1,5 @@
 //! Host capacity as the controller reads it: a host cluster's Nodes and bound pods from its
-//! watch caches ([`crate::remote::watched::HostCache`]), and which claims' VMs have a bound launcher
+//! watch caches ([`crate::remote::caches::HostCache`]), and which claims' VMs have a bound launcher
 //! pod, handed to the pure model ([`autonodes_core::host_capacity`]). Scheduling asks it whether a
 //! type's VM fits (reason `HostCapacityExhausted` when not); the NodeType controller shows
 //! the headroom in the type's status and metrics.

@@ -1,11 +1,12 @@
 //! Everything that talks to host and tenant clusters: the clients and their safety
-//! ([`clients`], [`egress`], [`budget`], [`request_metrics`]), the watch caches ([`watched`],
+//! ([`clients`], [`egress`], [`budget`], [`request_metrics`]), the watch caches ([`caches`],
 //! [`watches`]), the calls a claim makes on its host ([`host`]) and its tenant
 //! ([`tenant`]) with their shared helpers ([`calls`]), and the room on host nodes
 //! ([`host_room`]).
 
 pub(crate) mod api;
 pub(crate) mod budget;
+pub(crate) mod caches;
 pub(crate) mod calls;
 pub mod clients;
 pub mod egress;
@@ -16,6 +17,5 @@ pub(crate) mod host_room;
 pub(crate) mod memory;
 pub(crate) mod request_metrics;
 pub(crate) mod tenant;
-pub(crate) mod warm;
-pub(crate) mod watched;
+pub(crate) mod warm_host;
 pub(crate) mod watches;

@@ -1,6 +1,6 @@
 //! The tenant interface: what the claim lifecycle asks of a tenant (Kubernetes) cluster —
 //! its Nodes, bootstrap tokens and pods. Reads come from the tenant's watch caches while
-//! they are live ([`super::watched`]), else from the API server; every call is bounded in
+//! they are live ([`super::caches`]), else from the API server; every call is bounded in
 //! time and counted ([`crate::remote::calls::remote_call`]); what this process writes is remembered
 //! until the watch shows it.
 
@@ -11,11 +11,11 @@ use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, 
 use kube::ResourceExt;
 use serde_json::json;
 
+use crate::remote::caches::TOKEN_NAMESPACE;
 use crate::remote::calls::{claim_selector, read, remote_call, Caller};
 use crate::remote::clients::Remote;
 use crate::remote::error::Error;
 use crate::remote::host::ignore_not_found;
-use crate::remote::watched::TOKEN_NAMESPACE;
 
 /// How long a tenant's published join address is used before it is read again.
 pub(crate) const PUBLISHED_JOIN_TTL: std::time::Duration = std::time::Duration::from_secs(60);

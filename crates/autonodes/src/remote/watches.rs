@@ -29,7 +29,7 @@ use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::task::JoinHandle;
 
-use super::watched::{resource_version, HostCache, Own, TenantCache, Watched, TOKEN_NAMESPACE};
+use super::caches::{resource_version, HostCache, Own, TenantCache, Watched, TOKEN_NAMESPACE};
 use crate::remote::clients::{ClusterKey, Connected, OnConnect, Remote, RemoteCache};
 use crate::remote::egress::passed_body_limit;
 use autonodes_api::kubevirt::{

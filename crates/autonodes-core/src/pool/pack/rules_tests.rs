@@ -538,13 +538,13 @@ fn a_new_node_is_made_only_while_the_types_that_hold_its_pods_offer_min_values_o
         candidate("c4", 4000, &[("autonodes.io/node-type", "c4")]),
         candidate("c8", 8000, &[("autonodes.io/node-type", "c8")]),
     ];
-    let mut r = crate::api::Requirement {
+    let mut r = autonodes_api::Requirement {
         key: "autonodes.io/node-type".into(),
-        operator: crate::api::Operator::Exists,
+        operator: autonodes_api::Operator::Exists,
         values: Vec::new(),
         min_values: Some(2),
     };
-    let limits = |r: &crate::api::Requirement| Limits {
+    let limits = |r: &autonodes_api::Requirement| Limits {
         min_values: vec![crate::scheduling::CheckedRequirement::new(r, "f").expect("valid")],
         ..Limits::default()
     };

@@ -13,12 +13,12 @@ use k8s_openapi::jiff::Timestamp;
 use serde_json::{json, Value};
 
 use super::*;
-use crate::api::conditions;
-use crate::api::reasons::{PoolCondition, PoolReason};
-use crate::api::{NodePoolStatus, NodeProvider, Overhead};
 use crate::pool::plan::{DeleteReason, Verdict};
 use crate::pool::status::{new_problems, pool_status};
 use crate::pool::{ANNOTATION_EMPTY_SINCE, ANNOTATION_UNDERUTILIZED_SINCE, LABEL_TEMPLATE_HASH};
+use autonodes_api::conditions;
+use autonodes_api::reasons::{PoolCondition, PoolReason};
+use autonodes_api::{NodePoolStatus, NodeProvider, Overhead};
 
 fn at(secs: i64) -> Timestamp {
     Timestamp::from_second(secs).expect("time")

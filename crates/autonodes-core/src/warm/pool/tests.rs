@@ -1,8 +1,8 @@
 //! Tests of [`super`].
 
 use super::*;
-use crate::api::{NodeClaim, NodePoolSpec};
 use crate::catalogue::prepare_type;
+use autonodes_api::{NodeClaim, NodePoolSpec};
 use serde_json::{json, Value};
 
 fn typed(name: &str, cost: i64, properties: Value) -> PreparedType {

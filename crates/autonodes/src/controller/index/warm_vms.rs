@@ -1,5 +1,5 @@
 //! The warm VMs of each node type as the NodeType controller last saw them
-//! ([`crate::controller::warm`]), which claims take from (`nodeclaim::warm`), and what each NodePool
+//! ([`crate::controller::nodetype::warm_pool`]), which claims take from (`nodeclaim::take_warm`), and what each NodePool
 //! asks of warm VMs of its own, as its last reconcile decided (the NodeType controller keeps
 //! them).
 //!

@@ -1,4 +1,4 @@
-//! Launch: a warm VM of the claim's type when one serves it ([`super::warm`]), else the
+//! Launch: a warm VM of the claim's type when one serves it ([`super::take_warm`]), else the
 //! tenant's bootstrap token, the host's user-data Secret, the golden volumes its type
 //! clones, and the VirtualMachine (each only created, never rewritten; a create that finds the object exists is an
 //! earlier attempt's and is kept), and `Provisioned` once the VM runs — or the launch
@@ -37,7 +37,7 @@ pub(super) async fn launch<H: HostApi, T: TenantApi>(
         }
         Some(vm) => {
             // A warm VM taken earlier whose binding is not written yet.
-            if let Some(step) = super::warm::bind(p).await? {
+            if let Some(step) = super::take_warm::bind(p).await? {
                 return Ok(step);
             }
             vm
@@ -52,10 +52,10 @@ pub(super) async fn launch<H: HostApi, T: TenantApi>(
                 ),
             });
         }
-        None => match super::warm::serve(p).await? {
-            super::warm::Served::Warm(vm) => vm,
-            super::warm::Served::Stop(step) => return Ok(step),
-            super::warm::Served::Cold => match create_host_objects(p).await? {
+        None => match super::take_warm::serve(p).await? {
+            super::take_warm::Served::Warm(vm) => vm,
+            super::take_warm::Served::Stop(step) => return Ok(step),
+            super::take_warm::Served::Cold => match create_host_objects(p).await? {
                 Ok(vm) => vm,
                 Err(step) => return Ok(step),
             },

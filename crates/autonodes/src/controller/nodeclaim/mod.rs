@@ -6,7 +6,7 @@
 //! sub-reconciler that reads what it needs (from watch caches), acts, and sets its
 //! condition on the one in-memory status of this reconcile ([`status::StatusWriter`]):
 //!
-//! 1. [`launch`]: a ready warm VM of the claim's type ([`warm`]: taken, and its binding
+//! 1. [`launch`]: a ready warm VM of the claim's type ([`take_warm`]: taken, and its binding
 //!    written), else the tenant's bootstrap token, the host's user-data Secret and
 //!    VirtualMachine; `Provisioned` once the VM runs (launch timeout);
 //! 2. [`register`]: the tenant Node with the VM's provider ID, its labels and the
@@ -38,9 +38,9 @@ mod join;
 mod launch;
 mod register;
 mod restart;
+mod take_warm;
 mod terminate;
 mod tokens;
-mod warm;
 
 #[cfg(test)]
 mod tests;
@@ -317,7 +317,7 @@ pub(crate) async fn walk<H: HostApi, T: TenantApi>(
         step = register::register(p).await;
     }
     if step.is_ok() {
-        warm::release(p).await?;
+        take_warm::release(p).await?;
     }
     if step.is_ok() && p.node.is_some() {
         drift::version(p).await?;

@@ -14,7 +14,7 @@ use crate::controller::config::ControllerConfig;
 use crate::controller::context::now;
 use crate::controller::error::Error;
 use crate::remote::api::TenantApi;
-use crate::remote::watched::TOKEN_NAMESPACE;
+use crate::remote::caches::TOKEN_NAMESPACE;
 use autonodes_api::NodeClaim;
 use autonodes_core::userdata::BootstrapToken;
 

@@ -45,7 +45,7 @@ mod observe;
 mod tenant;
 pub(crate) mod tenant_cache;
 pub(crate) mod wakeups;
-mod warm;
+mod warm_wants;
 
 use crate::controller::reconciler::{self, Reconciler};
 use context::PoolContext;
@@ -158,7 +158,7 @@ async fn reconcile_pool(pool: &NodePool, pctx: &PoolContext) -> Result<Action, E
     }
 
     // The pool's own warm VMs (the NodeType controller keeps them).
-    let warm = warm::reconcile(ctx, pool, &uid, &catalogue, &claims, problem.as_ref());
+    let warm = warm_wants::reconcile(ctx, pool, &uid, &catalogue, &claims, problem.as_ref());
     plan.warm = (warm.status, warm.condition);
 
     // Act.

@@ -6,18 +6,18 @@
 //! each one's own credential, user data and VM; removes the ones that are not wanted,
 //! drifted, silent or about to expire (the VM first, only as it was seen, then its
 //! credential); removes credentials whose VM is gone; and says what it found for the
-//! type's status. Claims take warm VMs from the [`crate::controller::index::warm_vms::WarmIndex`] it fills (`nodeclaim::warm`).
+//! type's status. Claims take warm VMs from the [`crate::controller::index::warm_vms::WarmIndex`] it fills (`nodeclaim::take_warm`).
 
 use std::time::Duration;
 
 use kube::api::DynamicObject;
 use kube::ResourceExt;
 
-use super::index::warm_vms::PoolWant;
 use crate::controller::context::{now, Context};
 use crate::controller::error::Error;
+use crate::controller::index::warm_vms::PoolWant;
 use crate::remote::clients::Remote;
-use crate::remote::warm::WarmHost;
+use crate::remote::warm_host::WarmHost;
 use autonodes_api::reasons::TypeReason;
 use autonodes_api::{
     NodePool, NodeProvider, NodeType, NodeTypeWarm, ANNOTATION_WARM_CREDENTIAL_EXPIRES,
@@ -120,7 +120,7 @@ fn observed(remote: &Remote, t: &PreparedType, installation: &str) -> Option<Vec
 
 /// One group of a type's warm VMs: the type's own, or a pool's.
 struct Group {
-    /// Its key in the [`WarmIndex`](super::index::warm_vms::WarmIndex).
+    /// Its key in the [`WarmIndex`](crate::controller::index::warm_vms::WarmIndex).
     key: String,
     /// The pool it is kept for: its UID and what it asks (none for a pool that is gone
     /// and was never planned by this process), if any.

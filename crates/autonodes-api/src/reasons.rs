@@ -423,6 +423,18 @@ names! {
 }
 
 names! {
+    /// The conditions of a NodeProvider.
+    ProviderCondition {
+        /// The host cluster answers and serves KubeVirt.
+        HostReachable,
+        /// Every node type's template composes.
+        TemplatesValid,
+        /// The provider can be used: the host is reachable and the templates are valid.
+        Ready,
+    }
+}
+
+names! {
     /// Why a NodeProvider condition (`HostReachable`, `TemplatesValid`, `Ready`) is what it
     /// is.
     ProviderReason {
@@ -460,6 +472,16 @@ impl From<ClusterReason> for ProviderReason {
             // Only tenant clusters are counted against a namespace; a host never is.
             ClusterReason::TooManyTenantClusters => ProviderReason::InvalidKubeconfig,
         }
+    }
+}
+
+names! {
+    /// The conditions of a NodeType.
+    TypeCondition {
+        /// The type can take claims.
+        Ready,
+        /// Present on a type that keeps warm VMs: True when all of them are ready.
+        WarmReady,
     }
 }
 

@@ -3,7 +3,7 @@
 
 pub(crate) mod warm_pool;
 
-use autonodes_api::reasons::TypeReason;
+use autonodes_api::reasons::{TypeCondition, TypeReason};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -34,7 +34,7 @@ use kube::runtime::Controller;
 use std::ops::Deref;
 
 /// Condition: the type can take claims.
-pub(crate) const READY: &str = "Ready";
+pub(crate) const READY: TypeCondition = TypeCondition::Ready;
 
 /// How long a change of the claimed count alone (a claim more or less on a type whose phase
 /// and conditions stay) waits after the type's last status write: a burst of claims costs a
@@ -291,7 +291,7 @@ async fn apply(t: &NodeType, ctx: &TypeContext) -> Result<Action, Error> {
         None if warm.unknown => {}
         None => status
             .conditions
-            .retain(|c| c.type_ != warm_pool::WARM_READY),
+            .retain(|c| c.type_ != warm_pool::WARM_READY.as_str()),
     }
 
     let provider_name = t.spec.provider_ref.clone();
@@ -350,7 +350,7 @@ async fn apply(t: &NodeType, ctx: &TypeContext) -> Result<Action, Error> {
             &status.conditions,
             |c, _| {
                 // Warm VMs taken and refilled are routine; warm VMs that cannot be kept are not.
-                let routine = c.type_ == warm_pool::WARM_READY
+                let routine = c.type_ == warm_pool::WARM_READY.as_str()
                     && c.reason == TypeReason::WarmStarting.as_str();
                 (c.status != conditions::TRUE && !routine).then_some(EventType::Warning)
             },

@@ -6,7 +6,7 @@
 
 use crate::controller::reconciler::{self, Reconciler};
 use crate::controller::reflectors::{Reflectors, Touched};
-use autonodes_api::reasons::ProviderReason;
+use autonodes_api::reasons::{ProviderCondition, ProviderReason};
 use futures::StreamExt;
 use kube::runtime::Controller;
 use std::collections::{BTreeMap, BTreeSet};
@@ -33,11 +33,11 @@ use autonodes_api::{
 use autonodes_core::catalogue::ProviderContext;
 
 /// Condition: the host cluster answers and serves KubeVirt.
-pub(crate) const HOST_REACHABLE: &str = "HostReachable";
+pub(crate) const HOST_REACHABLE: ProviderCondition = ProviderCondition::HostReachable;
 /// Condition: every node type's template composes.
-pub(crate) const TEMPLATES_VALID: &str = "TemplatesValid";
+pub(crate) const TEMPLATES_VALID: ProviderCondition = ProviderCondition::TemplatesValid;
 /// Condition: the provider can be used.
-pub(crate) const READY: &str = "Ready";
+pub(crate) const READY: ProviderCondition = ProviderCondition::Ready;
 
 /// Checks that every node type of the provider composes and has discoverable resources.
 /// Returns one message per broken type (empty when all are valid).

@@ -18,7 +18,7 @@ use crate::controller::error::Error;
 use crate::controller::index::warm_vms::PoolWant;
 use crate::remote::clients::Remote;
 use crate::remote::warm_host::WarmHost;
-use autonodes_api::reasons::TypeReason;
+use autonodes_api::reasons::{TypeCondition, TypeReason};
 use autonodes_api::{
     NodePool, NodeProvider, NodeType, NodeTypeWarm, ANNOTATION_WARM_CREDENTIAL_EXPIRES,
     LABEL_INSTALLATION, LABEL_NODECLAIM_UID, LABEL_WARM_DEFINITION, LABEL_WARM_NODEPOOL,
@@ -31,7 +31,7 @@ use kube::runtime::reflector::ObjectRef;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Condition of a NodeType that keeps warm VMs: True when all are ready.
-pub(crate) const WARM_READY: &str = "WarmReady";
+pub(crate) const WARM_READY: TypeCondition = TypeCondition::WarmReady;
 
 /// What was made for a warm VM that does not exist is removed once it is older than this
 /// (a warm VM's credential and user data are made before the VM, within a reconcile).

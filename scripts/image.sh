@@ -14,9 +14,13 @@
 #                                       compiles in half the time)
 #   scripts/image.sh --install          only install buildah, podman and runc (the test command
 #                                       does this before the tests)
+#   scripts/image.sh --binary-only      only build the static binary and print its path (the
+#                                       test command does this once, beside the test build)
 #
-# AUTONODES_IMAGE overrides the repository (default localhost/autonodes). As root on Debian
-# it installs buildah, podman and runc with apt-get when they are missing.
+# AUTONODES_IMAGE overrides the repository (default localhost/autonodes).
+# AUTONODES_STATIC_BINARY names a static binary built before (by --binary-only, in the same
+# --profile) to put in the image instead of building one. As root on Debian it installs buildah, podman and runc
+# with apt-get when they are missing.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -28,6 +32,7 @@ name="$repository:$version"
 
 check=false
 install_only=false
+binary_only=false
 profile=release
 push=""
 save=""
@@ -39,13 +44,39 @@ while [ $# -gt 0 ]; do
     --print-name) echo "$name"; exit 0 ;;
     --profile) profile="${2:?--profile needs a cargo profile}"; shift ;;
     --install) install_only=true; check=true ;;
+    --binary-only) binary_only=true ;;
     -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
     *) echo "image: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
 
-say() { echo "image: $*"; }
+say() { echo "image: $*" >&2; }
+
+# The static binary: glibc linked in (crt-static). The flag reaches only the final link of
+# the `autonodes` binary (`cargo rustc`), so the dependencies compiled for the tests in the
+# same profile are reused, and build scripts and proc macros are not affected.
+build_binary() {
+  local revision target_dir profile_dir
+  revision=$(git rev-parse HEAD 2> /dev/null || echo unknown)
+  say "building the static binary (cargo rustc --profile $profile --bin autonodes, crt-static)"
+  # AUTONODES_REVISION becomes the `revision` label of autonodes_build_info.
+  AUTONODES_REVISION="$revision" cargo rustc --profile "$profile" --locked -p autonodes \
+    --bin autonodes -- -C target-feature=+crt-static >&2
+  target_dir="${CARGO_TARGET_DIR:-$root/target}"
+  # Cargo's directory of a profile: `dev` builds into debug/, the others into their name.
+  profile_dir=$profile
+  [ "$profile" != dev ] || profile_dir=debug
+  # A copy of its own: the next `cargo build` or `cargo test` relinks target/<profile>/autonodes.
+  mkdir -p "$target_dir/static/$profile_dir"
+  cp "$target_dir/$profile_dir/autonodes" "$target_dir/static/$profile_dir/autonodes"
+  echo "$target_dir/static/$profile_dir/autonodes"
+}
+
+if $binary_only; then
+  build_binary
+  exit 0
+fi
 
 need=()
 command -v buildah > /dev/null || need+=(buildah)
@@ -68,22 +99,23 @@ if $install_only; then
   exit 0
 fi
 
-# The static binary: glibc linked in (crt-static), built for the host's target so the
-# flags do not reach build scripts and proc macros.
-target=x86_64-unknown-linux-gnu
-revision=$(git rev-parse HEAD 2> /dev/null || echo unknown)
-say "building the static binary (cargo build --profile $profile --target $target, crt-static)"
-# AUTONODES_REVISION becomes the `revision` label of autonodes_build_info.
-AUTONODES_REVISION="$revision" RUSTFLAGS="-C target-feature=+crt-static" \
-  cargo build --profile "$profile" --locked -p autonodes --bin autonodes --target "$target"
-target_dir="${CARGO_TARGET_DIR:-$root/target}"
-# Cargo's directory of a profile: `dev` builds into debug/, the others into their name.
+# A binary built before is used only for the profile it was built in (--binary-only puts it
+# under static/<profile>/), so a release build never ships a test's dev binary.
 profile_dir=$profile
 [ "$profile" != dev ] || profile_dir=debug
-context="$target_dir/image-context"
-rm -rf "$context"
+if [ -n "${AUTONODES_STATIC_BINARY:-}" ] && [[ "$AUTONODES_STATIC_BINARY" == */static/"$profile_dir"/autonodes ]]; then
+  binary=$AUTONODES_STATIC_BINARY
+  say "using the static binary $binary (AUTONODES_STATIC_BINARY)"
+else
+  binary=$(build_binary)
+fi
+revision=$(git rev-parse HEAD 2> /dev/null || echo unknown)
+# A build context of its own, so two builds at once (the image and release tests) never share one.
+mkdir -p "${CARGO_TARGET_DIR:-$root/target}"
+context=$(mktemp -d "${CARGO_TARGET_DIR:-$root/target}/image-context.XXXXXX")
+trap 'rm -rf "$context"' EXIT
 mkdir -p "$context/out"
-cp "$target_dir/$target/$profile_dir/autonodes" "$context/out/autonodes"
+cp "$binary" "$context/out/autonodes"
 strip "$context/out/autonodes"
 if ! file "$context/out/autonodes" | grep -q 'static'; then
   echo "image: $context/out/autonodes is not statically linked" >&2

@@ -57,6 +57,14 @@ cargo test --workspace --all-targets --locked --no-run --message-format=json-ren
 status=$?
 : > target/test-output.txt
 if [ "$status" -eq 0 ]; then
+  # The image's static binary, once, from the dependencies just built (scripts/image.sh;
+  # the image and release tests put it in their images instead of building their own).
+  echo "== the image's static binary"
+  AUTONODES_STATIC_BINARY="$(bash scripts/image.sh --binary-only --profile dev | tail -n 1)"
+  status=$?
+  export AUTONODES_STATIC_BINARY
+fi
+if [ "$status" -eq 0 ]; then
   bash scripts/lib/test-lanes.sh target/test-binaries.json target/test-output.txt
   status=$?
 fi

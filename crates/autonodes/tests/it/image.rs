@@ -95,18 +95,16 @@ fn the_image_builds_from_scratch_runs_as_non_root_and_answers_version_and_help_i
     // and takes twice as long), so under another name than the chart's default image.
     let name = format!("localhost/autonodes-check:{version}");
 
-    // Its own target directory: the build must not wait for the test run's lock. Without
-    // debug info: what is checked is the image, and the build is the slowest part of the
-    // test run (a whole second build of every dependency, for the static target).
-    let out = Command::new("bash")
-        .arg(&script)
-        .args(["--check", "--profile", "dev"])
-        .env("AUTONODES_IMAGE", "localhost/autonodes-check")
-        .env("CARGO_TARGET_DIR", repo.join("target/image-build"))
-        .env("CARGO_PROFILE_DEV_DEBUG", "0")
-        .current_dir(&repo)
-        .output()
-        .expect("image.sh runs");
+    // The static binary the test command built beside the tests, or a build of its own.
+    let out = common::static_binary_for_image_sh(
+        Command::new("bash")
+            .arg(&script)
+            .args(["--check", "--profile", "dev"])
+            .env("AUTONODES_IMAGE", "localhost/autonodes-check")
+            .current_dir(&repo),
+    )
+    .output()
+    .expect("image.sh runs");
     let shown = text(&out);
     println!("{shown}");
     assert!(

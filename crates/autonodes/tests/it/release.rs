@@ -393,26 +393,27 @@ async fn release_sh_pushes_the_image_its_sbom_and_the_chart_which_installs_from_
     println!("== docker-registry on {addr}");
 
     // The release, with the binary in the dev profile (the release profile takes twice as
-    // long and is the same script), built in the image test's target directory.
+    // long and is the same script): the static binary the test command built.
     let repo = repo();
     let out_dir = tempfile::tempdir().expect("temp dir");
     let started = Instant::now();
-    let out = Command::new("bash")
-        .arg(repo.join("scripts/release.sh"))
-        .args([
-            "--registry",
-            &addr.to_string(),
-            "--profile",
-            "dev",
-            "--plain-http",
-        ])
-        .arg("--out")
-        .arg(out_dir.path())
-        .env("CARGO_TARGET_DIR", repo.join("target/image-build"))
-        .env("AUTONODES_HELM_PYTHON", helm_python())
-        .current_dir(&repo)
-        .output()
-        .expect("release.sh runs");
+    let out = common::static_binary_for_image_sh(
+        Command::new("bash")
+            .arg(repo.join("scripts/release.sh"))
+            .args([
+                "--registry",
+                &addr.to_string(),
+                "--profile",
+                "dev",
+                "--plain-http",
+            ])
+            .arg("--out")
+            .arg(out_dir.path())
+            .env("AUTONODES_HELM_PYTHON", helm_python())
+            .current_dir(&repo),
+    )
+    .output()
+    .expect("release.sh runs");
     let shown = text(&out);
     println!("{shown}");
     println!("== release.sh took {} s", started.elapsed().as_secs());

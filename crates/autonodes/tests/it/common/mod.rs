@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::Output;
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use autonodes_testenv::testenv::{ApiServer, TestEnv};
@@ -153,6 +153,17 @@ pub fn output_text(out: &Output) -> String {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     )
+}
+
+/// Where `scripts/image.sh` (run by the image and release tests) gets its static binary:
+/// the one the test command built before the tests (`AUTONODES_STATIC_BINARY`, from
+/// `scripts/image.sh --binary-only`), or, in a test run on its own, a build of its own in
+/// `target/image-build`, whose lock the running `cargo test` does not hold.
+pub fn static_binary_for_image_sh(cmd: &mut Command) -> &mut Command {
+    if std::env::var_os("AUTONODES_STATIC_BINARY").is_none() {
+        cmd.env("CARGO_TARGET_DIR", repo().join("target/image-build"));
+    }
+    cmd
 }
 
 /// Why buildah cannot build a `FROM scratch` image on this machine (`None`: it can): builds

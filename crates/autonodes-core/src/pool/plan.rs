@@ -177,8 +177,10 @@ pub enum DeleteReason {
     Failed,
     /// The claim is outdated and not serving yet: it goes, an up-to-date one takes its place.
     Outdated,
-    /// The claim is outdated and its replacement is Available.
+    /// The claim drifted (it is outdated) and its replacement is Available.
     Replaced,
+    /// The claim is older than `expireAfter` and its replacement is Available.
+    Expired,
     /// The pool has more claims than `replicas`.
     ScaleDown,
     /// Its node ran no non-DaemonSet pod for `consolidateAfter`.
@@ -200,6 +202,7 @@ impl DeleteReason {
             DeleteReason::Failed => "ReplacingFailedClaim",
             DeleteReason::Outdated => "RemovingOutdatedClaim",
             DeleteReason::Replaced => "ClaimReplaced",
+            DeleteReason::Expired => "ClaimExpired",
             DeleteReason::ScaleDown => "ScaledDown",
             DeleteReason::Empty => "Consolidated",
             DeleteReason::Underutilized => "ConsolidatedUnderutilized",
@@ -207,7 +210,33 @@ impl DeleteReason {
             DeleteReason::Outgrown => "ReplacingOutgrownClaim",
         }
     }
+
+    /// Why the deletion disrupted a serving node, as `autonodes_nodeclaims_disrupted_total`
+    /// counts it (Karpenter's reasons, and `Repaired` and `ScaledDown`); `None` when the
+    /// claim served no node (it failed, was outdated before it was Available, or was
+    /// outgrown before it joined).
+    pub fn disruption(self) -> Option<&'static str> {
+        match self {
+            DeleteReason::Empty => Some("Empty"),
+            DeleteReason::Underutilized => Some("Underutilized"),
+            DeleteReason::Replaced => Some("Drifted"),
+            DeleteReason::Expired => Some("Expired"),
+            DeleteReason::Repaired => Some("Repaired"),
+            DeleteReason::ScaleDown => Some("ScaledDown"),
+            DeleteReason::Failed | DeleteReason::Outdated | DeleteReason::Outgrown => None,
+        }
+    }
 }
+
+/// Every value [`DeleteReason::disruption`] gives, in the order the metrics page lists them.
+pub const DISRUPTION_REASONS: [&str; 6] = [
+    "Empty",
+    "Underutilized",
+    "Drifted",
+    "Expired",
+    "Repaired",
+    "ScaledDown",
+];
 
 /// How many of a pool's nodes a plan may drain at once ([`super::budget`]), before the
 /// nodes draining already are subtracted.
@@ -365,7 +394,12 @@ pub fn plan_claims(claims: &[ClaimView], desired: Option<usize>, allowed: Allowa
             Some(r) if r.available => {
                 if *left > 0 {
                     *left -= 1;
-                    plan.delete.push((o.name.clone(), DeleteReason::Replaced));
+                    let reason = if o.expired {
+                        DeleteReason::Expired
+                    } else {
+                        DeleteReason::Replaced
+                    };
+                    plan.delete.push((o.name.clone(), reason));
                 }
             }
             Some(_) => {}
@@ -651,6 +685,53 @@ mod tests {
             plan_claims(&claims, Some(2), expiry_closed).create,
             vec![Some("drifted".to_string())]
         );
+    }
+
+    #[test]
+    fn an_expired_claim_goes_as_expired_and_a_drifted_one_as_replaced_once_their_replacements_serve(
+    ) {
+        let mut drifted = view("drifted", 1, true);
+        drifted.outdated = true;
+        let mut expired = view("expired", 2, true);
+        expired.outdated = true;
+        expired.expired = true;
+        let mut r1 = view("r1", 3, true);
+        r1.replaces = Some("drifted".into());
+        let mut r2 = view("r2", 4, true);
+        r2.replaces = Some("expired".into());
+        let plan = plan_claims(&[drifted, expired, r1, r2], Some(2), Allowance::uniform(2));
+        assert_eq!(
+            plan.delete,
+            vec![
+                ("drifted".to_string(), DeleteReason::Replaced),
+                ("expired".to_string(), DeleteReason::Expired)
+            ]
+        );
+        let reasons: Vec<_> = plan.delete.iter().map(|(_, r)| r.disruption()).collect();
+        assert_eq!(reasons, vec![Some("Drifted"), Some("Expired")]);
+    }
+
+    #[test]
+    fn every_disruption_reason_is_listed_once_and_a_claim_that_served_no_node_is_no_disruption() {
+        use DeleteReason::*;
+        let all = [
+            Failed,
+            Outdated,
+            Replaced,
+            Expired,
+            ScaleDown,
+            Empty,
+            Underutilized,
+            Repaired,
+            Outgrown,
+        ];
+        let given: std::collections::BTreeSet<_> =
+            all.iter().filter_map(|r| r.disruption()).collect();
+        let listed: std::collections::BTreeSet<_> = DISRUPTION_REASONS.into_iter().collect();
+        assert_eq!(given, listed);
+        for r in [Failed, Outdated, Outgrown] {
+            assert_eq!(r.disruption(), None, "{r:?}");
+        }
     }
 
     #[test]

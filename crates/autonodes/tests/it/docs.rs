@@ -611,20 +611,57 @@ fn every_alert_has_a_runbook_url_into_a_section_of_the_operations_chapter() {
     assert!(alerts >= 10, "only {alerts} alerts");
 }
 
-#[test]
-fn every_metric_the_controller_exports_is_in_the_operations_chapters_table() {
-    let page = read(&root().join("docs/src/operations.md"));
-    let metrics = autonodes::metrics::Metrics::new().unwrap();
-    let missing: Vec<String> = metrics
-        .descs()
-        .iter()
-        .map(|d| format!("autonodes_{}", d.fq_name))
-        .filter(|name| !page.contains(&format!("| `{name}` |")))
-        .collect();
-    assert!(
-        missing.is_empty(),
-        "metrics without a row in docs/src/operations.md: {missing:?}"
+/// The metrics reference, generated from the metrics the controller registers: each one's
+/// type, labels and HELP text.
+fn metrics_reference() -> String {
+    let metrics = autonodes::metrics::Metrics::new().expect("metrics register");
+    let mut out = String::from(
+        "# Metrics\n\n\
+         <!-- Generated from the metrics the controller registers (crates/autonodes/src/metrics.rs) \
+         by `cargo test -p autonodes --test it docs::`; AUTONODES_UPDATE_DOCS=1 rewrites it. -->\n\n\
+         Every series `autonodes run` exports on `/metrics` (see [Operations](../operations.md) for \
+         the endpoint, its authorization, the dashboard and the alerts). The meaning column is the \
+         metric's HELP text, as Prometheus shows it. Besides these, the process's own series \
+         (`process_cpu_seconds_total`, `process_resident_memory_bytes`, `process_open_fds`, \
+         `process_start_time_seconds`, …) are exported unprefixed, as every Prometheus client library \
+         exports them.\n\n\
+         **Cost units.** `autonodes_nodetype_cost` and `autonodes_nodeclaims_cost` count in the \
+         catalogue's own unit: a node type's `spec.cost`, or by default 10 per CPU + 2 per GiB of \
+         memory + 10000 per unit of any other resource. autonodes compares and sums costs and never \
+         converts them: if you write prices per hour in a currency, the metrics are per hour in that \
+         currency.\n\n\
+         | metric | type | labels | meaning |\n|---|---|---|---|\n",
     );
+    for (desc, kind) in metrics.catalogue() {
+        let labels: Vec<String> = desc
+            .variable_labels
+            .iter()
+            .map(|l| format!("`{l}`"))
+            .collect();
+        out.push_str(&format!(
+            "| `autonodes_{}` | {kind} | {} | {} |\n",
+            desc.fq_name,
+            labels.join(", "),
+            desc.help.replace('|', "\\|")
+        ));
+    }
+    out
+}
+
+#[test]
+fn the_metrics_reference_is_generated_from_the_metrics_the_controller_registers() {
+    let generated = metrics_reference();
+    let metrics = autonodes::metrics::Metrics::new().expect("metrics register");
+    let descs = metrics.descs();
+    assert!(descs.len() >= 25, "{} metrics", descs.len());
+    for d in &descs {
+        let row = format!("| `autonodes_{}` |", d.fq_name);
+        assert!(generated.contains(&row), "{row} missing");
+    }
+    assert!(generated.contains(
+        "| `autonodes_nodeclaims_disrupted_total` | counter | `namespace`, `nodepool`, `reason` |"
+    ));
+    check_generated(&root().join("docs/src/reference/metrics.md"), &generated);
 }
 
 /// The facts the book and the READMEs state in several places, read from their one source.

@@ -215,8 +215,15 @@ async fn a_follower_takes_over_a_killed_leader_within_the_lease_duration_and_fin
             .any(|l| l.starts_with("autonodes_reconcile_total") && !l.ends_with(" 0")),
         "the follower reconciled:\n{f}"
     );
+    let leader_scrape = scrape(&leader).await;
     assert!(
-        sample(&scrape(&leader).await, "autonodes_nodeclaims_created_total").unwrap_or(0.0) >= 1.0
+        leader_scrape
+            .lines()
+            .filter(|l| l.starts_with("autonodes_nodeclaims_created_total{"))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum::<f64>()
+            >= 1.0,
+        "{leader_scrape}"
     );
 
     println!(

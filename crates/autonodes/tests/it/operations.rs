@@ -168,7 +168,12 @@ async fn metrics_show_capacity_cost_claims_and_stage_durations_once_a_claim_is_a
         ),
         28.0,
     );
-    has("autonodes_nodeclaims_created_total", 1.0);
+    has(
+        &format!(
+            "autonodes_nodeclaims_created_total{{namespace=\"{NS}\",nodepool=\"\",nodetype=\"{t}\"}}"
+        ),
+        1.0,
+    );
     // Totals and their parts are separate series: a type with maxCapacity has all three.
     let capacity = sample(
         &scrape,
@@ -205,7 +210,9 @@ async fn metrics_show_capacity_cost_claims_and_stage_durations_once_a_claim_is_a
     assert_eq!(shown, 46_259.0);
     for stage in ["scheduled", "provisioned", "joined", "ready"] {
         has(
-            &format!("autonodes_nodeclaim_duration_seconds_count{{stage=\"{stage}\"}}"),
+            &format!(
+                "autonodes_nodeclaim_duration_seconds_count{{stage=\"{stage}\",start=\"cold\"}}"
+            ),
             1.0,
         );
     }
@@ -266,7 +273,7 @@ async fn metrics_show_capacity_cost_claims_and_stage_durations_once_a_claim_is_a
             (gone
                 && sample(
                     &s,
-                    "autonodes_nodeclaims_terminated_total{reason=\"deleted\"}",
+                    &format!("autonodes_nodeclaims_terminated_total{{namespace=\"{NS}\",nodepool=\"\",nodetype=\"{t}\",reason=\"deleted\"}}"),
                 ) == Some(1.0))
             .then_some(s)
         },

@@ -165,10 +165,11 @@ async fn create_host_objects<H: HostApi, T: TenantApi>(
     let (vm_ns, vm_name, host_cluster) = (&p.vm_ns, &p.vm_name, &p.host_cluster);
     match created {
         Ok(VmCreate::Created(vm)) => {
+            let [ns, pool, _] = crate::metrics::claim_labels(p.claim);
             p.ctx
                 .metrics
                 .nodeclaims_created
-                .with_label_values::<&str>(&[])
+                .with_label_values(&[&ns, &pool, &p.node_type.name])
                 .inc();
             tracing::info!(nodeclaim = %p.claim.name_any(), vm = %format!("{vm_ns}/{vm_name}"), cluster = %host_cluster, "created VirtualMachine");
             Ok(Ok(vm))

@@ -371,9 +371,10 @@ async fn fail(
     w.set(READY, false, reason, message.clone());
     w.new.phase = Some(NodeClaimPhase::Failed);
     w.write().await?;
+    let [ns, pool, node_type] = crate::metrics::claim_labels(claim);
     ctx.metrics
         .nodeclaims_terminated
-        .with_label_values(&["failed"])
+        .with_label_values(&[&ns, &pool, &node_type, "failed"])
         .inc();
     if let Ok(uid) = uid(claim) {
         ctx.ledger(|l| l.unreserve(&uid));

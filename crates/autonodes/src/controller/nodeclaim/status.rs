@@ -234,6 +234,11 @@ impl<'a> StatusWriter<'a> {
         let Some(created) = self.claim.metadata.creation_timestamp.as_ref() else {
             return;
         };
+        let start = if self.new.warm.is_some() {
+            "warm"
+        } else {
+            "cold"
+        };
         for (type_, stage) in [
             (SCHEDULED, "scheduled"),
             (PROVISIONED, "provisioned"),
@@ -247,7 +252,7 @@ impl<'a> StatusWriter<'a> {
                 self.ctx
                     .metrics
                     .nodeclaim_duration
-                    .with_label_values(&[stage])
+                    .with_label_values(&[stage, start])
                     .observe(secs.max(0.0));
             }
         }

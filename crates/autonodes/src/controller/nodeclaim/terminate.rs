@@ -514,9 +514,10 @@ pub(super) async fn cleanup(claim: &NodeClaim, ctx: &ClaimContext) -> Result<Act
     }
     ctx.forget_written(&uid);
     if claim.status.as_ref().and_then(|s| s.phase) != Some(NodeClaimPhase::Failed) {
+        let [ns, pool, node_type] = crate::metrics::claim_labels(claim);
         ctx.metrics
             .nodeclaims_terminated
-            .with_label_values(&["deleted"])
+            .with_label_values(&[&ns, &pool, &node_type, "deleted"])
             .inc();
     }
     ctx.wake_pending_claims();

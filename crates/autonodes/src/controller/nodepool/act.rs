@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use autonodes_core::pool::plan::DeleteReason;
+use autonodes_core::pool::plan::{DeleteReason, DISRUPTION_REASONS};
 use autonodes_core::pool::plan::{NewClaim, PoolPlan};
 use autonodes_core::pool::status::{is_problem, pool_status};
 use autonodes_core::pool::{
@@ -178,12 +178,21 @@ async fn delete_claim(
         }
     }
     tracing::info!(nodepool = %pool.name_any(), namespace = %ns, claim = %name, ?reason, "claim deleted");
+    if let Some(disruption) = reason.disruption() {
+        ctx.metrics
+            .nodeclaims_disrupted
+            .with_label_values(&[&ns, &pool.name_any(), disruption])
+            .inc();
+    }
     let note = match reason {
         DeleteReason::Failed => format!("deleted Failed NodeClaim {name}; a new one replaces it"),
         DeleteReason::Outdated => {
             format!("deleted NodeClaim {name}: made from an older template and not Available")
         }
         DeleteReason::Replaced => format!("deleted NodeClaim {name}: its replacement is Available"),
+        DeleteReason::Expired => format!(
+            "deleted NodeClaim {name}: older than the pool's expireAfter, and its replacement is Available"
+        ),
         DeleteReason::ScaleDown => format!("deleted NodeClaim {name}: more claims than replicas"),
         DeleteReason::Empty => {
             format!("deleted NodeClaim {name}: its node ran no pods for the consolidation delay")
@@ -304,6 +313,10 @@ fn set_gauges(pctx: &PoolContext, pool: &NodePool, status: &NodePoolStatus) {
         .iter()
         .map(|p| (p.namespace().unwrap_or_default(), p.name_any()))
         .collect();
+    for reason in DISRUPTION_REASONS {
+        m.nodeclaims_disrupted
+            .with_label_values(&[&namespace, &name, reason]);
+    }
     if let Ok(mut known) = pctx.gauges.lock() {
         known.insert((namespace, name));
         let gone: Vec<(String, String)> = known
@@ -317,6 +330,7 @@ fn set_gauges(pctx: &PoolContext, pool: &NodePool, status: &NodePoolStatus) {
             let _ = m
                 .nodepool_registration_failures
                 .remove_label_values(&[&ns, &n]);
+            m.forget_pool(&ns, &n);
             known.remove(&(ns, n));
         }
     }

@@ -9,7 +9,8 @@
 #   REGISTRY/autonodes:<version>           the image (scripts/image.sh builds it)
 #   REGISTRY/autonodes:<version>.sbom      the SBOM (CycloneDX 1.5 JSON, cargo-cyclonedx) as
 #                                          an OCI artifact whose subject is the image
-#   oci://REGISTRY/charts/autonodes:<version>  the chart, as `helm push` stores it
+#   oci://REGISTRY/charts/autonodes:<version>  the chart, as `helm push` stores it, its
+#                                          default image.repository REGISTRY/autonodes
 #
 # REGISTRY is HOST[:PORT][/PATH]. --plain-http talks HTTP instead of HTTPS (a local test
 # registry). --profile builds the binary with another cargo profile (default release; the
@@ -125,7 +126,7 @@ helm_python="${AUTONODES_HELM_PYTHON:-}"
 [ -n "$helm_python" ] || helm_python=$(bash scripts/helm-env.sh | tail -n 1)
 say "packaging and pushing the chart to oci://$registry/charts"
 "$helm_python" scripts/lib/release-oci.py chart charts/autonodes --registry "$registry" \
-  --out "$out" "${plain[@]}" > "$out/chart.json"
+  --image "$registry/autonodes" --out "$out" "${plain[@]}" > "$out/chart.json"
 say "pushed $(cat "$out/chart.json")"
 
 say "done in $((SECONDS - started)) s:"

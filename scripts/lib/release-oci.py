@@ -28,7 +28,9 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import sys
+import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -216,7 +218,26 @@ def cmd_chart(a) -> dict:
     import helm_python as helm
 
     os.makedirs(a.out, exist_ok=True)
-    archive = helm.package(a.chart, destination=a.out)
+    chart = a.chart
+    if a.image:
+        # The published chart's default image is the one pushed beside it: a copy of the
+        # chart with image.repository rewritten (the only line of values.yaml that changes).
+        copy = tempfile.mkdtemp()
+        chart = os.path.join(copy, os.path.basename(a.chart.rstrip("/")))
+        shutil.copytree(a.chart, chart)
+        values = os.path.join(chart, "values.yaml")
+        with open(values) as f:
+            text = f.read()
+        new, n = re.subn(r"(?m)^(image:\n(?:  #.*\n)*  repository: ).*$", lambda m: m.group(1) + a.image, text, count=1)
+        if n != 1:
+            raise SystemExit("values.yaml: no image.repository to set")
+        with open(values, "w") as f:
+            f.write(new)
+    try:
+        archive = helm.package(chart, destination=a.out)
+    finally:
+        if chart != a.chart:
+            shutil.rmtree(os.path.dirname(chart), ignore_errors=True)
     host, _ = split_registry(a.registry)
     remote = f"oci://{a.registry.strip('/')}/charts"
     with helm.RegistryClient(plain_http=a.plain_http) as client:
@@ -246,6 +267,7 @@ def main() -> int:
     c.add_argument("--registry", required=True)
     c.add_argument("--out", required=True)
     c.add_argument("--plain-http", action="store_true")
+    c.add_argument("--image", help="the image repository the published chart defaults to")
     s = sub.add_parser("sbom")
     s.add_argument("file")
     s.add_argument("--registry", required=True)

@@ -1,4 +1,6 @@
-//! `autonodes crdgen`: writes one YAML file per CRD into `crds/`.
+//! `autonodes crdgen`: writes one YAML file per CRD into `crds/`, those of the opt-in
+//! Cluster API mirror (`capi.autonodes.io`) into `crds/capi/`, so `kubectl apply -f crds/`
+//! installs only autonodes' own kinds.
 
 use std::path::{Path, PathBuf};
 
@@ -25,10 +27,20 @@ pub enum CrdgenError {
     },
 }
 
-/// The file name a CRD is written to: `<plural>.<group>.yaml`, i.e. the CRD's name.
+/// The file a CRD is written to, relative to `crds/`: `<plural>.<group>.yaml` (the CRD's
+/// name), under [`CAPI_DIR`] for the Cluster API mirror's kinds.
 pub fn file_name(crd: &CustomResourceDefinition) -> String {
-    format!("{}.yaml", crd.metadata.name.as_deref().unwrap_or("unnamed"))
+    let name = format!("{}.yaml", crd.metadata.name.as_deref().unwrap_or("unnamed"));
+    if crd.spec.group == crate::capi::CAPI_GROUP {
+        format!("{CAPI_DIR}/{name}")
+    } else {
+        name
+    }
 }
+
+/// The subdirectory of `crds/` that holds the Cluster API mirror's CRDs, installed only
+/// where the mirror runs.
+pub const CAPI_DIR: &str = "capi";
 
 /// The YAML text of one CRD, as written to `crds/`.
 pub fn render(crd: &CustomResourceDefinition) -> Result<String, CrdgenError> {
@@ -97,6 +109,12 @@ pub fn write_all(dir: &Path) -> Result<Vec<PathBuf>, CrdgenError> {
     let mut written = Vec::new();
     for (name, text) in files()? {
         let path = dir.join(name);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(|source| CrdgenError::Write {
+                path: parent.to_path_buf(),
+                source,
+            })?;
+        }
         std::fs::write(&path, text).map_err(|source| CrdgenError::Write {
             path: path.clone(),
             source,

@@ -149,6 +149,12 @@ pub(crate) struct RunArgs {
     /// reason `NoQuota`). Off: a namespace no quota covers is not limited.
     #[arg(long, env = "AUTONODES_REQUIRE_QUOTA")]
     pub require_quota: bool,
+    /// Run the Cluster API mirror: serve every NodePool with `spec.autoscaling` as a
+    /// `capi.autonodes.io` MachinePool (and its claims as Machines) for the stock
+    /// cluster-autoscaler. Needs the CRDs of `crds/capi/`. Off: those kinds are neither
+    /// watched nor written.
+    #[arg(long, env = "AUTONODES_CAPI_MIRROR")]
+    pub capi_mirror: bool,
     /// This installation's id: every VM, Secret, DataVolume, token and Node autonodes
     /// creates carries it in the label `autonodes.io/installation`, and only this
     /// installation sweeps, adopts or deletes what carries it. Give installations that share
@@ -358,6 +364,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
         kubernetes_download_url: args.kubernetes_download_url.clone(),
         max_claims_per_namespace: args.max_claims_per_namespace,
         require_quota: args.require_quota,
+        capi_mirror: args.capi_mirror,
         tenant_limits: crate::remote::clients::TenantLimits {
             clusters_per_namespace: args.max_tenant_clusters_per_namespace,
             answer_budget: crate::remote::budget::BudgetSize {

@@ -41,6 +41,8 @@ pub struct ControllerConfig {
     /// Whether a namespace needs a NodeQuota covering it to claim anything
     /// (`--require-quota`).
     pub require_quota: bool,
+    /// Whether the `capi.autonodes.io` mirror runs (`--capi-mirror`).
+    pub capi_mirror: bool,
     /// How many tenant clusters a namespace may use and how many bytes of tenant answers
     /// this process holds at once (`--max-tenant-clusters-per-namespace`,
     /// `--tenant-answer-budget`, `--tenant-answer-budget-per-namespace`).
@@ -79,6 +81,7 @@ impl Default for ControllerConfig {
             max_claims_per_namespace:
                 autonodes_core::pool::limits::DEFAULT_MAX_CLAIMS_PER_NAMESPACE,
             require_quota: false,
+            capi_mirror: false,
             tenant_limits: Default::default(),
             installation: DEFAULT_INSTALLATION.to_string(),
             egress: crate::remote::egress::Egress::default(),

@@ -139,7 +139,8 @@ pub(crate) async fn run(
     {
         let reflectors = reflectors.clone();
         let client = client.clone();
-        tokio::spawn(async move { reflectors.run(client, reports).await });
+        let capi_mirror = ctx.config.capi_mirror;
+        tokio::spawn(async move { reflectors.run(client, reports, capi_mirror).await });
     }
 
     // Readiness: the claim, type and provider stores hold their first full list.
@@ -170,7 +171,14 @@ pub(crate) async fn run(
 
     let pools = nodepool::run(ctx.clone(), r, pool_wakeups, shutdown.clone());
     let imports = vcluster_import::run(ctx.clone(), shutdown.clone());
-    let machine_pools = capi::run(ctx.clone(), r, shutdown.clone());
+    let machine_pools = {
+        let (ctx, shutdown) = (ctx.clone(), shutdown.clone());
+        async move {
+            if ctx.config.capi_mirror {
+                capi::run(ctx, r, shutdown).await;
+            }
+        }
+    };
 
     let claims = nodeclaim::run(ctx.clone(), r, claim_wakeups, shutdown.clone());
     let types = nodetype::run(ctx.clone(), r, type_wakeups, shutdown.clone());

@@ -324,18 +324,26 @@ impl Reflectors {
         }
     }
 
-    /// Runs every watch. Undecodable objects are reported (a Machine is only ever written
-    /// by autonodes and gets no condition).
-    pub(crate) async fn run(&self, client: Client, reports: lenient::Reports) {
+    /// Runs every watch, those of the Cluster API mirror only with `capi_mirror`.
+    /// Undecodable objects are reported (a Machine is only ever written by autonodes and
+    /// gets no condition).
+    pub(crate) async fn run(&self, client: Client, reports: lenient::Reports, capi_mirror: bool) {
+        let capi = async {
+            if capi_mirror {
+                tokio::join!(
+                    self.machine_pools
+                        .run(client.clone(), Some(reports.clone())),
+                    self.machines.run(client.clone(), None),
+                );
+            }
+        };
         tokio::join!(
             self.claims.run(client.clone(), Some(reports.clone())),
             self.types.run(client.clone(), Some(reports.clone())),
             self.providers.run(client.clone(), Some(reports.clone())),
             self.pools.run(client.clone(), Some(reports.clone())),
-            self.machine_pools
-                .run(client.clone(), Some(reports.clone())),
-            self.machines.run(client.clone(), None),
-            self.quotas.run(client, Some(reports)),
+            capi,
+            self.quotas.run(client.clone(), Some(reports.clone())),
         );
     }
 }

@@ -50,7 +50,15 @@ fn provider() -> String {
 }
 
 async fn world() -> World {
-    World::with_provider(provider()).await
+    let opts = WorldOptions {
+        provider: provider(),
+        ..WorldOptions::default()
+    };
+    let mut world = World::start_clusters(&opts).await;
+    world.config.capi_mirror = true;
+    world.start_simulator(opts.mode).await;
+    world.start_controller();
+    world
 }
 
 fn machine_pools(world: &World) -> Api<MachinePool> {

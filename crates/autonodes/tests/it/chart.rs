@@ -35,26 +35,38 @@ fn values_for_1_20(extra: serde_json::Value) -> serde_json::Value {
 
 #[test]
 fn chart_crds_are_identical_to_the_generated_crds() {
-    let generated = repo().join("crds");
-    let chart = repo().join("charts/autonodes/crds");
     let names = |dir: &std::path::Path| -> BTreeSet<String> {
         std::fs::read_dir(dir)
             .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
-            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .map(|e| e.expect("entry"))
+            .filter(|e| e.path().is_file())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
             .collect()
     };
-    assert_eq!(
-        names(&generated),
-        names(&chart),
-        "charts/autonodes/crds must hold exactly the files of crds/ (cp crds/*.yaml charts/autonodes/crds/)"
-    );
-    for name in names(&generated) {
-        let a = std::fs::read(generated.join(&name)).expect("read");
-        let b = std::fs::read(chart.join(&name)).expect("read");
-        assert!(
-            a == b,
-            "charts/autonodes/crds/{name} differs from crds/{name}: run `cp crds/*.yaml charts/autonodes/crds/`"
+    // autonodes' own kinds in the chart's crds/ (installed by every `helm install`), the
+    // Cluster API mirror's in capi-crds/ (rendered only with the mirror on).
+    for (generated, chart) in [
+        ("crds", "charts/autonodes/crds"),
+        ("crds/capi", "charts/autonodes/capi-crds"),
+    ] {
+        let (generated, chart) = (repo().join(generated), repo().join(chart));
+        assert_eq!(
+            names(&generated),
+            names(&chart),
+            "{} must hold exactly the files of {}",
+            chart.display(),
+            generated.display()
         );
+        for name in names(&generated) {
+            let a = std::fs::read(generated.join(&name)).expect("read");
+            let b = std::fs::read(chart.join(&name)).expect("read");
+            assert!(
+                a == b,
+                "{}/{name} differs from {}/{name}: copy it",
+                chart.display(),
+                generated.display()
+            );
+        }
     }
 }
 
@@ -344,7 +356,10 @@ async fn chart_lints_renders_and_passes_a_server_side_dry_run_on_the_api_server(
     assert_eq!(find("PodDisruptionBudget")["spec"]["minAvailable"], 1);
     assert_eq!(
         c["image"],
-        "localhost/autonodes:0.1.0".replace("0.1.0", env!("CARGO_PKG_VERSION"))
+        format!(
+            "registry.example.com/autonodes:{}",
+            env!("CARGO_PKG_VERSION")
+        )
     );
     assert_eq!(find("Service")["spec"]["ports"][0]["targetPort"], "metrics");
     find("ServiceAccount");
@@ -889,5 +904,172 @@ fn the_operator_chart_options_land_on_the_objects_they_name_and_the_defaults_sta
         String::from_utf8_lossy(&missing.stderr).contains("needs serviceMonitor.tokenSecret.name"),
         "{}",
         String::from_utf8_lossy(&missing.stderr)
+    );
+}
+
+/// A stand-in for Cluster API's own `machines.cluster.x-k8s.io` CRD: its group, kind and
+/// names, with an open schema (what kubectl resolves is all this test reads).
+const CLUSTER_API_MACHINES_CRD: &str = r#"apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: machines.cluster.x-k8s.io
+spec:
+  group: cluster.x-k8s.io
+  names: {kind: Machine, listKind: MachineList, plural: machines, singular: machine, shortNames: [ma]}
+  scope: Namespaced
+  versions:
+    - name: v1beta1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_api_mirror_is_off_by_default_so_kubectl_get_machines_finds_cluster_apis_own_machines(
+) {
+    // Rendered: off by default (no CRD, no rights, no flag); on, all three; the
+    // cluster-autoscaler's Role without the mirror is refused.
+    let off = documents(&render_chart(&values_for_1_20(json!({}))));
+    let on_text = render_chart(&values_for_1_20(
+        json!({"clusterAutoscaler": {"mirror": {"enabled": true}}}),
+    ));
+    let on = documents(&on_text);
+    let crds = |docs: &[serde_json::Value]| -> Vec<String> {
+        docs.iter()
+            .filter(|d| d["kind"] == "CustomResourceDefinition")
+            .map(|d| d["metadata"]["name"].as_str().unwrap_or("?").to_string())
+            .collect()
+    };
+    let args = |docs: &[serde_json::Value]| -> Vec<String> {
+        let deploy = object(docs, "Deployment", "autonodes");
+        deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_array()
+            .expect("args")
+            .iter()
+            .map(|a| a.as_str().unwrap_or_default().to_string())
+            .collect()
+    };
+    let capi_role = |docs: &[serde_json::Value]| {
+        docs.iter()
+            .any(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == "autonodes-capi")
+    };
+    assert!(crds(&off).is_empty(), "{:?}", crds(&off));
+    assert!(!args(&off).contains(&"--capi-mirror".to_string()));
+    assert!(!capi_role(&off));
+    assert_eq!(
+        crds(&on),
+        [
+            "machinepools.capi.autonodes.io",
+            "machines.capi.autonodes.io",
+            "machinesets.capi.autonodes.io"
+        ]
+    );
+    assert!(args(&on).contains(&"--capi-mirror".to_string()));
+    assert!(capi_role(&on));
+    for crd in on
+        .iter()
+        .filter(|d| d["kind"] == "CustomResourceDefinition")
+    {
+        assert_eq!(
+            crd["metadata"]["annotations"]["helm.sh/resource-policy"], "keep",
+            "{}",
+            crd["metadata"]
+        );
+        assert_eq!(
+            crd["metadata"]["labels"]["app.kubernetes.io/managed-by"],
+            "Helm"
+        );
+    }
+    let refused = helm_chart(
+        "render",
+        &values_for_1_20(json!({"clusterAutoscaler": {"rbac": {"create": true}}})),
+    );
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && stderr.contains("needs clusterAutoscaler.mirror.enabled"),
+        "{stderr}"
+    );
+
+    // A management cluster that runs Cluster API: its Machine CRD, one Machine, and the
+    // chart installed with its defaults (crds/ as Helm creates them).
+    let env = common::start(&["mgmt"]).await;
+    let mgmt = env.apiserver("mgmt").expect("mgmt");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let capi_crd = dir.path().join("cluster-api-machines.yaml");
+    std::fs::write(&capi_crd, CLUSTER_API_MACHINES_CRD).expect("write");
+    kubectl_ok(&env, mgmt, &["create", "-f", path_str(&capi_crd)]);
+    kubectl_ok(
+        &env,
+        mgmt,
+        &[
+            "create",
+            "--validate=false",
+            "-f",
+            path_str(&repo().join("charts/autonodes/crds")),
+        ],
+    );
+    let wait = |crds: &[&str]| {
+        let mut args = vec!["wait", "--for=condition=Established", "--timeout=60s"];
+        args.extend_from_slice(crds);
+        kubectl_ok(&env, mgmt, &args);
+    };
+    wait(&[
+        "crd/machines.cluster.x-k8s.io",
+        "crd/nodeclaims.autonodes.io",
+        "crd/nodepools.autonodes.io",
+    ]);
+    let machine = dir.path().join("machine.yaml");
+    std::fs::write(
+        &machine,
+        "apiVersion: cluster.x-k8s.io/v1beta1\nkind: Machine\nmetadata: {name: worker-0, namespace: default}\nspec: {clusterName: prod}\n",
+    )
+    .expect("write");
+    kubectl_ok(&env, mgmt, &["create", "-f", path_str(&machine)]);
+
+    // With the defaults, `kubectl get machines` is Cluster API's.
+    let listed = kubectl_ok(&env, mgmt, &["get", "machines", "-A", "-o", "name"]);
+    println!("$ kubectl get machines -A -o name   # autonodes with its defaults\n{listed}");
+    assert_eq!(listed.trim(), "machine.cluster.x-k8s.io/worker-0");
+
+    // With the mirror on, both groups are served; their full names keep them apart.
+    let mirror_crds = dir.path().join("mirror-crds.yaml");
+    // The rendered template as Helm would apply it (YAML: kubectl 1.20 cannot read a
+    // one-line JSON document this long).
+    let template = on_text
+        .split("---\n# Source: ")
+        .find(|part| part.starts_with("autonodes/templates/capi-crds.yaml"))
+        .expect("the capi-crds template rendered");
+    std::fs::write(&mirror_crds, format!("# Source: {template}")).expect("write");
+    kubectl_ok(
+        &env,
+        mgmt,
+        &["create", "--validate=false", "-f", path_str(&mirror_crds)],
+    );
+    wait(&[
+        "crd/machines.capi.autonodes.io",
+        "crd/machinepools.capi.autonodes.io",
+    ]);
+    let theirs = kubectl_ok(
+        &env,
+        mgmt,
+        &["get", "machines.cluster.x-k8s.io", "-A", "-o", "name"],
+    );
+    assert_eq!(theirs.trim(), "machine.cluster.x-k8s.io/worker-0");
+    let ours = kubectl(
+        &env,
+        mgmt,
+        &["get", "machines.capi.autonodes.io", "-A", "-o", "name"],
+    );
+    assert!(
+        ours.status.success() && ours.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&ours.stderr)
+    );
+    let bare = kubectl(&env, mgmt, &["get", "machines", "-A", "-o", "name"]);
+    println!(
+        "$ kubectl get machines.cluster.x-k8s.io -A -o name   # mirror on\n{theirs}\
+         $ kubectl get machines -A -o name   # mirror on: kubectl picks one group by name\n{}",
+        String::from_utf8_lossy(&bare.stdout)
     );
 }

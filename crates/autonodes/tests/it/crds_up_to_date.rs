@@ -6,21 +6,24 @@ use std::collections::BTreeMap;
 fn committed_crds_match_what_crdgen_writes() {
     // The workspace root: this crate lives in `crates/autonodes`.
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../crds");
-    let on_disk: BTreeMap<String, String> = std::fs::read_dir(&dir)
-        .expect("crds/ exists")
-        .map(|e| {
+    let mut on_disk: BTreeMap<String, String> = BTreeMap::new();
+    for sub in ["", autonodes_api::crdgen::CAPI_DIR] {
+        for e in std::fs::read_dir(dir.join(sub)).expect("crds/ and crds/capi/ exist") {
             let path = e.expect("dir entry").path();
+            if path.is_dir() {
+                continue;
+            }
             let name = path
-                .file_name()
-                .expect("file name")
+                .strip_prefix(&dir)
+                .expect("under crds/")
                 .to_string_lossy()
                 .into_owned();
-            (
+            on_disk.insert(
                 name,
                 std::fs::read_to_string(&path).expect("readable CRD file"),
-            )
-        })
-        .collect();
+            );
+        }
+    }
     let generated: BTreeMap<String, String> = autonodes_api::crdgen::files()
         .expect("CRDs serialize")
         .into_iter()
@@ -53,9 +56,9 @@ fn there_is_one_crd_file_per_kind_named_by_plural_and_group() {
             "nodeproviders.autonodes.io.yaml",
             "nodequotas.autonodes.io.yaml",
             "nodetypes.autonodes.io.yaml",
-            "machinepools.capi.autonodes.io.yaml",
-            "machines.capi.autonodes.io.yaml",
-            "machinesets.capi.autonodes.io.yaml"
+            "capi/machinepools.capi.autonodes.io.yaml",
+            "capi/machines.capi.autonodes.io.yaml",
+            "capi/machinesets.capi.autonodes.io.yaml"
         ]
     );
 }

@@ -51,30 +51,51 @@ fn script_image_name() -> String {
 }
 
 #[test]
-fn the_charts_default_image_is_the_one_scripts_image_sh_builds() {
-    let read = |file: &str| -> serde_json::Value {
-        let text = std::fs::read_to_string(repo().join(file)).expect("chart file readable");
-        autonodes_core::yaml::from_str(&text).expect("chart file is YAML")
-    };
-    let values = read("charts/autonodes/values.yaml");
-    let chart = read("charts/autonodes/Chart.yaml");
-    let tag = match values["image"]["tag"].as_str() {
-        Some("") | None => chart["appVersion"]
-            .as_str()
-            .expect("appVersion")
-            .to_string(),
-        Some(t) => t.to_string(),
-    };
-    let default = format!(
-        "{}:{tag}",
-        values["image"]["repository"].as_str().expect("repository")
-    );
-    assert_eq!(default, script_image_name());
+fn the_chart_refuses_the_local_name_scripts_image_sh_builds_unless_asked_and_then_runs_that_image()
+{
+    let built = script_image_name();
+    let (repository, tag) = built.rsplit_once(':').expect("name:tag");
     assert_eq!(
         tag,
         env!("CARGO_PKG_VERSION"),
-        "appVersion is the crate's version"
+        "image.sh tags the crate's version"
     );
+    assert!(repository.starts_with("localhost/"), "{built}");
+    // The chart's default is a placeholder to replace, not the local name.
+    let default =
+        crate::opscommon::documents(&crate::opscommon::render_chart(&serde_json::json!({})));
+    let image = default
+        .iter()
+        .find(|d| d["kind"] == "Deployment")
+        .map(|d| d["spec"]["template"]["spec"]["containers"][0]["image"].clone())
+        .expect("a Deployment");
+    assert_eq!(
+        image,
+        format!(
+            "registry.example.com/autonodes:{}",
+            env!("CARGO_PKG_VERSION")
+        )
+    );
+    // The local name is refused with a message that says what to do ...
+    let refused = crate::opscommon::helm_chart(
+        "render",
+        &serde_json::json!({"image": {"repository": repository}}),
+    );
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && stderr.contains("image.allowLocalhost=true"),
+        "{stderr}"
+    );
+    // ... and taken when asked: the chart's tag (its appVersion) is what image.sh builds.
+    let allowed = crate::opscommon::documents(&crate::opscommon::render_chart(&serde_json::json!(
+        {"image": {"repository": repository, "allowLocalhost": true}}
+    )));
+    let image = allowed
+        .iter()
+        .find(|d| d["kind"] == "Deployment")
+        .map(|d| d["spec"]["template"]["spec"]["containers"][0]["image"].clone())
+        .expect("a Deployment");
+    assert_eq!(image, built);
 }
 
 #[test]

@@ -576,9 +576,20 @@ async fn release_sh_pushes_the_image_its_sbom_and_the_chart_which_installs_from_
     assert_eq!(pulled_chart["version"], VERSION);
     println!("== pulled oci://{addr}/charts/autonodes --version {VERSION}");
 
-    // Installed from the pulled chart into a real API server, the image from the registry.
+    // The pulled chart's default image is the one pushed beside it.
+    let pulled_values: Value = autonodes_core::yaml::from_str(
+        &std::fs::read_to_string(chart_dir.join("values.yaml")).expect("the pulled values.yaml"),
+    )
+    .expect("values.yaml");
+    assert_eq!(
+        pulled_values["image"]["repository"],
+        format!("{addr}/autonodes"),
+        "the published chart defaults to the published image"
+    );
+
+    // Installed from the pulled chart into a real API server with no image value: the
+    // image from the registry.
     let values = json!({
-        "image": {"repository": format!("{addr}/autonodes")},
         // A v1.20 API server serves PodDisruptionBudgets as policy/v1beta1 only.
         "podDisruptionBudget": {"apiVersion": "policy/v1beta1"},
     });
@@ -621,7 +632,6 @@ async fn release_sh_pushes_the_image_its_sbom_and_the_chart_which_installs_from_
             "--timeout=60s",
             "crd/nodeclaims.autonodes.io",
             "crd/nodepools.autonodes.io",
-            "crd/machinepools.capi.autonodes.io",
         ],
     );
     let out = kubectl(&env, mgmt, &["apply", "-f", path_str(&manifest_file)]);

@@ -11,6 +11,10 @@
 #                                          an OCI artifact whose subject is the image
 #   oci://REGISTRY/charts/autonodes:<version>  the chart, as `helm push` stores it, its
 #                                          default image.repository REGISTRY/autonodes
+#   REGISTRY/autonodes-cli:<version>       the command line for laptops, an OCI artifact:
+#                                          autonodes-<version>-linux-amd64.tar.gz (the
+#                                          image's static binary as `autonodes` and as
+#                                          `kubectl-autonodes`), SHA256SUMS and the SBOM
 #
 # REGISTRY is HOST[:PORT][/PATH]. --plain-http talks HTTP instead of HTTPS (a local test
 # registry). --profile builds the binary with another cargo profile (default release; the
@@ -129,7 +133,35 @@ say "packaging and pushing the chart to oci://$registry/charts"
   --image "$registry/autonodes" --out "$out" "${plain[@]}" > "$out/chart.json"
 say "pushed $(cat "$out/chart.json")"
 
+# 4. The command line for laptops: the image's static binary, as `autonodes` and as
+# `kubectl-autonodes` (so `kubectl autonodes explain …` runs it), in a tarball with its
+# checksum and the SBOM, pushed as one OCI artifact.
+profile_dir=$profile
+[ "$profile" != dev ] || profile_dir=debug
+if [ -n "${AUTONODES_STATIC_BINARY:-}" ] && [[ "$AUTONODES_STATIC_BINARY" == */static/"$profile_dir"/autonodes ]]; then
+  binary=$AUTONODES_STATIC_BINARY
+else
+  binary=$(bash scripts/image.sh --binary-only --profile "$profile")
+fi
+cli="$out/cli"
+rm -rf "$cli"
+mkdir -p "$cli/pkg"
+install -m 0755 "$binary" "$cli/pkg/autonodes"
+install -m 0755 "$binary" "$cli/pkg/kubectl-autonodes"
+tarball="autonodes-$version-linux-amd64.tar.gz"
+mtime=$(git log -1 --format=%ct 2> /dev/null || date +%s)
+tar -C "$cli/pkg" --owner=0 --group=0 --numeric-owner --mtime="@$mtime" --sort=name \
+  -czf "$cli/$tarball" autonodes kubectl-autonodes
+(cd "$cli" && sha256sum "$tarball" > SHA256SUMS)
+cp "$sbom" "$cli/"
+say "pushing the command line as $registry/autonodes-cli:$version ($tarball, SHA256SUMS, SBOM)"
+python3 scripts/lib/release-oci.py artifact "$cli/$tarball" "$cli/SHA256SUMS" "$cli/$(basename "$sbom")" \
+  --registry "$registry" --repository autonodes-cli --tag "$version" \
+  --artifact-type application/vnd.autonodes.cli.v1 "${plain[@]}" > "$out/cli.json"
+say "pushed $(cat "$out/cli.json")"
+
 say "done in $((SECONDS - started)) s:"
 say "  image  $image@$image_digest"
 say "  SBOM   $image.sbom ($sbom)"
 say "  chart  oci://$registry/charts/autonodes:$version ($out/autonodes-$version.tgz)"
+say "  CLI    $registry/autonodes-cli:$version ($cli/$tarball)"

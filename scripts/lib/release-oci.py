@@ -10,6 +10,12 @@
         manifest R/NAME:SUBJECT-TAG (the image), listed as the image's referrer
     release-oci.py pull-chart oci://R/charts/NAME --version V --out DIR [--plain-http]
         pull a chart with Helm's library and unpack it into DIR/NAME
+    release-oci.py artifact FILE... --registry R --repository NAME --tag TAG
+                   --artifact-type TYPE [--plain-http]
+        push FILEs as the layers of one OCI artifact R/NAME:TAG, each titled with its
+        file name (`oras pull R/NAME:TAG` writes them back under those names)
+    release-oci.py pull-artifact R/NAME:TAG --out DIR [--plain-http]
+        write each titled layer of the artifact into DIR, its digest checked
 
 Each command prints one JSON object on stdout. R is HOST[:PORT][/PATH]. With
 REGISTRY_USERNAME and REGISTRY_PASSWORD set, they log in (Basic, or a Bearer token from
@@ -214,6 +220,67 @@ def cmd_sbom(a) -> dict:
     }
 
 
+# Media types of an artifact's layers, by file name.
+def layer_media_type(path: str) -> str:
+    if path.endswith(".tar.gz"):
+        return "application/vnd.oci.image.layer.v1.tar+gzip"
+    if path.endswith(".cdx.json"):
+        return CYCLONEDX
+    return "text/plain"
+
+
+def cmd_artifact(a) -> dict:
+    host, prefix = split_registry(a.registry)
+    name = prefix + a.repository
+    reg = Registry(host, a.plain_http)
+    config = dict(reg.push_blob(name, b"{}"), mediaType=EMPTY_CONFIG)
+    layers = []
+    for path in a.files:
+        with open(path, "rb") as f:
+            data = f.read()
+        layers.append(dict(
+            reg.push_blob(name, data),
+            mediaType=layer_media_type(path),
+            annotations={"org.opencontainers.image.title": os.path.basename(path)},
+        ))
+    created = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": OCI_MANIFEST,
+        "artifactType": a.artifact_type,
+        "config": config,
+        "layers": layers,
+        "annotations": {"org.opencontainers.image.created": created},
+    }
+    pushed = reg.put_manifest(name, a.tag, manifest)
+    return {"ref": f"{host}/{name}:{a.tag}", "digest": pushed["digest"],
+            "files": [l["annotations"]["org.opencontainers.image.title"] for l in layers]}
+
+
+def cmd_pull_artifact(a) -> dict:
+    ref, _, tag = a.ref.rpartition(":")
+    if not ref or "/" in tag:
+        raise SystemExit(f"release-oci: {a.ref} is not REGISTRY/NAME:TAG")
+    host, _, name = ref.partition("/")
+    reg = Registry(host, a.plain_http)
+    _, manifest = reg.manifest(name, tag)
+    if manifest is None:
+        raise SystemExit(f"release-oci: {a.ref} not found")
+    os.makedirs(a.out, exist_ok=True)
+    written = []
+    for layer in manifest.get("layers", []):
+        title = layer.get("annotations", {}).get("org.opencontainers.image.title", "")
+        if not title or os.path.basename(title) != title or title.startswith("."):
+            continue
+        status, _, data = reg.request("GET", f"/v2/{name}/blobs/{layer['digest']}")
+        if status != 200 or sha256(data) != layer["digest"]:
+            raise SystemExit(f"release-oci: layer {title} of {a.ref}: status {status} or digest mismatch")
+        with open(os.path.join(a.out, title), "wb") as f:
+            f.write(data)
+        written.append(title)
+    return {"ref": a.ref, "files": written}
+
+
 def cmd_chart(a) -> dict:
     import helm_python as helm
 
@@ -280,8 +347,22 @@ def main() -> int:
     q.add_argument("--version", required=True)
     q.add_argument("--out", required=True)
     q.add_argument("--plain-http", action="store_true")
+    r = sub.add_parser("artifact")
+    r.add_argument("files", nargs="+")
+    r.add_argument("--registry", required=True)
+    r.add_argument("--repository", required=True)
+    r.add_argument("--tag", required=True)
+    r.add_argument("--artifact-type", required=True)
+    r.add_argument("--plain-http", action="store_true")
+    g = sub.add_parser("pull-artifact")
+    g.add_argument("ref")
+    g.add_argument("--out", required=True)
+    g.add_argument("--plain-http", action="store_true")
     a = p.parse_args()
-    run = {"chart": cmd_chart, "sbom": cmd_sbom, "pull-chart": cmd_pull_chart}[a.command]
+    run = {
+        "chart": cmd_chart, "sbom": cmd_sbom, "pull-chart": cmd_pull_chart,
+        "artifact": cmd_artifact, "pull-artifact": cmd_pull_artifact,
+    }[a.command]
     print(json.dumps(run(a)))
     return 0
 

@@ -32,6 +32,12 @@ pub(crate) enum Command {
     Explain(crate::explain::ExplainArgs),
     /// Run the controller.
     Run(Box<crate::run::RunArgs>),
+    /// Print a shell completion script (`source <(autonodes completion bash)`).
+    Completion {
+        /// The shell to complete in.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 /// Runs the parsed command line.
@@ -47,7 +53,19 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::ImportVcluster(args) => crate::vcluster_import::run(args),
         Command::Explain(args) => runtime()?.block_on(crate::explain::run(args)),
         Command::Run(args) => runtime()?.block_on(crate::run::run(*args)),
+        Command::Completion { shell } => {
+            print!("{}", completion(shell));
+            Ok(())
+        }
     }
+}
+
+/// The completion script of `autonodes` for `shell`.
+fn completion(shell: clap_complete::Shell) -> String {
+    use clap::CommandFactory;
+    let mut out = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "autonodes", &mut out);
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The async runtime of the long-running subcommands.
@@ -89,5 +107,27 @@ mod tests {
             args.kubeconfig.as_deref(),
             Some(std::path::Path::new("mgmt.kubeconfig"))
         );
+    }
+
+    #[test]
+    fn completion_scripts_complete_the_subcommands_and_explains_kubectl_flags() {
+        for shell in [
+            clap_complete::Shell::Bash,
+            clap_complete::Shell::Zsh,
+            clap_complete::Shell::Fish,
+        ] {
+            let script = completion(shell);
+            for word in ["explain", "import-vcluster", "--kubeconfig", "--context"] {
+                assert!(script.contains(word), "{shell}: no {word}");
+            }
+        }
+        let cli = Cli::try_parse_from(["autonodes", "completion", "bash"]).expect("parses");
+        assert!(matches!(
+            cli.command,
+            Command::Completion {
+                shell: clap_complete::Shell::Bash
+            }
+        ));
+        assert!(Cli::try_parse_from(["autonodes", "completion", "tcsh"]).is_err());
     }
 }

@@ -374,7 +374,7 @@ impl Drop for Registry {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn release_sh_pushes_the_image_its_sbom_and_the_chart_which_installs_from_the_registry() {
+async fn release_sh_pushes_the_image_its_sbom_the_chart_and_the_command_line_which_install_from_the_registry() {
     let Some(binary) = registry_binary() else {
         eprintln!(
             "SKIPPED: /usr/bin/docker-registry is not installed (scripts/test-tools.sh installs Debian's docker-registry)"
@@ -535,6 +535,64 @@ async fn release_sh_pushes_the_image_its_sbom_and_the_chart_which_installs_from_
         components["tokio"]
     );
 
+    // The command line: pulled back as an OCI client would, its checksum right, the
+    // binary static and runnable as `autonodes` and as kubectl's plugin.
+    let cli = tempfile::tempdir().expect("temp dir");
+    let out = Command::new("python3")
+        .arg(repo.join("scripts/lib/release-oci.py"))
+        .arg("pull-artifact")
+        .arg(format!("{addr}/autonodes-cli:{VERSION}"))
+        .arg("--plain-http")
+        .arg("--out")
+        .arg(cli.path())
+        .output()
+        .expect("release-oci.py pull-artifact runs");
+    assert!(out.status.success(), "pulling the CLI: {}", text(&out));
+    let tarball = format!("autonodes-{VERSION}-linux-amd64.tar.gz");
+    let sums = Command::new("sha256sum")
+        .args(["-c", "SHA256SUMS"])
+        .current_dir(cli.path())
+        .output()
+        .expect("sha256sum runs");
+    assert!(sums.status.success(), "SHA256SUMS: {}", text(&sums));
+    assert!(
+        cli.path().join(format!("autonodes-{VERSION}.cdx.json")).exists(),
+        "the SBOM is in the CLI artifact"
+    );
+    let untar = Command::new("tar")
+        .arg("-xzf")
+        .arg(&tarball)
+        .current_dir(cli.path())
+        .output()
+        .expect("tar runs");
+    assert!(untar.status.success(), "tar: {}", text(&untar));
+    let file = Command::new("file")
+        .arg(cli.path().join("autonodes"))
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    if !file.is_empty() {
+        assert!(
+            file.contains("statically linked") || file.contains("static-pie"),
+            "{file}"
+        );
+    }
+    for name in ["autonodes", "kubectl-autonodes"] {
+        let version = Command::new(cli.path().join(name))
+            .arg("--version")
+            .output()
+            .expect("the pulled binary runs");
+        assert!(
+            version.status.success() && text(&version).contains(VERSION),
+            "{name} --version: {}",
+            text(&version)
+        );
+    }
+    println!(
+        "== CLI {addr}/autonodes-cli:{VERSION}: {tarball} (sha256sum -c: {}), runs as autonodes and kubectl-autonodes",
+        String::from_utf8_lossy(&sums.stdout).trim()
+    );
+
     // The chart: Helm's media types, pulled back with Helm's library.
     let chart_manifest = get_ok(
         addr,
@@ -613,6 +671,23 @@ async fn release_sh_pushes_the_image_its_sbom_and_the_chart_which_installs_from_
     std::fs::write(&manifest_file, &rendered).expect("write");
 
     let env = common::start(&["mgmt"]).await;
+    // kubectl finds the plugin on PATH: `kubectl autonodes …` is the same binary.
+    let path = format!(
+        "{}:{}",
+        cli.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let plugin = Command::new(&env.bins.kubectl)
+        .args(["autonodes", "--version"])
+        .env("PATH", path)
+        .output()
+        .expect("kubectl runs");
+    assert!(
+        plugin.status.success() && text(&plugin).contains(VERSION),
+        "kubectl autonodes --version: {}",
+        text(&plugin)
+    );
+    println!("$ kubectl autonodes --version\n{}", text(&plugin).trim());
     let mgmt = env.apiserver("mgmt").expect("mgmt");
     kubectl_ok(&env, mgmt, &["create", "namespace", "autonodes-system"]);
     // As `helm install` does: the chart's crds/ first, created without client-side

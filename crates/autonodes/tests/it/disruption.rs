@@ -508,7 +508,10 @@ async fn a_node_with_a_kernel_deadlock_is_restarted_first_replaced_when_it_comes
     })
     .await;
     // The provider's repair defaults: KernelDeadlock=True for 2 s, keep a replaced VM 15 s;
-    // the pool sets its own restart timeout and lets one node of three be unhealthy.
+    // the pool sets its own restart timeout and lets one node of three be unhealthy. The
+    // restart timeout is the time a restarted node has to come back healthy: 20 s, so a
+    // reboot on a loaded machine (VM stopped, a new VMI, the Node Ready again) fits in it
+    // and the node is not replaced after its first restart.
     let providers: Api<autonodes_api::NodeProvider> = Api::all(world.mgmt.clone());
     providers
         .patch(
@@ -525,7 +528,7 @@ async fn a_node_with_a_kernel_deadlock_is_restarted_first_replaced_when_it_comes
         .create_pool(
             "workers",
             json!({"providerRef": "pools", "replicas": 3,
-                   "repair": {"restartTimeout": "3s", "maxUnhealthy": "1"}}),
+                   "repair": {"restartTimeout": "20s", "maxUnhealthy": "1"}}),
         )
         .await;
     let claims = common::eventually("3 Available workers", WAIT, || async {

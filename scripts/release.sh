@@ -11,6 +11,8 @@
 #                                          an OCI artifact whose subject is the image
 #   oci://REGISTRY/charts/autonodes:<version>  the chart, as `helm push` stores it, its
 #                                          default image.repository REGISTRY/autonodes
+#   oci://REGISTRY/charts/autonodes-crd:<version>  the CRDs as a chart of their own, so
+#                                          `helm upgrade` upgrades them
 #   REGISTRY/autonodes-cli:<version>       the command line for laptops, an OCI artifact:
 #                                          autonodes-<version>-linux-amd64.tar.gz (the
 #                                          image's static binary as `autonodes` and as
@@ -55,12 +57,16 @@ fail() { echo "release: $*" >&2; exit 1; }
 # One version everywhere (tests/it/release.rs checks the same on every test run).
 version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' Cargo.toml)
 [ -n "$version" ] || fail "no version in Cargo.toml's [workspace.package]"
-# Chart.yaml's top-level `version:` and `appVersion:`, quoted or not.
-chart_field() { sed -n "s/^$1:[[:space:]]*[\"']\\{0,1\\}\\([^\"'[:space:]]*\\).*/\\1/p" charts/autonodes/Chart.yaml; }
-chart_version=$(chart_field version)
-app_version=$(chart_field appVersion)
+# A Chart.yaml's top-level `version:` and `appVersion:`, quoted or not.
+chart_field() { sed -n "s/^$1:[[:space:]]*[\"']\\{0,1\\}\\([^\"'[:space:]]*\\).*/\\1/p" "charts/$2/Chart.yaml"; }
+chart_version=$(chart_field version autonodes)
+app_version=$(chart_field appVersion autonodes)
+crd_chart_version=$(chart_field version autonodes-crd)
+crd_app_version=$(chart_field appVersion autonodes-crd)
 changelog_version=$(sed -n 's/^## \[\([0-9][^]]*\)\].*/\1/p' CHANGELOG.md | head -n 1)
 for pair in "Chart.yaml version:$chart_version" "Chart.yaml appVersion:$app_version" \
+  "autonodes-crd's Chart.yaml version:$crd_chart_version" \
+  "autonodes-crd's Chart.yaml appVersion:$crd_app_version" \
   "CHANGELOG.md's latest release:$changelog_version"; do
   [ "${pair##*:}" = "$version" ] \
     || fail "${pair%:*} is '${pair##*:}', Cargo.toml's version is '$version'"
@@ -132,6 +138,10 @@ say "packaging and pushing the chart to oci://$registry/charts"
 "$helm_python" scripts/lib/release-oci.py chart charts/autonodes --registry "$registry" \
   --image "$registry/autonodes" --out "$out" "${plain[@]}" > "$out/chart.json"
 say "pushed $(cat "$out/chart.json")"
+say "packaging and pushing the CRD chart to oci://$registry/charts"
+"$helm_python" scripts/lib/release-oci.py chart charts/autonodes-crd --registry "$registry" \
+  --out "$out" "${plain[@]}" > "$out/crd-chart.json"
+say "pushed $(cat "$out/crd-chart.json")"
 
 # 4. The command line for laptops: the image's static binary, as `autonodes` and as
 # `kubectl-autonodes` (so `kubectl autonodes explain …` runs it), in a tarball with its
@@ -164,4 +174,5 @@ say "done in $((SECONDS - started)) s:"
 say "  image  $image@$image_digest"
 say "  SBOM   $image.sbom ($sbom)"
 say "  chart  oci://$registry/charts/autonodes:$version ($out/autonodes-$version.tgz)"
+say "  CRDs   oci://$registry/charts/autonodes-crd:$version ($out/autonodes-crd-$version.tgz)"
 say "  CLI    $registry/autonodes-cli:$version ($cli/$tarball)"

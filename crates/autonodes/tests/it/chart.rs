@@ -1073,3 +1073,305 @@ async fn the_cluster_api_mirror_is_off_by_default_so_kubectl_get_machines_finds_
         String::from_utf8_lossy(&bare.stdout)
     );
 }
+
+/// Runs Helm's own `install` or `upgrade` (`scripts/helm-chart.py`, Helm v4's library) of
+/// `chart` as release `name` in `autonodes-system` against the cluster of `kubeconfig`.
+fn helm_release(
+    command: &str,
+    chart: &std::path::Path,
+    name: &str,
+    kubeconfig: &std::path::Path,
+    values: &serde_json::Value,
+) -> serde_json::Value {
+    let out = std::process::Command::new(opscommon::helm_python())
+        .arg(repo().join("scripts/helm-chart.py"))
+        .arg(command)
+        .arg(chart)
+        .args(["--name", name, "--namespace", "autonodes-system"])
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .arg("--values")
+        .arg(values.to_string())
+        .output()
+        .expect("helm-chart.py runs");
+    assert!(
+        out.status.success(),
+        "helm {command} {name}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("the release as JSON")
+}
+
+/// Copies directory `from` into `to` (created), recursively.
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for entry in std::fs::read_dir(from).expect("read_dir") {
+        let path = entry.expect("entry").path();
+        let target = to.join(path.file_name().expect("name"));
+        if path.is_dir() {
+            copy_dir(&path, &target);
+        } else {
+            std::fs::copy(&path, &target).expect("copy");
+        }
+    }
+}
+
+/// `scripts/helm-chart.py COMMAND charts/autonodes-crd` with `values`.
+fn crd_chart(command: &str, values: &serde_json::Value) -> std::process::Output {
+    std::process::Command::new(opscommon::helm_python())
+        .arg(repo().join("scripts/helm-chart.py"))
+        .arg(command)
+        .arg(repo().join("charts/autonodes-crd"))
+        .arg("--values")
+        .arg(values.to_string())
+        .output()
+        .expect("helm-chart.py runs")
+}
+
+#[test]
+fn the_crd_chart_lints_and_renders_autonodes_crds_and_the_mirrors_only_when_asked() {
+    let lint = crd_chart("lint", &json!({}));
+    assert!(
+        lint.status.success(),
+        "{}",
+        String::from_utf8_lossy(&lint.stdout)
+    );
+    let typo = crd_chart("render", &json!({"capiMirorr": {"enabled": true}}));
+    assert!(!typo.status.success(), "the values schema refuses a typo");
+    let crds = |values: serde_json::Value| -> Vec<serde_json::Value> {
+        let out = crd_chart("render", &values);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        documents(&String::from_utf8_lossy(&out.stdout))
+    };
+    let default = crds(json!({}));
+    assert_eq!(default.len(), 5, "autonodes.io's five kinds");
+    assert!(default.iter().all(|c| c["spec"]["group"] == "autonodes.io"
+        && c["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+        && c["metadata"]["labels"]["helm.sh/chart"]
+            == format!("autonodes-crd-{}", env!("CARGO_PKG_VERSION"))));
+    let mirror = crds(json!({"capiMirror": {"enabled": true}, "keep": false}));
+    assert_eq!(mirror.len(), 8);
+    assert_eq!(
+        mirror
+            .iter()
+            .filter(|c| c["spec"]["group"] == "capi.autonodes.io")
+            .count(),
+        3
+    );
+    assert!(mirror
+        .iter()
+        .all(|c| c["metadata"].get("annotations").is_none()));
+}
+
+#[test]
+fn the_crd_charts_files_are_the_generated_crds() {
+    let names = |dir: &std::path::Path| -> BTreeSet<String> {
+        std::fs::read_dir(dir)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+            .map(|e| e.expect("entry"))
+            .filter(|e| e.path().is_file())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect()
+    };
+    for (generated, chart) in [
+        ("crds", "charts/autonodes-crd/files/autonodes"),
+        ("crds/capi", "charts/autonodes-crd/files/capi"),
+    ] {
+        let (generated, chart) = (repo().join(generated), repo().join(chart));
+        assert_eq!(names(&generated), names(&chart), "{}", chart.display());
+        for name in names(&generated) {
+            assert!(
+                std::fs::read(generated.join(&name)).expect("read")
+                    == std::fs::read(chart.join(&name)).expect("read"),
+                "{}/{name} differs from {}/{name}: copy it",
+                chart.display(),
+                generated.display()
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_of_the_previous_version_upgraded_with_both_charts_serves_the_new_crd_field() {
+    const PREVIOUS: &str = "0.0.9";
+    // The previous release: this version's two charts one version back, its NodePool CRD
+    // without the field this version added (`spec.weight`, as if it were new).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (prev_crd, prev_main) = (
+        dir.path().join("prev/autonodes-crd"),
+        dir.path().join("prev/autonodes"),
+    );
+    copy_dir(&repo().join("charts/autonodes-crd"), &prev_crd);
+    copy_dir(&repo().join("charts/autonodes"), &prev_main);
+    for chart in [&prev_crd, &prev_main] {
+        let file = chart.join("Chart.yaml");
+        let text = std::fs::read_to_string(&file).expect("Chart.yaml");
+        let version = env!("CARGO_PKG_VERSION");
+        let text = text
+            .replace(
+                &format!("\nversion: {version}\n"),
+                &format!("\nversion: {PREVIOUS}\n"),
+            )
+            .replace(
+                &format!("appVersion: \"{version}\""),
+                &format!("appVersion: \"{PREVIOUS}\""),
+            );
+        assert!(text.contains(&format!("version: {PREVIOUS}")), "{text}");
+        std::fs::write(&file, text).expect("write");
+    }
+    let pools_file = prev_crd.join("files/autonodes/nodepools.autonodes.io.yaml");
+    let mut pools: serde_json::Value = autonodes_core::yaml::from_str(
+        &std::fs::read_to_string(&pools_file).expect("the NodePool CRD"),
+    )
+    .expect("YAML");
+    let spec = pools
+        .pointer_mut("/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties")
+        .and_then(|p| p.as_object_mut())
+        .expect("the NodePool spec's properties");
+    assert!(
+        spec.remove("weight").is_some(),
+        "this version's NodePool has spec.weight"
+    );
+    std::fs::write(
+        &pools_file,
+        serde_json::to_string_pretty(&pools).expect("JSON"),
+    )
+    .expect("write");
+
+    let env = common::start(&["mgmt"]).await;
+    let mgmt = env.apiserver("mgmt").expect("mgmt");
+    kubectl_ok(&env, mgmt, &["create", "namespace", "autonodes-system"]);
+    let kubeconfig = mgmt.kubeconfig_path.clone();
+    let main_values = values_for_1_20(json!({}));
+
+    // Install the previous version: the CRD chart first, then the controller's chart
+    // without its crds/, as `helm install --skip-crds` does (the CRD chart owns them; Helm 4
+    // would server-side apply crds/ over them, which a server before 1.25 refuses for their
+    // CEL rules).
+    std::fs::remove_dir_all(prev_main.join("crds")).expect("rm crds/");
+    let crd = helm_release(
+        "install",
+        &prev_crd,
+        "autonodes-crd",
+        &kubeconfig,
+        &json!({}),
+    );
+    let main = helm_release(
+        "install",
+        &prev_main,
+        "autonodes",
+        &kubeconfig,
+        &main_values,
+    );
+    println!("== installed {PREVIOUS}: {crd} {main}");
+    kubectl_ok(
+        &env,
+        mgmt,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/nodepools.autonodes.io",
+        ],
+    );
+    let pool = dir.path().join("pool.yaml");
+    std::fs::write(
+        &pool,
+        "apiVersion: autonodes.io/v1alpha1\nkind: NodePool\nmetadata: {name: workers, namespace: default}\nspec: {vClusterRef: {name: tenant}, providerRef: kubevirt, weight: 7}\n",
+    )
+    .expect("write");
+    let weight = || {
+        kubectl_ok(
+            &env,
+            mgmt,
+            &[
+                "get",
+                "nodepools.autonodes.io",
+                "workers",
+                "-n",
+                "default",
+                "-o",
+                "jsonpath={.spec.weight}",
+            ],
+        )
+    };
+    kubectl_ok(
+        &env,
+        mgmt,
+        &["apply", "--validate=false", "-f", path_str(&pool)],
+    );
+    assert_eq!(weight(), "", "the previous CRD prunes spec.weight");
+
+    // Upgrade both charts to this version: the CRD chart upgrades the CRDs.
+    let crd = helm_release(
+        "upgrade",
+        &repo().join("charts/autonodes-crd"),
+        "autonodes-crd",
+        &kubeconfig,
+        &json!({}),
+    );
+    let main = helm_release(
+        "upgrade",
+        &repo().join("charts/autonodes"),
+        "autonodes",
+        &kubeconfig,
+        &main_values,
+    );
+    println!("== upgraded to {}: {crd} {main}", env!("CARGO_PKG_VERSION"));
+    for release in [&crd, &main] {
+        assert_eq!(release["revision"], 2, "{release}");
+        assert_eq!(release["status"], "deployed", "{release}");
+    }
+    let labels = kubectl_ok(
+        &env,
+        mgmt,
+        &[
+            "get",
+            "crd",
+            "nodepools.autonodes.io",
+            "-o",
+            "jsonpath={.metadata.labels.helm\\.sh/chart}",
+        ],
+    );
+    assert_eq!(
+        labels,
+        format!("autonodes-crd-{}", env!("CARGO_PKG_VERSION"))
+    );
+    let served = common::eventually(
+        "spec.weight to be served",
+        Duration::from_secs(30),
+        || async {
+            let out = kubectl(
+                &env,
+                mgmt,
+                &["apply", "--validate=false", "-f", path_str(&pool)],
+            );
+            (out.status.success() && weight() == "7").then_some(())
+        },
+    )
+    .await;
+    let _ = served;
+    println!(
+        "== NodePool workers: spec.weight {} after the upgrade",
+        weight()
+    );
+    let deployed = kubectl_ok(
+        &env,
+        mgmt,
+        &[
+            "-n",
+            "autonodes-system",
+            "get",
+            "deployment",
+            "autonodes",
+            "-o",
+            "jsonpath={.metadata.labels.app\\.kubernetes\\.io/version}",
+        ],
+    );
+    assert_eq!(deployed, env!("CARGO_PKG_VERSION"));
+}

@@ -117,15 +117,15 @@ fn the_crates_the_chart_the_image_and_the_changelog_carry_one_version() {
         assert_eq!(v, &version, "Cargo.lock's {name}");
     }
 
-    // The chart.
-    let chart: Value =
-        autonodes_core::yaml::from_str(&read("charts/autonodes/Chart.yaml")).expect("Chart.yaml");
-    assert_eq!(chart["version"], version.as_str(), "Chart.yaml version");
-    assert_eq!(
-        chart["appVersion"],
-        version.as_str(),
-        "Chart.yaml appVersion"
-    );
+    // The charts: the controller's and the CRDs'.
+    for file in [
+        "charts/autonodes/Chart.yaml",
+        "charts/autonodes-crd/Chart.yaml",
+    ] {
+        let chart: Value = autonodes_core::yaml::from_str(&read(file)).expect("Chart.yaml");
+        assert_eq!(chart["version"], version.as_str(), "{file} version");
+        assert_eq!(chart["appVersion"], version.as_str(), "{file} appVersion");
+    }
 
     // The image: scripts/image.sh tags it with Cargo.toml's version; the Dockerfile's own
     // default (a `docker build .` without build arguments) says the same.
@@ -186,7 +186,13 @@ fn release_sh_pushes_nothing_while_the_chart_and_the_crates_disagree_on_the_vers
     let root = dir.path();
     std::fs::create_dir_all(root.join("scripts")).expect("scripts/");
     std::fs::create_dir_all(root.join("charts/autonodes")).expect("charts/");
-    for file in ["Cargo.toml", "CHANGELOG.md", "scripts/release.sh"] {
+    std::fs::create_dir_all(root.join("charts/autonodes-crd")).expect("charts/");
+    for file in [
+        "Cargo.toml",
+        "CHANGELOG.md",
+        "scripts/release.sh",
+        "charts/autonodes-crd/Chart.yaml",
+    ] {
         std::fs::copy(repo().join(file), root.join(file)).expect("copy");
     }
     let chart = read("charts/autonodes/Chart.yaml")
@@ -374,7 +380,8 @@ impl Drop for Registry {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn release_sh_pushes_the_image_its_sbom_the_chart_and_the_command_line_which_install_from_the_registry() {
+async fn release_sh_pushes_the_image_its_sbom_the_chart_and_the_command_line_which_install_from_the_registry(
+) {
     let Some(binary) = registry_binary() else {
         eprintln!(
             "SKIPPED: /usr/bin/docker-registry is not installed (scripts/test-tools.sh installs Debian's docker-registry)"
@@ -556,7 +563,9 @@ async fn release_sh_pushes_the_image_its_sbom_the_chart_and_the_command_line_whi
         .expect("sha256sum runs");
     assert!(sums.status.success(), "SHA256SUMS: {}", text(&sums));
     assert!(
-        cli.path().join(format!("autonodes-{VERSION}.cdx.json")).exists(),
+        cli.path()
+            .join(format!("autonodes-{VERSION}.cdx.json"))
+            .exists(),
         "the SBOM is in the CLI artifact"
     );
     let untar = Command::new("tar")
@@ -592,6 +601,17 @@ async fn release_sh_pushes_the_image_its_sbom_the_chart_and_the_command_line_whi
         "== CLI {addr}/autonodes-cli:{VERSION}: {tarball} (sha256sum -c: {}), runs as autonodes and kubectl-autonodes",
         String::from_utf8_lossy(&sums.stdout).trim()
     );
+
+    // The CRD chart beside it, under the same version.
+    let crd_chart = get_ok(
+        addr,
+        &format!("/v2/charts/autonodes-crd/manifests/{VERSION}"),
+        OCI_MANIFEST,
+    )
+    .json();
+    let crd_config = blob(addr, "charts/autonodes-crd", &crd_chart["config"]["digest"]).json();
+    assert_eq!(crd_config["name"], "autonodes-crd");
+    assert_eq!(crd_config["version"], VERSION);
 
     // The chart: Helm's media types, pulled back with Helm's library.
     let chart_manifest = get_ok(

@@ -1342,7 +1342,7 @@ async fn a_release_of_the_previous_version_upgraded_with_both_charts_serves_the_
         labels,
         format!("autonodes-crd-{}", env!("CARGO_PKG_VERSION"))
     );
-    let served = common::eventually(
+    common::eventually(
         "spec.weight to be served",
         Duration::from_secs(30),
         || async {
@@ -1355,7 +1355,6 @@ async fn a_release_of_the_previous_version_upgraded_with_both_charts_serves_the_
         },
     )
     .await;
-    let _ = served;
     println!(
         "== NodePool workers: spec.weight {} after the upgrade",
         weight()

@@ -540,7 +540,25 @@ pub enum Removal {
     Expiring,
 }
 
+/// Every [`Removal`], in the order the metrics page names them.
+pub const REMOVALS: [Removal; 4] = [
+    Removal::Excess,
+    Removal::Drifted,
+    Removal::NotReporting,
+    Removal::Expiring,
+];
+
 impl Removal {
+    /// The `reason` label of `autonodes_warm_vms_removed_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Removal::Excess => "Excess",
+            Removal::Drifted => "Drifted",
+            Removal::NotReporting => "NotReporting",
+            Removal::Expiring => "Expiring",
+        }
+    }
+
     /// As said in logs and Events.
     pub fn as_str(self) -> &'static str {
         match self {

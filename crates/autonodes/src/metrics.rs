@@ -73,6 +73,9 @@ pub struct Metrics {
     pub warm_vms: IntGaugeVec,
     /// `autonodes_warm_bindings_total{nodetype}`: claims served by a warm VM.
     pub warm_bindings: IntCounterVec,
+    /// `autonodes_warm_vms_removed_total{nodetype,reason}`: warm VMs removed, by
+    /// [`autonodes_core::warm::Removal::label`]; all but `Excess` are replaced.
+    pub warm_vms_removed: IntCounterVec,
     /// `autonodes_nodeclaims{phase,nodetype,provider}`.
     pub nodeclaims: IntGaugeVec,
     /// `autonodes_nodeclaims_cost{namespace,vcluster,provider}`, in [`COST_UNIT`].
@@ -223,6 +226,10 @@ impl Metrics {
                 Opts::new("warm_bindings_total", "Claims served by a warm VM of the node type."),
                 &["nodetype"],
             ))?,
+            warm_vms_removed: register(r, IntCounterVec::new(
+                Opts::new("warm_vms_removed_total", "Warm VMs removed before a claim took them, by node type and reason: Excess (more than wanted), and the ones replaced by a new warm VM: Drifted (made from an older definition of the type), NotReporting (its agent did not report to the host API server in time), Expiring (its credential expires soon)."),
+                &["nodetype", "reason"],
+            ))?,
             nodeclaims: register(r, IntGaugeVec::new(
                 Opts::new("nodeclaims", "Node claims by phase, node type and provider."),
                 &["phase", "nodetype", "provider"],
@@ -340,7 +347,7 @@ impl Metrics {
         fn entry<C: Collector + Typed>(c: &C) -> (&dyn Collector, &'static str) {
             (c, C::TYPE)
         }
-        let collectors: [(&dyn Collector, &'static str); 25] = [
+        let collectors: [(&dyn Collector, &'static str); 26] = [
             entry(&self.nodeclaims),
             entry(&self.nodeclaims_created),
             entry(&self.nodeclaims_terminated),
@@ -358,6 +365,7 @@ impl Metrics {
             entry(&self.nodetype_host_headroom),
             entry(&self.warm_vms),
             entry(&self.warm_bindings),
+            entry(&self.warm_vms_removed),
             entry(&self.orphans_removed),
             entry(&self.reconcile_total),
             entry(&self.reconcile_errors),

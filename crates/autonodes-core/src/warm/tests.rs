@@ -420,3 +420,13 @@ fn a_claim_is_about_to_launch_until_its_vm_is_made_or_a_warm_one_taken() {
         Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at(0)));
     assert!(!about_to_launch(&gone));
 }
+
+#[test]
+fn every_reason_a_warm_vm_is_removed_for_has_a_metric_label_of_its_own() {
+    let labels: std::collections::BTreeSet<&str> = REMOVALS.iter().map(|r| r.label()).collect();
+    assert_eq!(labels.len(), REMOVALS.len());
+    for r in REMOVALS {
+        // Each variant is listed: the match in `label` and this list move together.
+        assert!(!r.as_str().is_empty() && !r.label().contains(' '), "{r:?}");
+    }
+}

@@ -1,5 +1,6 @@
-//! Keeps the object gauges (`autonodes_nodeclaims*`, `autonodes_nodetype_*`) true to the
-//! stores between reconciles: a deleted claim or node type leaves no series behind.
+//! Keeps the object gauges (`autonodes_nodeclaims*`, `autonodes_nodetype_*`,
+//! `autonodes_warm_*`) true to the stores between reconciles: a deleted claim or node type
+//! leaves no series behind.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -29,22 +30,30 @@ pub(crate) fn sweep(ctx: &Context) {
         &m.nodetype_available,
         &m.nodetype_cost,
         &m.nodetype_host_headroom,
+        &m.warm_vms,
     ] {
-        for family in vec.collect() {
-            for metric in family.get_metric() {
-                let labels: std::collections::HashMap<&str, &str> = metric
-                    .get_label()
-                    .iter()
-                    .map(|l| (l.name(), l.value()))
-                    .collect();
-                let gone = metric
-                    .get_label()
-                    .iter()
-                    .find(|l| l.name() == "nodetype")
-                    .is_some_and(|l| !live.contains(l.value()));
-                if gone {
-                    let _ = vec.remove(&labels);
-                }
+        drop_gone_types(vec, &live);
+    }
+    for vec in [&m.warm_bindings, &m.warm_vms_removed] {
+        drop_gone_types(vec, &live);
+    }
+}
+
+/// Removes the series of `vec` whose `nodetype` is not in `live`.
+fn drop_gone_types<T: prometheus::core::MetricVecBuilder>(
+    vec: &prometheus::core::MetricVec<T>,
+    live: &HashSet<String>,
+) {
+    for family in vec.collect() {
+        for metric in family.get_metric() {
+            let labels: std::collections::HashMap<&str, &str> = metric
+                .get_label()
+                .iter()
+                .map(|l| (l.name(), l.value()))
+                .collect();
+            let gone = labels.get("nodetype").is_some_and(|t| !live.contains(*t));
+            if gone {
+                let _ = vec.remove(&labels);
             }
         }
     }

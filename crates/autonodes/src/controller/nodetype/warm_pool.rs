@@ -399,6 +399,10 @@ async fn reconcile_on(
                 continue;
             }
             removed_any = true;
+            ctx.metrics
+                .warm_vms_removed
+                .with_label_values(&[&t.name, why.label()])
+                .inc();
             tracing::info!(nodetype = %t.name, pool = ?group.pool.as_ref().map(|(uid, _)| uid), vm = %format!("{ns}/{name}"), why = why.as_str(), "removing a warm VM");
         }
         for _ in 0..plan.create {
@@ -468,6 +472,11 @@ async fn reconcile_on(
         m.warm_vms
             .with_label_values(&[&t.name, &t.provider, state])
             .set(value);
+    }
+    // Each reason's series from 0, so a rate has a series before the first removal.
+    for removal in warm::REMOVALS {
+        m.warm_vms_removed
+            .with_label_values(&[&t.name, removal.label()]);
     }
     let server = guest_server(provider, remote);
     let problem = groups

@@ -1374,3 +1374,48 @@ async fn a_release_of_the_previous_version_upgraded_with_both_charts_serves_the_
     );
     assert_eq!(deployed, env!("CARGO_PKG_VERSION"));
 }
+
+#[test]
+fn the_prometheus_rules_runbook_links_point_where_the_book_is_hosted_each_at_its_own_section() {
+    let rules = |values: serde_json::Value| -> Vec<(String, String)> {
+        let docs = rendered(&values);
+        let rule = docs
+            .iter()
+            .find(|d| d["kind"] == "PrometheusRule")
+            .expect("a PrometheusRule");
+        rule["spec"]["groups"]
+            .as_array()
+            .expect("groups")
+            .iter()
+            .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
+            .filter_map(|r| {
+                Some((
+                    r["alert"].as_str()?.to_string(),
+                    r["annotations"]["runbook_url"].as_str()?.to_string(),
+                ))
+            })
+            .collect()
+    };
+    let default = rules(json!({"prometheusRule": {"enabled": true}}));
+    assert!(default.len() >= 10);
+    for (alert, url) in &default {
+        assert!(
+            url.ends_with(&format!("operations.md#{}", alert.to_lowercase())),
+            "{alert}: {url}"
+        );
+    }
+    let base = "https://docs.example.com/autonodes/operations.html";
+    let hosted = rules(json!({"prometheusRule": {"enabled": true, "runbookBaseUrl": base}}));
+    assert_eq!(hosted.len(), default.len());
+    for (alert, url) in &hosted {
+        assert_eq!(url, &format!("{base}#{}", alert.to_lowercase()));
+    }
+    let refused = helm_chart(
+        "render",
+        &json!({"prometheusRule": {"enabled": true, "runbookBaseUrl": format!("{base}#x")}}),
+    );
+    assert!(
+        !refused.status.success(),
+        "a base URL with an anchor is refused"
+    );
+}

@@ -1178,7 +1178,10 @@ async fn two_nodes_whose_pods_fit_one_cheaper_node_are_merged_into_it_after_it_i
     world
         .create_pool(
             "burst",
-            json!({"providerRef": "pools", "disruption": {"consolidateAfter": "2s"}}),
+            // 6 s: longer than the test takes, on a loaded machine, to make an evicted pod
+            // again (as its ReplicaSet would); for a shorter delay the large node, holding
+            // one pod for a moment, is itself replaced by a cheaper small one.
+            json!({"providerRef": "pools", "disruption": {"consolidateAfter": "6s"}}),
         )
         .await;
     // One pod, then another once the first runs: each gets a small node of its own (the

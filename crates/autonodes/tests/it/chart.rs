@@ -33,8 +33,9 @@ fn values_for_1_20(extra: serde_json::Value) -> serde_json::Value {
     v
 }
 
-#[test]
-fn chart_crds_are_identical_to_the_generated_crds() {
+/// Asserts that each chart directory holds exactly the files of its generated directory
+/// (`crds/` or `crds/capi/`), byte for byte.
+fn assert_copies_of_generated_crds(pairs: &[(&str, &str)]) {
     let names = |dir: &std::path::Path| -> BTreeSet<String> {
         std::fs::read_dir(dir)
             .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
@@ -43,12 +44,7 @@ fn chart_crds_are_identical_to_the_generated_crds() {
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .collect()
     };
-    // autonodes' own kinds in the chart's crds/ (installed by every `helm install`), the
-    // Cluster API mirror's in capi-crds/ (rendered only with the mirror on).
-    for (generated, chart) in [
-        ("crds", "charts/autonodes/crds"),
-        ("crds/capi", "charts/autonodes/capi-crds"),
-    ] {
+    for (generated, chart) in pairs {
         let (generated, chart) = (repo().join(generated), repo().join(chart));
         assert_eq!(
             names(&generated),
@@ -58,16 +54,25 @@ fn chart_crds_are_identical_to_the_generated_crds() {
             generated.display()
         );
         for name in names(&generated) {
-            let a = std::fs::read(generated.join(&name)).expect("read");
-            let b = std::fs::read(chart.join(&name)).expect("read");
             assert!(
-                a == b,
+                std::fs::read(generated.join(&name)).expect("read")
+                    == std::fs::read(chart.join(&name)).expect("read"),
                 "{}/{name} differs from {}/{name}: copy it",
                 chart.display(),
                 generated.display()
             );
         }
     }
+}
+
+#[test]
+fn chart_crds_are_identical_to_the_generated_crds() {
+    // autonodes' own kinds in the chart's crds/ (installed by every `helm install`), the
+    // Cluster API mirror's in capi-crds/ (rendered only with the mirror on).
+    assert_copies_of_generated_crds(&[
+        ("crds", "charts/autonodes/crds"),
+        ("crds/capi", "charts/autonodes/capi-crds"),
+    ]);
 }
 
 /// The names of every metric family the controller registers (histograms with their
@@ -1170,30 +1175,10 @@ fn the_crd_chart_lints_and_renders_autonodes_crds_and_the_mirrors_only_when_aske
 
 #[test]
 fn the_crd_charts_files_are_the_generated_crds() {
-    let names = |dir: &std::path::Path| -> BTreeSet<String> {
-        std::fs::read_dir(dir)
-            .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
-            .map(|e| e.expect("entry"))
-            .filter(|e| e.path().is_file())
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect()
-    };
-    for (generated, chart) in [
+    assert_copies_of_generated_crds(&[
         ("crds", "charts/autonodes-crd/files/autonodes"),
         ("crds/capi", "charts/autonodes-crd/files/capi"),
-    ] {
-        let (generated, chart) = (repo().join(generated), repo().join(chart));
-        assert_eq!(names(&generated), names(&chart), "{}", chart.display());
-        for name in names(&generated) {
-            assert!(
-                std::fs::read(generated.join(&name)).expect("read")
-                    == std::fs::read(chart.join(&name)).expect("read"),
-                "{}/{name} differs from {}/{name}: copy it",
-                chart.display(),
-                generated.display()
-            );
-        }
-    }
+    ]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -972,6 +972,12 @@ async fn the_cluster_api_mirror_is_off_by_default_so_kubectl_get_machines_finds_
     );
     assert!(args(&on).contains(&"--capi-mirror".to_string()));
     assert!(capi_role(&on));
+    // Where the autonodes-crd chart owns the mirror's CRDs: the mirror runs, no CRD here.
+    let without_crds = documents(&render_chart(&values_for_1_20(
+        json!({"clusterAutoscaler": {"mirror": {"enabled": true, "crds": false}}}),
+    )));
+    assert!(crds(&without_crds).is_empty());
+    assert!(args(&without_crds).contains(&"--capi-mirror".to_string()) && capi_role(&without_crds));
     for crd in on
         .iter()
         .filter(|d| d["kind"] == "CustomResourceDefinition")

@@ -493,6 +493,9 @@ pub struct TestEnv {
     /// etcd's client URL.
     pub etcd_url: String,
     servers: BTreeMap<String, ApiServer>,
+    /// Whether its API servers start with [`lean_flags`]: the tests' do; the playground's
+    /// serve the whole API of their release, as a user's cluster would.
+    lean: bool,
     // Field order matters for Drop: API servers stop before etcd, the directory goes last.
     etcd: ManagedProcess,
     _tempdir: Option<tempfile::TempDir>,
@@ -521,11 +524,13 @@ impl TestEnv {
         Ok(env)
     }
 
-    /// Starts etcd and API servers in `dir`, which is kept afterwards (for `autonodes-dev dev`).
+    /// Starts etcd and API servers in `dir`, which is kept afterwards (for `autonodes-dev dev`);
+    /// they serve every API of their release (not [`lean_flags`]).
     pub async fn start_in(dir: &Path, names: &[&str]) -> Result<Self, TestEnvError> {
         fs::create_dir_all(dir).map_err(io_err(format!("creating {}", dir.display())))?;
         let dir = fs::canonicalize(dir).map_err(io_err(format!("resolving {}", dir.display())))?;
         let mut env = Self::start_etcd(dir, None)?;
+        env.lean = false;
         for name in names {
             env.add_apiserver(name).await?;
         }
@@ -549,6 +554,7 @@ impl TestEnv {
             dir,
             etcd_url,
             servers: BTreeMap::new(),
+            lean: true,
             etcd,
             _tempdir: tempdir,
         })
@@ -721,7 +727,9 @@ impl TestEnv {
         let (crt, key) = paths.serving;
         args.push(format!("--tls-cert-file={}", crt.display()));
         args.push(format!("--tls-private-key-file={}", key.display()));
-        args.extend(lean_flags(binary_minor(&self.bins.kube_apiserver)));
+        if self.lean {
+            args.extend(lean_flags(binary_minor(&self.bins.kube_apiserver)));
+        }
         let log = paths.dir.join("kube-apiserver.log");
         let process = ManagedProcess::spawn(
             &format!("kube-apiserver {name}"),
@@ -979,4 +987,32 @@ pub async fn install_crds(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod lean_tests {
+    use super::lean_flags;
+
+    #[test]
+    fn lean_servers_keep_pod_disruption_budgets_only_on_releases_that_serve_them_in_beta() {
+        for minor in [None, Some(20), Some(24)] {
+            let flags = lean_flags(minor);
+            assert!(
+                flags.contains(
+                    &"--runtime-config=api/beta=false,api/alpha=false,policy/v1beta1=true"
+                        .to_string()
+                ),
+                "{minor:?}: {flags:?}"
+            );
+        }
+        // 1.25 removed policy/v1beta1: naming it would stop the server.
+        for minor in [25, 31, 36] {
+            let flags = lean_flags(Some(minor));
+            assert!(
+                flags.contains(&"--runtime-config=api/beta=false,api/alpha=false".to_string()),
+                "{minor}: {flags:?}"
+            );
+        }
+        assert!(lean_flags(Some(36)).contains(&"--enable-priority-and-fairness=false".to_string()));
+    }
 }

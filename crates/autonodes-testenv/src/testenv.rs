@@ -607,9 +607,9 @@ impl TestEnv {
 
     /// Starts another API server whose serving certificate is also valid for `extra_ips`
     /// (e.g. `10.0.2.2`, the host's loopback as a QEMU guest on a user-mode network sees
-    /// it). Its serving certificate is then signed by its client CA, so one CA (the
-    /// kubeconfig's) signs the server, the admin and the certificates a kube-controller-manager
-    /// issues to kubelets with that CA's key (`certs/client-ca.key`).
+    /// it). Like every server's, its serving certificate is signed by its client CA, so one
+    /// CA (the kubeconfig's) signs the server, the admin and the certificates a
+    /// kube-controller-manager issues to kubelets with that CA's key (`certs/client-ca.key`).
     pub async fn add_apiserver_serving(
         &mut self,
         name: &str,

@@ -1020,16 +1020,15 @@ async fn the_cluster_api_mirror_is_off_by_default_so_kubectl_get_machines_finds_
             path_str(&repo().join("charts/autonodes/crds")),
         ],
     );
-    let wait = |crds: &[&str]| {
-        let mut args = vec!["wait", "--for=condition=Established", "--timeout=60s"];
-        args.extend_from_slice(crds);
-        kubectl_ok(&env, mgmt, &args);
-    };
-    wait(&[
-        "crd/machines.cluster.x-k8s.io",
-        "crd/nodeclaims.autonodes.io",
-        "crd/nodepools.autonodes.io",
-    ]);
+    common::wait_established(
+        &env,
+        mgmt,
+        &[
+            "crd/machines.cluster.x-k8s.io",
+            "crd/nodeclaims.autonodes.io",
+            "crd/nodepools.autonodes.io",
+        ],
+    );
     let machine = dir.path().join("machine.yaml");
     std::fs::write(
         &machine,
@@ -1057,10 +1056,14 @@ async fn the_cluster_api_mirror_is_off_by_default_so_kubectl_get_machines_finds_
         mgmt,
         &["create", "--validate=false", "-f", path_str(&mirror_crds)],
     );
-    wait(&[
-        "crd/machines.capi.autonodes.io",
-        "crd/machinepools.capi.autonodes.io",
-    ]);
+    common::wait_established(
+        &env,
+        mgmt,
+        &[
+            "crd/machines.capi.autonodes.io",
+            "crd/machinepools.capi.autonodes.io",
+        ],
+    );
     let theirs = kubectl_ok(
         &env,
         mgmt,
@@ -1260,16 +1263,7 @@ async fn a_release_of_the_previous_version_upgraded_with_both_charts_serves_the_
         &main_values,
     );
     println!("== installed {PREVIOUS}: {crd} {main}");
-    kubectl_ok(
-        &env,
-        mgmt,
-        &[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/nodepools.autonodes.io",
-        ],
-    );
+    common::wait_established(&env, mgmt, &["crd/nodepools.autonodes.io"]);
     let pool = dir.path().join("pool.yaml");
     std::fs::write(
         &pool,

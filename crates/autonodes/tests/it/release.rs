@@ -718,16 +718,10 @@ async fn release_sh_pushes_the_image_its_sbom_the_chart_and_the_command_line_whi
         mgmt,
         &["create", "--validate=false", "-f", path_str(&crds)],
     );
-    kubectl_ok(
+    common::wait_established(
         &env,
         mgmt,
-        &[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/nodeclaims.autonodes.io",
-            "crd/nodepools.autonodes.io",
-        ],
+        &["crd/nodeclaims.autonodes.io", "crd/nodepools.autonodes.io"],
     );
     let out = kubectl(&env, mgmt, &["apply", "-f", path_str(&manifest_file)]);
     let applied = String::from_utf8_lossy(&out.stdout).into_owned();

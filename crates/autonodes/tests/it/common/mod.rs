@@ -85,19 +85,23 @@ pub fn apply_crds_dir(env: &TestEnv, server: &ApiServer) {
         server,
         &["apply", "--validate=false", "-f", path_str(&dir)],
     );
-    kubectl_ok(
+    wait_established(
         env,
         server,
         &[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
             "crd/nodeclaims.autonodes.io",
             "crd/nodepools.autonodes.io",
             "crd/nodeproviders.autonodes.io",
             "crd/nodetypes.autonodes.io",
         ],
     );
+}
+
+/// Waits (`kubectl wait`, up to 60 s) until each of `crds` (`crd/NAME`) is Established.
+pub fn wait_established(env: &TestEnv, server: &ApiServer, crds: &[&str]) {
+    let mut args = vec!["wait", "--for=condition=Established", "--timeout=60s"];
+    args.extend_from_slice(crds);
+    kubectl_ok(env, server, &args);
 }
 
 /// A path as &str (test paths are UTF-8).

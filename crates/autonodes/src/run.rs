@@ -15,6 +15,7 @@ use crate::controller;
 use crate::controller::config::ControllerConfig;
 use crate::leader::{LeaderConfig, LeaderElector};
 use crate::metrics::Metrics;
+use crate::remote::clients::LocalHost;
 use crate::remote::egress::Egress;
 use crate::remote::request_metrics::{ClusterKind, CountRequests};
 use crate::server::{self, ServerState};
@@ -268,7 +269,7 @@ pub async fn management_client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<C
 /// clients are never let connect to).
 pub(crate) async fn management_client_and_server(
     kubeconfig: Option<&PathBuf>,
-) -> anyhow::Result<(Client, Option<String>)> {
+) -> anyhow::Result<(Client, Option<String>, LocalHost)> {
     let config = match kubeconfig {
         Some(path) => {
             let kc = Kubeconfig::read_from(path)
@@ -282,11 +283,35 @@ pub(crate) async fn management_client_and_server(
             .context("no --kubeconfig, no in-cluster config and no usable $KUBECONFIG")?,
     };
     let server = server_address(&config.cluster_url);
+    let local_host = LocalHost {
+        server: config
+            .cluster_url
+            .to_string()
+            .trim_end_matches('/')
+            .to_string(),
+        ca_pem: config.root_cert.as_deref().map(pem_of_der_certificates),
+    };
     let client = kube::client::ClientBuilder::try_from(config)
         .context("building the management-cluster client")?
         .with_layer(&CountRequests(ClusterKind::Management))
         .build();
-    Ok((client, server))
+    Ok((client, server, local_host))
+}
+
+/// PEM text of DER certificates (as kube's `Config::root_cert` holds them).
+fn pem_of_der_certificates(certs: &[Vec<u8>]) -> Vec<u8> {
+    use base64::Engine as _;
+    let mut pem = String::new();
+    for der in certs {
+        let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+        pem.push_str("-----BEGIN CERTIFICATE-----\n");
+        for line in b64.as_bytes().chunks(64) {
+            pem.push_str(&String::from_utf8_lossy(line));
+            pem.push('\n');
+        }
+        pem.push_str("-----END CERTIFICATE-----\n");
+    }
+    pem.into_bytes()
 }
 
 /// `host:port` of a server URL (the scheme's port when none is written).
@@ -328,7 +353,7 @@ pub async fn shutdown_signal() {
 /// Runs the controller until SIGTERM or Ctrl-C.
 pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
     init_tracing(args.log_format);
-    let (client, management_server) =
+    let (client, management_server, local_host) =
         management_client_and_server(args.kubeconfig.as_ref()).await?;
     let egress = Egress {
         host: Arc::new(AddressPolicy {
@@ -375,6 +400,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
         installation: args.installation_id.clone(),
         egress,
         management_server,
+        local_host,
     };
     let leader = args.leader_elect.then(|| {
         LeaderConfig::new(
@@ -610,6 +636,29 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn der_certificates_become_pem_blocks_that_decode_back_to_the_same_bytes() {
+        use base64::Engine as _;
+        let first: Vec<u8> = (0..=255u8).collect();
+        let second = vec![7u8; 10];
+        let pem = String::from_utf8(pem_of_der_certificates(&[first.clone(), second.clone()]))
+            .expect("PEM is text");
+        let blocks: Vec<Vec<u8>> = pem
+            .split("-----END CERTIFICATE-----\n")
+            .filter(|b| !b.is_empty())
+            .map(|b| {
+                let body = b
+                    .strip_prefix("-----BEGIN CERTIFICATE-----\n")
+                    .expect("a BEGIN line");
+                assert!(body.lines().all(|l| l.len() <= 64), "{body}");
+                base64::engine::general_purpose::STANDARD
+                    .decode(body.replace('\n', ""))
+                    .expect("base64")
+            })
+            .collect();
+        assert_eq!(blocks, vec![first, second]);
+    }
 
     #[test]
     fn durations_parse_in_go_syntax_and_plain_seconds() {

@@ -58,6 +58,8 @@ pub struct ControllerConfig {
     /// The management cluster's API server as this process reaches it (`host:port`), also
     /// refused to host and tenant clients.
     pub management_server: Option<String>,
+    /// The management cluster's URL and CA, for warm VMs on a `local` host.
+    pub local_host: crate::remote::clients::LocalHost,
 }
 
 /// The installation id of [`ControllerConfig::default`] (tests and the playground).
@@ -86,6 +88,7 @@ impl Default for ControllerConfig {
             installation: DEFAULT_INSTALLATION.to_string(),
             egress: crate::remote::egress::Egress::default(),
             management_server: None,
+            local_host: Default::default(),
         }
     }
 }

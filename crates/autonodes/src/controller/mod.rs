@@ -104,13 +104,16 @@ pub(crate) async fn run(
     let (wake_claims, claim_wakeups) = mpsc::unbounded();
     let (wake_types, type_wakeups) = mpsc::unbounded();
     let (wake_pools, pool_wakeups) = mpsc::unbounded();
-    let clients = Arc::new(ClusterClients::new(
-        client.clone(),
-        config.namespace.clone(),
-        config.kubeconfig_policy,
-        config.egress.clone(),
-        config.tenant_limits,
-    ));
+    let clients = Arc::new(
+        ClusterClients::new(
+            client.clone(),
+            config.namespace.clone(),
+            config.kubeconfig_policy,
+            config.egress.clone(),
+            config.tenant_limits,
+        )
+        .with_local_host(config.local_host.clone()),
+    );
     clients.set_on_connect(watches::watch_hook(
         wake_claims.clone(),
         r.claims.store(),

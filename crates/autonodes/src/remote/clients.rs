@@ -261,9 +261,22 @@ impl Default for TenantLimits {
     }
 }
 
+/// The management cluster as the host of its own VMs (`local`): where warm VMs' agents reach
+/// its API server and the CA they verify it with, from the controller's own configuration
+/// (its kubeconfig, or the in-cluster service account's).
+#[derive(Clone, Debug, Default)]
+pub struct LocalHost {
+    /// The API server's URL as the controller reaches it (a provider's `guestApiServer`
+    /// wins for the guests).
+    pub server: String,
+    /// PEM of the CA the controller trusts for it (`None`: warm VMs cannot run there).
+    pub ca_pem: Option<Vec<u8>>,
+}
+
 /// Builds and caches clients for host and tenant clusters.
 pub struct ClusterClients {
     mgmt: Client,
+    local_host: LocalHost,
     service_namespace: String,
     policy: KubeconfigPolicy,
     cache: Mutex<HashMap<ClusterKey, Cached>>,
@@ -290,6 +303,7 @@ impl ClusterClients {
     ) -> Self {
         ClusterClients {
             mgmt,
+            local_host: LocalHost::default(),
             service_namespace: service_namespace.into(),
             policy,
             cache: Mutex::new(HashMap::new()),
@@ -302,6 +316,12 @@ impl ClusterClients {
                 limits.answer_budget,
             )),
         }
+    }
+
+    /// The same, with the management cluster's URL and CA for a `local` host.
+    pub fn with_local_host(mut self, local_host: LocalHost) -> Self {
+        self.local_host = local_host;
+        self
     }
 
     /// The refusal of a tenant cluster `key` that is not connected yet while its namespace
@@ -344,8 +364,8 @@ impl ClusterClients {
                     Ok(Remote {
                         key: ClusterKey::Host(LOCAL_CLUSTER.into()),
                         client: self.mgmt.clone(),
-                        server: String::new(),
-                        ca_pem: None,
+                        server: self.local_host.server.clone(),
+                        ca_pem: self.local_host.ca_pem.clone(),
                         via: None,
                         cache: RemoteCache::None,
                     })

@@ -131,6 +131,9 @@ pub async fn put_host_node(
     Ok(())
 }
 
+/// The `clusterRef.cluster` of a provider whose VMs go to the management cluster itself.
+pub const LOCAL_HOST: &str = "local";
+
 /// What the playground set up, for printing and for tests.
 pub struct Playground {
     /// The clusters.
@@ -162,19 +165,25 @@ impl Playground {
 /// CRDs on management, KubeVirt CRDs, [`HOST_NODES`] and the VM namespace on the host, the
 /// host kubeconfig
 /// Secret in the service namespace, the tenant kubeconfig Secret `vc-<vcluster>`, and the
-/// provider applied.
+/// provider applied. Where `host` stands for the management server
+/// ([`TestEnv::alias`]), autonodes runs in its host cluster: no host kubeconfig Secret is
+/// written and the provider's `clusterRef.cluster` becomes [`LOCAL_HOST`].
 pub async fn wire(
     env: TestEnv,
     provider_yaml: &str,
     tenant_namespace: &str,
     vcluster: &str,
 ) -> anyhow::Result<Playground> {
-    let provider: NodeProvider = autonodes_core::yaml::from_str(provider_yaml)
+    let mut provider: NodeProvider = autonodes_core::yaml::from_str(provider_yaml)
         .context("the provider file is not a NodeProvider")?;
     let mgmt = env
         .apiserver("mgmt")
         .context("management cluster missing")?;
     let host = env.apiserver("host").context("host cluster missing")?;
+    let local = host.url == mgmt.url;
+    if local {
+        provider.spec.kube_virt.cluster_ref.cluster = LOCAL_HOST.to_string();
+    }
     let tenant = env.apiserver("tenant").context("tenant cluster missing")?;
     let mgmt_client = mgmt.client().await?;
     let host_client = host.client().await?;
@@ -187,14 +196,18 @@ pub async fn wire(
         put_host_node(&host_client, name, zone, &role, &HOST_NODE_ALLOCATABLE).await?;
     }
     ensure_namespace(&host_client, &provider.spec.kube_virt.cluster_ref.namespace).await?;
-    put_kubeconfig_secret(
-        &mgmt_client,
-        SERVICE_NAMESPACE,
-        &provider.spec.kube_virt.cluster_ref.cluster,
-        autonodes_api::HOST_KUBECONFIG_KEY,
-        &host.kubeconfig_yaml()?,
-    )
-    .await?;
+    // The controller's own namespace, as its installation makes it.
+    ensure_namespace(&mgmt_client, SERVICE_NAMESPACE).await?;
+    if !local {
+        put_kubeconfig_secret(
+            &mgmt_client,
+            SERVICE_NAMESPACE,
+            &provider.spec.kube_virt.cluster_ref.cluster,
+            autonodes_api::HOST_KUBECONFIG_KEY,
+            &host.kubeconfig_yaml()?,
+        )
+        .await?;
+    }
     put_kubeconfig_secret(
         &mgmt_client,
         tenant_namespace,

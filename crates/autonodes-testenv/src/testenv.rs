@@ -493,6 +493,8 @@ pub struct TestEnv {
     /// etcd's client URL.
     pub etcd_url: String,
     servers: BTreeMap<String, ApiServer>,
+    /// Names that stand for another server's ([`TestEnv::alias`]).
+    aliases: BTreeMap<String, String>,
     /// Whether its API servers start with [`lean_flags`]: the tests' do; the playground's
     /// serve the whole API of their release, as a user's cluster would.
     lean: bool,
@@ -554,6 +556,7 @@ impl TestEnv {
             dir,
             etcd_url,
             servers: BTreeMap::new(),
+            aliases: BTreeMap::new(),
             lean: true,
             etcd,
             _tempdir: tempdir,
@@ -679,7 +682,7 @@ impl TestEnv {
         self.servers.insert(name.to_string(), server);
         self.servers
             .get(name)
-            .ok_or_else(|| TestEnvError::Duplicate(name.to_string()))
+            .ok_or_else(|| TestEnvError::NoServer(name.to_string()))
     }
 
     /// Starts one kube-apiserver `name` on a free port and waits until it is ready.
@@ -776,14 +779,31 @@ impl TestEnv {
         Ok(server)
     }
 
+    /// Makes `name` stand for the API server `server` (one cluster in two roles, as a
+    /// management cluster that is also the host of the VMs): [`TestEnv::apiserver`] and
+    /// [`TestEnv::apiserver_mut`] of `name` give that server; [`TestEnv::apiservers`] lists
+    /// it once.
+    pub fn alias(&mut self, name: &str, server: &str) -> Result<(), TestEnvError> {
+        if self.servers.contains_key(name) || self.aliases.contains_key(name) {
+            return Err(TestEnvError::Duplicate(name.to_string()));
+        }
+        if !self.servers.contains_key(server) {
+            return Err(TestEnvError::NoServer(server.to_string()));
+        }
+        self.aliases.insert(name.to_string(), server.to_string());
+        Ok(())
+    }
+
     /// The API server named `name`.
     pub fn apiserver(&self, name: &str) -> Option<&ApiServer> {
+        let name = self.aliases.get(name).map(String::as_str).unwrap_or(name);
         self.servers.get(name)
     }
 
     /// The API server named `name`, mutably (e.g. to stop it).
     pub fn apiserver_mut(&mut self, name: &str) -> Option<&mut ApiServer> {
-        self.servers.get_mut(name)
+        let name = self.aliases.get(name).cloned().unwrap_or(name.to_string());
+        self.servers.get_mut(&name)
     }
 
     /// Every API server, by name.

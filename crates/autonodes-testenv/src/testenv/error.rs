@@ -44,6 +44,9 @@ pub enum TestEnvError {
     /// An API server with this name exists already.
     #[error("an API server named {0} exists already")]
     Duplicate(String),
+    /// No API server has this name.
+    #[error("no API server named {0}")]
+    NoServer(String),
     /// Talking to an API server failed.
     #[error("{context}: {source}")]
     Kube {

@@ -559,7 +559,12 @@ fn impersonating_kubeconfig(server: &autonodes_testenv::testenv::ApiServer, user
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_controller_with_only_the_charts_rbac_provisions_a_claim_and_cleans_it_up() {
-    let opts = WorldOptions::default();
+    // The chart's RBAC is for a management cluster that is not the host (whose rights the
+    // host kubeconfig Secret carries).
+    let opts = WorldOptions {
+        separate_host: true,
+        ..WorldOptions::default()
+    };
     let mut world = World::start_clusters(&opts).await;
     let env = &world.playground.env;
     let mgmt = world.playground.mgmt().expect("mgmt");

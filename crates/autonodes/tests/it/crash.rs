@@ -104,7 +104,12 @@ async fn assert_exactly_one_of_each(world: &World) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_controller_killed_right_after_creating_the_secret_ends_with_one_vm_and_one_secret() {
-    let mut world = World::start_clusters(&WorldOptions::default()).await;
+    // The host identity is restricted through its kubeconfig Secret: a host of its own.
+    let mut world = World::start_clusters(&WorldOptions {
+        separate_host: true,
+        ..WorldOptions::default()
+    })
+    .await;
     restrict_host(&world, false).await;
     let mut first = spawn_controller(&world, 1);
     world.claim_type("crash", "standard-node").await;
@@ -147,7 +152,12 @@ async fn a_controller_killed_right_after_creating_the_secret_ends_with_one_vm_an
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_controller_killed_right_after_creating_the_vm_ends_with_one_vm_and_one_secret() {
-    let mut world = World::start_clusters(&WorldOptions::default()).await;
+    // The host identity is restricted through its kubeconfig Secret: a host of its own.
+    let mut world = World::start_clusters(&WorldOptions {
+        separate_host: true,
+        ..WorldOptions::default()
+    })
+    .await;
     let mut first = spawn_controller(&world, 1);
     world.claim_type("crash", "standard-node").await;
     // No simulator yet: the VM is created and never boots; kill the process as soon as the

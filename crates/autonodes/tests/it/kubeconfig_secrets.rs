@@ -390,7 +390,12 @@ fn assert_nothing_leaked(cases: &[Case], listener: &Listener) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_host_kubeconfigs_fail_the_provider_and_run_read_or_send_nothing() {
     logs();
-    let world = World::start(WorldOptions::default()).await;
+    // Host kubeconfig Secrets of every shape, aimed at a host of its own.
+    let world = World::start(WorldOptions {
+        separate_host: true,
+        ..WorldOptions::default()
+    })
+    .await;
     let listener = Listener::start().await;
     let scratch = tempfile::tempdir().expect("scratch dir");
     let host = world.playground.host().expect("host");
@@ -540,7 +545,12 @@ async fn refused_tenant_kubeconfigs_fail_claims_and_pools_and_run_read_or_send_n
 async fn vcluster_shaped_client_certificate_kubeconfigs_serve_hosts_and_tenants_and_insecure_needs_the_opt_in(
 ) {
     logs();
-    let mut world = World::start_clusters(&WorldOptions::default()).await;
+    // The host's kubeconfig Secret is replaced: a host of its own.
+    let mut world = World::start_clusters(&WorldOptions {
+        separate_host: true,
+        ..WorldOptions::default()
+    })
+    .await;
     world
         .config
         .kubeconfig_policy

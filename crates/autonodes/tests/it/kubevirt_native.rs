@@ -926,8 +926,9 @@ async fn claims_wait_with_host_capacity_exhausted_while_no_host_node_has_room_an
         .await;
     let (status, message) = wait_unscheduled(&world, "r-4", "HostCapacityExhausted").await;
     assert_eq!(status, "False");
+    let host = &world.playground.provider.spec.kube_virt.cluster_ref.cluster;
     assert!(
-        message.contains("node type room.tight on host cluster test-kubevirt-1")
+        message.contains(&format!("node type room.tight on host cluster {host}"))
             && message.contains(
                 "(2100m cpu, 4352Mi memory) fits none of 1 eligible host node(s) in zone"
             ),

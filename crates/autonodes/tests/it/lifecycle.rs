@@ -465,7 +465,12 @@ async fn a_node_type_removed_from_its_provider_is_kept_while_a_claim_uses_it_and
 /// Clusters, the simulator and the real `autonodes run` binary serving its metrics on the
 /// returned address.
 async fn world_with_controller_process() -> (World, ManagedProcess, SocketAddr) {
-    let mut world = World::start_clusters(&WorldOptions::default()).await;
+    // The requests are counted per cluster: the host is one of its own.
+    let mut world = World::start_clusters(&WorldOptions {
+        separate_host: true,
+        ..WorldOptions::default()
+    })
+    .await;
     world.start_simulator(SimMode::Normal).await;
     let port = autonodes_testenv::testenv::free_port().expect("free port");
     let addr = SocketAddr::from(([127, 0, 0, 1], port));

@@ -222,7 +222,10 @@ async fn a_full_type_keeps_a_claim_pending_until_another_claim_is_deleted() {
     let wide = kubectl(&world, &["get", "nclaim", "-n", NS, "-o", "wide"]);
     println!("$ kubectl get nclaim -n {NS} -o wide\n{wide}");
     assert_eq!(column(&wide, "first", "PROVIDER"), "small");
-    assert_eq!(column(&wide, "first", "HOSTCLUSTER"), "test-kubevirt-1");
+    assert_eq!(
+        column(&wide, "first", "HOSTCLUSTER"),
+        world.playground.provider.spec.kube_virt.cluster_ref.cluster
+    );
     assert!(
         column(&wide, "first", "PROVIDERID").starts_with("kubevirt://"),
         "{wide}"

@@ -13,7 +13,12 @@ const WAIT: Duration = Duration::from_secs(120);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cleanup_that_cannot_reach_the_host_keeps_the_claim_until_its_vm_is_gone() {
-    let world = World::start(WorldOptions::default()).await;
+    // The host's kubeconfig Secret goes away: a host of its own.
+    let world = World::start(WorldOptions {
+        separate_host: true,
+        ..WorldOptions::default()
+    })
+    .await;
     for name in ["keep-a", "keep-b"] {
         world.claim_type(name, "standard-node").await;
     }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use autonodes::controller::config::ControllerConfig;
 use autonodes_api::{NodeClaim, NodePool, NodeProvider, NodeType, LABEL_MANAGED_BY, MANAGED_BY};
-use autonodes_testenv::playground::{wire, Playground, SERVICE_NAMESPACE};
+use autonodes_testenv::playground::{wire, Playground, LOCAL_HOST, SERVICE_NAMESPACE};
 use autonodes_testenv::simulator::{SimMode, SimOptions, Tenant};
 use autonodes_testenv::testenv::TestEnv;
 use k8s_openapi::api::core::v1::{Namespace, Node, Secret};
@@ -33,6 +33,12 @@ pub struct WorldOptions {
     pub node_repair_after: Option<Duration>,
     /// How often the controller's orphan sweep runs.
     pub orphan_sweep_interval: Duration,
+    /// Whether the VMs' host is a cluster of its own (API server `host`, reached through
+    /// the kubeconfig Secret the provider names), as for tests that stop it or look at
+    /// what crosses between it and the management cluster. Otherwise autonodes runs in
+    /// its host cluster, as most installations do: the provider names `local` and the
+    /// world has two API servers, not three.
+    pub separate_host: bool,
 }
 
 impl Default for WorldOptions {
@@ -48,6 +54,7 @@ impl Default for WorldOptions {
             initialization_timeout: Duration::from_secs(120),
             node_repair_after: Some(Duration::from_secs(600)),
             orphan_sweep_interval: Duration::from_secs(300),
+            separate_host: false,
         }
     }
 }
@@ -74,7 +81,12 @@ fn stopper() -> (
     })
 }
 
-/// A NodeProvider whose VMs go to `cluster` (the playground's host is `test-kubevirt-1`),
+/// The host cluster the providers of the tests name: the playground's host, reached through
+/// the kubeconfig Secret of that name, or the management cluster itself (as `local`) in a
+/// world without [`WorldOptions::separate_host`].
+pub const PLAYGROUND_HOST: &str = "test-kubevirt-1";
+
+/// A NodeProvider whose VMs go to `cluster` (the playground's host is [`PLAYGROUND_HOST`]),
 /// with a containerDisk base template asking `cpu` and `memory`, and the given
 /// `spec.kubeVirt.nodeTypes` entries (YAML list items indented by six spaces).
 pub fn provider_yaml(
@@ -164,10 +176,22 @@ impl World {
         world
     }
 
-    /// Starts the default test environment (`mgmt`, `host` and `tenant` API servers) and
-    /// wires its clusters only (no controller, no simulator).
+    /// Starts the default test environment (`mgmt` and `tenant` API servers, `host` one
+    /// of its own only with [`WorldOptions::separate_host`], else the management server)
+    /// and wires its clusters only (no controller, no simulator).
     pub async fn start_clusters(opts: &WorldOptions) -> World {
-        World::on(super::start(&["mgmt", "host", "tenant"]).await, opts).await
+        if opts.separate_host {
+            return World::on(super::start(&["mgmt", "host", "tenant"]).await, opts).await;
+        }
+        let mut env = super::start(&["mgmt", "tenant"]).await;
+        env.alias("host", "mgmt").expect("host stands for mgmt");
+        World::on(env, opts).await
+    }
+
+    /// Whether the VMs go to the management cluster itself (the provider names `local`).
+    pub fn host_is_mgmt(&self) -> bool {
+        let p = &self.playground;
+        matches!((p.host(), p.mgmt()), (Ok(h), Ok(m)) if h.url == m.url)
     }
 
     /// Wires the clusters of `env`, which has `mgmt`, `host` and `tenant` API servers, and
@@ -216,6 +240,12 @@ impl World {
                 "127.0.0.1:{}",
                 playground.mgmt().expect("mgmt").port
             )),
+            // As `autonodes run` takes them from its kubeconfig: for warm VMs on a `local`
+            // host.
+            local_host: autonodes::remote::clients::LocalHost {
+                server: playground.mgmt().expect("mgmt").url.clone(),
+                ca_pem: Some(playground.mgmt().expect("mgmt").ca_pem.clone()),
+            },
             ..Default::default()
         };
         World {
@@ -566,9 +596,13 @@ impl World {
             .unwrap_or_else(|| panic!("NodeType {name} has no Ready condition"))
     }
 
-    /// Applies a NodeProvider from YAML.
+    /// Applies a NodeProvider from YAML; one naming the playground's host
+    /// ([`PLAYGROUND_HOST`]) names `local` instead where the host is the management cluster.
     pub async fn apply_provider(&self, yaml: &str) -> NodeProvider {
-        let p: NodeProvider = autonodes_core::yaml::from_str(yaml).expect("provider YAML");
+        let mut p: NodeProvider = autonodes_core::yaml::from_str(yaml).expect("provider YAML");
+        if self.host_is_mgmt() && p.spec.kube_virt.cluster_ref.cluster == PLAYGROUND_HOST {
+            p.spec.kube_virt.cluster_ref.cluster = LOCAL_HOST.to_string();
+        }
         let name = p.name_any();
         Api::<NodeProvider>::all(self.mgmt.clone())
             .patch(

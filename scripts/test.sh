@@ -21,7 +21,7 @@ export AUTONODES_MDBOOK
 # cloud-init (schema checks), buildah, podman and runc (the image test) from Debian.
 bash scripts/test-tools.sh || echo "== test tools not installed: the tests that need them say so"
 # The real guests' disk images (Debian via debootstrap, cached after the first run) where
-# /dev/kvm exists; tests/qemu_guest.rs boots them. Without /dev/kvm those tests skip, and a
+# /dev/kvm exists; the real-guest test (tests/it/real_guest.rs) boots them. Without /dev/kvm it skips, and a
 # failed build here only says so (the tests run the script themselves and show its error).
 if [ -e /dev/kvm ]; then
   guest_started=$SECONDS

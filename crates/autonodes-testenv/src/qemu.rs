@@ -87,7 +87,7 @@ impl GuestImage {
     }
 
     /// The image of `variant` under `dir` (as `scripts/guest-image.sh` lays it out).
-    pub fn in_dir(dir: &Path, variant: Variant) -> io::Result<Self> {
+    fn in_dir(dir: &Path, variant: Variant) -> io::Result<Self> {
         let base = dir.join(variant.name());
         let missing = |what: &Path| {
             io::Error::new(
@@ -316,32 +316,12 @@ pub struct Guest {
     process: ManagedProcess,
     serial: PathBuf,
     qmp: PathBuf,
-    accel: Accel,
-    started: Instant,
 }
 
 impl Guest {
-    /// Boots `image` with a NoCloud seed of `user_data`, `meta_data` and `network_config` and
-    /// [`BootOptions::default`] (no host port reachable); the seed, the overlay disk and the
-    /// logs go to `work_dir` (created when missing).
-    pub fn boot(
-        image: &GuestImage,
-        user_data: &str,
-        meta_data: &str,
-        network_config: Option<&str>,
-        work_dir: &Path,
-    ) -> io::Result<Guest> {
-        Self::boot_with(
-            image,
-            user_data,
-            meta_data,
-            network_config,
-            work_dir,
-            &BootOptions::default(),
-        )
-    }
-
-    /// [`Guest::boot`] with explicit options.
+    /// Boots `image` with a NoCloud seed of `user_data`, `meta_data` and `network_config`
+    /// and `options`; the seed, the overlay disk and the logs go to `work_dir` (created when
+    /// missing).
     pub fn boot_with(
         image: &GuestImage,
         user_data: &str,
@@ -463,8 +443,6 @@ impl Guest {
             process,
             serial,
             qmp,
-            accel,
-            started: Instant::now(),
         })
     }
 
@@ -478,64 +456,9 @@ impl Guest {
         &self.dir
     }
 
-    /// The accelerator the guest runs with.
-    pub fn accel(&self) -> &Accel {
-        &self.accel
-    }
-
-    /// When QEMU was started.
-    pub fn started(&self) -> Instant {
-        self.started
-    }
-
     /// The serial console's log file.
     pub fn serial_log_path(&self) -> &Path {
         &self.serial
-    }
-
-    /// Everything the guest wrote to its serial console so far.
-    pub fn serial_log(&self) -> String {
-        fs::read(&self.serial)
-            .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
-            .unwrap_or_default()
-    }
-
-    /// The last `lines` lines of the serial console.
-    pub fn serial_tail(&self, lines: usize) -> String {
-        let log = self.serial_log();
-        let all: Vec<&str> = log.lines().collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
-    }
-
-    /// Waits until a line of the serial console contains `pattern` and returns that line;
-    /// fails when QEMU exits first or `timeout` passes (with the console's last lines).
-    pub async fn wait_for(&mut self, pattern: &str, timeout: Duration) -> io::Result<String> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let log = self.serial_log();
-            if let Some(line) = log.lines().find(|l| l.contains(pattern)) {
-                return Ok(line.trim_end_matches('\r').to_string());
-            }
-            if let Err(e) = self.process.check_running() {
-                return Err(io::Error::other(format!(
-                    "the guest ended before its console showed {pattern:?}: {e}\n\
-                     last console lines:\n{}",
-                    self.serial_tail(40)
-                )));
-            }
-            if Instant::now() >= deadline {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!(
-                        "the guest's console did not show {pattern:?} within {} s; \
-                         last console lines:\n{}",
-                        timeout.as_secs(),
-                        self.serial_tail(40)
-                    ),
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
     }
 
     /// Whether QEMU still runs.

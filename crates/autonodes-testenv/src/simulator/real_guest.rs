@@ -16,7 +16,7 @@ use kube::api::DynamicObject;
 use kube::ResourceExt;
 use serde_json::Value;
 
-use crate::qemu::{BootOptions, Guest, GuestImage, Variant};
+use crate::qemu::{BootOptions, Guest, GuestImage, PowerOff, Variant};
 
 /// The real guests of one simulator run.
 #[derive(Debug)]
@@ -27,6 +27,7 @@ pub struct RealGuests {
     pub options: BootOptions,
     guests: Mutex<HashMap<String, Guest>>,
     serial_logs: Mutex<HashMap<String, PathBuf>>,
+    power_offs: Arc<Mutex<HashMap<String, PowerOff>>>,
     pids: Mutex<Vec<u32>>,
 }
 
@@ -38,6 +39,7 @@ impl RealGuests {
             options,
             guests: Mutex::new(HashMap::new()),
             serial_logs: Mutex::new(HashMap::new()),
+            power_offs: Arc::new(Mutex::new(HashMap::new())),
             pids: Mutex::new(Vec::new()),
         })
     }
@@ -49,6 +51,16 @@ impl RealGuests {
             .ok()?
             .get(&format!("{namespace}/{name}"))
             .cloned()
+    }
+
+    /// How the guest of VM `namespace/name` ended once powered off: by itself after ACPI
+    /// ([`PowerOff::Clean`]) or killed after its grace period (`None` while it runs).
+    pub fn power_off(&self, namespace: &str, name: &str) -> Option<PowerOff> {
+        self.power_offs
+            .lock()
+            .ok()?
+            .get(&format!("{namespace}/{name}"))
+            .copied()
     }
 
     /// How many guests run now.
@@ -111,13 +123,22 @@ impl RealGuests {
         let guest = self.guests.lock().ok().and_then(|mut g| g.remove(&uid));
         if let Some(mut guest) = guest {
             let name = vmi.name_any();
+            let key = format!("{}/{name}", vmi.namespace().unwrap_or_default());
             let grace = grace_period(vmi);
+            let power_offs = self.power_offs.clone();
             tokio::spawn(async move {
-                match guest.shutdown(grace).await {
-                    Ok(how) => tracing::info!(vmi = %name, ?how, "real guest powered off"),
-                    Err(e) => {
-                        tracing::warn!(vmi = %name, error = %e, "powering the guest off failed; killed")
+                let how = match guest.shutdown(grace).await {
+                    Ok(how) => {
+                        tracing::info!(vmi = %name, ?how, "real guest powered off");
+                        how
                     }
+                    Err(e) => {
+                        tracing::warn!(vmi = %name, error = %e, "powering the guest off failed; killed");
+                        PowerOff::Killed
+                    }
+                };
+                if let Ok(mut p) = power_offs.lock() {
+                    p.insert(key, how);
                 }
             });
         }

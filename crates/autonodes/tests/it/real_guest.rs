@@ -11,8 +11,10 @@
 //! `warm-agent.py`, with the VM's own token) reaches the host's API server at `10.0.2.2`;
 //! once both cold claims are Ready, a third claim takes the warm VM, whose agent reads
 //! the binding, revokes its own credential, has cloud-init apply the claim's own SSH key,
-//! file and command, and joins; the type refills. Skipped, with the reason, where KVM or the
-//! guest images are missing.
+//! file and command, and joins; the type refills. The guests themselves are checked too:
+//! cloud-init read the NoCloud seed and ended `done`, the stock guest reaches no host port
+//! it was not given, and it powers itself off at the ACPI button when its VM goes. Skipped,
+//! with the reason, where KVM or the guest images are missing.
 
 use crate::common;
 
@@ -43,6 +45,32 @@ runcmd:
   - [sh, -c, 'echo \"autonodes-claim-runcmd: file=$(cat /etc/autonodes-claim) keys=$(cat /root/.ssh/authorized_keys /home/*/.ssh/authorized_keys 2>/dev/null | grep -c ClaimKeyOfTheWarmClaim)\" > /dev/console']
 ";
 const READY: Duration = Duration::from_secs(900);
+
+/// The stock claim's own user data: in the background (its `runcmd` goes before the join),
+/// it tries a host loopback port the guests were not given and prints what came back.
+fn probe_user_data(port: u16) -> String {
+    format!(
+        "#cloud-config
+runcmd:
+  - [sh, -c, '(out=$(curl -sS --max-time 15 http://{}:{port}/ 2>&1); echo \"autonodes-probe: exit=$? $out\" > /dev/console) &']
+",
+        qemu::HOST_ADDRESS
+    )
+}
+
+/// A listener on the host's loopback that the guests are not given: counts connections.
+fn unreachable_listener() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding a loopback port");
+    let port = listener.local_addr().expect("its address").port();
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = accepted.clone();
+    std::thread::spawn(move || {
+        for _ in listener.incoming() {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    (port, accepted)
+}
 
 fn provider(host_port: u16, warm: u32) -> String {
     let node_type = |name: &str, prepared: bool| {
@@ -191,13 +219,22 @@ async fn a_prepared_and_a_stock_image_join_the_tenant_with_a_real_kubelet_and_le
     let created = Instant::now();
     // (The prepared type's warm VM boots meanwhile; these claims find none ready and are
     // served cold.)
+    // The stock guest also tries a host port it was not given (the guests reach only the
+    // tenant's, the mirror's and the host's API server ports).
+    let (other_port, other_accepted) = unreachable_listener();
     for (name, node_type) in [("prepared-1", "prepared"), ("stock-1", "stock")] {
+        let properties = if node_type == "stock" {
+            serde_json::json!({"autonodes.io/user-data": probe_user_data(other_port)})
+        } else {
+            serde_json::json!({})
+        };
         world
             .create_claim(serde_json::json!({
                 "metadata": {"name": name},
                 "spec": {
                     "providerRef": "real-guests",
                     "requirements": [{"key": "autonodes.io/node-type", "operator": "In", "values": [node_type]}],
+                    "properties": properties,
                 },
             }))
             .await;
@@ -315,13 +352,49 @@ async fn a_prepared_and_a_stock_image_join_the_tenant_with_a_real_kubelet_and_le
             .map(|i| i.kubelet_version.clone())
             .unwrap_or_default();
         assert_eq!(kubelet, version, "the kubelet of the {image} image");
+        // Debian's cloud-init read the NoCloud seed made as KubeVirt makes it, and finished
+        // without a failed module.
+        let verdict = cloud_init_result(&serial);
+        assert!(
+            verdict.starts_with("done") && verdict.contains("DataSourceNoCloud"),
+            "{image}: cloud-init {verdict}"
+        );
         println!(
             "real-guest: {image} image, claim {name} → Node {} Ready after {} s, Ready; kubelet {kubelet}; cloud-init {}",
             node.name_any(),
             ready_after[name].as_secs(),
-            cloud_init_result(&serial)
+            verdict
         );
     }
+    let stock_vm = claims
+        .get("stock-1")
+        .await
+        .expect("claim")
+        .status
+        .and_then(|s| s.vm_name)
+        .unwrap_or_default();
+    let stock_serial = real
+        .serial_log(VM_NS, &stock_vm)
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .unwrap_or_default();
+    let probe = stock_serial
+        .lines()
+        .rev()
+        .find_map(|l| {
+            l.split_once("autonodes-probe: ")
+                .map(|(_, p)| p.trim().to_string())
+        })
+        .unwrap_or_else(|| panic!("the stock guest's probe printed nothing:\n{stock_serial}"));
+    println!("real-guest: stock guest, a host port it was not given: {probe}");
+    assert!(
+        probe.starts_with("exit=") && !probe.starts_with("exit=0 "),
+        "the guest reached a host port it was not given: {probe}"
+    );
+    assert_eq!(
+        other_accepted.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "a connection reached the port the guests were not given"
+    );
     let started = Instant::now();
     loop {
         let left = world.tokens().await.len();
@@ -385,13 +458,19 @@ async fn a_prepared_and_a_stock_image_join_the_tenant_with_a_real_kubelet_and_le
         world.delete_claim(name).await;
     }
     let started = Instant::now();
-    while real.running() > warm_vms().await.len() {
+    while real.running() > warm_vms().await.len() || real.power_off(VM_NS, &stock_vm).is_none() {
         assert!(
             started.elapsed() < Duration::from_secs(300),
             "the cold guests did not power off"
         );
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+    // The stock guest powered itself off at the ACPI power button, within its grace period.
+    assert_eq!(
+        real.power_off(VM_NS, &stock_vm),
+        Some(autonodes_testenv::qemu::PowerOff::Clean),
+        "the stock guest was killed, not powered off"
+    );
     let warm_before = warm_vms().await;
     let created = Instant::now();
     // The claim brings an SSH key, a file and a command of its own: the warm VM booted

@@ -187,7 +187,8 @@ async fn metrics_show_capacity_cost_claims_and_stage_durations_once_a_claim_is_a
     has(
         &format!(
             "autonodes_build_info{{revision=\"{}\",version=\"{}\"}}",
-            autonodes::metrics::REVISION,
+            // The test build's binary was built without AUTONODES_REVISION.
+            "unknown",
             env!("CARGO_PKG_VERSION")
         ),
         1.0,

@@ -34,12 +34,23 @@ if [ -e /dev/kvm ]; then
   fi
 fi
 
+# Where the run's time goes, printed at its end: "<phase> <seconds>" per phase.
+phases=""
+phase_started=0
+phase_done() { # $1: the phase that just ended
+  phases="${phases}$1 $((SECONDS - phase_started)) s, "
+  phase_started=$SECONDS
+}
+phase_done "tools and images"
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+phase_done "fmt and clippy"
 echo "== cargo doc (intra-doc links)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --document-private-items --locked -q
+phase_done "doc"
 # Every process the tests start is recorded here (pid and start time; crates/autonodes-testenv/src/testenv.rs).
 AUTONODES_TEST_PIDS="$(pwd)/target/test-pids"
 rm -rf "$AUTONODES_TEST_PIDS"
@@ -56,9 +67,12 @@ rm -f target/chaos-report.txt
 set +e
 # Every test binary is built first, then run in two lanes side by side
 # (scripts/lib/test-lanes.sh): most of them wait on API servers far more than they compute.
-cargo test --workspace --all-targets --locked --no-run --message-format=json-render-diagnostics \
+# `--tests`: the unit and integration tests; the benchmarks are not run here, and clippy
+# above already compiled them (--all-targets).
+cargo test --workspace --tests --locked --no-run --message-format=json-render-diagnostics \
   > target/test-binaries.json
 status=$?
+phase_done "test build"
 : > target/test-output.txt
 if [ "$status" -eq 0 ]; then
   # The image's static binary, once, from the dependencies just built (scripts/image.sh;
@@ -67,10 +81,12 @@ if [ "$status" -eq 0 ]; then
   AUTONODES_STATIC_BINARY="$(bash scripts/image.sh --binary-only --profile dev | tail -n 1)"
   status=$?
   export AUTONODES_STATIC_BINARY
+  phase_done "static binary"
 fi
 if [ "$status" -eq 0 ]; then
   bash scripts/lib/test-lanes.sh target/test-binaries.json target/test-output.txt
   status=$?
+  phase_done "tests in lanes"
 fi
 set -e
 results=$(grep -Eo 'test result: [a-zA-Z]+\. [0-9]+ passed; [0-9]+ failed' target/test-output.txt || true)
@@ -104,5 +120,6 @@ else
 fi
 echo "target/: $(du -sh target 2>/dev/null | cut -f1); disk: $(df -h . | awk 'NR==2 {print $4}') free"
 echo "tests: ${passed} passed, ${failed} failed"
+echo "by phase: ${phases%, }"
 echo "whole run: $((SECONDS / 60)) min $((SECONDS % 60)) s"
 exit "$status"

@@ -12,8 +12,5 @@ use clap::Parser;
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> anyhow::Result<()> {
-    // `scripts/image.sh` sets it for the image's binary; read here, so that build
-    // recompiles only this crate and reuses the library the tests built.
-    autonodes::metrics::set_revision(option_env!("AUTONODES_REVISION").unwrap_or("unknown"));
     autonodes::cli::run(autonodes::cli::Cli::parse())
 }

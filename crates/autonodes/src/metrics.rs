@@ -119,21 +119,12 @@ pub struct Metrics {
     pub build_info: IntGaugeVec,
 }
 
-/// The git revision the binary was built from, as its `main` set it ([`set_revision`]).
-static REVISION: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
-
-/// Sets the git revision `autonodes_build_info` shows (the binary's `main` passes
-/// `AUTONODES_REVISION` at build time, which `scripts/image.sh` sets). Read there and not
-/// in this library, so a build with another revision recompiles only the binary's own
-/// crate. The first call wins.
-pub fn set_revision(revision: &'static str) {
-    let _ = REVISION.set(revision);
-}
-
-/// The git revision of this build, `unknown` when its `main` set none.
-pub fn revision() -> &'static str {
-    REVISION.get().copied().unwrap_or("unknown")
-}
+/// The git revision the binary was built from (`AUTONODES_REVISION` at build time, which
+/// `scripts/image.sh` sets), else `unknown`.
+pub const REVISION: &str = match option_env!("AUTONODES_REVISION") {
+    Some(r) => r,
+    None => "unknown",
+};
 
 /// The Prometheus type of a metric, for the metrics page.
 pub trait Typed {
@@ -338,7 +329,7 @@ impl Metrics {
         }
         self.nodeclaims_created.with_label_values(&["", "", ""]);
         self.build_info
-            .with_label_values(&[env!("CARGO_PKG_VERSION"), revision()])
+            .with_label_values(&[env!("CARGO_PKG_VERSION"), REVISION])
             .set(1);
         self
     }
@@ -464,8 +455,7 @@ mod tests {
         );
         assert!(
             text.contains(&format!(
-                "autonodes_build_info{{revision=\"{}\",version=\"{}\"}} 1",
-                revision(),
+                "autonodes_build_info{{revision=\"{REVISION}\",version=\"{}\"}} 1",
                 env!("CARGO_PKG_VERSION")
             )),
             "{text}"

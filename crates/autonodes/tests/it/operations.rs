@@ -187,8 +187,7 @@ async fn metrics_show_capacity_cost_claims_and_stage_durations_once_a_claim_is_a
     has(
         &format!(
             "autonodes_build_info{{revision=\"{}\",version=\"{}\"}}",
-            // The test build's binary was built without AUTONODES_REVISION.
-            "unknown",
+            autonodes::metrics::REVISION,
             env!("CARGO_PKG_VERSION")
         ),
         1.0,

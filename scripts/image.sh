@@ -54,8 +54,10 @@ done
 say() { echo "image: $*" >&2; }
 
 # The static binary: glibc linked in (crt-static). The flag reaches only the final link of
-# the `autonodes` binary (`cargo rustc`), so the dependencies compiled for the tests in the
-# same profile are reused, and build scripts and proc macros are not affected.
+# the `autonodes` binary (`cargo rustc`), so build scripts and proc macros are not affected
+# and most dependencies compiled for the tests in the same profile are reused. Those whose
+# features the tests' dev-dependencies change (tokio's `test-util`, and what builds on
+# tokio) are compiled again: about a minute on 2 cores.
 build_binary() {
   local revision target_dir profile_dir
   revision=$(git rev-parse HEAD 2> /dev/null || echo unknown)

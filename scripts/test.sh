@@ -67,10 +67,9 @@ rm -f target/chaos-report.txt
 set +e
 # Every test binary is built first, then run in two lanes side by side
 # (scripts/lib/test-lanes.sh): most of them wait on API servers far more than they compute.
-# `--all-targets` although the benchmarks are not run here: after a `--tests` build the
-# image's static binary below compiled its dependencies again (about a minute), after this
-# one it reuses them.
-cargo test --workspace --all-targets --locked --no-run --message-format=json-render-diagnostics \
+# `--tests`: the unit and integration tests; the benchmarks are not run here, and clippy
+# above already compiled them (--all-targets).
+cargo test --workspace --tests --locked --no-run --message-format=json-render-diagnostics \
   > target/test-binaries.json
 status=$?
 phase_done "test build"

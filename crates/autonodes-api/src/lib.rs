@@ -62,6 +62,9 @@ pub const DEFAULT_INSTALLATION: &str = "default";
 pub const LABEL_NODEPOOL: &str = "autonodes.io/nodepool";
 /// Key of the host kubeconfig in its Secret.
 pub const HOST_KUBECONFIG_KEY: &str = "kubeconfig";
+/// The `clusterRef.cluster` that makes a provider's VMs go to the management cluster
+/// itself (no host kubeconfig Secret).
+pub const LOCAL_HOST_CLUSTER: &str = "local";
 /// Key of the tenant kubeconfig in the `vc-<name>` Secret.
 pub const TENANT_KUBECONFIG_KEY: &str = "config";
 /// Finalizer that holds a NodeClaim until its remote objects are gone.

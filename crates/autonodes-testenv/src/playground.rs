@@ -131,9 +131,6 @@ pub async fn put_host_node(
     Ok(())
 }
 
-/// The `clusterRef.cluster` of a provider whose VMs go to the management cluster itself.
-pub const LOCAL_HOST: &str = "local";
-
 /// What the playground set up, for printing and for tests.
 pub struct Playground {
     /// The clusters.
@@ -167,7 +164,7 @@ impl Playground {
 /// Secret in the service namespace, the tenant kubeconfig Secret `vc-<vcluster>`, and the
 /// provider applied. Where `host` stands for the management server
 /// ([`TestEnv::alias`]), autonodes runs in its host cluster: no host kubeconfig Secret is
-/// written and the provider's `clusterRef.cluster` becomes [`LOCAL_HOST`].
+/// written and the provider's `clusterRef.cluster` becomes [`autonodes_api::LOCAL_HOST_CLUSTER`].
 pub async fn wire(
     env: TestEnv,
     provider_yaml: &str,
@@ -182,7 +179,7 @@ pub async fn wire(
     let host = env.apiserver("host").context("host cluster missing")?;
     let local = host.url == mgmt.url;
     if local {
-        provider.spec.kube_virt.cluster_ref.cluster = LOCAL_HOST.to_string();
+        provider.spec.kube_virt.cluster_ref.cluster = autonodes_api::LOCAL_HOST_CLUSTER.to_string();
     }
     let tenant = env.apiserver("tenant").context("tenant cluster missing")?;
     let mgmt_client = mgmt.client().await?;

@@ -802,8 +802,8 @@ impl TestEnv {
 
     /// The API server named `name`, mutably (e.g. to stop it).
     pub fn apiserver_mut(&mut self, name: &str) -> Option<&mut ApiServer> {
-        let name = self.aliases.get(name).cloned().unwrap_or(name.to_string());
-        self.servers.get_mut(&name)
+        let name = self.aliases.get(name).map(String::as_str).unwrap_or(name);
+        self.servers.get_mut(name)
     }
 
     /// Every API server, by name.

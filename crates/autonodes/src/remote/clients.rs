@@ -36,9 +36,7 @@ use tokio::task::JoinHandle;
 use crate::remote::request_metrics::ClusterKind;
 use autonodes_core::kubeconfig::{self, vcluster_service, CheckedKubeconfig, KubeconfigPolicy};
 
-/// The name that makes a provider's VMs go to the management cluster itself.
-pub(crate) const LOCAL_CLUSTER: &str = "local";
-use autonodes_api::{HOST_KUBECONFIG_KEY, TENANT_KUBECONFIG_KEY};
+use autonodes_api::{HOST_KUBECONFIG_KEY, LOCAL_HOST_CLUSTER, TENANT_KUBECONFIG_KEY};
 /// How long a remote API call may take before the cluster counts as unreachable.
 pub(crate) const REMOTE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a kubeconfig Secret read stays good before the next use reads it again.
@@ -358,11 +356,11 @@ impl ClusterClients {
     /// The client of a host cluster (`clusterRef.cluster`).
     pub async fn host(&self, cluster: &str) -> Result<Arc<Remote>, ClientError> {
         let key = ClusterKey::Host(cluster.to_string());
-        if cluster == LOCAL_CLUSTER {
+        if cluster == LOCAL_HOST_CLUSTER {
             return self
                 .cached_or_build(key, None, || {
                     Ok(Remote {
-                        key: ClusterKey::Host(LOCAL_CLUSTER.into()),
+                        key: ClusterKey::Host(LOCAL_HOST_CLUSTER.into()),
                         client: self.mgmt.clone(),
                         server: self.local_host.server.clone(),
                         ca_pem: self.local_host.ca_pem.clone(),

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use autonodes::controller::config::ControllerConfig;
 use autonodes_api::{NodeClaim, NodePool, NodeProvider, NodeType, LABEL_MANAGED_BY, MANAGED_BY};
-use autonodes_testenv::playground::{wire, Playground, LOCAL_HOST, SERVICE_NAMESPACE};
+use autonodes_testenv::playground::{wire, Playground, SERVICE_NAMESPACE};
 use autonodes_testenv::simulator::{SimMode, SimOptions, Tenant};
 use autonodes_testenv::testenv::TestEnv;
 use k8s_openapi::api::core::v1::{Namespace, Node, Secret};
@@ -601,7 +601,7 @@ impl World {
     pub async fn apply_provider(&self, yaml: &str) -> NodeProvider {
         let mut p: NodeProvider = autonodes_core::yaml::from_str(yaml).expect("provider YAML");
         if self.host_is_mgmt() && p.spec.kube_virt.cluster_ref.cluster == PLAYGROUND_HOST {
-            p.spec.kube_virt.cluster_ref.cluster = LOCAL_HOST.to_string();
+            p.spec.kube_virt.cluster_ref.cluster = autonodes_api::LOCAL_HOST_CLUSTER.to_string();
         }
         let name = p.name_any();
         Api::<NodeProvider>::all(self.mgmt.clone())

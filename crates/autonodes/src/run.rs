@@ -298,20 +298,15 @@ pub(crate) async fn management_client_and_server(
     Ok((client, server, local_host))
 }
 
-/// PEM text of DER certificates (as kube's `Config::root_cert` holds them).
+/// PEM text of DER certificates (as kube's `Config::root_cert` holds them), one block
+/// after the other.
 fn pem_of_der_certificates(certs: &[Vec<u8>]) -> Vec<u8> {
-    use base64::Engine as _;
-    let mut pem = String::new();
-    for der in certs {
-        let b64 = base64::engine::general_purpose::STANDARD.encode(der);
-        pem.push_str("-----BEGIN CERTIFICATE-----\n");
-        for line in b64.as_bytes().chunks(64) {
-            pem.push_str(&String::from_utf8_lossy(line));
-            pem.push('\n');
-        }
-        pem.push_str("-----END CERTIFICATE-----\n");
-    }
-    pem.into_bytes()
+    let lf = pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF);
+    certs
+        .iter()
+        .map(|der| pem::encode_config(&pem::Pem::new("CERTIFICATE", der.as_slice()), lf))
+        .collect::<String>()
+        .into_bytes()
 }
 
 /// `host:port` of a server URL (the scheme's port when none is written).

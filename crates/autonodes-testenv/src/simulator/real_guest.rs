@@ -53,6 +53,14 @@ impl RealGuests {
             .cloned()
     }
 
+    /// Everything the guest of VM `namespace/name` wrote to its serial console (also after
+    /// it stopped); empty when it never booted.
+    pub fn serial_text(&self, namespace: &str, name: &str) -> String {
+        self.serial_log(namespace, name)
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .unwrap_or_default()
+    }
+
     /// How the guest of VM `namespace/name` ended once powered off: by itself after ACPI
     /// ([`PowerOff::Clean`]) or killed after its grace period (`None` while it runs).
     pub fn power_off(&self, namespace: &str, name: &str) -> Option<PowerOff> {

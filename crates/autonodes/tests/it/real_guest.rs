@@ -270,10 +270,7 @@ async fn a_prepared_and_a_stock_image_join_the_tenant_with_a_real_kubelet_and_le
                     .as_ref()
                     .and_then(|s| s.vm_name.clone())
                     .unwrap_or_default();
-                let serial = real
-                    .serial_log(VM_NS, &vm)
-                    .and_then(|p| std::fs::read_to_string(p).ok())
-                    .unwrap_or_default();
+                let serial = real.serial_text(VM_NS, &vm);
                 let tail: Vec<&str> = serial.lines().rev().take(60).collect();
                 shown.push_str(&format!(
                     "== {name}: {:?}\n{}\n",
@@ -339,10 +336,7 @@ async fn a_prepared_and_a_stock_image_join_the_tenant_with_a_real_kubelet_and_le
             !taints.iter().any(|t| t.key == "autonodes.io/unregistered"),
             "{taints:?}"
         );
-        let serial = real
-            .serial_log(VM_NS, &vm)
-            .and_then(|p| std::fs::read_to_string(p).ok())
-            .unwrap_or_default();
+        let serial = real.serial_text(VM_NS, &vm);
         // The image's (prepared) or the mirror's (stock) kubelet, of the control plane's
         // version: a Ready Node also shows containerd, the sysctls and cgroup v1 it needs.
         let kubelet = node
@@ -373,10 +367,7 @@ async fn a_prepared_and_a_stock_image_join_the_tenant_with_a_real_kubelet_and_le
         .status
         .and_then(|s| s.vm_name)
         .unwrap_or_default();
-    let stock_serial = real
-        .serial_log(VM_NS, &stock_vm)
-        .and_then(|p| std::fs::read_to_string(p).ok())
-        .unwrap_or_default();
+    let stock_serial = real.serial_text(VM_NS, &stock_vm);
     let probe = stock_serial
         .lines()
         .rev()
@@ -435,10 +426,7 @@ async fn a_prepared_and_a_stock_image_join_the_tenant_with_a_real_kubelet_and_le
         if started.elapsed() > READY {
             let mut shown = String::new();
             for vm in warm_vms().await {
-                let serial = real
-                    .serial_log(VM_NS, &vm)
-                    .and_then(|p| std::fs::read_to_string(p).ok())
-                    .unwrap_or_default();
+                let serial = real.serial_text(VM_NS, &vm);
                 let tail: Vec<&str> = serial.lines().rev().take(60).collect();
                 shown.push_str(&format!(
                     "== {vm}\n{}\n",
@@ -511,10 +499,7 @@ async fn a_prepared_and_a_stock_image_join_the_tenant_with_a_real_kubelet_and_le
                 .as_ref()
                 .and_then(|s| s.vm_name.clone())
                 .unwrap_or_default();
-            let serial = real
-                .serial_log(VM_NS, &vm)
-                .and_then(|p| std::fs::read_to_string(p).ok())
-                .unwrap_or_default();
+            let serial = real.serial_text(VM_NS, &vm);
             let tail: Vec<&str> = serial.lines().rev().take(80).collect();
             panic!(
                 "the warm claim's Node not Ready within {READY:?}: {:?}\n{}",
@@ -541,10 +526,7 @@ async fn a_prepared_and_a_stock_image_join_the_tenant_with_a_real_kubelet_and_le
             .map(String::as_str),
         Some("warm-1")
     );
-    let serial = real
-        .serial_log(VM_NS, &vm)
-        .and_then(|p| std::fs::read_to_string(p).ok())
-        .unwrap_or_default();
+    let serial = real.serial_text(VM_NS, &vm);
     for line in serial.lines().filter(|l| l.contains("autonodes-warm:")) {
         println!("real-guest: warm agent: {}", line.trim());
     }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions,
 };
@@ -205,15 +205,24 @@ async fn reconcile_vm(mut vm: Arc<DynamicObject>, ns: &str, ctx: &Ctx) -> Result
 }
 
 /// Time since the object was created (zero when unknown or in the future).
-fn age(obj: &DynamicObject) -> Duration {
-    obj.metadata
-        .creation_timestamp
-        .as_ref()
-        .and_then(|t| {
-            let since = Timestamp::now().duration_since(t.0);
-            Duration::try_from(since).ok()
-        })
-        .unwrap_or(Duration::ZERO)
+/// How long ago the VMI entered `Scheduling`: from the transition's own timestamp, which the
+/// simulator writes to the nanosecond; else from `creationTimestamp`, which has whole seconds
+/// only, taken as one second later so that a slow guest never boots before its delay.
+fn age(vmi: &DynamicObject) -> Duration {
+    let scheduled = transitions(vmi).iter().find_map(|t| {
+        (t.get("phase").and_then(Value::as_str) == Some("Scheduling"))
+            .then(|| t.get("phaseTransitionTimestamp").and_then(Value::as_str))
+            .flatten()
+            .and_then(|s| s.parse::<Timestamp>().ok())
+    });
+    let since = match scheduled {
+        Some(at) => Timestamp::now().duration_since(at),
+        None => match vmi.metadata.creation_timestamp.as_ref() {
+            Some(t) => Timestamp::now().duration_since(t.0) - SignedDuration::from_secs(1),
+            None => return Duration::ZERO,
+        },
+    };
+    Duration::try_from(since).unwrap_or(Duration::ZERO)
 }
 
 pub(crate) fn vmi_phase(vmi: &DynamicObject) -> Option<&str> {
@@ -779,5 +788,41 @@ mod tests {
         assert_eq!(desired(&vm(json!({"running": true}))), Ok(Desired::Run));
         assert_eq!(desired(&vm(json!({}))), Ok(Desired::Stop));
         assert!(desired(&vm(json!({"running": true, "runStrategy": "Always"}))).is_err());
+    }
+
+    fn vmi(metadata: Value, status: Value) -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": metadata, "status": status
+        }))
+        .expect("valid")
+    }
+
+    #[test]
+    fn a_vmi_s_age_counts_from_its_scheduling_to_the_nanosecond_and_never_runs_ahead_of_a_whole_second_creation_stamp(
+    ) {
+        let scheduled_at = Timestamp::now() - SignedDuration::from_millis(2_500);
+        let scheduled = vmi(
+            json!({"name": "x"}),
+            json!({"phaseTransitionTimestamps": [
+                {"phase": "Scheduling", "phaseTransitionTimestamp": scheduled_at.to_string()}
+            ]}),
+        );
+        let counted = age(&scheduled);
+        assert!(counted >= Duration::from_millis(2_500), "{counted:?}");
+        assert!(counted < Duration::from_secs(60), "{counted:?}");
+        // Only a creation stamp, truncated to its second as the API server writes it: the age
+        // read from it never exceeds the time that really passed since the creation.
+        let created_at = Timestamp::now();
+        let stamp = Timestamp::from_second(created_at.as_second()).expect("a time");
+        let created = vmi(
+            json!({"name": "x", "creationTimestamp": stamp.to_string()}),
+            json!({}),
+        );
+        let counted = age(&created);
+        let passed =
+            Duration::try_from(Timestamp::now().duration_since(created_at)).expect("ahead");
+        assert!(counted <= passed, "{counted:?} > {passed:?}");
+        assert_eq!(age(&vmi(json!({"name": "x"}), json!({}))), Duration::ZERO);
     }
 }

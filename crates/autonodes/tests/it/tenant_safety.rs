@@ -445,7 +445,7 @@ async fn a_claim_whose_vm_boots_after_the_registration_timeout_still_joins_with_
         .await;
     let claim = world.wait_phase("slow", "Available", WAIT).await;
     println!(
-        "claim Available after {:.0} s (guest boot {} s, registration timeout 15 s) on node {:?}",
+        "claim Available after {:.1} s (guest boot {} s, registration timeout 15 s) on node {:?}",
         started.elapsed().as_secs_f64(),
         boot.as_secs(),
         claim.status.and_then(|s| s.node_name)

@@ -136,7 +136,8 @@ impl Context {
         record(&mut expected, std::time::Instant::now());
     }
 
-    /// Waits until the claim, type and provider stores hold their first full list.
+    /// Waits until the claim, type, provider and quota stores hold their first full list.
+    /// (A claim scheduled before the quotas are listed would be counted against none.)
     ///
     /// Use this rather than `Store::wait_until_ready`: kube-runtime's readiness future keeps
     /// a single waker, so of several tasks waiting on one store only the last one to poll
@@ -145,6 +146,7 @@ impl Context {
         self.reflectors.claims.wait_synced().await;
         self.reflectors.types.wait_synced().await;
         self.reflectors.providers.wait_synced().await;
+        self.reflectors.quotas.wait_synced().await;
     }
 
     /// Records an Event about `obj` ([`Events::record`]).
@@ -228,6 +230,7 @@ impl Context {
             reflectors.claims.synced_sender(),
             reflectors.types.synced_sender(),
             reflectors.providers.synced_sender(),
+            reflectors.quotas.synced_sender(),
         ] {
             let _ = synced.send(true);
         }
@@ -303,5 +306,19 @@ mod tests {
             wakes: _,
             metrics: _,
         } = &*ctx;
+    }
+
+    /// Until the NodeQuotas are listed a claim is not scheduled: counted against no quota, it
+    /// could pass one that exists.
+    #[tokio::test]
+    async fn scheduling_waits_for_the_first_list_of_node_quotas() {
+        let ctx = Context::for_unit_tests(ControllerConfig::default());
+        let _ = ctx.reflectors.quotas.synced_sender().send(false);
+        let waited = tokio::time::timeout(std::time::Duration::from_millis(200), ctx.wait_synced());
+        assert!(waited.await.is_err(), "synced without the quotas");
+        let _ = ctx.reflectors.quotas.synced_sender().send(true);
+        tokio::time::timeout(std::time::Duration::from_secs(5), ctx.wait_synced())
+            .await
+            .expect("synced once the quotas are listed");
     }
 }

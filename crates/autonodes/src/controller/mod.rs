@@ -146,13 +146,11 @@ pub(crate) async fn run(
         tokio::spawn(async move { reflectors.run(client, reports, capi_mirror).await });
     }
 
-    // Readiness: the claim, type and provider stores hold their first full list.
+    // Readiness: the stores scheduling reads hold their first full list.
     {
-        let reflectors = reflectors.clone();
+        let ctx = ctx.clone();
         tokio::spawn(async move {
-            reflectors.claims.wait_synced().await;
-            reflectors.types.wait_synced().await;
-            reflectors.providers.wait_synced().await;
+            ctx.wait_synced().await;
             ready.store(true, std::sync::atomic::Ordering::SeqCst);
             tracing::info!("caches synced; controllers ready");
         });

@@ -12,7 +12,7 @@ use autonodes_core::userdata::{self, JoinParams, JoinTemplate, UserDataInput};
 use autonodes_testenv::simulator::{
     self, kubevirt_crds, SimError, SimMode, SimOptions, Tenant, FINALIZER, JOIN_ERROR_ANNOTATION,
 };
-use autonodes_testenv::testenv::{install_crds, ApiServer, TestEnv};
+use autonodes_testenv::testenv::{install_crds, ApiServer, ServerOptions, TestEnv};
 use common::*;
 use k8s_openapi::api::core::v1::{Namespace, Node, Secret, Taint};
 use k8s_openapi::api::events::v1::Event;
@@ -35,7 +35,15 @@ struct Clusters {
 
 impl Clusters {
     async fn start() -> Self {
-        let env = start(&["host", "tenant"]).await;
+        let mut env = start(&[]).await;
+        let with_crds = ServerOptions {
+            crds: kubevirt_crds(),
+            ..ServerOptions::default()
+        };
+        env.add_apiserver_with("host", &with_crds)
+            .await
+            .expect("host, with the KubeVirt CRDs");
+        env.add_apiserver("tenant").await.expect("tenant");
         let host = env
             .apiserver("host")
             .expect("host")
@@ -48,9 +56,6 @@ impl Clusters {
             .client()
             .await
             .expect("tenant client");
-        install_crds(&host, &kubevirt_crds())
-            .await
-            .expect("KubeVirt CRDs install");
         let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NS}})).expect("ns");
         Api::<Namespace>::all(host.clone())
             .create(&PostParams::default(), &ns)

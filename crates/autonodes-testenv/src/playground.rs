@@ -13,6 +13,7 @@ use kube::Client;
 
 use crate::testenv::{install_crds, ApiServer, TestEnv};
 use autonodes_api::NodeProvider;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 
 /// The service namespace autonodes uses in the playground.
 pub const SERVICE_NAMESPACE: &str = "autonodes-system";
@@ -158,6 +159,19 @@ impl Playground {
     }
 }
 
+/// The CRDs of a management cluster: autonodes' own.
+pub fn mgmt_crds() -> Vec<CustomResourceDefinition> {
+    autonodes_api::crds()
+}
+
+/// The CRDs of a host cluster: KubeVirt's (as the simulator plays it) and its instance
+/// types'.
+pub fn host_crds() -> Vec<CustomResourceDefinition> {
+    let mut crds = crate::simulator::kubevirt_crds();
+    crds.extend(crate::simulator::instancetype_crds());
+    crds
+}
+
 /// Starts the clusters in `env` (already running) and wires them like a real installation:
 /// CRDs on management, KubeVirt CRDs, [`HOST_NODES`] and the VM namespace on the host, the
 /// host kubeconfig
@@ -185,9 +199,9 @@ pub async fn wire(
     let mgmt_client = mgmt.client().await?;
     let host_client = host.client().await?;
 
-    install_crds(&mgmt_client, &autonodes_api::crds()).await?;
-    install_crds(&host_client, &crate::simulator::kubevirt_crds()).await?;
-    install_crds(&host_client, &crate::simulator::instancetype_crds()).await?;
+    // (Nothing to do where the servers started with them: `ServerOptions::crds`.)
+    install_crds(&mgmt_client, &mgmt_crds()).await?;
+    install_crds(&host_client, &host_crds()).await?;
     for (name, zone) in HOST_NODES {
         let role = [("node-role.kubernetes.io/kubevirt", "")];
         put_host_node(&host_client, name, zone, &role, &HOST_NODE_ALLOCATABLE).await?;

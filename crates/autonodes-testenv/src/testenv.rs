@@ -26,6 +26,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 
 mod certs;
+mod crd_seed;
 mod error;
 use certs::{
     generate_client_ca, generate_signing_key, last_certificate, sign_client_certificate,
@@ -660,6 +661,16 @@ impl TestEnv {
             format!("{admin_token},admin,admin-uid,\"system:masters\"\n"),
         )
         .map_err(io_err(format!("writing {}", token_file.display())))?;
+        // The CRDs as an earlier server stored them, in its etcd before it starts.
+        let seed = (!opts.crds.is_empty())
+            .then(|| crd_seed::seed_key(&self.bins.kube_apiserver, &opts.crds));
+        let seeded = match seed.as_deref().and_then(crd_seed::stored) {
+            Some(values) => {
+                crd_seed::put(&self.etcd_url, name, &values)?;
+                true
+            }
+            None => false,
+        };
         let mut attempt = 0;
         let server = loop {
             attempt += 1;
@@ -679,6 +690,17 @@ impl TestEnv {
                 other => break other?,
             }
         };
+        if let Some(key) = seed {
+            install_crds(&server.client().await?, &opts.crds).await?;
+            if !seeded {
+                let names: Vec<String> = opts
+                    .crds
+                    .iter()
+                    .map(|c| c.metadata.name.clone().unwrap_or_default())
+                    .collect();
+                crd_seed::keep(&key, crd_seed::read(&self.etcd_url, name, &names)?)?;
+            }
+        }
         self.servers.insert(name.to_string(), server);
         self.servers
             .get(name)
@@ -890,7 +912,6 @@ fn http_get(path: &str) -> Result<http::Request<Vec<u8>>, String> {
         .map_err(|e| e.to_string())
 }
 
-/// Where one API server keeps its files.
 /// How [`TestEnv::add_apiserver_with`] starts an API server beyond the defaults.
 #[derive(Clone, Debug, Default)]
 pub struct ServerOptions {
@@ -903,8 +924,12 @@ pub struct ServerOptions {
     pub serving_dns_names: Vec<String>,
     /// Its `--service-cluster-ip-range` (`10.0.0.0/24` when `None`).
     pub service_cluster_ip_range: Option<String>,
+    /// CRDs it has, established, when it is ready: applied through it, and found in its etcd
+    /// at start when an earlier server of the same binary stored the same ones (`crd_seed`).
+    pub crds: Vec<CustomResourceDefinition>,
 }
 
+/// Where one API server keeps its files.
 struct ServerPaths<'a> {
     dir: &'a Path,
     cert_dir: &'a Path,

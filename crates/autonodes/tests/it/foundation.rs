@@ -408,6 +408,84 @@ async fn several_named_api_servers_share_one_etcd_without_seeing_each_others_obj
     assert!(String::from_utf8_lossy(&out.stderr).contains("NotFound"));
 }
 
+/// The uid of each CRD of server `name`, which are all established.
+async fn crd_uids(
+    env: &autonodes_testenv::testenv::TestEnv,
+    name: &str,
+) -> std::collections::BTreeMap<String, String> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let server = env.apiserver(name).expect("server");
+    let api: Api<CustomResourceDefinition> = Api::all(server.client().await.expect("client"));
+    let mut uids = std::collections::BTreeMap::new();
+    for crd in api.list(&Default::default()).await.expect("CRDs") {
+        let established = crd
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+            });
+        assert!(established, "{} not established", crd.name_any());
+        uids.insert(crd.name_any(), crd.uid().unwrap_or_default());
+    }
+    uids
+}
+
+#[tokio::test]
+async fn a_server_given_the_crds_an_earlier_server_stored_starts_with_them_established_and_changed_crds_are_applied_anew(
+) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crds = autonodes_testenv::playground::mgmt_crds();
+    let mut env = start(&[]).await;
+    add_server(&mut env, "first", crds.clone()).await;
+    add_server(&mut env, "second", crds.clone()).await;
+    let first = crd_uids(&env, "first").await;
+    assert_eq!(first.len(), crds.len());
+    // The second server's CRDs are the objects the first stored (the same uids).
+    assert_eq!(crd_uids(&env, "second").await, first);
+    // Its OpenAPI document has them from the start.
+    let second = env.apiserver("second").expect("second");
+    let out = kubectl(&env, second, &["explain", "nodeclaims.spec.requirements"]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("Requirements every candidate node type"),
+        "{out:?}"
+    );
+    // A set with one CRD changed is applied through the API: objects of its own, the change in.
+    let marker = format!("changed {}", uuid::Uuid::new_v4().simple());
+    let mut changed = crds.clone();
+    if let Some(schema) = changed[0]
+        .spec
+        .versions
+        .iter_mut()
+        .find_map(|v| v.schema.as_mut())
+        .and_then(|s| s.open_api_v3_schema.as_mut())
+    {
+        schema.description = Some(marker.clone());
+    }
+    add_server(&mut env, "third", changed.clone()).await;
+    let third = crd_uids(&env, "third").await;
+    let name = changed[0].name_any();
+    assert_ne!(third[&name], first[&name], "{name} applied anew");
+    let api: Api<CustomResourceDefinition> = Api::all(
+        env.apiserver("third")
+            .expect("third")
+            .client()
+            .await
+            .expect("client"),
+    );
+    let stored = api.get(&name).await.expect("the changed CRD");
+    let description = stored.spec.versions.iter().find_map(|v| {
+        v.schema
+            .as_ref()?
+            .open_api_v3_schema
+            .as_ref()?
+            .description
+            .clone()
+    });
+    assert_eq!(description.as_deref(), Some(marker.as_str()));
+}
+
 #[test]
 fn test_env_stops_every_process_it_started_when_dropped_also_on_panic() {
     // Normal drop.

@@ -24,6 +24,21 @@ pub async fn start(names: &[&str]) -> TestEnv {
     }
 }
 
+/// Adds API server `name` to `env`, with `crds` established.
+pub async fn add_server(
+    env: &mut TestEnv,
+    name: &str,
+    crds: Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>,
+) {
+    let opts = autonodes_testenv::testenv::ServerOptions {
+        crds,
+        ..Default::default()
+    };
+    if let Err(e) = env.add_apiserver_with(name, &opts).await {
+        panic!("starting API server {name}: {e}");
+    }
+}
+
 /// Runs kubectl against `server` and returns its output, whatever the exit code.
 pub fn kubectl(env: &TestEnv, server: &ApiServer, args: &[&str]) -> Output {
     server

@@ -180,11 +180,18 @@ impl World {
     /// of its own only with [`WorldOptions::separate_host`], else the management server)
     /// and wires its clusters only (no controller, no simulator).
     pub async fn start_clusters(opts: &WorldOptions) -> World {
+        use autonodes_testenv::playground::{host_crds, mgmt_crds};
+        let mut env = super::start(&[]).await;
         if opts.separate_host {
-            return World::on(super::start(&["mgmt", "host", "tenant"]).await, opts).await;
+            super::add_server(&mut env, "mgmt", mgmt_crds()).await;
+            super::add_server(&mut env, "host", host_crds()).await;
+        } else {
+            let mut crds = mgmt_crds();
+            crds.extend(host_crds());
+            super::add_server(&mut env, "mgmt", crds).await;
+            env.alias("host", "mgmt").expect("host stands for mgmt");
         }
-        let mut env = super::start(&["mgmt", "tenant"]).await;
-        env.alias("host", "mgmt").expect("host stands for mgmt");
+        super::add_server(&mut env, "tenant", Vec::new()).await;
         World::on(env, opts).await
     }
 

@@ -11,7 +11,8 @@
 //! `warm-agent.py`, with the VM's own token) reaches the host's API server at `10.0.2.2`;
 //! once both cold claims are Ready, a third claim takes the warm VM, whose agent reads
 //! the binding, revokes its own credential, has cloud-init apply the claim's own SSH key,
-//! file and command, and joins; the type refills. The guests themselves are checked too:
+//! file and command, and joins; the type refills, and keeping no warm VM from then on
+//! removes the refill before its guest has booted. The guests themselves are checked too:
 //! cloud-init read the NoCloud seed and ended `done`, the stock guest reaches no host port
 //! it was not given, and it powers itself off at the ACPI button when its VM goes. Skipped,
 //! with the reason, where KVM or the guest images are missing.
@@ -476,6 +477,26 @@ async fn a_prepared_and_a_stock_image_join_the_tenant_with_a_real_kubelet_and_le
             },
         }))
         .await;
+    // The type refills at once: a new warm VM in place of the one taken. Then it keeps none:
+    // the refill goes before its guest has booted (it would only compete with the join), and
+    // the taken VM, the claim's now, joins undisturbed.
+    let started = Instant::now();
+    let refill = loop {
+        if let Some(v) = warm_vms()
+            .await
+            .into_iter()
+            .find(|v| !warm_before.contains(v))
+        {
+            break v;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "no warm VM made in place of the one taken: {warm_before:?}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    println!("real-guest: the prepared type refilled with warm VM {refill}");
+    world.apply_provider(&provider(host_port, 0)).await;
     let (node, warm_ready_after) = loop {
         let c = claims.get("warm-1").await.expect("claim");
         let node = c.status.as_ref().and_then(|s| s.node_name.clone());
@@ -587,26 +608,7 @@ async fn a_prepared_and_a_stock_image_join_the_tenant_with_a_real_kubelet_and_le
             .unwrap_or_default(),
         cloud_init_result(&serial)
     );
-    // The type refills: a new warm VM in place of the one taken.
-    let started = Instant::now();
-    let refill = loop {
-        if let Some(v) = warm_vms()
-            .await
-            .into_iter()
-            .find(|v| !warm_before.contains(v))
-        {
-            break v;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "no warm VM made in place of {vm}"
-        );
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    };
-    println!("real-guest: the prepared type refilled with warm VM {refill}");
-
-    // Deleting the claims, and keeping no warm VM, removes everything and powers the guests off.
-    world.apply_provider(&provider(host_port, 0)).await;
+    // Deleting the claim removes everything and powers the guests off.
     world.delete_claim("warm-1").await;
     let vms: Api<DynamicObject> = Api::namespaced_with(
         world.host.clone(),

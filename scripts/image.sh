@@ -16,6 +16,9 @@
 #                                       does this before the tests)
 #   scripts/image.sh --binary-only      only build the static binary and print its path (the
 #                                       test command does this once, beside the test build)
+#   scripts/image.sh --features LIST ... build the binary with these cargo features too (the
+#                                       test command passes the test build's tokio/test-util,
+#                                       so every dependency it compiled is reused)
 #
 # AUTONODES_IMAGE overrides the repository (default localhost/autonodes).
 # AUTONODES_STATIC_BINARY names a static binary built before (by --binary-only, in the same
@@ -34,6 +37,7 @@ check=false
 install_only=false
 binary_only=false
 profile=release
+features=""
 push=""
 save=""
 while [ $# -gt 0 ]; do
@@ -43,6 +47,7 @@ while [ $# -gt 0 ]; do
     --save) save="${2:?--save needs a file}"; shift ;;
     --print-name) echo "$name"; exit 0 ;;
     --profile) profile="${2:?--profile needs a cargo profile}"; shift ;;
+    --features) features="${2:?--features needs a list}"; shift ;;
     --install) install_only=true; check=true ;;
     --binary-only) binary_only=true ;;
     -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
@@ -55,16 +60,21 @@ say() { echo "image: $*" >&2; }
 
 # The static binary: glibc linked in (crt-static). The flag reaches only the final link of
 # the `autonodes` binary (`cargo rustc`), so build scripts and proc macros are not affected
-# and most dependencies compiled for the tests in the same profile are reused. Those whose
-# features the tests' dev-dependencies change (tokio's `test-util`, and what builds on
-# tokio) are compiled again: about a minute on 2 cores.
+# and the dependencies compiled for the tests in the same profile are reused where their
+# features are the same. The tests' dev-dependency turns on tokio's `test-util` (a clock
+# the unit tests pause), so the test command asks for it here too (`--features`): without
+# it tokio and all that builds on it compile again (about a minute on 2 cores). Still
+# compiled again: kube's crates (the tests' tempfile turns on fastrand's `default`, which
+# kube-runtime's backon uses) and autonodes itself, about 35 s.
 build_binary() {
   local revision target_dir profile_dir
   revision=$(git rev-parse HEAD 2> /dev/null || echo unknown)
-  say "building the static binary (cargo rustc --profile $profile --bin autonodes, crt-static)"
+  local -a feature_args=()
+  [ -z "$features" ] || feature_args=(--features "$features")
+  say "building the static binary (cargo rustc --profile $profile ${feature_args[*]} --bin autonodes, crt-static)"
   # AUTONODES_REVISION becomes the `revision` label of autonodes_build_info.
   AUTONODES_REVISION="$revision" cargo rustc --profile "$profile" --locked -p autonodes \
-    --bin autonodes -- -C target-feature=+crt-static >&2
+    "${feature_args[@]}" --bin autonodes -- -C target-feature=+crt-static >&2
   target_dir="${CARGO_TARGET_DIR:-$root/target}"
   # Cargo's directory of a profile: `dev` builds into debug/, the others into their name.
   profile_dir=$profile

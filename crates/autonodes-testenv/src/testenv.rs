@@ -978,6 +978,17 @@ pub async fn server_minor(client: &Client) -> Result<u32, TestEnvError> {
     Ok(info.minor.trim_end_matches('+').parse().unwrap_or(0))
 }
 
+/// Whether `crd`'s status says it is `Established`.
+pub fn crd_established(crd: &CustomResourceDefinition) -> bool {
+    crd.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+        })
+}
+
 /// Applies CRDs with server-side apply and waits until each is Established. A server
 /// before 1.25 gets them without their CEL rules, which its server-side apply refuses
 /// ([`autonodes_api::crdgen::without_cel_rules`]).
@@ -1010,15 +1021,7 @@ pub async fn install_crds(
                 context: format!("reading CRD {name}"),
                 source,
             })?;
-            let established = current
-                .status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|cs| {
-                    cs.iter()
-                        .any(|c| c.type_ == "Established" && c.status == "True")
-                });
-            if established {
+            if crd_established(&current) {
                 break;
             }
             if started.elapsed() > READY_TIMEOUT {

@@ -418,15 +418,11 @@ async fn crd_uids(
     let api: Api<CustomResourceDefinition> = Api::all(server.client().await.expect("client"));
     let mut uids = std::collections::BTreeMap::new();
     for crd in api.list(&Default::default()).await.expect("CRDs") {
-        let established = crd
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|cs| {
-                cs.iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True")
-            });
-        assert!(established, "{} not established", crd.name_any());
+        assert!(
+            autonodes_testenv::testenv::crd_established(&crd),
+            "{} not established",
+            crd.name_any()
+        );
         uids.insert(crd.name_any(), crd.uid().unwrap_or_default());
     }
     uids

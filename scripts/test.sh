@@ -77,8 +77,9 @@ phase_done "test build"
 if [ "$status" -eq 0 ]; then
   # The image's static binary, once, from the dependencies just built (scripts/image.sh;
   # the image and release tests put it in their images instead of building their own).
-  # With the test build's features (tokio's test-util, from a dev-dependency), so that it
-  # compiles only itself; the binary never pauses its clock.
+  # With the test build's tokio features (test-util, from a dev-dependency), so that tokio
+  # and most of what builds on it are reused (scripts/image.sh says what still compiles
+  # again); the binary never pauses its clock.
   echo "== the image's static binary"
   AUTONODES_STATIC_BINARY="$(bash scripts/image.sh --binary-only --profile dev --features tokio/test-util | tail -n 1)"
   status=$?

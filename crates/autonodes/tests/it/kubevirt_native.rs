@@ -450,22 +450,16 @@ async fn a_node_quota_keeps_claims_over_its_limits_or_of_types_it_does_not_selec
 "#;
     let world =
         World::with_provider(provider_yaml("quota", "test-kubevirt-1", "1", "1Gi", types)).await;
-    let quota: autonodes_api::NodeQuota = serde_json::from_value(json!({
-        "apiVersion": "autonodes.io/v1alpha1",
-        "kind": "NodeQuota",
-        "metadata": {"name": "team"},
-        "spec": {
-            "namespaces": [NS],
-            "nodeTypeSelector": {"matchLabels": {"autonodes.io/node-type": "small"}},
-            "limits": {"nodes": "2", "memory": "3Gi"},
-        },
-    }))
-    .expect("quota");
-    let quotas: kube::Api<autonodes_api::NodeQuota> = kube::Api::all(world.mgmt.clone());
-    quotas
-        .create(&kube::api::PostParams::default(), &quota)
-        .await
-        .expect("quota created");
+    world
+        .create_node_quota(
+            "team",
+            json!({
+                "namespaces": [NS],
+                "nodeTypeSelector": {"matchLabels": {"autonodes.io/node-type": "small"}},
+                "limits": {"nodes": "2", "memory": "3Gi"},
+            }),
+        )
+        .await;
     for name in ["q-1", "q-2"] {
         world
             .create_claim(json!({"metadata": {"name": name}, "spec": {"providerRef": "quota"}}))
@@ -498,6 +492,7 @@ async fn a_node_quota_keeps_claims_over_its_limits_or_of_types_it_does_not_selec
         "{message}"
     );
     // The quota shows what the namespace holds.
+    let quotas: kube::Api<autonodes_api::NodeQuota> = kube::Api::all(world.mgmt.clone());
     let shown = common::eventually("the quota's use", AVAILABLE, || async {
         let q = quotas.get("team").await.ok()?;
         let status = q.status?;

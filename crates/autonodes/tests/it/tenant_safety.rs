@@ -9,7 +9,7 @@ use crate::hostile;
 use std::time::{Duration, Instant};
 
 use autonodes::controller::config::ControllerConfig;
-use autonodes_api::{NodeClaim, NodePool, NodeQuota};
+use autonodes_api::{NodeClaim, NodePool};
 use autonodes_testenv::playground::put_kubeconfig_secret;
 use autonodes_testenv::simulator::SimMode;
 use common::pools::*;
@@ -100,18 +100,15 @@ async fn limit_reached(world: &World, name: &str) -> (String, String) {
     (reason, message)
 }
 
-/// Creates a NodeQuota `name` allowing the `namespaces` `nodes` nodes.
+/// Creates a NodeQuota `name` allowing the `namespaces` `nodes` nodes, once the controller
+/// enforces it.
 async fn node_quota(world: &World, name: &str, namespaces: &[&str], nodes: &str) {
-    let quota: NodeQuota = serde_json::from_value(json!({
-        "apiVersion": "autonodes.io/v1alpha1", "kind": "NodeQuota",
-        "metadata": {"name": name},
-        "spec": {"namespaces": namespaces, "limits": {"nodes": nodes}},
-    }))
-    .expect("quota");
-    Api::<NodeQuota>::all(world.mgmt.clone())
-        .create(&PostParams::default(), &quota)
-        .await
-        .expect("quota created");
+    world
+        .create_node_quota(
+            name,
+            json!({"namespaces": namespaces, "limits": {"nodes": nodes}}),
+        )
+        .await;
 }
 
 fn pool_object(namespace: &str, name: &str, replicas: i64) -> NodePool {

@@ -629,17 +629,12 @@ async fn a_pools_warm_vms_boot_with_its_properties_serve_only_its_claims_fit_its
 ) {
     // The type `warm` keeps none of its own here: every warm VM is the pool's.
     let mut world = World::with_provider(provider(0, None)).await;
-    let quota: autonodes_api::NodeQuota = serde_json::from_value(json!({
-        "apiVersion": "autonodes.io/v1alpha1",
-        "kind": "NodeQuota",
-        "metadata": {"name": "team"},
-        "spec": {"namespaces": [NS], "limits": {"nodes": "3"}},
-    }))
-    .expect("quota");
-    Api::<autonodes_api::NodeQuota>::all(world.mgmt.clone())
-        .create(&Default::default(), &quota)
-        .await
-        .expect("quota created");
+    world
+        .create_node_quota(
+            "team",
+            json!({"namespaces": [NS], "limits": {"nodes": "3"}}),
+        )
+        .await;
     // A claim of the type by hand, not of the pool: it holds one of the namespace's 3 nodes.
     world.claim_type("solo", "warm").await;
     world.wait_phase("solo", "Available", WAIT).await;

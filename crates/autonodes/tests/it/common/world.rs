@@ -415,6 +415,35 @@ impl World {
             .expect("pool created")
     }
 
+    /// Creates the NodeQuota `name` from its spec and waits until the controller says it
+    /// enforces it (`Ready=True`, reason `Enforced`): from then on every claim and pool is
+    /// counted against it. A controller whose watch never delivered the quota fails here,
+    /// with the quota's status, not later as a pool that went past it.
+    pub async fn create_node_quota(
+        &self,
+        name: &str,
+        spec: serde_json::Value,
+    ) -> autonodes_api::NodeQuota {
+        let quota: autonodes_api::NodeQuota = serde_json::from_value(serde_json::json!({
+            "apiVersion": "autonodes.io/v1alpha1",
+            "kind": "NodeQuota",
+            "metadata": {"name": name},
+            "spec": spec,
+        }))
+        .expect("valid NodeQuota");
+        let api = Api::<autonodes_api::NodeQuota>::all(self.mgmt.clone());
+        api.create(&PostParams::default(), &quota)
+            .await
+            .expect("quota created");
+        wait_object(api, name, "Ready=True (Enforced)", |q| {
+            q.status.as_ref().is_some_and(|s| {
+                find_condition(&s.conditions, "Ready")
+                    .is_some_and(|(status, reason, _)| status == "True" && reason == "Enforced")
+            })
+        })
+        .await
+    }
+
     /// Creates a claim from JSON (`metadata.namespace` defaults to [`NS`]).
     pub async fn create_claim(&self, mut body: serde_json::Value) -> NodeClaim {
         body["apiVersion"] = "autonodes.io/v1alpha1".into();

@@ -181,6 +181,31 @@ impl JsonSchema for Requirement {
 }
 
 /// Where a provider's virtual machines run: a KubeVirt host cluster and a namespace in it.
+/// Addresses a provider or node type hands out, one per claim, written into the VM's
+/// cloud-init network data: the node keeps its address for the claim's whole life, also
+/// when its VM is recreated. An address is given to one claim at a time.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AddressPool {
+    /// The subnet addresses come from, IPv4 or IPv6 (`10.20.0.0/24`, `fd00:20::/64`). A
+    /// node gets an address of it with its prefix length; the subnet's own address and
+    /// (IPv4) its broadcast address are never handed out.
+    #[schemars(length(min = 1, max = 64), regex(pattern = crate::schema::CIDR_PATTERN))]
+    pub cidr: String,
+    /// The default gateway, inside `cidr`; never handed out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64), regex(pattern = crate::schema::IP_PATTERN))]
+    pub gateway: Option<String>,
+    /// DNS servers written into the network data (never handed out when inside `cidr`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8), inner(length(max = 64), regex(pattern = crate::schema::IP_PATTERN)))]
+    pub dns_servers: Vec<String>,
+    /// Addresses of `cidr` never handed out (routers, hosts, other machines on the segment).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 256), inner(length(max = 64), regex(pattern = crate::schema::IP_PATTERN)))]
+    pub exclude: Vec<String>,
+}
+
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 pub struct ClusterRef {
     /// The host cluster: `local` for the management cluster itself, otherwise the name of a

@@ -62,6 +62,12 @@ use super::common::*;
         json_path = ".status.zone"
     ),
     printcolumn(
+        name = "ADDRESS",
+        type_ = "string",
+        priority = 1,
+        json_path = ".status.address"
+    ),
+    printcolumn(
         name = "PROVIDERID",
         type_ = "string",
         priority = 1,
@@ -183,6 +189,11 @@ pub struct NodeClaimStatus {
     /// Name of the Node in the tenant cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
+    /// The static address the claim holds for its life, from its node type's
+    /// `addressPool` (with the pool's prefix length, e.g. `10.20.0.5/24`); fixed when the
+    /// claim is scheduled and given back when it is deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
     /// The node type's `definitionHash` when the claim was scheduled: when the type's hash
     /// changes (its template, resources, taints, properties, overhead, or the provider's
     /// base template), the claim has drifted (condition `Drifted`).

@@ -90,6 +90,10 @@ pub struct KubeVirtProvider {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = crate::schema::GUEST_SERVER_PATTERN), length(max = 512))]
     pub guest_api_server: Option<String>,
+    /// Static addresses for the nodes of every type of this provider (a type's own
+    /// `addressPool` replaces it). Absent: a node gets whatever the VM's network hands out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address_pool: Option<crate::common::AddressPool>,
 }
 
 /// One node type offered by a NodeProvider.
@@ -148,6 +152,10 @@ pub struct ProviderNodeType {
     /// Warm VMs of this type (copied to the NodeType's `spec.warm`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm: Option<crate::nodetype::Warm>,
+    /// Static addresses for this type's nodes, over the provider's `addressPool` (copied to
+    /// the NodeType's `spec.addressPool`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address_pool: Option<crate::common::AddressPool>,
 }
 
 /// Lifecycle phase of a NodeProvider.

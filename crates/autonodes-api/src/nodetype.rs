@@ -96,9 +96,15 @@ pub struct NodeTypeSpec {
     pub virtual_machine_template: Option<Value>,
     /// Warm VMs of this type: booted and prepared, joined to no tenant, each taken by the
     /// next claim of the type a warm VM can serve (which then joins in seconds) and
-    /// replaced. Absent or `replicas: 0`: none.
+    /// replaced. Absent or `replicas: 0`: none. A type with an `addressPool` keeps none
+    /// (condition `WarmReady` says so): a warm VM's address is set before any claim.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm: Option<Warm>,
+    /// Static addresses for this type's nodes: each claim scheduled to the type holds one
+    /// address of the pool for its life (`status.address`), written into its VM's
+    /// cloud-init network data. Absent: the VM's network hands out the address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address_pool: Option<crate::common::AddressPool>,
 }
 
 /// Largest `warm.replicas` of a node type.

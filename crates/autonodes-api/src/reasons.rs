@@ -129,6 +129,9 @@ names! {
         /// zone and host node placement included): the claim waits rather than leaving a
         /// VM Pending on the host.
         HostCapacityExhausted,
+        /// Every fitting node type hands out static addresses and its address pool has no
+        /// free address left: the claim waits until a claim holding one is deleted.
+        AddressPoolExhausted,
         /// The claim's requirements or resources cannot be read.
         InvalidRequest,
         /// A label no Node may carry.
@@ -507,6 +510,9 @@ names! {
         InvalidTaints,
         /// The KubeVirt instance type the type names cannot be read from the host.
         InstancetypeUnavailable,
+        /// The type's `addressPool` cannot be read (a CIDR, gateway or address that is not
+        /// one, of another family, or a pool that leaves nothing to hand out).
+        InvalidAddressPool,
         /// `WarmReady=True`: every warm VM the type keeps is ready for a claim.
         WarmReady,
         /// `WarmReady=False`: warm VMs are being made or are booting.

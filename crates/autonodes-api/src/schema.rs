@@ -11,6 +11,10 @@ pub const QUANTITY_PATTERN: &str =
 /// An `https://host[:port][/path]` URL of letters, digits and `.-[]:` in the host and
 /// `._~/-` in the path: no credentials, query or fragment (`warm::parse_guest_server`).
 pub const GUEST_SERVER_PATTERN: &str = r"^https://[A-Za-z0-9.\[\]:-]+(/[A-Za-z0-9._~/-]*)?$";
+/// The characters of an IPv4 or IPv6 address (what `address_pool` parses as one).
+pub const IP_PATTERN: &str = r"^[0-9A-Fa-f.:]{2,45}$";
+/// The characters of an IPv4 or IPv6 CIDR, `address/prefix`.
+pub const CIDR_PATTERN: &str = r"^[0-9A-Fa-f.:]{2,45}/[0-9]{1,3}$";
 /// A label value (empty allowed), at most 63 characters (`names::is_label_value`).
 pub const LABEL_VALUE_PATTERN: &str = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$";
 /// A DNS-1123 label (`names::is_dns_label`), with `maxLength` 63.

@@ -126,6 +126,10 @@ pub fn node_types_from_provider(provider: &NodeProvider) -> Vec<NodeType> {
                     merge_virtual_machine_template: entry.merge_virtual_machine_template.clone(),
                     virtual_machine_template: entry.virtual_machine_template.clone(),
                     warm: entry.warm.clone(),
+                    address_pool: entry
+                        .address_pool
+                        .clone()
+                        .or_else(|| provider.spec.kube_virt.address_pool.clone()),
                 },
                 status: None,
             }
@@ -172,6 +176,14 @@ pub enum TypeProblem {
         /// What is wrong.
         message: String,
     },
+    /// The type's `addressPool` cannot be used.
+    #[error("node type {node_type}: {message}")]
+    AddressPool {
+        /// The node type.
+        node_type: String,
+        /// What is wrong.
+        message: String,
+    },
     /// The type's instance type could not be read from the host (not there, unreadable,
     /// or without a guest CPU and memory), so its resources are unknown.
     #[error("node type {node_type}: instance type {instancetype}: {message}")]
@@ -198,6 +210,7 @@ impl TypeProblem {
             TypeProblem::Resources { .. } => TypeReason::InvalidResources,
             TypeProblem::Taints { .. } => TypeReason::InvalidTaints,
             TypeProblem::Instancetype { .. } => TypeReason::InstancetypeUnavailable,
+            TypeProblem::AddressPool { .. } => TypeReason::InvalidAddressPool,
         }
     }
 }
@@ -249,6 +262,8 @@ pub struct PreparedType {
     pub instancetype: Option<template::instancetype::Matcher>,
     /// `spec.warm.replicas` (0 when absent), at most [`autonodes_api::MAX_WARM_REPLICAS`].
     pub warm_replicas: i64,
+    /// The static addresses the type's claims get (`spec.addressPool`), if it has them.
+    pub address_pool: Option<crate::address_pool::PreparedAddressPool>,
 }
 
 /// A hash (16 hex digits of SHA-256) of what a type's VMs are made from, as the user wrote
@@ -272,6 +287,12 @@ pub fn definition_hash(spec: &NodeTypeSpec, provider: Option<&ProviderContext>) 
             "namespace": p.vm_namespace,
         })),
     });
+    let mut described = described;
+    // Only a type with an address pool has it in its hash: types without one keep the hash
+    // they had before address pools existed.
+    if let (Some(pool), Some(map)) = (&spec.address_pool, described.as_object_mut()) {
+        map.insert("addressPool".into(), serde_json::json!(pool));
+    }
     let digest = Sha256::digest(described.to_string().as_bytes());
     digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
 }
@@ -370,6 +391,7 @@ pub fn prepare_type_with(
         warm_replicas: spec.warm.as_ref().map_or(0, |w| {
             i64::from(w.replicas.clamp(0, autonodes_api::MAX_WARM_REPLICAS))
         }),
+        address_pool: None,
     };
     if let Err(problem) = fill_prepared(&mut prepared, spec, provider, instancetype) {
         prepared.problem = Some(problem);
@@ -388,6 +410,15 @@ fn fill_prepared(
         node_type: t.name.clone(),
         provider: t.provider.clone(),
     })?;
+    if let Some(pool) = &spec.address_pool {
+        let pool = crate::address_pool::PreparedAddressPool::new(pool).map_err(|message| {
+            TypeProblem::AddressPool {
+                node_type: t.name.clone(),
+                message,
+            }
+        })?;
+        t.address_pool = Some(pool);
+    }
     for taint in &spec.taints {
         template::check_taint(taint).map_err(|message| TypeProblem::Taints {
             node_type: t.name.clone(),
@@ -402,6 +433,12 @@ fn fill_prepared(
         resources: &spec.resources,
     })?;
     add_property_devices(&mut composed.template, &t.properties, &t.name)?;
+    if t.address_pool.is_some() && template::first_interface(&composed.template).is_none() {
+        return Err(TypeProblem::AddressPool {
+            node_type: t.name.clone(),
+            message: "addressPool needs the VM template to name the network interface the address goes to (spec.template.spec.domain.devices.interfaces[0], on a bridge or Multus network that carries the subnet)".to_string(),
+        });
+    }
     let golden = template::golden::wanted(
         t.properties
             .get(crate::properties::PROP_GOLDEN_IMAGE)

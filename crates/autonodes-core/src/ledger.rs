@@ -10,8 +10,14 @@
 //! release over both: exactly [`crate::catalogue::count_claimed`], checked by a property
 //! test. The same holdings are also counted per type and zone, for
 //! [`crate::zones::choose_zone`], and per namespace and type, for [`crate::quota`].
+//!
+//! It also knows the static address each claim holds ([`crate::address_pool`]): the one
+//! its `status.address` shows, in any phase (a Failed claim keeps its address until it is
+//! deleted), or the one this process gave it and the store does not show yet, until the
+//! claim's cleanup finished.
 
 use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
 
 use autonodes_api::{NodeClaim, NodeClaimPhase};
 
@@ -28,6 +34,8 @@ struct Hold {
 struct Entry {
     stored: Option<Hold>,
     reserved: Option<Hold>,
+    stored_address: Option<IpAddr>,
+    reserved_address: Option<IpAddr>,
     released: bool,
 }
 
@@ -39,8 +47,19 @@ impl Entry {
         self.reserved.as_ref().or(self.stored.as_ref())
     }
 
+    fn address(&self) -> Option<IpAddr> {
+        if self.released {
+            return None;
+        }
+        self.reserved_address.or(self.stored_address)
+    }
+
     fn is_empty(&self) -> bool {
-        self.stored.is_none() && self.reserved.is_none() && !self.released
+        self.stored.is_none()
+            && self.reserved.is_none()
+            && self.stored_address.is_none()
+            && self.reserved_address.is_none()
+            && !self.released
     }
 }
 
@@ -51,6 +70,8 @@ pub struct ClaimedLedger {
     counts: BTreeMap<String, i64>,
     zones: BTreeMap<String, BTreeMap<String, i64>>,
     namespaces: BTreeMap<String, BTreeMap<String, i64>>,
+    /// How many claims hold each static address (one, unless a store was written by hand).
+    addresses: HashMap<IpAddr, u32>,
 }
 
 /// An empty count: what a type without claims in any zone, or a namespace without claims, has.
@@ -113,7 +134,13 @@ impl ClaimedLedger {
                 })
             })
         };
-        self.update(uid, |e| e.stored = stored);
+        let address = status
+            .and_then(|s| s.address.as_deref())
+            .and_then(crate::address_pool::parse_address);
+        self.update(uid, |e| {
+            e.stored = stored;
+            e.stored_address = address;
+        });
     }
 
     /// The claim is gone from the store: it holds nothing, and is forgotten.
@@ -135,7 +162,8 @@ impl ClaimedLedger {
             let gone = !present.contains(uid.as_str());
             self.update(&uid, |e| {
                 e.stored = None;
-                if gone && e.reserved.is_none() {
+                e.stored_address = None;
+                if gone && e.reserved.is_none() && e.reserved_address.is_none() {
                     e.released = false;
                 }
             });
@@ -156,9 +184,23 @@ impl ClaimedLedger {
         self.update(uid, |e| e.reserved = Some(hold));
     }
 
+    /// This process gave the claim the static address `address`, before the store shows it.
+    pub fn reserve_address(&mut self, uid: &str, address: IpAddr) {
+        self.update(uid, |e| e.reserved_address = Some(address));
+    }
+
+    /// Whether a claim holds the static address `address`.
+    pub fn address_taken(&self, address: IpAddr) -> bool {
+        self.addresses.contains_key(&address)
+    }
+
     /// The reservation of the claim is withdrawn (its status write failed, or it Failed).
+    /// A static address reserved with it is given back too.
     pub fn unreserve(&mut self, uid: &str) {
-        self.update(uid, |e| e.reserved = None);
+        self.update(uid, |e| {
+            e.reserved = None;
+            e.reserved_address = None;
+        });
     }
 
     /// The node type and zone the claim holds a unit of, if it holds one.
@@ -178,6 +220,7 @@ impl ClaimedLedger {
     pub fn release(&mut self, uid: &str) {
         self.update(uid, |e| {
             e.reserved = None;
+            e.reserved_address = None;
             e.released = true;
         });
     }
@@ -191,10 +234,25 @@ impl ClaimedLedger {
     fn update(&mut self, uid: &str, change: impl FnOnce(&mut Entry)) {
         let entry = self.entries.entry(uid.to_string()).or_default();
         let before = entry.holds().cloned();
+        let address_before = entry.address();
         change(entry);
         let after = entry.holds().cloned();
+        let address_after = entry.address();
         if entry.is_empty() {
             self.entries.remove(uid);
+        }
+        if address_before != address_after {
+            if let Some(a) = address_before {
+                if let Some(n) = self.addresses.get_mut(&a) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.addresses.remove(&a);
+                    }
+                }
+            }
+            if let Some(a) = address_after {
+                *self.addresses.entry(a).or_insert(0) += 1;
+            }
         }
         if before == after {
             return;
@@ -336,6 +394,102 @@ mod tests {
                 }
                 // Every claim here is in namespace `t`: its counts are the type counts.
                 prop_assert_eq!(ledger.namespace_counts("t"), &recount);
+            }
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum AddressOp {
+        Store(u8, Option<u8>, bool),
+        Reserve(u8, u8),
+        Unreserve(u8),
+        Release(u8),
+        Delete(u8),
+        Relist,
+    }
+
+    fn address_op() -> impl Strategy<Value = AddressOp> {
+        let uid = 0u8..5;
+        let a = 0u8..4;
+        prop_oneof![
+            (uid.clone(), proptest::option::of(a.clone()), any::<bool>())
+                .prop_map(|(u, a, f)| AddressOp::Store(u, a, f)),
+            (uid.clone(), a).prop_map(|(u, a)| AddressOp::Reserve(u, a)),
+            uid.clone().prop_map(AddressOp::Unreserve),
+            uid.clone().prop_map(AddressOp::Release),
+            uid.prop_map(AddressOp::Delete),
+            Just(AddressOp::Relist),
+        ]
+    }
+
+    fn ip(a: u8) -> IpAddr {
+        IpAddr::from([10, 0, 0, a])
+    }
+
+    proptest! {
+        /// An address is taken exactly while a claim that is not released holds it: its
+        /// reservation, else its stored `status.address` (Failed claims included).
+        #[test]
+        fn an_address_is_taken_exactly_while_a_live_claim_holds_it(
+            ops in proptest::collection::vec(address_op(), 0..60),
+        ) {
+            let mut ledger = ClaimedLedger::new();
+            let mut store: BTreeMap<u8, Option<u8>> = BTreeMap::new();
+            let mut reserved: BTreeMap<u8, u8> = BTreeMap::new();
+            let mut released: HashSet<u8> = HashSet::new();
+            for op in ops {
+                match op {
+                    AddressOp::Store(u, a, failed) => {
+                        let mut c = claim(u, Some(0), failed);
+                        if let Some(s) = c.status.as_mut() {
+                            s.address = a.map(|a| format!("{}/24", ip(a)));
+                        }
+                        ledger.observe(&c);
+                        store.insert(u, a);
+                    }
+                    AddressOp::Reserve(u, a) => {
+                        ledger.reserve_address(&format!("u{u}"), ip(a));
+                        reserved.insert(u, a);
+                    }
+                    AddressOp::Unreserve(u) => {
+                        ledger.unreserve(&format!("u{u}"));
+                        reserved.remove(&u);
+                    }
+                    AddressOp::Release(u) => {
+                        ledger.release(&format!("u{u}"));
+                        reserved.remove(&u);
+                        released.insert(u);
+                    }
+                    AddressOp::Delete(u) => {
+                        if store.remove(&u).is_some() {
+                            ledger.forget(&format!("u{u}"));
+                            reserved.remove(&u);
+                            released.remove(&u);
+                        }
+                    }
+                    AddressOp::Relist => {
+                        let claims: Vec<NodeClaim> = store
+                            .iter()
+                            .map(|(u, a)| {
+                                let mut c = claim(*u, Some(0), false);
+                                if let Some(s) = c.status.as_mut() {
+                                    s.address = a.map(|a| ip(a).to_string());
+                                }
+                                c
+                            })
+                            .collect();
+                        ledger.resync(claims.iter());
+                        released.retain(|u| reserved.contains_key(u) || store.contains_key(u));
+                    }
+                }
+                for a in 0..4u8 {
+                    let held = (0..5u8).any(|u| {
+                        !released.contains(&u)
+                            && reserved.get(&u).copied().or(store.get(&u).copied().flatten())
+                                == Some(a)
+                    });
+                    prop_assert_eq!(ledger.address_taken(ip(a)), held, "address {}", a);
+                }
             }
         }
     }

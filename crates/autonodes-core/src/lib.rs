@@ -36,6 +36,7 @@
 
 pub mod access;
 pub mod address_policy;
+pub mod address_pool;
 pub mod capi;
 pub mod catalogue;
 pub mod claim;

@@ -22,7 +22,7 @@ use crate::properties::{
 use crate::scheduling::{self, ClaimRequest, NoFit, RequestError};
 use crate::template;
 use crate::template::error::TemplateError;
-use crate::template::names::{VmIdentity, USER_DATA_KEY};
+use crate::template::names::{VmIdentity, NETWORK_DATA_KEY, USER_DATA_KEY};
 use crate::userdata::{self, JoinParams, JoinTemplate, UserDataError, UserDataInput};
 use autonodes_api::{NodeClaim, NodePoolSpec};
 
@@ -184,6 +184,26 @@ pub fn plan_node(
 /// Where the claim's VM runs on the host: its launcher pod labelled with its tenant and
 /// pool, the type's placement presets for that group, and the host node affinity of the
 /// claim's zone.
+/// The claim's static address (`status.address`) and the pool of its type it comes from;
+/// none when the type hands out no addresses or the address is not of its pool (the pool
+/// changed: the claim has drifted, and its VM keeps the network data it has).
+fn static_address<'t>(
+    t: &'t PreparedType,
+    claim: &NodeClaim,
+) -> Option<(
+    &'t crate::address_pool::PreparedAddressPool,
+    std::net::IpAddr,
+)> {
+    let pool = t.address_pool.as_ref()?;
+    let ip = claim
+        .status
+        .as_ref()?
+        .address
+        .as_deref()
+        .and_then(crate::address_pool::parse_address)?;
+    pool.contains(ip).then_some((pool, ip))
+}
+
 fn place_vm(
     vm: &mut Value,
     t: &PreparedType,
@@ -312,6 +332,26 @@ pub fn render_node(
         claim: id(),
         source,
     })?;
+    let network_data = static_address(t, claim).map(|(pool, ip)| (pool.network_data(ip), ip));
+    if let Some((_, ip)) = &network_data {
+        let mac = crate::address_pool::mac_for(*ip);
+        template::use_network_data(&mut vm, vm_name, &mac, &t.name).map_err(|source| {
+            RenderError::Template {
+                claim: id(),
+                source,
+            }
+        })?;
+    }
+    let mut data = BTreeMap::from([(
+        USER_DATA_KEY.to_string(),
+        ByteString(user_data.clone().into_bytes()),
+    )]);
+    if let Some((network, _)) = network_data {
+        data.insert(
+            NETWORK_DATA_KEY.to_string(),
+            ByteString(network.into_bytes()),
+        );
+    }
 
     let secret = Secret {
         metadata: ObjectMeta {
@@ -321,10 +361,7 @@ pub fn render_node(
             ..ObjectMeta::default()
         },
         type_: Some("Opaque".to_string()),
-        data: Some(BTreeMap::from([(
-            USER_DATA_KEY.to_string(),
-            ByteString(user_data.clone().into_bytes()),
-        )])),
+        data: Some(data),
         ..Secret::default()
     };
 

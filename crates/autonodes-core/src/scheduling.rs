@@ -18,6 +18,8 @@ pub(crate) const REASON_NO_MATCHING_NODE_TYPE: &str = "NoMatchingNodeType";
 pub const REASON_QUOTA_EXCEEDED: &str = "QuotaExceeded";
 /// Reason: no node of the host cluster has room for the VM of any fitting node type.
 pub const REASON_HOST_CAPACITY_EXHAUSTED: &str = "HostCapacityExhausted";
+/// Reason: every fitting node type hands out static addresses and has none left.
+pub const REASON_ADDRESS_POOL_EXHAUSTED: &str = "AddressPoolExhausted";
 /// Condition reason when fitting node types exist but none has capacity left.
 pub const REASON_INSUFFICIENT_CAPACITY: &str = "InsufficientCapacity";
 
@@ -365,7 +367,8 @@ pub fn fits(t: &PreparedType, req: &ClaimRequest) -> bool {
 #[error("{reason}: {message}")]
 pub struct NoFit {
     /// [`REASON_NO_MATCHING_NODE_TYPE`], [`REASON_INSUFFICIENT_CAPACITY`],
-    /// [`REASON_QUOTA_EXCEEDED`] or [`REASON_HOST_CAPACITY_EXHAUSTED`].
+    /// [`REASON_QUOTA_EXCEEDED`], [`REASON_HOST_CAPACITY_EXHAUSTED`] or
+    /// [`REASON_ADDRESS_POOL_EXHAUSTED`].
     pub reason: &'static str,
     /// Human-readable detail: the nearest type and what failed, or the exhausted types.
     pub message: String,

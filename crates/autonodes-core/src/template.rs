@@ -611,6 +611,48 @@ pub fn finalize_vm(
     Ok(Value::Object(vm))
 }
 
+/// The first network interface of a VM template (`domain.devices.interfaces[0]`): the one a
+/// static address goes to.
+pub fn first_interface(vm: &Value) -> Option<&Map<String, Value>> {
+    vm.pointer("/spec/template/spec/domain/devices/interfaces/0")?
+        .as_object()
+}
+
+/// Points the cloud-init volume of a finished VM (see [`finalize_vm`]) at network data
+/// (key `networkdata` of its user-data Secret, which KubeVirt hands the guest as the
+/// NoCloud `network-config`), and gives its first interface the MAC address `mac` the
+/// network data matches.
+pub fn use_network_data(
+    vm: &mut Value,
+    vm_name: &str,
+    mac: &str,
+    node_type: &str,
+) -> Result<(), TemplateError> {
+    let not_object = |field: &str| TemplateError::NotAnObject {
+        node_type: node_type.to_string(),
+        field: field.to_string(),
+    };
+    vm.pointer_mut("/spec/template/spec/domain/devices/interfaces/0")
+        .and_then(Value::as_object_mut)
+        .ok_or_else(|| not_object("spec.template.spec.domain.devices.interfaces[0]"))?
+        .insert("macAddress".into(), Value::String(mac.to_string()));
+    let volumes = vm
+        .pointer_mut("/spec/template/spec/volumes")
+        .and_then(Value::as_array_mut)
+        .ok_or_else(|| not_object("spec.template.spec.volumes (a list)"))?;
+    let volume = volumes
+        .iter_mut()
+        .find(|v| v.get("name").and_then(Value::as_str) == Some(CLOUD_INIT_VOLUME))
+        .and_then(|v| v.get_mut("cloudInitNoCloud"))
+        .and_then(Value::as_object_mut)
+        .ok_or_else(|| not_object("the cloud-init volume"))?;
+    volume.insert(
+        "networkDataSecretRef".into(),
+        serde_json::json!({"name": user_data_secret_name(vm_name)}),
+    );
+    Ok(())
+}
+
 /// Runs the checks of step 4 (and those KubeVirt's admission makes on what it forces, such
 /// as `running` together with `runStrategy`) on a type's template, with the longest VM name
 /// a claim can get, so a template no claim could use is found when the type is evaluated.

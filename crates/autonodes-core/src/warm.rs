@@ -230,6 +230,12 @@ pub fn type_problem(t: &PreparedType) -> Option<String> {
             "property {PROP_ZONE}: claims of a type offering zones get one, and a warm VM's zone is not chosen"
         ));
     }
+    if t.address_pool.is_some() {
+        return Some(
+            "spec.addressPool: each claim of the type gets its own address, which a warm VM booted before its claim does not have"
+                .to_string(),
+        );
+    }
     if let Some(problem) = &t.problem {
         return Some(problem.to_string());
     }

@@ -438,6 +438,82 @@ mod tests {
     }
 
     #[test]
+    fn a_claim_holding_a_static_address_gets_it_as_network_data_its_vm_reads_and_others_get_none() {
+        let mut provider: NodeProvider =
+            autonodes_core::yaml::from_str(&example("nodeprovider-minimal.yaml")).expect("parses");
+        if let Some(spec) = provider
+            .spec
+            .kube_virt
+            .virtual_machine_template
+            .as_mut()
+            .and_then(|t| t.pointer_mut("/spec/template/spec"))
+        {
+            spec["domain"]["devices"]["interfaces"] =
+                serde_json::json!([{"name": "nodes", "bridge": {}}]);
+            spec["networks"] =
+                serde_json::json!([{"name": "nodes", "multus": {"networkName": "nodes"}}]);
+        }
+        provider.spec.kube_virt.address_pool = Some(autonodes_api::AddressPool {
+            cidr: "10.30.0.0/24".into(),
+            gateway: Some("10.30.0.1".into()),
+            dns_servers: vec!["10.30.0.2".into()],
+            exclude: vec![],
+        });
+        let cat = Catalogue::from_provider(&provider);
+        let t = &cat.types()[0];
+        let mut claim: NodeClaim = autonodes_core::yaml::from_str(&claim_yaml("")).expect("claim");
+        claim.metadata.uid = Some("u".into());
+        let volume = |r: &autonodes_core::render::RenderedNode| {
+            r.vm["spec"]["template"]["spec"]["volumes"]
+                .as_array()
+                .and_then(|v| v.iter().find(|v| v["name"] == "cloudinitdisk").cloned())
+                .expect("the cloud-init volume")
+        };
+        // Not scheduled with an address (yet): no network data.
+        let r = render_node(t, &claim, None, "vm", &JoinParams::placeholder(), "test")
+            .expect("renders");
+        assert!(volume(&r)["cloudInitNoCloud"]
+            .get("networkDataSecretRef")
+            .is_none());
+        assert!(!r
+            .secret
+            .data
+            .as_ref()
+            .expect("data")
+            .contains_key("networkdata"));
+
+        claim.status = Some(autonodes_api::NodeClaimStatus {
+            address: Some("10.30.0.7/24".into()),
+            ..Default::default()
+        });
+        let r = render_node(t, &claim, None, "vm", &JoinParams::placeholder(), "test")
+            .expect("renders");
+        assert_eq!(
+            volume(&r)["cloudInitNoCloud"]["networkDataSecretRef"]["name"],
+            "vm-userdata"
+        );
+        // The interface the network data matches by its MAC address.
+        assert_eq!(
+            r.vm["spec"]["template"]["spec"]["domain"]["devices"]["interfaces"][0]["macAddress"],
+            "02:a5:0a:1e:00:07"
+        );
+        assert_eq!(r.secret.metadata.name.as_deref(), Some("vm-userdata"));
+        let data = &r.secret.data.as_ref().expect("data")["networkdata"].0;
+        let network: serde_json::Value =
+            autonodes_core::yaml::from_str(std::str::from_utf8(data).expect("UTF-8"))
+                .expect("YAML");
+        assert_eq!(network["ethernets"]["eth0"]["addresses"][0], "10.30.0.7/24");
+        assert_eq!(
+            network["ethernets"]["eth0"]["match"]["macaddress"],
+            "02:a5:0a:1e:00:07"
+        );
+        assert_eq!(
+            network["ethernets"]["eth0"]["nameservers"]["addresses"][0],
+            "10.30.0.2"
+        );
+    }
+
+    #[test]
     fn render_node_needs_the_claim_identity() {
         let provider: NodeProvider =
             autonodes_core::yaml::from_str(&example("nodeprovider-minimal.yaml")).expect("parses");

@@ -89,6 +89,7 @@ fn spec(resources: &[(&str, &str)]) -> NodeTypeSpec {
         merge_virtual_machine_template: None,
         virtual_machine_template: None,
         warm: None,
+        address_pool: None,
     }
 }
 

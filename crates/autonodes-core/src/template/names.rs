@@ -12,6 +12,9 @@ use autonodes_api::{
 pub(crate) const CLOUD_INIT_VOLUME: &str = "cloudinitdisk";
 /// Key of the user data in the `<vm>-userdata` Secret.
 pub const USER_DATA_KEY: &str = "userdata";
+/// The key of the user-data Secret holding the VM's cloud-init network data, when its claim
+/// has a static address.
+pub const NETWORK_DATA_KEY: &str = "networkdata";
 /// API version of the VirtualMachines autonodes writes.
 pub(crate) const VM_API_VERSION: &str = "kubevirt.io/v1";
 /// Kind of the VirtualMachines autonodes writes.

@@ -275,14 +275,26 @@ fn rebooted(ctx: &Ctx, vm: &DynamicObject, vmi: &DynamicObject) -> Option<(usize
     })
 }
 
-/// A rebooted guest's kubelet posts its new boot ID and fresh conditions: Ready, and none
-/// of the conditions other agents (node-problem-detector) had set before the reboot.
+/// A rebooted guest's kubelet posts its new boot ID, its addresses as the new instance has
+/// them, and fresh conditions: Ready, and none of the conditions other agents
+/// (node-problem-detector) had set before the reboot.
 async fn report_boot(entry: &TenantEntry, name: &str, vmi: &DynamicObject) -> Result<(), SimError> {
     let now = Timestamp::now().to_string();
-    let patch = json!({"status": {
+    let mut status = json!({
         "nodeInfo": {"bootID": vmi.uid().unwrap_or_default()},
         "conditions": node_conditions("True", &now),
-    }});
+    });
+    if let Some(ip) = vmi
+        .data
+        .pointer("/status/interfaces/0/ipAddress")
+        .and_then(Value::as_str)
+    {
+        status["addresses"] = json!([
+            {"type": "InternalIP", "address": ip},
+            {"type": "Hostname", "address": name},
+        ]);
+    }
+    let patch = json!({ "status": status });
     let patched = entry
         .nodes_api()
         .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))

@@ -423,7 +423,8 @@ async fn create_vmi(
     let status = match ctx.opts.mode.boot_delay() {
         Some(Duration::ZERO) => {
             let scheduled = json!({"phase": "Scheduling", "phaseTransitionTimestamp": now});
-            running_status(ctx, vm, vec![scheduled], &now)
+            let static_ip = static_address(ctx, vm, ns).await?;
+            running_status(ctx, vm, static_ip, vec![scheduled], &now)
         }
         _ => scheduling_status(Vec::new(), &now),
     };
@@ -479,9 +480,88 @@ fn scheduling_status(mut history: Vec<Value>, now: &str) -> Value {
     })
 }
 
-/// A VMI's status once its guest runs: the host node, the guest's address, Ready.
-fn running_status(ctx: &Ctx, vm: &DynamicObject, mut history: Vec<Value>, now: &str) -> Value {
+/// The address the VM's cloud-init network data gives its first interface, as a guest's
+/// cloud-init would set it: the first address of the first Ethernet of the network data
+/// Secret the cloud-init volume names (`networkDataSecretRef`, key `networkdata`), when
+/// that Ethernet matches the MAC address the VM gives its first interface; none when the
+/// volume names no network data or it matches another interface. A Secret that is not
+/// there yet is an error (retried).
+async fn static_address(
+    ctx: &Ctx,
+    vm: &DynamicObject,
+    ns: &str,
+) -> Result<Option<String>, SimError> {
+    let Some(name) = vm
+        .data
+        .pointer("/spec/template/spec/volumes")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .find_map(|v| v.pointer("/cloudInitNoCloud/networkDataSecretRef/name"))
+        .and_then(Value::as_str)
+    else {
+        return Ok(None);
+    };
+    let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =
+        kube::Api::namespaced(ctx.host.clone(), ns);
+    let secret = ctx
+        .secrets
+        .read_existing(&secrets, name)
+        .await
+        .map_err(SimError::kube(format!(
+            "reading network data Secret {ns}/{name}"
+        )))?
+        .ok_or_else(|| SimError::Invalid(format!("network data Secret {ns}/{name} not found")))?;
+    let data = secret.data.clone().unwrap_or_default();
+    let text = data
+        .get("networkdata")
+        .or_else(|| data.get("networkData"))
+        .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+        .ok_or_else(|| SimError::Invalid(format!("Secret {ns}/{name} has no key networkdata")))?;
+    let config: Value = autonodes_core::yaml::from_str(&text)
+        .map_err(|e| SimError::Invalid(format!("network data of {ns}/{name}: {e}")))?;
+    let Some(nic) = config
+        .get("ethernets")
+        .and_then(Value::as_object)
+        .and_then(|nics| nics.values().next())
+    else {
+        return Ok(None);
+    };
+    let wanted = nic.pointer("/match/macaddress").and_then(Value::as_str);
+    let has = vm
+        .data
+        .pointer("/spec/template/spec/domain/devices/interfaces/0/macAddress")
+        .and_then(Value::as_str);
+    if let Some(wanted) = wanted {
+        if !has.is_some_and(|m| m.eq_ignore_ascii_case(wanted)) {
+            return Ok(None);
+        }
+    }
+    Ok(nic
+        .pointer("/addresses/0")
+        .and_then(Value::as_str)
+        .and_then(|a| a.split('/').next())
+        .map(str::to_string))
+}
+
+/// A VMI's status once its guest runs: the host node, the guest's address (the static one
+/// of its network data, else one derived from the VM), Ready.
+fn running_status(
+    ctx: &Ctx,
+    vm: &DynamicObject,
+    static_ip: Option<String>,
+    mut history: Vec<Value>,
+    now: &str,
+) -> Value {
     let (ip, mac) = guest_address(&vm.uid().unwrap_or_default());
+    let ip = static_ip.unwrap_or(ip);
+    // KubeVirt gives the interface the MAC address its template sets.
+    let mac = vm
+        .data
+        .pointer("/spec/template/spec/domain/devices/interfaces/0/macAddress")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .unwrap_or(mac);
     let interface = vm
         .data
         .pointer("/spec/template/spec/domain/devices/interfaces/0/name")
@@ -547,7 +627,8 @@ async fn boot(
     ns: &str,
 ) -> Result<Arc<DynamicObject>, SimError> {
     let now = Timestamp::now().to_string();
-    let status = running_status(ctx, vm, transitions(vmi), &now);
+    let static_ip = static_address(ctx, vm, ns).await?;
+    let status = running_status(ctx, vm, static_ip, transitions(vmi), &now);
     patch_vmi_status(ctx, vmi, ns, status).await
 }
 

@@ -206,3 +206,112 @@ fn the_user_data_a_warm_vms_binding_carries_is_a_cloud_config_cloud_init_accepts
         assert!(ok, "cloud-init refused the binding's user data:\n{out}\n{json}");
     }
 }
+
+/// Runs `cloud-init devel net-convert` on `network_data` for `distro`, rendering it as
+/// `output` (`eni`, `networkd`, `sysconfig`); returns every file it wrote, concatenated.
+fn net_convert(dir: &Path, network_data: &str, output: &str, distro: &str) -> String {
+    let input = dir.join(format!("network-{output}.yaml"));
+    std::fs::write(&input, network_data).expect("network data written");
+    let out_dir = dir.join(format!("out-{output}"));
+    let out = Command::new("cloud-init")
+        .args(["devel", "net-convert", "--kind", "yaml", "--network-data"])
+        .arg(&input)
+        .args(["--output-kind", output, "--distro", distro, "--directory"])
+        .arg(&out_dir)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("cloud-init does not run ({e}): run scripts/test-tools.sh (Debian's cloud-init)")
+        });
+    assert!(
+        out.status.success(),
+        "cloud-init refused the network data for {output}:\n{}{}\n{network_data}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut files = Vec::new();
+    let mut dirs = vec![out_dir];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).expect("output directory") {
+            let path = e.expect("entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                files.push(std::fs::read_to_string(&path).expect("output file"));
+            }
+        }
+    }
+    files.join("\n")
+}
+
+#[test]
+fn the_network_data_of_a_static_address_is_read_by_cloud_init_s_eni_networkd_and_sysconfig_renderers(
+) {
+    use autonodes_core::address_pool::{mac_for, PreparedAddressPool};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pool = PreparedAddressPool::new(&autonodes_api::AddressPool {
+        cidr: "10.20.0.0/24".into(),
+        gateway: Some("10.20.0.1".into()),
+        dns_servers: vec!["10.20.0.2".into()],
+        exclude: vec![],
+    })
+    .expect("pool");
+    let ip = pool.allocate(|_| false).expect("an address");
+    let mac = mac_for(ip);
+    let data = pool.network_data(ip);
+    for (output, distro, wants) in [
+        (
+            "eni",
+            "debian",
+            vec![
+                "iface eth0 inet static".to_string(),
+                format!("address {ip}/24"),
+                "route add default gw 10.20.0.1".to_string(),
+                "dns-nameservers 10.20.0.2".to_string(),
+                format!("ATTR{{address}}==\"{mac}\", NAME=\"eth0\""),
+            ],
+        ),
+        (
+            "networkd",
+            "debian",
+            vec![
+                format!("MACAddress={mac}"),
+                format!("Address={ip}/24"),
+                "Gateway=10.20.0.1".to_string(),
+                "DHCP=no".to_string(),
+            ],
+        ),
+        (
+            "sysconfig",
+            "rhel",
+            vec![
+                format!("IPADDR={ip}"),
+                "NETMASK=255.255.255.0".to_string(),
+                "GATEWAY=10.20.0.1".to_string(),
+                format!("HWADDR={mac}"),
+                "BOOTPROTO=none".to_string(),
+            ],
+        ),
+    ] {
+        let rendered = net_convert(dir.path(), &data, output, distro);
+        for want in wants {
+            assert!(
+                rendered.contains(&want),
+                "{output}: no {want:?} in\n{rendered}\nfrom\n{data}"
+            );
+        }
+        println!("cloud-init net-convert {output}: {ip} on {mac}, default route via 10.20.0.1");
+    }
+
+    // IPv6: the address and default route, no DHCP or router advertisements.
+    let pool = PreparedAddressPool::new(&autonodes_api::AddressPool {
+        cidr: "fd00:20::/64".into(),
+        gateway: Some("fd00:20::1".into()),
+        dns_servers: vec![],
+        exclude: vec![],
+    })
+    .expect("pool");
+    let ip = pool.allocate(|_| false).expect("an address");
+    let rendered = net_convert(dir.path(), &pool.network_data(ip), "networkd", "debian");
+    assert!(rendered.contains(&format!("Address={ip}/64")), "{rendered}");
+    assert!(rendered.contains("Gateway=fd00:20::1"), "{rendered}");
+}

@@ -7,6 +7,7 @@ mod common;
 mod hostile;
 mod opscommon;
 
+mod addresses;
 mod capi;
 mod chaos;
 mod chart;

@@ -4,6 +4,7 @@
 //! anything remote is created.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -136,6 +137,7 @@ pub(super) async fn schedule(
             let mut zones: HashMap<String, Option<String>> = HashMap::new();
             let admit = |t: &PreparedType| -> Result<(), NoFit> {
                 provider_and_quotas_admit(t, &tenant, &quotas, &used)?;
+                free_address(t, ledger)?;
                 let in_use = ledger.zone_counts(&t.name);
                 let room = rooms
                     .get(t.host_cluster.as_str())
@@ -154,13 +156,21 @@ pub(super) async fn schedule(
                     let zone = zones.remove(&t.name).flatten();
                     (t, zone)
                 });
-            if let Ok((t, zone)) = &decision {
+            decision.map(|(t, zone)| {
                 ledger.reserve(&uid, &namespace, &t.name, zone.as_deref());
-            }
-            decision
+                // The type was admitted with a free address: it is this claim's now.
+                let address = free_address(&t, ledger).ok().flatten().map(|ip| {
+                    ledger.reserve_address(&uid, ip);
+                    t.address_pool
+                        .as_ref()
+                        .map(|p| p.with_prefix(ip))
+                        .unwrap_or_default()
+                });
+                (t, zone, address)
+            })
         })
     };
-    let (chosen, zone) = match decision {
+    let (chosen, zone, address) = match decision {
         Ok(t) => t,
         Err(nofit) => {
             let mut w = StatusWriter::new(claim, ctx);
@@ -193,12 +203,17 @@ pub(super) async fn schedule(
         .map(|z| format!(" in zone {z}"))
         .unwrap_or_default();
     w.new.zone = zone;
+    let with_address = address
+        .as_deref()
+        .map(|a| format!(", address {a}"))
+        .unwrap_or_default();
+    w.new.address = address;
     w.set(
         SCHEDULED,
         true,
         ClaimReason::Scheduled,
         format!(
-            "scheduled to node type {} (cost {}){in_zone}",
+            "scheduled to node type {} (cost {}){in_zone}{with_address}",
             chosen.name, chosen.cost
         ),
     );
@@ -220,6 +235,24 @@ pub(super) async fn schedule(
         node_type: chosen,
         claim: written,
     })))
+}
+
+/// The lowest free address of `t`'s address pool (none when `t` has no pool), or why `t`
+/// cannot be chosen: every address of its pool is held.
+fn free_address(t: &PreparedType, ledger: &ClaimedLedger) -> Result<Option<IpAddr>, NoFit> {
+    let Some(pool) = &t.address_pool else {
+        return Ok(None);
+    };
+    pool.allocate(|a| ledger.address_taken(a))
+        .map(Some)
+        .ok_or_else(|| NoFit {
+            reason: scheduling::REASON_ADDRESS_POOL_EXHAUSTED,
+            message: format!(
+                "node type {}: all {} addresses of its address pool are held by claims",
+                t.name,
+                pool.usable()
+            ),
+        })
 }
 
 /// The quotas of `all` that cover `namespace`.
@@ -411,6 +444,7 @@ pub(super) fn nofit_reason(reason: &str) -> ClaimReason {
         scheduling::REASON_QUOTA_EXCEEDED => ClaimReason::QuotaExceeded,
         access::REASON_PROVIDER_NOT_ALLOWED => ClaimReason::ProviderNotAllowed,
         scheduling::REASON_HOST_CAPACITY_EXHAUSTED => ClaimReason::HostCapacityExhausted,
+        scheduling::REASON_ADDRESS_POOL_EXHAUSTED => ClaimReason::AddressPoolExhausted,
         _ => ClaimReason::NoMatchingNodeType,
     }
 }

@@ -11,7 +11,7 @@ use serde_json::Value;
 use autonodes_api::{NodeClaim, NodeProvider};
 use autonodes_core::catalogue::Catalogue;
 use autonodes_core::render::plan_node;
-use autonodes_core::template::names::USER_DATA_KEY;
+use autonodes_core::template::names::{NETWORK_DATA_KEY, USER_DATA_KEY};
 use autonodes_core::userdata::{self, JoinParams};
 
 // ---------------------------------------------------------------------------------------
@@ -155,6 +155,28 @@ pub fn render_documents(
     let prepared = catalogue
         .get(&rendered.node_type)
         .with_context(|| format!("node type {} vanished", rendered.node_type))?;
+    // A type with an address pool: shown with the first address of the pool (the
+    // controller gives the lowest one no claim holds), unless the claim file has one.
+    let has_address = claim.status.as_ref().is_some_and(|s| s.address.is_some());
+    let rendered = match (&prepared.address_pool, has_address) {
+        (Some(pool), false) => {
+            let first = pool
+                .allocate(|_| false)
+                .map(|ip| pool.with_prefix(ip))
+                .with_context(|| format!("node type {}: no address to hand out", prepared.name))?;
+            claim.status.get_or_insert_with(Default::default).address = Some(first);
+            autonodes_core::render::render_node(
+                prepared,
+                &claim,
+                None,
+                &vm_name,
+                join,
+                PLACEHOLDER_INSTALLATION,
+            )
+            .map_err(|e| anyhow::anyhow!("{e}"))?
+        }
+        _ => rendered,
+    };
     let mut node_type_obj = autonodes_core::catalogue::node_types_from_provider(&provider)
         .into_iter()
         .find(|nt| nt.metadata.name.as_deref() == Some(rendered.node_type.as_str()))
@@ -162,11 +184,15 @@ pub fn render_documents(
     node_type_obj.status = Some(prepared.status(0));
 
     let mut secret = rendered.secret.clone();
+    let mut shown = BTreeMap::from([(USER_DATA_KEY.to_string(), rendered.user_data.clone())]);
+    if let Some(network) = secret.data.as_ref().and_then(|d| d.get(NETWORK_DATA_KEY)) {
+        shown.insert(
+            NETWORK_DATA_KEY.to_string(),
+            String::from_utf8_lossy(&network.0).into_owned(),
+        );
+    }
     secret.data = None;
-    secret.string_data = Some(BTreeMap::from([(
-        USER_DATA_KEY.to_string(),
-        rendered.user_data.clone(),
-    )]));
+    secret.string_data = Some(shown);
 
     let mut node_type_value = serde_json::to_value(&node_type_obj)?;
     if let Some(obj) = node_type_value.as_object_mut() {
@@ -510,6 +536,44 @@ mod tests {
         assert_eq!(
             network["ethernets"]["eth0"]["nameservers"]["addresses"][0],
             "10.30.0.2"
+        );
+    }
+
+    #[test]
+    fn autonodes_render_shows_a_type_with_an_address_pool_with_the_pool_s_first_address() {
+        let mut provider: Value =
+            autonodes_core::yaml::from_str(&example("nodeprovider-minimal.yaml")).expect("parses");
+        let spec = &mut provider["spec"]["kubeVirt"];
+        spec["addressPool"] = serde_json::json!({"cidr": "10.40.0.0/24", "gateway": "10.40.0.1"});
+        let vmi = &mut spec["virtualMachineTemplate"]["spec"]["template"]["spec"];
+        vmi["domain"]["devices"]["interfaces"] =
+            serde_json::json!([{"name": "nodes", "bridge": {}}]);
+        vmi["networks"] =
+            serde_json::json!([{"name": "nodes", "multus": {"networkName": "nodes"}}]);
+        let docs = render_documents(
+            &provider.to_string(),
+            "provider.yaml",
+            &claim_yaml(""),
+            "claim.yaml",
+            None,
+            &JoinParams::placeholder(),
+        )
+        .expect("renders");
+        let secret = docs
+            .iter()
+            .find(|d| d["kind"] == "Secret")
+            .expect("a Secret");
+        let network = secret["stringData"]["networkdata"]
+            .as_str()
+            .expect("networkdata");
+        assert!(network.contains("\"10.40.0.2/24\""), "{network}");
+        let vm = docs
+            .iter()
+            .find(|d| d["kind"] == "VirtualMachine")
+            .expect("a VM");
+        assert_eq!(
+            vm["spec"]["template"]["spec"]["domain"]["devices"]["interfaces"][0]["macAddress"],
+            "02:a5:0a:28:00:02"
         );
     }
 

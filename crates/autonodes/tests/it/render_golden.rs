@@ -196,6 +196,18 @@ fn kubevirt_native_isolated_node_has_a_tenant_network_instead_of_the_pod_network
 }
 
 #[test]
+fn kubevirt_native_static_address_node_gets_its_address_as_network_data_on_its_tenant_network_golden(
+) {
+    check_golden(
+        "kubevirt-native-static-address-node.yaml",
+        "nodeprovider-kubevirt-native.yaml",
+        &claim("static-1", ""),
+        Some("static-address-node"),
+        OutputFormat::Yaml,
+    );
+}
+
+#[test]
 fn kubevirt_native_spread_node_of_a_pool_gets_anti_affinity_within_its_pool_and_host_node_presets_golden(
 ) {
     let claim_text = "apiVersion: autonodes.io/v1alpha1\nkind: NodeClaim\nmetadata:\n  name: workers-x7k2p\n  namespace: tenant\n  uid: 6f1c1b8e-0d5e-4c1a-9a57-2b7f0c3e9d11\n  labels:\n    autonodes.io/nodepool: workers\nspec:\n  vClusterRef:\n    name: tenant\n";

@@ -16,51 +16,16 @@ use serde_json::json;
 const AVAILABLE: Duration = Duration::from_secs(120);
 
 /// A provider `addr` with one type, `static`, whose nodes get addresses of `cidr` on
-/// their first interface, bridged to a Multus network.
+/// their first interface, bridged to a Multus network (`autonodes.io/default-network`).
 fn provider(cidr: &str, gateway: &str, dns: &str) -> String {
-    format!(
-        r#"
-apiVersion: autonodes.io/v1alpha1
-kind: NodeProvider
-metadata:
-  name: addr
-spec:
-  kubeVirt:
-    clusterRef:
-      cluster: test-kubevirt-1
-      namespace: vcluster-platform
-    virtualMachineTemplate:
-      spec:
-        template:
-          spec:
-            domain:
-              devices:
-                disks:
-                  - name: root
-                    disk:
-                      bus: virtio
-                interfaces:
-                  - name: nodes
-                    bridge: {{}}
-              resources:
-                requests:
-                  cpu: "1"
-                  memory: 1Gi
-            networks:
-              - name: nodes
-                multus:
-                  networkName: node-segment
-            volumes:
-              - name: root
-                containerDisk:
-                  image: quay.io/containerdisks/ubuntu:22.04
-    nodeTypes:
-      - name: static
-        addressPool:
-          cidr: {cidr}
-          gateway: {gateway}
-          dnsServers: [{dns}]
-"#
+    provider_yaml(
+        "addr",
+        "test-kubevirt-1",
+        "1",
+        "1Gi",
+        &format!(
+            "      - name: static\n        properties:\n          autonodes.io/default-network: tenant-networks/nodes\n        addressPool:\n          cidr: {cidr}\n          gateway: {gateway}\n          dnsServers: [{dns}]\n"
+        ),
     )
 }
 
@@ -178,18 +143,8 @@ async fn two_hundred_claims_of_one_address_pool_get_distinct_addresses_that_thei
 
     // The VM reads its network data from its user-data Secret.
     let one = claims.iter().find(|c| c.name_any() == "a-0").expect("a-0");
-    let vm_name = one
-        .status
-        .as_ref()
-        .and_then(|s| s.vm_name.clone())
-        .expect("vmName");
-    let vm = world
-        .vms()
-        .await
-        .into_iter()
-        .find(|v| v.name_any() == vm_name)
-        .expect("the VM of a-0");
-    let secret_name = format!("{vm_name}-userdata");
+    let vm = world.vm_of(one).await;
+    let secret_name = format!("{}-userdata", vm.name_any());
     let volumes = vm.data["spec"]["template"]["spec"]["volumes"].to_string();
     assert!(
         volumes.contains(&format!(

@@ -319,17 +319,7 @@ async fn a_pool_of_a_type_with_zones_spreads_least_used_first_a_requirement_pins
     assert_eq!(zone_of(&pinned).as_deref(), Some("zone-b"));
 
     // The VM requires host nodes of its zone; the tenant Node is labelled with it.
-    let vm_name = pinned
-        .status
-        .as_ref()
-        .and_then(|s| s.vm_name.clone())
-        .expect("vm name");
-    let vm = world
-        .vms()
-        .await
-        .into_iter()
-        .find(|v| v.name_any() == vm_name)
-        .expect("pinned VM");
+    let vm = world.vm_of(&pinned).await;
     assert_eq!(
         vm.data
             .pointer("/spec/template/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms")
@@ -341,7 +331,7 @@ async fn a_pool_of_a_type_with_zones_spreads_least_used_first_a_requirement_pins
         .nodes()
         .await
         .into_iter()
-        .find(|n| n.name_any() == vm_name)
+        .find(|n| n.name_any() == vm.name_any())
         .expect("pinned Node");
     assert_eq!(
         node.labels()

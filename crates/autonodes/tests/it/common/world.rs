@@ -550,6 +550,20 @@ impl World {
         api.list(&managed()).await.expect("list VMs").items
     }
 
+    /// The VirtualMachine of `claim` (its `status.vmName`) on the host.
+    pub async fn vm_of(&self, claim: &NodeClaim) -> DynamicObject {
+        let name = claim
+            .status
+            .as_ref()
+            .and_then(|s| s.vm_name.clone())
+            .unwrap_or_else(|| panic!("claim {} has no status.vmName", claim.name_any()));
+        self.vms()
+            .await
+            .into_iter()
+            .find(|v| v.name_any() == name)
+            .unwrap_or_else(|| panic!("no VirtualMachine {name} of claim {}", claim.name_any()))
+    }
+
     /// Every DataVolume on the host.
     pub async fn data_volumes(&self) -> Vec<DynamicObject> {
         let api: Api<DynamicObject> =

@@ -754,3 +754,97 @@ pub(crate) fn merge_taints<'a>(lists: impl IntoIterator<Item = &'a [Taint]>) -> 
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn provider(
+        provider_pool: Option<&str>,
+        type_pool: Option<&str>,
+    ) -> autonodes_api::NodeProvider {
+        provider_with_interface(provider_pool, type_pool, true)
+    }
+
+    fn provider_with_interface(
+        provider_pool: Option<&str>,
+        type_pool: Option<&str>,
+        interface: bool,
+    ) -> autonodes_api::NodeProvider {
+        let interfaces = if interface {
+            serde_json::json!([{"name": "nodes", "bridge": {}}])
+        } else {
+            serde_json::json!([])
+        };
+        let pool = |cidr: Option<&str>| {
+            cidr.map(|c| serde_json::json!({"cidr": c, "gateway": "10.1.0.1"}))
+        };
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "autonodes.io/v1alpha1", "kind": "NodeProvider",
+            "metadata": {"name": "p", "uid": "pu"},
+            "spec": {"kubeVirt": {
+                "clusterRef": {"cluster": "h", "namespace": "vms"},
+                "addressPool": pool(provider_pool),
+                "virtualMachineTemplate": {"spec": {"template": {"spec": {
+                    "domain": {
+                        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
+                        "devices": {"interfaces": interfaces},
+                    },
+                    "networks": [{"name": "nodes", "multus": {"networkName": "nodes"}}],
+                }}}},
+                "nodeTypes": [
+                    {"name": "own", "addressPool": pool(type_pool)},
+                    {"name": "inherits"},
+                ],
+            }},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_type_s_own_address_pool_replaces_its_provider_s_and_one_that_cannot_be_used_fails_the_type(
+    ) {
+        let c = Catalogue::from_provider(&provider(Some("10.1.0.0/24"), Some("10.1.0.0/28")));
+        assert!(
+            c.types().iter().all(|t| t.problem.is_none()),
+            "{:?}",
+            c.types()[0].problem
+        );
+        let own = c.named("p.own").unwrap().address_pool.clone().unwrap();
+        let inherits = c.named("p.inherits").unwrap().address_pool.clone().unwrap();
+        assert_eq!(own.usable(), 16 - 3);
+        assert_eq!(inherits.usable(), 256 - 3);
+
+        let c = Catalogue::from_provider(&provider(None, Some("10.1.0.0/40")));
+        let own = c.named("p.own").unwrap();
+        let problem = own.problem.as_ref().expect("a problem");
+        assert_eq!(
+            problem.reason(),
+            autonodes_api::reasons::TypeReason::InvalidAddressPool
+        );
+        assert!(problem.to_string().contains("prefix length"), "{problem}");
+        assert!(c.named("p.inherits").unwrap().address_pool.is_none());
+
+        // The address goes to the template's first interface: without one, no type can
+        // have a pool.
+        let c =
+            Catalogue::from_provider(&provider_with_interface(Some("10.1.0.0/24"), None, false));
+        let problem = c
+            .named("p.inherits")
+            .unwrap()
+            .problem
+            .as_ref()
+            .expect("a problem");
+        assert!(problem.to_string().contains("interfaces[0]"), "{problem}");
+    }
+
+    #[test]
+    fn only_a_type_with_an_address_pool_has_it_in_its_definition_hash() {
+        let without = Catalogue::from_provider(&provider(None, None));
+        let with = Catalogue::from_provider(&provider(None, Some("10.1.0.0/24")));
+        let hash = |c: &Catalogue, t: &str| c.named(t).unwrap().definition.clone();
+        // Types without a pool keep the hash they had before pools existed.
+        assert_eq!(hash(&without, "p.inherits"), hash(&with, "p.inherits"));
+        assert_ne!(hash(&without, "p.own"), hash(&with, "p.own"));
+    }
+}

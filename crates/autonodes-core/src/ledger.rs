@@ -189,13 +189,19 @@ impl ClaimedLedger {
         self.update(uid, |e| e.reserved_address = Some(address));
     }
 
+    /// The claim Failed: the capacity reserved for it is given back, its static address is
+    /// not (a Failed claim holds its address until it is gone; its status shows it).
+    pub fn unreserve_capacity(&mut self, uid: &str) {
+        self.update(uid, |e| e.reserved = None);
+    }
+
     /// Whether a claim holds the static address `address`.
     pub fn address_taken(&self, address: IpAddr) -> bool {
         self.addresses.contains_key(&address)
     }
 
-    /// The reservation of the claim is withdrawn (its status write failed, or it Failed).
-    /// A static address reserved with it is given back too.
+    /// The reservation of the claim is withdrawn (its status write failed): a static
+    /// address reserved with it is given back too.
     pub fn unreserve(&mut self, uid: &str) {
         self.update(uid, |e| {
             e.reserved = None;
@@ -396,6 +402,18 @@ mod tests {
                 prop_assert_eq!(ledger.namespace_counts("t"), &recount);
             }
         }
+    }
+
+    #[test]
+    fn a_failed_claim_gives_back_its_capacity_but_keeps_its_address_until_released() {
+        let mut ledger = ClaimedLedger::new();
+        ledger.reserve("u1", "t", "p.t0", None);
+        ledger.reserve_address("u1", ip(1));
+        ledger.unreserve_capacity("u1");
+        assert_eq!(ledger.count("p.t0"), 0);
+        assert!(ledger.address_taken(ip(1)));
+        ledger.release("u1");
+        assert!(!ledger.address_taken(ip(1)));
     }
 
     #[derive(Debug, Clone)]

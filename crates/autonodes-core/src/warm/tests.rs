@@ -430,3 +430,21 @@ fn every_reason_a_warm_vm_is_removed_for_has_a_metric_label_of_its_own() {
         assert!(!r.as_str().is_empty() && !r.label().contains(' '), "{r:?}");
     }
 }
+
+#[test]
+fn a_type_with_an_address_pool_keeps_no_warm_vms() {
+    let mut spec: autonodes_api::NodeTypeSpec = serde_json::from_value(json!({
+        "providerRef": "p",
+        "resources": {"cpu": "2", "memory": "4Gi"},
+        "warm": {"replicas": 2},
+    }))
+    .expect("spec");
+    assert!(type_problem(&prepare_type("p.small", &spec, Some(&provider()))).is_none());
+    spec.address_pool = Some(autonodes_api::AddressPool {
+        cidr: "10.1.0.0/24".into(),
+        ..Default::default()
+    });
+    let t = prepare_type("p.small", &spec, Some(&provider()));
+    let why = type_problem(&t).expect("no warm VMs");
+    assert!(why.contains("a warm VM booted before its claim"), "{why}");
+}

@@ -377,7 +377,8 @@ async fn fail(
         .with_label_values(&[&ns, &pool, &node_type, "failed"])
         .inc();
     if let Ok(uid) = uid(claim) {
-        ctx.ledger(|l| l.unreserve(&uid));
+        // Its static address stays held until the claim is gone.
+        ctx.ledger(|l| l.unreserve_capacity(&uid));
     }
     ctx.wake_pending_claims();
     if let Some(t) = claim.status.as_ref().and_then(|s| s.type_ref.as_ref()) {

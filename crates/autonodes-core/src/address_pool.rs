@@ -205,6 +205,21 @@ impl PreparedAddressPool {
         (last - first + 1).min(1 << 64).saturating_sub(kept)
     }
 
+    /// How many addresses the pool can still hand out, given every address a claim holds
+    /// (`held`, of any pool).
+    pub fn free<'a>(&self, held: impl IntoIterator<Item = &'a IpAddr>) -> u128 {
+        let (first, last) = self.range();
+        let taken = held
+            .into_iter()
+            .filter(|a| {
+                self.contains(**a)
+                    && (first..=last).contains(&number(**a))
+                    && !self.kept.contains(*a)
+            })
+            .count() as u128;
+        self.usable().saturating_sub(taken)
+    }
+
     /// The lowest address of the pool that is not kept back and that `taken` says no claim
     /// holds; `None` when there is none (the pool is exhausted).
     pub fn allocate(&self, taken: impl Fn(IpAddr) -> bool) -> Option<IpAddr> {
@@ -298,6 +313,12 @@ mod tests {
             Some("10.20.0.6".parse().unwrap())
         );
         assert_eq!(p.usable(), 254 - 3);
+        // Held addresses of the pool count, others (and the kept-back ones) do not.
+        let others: Vec<IpAddr> = ["10.20.0.4", "10.20.0.1", "10.21.0.4"]
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect();
+        assert_eq!(p.free(&others), 254 - 3 - 1);
         assert_eq!(p.with_prefix("10.20.0.6".parse().unwrap()), "10.20.0.6/24");
     }
 

@@ -195,6 +195,11 @@ impl ClaimedLedger {
         self.update(uid, |e| e.reserved = None);
     }
 
+    /// Every static address a claim holds.
+    pub fn addresses(&self) -> impl Iterator<Item = &IpAddr> {
+        self.addresses.keys()
+    }
+
     /// Whether a claim holds the static address `address`.
     pub fn address_taken(&self, address: IpAddr) -> bool {
         self.addresses.contains_key(&address)

@@ -68,6 +68,9 @@ pub struct Metrics {
     /// `autonodes_nodetype_host_headroom{nodetype,provider}`: how many more of the type's
     /// VMs its host cluster's nodes have room for; absent while unknown.
     pub nodetype_host_headroom: IntGaugeVec,
+    /// `autonodes_nodetype_addresses_free{nodetype,provider}`: addresses the type's
+    /// `addressPool` can still hand out; absent for a type without one.
+    pub nodetype_addresses_free: IntGaugeVec,
     /// `autonodes_warm_vms{nodetype,provider,state}`: a type's warm VMs that are `ready`
     /// (a claim may take them) or `starting`.
     pub warm_vms: IntGaugeVec,
@@ -210,6 +213,10 @@ impl Metrics {
                 Opts::new("nodetype_available", "Nodes of a node type still free (capacity minus claimed); absent when unlimited."),
                 &["nodetype", "provider"],
             ))?,
+            nodetype_addresses_free: register(r, IntGaugeVec::new(
+                Opts::new("nodetype_addresses_free", "Addresses the node type's address pool can still hand out; absent for a type without one."),
+                &["nodetype", "provider"],
+            ))?,
             nodetype_cost: register(r, IntGaugeVec::new(
                 Opts::new("nodetype_cost", format!("Effective cost of one node of the type, {COST_UNIT}.")),
                 &["nodetype", "provider"],
@@ -347,7 +354,7 @@ impl Metrics {
         fn entry<C: Collector + Typed>(c: &C) -> (&dyn Collector, &'static str) {
             (c, C::TYPE)
         }
-        let collectors: [(&dyn Collector, &'static str); 26] = [
+        let collectors: [(&dyn Collector, &'static str); 27] = [
             entry(&self.nodeclaims),
             entry(&self.nodeclaims_created),
             entry(&self.nodeclaims_terminated),
@@ -363,6 +370,7 @@ impl Metrics {
             entry(&self.nodetype_available),
             entry(&self.nodetype_cost),
             entry(&self.nodetype_host_headroom),
+            entry(&self.nodetype_addresses_free),
             entry(&self.warm_vms),
             entry(&self.warm_bindings),
             entry(&self.warm_vms_removed),

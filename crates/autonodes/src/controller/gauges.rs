@@ -30,6 +30,7 @@ pub(crate) fn sweep(ctx: &Context) {
         &m.nodetype_available,
         &m.nodetype_cost,
         &m.nodetype_host_headroom,
+        &m.nodetype_addresses_free,
         &m.warm_vms,
     ] {
         drop_gone_types(vec, &live);

@@ -327,6 +327,20 @@ async fn apply(t: &NodeType, ctx: &TypeContext) -> Result<Action, Error> {
         }
     }
 
+    match &prepared.address_pool {
+        Some(pool) => {
+            let free = ctx.ledger(|l| pool.free(l.addresses()));
+            m.nodetype_addresses_free
+                .with_label_values(&[&name, &provider_name])
+                .set(i64::try_from(free).unwrap_or(i64::MAX));
+        }
+        None => {
+            let _ = m
+                .nodetype_addresses_free
+                .remove_label_values(&[&name, &provider_name]);
+        }
+    }
+
     if status != old {
         // Equal to the old status but for the capacity (only the claimed count moved), or
         // equal but for the host's room, which moves with every claim and host pod too.

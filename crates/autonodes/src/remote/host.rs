@@ -269,7 +269,8 @@ impl<'a> Host<'a> {
     /// Stops the VM `ns/name` for good (`runStrategy: Halted`): it keeps its disks and labels,
     /// and KubeVirt removes its instance.
     pub(crate) async fn halt_vm(&self, ns: &str, name: &str) -> Result<(), Error> {
-        let patch = serde_json::json!({"spec": {"runStrategy": "Halted"}});
+        // `running` goes: KubeVirt refuses a VM that sets it beside `runStrategy`.
+        let patch = serde_json::json!({"spec": {"runStrategy": "Halted", "running": null}});
         let halted = remote_call(
             self.caller.requests,
             self.remote,

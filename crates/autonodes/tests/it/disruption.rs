@@ -517,10 +517,15 @@ async fn a_node_with_a_kernel_deadlock_is_restarted_first_replaced_when_it_comes
         .patch(
             "pools",
             &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"repair": {
-                "conditions": [{"type": "KernelDeadlock", "status": "True", "tolerationDuration": "2s"}],
-                "keepFailedFor": "15s",
-            }}})),
+            // A template that runs its VMs with `running: true`: halting one must take
+            // that out (KubeVirt, and the simulator, refuse it beside `runStrategy`).
+            &Patch::Merge(json!({"spec": {
+                "repair": {
+                    "conditions": [{"type": "KernelDeadlock", "status": "True", "tolerationDuration": "2s"}],
+                    "keepFailedFor": "15s",
+                },
+                "kubeVirt": {"virtualMachineTemplate": {"spec": {"running": true}}},
+            }})),
         )
         .await
         .expect("provider repair set");

@@ -332,24 +332,21 @@ pub fn render_node(
         claim: id(),
         source,
     })?;
-    let network_data = static_address(t, claim).map(|(pool, ip)| (pool.network_data(ip), ip));
-    if let Some((_, ip)) = &network_data {
-        let mac = crate::address_pool::mac_for(*ip);
+    let mut data = BTreeMap::from([(
+        USER_DATA_KEY.to_string(),
+        ByteString(user_data.clone().into_bytes()),
+    )]);
+    if let Some((pool, ip)) = static_address(t, claim) {
+        let mac = crate::address_pool::mac_for(ip);
         template::use_network_data(&mut vm, vm_name, &mac, &t.name).map_err(|source| {
             RenderError::Template {
                 claim: id(),
                 source,
             }
         })?;
-    }
-    let mut data = BTreeMap::from([(
-        USER_DATA_KEY.to_string(),
-        ByteString(user_data.clone().into_bytes()),
-    )]);
-    if let Some((network, _)) = network_data {
         data.insert(
             NETWORK_DATA_KEY.to_string(),
-            ByteString(network.into_bytes()),
+            ByteString(pool.network_data(ip).into_bytes()),
         );
     }
 

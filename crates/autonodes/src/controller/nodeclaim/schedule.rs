@@ -135,9 +135,13 @@ pub(super) async fn schedule(
                 .collect();
             // The zone of each admitted type, as its admission found it.
             let mut zones: HashMap<String, Option<String>> = HashMap::new();
+            // The free address of each admitted type with an address pool.
+            let mut addresses: HashMap<String, IpAddr> = HashMap::new();
             let admit = |t: &PreparedType| -> Result<(), NoFit> {
                 provider_and_quotas_admit(t, &tenant, &quotas, &used)?;
-                free_address(t, ledger)?;
+                if let Some(ip) = free_address(t, ledger)? {
+                    addresses.insert(t.name.clone(), ip);
+                }
                 let in_use = ledger.zone_counts(&t.name);
                 let room = rooms
                     .get(t.host_cluster.as_str())
@@ -158,14 +162,15 @@ pub(super) async fn schedule(
                 });
             decision.map(|(t, zone)| {
                 ledger.reserve(&uid, &namespace, &t.name, zone.as_deref());
-                // The type was admitted with a free address: it is this claim's now.
-                let address = free_address(&t, ledger).ok().flatten().map(|ip| {
-                    ledger.reserve_address(&uid, ip);
-                    t.address_pool
-                        .as_ref()
-                        .map(|p| p.with_prefix(ip))
-                        .unwrap_or_default()
-                });
+                // The address the type was admitted with is this claim's now.
+                let address =
+                    addresses
+                        .remove(&t.name)
+                        .zip(t.address_pool.as_ref())
+                        .map(|(ip, pool)| {
+                            ledger.reserve_address(&uid, ip);
+                            pool.with_prefix(ip)
+                        });
                 (t, zone, address)
             })
         })

@@ -24,6 +24,14 @@ pub fn virtual_machine_instance() -> ApiResource {
     )
 }
 
+/// `kubevirt.io/v1` VirtualMachineInstanceMigration: a live migration of one instance.
+pub fn virtual_machine_instance_migration() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("kubevirt.io", "v1", "VirtualMachineInstanceMigration"),
+        "virtualmachineinstancemigrations",
+    )
+}
+
 /// `cdi.kubevirt.io/v1beta1` DataVolume.
 pub fn data_volume() -> ApiResource {
     ApiResource::from_gvk_with_plural(
@@ -97,6 +105,9 @@ pub struct Observed<K: ObservedKind> {
     /// Name, namespace, UID, resource version, labels, generation, creation and deletion.
     #[serde(default, deserialize_with = "lean_meta")]
     pub metadata: ObjectMeta,
+    /// What autonodes reads of the spec.
+    #[serde(default)]
+    pub spec: ObservedSpec,
     /// What autonodes reads of the status.
     #[serde(default)]
     pub status: ObservedStatus,
@@ -110,6 +121,17 @@ pub type ObservedVm = Observed<VirtualMachineKind>;
 pub type ObservedVmi = Observed<VirtualMachineInstanceKind>;
 /// An observed DataVolume.
 pub type ObservedDataVolume = Observed<DataVolumeKind>;
+
+/// The spec fields of a VirtualMachineInstance autonodes reads (a VirtualMachine's spec
+/// has none of them at its top).
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ObservedSpec {
+    /// VirtualMachineInstance: `spec.evictionStrategy` (`None`, `LiveMigrate`,
+    /// `LiveMigrateIfPossible`, `External`); absent when the template sets none.
+    #[serde(default)]
+    pub eviction_strategy: Option<String>,
+}
 
 /// The status fields of a VirtualMachine or VirtualMachineInstance autonodes reads.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
@@ -130,6 +152,80 @@ pub struct ObservedStatus {
     /// VirtualMachineInstance: the addresses of `status.interfaces`.
     #[serde(default)]
     pub interfaces: Vec<ObservedInterface>,
+    /// VirtualMachineInstance: `status.nodeName`, the host node it runs on.
+    #[serde(default)]
+    pub node_name: Option<String>,
+    /// VirtualMachineInstance: `status.evacuationNodeName`, set by KubeVirt when the VM is
+    /// asked to leave that host node (an eviction of its launcher pod under eviction
+    /// strategy `External` or a live migration KubeVirt starts itself).
+    #[serde(default)]
+    pub evacuation_node_name: Option<String>,
+    /// VirtualMachineInstance: `status.migrationState`, its last live migration.
+    #[serde(default)]
+    pub migration_state: Option<ObservedMigrationState>,
+    /// The conditions autonodes reads ([`READ_CONDITIONS`]: a VirtualMachineInstance's
+    /// `LiveMigratable`); the others are skipped when the object is read.
+    #[serde(default, deserialize_with = "read_conditions")]
+    pub conditions: Vec<ObservedCondition>,
+}
+
+/// A VirtualMachineInstance's last live migration (`status.migrationState`).
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ObservedMigrationState {
+    /// The host node it left, or is leaving.
+    #[serde(default)]
+    pub source_node: Option<String>,
+    /// The host node it goes to.
+    #[serde(default)]
+    pub target_node: Option<String>,
+    /// The migration completed.
+    #[serde(default)]
+    pub completed: Option<bool>,
+    /// The migration failed.
+    #[serde(default)]
+    pub failed: Option<bool>,
+    /// Why it failed.
+    #[serde(default)]
+    pub failure_reason: Option<String>,
+}
+
+impl ObservedMigrationState {
+    /// Neither completed nor failed yet.
+    pub fn in_progress(&self) -> bool {
+        self.completed != Some(true) && self.failed != Some(true)
+    }
+}
+
+/// The condition types of a KubeVirt object autonodes reads.
+pub const READ_CONDITIONS: [&str; 1] = ["LiveMigratable"];
+
+/// A VirtualMachineInstance's condition saying whether KubeVirt can live-migrate it.
+pub const LIVE_MIGRATABLE: &str = "LiveMigratable";
+
+/// Reads `status.conditions`, keeping only [`READ_CONDITIONS`].
+fn read_conditions<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Vec<ObservedCondition>, D::Error> {
+    let all = Option::<Vec<ObservedCondition>>::deserialize(d)?.unwrap_or_default();
+    Ok(all
+        .into_iter()
+        .filter(|c| READ_CONDITIONS.contains(&c.type_.as_str()))
+        .collect())
+}
+
+/// A condition of a KubeVirt object: type, status and reason.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+pub struct ObservedCondition {
+    /// The condition's type.
+    #[serde(default, rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    #[serde(default)]
+    pub status: String,
+    /// Its reason.
+    #[serde(default)]
+    pub reason: Option<String>,
 }
 
 /// An interface of a VirtualMachineInstance, by its address only.
@@ -157,12 +253,22 @@ impl<K: ObservedKind> Observed<K> {
         self.status.interfaces.first()?.ip_address.as_deref()
     }
 
+    /// A condition of the object, by type.
+    pub fn condition(&self, type_: &str) -> Option<&ObservedCondition> {
+        self.status.conditions.iter().find(|c| c.type_ == type_)
+    }
+
     /// The object an API server returned (e.g. to a create), as observed.
     pub fn from_object(obj: &DynamicObject) -> Self {
         let status = obj
             .data
             .get("status")
             .and_then(|s| ObservedStatus::deserialize(s).ok())
+            .unwrap_or_default();
+        let spec = obj
+            .data
+            .get("spec")
+            .and_then(|s| ObservedSpec::deserialize(s).ok())
             .unwrap_or_default();
         let m = &obj.metadata;
         Observed {
@@ -177,6 +283,7 @@ impl<K: ObservedKind> Observed<K> {
                 deletion_timestamp: m.deletion_timestamp.clone(),
                 ..ObjectMeta::default()
             },
+            spec,
             status,
             kind: std::marker::PhantomData,
         }
@@ -300,11 +407,16 @@ mod tests {
                 "managedFields": [{"manager": "virt-controller", "operation": "Update",
                                    "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {}}}],
             },
-            "spec": {"domain": {"devices": {"disks": [{"name": "root"}]}}},
+            "spec": {"domain": {"devices": {"disks": [{"name": "root"}]}}, "evictionStrategy": "LiveMigrate"},
             "status": {
                 "phase": "Running",
+                "nodeName": "host-1",
                 "interfaces": [{"name": "default", "ipAddress": "10.0.0.7", "mac": "aa"}],
-                "conditions": [{"type": "Ready", "status": "True"}],
+                "conditions": [{"type": "Ready", "status": "True"},
+                               {"type": "LiveMigratable", "status": "False", "reason": "DisksNotLiveMigratable",
+                                "message": "cannot migrate VMI: PVC root is not shared"}],
+                "migrationState": {"sourceNode": "host-0", "targetNode": "host-1", "completed": true,
+                                   "migrationUid": "m", "mode": "PreCopy"},
                 "guestOSInfo": {"name": "Debian"},
             },
         })
@@ -332,9 +444,22 @@ mod tests {
                 interfaces: vec![ObservedInterface {
                     ip_address: Some("10.0.0.7".into())
                 }],
+                node_name: Some("host-1".into()),
+                migration_state: Some(ObservedMigrationState {
+                    source_node: Some("host-0".into()),
+                    target_node: Some("host-1".into()),
+                    completed: Some(true),
+                    ..Default::default()
+                }),
+                conditions: vec![ObservedCondition {
+                    type_: "LiveMigratable".into(),
+                    status: "False".into(),
+                    reason: Some("DisksNotLiveMigratable".into()),
+                }],
                 ..Default::default()
             }
         );
+        assert_eq!(vmi.spec.eviction_strategy.as_deref(), Some("LiveMigrate"));
     }
 
     #[test]

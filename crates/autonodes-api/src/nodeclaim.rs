@@ -68,6 +68,12 @@ use super::common::*;
         json_path = ".status.address"
     ),
     printcolumn(
+        name = "HOSTNODE",
+        type_ = "string",
+        priority = 1,
+        json_path = ".status.hostNode"
+    ),
+    printcolumn(
         name = "PROVIDERID",
         type_ = "string",
         priority = 1,
@@ -189,6 +195,10 @@ pub struct NodeClaimStatus {
     /// Name of the Node in the tenant cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
+    /// The host cluster's node the VM runs on, as its VirtualMachineInstance last said
+    /// (it changes when the VM is live-migrated).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_node: Option<String>,
     /// The static address the claim holds for its life, from its node type's
     /// `addressPool` (with the pool's prefix length, e.g. `10.20.0.5/24`); fixed when the
     /// claim is scheduled and given back when it is deleted.
@@ -199,8 +209,9 @@ pub struct NodeClaimStatus {
     /// base template), the claim has drifted (condition `Drifted`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_type_hash: Option<String>,
-    /// Conditions `Scheduled`, `Provisioned`, `Joined`, `Initialized` and `Ready`, and
-    /// `Drifted` while the node type differs from what the claim's VM was made from.
+    /// Conditions `Scheduled`, `Provisioned`, `Joined`, `Initialized` and `Ready`;
+    /// `Drifted` while the node type differs from what the claim's VM was made from, and
+    /// `HostMaintenance` while (and after) the VM has to leave a host node being drained.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "crate::schema::conditions")]
     pub conditions: Conditions,

@@ -362,10 +362,11 @@ pub struct Budget {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 2, max = 16), regex(pattern = BUDGET_DURATION_PATTERN))]
     pub duration: Option<String>,
-    /// The disruptions the budget limits: `Empty`, `Underutilized`, `Drifted`. Absent or
-    /// empty: all of them, and also expiry and a scale-down's pace.
+    /// The disruptions the budget limits: `Empty`, `Underutilized`, `Drifted`,
+    /// `HostMaintenance`. Absent or empty: all of them, and also expiry and a scale-down's
+    /// pace.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 3))]
+    #[schemars(length(max = 4))]
     pub reasons: Vec<DisruptionReason>,
 }
 
@@ -380,6 +381,9 @@ pub enum DisruptionReason {
     Underutilized,
     /// Replacing a node that no longer matches its pool's template or its node type.
     Drifted,
+    /// Replacing a node whose VM's host node is being drained and cannot live-migrate it
+    /// (condition `HostMaintenance`).
+    HostMaintenance,
 }
 
 /// The pool's claims that failed before their node was ready (a launch, registration or

@@ -73,6 +73,10 @@ names! {
         /// scheduled, or its node's kubelet is of another minor release than the tenant;
         /// not part of the phase ladder. A pool rolls drifted claims.
         Drifted,
+        /// Present while the host node the claim's VM runs on is cordoned or the VM is
+        /// asked to leave it (True: the VM is being live-migrated, or its pool replaces it),
+        /// and afterwards (False) to say how the VM left; not part of the phase ladder.
+        HostMaintenance,
     }
 }
 
@@ -99,6 +103,20 @@ names! {
         /// replacement would come up the same, so its pool does not replace nodes for the
         /// tenant's version (`VersionDriftHeld`).
         KubeletVersionMismatch,
+        /// `HostMaintenance=True`: the VM's host node is cordoned and the VM is being
+        /// live-migrated off it (a VirtualMachineInstanceMigration).
+        Migrating,
+        /// `HostMaintenance=False`: the VM was live-migrated off a cordoned host node; the
+        /// message names both host nodes.
+        Migrated,
+        /// `HostMaintenance=True`: the VM's host node is cordoned, or KubeVirt asks the VM
+        /// to leave it (`evacuationNodeName`, eviction strategy `External`), and the VM cannot
+        /// live-migrate (its eviction strategy, its volumes): its pool replaces the node, a
+        /// new one first, within the budgets for `HostMaintenance`.
+        HostDraining,
+        /// `HostMaintenance=True`: the VM's live migration off its cordoned host node
+        /// failed; its pool replaces the node as for `HostDraining`.
+        MigrationFailed,
         /// Progress: the VM is being created.
         Creating,
         /// Progress: the VM does not run yet.
@@ -273,6 +291,10 @@ names! {
         /// claims (False while they boot, when its namespace or type leaves less room, or
         /// when none can be made).
         WarmReady,
+        /// Claims whose VM must leave a host node being drained (`HostMaintenance=True`,
+        /// reason `HostDraining` or `MigrationFailed`) wait for a replacement the pool's
+        /// budgets for `HostMaintenance` do not allow now (only set while that holds).
+        HostMaintenanceHeld,
         /// The pool replaces no nodes drifted from the tenant's Kubernetes version: one of
         /// its nodes came up drifted, so a replacement would too (only set while that
         /// holds).
@@ -389,6 +411,10 @@ names! {
         /// `KubeletVersionMismatch`), so a replacement would come up drifted as well; the
         /// pool replaces no nodes for the tenant's version until that node is gone.
         ReplacementWouldDrift,
+        /// `HostMaintenanceHeld=True`: claims must leave a host node being drained, and
+        /// the pool's active disruption budgets for `HostMaintenance` allow no more
+        /// replacements now; the host's drain waits on those nodes.
+        BudgetExhausted,
     }
 }
 

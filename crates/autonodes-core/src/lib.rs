@@ -8,6 +8,8 @@
 //! - [`scheduling`]: properties, requirements, cost, capacity, the choice of a node type;
 //! - [`host_capacity`]: whether a type's VM fits a node of its host cluster, and the
 //!   host's headroom;
+//! - [`host_maintenance`]: what becomes of a VM whose host node is drained (live migration
+//!   or replacement);
 //! - [`ledger`]: the claimed capacity per node type, kept up to date as claims change;
 //! - [`pool`]: node pools: claim template, claims to keep/delete/create, pending pods packed
 //!   onto nodes;
@@ -42,6 +44,7 @@ pub mod catalogue;
 pub mod claim;
 pub mod explain;
 pub mod host_capacity;
+pub mod host_maintenance;
 pub mod join;
 pub mod kubeconfig;
 pub mod kubelet_args;

@@ -96,6 +96,10 @@ pub struct Metrics {
     /// `autonodes_nodeclaims_disrupted_total{namespace,nodepool,reason}`: serving claims a
     /// pool deleted, by [`autonodes_core::pool::plan::DeleteReason::disruption`].
     pub nodeclaims_disrupted: IntCounterVec,
+    /// `autonodes_vm_migrations_total{namespace,nodepool,result}`: live migrations of claims'
+    /// VMs off host nodes being drained, `started` (asked for by autonodes), `succeeded`,
+    /// `failed`.
+    pub vm_migrations: IntCounterVec,
     /// `autonodes_nodeclaim_duration_seconds{stage,start}`, measured from claim creation;
     /// `start` is `warm` (a warm VM served the claim) or `cold`.
     pub nodeclaim_duration: HistogramVec,
@@ -258,8 +262,12 @@ impl Metrics {
                 &["namespace", "nodepool", "nodetype", "reason"],
             ))?,
             nodeclaims_disrupted: register(r, IntCounterVec::new(
-                Opts::new("nodeclaims_disrupted_total", "Claims with a serving node that their pool deleted, by namespace, node pool and reason: Empty, Underutilized (consolidation), Drifted, Expired (replaced once their replacement was Available), Repaired (unhealthy, replaced), ScaledDown (more claims than replicas)."),
+                Opts::new("nodeclaims_disrupted_total", "Claims with a serving node that their pool deleted, by namespace, node pool and reason: Empty, Underutilized (consolidation), Drifted, Expired (replaced once their replacement was Available), Repaired (unhealthy, replaced), ScaledDown (more claims than replicas), HostMaintenance (its VM had to leave a drained host node and could not live-migrate; replaced)."),
                 &["namespace", "nodepool", "reason"],
+            ))?,
+            vm_migrations: register(r, IntCounterVec::new(
+                Opts::new("vm_migrations_total", "Live migrations of claims' VMs off host nodes being drained, by namespace, node pool and result: started (autonodes asked KubeVirt for one), succeeded, failed."),
+                &["namespace", "nodepool", "result"],
             ))?,
             nodeclaim_duration: register(r, HistogramVec::new(
                 HistogramOpts::new("nodeclaim_duration_seconds", "Time from claim creation until a stage (scheduled, provisioned, joined, ready) was reached, by how the claim started: warm (a warm VM served it) or cold (its VM was created for it).")
@@ -354,11 +362,12 @@ impl Metrics {
         fn entry<C: Collector + Typed>(c: &C) -> (&dyn Collector, &'static str) {
             (c, C::TYPE)
         }
-        let collectors: [(&dyn Collector, &'static str); 27] = [
+        let collectors: [(&dyn Collector, &'static str); 28] = [
             entry(&self.nodeclaims),
             entry(&self.nodeclaims_created),
             entry(&self.nodeclaims_terminated),
             entry(&self.nodeclaims_disrupted),
+            entry(&self.vm_migrations),
             entry(&self.nodeclaim_duration),
             entry(&self.nodeclaims_oldest),
             entry(&self.nodeclaims_cost),
@@ -394,6 +403,7 @@ impl Metrics {
     pub(crate) fn forget_pool(&self, namespace: &str, pool: &str) {
         let of_pool = [("namespace", namespace), ("nodepool", pool)];
         remove_where(&self.nodeclaims_disrupted, &of_pool);
+        remove_where(&self.vm_migrations, &of_pool);
         remove_where(&self.nodeclaims_created, &of_pool);
         remove_where(&self.nodeclaims_terminated, &of_pool);
     }

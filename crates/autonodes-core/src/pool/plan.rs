@@ -45,6 +45,10 @@ pub struct ClaimView {
     pub delete_first: bool,
     /// Its node has not been Ready for the repair time: it is replaced ([`super::repair`]).
     pub repair: bool,
+    /// Its VM must leave a host node being drained and cannot live-migrate
+    /// (`HostMaintenance=True`, [`crate::host_maintenance::needs_replacement`]): it is
+    /// replaced by surge within the budgets for `HostMaintenance`.
+    pub host_maintenance: bool,
 }
 
 /// The planner's view of a pool's claims at `now_ms` (milliseconds since the epoch): a
@@ -94,6 +98,13 @@ pub(crate) fn claim_views<C: Borrow<NodeClaim>>(
                 replaces: annotation(ANNOTATION_REPLACES).cloned(),
                 delete_first: annotation(ANNOTATION_DELETE_FIRST).is_some(),
                 repair: false,
+                host_maintenance: conditions::get(&s.conditions, ClaimCondition::HostMaintenance)
+                    .is_some_and(|c| {
+                        crate::host_maintenance::needs_replacement(
+                            c.status == conditions::TRUE,
+                            &c.reason,
+                        )
+                    }),
             }
         })
         .collect()
@@ -193,6 +204,9 @@ pub enum DeleteReason {
     /// pod it was made for arrived since: a claim of a type that holds them all takes its
     /// place.
     Outgrown,
+    /// Its VM had to leave a host node being drained and could not live-migrate; its
+    /// replacement is Available.
+    HostMaintenance,
 }
 
 impl DeleteReason {
@@ -208,6 +222,7 @@ impl DeleteReason {
             DeleteReason::Underutilized => "ConsolidatedUnderutilized",
             DeleteReason::Repaired => "NodeRepaired",
             DeleteReason::Outgrown => "ReplacingOutgrownClaim",
+            DeleteReason::HostMaintenance => "ReplacedForHostMaintenance",
         }
     }
 
@@ -223,19 +238,21 @@ impl DeleteReason {
             DeleteReason::Expired => Some("Expired"),
             DeleteReason::Repaired => Some("Repaired"),
             DeleteReason::ScaleDown => Some("ScaledDown"),
+            DeleteReason::HostMaintenance => Some("HostMaintenance"),
             DeleteReason::Failed | DeleteReason::Outdated | DeleteReason::Outgrown => None,
         }
     }
 }
 
 /// Every value [`DeleteReason::disruption`] gives, in the order the metrics page lists them.
-pub const DISRUPTION_REASONS: [&str; 6] = [
+pub const DISRUPTION_REASONS: [&str; 7] = [
     "Empty",
     "Underutilized",
     "Drifted",
     "Expired",
     "Repaired",
     "ScaledDown",
+    "HostMaintenance",
 ];
 
 /// How many of a pool's nodes a plan may drain at once ([`super::budget`]), before the
@@ -249,6 +266,9 @@ pub struct Allowance {
     pub expire: usize,
     /// For a scale-down: what the budgets allow, but at least one.
     pub scale_down: usize,
+    /// For replacing nodes whose VM must leave a drained host node: what the active
+    /// budgets for `HostMaintenance` allow.
+    pub host_maintenance: usize,
     /// How many claims the plan may create at all ([`super::limits::claim_room`]):
     /// replacements first, then new replicas.
     pub create: usize,
@@ -261,6 +281,7 @@ impl Allowance {
             disrupt: n,
             expire: n,
             scale_down: n.max(1),
+            host_maintenance: n,
             create: usize::MAX,
         }
     }
@@ -275,6 +296,9 @@ pub struct Plan {
     pub delete: Vec<(String, DeleteReason)>,
     /// Claims wanted beyond [`Allowance::create`], not planned.
     pub short: usize,
+    /// Claims that must leave a drained host node whose replacement (or, once it serves,
+    /// whose removal) the budgets for `HostMaintenance` hold back now.
+    pub host_maintenance_held: Vec<String>,
 }
 
 /// Plans the claims of a pool: Failed claims go; `desired` (static pools) is met by
@@ -304,6 +328,7 @@ pub fn plan_claims(claims: &[ClaimView], desired: Option<usize>, allowed: Allowa
     // disruption, drifted ones by those for `Drifted`.
     let mut disrupt = allowed.disrupt.saturating_sub(draining);
     let mut expire = allowed.expire.saturating_sub(draining);
+    let mut host = allowed.host_maintenance.saturating_sub(draining);
     let replacement_of = |o: &ClaimView| -> Option<&ClaimView> {
         live.iter()
             .find(|r| r.replaces.as_deref() == Some(o.name.as_str()) && !r.outdated)
@@ -312,9 +337,10 @@ pub fn plan_claims(claims: &[ClaimView], desired: Option<usize>, allowed: Allowa
     // A surge claim replaces a live outdated (or broken) claim and does not take a slot of
     // its own.
     let is_surge = |r: &ClaimView| {
-        r.replaces
-            .as_deref()
-            .is_some_and(|o| live.iter().any(|x| x.name == o && (x.outdated || x.repair)))
+        r.replaces.as_deref().is_some_and(|o| {
+            live.iter()
+                .any(|x| x.name == o && (x.outdated || x.repair || x.host_maintenance))
+        })
     };
     let counted: Vec<&ClaimView> = live.iter().filter(|c| !is_surge(c)).copied().collect();
     let mut slots = counted.len();
@@ -368,11 +394,15 @@ pub fn plan_claims(claims: &[ClaimView], desired: Option<usize>, allowed: Allowa
                 .is_some_and(|o| live.iter().any(|x| x.name == o && x.repair))
         })
         .count();
-    // Outdated claims are rolled, except Available ones marked do-not-disrupt that have not
-    // expired.
+    // Outdated claims, and those whose VM must leave a drained host node, are rolled,
+    // except Available ones marked do-not-disrupt that have not expired.
     let mut outdated: Vec<&ClaimView> = counted
         .iter()
-        .filter(|c| c.outdated && !c.repair && !(c.held && c.available && !c.expired))
+        .filter(|c| {
+            (c.outdated || c.host_maintenance)
+                && !c.repair
+                && !(c.held && c.available && !c.expired)
+        })
         .copied()
         .collect();
     outdated.sort_by_key(|c| (c.available, c.created_ms));
@@ -385,30 +415,40 @@ pub fn plan_claims(claims: &[ClaimView], desired: Option<usize>, allowed: Allowa
             }
             continue;
         }
-        let (left, in_flight) = if o.expired {
-            (&mut expire, allowed.expire)
+        // A VM leaving a drained host node goes first, by the budgets for
+        // `HostMaintenance`; then expiry and drift, each by its own.
+        let (left, in_flight, reason) = if o.host_maintenance {
+            (
+                &mut host,
+                allowed.host_maintenance,
+                DeleteReason::HostMaintenance,
+            )
+        } else if o.expired {
+            (&mut expire, allowed.expire, DeleteReason::Expired)
         } else {
-            (&mut disrupt, allowed.disrupt)
+            (&mut disrupt, allowed.disrupt, DeleteReason::Replaced)
         };
-        match replacement {
+        let held = match replacement {
             Some(r) if r.available => {
-                if *left > 0 {
+                let go = *left > 0;
+                if go {
                     *left -= 1;
-                    let reason = if o.expired {
-                        DeleteReason::Expired
-                    } else {
-                        DeleteReason::Replaced
-                    };
                     plan.delete.push((o.name.clone(), reason));
                 }
+                !go
             }
-            Some(_) => {}
+            Some(_) => false,
             None => {
-                if surging < in_flight {
+                let go = surging < in_flight;
+                if go {
                     surging += 1;
                     plan.create.push(Some(o.name.clone()));
                 }
+                !go
             }
+        };
+        if held && o.host_maintenance {
+            plan.host_maintenance_held.push(o.name.clone());
         }
     }
     if plan.create.len() > allowed.create {
@@ -472,6 +512,9 @@ pub struct PoolPlan {
     /// `VersionDriftHeld=True` when the roll for the tenant's version is held
     /// ([`version_drift_hold`]); `None`: the condition is left out.
     pub version_drift_held: Option<Verdict>,
+    /// `HostMaintenanceHeld=True` when claims that must leave a drained host node wait on
+    /// the budgets for `HostMaintenance`; `None`: the condition is left out.
+    pub host_maintenance_held: Option<Verdict>,
     /// When to look again.
     pub requeue: Duration,
 }
@@ -523,6 +566,7 @@ mod tests {
             replaces: None,
             delete_first: false,
             repair: false,
+            host_maintenance: false,
         }
     }
 
@@ -724,6 +768,7 @@ mod tests {
             Underutilized,
             Repaired,
             Outgrown,
+            HostMaintenance,
         ];
         let given: std::collections::BTreeSet<_> =
             all.iter().filter_map(|r| r.disruption()).collect();
@@ -773,6 +818,7 @@ mod tests {
             disrupt: 0,
             expire: 0,
             scale_down: 1,
+            host_maintenance: 0,
             create: usize::MAX,
         };
         assert_eq!(
@@ -789,6 +835,51 @@ mod tests {
     }
 
     #[test]
+    fn a_node_leaving_a_drained_host_is_replaced_by_surge_within_the_host_maintenance_budget_and_held_by_zero(
+    ) {
+        let mut leaving = view("leaving", 1, true);
+        leaving.host_maintenance = true;
+        let other = view("b", 2, true);
+        let one = Allowance {
+            disrupt: 0,
+            expire: 0,
+            ..Allowance::uniform(1)
+        };
+        // A replacement first, by the HostMaintenance budget alone (drift's is closed).
+        let plan = plan_claims(&[leaving.clone(), other.clone()], Some(2), one);
+        assert_eq!(plan.create, vec![Some("leaving".to_string())]);
+        assert!(plan.delete.is_empty() && plan.host_maintenance_held.is_empty());
+        // The replacement does not take a slot of its own while it comes up.
+        let mut r = view("r", 3, false);
+        r.replaces = Some("leaving".into());
+        let waiting = [leaving.clone(), other.clone(), r.clone()];
+        assert_eq!(plan_claims(&waiting, Some(2), one), Plan::default());
+        // Once it serves, the old node goes, for HostMaintenance.
+        r.available = true;
+        let plan = plan_claims(&[leaving.clone(), other.clone(), r.clone()], Some(2), one);
+        assert_eq!(
+            plan.delete,
+            vec![("leaving".to_string(), DeleteReason::HostMaintenance)]
+        );
+        assert_eq!(
+            DeleteReason::HostMaintenance.disruption(),
+            Some("HostMaintenance")
+        );
+        // A budget of 0 for HostMaintenance holds the replacement, and says which claim waits.
+        let zero = Allowance {
+            host_maintenance: 0,
+            ..Allowance::uniform(1)
+        };
+        let plan = plan_claims(&[leaving.clone(), other.clone()], Some(2), zero);
+        assert!(plan.create.is_empty() && plan.delete.is_empty());
+        assert_eq!(plan.host_maintenance_held, vec!["leaving".to_string()]);
+        // A replacement made before the budget closed serves: the old node still waits.
+        let plan = plan_claims(&[leaving, other, r], Some(2), zero);
+        assert!(plan.delete.is_empty());
+        assert_eq!(plan.host_maintenance_held, vec!["leaving".to_string()]);
+    }
+
+    #[test]
     fn a_broken_node_is_replaced_first_and_removed_once_its_replacement_is_available_whatever_the_budget(
     ) {
         let mut broken = view("broken", 1, false);
@@ -797,6 +888,7 @@ mod tests {
             disrupt: 0,
             expire: 0,
             scale_down: 1,
+            host_maintenance: 0,
             create: usize::MAX,
         };
         let plan = plan_claims(&[broken.clone(), view("b", 2, true)], Some(2), closed);

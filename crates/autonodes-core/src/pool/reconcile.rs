@@ -200,9 +200,26 @@ pub fn plan_pool(observed: &Observed) -> PoolPlan {
         disrupt: allowed_disruptions(spec, nodes, observed.now, Some(DisruptionReason::Drifted)),
         expire: allowed_disruptions(spec, nodes, observed.now, None),
         scale_down: scale_down_pace(spec, nodes, observed.now),
+        host_maintenance: allowed_disruptions(
+            spec,
+            nodes,
+            observed.now,
+            Some(DisruptionReason::HostMaintenance),
+        ),
         create: room.create,
     };
     let planned = plan_claims(&views, desired, allowed);
+    let host_maintenance_held = (!planned.host_maintenance_held.is_empty()).then(|| {
+        Verdict::new(
+            true,
+            PoolReason::BudgetExhausted,
+            format!(
+                "claims {} must leave a host node being drained and cannot live-migrate; the pool's disruption budgets for HostMaintenance allow {} node(s) disrupted at once now, so their replacement waits (the host's drain waits on these nodes)",
+                planned.host_maintenance_held.join(", "),
+                allowed.host_maintenance
+            ),
+        )
+    });
     let find = |name: &str| {
         observed
             .claims
@@ -307,6 +324,7 @@ pub fn plan_pool(observed: &Observed) -> PoolPlan {
         out.requeue = out.requeue.min(left);
     }
     out.version_drift_held = version_drift_held;
+    out.host_maintenance_held = host_maintenance_held;
     out.repair = Some(repair.verdict());
     out.restart = repair.restart.clone();
     if let Some(keep) = repair_policy.keep_failed_for {

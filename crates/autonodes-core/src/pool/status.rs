@@ -184,6 +184,14 @@ pub fn pool_status(
         new.conditions
             .retain(|c| c.type_ != PoolCondition::VersionDriftHeld.as_str());
     }
+    let host_held = plan
+        .host_maintenance_held
+        .clone()
+        .map(|v| (PoolCondition::HostMaintenanceHeld, v));
+    if host_held.is_none() {
+        new.conditions
+            .retain(|c| c.type_ != PoolCondition::HostMaintenanceHeld.as_str());
+    }
     for (type_, v) in [
         (PoolCondition::Ready, ready),
         (PoolCondition::LimitReached, limit),
@@ -194,6 +202,7 @@ pub fn pool_status(
     .chain(registration)
     .chain(warm)
     .chain(held)
+    .chain(host_held)
     {
         conditions::set(
             &mut new.conditions,
@@ -241,6 +250,8 @@ pub fn is_problem(c: &Condition) -> bool {
         }
         // A held roll needs the user to change the nodes' kubelet.
         Some(PoolCondition::VersionDriftHeld) => c.status == TRUE,
+        // A host's drain waits on these nodes until a budget allows their replacement.
+        Some(PoolCondition::HostMaintenanceHeld) => c.status == TRUE,
         // Warm VMs booting are on their way.
         Some(PoolCondition::WarmReady) => {
             c.status != TRUE && c.reason != PoolReason::WarmStarting.as_str()

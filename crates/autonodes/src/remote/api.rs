@@ -71,6 +71,27 @@ pub(crate) trait HostApi: Send + Sync {
     /// Halts the VM `ns/name` (`runStrategy: Halted`), keeping it and its disks.
     fn halt_vm(&self, ns: &str, name: &str) -> impl Future<Output = Result<(), Error>> + Send;
 
+    /// Whether the host node `name` is cordoned (false when that cannot be known).
+    fn host_node_cordoned(&self, name: &str) -> bool;
+
+    /// Asks KubeVirt to live-migrate the instance of VM `vm` (with UID `vm_uid`) with a
+    /// migration named `name` carrying `labels`.
+    fn migrate(
+        &self,
+        ns: &str,
+        vm: &str,
+        vm_uid: &str,
+        name: &str,
+        labels: &std::collections::BTreeMap<String, String>,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Deletes the migration `ns/name`, if it exists.
+    fn delete_migration(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+
     /// Deletes the user-data Secret of VM `vm_name`, if it exists and is this
     /// installation's, for the claim with `claim_uid` or for the warm VM `vm_name`.
     fn delete_user_data(
@@ -191,6 +212,25 @@ impl HostApi for Host<'_> {
         Host::halt_vm(self, ns, name).await
     }
 
+    fn host_node_cordoned(&self, name: &str) -> bool {
+        Host::host_node_cordoned(self, name)
+    }
+
+    async fn migrate(
+        &self,
+        ns: &str,
+        vm: &str,
+        vm_uid: &str,
+        name: &str,
+        labels: &std::collections::BTreeMap<String, String>,
+    ) -> Result<(), Error> {
+        Host::migrate(self, ns, vm, vm_uid, name, labels).await
+    }
+
+    async fn delete_migration(&self, ns: &str, name: &str) -> Result<(), Error> {
+        Host::delete_migration(self, ns, name).await
+    }
+
     async fn delete_user_data(
         &self,
         ns: &str,
@@ -297,6 +337,25 @@ impl<H: HostApi> HostApi for &H {
 
     async fn halt_vm(&self, ns: &str, name: &str) -> Result<(), Error> {
         (**self).halt_vm(ns, name).await
+    }
+
+    fn host_node_cordoned(&self, name: &str) -> bool {
+        (**self).host_node_cordoned(name)
+    }
+
+    async fn migrate(
+        &self,
+        ns: &str,
+        vm: &str,
+        vm_uid: &str,
+        name: &str,
+        labels: &std::collections::BTreeMap<String, String>,
+    ) -> Result<(), Error> {
+        (**self).migrate(ns, vm, vm_uid, name, labels).await
+    }
+
+    async fn delete_migration(&self, ns: &str, name: &str) -> Result<(), Error> {
+        (**self).delete_migration(ns, name).await
     }
 
     async fn delete_user_data(

@@ -266,6 +266,100 @@ impl<'a> Host<'a> {
         ignore_not_found(deleted)
     }
 
+    /// Whether the host node `name` is cordoned, as the host's Node watch shows it; false
+    /// when the watch is not live (autonodes may not watch the host's Nodes) or has no
+    /// such node.
+    pub(crate) fn host_node_cordoned(&self, name: &str) -> bool {
+        self.remote
+            .host_cache()
+            .and_then(|c| c.nodes.get(None, name))
+            .flatten()
+            .is_some_and(|n| crate::remote::watches::node_cordoned(&n))
+    }
+
+    /// Asks KubeVirt to live-migrate the instance of VM `vm` (a
+    /// VirtualMachineInstanceMigration `name`, owned by the VM of `vm_uid`, so it goes with
+    /// the VM, and carrying `labels`). One of that name that exists and has finished (an
+    /// earlier maintenance's) is deleted, to be created again at the next reconcile.
+    pub(crate) async fn migrate(
+        &self,
+        ns: &str,
+        vm: &str,
+        vm_uid: &str,
+        name: &str,
+        labels: &std::collections::BTreeMap<String, String>,
+    ) -> Result<(), Error> {
+        let api = self.migrations(ns);
+        let body: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "VirtualMachineInstanceMigration",
+            "metadata": {
+                "name": name,
+                "namespace": ns,
+                "labels": labels,
+                "ownerReferences": [{
+                    "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+                    "name": vm, "uid": vm_uid,
+                }],
+            },
+            "spec": {"vmiName": vm},
+        }))
+        .map_err(|e| Error::Internal(format!("migration {ns}/{name}: {e}")))?;
+        let created = remote_call(
+            self.caller.requests,
+            self.remote,
+            "creating the VirtualMachineInstanceMigration",
+            api.create(&PostParams::default(), &body),
+        )
+        .await;
+        match created {
+            Ok(_) => Ok(()),
+            Err(e) if e.status_code() == Some(409) => {
+                let existing = get_opt(
+                    self.caller.requests,
+                    self.remote,
+                    &api,
+                    name,
+                    "reading the VirtualMachineInstanceMigration",
+                )
+                .await?;
+                let finished = existing.as_ref().is_some_and(|m| {
+                    matches!(
+                        m.data.pointer("/status/phase").and_then(|p| p.as_str()),
+                        Some("Succeeded" | "Failed")
+                    )
+                });
+                if finished {
+                    self.delete_migration(ns, name).await?;
+                }
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Deletes the VirtualMachineInstanceMigration `ns/name`; gone already is no error.
+    pub(crate) async fn delete_migration(&self, ns: &str, name: &str) -> Result<(), Error> {
+        let deleted = remote_call(
+            self.caller.requests,
+            self.remote,
+            "deleting the VirtualMachineInstanceMigration",
+            self.migrations(ns)
+                .delete(name, &DeleteParams::background()),
+        )
+        .await;
+        ignore_not_found(deleted)
+    }
+
+    /// VirtualMachineInstanceMigrations to write.
+    fn migrations(&self, ns: &str) -> Api<DynamicObject> {
+        Api::namespaced_with(
+            self.remote.client.clone(),
+            ns,
+            &kubevirt::virtual_machine_instance_migration(),
+        )
+    }
+
     /// Stops the VM `ns/name` for good (`runStrategy: Halted`): it keeps its disks and labels,
     /// and KubeVirt removes its instance.
     pub(crate) async fn halt_vm(&self, ns: &str, name: &str) -> Result<(), Error> {

@@ -94,6 +94,10 @@ pub(crate) struct MemoryHost {
     pub data_volumes: Mutex<BTreeMap<Key, BTreeMap<String, String>>>,
     /// Golden volumes made, by provider and name.
     pub golden: Mutex<Vec<(String, String)>>,
+    /// Host nodes that are cordoned.
+    pub cordoned: Mutex<std::collections::BTreeSet<String>>,
+    /// Migrations asked for, by namespace and name: the instance each moves.
+    pub migrations: Mutex<BTreeMap<Key, String>>,
     uids: Mutex<u64>,
 }
 
@@ -108,6 +112,8 @@ impl MemoryHost {
             secrets: Default::default(),
             data_volumes: Default::default(),
             golden: Default::default(),
+            cordoned: Default::default(),
+            migrations: Default::default(),
             uids: Mutex::new(0),
         }
     }
@@ -259,6 +265,29 @@ impl HostApi for MemoryHost {
             vm.status.ready = Some(false);
             lock(&self.vmis).remove(&key(ns, name));
         }
+        Ok(())
+    }
+
+    fn host_node_cordoned(&self, name: &str) -> bool {
+        lock(&self.cordoned).contains(name)
+    }
+
+    async fn migrate(
+        &self,
+        ns: &str,
+        vm: &str,
+        _vm_uid: &str,
+        name: &str,
+        _labels: &BTreeMap<String, String>,
+    ) -> Result<(), Error> {
+        self.check("migrate")?;
+        lock(&self.migrations).insert(key(ns, name), vm.to_string());
+        Ok(())
+    }
+
+    async fn delete_migration(&self, ns: &str, name: &str) -> Result<(), Error> {
+        self.check("delete_migration")?;
+        lock(&self.migrations).remove(&key(ns, name));
         Ok(())
     }
 

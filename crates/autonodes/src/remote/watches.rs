@@ -5,7 +5,8 @@
 //! One watch per kind and cluster (labelled objects only) fills a store the claim
 //! controller reads instead of sending a GET or LIST per reconcile; every change also wakes
 //! the NodeClaim named by the object's labels, after the store holds the change, so a claim
-//! moves on within seconds and sees what woke it.
+//! moves on within seconds and sees what woke it. A host node that is cordoned or
+//! uncordoned wakes the claims whose VMs run on it (host maintenance).
 //!
 //! A store answers only while its watch is live (its latest full list arrived and no error
 //! since; a watch that fails lists again after a backoff): otherwise [`Watched::get`] says
@@ -104,14 +105,14 @@ pub(crate) fn watch_hook(
                     &cluster,
                     Api::<ObservedVm>::all(remote.client.clone()),
                     &managed,
-                    Some(waker.clone()),
+                    Some(waker.by_labels()),
                     trim_observed,
                 );
                 let (vmis, vmi_task) = spawn_typed(
                     &cluster,
                     Api::<ObservedVmi>::all(remote.client.clone()),
                     &managed,
-                    Some(waker),
+                    Some(waker.by_labels()),
                     trim_observed,
                 );
                 // Read only when a claim is deleted: its changes wake nobody.
@@ -122,13 +123,15 @@ pub(crate) fn watch_hook(
                     None,
                     trim_observed,
                 );
-                // Read when a claim is scheduled and when a NodeType's host room is shown.
+                // Read when a claim is scheduled, when a NodeType's host room is shown, and
+                // for host maintenance: a node cordoned or uncordoned wakes the claims of
+                // the VMs on it.
                 let (nodes, host_node_task) = spawn_configured(
                     &cluster,
                     Api::<Node>::all(remote.client.clone()),
                     watcher::Config::default().any_semantic(),
                     Lists::StreamedWhereServed,
-                    None,
+                    Some(waker.by_host_node(vmis.store.clone())),
                     trim_host_node,
                 );
                 let (pods, pod_task) = spawn_configured(
@@ -159,7 +162,7 @@ pub(crate) fn watch_hook(
                         .page_size(TENANT_PAGE)
                         .any_semantic(),
                     Lists::Paged,
-                    Some(waker.clone()),
+                    Some(waker.by_labels()),
                     trim_node,
                 );
                 let (tokens, token_task) = spawn_configured(
@@ -170,7 +173,7 @@ pub(crate) fn watch_hook(
                         .page_size(TOKEN_PAGE)
                         .any_semantic(),
                     Lists::Paged,
-                    Some(waker),
+                    Some(waker.by_labels()),
                     trim_token,
                 );
                 Connected {
@@ -195,12 +198,56 @@ impl Waker {
             let _ = self.wake.unbounded_send(claim);
         }
     }
+
+    /// Wakes the claim an object's labels name.
+    fn by_labels<K: Kind>(&self) -> Wake<K> {
+        let waker = self.clone();
+        Arc::new(move |obj: &K| waker.wake(obj.labels()))
+    }
+
+    /// Wakes, when a host node is cordoned or uncordoned (or first seen cordoned), the
+    /// claims of the VM instances `vmis` shows on it. Other changes of a node (its
+    /// heartbeats, its room) wake nobody.
+    fn by_host_node(&self, vmis: Store<ObservedVmi>) -> Wake<Node> {
+        let waker = self.clone();
+        let cordons = Mutex::new(std::collections::HashMap::<String, bool>::new());
+        Arc::new(move |node: &Node| {
+            let name = node.name_any();
+            let cordoned = node_cordoned(node);
+            let changed = match cordons.lock() {
+                Ok(mut seen) => match seen.insert(name.clone(), cordoned) {
+                    Some(before) => before != cordoned,
+                    None => cordoned,
+                },
+                Err(_) => true,
+            };
+            if !changed {
+                return;
+            }
+            for vmi in vmis.state() {
+                if vmi.status.node_name.as_deref() == Some(name.as_str()) {
+                    waker.wake(vmi.labels());
+                }
+            }
+        })
+    }
 }
 
-/// Wakes the claim an object belongs to, if the watch wakes claims at all.
-fn wake(waker: &Option<Waker>, labels: &std::collections::BTreeMap<String, String>) {
+/// Whether a host node is cordoned (`spec.unschedulable`).
+pub(crate) fn node_cordoned(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false)
+}
+
+/// What a watch calls with each object it delivers, after its store holds it.
+type Wake<K> = Arc<dyn Fn(&K) + Send + Sync>;
+
+/// Wakes the claims an object concerns, if the watch wakes claims at all.
+fn wake<K>(waker: &Option<Wake<K>>, obj: &K) {
     if let Some(w) = waker {
-        w.wake(labels)
+        w(obj)
     }
 }
 
@@ -226,7 +273,7 @@ fn spawn_typed<K: Kind>(
     cluster: &str,
     api: Api<K>,
     selector: &str,
-    waker: Option<Waker>,
+    waker: Option<Wake<K>>,
     trim: fn(&mut K),
 ) -> (Watched<K>, JoinHandle<()>) {
     let config = watcher::Config::default().labels(selector).any_semantic();
@@ -247,7 +294,7 @@ fn spawn_configured<K: Kind>(
     api: Api<K>,
     config: watcher::Config,
     lists: Lists,
-    waker: Option<Waker>,
+    waker: Option<Wake<K>>,
     trim: fn(&mut K),
 ) -> (Watched<K>, JoinHandle<()>) {
     let writer = Writer::<K>::default();
@@ -319,7 +366,7 @@ fn spawn_reflector<K>(
     lists: Lists,
     writer: Writer<K>,
     watched: &Watched<K>,
-    waker: Option<Waker>,
+    waker: Option<Wake<K>>,
 ) -> JoinHandle<()>
 where
     K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
@@ -394,15 +441,15 @@ where
                             // Once ours arrived, the store is at least as new.
                             w.delivered(obj.to_object_ref(dyntype.clone()), resource_version(&obj));
                         }
-                        wake(&waker, obj.labels())
+                        wake(&waker, &obj)
                     }
                     watcher::Event::Delete(obj) => {
                         if let Ok(mut w) = written.lock() {
                             w.gone(&obj.to_object_ref(dyntype.clone()));
                         }
-                        wake(&waker, obj.labels())
+                        wake(&waker, &obj)
                     }
-                    watcher::Event::InitApply(obj) => wake(&waker, obj.labels()),
+                    watcher::Event::InitApply(obj) => wake(&waker, &obj),
                     watcher::Event::Init => {}
                 }
             }

@@ -15,6 +15,10 @@
 //! 3. [`initialize`]: `Initialized` and `Ready` once the Node is Ready and no startup taint
 //!    is left (initialization timeout); afterwards `Ready` follows the Node.
 //!
+//! Once the VM runs, [`host_maintenance`] follows the host node it runs on: when that node
+//! is drained, the VM is live-migrated off it, or its pool is asked to replace the node
+//! (`HostMaintenance`).
+//!
 //! Before the stages, [`drift`] compares the node type's definition with the one the claim
 //! was scheduled with (`Drifted`), and [`restart`] restarts the VM when the claim's
 //! `autonodes.io/restart` annotation has a new value (node repair's first step). Once
@@ -33,6 +37,7 @@ pub(crate) mod schedule;
 pub(crate) mod status;
 
 mod drift;
+mod host_maintenance;
 mod initialize;
 mod join;
 mod launch;
@@ -287,16 +292,20 @@ async fn provision(
         vm_name,
         status: w,
         node: None,
+        soon: None,
     };
     match walk(&mut p).await {
         Ok(Step::Next) => match p.status.write_or_defer().await? {
             Some(wait) => Ok(Action::requeue(wait)),
             None => Ok(Action::await_change()),
         },
-        Ok(Step::Stop(action)) => match p.status.write_or_defer().await? {
-            Some(wait) => Ok(Action::requeue(wait)),
-            None => Ok(action),
-        },
+        Ok(Step::Stop(action)) => {
+            let soon = p.soon;
+            match p.status.write_or_defer().await? {
+                Some(wait) => Ok(Action::requeue(soon.map_or(wait, |s| s.min(wait)))),
+                None => Ok(soon.map_or(action, Action::requeue)),
+            }
+        }
         Ok(Step::Fail { reason, message }) => fail(claim, ctx, p.status, reason, message).await,
         Err(e @ Error::Remote(RemoteError::Call { .. })) => {
             remote_failure(claim, p.status, e).await
@@ -314,6 +323,7 @@ pub(crate) async fn walk<H: HostApi, T: TenantApi>(
     restart::restart(p).await?;
     let mut step = launch::launch(p).await;
     if let Ok(Step::Next) = step {
+        host_maintenance::host_maintenance(p).await?;
         step = register::register(p).await;
     }
     if step.is_ok() {

@@ -72,6 +72,9 @@ pub(crate) struct Provisioning<'a, H, T> {
     pub status: StatusWriter<'a>,
     /// The claim's Node, once [`super::register`] found it.
     pub node: Option<Arc<Node>>,
+    /// Look at the claim again within this long, whatever the last stage said (a stage
+    /// that does not stop the walk but waits on something, as a live migration).
+    pub soon: Option<Duration>,
 }
 
 impl<H: HostApi, T: TenantApi> Provisioning<'_, H, T> {
@@ -83,6 +86,11 @@ impl<H: HostApi, T: TenantApi> Provisioning<'_, H, T> {
     /// The tenant cluster, as the stages use it.
     pub(crate) fn tenant(&self) -> &T {
         &self.tenant
+    }
+
+    /// Asks for the claim to be looked at again within `d`.
+    pub(crate) fn soon(&mut self, d: Duration) {
+        self.soon = Some(self.soon.map_or(d, |s| s.min(d)));
     }
 
     /// The provider ID the claim's Node carries.

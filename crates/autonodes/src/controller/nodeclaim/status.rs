@@ -32,6 +32,8 @@ pub(crate) const INITIALIZED: ClaimCondition = ClaimCondition::Initialized;
 pub(crate) const READY: ClaimCondition = ClaimCondition::Ready;
 /// Condition (only while True): the node type changed since the claim was scheduled.
 pub(crate) const DRIFTED: ClaimCondition = ClaimCondition::Drifted;
+/// Condition (while, and after, the VM must leave a drained host node).
+pub(crate) const HOST_MAINTENANCE: ClaimCondition = ClaimCondition::HostMaintenance;
 
 /// How long a stage reached before the last one (the VM running, the Node joined but not
 /// Ready yet) waits before it is written: stages reached meanwhile go out with it (a VM
@@ -210,6 +212,15 @@ impl<'a> StatusWriter<'a> {
         let ready_now = conditions::is_true(&self.new.conditions, READY)
             && !conditions::is_true(&self.old.conditions, READY);
         let classify = |c: &Condition, _: Option<&Condition>| {
+            if c.type_ == HOST_MAINTENANCE.as_str() {
+                // A move off a drained host node is news, not a problem; a failed one is.
+                let failed = c.reason == ClaimReason::MigrationFailed.as_str();
+                return Some(if failed {
+                    EventType::Warning
+                } else {
+                    EventType::Normal
+                });
+            }
             if c.status == TRUE {
                 let folded = ready_now && c.type_ != READY.as_str();
                 (!folded).then_some(EventType::Normal)

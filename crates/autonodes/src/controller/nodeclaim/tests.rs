@@ -105,6 +105,7 @@ async fn walk_once(
         vm_name: VM.into(),
         status: StatusWriter::new(claim, ctx),
         node: None,
+        soon: None,
     };
     let step = super::walk(&mut p).await;
     (step, p.status.new.clone())
@@ -489,4 +490,96 @@ async fn a_removal_that_cannot_reach_the_tenant_keeps_everything_and_says_so() {
         "the VM is deleted now"
     );
     assert!(host.vms.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_vm_on_a_cordoned_host_node_is_live_migrated_and_its_claim_says_where_it_went() {
+    let (ctx, t, host, tenant) = setup();
+    let c = claim(&t, Duration::from_secs(5), serde_json::json!([]));
+    let (_, status) = walk_once(&ctx, &c, &t, &host, &tenant).await;
+    host.run_vm(VM_NS, VM, "10.0.0.7");
+    let set_vmi = |status: serde_json::Value| {
+        let vmi = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": VM, "namespace": VM_NS},
+            "spec": {"evictionStrategy": "LiveMigrate"},
+            "status": status,
+        }))
+        .expect("a VMI");
+        host.vmis
+            .lock()
+            .unwrap()
+            .insert((VM_NS.to_string(), VM.to_string()), vmi);
+    };
+    let migratable = serde_json::json!([{"type": "LiveMigratable", "status": "True"}]);
+    set_vmi(
+        serde_json::json!({"phase": "Running", "nodeName": "host-0", "conditions": migratable}),
+    );
+    let c = with_status(&c, status);
+    let (_, status) = walk_once(&ctx, &c, &t, &host, &tenant).await;
+    assert_eq!(status.host_node.as_deref(), Some("host-0"));
+    assert!(conditions::get(&status.conditions, "HostMaintenance").is_none());
+
+    // The host node is cordoned: a migration is asked for, the node keeps serving.
+    host.cordoned.lock().unwrap().insert("host-0".into());
+    let c = with_status(&c, status);
+    let (_, status) = walk_once(&ctx, &c, &t, &host, &tenant).await;
+    let hm = autonodes_api::reasons::ClaimCondition::HostMaintenance;
+    assert_eq!(condition(&status, hm), ("True", "Migrating"));
+    let asked: Vec<_> = host.migrations.lock().unwrap().values().cloned().collect();
+    assert_eq!(asked, vec![VM.to_string()]);
+
+    // KubeVirt moved it: the claim says from where to where, and the migration goes.
+    set_vmi(
+        serde_json::json!({"phase": "Running", "nodeName": "host-1", "conditions": migratable,
+        "migrationState": {"sourceNode": "host-0", "targetNode": "host-1", "completed": true}}),
+    );
+    let c = with_status(&c, status);
+    let (_, status) = walk_once(&ctx, &c, &t, &host, &tenant).await;
+    assert_eq!(condition(&status, hm), ("False", "Migrated"));
+    assert_eq!(status.host_node.as_deref(), Some("host-1"));
+    assert!(host.migrations.lock().unwrap().is_empty());
+    let message = &conditions::get(&status.conditions, hm)
+        .expect("kept")
+        .message;
+    assert!(
+        message.contains("from host node host-0 to host-1"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn a_vm_that_cannot_migrate_off_a_cordoned_host_node_asks_its_pool_for_a_replacement_and_a_refused_migration_too(
+) {
+    let (ctx, t, host, tenant) = setup();
+    let c = claim(&t, Duration::from_secs(5), serde_json::json!([]));
+    let (_, status) = walk_once(&ctx, &c, &t, &host, &tenant).await;
+    host.run_vm(VM_NS, VM, "10.0.0.7");
+    let vmi = |strategy: &str| {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": VM, "namespace": VM_NS},
+            "spec": {"evictionStrategy": strategy},
+            "status": {"phase": "Running", "nodeName": "host-0",
+                       "conditions": [{"type": "LiveMigratable", "status": "True"}]},
+        }))
+        .expect("a VMI")
+    };
+    let key = (VM_NS.to_string(), VM.to_string());
+    host.vmis.lock().unwrap().insert(key.clone(), vmi("None"));
+    host.cordoned.lock().unwrap().insert("host-0".into());
+    let hm = autonodes_api::reasons::ClaimCondition::HostMaintenance;
+    let c = with_status(&c, status);
+    let (_, after) = walk_once(&ctx, &c, &t, &host, &tenant).await;
+    assert_eq!(condition(&after, hm), ("True", "HostDraining"));
+    assert!(host.migrations.lock().unwrap().is_empty());
+
+    // A migratable VM whose migration the host refuses (no rights to ask) is replaced too.
+    host.vmis.lock().unwrap().insert(key, vmi("LiveMigrate"));
+    host.fail_next("migrate", Failure::Status(403));
+    let (_, after) = walk_once(&ctx, &c, &t, &host, &tenant).await;
+    assert_eq!(condition(&after, hm), ("True", "HostDraining"));
+    let message = &conditions::get(&after.conditions, hm).expect("set").message;
+    assert!(
+        message.contains("asking KubeVirt to migrate it failed"),
+        "{message}"
+    );
 }

@@ -206,6 +206,9 @@ async fn delete_claim(
         DeleteReason::Repaired => format!(
             "deleted NodeClaim {name}: its node was unhealthy for its toleration after a restart (or restarts are off) and its replacement is Available"
         ),
+        DeleteReason::HostMaintenance => format!(
+            "deleted NodeClaim {name}: its VM had to leave a host node being drained and could not live-migrate, and its replacement is Available"
+        ),
     };
     ctx.event(
         pool,

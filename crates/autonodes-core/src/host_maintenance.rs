@@ -15,9 +15,10 @@
 //!   new one is Ready, within the pool's disruption budgets for `HostMaintenance`
 //!   ([`crate::pool::plan`]).
 //!
-//! Once the VM left (the migration completed), the condition turns False with reason
-//! `Migrated`, naming both host nodes, and stays so as the record of the move. A host node
-//! uncordoned before the VM left ends the maintenance: the condition goes.
+//! Once the VM left (its instance's last migration completed), the condition turns False with
+//! reason `Migrated`, naming both host nodes, and stays so as the record of the move (also of
+//! a migration someone else asked for). A host node uncordoned before the VM left ends the
+//! maintenance: the condition goes.
 
 use autonodes_api::kubevirt::{ObservedVmi, LIVE_MIGRATABLE};
 use autonodes_api::reasons::ClaimReason;
@@ -90,7 +91,7 @@ impl Maintenance {
             Maintenance::Migrated { from, to } => (
                 false,
                 ClaimReason::Migrated,
-                format!("the VM was live-migrated from host node {from} to {to} while {from} was drained"),
+                format!("the VM was live-migrated from host node {from} to {to}"),
             ),
             Maintenance::Replace { from, why } => (
                 true,
@@ -138,21 +139,22 @@ pub fn assess(
         }
     }
     let Some(from) = leaving else {
-        // Not being drained: a migration that just completed is recorded; an earlier
-        // record stays; anything else ends.
-        return match (previous, migration) {
-            (Some(ClaimReason::Migrating), Some(m)) if m.completed == Some(true) => {
-                match (m.source_node.clone(), host) {
-                    (Some(from), Some(to)) if from != to => Maintenance::Migrated {
+        // Not being drained: a completed migration is recorded (whoever asked for it: the
+        // claim may not have written `Migrating` before it ended); an earlier record stays;
+        // anything else ends.
+        if let Some(m) = migration.filter(|m| m.completed == Some(true)) {
+            if let (Some(from), Some(to)) = (m.source_node.clone(), host) {
+                if from != to {
+                    return Maintenance::Migrated {
                         from,
                         to: to.to_string(),
-                    },
-                    _ => Maintenance::None,
+                    };
                 }
             }
-            (Some(ClaimReason::Migrated), _) => Maintenance::Unchanged,
-            (None, _) => Maintenance::Unchanged,
-            _ => Maintenance::None,
+        }
+        return match previous {
+            None | Some(ClaimReason::Migrated) => Maintenance::Unchanged,
+            Some(_) => Maintenance::None,
         };
     };
     let from = from.to_string();
@@ -339,8 +341,21 @@ mod tests {
             }
         );
         assert_eq!(moved.condition().map(|c| c.0), Some(false));
+        // Recorded the same however often it is looked at, also when `Migrating` was never
+        // written (the migration ended before the claim's status was).
         assert_eq!(
             assess(&done, host0_cordoned, Some(ClaimReason::Migrated), None),
+            moved
+        );
+        assert_eq!(assess(&done, host0_cordoned, None, None), moved);
+        // A record stays once KubeVirt forgot the migration.
+        assert_eq!(
+            assess(
+                &migratable(json!({"nodeName": "host-1"})),
+                host0_cordoned,
+                Some(ClaimReason::Migrated),
+                None
+            ),
             Maintenance::Unchanged
         );
     }

@@ -13,6 +13,7 @@ use crate::pool::repair::{self, Policy};
 use crate::pool::{ANNOTATION_EMPTY_SINCE, ANNOTATION_UNDERUTILIZED_SINCE};
 use crate::requirements::label_selector_matches;
 use autonodes_api::conditions;
+use autonodes_api::reasons::ClaimCondition;
 use autonodes_api::{
     DisruptionReason, NodeClaim, NodeClaimPhase, NodePool, Repair as RepairSpec,
     ANNOTATION_KEEP_UNTIL, ANNOTATION_RESTART,
@@ -64,10 +65,11 @@ pub fn nodepool(
     let mut findings = Vec::new();
 
     // Budgets: what each reason may disrupt now.
-    let reasons: [(Option<DisruptionReason>, &str); 4] = [
+    let reasons: [(Option<DisruptionReason>, &str); 5] = [
         (Some(DisruptionReason::Empty), "Empty"),
         (Some(DisruptionReason::Underutilized), "Underutilized"),
         (Some(DisruptionReason::Drifted), "Drifted"),
+        (Some(DisruptionReason::HostMaintenance), "HostMaintenance"),
         (None, "expiry and scale-down"),
     ];
     let budget_reasons: Vec<String> = reasons
@@ -317,6 +319,29 @@ fn claim_finding(
             d.reason, d.message
         ));
     }
+    if let Some(h) = conditions::get(&status.conditions, ClaimCondition::HostMaintenance) {
+        let host = status
+            .host_node
+            .as_deref()
+            .map(|n| format!(" (its VM runs on host node {n})"))
+            .unwrap_or_default();
+        let what = if crate::host_maintenance::needs_replacement(
+            h.status == conditions::TRUE,
+            &h.reason,
+        ) {
+            verdict = "leaving a drained host";
+            "replaced within the HostMaintenance budgets, a new node first"
+        } else if h.status == conditions::TRUE {
+            verdict = "migrating";
+            "its tenant Node stays as it is"
+        } else {
+            "its VM was live-migrated; the tenant Node was not drained"
+        };
+        reasons.push(format!(
+            "host maintenance ({}, since {}): {}; {what}{host}",
+            h.reason, h.last_transition_time.0, h.message
+        ));
+    }
     if let Some(u) = repair::unhealthy(c, policy) {
         verdict = "unhealthy";
         let due = u
@@ -409,6 +434,28 @@ mod tests {
                 {"type": "Ready", "status": "False", "since": "2026-11-25T10:00:00Z"}]}}),
             ),
             claim("fine", json!({})),
+            claim(
+                "leaving",
+                json!({"status": {"hostNode": "host-0", "conditions": [
+                    {"type": "Initialized", "status": "True", "reason": "Initialized", "message": "",
+                     "lastTransitionTime": "2026-11-25T09:00:00Z"},
+                    {"type": "Ready", "status": "True", "reason": "NodeReady", "message": "",
+                     "lastTransitionTime": "2026-11-25T09:00:00Z"},
+                    {"type": "HostMaintenance", "status": "True", "reason": "HostDraining",
+                     "message": "host node host-0 is being drained and the VM cannot live-migrate (eviction strategy None)",
+                     "lastTransitionTime": "2026-11-25T10:01:00Z"}]}}),
+            ),
+            claim(
+                "moved",
+                json!({"status": {"hostNode": "host-1", "conditions": [
+                    {"type": "Initialized", "status": "True", "reason": "Initialized", "message": "",
+                     "lastTransitionTime": "2026-11-25T09:00:00Z"},
+                    {"type": "Ready", "status": "True", "reason": "NodeReady", "message": "",
+                     "lastTransitionTime": "2026-11-25T09:00:00Z"},
+                    {"type": "HostMaintenance", "status": "False", "reason": "Migrated",
+                     "message": "the VM was live-migrated from host node host-0 to host-1",
+                     "lastTransitionTime": "2026-11-25T10:02:00Z"}]}}),
+            ),
         ];
         let e = nodepool(
             &pool,
@@ -419,7 +466,19 @@ mod tests {
         );
         let text = e.text();
         assert!(
-            text.contains("Drifted: 0 of 3 node(s) may be disrupted now"),
+            text.contains("Drifted: 0 of 5 node(s) may be disrupted now"),
+            "{text}"
+        );
+        assert!(
+            text.contains("claim leaving (node leaving): leaving a drained host\n    - host maintenance (HostDraining, since 2026-11-25T10:01:00Z): host node host-0 is being drained"),
+            "{text}"
+        );
+        assert!(
+            text.contains("replaced within the HostMaintenance budgets, a new node first (its VM runs on host node host-0)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("claim moved (node moved): available\n    - host maintenance (Migrated, since 2026-11-25T10:02:00Z): the VM was live-migrated from host node host-0 to host-1"),
             "{text}"
         );
         assert!(text.contains("Empty: no active budget limits it"), "{text}");

@@ -4,13 +4,14 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Client, Resource};
 
 use super::cache::Cache;
 use super::options::SimOptions;
+use super::placement;
 use super::tenant_entry::TenantEntry;
 
 /// Shared state of one simulator run.
@@ -22,12 +23,18 @@ pub(crate) struct Ctx {
     pub(crate) vm: ApiResource,
     pub(crate) vmi: ApiResource,
     pub(crate) dv: ApiResource,
+    /// VirtualMachineInstanceMigration.
+    pub(crate) vmim: ApiResource,
     /// The managed VirtualMachines.
     pub(crate) vms: Arc<Cache<DynamicObject>>,
     /// VirtualMachineInstances (metadata and status).
     pub(crate) vmis: Arc<Cache<DynamicObject>>,
     /// DataVolumes (metadata and status).
     pub(crate) dvs: Arc<Cache<DynamicObject>>,
+    /// VirtualMachineInstanceMigrations (metadata, spec and status).
+    pub(crate) vmims: Arc<Cache<DynamicObject>>,
+    /// The host's Nodes (metadata, spec and conditions): where guests are placed.
+    pub(crate) host_nodes: Arc<Cache<Node>>,
     /// autonodes' Secrets (the user data a guest reads; the sweep's and a foreground
     /// deletion's view).
     pub(crate) secrets: Arc<Cache<Secret>>,
@@ -43,6 +50,12 @@ impl Ctx {
     /// The host's API of the kind `ar` in namespace `ns`.
     pub(crate) fn api(&self, ar: &ApiResource, ns: &str) -> Api<DynamicObject> {
         Api::namespaced_with(self.host.clone(), ns, ar)
+    }
+
+    /// The host node a new instance runs on ([`placement::place`] over the host's Nodes);
+    /// None while every host Node is cordoned or not ready.
+    pub(crate) fn place_new_vmi(&self) -> Option<String> {
+        placement::place(&self.opts.host_node_name, &self.host_nodes.objects())
     }
 }
 

@@ -7,22 +7,27 @@
 //! as a real KubeVirt installation does. Parts autonodes never writes itself (affinity,
 //! probes, firmware, …) preserve unknown fields so that user templates survive.
 //!
-//! Differences from KubeVirt's own CRDs, all on purpose: `spec.runStrategy` and the VMI
-//! `status.phase` carry an `enum` (KubeVirt checks those values in a webhook instead);
+//! Differences from KubeVirt's own CRDs, all on purpose: `spec.runStrategy`,
+//! `spec.evictionStrategy`, the VMI `status.phase` and the migration `status.phase` carry an
+//! `enum` (KubeVirt checks those values in a webhook, or not at all);
 //! `spec.template.metadata` and `spec.dataVolumeTemplates[].metadata` are structural
 //! (`name`, `namespace`, `labels`, `annotations`) where KubeVirt preserves unknown fields;
 //! only the served versions autonodes uses are defined (`kubevirt.io/v1`,
 //! `cdi.kubevirt.io/v1beta1`); no CEL rules (the test API server is v1.20). The subresources
-//! are KubeVirt's: VirtualMachine and DataVolume have a status subresource, the
-//! VirtualMachineInstance has none (its status is written with the object).
+//! are KubeVirt's: VirtualMachine, VirtualMachineInstanceMigration and DataVolume have a
+//! status subresource, the VirtualMachineInstance has none (its status is written with the
+//! object). Of a migration's state (`migrationState`, on the VMI and on the migration) only
+//! the fields a migration's progress and outcome are read from are defined; the rest is
+//! pruned (the simulator writes no more).
 
 mod parts;
 mod schema;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
-    CustomResourceDefinition, JSONSchemaProps,
+    CustomResourceColumnDefinition, CustomResourceDefinition,
 };
 
+pub use parts::EVICTION_STRATEGIES;
 use parts::*;
 use schema::*;
 
@@ -47,12 +52,28 @@ pub const VMI_PHASES: [&str; 7] = [
     "Unknown",
 ];
 
-/// The three CRDs a host cluster needs for autonodes: `virtualmachines.kubevirt.io`,
-/// `virtualmachineinstances.kubevirt.io` and `datavolumes.cdi.kubevirt.io`.
+/// The phases KubeVirt documents for a VirtualMachineInstanceMigration's `status.phase`,
+/// in the order a migration goes through them (it ends `Succeeded` or `Failed`).
+pub const MIGRATION_PHASES: [&str; 9] = [
+    "Pending",
+    "Scheduling",
+    "Scheduled",
+    "PreparingTarget",
+    "TargetReady",
+    "Running",
+    "Succeeded",
+    "Failed",
+    "Unknown",
+];
+
+/// The four CRDs a host cluster needs for autonodes: `virtualmachines.kubevirt.io`,
+/// `virtualmachineinstances.kubevirt.io`, `virtualmachineinstancemigrations.kubevirt.io` and
+/// `datavolumes.cdi.kubevirt.io`.
 pub fn kubevirt_crds() -> Vec<CustomResourceDefinition> {
     vec![
         virtual_machine_crd(),
         virtual_machine_instance_crd(),
+        virtual_machine_instance_migration_crd(),
         data_volume_crd(),
     ]
 }
@@ -285,21 +306,7 @@ pub fn virtual_machine_instance_crd() -> CustomResourceDefinition {
             ("queueCount", int32("Queue count.")),
         ],
     );
-    let transition = object(
-        "When the VirtualMachineInstance entered a phase.",
-        [
-            ("phase", string("The phase.")),
-            (
-                "phaseTransitionTimestamp",
-                Schema::of(JSONSchemaProps {
-                    type_: Some("string".into()),
-                    format: Some("date-time".into()),
-                    description: Some("When.".into()),
-                    ..Default::default()
-                }),
-            ),
-        ],
-    );
+    let transition = phase_transition("When the VirtualMachineInstance entered a phase.");
     let status = object(
         "VirtualMachineInstanceStatus: the observed state of the guest.",
         [
@@ -313,7 +320,21 @@ pub fn virtual_machine_instance_crd() -> CustomResourceDefinition {
                 array("The guest's network interfaces.", interface_status),
             ),
             ("nodeName", string("The host node the guest runs on.")),
-            ("conditions", array("Conditions.", preserve("A condition."))),
+            (
+                "evacuationNodeName",
+                string("The host node the guest is being evicted from."),
+            ),
+            (
+                "migrationState",
+                migration_state("The guest's last live migration."),
+            ),
+            (
+                "conditions",
+                array(
+                    "Conditions (Ready, LiveMigratable, …).",
+                    condition("A condition of the guest."),
+                ),
+            ),
             (
                 "phaseTransitionTimestamps",
                 array("Phase transitions.", transition),
@@ -358,6 +379,77 @@ pub fn virtual_machine_instance_crd() -> CustomResourceDefinition {
                 ".status.conditions[?(@.type=='Ready')].status",
                 None,
             ),
+            // Shown with `-o wide`, as KubeVirt's.
+            CustomResourceColumnDefinition {
+                priority: Some(1),
+                ..column(
+                    "Live-Migratable",
+                    "string",
+                    ".status.conditions[?(@.type=='LiveMigratable')].status",
+                    None,
+                )
+            },
+        ],
+    })
+}
+
+/// The `virtualmachineinstancemigrations.kubevirt.io` CRD: a request to live-migrate the
+/// VirtualMachineInstance `spec.vmiName` (of the same namespace), and how it went.
+pub fn virtual_machine_instance_migration_crd() -> CustomResourceDefinition {
+    let spec = object(
+        "VirtualMachineInstanceMigrationSpec: the instance to migrate.",
+        [
+            (
+                "vmiName",
+                string("The VirtualMachineInstance to migrate (same namespace)."),
+            ),
+            (
+                "addedNodeSelector",
+                string_map("Host node labels the target must have besides the instance's own."),
+            ),
+        ],
+    )
+    .required(&["vmiName"]);
+    let status = object(
+        "VirtualMachineInstanceMigrationStatus: how the migration goes.",
+        [
+            (
+                "phase",
+                string_enum("The migration's phase.", &MIGRATION_PHASES),
+            ),
+            (
+                "phaseTransitionTimestamps",
+                array(
+                    "Phase transitions.",
+                    phase_transition("When the migration entered a phase."),
+                ),
+            ),
+            (
+                "migrationState",
+                migration_state("The migration's state, as on the instance."),
+            ),
+            (
+                "conditions",
+                array("Conditions.", condition("A condition of the migration.")),
+            ),
+        ],
+    );
+    crd(CrdParts {
+        group: "kubevirt.io",
+        version: "v1",
+        kind: "VirtualMachineInstanceMigration",
+        plural: "virtualmachineinstancemigrations",
+        singular: "virtualmachineinstancemigration",
+        short_names: &["vmim", "vmims"],
+        description: "VirtualMachineInstanceMigration asks for a live migration of a \
+                      VirtualMachineInstance to another host node.",
+        spec,
+        spec_required: true,
+        status,
+        status_subresource: true,
+        columns: vec![
+            column("Phase", "string", ".status.phase", None),
+            column("VMI", "string", ".spec.vmiName", None),
         ],
     })
 }

@@ -29,7 +29,8 @@ use super::context::{publish, Ctx};
 use super::error::SimError;
 use super::guest::{self, guest_address, JoinPlan};
 use super::markers::{
-    GAVE_UP_PREFIX, JOIN_ERROR_ANNOTATION, KUBELET_STOPPED_ANNOTATION, KUBELET_VERSION_ANNOTATION,
+    annotation, GAVE_UP_PREFIX, JOIN_ERROR_ANNOTATION, KUBELET_STOPPED_ANNOTATION,
+    KUBELET_VERSION_ANNOTATION,
 };
 use super::tenant_entry::{TenantEntry, TOKEN_NAMESPACE};
 
@@ -77,14 +78,6 @@ fn joined<'a>(ctx: &'a Ctx, vmi: &DynamicObject) -> Option<(&'a TenantEntry, Str
         Some(found)
     })?;
     Some((ctx.tenants.get(index)?, node))
-}
-
-fn annotation<'a>(obj: &'a DynamicObject, key: &str) -> Option<&'a str> {
-    obj.metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(key))
-        .map(String::as_str)
 }
 
 /// When the VMI turned Running (its creation time if not recorded).

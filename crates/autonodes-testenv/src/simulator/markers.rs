@@ -15,5 +15,18 @@ pub const KUBELET_STOPPED_ANNOTATION: &str = "simulator.autonodes.io/kubelet-sto
 /// joined before its tenant was upgraded would; on a VM made with it (from its template),
 /// the Node registers with that version, as a baked kubelet would.
 pub const KUBELET_VERSION_ANNOTATION: &str = "simulator.autonodes.io/kubelet-version";
+/// VM annotation (set by tests, or by hand in the playground): every live migration of the
+/// VM's instance fails as soon as it is asked for, with the annotation's value as its
+/// `failureReason` (a default reason when the value is empty or `true`).
+pub const MIGRATION_FAILS_ANNOTATION: &str = "simulator.autonodes.io/migration-fails";
 /// Prefix of a join error the guest no longer retries.
 pub const GAVE_UP_PREFIX: &str = "gave up: ";
+
+/// The annotation `key` of a KubeVirt object, if it has it.
+pub(crate) fn annotation<'a>(obj: &'a kube::api::DynamicObject, key: &str) -> Option<&'a str> {
+    obj.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .map(String::as_str)
+}

@@ -8,8 +8,22 @@
 //!   `Succeeded`);
 //! - when the VM should run (`runStrategy` Always, RerunOnFailure, Once or `running: true`)
 //!   creates the VirtualMachineInstance `<vm>` (phase `Scheduling`), turns it `Running` with
-//!   a `10.x.y.z` address and a host `nodeName` after the boot delay, and reports
-//!   `ready`/`created`/`printableStatus` on the VM's status subresource;
+//!   a `10.x.y.z` address, conditions `Ready` and `LiveMigratable` and a host node after the
+//!   boot delay, and reports `ready`/`created`/`printableStatus` on the VM's status
+//!   subresource. The host node (`status.nodeName`, label `kubevirt.io/nodeName`) is
+//!   `SimOptions::host_node_name`, unless the host has a cordoned Node of that name: then
+//!   the first by name of its Nodes neither cordoned nor NotReady, and while there is none
+//!   the VMI stays `Scheduling`. `LiveMigratable` is False (`DisksNotLiveMigratable`) for a
+//!   `hostDisk`, or a DataVolume or claim that is not `ReadWriteMany`;
+//! - plays KubeVirt's live migration for each VirtualMachineInstanceMigration naming the
+//!   VMI, oldest first, one at a time: it fails at once (migration `Failed`, the VMI's
+//!   `migrationState` `failed` with a `failureReason`) when the VMI is not Running or not
+//!   LiveMigratable, when the VM is annotated `simulator.autonodes.io/migration-fails`
+//!   (a value other than `true` is the reason), or when no other host Node is usable;
+//!   else it runs (`Running`, `migrationState` with source and target) for the boot delay,
+//!   at least a second, and completes: the VMI's `nodeName` and label name the target, `completed`,
+//!   migration `Succeeded`. The guest, and its tenant Node, are untouched. A migration
+//!   deleted while it runs is aborted;
 //! - plays the guest: reads the `#cloud-config` from the Secret of the `cloudInitNoCloud`
 //!   volume, checks the kubeadm `JoinConfiguration` it writes and the `kubeadm join` it runs,
 //!   picks the tenant by `apiServerEndpoint`, checks that the tenant's kubeadm release (its
@@ -22,28 +36,31 @@
 //!   turns `Ready=Unknown` until the annotation goes (node repair is tested so); one
 //!   annotated `simulator.autonodes.io/kubelet-version: v1.19.7` reports that kubelet
 //!   version on its Node from then on (version drift is tested so);
-//! - on deletion deletes the VMI and the VM's DataVolumes, marks the Node NotReady
-//!   (`Ready=Unknown`, as a stopped kubelet looks) and releases the finalizer; a periodic
-//!   sweep deletes VMIs, DataVolumes and autonodes Secrets whose owning VirtualMachine is
-//!   gone (what the garbage collector would do).
+//! - on deletion deletes the VMI, its migrations and the VM's DataVolumes, marks the Node
+//!   NotReady (`Ready=Unknown`, as a stopped kubelet looks) and releases the finalizer; a
+//!   periodic sweep deletes VMIs, migrations, DataVolumes and autonodes Secrets whose owning
+//!   VirtualMachine is gone (what the garbage collector would do), and migrations of VMIs
+//!   that are gone once they ended a while ago (what KubeVirt does).
 //!
 //! Everything is idempotent and derived from cluster state, so a restarted simulator picks
 //! up where it stopped without creating anything twice.
 //!
 //! It reads watch caches, not the API servers: one watch per kind (host VMs, VMIs,
-//! DataVolumes and autonodes Secrets; per tenant its Nodes and bootstrap tokens), each
-//! drained by its own task, and the VM reconciles are woken from the VM and VMI caches
-//! rather than by watches of their own. What remains read per VM is the user-data Secret
-//! (once per join attempt); the owners of an apparent orphan are read before it is
-//! deleted, and an object is read again after a write on it conflicted.
+//! migrations, DataVolumes, Nodes and autonodes Secrets; per tenant its Nodes and bootstrap
+//! tokens), each drained by its own task, and the VM reconciles are woken from the VM, VMI
+//! and migration caches rather than by watches of their own. What remains read per VM is
+//! the user-data Secret (once per join attempt) and, at boot, a claim no DataVolume template
+//! makes; the owners of an apparent orphan are read before it is deleted, and an object is
+//! read again after a write on it conflicted.
 //!
 //! This file declares the parts and starts a run. The parts import only what lies below
 //! them, never this file: `reconcile` (KubeVirt, CDI and the garbage collector) uses
-//! `kubelet` (the guest), both use `context` (a run's shared state), which holds the
-//! `tenant_entry`s (a tenant's caches) of each `tenant`, the `options`, and the `cache`s;
-//! `error`, `markers` (the label, finalizer and annotations), `guest` (what a guest reads,
-//! pure, with `kubeadm` beneath it: which configuration APIs and fields a kubeadm release
-//! reads) and `crds` are the leaves.
+//! `kubelet` (the guest) and `migration` (live migration and `LiveMigratable`), all use
+//! `context` (a run's shared state), which holds the `tenant_entry`s (a tenant's caches) of
+//! each `tenant`, the `options`, and the `cache`s; `error`, `markers` (the label, finalizer
+//! and annotations), `placement` (which host Node a guest goes to, pure), `guest` (what a
+//! guest reads, pure, with `kubeadm` beneath it: which configuration APIs and fields a
+//! kubeadm release reads) and `crds` are the leaves.
 
 mod cache;
 mod context;
@@ -53,7 +70,9 @@ pub mod guest;
 mod kubeadm;
 mod kubelet;
 mod markers;
+mod migration;
 mod options;
+mod placement;
 pub mod real_guest;
 mod reconcile;
 mod tenant;
@@ -65,7 +84,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Node, NodeStatus, Secret};
 use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use kube::config::Kubeconfig;
 use kube::runtime::events::{Recorder, Reporter};
@@ -80,12 +99,13 @@ use tenant_entry::TenantEntry;
 
 pub use crds::{
     data_volume_crd, instancetype_crds, kubevirt_crds, virtual_machine_crd,
-    virtual_machine_instance_crd, RUN_STRATEGIES, VMI_PHASES,
+    virtual_machine_instance_crd, virtual_machine_instance_migration_crd, EVICTION_STRATEGIES,
+    MIGRATION_PHASES, RUN_STRATEGIES, VMI_PHASES,
 };
 pub use error::SimError;
 pub use markers::{
     FINALIZER, GAVE_UP_PREFIX, JOIN_ERROR_ANNOTATION, KUBELET_STOPPED_ANNOTATION,
-    KUBELET_VERSION_ANNOTATION, MANAGED_SELECTOR,
+    KUBELET_VERSION_ANNOTATION, MANAGED_SELECTOR, MIGRATION_FAILS_ANNOTATION,
 };
 pub use options::{SimMode, SimOptions};
 pub use tenant::Tenant;
@@ -180,6 +200,15 @@ fn trim_to_status(obj: &mut DynamicObject) {
     };
 }
 
+/// Keeps what placement reads of a host Node: its metadata, spec and conditions.
+fn trim_host_node(node: &mut Node) {
+    cache::trim_meta(node);
+    node.status = node.status.take().map(|status| NodeStatus {
+        conditions: status.conditions,
+        ..NodeStatus::default()
+    });
+}
+
 /// Plays KubeVirt, CDI, the garbage collector and the guests on `host` for the `tenants`
 /// until `shutdown` resolves. Fails at once when the host does not serve the KubeVirt kinds.
 pub async fn run(
@@ -191,8 +220,9 @@ pub async fn run(
     let vm = crate::kubevirt::virtual_machine();
     let vmi = crate::kubevirt::virtual_machine_instance();
     let dv = crate::kubevirt::data_volume();
+    let vmim = autonodes_api::kubevirt::virtual_machine_instance_migration();
     let namespace = opts.namespace.as_deref();
-    for ar in [&vm, &vmi, &dv] {
+    for ar in [&vm, &vmi, &dv, &vmim] {
         match api_scope(&host, namespace, ar)
             .list_metadata(&ListParams::default().limit(1))
             .await
@@ -232,7 +262,7 @@ pub async fn run(
         }
     };
     let wake_owner = {
-        let vm = vm.clone();
+        let (wake, vm) = (wake.clone(), vm.clone());
         move |obj: &DynamicObject| {
             let owner = obj
                 .owner_references()
@@ -244,12 +274,33 @@ pub async fn run(
             }
         }
     };
+    // A migration wakes the VM of the instance it names (named as the VM).
+    let wake_migrated = {
+        let vm = vm.clone();
+        move |obj: &DynamicObject| {
+            if let (Some(ns), Some(name)) = (obj.namespace(), migration::vmi_name(obj)) {
+                let vm = ObjectRef::new_with(name, vm.clone()).within(&ns);
+                let _ = wake.unbounded_send(vm);
+            }
+        }
+    };
     let managed = watcher::Config::default().labels(MANAGED_SELECTOR);
     let (vms, vm_task) = kubevirt(&vm, managed, cache::trim_meta, Box::new(wake_vm));
     let all = watcher::Config::default();
     let (vmis, vmi_task) = kubevirt(&vmi, all.clone(), trim_to_status, Box::new(wake_owner));
-    let (dvs, dv_task) = kubevirt(&dv, all, trim_to_status, Box::new(|_| {}));
-    let mut tasks = vec![vm_task, vmi_task, dv_task];
+    let (dvs, dv_task) = kubevirt(&dv, all.clone(), trim_to_status, Box::new(|_| {}));
+    let (vmims, vmim_task) = kubevirt(&vmim, all, cache::trim_meta, Box::new(wake_migrated));
+    let mut tasks = vec![vm_task, vmi_task, dv_task, vmim_task];
+    // Host Nodes: where guests are placed (a new instance, a migration's target).
+    let (host_nodes, task) = cache::spawn(
+        "host Nodes".into(),
+        Api::<Node>::all(host.clone()),
+        watcher::Config::default(),
+        (),
+        trim_host_node,
+        |_: &Node| {},
+    );
+    tasks.push(task);
     let (secrets, task) = cache::spawn(
         "host autonodes Secrets".into(),
         match namespace {
@@ -280,11 +331,14 @@ pub async fn run(
         vm,
         vmi,
         dv,
+        vmim,
         host,
         opts,
         vms,
         vmis,
         dvs,
+        vmims,
+        host_nodes,
         secrets,
         joined: Joined::default(),
         beats: Default::default(),
@@ -308,10 +362,16 @@ async fn serve(
     // The first lists of the host's kinds before the first reconcile, so that nothing is
     // read from the API server for want of a cache.
     let host_ready = async {
-        for store in [ctx.vms.store(), ctx.vmis.store(), ctx.dvs.store()] {
+        for store in [
+            ctx.vms.store(),
+            ctx.vmis.store(),
+            ctx.dvs.store(),
+            ctx.vmims.store(),
+        ] {
             let _ = store.wait_until_ready().await;
         }
         let _ = ctx.secrets.store().wait_until_ready().await;
+        let _ = ctx.host_nodes.store().wait_until_ready().await;
     };
     tokio::select! {
         _ = host_ready => {}

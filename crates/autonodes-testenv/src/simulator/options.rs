@@ -75,7 +75,8 @@ pub struct SimOptions {
     pub mode: SimMode,
     /// Only VMs in this namespace (default: all namespaces).
     pub namespace: Option<String>,
-    /// The host node name reported in VMI `status.nodeName`.
+    /// The host node new VMIs run on (`status.nodeName`), unless the host has a cordoned
+    /// Node of that name (then another of its Nodes).
     pub host_node_name: String,
     /// How often a failed join is retried until kubeadm's discovery timeout.
     pub join_retry_interval: Duration,

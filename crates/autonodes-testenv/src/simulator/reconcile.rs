@@ -1,5 +1,6 @@
 //! The KubeVirt, CDI and garbage-collector part of the simulator: one reconcile per
-//! VirtualMachine, plus a periodic sweep of objects whose VirtualMachine is gone.
+//! VirtualMachine (its instance's migrations in [`migration`]), plus a periodic sweep of
+//! objects whose VirtualMachine is gone.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -23,6 +24,7 @@ use super::error::SimError;
 use super::guest::guest_address;
 use super::kubelet;
 use super::markers::FINALIZER;
+use super::migration;
 use super::options::SimMode;
 
 /// Outcome of a request where "not found" is fine.
@@ -49,17 +51,22 @@ pub(crate) async fn reconcile(vm: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<A
     let Some(vm) = ctx.vms.get(Some(&ns), &name) else {
         return Ok(Action::await_change());
     };
-    match reconcile_vm(vm, &ns, &ctx).await {
+    let action = match reconcile_vm(vm, &ns, &ctx).await {
         Err(e) if is_conflict(&e) => {
             // Acted on a stale copy: read the VM once from the API server and look again.
             ctx.vms
                 .fetch(&ctx.api(&ctx.vm, &ns), &name)
                 .await
                 .map_err(SimError::kube(format!("reading VM {ns}/{name}")))?;
-            Ok(Action::requeue(Duration::from_millis(200)))
+            return Ok(Action::requeue(Duration::from_millis(200)));
         }
-        other => other,
-    }
+        other => other?,
+    };
+    // The instance's live migrations, on the copies the reconcile left in the caches.
+    Ok(match migration::reconcile(&ctx, &ns, &name).await? {
+        Some(after) => Action::requeue(after),
+        None => action,
+    })
 }
 
 /// What the controller does after a failed reconcile: log it and try again soon.
@@ -178,12 +185,23 @@ async fn reconcile_vm(mut vm: Arc<DynamicObject>, ns: &str, ctx: &Ctx) -> Result
             return Ok(Action::await_change());
         };
         let age = age(&vmi);
-        if age < delay {
-            ensure_scheduling(ctx, &vmi, ns).await?;
-            set_vm_status(ctx, vm, ns, true, false, "Starting").await?;
-            return Ok(Action::requeue(delay - age));
+        let booted = match age < delay {
+            true => None,
+            false => boot(ctx, vm, &vmi, ns).await?,
+        };
+        match booted {
+            Some(vmi) => vmi,
+            None => {
+                // Not yet, or no host node to run on (every one cordoned).
+                ensure_scheduling(ctx, &vmi, ns).await?;
+                set_vm_status(ctx, vm, ns, true, false, "Starting").await?;
+                return Ok(Action::requeue(if age < delay {
+                    delay - age
+                } else {
+                    NO_HOST_RETRY
+                }));
+            }
         }
-        boot(ctx, vm, &vmi, ns).await?
     };
     set_vm_status(ctx, vm, ns, true, true, "Running").await?;
     if ctx.opts.mode == SimMode::NeverJoin {
@@ -204,7 +222,9 @@ async fn reconcile_vm(mut vm: Arc<DynamicObject>, ns: &str, ctx: &Ctx) -> Result
     kubelet::guest(ctx, vm, &vmi, ns).await
 }
 
-/// Time since the object was created (zero when unknown or in the future).
+/// How often an instance with no host node to run on looks again.
+const NO_HOST_RETRY: Duration = Duration::from_secs(2);
+
 /// How long ago the VMI entered `Scheduling`: from the transition's own timestamp, which the
 /// simulator writes to the nanosecond; else from `creationTimestamp`, which has whole seconds
 /// only, taken as one second later so that a slow guest never boots before its delay.
@@ -399,7 +419,8 @@ async fn ensure_data_volumes(ctx: &Ctx, vm: &DynamicObject, ns: &str) -> Result<
 }
 
 /// Creates the VM's VMI, with the status of its first phase written with it (the VMI has
-/// no status subresource): `Running` when the guest boots at once, else `Scheduling`.
+/// no status subresource): `Running` (with its host node's label) when the guest boots at
+/// once and has a host node to run on, else `Scheduling`.
 async fn create_vmi(
     ctx: &Ctx,
     vm: &DynamicObject,
@@ -415,16 +436,14 @@ async fn create_vmi(
         .pointer("/metadata/labels")
         .and_then(|l| serde_json::from_value(l.clone()).ok())
         .unwrap_or_default();
-    labels.insert(
-        "kubevirt.io/nodeName".into(),
-        ctx.opts.host_node_name.clone(),
-    );
     let now = Timestamp::now().to_string();
-    let status = match ctx.opts.mode.boot_delay() {
-        Some(Duration::ZERO) => {
+    let status = match (ctx.opts.mode.boot_delay(), ctx.place_new_vmi()) {
+        (Some(Duration::ZERO), Some(node)) => {
             let scheduled = json!({"phase": "Scheduling", "phaseTransitionTimestamp": now});
             let static_ip = static_address(ctx, vm, ns).await?;
-            running_status(ctx, vm, static_ip, vec![scheduled], &now)
+            let migratable = migration::live_migratable(ctx, vm, ns, &now).await?;
+            labels.insert("kubevirt.io/nodeName".into(), node.clone());
+            running_status(vm, &node, migratable, static_ip, vec![scheduled], &now)
         }
         _ => scheduling_status(Vec::new(), &now),
     };
@@ -544,11 +563,13 @@ async fn static_address(
         .map(str::to_string))
 }
 
-/// A VMI's status once its guest runs: the host node, the guest's address (the static one
-/// of its network data, else one derived from the VM), Ready.
+/// A VMI's status once its guest runs: the host node `node`, the guest's address (the static
+/// one of its network data, else one derived from the VM), Ready and the `migratable`
+/// condition (LiveMigratable).
 fn running_status(
-    ctx: &Ctx,
     vm: &DynamicObject,
+    node: &str,
+    migratable: Value,
     static_ip: Option<String>,
     mut history: Vec<Value>,
     now: &str,
@@ -571,7 +592,7 @@ fn running_status(
     history.push(json!({"phase": "Running", "phaseTransitionTimestamp": now}));
     json!({
         "phase": "Running",
-        "nodeName": ctx.opts.host_node_name,
+        "nodeName": node,
         "qosClass": "Burstable",
         "interfaces": [{
             "name": interface,
@@ -582,9 +603,10 @@ fn running_status(
             "infoSource": "domain, guest-agent",
         }],
         "phaseTransitionTimestamps": history,
-        "conditions": [{
-            "type": "Ready", "status": "True", "lastTransitionTime": now,
-        }],
+        "conditions": [
+            {"type": "Ready", "status": "True", "lastTransitionTime": now},
+            migratable,
+        ],
     })
 }
 
@@ -595,19 +617,7 @@ async fn patch_vmi_status(
     ns: &str,
     status: Value,
 ) -> Result<Arc<DynamicObject>, SimError> {
-    let patched = ctx
-        .api(&ctx.vmi, ns)
-        .patch(
-            &vmi.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "status": status })),
-        )
-        .await
-        .map_err(SimError::kube(format!(
-            "updating the status of VMI {ns}/{}",
-            vmi.name_any()
-        )))?;
-    Ok(ctx.vmis.wrote(patched))
+    migration::patch_vmi(ctx, vmi, ns, &json!({ "status": status })).await
 }
 
 /// A VMI without a phase (one an older simulator created) enters `Scheduling`.
@@ -620,16 +630,26 @@ async fn ensure_scheduling(ctx: &Ctx, vmi: &DynamicObject, ns: &str) -> Result<(
     Ok(())
 }
 
+/// Boots the guest on the host node a new instance gets (labelled with it); None while
+/// there is none.
 async fn boot(
     ctx: &Ctx,
     vm: &DynamicObject,
     vmi: &DynamicObject,
     ns: &str,
-) -> Result<Arc<DynamicObject>, SimError> {
+) -> Result<Option<Arc<DynamicObject>>, SimError> {
+    let Some(node) = ctx.place_new_vmi() else {
+        return Ok(None);
+    };
     let now = Timestamp::now().to_string();
     let static_ip = static_address(ctx, vm, ns).await?;
-    let status = running_status(ctx, vm, static_ip, transitions(vmi), &now);
-    patch_vmi_status(ctx, vmi, ns, status).await
+    let migratable = migration::live_migratable(ctx, vm, ns, &now).await?;
+    let status = running_status(vm, &node, migratable, static_ip, transitions(vmi), &now);
+    let body = json!({
+        "metadata": {"labels": {"kubevirt.io/nodeName": node}},
+        "status": status,
+    });
+    migration::patch_vmi(ctx, vmi, ns, &body).await.map(Some)
 }
 
 fn delete_params_for(uid: Option<String>) -> DeleteParams {
@@ -686,8 +706,9 @@ async fn delete_secret(ctx: &Ctx, secret: &Secret) -> Result<(), SimError> {
     delete_known(api, &ctx.secrets, secret).await
 }
 
-/// The VM is being deleted: stop the guest, delete the VMI and DataVolumes (and, for a
-/// foreground deletion, the other dependents), then release the finalizers.
+/// The VM is being deleted: stop the guest, delete the VMI, its migrations and the
+/// DataVolumes (and, for a foreground deletion, the other dependents), then release the
+/// finalizers.
 async fn teardown(vm: &DynamicObject, ns: &str, ctx: &Ctx) -> Result<Action, SimError> {
     let name = vm.name_any();
     let uid = vm.uid().unwrap_or_default();
@@ -706,6 +727,7 @@ async fn teardown(vm: &DynamicObject, ns: &str, ctx: &Ctx) -> Result<Action, Sim
             delete_vmi(ctx, &vmi).await?;
         }
     }
+    migration::delete_for_vm(ctx, vm, ns).await?;
     // The VM's own DataVolumes, by the names its templates give (no list of the namespace).
     let dvs = ctx.api(&ctx.dv, ns);
     let names: Vec<String> = vm
@@ -797,11 +819,14 @@ async fn owners_gone(ctx: &Ctx, ns: &str, meta: &ObjectMeta) -> Result<bool, Sim
     Ok(true)
 }
 
-/// Deletes VMIs, DataVolumes and autonodes Secrets whose owning VirtualMachines are all
-/// gone, as the garbage collector would. Reads the caches (only when every watch is live);
-/// only a candidate's owners are read from the API server before it is deleted.
+/// Deletes VMIs, migrations, DataVolumes and autonodes Secrets whose owning
+/// VirtualMachines are all gone, as the garbage collector would, and finished migrations of
+/// instances that are gone ([`migration::sweep`]), as KubeVirt does. Reads the caches (only
+/// when every watch is live); only a candidate's owners are read from the API server before
+/// it is deleted.
 async fn sweep(ctx: &Ctx) -> Result<(), SimError> {
-    if !(ctx.vms.is_live() && ctx.vmis.is_live() && ctx.dvs.is_live() && ctx.secrets.is_live()) {
+    let caches = [&ctx.vms, &ctx.vmis, &ctx.dvs, &ctx.vmims];
+    if !(caches.iter().all(|c| c.is_live()) && ctx.secrets.is_live()) {
         return Ok(());
     }
     let live: HashSet<String> = ctx.vms.objects().iter().filter_map(|vm| vm.uid()).collect();
@@ -809,7 +834,12 @@ async fn sweep(ctx: &Ctx) -> Result<(), SimError> {
         meta.deletion_timestamp.is_none()
             && vm_owners(meta).is_some_and(|owners| owners.iter().all(|o| !live.contains(&o.uid)))
     };
-    for (ar, cache) in [(&ctx.vmi, &ctx.vmis), (&ctx.dv, &ctx.dvs)] {
+    let owned = [
+        (&ctx.vmi, &ctx.vmis),
+        (&ctx.vmim, &ctx.vmims),
+        (&ctx.dv, &ctx.dvs),
+    ];
+    for (ar, cache) in owned {
         for obj in cache.objects().iter().filter(|o| orphaned(&o.metadata)) {
             let ns = obj.namespace().unwrap_or_default();
             if !owners_gone(ctx, &ns, &obj.metadata).await? {
@@ -833,7 +863,7 @@ async fn sweep(ctx: &Ctx) -> Result<(), SimError> {
         tracing::info!(object = %format!("{ns}/{}", secret.name_any()), "deleting an orphaned Secret");
         delete_secret(ctx, &secret).await?;
     }
-    Ok(())
+    migration::sweep(ctx).await
 }
 
 #[cfg(test)]

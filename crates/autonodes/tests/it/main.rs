@@ -19,6 +19,7 @@ mod docs;
 mod explain;
 mod foundation;
 mod ha;
+mod host_maintenance;
 mod image;
 mod kubeconfig_secrets;
 mod kubevirt_native;

@@ -1,10 +1,110 @@
 //! The parts of the KubeVirt and CDI schemas the CRDs share: a VM's instance template
 //! (domain, devices, networks, volumes, affinity) and a DataVolume's spec.
 
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaProps;
+
 use super::schema::*;
+
+/// The eviction strategies KubeVirt documents for a VMI's `spec.evictionStrategy`.
+pub const EVICTION_STRATEGIES: [&str; 4] =
+    ["None", "LiveMigrate", "LiveMigrateIfPossible", "External"];
 
 // ---------------------------------------------------------------------------------------
 // The VirtualMachineInstance template: the part autonodes composes.
+
+// ---------------------------------------------------------------------------------------
+// Status parts: conditions, phase transitions, a live migration's state.
+
+/// A condition of a KubeVirt object (`type` and `status` required; times may be null).
+pub(super) fn condition(description: &str) -> Schema {
+    object(
+        description,
+        [
+            (
+                "type",
+                string("The condition type (Ready, LiveMigratable, …)."),
+            ),
+            ("status", string("True, False or Unknown.")),
+            ("reason", string("Why, in CamelCase.")),
+            ("message", string("Why, for humans.")),
+            ("lastProbeTime", timestamp("When last probed.")),
+            (
+                "lastTransitionTime",
+                timestamp("When the status last changed."),
+            ),
+        ],
+    )
+    .required(&["type", "status"])
+}
+
+/// When an object entered a phase (`phaseTransitionTimestamps[]`).
+pub(super) fn phase_transition(description: &str) -> Schema {
+    object(
+        description,
+        [
+            ("phase", string("The phase.")),
+            (
+                "phaseTransitionTimestamp",
+                Schema::of(JSONSchemaProps {
+                    format: Some("date-time".into()),
+                    ..typed("string", "When.")
+                }),
+            ),
+        ],
+    )
+}
+
+/// A live migration's state (`migrationState` of a VMI and of a migration): structural
+/// for where it goes and how it ended; KubeVirt's finer details (launcher pods' states,
+/// the migration's configuration) keep what they are given.
+pub(super) fn migration_state(description: &str) -> Schema {
+    object(
+        description,
+        [
+            (
+                "migrationUid",
+                string("The uid of the VirtualMachineInstanceMigration."),
+            ),
+            (
+                "sourceNode",
+                string("The host node the guest left or leaves."),
+            ),
+            ("targetNode", string("The host node the guest goes to.")),
+            (
+                "targetNodeAddress",
+                string("The target node's migration address."),
+            ),
+            ("sourcePod", string("The launcher pod on the source.")),
+            ("targetPod", string("The launcher pod on the target.")),
+            ("mode", string("PreCopy or PostCopy.")),
+            ("startTimestamp", timestamp("When the migration started.")),
+            ("endTimestamp", timestamp("When the migration ended.")),
+            ("completed", boolean("The migration completed.")),
+            ("failed", boolean("The migration failed.")),
+            ("failureReason", string("Why the migration failed.")),
+            ("abortRequested", boolean("An abort was asked for.")),
+            ("abortStatus", string("How the abort went.")),
+            (
+                "targetNodeDomainDetected",
+                boolean("The target saw the guest start."),
+            ),
+            (
+                "targetNodeDomainReadyTimestamp",
+                timestamp("When the guest was ready on the target."),
+            ),
+            (
+                "migrationPolicyName",
+                string("The MigrationPolicy applied."),
+            ),
+            (
+                "migrationConfiguration",
+                preserve("The migration configuration applied."),
+            ),
+            ("sourceState", preserve("The source handler's state.")),
+            ("targetState", preserve("The target handler's state.")),
+        ],
+    )
+}
 
 /// `metadata` inside a template: structural, unlike the object's own metadata.
 pub(super) fn template_metadata(description: &str) -> Schema {
@@ -227,7 +327,10 @@ pub(super) fn vmi_spec(description: &str) -> Schema {
             ),
             (
                 "evictionStrategy",
-                string("What happens on node drain: LiveMigrate, External, None, …"),
+                string_enum(
+                    "What happens to the guest when its host node is drained.",
+                    &EVICTION_STRATEGIES,
+                ),
             ),
             (
                 "terminationGracePeriodSeconds",

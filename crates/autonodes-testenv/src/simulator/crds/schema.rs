@@ -75,6 +75,15 @@ pub(super) fn int64(description: &str) -> Schema {
     })
 }
 
+/// An RFC 3339 time that may be `null` (a Kubernetes `metav1.Time` pointer).
+pub(super) fn timestamp(description: &str) -> Schema {
+    Schema(JSONSchemaProps {
+        format: Some("date-time".into()),
+        nullable: Some(true),
+        ..typed("string", description)
+    })
+}
+
 pub(super) fn string_enum(description: &str, values: &[&str]) -> Schema {
     Schema(JSONSchemaProps {
         enum_: Some(values.iter().map(|v| JSON(json!(v))).collect()),

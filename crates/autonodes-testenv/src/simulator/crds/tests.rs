@@ -137,6 +137,7 @@ fn names_and_short_names_match_kubevirt() {
         [
             "virtualmachines.kubevirt.io",
             "virtualmachineinstances.kubevirt.io",
+            "virtualmachineinstancemigrations.kubevirt.io",
             "datavolumes.cdi.kubevirt.io"
         ]
     );
@@ -144,8 +145,9 @@ fn names_and_short_names_match_kubevirt() {
         crds[0].spec.names.short_names.as_deref(),
         Some(&["vm".to_string(), "vms".to_string()][..])
     );
-    // As in KubeVirt's and CDI's CRDs: VirtualMachine and DataVolume have a status
-    // subresource, VirtualMachineInstance has none (its status is written with it).
+    // As in KubeVirt's and CDI's CRDs: VirtualMachine, VirtualMachineInstanceMigration and
+    // DataVolume have a status subresource, VirtualMachineInstance has none (its status is
+    // written with it).
     let has_status: Vec<bool> = crds
         .iter()
         .map(|c| {
@@ -155,5 +157,102 @@ fn names_and_short_names_match_kubevirt() {
                 .is_some_and(|s| s.status.is_some())
         })
         .collect();
-    assert_eq!(has_status, [true, false, true]);
+    assert_eq!(has_status, [true, false, true, true]);
+}
+
+/// The property at `path` (`a.b.c`, through `items` for a list) of a schema.
+fn schema_at<'a>(schema: &'a JSONSchemaProps, path: &str) -> &'a JSONSchemaProps {
+    let mut at = schema;
+    for step in path.split('.').filter(|s| !s.is_empty()) {
+        if let Some(JSONSchemaPropsOrArray::Schema(items)) = &at.items {
+            at = items;
+        }
+        at = &at.properties.as_ref().expect("properties")[step];
+    }
+    at
+}
+
+#[test]
+fn the_fields_a_live_migration_is_followed_by_are_kept_on_instances_and_migrations() {
+    let vmi = root(&virtual_machine_instance_crd()).clone();
+    let vmim = root(&virtual_machine_instance_migration_crd()).clone();
+    let status = fields_at(&vmi, "status");
+    for f in [
+        "nodeName",
+        "evacuationNodeName",
+        "migrationState",
+        "conditions",
+    ] {
+        assert!(status.contains(&f.to_string()), "{f}: {status:?}");
+    }
+    let state_fields = [
+        "sourceNode",
+        "targetNode",
+        "completed",
+        "failed",
+        "failureReason",
+        "startTimestamp",
+        "endTimestamp",
+        "migrationUid",
+        "mode",
+    ];
+    for schema in [&vmi, &vmim] {
+        let state = fields_at(schema, "status.migrationState");
+        for f in state_fields {
+            assert!(state.contains(&f.to_string()), "{f}: {state:?}");
+        }
+        let end = schema_at(schema, "status.migrationState.endTimestamp");
+        assert_eq!(end.nullable, Some(true));
+    }
+    let condition: Vec<String> = match &schema_at(&vmi, "status.conditions").items {
+        Some(JSONSchemaPropsOrArray::Schema(item)) => item
+            .properties
+            .iter()
+            .flatten()
+            .map(|(k, _)| k.clone())
+            .collect(),
+        _ => Vec::new(),
+    };
+    for f in [
+        "type",
+        "status",
+        "reason",
+        "message",
+        "lastTransitionTime",
+        "lastProbeTime",
+    ] {
+        assert!(condition.contains(&f.to_string()), "{f}: {condition:?}");
+    }
+    let strategies = schema_at(&vmi, "spec.evictionStrategy")
+        .enum_
+        .iter()
+        .flatten()
+        .map(|v| v.0.clone())
+        .collect::<Vec<_>>();
+    assert_eq!(
+        strategies,
+        EVICTION_STRATEGIES.map(|s| serde_json::json!(s))
+    );
+    assert_eq!(
+        schema_at(&vmim, "spec").required.as_deref(),
+        Some(&["vmiName".to_string()][..])
+    );
+    let phases = schema_at(&vmim, "status.phase")
+        .enum_
+        .as_ref()
+        .map(Vec::len);
+    assert_eq!(phases, Some(MIGRATION_PHASES.len()));
+    let mut paths = Vec::new();
+    preserving_paths(&vmim, String::new(), &mut paths);
+    for p in [
+        ".spec",
+        ".status",
+        ".status.migrationState",
+        ".status.phaseTransitionTimestamps[]",
+    ] {
+        assert!(
+            !paths.iter().any(|q| q == p),
+            "{p} preserves unknown fields"
+        );
+    }
 }

@@ -81,10 +81,14 @@ pub(super) async fn host_maintenance<H: HostApi, T: TenantApi>(
             }
         }
         Maintenance::Migrating { .. } => p.soon(MIGRATION_RECHECK),
-        Maintenance::Migrated { from, to } => {
+        Maintenance::Migrated { from, to }
+            if previous_reason != Some(ClaimReason::Migrated)
+                || previous_from.as_deref() != Some(from.as_str()) =>
+        {
             count("succeeded");
-            tracing::info!(nodeclaim = %claim, vm = %p.vm_name, from = %from, to = %to, "VM live-migrated off a drained host node");
-            forget_migration(p, from).await;
+            tracing::info!(nodeclaim = %claim, vm = %p.vm_name, from = %from, to = %to, "VM live-migrated");
+            let from = from.clone();
+            forget_migration(p, &from).await;
         }
         Maintenance::Failed { from, why }
             if previous_reason != Some(ClaimReason::MigrationFailed) =>

@@ -139,9 +139,11 @@ impl<'a> StatusWriter<'a> {
         phase != Some(NodeClaimPhase::Failed)
             && phase != Some(NodeClaimPhase::Terminating)
             && self.new.conditions.iter().all(|c| {
-                conditions::get(&self.old.conditions, &c.type_) == Some(c)
-                    || c.status == TRUE
-                    || conditions::is_progress(&c.reason)
+                let unchanged = conditions::get(&self.old.conditions, &c.type_) == Some(c);
+                // A VM leaving its host node is told at once.
+                unchanged
+                    || (c.type_ != HOST_MAINTENANCE.as_str()
+                        && (c.status == TRUE || conditions::is_progress(&c.reason)))
             })
     }
 

@@ -68,6 +68,12 @@ use super::common::*;
         json_path = ".status.address"
     ),
     printcolumn(
+        name = "POWER",
+        type_ = "string",
+        priority = 1,
+        json_path = ".status.power"
+    ),
+    printcolumn(
         name = "HOSTNODE",
         type_ = "string",
         priority = 1,
@@ -129,6 +135,37 @@ pub struct NodeClaimSpec {
     /// Kubernetes version of the node, e.g. `v1.33.4`; defaults to the tenant's version.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubernetes_version: Option<String>,
+    /// Whether the node's VM runs: `On` (the default) or `Off`. Powered off, the node's
+    /// Node is cordoned, drained and kept, its VM stopped with its disks kept, and the host
+    /// room it took given back; it still counts against NodeQuota `nodes` and its type's
+    /// `maxCapacity`, and nothing consolidates, rolls or repairs it. Back `On`, the VM
+    /// starts again and the Node is uncordoned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power: Option<Power>,
+}
+
+/// Whether a claim's VM should run.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum Power {
+    /// The VM runs.
+    On,
+    /// The VM is stopped; the claim keeps its Node (cordoned), its disks and its address.
+    Off,
+}
+
+/// Whether a claim's VM runs, as the controller last saw it.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum PowerState {
+    /// The VM runs.
+    On,
+    /// The VM is stopped.
+    Off,
+    /// Powered on again: the VM starts, its Node is not Ready yet.
+    Starting,
+    /// Powered off: the Node is being drained, or the VM is stopping.
+    Stopping,
+    /// The VM is being live-migrated to another host node.
+    Migrating,
 }
 
 /// Lifecycle phase of a NodeClaim: the first readiness condition that is not True.
@@ -146,13 +183,15 @@ pub enum NodeClaimPhase {
     Failed,
     /// Being deleted: draining the Node, deleting the VM and its Secrets.
     Terminating,
+    /// Powered off (`spec.power: Off`): the Node is cordoned and kept, the VM stopped.
+    PoweredOff,
 }
 
 /// Observed state of a NodeClaim.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeClaimStatus {
-    /// Pending, Provisioning, Joining, Available, Failed or Terminating.
+    /// Pending, Provisioning, Joining, Available, Failed, Terminating or PoweredOff.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<NodeClaimPhase>,
     /// Why the claim is not Available: the reason of its first condition that is not True,
@@ -199,6 +238,10 @@ pub struct NodeClaimStatus {
     /// (it changes when the VM is live-migrated).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_node: Option<String>,
+    /// Whether the VM runs: `On`, `Off`, `Starting`, `Stopping` or `Migrating` (absent
+    /// before the VM first ran).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power: Option<PowerState>,
     /// The static address the claim holds for its life, from its node type's
     /// `addressPool` (with the pool's prefix length, e.g. `10.20.0.5/24`); fixed when the
     /// claim is scheduled and given back when it is deleted.

@@ -117,6 +117,12 @@ names! {
         /// `HostMaintenance=True`: the VM's live migration off its cordoned host node
         /// failed; its pool replaces the node as for `HostDraining`.
         MigrationFailed,
+        /// `Ready=False`: the claim is powered off (`spec.power: Off`): its Node is cordoned
+        /// and kept, its VM stopped.
+        PoweredOff,
+        /// Progress (`Ready=False`): powering off: the Node is being drained, or the VM is
+        /// stopping.
+        PoweringOff,
         /// Progress: the VM is being created.
         Creating,
         /// Progress: the VM does not run yet.
@@ -235,6 +241,7 @@ impl ClaimReason {
                 | ClaimReason::WaitingForNode
                 | ClaimReason::NodeNotReady
                 | ClaimReason::Terminating
+                | ClaimReason::PoweringOff
         )
     }
 }

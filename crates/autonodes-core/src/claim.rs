@@ -5,7 +5,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
 use autonodes_api::conditions;
 use autonodes_api::reasons::ClaimCondition;
-use autonodes_api::NodeClaimPhase;
+use autonodes_api::{NodeClaim, NodeClaimPhase, Power};
+
+/// Whether the claim is powered off (`spec.power: Off`): its node is kept stopped, and
+/// nothing consolidates, rolls or repairs it.
+pub fn powered_off(claim: &NodeClaim) -> bool {
+    claim.spec.power == Some(Power::Off)
+}
 
 /// The phase a claim with `conditions` is in (a claim that is Failed or Terminating says so
 /// itself; this is the ladder of a claim on its way).

@@ -14,7 +14,7 @@
 //! - a VM asks for its type's cpu and memory plus the launcher's overhead
 //!   ([`PROP_HOST_OVERHEAD`], by default [`crate::properties::DEFAULT_HOST_OVERHEAD`]) and one pod.
 //!
-//! Claims in flight (scheduled, launcher pod not bound yet) are placed first, largest VMs
+//! Claims in flight (scheduled, launcher pod not bound yet, not powered off) are placed first, largest VMs
 //! first, each kind onto the eligible nodes with the most free memory; what is left is the
 //! headroom. A claim whose type has hard VM anti-affinity also needs an eligible node with
 //! room that runs no VM of its group, one more than the group has on its way
@@ -460,12 +460,17 @@ pub fn place_in_flight(
     for t in types {
         let Ok(shape) = VmShape::of(t) else { continue };
         let bound_in = |zone: Option<&str>| bound.count(&t.name, zone);
+        // Powered-off claims hold their unit of the type but no host room.
+        let parked = ledger.parked(&t.name);
+        let parked_in = |zone: &str| parked.get(zone).copied().unwrap_or(0);
         let zones = ledger.zone_counts(&t.name);
         let zoned: i64 = zones.values().sum();
         for (zone, n) in zones {
-            waiting.push((shape.clone(), Some(zone.clone()), n - bound_in(Some(zone))));
+            let waits = n - parked_in(zone) - bound_in(Some(zone));
+            waiting.push((shape.clone(), Some(zone.clone()), waits));
         }
-        waiting.push((shape, None, ledger.count(&t.name) - zoned - bound_in(None)));
+        let unzoned = ledger.count(&t.name) - zoned;
+        waiting.push((shape, None, unzoned - parked_in("") - bound_in(None)));
     }
     waiting.retain(|(_, _, n)| *n > 0);
     waiting.sort_by_key(|(s, _, _)| std::cmp::Reverse((s.request.memory, s.request.cpu_millis)));
@@ -737,6 +742,44 @@ mod tests {
             Bound::of([&launcher], &ledger).uids,
             HashSet::from(["u1".to_string()])
         );
+    }
+
+    #[test]
+    fn a_powered_off_claim_keeps_its_unit_of_the_type_but_takes_no_host_room() {
+        let nodes = [node("h1", Some("a"), "8", "8Gi")];
+        let small = prepared(
+            "p.small",
+            json!({
+                "providerRef": "p", "resources": {"cpu": "1", "memory": "2Gi"},
+                "properties": {PROP_HOST_OVERHEAD: "memory=0,cpu=0", PROP_ZONE: "a"},
+            }),
+        );
+        let shape = VmShape::of(&small).expect("shape");
+        let claim = |uid: &str, power: &str| -> NodeClaim {
+            serde_json::from_value(json!({
+                "metadata": {"name": uid, "namespace": "t", "uid": uid},
+                "spec": {"vClusterRef": {"name": "t"}},
+                "status": {"typeRef": "p.small", "zone": "a", "power": power},
+            }))
+            .expect("claim")
+        };
+        let mut ledger = ClaimedLedger::new();
+        // Scheduled by this process (a reservation), then seen powered off in the store.
+        ledger.reserve("u1", "t", "p.small", Some("a"));
+        ledger.observe(&claim("u1", "On"));
+        ledger.observe(&claim("u2", "On"));
+        let headroom = |ledger: &ClaimedLedger| {
+            let mut model = HostModel::new(&nodes, &[]);
+            place_in_flight(&mut model, &[&small], ledger, &Bound::of([], ledger));
+            model.headroom(&shape, Some("a")).vms
+        };
+        assert_eq!(headroom(&ledger), 2, "4 fit, 2 on their way");
+        ledger.observe(&claim("u1", "Off"));
+        ledger.observe(&claim("u2", "Stopping"));
+        assert_eq!(ledger.count("p.small"), 2, "both still hold their unit");
+        assert_eq!(headroom(&ledger), 3, "the stopped VM gives its room back");
+        ledger.observe(&claim("u1", "Starting"));
+        assert_eq!(headroom(&ledger), 2, "a VM starting again takes it back");
     }
 
     #[test]

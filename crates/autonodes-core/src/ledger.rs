@@ -11,6 +11,10 @@
 //! test. The same holdings are also counted per type and zone, for
 //! [`crate::zones::choose_zone`], and per namespace and type, for [`crate::quota`].
 //!
+//! A claim that is powered off (`status.power: Off`: its VM stopped) still holds its unit,
+//! and is also counted as parked, per type and zone: its VM takes no host room
+//! ([`crate::host_capacity::place_in_flight`]).
+//!
 //! It also knows the static address each claim holds ([`crate::address_pool`]): the one
 //! its `status.address` shows, in any phase (a Failed claim keeps its address until it is
 //! deleted), or the one this process gave it and the store does not show yet, until the
@@ -28,6 +32,8 @@ struct Hold {
     namespace: String,
     node_type: String,
     zone: Option<String>,
+    /// Powered off: its VM is stopped.
+    parked: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -40,11 +46,22 @@ struct Entry {
 }
 
 impl Entry {
-    fn holds(&self) -> Option<&Hold> {
+    fn held(&self) -> Option<&Hold> {
         if self.released {
             return None;
         }
         self.reserved.as_ref().or(self.stored.as_ref())
+    }
+
+    /// What the claim holds, parked when the store shows it powered off (a reservation
+    /// never is: it was made for a claim whose VM was yet to run).
+    fn holds(&self) -> Option<Hold> {
+        let mut hold = self.held()?.clone();
+        hold.parked = self
+            .stored
+            .as_ref()
+            .is_some_and(|s| s.parked && s.node_type == hold.node_type);
+        Some(hold)
     }
 
     fn address(&self) -> Option<IpAddr> {
@@ -70,6 +87,8 @@ pub struct ClaimedLedger {
     counts: BTreeMap<String, i64>,
     zones: BTreeMap<String, BTreeMap<String, i64>>,
     namespaces: BTreeMap<String, BTreeMap<String, i64>>,
+    /// Powered-off claims per type, and per type and zone (`""`: no zone).
+    parked: BTreeMap<String, BTreeMap<String, i64>>,
     /// How many claims hold each static address (one, unless a store was written by hand).
     addresses: HashMap<IpAddr, u32>,
 }
@@ -106,6 +125,11 @@ impl ClaimedLedger {
         self.zones.get(node_type).unwrap_or(&NONE_COUNTED)
     }
 
+    /// Powered-off claims of `node_type`, per zone (`""` for those without a zone).
+    pub fn parked(&self, node_type: &str) -> &BTreeMap<String, i64> {
+        self.parked.get(node_type).unwrap_or(&NONE_COUNTED)
+    }
+
     /// Claims of `namespace` that hold capacity, per NodeType (types without any are
     /// absent).
     pub fn namespace_counts(&self, namespace: &str) -> &BTreeMap<String, i64> {
@@ -131,6 +155,7 @@ impl ClaimedLedger {
                     namespace: claim.metadata.namespace.clone().unwrap_or_default(),
                     node_type,
                     zone: s.zone.clone(),
+                    parked: s.power == Some(autonodes_api::PowerState::Off),
                 })
             })
         };
@@ -180,6 +205,7 @@ impl ClaimedLedger {
             namespace: namespace.to_string(),
             node_type: node_type.to_string(),
             zone: zone.map(str::to_string),
+            parked: false,
         };
         self.update(uid, |e| e.reserved = Some(hold));
     }
@@ -218,7 +244,7 @@ impl ClaimedLedger {
     pub fn holding(&self, uid: &str) -> Option<(&str, Option<&str>)> {
         self.entries
             .get(uid)
-            .and_then(Entry::holds)
+            .and_then(Entry::held)
             .map(|h| (h.node_type.as_str(), h.zone.as_deref()))
     }
 
@@ -244,10 +270,10 @@ impl ClaimedLedger {
 
     fn update(&mut self, uid: &str, change: impl FnOnce(&mut Entry)) {
         let entry = self.entries.entry(uid.to_string()).or_default();
-        let before = entry.holds().cloned();
+        let before = entry.holds();
         let address_before = entry.address();
         change(entry);
-        let after = entry.holds().cloned();
+        let after = entry.holds();
         let address_after = entry.address();
         if entry.is_empty() {
             self.entries.remove(uid);
@@ -281,6 +307,13 @@ impl ClaimedLedger {
                 add(zones, zone, delta);
                 if zones.is_empty() {
                     self.zones.remove(&hold.node_type);
+                }
+            }
+            if hold.parked {
+                let zones = self.parked.entry(hold.node_type.clone()).or_default();
+                add(zones, hold.zone.as_deref().unwrap_or_default(), delta);
+                if zones.is_empty() {
+                    self.parked.remove(&hold.node_type);
                 }
             }
         }

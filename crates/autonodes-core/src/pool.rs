@@ -87,6 +87,7 @@ pub fn template_spec(pool: &NodePoolSpec) -> NodeClaimSpec {
         labels: pool.labels.clone(),
         kubelet_args: pool.kubelet_args.clone(),
         kubernetes_version: None,
+        power: None,
     }
 }
 

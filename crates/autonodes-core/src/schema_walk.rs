@@ -131,6 +131,7 @@ const PARSERS: &[(&str, Parser)] = &[
     (".displayName", Parser::Free("shown only")),
     (".metadata.annotations.*", Parser::Free("annotation values are any text")),
     ("NodeClaim.spec.kubernetesVersion", Parser::Free("copied to the Machine mirror's spec.version, never parsed")),
+    ("NodeClaim.spec.power", Parser::Free("an enum (On, Off): decoding checks it (whole-object test)")),
 ];
 
 fn parser_of(path: &str) -> Option<Parser> {

@@ -596,6 +596,7 @@ mod tests {
                 labels: Default::default(),
                 kubelet_args: Default::default(),
                 kubernetes_version: None,
+                power: None,
             },
         );
         claim.metadata.namespace = Some("ns".into());

@@ -27,7 +27,8 @@ pub(crate) fn machine_phase(claim: &NodeClaim) -> &'static str {
     match claim.status.as_ref().and_then(|s| s.phase) {
         None | Some(NodeClaimPhase::Pending) => "Pending",
         Some(NodeClaimPhase::Provisioning) => "Provisioning",
-        Some(NodeClaimPhase::Joining) => "Provisioned",
+        // Cluster API has no stopped phase: the machine exists, its node does not serve.
+        Some(NodeClaimPhase::Joining | NodeClaimPhase::PoweredOff) => "Provisioned",
         Some(NodeClaimPhase::Available) => "Running",
         Some(NodeClaimPhase::Failed) => "Failed",
         Some(NodeClaimPhase::Terminating) => "Deleting",

@@ -291,6 +291,15 @@ fn claim_finding(
         Some(NodeClaimPhase::Available) => "available",
         _ => "coming up",
     };
+    if crate::claim::powered_off(c) {
+        verdict = "powered off";
+        reasons.push(format!(
+            "powered off (spec.power: Off, the VM is {}): its Node is kept cordoned; nothing consolidates, rolls or repairs it, a scale-down removes it first",
+            status
+                .power
+                .map_or("not stopped yet".to_string(), |p| format!("{p:?}"))
+        ));
+    }
     let started = c.metadata.creation_timestamp.as_ref().map(|t| t.0);
     match hold(annotations, started, now) {
         Some(Hold::Always) => reasons.push(
@@ -456,6 +465,10 @@ mod tests {
                      "message": "the VM was live-migrated from host node host-0 to host-1",
                      "lastTransitionTime": "2026-11-25T10:02:00Z"}]}}),
             ),
+            claim(
+                "parked",
+                json!({"spec": {"power": "Off"}, "status": {"phase": "PoweredOff", "power": "Off"}}),
+            ),
         ];
         let e = nodepool(
             &pool,
@@ -466,7 +479,7 @@ mod tests {
         );
         let text = e.text();
         assert!(
-            text.contains("Drifted: 0 of 5 node(s) may be disrupted now"),
+            text.contains("Drifted: 0 of 6 node(s) may be disrupted now"),
             "{text}"
         );
         assert!(
@@ -475,6 +488,10 @@ mod tests {
         );
         assert!(
             text.contains("replaced within the HostMaintenance budgets, a new node first (its VM runs on host node host-0)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("claim parked (node parked): powered off\n    - powered off (spec.power: Off, the VM is Off): its Node is kept cordoned"),
             "{text}"
         );
         assert!(

@@ -173,7 +173,12 @@ pub fn protected<'a>(
             note(h);
         }
         let node = c.status.as_ref().and_then(|s| s.node_name.as_deref());
-        if own.is_some() || node.is_some_and(|n| marked_nodes.contains(n) || held.contains_key(n)) {
+        // A powered-off claim's node serves nothing and is kept as its user left it.
+        let off = crate::claim::powered_off(c);
+        if off
+            || own.is_some()
+            || node.is_some_and(|n| marked_nodes.contains(n) || held.contains_key(n))
+        {
             out.extend(meta.name.clone());
         }
     }

@@ -258,7 +258,8 @@ fn bins(
             .and_then(|n| nodes.get(n))
             .and_then(|n| n.spec.as_ref())
             .and_then(|s| s.unschedulable)
-            .unwrap_or(false);
+            .unwrap_or(false)
+            || crate::claim::powered_off(cn.claim);
         let ready_since = conditions::true_since(&status.conditions, ClaimCondition::Ready);
         let seen = ready_since.is_some_and(|since| due_for_removal(since, now, READY_NODE_GRACE));
         // What runs there, and the daemon pods still to come (all of them on a node that

@@ -49,6 +49,8 @@ pub struct ClaimView {
     /// (`HostMaintenance=True`, [`crate::host_maintenance::needs_replacement`]): it is
     /// replaced by surge within the budgets for `HostMaintenance`.
     pub host_maintenance: bool,
+    /// Powered off (`spec.power: Off`): never rolled; a scale-down takes it first.
+    pub powered_off: bool,
 }
 
 /// The planner's view of a pool's claims at `now_ms` (milliseconds since the epoch): a
@@ -98,6 +100,7 @@ pub(crate) fn claim_views<C: Borrow<NodeClaim>>(
                 replaces: annotation(ANNOTATION_REPLACES).cloned(),
                 delete_first: annotation(ANNOTATION_DELETE_FIRST).is_some(),
                 repair: false,
+                powered_off: crate::claim::powered_off(c),
                 host_maintenance: conditions::get(&s.conditions, ClaimCondition::HostMaintenance)
                     .is_some_and(|c| {
                         crate::host_maintenance::needs_replacement(
@@ -401,6 +404,7 @@ pub fn plan_claims(claims: &[ClaimView], desired: Option<usize>, allowed: Allowa
         .filter(|c| {
             (c.outdated || c.host_maintenance)
                 && !c.repair
+                && !c.powered_off
                 && !(c.held && c.available && !c.expired)
         })
         .copied()
@@ -567,6 +571,7 @@ mod tests {
             delete_first: false,
             repair: false,
             host_maintenance: false,
+            powered_off: false,
         }
     }
 
@@ -877,6 +882,24 @@ mod tests {
         let plan = plan_claims(&[leaving, other, r], Some(2), zero);
         assert!(plan.delete.is_empty());
         assert_eq!(plan.host_maintenance_held, vec!["leaving".to_string()]);
+    }
+
+    #[test]
+    fn a_powered_off_claim_is_never_rolled_and_goes_first_on_a_scale_down() {
+        let mut off = view("off", 1, false);
+        off.powered_off = true;
+        off.outdated = true;
+        off.host_maintenance = true;
+        let claims = [off.clone(), view("b", 2, true), view("c", 3, true)];
+        assert_eq!(
+            plan_claims(&claims, Some(3), Allowance::uniform(3)),
+            Plan::default()
+        );
+        let plan = plan_claims(&claims, Some(2), Allowance::uniform(1));
+        assert_eq!(
+            plan.delete,
+            vec![("off".to_string(), DeleteReason::ScaleDown)]
+        );
     }
 
     #[test]

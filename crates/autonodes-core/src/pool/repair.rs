@@ -182,6 +182,10 @@ pub struct Unhealthy {
 
 /// Whether the claim's node is unhealthy under `policy`, and since when.
 pub fn unhealthy(claim: &NodeClaim, policy: &Policy) -> Option<Unhealthy> {
+    // A powered-off node is not Ready on purpose.
+    if crate::claim::powered_off(claim) {
+        return None;
+    }
     let seen = node_conditions(claim)?;
     let mut out: Option<Unhealthy> = None;
     for rule in &policy.conditions {

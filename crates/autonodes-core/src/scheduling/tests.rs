@@ -40,6 +40,7 @@ fn claim() -> NodeClaimSpec {
         labels: BTreeMap::new(),
         kubelet_args: BTreeMap::new(),
         kubernetes_version: None,
+        power: None,
     }
 }
 

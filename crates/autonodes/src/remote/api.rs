@@ -71,6 +71,9 @@ pub(crate) trait HostApi: Send + Sync {
     /// Halts the VM `ns/name` (`runStrategy: Halted`), keeping it and its disks.
     fn halt_vm(&self, ns: &str, name: &str) -> impl Future<Output = Result<(), Error>> + Send;
 
+    /// Starts the VM `ns/name` again (`runStrategy: Always`) after [`HostApi::halt_vm`].
+    fn start_vm(&self, ns: &str, name: &str) -> impl Future<Output = Result<(), Error>> + Send;
+
     /// Whether the host node `name` is cordoned (false when that cannot be known).
     fn host_node_cordoned(&self, name: &str) -> bool;
 
@@ -155,6 +158,9 @@ pub(crate) trait TenantApi: Send + Sync {
     /// Marks the Node `name` unschedulable.
     fn cordon(&self, name: &str) -> impl Future<Output = Result<(), Error>> + Send;
 
+    /// Marks the Node `name` schedulable again.
+    fn uncordon(&self, name: &str) -> impl Future<Output = Result<(), Error>> + Send;
+
     /// Deletes the Node `name`; false when it was gone already.
     fn delete_node(&self, name: &str) -> impl Future<Output = Result<bool, Error>> + Send;
 
@@ -209,7 +215,11 @@ impl HostApi for Host<'_> {
     }
 
     async fn halt_vm(&self, ns: &str, name: &str) -> Result<(), Error> {
-        Host::halt_vm(self, ns, name).await
+        Host::set_run_strategy(self, ns, name, "Halted").await
+    }
+
+    async fn start_vm(&self, ns: &str, name: &str) -> Result<(), Error> {
+        Host::set_run_strategy(self, ns, name, "Always").await
     }
 
     fn host_node_cordoned(&self, name: &str) -> bool {
@@ -280,6 +290,10 @@ impl TenantApi for Tenant<'_> {
         Tenant::cordon(self, name).await
     }
 
+    async fn uncordon(&self, name: &str) -> Result<(), Error> {
+        Tenant::uncordon(self, name).await
+    }
+
     async fn delete_node(&self, name: &str) -> Result<bool, Error> {
         Tenant::delete_node(self, name).await
     }
@@ -337,6 +351,10 @@ impl<H: HostApi> HostApi for &H {
 
     async fn halt_vm(&self, ns: &str, name: &str) -> Result<(), Error> {
         (**self).halt_vm(ns, name).await
+    }
+
+    async fn start_vm(&self, ns: &str, name: &str) -> Result<(), Error> {
+        (**self).start_vm(ns, name).await
     }
 
     fn host_node_cordoned(&self, name: &str) -> bool {
@@ -400,6 +418,10 @@ impl<T: TenantApi> TenantApi for &T {
 
     async fn cordon(&self, name: &str) -> Result<(), Error> {
         (**self).cordon(name).await
+    }
+
+    async fn uncordon(&self, name: &str) -> Result<(), Error> {
+        (**self).uncordon(name).await
     }
 
     async fn delete_node(&self, name: &str) -> Result<bool, Error> {

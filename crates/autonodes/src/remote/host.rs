@@ -360,15 +360,22 @@ impl<'a> Host<'a> {
         )
     }
 
-    /// Stops the VM `ns/name` for good (`runStrategy: Halted`): it keeps its disks and labels,
-    /// and KubeVirt removes its instance.
-    pub(crate) async fn halt_vm(&self, ns: &str, name: &str) -> Result<(), Error> {
+    /// Sets the `runStrategy` of the VM `ns/name`: `Halted` stops it (it keeps its disks and
+    /// labels, and KubeVirt removes its instance), `Always` starts it again. Gone already:
+    /// nothing to do.
+    pub(crate) async fn set_run_strategy(
+        &self,
+        ns: &str,
+        name: &str,
+        strategy: &str,
+    ) -> Result<(), Error> {
         // `running` goes: KubeVirt refuses a VM that sets it beside `runStrategy`.
-        let patch = serde_json::json!({"spec": {"runStrategy": "Halted", "running": null}});
+        let patch = serde_json::json!({"spec": {"runStrategy": strategy, "running": null}});
+        let what = format!("setting the VirtualMachine's runStrategy to {strategy}");
         let halted = remote_call(
             self.caller.requests,
             self.remote,
-            "halting the VirtualMachine",
+            &what,
             self.vms(ns).patch(
                 name,
                 &kube::api::PatchParams::default(),

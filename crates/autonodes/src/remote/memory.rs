@@ -268,6 +268,14 @@ impl HostApi for MemoryHost {
         Ok(())
     }
 
+    async fn start_vm(&self, ns: &str, name: &str) -> Result<(), Error> {
+        self.check("start_vm")?;
+        if let Some(vm) = lock(&self.vms).get_mut(&key(ns, name)) {
+            vm.status.printable_status = Some("Starting".into());
+        }
+        Ok(())
+    }
+
     fn host_node_cordoned(&self, name: &str) -> bool {
         lock(&self.cordoned).contains(name)
     }
@@ -425,6 +433,14 @@ impl TenantApi for MemoryTenant {
             serde_json::from_value(doc).map_err(|e| Error::Internal(e.to_string()))?;
         nodes.insert(name, patched.clone());
         Ok(patched)
+    }
+
+    async fn uncordon(&self, name: &str) -> Result<(), Error> {
+        self.check("uncordon")?;
+        if let Some(n) = lock(&self.nodes).get_mut(name) {
+            n.spec.get_or_insert_with(Default::default).unschedulable = None;
+        }
+        Ok(())
     }
 
     async fn cordon(&self, name: &str) -> Result<(), Error> {

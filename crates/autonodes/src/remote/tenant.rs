@@ -158,14 +158,29 @@ impl<'a> Tenant<'a> {
 
     /// Marks the Node `name` unschedulable.
     pub(crate) async fn cordon(&self, name: &str) -> Result<(), Error> {
+        self.schedulable(name, false).await
+    }
+
+    /// Marks the Node `name` schedulable again.
+    pub(crate) async fn uncordon(&self, name: &str) -> Result<(), Error> {
+        self.schedulable(name, true).await
+    }
+
+    async fn schedulable(&self, name: &str, schedulable: bool) -> Result<(), Error> {
+        let what = if schedulable {
+            "uncordoning the Node"
+        } else {
+            "cordoning the Node"
+        };
+        let unschedulable = (!schedulable).then_some(true);
         remote_call(
             self.caller.requests,
             self.remote,
-            "cordoning the Node",
+            what,
             self.nodes().patch(
                 name,
                 &PatchParams::default(),
-                &Patch::Merge(&json!({"spec": {"unschedulable": true}})),
+                &Patch::Merge(&json!({"spec": {"unschedulable": unschedulable}})),
             ),
         )
         .await

@@ -497,6 +497,7 @@ async fn the_autoscaler_scales_a_pool_up_from_zero_by_put_and_removes_exactly_th
             delete_first: false,
             repair: false,
             host_maintenance: false,
+            powered_off: false,
         })
         .collect();
     let default_victim = plan_claims(&views, Some(1), Allowance::uniform(1)).delete[0]

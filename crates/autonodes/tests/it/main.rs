@@ -27,6 +27,7 @@ mod lifecycle;
 mod nodepool;
 mod operations;
 mod packing;
+mod power;
 mod prometheus;
 mod provisioning;
 mod real_guest;

@@ -100,6 +100,11 @@ pub(super) async fn host_maintenance<H: HostApi, T: TenantApi>(
         }
         _ => {}
     }
+    let migrating = matches!(
+        verdict,
+        Maintenance::Migrate { .. } | Maintenance::Migrating { .. }
+    );
+    super::power::running(p, migrating);
     match verdict.condition() {
         Some((ok, reason, message)) => p.status.set(HOST_MAINTENANCE, ok, reason, message),
         None if verdict == Maintenance::None => p.status.remove(HOST_MAINTENANCE),

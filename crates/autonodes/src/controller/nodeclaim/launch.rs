@@ -65,10 +65,15 @@ pub(super) async fn launch<H: HostApi, T: TenantApi>(
     let running = vm.ready() || vmi.as_deref().and_then(|i| i.phase()) == Some("Running");
     let (vm_ns, vm_name) = (&p.vm_ns, &p.vm_name);
     if !running {
-        // Counted from the schedule, or from the last restart (`restart`) of a VM that ran.
+        // Counted from the schedule, or from the last restart (`restart`) or power-on of a
+        // VM that ran.
         let restarted = p.status.new.last_restart.as_ref().map(|r| r.time.0);
+        let powered_on = (p.status.new.power == Some(autonodes_api::PowerState::Starting))
+            .then(|| p.status.since(PROVISIONED))
+            .flatten();
         let since = p.status.true_since(SCHEDULED).unwrap_or_else(now);
         let since = restarted.map_or(since, |r| r.max(since));
+        let since = powered_on.map_or(since, |r| r.max(since));
         let waited = elapsed_since(since);
         let limit = p.ctx.config.launch_timeout;
         if waited > limit {

@@ -15,6 +15,9 @@
 //! 3. [`initialize`]: `Initialized` and `Ready` once the Node is Ready and no startup taint
 //!    is left (initialization timeout); afterwards `Ready` follows the Node.
 //!
+//! A claim powered off (`spec.power: Off`) walks no stage: [`power`] drains its Node and
+//! halts its VM instead; powered on again, its VM starts before the launch stage looks.
+//!
 //! Once the VM runs, [`host_maintenance`] follows the host node it runs on: when that node
 //! is drained, the VM is live-migrated off it, or its pool is asked to replace the node
 //! (`HostMaintenance`).
@@ -41,6 +44,7 @@ mod host_maintenance;
 mod initialize;
 mod join;
 mod launch;
+mod power;
 mod register;
 mod restart;
 mod take_warm;
@@ -294,7 +298,13 @@ async fn provision(
         node: None,
         soon: None,
     };
-    match walk(&mut p).await {
+    let walked = if autonodes_core::claim::powered_off(claim) {
+        drift::drift(&mut p);
+        power::power_off(&mut p, ctx).await
+    } else {
+        walk(&mut p).await
+    };
+    match walked {
         Ok(Step::Next) => match p.status.write_or_defer().await? {
             Some(wait) => Ok(Action::requeue(wait)),
             None => Ok(Action::await_change()),
@@ -321,6 +331,7 @@ pub(crate) async fn walk<H: HostApi, T: TenantApi>(
 ) -> Result<Step, Error> {
     drift::drift(p);
     restart::restart(p).await?;
+    power::power_on(p).await?;
     let mut step = launch::launch(p).await;
     if let Ok(Step::Next) = step {
         host_maintenance::host_maintenance(p).await?;

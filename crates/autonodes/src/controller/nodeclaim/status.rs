@@ -178,7 +178,11 @@ impl<'a> StatusWriter<'a> {
         if self.new.phase != Some(NodeClaimPhase::Failed)
             && self.new.phase != Some(NodeClaimPhase::Terminating)
         {
-            self.new.phase = Some(autonodes_core::claim::phase(&self.new.conditions));
+            self.new.phase = Some(if autonodes_core::claim::powered_off(self.claim) {
+                NodeClaimPhase::PoweredOff
+            } else {
+                autonodes_core::claim::phase(&self.new.conditions)
+            });
         }
         self.new.reason = autonodes_core::claim::reason(&self.new.conditions);
         self.new.observed_generation = self.claim.metadata.generation;
@@ -222,6 +226,10 @@ impl<'a> StatusWriter<'a> {
                 } else {
                     EventType::Normal
                 });
+            }
+            if c.reason == ClaimReason::PoweredOff.as_str() {
+                // Asked for, not a problem.
+                return Some(EventType::Normal);
             }
             if c.status == TRUE {
                 let folded = ready_now && c.type_ != READY.as_str();

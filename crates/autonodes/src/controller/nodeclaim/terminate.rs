@@ -147,7 +147,9 @@ pub(super) async fn remove_from(
                 let drained = async {
                     match tenant.node(node_name).await? {
                         Some(node) if our_node(&node) => {
-                            drain_node(claim, ctx, tenant, &node).await
+                            let since = claim.metadata.deletion_timestamp.as_ref();
+                            let since = since.map_or_else(now, |t| t.0);
+                            drain_node(claim, ctx, tenant, &node, since).await
                         }
                         _ => Ok(None),
                     }
@@ -312,13 +314,15 @@ async fn skip_tenant(claim: &NodeClaim, ctx: &ClaimContext, e: &Error) {
 }
 
 /// Cordons the Node and evicts its pods (DaemonSet and mirror pods stay, and pods marked
-/// do-not-disrupt until the drain times out). Returns what it
-/// waits for, or None when the Node may be deleted (drained, or the drain timed out).
-async fn drain_node(
+/// do-not-disrupt until the drain times out), the drain counted from `since` (the claim's
+/// deletion, or its power-off). Returns what it waits for, or None when the Node is
+/// drained (or the drain timed out).
+pub(super) async fn drain_node(
     claim: &NodeClaim,
     ctx: &ClaimContext,
     tenant: &impl TenantApi,
     node: &Node,
+    since: k8s_openapi::jiff::Timestamp,
 ) -> Result<Option<String>, Error> {
     let name = node.name_any();
     if !node
@@ -353,14 +357,8 @@ async fn drain_node(
         format!(", {} of them marked do-not-disrupt", held.len())
     };
     let left = held.len() + evictable.len();
-    let deleting_since = claim
-        .metadata
-        .deletion_timestamp
-        .as_ref()
-        .map(|t| t.0)
-        .unwrap_or_else(now);
     let limit = drain_limit(claim, ctx);
-    if elapsed_since(deleting_since) > limit.wait {
+    if elapsed_since(since) > limit.wait {
         let why = if limit.capped {
             " (the most any drain waits, --max-drain-duration; the pool's terminationGracePeriod is longer or Never)"
         } else {
@@ -372,7 +370,7 @@ async fn drain_node(
             "DrainTimeout",
             "Delete",
             format!(
-                "{left} pod(s) still on Node {name}{held_note} after {}s{why}; deleting the Node anyway",
+                "{left} pod(s) still on Node {name}{held_note} after {}s{why}; going on anyway",
                 limit.wait.as_secs()
             ),
         )

@@ -94,7 +94,20 @@ async fn walk_once(
     host: &MemoryHost,
     tenant: &MemoryTenant,
 ) -> (Result<Step, Error>, autonodes_api::NodeClaimStatus) {
-    let mut p = Provisioning {
+    let mut p = provisioning(ctx, claim, t, host, tenant);
+    let step = super::walk(&mut p).await;
+    (step, p.status.new.clone())
+}
+
+/// One reconcile of `claim` on the memory host and tenant.
+fn provisioning<'a>(
+    ctx: &'a ClaimContext,
+    claim: &'a NodeClaim,
+    t: &'a PreparedType,
+    host: &'a MemoryHost,
+    tenant: &'a MemoryTenant,
+) -> Provisioning<'a, &'a MemoryHost, &'a MemoryTenant> {
+    Provisioning {
         claim,
         ctx: StageContext::of(ctx),
         node_type: t,
@@ -106,9 +119,7 @@ async fn walk_once(
         status: StatusWriter::new(claim, ctx),
         node: None,
         soon: None,
-    };
-    let step = super::walk(&mut p).await;
-    (step, p.status.new.clone())
+    }
 }
 
 /// `claim` with the status a walk left.
@@ -582,4 +593,75 @@ async fn a_vm_that_cannot_migrate_off_a_cordoned_host_node_asks_its_pool_for_a_r
         message.contains("asking KubeVirt to migrate it failed"),
         "{message}"
     );
+}
+
+/// Runs the power-off step once on `claim`; returns the step and the claim's new status.
+async fn power_off_once(
+    ctx: &ClaimContext,
+    claim: &NodeClaim,
+    t: &PreparedType,
+    host: &MemoryHost,
+    tenant: &MemoryTenant,
+) -> (Result<Step, Error>, autonodes_api::NodeClaimStatus) {
+    let mut p = provisioning(ctx, claim, t, host, tenant);
+    let step = super::power::power_off(&mut p, ctx).await;
+    (step, p.status.new.clone())
+}
+
+#[tokio::test]
+async fn a_claim_powered_off_keeps_its_node_cordoned_and_its_vm_stopped_and_powered_on_runs_again()
+{
+    let (ctx, t, host, tenant) = setup();
+    // An Available claim: VM running, Node joined and Ready.
+    let c = claim(&t, Duration::from_secs(5), serde_json::json!([]));
+    let (_, status) = walk_once(&ctx, &c, &t, &host, &tenant).await;
+    host.run_vm(VM_NS, VM, "10.0.0.7");
+    tenant.nodes.lock().unwrap().insert(VM.into(), node(true));
+    let mut c = with_status(&c, status);
+    for _ in 0..3 {
+        let (_, status) = walk_once(&ctx, &c, &t, &host, &tenant).await;
+        c = with_status(&c, status);
+    }
+    assert_eq!(
+        condition(c.status.as_ref().unwrap(), READY),
+        ("True", "NodeReady")
+    );
+    assert_eq!(
+        c.status.as_ref().and_then(|s| s.power),
+        Some(autonodes_api::PowerState::On)
+    );
+
+    // Off: the Node is cordoned and kept, the VM halted, the claim says so.
+    c.spec.power = Some(autonodes_api::Power::Off);
+    let (step, status) = power_off_once(&ctx, &c, &t, &host, &tenant).await;
+    assert!(matches!(step, Ok(Step::Stop(_))), "{step:?}");
+    let cordoned = |tenant: &MemoryTenant| {
+        tenant.nodes.lock().unwrap()[VM]
+            .spec
+            .as_ref()
+            .and_then(|s| s.unschedulable)
+            == Some(true)
+    };
+    assert!(cordoned(&tenant));
+    assert!(
+        host.vmis.lock().unwrap().is_empty(),
+        "the VM's instance is gone"
+    );
+    assert_eq!(host.vms.lock().unwrap().len(), 1, "the VM is kept");
+    assert_eq!(condition(&status, READY), ("False", "PoweredOff"));
+    assert_eq!(status.power, Some(autonodes_api::PowerState::Off));
+    assert_eq!(tenant.nodes.lock().unwrap().len(), 1, "the Node is kept");
+
+    // On again: the VM starts, the Node is uncordoned, Starting until the Node is Ready.
+    let mut c = with_status(&c, status);
+    c.spec.power = None;
+    let (_, status) = walk_once(&ctx, &c, &t, &host, &tenant).await;
+    assert_eq!(status.power, Some(autonodes_api::PowerState::Starting));
+    assert_eq!(condition(&status, PROVISIONED), ("False", "Booting"));
+    assert!(!cordoned(&tenant));
+    host.run_vm(VM_NS, VM, "10.0.0.7");
+    let c = with_status(&c, status);
+    let (_, status) = walk_once(&ctx, &c, &t, &host, &tenant).await;
+    assert_eq!(condition(&status, READY), ("True", "NodeReady"));
+    assert_eq!(status.power, Some(autonodes_api::PowerState::On));
 }

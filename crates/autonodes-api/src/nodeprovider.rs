@@ -94,6 +94,39 @@ pub struct KubeVirtProvider {
     /// `addressPool` replaces it). Absent: a node gets whatever the VM's network hands out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address_pool: Option<crate::common::AddressPool>,
+    /// Place each tenant's VMs, user-data Secrets and DataVolumes in a host namespace of its
+    /// own, `<prefix><tenant namespace>`, instead of `clusterRef.namespace`, so that host
+    /// ResourceQuotas and NetworkPolicies apply per tenant. Absent: every VM goes to
+    /// `clusterRef.namespace`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vm_namespace_per_tenant: Option<VmNamespacePerTenant>,
+}
+
+/// A host namespace per tenant namespace for a provider's VMs.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VmNamespacePerTenant {
+    /// The namespace is `<prefix><tenant namespace>`, cut to 63 characters with a hash of
+    /// the whole when longer. Absent: `clusterRef.namespace` and a dash.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 40), regex(pattern = r"^[a-z0-9]([-a-z0-9]*)?$"))]
+    pub prefix: Option<String>,
+    /// `Create` (the default): autonodes creates the namespace, labelled as its own, when a
+    /// tenant's first claim needs it, and deletes it once the tenant has no claim of the
+    /// provider left and it holds none of autonodes' objects. `Existing`: the namespace must
+    /// exist (a claim waits with `VMNamespaceNotFound`); autonodes never creates or deletes
+    /// it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<NamespacePolicy>,
+}
+
+/// Whether autonodes creates and deletes a per-tenant VM namespace.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum NamespacePolicy {
+    /// autonodes creates the namespace and deletes it once unused.
+    Create,
+    /// The namespace must exist; autonodes leaves it alone.
+    Existing,
 }
 
 /// One node type offered by a NodeProvider.

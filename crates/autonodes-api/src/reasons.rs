@@ -189,6 +189,9 @@ names! {
         TenantForbidden,
         /// The host's API server refused the VirtualMachine.
         VirtualMachineRejected,
+        /// The provider places VMs in a host namespace per tenant that must exist
+        /// (`vmNamespacePerTenant.policy: Existing`), and it does not.
+        VMNamespaceNotFound,
         /// A VirtualMachine or user-data Secret with the claim's VM name exists on the host
         /// and belongs to another claim or installation: autonodes leaves it alone.
         NameTaken,

@@ -102,6 +102,7 @@ mod tests {
         .expect("spec");
         let ctx = ProviderContext {
             tenant_namespaces: selector,
+            per_tenant: None,
             ..ProviderContext::for_tests(provider)
         };
         let t = prepare_type(&format!("{provider}.small"), &spec, Some(&ctx));

@@ -53,6 +53,25 @@ pub struct ProviderContext {
     /// `tenantNamespaceSelector`: the tenant namespaces that may use the provider's types
     /// (`None`: every namespace).
     pub tenant_namespaces: Option<LabelSelector>,
+    /// `vmNamespacePerTenant`: VMs go to a host namespace per tenant namespace (`None`: all
+    /// to `vm_namespace`).
+    pub per_tenant: Option<PerTenantNamespaces>,
+}
+
+/// A provider's host namespace per tenant namespace, resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PerTenantNamespaces {
+    /// The prefix (`clusterRef.namespace` and a dash by default).
+    pub prefix: String,
+    /// Whether autonodes creates (and deletes) the namespaces; else they must exist.
+    pub create: bool,
+}
+
+impl PerTenantNamespaces {
+    /// The host namespace of tenant namespace `tenant`.
+    pub fn namespace_of(&self, tenant: &str) -> String {
+        crate::names::tenant_vm_namespace(&self.prefix, tenant)
+    }
 }
 
 impl ProviderContext {
@@ -66,6 +85,15 @@ impl ProviderContext {
             host_cluster: spec.kube_virt.cluster_ref.cluster.clone(),
             vm_namespace: spec.kube_virt.cluster_ref.namespace.clone(),
             tenant_namespaces: spec.tenant_namespace_selector.clone(),
+            per_tenant: spec.kube_virt.vm_namespace_per_tenant.as_ref().map(|p| {
+                PerTenantNamespaces {
+                    prefix: p
+                        .prefix
+                        .clone()
+                        .unwrap_or_else(|| format!("{}-", spec.kube_virt.cluster_ref.namespace)),
+                    create: p.policy != Some(autonodes_api::NamespacePolicy::Existing),
+                }
+            }),
         }
     }
 
@@ -80,6 +108,7 @@ impl ProviderContext {
             host_cluster: "h".into(),
             vm_namespace: "vms".into(),
             tenant_namespaces: None,
+            per_tenant: None,
         }
     }
 }
@@ -230,8 +259,11 @@ pub struct PreparedType {
     pub display_name: Option<String>,
     /// The provider's host cluster (empty when the provider is missing).
     pub host_cluster: String,
-    /// Namespace of the VMs on the host cluster (empty when the provider is missing).
+    /// Namespace of the VMs on the host cluster (empty when the provider is missing); with
+    /// `per_tenant`, the provider's own (its golden volumes and warm VMs).
     pub vm_namespace: String,
+    /// The provider's host namespace per tenant namespace, if it places VMs so.
+    pub per_tenant: Option<PerTenantNamespaces>,
     /// The tenant namespaces that may use the type: its provider's
     /// `tenantNamespaceSelector` (`None`: every namespace; see [`crate::access`]).
     pub tenant_namespaces: Option<LabelSelector>,
@@ -288,6 +320,14 @@ pub fn definition_hash(spec: &NodeTypeSpec, provider: Option<&ProviderContext>) 
         })),
     });
     let mut described = described;
+    // Only a provider placing VMs per tenant has that in its types' hash: the others keep
+    // the hash they had before.
+    if let (Some(p), Some(map)) = (
+        provider.and_then(|p| p.per_tenant.as_ref()),
+        described.as_object_mut(),
+    ) {
+        map.insert("perTenant".into(), serde_json::json!([p.prefix, p.create]));
+    }
     // Only a type with an address pool has it in its hash: types without one keep the hash
     // they had before address pools existed.
     if let (Some(pool), Some(map)) = (&spec.address_pool, described.as_object_mut()) {
@@ -376,6 +416,7 @@ pub fn prepare_type_with(
         display_name: spec.display_name.clone(),
         host_cluster: provider.map(|p| p.host_cluster.clone()).unwrap_or_default(),
         vm_namespace: provider.map(|p| p.vm_namespace.clone()).unwrap_or_default(),
+        per_tenant: provider.and_then(|p| p.per_tenant.clone()),
         tenant_namespaces: provider.and_then(|p| p.tenant_namespaces.clone()),
         properties,
         resources: spec.resources.clone(),
@@ -563,6 +604,14 @@ fn add_property_devices(
 }
 
 impl PreparedType {
+    /// The host namespace the VM of a claim of tenant namespace `tenant` goes to.
+    pub fn vm_namespace_for(&self, tenant: &str) -> String {
+        match &self.per_tenant {
+            Some(p) => p.namespace_of(tenant),
+            None => self.vm_namespace.clone(),
+        }
+    }
+
     /// Whether the type can be used at all (phase is not Failed).
     pub fn is_usable(&self) -> bool {
         self.problem.is_none()
@@ -799,6 +848,33 @@ mod tests {
             }},
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn a_provider_with_a_namespace_per_tenant_sends_each_tenant_s_vms_to_its_own_and_only_its_hash_changes(
+    ) {
+        let plain = provider(None, None);
+        let mut split = plain.clone();
+        split.spec.kube_virt.vm_namespace_per_tenant = Some(autonodes_api::VmNamespacePerTenant {
+            prefix: None,
+            policy: Some(autonodes_api::NamespacePolicy::Existing),
+        });
+        let c = Catalogue::from_provider(&plain);
+        let t = &c.types()[0];
+        assert_eq!(t.vm_namespace_for("team-a"), "vms");
+        let before = t.definition.clone();
+        let c = Catalogue::from_provider(&split);
+        let t = &c.types()[0];
+        assert_eq!(t.vm_namespace_for("team-a"), "vms-team-a");
+        assert_eq!(t.vm_namespace_for("team-b"), "vms-team-b");
+        assert!(!t.per_tenant.as_ref().expect("per tenant").create);
+        assert_ne!(t.definition, before, "a change of where VMs go is drift");
+        let long = t.vm_namespace_for(&"t".repeat(70));
+        assert!(
+            crate::names::is_dns_label(&long) && long.len() <= 63,
+            "{long}"
+        );
+        assert_ne!(long, t.vm_namespace_for(&"t".repeat(71)));
     }
 
     #[test]

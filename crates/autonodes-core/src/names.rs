@@ -130,6 +130,20 @@ pub(crate) fn child_name(base: &str, suffix: &str) -> String {
     }
 }
 
+/// The host namespace of tenant namespace `tenant` for a provider placing VMs per tenant:
+/// `<prefix><tenant>`, shortened with a hash of the whole (a DNS label of at most 63
+/// characters) when longer.
+pub fn tenant_vm_namespace(prefix: &str, tenant: &str) -> String {
+    let whole = format!("{prefix}{tenant}");
+    if is_dns_label(&whole) {
+        whole
+    } else {
+        shortened(&whole, MAX_LABEL_VALUE)
+            .to_ascii_lowercase()
+            .replace(['.', '_'], "-")
+    }
+}
+
 /// The name of an Event about the object `object`: `<object>.<nanoseconds in hex>`, the
 /// object part shortened (with its hash) when the whole would pass 253 characters.
 pub fn event_name(object: &str, nanos: i128) -> String {

@@ -132,6 +132,8 @@ const PARSERS: &[(&str, Parser)] = &[
     (".metadata.annotations.*", Parser::Free("annotation values are any text")),
     ("NodeClaim.spec.kubernetesVersion", Parser::Free("copied to the Machine mirror's spec.version, never parsed")),
     ("NodeClaim.spec.power", Parser::Free("an enum (On, Off): decoding checks it (whole-object test)")),
+    ("NodeProvider.spec.kubeVirt.vmNamespacePerTenant.prefix", Parser::Free("the schema admits a DNS label prefix only; the namespace it makes is cut and hashed to a DNS label (names::tenant_vm_namespace)")),
+    ("NodeProvider.spec.kubeVirt.vmNamespacePerTenant.policy", Parser::Free("an enum (Create, Existing): decoding checks it (whole-object test)")),
 ];
 
 fn parser_of(path: &str) -> Option<Parser> {

@@ -236,6 +236,12 @@ pub fn type_problem(t: &PreparedType) -> Option<String> {
                 .to_string(),
         );
     }
+    if t.per_tenant.is_some() {
+        return Some(
+            "its provider's vmNamespacePerTenant: a claim's VM goes to its tenant's host namespace, where no warm VM booted before the claim is"
+                .to_string(),
+        );
+    }
     if let Some(problem) = &t.problem {
         return Some(problem.to_string());
     }

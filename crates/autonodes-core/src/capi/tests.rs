@@ -83,6 +83,7 @@ fn prepared(name: &str, spec: serde_json::Value) -> PreparedType {
         host_cluster: "h".into(),
         vm_namespace: "vms".into(),
         tenant_namespaces: None,
+        per_tenant: None,
         base_template: Some(json!({"spec": {"template": {"spec": {"domain": {"devices": {}}}}}})),
     };
     let t = crate::catalogue::prepare_type(name, &spec, Some(&provider));

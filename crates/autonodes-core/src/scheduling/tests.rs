@@ -71,6 +71,7 @@ fn ctx() -> ProviderContext {
         host_cluster: "host".into(),
         vm_namespace: "vms".into(),
         tenant_namespaces: None,
+        per_tenant: None,
     }
 }
 

@@ -448,3 +448,21 @@ fn a_type_with_an_address_pool_keeps_no_warm_vms() {
     let why = type_problem(&t).expect("no warm VMs");
     assert!(why.contains("a warm VM booted before its claim"), "{why}");
 }
+
+#[test]
+fn a_type_whose_provider_places_vms_per_tenant_keeps_no_warm_vms() {
+    let spec: autonodes_api::NodeTypeSpec = serde_json::from_value(json!({
+        "providerRef": "p",
+        "resources": {"cpu": "2", "memory": "4Gi"},
+        "warm": {"replicas": 2},
+    }))
+    .expect("spec");
+    let mut split = provider();
+    split.per_tenant = Some(crate::catalogue::PerTenantNamespaces {
+        prefix: "vms-".into(),
+        create: true,
+    });
+    let t = prepare_type("p.small", &spec, Some(&split));
+    let why = type_problem(&t).expect("no warm VMs");
+    assert!(why.contains("vmNamespacePerTenant"), "{why}");
+}

@@ -6,6 +6,11 @@
 //! installation; `autonodes_core::orphans` picks them). Each removal is an Event, a log line and
 //! `autonodes_orphans_removed_total{kind}`. A cluster that cannot be read is skipped until
 //! the next sweep; nothing is deleted without a fresh list of the claims.
+//!
+//! For providers that place VMs in a host namespace per tenant (`vmNamespacePerTenant`),
+//! the sweep also looks in each known tenant's namespace and in every namespace autonodes
+//! created (labelled `managed-by=autonodes` and with this installation), and deletes such a
+//! namespace once no claim's VM goes there and nothing of autonodes is left in it.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
@@ -118,7 +123,96 @@ fn targets(
             c.spec.v_cluster_ref.name.clone(),
         ));
     }
+    // A provider with a namespace per tenant: each known tenant's (a VM may be left there
+    // by a claim that is gone).
+    for p in ctx.providers().state() {
+        let context = autonodes_core::catalogue::ProviderContext::from_provider(&p);
+        if let Some(per_tenant) = &context.per_tenant {
+            let namespaces = hosts.entry(context.host_cluster.clone()).or_default();
+            for (tenant, _) in tenants.iter() {
+                namespaces.insert(per_tenant.namespace_of(tenant));
+            }
+        }
+    }
     hosts
+}
+
+/// The host namespaces autonodes created on `remote` for tenants (labelled as this
+/// installation's); empty when they cannot be listed.
+async fn created_namespaces(ctx: &Context, remote: &Remote) -> Vec<String> {
+    let selector = format!(
+        "{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_INSTALLATION}={}",
+        autonodes_core::names::label_value(&ctx.config.installation)
+    );
+    let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(remote.client.clone());
+    match remote_call(
+        &ctx.metrics.cluster_requests,
+        remote,
+        "listing the VM namespaces",
+        api.list_metadata(&ListParams::default().labels(&selector)),
+    )
+    .await
+    {
+        Ok(list) => list
+            .items
+            .into_iter()
+            .filter(|n| n.metadata.deletion_timestamp.is_none())
+            .filter_map(|n| n.metadata.name)
+            .collect(),
+        Err(e) => {
+            tracing::debug!(cluster = %remote.key, error = %e, "orphan sweep cannot list namespaces");
+            Vec::new()
+        }
+    }
+}
+
+/// Deletes the namespaces autonodes created on host `host` (`created`) that no claim's VM
+/// goes to and where `found` saw nothing of autonodes; returns how many it deleted.
+async fn remove_unused_namespaces(
+    ctx: &Context,
+    remote: &Remote,
+    host: &str,
+    created: &[String],
+    found: &[Found],
+) -> usize {
+    let cluster = Cluster::Host(host.to_string());
+    let used: BTreeSet<String> = ctx
+        .claims()
+        .state()
+        .iter()
+        .filter_map(|c| {
+            let s = c.status.as_ref()?;
+            (s.host_cluster.as_deref() == Some(host)).then(|| s.vm_namespace.clone())?
+        })
+        .collect();
+    let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(remote.client.clone());
+    let mut removed = 0;
+    for ns in created {
+        let holds = found
+            .iter()
+            .any(|f| f.cluster == cluster && &f.namespace == ns);
+        if used.contains(ns) || holds {
+            continue;
+        }
+        let deleted = remote_call(
+            &ctx.metrics.cluster_requests,
+            remote,
+            "deleting an unused VM namespace",
+            api.delete(ns, &DeleteParams::background()),
+        )
+        .await;
+        match deleted {
+            Ok(_) => {
+                tracing::info!(cluster = %remote.key, namespace = %ns, "unused VM namespace removed");
+                removed += 1;
+            }
+            Err(e) if e.is_not_found() => {}
+            Err(e) => {
+                tracing::warn!(cluster = %remote.key, namespace = %ns, error = %e, "cannot remove an unused VM namespace; retrying at the next sweep")
+            }
+        }
+    }
+    removed
 }
 
 /// The API of one kind of object the sweep removes, in `namespace` of `remote` (Nodes are
@@ -187,6 +281,7 @@ async fn list_into(
 pub(crate) async fn sweep(ctx: &Context, tenants: &mut BTreeSet<(String, String)>) -> usize {
     let hosts = targets(ctx, tenants);
     let mut found = Vec::new();
+    let mut created_by_host = Vec::new();
     let mut remotes = Vec::new();
     for (host, namespaces) in &hosts {
         let remote = match ctx.clients.host(host).await {
@@ -197,7 +292,11 @@ pub(crate) async fn sweep(ctx: &Context, tenants: &mut BTreeSet<(String, String)
             }
         };
         let cluster = Cluster::Host(host.clone());
-        for ns in namespaces {
+        let created = created_namespaces(ctx, &remote).await;
+        let mut namespaces = namespaces.clone();
+        namespaces.extend(created.iter().cloned());
+        created_by_host.push((host.clone(), created));
+        for ns in &namespaces {
             list_into(
                 ctx,
                 &remote,
@@ -259,8 +358,20 @@ pub(crate) async fn sweep(ctx: &Context, tenants: &mut BTreeSet<(String, String)
                     }
             })
     });
+    // Namespaces made for tenants that nothing uses any more (what was found in them goes
+    // below; the namespace with the next sweep).
+    let mut removed = 0;
+    for (host, created) in &created_by_host {
+        let remote = remotes.iter().find_map(|(c, r)| match c {
+            Cluster::Host(h) if h == host => Some(r),
+            _ => None,
+        });
+        if let Some(remote) = remote {
+            removed += remove_unused_namespaces(ctx, remote, host, created, &found).await;
+        }
+    }
     if found.is_empty() {
-        return 0;
+        return removed;
     }
 
     // The claims, listed after the objects: an object exists only once its claim does.
@@ -278,7 +389,6 @@ pub(crate) async fn sweep(ctx: &Context, tenants: &mut BTreeSet<(String, String)
             return 0;
         }
     };
-    let mut removed = 0;
     for o in orphans(&found, &live, &ctx.config.installation) {
         let Some((_, remote)) = remotes.iter().find(|(c, _)| *c == o.cluster) else {
             continue;

@@ -71,6 +71,15 @@ pub(crate) trait HostApi: Send + Sync {
     /// Halts the VM `ns/name` (`runStrategy: Halted`), keeping it and its disks.
     fn halt_vm(&self, ns: &str, name: &str) -> impl Future<Output = Result<(), Error>> + Send;
 
+    /// Makes sure the host namespace `name` exists (creating it with `labels` when `create`);
+    /// false when it does not.
+    fn ensure_namespace(
+        &self,
+        name: &str,
+        labels: &std::collections::BTreeMap<String, String>,
+        create: bool,
+    ) -> impl Future<Output = Result<bool, Error>> + Send;
+
     /// Starts the VM `ns/name` again (`runStrategy: Always`) after [`HostApi::halt_vm`].
     fn start_vm(&self, ns: &str, name: &str) -> impl Future<Output = Result<(), Error>> + Send;
 
@@ -222,6 +231,15 @@ impl HostApi for Host<'_> {
         Host::set_run_strategy(self, ns, name, "Always").await
     }
 
+    async fn ensure_namespace(
+        &self,
+        name: &str,
+        labels: &std::collections::BTreeMap<String, String>,
+        create: bool,
+    ) -> Result<bool, Error> {
+        Host::ensure_namespace(self, name, labels, create).await
+    }
+
     fn host_node_cordoned(&self, name: &str) -> bool {
         Host::host_node_cordoned(self, name)
     }
@@ -355,6 +373,15 @@ impl<H: HostApi> HostApi for &H {
 
     async fn start_vm(&self, ns: &str, name: &str) -> Result<(), Error> {
         (**self).start_vm(ns, name).await
+    }
+
+    async fn ensure_namespace(
+        &self,
+        name: &str,
+        labels: &std::collections::BTreeMap<String, String>,
+        create: bool,
+    ) -> Result<bool, Error> {
+        (**self).ensure_namespace(name, labels, create).await
     }
 
     fn host_node_cordoned(&self, name: &str) -> bool {

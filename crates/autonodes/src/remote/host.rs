@@ -266,6 +266,45 @@ impl<'a> Host<'a> {
         ignore_not_found(deleted)
     }
 
+    /// Makes sure the host namespace `name` exists for the VMs of tenant namespace `tenant`:
+    /// with `create`, creates it labelled as this installation's (`labels`) unless it exists;
+    /// without, only looks. False when it does not exist (and was not to be created).
+    pub(crate) async fn ensure_namespace(
+        &self,
+        name: &str,
+        labels: &std::collections::BTreeMap<String, String>,
+        create: bool,
+    ) -> Result<bool, Error> {
+        use k8s_openapi::api::core::v1::Namespace;
+        let api: Api<Namespace> = Api::all(self.remote.client.clone());
+        if !create {
+            let found = get_opt(
+                self.caller.requests,
+                self.remote,
+                &api,
+                name,
+                "reading the VM namespace",
+            )
+            .await?;
+            return Ok(found.is_some());
+        }
+        let mut ns = Namespace::default();
+        ns.metadata.name = Some(name.to_string());
+        ns.metadata.labels = Some(labels.clone());
+        let created = remote_call(
+            self.caller.requests,
+            self.remote,
+            "creating the VM namespace",
+            api.create(&PostParams::default(), &ns),
+        )
+        .await;
+        match created {
+            Ok(_) => Ok(true),
+            Err(e) if e.is_conflict() => Ok(true),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Whether the host node `name` is cordoned, as the host's Node watch shows it; false
     /// when the watch is not live (autonodes may not watch the host's Nodes) or has no
     /// such node.

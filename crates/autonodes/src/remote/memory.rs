@@ -96,6 +96,8 @@ pub(crate) struct MemoryHost {
     pub golden: Mutex<Vec<(String, String)>>,
     /// Host nodes that are cordoned.
     pub cordoned: Mutex<std::collections::BTreeSet<String>>,
+    /// Namespaces that exist, with their labels.
+    pub namespaces: Mutex<BTreeMap<String, BTreeMap<String, String>>>,
     /// Migrations asked for, by namespace and name: the instance each moves.
     pub migrations: Mutex<BTreeMap<Key, String>>,
     uids: Mutex<u64>,
@@ -113,6 +115,7 @@ impl MemoryHost {
             data_volumes: Default::default(),
             golden: Default::default(),
             cordoned: Default::default(),
+            namespaces: Default::default(),
             migrations: Default::default(),
             uids: Mutex::new(0),
         }
@@ -266,6 +269,20 @@ impl HostApi for MemoryHost {
             lock(&self.vmis).remove(&key(ns, name));
         }
         Ok(())
+    }
+
+    async fn ensure_namespace(
+        &self,
+        name: &str,
+        labels: &BTreeMap<String, String>,
+        create: bool,
+    ) -> Result<bool, Error> {
+        self.check("ensure_namespace")?;
+        let mut namespaces = lock(&self.namespaces);
+        if create && !namespaces.contains_key(name) {
+            namespaces.insert(name.to_string(), labels.clone());
+        }
+        Ok(namespaces.contains_key(name))
     }
 
     async fn start_vm(&self, ns: &str, name: &str) -> Result<(), Error> {

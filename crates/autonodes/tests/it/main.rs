@@ -37,4 +37,5 @@ mod render_golden;
 mod tenant_safety;
 mod vcluster_import;
 mod vcluster_import_cli;
+mod vm_namespaces;
 mod warm;

@@ -59,7 +59,7 @@ pub(super) async fn initialize<H: HostApi, T: TenantApi>(
             ClaimReason::NodeReady,
             format!("Node {node_name} is Ready"),
         );
-        super::power::ready(p);
+        super::power::ready(p).await?;
         return Ok(Step::Stop(Action::requeue(Duration::from_secs(300))));
     }
     let message = if !ready {

@@ -147,6 +147,27 @@ async fn create_host_objects<H: HostApi, T: TenantApi>(
             return Ok(Err(Step::Stop(Action::requeue(Duration::from_secs(60)))));
         }
     };
+    // A provider placing VMs per tenant: the tenant's host namespace first.
+    if let Some(per_tenant) = &p.node_type.per_tenant {
+        let labels = namespace_labels(p.claim, installation);
+        let present = p
+            .host()
+            .ensure_namespace(&p.vm_ns, &labels, per_tenant.create)
+            .await?;
+        if !present {
+            let message = format!(
+                "the provider places this tenant's VMs in host namespace {} (vmNamespacePerTenant, policy Existing), which does not exist on {}",
+                p.vm_ns, p.host_cluster
+            );
+            p.status.set(
+                PROVISIONED,
+                false,
+                ClaimReason::VMNamespaceNotFound,
+                message,
+            );
+            return Ok(Err(Step::Stop(Action::requeue(Duration::from_secs(30)))));
+        }
+    }
     // The Secret before the VM, which names it. An existing one is an earlier attempt's:
     // it is kept with the token it carries — unless that token was replaced since (the
     // launch retried for longer than its life), when it is rewritten with the new one.
@@ -197,6 +218,30 @@ async fn create_host_objects<H: HostApi, T: TenantApi>(
     }
 }
 
+/// The labels of a host namespace autonodes creates for the VMs of a claim's tenant
+/// namespace: managed by autonodes, this installation's, and the tenant namespace's.
+pub(crate) fn namespace_labels(
+    claim: &NodeClaim,
+    installation: &str,
+) -> std::collections::BTreeMap<String, String> {
+    use autonodes_core::names::label_value;
+    [
+        (
+            autonodes_api::LABEL_MANAGED_BY.to_string(),
+            autonodes_api::MANAGED_BY.to_string(),
+        ),
+        (
+            autonodes_api::LABEL_INSTALLATION.to_string(),
+            label_value(installation),
+        ),
+        (
+            autonodes_api::LABEL_NODECLAIM_NAMESPACE.to_string(),
+            label_value(&claim.namespace().unwrap_or_default()),
+        ),
+    ]
+    .into()
+}
+
 /// `Provisioned=False` with `NameTaken`: a host object of the claim's VM name (`what`)
 /// belongs to another claim or installation; autonodes leaves it alone and looks again.
 fn name_taken<H: HostApi, T: TenantApi>(p: &mut Provisioning<'_, H, T>, what: &str) -> Step {
@@ -214,7 +259,7 @@ fn name_taken<H: HostApi, T: TenantApi>(p: &mut Provisioning<'_, H, T>, what: &s
 // The core's render functions return this error as it is; it is rare and ends in a
 // condition at once.
 #[allow(clippy::result_large_err)]
-fn render_for(
+pub(super) fn render_for(
     claim: &NodeClaim,
     t: &PreparedType,
     vm_name: &str,

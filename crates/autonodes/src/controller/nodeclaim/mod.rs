@@ -331,7 +331,9 @@ pub(crate) async fn walk<H: HostApi, T: TenantApi>(
 ) -> Result<Step, Error> {
     drift::drift(p);
     restart::restart(p).await?;
-    power::power_on(p).await?;
+    if let Some(step) = power::power_on(p).await? {
+        return Ok(step);
+    }
     let mut step = launch::launch(p).await;
     if let Ok(Step::Next) = step {
         host_maintenance::host_maintenance(p).await?;

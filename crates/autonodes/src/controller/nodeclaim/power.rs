@@ -8,10 +8,13 @@
 //! claim's capacity and its address are kept; the ledger stops counting its VM as taking host
 //! room once it is `Off`.
 //!
-//! Powering on runs before the launch stage ([`power_on`]): the VM's `runStrategy` goes back
-//! to `Always`, the Node is uncordoned, and the claim says `Provisioned=False` (`Booting`,
-//! the launch timeout counted from there) and `status.power: Starting` until its Node is
-//! Ready again, when it is `On`.
+//! Powering on runs before the launch stage ([`power_on`]): the user-data Secret is written
+//! again with a fresh bootstrap token (a VM whose root disk is ephemeral, a container disk,
+//! boots from a fresh disk and joins again; one with a persistent disk keeps its kubelet's
+//! credentials and ignores it), the VM's `runStrategy` goes back to `Always`, the Node is
+//! uncordoned, and the claim says `Provisioned=False` (`Booting`, the launch timeout counted
+//! from there) and `status.power: Starting` until its Node is Ready again, when it is `On`
+//! and the token is deleted.
 
 use std::time::Duration;
 
@@ -19,9 +22,12 @@ use kube::runtime::controller::Action;
 use kube::ResourceExt;
 
 use super::context::ClaimContext;
-use super::provisioning::{Provisioning, Step};
+use super::join::{claim_join, render_reason};
+use super::launch::render_for;
+use super::provisioning::{uid, Provisioning, Step};
 use super::status::{PROVISIONED, READY};
 use super::terminate::drain_node;
+use super::tokens::delete_tokens;
 use crate::controller::context::now;
 use crate::controller::error::Error;
 use crate::remote::api::{HostApi, TenantApi};
@@ -103,18 +109,37 @@ fn stopping<H: HostApi, T: TenantApi>(p: &mut Provisioning<'_, H, T>, message: S
     Step::Stop(Action::requeue(STOPPING_RECHECK))
 }
 
-/// Powers the claim's node on again when it was powered off (or on its way off): the VM
-/// starts, its Node is uncordoned. Nothing for a claim that is on.
+/// Powers the claim's node on again when it was powered off (or on its way off): its user
+/// data gets a fresh token, the VM starts, its Node is uncordoned. Nothing for a claim that
+/// is on; the step to stop at when the tenant gives no join (its condition says why).
 pub(super) async fn power_on<H: HostApi, T: TenantApi>(
     p: &mut Provisioning<'_, H, T>,
-) -> Result<(), Error> {
+) -> Result<Option<Step>, Error> {
     if !matches!(
         p.status.new.power,
         Some(PowerState::Off | PowerState::Stopping)
     ) {
-        return Ok(());
+        return Ok(None);
     }
     let (vm_ns, vm_name) = (p.vm_ns.clone(), p.vm_name.clone());
+    let (join, _) = match claim_join(p).await? {
+        Ok(j) => j,
+        Err(step) => return Ok(Some(step)),
+    };
+    let installation = p.ctx.config.installation.clone();
+    match render_for(p.claim, p.node_type, &vm_name, &vm_ns, &join, &installation) {
+        // A Secret of that name that is not this claim's is left alone (`false`).
+        Ok(rendered) => {
+            p.host()
+                .create_user_data(&vm_ns, &rendered.secret, true)
+                .await?;
+        }
+        Err(e) => {
+            p.status
+                .set(PROVISIONED, false, render_reason(&e), e.to_string());
+            return Ok(Some(Step::Stop(Action::requeue(Duration::from_secs(60)))));
+        }
+    }
     p.host().start_vm(&vm_ns, &vm_name).await?;
     if let Some(name) = p.status.new.node_name.clone() {
         if p.tenant().node(&name).await?.is_some() {
@@ -130,7 +155,7 @@ pub(super) async fn power_on<H: HostApi, T: TenantApi>(
         ClaimReason::Booting,
         format!("powering on: VirtualMachine {vm_ns}/{vm_name} starts again"),
     );
-    Ok(())
+    Ok(None)
 }
 
 /// Records that the VM runs: `On`, or `Migrating` while it is live-migrated; a VM powered
@@ -144,9 +169,14 @@ pub(super) fn running<H: HostApi, T: TenantApi>(p: &mut Provisioning<'_, H, T>, 
     };
 }
 
-/// A VM powered on again whose Node is Ready: `On`.
-pub(super) fn ready<H: HostApi, T: TenantApi>(p: &mut Provisioning<'_, H, T>) {
+/// A VM powered on again whose Node is Ready: `On`, and the token its boot may have joined
+/// with has done its job.
+pub(super) async fn ready<H: HostApi, T: TenantApi>(
+    p: &mut Provisioning<'_, H, T>,
+) -> Result<(), Error> {
     if p.status.new.power == Some(PowerState::Starting) {
+        delete_tokens(p.tenant(), &uid(p.claim)?).await?;
         p.status.new.power = Some(PowerState::On);
     }
+    Ok(())
 }

@@ -200,7 +200,7 @@ pub(super) async fn schedule(
     w.new.node_type_hash = Some(chosen.definition.clone());
     w.new.cost = Some(chosen.cost);
     w.new.host_cluster = Some(chosen.host_cluster.clone());
-    w.new.vm_namespace = Some(chosen.vm_namespace.clone());
+    w.new.vm_namespace = Some(chosen.vm_namespace_for(&claim.namespace().unwrap_or_default()));
     w.new.vm_name = Some(vm_name.clone());
     w.new.provider_id = Some(format!("kubevirt://{vm_name}"));
     let in_zone = zone

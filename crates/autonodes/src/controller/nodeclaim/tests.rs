@@ -655,13 +655,30 @@ async fn a_claim_powered_off_keeps_its_node_cordoned_and_its_vm_stopped_and_powe
     // On again: the VM starts, the Node is uncordoned, Starting until the Node is Ready.
     let mut c = with_status(&c, status);
     c.spec.power = None;
+    assert!(
+        tenant.tokens.lock().unwrap().is_empty(),
+        "the first join's token is gone"
+    );
+    let before = host.secrets.lock().unwrap().values().next().cloned();
     let (_, status) = walk_once(&ctx, &c, &t, &host, &tenant).await;
     assert_eq!(status.power, Some(autonodes_api::PowerState::Starting));
     assert_eq!(condition(&status, PROVISIONED), ("False", "Booting"));
     assert!(!cordoned(&tenant));
+    // A guest booting from a fresh disk joins again: its user data carries a new token.
+    assert_eq!(tenant.tokens.lock().unwrap().len(), 1, "a fresh token");
+    let after = host.secrets.lock().unwrap().values().next().cloned();
+    assert_ne!(
+        before.and_then(|s| s.data),
+        after.and_then(|s| s.data),
+        "user data rewritten"
+    );
     host.run_vm(VM_NS, VM, "10.0.0.7");
     let c = with_status(&c, status);
     let (_, status) = walk_once(&ctx, &c, &t, &host, &tenant).await;
     assert_eq!(condition(&status, READY), ("True", "NodeReady"));
     assert_eq!(status.power, Some(autonodes_api::PowerState::On));
+    assert!(
+        tenant.tokens.lock().unwrap().is_empty(),
+        "the token did its job"
+    );
 }

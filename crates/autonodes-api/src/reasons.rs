@@ -625,6 +625,7 @@ mod tests {
         assert_eq!(
             progress,
             [
+                "PoweringOff",
                 "Creating",
                 "Booting",
                 "WaitingForNode",

@@ -8,9 +8,10 @@
 //! the next sweep; nothing is deleted without a fresh list of the claims.
 //!
 //! For providers that place VMs in a host namespace per tenant (`vmNamespacePerTenant`),
-//! the sweep also looks in each known tenant's namespace and in every namespace autonodes
-//! created (labelled `managed-by=autonodes` and with this installation), and deletes such a
-//! namespace once no claim's VM goes there and nothing of autonodes is left in it.
+//! the sweep also looks in each known tenant's namespace and, on those providers' hosts, in
+//! every namespace autonodes created (labelled `managed-by=autonodes` and with this
+//! installation), and deletes such a namespace once no claim's VM goes there and nothing of
+//! autonodes is left in it.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
@@ -282,6 +283,13 @@ pub(crate) async fn sweep(ctx: &Context, tenants: &mut BTreeSet<(String, String)
     let hosts = targets(ctx, tenants);
     let mut found = Vec::new();
     let mut created_by_host = Vec::new();
+    let per_tenant_hosts: BTreeSet<String> = ctx
+        .providers()
+        .state()
+        .iter()
+        .filter(|p| p.spec.kube_virt.vm_namespace_per_tenant.is_some())
+        .map(|p| p.spec.kube_virt.cluster_ref.cluster.clone())
+        .collect();
     let mut remotes = Vec::new();
     for (host, namespaces) in &hosts {
         let remote = match ctx.clients.host(host).await {
@@ -292,7 +300,13 @@ pub(crate) async fn sweep(ctx: &Context, tenants: &mut BTreeSet<(String, String)
             }
         };
         let cluster = Cluster::Host(host.clone());
-        let created = created_namespaces(ctx, &remote).await;
+        // Namespaces autonodes made exist only where a provider places VMs per tenant: no
+        // other host is asked to list its namespaces.
+        let created = if per_tenant_hosts.contains(host) {
+            created_namespaces(ctx, &remote).await
+        } else {
+            Vec::new()
+        };
         let mut namespaces = namespaces.clone();
         namespaces.extend(created.iter().cloned());
         created_by_host.push((host.clone(), created));

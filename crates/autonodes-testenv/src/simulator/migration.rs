@@ -21,9 +21,8 @@ use super::crds::MIGRATION_PHASES;
 use super::error::SimError;
 use super::markers::{annotation, MIGRATION_FAILS_ANNOTATION};
 use super::placement;
+use autonodes_api::kubevirt::LIVE_MIGRATABLE;
 
-/// The condition saying whether KubeVirt can live-migrate an instance.
-const LIVE_MIGRATABLE: &str = "LiveMigratable";
 /// The reason of a `LiveMigratable=False` for disks that cannot move.
 const DISKS_NOT_LIVE_MIGRATABLE: &str = "DisksNotLiveMigratable";
 /// The shortest time a migration takes (the boot delay when longer).
@@ -399,6 +398,19 @@ async fn fail(
         reason: Some(reason),
         ..base
     };
+    record(ctx, vmi, vmim, ns, "Failed", &state).await
+}
+
+/// Writes a migration's `state` on its instance (when there is one) first, then `phase` and
+/// `state` on the migration: a restarted simulator reads where it stands from the instance.
+async fn record(
+    ctx: &Ctx,
+    vmi: Option<&DynamicObject>,
+    vmim: &DynamicObject,
+    ns: &str,
+    phase: &str,
+    state: &State,
+) -> Result<(), SimError> {
     if let Some(vmi) = vmi {
         patch_vmi(
             ctx,
@@ -408,7 +420,7 @@ async fn fail(
         )
         .await?;
     }
-    set_vmim_status(ctx, vmim, ns, "Failed", Some(&state)).await
+    set_vmim_status(ctx, vmim, ns, phase, Some(state)).await
 }
 
 async fn delete(ctx: &Ctx, vmim: &DynamicObject) -> Result<(), SimError> {
@@ -647,14 +659,7 @@ async fn step(
         mode: Some("PreCopy".into()),
         ..base
     };
-    patch_vmi(
-        ctx,
-        vmi,
-        ns,
-        &json!({"status": {"migrationState": state.patch()}}),
-    )
-    .await?;
-    set_vmim_status(ctx, vmim, ns, "Running", Some(&state)).await?;
+    record(ctx, Some(vmi), vmim, ns, "Running", &state).await?;
     tracing::info!(vmi = %vmi_key, from = %state.source, to = ?state.target, "live migration started");
     Ok(Some(migration_time(ctx)))
 }

@@ -146,16 +146,9 @@ async fn created_namespaces(ctx: &Context, remote: &Remote) -> Vec<String> {
         autonodes_core::names::label_value(&ctx.config.installation)
     );
     let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(remote.client.clone());
-    match remote_call(
-        &ctx.metrics.cluster_requests,
-        remote,
-        "listing the VM namespaces",
-        api.list_metadata(&ListParams::default().labels(&selector)),
-    )
-    .await
-    {
-        Ok(list) => list
-            .items
+    let params = ListParams::default().labels(&selector);
+    match list_metadata_paged(ctx, remote, &api, &params, "listing the VM namespaces").await {
+        Ok(items) => items
             .into_iter()
             .filter(|n| n.metadata.deletion_timestamp.is_none())
             .filter_map(|n| n.metadata.name)
@@ -255,15 +248,9 @@ async fn list_into(
             OrphanKind::Node => &installed,
             _ => &managed,
         };
-        match remote_call(
-            &ctx.metrics.cluster_requests,
-            remote,
-            "listing for the orphan sweep",
-            api.list_metadata(selector),
-        )
-        .await
+        match list_metadata_paged(ctx, remote, &api, selector, "listing for the orphan sweep").await
         {
-            Ok(list) => found.extend(list.items.iter().map(|o| Found {
+            Ok(items) => found.extend(items.iter().map(|o| Found {
                 cluster: cluster.clone(),
                 kind,
                 namespace: o.namespace().unwrap_or_default(),
@@ -274,6 +261,39 @@ async fn list_into(
             Err(e) => {
                 tracing::debug!(cluster = %remote.key, kind = kind.label(), error = %e, "orphan sweep cannot list")
             }
+        }
+    }
+}
+
+/// Objects per page of the sweep's remote lists.
+const SWEEP_PAGE: u32 = 500;
+
+/// The metadata of every object `api` lists with `params` on `remote`, a page of
+/// [`SWEEP_PAGE`] at a time (no answer holds a whole host's or tenant's objects).
+async fn list_metadata_paged<K>(
+    ctx: &Context,
+    remote: &Remote,
+    api: &Api<K>,
+    params: &ListParams,
+    what: &str,
+) -> Result<Vec<kube::core::PartialObjectMeta<K>>, crate::remote::error::Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut params = params.clone().limit(SWEEP_PAGE);
+    let mut out = Vec::new();
+    loop {
+        let page = remote_call(
+            &ctx.metrics.cluster_requests,
+            remote,
+            what,
+            api.list_metadata(&params),
+        )
+        .await?;
+        out.extend(page.items);
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(out),
         }
     }
 }

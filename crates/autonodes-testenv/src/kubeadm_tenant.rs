@@ -4,7 +4,10 @@
 //! `kube-system/kubelet-config-1.20`) and create the bootstrap-token RBAC and
 //! `kube-public/cluster-info`; a `kube-controller-manager` from the same tree runs the
 //! controllers a join needs (CSR approving, signing and cleaning, the bootstrap signer that
-//! signs `cluster-info` for each token, the token cleaner). The API server's serving
+//! signs `cluster-info` for each token, the token cleaner) and the node lifecycle
+//! controller, which marks a Node whose kubelet stopped posting `Ready=Unknown` (after a
+//! grace period of [`NODE_MONITOR_GRACE_PERIOD`], shorter than its 40 s default to keep the
+//! tests short), as every kubeadm cluster and vCluster do. The API server's serving
 //! certificate is valid for the address guests use (see
 //! [`TestEnv::add_apiserver_serving`]), and that address is the published
 //! `controlPlaneEndpoint`.
@@ -18,6 +21,10 @@ use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::{Api, DeleteParams, PostParams};
 
 use crate::testenv::{io_err, ManagedProcess, TestEnv, TestEnvError};
+
+/// How long the node lifecycle controller waits for a kubelet's report before it marks the
+/// Node `Ready=Unknown` (`--node-monitor-grace-period`).
+pub const NODE_MONITOR_GRACE_PERIOD: Duration = Duration::from_secs(20);
 
 /// The kubeadm control plane of one tenant API server.
 #[derive(Debug)]
@@ -196,7 +203,12 @@ cgroupDriver: systemd
     let cert_dir = server.dir.join("certs");
     let mut args = vec![
         format!("--kubeconfig={}", server.kubeconfig_path.display()),
-        "--controllers=csrapproving,csrsigning,csrcleaner,bootstrapsigner,tokencleaner".to_string(),
+        "--controllers=csrapproving,csrsigning,csrcleaner,bootstrapsigner,tokencleaner,nodelifecycle"
+            .to_string(),
+        format!(
+            "--node-monitor-grace-period={}s",
+            NODE_MONITOR_GRACE_PERIOD.as_secs()
+        ),
         format!(
             "--cluster-signing-cert-file={}",
             cert_dir.join("client-ca.crt").display()

@@ -286,6 +286,9 @@ pub struct BootOptions {
     pub network: GuestNetwork,
     /// The accelerator; `None`: [`accelerator`] chooses.
     pub accel: Option<Accel>,
+    /// The network card's MAC address (`52:54:00:12:34:56`, QEMU's own, when `None`): what
+    /// network data matching an interface by its MAC address needs.
+    pub mac_address: Option<String>,
 }
 
 impl Default for BootOptions {
@@ -296,6 +299,7 @@ impl Default for BootOptions {
             disk_size: "10G".into(),
             network: GuestNetwork::HostPorts(Vec::new()),
             accel: None,
+            mac_address: None,
         }
     }
 }
@@ -427,7 +431,10 @@ impl Guest {
             "-netdev".into(),
             netdev,
             "-device".into(),
-            "virtio-net-pci,netdev=net0".into(),
+            match &options.mac_address {
+                Some(mac) => format!("virtio-net-pci,netdev=net0,mac={mac}"),
+                None => "virtio-net-pci,netdev=net0".into(),
+            },
             "-device".into(),
             "virtio-rng-pci".into(),
         ]);

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use autonodes_testenv::kubeadm_tenant::{self, k8s_binary};
 use autonodes_testenv::testenv::{client_from_kubeconfig, TestEnv};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, PostParams};
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::config::Kubeconfig;
 
 const GUEST_HOST: &str = "10.0.2.2";
@@ -131,7 +131,7 @@ async fn a_bootstrap_token_csr_is_approved_and_signed_and_the_join_address_is_pu
     csrs.create(&PostParams::default(), &object)
         .await
         .expect("the bootstrap token may create a CSR");
-    let admin_csrs: Api<CertificateSigningRequest> = Api::all(admin);
+    let admin_csrs: Api<CertificateSigningRequest> = Api::all(admin.clone());
     let started = Instant::now();
     let issued = loop {
         let got = admin_csrs.get("node-csr-guest-1").await.expect("csr");
@@ -148,6 +148,56 @@ async fn a_bootstrap_token_csr_is_approved_and_signed_and_the_join_address_is_pu
     let issued = String::from_utf8_lossy(&issued.0).to_string();
     assert!(issued.contains("BEGIN CERTIFICATE"), "{issued}");
     println!("kubeadm tenant: CSR node-csr-guest-1 approved and signed by the cluster CA");
+
+    // A Node whose kubelet stopped posting (it said Ready once, then nothing): the node
+    // lifecycle controller marks it Unknown, as in every kubeadm cluster.
+    let nodes: Api<Node> = Api::all(admin);
+    nodes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({"metadata": {"name": "gone-quiet"}}))
+                .expect("a Node"),
+        )
+        .await
+        .expect("a Node");
+    let then = "2026-01-01T00:00:00Z";
+    nodes
+        .patch_status(
+            "gone-quiet",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": {"conditions": [{
+                "type": "Ready", "status": "True", "reason": "KubeletReady",
+                "lastHeartbeatTime": then, "lastTransitionTime": then,
+            }]}})),
+        )
+        .await
+        .expect("Ready, once");
+    let started = Instant::now();
+    loop {
+        let ready = nodes
+            .get("gone-quiet")
+            .await
+            .expect("node")
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .into_iter()
+            .find(|c| c.type_ == "Ready")
+            .map(|c| c.status);
+        if ready.as_deref() == Some("Unknown") {
+            break;
+        }
+        assert!(
+            started.elapsed() < kubeadm_tenant::NODE_MONITOR_GRACE_PERIOD + Duration::from_secs(60),
+            "the Node still says {ready:?}; controller-manager log: {}",
+            std::fs::read_to_string(cp.controller_manager_log()).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    println!(
+        "kubeadm tenant: a Node whose kubelet went quiet marked Ready=Unknown after {} s",
+        started.elapsed().as_secs()
+    );
 }
 
 fn base64_encode(data: &[u8]) -> String {

@@ -87,13 +87,15 @@ impl RealGuests {
             .collect()
     }
 
-    /// Boots the guest of `vmi` unless it runs already.
+    /// Boots the guest of `vmi` unless it runs already, with the VM's network data (if it
+    /// has any) and its first interface's MAC address (if it names one).
     pub(crate) fn ensure(
         &self,
         vm: &DynamicObject,
         vmi: &DynamicObject,
         ns: &str,
         user_data: &str,
+        network_data: Option<&str>,
     ) -> Result<(), String> {
         let uid = vmi.uid().unwrap_or_default();
         let mut guests = self.guests.lock().map_err(|_| "guest table poisoned")?;
@@ -107,8 +109,16 @@ impl RealGuests {
         let dir = self
             .work_dir
             .join(format!("{ns}-{name}-{}", &uid[..uid.len().min(8)]));
-        let guest = Guest::boot_with(&image, user_data, &meta_data, None, &dir, &self.options)
+        let options = BootOptions {
+            mac_address: super::reconcile::first_mac(vm).map(str::to_string),
+            ..self.options.clone()
+        };
+        let guest = Guest::boot_with(&image, user_data, &meta_data, network_data, &dir, &options)
             .map_err(|e| format!("booting the {} guest: {e}", variant.name()))?;
+        // A VM that stopped and starts again: how its last guest ended is history now.
+        if let Ok(mut p) = self.power_offs.lock() {
+            p.remove(&format!("{ns}/{name}"));
+        }
         tracing::info!(vm = %format!("{ns}/{name}"), image = variant.name(), pid = ?guest.pid(), "real guest booted");
         if let (Some(pid), Ok(mut pids)) = (guest.pid(), self.pids.lock()) {
             pids.push(pid);

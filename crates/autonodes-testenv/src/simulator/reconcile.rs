@@ -209,9 +209,16 @@ async fn reconcile_vm(mut vm: Arc<DynamicObject>, ns: &str, ctx: &Ctx) -> Result
     }
     if let Some(real) = &ctx.opts.real_guests {
         // A real guest joins by itself; the simulator only keeps it running.
-        let booted = match kubelet::user_data(ctx, vm, ns).await {
-            Ok(user_data) => real.ensure(vm, &vmi, ns, &user_data),
-            Err(e) => Err(e.reason),
+        let seed = async {
+            let user_data = kubelet::user_data(ctx, vm, ns)
+                .await
+                .map_err(|e| e.reason)?;
+            let network = network_data(ctx, vm, ns).await.map_err(|e| e.to_string())?;
+            Ok::<_, String>((user_data, network))
+        };
+        let booted = match seed.await {
+            Ok((user_data, network)) => real.ensure(vm, &vmi, ns, &user_data, network.as_deref()),
+            Err(e) => Err(e),
         };
         if let Err(message) = booted {
             publish(ctx, vm, EventType::Warning, "GuestBootFailed", &message).await;
@@ -499,13 +506,10 @@ fn scheduling_status(mut history: Vec<Value>, now: &str) -> Value {
     })
 }
 
-/// The address the VM's cloud-init network data gives its first interface, as a guest's
-/// cloud-init would set it: the first address of the first Ethernet of the network data
-/// Secret the cloud-init volume names (`networkDataSecretRef`, key `networkdata`), when
-/// that Ethernet matches the MAC address the VM gives its first interface; none when the
-/// volume names no network data or it matches another interface. A Secret that is not
-/// there yet is an error (retried).
-async fn static_address(
+/// The VM's cloud-init network data: the Secret the cloud-init volume names
+/// (`networkDataSecretRef`, key `networkdata`); none when it names none. A Secret that is
+/// not there yet is an error (retried).
+pub(crate) async fn network_data(
     ctx: &Ctx,
     vm: &DynamicObject,
     ns: &str,
@@ -537,8 +541,31 @@ async fn static_address(
         .or_else(|| data.get("networkData"))
         .map(|b| String::from_utf8_lossy(&b.0).into_owned())
         .ok_or_else(|| SimError::Invalid(format!("Secret {ns}/{name} has no key networkdata")))?;
-    let config: Value = autonodes_core::yaml::from_str(&text)
-        .map_err(|e| SimError::Invalid(format!("network data of {ns}/{name}: {e}")))?;
+    Ok(Some(text))
+}
+
+/// The MAC address the VM gives its first interface, if it names one.
+pub(crate) fn first_mac(vm: &DynamicObject) -> Option<&str> {
+    vm.data
+        .pointer("/spec/template/spec/domain/devices/interfaces/0/macAddress")
+        .and_then(Value::as_str)
+}
+
+/// The address the VM's cloud-init network data gives its first interface, as a guest's
+/// cloud-init would set it: the first address of the first Ethernet of its
+/// [`network_data`], when that Ethernet matches the MAC address the VM gives its first
+/// interface; none when the VM has no network data or it matches another interface.
+async fn static_address(
+    ctx: &Ctx,
+    vm: &DynamicObject,
+    ns: &str,
+) -> Result<Option<String>, SimError> {
+    let Some(text) = network_data(ctx, vm, ns).await? else {
+        return Ok(None);
+    };
+    let config: Value = autonodes_core::yaml::from_str(&text).map_err(|e| {
+        SimError::Invalid(format!("network data of VM {ns}/{}: {e}", vm.name_any()))
+    })?;
     let Some(nic) = config
         .get("ethernets")
         .and_then(Value::as_object)
@@ -547,10 +574,7 @@ async fn static_address(
         return Ok(None);
     };
     let wanted = nic.pointer("/match/macaddress").and_then(Value::as_str);
-    let has = vm
-        .data
-        .pointer("/spec/template/spec/domain/devices/interfaces/0/macAddress")
-        .and_then(Value::as_str);
+    let has = first_mac(vm);
     if let Some(wanted) = wanted {
         if !has.is_some_and(|m| m.eq_ignore_ascii_case(wanted)) {
             return Ok(None);

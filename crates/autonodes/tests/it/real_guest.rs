@@ -14,7 +14,9 @@
 //! file and command, and joins; the type refills, and keeping no warm VM from then on
 //! removes the refill before its guest has booted. The guests themselves are checked too:
 //! cloud-init read the NoCloud seed and ended `done`, the stock guest reaches no host port
-//! it was not given, and it powers itself off at the ACPI button when its VM goes. Skipped,
+//! it was not given, and it powers itself off at the ACPI button when its VM goes. The stock
+//! type's nodes get static addresses (cloud-init network data): the stock node is powered
+//! off and on again and comes back Ready with the same address. Skipped,
 //! with the reason, where KVM or the guest images are missing.
 
 use crate::common;
@@ -73,26 +75,48 @@ fn unreachable_listener() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize
     (port, accepted)
 }
 
+/// The stock type's address pool: the guests' user-mode network (`10.0.2.0/24`), without
+/// its gateway (moved to `.254` when the guest is restricted), its DNS server, the host's
+/// address and the address its DHCP would hand out.
+const STOCK_ADDRESS_POOL: &str = "        addressPool:
+          cidr: 10.0.2.0/24
+          gateway: 10.0.2.254
+          dnsServers: [10.0.2.3]
+          exclude: [10.0.2.1, 10.0.2.2, 10.0.2.15]
+";
+
 fn provider(host_port: u16, warm: u32) -> String {
     let node_type = |name: &str, prepared: bool| {
-        let warm = if prepared {
-            format!("        warm:\n          replicas: {warm}\n")
+        // The prepared type keeps a warm VM; the stock type's nodes get static addresses
+        // (network data, on the first interface).
+        let (warm, addresses, interfaces, networks) = if prepared {
+            (
+                format!("        warm:\n          replicas: {warm}\n"),
+                "",
+                "",
+                "",
+            )
         } else {
-            String::new()
+            (
+                String::new(),
+                STOCK_ADDRESS_POOL,
+                "                    interfaces:\n                      - name: default\n                        bridge: {}\n",
+                "                networks:\n                  - name: default\n                    pod: {}\n",
+            )
         };
         format!(
             "      - name: {name}
         displayName: {name}
         maxCapacity: 3
-{warm}        properties:
+{warm}{addresses}        properties:
           autonodes.io/image-prepared: \"{prepared}\"
         virtualMachineTemplate:
           spec:
             template:
               spec:
-                domain:
+{networks}                domain:
                   devices:
-                    disks:
+{interfaces}                    disks:
                       - name: rootdisk
                         disk:
                           bus: virtio
@@ -124,6 +148,170 @@ spec:
         node_type("prepared", true),
         node_type("stock", false)
     )
+}
+
+/// The address a claim holds (`status.address`, without its prefix length).
+fn claim_address(c: &autonodes_api::NodeClaim) -> Option<String> {
+    let a = c.status.as_ref()?.address.as_deref()?;
+    Some(a.split('/').next()?.to_string())
+}
+
+/// A Node's InternalIP addresses and whether it is Ready and cordoned.
+fn node_state(n: &Node) -> (Vec<String>, bool, bool) {
+    let status = n.status.clone().unwrap_or_default();
+    let internal = status
+        .addresses
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|a| a.type_ == "InternalIP")
+        .map(|a| a.address)
+        .collect();
+    let ready = status
+        .conditions
+        .unwrap_or_default()
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    let cordoned = n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
+    (internal, ready, cordoned)
+}
+
+/// Powers claim `name` off and on again (see the call).
+async fn power_cycle(world: &World, real: &RealGuests, name: &str) {
+    use autonodes_api::{NodeClaimPhase, PowerState};
+    use kube::api::{Patch, PatchParams};
+    let claims = world.claims();
+    let nodes: Api<Node> = Api::all(world.tenant.clone());
+    let before = claims.get(name).await.expect("claim");
+    let status = before.status.clone().unwrap_or_default();
+    let (vm, node_name) = (
+        status.vm_name.clone().unwrap_or_default(),
+        status.node_name.clone().unwrap_or_default(),
+    );
+    let address = claim_address(&before).expect("the stock claim holds an address");
+    let node = nodes.get(&node_name).await.expect("node");
+    let (internal, _, _) = node_state(&node);
+    assert_eq!(
+        internal,
+        vec![address.clone()],
+        "the Node reports its claim's address"
+    );
+    let set_power = |power: serde_json::Value| {
+        let claims = claims.clone();
+        async move {
+            claims
+                .patch(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&serde_json::json!({"spec": {"power": power}})),
+                )
+                .await
+                .expect("setting spec.power");
+        }
+    };
+    let wait = |what: &'static str, done: fn(&autonodes_api::NodeClaim) -> bool| {
+        let claims = claims.clone();
+        async move {
+            let started = Instant::now();
+            loop {
+                let c = claims.get(name).await.expect("claim");
+                if done(&c) {
+                    return started.elapsed();
+                }
+                assert!(
+                    started.elapsed() < READY,
+                    "{name} not {what} within {READY:?}: {:?}",
+                    c.status
+                );
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    };
+
+    set_power(serde_json::json!("Off")).await;
+    let took = wait("powered off", |c| {
+        let s = c.status.as_ref();
+        s.and_then(|s| s.phase) == Some(NodeClaimPhase::PoweredOff)
+            && s.and_then(|s| s.power) == Some(PowerState::Off)
+    })
+    .await;
+    let started = Instant::now();
+    while real.power_off(VM_NS, &vm).is_none() {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "the guest did not power off"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let kept = nodes.get(&node_name).await.expect("the Node is kept");
+    assert_eq!(kept.uid(), node.uid(), "the same Node");
+    let (_, _, cordoned) = node_state(&kept);
+    assert!(cordoned, "the powered-off Node is cordoned");
+    println!(
+        "real-guest: {name} powered off after {} s: guest {:?}, Node {node_name} kept and cordoned",
+        took.as_secs(),
+        real.power_off(VM_NS, &vm)
+    );
+
+    set_power(serde_json::Value::Null).await;
+    // The VM starts once the tenant no longer reports the Node Ready (its node lifecycle
+    // controller marks it Unknown): how long the claim said it waited for that.
+    let started = Instant::now();
+    let mut waited_for_stale_ready = None;
+    loop {
+        let c = claims.get(name).await.expect("claim");
+        let message = c
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+            .map(|c| c.message.clone())
+            .unwrap_or_default();
+        if message.contains("no longer reports Node") {
+            waited_for_stale_ready = Some(started.elapsed());
+        } else if c.status.as_ref().and_then(|s| s.power) != Some(PowerState::Off) {
+            break;
+        }
+        assert!(
+            started.elapsed() < READY,
+            "{name} never started: {:?}",
+            c.status
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    println!(
+        "real-guest: {name} powered on: waited {} for the tenant to stop reporting the Node Ready",
+        waited_for_stale_ready.map_or("not at all".to_string(), |d| format!("{} s", d.as_secs()))
+    );
+    let took = wait("On and Available", |c| {
+        let s = c.status.as_ref();
+        s.and_then(|s| s.phase) == Some(NodeClaimPhase::Available)
+            && s.and_then(|s| s.power) == Some(PowerState::On)
+    })
+    .await;
+    let after = claims.get(name).await.expect("claim");
+    assert_eq!(claim_address(&after).as_deref(), Some(address.as_str()));
+    let node = nodes.get(&node_name).await.expect("node");
+    let (internal, ready, cordoned) = node_state(&node);
+    assert!(
+        ready && !cordoned,
+        "Ready and schedulable: {:?}",
+        node.status
+    );
+    assert_eq!(internal, vec![address.clone()], "the same address");
+    // A new guest booted (a fresh disk): its own cloud-init read the seed and finished.
+    let serial = real.serial_text(VM_NS, &vm);
+    let verdict = cloud_init_result(&serial);
+    assert!(
+        verdict.starts_with("done"),
+        "the new guest: cloud-init {verdict}"
+    );
+    assert!(
+        world.tokens().await.is_empty(),
+        "the power-on's token is deleted once the Node is Ready"
+    );
+    println!(
+        "real-guest: {name} powered on: Node {node_name} Ready again after {} s with the same address {address}; cloud-init {verdict}",
+        took.as_secs()
+    );
 }
 
 /// The guest's cloud-init verdict from its serial console.
@@ -400,6 +588,12 @@ async fn a_prepared_and_a_stock_image_join_the_tenant_with_a_real_kubelet_and_le
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     println!("mirror requests: {:?}", mirror.requests());
+
+    // The stock node's address is its claim's, from the pool, and survives a power cycle:
+    // powered off, its Node is cordoned and kept and its guest powers off; powered on, a
+    // new guest boots from a fresh disk (a container disk), joins again with the fresh
+    // token, and its Node is Ready and schedulable with the same address.
+    power_cycle(&world, &real, "stock-1").await;
 
     // The prepared type's warm VM booted beside the cold ones; once its agent reports to
     // the host's API server, a third claim takes it.

@@ -102,7 +102,8 @@ pub(super) async fn initialize<H: HostApi, T: TenantApi>(
     ))))
 }
 
-fn node_ready(node: &Node) -> bool {
+/// Whether the Node reports `Ready=True`.
+pub(super) fn node_ready(node: &Node) -> bool {
     node.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())

@@ -8,7 +8,11 @@
 //! claim's capacity and its address are kept; the ledger stops counting its VM as taking host
 //! room once it is `Off`.
 //!
-//! Powering on runs before the launch stage ([`power_on`]): the user-data Secret is written
+//! Powering on runs before the launch stage ([`power_on`]). A VM that has stopped starts
+//! only once the tenant no longer reports its Node `Ready`: the kubelet stopped with the
+//! VM, but the Node says `Ready=True` until the tenant's node lifecycle controller marks it
+//! `Unknown` (after its grace period, 40 s by default), and a `kubeadm join` from a fresh
+//! disk refuses a Node that is Ready. Then the user-data Secret is written
 //! again with a fresh bootstrap token (a VM whose root disk is ephemeral, a container disk,
 //! boots from a fresh disk and joins again; one with a persistent disk keeps its kubelet's
 //! credentials and ignores it), the VM's `runStrategy` goes back to `Always`, the Node is
@@ -22,6 +26,7 @@ use kube::runtime::controller::Action;
 use kube::ResourceExt;
 
 use super::context::ClaimContext;
+use super::initialize::node_ready;
 use super::join::{claim_join, render_reason};
 use super::launch::render_for;
 use super::provisioning::{uid, Provisioning, Step};
@@ -36,6 +41,8 @@ use autonodes_api::PowerState;
 
 /// How soon a claim being powered off is looked at again.
 const STOPPING_RECHECK: Duration = Duration::from_secs(3);
+/// How soon a claim powered on is looked at again while its Node still says Ready.
+const STALE_READY_RECHECK: Duration = Duration::from_secs(5);
 
 /// Powers the claim's node off, one step a reconcile: drain its Node, halt its VM, then
 /// wait until the VM's instance is gone.
@@ -122,6 +129,9 @@ pub(super) async fn power_on<H: HostApi, T: TenantApi>(
         return Ok(None);
     }
     let (vm_ns, vm_name) = (p.vm_ns.clone(), p.vm_name.clone());
+    if let Some(step) = wait_for_stale_ready(p).await? {
+        return Ok(Some(step));
+    }
     let (join, _) = match claim_join(p).await? {
         Ok(j) => j,
         Err(step) => return Ok(Some(step)),
@@ -156,6 +166,34 @@ pub(super) async fn power_on<H: HostApi, T: TenantApi>(
         format!("powering on: VirtualMachine {vm_ns}/{vm_name} starts again"),
     );
     Ok(None)
+}
+
+/// The step to stop at while the VM has stopped but the tenant still reports its Node
+/// `Ready` (the last word of the kubelet that stopped with it); `None` once it does not, or
+/// while the VM still runs (powered on again before it stopped: nothing joins anew).
+async fn wait_for_stale_ready<H: HostApi, T: TenantApi>(
+    p: &mut Provisioning<'_, H, T>,
+) -> Result<Option<Step>, Error> {
+    let Some(name) = p.status.new.node_name.clone() else {
+        return Ok(None);
+    };
+    if p.host().vmi(&p.vm_ns, &p.vm_name).await?.is_some() {
+        return Ok(None);
+    }
+    match p.tenant().node(&name).await? {
+        Some(node) if node_ready(&node) => {
+            p.status.set(
+                READY,
+                false,
+                ClaimReason::PoweredOff,
+                format!(
+                    "powering on once the tenant no longer reports Node {name} Ready: its kubelet stopped with the VM, and a node joining again from a fresh disk is refused while the Node says Ready (the tenant's node lifecycle controller marks it Unknown after its grace period, 40 s by default)"
+                ),
+            );
+            Ok(Some(Step::Stop(Action::requeue(STALE_READY_RECHECK))))
+        }
+        _ => Ok(None),
+    }
 }
 
 /// Records that the VM runs: `On`, or `Migrating` while it is live-migrated; a VM powered

@@ -652,7 +652,9 @@ async fn a_claim_powered_off_keeps_its_node_cordoned_and_its_vm_stopped_and_powe
     assert_eq!(status.power, Some(autonodes_api::PowerState::Off));
     assert_eq!(tenant.nodes.lock().unwrap().len(), 1, "the Node is kept");
 
-    // On again: the VM starts, the Node is uncordoned, Starting until the Node is Ready.
+    // On again while the tenant still reports the Node Ready (its kubelet's last word,
+    // before the node lifecycle controller marks it Unknown): the VM waits, since a join
+    // from a fresh disk is refused while the Node says Ready.
     let mut c = with_status(&c, status);
     c.spec.power = None;
     assert!(
@@ -660,6 +662,24 @@ async fn a_claim_powered_off_keeps_its_node_cordoned_and_its_vm_stopped_and_powe
         "the first join's token is gone"
     );
     let before = host.secrets.lock().unwrap().values().next().cloned();
+    let (_, status) = walk_once(&ctx, &c, &t, &host, &tenant).await;
+    assert_eq!(status.power, Some(autonodes_api::PowerState::Off));
+    assert_eq!(condition(&status, READY), ("False", "PoweredOff"));
+    let message = &conditions::get(&status.conditions, READY)
+        .expect("set")
+        .message;
+    assert!(message.contains("no longer reports Node"), "{message}");
+    assert!(host.vmis.lock().unwrap().is_empty(), "the VM did not start");
+    assert!(tenant.tokens.lock().unwrap().is_empty(), "no token yet");
+    // Once the tenant marks it Unknown: the VM starts, the Node is uncordoned, Starting
+    // until the Node is Ready.
+    if let Some(n) = tenant.nodes.lock().unwrap().get_mut(VM) {
+        n.status = node(false).status;
+        if let Some(c) = n.status.as_mut().and_then(|s| s.conditions.as_mut()) {
+            c[0].status = "Unknown".into();
+        }
+    }
+    let c = with_status(&c, status);
     let (_, status) = walk_once(&ctx, &c, &t, &host, &tenant).await;
     assert_eq!(status.power, Some(autonodes_api::PowerState::Starting));
     assert_eq!(condition(&status, PROVISIONED), ("False", "Booting"));
@@ -673,6 +693,14 @@ async fn a_claim_powered_off_keeps_its_node_cordoned_and_its_vm_stopped_and_powe
         "user data rewritten"
     );
     host.run_vm(VM_NS, VM, "10.0.0.7");
+    // Not On before the new kubelet reports Ready: the token stays for its join.
+    let c = with_status(&c, status);
+    let (_, status) = walk_once(&ctx, &c, &t, &host, &tenant).await;
+    assert_eq!(status.power, Some(autonodes_api::PowerState::Starting));
+    assert_eq!(tenant.tokens.lock().unwrap().len(), 1, "the token is kept");
+    if let Some(n) = tenant.nodes.lock().unwrap().get_mut(VM) {
+        n.status = node(true).status;
+    }
     let c = with_status(&c, status);
     let (_, status) = walk_once(&ctx, &c, &t, &host, &tenant).await;
     assert_eq!(condition(&status, READY), ("True", "NodeReady"));

@@ -257,11 +257,57 @@ pub(crate) struct HostCache {
 }
 
 /// Watch caches of a tenant cluster.
-pub(crate) struct TenantCache {
+pub(crate) struct TenantWatches {
     /// Nodes carrying a claim label (metadata, spec, conditions and addresses).
     pub nodes: Watched<Node>,
     /// autonodes' bootstrap-token Secrets in `kube-system`.
     pub tokens: Watched<Secret>,
+}
+
+/// Starts a tenant's watches: the caches, and the tasks that fill them.
+pub(crate) type StartTenantWatches =
+    Box<dyn Fn() -> (TenantWatches, Vec<tokio::task::JoinHandle<()>>) + Send + Sync>;
+
+/// A tenant cluster's [`TenantWatches`], started the first time a claim reads them: a
+/// tenant only its pools use (no claim yet) holds no watch of its Nodes or tokens. The
+/// watches stop with the client (when this is dropped).
+pub(crate) struct TenantCache {
+    watches: std::sync::OnceLock<TenantWatches>,
+    start: StartTenantWatches,
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+impl TenantCache {
+    /// Caches that `start` starts when first read.
+    pub(crate) fn lazy(start: StartTenantWatches) -> TenantCache {
+        TenantCache {
+            watches: std::sync::OnceLock::new(),
+            start,
+            tasks: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The watches, started now if they were not (their stores answer once they listed;
+    /// until then readers ask the API server).
+    pub(crate) fn watches(&self) -> &TenantWatches {
+        self.watches.get_or_init(|| {
+            let (watches, tasks) = (self.start)();
+            if let Ok(mut t) = self.tasks.lock() {
+                t.extend(tasks);
+            }
+            watches
+        })
+    }
+}
+
+impl Drop for TenantCache {
+    fn drop(&mut self) {
+        if let Ok(tasks) = self.tasks.get_mut() {
+            for t in tasks.iter() {
+                t.abort();
+            }
+        }
+    }
 }
 
 #[cfg(test)]

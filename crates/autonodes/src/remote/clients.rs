@@ -182,10 +182,11 @@ impl Remote {
         }
     }
 
-    /// The tenant caches, if this is a tenant client with caches.
-    pub(crate) fn tenant_cache(&self) -> Option<&crate::remote::caches::TenantCache> {
+    /// The tenant caches, if this is a tenant client with caches (started by this call if
+    /// they were not).
+    pub(crate) fn tenant_cache(&self) -> Option<&crate::remote::caches::TenantWatches> {
         match &self.cache {
-            RemoteCache::Tenant(c) => Some(c),
+            RemoteCache::Tenant(c) => Some(c.watches()),
             _ => None,
         }
     }

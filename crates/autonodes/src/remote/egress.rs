@@ -338,10 +338,19 @@ pub(crate) fn guarded_client(
         ClusterKind::Tenant => TENANT_BODY_LIMIT,
         _ => HOST_BODY_LIMIT,
     };
-    let https =
-        config.rustls_https_connector_with_connector(GuardedConnector::new(policy, management))?;
-    let http_client: hyper_util::client::legacy::Client<_, kube::client::Body> =
-        hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(https);
+    let connector = GuardedConnector::new(policy, management);
+    let http_client: hyper_util::client::legacy::Client<_, kube::client::Body> = match kind {
+        // A tenant's watches and requests share one HTTP/2 connection (as client-go's
+        // do), so a tenant costs one connection, not one per watch; pings find a dead
+        // one.
+        ClusterKind::Tenant => hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+            .timer(hyper_util::rt::TokioTimer::new())
+            .http2_keep_alive_interval(Some(HTTP2_PING_INTERVAL))
+            .http2_keep_alive_timeout(HTTP2_PING_TIMEOUT)
+            .build(http2_connector(config, connector)?),
+        _ => hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+            .build(config.rustls_https_connector_with_connector(connector)?),
+    };
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
         .option_layer(config.auth_layer()?)
@@ -362,6 +371,38 @@ pub(crate) fn guarded_client(
             .with_layer(&CountRequests(kind))
             .build(),
     )
+}
+
+/// How often an idle HTTP/2 connection to a tenant is pinged.
+const HTTP2_PING_INTERVAL: Duration = Duration::from_secs(30);
+/// How long a ping may go unanswered before the connection counts as dead (its watches
+/// then list again on a new one).
+const HTTP2_PING_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// kube's TLS settings of `config` (its CA, client certificate and `tls-server-name`) over
+/// `connector`, offering HTTP/2 and HTTP/1.1 (ALPN): a server that speaks HTTP/2, as every
+/// kube-apiserver does, takes one connection for all of a client's requests and watches.
+fn http2_connector(
+    config: &Config,
+    connector: GuardedConnector,
+) -> Result<hyper_rustls::HttpsConnector<GuardedConnector>, kube::Error> {
+    let builder = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(config.rustls_client_config()?)
+        .https_or_http();
+    let builder = match &config.tls_server_name {
+        Some(name) => {
+            let name = tokio_rustls::rustls::pki_types::ServerName::try_from(name.clone())
+                .map_err(|e| {
+                    kube::Error::Service(format!("tls-server-name {name:?}: {e}").into())
+                })?;
+            builder.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name))
+        }
+        None => builder,
+    };
+    Ok(builder
+        .enable_http1()
+        .enable_http2()
+        .wrap_connector(connector))
 }
 
 /// A redirect from a remote API server: never followed, an error.

@@ -1,6 +1,7 @@
 //! Watch caches of remote clusters: VirtualMachines, VirtualMachineInstances, DataVolumes,
 //! Nodes and bound pods on host clusters (the last two for host capacity,
-//! [`crate::remote::host_room`]), Nodes and bootstrap-token Secrets on tenant clusters.
+//! [`crate::remote::host_room`]), Nodes and bootstrap-token Secrets on tenant clusters
+//! (those of one namespace's claims, started when a claim first reads them).
 //!
 //! One watch per kind and cluster (labelled objects only) fills a store the claim
 //! controller reads instead of sending a GET or LIST per reconcile; every change also wakes
@@ -30,7 +31,9 @@ use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::task::JoinHandle;
 
-use super::caches::{resource_version, HostCache, Own, TenantCache, Watched, TOKEN_NAMESPACE};
+use super::caches::{
+    resource_version, HostCache, Own, TenantCache, TenantWatches, Watched, TOKEN_NAMESPACE,
+};
 use crate::remote::clients::{ClusterKey, Connected, OnConnect, Remote, RemoteCache};
 use crate::remote::egress::passed_body_limit;
 use autonodes_api::kubevirt::{
@@ -153,32 +156,42 @@ pub(crate) fn watch_hook(
                     })),
                 }
             }
-            ClusterKey::Tenant { .. } => {
-                let (nodes, node_task) = spawn_configured(
-                    &cluster,
-                    Api::<Node>::all(remote.client.clone()),
-                    watcher::Config::default()
-                        .labels(&format!("{LABEL_NODECLAIM},{installed}"))
-                        .page_size(TENANT_PAGE)
-                        .any_semantic(),
-                    Lists::Paged,
-                    Some(waker.by_labels()),
-                    trim_node,
-                );
-                let (tokens, token_task) = spawn_configured(
-                    &cluster,
-                    Api::<Secret>::namespaced(remote.client.clone(), TOKEN_NAMESPACE),
-                    watcher::Config::default()
-                        .labels(&format!("{managed},{installed}"))
-                        .page_size(TOKEN_PAGE)
-                        .any_semantic(),
-                    Lists::Paged,
-                    Some(waker.by_labels()),
-                    trim_token,
-                );
+            ClusterKey::Tenant { namespace, .. } => {
+                // A tenant is reached per namespace of claims (its `vc-` Secret's): its
+                // caches hold what the claims of that namespace made, not what another
+                // namespace's claims made in the same cluster. They start when a claim
+                // first reads them.
+                let this_namespace = format!("{LABEL_NODECLAIM_NAMESPACE}={namespace}");
+                let client = remote.client.clone();
+                let installed = installed.clone();
+                let start = move || {
+                    let (nodes, node_task) = spawn_configured(
+                        &cluster,
+                        Api::<Node>::all(client.clone()),
+                        watcher::Config::default()
+                            .labels(&format!("{LABEL_NODECLAIM},{installed},{this_namespace}"))
+                            .page_size(TENANT_PAGE)
+                            .any_semantic(),
+                        Lists::Paged,
+                        Some(waker.by_labels()),
+                        trim_node,
+                    );
+                    let (tokens, token_task) = spawn_configured(
+                        &cluster,
+                        Api::<Secret>::namespaced(client.clone(), TOKEN_NAMESPACE),
+                        watcher::Config::default()
+                            .labels(&format!("{managed},{installed},{this_namespace}"))
+                            .page_size(TOKEN_PAGE)
+                            .any_semantic(),
+                        Lists::Paged,
+                        Some(waker.by_labels()),
+                        trim_token,
+                    );
+                    (TenantWatches { nodes, tokens }, vec![node_task, token_task])
+                };
                 Connected {
-                    tasks: vec![node_task, token_task],
-                    cache: RemoteCache::Tenant(Arc::new(TenantCache { nodes, tokens })),
+                    tasks: Vec::new(),
+                    cache: RemoteCache::Tenant(Arc::new(TenantCache::lazy(Box::new(start)))),
                 }
             }
         }

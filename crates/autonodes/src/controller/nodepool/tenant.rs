@@ -1,9 +1,16 @@
 //! The tenant side of dynamic pools: the watch caches of each tenant's pods, nodes and
 //! DaemonSets ([`super::tenant_cache`]), which wake the tenant's dynamic pools when they
 //! change and are what a reconcile reads.
+//!
+//! The node watch starts only once a pool of the tenant has something to plan with nodes:
+//! a pod the scheduler marked unschedulable, or a claim of one of the tenant's pools (to
+//! consolidate). Before that the plan is the same without the nodes (no pod to place, no
+//! node to remove), and an idle tenant costs two watches, not three, and none of its
+//! Nodes' memory.
 
 use std::sync::Arc;
 
+use autonodes_core::pool::pack::is_unschedulable;
 use autonodes_core::pool::plan::Verdict;
 use autonodes_core::pool::tenant_view;
 use k8s_openapi::api::apps::v1::DaemonSet;
@@ -24,11 +31,15 @@ pub(super) async fn objects(
     remote: &Arc<Remote>,
 ) -> Result<(Vec<Pod>, Vec<Node>, Vec<DaemonSet>), Verdict> {
     let caches = ensure_watch(pctx, remote).await;
-    let (pods, nodes, daemonsets) = futures::join!(
-        caches.pods.snapshot(),
-        caches.nodes.snapshot(),
-        caches.daemonsets.snapshot()
-    );
+    let (pods, daemonsets) = futures::join!(caches.pods.snapshot(), caches.daemonsets.snapshot());
+    let needs_nodes = has_pool_claims(pctx, &remote.key)
+        || pods
+            .as_ref()
+            .is_ok_and(|pods| pods.iter().any(is_unschedulable));
+    let nodes = match ensure_node_watch(pctx, remote, needs_nodes).await {
+        Some(nodes) => nodes.snapshot().await,
+        None => Ok(Vec::new()),
+    };
     match (pods, nodes, daemonsets) {
         (Ok(p), Ok(n), Ok(d)) => Ok((p, n, d)),
         (p, n, d) => {
@@ -46,6 +57,72 @@ pub(super) async fn objects(
                 .first()
                 .map_or(PoolReason::TenantUnreachable, |v| v.reason);
             Err(Verdict::problem(reason, message))
+        }
+    }
+}
+
+/// Whether a live claim of a pool of tenant `key` exists (its namespace's claims labelled
+/// with a pool, of that vCluster).
+fn has_pool_claims(pctx: &PoolContext, key: &ClusterKey) -> bool {
+    let ClusterKey::Tenant {
+        namespace,
+        vcluster,
+    } = key
+    else {
+        return false;
+    };
+    pctx.ctx.claims().state().iter().any(|c| {
+        c.namespace().as_deref() == Some(namespace.as_str())
+            && c.spec.v_cluster_ref.name == *vcluster
+            && c.labels().contains_key(autonodes_api::LABEL_NODEPOOL)
+    })
+}
+
+/// The node cache of the tenant's watches: started now when `needed` and not yet, kept
+/// once started (until the tenant's watches stop); `None` while not started.
+async fn ensure_node_watch(
+    pctx: &PoolContext,
+    remote: &Arc<Remote>,
+    needed: bool,
+) -> Option<Arc<tenant_cache::Cache<Node>>> {
+    let mut watches = pctx.watches.lock().await;
+    let watch = watches.get_mut(&remote.key)?;
+    if !watch.nodes_started {
+        if !needed {
+            return None;
+        }
+        watch.tasks.push(tenant_cache::spawn(
+            remote.key.to_string(),
+            watch.caches.nodes.clone(),
+            Api::all(remote.client.clone()),
+            tenant_view::node,
+            wake_pools(pctx, &remote.key),
+        ));
+        watch.nodes_started = true;
+        tracing::info!(cluster = %remote.key, "watching tenant nodes for node pools");
+    }
+    Some(watch.caches.nodes.clone())
+}
+
+/// Wakes the dynamic pools of tenant `key`.
+fn wake_pools(pctx: &PoolContext, key: &ClusterKey) -> impl Fn() + Send + Clone + 'static {
+    let pools = pctx.pools.clone();
+    let wake = pctx.wake.clone();
+    let (namespace, vcluster) = match key {
+        ClusterKey::Tenant {
+            namespace,
+            vcluster,
+        } => (namespace.clone(), vcluster.clone()),
+        ClusterKey::Host(_) => (String::new(), String::new()),
+    };
+    move || {
+        for p in pools.state() {
+            if p.namespace().as_deref() == Some(namespace.as_str())
+                && p.spec.v_cluster_ref.name == vcluster
+                && p.spec.replicas.is_none()
+            {
+                let _ = wake.unbounded_send(ObjectRef::from_obj(&*p));
+            }
         }
     }
 }
@@ -86,27 +163,10 @@ pub(super) async fn ensure_watch(pctx: &PoolContext, remote: &Arc<Remote>) -> Ar
         return w.caches.clone();
     }
     let caches = Arc::new(TenantCaches::new());
-    let ClusterKey::Tenant {
-        namespace,
-        vcluster,
-    } = remote.key.clone()
-    else {
+    if !matches!(remote.key, ClusterKey::Tenant { .. }) {
         return caches;
-    };
-    let wake_pools = {
-        let pools = pctx.pools.clone();
-        let wake = pctx.wake.clone();
-        move || {
-            for p in pools.state() {
-                if p.namespace().as_deref() == Some(namespace.as_str())
-                    && p.spec.v_cluster_ref.name == vcluster
-                    && p.spec.replicas.is_none()
-                {
-                    let _ = wake.unbounded_send(ObjectRef::from_obj(&*p));
-                }
-            }
-        }
-    };
+    }
+    let wake_pools = wake_pools(pctx, &remote.key);
     let cluster = remote.key.to_string();
     let tasks = vec![
         tenant_cache::spawn(
@@ -117,13 +177,6 @@ pub(super) async fn ensure_watch(pctx: &PoolContext, remote: &Arc<Remote>) -> Ar
             wake_pools.clone(),
         ),
         tenant_cache::spawn(
-            cluster.clone(),
-            caches.nodes.clone(),
-            Api::all(remote.client.clone()),
-            tenant_view::node,
-            wake_pools.clone(),
-        ),
-        tenant_cache::spawn(
             cluster,
             caches.daemonsets.clone(),
             Api::all(remote.client.clone()),
@@ -131,13 +184,14 @@ pub(super) async fn ensure_watch(pctx: &PoolContext, remote: &Arc<Remote>) -> Ar
             wake_pools,
         ),
     ];
-    tracing::info!(cluster = %remote.key, "watching tenant pods, nodes and DaemonSets for node pools");
+    tracing::info!(cluster = %remote.key, "watching tenant pods and DaemonSets for node pools");
     watches.insert(
         remote.key.clone(),
         TenantWatch {
             remote: remote.clone(),
             caches: caches.clone(),
             tasks,
+            nodes_started: false,
         },
     );
     caches

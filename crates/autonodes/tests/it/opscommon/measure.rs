@@ -34,6 +34,60 @@ pub fn samples(text: &str, name: &str) -> Vec<(BTreeMap<String, String>, f64)> {
         .collect()
 }
 
+/// The sum of an API server's metric samples (a gauge's) whose labels satisfy `keep`.
+pub async fn server_gauge(
+    client: &kube::Client,
+    name: &str,
+    keep: impl Fn(&BTreeMap<String, String>) -> bool,
+) -> f64 {
+    let req = http::Request::get("/metrics")
+        .body(Vec::new())
+        .expect("request");
+    let text = client.request_text(req).await.unwrap_or_default();
+    samples(&text, name)
+        .into_iter()
+        .filter(|(labels, _)| keep(labels))
+        .map(|(_, v)| v)
+        .sum()
+}
+
+/// Established TCP connections of process `pid` to `port` (its socket file descriptors
+/// matched with the kernel's TCP tables).
+pub fn connections_to(pid: u32, port: u16) -> usize {
+    let inodes: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .filter_map(|l| {
+            let l = l.to_string_lossy().into_owned();
+            l.strip_prefix("socket:[")
+                .and_then(|s| s.strip_suffix(']'))
+                .map(str::to_string)
+        })
+        .collect();
+    let mut n = 0;
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let text = std::fs::read_to_string(table).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            let (Some(remote), Some(state), Some(inode)) = (cols.get(2), cols.get(3), cols.get(9))
+            else {
+                continue;
+            };
+            let remote_port = remote
+                .rsplit(':')
+                .next()
+                .and_then(|p| u16::from_str_radix(p, 16).ok());
+            // State 01: ESTABLISHED.
+            if *state == "01" && remote_port == Some(port) && inodes.contains(*inode) {
+                n += 1;
+            }
+        }
+    }
+    n
+}
+
 /// Request counts keyed by (cluster, VERB, resource[/subresource], code).
 pub type Requests = BTreeMap<(String, String, String, String), f64>;
 

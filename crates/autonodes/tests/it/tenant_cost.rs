@@ -1,0 +1,152 @@
+//! What one tenant cluster costs the controller on real API servers (the controller as its
+//! own process, so its connections can be counted): all of a tenant's watches and requests
+//! share one HTTP/2 connection, and a tenant with a dynamic pool that has nothing to plan
+//! watches only its pods and DaemonSets; the Node watches start with the first pod waiting
+//! for a node, the token watch with the first claim.
+
+use std::time::Duration;
+
+use crate::common;
+use crate::common::world::*;
+use crate::opscommon::measure::{connections_to, server_gauge, MeteredController};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+
+const WAIT: Duration = Duration::from_secs(120);
+
+/// The claims of pool `name`.
+fn managed_by_pool(name: &str) -> kube::api::ListParams {
+    kube::api::ListParams::default().labels(&format!("{}={name}", autonodes_api::LABEL_NODEPOOL))
+}
+
+/// Watches open on the tenant API server, by resource (`apiserver_longrunning_gauge`).
+async fn tenant_watches(world: &World, resource: &str) -> f64 {
+    server_gauge(&world.tenant, "apiserver_longrunning_gauge", |l| {
+        l.get("verb").map(String::as_str) == Some("WATCH")
+            && l.get("resource").map(String::as_str) == Some(resource)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_s_watches_share_one_connection_and_an_idle_pool_watches_no_nodes_until_a_pod_waits(
+) {
+    let mut world = World::start_clusters(&WorldOptions {
+        provider: provider_yaml(
+            "cost",
+            "test-kubevirt-1",
+            "1",
+            "1Gi",
+            "      - name: small\n",
+        ),
+        ..WorldOptions::default()
+    })
+    .await;
+    world
+        .start_simulator(autonodes_testenv::simulator::SimMode::Normal)
+        .await;
+    let tenant_port = world.playground.tenant().expect("tenant").port;
+    // What watches the tenant before the controller runs (the simulator's kubelets' view
+    // of Nodes and tokens, which it opens as it starts), once it holds still.
+    let (nodes_before, tokens_before, pods_before) =
+        common::eventually("the simulator's watches settled", WAIT, || async {
+            let read = || async {
+                (
+                    tenant_watches(&world, "nodes").await,
+                    tenant_watches(&world, "secrets").await,
+                    tenant_watches(&world, "pods").await,
+                )
+            };
+            let first = read().await;
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let second = read().await;
+            (first == second && second.0 >= 1.0 && second.1 >= 1.0).then_some(second)
+        })
+        .await;
+    let controller = MeteredController::start(&world, 1).await;
+    world
+        .create_pool(
+            "dynamic",
+            serde_json::json!({"providerRef": "cost", "disruption": {"consolidateAfter": "Never"}}),
+        )
+        .await;
+    world
+        .wait_pool("dynamic", "Ready", |p| {
+            pool_condition(p, "Ready").is_some_and(|(s, _, _)| s == "True")
+        })
+        .await;
+    // Idle: the pool's watches of pods and DaemonSets, on one connection; nothing watches
+    // the tenant's Nodes or tokens (no claim yet, nothing to plan).
+    let pods = common::eventually("the tenant's pods watched", WAIT, || async {
+        let pods = tenant_watches(&world, "pods").await - pods_before;
+        (pods >= 1.0).then_some(pods)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let nodes = tenant_watches(&world, "nodes").await - nodes_before;
+    let tokens = tenant_watches(&world, "secrets").await - tokens_before;
+    assert_eq!(
+        (nodes, pods, tokens),
+        (0.0, 1.0, 0.0),
+        "watches of Nodes, pods and Secrets while idle"
+    );
+    assert_eq!(
+        connections_to(controller.pid(), tenant_port),
+        1,
+        "one connection to the tenant"
+    );
+
+    // A pod the scheduler gave up on: the pool plans a node, now with the tenant's Nodes.
+    let pods_api: Api<Pod> = Api::namespaced(world.tenant.clone(), "default");
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "waits"},
+        "spec": {"containers": [{"name": "c", "image": "busybox",
+                  "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}]},
+    }))
+    .expect("a pod");
+    pods_api
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("pod created");
+    pods_api
+        .patch_status(
+            "waits",
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"status": {"phase": "Pending", "conditions": [{
+                    "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                    "message": "0/0 nodes are available",
+                }]}}),
+            ),
+        )
+        .await
+        .expect("marked unschedulable");
+    common::eventually("a claim of the pool", WAIT, || async {
+        let listed = world
+            .claims()
+            .list(&managed_by_pool("dynamic"))
+            .await
+            .ok()?;
+        (!listed.items.is_empty()).then_some(())
+    })
+    .await;
+    let (nodes, tokens) =
+        common::eventually("the tenant's Nodes and tokens watched", WAIT, || async {
+            let nodes = tenant_watches(&world, "nodes").await - nodes_before;
+            let tokens = tenant_watches(&world, "secrets").await - tokens_before;
+            (nodes >= 2.0 && tokens >= 1.0).then_some((nodes, tokens))
+        })
+        .await;
+    assert_eq!(
+        (nodes, tokens),
+        (2.0, 1.0),
+        "the pool's and the claim's watches of Nodes, the claim's of tokens"
+    );
+    assert_eq!(
+        connections_to(controller.pid(), tenant_port),
+        1,
+        "still one connection to the tenant"
+    );
+    drop(controller);
+    world.shutdown().await;
+}

@@ -36,7 +36,9 @@ use common::world::{pool_condition, provider_yaml, World, WorldOptions};
 use futures::StreamExt;
 use kube::api::{Api, ListParams, PostParams};
 use kube::ResourceExt;
-use opscommon::measure::{connections_to, mb, server_gauge, MeteredController as Controller};
+use opscommon::measure::{
+    bench_runtime, bench_sizes, connections_to, mb, server_gauge, MeteredController as Controller,
+};
 
 /// jemalloc, as in the `autonodes` binary: this process runs the simulator.
 #[cfg(not(target_env = "msvc"))]
@@ -59,35 +61,17 @@ fn provider() -> String {
     )
 }
 
-fn sizes(var: &str, default: &[usize]) -> Vec<usize> {
-    std::env::var(var)
-        .ok()
-        .map(|v| {
-            v.split(',')
-                .filter_map(|s| s.trim().parse().ok())
-                .collect::<Vec<usize>>()
-        })
-        .filter(|v| !v.is_empty())
-        .unwrap_or_else(|| default.to_vec())
-}
-
 /// Tenant `i`'s namespace.
 fn tenant_ns(i: usize) -> String {
     format!("t-{i:05}")
 }
 
 fn main() {
-    if !std::env::args().any(|a| a == "--bench") {
-        println!("many_tenants bench skipped (run it with `cargo bench --bench many_tenants`)");
+    let Some(rt) = bench_runtime("many_tenants") else {
         return;
-    }
-    let tenants = sizes("AUTONODES_BENCH_TENANTS", &[100]);
-    let per_tenant = sizes("AUTONODES_BENCH_CLAIMS_PER_TENANT", &[2])[0];
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    };
+    let tenants = bench_sizes("AUTONODES_BENCH_TENANTS", &[100]);
+    let per_tenant = bench_sizes("AUTONODES_BENCH_CLAIMS_PER_TENANT", &[2])[0];
     rt.block_on(async {
         println!(
             "many tenant clusters on one replica (one etcd; management and host, and one tenant kube-apiserver behind an identity per tenant), 2 cores, {per_tenant} claims per tenant"

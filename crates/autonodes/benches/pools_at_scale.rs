@@ -19,32 +19,19 @@ mod opscommon;
 
 use std::time::Duration;
 
-use opscommon::at_scale;
+use opscommon::{at_scale, measure};
 
 /// jemalloc, as in the `autonodes` binary: this process runs the simulator.
 #[cfg(not(target_env = "msvc"))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-fn size(var: &str, default: usize) -> usize {
-    std::env::var(var)
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(default)
-}
-
 fn main() {
-    if !std::env::args().any(|a| a == "--bench") {
-        println!("pools_at_scale bench skipped (run it with `cargo bench --bench pools_at_scale`)");
+    let Some(rt) = measure::bench_runtime("pools_at_scale") else {
         return;
-    }
-    let pods = size("AUTONODES_BENCH_PODS", 2000);
-    let pools = size("AUTONODES_BENCH_POOLS", 10).max(1);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    };
+    let pods = measure::bench_sizes("AUTONODES_BENCH_PODS", &[2000])[0];
+    let pools = measure::bench_sizes("AUTONODES_BENCH_POOLS", &[10])[0].max(1);
     rt.block_on(async {
         println!("dynamic pools at scale on real API servers (one etcd; management, host and tenant kube-apiservers), 2 cores");
         // The kube-scheduler marks pods unschedulable at about 50 a second: a burst of

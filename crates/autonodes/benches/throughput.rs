@@ -1135,23 +1135,13 @@ async fn product_run(
 }
 
 fn sizes() -> Vec<usize> {
-    std::env::var("AUTONODES_BENCH_CLAIMS")
-        .unwrap_or_else(|_| "200,1000".into())
-        .split(',')
-        .filter_map(|s| s.trim().parse().ok())
-        .collect()
+    opscommon::measure::bench_sizes("AUTONODES_BENCH_CLAIMS", &[200, 1000])
 }
 
 fn main() {
-    if !std::env::args().any(|a| a == "--bench") {
-        println!("throughput bench skipped (run it with `cargo bench --bench throughput`)");
+    let Some(rt) = opscommon::measure::bench_runtime("throughput") else {
         return;
-    }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    };
     rt.block_on(async {
         let mut world = World::start_clusters(&WorldOptions {
             provider: provider(),

@@ -61,19 +61,26 @@ pub(super) async fn objects(
     }
 }
 
+/// The namespace and vCluster of tenant `key` (`None` for a host).
+fn tenant_of(key: &ClusterKey) -> Option<(&str, &str)> {
+    match key {
+        ClusterKey::Tenant {
+            namespace,
+            vcluster,
+        } => Some((namespace, vcluster)),
+        ClusterKey::Host(_) => None,
+    }
+}
+
 /// Whether a live claim of a pool of tenant `key` exists (its namespace's claims labelled
 /// with a pool, of that vCluster).
 fn has_pool_claims(pctx: &PoolContext, key: &ClusterKey) -> bool {
-    let ClusterKey::Tenant {
-        namespace,
-        vcluster,
-    } = key
-    else {
+    let Some((namespace, vcluster)) = tenant_of(key) else {
         return false;
     };
     pctx.ctx.claims().state().iter().any(|c| {
-        c.namespace().as_deref() == Some(namespace.as_str())
-            && c.spec.v_cluster_ref.name == *vcluster
+        c.namespace().as_deref() == Some(namespace)
+            && c.spec.v_cluster_ref.name == vcluster
             && c.labels().contains_key(autonodes_api::LABEL_NODEPOOL)
     })
 }
@@ -108,13 +115,9 @@ async fn ensure_node_watch(
 fn wake_pools(pctx: &PoolContext, key: &ClusterKey) -> impl Fn() + Send + Clone + 'static {
     let pools = pctx.pools.clone();
     let wake = pctx.wake.clone();
-    let (namespace, vcluster) = match key {
-        ClusterKey::Tenant {
-            namespace,
-            vcluster,
-        } => (namespace.clone(), vcluster.clone()),
-        ClusterKey::Host(_) => (String::new(), String::new()),
-    };
+    let (namespace, vcluster) = tenant_of(key)
+        .map(|(n, v)| (n.to_string(), v.to_string()))
+        .unwrap_or_default();
     move || {
         for p in pools.state() {
             if p.namespace().as_deref() == Some(namespace.as_str())
@@ -129,16 +132,12 @@ fn wake_pools(pctx: &PoolContext, key: &ClusterKey) -> impl Fn() + Send + Clone 
 
 /// Whether a dynamic pool that is not being deleted reads the tenant `key`.
 fn watched_by_a_pool(pctx: &PoolContext, key: &ClusterKey) -> bool {
-    let ClusterKey::Tenant {
-        namespace,
-        vcluster,
-    } = key
-    else {
+    let Some((namespace, vcluster)) = tenant_of(key) else {
         return false;
     };
     pctx.pools.state().iter().any(|p| {
-        p.namespace().as_deref() == Some(namespace.as_str())
-            && p.spec.v_cluster_ref.name == *vcluster
+        p.namespace().as_deref() == Some(namespace)
+            && p.spec.v_cluster_ref.name == vcluster
             && p.spec.replicas.is_none()
             && p.metadata.deletion_timestamp.is_none()
     })

@@ -11,6 +11,36 @@ use autonodes_testenv::testenv::ManagedProcess;
 use super::http_get;
 use crate::common::world::World;
 
+/// The runtime a benchmark runs on (two workers, as the machine has two cores), or `None`
+/// when the binary was not started by `cargo bench` (then it says it was skipped).
+pub fn bench_runtime(name: &str) -> Option<tokio::runtime::Runtime> {
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("{name} bench skipped (run it with `cargo bench --bench {name}`)");
+        return None;
+    }
+    Some(
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime"),
+    )
+}
+
+/// The sizes a benchmark runs at: environment variable `var` as comma-separated numbers,
+/// else `default`.
+pub fn bench_sizes(var: &str, default: &[usize]) -> Vec<usize> {
+    std::env::var(var)
+        .ok()
+        .map(|v| {
+            v.split(',')
+                .filter_map(|s| s.trim().parse().ok())
+                .collect::<Vec<usize>>()
+        })
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| default.to_vec())
+}
+
 /// Bytes in MiB.
 pub fn mb(bytes: u64) -> f64 {
     bytes as f64 / 1024.0 / 1024.0

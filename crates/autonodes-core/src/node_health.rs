@@ -13,6 +13,14 @@ const MAX_REASON: usize = 128;
 /// Longest condition type kept (a qualified name); longer ones are skipped.
 const MAX_TYPE: usize = 316;
 
+/// Whether the Node reports `Ready=True`.
+pub fn node_ready(node: &k8s_openapi::api::core::v1::Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
 /// The claim's `nodeConditions` after seeing the Node's `conditions` at `now`: `Ready` first,
 /// then the others by type, at most [`MAX_NODE_CONDITIONS`]; a condition whose status is
 /// unchanged keeps the time of `previous`, one new or changed gets `now`.

@@ -74,6 +74,14 @@ pub struct JoinScript {
     pub ca_file: Option<String>,
 }
 
+/// The MAC address the VM gives its first interface (what its network data matches), if
+/// it names one.
+pub(crate) fn first_mac(vm: &kube::api::DynamicObject) -> Option<&str> {
+    vm.data
+        .pointer("/spec/template/spec/domain/devices/interfaces/0/macAddress")
+        .and_then(Value::as_str)
+}
+
 /// Parses `#cloud-config` user data and returns the join it performs.
 pub fn parse_user_data(text: &str) -> Result<JoinPlan, UserDataError> {
     if !text.starts_with("#cloud-config") {

@@ -110,7 +110,7 @@ impl RealGuests {
             .work_dir
             .join(format!("{ns}-{name}-{}", &uid[..uid.len().min(8)]));
         let options = BootOptions {
-            mac_address: super::reconcile::first_mac(vm).map(str::to_string),
+            mac_address: super::guest::first_mac(vm).map(str::to_string),
             ..self.options.clone()
         };
         let guest = Guest::boot_with(&image, user_data, &meta_data, network_data, &dir, &options)

@@ -544,13 +544,6 @@ pub(crate) async fn network_data(
     Ok(Some(text))
 }
 
-/// The MAC address the VM gives its first interface, if it names one.
-pub(crate) fn first_mac(vm: &DynamicObject) -> Option<&str> {
-    vm.data
-        .pointer("/spec/template/spec/domain/devices/interfaces/0/macAddress")
-        .and_then(Value::as_str)
-}
-
 /// The address the VM's cloud-init network data gives its first interface, as a guest's
 /// cloud-init would set it: the first address of the first Ethernet of its
 /// [`network_data`], when that Ethernet matches the MAC address the VM gives its first
@@ -574,7 +567,7 @@ async fn static_address(
         return Ok(None);
     };
     let wanted = nic.pointer("/match/macaddress").and_then(Value::as_str);
-    let has = first_mac(vm);
+    let has = super::guest::first_mac(vm);
     if let Some(wanted) = wanted {
         if !has.is_some_and(|m| m.eq_ignore_ascii_case(wanted)) {
             return Ok(None);

@@ -16,6 +16,7 @@ use crate::controller::error::Error;
 use crate::remote::api::{HostApi, TenantApi};
 use autonodes_api::reasons::ClaimReason;
 use autonodes_api::NodeClaim;
+use autonodes_core::node_health::node_ready;
 
 /// The initialize stage (the last: it always stops the walk).
 pub(super) async fn initialize<H: HostApi, T: TenantApi>(
@@ -100,14 +101,6 @@ pub(super) async fn initialize<H: HostApi, T: TenantApi>(
         waited,
         Duration::from_secs(30),
     ))))
-}
-
-/// Whether the Node reports `Ready=True`.
-pub(super) fn node_ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 pub(super) fn node_taints(node: &Node) -> Vec<Taint> {

@@ -26,7 +26,6 @@ use kube::runtime::controller::Action;
 use kube::ResourceExt;
 
 use super::context::ClaimContext;
-use super::initialize::node_ready;
 use super::join::{claim_join, render_reason};
 use super::launch::render_for;
 use super::provisioning::{uid, Provisioning, Step};
@@ -38,6 +37,7 @@ use crate::controller::error::Error;
 use crate::remote::api::{HostApi, TenantApi};
 use autonodes_api::reasons::ClaimReason;
 use autonodes_api::PowerState;
+use autonodes_core::node_health::node_ready;
 
 /// How soon a claim being powered off is looked at again.
 const STOPPING_RECHECK: Duration = Duration::from_secs(3);

@@ -26,6 +26,7 @@ mod common;
 mod opscommon;
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use autonodes_api::{NodeClaim, NodeClaimPhase, NodePool};
@@ -33,8 +34,9 @@ use autonodes_testenv::playground::put_kubeconfig_secret;
 use autonodes_testenv::simulator::SimMode;
 use autonodes_testenv::testenv::{client_cert_kubeconfig, process_memory};
 use common::world::{pool_condition, provider_yaml, World, WorldOptions};
-use futures::StreamExt;
-use kube::api::{Api, ListParams, PostParams};
+use futures::{StreamExt, TryStreamExt};
+use kube::api::{Api, PostParams};
+use kube::runtime::watcher;
 use kube::ResourceExt;
 use opscommon::measure::{
     bench_runtime, bench_sizes, connections_to, mb, server_gauge, MeteredController as Controller,
@@ -95,6 +97,63 @@ async fn tenant_watches(world: &World) -> f64 {
 
 fn rss(pid: u32) -> u64 {
     process_memory(pid).map_or(0, |(rss, _)| rss)
+}
+
+/// When each object of a watch first satisfied a predicate, by namespace and name (the
+/// bench's own reads of the management cluster: one watch, not a list of every tenant's
+/// objects per poll).
+struct FirstSeen {
+    seen: Arc<Mutex<BTreeMap<(String, String), Instant>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FirstSeen {
+    /// How many objects satisfied it so far.
+    fn count(&self) -> usize {
+        self.seen.lock().map_or(0, |s| s.len())
+    }
+
+    /// When each did.
+    fn times(&self) -> BTreeMap<(String, String), Instant> {
+        self.seen.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+}
+
+impl Drop for FirstSeen {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Watches `api`, recording when each object first satisfies `pred`.
+fn first_seen<K>(api: Api<K>, pred: fn(&K) -> bool) -> FirstSeen
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + 'static,
+{
+    let seen = Arc::new(Mutex::new(BTreeMap::new()));
+    let task = tokio::spawn({
+        let seen = seen.clone();
+        async move {
+            let mut stream = watcher(api, watcher::Config::default()).boxed();
+            while let Ok(Some(event)) = stream.try_next().await {
+                let now = Instant::now();
+                if let watcher::Event::Apply(o) | watcher::Event::InitApply(o) = event {
+                    if pred(&o) {
+                        if let Ok(mut seen) = seen.lock() {
+                            seen.entry((o.namespace().unwrap_or_default(), o.name_any()))
+                                .or_insert(now);
+                        }
+                    }
+                }
+            }
+        }
+    });
+    FirstSeen { seen, task }
 }
 
 /// The `p`th percentile of `values` (sorted here), in seconds.
@@ -170,23 +229,14 @@ async fn run(n: usize, per_tenant: usize) -> Vec<String> {
         }
     })
     .await;
-    let pools: Api<NodePool> = Api::all(world.mgmt.clone());
+    let pools_ready = first_seen(Api::<NodePool>::all(world.mgmt.clone()), |p| {
+        pool_condition(p, "Ready").is_some_and(|(s, _, _)| s == "True")
+    });
     let made = started.elapsed();
     common::eventually(
         "every tenant's pool Ready",
         Duration::from_secs(600 + n as u64),
-        || {
-            let pools = pools.clone();
-            async move {
-                let listed = pools.list(&ListParams::default()).await.ok()?;
-                let ready = listed
-                    .items
-                    .iter()
-                    .filter(|p| pool_condition(p, "Ready").is_some_and(|(s, _, _)| s == "True"))
-                    .count();
-                (ready == n).then_some(())
-            }
-        },
+        || async { (pools_ready.count() == n).then_some(()) },
     )
     .await;
     let idle_after = started.elapsed();
@@ -212,7 +262,6 @@ async fn run(n: usize, per_tenant: usize) -> Vec<String> {
     ));
 
     // Claims, tenant by tenant.
-    let claims: Api<NodeClaim> = Api::all(world.mgmt.clone());
     let created_at = std::sync::Arc::new(std::sync::Mutex::new(BTreeMap::new()));
     let work: Vec<(usize, usize)> = (0..n)
         .flat_map(|i| (0..per_tenant).map(move |j| (i, j)))
@@ -229,6 +278,9 @@ async fn run(n: usize, per_tenant: usize) -> Vec<String> {
             }
         })
     };
+    let claims_available = first_seen(Api::<NodeClaim>::all(world.mgmt.clone()), |c| {
+        c.status.as_ref().and_then(|s| s.phase) == Some(NodeClaimPhase::Available)
+    });
     let started = Instant::now();
     {
         let created_at = created_at.clone();
@@ -255,43 +307,26 @@ async fn run(n: usize, per_tenant: usize) -> Vec<String> {
         })
         .await;
     }
-    let mut ready_after: BTreeMap<(usize, usize), f64> = BTreeMap::new();
     let deadline = Duration::from_secs(900 + 2 * total as u64);
-    while ready_after.len() < total {
-        let listed = claims.list(&ListParams::default()).await.expect("claims");
-        let now = Instant::now();
-        for c in listed.items {
-            let available =
-                c.status.as_ref().and_then(|s| s.phase) == Some(NodeClaimPhase::Available);
-            let Some(i) = c
-                .namespace()
-                .and_then(|ns| ns.strip_prefix("t-").and_then(|i| i.parse::<usize>().ok()))
-            else {
-                continue;
-            };
-            let Some(j) = c
-                .name_any()
-                .strip_prefix("c-")
-                .and_then(|j| j.parse::<usize>().ok())
-            else {
-                continue;
-            };
-            if available && !ready_after.contains_key(&(i, j)) {
-                let since = created_at
-                    .lock()
-                    .ok()
-                    .and_then(|m| m.get(&(i, j)).copied())
-                    .unwrap_or(now);
-                ready_after.insert((i, j), now.duration_since(since).as_secs_f64());
-            }
-        }
+    while claims_available.count() < total {
         assert!(
             started.elapsed() < deadline,
             "{} of {total} claims Available after {deadline:?}",
-            ready_after.len()
+            claims_available.count()
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    let created_at = created_at.lock().map(|m| m.clone()).unwrap_or_default();
+    let ready_after: BTreeMap<(usize, usize), f64> = claims_available
+        .times()
+        .into_iter()
+        .filter_map(|((ns, name), at)| {
+            let i = ns.strip_prefix("t-")?.parse::<usize>().ok()?;
+            let j = name.strip_prefix("c-")?.parse::<usize>().ok()?;
+            let since = created_at.get(&(i, j))?;
+            Some(((i, j), at.saturating_duration_since(*since).as_secs_f64()))
+        })
+        .collect();
     let all_in = started.elapsed().as_secs_f64();
     sampler.abort();
     let tenth = (n / 10).max(1);

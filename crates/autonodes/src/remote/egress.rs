@@ -347,6 +347,8 @@ pub(crate) fn guarded_client(
             .timer(hyper_util::rt::TokioTimer::new())
             .http2_keep_alive_interval(Some(HTTP2_PING_INTERVAL))
             .http2_keep_alive_timeout(HTTP2_PING_TIMEOUT)
+            .http2_initial_stream_window_size(HTTP2_STREAM_WINDOW)
+            .http2_initial_connection_window_size(HTTP2_CONNECTION_WINDOW)
             .build(http2_connector(config, connector)?),
         _ => hyper_util::client::legacy::Client::builder(TokioExecutor::new())
             .build(config.rustls_https_connector_with_connector(connector)?),
@@ -378,6 +380,12 @@ const HTTP2_PING_INTERVAL: Duration = Duration::from_secs(30);
 /// How long a ping may go unanswered before the connection counts as dead (its watches
 /// then list again on a new one).
 const HTTP2_PING_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// How much a tenant may send on one HTTP/2 stream before autonodes reads it, and on its
+/// connection: what HTTP/2 buffers in this process ahead of the memory budget (hyper's
+/// defaults, 2 and 5 MiB, let forty flooding tenants park 200 MiB here).
+const HTTP2_STREAM_WINDOW: u32 = 64 * 1024;
+const HTTP2_CONNECTION_WINDOW: u32 = 256 * 1024;
 
 /// kube's TLS settings of `config` (its CA, client certificate and `tls-server-name`) over
 /// `connector`, offering HTTP/2 and HTTP/1.1 (ALPN): a server that speaks HTTP/2, as every

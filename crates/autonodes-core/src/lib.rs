@@ -29,6 +29,8 @@
 //! - [`pod_requests`]: what a pod asks of its node, as the kube-scheduler counts it;
 //! - [`vcluster`]: a vCluster's `vcluster.yaml` (`privateNodes.autoNodes`) as NodePools;
 //! - [`yaml`]: YAML in and out, bounded for untrusted text;
+//! - [`shards`]: which replica serves which tenant namespace (member Leases, rendezvous
+//!   hashing, the wait before a namespace changes hands);
 //! - [`zones`]: the zone a claim's node goes to.
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
@@ -62,6 +64,7 @@ pub mod render;
 pub mod requirements;
 pub mod resources;
 pub mod scheduling;
+pub mod shards;
 pub mod template;
 pub mod throttle;
 pub mod userdata;

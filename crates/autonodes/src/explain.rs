@@ -114,6 +114,16 @@ pub(crate) struct ExplainArgs {
     /// `10.0.0.0/8`); the management API server stays refused.
     #[arg(long = "tenant-allow-cidrs", default_value = "", global = true)]
     pub tenant_allow_cidrs: String,
+    /// The controller's namespace (its `--namespace`), where replicas that share the tenant
+    /// namespaces (`--shard-tenants`) keep their member Leases: a claim's or pool's
+    /// explanation names the replica that acts for its namespace.
+    #[arg(
+        long = "controller-namespace",
+        env = "AUTONODES_NAMESPACE",
+        default_value = "autonodes-system",
+        global = true
+    )]
+    pub controller_namespace: String,
 }
 
 /// The longest the reads of a tenant for one explanation may take.
@@ -205,13 +215,58 @@ pub(crate) async fn run(args: ExplainArgs) -> anyhow::Result<()> {
             anyhow::anyhow!("{why} (explain connects to no tenant without the management API server's addresses)")
         })?;
     let guard = TenantGuard::new(&args.tenant_allow_cidrs, &protected)?;
-    let e = explain(&client, &args, &guard).await?;
+    let mut e = explain(&client, &args, &guard).await?;
+    if let Target::Nodeclaim { name } | Target::Nodepool { name } = &args.target {
+        if let Ok((ns, _)) = resolve(name, args.namespace.as_deref()) {
+            if let Some(line) = served_by(&client, &args.controller_namespace, ns).await {
+                e.summary.push(line);
+            }
+        }
+    }
     match args.output {
         Format::Text => print!("{}", e.text()),
         Format::Json => println!("{}", serde_json::to_string_pretty(&e)?),
         Format::Yaml => print!("{}", autonodes_core::yaml::to_string(&e)?),
     }
     Ok(())
+}
+
+/// Which member acts for `namespace` when replicas share the tenant namespaces: the live
+/// member Leases in `controller_namespace` (renewed within their duration by the wall
+/// clock, not released), and the owner rendezvous hashing gives among them. `None` when
+/// there is no member Lease (one replica serves every namespace) or they cannot be read.
+async fn served_by(client: &Client, controller_namespace: &str, namespace: &str) -> Option<String> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let leases = Api::<Lease>::namespaced(client.clone(), controller_namespace)
+        .list(&ListParams::default().labels(crate::membership::LABEL_MEMBER))
+        .await
+        .ok()?;
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let glance: Vec<(String, bool)> = leases
+        .items
+        .iter()
+        .filter_map(|l| {
+            let member = l
+                .metadata
+                .name
+                .as_deref()?
+                .strip_prefix(crate::membership::MEMBER_LEASE_PREFIX)?
+                .to_string();
+            let spec = l.spec.as_ref()?;
+            let held = spec
+                .holder_identity
+                .as_deref()
+                .is_some_and(|h| !h.is_empty());
+            let renewed = spec.renew_time.as_ref()?.0;
+            let duration = i64::from(spec.lease_duration_seconds.unwrap_or(0));
+            let fresh = now.duration_since(renewed).as_secs() <= duration;
+            Some((member, held && fresh))
+        })
+        .collect();
+    if glance.is_empty() {
+        return None;
+    }
+    Some(autonodes_core::shards::served_by_line(namespace, &glance))
 }
 
 /// The explanation of `args.target`, read through `client` (the tenant where `guard`

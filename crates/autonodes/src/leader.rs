@@ -45,6 +45,10 @@ pub struct LeaderConfig {
     pub renew_deadline: Duration,
     /// How often followers try to acquire and the holder renews.
     pub retry_period: Duration,
+    /// Every replica acts for a share of the tenant namespaces (each renews a member Lease
+    /// of its own); the leader runs what is cluster-wide and schedules
+    /// (`--shard-tenants`). Off: only the leader runs the controllers.
+    pub shard_tenants: bool,
 }
 
 impl LeaderConfig {
@@ -59,6 +63,7 @@ impl LeaderConfig {
             lease_duration,
             renew_deadline: lease_duration * 2 / 3,
             retry_period: (lease_duration * 2 / 15).max(Duration::from_millis(100)),
+            shard_tenants: false,
         }
     }
 

@@ -22,6 +22,7 @@ pub mod cli;
 pub mod controller;
 pub(crate) mod explain;
 pub mod leader;
+pub(crate) mod membership;
 pub mod metrics;
 pub mod metrics_auth;
 pub(crate) mod metrics_tls;

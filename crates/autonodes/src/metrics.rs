@@ -122,6 +122,16 @@ pub struct Metrics {
     /// `autonodes_leader`: 1 while this replica holds the leader Lease (and runs the
     /// controllers), else 0.
     pub leader: prometheus::IntGauge,
+    /// `autonodes_shard_members`: the live members (replicas) this replica sees, with
+    /// `--shard-tenants` (0 without).
+    pub shard_members: prometheus::IntGauge,
+    /// `autonodes_tenant_namespaces`: namespaces with NodeClaims or NodePools.
+    pub tenant_namespaces: prometheus::IntGauge,
+    /// `autonodes_tenant_namespaces_owned`: those of them this replica acts for.
+    pub tenant_namespaces_owned: prometheus::IntGauge,
+    /// `autonodes_tenant_namespace_owner{namespace,member}`: 1 for each namespace this
+    /// replica acts for (`member` is its member name, empty without `--shard-tenants`).
+    pub tenant_namespace_owner: IntGaugeVec,
     /// `autonodes_build_info{version,revision}`: always 1; the labels say which build runs.
     pub build_info: IntGaugeVec,
 }
@@ -283,6 +293,22 @@ impl Metrics {
                 "leader",
                 "1 while this replica holds the leader Lease and runs the controllers, else 0.",
             ))?,
+            shard_members: register(r, prometheus::IntGauge::new(
+                "shard_members",
+                "Live members (replicas sharing the tenant namespaces) this replica sees; 0 without --shard-tenants.",
+            ))?,
+            tenant_namespaces: register(r, prometheus::IntGauge::new(
+                "tenant_namespaces",
+                "Namespaces with NodeClaims or NodePools.",
+            ))?,
+            tenant_namespaces_owned: register(r, prometheus::IntGauge::new(
+                "tenant_namespaces_owned",
+                "Namespaces with NodeClaims or NodePools that this replica acts for.",
+            ))?,
+            tenant_namespace_owner: register(r, IntGaugeVec::new(
+                Opts::new("tenant_namespace_owner", "1 for each namespace this replica acts for; member is its member name (empty without --shard-tenants)."),
+                &["namespace", "member"],
+            ))?,
             nodepool_desired: register(r, IntGaugeVec::new(
                 Opts::new("nodepool_desired_replicas", "Claims a node pool should have: spec.replicas, or the live claims of a dynamic pool."),
                 &["namespace", "nodepool"],
@@ -362,7 +388,7 @@ impl Metrics {
         fn entry<C: Collector + Typed>(c: &C) -> (&dyn Collector, &'static str) {
             (c, C::TYPE)
         }
-        let collectors: [(&dyn Collector, &'static str); 28] = [
+        let collectors: [(&dyn Collector, &'static str); 32] = [
             entry(&self.nodeclaims),
             entry(&self.nodeclaims_created),
             entry(&self.nodeclaims_terminated),
@@ -390,6 +416,10 @@ impl Metrics {
             entry(self.cluster_requests.counter()),
             entry(&self.kube_requests),
             entry(&self.leader),
+            entry(&self.shard_members),
+            entry(&self.tenant_namespaces),
+            entry(&self.tenant_namespaces_owned),
+            entry(&self.tenant_namespace_owner),
             entry(&self.build_info),
         ];
         collectors

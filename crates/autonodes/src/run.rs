@@ -13,6 +13,7 @@ use kube::{Client, Config};
 
 use crate::controller;
 use crate::controller::config::ControllerConfig;
+use crate::controller::shards::Shards;
 use crate::leader::{LeaderConfig, LeaderElector};
 use crate::metrics::Metrics;
 use crate::remote::clients::LocalHost;
@@ -97,6 +98,13 @@ pub(crate) struct RunArgs {
     #[arg(long, env = "AUTONODES_LEADER_ELECT", default_value_t = false, num_args = 0..=1,
           default_missing_value = "true", action = clap::ArgAction::Set)]
     pub leader_elect: bool,
+    /// Share the tenant namespaces among the replicas (needs `--leader-elect`): each replica
+    /// renews a member Lease of its own and acts for the namespaces rendezvous hashing
+    /// gives it; the leader runs providers, node types, quotas and the host sweep, and
+    /// makes every scheduling decision.
+    #[arg(long, env = "AUTONODES_SHARD_TENANTS", default_value_t = false, num_args = 0..=1,
+          default_missing_value = "true", action = clap::ArgAction::Set, requires = "leader_elect")]
+    pub shard_tenants: bool,
     /// Name of the leader-election Lease.
     #[arg(
         long,
@@ -397,8 +405,9 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
         management_server,
         local_host,
     };
-    let leader = args.leader_elect.then(|| {
-        LeaderConfig::new(
+    let leader = args.leader_elect.then(|| LeaderConfig {
+        shard_tenants: args.shard_tenants,
+        ..LeaderConfig::new(
             &args.namespace,
             &args.leader_election_lease_name,
             args.leader_election_lease_duration,
@@ -516,8 +525,12 @@ pub async fn run_with_options(
     let result = match options.leader {
         None => {
             let shared = shared_stop(stopped());
-            let run = controller::run(client, config, metrics, shared, ready);
+            let single = Arc::new(Shards::single());
+            let run = controller::run(client, config, metrics, shared, ready, single);
             bounded_by_grace(run, stopped()).await
+        }
+        Some(leader) if leader.shard_tenants => {
+            shard_then_run(client, config, leader, metrics, ready, stopped).await
         }
         Some(leader) => lead_then_run(client, config, leader, metrics, ready, stopped).await,
     };
@@ -616,7 +629,15 @@ where
         }
     });
     let stopping = controllers_stop.clone();
-    let run = controller::run(client, config, metrics.clone(), controllers_stop, ready);
+    let single = Arc::new(Shards::single());
+    let run = controller::run(
+        client,
+        config,
+        metrics.clone(),
+        controllers_stop,
+        ready,
+        single,
+    );
     let result = bounded_by_grace(run, stopping).await;
     let _ = done_tx.send(true);
     metrics.leader.set(0);
@@ -625,6 +646,104 @@ where
     if let Err(e) = elector.release().await {
         tracing::warn!(error = %e, "releasing the leader Lease failed; it expires by itself");
     }
+    result
+}
+
+/// Runs the controllers as one member of several (`--shard-tenants`): renews this
+/// replica's member Lease and acts for the namespaces it owns from the start, and runs
+/// what is cluster-wide once it holds the leader Lease. Losing either Lease stops the
+/// controllers and returns an error (the process restarts as a new member); a graceful
+/// stop releases both.
+async fn shard_then_run<S, F>(
+    client: Client,
+    config: ControllerConfig,
+    leader: LeaderConfig,
+    metrics: Arc<Metrics>,
+    ready: Arc<AtomicBool>,
+    stopped: S,
+) -> anyhow::Result<()>
+where
+    S: Fn() -> F,
+    F: std::future::Future<Output = ()> + Send + Sync + 'static,
+{
+    let member = crate::membership::member_name(&leader.identity);
+    let shards = Arc::new(Shards::member(
+        &member,
+        leader.lease_duration,
+        leader.renew_deadline,
+    ));
+    tracing::info!(%member, identity = %leader.identity, "sharing the tenant namespaces with the other replicas");
+    metrics.leader.set(0);
+    let (lost_tx, mut lost_rx) = tokio::sync::watch::channel(false);
+    let (done_tx, done_rx) = tokio::sync::watch::channel(false);
+    let done = move || {
+        let mut rx = done_rx.clone();
+        async move {
+            let _ = rx.wait_for(|v| *v).await;
+        }
+    };
+    let membership = tokio::spawn({
+        let (client, leader, shards, metrics) = (
+            client.clone(),
+            leader.clone(),
+            shards.clone(),
+            metrics.clone(),
+        );
+        let (lost_tx, done) = (lost_tx.clone(), done());
+        async move {
+            let kept = crate::membership::keep(client, leader, shards, metrics, done).await;
+            if let Err(e) = &kept {
+                tracing::error!(error = %e, "stopping the controllers: this replica is no longer a member");
+                let _ = lost_tx.send(true);
+            }
+            kept
+        }
+    });
+    let election = tokio::spawn({
+        let (client, shards, metrics) = (client.clone(), shards.clone(), metrics.clone());
+        let done = done();
+        async move {
+            let mut elector = LeaderElector::new(client, leader);
+            let stop = futures::FutureExt::shared(Box::pin(done));
+            if !elector.acquire(stop.clone(), || {}).await {
+                return Ok(());
+            }
+            tracing::info!("leading: running providers, node types, quotas and the host sweep, and scheduling claims");
+            shards.set_leading(true);
+            metrics.leader.set(1);
+            let held = elector.hold(stop).await;
+            shards.set_leading(false);
+            metrics.leader.set(0);
+            if let Err(e) = &held {
+                tracing::error!(error = %e, "stopping the controllers: this replica is no longer the leader");
+                let _ = lost_tx.send(true);
+                return held;
+            }
+            if let Err(e) = elector.release().await {
+                tracing::warn!(error = %e, "releasing the leader Lease failed; it expires by itself");
+            }
+            Ok(())
+        }
+    });
+    let stop = stopped();
+    let controllers_stop = shared_stop(async move {
+        tokio::select! {
+            _ = stop => {},
+            _ = lost_rx.wait_for(|v| *v) => {},
+        }
+    });
+    let stopping = controllers_stop.clone();
+    let run = controller::run(client, config, metrics, controllers_stop, ready, shards);
+    let result = bounded_by_grace(run, stopping).await;
+    let _ = done_tx.send(true);
+    membership
+        .await
+        .context("the member Lease task panicked")?
+        .context("membership")?;
+    election
+        .await
+        .context("the leader Lease task panicked")?
+        .context("leader election")?;
     result
 }
 

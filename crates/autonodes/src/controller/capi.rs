@@ -154,6 +154,10 @@ impl Reconciler for CapiContext {
 
 async fn reconcile_pool(pool: &NodePool, cctx: &CapiContext) -> Result<Action, Error> {
     let ctx = &cctx.ctx;
+    if !ctx.shards.acts_for(&pool.namespace().unwrap_or_default()) {
+        // Another replica acts for the namespace: look again in a while.
+        return Ok(Action::requeue(crate::controller::shards::NOT_OURS_RETRY));
+    }
     ctx.wait_synced().await;
     let ns = pool.namespace().unwrap_or_default();
     let name = pool.name_any();

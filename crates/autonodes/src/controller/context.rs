@@ -17,6 +17,7 @@ use super::config::ControllerConfig;
 use super::events::Events;
 use super::index::Indexes;
 use super::reflectors::Reflectors;
+use super::shards::Shards;
 use crate::metrics::Metrics;
 use crate::remote::calls::Caller;
 use crate::remote::clients::ClusterClients;
@@ -38,8 +39,8 @@ pub(crate) struct Wakes {
     pub types: mpsc::UnboundedSender<ObjectRef<NodeType>>,
 }
 
-/// Shared state of the controllers. Eight fields, kept so (the unit test
-/// `the_context_has_eight_fields` names each): what is kept in memory lives in
+/// Shared state of the controllers. Nine fields, kept so (the unit test
+/// `the_context_has_nine_fields` names each): what is kept in memory lives in
 /// [`Indexes`], the stores in [`Reflectors`].
 pub(crate) struct Context {
     /// Management-cluster client.
@@ -59,6 +60,8 @@ pub(crate) struct Context {
     pub wakes: Wakes,
     /// Prometheus metrics.
     pub metrics: Arc<Metrics>,
+    /// Which tenant namespaces this replica acts for, and whether it leads.
+    pub shards: Arc<Shards>,
 }
 
 impl Context {
@@ -256,6 +259,7 @@ impl Context {
                 types,
             },
             metrics: Arc::new(Metrics::new().expect("metrics register")),
+            shards: Arc::new(Shards::single()),
         })
     }
 }
@@ -286,11 +290,11 @@ pub(crate) fn ledger_guard(
 mod tests {
     use super::*;
 
-    /// Names every field of [`Context`] with no `..`: a ninth field fails to compile here.
+    /// Names every field of [`Context`] with no `..`: a tenth field fails to compile here.
     /// The stores are the reflectors' own, so marking those synced is what readiness waits
     /// for.
     #[tokio::test]
-    async fn the_context_has_eight_fields_and_reads_the_stores_of_the_reflectors() {
+    async fn the_context_has_nine_fields_and_reads_the_stores_of_the_reflectors() {
         let ctx = Context::for_unit_tests(ControllerConfig::default());
         tokio::time::timeout(std::time::Duration::from_secs(5), ctx.wait_synced())
             .await
@@ -305,6 +309,7 @@ mod tests {
             index: _,
             wakes: _,
             metrics: _,
+            shards: _,
         } = &*ctx;
     }
 

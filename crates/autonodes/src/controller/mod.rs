@@ -22,6 +22,7 @@ pub(crate) mod context;
 pub(crate) mod error;
 pub(crate) mod events;
 pub(crate) mod gauges;
+pub(crate) mod handover;
 pub(crate) mod index;
 pub(crate) mod invalid;
 pub(crate) mod lenient;
@@ -33,6 +34,7 @@ pub(crate) mod nodetype;
 pub(crate) mod provider;
 pub(crate) mod reconciler;
 pub(crate) mod reflectors;
+pub(crate) mod shards;
 pub(crate) mod startup;
 pub(crate) mod status;
 pub(crate) mod sweep;
@@ -41,6 +43,7 @@ pub(crate) mod vcluster_import;
 use std::sync::Arc;
 
 use futures::channel::mpsc;
+use futures::FutureExt;
 use kube::runtime::events::Reporter;
 use kube::Client;
 
@@ -61,6 +64,7 @@ pub(crate) async fn run(
     metrics: Arc<Metrics>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,
     ready: Arc<std::sync::atomic::AtomicBool>,
+    shards: Arc<shards::Shards>,
 ) -> anyhow::Result<()> {
     let mut config = config;
     if config.installation.is_empty() {
@@ -137,6 +141,7 @@ pub(crate) async fn run(
             types: wake_types,
         },
         metrics,
+        shards,
     });
     tokio::spawn(invalid::report(ctx.clone(), reported));
     {
@@ -164,6 +169,7 @@ pub(crate) async fn run(
         shutdown.clone(),
     ));
     tokio::spawn(gauges::run(ctx.clone(), shutdown.clone()));
+    tokio::spawn(handover::run(ctx.clone(), shutdown.clone()));
     tokio::spawn(sweep::run(
         ctx.clone(),
         ctx.config.orphan_sweep_interval,
@@ -182,9 +188,42 @@ pub(crate) async fn run(
     };
 
     let claims = nodeclaim::run(ctx.clone(), r, claim_wakeups, shutdown.clone());
-    let types = nodetype::run(ctx.clone(), r, type_wakeups, shutdown.clone());
-    let providers = provider::run(ctx.clone(), r, shutdown.clone());
-    let quotas = nodequota::run(ctx.clone(), r, shutdown);
+    // What is cluster-wide runs on the leader only (every replica without
+    // `--shard-tenants`): it starts once this replica leads.
+    let leading = {
+        let (ctx, shutdown) = (ctx.clone(), shutdown.clone());
+        async move {
+            tokio::select! {
+                _ = ctx.shards.wait_leading() => true,
+                _ = shutdown => false,
+            }
+        }
+        .shared()
+    };
+    let types = {
+        let (ctx, shutdown, leading) = (ctx.clone(), shutdown.clone(), leading.clone());
+        async move {
+            if leading.await {
+                nodetype::run(ctx, r, type_wakeups, shutdown).await;
+            }
+        }
+    };
+    let providers = {
+        let (ctx, shutdown, leading) = (ctx.clone(), shutdown.clone(), leading.clone());
+        async move {
+            if leading.await {
+                provider::run(ctx, r, shutdown).await;
+            }
+        }
+    };
+    let quotas = {
+        let ctx = ctx.clone();
+        async move {
+            if leading.await {
+                nodequota::run(ctx, r, shutdown).await;
+            }
+        }
+    };
     tokio::join!(
         claims,
         types,

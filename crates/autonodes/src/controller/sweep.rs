@@ -92,7 +92,10 @@ async fn forget_gone_tenants(ctx: &Context) -> usize {
             ClusterKey::Tenant {
                 namespace,
                 vcluster,
-            } => named.contains(&(namespace.clone(), vcluster.clone())),
+            } => {
+                named.contains(&(namespace.clone(), vcluster.clone()))
+                    && ctx.shards.acts_for(namespace)
+            }
             ClusterKey::Host(_) => true,
         })
         .await
@@ -299,8 +302,14 @@ where
 }
 
 /// One sweep; returns how many objects it removed.
+///
+/// With `--shard-tenants` the leader sweeps the hosts, and each replica the tenants of the
+/// namespaces it acts for.
 pub(crate) async fn sweep(ctx: &Context, tenants: &mut BTreeSet<(String, String)>) -> usize {
-    let hosts = targets(ctx, tenants);
+    let mut hosts = targets(ctx, tenants);
+    if !ctx.shards.leads() {
+        hosts.clear();
+    }
     let mut found = Vec::new();
     let mut created_by_host = Vec::new();
     let per_tenant_hosts: BTreeSet<String> = ctx
@@ -349,6 +358,9 @@ pub(crate) async fn sweep(ctx: &Context, tenants: &mut BTreeSet<(String, String)
     }
     let mut gone_tenants = Vec::new();
     for (ns, vcluster) in tenants.iter() {
+        if !ctx.shards.acts_for(ns) {
+            continue;
+        }
         let remote = match ctx.clients.tenant(ns, vcluster).await {
             Ok(r) => r,
             Err(ClientError::SecretNotFound { .. }) => {

@@ -132,6 +132,14 @@ impl Reconciler for ImportContext {
     }
 
     async fn reconcile(&self, secret: Arc<Secret>) -> Result<Action, Error> {
+        if !self
+            .ctx
+            .shards
+            .acts_for(&secret.namespace().unwrap_or_default())
+        {
+            // Another replica acts for the namespace: look again in a while.
+            return Ok(Action::requeue(crate::controller::shards::NOT_OURS_RETRY));
+        }
         import(&secret, self).await
     }
 }

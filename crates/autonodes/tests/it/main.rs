@@ -34,6 +34,7 @@ mod real_guest;
 mod release;
 mod reliability;
 mod render_golden;
+mod shards;
 mod tenant_cost;
 mod tenant_safety;
 mod vcluster_import;

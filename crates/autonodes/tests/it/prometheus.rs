@@ -98,6 +98,7 @@ fn the_alerting_rules_pass_promtool_and_every_alert_has_a_unit_test_in_which_it_
         "AutonodesOrphansRemoved",
         "AutonodesReconcileErrors",
         "AutonodesLeaderMissing",
+        "AutonodesTenantsUnowned",
     ] {
         assert!(names.iter().any(|n| n == want), "{want} in {names:?}");
     }

@@ -91,6 +91,9 @@ pub(super) async fn sweep_loop(cctx: Arc<CapiContext>, mut rx: mpsc::UnboundedRe
                 .collect(),
         };
         for ns in namespaces {
+            if !cctx.ctx.shards.acts_for(&ns) {
+                continue;
+            }
             if let Err(e) = sweep_namespace(&cctx.ctx, &ns).await {
                 tracing::warn!(namespace = %ns, error = %e, "sweeping MachinePools of deleted NodePools failed");
             }

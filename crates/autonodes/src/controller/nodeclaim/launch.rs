@@ -197,7 +197,7 @@ async fn create_host_objects<H: HostApi, T: TenantApi>(
                 .nodeclaims_created
                 .with_label_values(&[&ns, &pool, &p.node_type.name])
                 .inc();
-            tracing::info!(nodeclaim = %p.claim.name_any(), vm = %format!("{vm_ns}/{vm_name}"), cluster = %host_cluster, "created VirtualMachine");
+            tracing::info!(nodeclaim = %p.claim.name_any(), namespace = %p.claim.namespace().unwrap_or_default(), vm = %format!("{vm_ns}/{vm_name}"), cluster = %host_cluster, "created VirtualMachine");
             Ok(Ok(vm))
         }
         Ok(VmCreate::Existed(vm)) => Ok(Ok(vm)),

@@ -172,6 +172,9 @@ impl Reconciler for ClaimContext {
             return Ok(Action::await_change());
         }
         let ns = claim.namespace().unwrap_or_default();
+        if !ctx.shards.acts_for(&ns) {
+            return schedule_for_another_replica(&claim, ctx).await;
+        }
         let api: Api<NodeClaim> = Api::namespaced(ctx.client.clone(), &ns);
         let result = finalizer(&api, FINALIZER, claim, |event| async {
             match event {
@@ -207,6 +210,31 @@ impl Reconciler for ClaimContext {
     }
 }
 
+/// A claim of a namespace another replica acts for (`--shard-tenants`): the leader chooses
+/// its type, since every scheduling decision is the leader's (the capacity ledger is exact
+/// only when one replica decides); nothing else is done here. The status written wakes the
+/// claim in the replica that acts for it.
+async fn schedule_for_another_replica(
+    claim: &NodeClaim,
+    ctx: &ClaimContext,
+) -> Result<Action, Error> {
+    let pending = unscheduled(claim)
+        && claim.metadata.deletion_timestamp.is_none()
+        && claim.status.as_ref().and_then(|s| s.phase) != Some(NodeClaimPhase::Failed);
+    if !(pending && ctx.shards.leads()) {
+        return Ok(Action::await_change());
+    }
+    let admitted = match schedule::admit_before_tenant(claim, ctx).await? {
+        schedule::Admission::Refused(wait) => return Ok(Action::requeue(wait)),
+        schedule::Admission::Scheduled => return Ok(Action::await_change()),
+        schedule::Admission::Admitted(admitted) => Some(admitted),
+    };
+    match schedule(claim, ctx, admitted).await? {
+        Schedule::Chosen(_) => Ok(Action::await_change()),
+        Schedule::Waiting(wait) => Ok(Action::requeue(wait)),
+    }
+}
+
 /// A claim that is not being deleted: schedule it, then walk its stages.
 async fn apply(claim: &NodeClaim, ctx: &ClaimContext) -> Result<Action, Error> {
     let status = claim.status.clone().unwrap_or_default();
@@ -221,6 +249,10 @@ async fn apply(claim: &NodeClaim, ctx: &ClaimContext) -> Result<Action, Error> {
         };
     }
     let ns = claim.namespace().unwrap_or_default();
+    if status.type_ref.is_none() && !ctx.shards.leads() {
+        // Another replica leads and schedules it; its status write wakes this claim.
+        return Ok(Action::await_change());
+    }
 
     // What needs nothing of the tenant is checked before its cluster is connected: a claim
     // its provider or quotas refuse opens no connection.

@@ -95,6 +95,11 @@ impl Reconciler for PoolContext {
 
 async fn reconcile_pool(pool: &NodePool, pctx: &PoolContext) -> Result<Action, Error> {
     let ctx = &pctx.ctx;
+    if !ctx.shards.acts_for(&pool.namespace().unwrap_or_default()) {
+        // Another replica acts for the namespace (this one is woken when it gains it).
+        tenant::forget_unused_watches(pctx).await;
+        return Ok(Action::await_change());
+    }
     if pool.meta().deletion_timestamp.is_some() {
         // The garbage collector removes the owned claims; their finalizers drain the nodes.
         tenant::forget_unused_watches(pctx).await;

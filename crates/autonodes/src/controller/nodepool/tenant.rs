@@ -135,6 +135,9 @@ fn watched_by_a_pool(pctx: &PoolContext, key: &ClusterKey) -> bool {
     let Some((namespace, vcluster)) = tenant_of(key) else {
         return false;
     };
+    if !pctx.ctx.shards.acts_for(namespace) {
+        return false;
+    }
     pctx.pools.state().iter().any(|p| {
         p.namespace().as_deref() == Some(namespace)
             && p.spec.v_cluster_ref.name == vcluster

@@ -385,7 +385,8 @@ mod tests {
             ("c".to_string(), false),
         ];
         let line = served_by_line("team-x", &members);
-        let o = owner("team-x", &set(&["a", "b"])).expect("an owner");
+        let live = set(&["a", "b"]);
+        let o = owner("team-x", &live).expect("an owner");
         assert!(
             line.starts_with(&format!("served by replica {o} (member ")),
             "{line}"

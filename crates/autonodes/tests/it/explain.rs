@@ -480,7 +480,11 @@ async fn explain_names_why_a_claim_fits_no_type_what_holds_repairs_or_budgets_a_
          `NAMESPACE/NAME`, or `NAME` with `-n NAMESPACE` (`autonodes explain nodeclaim huge -n\n\
          tenant`). `-o json` and `-o yaml` print the same as data (`kind`, `name`, `summary`,\n\
          `findings[]` of `subject`, `verdict`, `reasons[]`); `--node-repair-after` is the\n\
-         controller's, for pools whose repair lists no conditions.\n\n\
+         controller's, for pools whose repair lists no conditions. Where replicas share the\n\
+         tenants (`--shard-tenants`), a claim's and a pool's summary ends with the replica that\n\
+         serves their namespace (`served by replica autonodes-1-3c4d… (member 2 of 3 live; the\n\
+         leader schedules its claims)`), from the member Leases in `--controller-namespace`\n\
+         (default `autonodes-system`, or `AUTONODES_NAMESPACE`; list on Leases there).\n\n\
          A claim names each node type and every check it fails (requirements, resources,\n\
          extended resources), a type at `maxCapacity`, one whose provider does not serve the\n\
          claim's namespace, one over a NodeQuota, one whose host has no room left (in the\n\

@@ -117,7 +117,12 @@ pub(crate) async fn keep(
                 .map_err(err("listing"))?;
             Ok::<_, LeaderError>((renewed, listed.items))
         };
-        let outcome = tokio::time::timeout(config.retry_period, round).await;
+        // A slow round still counts while the renew deadline has not passed.
+        let left = config
+            .renew_deadline
+            .saturating_sub(last_ok.elapsed())
+            .max(config.retry_period);
+        let outcome = tokio::time::timeout(left, round).await;
         let answered = Instant::now();
         match outcome {
             Ok(Ok((renewed, listed)))
@@ -139,7 +144,7 @@ pub(crate) async fn keep(
                 source: kube::Error::Api(s),
                 ..
             })) if s.code == 409 || s.code == 404 => {
-                shards.lose();
+                lose(&shards, &metrics);
                 return Err(lost(format!(
                     "its member Lease was changed or deleted by someone else ({})",
                     s.code
@@ -149,7 +154,7 @@ pub(crate) async fn keep(
             Ok(Ok(_)) | Err(_) => tracing::warn!("member Lease round took too long; retrying"),
         }
         if answered.duration_since(last_ok) > config.renew_deadline {
-            shards.lose();
+            lose(&shards, &metrics);
             return Err(lost(format!(
                 "could not renew its member Lease and list the others for {:?}",
                 config.renew_deadline
@@ -160,7 +165,7 @@ pub(crate) async fn keep(
             _ = tokio::time::sleep(config.retry_period) => {}
         }
     }
-    shards.lose();
+    lose(&shards, &metrics);
     // Released: the others take this member's namespaces at their next list.
     if let Some(s) = lease.spec.as_mut() {
         s.holder_identity = None;
@@ -172,6 +177,13 @@ pub(crate) async fn keep(
         }
     }
     Ok(())
+}
+
+/// This replica acts for nothing from now on, and its metrics say so while it stops.
+fn lose(shards: &Shards, metrics: &Metrics) {
+    shards.lose();
+    metrics.tenant_namespace_owner.reset();
+    metrics.tenant_namespaces_owned.set(0);
 }
 
 /// A listed member Lease as the clock reads it.

@@ -89,10 +89,14 @@ pub(crate) async fn run(ctx: Arc<Context>, stop: impl std::future::Future<Output
         leading = leads;
         held = holding;
         tokio::select! {
-            _ = &mut stop => return,
+            _ = &mut stop => break,
             _ = tokio::time::sleep(EVERY) => {}
         }
     }
+    // Stopping (or no longer a member): this replica acts for nothing now, and its
+    // metrics say so while the process finishes.
+    ctx.metrics.tenant_namespace_owner.reset();
+    ctx.metrics.tenant_namespaces_owned.set(0);
 }
 
 /// The namespaces with claims or pools.

@@ -25,20 +25,31 @@ use opscommon::{http_get, spawn_controller, Proc};
 
 const TENANTS: usize = 30;
 const CLAIMS_PER_TENANT: usize = 2;
-const LEASE_SECONDS: u64 = 6;
+const LEASE_SECONDS: u64 = 10;
 const TYPE: &str = "tenants.small";
+/// A type with room for fewer claims than there are tenants.
+const CAPPED: &str = "tenants.capped";
+const CAPPED_MAX: usize = 12;
 
 fn tenant_ns(i: usize) -> String {
     format!("shard-{i:02}")
 }
 
 fn claim(ns: &str, name: &str) -> NodeClaim {
+    claim_of(ns, name, TYPE)
+}
+
+fn claim_of(ns: &str, name: &str, type_: &str) -> NodeClaim {
     serde_json::from_value(serde_json::json!({
         "apiVersion": "autonodes.io/v1alpha1", "kind": "NodeClaim",
         "metadata": {"name": name, "namespace": ns},
-        "spec": {"vClusterRef": {"name": "tenant"}, "typeRef": TYPE},
+        "spec": {"vClusterRef": {"name": "tenant"}, "typeRef": type_},
     }))
     .expect("a claim")
+}
+
+fn type_of(c: &NodeClaim) -> Option<&str> {
+    c.status.as_ref()?.type_ref.as_deref()
 }
 
 /// The replica (POD_NAME) of a member or holder identity: `replica-a-1a2b…` or
@@ -97,9 +108,12 @@ fn available(c: &NodeClaim) -> bool {
 /// Each claim has exactly one VM, user-data Secret and Node, and at most one token; and
 /// nothing of autonodes belongs to no claim.
 async fn one_of_each_per_claim(world: &World) {
-    let claims: BTreeSet<String> = all_claims(world)
-        .await
+    let all = all_claims(world).await;
+    // Claims waiting for capacity have nothing yet.
+    let claims: BTreeSet<String> = all.iter().filter_map(|c| c.uid()).collect();
+    let scheduled: BTreeSet<String> = all
         .iter()
+        .filter(|c| type_of(c).is_some())
         .filter_map(|c| c.uid())
         .collect();
     let by_uid = |labels: Vec<BTreeMap<String, String>>| {
@@ -157,14 +171,15 @@ async fn one_of_each_per_claim(world: &World) {
             assert!(*n <= 1, "claim {uid}: {n} {what}");
         }
         if exact {
-            for uid in &claims {
+            for uid in &scheduled {
                 assert_eq!(found.get(uid), Some(&1), "claim {uid}: {what} {found:?}");
             }
         }
     }
     println!(
-        "{} claims: {} VMs, {} user-data Secrets, {} Nodes, {} tokens",
+        "{} claims ({} scheduled): {} VMs, {} user-data Secrets, {} Nodes, {} tokens",
         claims.len(),
+        scheduled.len(),
         vms.values().sum::<usize>(),
         secrets.values().sum::<usize>(),
         nodes.values().sum::<usize>(),
@@ -181,7 +196,7 @@ async fn three_replicas_share_thirty_tenants_each_served_by_one_and_a_killed_lea
             "test-kubevirt-1",
             "1",
             "1Gi",
-            "      - name: small\n",
+            "      - name: small\n      - name: capped\n        maxCapacity: 12\n",
         ),
         ..Default::default()
     })
@@ -368,6 +383,36 @@ async fn three_replicas_share_thirty_tenants_each_served_by_one_and_a_killed_lea
         replicas[victim].name,
         orphaned.len()
     );
+    // Claims of a type with room for 12, one in each namespace, scheduled while the leader
+    // is killed: never more than 12 hold it, whichever replica acts for their namespace.
+    for i in 0..TENANTS {
+        let ns = tenant_ns(i);
+        Api::<NodeClaim>::namespaced(world.mgmt.clone(), &ns)
+            .create(&PostParams::default(), &claim_of(&ns, "capped", CAPPED))
+            .await
+            .expect("claim created");
+    }
+    let most_capped = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let sampler = {
+        let (mgmt, most) = (world.mgmt.clone(), most_capped.clone());
+        tokio::spawn(async move {
+            loop {
+                if let Ok(l) = Api::<NodeClaim>::all(mgmt.clone())
+                    .list(&ListParams::default())
+                    .await
+                {
+                    let n = l
+                        .items
+                        .iter()
+                        .filter(|c| type_of(c) == Some(CAPPED))
+                        .count();
+                    most.fetch_max(n, std::sync::atomic::Ordering::SeqCst);
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
     replicas[victim].signal("KILL");
     let killed = Instant::now();
     let mut dead = replicas.remove(victim);
@@ -439,6 +484,30 @@ async fn three_replicas_share_thirty_tenants_each_served_by_one_and_a_killed_lea
         let o = by_ns.get(&ns).cloned().unwrap_or_default();
         assert_eq!(o.len(), 1, "{ns} acted for by {o:?} after the kill");
     }
+    // The capped type: exactly its capacity taken, the other claims told why they wait.
+    eventually(
+        "the capped type full and its other claims waiting for capacity",
+        Duration::from_secs(120),
+        || async {
+            let now = all_claims(&world).await;
+            let capped: Vec<&NodeClaim> = now
+                .iter()
+                .filter(|c| c.spec.type_ref.as_deref() == Some(CAPPED))
+                .collect();
+            let held = capped.iter().filter(|c| type_of(c) == Some(CAPPED)).count();
+            let waiting = capped
+                .iter()
+                .filter(|c| condition(c, "Scheduled").is_some_and(|(s, _, _)| s == "False"))
+                .count();
+            (held == CAPPED_MAX && waiting == TENANTS - CAPPED_MAX).then_some(())
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    sampler.abort();
+    let most = most_capped.load(std::sync::atomic::Ordering::SeqCst);
+    println!("capped type: at most {most} claims held its {CAPPED_MAX} places at any time across the leader's kill");
+    assert_eq!(most, CAPPED_MAX, "claims holding the capped type at once");
     one_of_each_per_claim(&world).await;
 
     // Everything deleted: nothing is left.

@@ -17,6 +17,11 @@
 //! - a restart (SIGKILL, then a new process): the time until it holds all its tenant
 //!   watches again (the re-list) and its RSS then.
 //!
+//! With `AUTONODES_BENCH_REPLICAS=3` (or `1,3`: both, one after the other) the tenants are
+//! shared by that many replicas (`--leader-elect --shard-tenants`): RSS is summed over them
+//! (and the largest one's given), connections too, and instead of a restart one replica is
+//! SIGKILLed and the others take its tenants: the time until every tenant is watched again.
+//!
 //! `cargo bench --bench many_tenants`; `AUTONODES_BENCH_TENANTS=100,1000` sets the sizes
 //! (default `100`). Under `cargo test` it only says it was skipped.
 
@@ -74,14 +79,17 @@ fn main() {
     };
     let tenants = bench_sizes("AUTONODES_BENCH_TENANTS", &[100]);
     let per_tenant = bench_sizes("AUTONODES_BENCH_CLAIMS_PER_TENANT", &[2])[0];
+    let replicas = bench_sizes("AUTONODES_BENCH_REPLICAS", &[1]);
     rt.block_on(async {
         println!(
             "many tenant clusters on one replica (one etcd; management and host, and one tenant kube-apiserver behind an identity per tenant), 2 cores, {per_tenant} claims per tenant"
         );
         for n in tenants {
-            let figures = run(n, per_tenant).await;
-            for line in figures {
-                println!("{line}");
+            for &r in &replicas {
+                let figures = run(n, per_tenant, r).await;
+                for line in figures {
+                    println!("{line}");
+                }
             }
         }
     });
@@ -179,8 +187,45 @@ where
 }
 
 /// One run with `n` tenants on fresh clusters.
-async fn run(n: usize, per_tenant: usize) -> Vec<String> {
-    let mut out = vec![format!("  {n} tenant clusters:")];
+/// The replicas serving the tenants: one, or several sharing them.
+struct Replicas(Vec<Controller>);
+
+impl Replicas {
+    async fn start(world: &World, replicas: usize, first: u32) -> Replicas {
+        let mut all = Vec::new();
+        for k in 0..replicas {
+            let n = first + u32::try_from(k).unwrap_or(0);
+            all.push(match replicas {
+                1 => Controller::start(world, n).await,
+                _ => Controller::start_with(world, n, &["--leader-elect", "--shard-tenants"]).await,
+            });
+        }
+        Replicas(all)
+    }
+
+    fn pids(&self) -> Vec<u32> {
+        self.0.iter().map(Controller::pid).collect()
+    }
+
+    /// RSS summed over the replicas, and the largest one's.
+    fn rss(&self) -> (u64, u64) {
+        let each: Vec<u64> = self.pids().into_iter().map(rss).collect();
+        (each.iter().sum(), each.iter().copied().max().unwrap_or(0))
+    }
+
+    fn connections(&self, port: u16) -> usize {
+        self.pids()
+            .into_iter()
+            .map(|p| connections_to(p, port))
+            .sum()
+    }
+}
+
+async fn run(n: usize, per_tenant: usize, replicas: usize) -> Vec<String> {
+    let mut out = vec![match replicas {
+        1 => format!("  {n} tenant clusters:"),
+        r => format!("  {n} tenant clusters shared by {r} replicas (--shard-tenants; RSS and connections summed over them):"),
+    }];
     let mut world = World::start_clusters(&WorldOptions {
         provider: provider(),
         ..Default::default()
@@ -188,9 +233,9 @@ async fn run(n: usize, per_tenant: usize) -> Vec<String> {
     .await;
     world.start_simulator(SimMode::Normal).await;
     let tenant_port = world.playground.tenant().expect("tenant").port;
-    let mut controller = Controller::start(&world, 1).await;
+    let mut controller = Replicas::start(&world, replicas, 1).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let rss_empty = rss(controller.pid());
+    let rss_empty = controller.rss().0;
     let watches_empty = tenant_watches(&world).await;
 
     // N tenants: a namespace, a Secret with an identity of its own, one dynamic pool.
@@ -241,18 +286,19 @@ async fn run(n: usize, per_tenant: usize) -> Vec<String> {
     .await;
     let idle_after = started.elapsed();
     tokio::time::sleep(Duration::from_secs(10)).await;
-    let rss_idle = rss(controller.pid());
+    let (rss_idle, rss_idle_largest) = controller.rss();
     let watches_idle = tenant_watches(&world).await - watches_empty;
-    let connections_idle = connections_to(controller.pid(), tenant_port);
+    let connections_idle = controller.connections(tenant_port);
     out.push(format!(
         "    tenants made in {:.1}s, every pool Ready after {:.1}s",
         made.as_secs_f64(),
         idle_after.as_secs_f64()
     ));
     out.push(format!(
-        "    controller RSS:                {:.1} MB with no tenant, {:.1} MB with {n} idle tenants: {:.0} KB per idle tenant",
+        "    controller RSS:                {:.1} MB with no tenant, {:.1} MB with {n} idle tenants (largest replica {:.1} MB): {:.0} KB per idle tenant",
         mb(rss_empty),
         mb(rss_idle),
+        mb(rss_idle_largest),
         (rss_idle.saturating_sub(rss_empty)) as f64 / 1024.0 / n as f64
     ));
     out.push(format!(
@@ -267,13 +313,14 @@ async fn run(n: usize, per_tenant: usize) -> Vec<String> {
         .flat_map(|i| (0..per_tenant).map(move |j| (i, j)))
         .collect();
     let total = work.len();
-    let pid = controller.pid();
-    let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(rss(pid)));
+    let pids = controller.pids();
+    let summed = move || pids.iter().map(|p| rss(*p)).sum::<u64>();
+    let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(summed()));
     let sampler = {
         let peak = peak.clone();
         tokio::spawn(async move {
             loop {
-                peak.fetch_max(rss(pid), std::sync::atomic::Ordering::Relaxed);
+                peak.fetch_max(summed(), std::sync::atomic::Ordering::Relaxed);
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
         })
@@ -342,7 +389,7 @@ async fn run(n: usize, per_tenant: usize) -> Vec<String> {
         .collect();
     let (first50, first90) = (percentile(&mut first, 0.5), percentile(&mut first, 0.9));
     let (last50, last90) = (percentile(&mut last, 0.5), percentile(&mut last, 0.9));
-    let rss_busy = rss(controller.pid());
+    let rss_busy = controller.rss().0;
     let watches_busy = tenant_watches(&world).await - watches_empty;
     out.push(format!(
         "    {total} claims Available in {all_in:.1}s: {:.1} claims/s",
@@ -356,11 +403,45 @@ async fn run(n: usize, per_tenant: usize) -> Vec<String> {
         "    controller RSS:                peak {:.1} MB, {:.1} MB with every claim Available; {watches_busy:.0} tenant watches, {} connections",
         mb(peak.load(std::sync::atomic::Ordering::Relaxed)),
         mb(rss_busy),
-        connections_to(controller.pid(), tenant_port)
+        controller.connections(tenant_port)
     ));
 
+    if replicas > 1 {
+        // One replica SIGKILLed: the others take its tenants once its Lease expired.
+        let mut gone = controller.0.remove(0);
+        gone.process.kill();
+        let killed = Instant::now();
+        common::eventually(
+            "the killed replica's watches gone",
+            Duration::from_secs(60),
+            || async {
+                (tenant_watches(&world).await - watches_empty < watches_busy).then_some(())
+            },
+        )
+        .await;
+        common::eventually(
+            "every tenant watched again",
+            Duration::from_secs(600 + n as u64),
+            || async {
+                (tenant_watches(&world).await - watches_empty >= watches_busy).then_some(())
+            },
+        )
+        .await;
+        let relisted = killed.elapsed().as_secs_f64();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let (sum, largest) = controller.rss();
+        out.push(format!(
+            "    after one replica's SIGKILL:    every tenant watched again by the others after {relisted:.1}s (Lease 15s), RSS {:.1} MB (largest {:.1} MB)",
+            mb(sum),
+            mb(largest)
+        ));
+        drop(controller);
+        world.shutdown().await;
+        return out;
+    }
+
     // A restart: the new process lists every tenant again.
-    controller.process.kill();
+    controller.0[0].process.kill();
     common::eventually(
         "the killed controller's watches gone",
         Duration::from_secs(120),
@@ -368,7 +449,7 @@ async fn run(n: usize, per_tenant: usize) -> Vec<String> {
     )
     .await;
     let restarted = Instant::now();
-    controller = Controller::start(&world, 2).await;
+    controller = Replicas::start(&world, 1, 2).await;
     let ready_in = restarted.elapsed().as_secs_f64();
     common::eventually(
         "every tenant watched again",
@@ -380,7 +461,7 @@ async fn run(n: usize, per_tenant: usize) -> Vec<String> {
     tokio::time::sleep(Duration::from_secs(5)).await;
     out.push(format!(
         "    after a restart:               ready in {ready_in:.1}s, every tenant watched again after {relisted:.1}s, RSS {:.1} MB",
-        mb(rss(controller.pid()))
+        mb(controller.rss().0)
     ));
     drop(controller);
     world.shutdown().await;

@@ -1,7 +1,7 @@
 //! What one tenant cluster costs the controller on real API servers (the controller as its
 //! own process, so its connections can be counted): all of a tenant's watches and requests
 //! share one HTTP/2 connection, and a tenant with a dynamic pool that has nothing to plan
-//! watches only its pods and DaemonSets; the Node watches start with the first pod waiting
+//! watches only its pods; the Node and DaemonSet watches start with the first pod waiting
 //! for a node, the token watch with the first claim.
 
 use std::time::Duration;
@@ -48,13 +48,14 @@ async fn a_tenant_s_watches_share_one_connection_and_an_idle_pool_watches_no_nod
     let tenant_port = world.playground.tenant().expect("tenant").port;
     // What watches the tenant before the controller runs (the simulator's kubelets' view
     // of Nodes and tokens, which it opens as it starts), once it holds still.
-    let (nodes_before, tokens_before, pods_before) =
+    let (nodes_before, tokens_before, pods_before, daemonsets_before) =
         common::eventually("the simulator's watches settled", WAIT, || async {
             let read = || async {
                 (
                     tenant_watches(&world, "nodes").await,
                     tenant_watches(&world, "secrets").await,
                     tenant_watches(&world, "pods").await,
+                    tenant_watches(&world, "daemonsets").await,
                 )
             };
             let first = read().await;
@@ -75,8 +76,8 @@ async fn a_tenant_s_watches_share_one_connection_and_an_idle_pool_watches_no_nod
             pool_condition(p, "Ready").is_some_and(|(s, _, _)| s == "True")
         })
         .await;
-    // Idle: the pool's watches of pods and DaemonSets, on one connection; nothing watches
-    // the tenant's Nodes or tokens (no claim yet, nothing to plan).
+    // Idle: the pool's watch of pods, on one connection; nothing watches the tenant's
+    // Nodes, DaemonSets or tokens (no claim yet, nothing to plan).
     let pods = common::eventually("the tenant's pods watched", WAIT, || async {
         let pods = tenant_watches(&world, "pods").await - pods_before;
         (pods >= 1.0).then_some(pods)
@@ -85,10 +86,11 @@ async fn a_tenant_s_watches_share_one_connection_and_an_idle_pool_watches_no_nod
     tokio::time::sleep(Duration::from_secs(2)).await;
     let nodes = tenant_watches(&world, "nodes").await - nodes_before;
     let tokens = tenant_watches(&world, "secrets").await - tokens_before;
+    let daemonsets = tenant_watches(&world, "daemonsets").await - daemonsets_before;
     assert_eq!(
-        (nodes, pods, tokens),
-        (0.0, 1.0, 0.0),
-        "watches of Nodes, pods and Secrets while idle"
+        (nodes, pods, tokens, daemonsets),
+        (0.0, 1.0, 0.0, 0.0),
+        "watches of Nodes, pods, Secrets and DaemonSets while idle"
     );
     assert_eq!(
         connections_to(controller.pid(), tenant_port),
@@ -130,17 +132,22 @@ async fn a_tenant_s_watches_share_one_connection_and_an_idle_pool_watches_no_nod
         (!listed.items.is_empty()).then_some(())
     })
     .await;
-    let (nodes, tokens) =
-        common::eventually("the tenant's Nodes and tokens watched", WAIT, || async {
+    let (nodes, tokens, daemonsets) = common::eventually(
+        "the tenant's Nodes, tokens and DaemonSets watched",
+        WAIT,
+        || async {
             let nodes = tenant_watches(&world, "nodes").await - nodes_before;
             let tokens = tenant_watches(&world, "secrets").await - tokens_before;
-            (nodes >= 2.0 && tokens >= 1.0).then_some((nodes, tokens))
-        })
-        .await;
+            let daemonsets = tenant_watches(&world, "daemonsets").await - daemonsets_before;
+            (nodes >= 2.0 && tokens >= 1.0 && daemonsets >= 1.0)
+                .then_some((nodes, tokens, daemonsets))
+        },
+    )
+    .await;
     assert_eq!(
-        (nodes, tokens),
-        (2.0, 1.0),
-        "the pool's and the claim's watches of Nodes, the claim's of tokens"
+        (nodes, tokens, daemonsets),
+        (2.0, 1.0, 1.0),
+        "the pool's and the claim's watches of Nodes, the claim's of tokens, the pool's of DaemonSets"
     );
     assert_eq!(
         connections_to(controller.pid(), tenant_port),

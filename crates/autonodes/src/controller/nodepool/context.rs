@@ -34,9 +34,9 @@ pub(crate) struct TenantWatch {
     pub(super) caches: Arc<super::tenant_cache::TenantCaches>,
     /// The watch tasks.
     pub(super) tasks: Vec<tokio::task::JoinHandle<()>>,
-    /// Whether the node watch runs (it starts once a pool has something to plan with
-    /// nodes; see [`super::tenant`]).
-    pub(super) nodes_started: bool,
+    /// Whether the node and DaemonSet watches run (they start once a pool has something
+    /// to plan with them; see [`super::tenant`]).
+    pub(super) planning_started: bool,
 }
 
 impl Drop for TenantWatch {

@@ -2,11 +2,11 @@
 //! DaemonSets ([`super::tenant_cache`]), which wake the tenant's dynamic pools when they
 //! change and are what a reconcile reads.
 //!
-//! The node watch starts only once a pool of the tenant has something to plan with nodes:
-//! a pod the scheduler marked unschedulable, or a claim of one of the tenant's pools (to
-//! consolidate). Before that the plan is the same without the nodes (no pod to place, no
-//! node to remove), and an idle tenant costs two watches, not three, and none of its
-//! Nodes' memory.
+//! The node and DaemonSet watches start only once a pool of the tenant has something to
+//! plan with them: a pod the scheduler marked unschedulable, or a claim of one of the
+//! tenant's pools (to consolidate). Before that the plan is the same without them (no pod
+//! to place, no node to remove, no node whose DaemonSets to count), and an idle tenant
+//! costs one watch (its pods), not three, and none of its Nodes' memory.
 
 use std::sync::Arc;
 
@@ -31,14 +31,14 @@ pub(super) async fn objects(
     remote: &Arc<Remote>,
 ) -> Result<(Vec<Pod>, Vec<Node>, Vec<DaemonSet>), Verdict> {
     let caches = ensure_watch(pctx, remote).await;
-    let (pods, daemonsets) = futures::join!(caches.pods.snapshot(), caches.daemonsets.snapshot());
-    let needs_nodes = has_pool_claims(pctx, &remote.key)
+    let pods = caches.pods.snapshot().await;
+    let planning = has_pool_claims(pctx, &remote.key)
         || pods
             .as_ref()
             .is_ok_and(|pods| pods.iter().any(is_unschedulable));
-    let nodes = match ensure_node_watch(pctx, remote, needs_nodes).await {
-        Some(nodes) => nodes.snapshot().await,
-        None => Ok(Vec::new()),
+    let (nodes, daemonsets) = match ensure_planning_watches(pctx, remote, planning).await {
+        Some(caches) => futures::join!(caches.nodes.snapshot(), caches.daemonsets.snapshot()),
+        None => (Ok(Vec::new()), Ok(Vec::new())),
     };
     match (pods, nodes, daemonsets) {
         (Ok(p), Ok(n), Ok(d)) => Ok((p, n, d)),
@@ -85,30 +85,39 @@ fn has_pool_claims(pctx: &PoolContext, key: &ClusterKey) -> bool {
     })
 }
 
-/// The node cache of the tenant's watches: started now when `needed` and not yet, kept
-/// once started (until the tenant's watches stop); `None` while not started.
-async fn ensure_node_watch(
+/// The tenant's caches once their node and DaemonSet watches run: started now when
+/// `needed` and not yet, kept once started (until the tenant's watches stop); `None` while
+/// not started.
+async fn ensure_planning_watches(
     pctx: &PoolContext,
     remote: &Arc<Remote>,
     needed: bool,
-) -> Option<Arc<tenant_cache::Cache<Node>>> {
+) -> Option<Arc<TenantCaches>> {
     let mut watches = pctx.watches.lock().await;
     let watch = watches.get_mut(&remote.key)?;
-    if !watch.nodes_started {
+    if !watch.planning_started {
         if !needed {
             return None;
         }
+        let cluster = remote.key.to_string();
         watch.tasks.push(tenant_cache::spawn(
-            remote.key.to_string(),
+            cluster.clone(),
             watch.caches.nodes.clone(),
             Api::all(remote.client.clone()),
             tenant_view::node,
             wake_pools(pctx, &remote.key),
         ));
-        watch.nodes_started = true;
-        tracing::info!(cluster = %remote.key, "watching tenant nodes for node pools");
+        watch.tasks.push(tenant_cache::spawn(
+            cluster,
+            watch.caches.daemonsets.clone(),
+            Api::<DaemonSet>::all(remote.client.clone()),
+            tenant_view::daemonset,
+            wake_pools(pctx, &remote.key),
+        ));
+        watch.planning_started = true;
+        tracing::info!(cluster = %remote.key, "watching tenant nodes and DaemonSets for node pools");
     }
-    Some(watch.caches.nodes.clone())
+    Some(watch.caches.clone())
 }
 
 /// Wakes the dynamic pools of tenant `key`.
@@ -170,30 +179,21 @@ pub(super) async fn ensure_watch(pctx: &PoolContext, remote: &Arc<Remote>) -> Ar
     }
     let wake_pools = wake_pools(pctx, &remote.key);
     let cluster = remote.key.to_string();
-    let tasks = vec![
-        tenant_cache::spawn(
-            cluster.clone(),
-            caches.pods.clone(),
-            Api::all(remote.client.clone()),
-            tenant_view::pod,
-            wake_pools.clone(),
-        ),
-        tenant_cache::spawn(
-            cluster,
-            caches.daemonsets.clone(),
-            Api::all(remote.client.clone()),
-            tenant_view::daemonset,
-            wake_pools,
-        ),
-    ];
-    tracing::info!(cluster = %remote.key, "watching tenant pods and DaemonSets for node pools");
+    let tasks = vec![tenant_cache::spawn(
+        cluster,
+        caches.pods.clone(),
+        Api::all(remote.client.clone()),
+        tenant_view::pod,
+        wake_pools,
+    )];
+    tracing::info!(cluster = %remote.key, "watching tenant pods for node pools");
     watches.insert(
         remote.key.clone(),
         TenantWatch {
             remote: remote.clone(),
             caches: caches.clone(),
             tasks,
-            nodes_started: false,
+            planning_started: false,
         },
     );
     caches

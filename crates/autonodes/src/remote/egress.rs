@@ -387,6 +387,9 @@ const HTTP2_PING_TIMEOUT: Duration = Duration::from_secs(20);
 const HTTP2_STREAM_WINDOW: u32 = 64 * 1024;
 const HTTP2_CONNECTION_WINDOW: u32 = 256 * 1024;
 
+/// The TLS sessions a tenant's client keeps for resumption (one server, a few names).
+const TLS_SESSIONS: usize = 4;
+
 /// kube's TLS settings of `config` (its CA, client certificate and `tls-server-name`) over
 /// `connector`, offering HTTP/2 and HTTP/1.1 (ALPN): a server that speaks HTTP/2, as every
 /// kube-apiserver does, takes one connection for all of a client's requests and watches.
@@ -394,8 +397,12 @@ fn http2_connector(
     config: &Config,
     connector: GuardedConnector,
 ) -> Result<hyper_rustls::HttpsConnector<GuardedConnector>, kube::Error> {
+    let mut tls = config.rustls_client_config()?;
+    // A tenant's client talks to one server: a session cache for a few names, not
+    // rustls' default of 256, which takes 6 KB in every tenant's client.
+    tls.resumption = tokio_rustls::rustls::client::Resumption::in_memory_sessions(TLS_SESSIONS);
     let builder = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(config.rustls_client_config()?)
+        .with_tls_config(tls)
         .https_or_http();
     let builder = match &config.tls_server_name {
         Some(name) => {

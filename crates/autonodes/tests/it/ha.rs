@@ -6,7 +6,6 @@
 use crate::common;
 use crate::opscommon;
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use autonodes_testenv::simulator::SimMode;
@@ -80,38 +79,12 @@ async fn wait_ready(p: &Proc) {
 
 /// Asserts exactly one VM and one user-data Secret per claim, and at most one token.
 async fn assert_one_vm_per_claim(world: &World, claims: &[&str]) {
-    let per_claim = |labels: Vec<BTreeMap<String, String>>| {
-        let mut m: BTreeMap<String, usize> = BTreeMap::new();
-        for l in labels {
-            *m.entry(l.get("autonodes.io/nodeclaim").cloned().unwrap_or_default())
-                .or_default() += 1;
-        }
-        m
-    };
-    let vms = per_claim(
-        world
-            .vms()
-            .await
-            .into_iter()
-            .map(|v| v.metadata.labels.unwrap_or_default())
-            .collect(),
-    );
-    let secrets = per_claim(
-        world
-            .host_secrets()
-            .await
-            .into_iter()
-            .map(|s| s.metadata.labels.unwrap_or_default())
-            .collect(),
-    );
-    let tokens = per_claim(
-        world
-            .tokens()
-            .await
-            .into_iter()
-            .map(|s| s.metadata.labels.unwrap_or_default())
-            .collect(),
-    );
+    let ObjectsPerClaim {
+        vms,
+        secrets,
+        tokens,
+        ..
+    } = world.objects_per_claim("autonodes.io/nodeclaim").await;
     println!("VMs per claim: {vms:?}; user-data Secrets per claim: {secrets:?}; live tokens per claim: {tokens:?}");
     assert_eq!(vms.len(), claims.len(), "{vms:?}");
     for c in claims {

@@ -119,47 +119,12 @@ async fn one_of_each_per_claim(world: &World) {
         .filter(|c| type_of(c).is_some())
         .filter_map(|c| c.uid())
         .collect();
-    let by_uid = |labels: Vec<BTreeMap<String, String>>| {
-        let mut m: BTreeMap<String, usize> = BTreeMap::new();
-        for l in labels {
-            *m.entry(l.get(LABEL_NODECLAIM_UID).cloned().unwrap_or_default())
-                .or_default() += 1;
-        }
-        m
-    };
-    let vms = by_uid(
-        world
-            .vms()
-            .await
-            .into_iter()
-            .map(|v| v.metadata.labels.unwrap_or_default())
-            .collect(),
-    );
-    let secrets = by_uid(
-        world
-            .host_secrets()
-            .await
-            .into_iter()
-            .map(|s| s.metadata.labels.unwrap_or_default())
-            .collect(),
-    );
-    let tokens = by_uid(
-        world
-            .tokens()
-            .await
-            .into_iter()
-            .map(|s| s.metadata.labels.unwrap_or_default())
-            .collect(),
-    );
-    let nodes = by_uid(
-        world
-            .nodes()
-            .await
-            .into_iter()
-            .map(|n| n.metadata.labels.unwrap_or_default())
-            .filter(|l| l.contains_key(LABEL_NODECLAIM_UID))
-            .collect(),
-    );
+    let ObjectsPerClaim {
+        vms,
+        secrets,
+        tokens,
+        nodes,
+    } = world.objects_per_claim(LABEL_NODECLAIM_UID).await;
     for (what, found, exact) in [
         ("VMs", &vms, true),
         ("user-data Secrets", &secrets, true),

@@ -142,6 +142,18 @@ pub fn loopback_egress() -> autonodes::remote::egress::Egress {
 /// The tenant namespace of the claims.
 pub const NS: &str = "tenant";
 
+/// What [`World::objects_per_claim`] counted, by label value.
+pub struct ObjectsPerClaim {
+    /// VirtualMachines on the host.
+    pub vms: std::collections::BTreeMap<String, usize>,
+    /// User-data Secrets on the host.
+    pub secrets: std::collections::BTreeMap<String, usize>,
+    /// Bootstrap tokens in the tenant.
+    pub tokens: std::collections::BTreeMap<String, usize>,
+    /// Nodes of the tenant that carry the label.
+    pub nodes: std::collections::BTreeMap<String, usize>,
+}
+
 /// A running installation.
 pub struct World {
     /// The clusters and the applied provider.
@@ -593,6 +605,44 @@ impl World {
             .await
             .expect("list Nodes")
             .items
+    }
+
+    /// How many VMs, user-data Secrets, bootstrap tokens and Nodes carry each value of
+    /// `label` (a claim's name or UID label); objects without it count under `""`, but for
+    /// Nodes, which are left out (the tenant may have Nodes of its own).
+    pub async fn objects_per_claim(&self, label: &str) -> ObjectsPerClaim {
+        let count = |labels: Vec<Option<std::collections::BTreeMap<String, String>>>| {
+            let mut m: std::collections::BTreeMap<String, usize> = Default::default();
+            for l in labels {
+                *m.entry(
+                    l.unwrap_or_default()
+                        .get(label)
+                        .cloned()
+                        .unwrap_or_default(),
+                )
+                .or_default() += 1;
+            }
+            m
+        };
+        let vms = self.vms().await.into_iter().map(|o| o.metadata.labels);
+        let secrets = self
+            .host_secrets()
+            .await
+            .into_iter()
+            .map(|o| o.metadata.labels);
+        let tokens = self.tokens().await.into_iter().map(|o| o.metadata.labels);
+        let nodes = self
+            .nodes()
+            .await
+            .into_iter()
+            .map(|o| o.metadata.labels)
+            .filter(|l| l.as_ref().is_some_and(|l| l.contains_key(label)));
+        ObjectsPerClaim {
+            vms: count(vms.collect()),
+            secrets: count(secrets.collect()),
+            tokens: count(tokens.collect()),
+            nodes: count(nodes.collect()),
+        }
     }
 
     /// A NodeType by name.

@@ -665,6 +665,7 @@ async fn tenant_client(
         guard.egress.management.clone(),
         crate::remote::request_metrics::ClusterKind::Tenant,
         None,
+        &crate::remote::egress::Transports::default(),
     )
     .context("building the tenant's client")
 }

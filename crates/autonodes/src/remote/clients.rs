@@ -287,6 +287,8 @@ pub struct ClusterClients {
     egress: crate::remote::egress::Egress,
     clusters_per_namespace: usize,
     budget: Arc<crate::remote::budget::AnswerBudget>,
+    /// The tenant connections in use, shared by namespaces with the same kubeconfig.
+    transports: crate::remote::egress::Transports,
 }
 
 impl ClusterClients {
@@ -314,6 +316,7 @@ impl ClusterClients {
             budget: Arc::new(crate::remote::budget::AnswerBudget::new(
                 limits.answer_budget,
             )),
+            transports: Default::default(),
         }
     }
 
@@ -497,7 +500,14 @@ impl ClusterClients {
             ClusterKey::Tenant { namespace, .. } => Some(self.budget.share(namespace)),
             ClusterKey::Host(_) => None,
         };
-        let remote = match build_remote(key.clone(), &checked, via, &self.egress, share) {
+        let remote = match build_remote(
+            key.clone(),
+            &checked,
+            via,
+            &self.egress,
+            share,
+            &self.transports,
+        ) {
             Ok(r) => r,
             Err(why) => {
                 // E.g. a client certificate TLS cannot use (X.509 v1, an unknown key type).
@@ -654,6 +664,7 @@ fn build_remote(
     via: Option<String>,
     egress: &crate::remote::egress::Egress,
     share: Option<Arc<crate::remote::budget::Share>>,
+    transports: &crate::remote::egress::Transports,
 ) -> Result<Remote, String> {
     let config = client_config(kc)?;
     let (kind, policy) = match &key {
@@ -666,6 +677,7 @@ fn build_remote(
         egress.management.clone(),
         kind,
         share,
+        transports,
     )
     .map_err(|e| format!("cannot build a client: {}", redact(&e.to_string())))?;
     Ok(Remote {
@@ -951,6 +963,7 @@ mod tests {
             None,
             &crate::remote::egress::Egress::default(),
             None,
+            &crate::remote::egress::Transports::default(),
         );
         assert!(remote.is_ok(), "{:?}", remote.err());
     }

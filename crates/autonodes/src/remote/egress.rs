@@ -333,25 +333,33 @@ pub(crate) fn guarded_client(
     management: Arc<ManagementAddresses>,
     kind: ClusterKind,
     share: Option<Arc<crate::remote::budget::Share>>,
+    transports: &Transports,
 ) -> Result<Client, kube::Error> {
     let limit = match kind {
         ClusterKind::Tenant => TENANT_BODY_LIMIT,
         _ => HOST_BODY_LIMIT,
     };
     let connector = GuardedConnector::new(policy, management);
-    let http_client: hyper_util::client::legacy::Client<_, kube::client::Body> = match kind {
+    let (http_client, user) = match kind {
         // A tenant's watches and requests share one HTTP/2 connection (as client-go's
         // do), so a tenant costs one connection, not one per watch; pings find a dead
-        // one.
-        ClusterKind::Tenant => hyper_util::client::legacy::Client::builder(TokioExecutor::new())
-            .timer(hyper_util::rt::TokioTimer::new())
-            .http2_keep_alive_interval(Some(HTTP2_PING_INTERVAL))
-            .http2_keep_alive_timeout(HTTP2_PING_TIMEOUT)
-            .http2_initial_stream_window_size(HTTP2_STREAM_WINDOW)
-            .http2_initial_connection_window_size(HTTP2_CONNECTION_WINDOW)
-            .build(http2_connector(config, connector)?),
-        _ => hyper_util::client::legacy::Client::builder(TokioExecutor::new())
-            .build(config.rustls_https_connector_with_connector(connector)?),
+        // one. Namespaces whose kubeconfigs are the same share it too.
+        ClusterKind::Tenant => transports.tenant(config, || {
+            Ok(
+                hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .http2_keep_alive_interval(Some(HTTP2_PING_INTERVAL))
+                    .http2_keep_alive_timeout(HTTP2_PING_TIMEOUT)
+                    .http2_initial_stream_window_size(HTTP2_STREAM_WINDOW)
+                    .http2_initial_connection_window_size(HTTP2_CONNECTION_WINDOW)
+                    .build(http2_connector(config, connector)?),
+            )
+        })?,
+        _ => (
+            hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+                .build(config.rustls_https_connector_with_connector(connector)?),
+            Arc::new(()),
+        ),
     };
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
@@ -363,6 +371,7 @@ pub(crate) fn guarded_client(
             inner,
             permits: Arc::new(tokio::sync::Semaphore::new(BODIES_AT_ONCE)),
             share: share.clone(),
+            _transport: user.clone(),
         })
         .map_response(move |r: http::Response<_>| {
             r.map(|body| http_body_util::Limited::new(body, limit))
@@ -373,6 +382,93 @@ pub(crate) fn guarded_client(
             .with_layer(&CountRequests(kind))
             .build(),
     )
+}
+
+/// The HTTP client of a tenant: its connection pool (one HTTP/2 connection).
+type TenantHttp = hyper_util::client::legacy::Client<
+    hyper_rustls::HttpsConnector<GuardedConnector>,
+    kube::client::Body,
+>;
+
+/// What a tenant connection is made of: the server and everything TLS and the requests
+/// authenticate with, compared whole (two namespaces share a connection only when their
+/// kubeconfigs say exactly the same). Holds credentials: never logged, no `Debug`.
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct TransportKey {
+    server: String,
+    ca: Option<Vec<Vec<u8>>>,
+    insecure: bool,
+    tls_server_name: Option<String>,
+    certificate: Option<String>,
+    key: Option<String>,
+    token: Option<String>,
+}
+
+impl TransportKey {
+    fn of(config: &Config) -> Self {
+        use secrecy::ExposeSecret;
+        let a = &config.auth_info;
+        TransportKey {
+            server: config.cluster_url.to_string(),
+            ca: config.root_cert.clone(),
+            insecure: config.accept_invalid_certs,
+            tls_server_name: config.tls_server_name.clone(),
+            certificate: a.client_certificate_data.clone(),
+            key: a
+                .client_key_data
+                .as_ref()
+                .map(|k| k.expose_secret().to_string()),
+            token: a.token.as_ref().map(|t| t.expose_secret().to_string()),
+        }
+    }
+}
+
+/// The tenant connections in use, by what they are made of: namespaces whose kubeconfig
+/// Secrets name the same server with the same credentials (a platform that put one
+/// vCluster's Secret in several namespaces) share one HTTP client and so one connection,
+/// each namespace still with its own stack (its memory budget share, its answers'
+/// limits). An entry lives while a client uses it.
+#[derive(Default)]
+pub(crate) struct Transports {
+    tenants: std::sync::Mutex<
+        std::collections::HashMap<TransportKey, (TenantHttp, std::sync::Weak<()>)>,
+    >,
+}
+
+impl Transports {
+    /// The HTTP client for a tenant `config` (the one in use for the same kubeconfig, else
+    /// `build`'s), and the token a client holds while it uses it.
+    fn tenant(
+        &self,
+        config: &Config,
+        build: impl FnOnce() -> Result<TenantHttp, kube::Error>,
+    ) -> Result<(TenantHttp, Arc<()>), kube::Error> {
+        let key = TransportKey::of(config);
+        let mut tenants = self
+            .tenants
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((http, user)) = tenants
+            .get(&key)
+            .and_then(|(http, w)| Some((http.clone(), w.upgrade()?)))
+        {
+            return Ok((http, user));
+        }
+        tenants.retain(|_, (_, w)| w.strong_count() > 0);
+        let http = build()?;
+        let user = Arc::new(());
+        tenants.insert(key, (http.clone(), Arc::downgrade(&user)));
+        Ok((http, user))
+    }
+
+    /// How many tenant connections are in use.
+    #[cfg(test)]
+    fn in_use(&self) -> usize {
+        self.tenants
+            .lock()
+            .map(|t| t.values().filter(|(_, w)| w.strong_count() > 0).count())
+            .unwrap_or(0)
+    }
 }
 
 /// How often an idle HTTP/2 connection to a tenant is pinged.
@@ -434,6 +530,8 @@ struct BodyPermits<S> {
     inner: S,
     permits: Arc<tokio::sync::Semaphore>,
     share: Option<Arc<crate::remote::budget::Share>>,
+    /// Keeps the transport this client uses in [`Transports`] while the client lives.
+    _transport: Arc<()>,
 }
 
 /// The body [`BodyPermits`] hands on.
@@ -531,6 +629,54 @@ pub(crate) fn coarse_error(e: &(dyn std::error::Error + 'static)) -> &'static st
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A tenant `config` with `token`, and the HTTP client `Transports` would build for it.
+    fn tenant_config(token: &str) -> Config {
+        let mut config = Config::new("https://10.0.0.1:6443".parse().expect("a URL"));
+        config.auth_info.token = Some(secrecy::SecretString::from(token.to_string()));
+        config
+    }
+
+    fn tenant_http(config: &Config) -> Result<TenantHttp, kube::Error> {
+        let connector = GuardedConnector::new(
+            Arc::new(AddressPolicy::default()),
+            Arc::new(ManagementAddresses::unknown()),
+        );
+        Ok(
+            hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+                .build(http2_connector(config, connector)?),
+        )
+    }
+
+    #[tokio::test]
+    async fn namespaces_with_the_same_kubeconfig_share_a_tenant_connection_and_others_do_not() {
+        let transports = Transports::default();
+        let a = tenant_config("token-a");
+        let (_, first) = transports.tenant(&a, || tenant_http(&a)).expect("a client");
+        let (_, again) = transports
+            .tenant(&a, || panic!("the connection in use is shared"))
+            .expect("a client");
+        assert!(Arc::ptr_eq(&first, &again));
+        let b = tenant_config("token-b");
+        let (_, other) = transports.tenant(&b, || tenant_http(&b)).expect("a client");
+        assert!(
+            !Arc::ptr_eq(&first, &other),
+            "another identity, another connection"
+        );
+        assert_eq!(transports.in_use(), 2);
+        drop((first, again));
+        assert_eq!(
+            transports.in_use(),
+            1,
+            "a transport no client uses is let go"
+        );
+        let mut built = false;
+        let _ = transports.tenant(&a, || {
+            built = true;
+            tenant_http(&a)
+        });
+        assert!(built, "built again once no client used it");
+    }
 
     #[test]
     fn an_answer_over_the_budget_is_told_apart_also_inside_an_io_error() {

@@ -157,3 +157,77 @@ async fn a_tenant_s_watches_share_one_connection_and_an_idle_pool_watches_no_nod
     drop(controller);
     world.shutdown().await;
 }
+
+/// A dynamic pool in namespace `ns` on the tenant Secret `vc-tenant` there.
+async fn pool_in(world: &World, ns: &str) {
+    let pool: autonodes_api::NodePool = serde_json::from_value(serde_json::json!({
+        "apiVersion": "autonodes.io/v1alpha1", "kind": "NodePool",
+        "metadata": {"name": "dynamic", "namespace": ns},
+        "spec": {"vClusterRef": {"name": "tenant"}, "providerRef": "cost",
+                 "disruption": {"consolidateAfter": "Never"}},
+    }))
+    .expect("a pool");
+    Api::<autonodes_api::NodePool>::namespaced(world.mgmt.clone(), ns)
+        .create(&PostParams::default(), &pool)
+        .await
+        .expect("pool created");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespaces_whose_kubeconfigs_are_the_same_share_one_connection_and_another_identity_gets_its_own(
+) {
+    use autonodes_testenv::playground::put_kubeconfig_secret;
+    use autonodes_testenv::testenv::client_cert_kubeconfig;
+    let mut world = World::start_clusters(&WorldOptions {
+        provider: provider_yaml(
+            "cost",
+            "test-kubevirt-1",
+            "1",
+            "1Gi",
+            "      - name: small\n",
+        ),
+        ..WorldOptions::default()
+    })
+    .await;
+    world
+        .start_simulator(autonodes_testenv::simulator::SimMode::Normal)
+        .await;
+    let tenant = world.playground.tenant().expect("tenant");
+    let tenant_port = tenant.port;
+    let identity = |name: &str| {
+        let (cert, key) = tenant
+            .client_certificate(name, &["system:masters"])
+            .expect("a client certificate");
+        client_cert_kubeconfig("tenant", &tenant.url, &tenant.ca_pem, &cert, &key)
+    };
+    // One vCluster's Secret in two namespaces, and a third namespace with an identity of
+    // its own on the same server.
+    let shared = identity("shared-tenant");
+    let own = identity("own-tenant");
+    for (ns, kubeconfig) in [("same-a", &shared), ("same-b", &shared), ("own", &own)] {
+        put_kubeconfig_secret(&world.mgmt, ns, "vc-tenant", "config", kubeconfig)
+            .await
+            .expect("the tenant's Secret");
+    }
+    let pods_before = tenant_watches(&world, "pods").await;
+    let controller = MeteredController::start(&world, 1).await;
+    // Each namespace's pool watches the tenant's pods; the two with the same kubeconfig do
+    // it over one connection. One pool at a time: requests sent at once before a new
+    // connection has settled on HTTP/2 may each open one, which is not what is measured.
+    for (i, ns) in ["same-a", "same-b", "own"].into_iter().enumerate() {
+        pool_in(&world, ns).await;
+        common::eventually(&format!("{ns}'s pods watched"), WAIT, || async {
+            let watched = tenant_watches(&world, "pods").await - pods_before;
+            (watched >= (i + 1) as f64).then_some(())
+        })
+        .await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        connections_to(controller.pid(), tenant_port),
+        2,
+        "one connection for the two namespaces with the same kubeconfig, one for the other identity"
+    );
+    drop(controller);
+    world.shutdown().await;
+}

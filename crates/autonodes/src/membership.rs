@@ -144,11 +144,24 @@ pub(crate) async fn keep(
                 source: kube::Error::Api(s),
                 ..
             })) if s.code == 409 || s.code == 404 => {
-                lose(&shards, &metrics);
-                return Err(lost(format!(
-                    "its member Lease was changed or deleted by someone else ({})",
-                    s.code
-                )));
+                // A renewal whose answer was lost (a round that timed out) leaves the
+                // version read behind: still ours, it is read again and renewed next
+                // round. Held by another identity, or gone, it is lost.
+                match api.get_opt(&name).await {
+                    Ok(Some(current)) if held_by(&current, &config.identity) => {
+                        lease = current;
+                    }
+                    Ok(_) => {
+                        lose(&shards, &metrics);
+                        return Err(lost(format!(
+                            "its member Lease was changed or deleted by someone else ({})",
+                            s.code
+                        )));
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "reading the member Lease after a conflict failed; retrying")
+                    }
+                }
             }
             Ok(Err(e)) => tracing::warn!(error = %e, "member Lease round failed; retrying"),
             Ok(Ok(_)) | Err(_) => tracing::warn!("member Lease round took too long; retrying"),
@@ -184,6 +197,15 @@ fn lose(shards: &Shards, metrics: &Metrics) {
     shards.lose();
     metrics.tenant_namespace_owner.reset();
     metrics.tenant_namespaces_owned.set(0);
+}
+
+/// Whether `lease` is held by `identity`.
+fn held_by(lease: &Lease, identity: &str) -> bool {
+    lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.as_deref())
+        == Some(identity)
 }
 
 /// A listed member Lease as the clock reads it.
@@ -245,6 +267,20 @@ mod tests {
         assert_eq!(member_name("Laptop_AB"), "laptop-ab");
         let long = member_name(&"x".repeat(400));
         assert_eq!(long.len() + MEMBER_LEASE_PREFIX.len(), 253);
+    }
+
+    #[test]
+    fn a_lease_is_ours_only_while_it_names_this_identity() {
+        let lease = |holder: Option<&str>| Lease {
+            metadata: ObjectMeta::default(),
+            spec: Some(LeaseSpec {
+                holder_identity: holder.map(str::to_string),
+                ..Default::default()
+            }),
+        };
+        assert!(held_by(&lease(Some("a_1")), "a_1"));
+        assert!(!held_by(&lease(Some("b_2")), "a_1"));
+        assert!(!held_by(&lease(None), "a_1"));
     }
 
     #[test]

@@ -356,6 +356,9 @@ pub async fn shutdown_signal() {
 /// Runs the controller until SIGTERM or Ctrl-C.
 pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
     init_tracing(args.log_format);
+    if args.shard_tenants && !args.leader_elect {
+        anyhow::bail!("--shard-tenants needs --leader-elect: the leader schedules every claim");
+    }
     let (client, management_server, local_host) =
         management_client_and_server(args.kubeconfig.as_ref()).await?;
     let egress = Egress {
@@ -772,6 +775,27 @@ mod tests {
             })
             .collect();
         assert_eq!(blocks, vec![first, second]);
+    }
+
+    #[tokio::test]
+    async fn sharing_the_tenants_without_leader_election_is_refused_before_anything_starts() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Flags {
+            #[command(flatten)]
+            run: RunArgs,
+        }
+        assert!(
+            Flags::try_parse_from(["autonodes", "--shard-tenants"]).is_err(),
+            "refused without --leader-elect"
+        );
+        let flags = Flags::try_parse_from(["autonodes", "--leader-elect=false", "--shard-tenants"])
+            .expect("parses");
+        let refused = run(flags.run).await.expect_err("refused");
+        assert!(
+            refused.to_string().contains("needs --leader-elect"),
+            "{refused}"
+        );
     }
 
     #[test]

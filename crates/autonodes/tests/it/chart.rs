@@ -503,6 +503,56 @@ fn the_values_schema_makes_helm_refuse_a_wrong_type_or_an_unknown_key() {
 }
 
 #[test]
+fn sharing_the_tenants_adds_the_flag_and_the_member_lease_rights_and_needs_leader_election() {
+    let lease_rights = |docs: &[serde_json::Value]| -> Vec<serde_json::Value> {
+        object(docs, "Role", "autonodes")["rules"]
+            .as_array()
+            .expect("rules")
+            .iter()
+            .filter(|r| r["resources"] == json!(["leases"]) && r.get("resourceNames").is_none())
+            .map(|r| r["verbs"].clone())
+            .collect()
+    };
+    let args = |docs: &[serde_json::Value]| -> Vec<String> {
+        object(docs, "Deployment", "autonodes")["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_array()
+            .expect("args")
+            .iter()
+            .filter_map(|a| a.as_str().map(str::to_string))
+            .collect()
+    };
+    let plain = rendered(&values_for_1_20(json!({})));
+    assert!(!args(&plain).iter().any(|a| a == "--shard-tenants"));
+    assert_eq!(
+        lease_rights(&plain),
+        vec![json!(["create"])],
+        "only the leader Lease's"
+    );
+    let shared = rendered(&values_for_1_20(json!({
+        "replicaCount": 3, "leaderElection": {"shardTenants": true},
+    })));
+    assert!(args(&shared).iter().any(|a| a == "--shard-tenants"));
+    assert_eq!(
+        object(&shared, "Deployment", "autonodes")["spec"]["replicas"],
+        3
+    );
+    assert_eq!(
+        lease_rights(&shared),
+        vec![json!(["create"]), json!(["list", "update", "delete"])],
+        "every member's Lease"
+    );
+    let refused = helm_chart(
+        "render",
+        &values_for_1_20(json!({"leaderElection": {"enabled": false, "shardTenants": true}})),
+    );
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && stderr.contains("needs leaderElection.enabled"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn the_chart_makes_a_disruption_budget_only_for_more_than_one_replica_and_honours_digest_and_spread(
 ) {
     let kinds = |values: serde_json::Value| -> Vec<serde_json::Value> {
@@ -586,10 +636,12 @@ async fn a_controller_with_only_the_charts_rbac_provisions_a_claim_and_cleans_it
         }
     }
 
-    // The chart's ServiceAccount and RBAC, for real, with the tenant's namespace listed.
-    let rendered = render_chart(&values_for_1_20(
-        json!({"rbac": {"tenantNamespaces": [NS]}}),
-    ));
+    // The chart's ServiceAccount and RBAC, for real, with the tenant's namespace listed, and
+    // the replicas sharing the tenants (which needs the most of Leases).
+    let rendered = render_chart(&values_for_1_20(json!({
+        "rbac": {"tenantNamespaces": [NS]},
+        "leaderElection": {"shardTenants": true},
+    })));
     let rbac: Vec<serde_json::Value> = documents(&rendered)
         .into_iter()
         .filter(|d| {
@@ -637,6 +689,8 @@ async fn a_controller_with_only_the_charts_rbac_provisions_a_claim_and_cleans_it
     assert_eq!(can(&["list", "secrets", "--all-namespaces"]), "no");
     assert_eq!(can(&["get", "secrets", "-n", "default"]), "no");
     assert_eq!(can(&["get", "secrets", "-n", NS]), "yes");
+    assert_eq!(can(&["list", "leases", "-n", "autonodes-system"]), "yes");
+    assert_eq!(can(&["list", "leases", "-n", "default"]), "no");
     // It really is the ServiceAccount: what the chart does not grant is refused.
     let denied = Api::<Secret>::namespaced(client.clone(), "kube-system")
         .delete("anything", &Default::default())
@@ -658,11 +712,10 @@ async fn a_controller_with_only_the_charts_rbac_provisions_a_claim_and_cleans_it
         let options = RunOptions {
             metrics_addr: "127.0.0.1:0".parse().expect("address"),
             metrics_auth: false,
-            leader: Some(LeaderConfig::new(
-                "autonodes-system",
-                "autonodes",
-                Duration::from_secs(15),
-            )),
+            leader: Some(LeaderConfig {
+                shard_tenants: true,
+                ..LeaderConfig::new("autonodes-system", "autonodes", Duration::from_secs(15))
+            }),
             bound: None,
         };
         run_with_options(client, config, options, async move {
@@ -686,6 +739,11 @@ async fn a_controller_with_only_the_charts_rbac_provisions_a_claim_and_cleans_it
         lease.spec.and_then(|s| s.holder_identity).is_some(),
         "the controller holds the Lease"
     );
+    let members = Api::<Lease>::namespaced(world.mgmt.clone(), "autonodes-system")
+        .list(&kube::api::ListParams::default().labels("autonodes.io/member"))
+        .await
+        .expect("member Leases listed");
+    assert_eq!(members.items.len(), 1, "the replica's member Lease");
     assert!(
         !world.events_for(NS, "rbac-only").await.is_empty(),
         "events were recorded"

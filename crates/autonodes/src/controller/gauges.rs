@@ -14,8 +14,19 @@ use crate::controller::context::Context;
 pub(crate) const SWEEP_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Recomputes the claim gauges and drops node-type series of types that are gone.
+///
+/// The claim gauges count every claim in the store, which every replica holds: with
+/// `--shard-tenants` only the leader exports them (as it does the node types'), so a sum
+/// across replicas counts each claim once.
 pub(crate) fn sweep(ctx: &Context) {
-    super::nodeclaim::refresh_claim_gauges(ctx);
+    if ctx.shards.leads() {
+        super::nodeclaim::refresh_claim_gauges(ctx);
+    } else {
+        let m = &ctx.metrics;
+        m.nodeclaims.reset();
+        m.nodeclaims_oldest.reset();
+        m.nodeclaims_cost.reset();
+    }
     let live: HashSet<String> = ctx
         .types()
         .state()

@@ -341,6 +341,17 @@ async fn three_replicas_share_thirty_tenants_each_served_by_one_and_a_killed_lea
         .iter()
         .position(|p| p.name == replica_of(&holder))
         .expect("the leader is one of the replicas");
+    // The claim gauges count the whole store, which every replica holds: only the leader
+    // exports them, so a sum across replicas counts each claim once.
+    for (i, p) in replicas.iter().enumerate() {
+        let text = scrape(p).await;
+        let counted: f64 = opscommon::measure::samples(&text, "autonodes_nodeclaims")
+            .iter()
+            .map(|(_, v)| v)
+            .sum();
+        let want = if i == victim { total as f64 } else { 0.0 };
+        assert_eq!(counted, want, "{}'s autonodes_nodeclaims", p.name);
+    }
     let orphaned: Vec<String> = by_ns
         .iter()
         .filter(|(_, o)| o[0] == replicas[victim].name)

@@ -28,9 +28,8 @@ async fn tenant_watches(world: &World, resource: &str) -> f64 {
     .await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tenant_s_watches_share_one_connection_and_an_idle_pool_watches_no_nodes_until_a_pod_waits(
-) {
+/// Clusters with the provider `cost` (one type, `small`) and the simulator running.
+async fn cost_world() -> World {
     let mut world = World::start_clusters(&WorldOptions {
         provider: provider_yaml(
             "cost",
@@ -45,6 +44,13 @@ async fn a_tenant_s_watches_share_one_connection_and_an_idle_pool_watches_no_nod
     world
         .start_simulator(autonodes_testenv::simulator::SimMode::Normal)
         .await;
+    world
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_s_watches_share_one_connection_and_an_idle_pool_watches_no_nodes_until_a_pod_waits(
+) {
+    let world = cost_world().await;
     let tenant_port = world.playground.tenant().expect("tenant").port;
     // What watches the tenant before the controller runs (the simulator's kubelets' view
     // of Nodes and tokens, which it opens as it starts), once it holds still.
@@ -178,20 +184,7 @@ async fn namespaces_whose_kubeconfigs_are_the_same_share_one_connection_and_anot
 ) {
     use autonodes_testenv::playground::put_kubeconfig_secret;
     use autonodes_testenv::testenv::client_cert_kubeconfig;
-    let mut world = World::start_clusters(&WorldOptions {
-        provider: provider_yaml(
-            "cost",
-            "test-kubevirt-1",
-            "1",
-            "1Gi",
-            "      - name: small\n",
-        ),
-        ..WorldOptions::default()
-    })
-    .await;
-    world
-        .start_simulator(autonodes_testenv::simulator::SimMode::Normal)
-        .await;
+    let world = cost_world().await;
     let tenant = world.playground.tenant().expect("tenant");
     let tenant_port = tenant.port;
     let identity = |name: &str| {
